@@ -1,0 +1,117 @@
+"""G.711 μ-law / A-law and L16 ⇄ PCM16, at C speed through ``audioop``.
+
+Every function takes and returns ``bytes``-like buffers: PCM16 is signed
+16-bit little-endian mono, the byte order of every carrier's L16 except RTP's
+(RFC 3551 L16 is big-endian). View PCM16 as samples with
+``numpy.frombuffer(pcm, dtype="<i2")`` — no copy.
+
+``audioop`` is in the standard library up to Python 3.12 and comes from the
+``audioop-lts`` distribution from 3.13 on; both are the same C code, so the
+μ-law encoder is Sun's 14-bit formulation (telephony-protocols.md §6.3: it
+rounds negative inputs toward −∞, one code step off the bias/clip formulation
+on 381 negative inputs).
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+import warnings
+from typing import Final
+
+with warnings.catch_warnings():
+    # Deprecated in 3.11/3.12 (PEP 594), restored by audioop-lts on 3.13+.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
+
+if sys.byteorder != "little":  # pragma: no cover - every supported platform is LE
+    raise ImportError("callbridge.codecs assumes a little-endian host (audioop is native-endian)")
+
+__all__ = [
+    "AudioEncoding",
+    "Buffer",
+    "PCM16_SAMPLE_BYTES",
+    "alaw_to_pcm16",
+    "decode_to_pcm16",
+    "encode_from_pcm16",
+    "pcm16_to_alaw",
+    "pcm16_to_ulaw",
+    "ulaw_to_pcm16",
+]
+
+Buffer = bytes | bytearray | memoryview
+"""Anything ``audioop`` and ``numpy.frombuffer`` read without a copy."""
+
+PCM16_SAMPLE_BYTES: Final = 2
+_WIDTH: Final = PCM16_SAMPLE_BYTES
+
+
+class AudioEncoding(enum.Enum):
+    """How a carrier puts samples on the wire."""
+
+    PCMU = "pcmu"  # G.711 μ-law, 1 byte/sample
+    PCMA = "pcma"  # G.711 A-law, 1 byte/sample
+    L16 = "l16"  # signed 16-bit little-endian (Vonage, Exotel, AudioSocket, Plivo, SignalWire)
+    L16_BE = "l16-be"  # signed 16-bit big-endian (RFC 3551 L16 over RTP)
+
+    @property
+    def sample_bytes(self) -> int:
+        return 1 if self in (AudioEncoding.PCMU, AudioEncoding.PCMA) else 2
+
+    @property
+    def silence_byte(self) -> int:
+        """The byte that fills silence: μ-law 0xFF, A-law 0xD5 (§6.3), L16 zero."""
+        return _SILENCE_BYTE[self]
+
+
+_SILENCE_BYTE: Final = {
+    AudioEncoding.PCMU: 0xFF,
+    AudioEncoding.PCMA: 0xD5,
+    AudioEncoding.L16: 0x00,
+    AudioEncoding.L16_BE: 0x00,
+}
+
+def ulaw_to_pcm16(data: Buffer) -> bytes:
+    """μ-law bytes → PCM16 (two bytes per code)."""
+    return audioop.ulaw2lin(data, _WIDTH)
+
+
+def pcm16_to_ulaw(pcm: Buffer) -> bytes:
+    """PCM16 → μ-law bytes. ``pcm`` must hold whole samples."""
+    return audioop.lin2ulaw(pcm, _WIDTH)
+
+
+def alaw_to_pcm16(data: Buffer) -> bytes:
+    """A-law bytes → PCM16."""
+    return audioop.alaw2lin(data, _WIDTH)
+
+
+def pcm16_to_alaw(pcm: Buffer) -> bytes:
+    """PCM16 → A-law bytes. ``pcm`` must hold whole samples."""
+    return audioop.lin2alaw(pcm, _WIDTH)
+
+
+def decode_to_pcm16(encoding: AudioEncoding, payload: Buffer) -> Buffer:
+    """Wire payload in ``encoding`` → PCM16 little-endian.
+
+    L16 comes back as the very buffer it was given (no copy); callers that keep
+    it past the next receive must copy it themselves.
+    """
+    if encoding is AudioEncoding.PCMU:
+        return audioop.ulaw2lin(payload, _WIDTH)
+    if encoding is AudioEncoding.PCMA:
+        return audioop.alaw2lin(payload, _WIDTH)
+    if encoding is AudioEncoding.L16:
+        return payload
+    return audioop.byteswap(payload, _WIDTH)
+
+
+def encode_from_pcm16(encoding: AudioEncoding, pcm: Buffer) -> Buffer:
+    """PCM16 little-endian → wire payload in ``encoding`` (L16: no copy)."""
+    if encoding is AudioEncoding.PCMU:
+        return audioop.lin2ulaw(pcm, _WIDTH)
+    if encoding is AudioEncoding.PCMA:
+        return audioop.lin2alaw(pcm, _WIDTH)
+    if encoding is AudioEncoding.L16:
+        return pcm
+    return audioop.byteswap(pcm, _WIDTH)
