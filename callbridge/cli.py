@@ -1,0 +1,177 @@
+"""The ``callbridge`` command.
+
+Options shared by every subcommand (``--config``, ``--set``, ``--log-level``,
+``--log-format``) may stand before or after the subcommand's name. Flags are
+passed to the configuration as strings, so a bad value gets the same message,
+naming the key, as a bad env var or TOML value. Exit codes: 0 done, 1 failed
+at run time, 2 invalid usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TextIO
+
+from callbridge import __version__
+from callbridge.config import ConfigError, Settings, load_settings, merge_overrides, parse_assignment
+
+__all__ = ["main", "run"]
+
+EXIT_OK: Final = 0
+EXIT_FAILED: Final = 1
+EXIT_USAGE: Final = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (the console script exits with it)."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        settings = load_settings(getattr(args, "config", None), _overrides(args))
+    except ConfigError as exc:
+        _print_config_error(exc, sys.stderr)
+        return EXIT_USAGE
+    handler: Callable[[Settings, argparse.Namespace], int] = args.handler
+    return handler(settings, args)
+
+
+def run() -> None:
+    """The console script's entry point."""
+    sys.exit(main())
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config", metavar="PATH", default=argparse.SUPPRESS, help="TOML configuration file (default: $CALLBRIDGE_CONFIG)"
+    )
+    common.add_argument(
+        "--set",
+        metavar="SECTION.KEY=VALUE",
+        action="append",
+        dest="assignments",
+        default=argparse.SUPPRESS,
+        help="override one configuration key; repeatable",
+    )
+    common.add_argument("--log-level", default=argparse.SUPPRESS, help="debug, info, warning or error")
+    common.add_argument("--log-format", default=argparse.SUPPRESS, help="auto, json or console")
+
+    parser = argparse.ArgumentParser(
+        prog="callbridge",
+        description="Put phone calls on full-duplex speech-model sessions.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"callbridge {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = commands.add_parser("serve", parents=[common], help="serve carrier webhooks and media streams")
+    serve.add_argument("--host", default=argparse.SUPPRESS, help="listen address (server.host)")
+    serve.add_argument("--port", default=argparse.SUPPRESS, help="listen port (server.port)")
+    serve.set_defaults(handler=_serve)
+
+    engine_server = commands.add_parser(
+        "engine-server", parents=[common], help="serve the embedded engine over vllm-omni's duplex protocol"
+    )
+    engine_server.set_defaults(handler=_not_built("engine-server", "the embedded engine server (issue #3)"))
+
+    simulate = commands.add_parser("simulate", parents=[common], help="one simulated call from a WAV file")
+    simulate.set_defaults(handler=_not_built("simulate", "the call bridge (issue #4)"))
+
+    loadtest = commands.add_parser("loadtest", parents=[common], help="N simulated calls, latency and loss report")
+    loadtest.set_defaults(handler=_not_built("loadtest", "the load tester (issue #6)"))
+
+    config = commands.add_parser("config", parents=[common], help="inspect the configuration")
+    config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
+    check = config_commands.add_parser(
+        "check", parents=[common], help="validate and print the effective configuration, secrets masked"
+    )
+    check.add_argument("--format", choices=["toml", "json"], default="toml", dest="output_format")
+    check.set_defaults(handler=_config_check)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    layers: list[dict[str, Any]] = [parse_assignment(text) for text in getattr(args, "assignments", [])]
+    flags = {
+        ("log", "level"): getattr(args, "log_level", None),
+        ("log", "format"): getattr(args, "log_format", None),
+        ("server", "host"): getattr(args, "host", None),
+        ("server", "port"): getattr(args, "port", None),
+    }
+    layers += [{section: {key: value}} for (section, key), value in flags.items() if value is not None]
+    return merge_overrides(*layers)
+
+
+def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
+    print("callbridge: invalid configuration", file=stream)
+    for problem in exc.problems:
+        print(f"  {problem.key}: {problem.problem}", file=stream)
+
+
+def _serve(settings: Settings, _: argparse.Namespace) -> int:
+    import uvicorn
+
+    from callbridge.bridge.app import create_app
+    from callbridge.logging import configure_logging
+
+    configure_logging(settings.log)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.server.host,
+            port=settings.server.port,
+            log_config=None,
+            access_log=False,
+            ws="websockets-sansio",
+            lifespan="on",
+        )
+    )
+    server.run()
+    return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _config_check(settings: Settings, args: argparse.Namespace) -> int:
+    values = settings.public_dict()
+    if args.output_format == "json":
+        print(json.dumps(values, indent=2))
+    else:
+        print(_to_toml(values), end="")
+    return EXIT_OK
+
+
+def _not_built(command: str, what: str) -> Callable[[Settings, argparse.Namespace], int]:
+    def handler(_: Settings, __: argparse.Namespace) -> int:
+        print(f"callbridge {command}: not available in this version; it comes with {what}", file=sys.stderr)
+        return EXIT_FAILED
+
+    return handler
+
+
+def _to_toml(sections: dict[str, Any]) -> str:
+    """The two-level settings as TOML; unset keys become comments (TOML has no null)."""
+    lines: list[str] = []
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} is unset")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))

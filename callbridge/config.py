@@ -1,0 +1,314 @@
+"""Configuration: defaults < TOML file < ``CALLBRIDGE_*`` env vars < CLI flags.
+
+The TOML file is given with ``--config`` (or ``CALLBRIDGE_CONFIG``); its tables
+are the sections below (``[server]``, ``[engine]``…). Env vars name a key as
+``CALLBRIDGE_<SECTION>__<KEY>`` (``CALLBRIDGE_SERVER__PORT=9000``). CLI flags
+are named options of the subcommands and ``--set section.key=value``.
+
+Every key, with its default, is documented in ``config/callbridge.example.toml``
+(a test keeps the two in step). Unknown keys are errors, so a typo never
+silently falls back to a default. ``load_settings`` turns every problem into a
+``ConfigError`` that names the key.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+from callbridge.codecs import ResamplerQuality
+
+__all__ = [
+    "CONFIG_FILE_ENV",
+    "ConfigError",
+    "ConfigProblem",
+    "LogFormat",
+    "Settings",
+    "load_settings",
+    "parse_assignment",
+]
+
+CONFIG_FILE_ENV = "CALLBRIDGE_CONFIG"
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LogFormat(enum.Enum):
+    AUTO = "auto"  # console on a terminal, JSON lines otherwise
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: Port = 8080
+    public_url: str | None = None
+    """The https URL carriers reach this bridge at; stream URLs and webhook signatures use it."""
+    max_calls: Annotated[int, Field(ge=1)] = 100
+    """Concurrent calls admitted by one process; beyond it new calls are refused."""
+
+
+class LogSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: LogFormat = LogFormat.AUTO
+
+
+class AudioSettings(_Section):
+    engine_input_rate_hz: Literal[8000, 16000, 24000] = 16000
+    resampler_quality: ResamplerQuality = ResamplerQuality.HQ
+    playout_lead_ms: Annotated[int, Field(ge=20, le=2000)] = 200
+    """How far audio sent to the carrier may run ahead of what the caller has heard."""
+    mark_interval_frames: Annotated[int, Field(ge=1, le=500)] = 5
+    """A playback marker every N 20 ms frames (carriers with markers)."""
+
+
+class EngineSettings(_Section):
+    kind: Literal["local", "realtime", "inline"] = "local"
+    """local: the embedded CPU engine; realtime: vllm-omni servers over websockets; inline: vllm-omni in process."""
+    agent: Literal["echo", "loopback", "tone"] = "echo"
+    """The embedded engine's agent."""
+    urls: list[str] = Field(default_factory=list)
+    """vllm-omni servers (``ws://host:port``) for kind = realtime."""
+    api_key: SecretStr | None = None
+    model: str | None = None
+    instructions: str = ""
+    voice: str | None = None
+    disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+
+
+class RegistrySettings(_Section):
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: SecretStr | None = None
+    """``redis://[:password@]host:port/db``; masked in output since it may hold a password."""
+
+
+class TwilioSettings(_Section):
+    auth_token: SecretStr | None = None
+    validate_signatures: bool = True
+
+
+class SignalWireSettings(_Section):
+    project_id: str | None = None
+    api_token: SecretStr | None = None
+    signing_key: SecretStr | None = None
+    space_url: str | None = None
+
+
+class TelnyxSettings(_Section):
+    api_key: SecretStr | None = None
+    public_key: str | None = None
+    """The account's ed25519 public key (base64) for webhook signatures."""
+
+
+class PlivoSettings(_Section):
+    auth_id: str | None = None
+    auth_token: SecretStr | None = None
+
+
+class ExotelSettings(_Section):
+    account_sid: str | None = None
+    api_key: str | None = None
+    api_token: SecretStr | None = None
+
+
+class VonageSettings(_Section):
+    application_id: str | None = None
+    private_key_path: Path | None = None
+    signature_secret: SecretStr | None = None
+    audio_rate_hz: Literal[8000, 16000] = 16000
+
+
+class AudioSocketSettings(_Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Port = 9092
+
+
+class SipSettings(_Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Port = 5060
+    allowed_ips: list[str] = Field(default_factory=list)
+    username: str | None = None
+    password: SecretStr | None = None
+
+
+class Settings(BaseSettings):
+    """The whole configuration of one callbridge process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CALLBRIDGE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    server: ServerSettings = ServerSettings()
+    log: LogSettings = LogSettings()
+    audio: AudioSettings = AudioSettings()
+    engine: EngineSettings = EngineSettings()
+    registry: RegistrySettings = RegistrySettings()
+    twilio: TwilioSettings = TwilioSettings()
+    signalwire: SignalWireSettings = SignalWireSettings()
+    telnyx: TelnyxSettings = TelnyxSettings()
+    plivo: PlivoSettings = PlivoSettings()
+    exotel: ExotelSettings = ExotelSettings()
+    vonage: VonageSettings = VonageSettings()
+    audiosocket: AudioSocketSettings = AudioSocketSettings()
+    sip: SipSettings = SipSettings()
+
+    def public_dict(self) -> dict[str, Any]:
+        """Plain values for display: enums as their values, secrets masked, unset secrets ``None``."""
+        return _masked(self.model_dump(mode="python"))
+
+
+class ConfigProblem(BaseModel):
+    """One thing wrong with the configuration: ``key`` is dotted (``server.port``), or the file."""
+
+    key: str
+    problem: str
+
+
+class ConfigError(Exception):
+    """The configuration could not be loaded; ``problems`` names each key and what is wrong."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        super().__init__("; ".join(f"{p.key}: {p.problem}" for p in problems))
+        self.problems = problems
+
+
+def load_settings(
+    config_file: Path | str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Load the configuration; ``overrides`` (nested dicts, from the CLI) win over everything.
+
+    ``config_file`` defaults to ``$CALLBRIDGE_CONFIG`` when set. Raises
+    ``ConfigError`` for a missing or unreadable file, bad TOML, unknown keys
+    and invalid values.
+    """
+    if config_file is None:
+        config_file = os.environ.get(CONFIG_FILE_ENV) or None
+    path = Path(config_file) if config_file is not None else None
+    if path is not None:
+        _check_toml_file(path)
+
+    class _LoadedSettings(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            if path is None:
+                return (init_settings, env_settings)
+            return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+
+    try:
+        loaded = _LoadedSettings(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(list(_problems(exc))) from exc
+    except ValueError as exc:  # an env var that is not valid JSON for a list or a section
+        raise ConfigError([ConfigProblem(key="environment", problem=str(exc))]) from exc
+    return loaded
+
+
+def parse_assignment(text: str) -> dict[str, Any]:
+    """``"server.port=9000"`` → ``{"server": {"port": "9000"}}`` (pydantic converts the value).
+
+    A value in ``[...]`` is a comma-separated list. Raises ``ConfigError`` when
+    there is no ``=`` or no key.
+    """
+    key, sep, value = text.partition("=")
+    parts = [p.strip() for p in key.strip().split(".")]
+    if not sep or not all(parts):
+        raise ConfigError([ConfigProblem(key=key.strip() or text, problem="expected section.key=value")])
+    parsed: Any = value.strip()
+    if parsed.startswith("[") and parsed.endswith("]"):
+        parsed = [item.strip() for item in parsed[1:-1].split(",") if item.strip()]
+    nested: dict[str, Any] = {parts[-1]: parsed}
+    for part in reversed(parts[:-1]):
+        nested = {part: nested}
+    return nested
+
+
+def merge_overrides(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge nested override dicts; later layers win."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+                merged[key] = merge_overrides(merged[key], value)
+            else:
+                merged[key] = dict(value) if isinstance(value, Mapping) else value
+    return merged
+
+
+def _check_toml_file(path: Path) -> None:
+    try:
+        with path.open("rb") as handle:
+            tomllib.load(handle)
+    except FileNotFoundError as exc:
+        raise ConfigError([ConfigProblem(key=str(path), problem="config file not found")]) from exc
+    except OSError as exc:
+        raise ConfigError([ConfigProblem(key=str(path), problem=f"cannot read: {exc.strerror}")]) from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError([ConfigProblem(key=str(path), problem=f"invalid TOML: {exc}")]) from exc
+
+
+def _problems(exc: ValidationError) -> Iterator[ConfigProblem]:
+    for error in exc.errors(include_url=False):
+        key = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        if error["type"] == "extra_forbidden":
+            yield ConfigProblem(key=key, problem="unknown key")
+            continue
+        problem = error["msg"]
+        if key not in _SECRET_KEYS and not isinstance(error["input"], dict):
+            problem += f" (got {error['input']!r})"
+        yield ConfigProblem(key=key, problem=problem)
+
+
+def _secret_keys() -> frozenset[str]:
+    """Dotted keys whose values are never echoed back in an error."""
+    keys = set()
+    for section_name, section in Settings.model_fields.items():
+        model = section.annotation
+        assert isinstance(model, type) and issubclass(model, BaseModel)
+        for name, field in model.model_fields.items():
+            if "SecretStr" in str(field.annotation):
+                keys.add(f"{section_name}.{name}")
+    return frozenset(keys)
+
+
+_SECRET_KEYS: Final = _secret_keys()
+
+
+_MASK = "********"
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, SecretStr):
+        return _MASK if value.get_secret_value() else ""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value

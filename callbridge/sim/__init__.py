@@ -1,0 +1,1 @@
+"""Simulated carriers and calls, for the demo, the tests and load tests."""

@@ -1,0 +1,102 @@
+"""The CLI as a user runs it: the installed console script, in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from callbridge import __version__
+from callbridge.cli import main
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "callbridge", *args],
+        capture_output=True,
+        text=True,
+        env={**clean, **(env or {})},
+        timeout=60,
+    )
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"callbridge {__version__}"
+
+
+def test_help_lists_every_subcommand() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for command in ("serve", "engine-server", "simulate", "loadtest", "config"):
+        assert command in result.stdout
+
+
+def test_no_command_is_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "usage" in capsys.readouterr().err
+
+
+def test_config_check_prints_effective_config_with_secrets_masked(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[server]\nport = 9001\n[plivo]\nauth_id = "MA123"\n')
+    result = run_cli(
+        "config", "check", "--config", str(path), "--set", "twilio.auth_token=tok-secret",
+        env={"CALLBRIDGE_REGISTRY__REDIS_URL": "redis://:pw-secret@localhost:6379/0", "CALLBRIDGE_LOG__LEVEL": "debug"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "tok-secret" not in result.stdout and "pw-secret" not in result.stdout
+    import tomllib
+
+    shown = tomllib.loads(result.stdout)
+    assert shown["server"]["port"] == 9001
+    assert shown["plivo"]["auth_id"] == "MA123"
+    assert shown["log"]["level"] == "debug"
+    assert shown["twilio"]["auth_token"] == "********"
+    assert shown["registry"]["redis_url"] == "********"
+    assert "auth_token" not in shown["plivo"]  # unset: a comment
+
+
+def test_config_check_json() -> None:
+    result = run_cli("config", "check", "--format", "json", "--log-level", "warning")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["log"]["level"] == "warning"
+
+
+def test_common_options_before_or_after_the_subcommand() -> None:
+    before = run_cli("--set", "server.port=9005", "config", "check", "--format", "json")
+    after = run_cli("config", "check", "--format", "json", "--set", "server.port=9005")
+    assert json.loads(before.stdout)["server"]["port"] == json.loads(after.stdout)["server"]["port"] == 9005
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "key"),
+    [
+        (["config", "check", "--set", "server.port=http"], {}, "server.port"),
+        (["serve", "--port", "99999"], {}, "server.port"),
+        (["config", "check"], {"CALLBRIDGE_ENGINE__KIND": "gpu"}, "engine.kind"),
+        (["config", "check", "--set", "sip.nope=1"], {}, "sip.nope"),
+        (["config", "check", "--config", "/nonexistent.toml"], {}, "/nonexistent.toml"),
+        (["config", "check", "--set", "oops"], {}, "oops"),
+    ],
+)
+def test_invalid_configuration_exit_2_one_clear_message(args: list[str], env: dict[str, str], key: str) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("callbridge: invalid configuration\n")
+    assert f"  {key}: " in result.stderr
+
+
+@pytest.mark.parametrize("command", ["engine-server", "simulate", "loadtest"])
+def test_commands_of_later_issues_say_so(command: str) -> None:
+    result = run_cli(command)
+    assert result.returncode == 1
+    assert "not available in this version" in result.stderr
