@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, Final, TextIO
 
 from callbridge import __version__
@@ -132,8 +134,17 @@ def _serve(settings: Settings, _: argparse.Namespace) -> int:
             lifespan="on",
         )
     )
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal
+    # to the handler that was installed before it ran. A no-op handler there
+    # makes a graceful stop exit 0 instead of dying by the signal.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _after_graceful_shutdown)
     server.run()
     return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
+    """The signal was handled by uvicorn's graceful shutdown; nothing is left to do."""
 
 
 def _config_check(settings: Settings, args: argparse.Namespace) -> int:

@@ -170,7 +170,8 @@ class Settings(BaseSettings):
 
     def public_dict(self) -> dict[str, Any]:
         """Plain values for display: enums as their values, secrets masked, unset secrets ``None``."""
-        return _masked(self.model_dump(mode="python"))
+        shown: dict[str, Any] = _masked(self.model_dump(mode="python"))
+        return shown
 
 
 class ConfigProblem(BaseModel):

@@ -98,6 +98,7 @@ class StreamResampler:
         if len(pcm) % PCM16_SAMPLE_BYTES:
             raise ValueError(f"PCM16 chunk of {len(pcm)} bytes is not whole samples")
         self._in_samples += len(pcm) // PCM16_SAMPLE_BYTES
+        out: bytes
         if self._stream is None:
             out = bytes(pcm)
         else:
@@ -112,6 +113,6 @@ class StreamResampler:
         self._flushed = True
         if self._stream is None:
             return b""
-        out = self._stream.resample_chunk(_EMPTY, last=True).tobytes()
+        out: bytes = self._stream.resample_chunk(_EMPTY, last=True).tobytes()
         self._out_samples += len(out) // PCM16_SAMPLE_BYTES
         return out

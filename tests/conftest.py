@@ -1,0 +1,64 @@
+"""Shared fixtures: a free loopback port, and a real ``callbridge serve`` process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServedBridge:
+    process: subprocess.Popen[str]
+    base_url: str
+    port: int
+
+
+def wait_http_ok(url: str, process: subprocess.Popen[str], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited early with {process.returncode}: {process.stderr.read() if process.stderr else ''}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not up within {timeout_s} s")
+
+
+@pytest.fixture
+def served_bridge() -> Iterator[ServedBridge]:
+    """``python -m callbridge serve`` on a free loopback port, logging JSON to its stderr."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "callbridge", "serve", "--port", str(port), "--log-format", "json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    bridge = ServedBridge(process, f"http://127.0.0.1:{port}", port)
+    try:
+        wait_http_ok(bridge.base_url + "/healthz", process)
+        yield bridge
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
