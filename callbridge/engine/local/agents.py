@@ -1,0 +1,76 @@
+"""The embedded engine's agents: what it says, and when.
+
+An agent is pure: it turns the caller's finished utterance (PCM16 at 16 kHz)
+into the agent's reply (PCM16 at 24 kHz, the rate MiniCPM-o and Qwen3-Omni
+speak at), or streams input straight back. The session core does the rest
+(turns, responses, chunking, barge-in).
+
+- ``echo``: says each utterance back once the caller's turn ends — a real
+  conversation loop for the demo and the end-to-end tests.
+- ``loopback``: each input chunk straight back, at once — for latency and load tests.
+- ``tone``: a short two-note greeting when the session opens, then listens.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import soxr
+
+__all__ = ["AGENTS", "Agent", "EchoAgent", "LoopbackAgent", "ToneAgent", "OUTPUT_RATE_HZ"]
+
+OUTPUT_RATE_HZ: Final = 24000
+_INPUT_RATE_HZ: Final = 16000
+
+
+class Agent:
+    """Base agent: silent. Subclasses override what they react to."""
+
+    name = "silent"
+    streams_input = False
+    """True: every input chunk is answered at once (``stream``); turns are not answered."""
+
+    def greeting(self) -> tuple[bytes, str] | None:
+        """Audio (PCM16 24 kHz) and transcript to say when the session opens, or None."""
+        return None
+
+    def reply(self, utterance: bytes) -> tuple[bytes, str] | None:
+        """Audio and transcript answering ``utterance`` (PCM16 16 kHz), or None to stay silent."""
+        return None
+
+
+class EchoAgent(Agent):
+    name = "echo"
+
+    def reply(self, utterance: bytes) -> tuple[bytes, str] | None:
+        if not utterance:
+            return None
+        samples = np.frombuffer(utterance, dtype="<i2")
+        out = soxr.resample(samples, _INPUT_RATE_HZ, OUTPUT_RATE_HZ, quality="HQ")
+        return out.astype("<i2").tobytes(), f"(echo of {len(samples) * 1000 // _INPUT_RATE_HZ} ms)"
+
+
+class LoopbackAgent(Agent):
+    name = "loopback"
+    streams_input = True
+
+
+class ToneAgent(Agent):
+    name = "tone"
+
+    def greeting(self) -> tuple[bytes, str] | None:
+        return two_note_chime(), "(greeting chime)"
+
+
+def two_note_chime(note_ms: int = 300, gap_ms: int = 60) -> bytes:
+    """Two sine notes (660 Hz, 880 Hz) with 10 ms fades, PCM16 at 24 kHz."""
+    rate = OUTPUT_RATE_HZ
+    t = np.arange(rate * note_ms // 1000) / rate
+    fade = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.01)
+    notes = [np.sin(2 * np.pi * f * t) * fade * 8000 for f in (660.0, 880.0)]
+    gap = np.zeros(rate * gap_ms // 1000)
+    return np.concatenate([notes[0], gap, notes[1]]).astype("<i2").tobytes()
+
+
+AGENTS: Final[dict[str, type[Agent]]] = {"echo": EchoAgent, "loopback": LoopbackAgent, "tone": ToneAgent}

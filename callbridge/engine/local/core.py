@@ -1,0 +1,475 @@
+"""The embedded engine's session, sans-I/O: vllm-omni's duplex semantics on a CPU agent.
+
+Inputs: ``submit(command, now_ms)``, ``detach(now_ms)``, ``resume(generation, now_ms)``
+and ``tick(now_ms)``. Outputs: ``events_to_send()`` (drain after every input)
+and ``next_deadline_ms()`` (call ``tick`` then). No clock is read here.
+
+Strategy and invariants (reference sections in brackets):
+- Input audio is resampled (stateful) to 16 kHz; with ``server_vad`` each
+  chunk goes through the streaming VAD [§5.3], otherwise the caller commits.
+  The utterance kept for the agent starts ``prefix_padding_ms`` before speech.
+- A response's audio is generated whole by the agent, then released in
+  ``chunk_ms`` chunks, the first at once, the rest every
+  ``chunk_ms / generation_speed`` ms (faster than real time, as MiniCPM-o).
+- The assistant "speaks" from ``response.created`` until the caller has
+  heard all of it: generation running, or ``played_ms < generated_ms``
+  (playback acks drive it [§5.1], as vllm-omni's ``ack_only`` policy does).
+  Caller speech while the assistant speaks is a barge-in: ``overlap.decision
+  barge_in``, ``response.done cancelled (turn_detected)``, epoch + 1 [§5.2].
+- Acks for a response that predates a later commit are ``playback_ack_too_late``.
+- Lease [§3.1]: generation 0 at open; ``resume`` is a compare-and-swap that
+  bumps it; ``detach`` starts the disconnect grace; no activity for
+  ``idle_ttl_ms`` expires the session; expiry emits ``session.expired``.
+"""
+
+from __future__ import annotations
+
+import audioop
+import enum
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from callbridge.codecs import StreamResampler
+from callbridge.engine.commands import (
+    AckPlayback,
+    AppendAudio,
+    BargeIn,
+    CancelResponse,
+    ClearInput,
+    ClearOutputAudio,
+    CloseSession,
+    Commit,
+    CreateResponse,
+    CreateTextItem,
+    EngineCommand,
+    Heartbeat,
+    TruncateItem,
+)
+from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.events import (
+    AudioDelta,
+    Capabilities,
+    EngineErrorEvent,
+    EngineEvent,
+    HeartbeatAck,
+    InputCommitted,
+    ItemTruncated,
+    OutputAudioCleared,
+    OverlapDecision,
+    PlaybackAcknowledged,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+    SessionResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptDelta,
+)
+from callbridge.engine.local.agents import OUTPUT_RATE_HZ, Agent
+from callbridge.engine.local.vad import VAD_RATE_HZ, FrameScorer, StreamingVad
+from callbridge.engine.port import SessionConfig
+
+__all__ = ["LocalEngineOptions", "LocalSessionCore", "SessionState"]
+
+_SILENCE_RMS: Final = 98  # vllm-omni's overlap_silence_rms 0.003 of full scale, in PCM16 units
+_MAX_UTTERANCE_MS: Final = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class LocalEngineOptions:
+    agent: str = "echo"
+    chunk_ms: int = 1000
+    generation_speed: float = 4.0
+    """Chunks are released this many times faster than real time; ``inf`` releases them all at once."""
+    disconnect_grace_ms: int = 30_000
+    idle_ttl_ms: int | None = 300_000
+    max_sessions: int = 16
+
+
+class SessionState(enum.Enum):
+    LIVE = "live"
+    DETACHED = "detached"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class _Response:
+    response_id: str
+    item_id: str
+    epoch: int
+    commit_seq: int
+    chunks: deque[bytes] = field(default_factory=deque)
+    transcript: str = ""
+    generated_ms: int = 0
+    played_ms: int = 0
+    audio_ms: int = 0
+    """Length kept in the conversation (truncation cuts it)."""
+    generating: bool = True
+    next_chunk_ms: int = 0
+
+    def playback_active(self) -> bool:
+        return self.generating or self.played_ms < self.generated_ms
+
+
+class LocalSessionCore:
+    """One embedded-engine session. See the module docstring for the contract."""
+
+    def __init__(
+        self,
+        session_id: str,
+        config: SessionConfig,
+        agent: Agent,
+        options: LocalEngineOptions,
+        now_ms: int,
+        scorer: FrameScorer | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.config = config
+        self.agent = agent
+        self.options = options
+        self.capabilities = Capabilities(
+            supports_barge_in=True,
+            supports_session_resume=True,
+            supports_audio_truncate=True,
+            supports_playback_ack=True,
+            chunk_period_ms=options.chunk_ms,
+            raw={"implementation_level": "turn_based_duplex", "supports_session_lease": True},
+        )
+        self.state = SessionState.LIVE
+        self.lease_generation = 0
+        self.epoch = 0
+        self.close_reason: str | None = None
+        self._last_activity_ms = now_ms
+        self._detached_at_ms: int | None = None
+        self._outbox: list[EngineEvent] = []
+        self._in_rate_hz = config.input_rate_hz
+        self._to_vad_rate = StreamResampler(config.input_rate_hz, VAD_RATE_HZ)
+        self._to_output_rate = StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ) if agent.streams_input else None
+        detection = config.turn_detection
+        self._vad = StreamingVad(detection, scorer) if detection is not None else None
+        self._input_ms = 0
+        """ms of input audio received (the session's input timeline)."""
+        self._recent = bytearray()
+        """The last ``prefix_padding_ms`` of 16 kHz input (before speech starts)."""
+        self._utterance = bytearray()
+        self._utterance_start_ms: int | None = None
+        self._input_item_id: str | None = None
+        self._speech_hint_sent = False
+        self._commit_seq = 0
+        self._last_utterance = b""
+        self._responses: dict[str, _Response] = {}
+        self._active: _Response | None = None
+        self._outbox.append(SessionCreated(session_id, self.capabilities, attachment_generation=0))
+        greeting = agent.greeting()
+        if greeting is not None:
+            self._start_response(*greeting, now_ms=now_ms)
+
+    # ------------------------------------------------------------------ inputs
+
+    def submit(self, command: EngineCommand, now_ms: int) -> None:
+        """Apply one command. Raises ``EngineError(session_closed)`` once closed; a rejected command
+        queues an ``EngineErrorEvent``. Drain ``events_to_send()`` next."""
+        if self.state is SessionState.CLOSED:
+            raise EngineError(ErrorCode.SESSION_CLOSED, "session is closed", session_id=self.session_id)
+        self._last_activity_ms = now_ms
+        try:
+            self._apply(command, now_ms)
+        except EngineError as exc:
+            self._outbox.append(EngineErrorEvent(exc.code, exc.message, exc.retryable))
+
+    def detach(self, now_ms: int) -> None:
+        """The client went away: start the disconnect grace."""
+        if self.state is SessionState.LIVE:
+            self.state = SessionState.DETACHED
+            self._detached_at_ms = now_ms
+            self._last_activity_ms = now_ms
+
+    def resume(self, expected_generation: int, now_ms: int) -> int:
+        """Compare-and-swap the lease to a new generation and re-attach; returns the new generation.
+
+        Raises ``EngineError``: ``session_resume_expired`` when closed, ``session_resume_conflict`` when
+        ``expected_generation`` is not the current one.
+        """
+        if self.state is SessionState.CLOSED:
+            raise EngineError(ErrorCode.SESSION_RESUME_EXPIRED, f"session {self.close_reason}", session_id=self.session_id)
+        if expected_generation != self.lease_generation:
+            raise EngineError(
+                ErrorCode.SESSION_RESUME_CONFLICT,
+                f"expected lease generation {expected_generation}, current {self.lease_generation}",
+                session_id=self.session_id,
+            )
+        self.lease_generation += 1
+        self.state = SessionState.LIVE
+        self._detached_at_ms = None
+        self._last_activity_ms = now_ms
+        self._outbox.append(SessionResumed(self.session_id, attachment_generation=self.lease_generation))
+        return self.lease_generation
+
+    def tick(self, now_ms: int) -> None:
+        """Release due audio chunks and expire the lease when its time has come."""
+        if self.state is SessionState.CLOSED:
+            return
+        active = self._active
+        while active is not None and active.chunks and active.next_chunk_ms <= now_ms:
+            self._release_chunk(active, now_ms)
+        if self._detached_at_ms is not None and now_ms >= self._detached_at_ms + self.options.disconnect_grace_ms:
+            self._expire("disconnect_grace_expired")
+        elif (idle := self._idle_deadline_ms()) is not None and now_ms >= idle:
+            self._expire("idle_ttl_expired")
+
+    # ----------------------------------------------------------------- outputs
+
+    def events_to_send(self) -> list[EngineEvent]:
+        """Events produced since the last call, in order."""
+        events, self._outbox = self._outbox, []
+        return events
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` has work next, or None."""
+        if self.state is SessionState.CLOSED:
+            return None
+        deadlines = []
+        if self._active is not None and self._active.chunks:
+            deadlines.append(self._active.next_chunk_ms)
+        if self._detached_at_ms is not None:
+            deadlines.append(self._detached_at_ms + self.options.disconnect_grace_ms)
+        if (idle := self._idle_deadline_ms()) is not None:
+            deadlines.append(idle)
+        return min(deadlines) if deadlines else None
+
+    # ---------------------------------------------------------------- commands
+
+    def _apply(self, command: EngineCommand, now_ms: int) -> None:
+        match command:
+            case AppendAudio(pcm, rate_hz):
+                self._append(pcm, rate_hz, now_ms)
+            case Commit(create_response):
+                self._commit(bool(create_response), now_ms)
+            case CreateResponse():
+                self._create_response(now_ms)
+            case CancelResponse(response_id):
+                active = self._active
+                if active is None or not active.generating or response_id not in (None, active.response_id):
+                    raise EngineError(ErrorCode.RESPONSE_NOT_ACTIVE, "no response is being generated")
+                self._cancel(active, "client_cancelled")
+            case BargeIn():
+                self._barge_in("barge_in")
+            case ClearOutputAudio(response_id):
+                target = self._responses.get(response_id) if response_id else self._active
+                self._outbox.append(OutputAudioCleared(target.response_id if target else response_id))
+                if target is not None:
+                    if target.generating:
+                        self._cancel(target, "client_cancelled")
+                    target.played_ms = target.generated_ms
+                    if target is self._active:
+                        self._active = None
+            case ClearInput():
+                self._clear_input()
+            case AckPlayback(response_id, played_ms, item_id):
+                self._ack(response_id, played_ms, item_id)
+            case TruncateItem(item_id, audio_end_ms):
+                self._truncate(item_id, audio_end_ms)
+            case CreateTextItem():
+                pass  # kept by a model; the embedded agents do not read text
+            case Heartbeat():
+                self._outbox.append(HeartbeatAck())
+            case CloseSession(reason):
+                self._close(reason)
+
+    def _append(self, pcm: bytes, rate_hz: int, now_ms: int) -> None:
+        if rate_hz != self._in_rate_hz:
+            raise EngineError(ErrorCode.BAD_AUDIO, f"input rate changed from {self._in_rate_hz} to {rate_hz} Hz")
+        if len(pcm) % 2:
+            raise EngineError(ErrorCode.BAD_AUDIO, "PCM16 audio of odd byte length")
+        self._input_ms += len(pcm) * 500 // rate_hz
+        if self._to_output_rate is not None:
+            self._loop_back(self._to_output_rate.process(pcm), now_ms)
+        audio = self._to_vad_rate.process(pcm)
+        if self._vad is None:
+            self._utterance += audio
+            if not self._speech_hint_sent and audioop.rms(pcm, 2) >= _SILENCE_RMS:
+                self._speech_hint_sent = True
+                self._outbox.append(SpeechStarted(self._input_ms, self._new_input_item()))
+            return
+        if self._utterance_start_ms is None:
+            self._recent += audio
+            keep = VAD_RATE_HZ * 2 * self._vad.params.prefix_padding_ms // 1000
+            if len(self._recent) > keep:
+                del self._recent[: len(self._recent) - keep]
+        else:
+            self._utterance += audio
+            if len(self._utterance) > VAD_RATE_HZ * 2 * _MAX_UTTERANCE_MS // 1000:
+                del self._utterance[: VAD_RATE_HZ * 2]
+        for boundary in self._vad.process(audio):
+            if boundary.started:
+                self._on_speech_started(boundary.audio_ms)
+            else:
+                self._on_speech_stopped(boundary.audio_ms, now_ms)
+
+    def _on_speech_started(self, audio_start_ms: int) -> None:
+        self._utterance_start_ms = audio_start_ms
+        self._utterance = self._recent
+        self._recent = bytearray()
+        self._outbox.append(SpeechStarted(audio_start_ms, self._new_input_item()))
+        if self._active is not None and self._active.playback_active():
+            self._outbox.append(OverlapDecision("barge_in", "server_vad_speech_started", self.epoch))
+            self._interrupt(self._active, "turn_detected")
+
+    def _on_speech_stopped(self, audio_end_ms: int, now_ms: int) -> None:
+        self._outbox.append(SpeechStopped(audio_end_ms, self._input_item_id))
+        self._utterance_start_ms = None
+        detection = self.config.turn_detection
+        self._commit(detection is not None and detection.create_response, now_ms)
+
+    def _commit(self, create_response: bool, now_ms: int) -> None:
+        if not self._utterance and self._input_item_id is None:
+            raise EngineError(ErrorCode.INPUT_AUDIO_BUFFER_EMPTY, "no input audio to commit")
+        utterance = bytes(self._utterance)
+        self._outbox.append(InputCommitted(self._input_item_id or self._new_input_item()))
+        self._commit_seq += 1
+        self._utterance.clear()
+        self._input_item_id = None
+        self._speech_hint_sent = False
+        self._last_utterance = utterance
+        if create_response:
+            self._create_response(now_ms)
+
+    def _create_response(self, now_ms: int) -> None:
+        if self._active is not None and self._active.playback_active():
+            raise EngineError(ErrorCode.RESPONSE_ALREADY_ACTIVE, f"response {self._active.response_id} is active")
+        if self._commit_seq == 0:
+            raise EngineError(ErrorCode.RESPONSE_CREATE_WITHOUT_INPUT, "no committed input to respond to")
+        reply = self.agent.reply(self._last_utterance)
+        if reply is not None:
+            self._start_response(*reply, now_ms=now_ms)
+
+    def _ack(self, response_id: str, played_ms: int, item_id: str | None) -> None:
+        if item_id is not None and item_id != f"item_{response_id}":
+            raise EngineError(ErrorCode.PLAYBACK_ITEM_MISMATCH, f"{item_id} is not the item of {response_id}")
+        response = self._responses.get(response_id)
+        if response is None:
+            raise EngineError(ErrorCode.PLAYBACK_ITEM_NOT_FOUND, f"unknown response {response_id}")
+        if response.commit_seq < self._commit_seq:
+            raise EngineError(ErrorCode.PLAYBACK_ACK_TOO_LATE, f"input was committed after {response_id}")
+        response.played_ms = max(response.played_ms, min(max(played_ms, 0), response.generated_ms))
+        self._outbox.append(PlaybackAcknowledged(response_id, response.played_ms))
+        if response is self._active and not response.playback_active():
+            self._active = None
+
+    def _truncate(self, item_id: str, audio_end_ms: int) -> None:
+        response = self._responses.get(item_id.removeprefix("item_"))
+        if response is None or response.item_id != item_id:
+            raise EngineError(ErrorCode.ITEM_NOT_FOUND, f"unknown item {item_id}")
+        response.audio_ms = min(response.audio_ms, max(0, audio_end_ms))
+        response.played_ms = min(response.played_ms, response.audio_ms)
+        self._outbox.append(ItemTruncated(item_id, response.audio_ms))
+
+    # ------------------------------------------------------------- responses
+
+    def _start_response(self, audio: bytes, transcript: str, now_ms: int) -> _Response:
+        response_id = f"resp-{self.session_id}-{self.epoch}-{secrets.token_hex(4)}"
+        response = _Response(response_id, f"item_{response_id}", self.epoch, self._commit_seq, transcript=transcript)
+        chunk_bytes = OUTPUT_RATE_HZ * 2 * self.options.chunk_ms // 1000
+        response.chunks.extend(audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes))
+        response.next_chunk_ms = now_ms
+        self._responses[response_id] = response
+        self._active = response
+        self._outbox.append(ResponseCreated(response_id, self.epoch))
+        self.tick(now_ms)
+        if not response.chunks and response.generating and not self.agent.streams_input:
+            self._finish(response)
+        return response
+
+    def _release_chunk(self, response: _Response, now_ms: int) -> None:
+        chunk = response.chunks.popleft()
+        self._emit_audio(response, chunk)
+        # As MiniCPM-o: every audio delta is followed by one transcript delta, empty after the first.
+        self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
+        response.transcript = ""
+        response.next_chunk_ms = now_ms + int(self.options.chunk_ms / self.options.generation_speed)
+        if not response.chunks:
+            self._finish(response)
+
+    def _emit_audio(self, response: _Response, pcm: bytes) -> None:
+        ms = len(pcm) * 500 // OUTPUT_RATE_HZ
+        response.generated_ms += ms
+        response.audio_ms += ms
+        self._outbox.append(AudioDelta(pcm, OUTPUT_RATE_HZ, response.response_id, response.item_id, response.epoch))
+
+    def _loop_back(self, pcm: bytes, now_ms: int) -> None:
+        response = self._active
+        if response is None or response.epoch != self.epoch:
+            response = self._start_response(b"", "", now_ms)
+        if pcm:
+            self._emit_audio(response, pcm)
+
+    def _finish(self, response: _Response) -> None:
+        response.generating = False
+        self._outbox.append(ResponseDone(response.response_id, "completed", None, response.epoch))
+        if response is self._active and not response.playback_active():
+            self._active = None
+
+    def _cancel(self, response: _Response, reason: str) -> None:
+        response.chunks.clear()
+        response.generating = False
+        self._outbox.append(ResponseDone(response.response_id, "cancelled", reason, response.epoch))
+
+    def _interrupt(self, response: _Response, reason: str) -> None:
+        """Stop the assistant: cancel generation (or, if it was done, clear its unheard playback)."""
+        if response.generating:
+            self._cancel(response, reason)
+        else:
+            self._outbox.append(OutputAudioCleared(response.response_id))
+        response.audio_ms = min(response.audio_ms, response.played_ms)
+        self._active = None
+        self.epoch += 1
+
+    def _barge_in(self, reason: str) -> None:
+        self._clear_input()
+        if self._active is not None and self._active.playback_active():
+            self._interrupt(self._active, reason)
+        else:
+            self.epoch += 1
+
+    def _clear_input(self) -> None:
+        self._utterance.clear()
+        self._recent.clear()
+        self._utterance_start_ms = None
+        self._input_item_id = None
+        self._speech_hint_sent = False
+        if self._vad is not None:
+            self._vad.reset()
+
+    def _new_input_item(self) -> str:
+        self._input_item_id = f"item_{secrets.token_hex(16)}"
+        return self._input_item_id
+
+    # ------------------------------------------------------------------ lease
+
+    def _idle_deadline_ms(self) -> int | None:
+        ttl = self.options.idle_ttl_ms
+        if ttl is None or (self._active is not None and self._active.generating):
+            return None
+        return self._last_activity_ms + ttl
+
+    def _expire(self, reason: str) -> None:
+        self._terminate()
+        self.close_reason = reason
+        self._outbox.append(SessionExpired(self.session_id, reason))
+
+    def _close(self, reason: str) -> None:
+        self._terminate()
+        self.close_reason = reason
+        self._outbox.append(SessionClosed(self.session_id, reason))
+
+    def _terminate(self) -> None:
+        if self._active is not None and self._active.generating:
+            self._cancel(self._active, "session_closed")
+        self._active = None
+        self.state = SessionState.CLOSED
+        self.lease_generation += 1
+        self._detached_at_ms = None
