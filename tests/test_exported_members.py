@@ -25,6 +25,7 @@ def test_codecs() -> None:
             "decode_to_pcm16",
             "encode_from_pcm16",
             "frame_bytes",
+            "pcm16_rms",
             "pcm16_to_alaw",
             "pcm16_to_ulaw",
             "ulaw_to_pcm16",

@@ -34,6 +34,7 @@ __all__ = [
     "alaw_to_pcm16",
     "decode_to_pcm16",
     "encode_from_pcm16",
+    "pcm16_rms",
     "pcm16_to_alaw",
     "pcm16_to_ulaw",
     "ulaw_to_pcm16",
@@ -89,6 +90,11 @@ def alaw_to_pcm16(data: Buffer) -> bytes:
 def pcm16_to_alaw(pcm: Buffer) -> bytes:
     """PCM16 → A-law bytes. ``pcm`` must hold whole samples."""
     return audioop.lin2alaw(pcm, _WIDTH)
+
+
+def pcm16_rms(pcm: Buffer) -> int:
+    """Root mean square of PCM16 samples, in sample units (0…32768)."""
+    return audioop.rms(pcm, _WIDTH)
 
 
 def decode_to_pcm16(encoding: AudioEncoding, payload: Buffer) -> Buffer:

@@ -155,3 +155,10 @@ class TestDispatch:
     def test_l16_passes_through_without_copy(self) -> None:
         data = pcm(1, 2, 3)
         assert decode_to_pcm16(AudioEncoding.L16, data) is data
+
+
+def test_rms() -> None:
+    from callbridge.codecs import pcm16_rms
+
+    assert pcm16_rms(pcm(0, 0, 0, 0)) == 0
+    assert pcm16_rms(pcm(1000, -1000, 1000, -1000)) == 1000

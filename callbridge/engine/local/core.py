@@ -24,14 +24,13 @@ Strategy and invariants (reference sections in brackets):
 
 from __future__ import annotations
 
-import audioop
 import enum
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from callbridge.codecs import StreamResampler
+from callbridge.codecs import ResamplerQuality, StreamResampler, pcm16_rms
 from callbridge.engine.commands import (
     AckPlayback,
     AppendAudio,
@@ -148,7 +147,10 @@ class LocalSessionCore:
         self._outbox: list[EngineEvent] = []
         self._in_rate_hz = config.input_rate_hz
         self._to_vad_rate = StreamResampler(config.input_rate_hz, VAD_RATE_HZ)
-        self._to_output_rate = StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ) if agent.streams_input else None
+        # Loopback measures the bridge's latency: its resampler must hold nothing back (cubic, no block delay).
+        self._to_output_rate = (
+            StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ, ResamplerQuality.QQ) if agent.streams_input else None
+        )
         detection = config.turn_detection
         self._vad = StreamingVad(detection, scorer) if detection is not None else None
         self._input_ms = 0
@@ -215,7 +217,7 @@ class LocalSessionCore:
             return
         active = self._active
         while active is not None and active.chunks and active.next_chunk_ms <= now_ms:
-            self._release_chunk(active, now_ms)
+            self._release_chunk(active)
         if self._detached_at_ms is not None and now_ms >= self._detached_at_ms + self.options.disconnect_grace_ms:
             self._expire("disconnect_grace_expired")
         elif (idle := self._idle_deadline_ms()) is not None and now_ms >= idle:
@@ -291,7 +293,7 @@ class LocalSessionCore:
         audio = self._to_vad_rate.process(pcm)
         if self._vad is None:
             self._utterance += audio
-            if not self._speech_hint_sent and audioop.rms(pcm, 2) >= _SILENCE_RMS:
+            if not self._speech_hint_sent and pcm16_rms(pcm) >= _SILENCE_RMS:
                 self._speech_hint_sent = True
                 self._outbox.append(SpeechStarted(self._input_ms, self._new_input_item()))
             return
@@ -384,13 +386,13 @@ class LocalSessionCore:
             self._finish(response)
         return response
 
-    def _release_chunk(self, response: _Response, now_ms: int) -> None:
+    def _release_chunk(self, response: _Response) -> None:
         chunk = response.chunks.popleft()
         self._emit_audio(response, chunk)
         # As MiniCPM-o: every audio delta is followed by one transcript delta, empty after the first.
         self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
         response.transcript = ""
-        response.next_chunk_ms = now_ms + int(self.options.chunk_ms / self.options.generation_speed)
+        response.next_chunk_ms += int(self.options.chunk_ms / self.options.generation_speed)
         if not response.chunks:
             self._finish(response)
 
