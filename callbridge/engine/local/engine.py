@@ -65,12 +65,13 @@ class LocalSession(DuplexSession):
         self._consuming = True
         try:
             while True:
-                while self._queue and self._attached:
+                # A detached session keeps its events for the next attachment; a closed one lets them drain.
+                while self._queue and (self._attached or self.closed):
                     event = self._queue.popleft()
                     yield event
                     if isinstance(event, TERMINAL_EVENTS):
                         return
-                if not self._attached:
+                if self.closed or not self._attached:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
@@ -94,6 +95,8 @@ class LocalSession(DuplexSession):
 
     def _reattach(self, expected_generation: int) -> None:
         self._core.resume(expected_generation, self._engine.clock())
+        # session.resumed comes first, then what was kept while detached (as a wire replay does).
+        self._queue.extendleft(reversed(self._core.events_to_send()))
         self._attached = True
         self._pump()
 
