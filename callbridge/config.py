@@ -76,8 +76,6 @@ class AudioSettings(_Section):
 class EngineSettings(_Section):
     kind: Literal["local", "realtime", "inline"] = "local"
     """local: the embedded CPU engine; realtime: vllm-omni servers over websockets; inline: vllm-omni in process."""
-    agent: Literal["echo", "loopback", "tone"] = "echo"
-    """The embedded engine's agent."""
     urls: list[str] = Field(default_factory=list)
     """vllm-omni servers (``ws://host:port``) for kind = realtime."""
     api_key: SecretStr | None = None
@@ -85,6 +83,29 @@ class EngineSettings(_Section):
     instructions: str = ""
     voice: str | None = None
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+
+
+class LocalEngineSettings(_Section):
+    """The embedded CPU engine (engine.kind = "local", and ``callbridge engine-server``)."""
+
+    agent: Literal["echo", "loopback", "tone"] = "echo"
+    chunk_ms: Annotated[int, Field(ge=20, le=5000)] = 1000
+    """Audio per response chunk (MiniCPM-o: about one second)."""
+    generation_speed: Annotated[float, Field(gt=0)] = 4.0
+    """Chunks are produced this many times faster than real time."""
+    max_sessions: Annotated[int, Field(ge=1)] = 1000
+    idle_ttl_s: Annotated[float, Field(gt=0)] = 300.0
+
+
+class EngineServerSettings(_Section):
+    """``callbridge engine-server``: the embedded engine behind vllm-omni's duplex websocket protocol."""
+
+    host: str = "127.0.0.1"
+    port: Port = 8091
+    config_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """How long a new connection may wait before its first frame."""
+    resume_replay_ttl_s: Annotated[float, Field(gt=0)] = 60.0
+    resume_replay_max_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
 
 
 class RegistrySettings(_Section):
@@ -158,6 +179,8 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     audio: AudioSettings = AudioSettings()
     engine: EngineSettings = EngineSettings()
+    local_engine: LocalEngineSettings = LocalEngineSettings()
+    engine_server: EngineServerSettings = EngineServerSettings()
     registry: RegistrySettings = RegistrySettings()
     twilio: TwilioSettings = TwilioSettings()
     signalwire: SignalWireSettings = SignalWireSettings()

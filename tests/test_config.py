@@ -39,14 +39,14 @@ def test_defaults() -> None:
 
 
 def test_precedence_file_env_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write(tmp_path, '[server]\nport = 9001\nhost = "10.1.1.1"\nmax_calls = 7\n[engine]\nagent = "tone"\n')
+    path = write(tmp_path, '[server]\nport = 9001\nhost = "10.1.1.1"\nmax_calls = 7\n[local_engine]\nagent = "tone"\n')
     monkeypatch.setenv("CALLBRIDGE_SERVER__PORT", "9002")
     monkeypatch.setenv("CALLBRIDGE_SERVER__HOST", "10.2.2.2")
     settings = load_settings(path, {"server": {"host": "0.0.0.0"}})
     assert settings.server.host == "0.0.0.0"  # CLI over env
     assert settings.server.port == 9002  # env over file
     assert settings.server.max_calls == 7  # file over default
-    assert settings.engine.agent == "tone"
+    assert settings.local_engine.agent == "tone"
     assert settings.audio.playout_lead_ms == 200  # default
 
 

@@ -79,11 +79,15 @@ class LocalSession(DuplexSession):
             self._consuming = False
 
     async def detach(self) -> ResumeTicket:
-        self._core.detach(self._engine.clock())
+        self._start_grace()
         self._attached = False
         self._wakeup.set()
-        self._pump()
         return self.resume_ticket()
+
+    def _start_grace(self) -> None:
+        """The lease half of ``detach``: the engine's disconnect grace starts, events keep flowing."""
+        self._core.detach(self._engine.clock())
+        self._pump()
 
     def resume_ticket(self) -> ResumeTicket:
         return ResumeTicket(self.session_id, lease_generation=self._core.lease_generation)
@@ -177,13 +181,17 @@ class LocalEngine(DuplexEngine):
         return session
 
     async def detach_session(self, session_id: str, expected_generation: int | None = None) -> None:
-        """Start a session's disconnect grace, fenced on its lease generation (as ``DuplexOmni.detach_session``)."""
+        """Start a session's disconnect grace, fenced on its lease generation (as ``DuplexOmni.detach_session``).
+
+        Unlike ``LocalSession.detach`` this leaves the current ``events()`` iteration running: a transport
+        (the engine server) keeps journaling the session's events for the next connection.
+        """
         session = self._sessions.get(session_id)
         if session is None:
             raise EngineError(ErrorCode.UNKNOWN_SESSION, session_id)
         if expected_generation is not None and expected_generation != session.lease_generation:
             raise EngineError(ErrorCode.SESSION_RESUME_CONFLICT, "lease generation moved on", session_id=session_id)
-        await session.detach()
+        session._start_grace()
 
     async def aclose(self) -> None:
         for session in list(self._sessions.values()):
