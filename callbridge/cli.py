@@ -80,7 +80,10 @@ def _build_parser() -> argparse.ArgumentParser:
     engine_server = commands.add_parser(
         "engine-server", parents=[common], help="serve the embedded engine over vllm-omni's duplex protocol"
     )
-    engine_server.set_defaults(handler=_not_built("engine-server", "the embedded engine server (issue #3)"))
+    engine_server.add_argument("--host", default=argparse.SUPPRESS, help="listen address (engine_server.host)")
+    engine_server.add_argument("--port", default=argparse.SUPPRESS, help="listen port (engine_server.port)")
+    engine_server.add_argument("--agent", default=argparse.SUPPRESS, help="echo, loopback or tone (local_engine.agent)")
+    engine_server.set_defaults(handler=_engine_server)
 
     simulate = commands.add_parser("simulate", parents=[common], help="one simulated call from a WAV file")
     simulate.set_defaults(handler=_not_built("simulate", "the call bridge (issue #4)"))
@@ -100,11 +103,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     layers: list[dict[str, Any]] = [parse_assignment(text) for text in getattr(args, "assignments", [])]
+    listener = "engine_server" if getattr(args, "command", None) == "engine-server" else "server"
     flags = {
         ("log", "level"): getattr(args, "log_level", None),
         ("log", "format"): getattr(args, "log_format", None),
-        ("server", "host"): getattr(args, "host", None),
-        ("server", "port"): getattr(args, "port", None),
+        (listener, "host"): getattr(args, "host", None),
+        (listener, "port"): getattr(args, "port", None),
+        ("local_engine", "agent"): getattr(args, "agent", None),
     }
     layers += [{section: {key: value}} for (section, key), value in flags.items() if value is not None]
     return merge_overrides(*layers)
@@ -117,20 +122,32 @@ def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
 
 
 def _serve(settings: Settings, _: argparse.Namespace) -> int:
+    from callbridge.bridge.app import create_app
+
+    return _run_uvicorn(settings, create_app(settings), settings.server.host, settings.server.port)
+
+
+def _engine_server(settings: Settings, _: argparse.Namespace) -> int:
+    from callbridge.engine.server import create_engine_app
+
+    return _run_uvicorn(settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port)
+
+
+def _run_uvicorn(settings: Settings, app: Any, host: str, port: int) -> int:
     import uvicorn
 
-    from callbridge.bridge.app import create_app
     from callbridge.logging import configure_logging
 
     configure_logging(settings.log)
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings),
-            host=settings.server.host,
-            port=settings.server.port,
+            app,
+            host=host,
+            port=port,
             log_config=None,
             access_log=False,
             ws="websockets-sansio",
+            ws_max_size=16 * 1024 * 1024,
             lifespan="on",
         )
     )

@@ -95,7 +95,7 @@ def test_invalid_configuration_exit_2_one_clear_message(args: list[str], env: di
     assert f"  {key}: " in result.stderr
 
 
-@pytest.mark.parametrize("command", ["engine-server", "simulate", "loadtest"])
+@pytest.mark.parametrize("command", ["simulate", "loadtest"])
 def test_commands_of_later_issues_say_so(command: str) -> None:
     result = run_cli(command)
     assert result.returncode == 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import binascii
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -173,7 +173,7 @@ def parse_server_event(payload: Mapping[str, Any]) -> ParsedServerEvent:
         raise _protocol_error(f"bad server_event_seq {seq!r}")
     parser = _SERVER_PARSERS.get(event_type)
     try:
-        event = parser(payload) if parser is not None else None
+        event: EngineEvent | None = parser(payload) if parser is not None else None
     except (KeyError, TypeError, ValueError, binascii.Error) as exc:
         raise _protocol_error(f"malformed {event_type}: {exc!r}") from exc
     return ParsedServerEvent(event, seq, event_type)
@@ -276,7 +276,7 @@ def _parse_playback_ack(payload: Mapping[str, Any]) -> PlaybackAcknowledged:
     return PlaybackAcknowledged(response_id, _int(event.get("played_ms", 0), "played_ms"))
 
 
-_SERVER_PARSERS: Final = {
+_SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent]]] = {
     "session.created": _parse_created,
     "session.resumed": lambda p: SessionResumed(
         _str(p, "session_id"), _opt_str(p, "resume_token"), _opt_int(p.get("attachment_generation"), "generation")
@@ -355,8 +355,8 @@ def session_config_from_wire(session: Mapping[str, Any]) -> tuple[SessionConfig,
     Raises ``EngineError`` (``unsupported_audio_format``, ``unsupported_turn_detection``,
     ``invalid_session_config``).
     """
-    audio = session.get("audio") if isinstance(session.get("audio"), Mapping) else {}
-    audio_in = audio.get("input") if isinstance(audio.get("input"), Mapping) else {}
+    audio: Mapping[str, Any] = session["audio"] if isinstance(session.get("audio"), Mapping) else {}
+    audio_in: Mapping[str, Any] = audio["input"] if isinstance(audio.get("input"), Mapping) else {}
     encoding, rate = _parse_format(session.get("input_audio_format", audio_in.get("format")))
     declared_rate = session.get("sample_rate_hz", session.get("sample_rate", audio_in.get("sample_rate_hz")))
     try:
@@ -488,13 +488,13 @@ def event_to_wire(event: EngineEvent, session: Mapping[str, Any] | None = None) 
         case InputCommitted(item_id):
             return {"type": "input_audio_buffer.committed", **base, "previous_item_id": None, "item_id": item_id}
         case ResponseCreated(response_id, epoch):
-            response = {"id": response_id, "object": "realtime.response", "status": "in_progress", "metadata": {"epoch": epoch}}
-            return {"type": "response.created", **base, "response": response, "response_id": response_id}
+            created = {"id": response_id, "object": "realtime.response", "status": "in_progress", "metadata": {"epoch": epoch}}
+            return {"type": "response.created", **base, "response": created, "response_id": response_id}
         case ResponseDone(response_id, status, reason, epoch):
-            response = {"id": response_id, "object": "realtime.response", "status": status, "output": []}
-            response["status_details"] = {"type": status, "reason": reason} if reason else None
-            response["metadata"] = {"epoch": epoch}
-            return {"type": "response.done", **base, "response": response, "response_id": response_id}
+            done: dict[str, Any] = {"id": response_id, "object": "realtime.response", "status": status, "output": []}
+            done["status_details"] = {"type": status, "reason": reason} if reason else None
+            done["metadata"] = {"epoch": epoch}
+            return {"type": "response.done", **base, "response": done, "response_id": response_id}
         case AudioDelta(pcm, rate_hz, response_id, item_id, epoch):
             return {
                 "type": "response.output_audio.delta",
