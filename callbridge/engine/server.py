@@ -391,7 +391,7 @@ def create_engine_app(settings: Settings, engine: LocalEngine | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        log.info("engine_server_started", agent=settings.local_engine.agent, version=__version__)
+        log.info("engine_server_started", agent=engine.options.agent, version=__version__)
         yield
         await engine.aclose()
 

@@ -1,0 +1,441 @@
+"""A client for vllm-omni's duplex websocket (``/v1/realtime?duplex=1&autostart=0``), written here.
+
+vllm-omni's own ``DuplexClient`` cannot be imported without torch and vllm
+(reference §4.6), so this is the small wire client the bridge needs:
+
+- open: ``session.update`` as the first frame, input rate declared; wait for
+  ``session.created`` and keep ``session_id``, ``resume_token``,
+  ``attachment_generation``;
+- steady state: a reader task parses frames into typed events, drops
+  replayed duplicates by ``server_event_seq``, acknowledges sequences
+  (``session.event_ack``) every few events and with every heartbeat, and
+  drops audio of a cancelled response or an older epoch (§5.2);
+- a socket that drops without a terminal event is resumed transparently:
+  ``session.resume`` with the latest token and last sequence on a new
+  socket, inside the grace window; the rotated token is adopted and the event
+  stream continues, nothing lost or doubled. Audio submitted while the socket
+  is down is dropped (it would be stale) and counted; other commands wait
+  for the new socket. A fatal resume code ends the session with that reason;
+- ``detach()`` closes the socket (the server starts its grace) and returns a
+  ``ResumeTicket`` any process can resume with.
+
+Malformed or unknown server frames are logged and skipped; the session goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from callbridge.engine.commands import AppendAudio, CloseSession, EngineCommand
+from callbridge.engine.errors import FATAL_RESUME_CODES, EngineError, ErrorCode
+from callbridge.engine.events import (
+    TERMINAL_EVENTS,
+    AudioDelta,
+    Capabilities,
+    EngineErrorEvent,
+    EngineEvent,
+    OverlapDecision,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+    SessionResumed,
+)
+from callbridge.engine.port import DuplexEngine, DuplexSession, ResumeTicket, SessionConfig
+from callbridge.engine.wire import command_to_wire, event_ack, parse_server_event, session_resume, session_update
+from callbridge.logging import get_logger
+
+__all__ = ["RealtimeEngine", "RealtimeSession", "duplex_url"]
+
+log = get_logger(__name__)
+
+_MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+
+
+def duplex_url(url: str) -> str:
+    """``ws://host:port`` → ``ws://host:port/v1/realtime?duplex=1&autostart=0`` (never autostart, §4.2)."""
+    parts = urlsplit(url)
+    path = parts.path if parts.path not in ("", "/") else "/v1/realtime"
+    query = dict(parse_qsl(parts.query))
+    query |= {"duplex": "1", "autostart": "0"}
+    return urlunsplit((parts.scheme, parts.netloc, path, urlencode(query), ""))
+
+
+class RealtimeEngine(DuplexEngine):
+    """vllm-omni servers (or ``callbridge engine-server``) over websockets."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        handshake_timeout_s: float = 10.0,
+        heartbeat_interval_s: float = 30.0,
+        resume_window_s: float = 30.0,
+        reconnect_backoff_s: tuple[float, float] = (0.05, 2.0),
+        ack_every_events: int = 16,
+    ) -> None:
+        self.url = duplex_url(url)
+        self.api_key = api_key
+        self.handshake_timeout_s = handshake_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.resume_window_s = resume_window_s
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self.ack_every_events = ack_every_events
+        self._sessions: set[RealtimeSession] = set()
+
+    async def open(self, config: SessionConfig) -> RealtimeSession:
+        ws = await self._connect(self.url)
+        try:
+            await ws.send(orjson.dumps(session_update(config)).decode())
+            first = await self._handshake_event(ws)
+        except BaseException:
+            await ws.close()
+            raise
+        if not isinstance(first, SessionCreated):
+            await ws.close()
+            raise EngineError(ErrorCode.PROTOCOL_ERROR, f"expected session.created, got {type(first).__name__}")
+        session = RealtimeSession(self, ws, self.url, first.session_id, first.capabilities, first.resume_token, 0)
+        session._start()
+        return session
+
+    async def resume(self, ticket: ResumeTicket) -> RealtimeSession:
+        endpoint = ticket.endpoint or self.url
+        if not ticket.resume_token:
+            raise EngineError(ErrorCode.INVALID_SESSION_RESUME, "no resume token", session_id=ticket.session_id)
+        ws = await self._connect(endpoint)
+        try:
+            await ws.send(orjson.dumps(session_resume(ticket)).decode())
+            first = await self._handshake_event(ws)
+        except BaseException:
+            await ws.close()
+            raise
+        if not isinstance(first, SessionResumed):
+            await ws.close()
+            raise EngineError(ErrorCode.PROTOCOL_ERROR, f"expected session.resumed, got {type(first).__name__}")
+        capabilities = Capabilities(supports_session_resume=True)
+        session = RealtimeSession(
+            self, ws, endpoint, ticket.session_id, capabilities, first.resume_token, ticket.last_event_seq
+        )
+        session._start()
+        return session
+
+    async def aclose(self) -> None:
+        for session in list(self._sessions):
+            with suppress(EngineError):
+                await session.close("shutdown")
+
+    async def _connect(self, url: str) -> ClientConnection:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        try:
+            return await connect(
+                url,
+                additional_headers=headers,
+                open_timeout=self.handshake_timeout_s,
+                max_size=_MAX_FRAME_BYTES,
+                ping_interval=20,
+                ping_timeout=20,
+                compression=None,
+            )
+        except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
+            raise EngineError(ErrorCode.CONNECTION_FAILED, f"{url}: {exc}") from exc
+
+    async def _handshake_event(self, ws: ClientConnection) -> EngineEvent:
+        """The first typed event the server answers a handshake with; errors raise ``EngineError``."""
+        deadline = time.monotonic() + self.handshake_timeout_s
+        while True:
+            try:
+                raw = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError as exc:
+                raise EngineError(ErrorCode.TIMEOUT, "no handshake answer") from exc
+            except ConnectionClosed as exc:
+                raise EngineError(ErrorCode.CONNECTION_FAILED, f"closed during handshake: {exc}") from exc
+            payload = _loads(raw)
+            if payload is None:
+                continue
+            if payload.get("type") == "session.resync_required":
+                raise EngineError(ErrorCode.RESYNC_REQUIRED, str(payload.get("reason", "journal_gap")))
+            parsed = parse_server_event(payload)
+            if isinstance(parsed.event, EngineErrorEvent):
+                raise EngineError(parsed.event.code, parsed.event.message, retryable=parsed.event.retryable)
+            if parsed.event is not None:
+                return parsed.event
+
+
+def _loads(raw: str | bytes) -> dict[str, Any] | None:
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        log.warning("engine_frame_not_json", size=len(raw))
+        return None
+    if not isinstance(payload, dict):
+        log.warning("engine_frame_not_object")
+        return None
+    return payload
+
+
+class RealtimeSession(DuplexSession):
+    """One duplex session over a websocket that may be replaced underneath (transparent resume)."""
+
+    def __init__(
+        self,
+        engine: RealtimeEngine,
+        ws: ClientConnection,
+        endpoint: str,
+        session_id: str,
+        capabilities: Capabilities,
+        resume_token: str | None,
+        last_seq: int,
+    ) -> None:
+        self._engine = engine
+        self._ws = ws
+        self._endpoint = endpoint
+        self.session_id = session_id
+        self.capabilities = capabilities
+        self._token = resume_token
+        self._last_seq = last_seq
+        self._acked_seq = last_seq
+        self._queue: deque[EngineEvent] = deque()
+        self._wakeup = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._closed = False
+        self._detached = False
+        self._consuming = False
+        self._terminal_seen = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._max_epoch = -1
+        self._cancelled: set[str] = set()
+        self.dropped_audio_bytes = 0
+        """Input audio dropped while the socket was being replaced."""
+        self.resumes = 0
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def resume_ticket(self) -> ResumeTicket:
+        return ResumeTicket(self.session_id, 0, self._token, self._last_seq, self._endpoint)
+
+    def _start(self) -> None:
+        self._engine._sessions.add(self)
+        self._reader = asyncio.create_task(self._read_forever(), name=f"realtime-reader-{self.session_id}")
+        self._heartbeat = asyncio.create_task(self._heartbeat_forever(), name=f"realtime-heartbeat-{self.session_id}")
+
+    # ------------------------------------------------------------- commands
+
+    async def submit(self, command: EngineCommand) -> None:
+        if self._closed:
+            raise EngineError(ErrorCode.SESSION_CLOSED, "session is closed", session_id=self.session_id)
+        if self._detached:
+            raise EngineError(ErrorCode.SESSION_CLOSED, "session is detached", session_id=self.session_id)
+        frame = orjson.dumps(command_to_wire(command)).decode()
+        if isinstance(command, AppendAudio):
+            if not self._connected.is_set():
+                self.dropped_audio_bytes += len(command.pcm)
+                return
+            try:
+                await self._ws.send(frame)
+            except ConnectionClosed:
+                self.dropped_audio_bytes += len(command.pcm)  # the reader notices and resumes
+            return
+        for _ in range(2):
+            await self._wait_connected()
+            try:
+                await self._ws.send(frame)
+                return
+            except ConnectionClosed:
+                self._connected.clear()
+        raise EngineError(ErrorCode.CONNECTION_FAILED, "could not send after a reconnect", session_id=self.session_id)
+
+    async def _wait_connected(self) -> None:
+        try:
+            await asyncio.wait_for(self._connected.wait(), self._engine.resume_window_s + 5)
+        except TimeoutError as exc:
+            raise EngineError(ErrorCode.CONNECTION_FAILED, "engine unreachable", session_id=self.session_id) from exc
+        if self._closed:
+            raise EngineError(ErrorCode.SESSION_CLOSED, "session is closed", session_id=self.session_id)
+
+    # -------------------------------------------------------------- events
+
+    async def events(self) -> AsyncIterator[EngineEvent]:
+        if self._consuming:
+            raise RuntimeError(f"session {self.session_id} already has an events() consumer")
+        self._consuming = True
+        try:
+            while True:
+                while self._queue and not self._detached:
+                    event = self._queue.popleft()
+                    yield event
+                    if isinstance(event, TERMINAL_EVENTS):
+                        return
+                if self._detached or (self._closed and not self._queue):
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+        finally:
+            self._consuming = False
+
+    def _deliver(self, event: EngineEvent) -> None:
+        """Queue an event for the consumer, after the epoch filter (reference §5.2)."""
+        if isinstance(event, AudioDelta):
+            if event.response_id in self._cancelled or (event.epoch is not None and event.epoch < self._max_epoch):
+                return
+        elif isinstance(event, ResponseDone) and event.status == "cancelled":
+            self._cancelled.add(event.response_id)
+        epoch = getattr(event, "epoch", None)
+        if isinstance(event, ResponseCreated | ResponseDone | OverlapDecision | AudioDelta) and epoch is not None:
+            self._max_epoch = max(self._max_epoch, epoch)
+        self._queue.append(event)
+        self._wakeup.set()
+        if isinstance(event, TERMINAL_EVENTS):
+            self._end()
+
+    def _end(self) -> None:
+        self._closed = True
+        self._terminal_seen.set()
+        self._connected.set()  # wake anyone waiting to send: they will see closed
+        self._wakeup.set()
+        self._engine._sessions.discard(self)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+
+    # -------------------------------------------------------------- reader
+
+    async def _read_forever(self) -> None:
+        try:
+            while not self._closed and not self._detached:
+                try:
+                    await self._read_socket()
+                except ConnectionClosed:
+                    pass
+                if self._closed or self._detached:
+                    return
+                self._connected.clear()
+                await self._reconnect()
+        except Exception:
+            log.exception("engine_reader_failed", session_id=self.session_id)
+            self._deliver(SessionClosed(self.session_id, "client_error"))
+
+    async def _read_socket(self) -> None:
+        async for raw in self._ws:
+            payload = _loads(raw)
+            if payload is None:
+                continue
+            if payload.get("type") == "session.resync_required":
+                self._deliver(SessionClosed(self.session_id, f"resync_required:{payload.get('reason')}"))
+                return
+            try:
+                parsed = parse_server_event(payload)
+            except EngineError as exc:
+                log.warning("engine_frame_malformed", session_id=self.session_id, error=exc.message)
+                continue
+            if parsed.server_event_seq is not None:
+                if parsed.server_event_seq <= self._last_seq:
+                    continue  # a replay of something already delivered
+                self._last_seq = parsed.server_event_seq
+            if parsed.event is None:
+                log.debug("engine_event_skipped", session_id=self.session_id, type=parsed.type)
+            elif isinstance(parsed.event, SessionResumed):
+                self._token = parsed.event.resume_token
+            else:
+                self._deliver(parsed.event)
+                if self._closed:
+                    return
+            if self._last_seq - self._acked_seq >= self._engine.ack_every_events:
+                await self._send_ack()
+
+    async def _send_ack(self) -> None:
+        if self._last_seq > self._acked_seq:
+            seq = self._last_seq
+            await self._ws.send(orjson.dumps(event_ack(seq)).decode())
+            self._acked_seq = seq
+
+    async def _reconnect(self) -> None:
+        """Resume on a new socket inside the grace window, or end the session with the reason."""
+        deadline = time.monotonic() + self._engine.resume_window_s
+        delay, max_delay = self._engine.reconnect_backoff_s
+        while not self._closed and not self._detached:
+            try:
+                ws = await self._engine._connect(self._endpoint)
+            except EngineError:
+                ws = None
+            if ws is not None:
+                try:
+                    await ws.send(orjson.dumps(session_resume(self.resume_ticket())).decode())
+                    first = await self._engine._handshake_event(ws)
+                except EngineError as exc:
+                    await ws.close()
+                    if exc.code in FATAL_RESUME_CODES:
+                        reason_cls = SessionExpired if exc.code == ErrorCode.SESSION_RESUME_EXPIRED else SessionClosed
+                        log.warning("engine_resume_refused", session_id=self.session_id, code=exc.code)
+                        self._deliver(reason_cls(self.session_id, exc.code))
+                        return
+                else:
+                    if isinstance(first, SessionResumed):
+                        self._ws = ws
+                        self._token = first.resume_token
+                        self._acked_seq = self._last_seq
+                        self.resumes += 1
+                        self._connected.set()
+                        log.info("engine_session_resumed", session_id=self.session_id, last_seq=self._last_seq)
+                        return
+                    await ws.close()
+            if time.monotonic() + delay > deadline:
+                self._deliver(SessionClosed(self.session_id, ErrorCode.CONNECTION_FAILED))
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay)
+
+    async def _heartbeat_forever(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._engine.heartbeat_interval_s)
+            if not self._connected.is_set() or self._detached:
+                continue
+            with suppress(ConnectionClosed):
+                await self._ws.send('{"type":"session.heartbeat"}')
+                await self._send_ack()
+
+    # ----------------------------------------------------------- lifecycle
+
+    async def detach(self) -> ResumeTicket:
+        """Close the socket without ending the session: the server holds it for its grace."""
+        self._detached = True
+        self._wakeup.set()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        with suppress(ConnectionClosed):
+            await self._send_ack()
+        await self._ws.close()
+        if self._reader is not None:
+            with suppress(asyncio.CancelledError):
+                await self._reader
+        self._engine._sessions.discard(self)
+        return self.resume_ticket()
+
+    async def close(self, reason: str = "client_close") -> None:
+        if self._closed:
+            return
+        with suppress(EngineError):
+            await self.submit(CloseSession(reason))
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._terminal_seen.wait(), self._engine.handshake_timeout_s)
+        if not self._closed:
+            self._deliver(SessionClosed(self.session_id, reason))
+        await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._reader
