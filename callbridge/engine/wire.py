@@ -244,7 +244,7 @@ def _parse_audio_delta(payload: Mapping[str, Any]) -> AudioDelta:
     fmt = payload.get("format", "pcm16")
     if fmt not in ("pcm16", "pcm_s16le", "s16le"):
         raise ValueError(f"audio format {fmt!r}: ask for pcm16 output")
-    pcm = binascii.a2b_base64(_str(payload, "delta"))
+    pcm = binascii.a2b_base64(_str(payload, "delta"), strict_mode=True)
     if len(pcm) % 2:
         raise ValueError("PCM16 audio of odd length")
     metadata = payload.get("metadata") or {}
@@ -401,7 +401,7 @@ def parse_client_command(payload: Mapping[str, Any], defaults: InputFormat) -> E
                 rate = payload.get("sample_rate_hz", payload.get("sample_rate", fmt_rate))
                 rate_hz = _int(rate, "sample_rate_hz") if rate is not None else defaults.rate_hz
                 try:
-                    raw = binascii.a2b_base64(_str(payload, "audio"))
+                    raw = binascii.a2b_base64(_str(payload, "audio"), strict_mode=True)
                 except binascii.Error as exc:
                     raise EngineError(ErrorCode.BAD_AUDIO, f"invalid base64 audio: {exc}") from exc
                 encoding = encoding or defaults.encoding
