@@ -40,18 +40,15 @@ from callbridge.engine.commands import AppendAudio, CloseSession, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, EngineError, ErrorCode
 from callbridge.engine.events import (
     TERMINAL_EVENTS,
-    AudioDelta,
     Capabilities,
     EngineErrorEvent,
     EngineEvent,
-    OverlapDecision,
-    ResponseCreated,
-    ResponseDone,
     SessionClosed,
     SessionCreated,
     SessionExpired,
     SessionResumed,
 )
+from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import DuplexEngine, DuplexSession, ResumeTicket, SessionConfig
 from callbridge.engine.wire import command_to_wire, event_ack, parse_server_event, session_resume, session_update
 from callbridge.logging import get_logger
@@ -216,8 +213,7 @@ class RealtimeSession(DuplexSession):
         self._terminal_seen = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
-        self._max_epoch = -1
-        self._cancelled: set[str] = set()
+        self._late_audio = LateAudioFilter()
         self.dropped_audio_bytes = 0
         """Input audio dropped while the socket was being replaced."""
         self.resumes = 0
@@ -289,15 +285,9 @@ class RealtimeSession(DuplexSession):
             self._consuming = False
 
     def _deliver(self, event: EngineEvent) -> None:
-        """Queue an event for the consumer, after the epoch filter (reference §5.2)."""
-        if isinstance(event, AudioDelta):
-            if event.response_id in self._cancelled or (event.epoch is not None and event.epoch < self._max_epoch):
-                return
-        elif isinstance(event, ResponseDone) and event.status == "cancelled":
-            self._cancelled.add(event.response_id)
-        epoch = getattr(event, "epoch", None)
-        if isinstance(event, ResponseCreated | ResponseDone | OverlapDecision | AudioDelta) and epoch is not None:
-            self._max_epoch = max(self._max_epoch, epoch)
+        """Queue an event for the consumer, unless it is late audio (reference §5.2)."""
+        if not self._late_audio.admit(event):
+            return
         self._queue.append(event)
         self._wakeup.set()
         if isinstance(event, TERMINAL_EVENTS):
