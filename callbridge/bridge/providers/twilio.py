@@ -1,0 +1,198 @@
+"""Twilio Media Streams, bidirectional (``<Connect><Stream>``): the wire codec (telephony-protocols.md §1).
+
+Twilio → us (JSON text): ``connected``, ``start``, then ``media`` / ``dtmf`` /
+``mark`` interleaved, finally ``stop``. Numbers may arrive as strings; any
+payload length is accepted; unknown fields are ignored. Us → Twilio: only
+``media`` (μ-law 8 kHz, base64, no header), ``mark`` and ``clear``, each with
+the stream's ``streamSid`` (anything else draws warning 31951).
+
+Validated once, here: a message that breaks the protocol raises
+``RemoteProtocolError`` with its reason, and the call ends.
+"""
+
+from __future__ import annotations
+
+import binascii
+import re
+from typing import Any, Final
+
+import orjson
+
+from callbridge.bridge.providers.base import (
+    CarrierEvent,
+    DtmfReceived,
+    MarkEchoed,
+    MediaReceived,
+    ProtocolErrorReason,
+    RemoteProtocolError,
+    SendClear,
+    SendMark,
+    SendMedia,
+    StreamConnected,
+    StreamStarted,
+    StreamStopped,
+)
+from callbridge.codecs import AudioEncoding
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "TwilioCodec"]
+
+DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
+"""A 20 ms frame is about 300 bytes; even a second of audio in one message stays far below this."""
+
+_DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
+_SID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""Twilio SIDs are two letters and 32 hex digits; this also keeps them safe to splice into JSON."""
+
+
+class TwilioCodec:
+    """One Twilio media stream, message by message."""
+
+    provider: Final = "twilio"
+
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.stream_id: str | None = None
+        self.call_id: str | None = None
+        self.stopped = False
+
+    # ------------------------------------------------------------------ in
+
+    def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
+        """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
+        if isinstance(message, bytes | bytearray | memoryview):
+            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
+        if len(message) > self.max_message_bytes:
+            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
+        try:
+            payload = orjson.loads(message)
+        except orjson.JSONDecodeError as exc:
+            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
+        if not isinstance(payload, dict):
+            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        event = payload.get("event")
+        if event == "media":  # the hot path first
+            self._check_stream(payload, event)
+            return [self._media(payload)]
+        if event == "connected":
+            if self.stream_id is not None:
+                raise self._error(ProtocolErrorReason.OUT_OF_ORDER, "connected after start")
+            return [StreamConnected()]
+        if event == "start":
+            return [self._start(payload)]
+        if event in ("dtmf", "mark", "stop"):
+            self._check_stream(payload, event)
+            if event == "stop":
+                self.stopped = True
+                return [StreamStopped()]
+            body = self._object(payload, event)
+            if event == "mark":
+                return [MarkEchoed(self._string(body, "name", "mark"))]
+            digit = self._string(body, "digit", "dtmf")
+            if digit not in _DTMF_DIGITS:
+                raise self._error(ProtocolErrorReason.BAD_FIELD, f"dtmf digit {digit!r}")
+            return [DtmfReceived(digit)]
+        if event is None:
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
+        raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event!r}")
+
+    def _start(self, payload: dict[str, Any]) -> StreamStarted:
+        if self.stream_id is not None:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, "a second start")
+        start = self._object(payload, "start")
+        stream_id = self._string(start, "streamSid", "start")
+        call_id = self._string(start, "callSid", "start")
+        if payload.get("streamSid", stream_id) != stream_id:
+            raise self._error(ProtocolErrorReason.WRONG_STREAM, "start.streamSid differs from streamSid")
+        account = start.get("accountSid")
+        fmt = start.get("mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1})
+        if not isinstance(fmt, dict):
+            raise self._error(ProtocolErrorReason.BAD_FIELD, "start.mediaFormat is not an object")
+        encoding, rate, channels = fmt.get("encoding"), _number(fmt.get("sampleRate", 8000)), _number(fmt.get("channels", 1))
+        if encoding != "audio/x-mulaw" or rate != 8000 or channels != 1:
+            raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"mediaFormat {fmt!r}")
+        params = start.get("customParameters") or {}
+        if not isinstance(params, dict):
+            raise self._error(ProtocolErrorReason.BAD_FIELD, "start.customParameters is not an object")
+        for name, sid in (("streamSid", stream_id), ("callSid", call_id)):
+            if not _SID.fullmatch(sid):
+                raise self._error(ProtocolErrorReason.BAD_FIELD, f"start.{name} {sid!r}")
+        self.stream_id, self.call_id = stream_id, call_id
+        return StreamStarted(
+            call_id=call_id,
+            stream_id=stream_id,
+            account_id=account if isinstance(account, str) else None,
+            encoding=AudioEncoding.PCMU,
+            rate_hz=8000,
+            custom_parameters={str(k): str(v) for k, v in params.items()},
+        )
+
+    def _media(self, payload: dict[str, Any]) -> MediaReceived:
+        media = payload.get("media")
+        if not isinstance(media, dict):
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a media object")
+        encoded = media.get("payload")
+        if not isinstance(encoded, str):
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
+        try:
+            audio = binascii.a2b_base64(encoded, strict_mode=True)
+        except binascii.Error as exc:
+            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+        timestamp = media.get("timestamp")
+        timestamp_ms = _number(timestamp) if timestamp is not None else None
+        if timestamp is not None and (timestamp_ms is None or timestamp_ms < 0):
+            raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {timestamp!r}")
+        return MediaReceived(audio, timestamp_ms)
+
+    def _check_stream(self, payload: dict[str, Any], event: str) -> None:
+        if self.stream_id is None:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
+        if self.stopped:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
+        stream_id = payload.get("streamSid")
+        if stream_id != self.stream_id:
+            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
+            raise self._error(reason, f"{event} for stream {stream_id!r}")
+
+    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
+        value = payload.get(key)
+        if not isinstance(value, dict):
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
+        return value
+
+    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
+        value = body.get(key)
+        if not isinstance(value, str) or not value:
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
+        return value
+
+    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
+        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
+
+    # ----------------------------------------------------------------- out
+
+    def send(self, action: SendMedia | SendMark | SendClear) -> str:
+        """The JSON text message for ``action``. Only valid once the stream has started."""
+        if self.stream_id is None:
+            raise RuntimeError("TwilioCodec.send() before start")  # a bug in the caller, not the peer
+        if isinstance(action, SendMedia):
+            payload = binascii.b2a_base64(action.payload, newline=False).decode("ascii")
+            return f'{{"event":"media","streamSid":"{self.stream_id}","media":{{"payload":"{payload}"}}}}'
+        if isinstance(action, SendMark):
+            return orjson.dumps({"event": "mark", "streamSid": self.stream_id, "mark": {"name": action.name}}).decode()
+        return f'{{"event":"clear","streamSid":"{self.stream_id}"}}'
+
+
+def _number(value: Any) -> int | None:
+    """Twilio sends numbers as JSON numbers or as strings; None when neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return None
+    return None
