@@ -1,0 +1,281 @@
+"""Outbound audio of one stream: a paced queue with a bounded lead, playback markers, flush, and "heard up to N ms".
+
+Sans-I/O, like websockets' ``Protocol``: inputs (``enqueue``, ``end_response``,
+``tick``, ``mark_echoed``, ``flush``) take ``now_ms`` and only queue outputs;
+the driver drains ``actions_to_send()`` and ``heard_updates()`` and sleeps
+until ``next_deadline_ms()``.
+
+Plan:
+- The bridge holds the excess (the engine produces faster than real time);
+  the carrier gets at most ``lead_ms`` ahead of what it has played. Our model
+  of the carrier's buffer: each frame starts playing when the previous one
+  ends, or when it arrives if the buffer ran dry (``_buffer_end_ms``).
+- Playback is recorded per response as runs of contiguous audio
+  (``_Segment``: from wall time ``start_ms``, response audio ``from_ms``
+  onwards, ``length_ms`` long); a new run starts only after an underrun, so
+  nothing is allocated per frame. "Heard" at time t is the run position at t.
+- Markers (carriers that echo them): one every ``mark_every_frames`` frames and
+  one after each response's last frame, named ``<response_id>@<ms>``. An echo
+  says playback reached that point: if it comes later than the model
+  predicted (the network, the carrier's jitter buffer), the model is shifted
+  by the difference, so the heard position stays within about a frame.
+  Heard updates from echoes go out as acks (``heard_updates``).
+- ``flush`` (barge-in) drops the unsent frames, queues the carrier's clear
+  when anything may still be playing, and returns what was heard. Markers
+  still outstanding at that moment are echoed by the carrier on clear
+  (Twilio does): those echoes mean "flushed", not "played", and are ignored.
+Like LiveKit's ``on_playback_finished(playback_position, interrupted)``, in integer ms.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+from callbridge.bridge.providers.base import SendClear, SendMark, SendMedia
+
+__all__ = ["FlushResult", "HeardUpdate", "PlayoutLedger"]
+
+_MARK_SEPARATOR: Final = "@"
+
+
+@dataclass(frozen=True, slots=True)
+class HeardUpdate:
+    """The caller has heard ``heard_ms`` of response ``response_id`` (cumulative from its start)."""
+
+    response_id: str
+    heard_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    """What a flush found: the response that was playing, how much of it was heard and sent."""
+
+    response_id: str | None
+    heard_ms: int
+    sent_ms: int
+    dropped_frames: int
+    cleared: bool
+
+
+@dataclass(slots=True)
+class _Segment:
+    start_ms: int
+    from_ms: int
+    length_ms: int
+
+
+@dataclass(slots=True)
+class _Response:
+    response_id: str
+    sent_ms: int = 0
+    queued_frames: int = 0
+    ended: bool = False
+    final_mark_sent: bool = False
+
+
+class PlayoutLedger:
+    """See the module docstring for the contract."""
+
+    def __init__(
+        self,
+        *,
+        frame_ms: int = 20,
+        lead_ms: int = 200,
+        mark_every_frames: int = 5,
+        uses_marks: bool = True,
+    ) -> None:
+        if lead_ms < frame_ms:
+            raise ValueError(f"lead_ms {lead_ms} is shorter than one frame ({frame_ms} ms)")
+        self.frame_ms = frame_ms
+        self.lead_ms = lead_ms
+        self.mark_every_frames = mark_every_frames
+        self.uses_marks = uses_marks
+        self._queue: deque[tuple[_Response, bytes]] = deque()
+        self._responses: dict[str, _Response] = {}
+        self._current: _Response | None = None
+        """The response whose audio the carrier is playing (or will play next)."""
+        self._segments: list[_Segment] = []
+        self._buffer_end_ms = 0
+        self._outstanding: deque[tuple[str, str, int]] = deque()
+        """Marks sent and not echoed: (name, response_id, ms)."""
+        self._flushed_marks: set[str] = set()
+        self._actions: list[SendMedia | SendMark | SendClear] = []
+        self._heard: list[HeardUpdate] = []
+        self._acked: dict[str, int] = {}
+        self.frames_sent = 0
+        self.frames_dropped = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def enqueue(self, response_id: str, frame: bytes, now_ms: int) -> None:
+        """Queue one frame of ``response_id``; frames go out in order, paced. Drain ``actions_to_send()``."""
+        response = self._responses.get(response_id)
+        if response is None:
+            response = self._responses[response_id] = _Response(response_id)
+        response.queued_frames += 1
+        self._queue.append((response, frame))
+        self.tick(now_ms)
+
+    def end_response(self, response_id: str, now_ms: int) -> None:
+        """No more frames of ``response_id`` will come: a final marker follows its last frame."""
+        response = self._responses.get(response_id)
+        if response is None:
+            return
+        response.ended = True
+        self._maybe_final_mark(response)
+        self.tick(now_ms)
+
+    def tick(self, now_ms: int) -> None:
+        """Send the frames the lead allows now."""
+        while self._queue and self._buffer_end_ms - now_ms + self.frame_ms <= self.lead_ms:
+            response, frame = self._queue.popleft()
+            response.queued_frames -= 1
+            self._send_frame(response, frame, now_ms)
+
+    def mark_echoed(self, name: str, now_ms: int) -> None:
+        """The carrier echoed marker ``name``. Drain ``heard_updates()`` next."""
+        if name in self._flushed_marks:
+            self._flushed_marks.discard(name)
+            return
+        while self._outstanding:
+            sent_name, response_id, ms = self._outstanding.popleft()
+            if sent_name == name:
+                self._on_reached(response_id, ms, now_ms)
+                return
+        # An echo of a marker we do not know: ignore it (markers are ours to name).
+
+    def flush(self, now_ms: int) -> FlushResult:
+        """Barge-in: drop what is unsent, clear the carrier's buffer if it may hold audio, report the heard ms.
+
+        Later frames of the flushed response are refused by the caller, not here: ``enqueue`` after a flush
+        starts playing again at once.
+        """
+        current = self._current
+        heard = self._heard_at(now_ms) if current is not None else 0
+        sent = current.sent_ms if current is not None else 0
+        dropped = len(self._queue)
+        playing = self._buffer_end_ms > now_ms or bool(self._outstanding)
+        cleared = playing or dropped > 0
+        for response, _ in self._queue:
+            response.queued_frames = 0
+        self._queue.clear()
+        self.frames_dropped += dropped
+        if cleared:
+            self._actions.append(SendClear())
+        self._flushed_marks.update(name for name, _, _ in self._outstanding)
+        self._outstanding.clear()
+        self._buffer_end_ms = now_ms
+        self._segments.clear()
+        result = FlushResult(current.response_id if current else None, heard, sent, dropped, cleared)
+        if current is not None:
+            current.ended = True
+            current.final_mark_sent = True
+            self._note_heard(current.response_id, heard)
+        self._current = None
+        return result
+
+    # ----------------------------------------------------------------- outputs
+
+    def actions_to_send(self) -> list[SendMedia | SendMark | SendClear]:
+        actions, self._actions = self._actions, []
+        return actions
+
+    def heard_updates(self) -> list[HeardUpdate]:
+        """New heard positions (monotonic per response), oldest first."""
+        updates, self._heard = self._heard, []
+        return updates
+
+    def next_deadline_ms(self) -> int | None:
+        """When the lead next allows a frame to go, if any is waiting."""
+        if not self._queue:
+            return None
+        return self._buffer_end_ms + self.frame_ms - self.lead_ms
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def queued_frames(self) -> int:
+        return len(self._queue)
+
+    def lead_at(self, now_ms: int) -> int:
+        """ms of audio the carrier holds (by our model) at ``now_ms``."""
+        return max(0, self._buffer_end_ms - now_ms)
+
+    def sent_ms(self, response_id: str) -> int:
+        response = self._responses.get(response_id)
+        return response.sent_ms if response else 0
+
+    def heard_ms(self, response_id: str, now_ms: int) -> int:
+        """The caller's position in ``response_id`` at ``now_ms`` (by the model, corrected by echoes)."""
+        if self._current is not None and self._current.response_id == response_id:
+            return self._heard_at(now_ms)
+        return self._acked.get(response_id, 0)
+
+    def is_playing(self, now_ms: int) -> bool:
+        """Audio is queued here or still playing at the carrier."""
+        return bool(self._queue) or self._buffer_end_ms > now_ms
+
+    # ----------------------------------------------------------------- internals
+
+    def _send_frame(self, response: _Response, frame: bytes, now_ms: int) -> None:
+        if self._current is not response:
+            self._current = response
+            self._segments.clear()
+        start = max(now_ms, self._buffer_end_ms)
+        last = self._segments[-1] if self._segments else None
+        if last is not None and last.start_ms + last.length_ms == start:
+            last.length_ms += self.frame_ms
+        else:
+            self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
+        self._buffer_end_ms = start + self.frame_ms
+        response.sent_ms += self.frame_ms
+        self.frames_sent += 1
+        self._actions.append(SendMedia(frame))
+        if self.uses_marks and (response.sent_ms // self.frame_ms) % self.mark_every_frames == 0:
+            self._send_mark(response, response.sent_ms)
+        self._maybe_final_mark(response)
+
+    def _maybe_final_mark(self, response: _Response) -> None:
+        if response.ended and not response.final_mark_sent and response.queued_frames == 0:
+            response.final_mark_sent = True
+            if self.uses_marks and response.sent_ms % (self.frame_ms * self.mark_every_frames):
+                self._send_mark(response, response.sent_ms)
+
+    def _send_mark(self, response: _Response, ms: int) -> None:
+        name = f"{response.response_id}{_MARK_SEPARATOR}{ms}"
+        self._outstanding.append((name, response.response_id, ms))
+        self._actions.append(SendMark(name))
+
+    def _on_reached(self, response_id: str, ms: int, now_ms: int) -> None:
+        if self._current is not None and self._current.response_id == response_id:
+            predicted = self._time_of(ms)
+            if predicted is not None and now_ms > predicted:
+                self._shift(now_ms - predicted)
+        self._note_heard(response_id, ms)
+
+    def _note_heard(self, response_id: str, heard_ms: int) -> None:
+        if heard_ms > self._acked.get(response_id, -1):
+            self._acked[response_id] = heard_ms
+            self._heard.append(HeardUpdate(response_id, heard_ms))
+
+    def _heard_at(self, now_ms: int) -> int:
+        heard = 0
+        for segment in self._segments:
+            if segment.start_ms >= now_ms:
+                break
+            heard = segment.from_ms + min(now_ms - segment.start_ms, segment.length_ms)
+        return max(heard, self._acked.get(self._current.response_id, 0) if self._current else 0)
+
+    def _time_of(self, ms: int) -> int | None:
+        """Wall time at which the model says response audio position ``ms`` finishes playing."""
+        for segment in self._segments:
+            if segment.from_ms < ms <= segment.from_ms + segment.length_ms:
+                return segment.start_ms + (ms - segment.from_ms)
+        return None
+
+    def _shift(self, delay_ms: int) -> None:
+        for segment in self._segments:
+            segment.start_ms += delay_ms
+        self._buffer_end_ms += delay_ms

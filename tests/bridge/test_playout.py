@@ -1,0 +1,154 @@
+"""The playout ledger under a fake clock: lead bound, pacing, markers, flush accounting, heard position."""
+
+from __future__ import annotations
+
+from callbridge.bridge.playout import FlushResult, HeardUpdate, PlayoutLedger
+from callbridge.bridge.providers.base import SendClear, SendMark, SendMedia
+
+FRAME = b"\xff" * 160
+
+
+def sent_frames(actions: list[object]) -> int:
+    return sum(isinstance(a, SendMedia) for a in actions)
+
+
+def marks(actions: list[object]) -> list[str]:
+    return [a.name for a in actions if isinstance(a, SendMark)]
+
+
+def fill(ledger: PlayoutLedger, response_id: str, frames: int, now_ms: int = 0) -> list[object]:
+    for _ in range(frames):
+        ledger.enqueue(response_id, FRAME, now_ms)
+    return list(ledger.actions_to_send())
+
+
+class TestPacing:
+    def test_lead_is_bounded(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        assert sent_frames(fill(ledger, "r", 50)) == 10
+        assert ledger.lead_at(0) == 200 and ledger.queued_frames == 40
+        for now in range(1, 2000):
+            ledger.tick(now)
+            assert ledger.lead_at(now) <= 200
+        assert ledger.queued_frames == 0 and ledger.frames_sent == 50
+
+    def test_one_frame_per_frame_time_in_steady_state(self) -> None:
+        ledger = PlayoutLedger(lead_ms=100)
+        fill(ledger, "r", 20)
+        deadline = ledger.next_deadline_ms()
+        assert deadline == 20  # as soon as one frame has played
+        ledger.tick(deadline - 1)
+        assert sent_frames(ledger.actions_to_send()) == 0
+        ledger.tick(deadline)
+        assert sent_frames(ledger.actions_to_send()) == 1
+        assert ledger.next_deadline_ms() == 40
+
+    def test_nothing_waiting_means_no_deadline(self) -> None:
+        ledger = PlayoutLedger()
+        fill(ledger, "r", 3)
+        assert ledger.next_deadline_ms() is None
+
+
+class TestMarks:
+    def test_marker_every_n_frames_and_after_the_last(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        actions = fill(ledger, "resp-1", 12)
+        ledger.end_response("resp-1", 0)
+        actions += ledger.actions_to_send()
+        assert marks(actions) == ["resp-1@100", "resp-1@200", "resp-1@240"]
+        assert isinstance(actions[5], SendMark)  # right after the fifth frame
+
+    def test_no_extra_final_marker_on_a_boundary(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        fill(ledger, "r", 10)
+        ledger.end_response("r", 0)
+        assert marks(ledger.actions_to_send()) == []
+
+    def test_echoes_advance_heard_monotonically(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        fill(ledger, "r", 15)
+        ledger.mark_echoed("r@100", 100)
+        ledger.mark_echoed("r@200", 200)
+        assert ledger.heard_updates() == [HeardUpdate("r", 100), HeardUpdate("r", 200)]
+        ledger.mark_echoed("r@100", 250)  # a stale duplicate changes nothing
+        assert ledger.heard_updates() == []
+
+    def test_no_marks_for_carriers_without_them(self) -> None:
+        ledger = PlayoutLedger(uses_marks=False, lead_ms=1000)
+        actions = fill(ledger, "r", 12)
+        ledger.end_response("r", 0)
+        assert marks(actions + list(ledger.actions_to_send())) == []
+
+
+class TestFlush:
+    def test_flush_drops_the_queue_and_clears_the_carrier(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200, mark_every_frames=5)
+        fill(ledger, "r", 50)
+        result = ledger.flush(90)
+        assert result == FlushResult("r", 90, 200, 40, True)
+        assert ledger.actions_to_send() == [SendClear()]
+        assert ledger.queued_frames == 0 and ledger.frames_dropped == 40
+        assert ledger.heard_updates() == [HeardUpdate("r", 90)]
+
+    def test_heard_position_is_within_a_frame_of_playback(self) -> None:
+        for flush_at in (0, 13, 20, 199, 555, 999):
+            ledger = PlayoutLedger(lead_ms=200)
+            fill(ledger, "r", 100)
+            for now in range(0, flush_at + 1):
+                ledger.tick(now)
+            assert abs(ledger.flush(flush_at).heard_ms - flush_at) <= 20
+
+    def test_marks_echoed_after_clear_count_as_flushed(self) -> None:
+        ledger = PlayoutLedger(lead_ms=400, mark_every_frames=5)
+        fill(ledger, "r", 20)
+        ledger.mark_echoed("r@100", 100)
+        ledger.heard_updates()
+        result = ledger.flush(150)
+        assert result.heard_ms == 150
+        ledger.heard_updates()
+        for name in ("r@200", "r@300", "r@400"):  # Twilio echoes every pending mark on clear
+            ledger.mark_echoed(name, 151)
+        assert ledger.heard_updates() == []
+
+    def test_flush_with_nothing_playing_sends_no_clear(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        fill(ledger, "r", 3)
+        result = ledger.flush(1000)
+        assert not result.cleared and ledger.actions_to_send() == []
+        assert result.heard_ms == 60
+
+    def test_flush_before_any_audio(self) -> None:
+        assert PlayoutLedger().flush(5) == FlushResult(None, 0, 0, 0, False)
+
+    def test_audio_after_a_flush_plays_at_once(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        fill(ledger, "r1", 30)
+        ledger.flush(100)
+        ledger.actions_to_send()
+        assert sent_frames(fill(ledger, "r2", 3, now_ms=100)) == 3
+        assert ledger.heard_ms("r2", 130) == 30
+
+
+class TestHeardModel:
+    def test_late_echo_shifts_the_model(self) -> None:
+        ledger = PlayoutLedger(lead_ms=400, mark_every_frames=5)
+        fill(ledger, "r", 20)
+        ledger.mark_echoed("r@100", 160)  # the carrier started 60 ms later than we sent
+        assert ledger.heard_ms("r", 200) == 140
+        assert abs(ledger.flush(260).heard_ms - 200) <= 1
+
+    def test_underrun_pauses_the_heard_clock(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        fill(ledger, "r", 5, now_ms=0)  # 100 ms, then the engine is late
+        fill(ledger, "r", 5, now_ms=300)  # 200 ms of silence at the carrier in between
+        assert ledger.heard_ms("r", 100) == 100
+        assert ledger.heard_ms("r", 250) == 100
+        assert ledger.heard_ms("r", 350) == 150
+
+    def test_heard_of_an_earlier_response_is_its_last_position(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        fill(ledger, "a", 5)
+        ledger.end_response("a", 0)
+        ledger.mark_echoed("a@100", 100)
+        fill(ledger, "b", 5, now_ms=100)
+        assert ledger.heard_ms("a", 500) == 100
