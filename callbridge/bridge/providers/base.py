@@ -125,6 +125,7 @@ class ProtocolErrorReason(enum.Enum):
     OUT_OF_ORDER = "out_of_order"
     OVERSIZED = "oversized"
     UNSUPPORTED_FORMAT = "unsupported_format"
+    FLOOD = "flood"
 
 
 class RemoteProtocolError(Exception):

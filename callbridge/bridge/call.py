@@ -1,0 +1,438 @@
+"""One call's stream on one duplex session, sans-I/O: the carrier's messages in, engine commands and carrier
+messages out, driven by a clock passed in.
+
+Inputs (each takes ``now_ms``): ``receive_message`` (a websocket message from
+the carrier), ``engine_bound`` / ``start_refused`` (the driver's answer to
+``start_request``), ``receive_engine_event``, ``transport_lost``, ``tick``.
+Outputs, drained by the driver after every input: ``messages_to_send()`` (to
+the carrier), ``engine_commands()``, and the facts ``start_request``,
+``hangup``, ``close_transport``, ``detach_engine``; sleep until
+``next_deadline_ms()``.
+
+Audio:
+- inbound: carrier payload → PCM16 (decode what ``start`` announced) → one
+  stateful resampler per stream to the engine rate → ``AppendAudio``. Gaps in
+  the carrier's media timestamps are filled with silence (at most a second),
+  so the engine's input timeline is the carrier's media timeline; across a
+  resumed stream it continues from the call's offset.
+- outbound: ``AudioDelta`` → a stateful resampler per response (a response is
+  an utterance; a new one starts clean) → encode → exact frames →
+  ``PlayoutLedger`` (paced, bounded lead, markers). ``response.done`` drains
+  the resampler and pads the last frame.
+- heard position: marker echoes become ``AckPlayback``, sent at once, so they
+  always precede the next input commit.
+- barge-in (``overlap.decision`` barge_in, a cancelled ``response.done``,
+  ``output_audio_buffer.cleared``): flush the ledger (the carrier's clear),
+  ack what was heard, truncate the model's turn to it — clamped to
+  [0, sent], skipped before the first frame played — and drop that
+  response's late audio and any of an older epoch.
+
+A carrier message that breaks the protocol ends the call: the error is kept
+in ``failure`` for the driver to log, the engine session is closed, the
+call hung up, the socket closed. Nothing here touches another call.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+from callbridge.bridge.playout import PlayoutLedger
+from callbridge.bridge.providers.base import (
+    CarrierEvent,
+    DtmfReceived,
+    HangUp,
+    MarkEchoed,
+    MediaReceived,
+    ProtocolErrorReason,
+    ProviderCodec,
+    RemoteProtocolError,
+    StreamConnected,
+    StreamStarted,
+    StreamStopped,
+)
+from callbridge.codecs import (
+    PCM16_SAMPLE_BYTES,
+    AudioEncoding,
+    FrameAssembler,
+    ResamplerQuality,
+    StreamResampler,
+    decode_to_pcm16,
+    encode_from_pcm16,
+)
+from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, CreateTextItem, EngineCommand, TruncateItem
+from callbridge.engine.events import (
+    AudioDelta,
+    Capabilities,
+    EngineErrorEvent,
+    EngineEvent,
+    OutputAudioCleared,
+    OverlapDecision,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionExpired,
+    SessionReplaced,
+)
+
+__all__ = ["CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode", "TRANSITIONS"]
+
+
+class CallState(enum.Enum):
+    AWAITING_START = "awaiting_start"
+    STARTING = "starting"
+    """``start`` received; the engine session is being opened or resumed."""
+    LIVE = "live"
+    DETACHED = "detached"
+    """The socket dropped without ``stop``: the engine session waits for the next stream."""
+    ENDED = "ended"
+
+
+class _Trigger(enum.Enum):
+    CONNECTED = "connected"
+    STARTED = "started"
+    ENGINE_BOUND = "engine_bound"
+    START_REFUSED = "start_refused"
+    CARRIER_EVENT = "carrier_event"
+    STOPPED = "stopped"
+    ENGINE_ENDED = "engine_ended"
+    TRANSPORT_LOST = "transport_lost"
+    FAILED = "failed"
+
+
+_S, _T = CallState, _Trigger
+TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
+    (_S.AWAITING_START, _T.CONNECTED): _S.AWAITING_START,
+    (_S.AWAITING_START, _T.STARTED): _S.STARTING,
+    (_S.AWAITING_START, _T.TRANSPORT_LOST): _S.ENDED,
+    (_S.AWAITING_START, _T.FAILED): _S.ENDED,
+    (_S.STARTING, _T.ENGINE_BOUND): _S.LIVE,
+    (_S.STARTING, _T.START_REFUSED): _S.ENDED,
+    (_S.STARTING, _T.CARRIER_EVENT): _S.STARTING,
+    (_S.STARTING, _T.STOPPED): _S.ENDED,
+    (_S.STARTING, _T.TRANSPORT_LOST): _S.ENDED,
+    (_S.STARTING, _T.FAILED): _S.ENDED,
+    (_S.LIVE, _T.CARRIER_EVENT): _S.LIVE,
+    (_S.LIVE, _T.STOPPED): _S.ENDED,
+    (_S.LIVE, _T.ENGINE_ENDED): _S.ENDED,
+    (_S.LIVE, _T.TRANSPORT_LOST): _S.DETACHED,
+    (_S.LIVE, _T.FAILED): _S.ENDED,
+}
+"""Every state change of a call stream. A pair not listed is an error (``_transition``)."""
+
+_MAX_GAP_FILL_MS: Final = 1000
+_MAX_STARTING_BUFFER_MS: Final = 2000
+_FLOOD_TOLERANCE_MS: Final = 2000
+_MESSAGE_BURST: Final = 500
+_MESSAGES_PER_S: Final = 150
+
+
+class CallStateError(Exception):
+    """The driver called an input the call's state does not allow (a bug in the driver)."""
+
+
+class DtmfMode(enum.Enum):
+    TEXT_ITEM = "text_item"
+    IGNORE = "ignore"
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    engine_rate_hz: int = 16000
+    lead_ms: int = 200
+    mark_every_frames: int = 5
+    uses_marks: bool = True
+    resampler_quality: ResamplerQuality = ResamplerQuality.HQ
+    dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
+    frame_ms: int = 20
+
+
+class CallSession:
+    """One carrier stream of a call, bound to one engine session. See the module docstring."""
+
+    def __init__(self, codec: ProviderCodec, options: CallOptions, *, call_offset_ms: int = 0) -> None:
+        self.codec = codec
+        self.options = options
+        self.state = CallState.AWAITING_START
+        self.start_request: StreamStarted | None = None
+        self.hangup: HangUp | None = None
+        self.close_transport = False
+        self.detach_engine = False
+        self.end_reason: str | None = None
+        self.failure: RemoteProtocolError | None = None
+        self.capabilities = Capabilities()
+        self.ledger = PlayoutLedger(
+            frame_ms=options.frame_ms,
+            lead_ms=options.lead_ms,
+            mark_every_frames=options.mark_every_frames,
+            uses_marks=options.uses_marks,
+        )
+        self.call_offset_ms = call_offset_ms
+        """Where this stream's media time 0 falls on the call's input timeline."""
+        self.input_ms = call_offset_ms
+        """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
+        self._stream_media_ms = 0
+        self._encoding = AudioEncoding.PCMU
+        self._rate_hz = 8000
+        self._inbound: StreamResampler | None = None
+        self._starting_buffer: deque[bytes] = deque()
+        self._starting_buffer_ms = 0
+        self._messages: list[str | bytes] = []
+        self._commands: list[EngineCommand] = []
+        self._out_response: str | None = None
+        self._out_resampler: StreamResampler | None = None
+        self._out_frames: FrameAssembler | None = None
+        self._interrupted: set[str] = set()
+        self._epoch = -1
+        self._first_media_at_ms: int | None = None
+        self._tokens = float(_MESSAGE_BURST)
+        self._tokens_at_ms: int | None = None
+        self.late_deltas_dropped = 0
+
+    # ------------------------------------------------------------------ inputs
+
+    def receive_message(self, message: str | bytes, now_ms: int) -> None:
+        """One websocket message from the carrier. Then drain every output; a protocol error ends the call."""
+        if self.state is CallState.ENDED:
+            return
+        try:
+            self._rate_limit(now_ms)
+            events = self.codec.receive_message(message)
+            for event in events:
+                self._on_carrier_event(event, now_ms)
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+
+    def engine_bound(self, capabilities: Capabilities, now_ms: int) -> None:
+        """The engine session for ``start_request`` is open (or resumed): audio flows from now on."""
+        self._transition(_Trigger.ENGINE_BOUND)
+        self.capabilities = capabilities
+        while self._starting_buffer:
+            self._commands.append(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
+        self._starting_buffer_ms = 0
+        self.tick(now_ms)
+
+    def start_refused(self, reason: str) -> None:
+        """The stream may not be bridged (bad token, no engine capacity): close it, touch nothing else."""
+        self._transition(_Trigger.START_REFUSED)
+        self.end_reason = reason
+        self.close_transport = True
+
+    def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
+        """One event of the call's engine session. Then drain every output."""
+        if self.state is not CallState.LIVE:
+            return
+        match event:
+            case AudioDelta():
+                self._on_audio(event, now_ms)
+            case ResponseCreated(_, epoch):
+                if epoch is not None:
+                    self._epoch = max(self._epoch, epoch)
+            case ResponseDone(response_id, status, _, _):
+                if status == "cancelled":
+                    self._interrupt(response_id, now_ms)
+                elif response_id == self._out_response:
+                    self._finish_response(now_ms)
+            case OverlapDecision(action, _, _) if action == "barge_in":
+                self._interrupt(self._out_response, now_ms)
+            case OutputAudioCleared(response_id):
+                self._interrupt(response_id or self._out_response, now_ms)
+            case SessionClosed() | SessionExpired():
+                self._end_by_engine(f"engine_{type(event).__name__}:{event.reason}")
+            case SessionReplaced():
+                self._transition(_Trigger.ENGINE_ENDED)
+                self.end_reason = "session_replaced"
+                self.close_transport = True
+            case EngineErrorEvent():
+                pass  # logged by the driver; a rejected command does not end the call
+            case _:
+                pass
+
+    def transport_lost(self, now_ms: int) -> None:
+        """The carrier's socket closed without ``stop``: keep the engine session for the next stream."""
+        if self.state is CallState.ENDED:
+            return
+        bound = self.state is CallState.LIVE
+        self._transition(_Trigger.TRANSPORT_LOST)
+        self.end_reason = "transport_lost"
+        self.detach_engine = bound
+
+    def tick(self, now_ms: int) -> None:
+        """Pace out the frames that are due. Drain ``messages_to_send`` next."""
+        if self.state is not CallState.LIVE:
+            return
+        self.ledger.tick(now_ms)
+        self._drain_ledger()
+
+    # ----------------------------------------------------------------- outputs
+
+    def messages_to_send(self) -> list[str | bytes]:
+        messages, self._messages = self._messages, []
+        return messages
+
+    def engine_commands(self) -> list[EngineCommand]:
+        commands, self._commands = self._commands, []
+        return commands
+
+    def next_deadline_ms(self) -> int | None:
+        return self.ledger.next_deadline_ms() if self.state is CallState.LIVE else None
+
+    # ------------------------------------------------------------- carrier side
+
+    def _on_carrier_event(self, event: CarrierEvent, now_ms: int) -> None:
+        match event:
+            case MediaReceived(payload, timestamp_ms):
+                self._transition(_Trigger.CARRIER_EVENT)
+                self._on_media(payload, timestamp_ms, now_ms)
+            case MarkEchoed(name):
+                self._transition(_Trigger.CARRIER_EVENT)
+                self.ledger.mark_echoed(name, now_ms)
+                self._drain_ledger()
+            case DtmfReceived(digit):
+                self._transition(_Trigger.CARRIER_EVENT)
+                if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
+                    self._commands.append(CreateTextItem(f"DTMF {digit}"))
+            case StreamStarted():
+                self._transition(_Trigger.STARTED)
+                self.start_request = event
+                self._encoding, self._rate_hz = event.encoding, event.rate_hz
+                self._inbound = StreamResampler(event.rate_hz, self.options.engine_rate_hz, self.options.resampler_quality)
+            case StreamStopped():
+                bound = self.state is CallState.LIVE
+                self._transition(_Trigger.STOPPED)
+                self.end_reason = "caller_hung_up"
+                if bound:
+                    self._commands.append(CloseSession("call_ended"))
+                self.close_transport = True
+            case StreamConnected():
+                self._transition(_Trigger.CONNECTED)
+
+    def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
+        payload_ms = len(payload) * 1000 // (self._rate_hz * self._encoding.sample_bytes)
+        if self._first_media_at_ms is None:
+            self._first_media_at_ms = now_ms - (timestamp_ms or 0)
+        if self._stream_media_ms - (now_ms - self._first_media_at_ms) > _FLOOD_TOLERANCE_MS:
+            raise RemoteProtocolError(
+                ProtocolErrorReason.FLOOD,
+                f"{self._stream_media_ms} ms of media in {now_ms - self._first_media_at_ms} ms",
+                provider=self.codec.provider,
+                stream_id=self.codec.stream_id,
+            )
+        pcm = decode_to_pcm16(self._encoding, payload)
+        if timestamp_ms is not None and timestamp_ms > self._stream_media_ms:
+            gap_ms = min(timestamp_ms - self._stream_media_ms, _MAX_GAP_FILL_MS)
+            pcm = bytes(self._rate_hz * gap_ms // 1000 * PCM16_SAMPLE_BYTES) + pcm
+            payload_ms += gap_ms
+        self._stream_media_ms += payload_ms
+        assert self._inbound is not None
+        audio = self._inbound.process(pcm)
+        self.input_ms += payload_ms
+        if not audio:
+            return
+        if self.state is CallState.LIVE:
+            self._commands.append(AppendAudio(audio, self.options.engine_rate_hz))
+            return
+        self._starting_buffer.append(audio)
+        self._starting_buffer_ms += len(audio) * 500 // self.options.engine_rate_hz
+        while self._starting_buffer_ms > _MAX_STARTING_BUFFER_MS:
+            dropped = self._starting_buffer.popleft()
+            self._starting_buffer_ms -= len(dropped) * 500 // self.options.engine_rate_hz
+
+    def _rate_limit(self, now_ms: int) -> None:
+        """A token bucket over all carrier messages: a burst of 500, 150 a second sustained."""
+        if self._tokens_at_ms is not None:
+            self._tokens = min(_MESSAGE_BURST, self._tokens + (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000)
+        self._tokens_at_ms = now_ms
+        if self._tokens < 1:
+            raise RemoteProtocolError(
+                ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider=self.codec.provider
+            )
+        self._tokens -= 1
+
+    # -------------------------------------------------------------- engine side
+
+    def _on_audio(self, delta: AudioDelta, now_ms: int) -> None:
+        if delta.response_id in self._interrupted or (delta.epoch is not None and delta.epoch < self._epoch):
+            self.late_deltas_dropped += 1
+            return
+        if delta.epoch is not None:
+            self._epoch = max(self._epoch, delta.epoch)
+        if delta.response_id != self._out_response or self._out_resampler is None:
+            if self._out_response is not None:
+                self._finish_response(now_ms)
+            self._out_response = delta.response_id
+            self._out_resampler = StreamResampler(delta.rate_hz, self._rate_hz, self.options.resampler_quality)
+            self._out_frames = FrameAssembler(self._rate_hz, self._encoding, self.options.frame_ms)
+        self._enqueue_pcm(self._out_resampler.process(delta.pcm), now_ms)
+
+    def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
+        assert self._out_frames is not None and self._out_response is not None
+        if pcm:
+            for frame in self._out_frames.push(encode_from_pcm16(self._encoding, pcm)):
+                self.ledger.enqueue(self._out_response, frame, now_ms)
+        self._drain_ledger()
+
+    def _finish_response(self, now_ms: int) -> None:
+        """The response's audio is complete: drain the resampler, pad the last frame, mark its end."""
+        if self._out_response is None or self._out_resampler is None or self._out_frames is None:
+            return
+        self._enqueue_pcm(self._out_resampler.flush(), now_ms)
+        tail = self._out_frames.flush()
+        if tail is not None:
+            self.ledger.enqueue(self._out_response, tail, now_ms)
+        self.ledger.end_response(self._out_response, now_ms)
+        self._out_response = self._out_resampler = self._out_frames = None
+        self._drain_ledger()
+
+    def _interrupt(self, response_id: str | None, now_ms: int) -> None:
+        """Barge-in: stop the agent's audio at the carrier, tell the engine what was heard."""
+        if response_id is None or response_id in self._interrupted:
+            return
+        self._interrupted.add(response_id)
+        if response_id == self._out_response:
+            self._out_response = self._out_resampler = self._out_frames = None
+        result = self.ledger.flush(now_ms)
+        self._drain_ledger()
+        if result.response_id == response_id and result.sent_ms > 0 and self.capabilities.supports_audio_truncate:
+            heard = max(0, min(result.heard_ms, result.sent_ms))
+            if heard > 0:
+                self._commands.append(TruncateItem(f"item_{response_id}", heard))
+
+    def _end_by_engine(self, reason: str) -> None:
+        self._transition(_Trigger.ENGINE_ENDED)
+        self.end_reason = reason
+        self.hangup = HangUp(reason)
+        self.close_transport = True
+
+    def _drain_ledger(self) -> None:
+        for update in self.ledger.heard_updates():
+            self._commands.append(AckPlayback(update.response_id, update.heard_ms, f"item_{update.response_id}"))
+        for action in self.ledger.actions_to_send():
+            self._messages.append(self.codec.send(action))
+
+    # ------------------------------------------------------------------- state
+
+    def _transition(self, trigger: _Trigger) -> None:
+        try:
+            self.state = TRANSITIONS[(self.state, trigger)]
+        except KeyError:
+            if trigger in (_Trigger.CARRIER_EVENT, _Trigger.STARTED, _Trigger.CONNECTED, _Trigger.STOPPED):
+                raise RemoteProtocolError(
+                    ProtocolErrorReason.OUT_OF_ORDER,
+                    f"{trigger.value} while {self.state.value}",
+                    provider=self.codec.provider,
+                    stream_id=self.codec.stream_id,
+                ) from None
+            raise CallStateError(f"{trigger.value} while {self.state.value}") from None
+
+    def _fail(self, exc: RemoteProtocolError) -> None:
+        bound = self.state is CallState.LIVE
+        self.failure = exc
+        self.state = TRANSITIONS[(self.state, _Trigger.FAILED)]
+        self.end_reason = f"protocol_error:{exc.reason.value}"
+        if bound:
+            self._commands.append(CloseSession("carrier_protocol_error"))
+            self.hangup = HangUp(self.end_reason)
+        self.close_transport = True

@@ -1,0 +1,281 @@
+"""CallSession under a fake clock: Twilio messages in, engine commands and Twilio messages out."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import orjson
+import pytest
+
+from callbridge.bridge.call import CallOptions, CallSession, CallState, DtmfMode
+from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
+from callbridge.bridge.providers.twilio import TwilioCodec
+from callbridge.codecs import pcm16_to_ulaw
+from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, CreateTextItem, TruncateItem
+from callbridge.engine.events import (
+    AudioDelta,
+    Capabilities,
+    OutputAudioCleared,
+    OverlapDecision,
+    ResponseCreated,
+    ResponseDone,
+    SessionExpired,
+    SessionReplaced,
+)
+from tests.bridge.providers.test_twilio import CALL, CONNECTED, SID, START, media
+
+CAPS = Capabilities(supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True)
+
+
+def agent_audio(ms: int, rate_hz: int = 24000) -> bytes:
+    t = np.arange(rate_hz * ms // 1000) / rate_hz
+    return (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
+
+
+def caller_frame(i: int = 0) -> bytes:
+    t = (np.arange(160) + 160 * i) / 8000
+    return pcm16_to_ulaw((np.sin(2 * np.pi * 300 * t) * 8000).astype("<i2").tobytes())
+
+
+class Harness:
+    def __init__(self, **options: object) -> None:
+        self.now_ms = 0
+        self.call = CallSession(TwilioCodec(), CallOptions(**options))  # type: ignore[arg-type]
+        self.sent: list[dict[str, object]] = []
+        self.commands: list[object] = []
+
+    def drain(self) -> None:
+        self.sent += [orjson.loads(m) for m in self.call.messages_to_send()]
+        self.commands += self.call.engine_commands()
+
+    def receive(self, message: str | bytes) -> None:
+        self.call.receive_message(message, self.now_ms)
+        self.drain()
+
+    def engine(self, event: object) -> None:
+        self.call.receive_engine_event(event, self.now_ms)  # type: ignore[arg-type]
+        self.drain()
+
+    def advance(self, ms: int) -> None:
+        end = self.now_ms + ms
+        while True:
+            deadline = self.call.next_deadline_ms()
+            if deadline is None or deadline > end:
+                break
+            self.now_ms = max(self.now_ms, deadline)
+            self.call.tick(self.now_ms)
+            self.drain()
+        self.now_ms = end
+
+    def live(self) -> Harness:
+        self.receive(CONNECTED)
+        self.receive(START)
+        assert self.call.start_request is not None and self.call.start_request.call_id == CALL
+        self.call.engine_bound(CAPS, self.now_ms)
+        self.drain()
+        return self
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [c for c in self.commands if isinstance(c, kind)]
+
+    def events(self, name: str) -> list[dict[str, object]]:
+        return [m for m in self.sent if m["event"] == name]
+
+
+def mark_name(message: dict[str, object]) -> str:
+    return message["mark"]["name"]  # type: ignore[index,return-value]
+
+
+class TestInbound:
+    def test_media_reaches_the_engine_resampled(self) -> None:
+        h = Harness().live()
+        for i in range(50):
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            h.now_ms += 20
+        appended = h.of(AppendAudio)
+        assert all(c.rate_hz == 16000 for c in appended)
+        total_ms = sum(len(c.pcm) for c in appended) // 32
+        assert 1000 - 120 <= total_ms <= 1000  # all of it, less what the resampler holds back
+        assert h.call.input_ms == 1000
+
+    def test_audio_before_the_engine_is_bound_is_kept_and_sent_first(self) -> None:
+        h = Harness()
+        h.receive(CONNECTED)
+        h.receive(START)
+        for i in range(25):
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+        assert h.call.state is CallState.STARTING and h.of(AppendAudio) == []
+        h.call.engine_bound(CAPS, 0)
+        h.drain()
+        assert sum(len(c.pcm) for c in h.of(AppendAudio)) // 32 >= 500 - 120
+
+    def test_timestamp_gap_is_filled_with_silence(self) -> None:
+        h = Harness().live()
+        h.receive(media(caller_frame(), timestamp="0"))
+        h.receive(media(caller_frame(), timestamp="200"))  # 180 ms of frames lost on the way
+        assert h.call.input_ms == 220
+
+    def test_dtmf_becomes_a_text_item(self) -> None:
+        h = Harness().live()
+        h.receive(f'{{"event":"dtmf","streamSid":"{SID}","dtmf":{{"digit":"5"}}}}')
+        assert h.of(CreateTextItem) == [CreateTextItem("DTMF 5")]
+        ignoring = Harness(dtmf_mode=DtmfMode.IGNORE).live()
+        ignoring.receive(f'{{"event":"dtmf","streamSid":"{SID}","dtmf":{{"digit":"5"}}}}')
+        assert ignoring.of(CreateTextItem) == []
+
+
+class TestOutbound:
+    def test_agent_audio_is_paced_in_exact_frames_with_markers(self) -> None:
+        h = Harness(lead_ms=200, mark_every_frames=5).live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        assert len(h.events("media")) == 10  # the lead: 200 ms ahead, no more
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        h.advance(2000)
+        frames = [base64.b64decode(m["media"]["payload"]) for m in h.events("media")]  # type: ignore[index]
+        assert all(len(f) == 160 for f in frames)
+        assert len(frames) == 50  # 1000 ms, the resampler drained and the last frame padded
+        assert [mark_name(m) for m in h.events("mark")][-1] == "resp-1@1000"
+        assert all(m["streamSid"] == SID for m in h.sent)
+
+    def test_mark_echo_acks_heard_playback(self) -> None:
+        h = Harness(lead_ms=200, mark_every_frames=5).live()
+        h.engine(AudioDelta(agent_audio(400), 24000, "resp-1", "item_resp-1", 0))
+        first_mark = mark_name(h.events("mark")[0])
+        h.now_ms = 100
+        h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{first_mark}"}}}}')
+        assert h.of(AckPlayback) == [AckPlayback("resp-1", 100, "item_resp-1")]
+
+
+class TestBargeIn:
+    @pytest.mark.parametrize(
+        "signal",
+        [
+            OverlapDecision("barge_in", "server_vad_speech_started", 0),
+            ResponseDone("resp-1", "cancelled", "turn_detected", 0),
+            OutputAudioCleared("resp-1"),
+        ],
+    )
+    def test_engine_signal_clears_acks_and_truncates(self, signal: object) -> None:
+        h = Harness(lead_ms=200).live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(500)
+        sent_before = len(h.events("media"))
+        h.engine(signal)
+        assert h.sent[-1] == {"event": "clear", "streamSid": SID}
+        ack = h.of(AckPlayback)[-1]
+        assert ack.response_id == "resp-1" and abs(ack.played_ms - 500) <= 20
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
+        h.engine(AudioDelta(agent_audio(500), 24000, "resp-1", "item_resp-1", 0))  # late audio
+        h.engine(ResponseDone("resp-1", "cancelled", "turn_detected", 0))  # the second signal
+        h.advance(1000)
+        assert len(h.events("media")) == sent_before
+        assert len(h.events("clear")) == 1 and len(h.of(TruncateItem)) == 1
+        assert h.call.late_deltas_dropped == 1
+
+    def test_barge_in_before_anything_played_truncates_nothing(self) -> None:
+        h = Harness().live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(OverlapDecision("barge_in", None, 0))
+        assert h.of(TruncateItem) == [] and h.events("clear") == []
+
+    def test_older_epoch_audio_is_dropped(self) -> None:
+        h = Harness().live()
+        h.engine(ResponseCreated("resp-2", 3))
+        h.engine(AudioDelta(agent_audio(100), 24000, "resp-1", "item_resp-1", 2))
+        assert h.events("media") == [] and h.call.late_deltas_dropped == 1
+
+    def test_the_next_response_plays_after_a_barge_in(self) -> None:
+        h = Harness(lead_ms=200).live()
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(300)
+        h.engine(ResponseDone("resp-1", "cancelled", "barge_in", 0))
+        before = len(h.events("media"))
+        h.engine(AudioDelta(agent_audio(100), 24000, "resp-2", "item_resp-2", 1))
+        assert len(h.events("media")) > before
+
+
+class TestEnding:
+    def test_stop_closes_the_engine_session_without_hanging_up(self) -> None:
+        h = Harness().live()
+        h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
+        assert h.call.state is CallState.ENDED and h.call.end_reason == "caller_hung_up"
+        assert h.of(CloseSession) == [CloseSession("call_ended")]
+        assert h.call.close_transport and h.call.hangup is None
+
+    def test_engine_end_hangs_up(self) -> None:
+        h = Harness().live()
+        h.engine(SessionExpired("duplex-1", "idle_ttl_expired"))
+        assert h.call.hangup == HangUp("engine_SessionExpired:idle_ttl_expired") and h.call.close_transport
+
+    def test_replaced_session_closes_this_stream_only(self) -> None:
+        h = Harness().live()
+        h.engine(SessionReplaced("duplex-1"))
+        assert h.call.close_transport and h.call.hangup is None and h.of(CloseSession) == []
+
+    def test_socket_drop_detaches(self) -> None:
+        h = Harness().live()
+        h.call.transport_lost(100)
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.of(CloseSession) == []
+
+    def test_socket_drop_before_start(self) -> None:
+        h = Harness()
+        h.call.transport_lost(0)
+        assert h.call.state is CallState.ENDED and not h.call.detach_engine
+
+    def test_refused_start(self) -> None:
+        h = Harness()
+        h.receive(START)
+        h.call.start_refused("bad_token")
+        assert h.call.state is CallState.ENDED and h.call.close_transport and h.commands == []
+
+    def test_resumed_stream_continues_the_call_timeline(self) -> None:
+        call = CallSession(TwilioCodec(), CallOptions(), call_offset_ms=61_000)
+        call.receive_message(START, 0)
+        call.engine_bound(CAPS, 0)
+        call.receive_message(media(caller_frame(), timestamp="0"), 0)
+        assert call.input_ms == 61_020
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("message", "reason"),
+        [
+            ("{not json", ProtocolErrorReason.NOT_JSON),
+            (b"\x00binary", ProtocolErrorReason.BINARY_FRAME),
+            (media(sid="MZwrong"), ProtocolErrorReason.WRONG_STREAM),
+            (media().replace('"payload":"', '"payload":"%%'), ProtocolErrorReason.BAD_BASE64),
+            ("x" * 300_000, ProtocolErrorReason.OVERSIZED),
+            ('{"event":"surprise"}', ProtocolErrorReason.UNKNOWN_EVENT),
+        ],
+    )
+    def test_ends_the_call_cleanly(self, message: str | bytes, reason: ProtocolErrorReason) -> None:
+        h = Harness().live()
+        h.receive(message)
+        assert h.call.state is CallState.ENDED and h.call.failure is not None and h.call.failure.reason is reason
+        assert h.of(CloseSession) == [CloseSession("carrier_protocol_error")]
+        assert h.call.hangup == HangUp(f"protocol_error:{reason.value}") and h.call.close_transport
+        h.receive(media())  # ignored from now on
+        assert len(h.of(CloseSession)) == 1
+
+    def test_media_before_start(self) -> None:
+        h = Harness()
+        h.receive(media())
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.OUT_OF_ORDER
+        assert h.call.hangup is None  # nothing was bridged: nothing to hang up
+
+    def test_a_flood_faster_than_real_time(self) -> None:
+        h = Harness().live()
+        for i in range(200):  # 4 s of audio within 40 ms
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            if h.call.state is CallState.ENDED:
+                break
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+
+    def test_a_flood_of_small_messages(self) -> None:
+        h = Harness().live()
+        for _ in range(600):
+            h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
