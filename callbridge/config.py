@@ -83,6 +83,8 @@ class EngineSettings(_Section):
     instructions: str = ""
     voice: str | None = None
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    dtmf: Literal["text_item", "ignore"] = "text_item"
+    """What a caller's key press becomes: a user text item ("DTMF 5") in the conversation, or nothing."""
 
 
 class LocalEngineSettings(_Section):
@@ -117,6 +119,9 @@ class RegistrySettings(_Section):
 class TwilioSettings(_Section):
     auth_token: SecretStr | None = None
     validate_signatures: bool = True
+    """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
+    api_base_url: str = "https://api.twilio.com"
+    """Where the REST API (hang-up) is; a regional host, or a simulated Twilio in tests."""
 
 
 class SignalWireSettings(_Section):

@@ -1,8 +1,7 @@
-"""The HTTP surface of one bridge process: health, readiness, metrics.
+"""The HTTP surface of one bridge process: carrier webhooks and media websockets, health, readiness, metrics.
 
-Carrier webhooks and media websockets mount here as the providers land.
-``/readyz`` answers 503 once the process is draining (shutdown has begun), so
-a load balancer stops sending new calls before the listener closes.
+``/readyz`` answers 503 once the process is draining (shutdown has begun),
+so a load balancer stops sending new calls before the listener closes.
 """
 
 from __future__ import annotations
@@ -12,11 +11,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, generate_latest
-from prometheus_client import ProcessCollector
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, ProcessCollector, generate_latest
 
 from callbridge import __version__
+from callbridge.bridge.registry import CallRegistry, StreamTokens
+from callbridge.bridge.services import BridgeMetrics, BridgeServices, HangUpFn, build_engine
+from callbridge.bridge.twilio import TwilioRest, twilio_router
 from callbridge.config import Settings
+from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger
 
 __all__ = ["BridgeState", "create_app"]
@@ -25,31 +27,56 @@ log = get_logger(__name__)
 
 
 class BridgeState:
-    """Process-wide state the HTTP handlers read: readiness and the metrics registry."""
+    """Process-wide state the HTTP handlers read: the services, readiness and the metrics registry."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, engine: DuplexEngine, hang_up: HangUpFn | None) -> None:
         self.settings = settings
-        self.draining = False
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         Info("callbridge_build", "callbridge version", registry=self.registry).info({"version": __version__})
+        self.twilio_rest = TwilioRest(settings)
+        self.services = BridgeServices(
+            settings=settings,
+            engine=engine,
+            registry=CallRegistry(),
+            tokens=StreamTokens(),
+            metrics=BridgeMetrics(self.registry),
+            hang_up=hang_up or self._hang_up,
+        )
+
+    @property
+    def draining(self) -> bool:
+        return self.services.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.services.draining = value
+
+    async def _hang_up(self, provider: str, call_id: str, account_id: str | None, reason: str) -> None:
+        if provider != "twilio":
+            raise NotImplementedError(f"no hang-up for {provider}")
+        await self.twilio_rest.hang_up(call_id, account_id)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """Build the ASGI app for ``settings``; its state lives in ``app.state.bridge``."""
-    state = BridgeState(settings)
+def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None) -> FastAPI:
+    """Build the ASGI app for ``settings`` (the engine ``engine.kind`` names unless given); its state lives in
+    ``app.state.bridge``."""
+    state = BridgeState(settings, engine or build_engine(settings), hang_up)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        log.info("bridge_started", host=settings.server.host, port=settings.server.port, version=__version__)
+        log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
         try:
             yield
         finally:
             state.draining = True
-            log.info("bridge_stopping")
+            log.info("bridge_stopping", active_calls=len(state.services.active_calls))
+            await state.services.engine.aclose()
+            await state.twilio_rest.aclose()
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.bridge = state
+    app.include_router(twilio_router(state.services))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -61,7 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
         """Readiness: 200 while new calls are admitted, 503 once draining."""
         if state.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "ready", "active_calls": len(state.services.active_calls)})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -205,10 +205,16 @@ class CallSession:
         except RemoteProtocolError as exc:
             self._fail(exc)
 
-    def engine_bound(self, capabilities: Capabilities, now_ms: int) -> None:
-        """The engine session for ``start_request`` is open (or resumed): audio flows from now on."""
+    def engine_bound(self, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None) -> None:
+        """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
+
+        ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
+        """
         self._transition(_Trigger.ENGINE_BOUND)
         self.capabilities = capabilities
+        if call_offset_ms is not None:
+            self.input_ms += call_offset_ms - self.call_offset_ms
+            self.call_offset_ms = call_offset_ms
         while self._starting_buffer:
             self._commands.append(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
         self._starting_buffer_ms = 0

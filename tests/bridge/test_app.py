@@ -19,7 +19,7 @@ def test_served_health_ready_metrics_and_clean_sigterm(served_bridge: ServedBrid
     assert health.status_code == 200
     assert health.json() == {"status": "ok", "version": __version__}
     ready = httpx.get(served_bridge.base_url + "/readyz")
-    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "active_calls": 0}
     metrics = httpx.get(served_bridge.base_url + "/metrics")
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")

@@ -151,8 +151,11 @@ class RemoteProtocolError(Exception):
 class ProviderCodec(Protocol):
     """The shape every carrier codec has (see the module docstring)."""
 
-    provider: str
-    stream_id: str | None
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def stream_id(self) -> str | None: ...
 
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message. Raises ``RemoteProtocolError``."""

@@ -1,0 +1,259 @@
+"""The asyncio driver of one carrier media stream: it moves bytes and time between the carrier's websocket,
+a ``CallSession`` and the call's engine session, and decides nothing.
+
+Three tasks per stream: the reader (carrier messages → ``receive_message``),
+the engine pump (engine events → ``receive_engine_event``) and the pacer
+(sleeps to ``next_deadline_ms`` → ``tick``). Each drains the core's outputs
+under one lock, so carrier messages and engine commands leave in the order
+the core produced them. The carrier socket is read from the first message:
+binding the engine (token check, open or resume) runs beside it while the
+core buffers the caller's first audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import suppress
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from callbridge.bridge.call import CallSession, CallState
+from callbridge.bridge.providers.base import ProviderCodec
+from callbridge.bridge.services import BridgeServices, call_options, session_config
+from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.port import DuplexSession
+from callbridge.logging import get_logger
+
+__all__ = ["MediaStreamDriver"]
+
+log = get_logger("callbridge.call")
+
+_POLICY_VIOLATION = 1008
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class MediaStreamDriver:
+    """Serve one carrier media websocket (already accepted) until the stream ends."""
+
+    def __init__(self, websocket: WebSocket, codec: ProviderCodec, services: BridgeServices) -> None:
+        self.websocket = websocket
+        self.services = services
+        self.provider = codec.provider
+        self.call = CallSession(codec, call_options(services.settings))
+        self.session: DuplexSession | None = None
+        self.log = log.bind(provider=self.provider)
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._hung_up = False
+        self._closed = False
+
+    async def run(self) -> None:
+        self._tasks.append(asyncio.create_task(self._pace()))
+        try:
+            await self._read()
+        finally:
+            await self._finish()
+
+    # ------------------------------------------------------------------ reader
+
+    async def _read(self) -> None:
+        binding: asyncio.Task[None] | None = None
+        while not self._done():
+            try:
+                message = await self.websocket.receive()
+            except (WebSocketDisconnect, RuntimeError):
+                message = {"type": "websocket.disconnect"}
+            async with self._lock:
+                if message["type"] == "websocket.disconnect":
+                    self.call.transport_lost(_now_ms())
+                    await self._flush()
+                    return
+                data = message.get("text")
+                self.call.receive_message(data if data is not None else message.get("bytes") or b"", _now_ms())
+                if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
+                    binding = asyncio.create_task(self._bind())
+                    self._tasks.append(binding)
+                await self._flush()
+
+    def _done(self) -> bool:
+        return self._closed or self.call.state in (CallState.ENDED, CallState.DETACHED)
+
+    # ------------------------------------------------------------------- bind
+
+    async def _bind(self) -> None:
+        start = self.call.start_request
+        assert start is not None
+        services = self.services
+        self.log = self.log.bind(call_id=start.call_id, stream_id=start.stream_id)
+        if not services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
+            await self._refuse("bad_token")
+            return
+        if services.registry.ended_reason(start.call_id) is not None:
+            await self._refuse("call_already_ended")
+            return
+        ticket, offset_ms = services.registry.claim_ticket(start.call_id)
+        session: DuplexSession | None = None
+        how = "opened"
+        if ticket is not None:
+            try:
+                session = await services.engine.resume(ticket)
+                how = "resumed"
+            except EngineError as exc:
+                self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
+                how = f"reopened_after_{exc.code}"
+                offset_ms = 0
+        if session is None:
+            try:
+                session = await services.engine.open(session_config(services.settings))
+            except EngineError as exc:
+                self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
+                services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}")
+                await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
+                return
+        services.metrics.engine_sessions.labels(how).inc()
+        self.session = session
+        self.log = self.log.bind(session_id=session.session_id)
+        async with self._lock:
+            if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
+                ticket = await session.detach()
+                services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+                return
+            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms)
+            services.active_calls.add(start.call_id)
+            services.metrics.calls_active.labels(self.provider).inc()
+            self.log.info("call_bridged", engine=how, call_offset_ms=offset_ms)
+            await self._flush()
+        pump = asyncio.create_task(self._pump(session))
+        self._tasks.append(pump)
+
+    async def _refuse(self, reason: str, *, hang_up: bool = False) -> None:
+        self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
+        self.log.warning("stream_refused", reason=reason)
+        async with self._lock:
+            if self.call.state is CallState.STARTING:
+                self.call.start_refused(reason)
+            await self._flush()
+        if hang_up:
+            await self._hang_up(reason)
+
+    # ---------------------------------------------------------------- engine
+
+    async def _pump(self, session: DuplexSession) -> None:
+        try:
+            async for event in session.events():
+                async with self._lock:
+                    if self.call.state is not CallState.LIVE:
+                        return
+                    self.call.receive_engine_event(event, _now_ms())
+                    await self._flush()
+        except Exception:
+            self.log.exception("engine_pump_failed")
+
+    async def _pace(self) -> None:
+        while not self._done():
+            deadline = self.call.next_deadline_ms()
+            timeout = None if deadline is None else max(0.0, (deadline - _now_ms()) / 1000)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            async with self._lock:
+                self.call.tick(_now_ms())
+                await self._flush()
+
+    # ----------------------------------------------------------------- output
+
+    async def _flush(self) -> None:
+        """Send what the core produced, in order. Called with the lock held."""
+        for message in self.call.messages_to_send():
+            if self._closed:
+                break
+            try:
+                if isinstance(message, str):
+                    await self.websocket.send_text(message)
+                else:
+                    await self.websocket.send_bytes(message)
+            except Exception:
+                self.call.transport_lost(_now_ms())
+                self._closed = True
+        commands = self.call.engine_commands()
+        if self.session is not None:
+            for command in commands:
+                try:
+                    await self.session.submit(command)
+                except EngineError as exc:
+                    if exc.code != ErrorCode.SESSION_CLOSED:
+                        self.log.warning("engine_command_failed", command=type(command).__name__, reason=exc.code)
+                    break
+        if self.call.hangup is not None and not self._hung_up:
+            task = asyncio.create_task(self._hang_up(self.call.hangup.reason))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+        if self.call.close_transport and not self._closed:
+            self._closed = True
+            code = 1000 if self.call.failure is None and self.call.end_reason != "bad_token" else _POLICY_VIOLATION
+            with suppress(Exception):
+                if self.websocket.application_state is not WebSocketState.DISCONNECTED:
+                    await self.websocket.close(code)
+        self._wake.set()
+
+    async def _hang_up(self, reason: str) -> None:
+        if self._hung_up:
+            return
+        self._hung_up = True
+        start = self.call.start_request
+        if start is None:
+            return
+        self.services.registry.mark_ended(start.call_id, reason)
+        try:
+            await self.services.hang_up(self.provider, start.call_id, start.account_id, reason)
+            self.services.metrics.hangups.labels(self.provider, "ok").inc()
+            self.log.info("call_hung_up", reason=reason)
+        except Exception as exc:
+            self.services.metrics.hangups.labels(self.provider, "failed").inc()
+            self.log.warning("hang_up_failed", reason=reason, error=repr(exc))
+
+    # ----------------------------------------------------------------- finish
+
+    async def _finish(self) -> None:
+        for task in self._tasks:
+            if not task.done() and task is not asyncio.current_task():
+                task.cancel()
+        for task in self._tasks:
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._background:
+            await asyncio.wait(self._background, timeout=10)
+        call, services, start = self.call, self.services, self.call.start_request
+        session = self.session
+        if session is not None and start is not None:
+            services.active_calls.discard(start.call_id)
+            services.metrics.calls_active.labels(self.provider).dec()
+            if call.detach_engine and not session.closed:
+                try:
+                    ticket = await session.detach()
+                    services.registry.detach(start.call_id, ticket, call.input_ms, self._grace_ms())
+                except EngineError as exc:
+                    self.log.warning("engine_detach_failed", reason=exc.code)
+            elif not session.closed:
+                with suppress(EngineError):
+                    await session.close(call.end_reason or "call_ended")
+            if call.state is CallState.ENDED:
+                services.registry.mark_ended(start.call_id, call.end_reason or "ended")
+        if call.failure is not None:
+            services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
+            self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)
+        else:
+            self.log.info("call_ended" if call.state is CallState.ENDED else "stream_detached", reason=call.end_reason)
+        services.metrics.calls_total.labels(self.provider, (call.end_reason or "unknown").split(":")[0]).inc()
+        if not self._closed:
+            with suppress(Exception):
+                await self.websocket.close(1000)
+
+    def _grace_ms(self) -> int:
+        return int(self.services.settings.engine.disconnect_grace_s * 1000)

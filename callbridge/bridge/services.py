@@ -1,0 +1,102 @@
+"""What one bridge process shares between its calls: configuration, the engine, the call registry, the
+stream tokens, metrics and the carriers' REST clients."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.registry import CallRegistry, StreamTokens
+from callbridge.config import Settings
+from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.port import DuplexEngine, SessionConfig, TurnDetection
+
+__all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "build_engine", "call_options", "session_config"]
+
+HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
+"""``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
+
+
+class BridgeMetrics:
+    """Prometheus metrics of one bridge process, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls_active = Gauge("callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry)
+        self.calls_total = Counter("callbridge_calls_total", "Media streams ended, by how", ["provider", "end"], registry=registry)
+        self.protocol_errors = Counter(
+            "callbridge_carrier_protocol_errors_total", "Calls ended by invalid carrier input", ["provider", "reason"], registry=registry
+        )
+        self.stream_refused = Counter("callbridge_streams_refused_total", "Media streams not bridged", ["provider", "reason"], registry=registry)
+        self.engine_sessions = Counter(
+            "callbridge_engine_sessions_total", "Engine sessions bound to streams", ["how"], registry=registry
+        )
+        self.hangups = Counter("callbridge_hangups_total", "Hang-ups through carrier REST APIs", ["provider", "result"], registry=registry)
+        self.stream_status = Counter(
+            "callbridge_stream_status_total", "Carrier stream status callbacks", ["provider", "event"], registry=registry
+        )
+        self.barge_in_clear_ms = Histogram(
+            "callbridge_barge_in_clear_seconds",
+            "Engine interruption signal to carrier flush sent",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+            registry=registry,
+        )
+
+
+@dataclass
+class BridgeServices:
+    settings: Settings
+    engine: DuplexEngine
+    registry: CallRegistry
+    tokens: StreamTokens
+    metrics: BridgeMetrics
+    hang_up: HangUpFn
+    draining: bool = False
+    active_calls: set[str] = field(default_factory=set)
+
+
+def call_options(settings: Settings) -> CallOptions:
+    audio = settings.audio
+    return CallOptions(
+        engine_rate_hz=audio.engine_input_rate_hz,
+        lead_ms=audio.playout_lead_ms,
+        mark_every_frames=audio.mark_interval_frames,
+        resampler_quality=audio.resampler_quality,
+        dtmf_mode=DtmfMode(settings.engine.dtmf),
+    )
+
+
+def session_config(settings: Settings) -> SessionConfig:
+    """The duplex session every call opens: the engine detects turns and barge-in (server VAD)."""
+    engine = settings.engine
+    return SessionConfig(
+        model=engine.model,
+        instructions=engine.instructions or None,
+        voice=engine.voice,
+        turn_detection=TurnDetection(),
+        input_rate_hz=settings.audio.engine_input_rate_hz,
+    )
+
+
+def build_engine(settings: Settings) -> DuplexEngine:
+    """The engine ``engine.kind`` names: embedded (default), vllm-omni over websockets, or in process."""
+    kind = settings.engine.kind
+    if kind == "local":
+        from callbridge.engine.local.engine import LocalEngine
+        from callbridge.engine.server import local_engine_options
+
+        return LocalEngine(local_engine_options(settings))
+    if kind == "realtime":
+        from callbridge.engine.realtime import RealtimeEngine
+
+        if not settings.engine.urls:
+            raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "engine.kind = realtime needs engine.urls")
+        key = settings.engine.api_key.get_secret_value() if settings.engine.api_key else None
+        return RealtimeEngine(
+            settings.engine.urls[0], api_key=key, resume_window_s=settings.engine.disconnect_grace_s
+        )
+    from callbridge.engine.inline import InlineEngine
+
+    return InlineEngine.create(settings.engine.model or "")
