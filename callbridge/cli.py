@@ -14,6 +14,7 @@ import json
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
 
@@ -85,8 +86,22 @@ def _build_parser() -> argparse.ArgumentParser:
     engine_server.add_argument("--agent", default=argparse.SUPPRESS, help="echo, loopback or tone (local_engine.agent)")
     engine_server.set_defaults(handler=_engine_server)
 
-    simulate = commands.add_parser("simulate", parents=[common], help="one simulated call from a WAV file")
-    simulate.set_defaults(handler=_not_built("simulate", "the call bridge (issue #4)"))
+    simulate = commands.add_parser(
+        "simulate",
+        parents=[common],
+        help="one simulated call through an in-process bridge and engine",
+        description="Place one simulated phone call (a faithful simulated Twilio) through a bridge and the "
+        "configured engine, both started in this process; print the call's timeline and write what the caller heard.",
+    )
+    simulate.add_argument("--provider", choices=["twilio"], default="twilio")
+    simulate.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
+    simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
+    simulate.add_argument("--speak-at", metavar="S", type=float, default=0.5, help="when the caller starts talking")
+    simulate.add_argument("--interrupt-after", metavar="S", type=float, help="talk over the agent S seconds into its reply")
+    simulate.add_argument("--dtmf", metavar="S:DIGIT", action="append", default=[], help="press DIGIT at S seconds")
+    simulate.add_argument("--drop-at", metavar="S", type=float, action="append", default=[], help="drop the media socket at S seconds")
+    simulate.add_argument("--hangup-at", metavar="S", type=float, help="hang up at S seconds (default: after the agent's reply)")
+    simulate.set_defaults(handler=_simulate)
 
     loadtest = commands.add_parser("loadtest", parents=[common], help="N simulated calls, latency and loss report")
     loadtest.set_defaults(handler=_not_built("loadtest", "the load tester (issue #6)"))
@@ -162,6 +177,45 @@ def _run_uvicorn(settings: Settings, app: Any, host: str, port: int) -> int:
 
 def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
     """The signal was handled by uvicorn's graceful shutdown; nothing is left to do."""
+
+
+def _simulate(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+
+    from callbridge.logging import configure_logging
+    from callbridge.sim.runner import load_wav_8k, sample_caller_wav, simulate_call, write_wav_8k
+    from callbridge.sim.twilio import CallerScript
+
+    if getattr(args, "log_level", None) is None:
+        settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
+    configure_logging(settings.log)
+    audio_path = args.audio or sample_caller_wav()
+    try:
+        speech = load_wav_8k(audio_path)
+        dtmf = tuple((int(float(at) * 1000) // 20 * 20, digit) for at, _, digit in (item.partition(":") for item in args.dtmf))
+    except (OSError, ValueError, EOFError) as exc:
+        print(f"callbridge simulate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    script = CallerScript(
+        utterances=((int(args.speak_at * 1000) // 20 * 20, speech),),
+        dtmf=dtmf,
+        drop_stream_at_ms=tuple(int(at * 1000) for at in args.drop_at),
+        hangup_at_ms=int(args.hangup_at * 1000) if args.hangup_at is not None else None,
+        interrupt_after_agent_ms=int(args.interrupt_after * 1000) // 20 * 20 if args.interrupt_after is not None else None,
+    )
+    print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
+          f"({len(speech) // 16} ms); engine: {settings.engine.kind}")
+    result = asyncio.run(simulate_call(settings, script))
+    print(result.render())
+    write_wav_8k(args.out, bytes(result.heard))
+    print(
+        f"\ncaller heard {result.agent_speech_ms} ms of agent audio in a {len(result.heard) // 16} ms call "
+        f"-> {args.out}\nstreams: {len(result.streams)}, marks echoed: {len(result.marks_echoed)}, "
+        f"clears: {len(result.clears)}, hung up by: {result.hung_up_by}, protocol warnings: {len(result.warnings) or 'none'}"
+    )
+    for warning in result.warnings:
+        print(f"  warning {warning}")
+    return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
 
 
 def _config_check(settings: Settings, args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
-from callbridge.bridge.playout import PlayoutLedger
+from callbridge.bridge.playout import FlushResult, PlayoutLedger
 from callbridge.bridge.providers.base import (
     CarrierEvent,
     DtmfReceived,
@@ -257,13 +257,23 @@ class CallSession:
                 pass
 
     def transport_lost(self, now_ms: int) -> None:
-        """The carrier's socket closed without ``stop``: keep the engine session for the next stream."""
-        if self.state is CallState.ENDED:
+        """The carrier's socket closed without ``stop``: keep the engine session for the next stream.
+
+        Whatever the caller had not heard yet is gone with the socket: the engine is told what was heard
+        (ack, truncate), as for a barge-in, before the session is detached.
+        """
+        if self.state in (CallState.ENDED, CallState.DETACHED):
             return
         bound = self.state is CallState.LIVE
+        if bound and self._out_response is not None:
+            self._interrupt(self._out_response, now_ms)
+        elif bound and self.ledger.is_playing(now_ms):
+            self._truncate_heard(self.ledger.flush(now_ms))
+            self._drain_ledger()
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
+        self._messages.clear()  # nowhere to send them
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due. Drain ``messages_to_send`` next."""
@@ -401,10 +411,16 @@ class CallSession:
             self._out_response = self._out_resampler = self._out_frames = None
         result = self.ledger.flush(now_ms)
         self._drain_ledger()
-        if result.response_id == response_id and result.sent_ms > 0 and self.capabilities.supports_audio_truncate:
-            heard = max(0, min(result.heard_ms, result.sent_ms))
-            if heard > 0:
-                self._commands.append(TruncateItem(f"item_{response_id}", heard))
+        if result.response_id == response_id:
+            self._truncate_heard(result)
+
+    def _truncate_heard(self, result: FlushResult) -> None:
+        """Cut the model's turn to what the caller heard: clamped to [0, sent], skipped before any audio."""
+        if result.response_id is None or not self.capabilities.supports_audio_truncate:
+            return
+        heard = max(0, min(result.heard_ms, result.sent_ms))
+        if heard > 0:
+            self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)

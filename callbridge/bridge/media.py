@@ -164,12 +164,12 @@ class MediaStreamDriver:
             self._wake.clear()
             async with self._lock:
                 self.call.tick(_now_ms())
-                await self._flush()
+                await self._flush(wake_pacer=False)
 
     # ----------------------------------------------------------------- output
 
-    async def _flush(self) -> None:
-        """Send what the core produced, in order. Called with the lock held."""
+    async def _flush(self, *, wake_pacer: bool = True) -> None:
+        """Send what the core produced, in order, and let the pacer see the new deadline. Called with the lock held."""
         for message in self.call.messages_to_send():
             if self._closed:
                 break
@@ -200,7 +200,8 @@ class MediaStreamDriver:
             with suppress(Exception):
                 if self.websocket.application_state is not WebSocketState.DISCONNECTED:
                     await self.websocket.close(code)
-        self._wake.set()
+        if wake_pacer:
+            self._wake.set()
 
     async def _hang_up(self, reason: str) -> None:
         if self._hung_up:

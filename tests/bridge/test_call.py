@@ -219,6 +219,19 @@ class TestEnding:
         h = Harness().live()
         h.call.transport_lost(100)
         assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.of(CloseSession) == []
+        h.call.transport_lost(120)  # idempotent
+        assert h.call.state is CallState.DETACHED
+
+    def test_socket_drop_mid_reply_tells_the_engine_what_was_heard(self) -> None:
+        h = Harness(lead_ms=200).live()
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(700)
+        h.call.transport_lost(h.now_ms)
+        h.drain()
+        ack = h.of(AckPlayback)[-1]
+        assert abs(ack.played_ms - 700) <= 20
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
+        assert h.call.messages_to_send() == []  # no clear: the socket is gone
 
     def test_socket_drop_before_start(self) -> None:
         h = Harness()

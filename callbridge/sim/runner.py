@@ -1,0 +1,116 @@
+"""Run a bridge in this process and place simulated calls on it: ``callbridge simulate``, the tests, the demo.
+
+The bridge is the real thing — ``create_app`` on uvicorn, over loopback — with
+signature validation on: the simulated Twilio signs with the same auth token,
+and serves the REST hang-up the bridge is pointed at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import wave
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soxr
+import uvicorn
+from fastapi import FastAPI
+
+from callbridge.bridge.app import create_app
+from callbridge.config import Settings
+from callbridge.engine.port import DuplexEngine
+from callbridge.sim.twilio import CallerScript, CallResult, SimulatedTwilio
+
+__all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "simulate_call", "write_wav_8k"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def sample_caller_wav() -> Path:
+    """A bundled caller utterance (espeak-ng: "Hello, I would like to book a table for two tonight.")."""
+    return Path(str(resources.files("callbridge.sim") / "data" / "caller_8k.wav"))
+
+
+def load_wav_8k(path: Path) -> bytes:
+    """A PCM16 WAV file, any rate and channel count, as PCM16 mono 8 kHz."""
+    with wave.open(str(path)) as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"{path}: only 16-bit PCM WAV files are supported")
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, wav.getnchannels())
+        rate = wav.getframerate()
+    mono = samples.mean(axis=1).astype(np.int16) if samples.shape[1] > 1 else samples[:, 0]
+    if rate != 8000:
+        mono = soxr.resample(mono, rate, 8000, quality="HQ")
+    return np.asarray(mono, dtype="<i2").tobytes()
+
+
+def write_wav_8k(path: Path, pcm: bytes) -> None:
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(8000)
+        wav.writeframes(pcm)
+
+
+@dataclass
+class RunningBridge:
+    settings: Settings
+    app: FastAPI
+    base_url: str
+    twilio: SimulatedTwilio
+
+
+def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> Settings:
+    data = settings.model_dump()
+    for section, values in overrides.items():
+        data[section] = {**data[section], **values}
+    return Settings.model_validate(data)
+
+
+@asynccontextmanager
+async def running_bridge(settings: Settings, engine: DuplexEngine | None = None) -> AsyncIterator[RunningBridge]:
+    """``callbridge serve`` on a free loopback port with a simulated Twilio wired to it."""
+    port = free_port()
+    auth_token = secrets.token_hex(16)
+    base_url = f"http://127.0.0.1:{port}"
+    twilio = SimulatedTwilio(base_url, auth_token)
+    rest_url = await twilio.start_rest(free_port())
+    settings = with_overrides(
+        settings,
+        {
+            "server": {"host": "127.0.0.1", "port": port, "public_url": base_url},
+            "twilio": {"auth_token": auth_token, "api_base_url": rest_url, "validate_signatures": True},
+        },
+    )
+    app = create_app(settings, engine)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", lifespan="on")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        yield RunningBridge(settings, app, base_url, twilio)
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 15)
+        await twilio.aclose()
+
+
+async def simulate_call(settings: Settings, script: CallerScript) -> CallResult:
+    """One simulated call through an in-process bridge."""
+    async with running_bridge(settings) as bridge:
+        return await bridge.twilio.place_call(script)
