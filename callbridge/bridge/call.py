@@ -190,6 +190,8 @@ class CallSession:
         self._tokens = float(_MESSAGE_BURST)
         self._tokens_at_ms: int | None = None
         self.late_deltas_dropped = 0
+        self.flushes = 0
+        """Barge-in flushes so far (the driver times them)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -410,6 +412,7 @@ class CallSession:
         if response_id == self._out_response:
             self._out_response = self._out_resampler = self._out_frames = None
         result = self.ledger.flush(now_ms)
+        self.flushes += 1
         self._drain_ledger()
         if result.response_id == response_id:
             self._truncate_heard(result)

@@ -150,8 +150,13 @@ class MediaStreamDriver:
                 async with self._lock:
                     if self.call.state is not CallState.LIVE:
                         return
+                    received, flushes = time.perf_counter(), self.call.flushes
                     self.call.receive_engine_event(event, _now_ms())
                     await self._flush()
+                    if self.call.flushes != flushes:
+                        elapsed_s = time.perf_counter() - received
+                        self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
+                        self.log.info("barge_in", signal=type(event).__name__, clear_sent_after_ms=round(elapsed_s * 1000, 3))
         except Exception:
             self.log.exception("engine_pump_failed")
 

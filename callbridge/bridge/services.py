@@ -37,7 +37,7 @@ class BridgeMetrics:
         self.stream_status = Counter(
             "callbridge_stream_status_total", "Carrier stream status callbacks", ["provider", "event"], registry=registry
         )
-        self.barge_in_clear_ms = Histogram(
+        self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
             "Engine interruption signal to carrier flush sent",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),

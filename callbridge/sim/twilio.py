@@ -66,6 +66,8 @@ class CallerScript:
     max_call_ms: int = 30_000
     interrupt_after_agent_ms: int | None = None
     """Say the first utterance again this long after the agent starts speaking (a barge-in)."""
+    redirect_delay_ms: int = 0
+    """How long Twilio takes, after a stream drops, to run ``<Redirect>`` and open the next one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +248,11 @@ class SimulatedTwilio:
                         stream.ws.transport.abort()
                     if receiver is not None:
                         await asyncio.gather(receiver, return_exceptions=True)
+                    if script.redirect_delay_ms:
+                        await asyncio.sleep(script.redirect_delay_ms / 1000)
+                        skipped = script.redirect_delay_ms // FRAME_MS
+                        frame_index += skipped
+                        result.heard += bytes(skipped * 320)
                     continue
                 caller_end = max(len(caller), (interrupt_at + len(interrupt) // 16) * 16 if interrupt_at is not None else 0)
                 if self._caller_done(script, t, caller_end, agent_last_heard_at):

@@ -1,0 +1,130 @@
+"""Helpers for end-to-end Twilio tests: an engine that records what the bridge asks of it, short caller
+audio, and a raw signed media stream for sending what a real Twilio never would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections import defaultdict
+from typing import Any
+
+import httpx
+import orjson
+from twilio.request_validator import RequestValidator
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from callbridge.config import Settings
+from callbridge.engine.commands import EngineCommand
+from callbridge.engine.local.core import LocalEngineOptions
+from callbridge.engine.local.engine import LocalEngine, LocalSession
+from callbridge.engine.port import ResumeTicket, SessionConfig
+from callbridge.sim.runner import RunningBridge, load_wav_8k, sample_caller_wav
+
+
+class RecordingEngine(LocalEngine):
+    """The embedded engine, recording the sessions it opens and resumes and every command it receives."""
+
+    def __init__(self, options: LocalEngineOptions) -> None:
+        super().__init__(options)
+        self.opened: list[str] = []
+        self.resumed: list[str] = []
+        self.commands: dict[str, list[EngineCommand]] = defaultdict(list)
+        self.sessions: dict[str, LocalSession] = {}
+
+    async def open(self, config: SessionConfig) -> LocalSession:
+        session = await super().open(config)
+        self.opened.append(session.session_id)
+        self.sessions[session.session_id] = session
+        original = session.submit
+
+        async def submit(command: EngineCommand) -> None:
+            self.commands[session.session_id].append(command)
+            await original(command)
+
+        session.submit = submit  # type: ignore[method-assign]
+        return session
+
+    async def resume(self, ticket: ResumeTicket) -> LocalSession:
+        session = await super().resume(ticket)
+        self.resumed.append(session.session_id)
+        return session
+
+    def of(self, kind: type) -> list[Any]:
+        return [c for commands in self.commands.values() for c in commands if isinstance(c, kind)]
+
+
+def engine(agent: str = "echo", **options: Any) -> RecordingEngine:
+    return RecordingEngine(LocalEngineOptions(agent=agent, chunk_ms=500, generation_speed=4.0, **options))
+
+
+def settings(**sections: dict[str, Any]) -> Settings:
+    return Settings.model_validate(sections)
+
+
+def short_speech(ms: int = 1500) -> bytes:
+    """The first ``ms`` of the bundled caller utterance ("Hello, I would like…"), PCM16 8 kHz."""
+    return load_wav_8k(sample_caller_wav())[: ms * 16]
+
+
+class RawStream:
+    """A signed Twilio media stream driven by hand."""
+
+    def __init__(self, ws: ClientConnection, stream_sid: str, call_sid: str, token: str, account_sid: str) -> None:
+        self.ws = ws
+        self.account_sid = account_sid
+        self.sid = stream_sid
+        self.call_sid = call_sid
+        self.token = token
+
+    @classmethod
+    async def open(cls, bridge: RunningBridge, *, token: str | None = None, signature: str | None = None) -> RawStream:
+        validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
+        call_sid = "CA" + secrets.token_hex(16)
+        url = bridge.base_url + "/twilio/voice"
+        params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+        minted = answer.text.split('name="token" value="')[1].split('"')[0]
+        ws_url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
+        sig = signature if signature is not None else validator.compute_signature(ws_url, {})
+        ws = await connect(ws_url, additional_headers={"X-Twilio-Signature": sig})
+        return cls(ws, "MZ" + secrets.token_hex(16), call_sid, token if token is not None else minted, bridge.twilio.account_sid)
+
+    def start_message(self) -> str:
+        start = {
+            "streamSid": self.sid,
+            "accountSid": self.account_sid,
+            "callSid": self.call_sid,
+            "tracks": ["inbound"],
+            "customParameters": {"token": self.token},
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }
+        return orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": self.sid}).decode()
+
+    async def start(self) -> None:
+        await self.ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+        await self.ws.send(self.start_message())
+
+    def media(self, payload_b64: str = "/////w==", timestamp: int = 0) -> str:
+        media = {"track": "inbound", "chunk": "1", "timestamp": str(timestamp), "payload": payload_b64}
+        return orjson.dumps({"event": "media", "sequenceNumber": "2", "media": media, "streamSid": self.sid}).decode()
+
+    async def closed(self, timeout_s: float = 5.0) -> int | None:
+        """Wait for the bridge to close the socket; its close code."""
+        async def drain() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in self.ws:
+                    pass
+
+        await asyncio.wait_for(drain(), timeout_s)
+        return self.ws.close_code
+
+
+async def until(predicate: Any, timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
