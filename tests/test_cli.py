@@ -95,8 +95,35 @@ def test_invalid_configuration_exit_2_one_clear_message(args: list[str], env: di
     assert f"  {key}: " in result.stderr
 
 
-@pytest.mark.parametrize("command", ["simulate", "loadtest"])
+@pytest.mark.parametrize("command", ["loadtest"])
 def test_commands_of_later_issues_say_so(command: str) -> None:
     result = run_cli(command)
     assert result.returncode == 1
     assert "not available in this version" in result.stderr
+
+
+def test_simulate_places_a_call_and_writes_what_the_caller_heard(tmp_path: Path) -> None:
+    import wave
+
+    import numpy as np
+
+    from callbridge.sim.runner import load_wav_8k, sample_caller_wav, write_wav_8k
+
+    audio = tmp_path / "caller.wav"
+    write_wav_8k(audio, load_wav_8k(sample_caller_wav())[: 1200 * 16])
+    out = tmp_path / "heard.wav"
+    result = run_cli("simulate", "--audio", str(audio), "--out", str(out), "--dtmf", "0.2:7")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("stream MZ", "caller  speaks (1200 ms)", "caller  presses 7", "agent   starts speaking", "caller  hangs up (stop)"):
+        assert line in result.stdout
+    assert "protocol warnings: none" in result.stdout
+    with wave.open(str(out)) as wav:
+        assert wav.getframerate() == 8000 and wav.getnchannels() == 1
+        heard = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    loud_ms = int((np.abs(heard.reshape(-1, 160)).max(axis=1) > 500).sum()) * 20
+    assert 1000 <= loud_ms <= 2400  # the echo of the caller's 1.2 s
+
+
+def test_simulate_with_a_missing_audio_file(tmp_path: Path) -> None:
+    result = run_cli("simulate", "--audio", str(tmp_path / "nope.wav"))
+    assert result.returncode == 2 and "nope.wav" in result.stderr and "Traceback" not in result.stderr
