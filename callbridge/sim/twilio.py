@@ -28,6 +28,7 @@ import binascii
 import secrets
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,10 @@ class SimulatedTwilio:
         self._http = httpx.AsyncClient(timeout=10.0)
         self._hangups: dict[str, asyncio.Event] = {}
         self._network_drops: set[str] = set()
+        self.on_media_sent: Callable[[bytes], None] | None = None
+        """Called with each caller ``media`` payload as it leaves (benchmarks time the bridge with it)."""
+        self.on_message: Callable[[str | bytes], None] | None = None
+        """Called with each message the bridge sends, as it arrives."""
         self.rest_url: str | None = None
         self._rest_server: uvicorn.Server | None = None
         self._rest_task: asyncio.Task[None] | None = None
@@ -338,6 +343,8 @@ class SimulatedTwilio:
         stream.chunk += 1
         media = {"track": "inbound", "chunk": str(stream.chunk), "timestamp": str(stream.media_ms), "payload": base64.b64encode(payload).decode()}
         stream.media_ms += FRAME_MS
+        if self.on_media_sent is not None:
+            self.on_media_sent(payload)
         await self._send(stream, {"event": "media", "sequenceNumber": stream.next_sequence(), "media": media, "streamSid": stream.sid})
 
     async def _stop(self, stream: _Stream, call_sid: str) -> None:
@@ -374,6 +381,8 @@ class SimulatedTwilio:
     async def _receive(self, stream: _Stream, result: CallResult, now_ms: Any, ended: asyncio.Event) -> None:
         try:
             async for raw in stream.ws:
+                if self.on_message is not None:
+                    self.on_message(raw)
                 if isinstance(raw, bytes):
                     result.warnings.append("31950 binary frame")
                     continue
