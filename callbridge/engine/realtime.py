@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import suppress
 from typing import Any, Final
@@ -38,6 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from callbridge.engine.commands import AppendAudio, CloseSession, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, EngineError, ErrorCode
+from callbridge.engine.event_stream import EventStream
 from callbridge.engine.events import (
     TERMINAL_EVENTS,
     Capabilities,
@@ -203,13 +203,11 @@ class RealtimeSession(DuplexSession):
         self._token = resume_token
         self._last_seq = last_seq
         self._acked_seq = last_seq
-        self._queue: deque[EngineEvent] = deque()
-        self._wakeup = asyncio.Event()
+        self._stream = EventStream(session_id)
         self._connected = asyncio.Event()
         self._connected.set()
         self._closed = False
         self._detached = False
-        self._consuming = False
         self._terminal_seen = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
@@ -266,30 +264,14 @@ class RealtimeSession(DuplexSession):
 
     # -------------------------------------------------------------- events
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
-        if self._consuming:
-            raise RuntimeError(f"session {self.session_id} already has an events() consumer")
-        self._consuming = True
-        try:
-            while True:
-                while self._queue and not self._detached:
-                    event = self._queue.popleft()
-                    yield event
-                    if isinstance(event, TERMINAL_EVENTS):
-                        return
-                if self._detached or (self._closed and not self._queue):
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-        finally:
-            self._consuming = False
+    def events(self) -> AsyncIterator[EngineEvent]:
+        return self._stream.iterate()
 
     def _deliver(self, event: EngineEvent) -> None:
         """Queue an event for the consumer, unless it is late audio (reference §5.2)."""
         if not self._late_audio.admit(event):
             return
-        self._queue.append(event)
-        self._wakeup.set()
+        self._stream.put(event)
         if isinstance(event, TERMINAL_EVENTS):
             self._end()
 
@@ -297,7 +279,7 @@ class RealtimeSession(DuplexSession):
         self._closed = True
         self._terminal_seen.set()
         self._connected.set()  # wake anyone waiting to send: they will see closed
-        self._wakeup.set()
+        self._stream.finish()
         self._engine._sessions.discard(self)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
@@ -403,7 +385,7 @@ class RealtimeSession(DuplexSession):
     async def detach(self) -> ResumeTicket:
         """Close the socket without ending the session: the server holds it for its grace."""
         self._detached = True
-        self._wakeup.set()
+        self._stream.pause()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         with suppress(ConnectionClosed):

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 from callbridge.engine.commands import CloseSession, EngineCommand
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import TERMINAL_EVENTS, Capabilities, EngineEvent
+from callbridge.engine.event_stream import EventStream
+from callbridge.engine.events import Capabilities, EngineEvent
 from callbridge.engine.local.agents import AGENTS
 from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
 from callbridge.engine.local.vad import FrameScorer
@@ -40,11 +40,8 @@ class LocalSession(DuplexSession):
         self._core = core
         self.session_id = core.session_id
         self.capabilities: Capabilities = core.capabilities
-        self._queue: deque[EngineEvent] = deque()
-        self._wakeup = asyncio.Event()
+        self._stream = EventStream(core.session_id)
         self._timer: asyncio.TimerHandle | None = None
-        self._attached = True
-        self._consuming = False
         self._closed_event = asyncio.Event()
 
     @property
@@ -59,29 +56,13 @@ class LocalSession(DuplexSession):
         self._core.submit(command, self._engine.clock())
         self._pump()
 
-    async def events(self) -> AsyncIterator[EngineEvent]:
-        if self._consuming:
-            raise RuntimeError(f"session {self.session_id} already has an events() consumer")
-        self._consuming = True
-        try:
-            while True:
-                # A detached session keeps its events for the next attachment; a closed one lets them drain.
-                while self._queue and (self._attached or self.closed):
-                    event = self._queue.popleft()
-                    yield event
-                    if isinstance(event, TERMINAL_EVENTS):
-                        return
-                if self.closed or not self._attached:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
-        finally:
-            self._consuming = False
+    def events(self) -> AsyncIterator[EngineEvent]:
+        """Events kept while detached come after resume; a closed session's events drain."""
+        return self._stream.iterate()
 
     async def detach(self) -> ResumeTicket:
         self._start_grace()
-        self._attached = False
-        self._wakeup.set()
+        self._stream.pause()
         return self.resume_ticket()
 
     def _start_grace(self) -> None:
@@ -100,20 +81,19 @@ class LocalSession(DuplexSession):
     def _reattach(self, expected_generation: int) -> None:
         self._core.resume(expected_generation, self._engine.clock())
         # session.resumed comes first, then what was kept while detached (as a wire replay does).
-        self._queue.extendleft(reversed(self._core.events_to_send()))
-        self._attached = True
+        self._stream.put_first(self._core.events_to_send())
+        self._stream.unpause()
         self._pump()
 
     def _pump(self) -> None:
         """Move the core's events to the queue and re-arm the timer."""
-        events = self._core.events_to_send()
-        if events:
-            self._queue.extend(events)
-            self._wakeup.set()
+        for event in self._core.events_to_send():
+            self._stream.put(event)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self.closed:
+            self._stream.finish()
             self._closed_event.set()
             self._engine._forget(self)
             return
