@@ -66,7 +66,8 @@ class LogSettings(_Section):
 
 class AudioSettings(_Section):
     engine_input_rate_hz: Literal[8000, 16000, 24000] = 16000
-    resampler_quality: ResamplerQuality = ResamplerQuality.HQ
+    resampler_quality: ResamplerQuality = ResamplerQuality.LD
+    """LD: low-delay polyphase FIR (~3 ms); QQ…VHQ: soxr recipes, which hold 20–170 ms back per stream."""
     playout_lead_ms: Annotated[int, Field(ge=20, le=2000)] = 200
     """How far audio sent to the carrier may run ahead of what the caller has heard."""
     mark_interval_frames: Annotated[int, Field(ge=1, le=500)] = 5

@@ -34,7 +34,7 @@ def test_defaults() -> None:
     settings = load_settings()
     assert settings.server.port == 8080
     assert settings.engine.kind == "local"
-    assert settings.audio.resampler_quality is ResamplerQuality.HQ
+    assert settings.audio.resampler_quality is ResamplerQuality.LD
     assert settings.log.format is LogFormat.AUTO
 
 

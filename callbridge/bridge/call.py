@@ -144,7 +144,7 @@ class CallOptions:
     lead_ms: int = 200
     mark_every_frames: int = 5
     uses_marks: bool = True
-    resampler_quality: ResamplerQuality = ResamplerQuality.HQ
+    resampler_quality: ResamplerQuality = ResamplerQuality.LD
     dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
     frame_ms: int = 20
 

@@ -135,8 +135,8 @@ class TestOutbound:
         h.advance(2000)
         frames = [base64.b64decode(m["media"]["payload"]) for m in h.events("media")]  # type: ignore[index]
         assert all(len(f) == 160 for f in frames)
-        assert len(frames) == 50  # 1000 ms, the resampler drained and the last frame padded
-        assert [mark_name(m) for m in h.events("mark")][-1] == "resp-1@1000"
+        assert len(frames) == 51  # 1000 ms and the resampler's ~3 ms tail, the last frame padded
+        assert [mark_name(m) for m in h.events("mark")][-1] == "resp-1@1020"
         assert all(m["streamSid"] == SID for m in h.sent)
 
     def test_mark_echo_acks_heard_playback(self) -> None:

@@ -98,8 +98,8 @@ def test_held_samples_reported() -> None:
     assert resampler.held_samples == 320 - resampler.out_samples
 
 
-@pytest.mark.parametrize("quality", list(ResamplerQuality))
-def test_every_quality_streams(quality: ResamplerQuality) -> None:
+@pytest.mark.parametrize("quality", [q for q in ResamplerQuality if q is not ResamplerQuality.LD])
+def test_every_soxr_quality_streams(quality: ResamplerQuality) -> None:
     signal = sine(24000, 0.5)
     out = stream_in_chunks(StreamResampler(24000, 8000, quality), signal, 480)
     assert len(out) == 4000
