@@ -5,7 +5,7 @@
 Inbound: a Twilio media payload (base64 μ-law 8 kHz) → PCM16 16 kHz for the engine.
 Outbound: engine PCM16 24 kHz → μ-law 8 kHz → base64 for the carrier.
 Each frame is timed alone (perf_counter_ns around the whole path); the table
-gives the median, mean and p99 over all frames, for every soxr quality (soxr
+gives the median, mean and p99 over all frames, for our low-delay FIR (LD) and every soxr quality (soxr
 works in blocks, so most frames are cheap and a few carry a block: the mean is
 the cost per frame that capacity planning needs). Then how much audio each
 resampler holds back when fed 20 ms chunks: the latency it adds.
@@ -26,6 +26,7 @@ from importlib.metadata import version
 import numpy as np
 
 from callbridge.codecs import ResamplerQuality, StreamResampler, pcm16_to_ulaw, ulaw_to_pcm16
+from callbridge.codecs.lowdelay import LowDelayResampler
 
 
 def speechlike(rate_hz: int, seconds: float, seed: int = 1) -> np.ndarray:
@@ -113,7 +114,7 @@ def main() -> None:
 
     print(f"Machine: {machine()}\n")
     print(f"Frames timed per cell: {args.frames}\n")
-    print("| soxr quality | inbound median µs | mean | p99 | outbound median µs | mean | p99 |")
+    print("| quality | inbound median µs | mean | p99 | outbound median µs | mean | p99 |")
     print("|---|---|---|---|---|---|---|")
     for quality in ResamplerQuality:
         inbound = bench_inbound(quality, args.frames)
@@ -125,10 +126,14 @@ def main() -> None:
         )
     pairs = [(8000, 16000), (16000, 8000), (24000, 8000), (24000, 16000), (16000, 24000), (22050, 8000)]
     print("\nAudio held back by the stream resampler, fed 20 ms chunks, mean / max ms (the delay it adds):\n")
-    print("| soxr quality | " + " | ".join(f"{a // 1000 if a % 1000 == 0 else a / 1000}k→{b // 1000}k" for a, b in pairs) + " |")
+    print("| quality | " + " | ".join(f"{a // 1000 if a % 1000 == 0 else a / 1000}k→{b // 1000}k" for a, b in pairs) + " |")
     print("|---|" + "---|" * len(pairs))
     for quality in ResamplerQuality:
         print(f"| {quality.value} | " + " | ".join("{:.1f} / {:.1f}".format(*held_ms(a, b, quality)) for a, b in pairs) + " |")
+    print("\nLD holds nothing back; its only delay is its filter's group delay (ms):\n")
+    print("| " + " | ".join(f"{a / 1000:g}k→{b // 1000}k" for a, b in pairs) + " |")
+    print("|" + "---|" * len(pairs))
+    print("| " + " | ".join(f"{LowDelayResampler(a, b).delay_ms:.2f}" for a, b in pairs) + " |")
 
 
 if __name__ == "__main__":
