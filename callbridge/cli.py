@@ -103,8 +103,22 @@ def _build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--hangup-at", metavar="S", type=float, help="hang up at S seconds (default: after the agent's reply)")
     simulate.set_defaults(handler=_simulate)
 
-    loadtest = commands.add_parser("loadtest", parents=[common], help="N simulated calls, latency and loss report")
-    loadtest.set_defaults(handler=_not_built("loadtest", "the load tester (issue #6)"))
+    loadtest = commands.add_parser(
+        "loadtest",
+        parents=[common],
+        help="N simulated calls at real time: round-trip latency, loss, CPU",
+        description="Place N simulated Twilio calls at real time against a bridge whose engine is the loopback agent "
+        "(callbridge serve --set local_engine.agent=loopback), and report what the bridge added.",
+    )
+    loadtest.add_argument("--provider", choices=["twilio"], default="twilio")
+    loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
+    loadtest.add_argument("--auth-token", help="the bridge's twilio.auth_token (default: from the configuration)")
+    loadtest.add_argument("--calls", type=int, default=10)
+    loadtest.add_argument("--ramp", metavar="S", type=float, default=5.0, help="seconds over which calls start")
+    loadtest.add_argument("--duration", metavar="S", type=float, default=20.0, help="seconds each call lasts")
+    loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
+    loadtest.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
+    loadtest.set_defaults(handler=_loadtest)
 
     config = commands.add_parser("config", parents=[common], help="inspect the configuration")
     config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
@@ -218,6 +232,40 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
 
 
+def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
+    import asyncio
+    import os
+
+    from callbridge.logging import configure_logging
+    from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, report_json
+    from callbridge.sim.runner import running_bridge, with_overrides
+
+    if getattr(args, "log_level", None) is None:
+        settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
+    configure_logging(settings.log)
+
+    async def run() -> LoadReport:
+        if args.url:
+            token = args.auth_token or (settings.twilio.auth_token.get_secret_value() if settings.twilio.auth_token else None)
+            if not token:
+                raise SystemExit("callbridge loadtest: --auth-token (or twilio.auth_token) is needed to sign requests")
+            options = LoadTestOptions(args.url, token, args.calls, args.ramp, args.duration, server_pid=args.server_pid)
+            return await LoadTest(options).run()
+        print("callbridge loadtest: no --url: the bridge (loopback agent) runs in this process, beside the generator")
+        local = with_overrides(settings, {"local_engine": {"agent": "loopback"}, "server": {"max_calls": max(100, args.calls)}})
+        async with running_bridge(local) as bridge:
+            token = bridge.settings.twilio.auth_token.get_secret_value()  # type: ignore[union-attr]
+            options = LoadTestOptions(bridge.base_url, token, args.calls, args.ramp, args.duration, server_pid=os.getpid())
+            return await LoadTest(options).run()
+
+    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")
+    report = asyncio.run(run())
+    print(report.render())
+    if args.json:
+        args.json.write_bytes(report_json(report))
+    return EXIT_OK if report.failed_calls == 0 else EXIT_FAILED
+
+
 def _config_check(settings: Settings, args: argparse.Namespace) -> int:
     values = settings.public_dict()
     if args.output_format == "json":
@@ -225,14 +273,6 @@ def _config_check(settings: Settings, args: argparse.Namespace) -> int:
     else:
         print(_to_toml(values), end="")
     return EXIT_OK
-
-
-def _not_built(command: str, what: str) -> Callable[[Settings, argparse.Namespace], int]:
-    def handler(_: Settings, __: argparse.Namespace) -> int:
-        print(f"callbridge {command}: not available in this version; it comes with {what}", file=sys.stderr)
-        return EXIT_FAILED
-
-    return handler
 
 
 def _to_toml(sections: dict[str, Any]) -> str:
