@@ -124,8 +124,10 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
 
 _MAX_GAP_FILL_MS: Final = 1000
 _MAX_STARTING_BUFFER_MS: Final = 2000
-_FLOOD_TOLERANCE_MS: Final = 2000
-_MESSAGE_BURST: Final = 500
+_FLOOD_TOLERANCE_MS: Final = 10_000
+"""Media may run this far ahead of the wall clock before it is a flood: a server that stalled (overload, a
+pause) reads its backlog in a burst, but never more than the stall ahead; a flood gets there in a second."""
+_MESSAGE_BURST: Final = 1000
 _MESSAGES_PER_S: Final = 150
 
 
@@ -359,7 +361,8 @@ class CallSession:
             self._starting_buffer_ms -= len(dropped) * 500 // self.options.engine_rate_hz
 
     def _rate_limit(self, now_ms: int) -> None:
-        """A token bucket over all carrier messages: a burst of 500, 150 a second sustained."""
+        """A token bucket over all carrier messages: a burst of 1000 (a backlog after a stall), 150 a second
+        sustained (a stream sends about 60)."""
         if self._tokens_at_ms is not None:
             self._tokens = min(_MESSAGE_BURST, self._tokens + (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000)
         self._tokens_at_ms = now_ms

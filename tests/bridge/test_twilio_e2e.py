@@ -176,7 +176,7 @@ class TestBadInput:
         async with running_bridge(settings(), recorder) as bridge:
             stream = await bridged(bridge, recorder)
             payload = base64.b64encode(b"\xff" * 160).decode()
-            for i in range(300):  # 6 s of audio as fast as the socket takes it
+            for i in range(900):  # 18 s of audio as fast as the socket takes it
                 try:
                     await stream.ws.send(stream.media(payload, timestamp=20 * i))
                 except Exception:
