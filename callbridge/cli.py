@@ -177,6 +177,7 @@ def _run_uvicorn(settings: Settings, app: Any, host: str, port: int) -> int:
             access_log=False,
             ws="websockets-sansio",
             ws_max_size=16 * 1024 * 1024,
+            ws_per_message_deflate=False,  # audio does not compress; deflate only costs CPU per frame
             lifespan="on",
         )
     )

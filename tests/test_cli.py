@@ -95,13 +95,6 @@ def test_invalid_configuration_exit_2_one_clear_message(args: list[str], env: di
     assert f"  {key}: " in result.stderr
 
 
-@pytest.mark.parametrize("command", ["loadtest"])
-def test_commands_of_later_issues_say_so(command: str) -> None:
-    result = run_cli(command)
-    assert result.returncode == 1
-    assert "not available in this version" in result.stderr
-
-
 def test_simulate_places_a_call_and_writes_what_the_caller_heard(tmp_path: Path) -> None:
     import wave
 

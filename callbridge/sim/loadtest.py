@@ -202,7 +202,7 @@ class LoadTest:
             answer.raise_for_status()
             token = answer.text.split('name="token" value="')[1].split('"')[0]
             stream_url = answer.text.split('<Stream url="')[1].split('"')[0]
-            call.ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})})
+            call.ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})}, compression=None)
             call.stream_sid = "MZ" + secrets.token_hex(16)
             start = {
                 "streamSid": call.stream_sid,

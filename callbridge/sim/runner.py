@@ -95,7 +95,9 @@ async def running_bridge(settings: Settings, engine: DuplexEngine | None = None)
         },
     )
     app = create_app(settings, engine)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", lifespan="on")
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", ws_per_message_deflate=False, lifespan="on"
+    )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     try:

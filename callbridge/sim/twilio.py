@@ -315,7 +315,7 @@ class SimulatedTwilio:
             return None
         stream_url = stream_el.attrib["url"]
         parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
-        ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})})
+        ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})}, compression=None)
         stream = _Stream(ws, "MZ" + secrets.token_hex(16))
         await self._send(stream, {"event": "connected", "protocol": "Call", "version": "1.0.0"})
         start = {

@@ -152,7 +152,8 @@ class LocalSessionCore:
             StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ, ResamplerQuality.QQ) if agent.streams_input else None
         )
         detection = config.turn_detection
-        self._vad = StreamingVad(detection, scorer) if detection is not None else None
+        # loopback answers every chunk, not turns: no VAD to run (it is most of a loaded loopback's CPU)
+        self._vad = StreamingVad(detection, scorer) if detection is not None and not agent.streams_input else None
         self._input_ms = 0
         """ms of input audio received (the session's input timeline)."""
         self._recent = bytearray()
