@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,11 +13,9 @@ import httpx
 import pytest
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from callbridge.sim.runner import free_port
+
+__all__ = ["ServedBridge", "free_port", "wait_http_ok"]
 
 
 @dataclass

@@ -117,13 +117,13 @@ class MediaStreamDriver:
                 await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
                 return
         services.metrics.engine_sessions.labels(how).inc()
-        self.session = session
         self.log = self.log.bind(session_id=session.session_id)
         async with self._lock:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
                 ticket = await session.detach()
                 services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
                 return
+            self.session = session
             self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms)
             services.active_calls.add(start.call_id)
             services.metrics.calls_active.labels(self.provider).inc()
