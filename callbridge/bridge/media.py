@@ -118,7 +118,13 @@ class MediaStreamDriver:
                 return
         services.metrics.engine_sessions.labels(how).inc()
         self.log = self.log.bind(session_id=session.session_id)
-        async with self._lock:
+        try:
+            await self._lock.acquire()
+        except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
+            ticket = await asyncio.shield(session.detach())
+            services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+            raise
+        try:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
                 ticket = await session.detach()
                 services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
@@ -129,6 +135,8 @@ class MediaStreamDriver:
             services.metrics.calls_active.labels(self.provider).inc()
             self.log.info("call_bridged", engine=how, call_offset_ms=offset_ms)
             await self._flush()
+        finally:
+            self._lock.release()
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
 
