@@ -260,7 +260,12 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             return await LoadTest(options).run()
 
     print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")
-    report = asyncio.run(run())
+    try:
+        import uvloop
+
+        report = uvloop.run(run())
+    except ImportError:
+        report = asyncio.run(run())
     print(report.render())
     if args.json:
         args.json.write_bytes(report_json(report))
