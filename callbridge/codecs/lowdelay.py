@@ -119,12 +119,16 @@ class LowDelayResampler:
             for phase, first_out, n, first_row in self._plan(n_in, count):
                 # every up-th output has this phase and reads windows down samples apart: a strided view, no copy
                 rows = np.ndarray((n, taps), np.float32, buffer, first_row * item, (down * item, item))
-                out[first_out::up] = np.dot(rows, self._phases[phase])  # BLAS gemv reads the strided rows
+                if up == 1:
+                    np.dot(rows, self._phases[phase], out=out)  # BLAS gemv reads the strided rows
+                else:
+                    out[first_out::up] = np.dot(rows, self._phases[phase])
         buffer[:keep] = buffer[n_in : n_in + keep]
         self._next_out = end_out
         self._in_count = total_in
         np.rint(out, out=out)
-        np.clip(out, -32768, 32767, out=out)
+        np.minimum(out, 32767, out=out)  # ufuncs: np.clip's wrapper costs more than the work here
+        np.maximum(out, -32768, out=out)
         return out.astype("<i2").tobytes()
 
     def flush(self) -> bytes:
