@@ -116,6 +116,8 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--calls", type=int, default=10)
     loadtest.add_argument("--ramp", metavar="S", type=float, default=5.0, help="seconds over which calls start")
     loadtest.add_argument("--duration", metavar="S", type=float, default=20.0, help="seconds each call lasts")
+    loadtest.add_argument("--dtmf-every", metavar="S", type=float, help="each call presses a key every S seconds")
+    loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media socket every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
     loadtest.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
     loadtest.set_defaults(handler=_loadtest)
@@ -245,18 +247,27 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
     configure_logging(settings.log)
 
+    dtmf_every_ms = int(args.dtmf_every * 1000) if args.dtmf_every else None
+    drop_every_ms = int(args.drop_every * 1000) if args.drop_every else None
+
     async def run() -> LoadReport:
         if args.url:
             token = args.auth_token or (settings.twilio.auth_token.get_secret_value() if settings.twilio.auth_token else None)
             if not token:
                 raise SystemExit("callbridge loadtest: --auth-token (or twilio.auth_token) is needed to sign requests")
-            options = LoadTestOptions(args.url, token, args.calls, args.ramp, args.duration, server_pid=args.server_pid)
+            options = LoadTestOptions(
+                args.url, token, args.calls, args.ramp, args.duration,
+                dtmf_every_ms=dtmf_every_ms, drop_every_ms=drop_every_ms, server_pid=args.server_pid,
+            )  # fmt: skip
             return await LoadTest(options).run()
         print("callbridge loadtest: no --url: the bridge (loopback agent) runs in this process, beside the generator")
         local = with_overrides(settings, {"local_engine": {"agent": "loopback"}, "server": {"max_calls": max(100, args.calls)}})
         async with running_bridge(local) as bridge:
             token = bridge.settings.twilio.auth_token.get_secret_value()  # type: ignore[union-attr]
-            options = LoadTestOptions(bridge.base_url, token, args.calls, args.ramp, args.duration, server_pid=os.getpid())
+            options = LoadTestOptions(
+                bridge.base_url, token, args.calls, args.ramp, args.duration,
+                dtmf_every_ms=dtmf_every_ms, drop_every_ms=drop_every_ms, server_pid=os.getpid(),
+            )  # fmt: skip
             return await LoadTest(options).run()
 
     print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")

@@ -54,6 +54,10 @@ class LoadTestOptions:
     ramp_s: float = 5.0
     duration_s: float = 20.0
     click_every_ms: int = 1000
+    dtmf_every_ms: int | None = None
+    drop_every_ms: int | None = None
+    """Drop each call's media socket this often (no ``stop``); the call comes back through its webhook and the
+    bridge resumes its engine session."""
     server_pid: int | None = None
     progress: bool = True
 
@@ -66,6 +70,8 @@ class _Call:
     stream_sid: str = ""
     sequence: int = 0
     frames_sent: int = 0
+    stream_frames: int = 0
+    """Frames sent on the current stream: Twilio's chunk and timestamp restart with each stream."""
     frames_received: int = 0
     started_at: float = 0.0
     first_audio_at: float | None = None
@@ -77,6 +83,9 @@ class _Call:
     pending_marks: deque[tuple[int, str]] = field(default_factory=deque)
     """(position in played bytes where the mark falls, name)."""
     last_loud: bool = False
+    reconnects: int = 0
+    reconnecting: bool = False
+    clicks_lost_in_drops: int = 0
     failed: str | None = None
     done: bool = False
 
@@ -92,6 +101,7 @@ class LoadReport:
     clicks_returned: int
     frames_sent: int
     frames_received: int
+    reconnects: int
     generator_tick_lag_ms: dict[str, float]
     generator_cpu_ms_per_call_second: float
     server_cpu_ms_per_call_second: float | None
@@ -106,7 +116,8 @@ class LoadReport:
             f"calls: {self.calls} ({self.failed_calls} failed), {self.duration_s:.1f} s",
             f"round trip, click sent → click back (ms): {q(self.round_trip_ms)}",
             f"first agent audio after the first caller frame (ms): {q(self.first_audio_ms)}",
-            f"clicks: {self.clicks_returned}/{self.clicks_sent} came back; frames: {self.frames_received}/{self.frames_sent}",
+            f"clicks: {self.clicks_returned}/{self.clicks_sent} came back; frames: {self.frames_received}/{self.frames_sent}; "
+            f"reconnects: {self.reconnects}",
             f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second",
         ]
         if self.server_cpu_ms_per_call_second is not None:
@@ -149,6 +160,7 @@ class LoadTest:
         self._click_b64 = base64.b64encode(pcm16_to_ulaw(_CLICK_PCM)).decode()
         self._lags_ms: list[float] = []
         self._receivers: set[asyncio.Task[None]] = set()
+        self._http: httpx.AsyncClient
 
     async def run(self) -> LoadReport:
         options = self.options
@@ -179,6 +191,7 @@ class LoadTest:
             round_trip_ms=_quantiles([lat for c in self._calls for lat in c.latencies_ms]),
             first_audio_ms=_quantiles([(c.first_audio_at - c.started_at) * 1000 for c in self._calls if c.first_audio_at]),
             clicks_sent=sum(c.clicks_returned + len(c.clicks_sent) for c in self._calls),
+            reconnects=sum(c.reconnects for c in self._calls),
             clicks_returned=sum(c.clicks_returned for c in self._calls),
             frames_sent=sum(c.frames_sent for c in self._calls),
             frames_received=sum(c.frames_received for c in self._calls),
@@ -195,10 +208,17 @@ class LoadTest:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
         call = _Call(index, "CA" + secrets.token_hex(16))
         self._calls.append(call)
+        self._http = http
+        await self._connect(call)
+        call.started_at = time.monotonic()
+
+    async def _connect(self, call: _Call) -> None:
+        """The answer webhook, the signed media socket, ``connected`` and ``start``: a new stream of the call."""
         try:
             url = self.base + "/twilio/voice"
             params = {"AccountSid": self._account_sid, "CallSid": call.call_sid, "From": "+15005550006", "To": "+15005550001"}
-            answer = await http.post(url, data=params, headers={"X-Twilio-Signature": self._validator.compute_signature(url, params)})
+            signature = self._validator.compute_signature(url, params)
+            answer = await self._http.post(url, data=params, headers={"X-Twilio-Signature": signature})
             answer.raise_for_status()
             token = answer.text.split('name="token" value="')[1].split('"')[0]
             stream_url = answer.text.split('<Stream url="')[1].split('"')[0]
@@ -215,18 +235,34 @@ class LoadTest:
             await call.ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
             await call.ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": call.stream_sid}).decode())
             call.sequence = 1
-            call.started_at = time.monotonic()
-            receiver = asyncio.create_task(self._receive(call))
+            call.stream_frames = 0
+            call.queued_bytes = 0
+            call.pending_marks.clear()
+            receiver = asyncio.create_task(self._receive(call, call.ws))
             self._receivers.add(receiver)
             receiver.add_done_callback(self._receivers.discard)
         except (httpx.HTTPError, OSError, IndexError, ConnectionClosed, TimeoutError) as exc:
             call.failed = f"setup: {exc!r}"
             call.done = True
+        finally:
+            call.reconnecting = False
 
-    async def _receive(self, call: _Call) -> None:
+    async def _drop(self, call: _Call) -> None:
+        """The network drops the media socket (no ``stop``); the call's TwiML redirect opens a new stream."""
         assert call.ws is not None
+        call.reconnecting = True
+        call.reconnects += 1
+        call.clicks_lost_in_drops += len(call.clicks_sent)
+        call.clicks_sent.clear()
+        if call.ws.transport is not None:
+            call.ws.transport.abort()
+        task = asyncio.create_task(self._connect(call))
+        self._receivers.add(task)
+        task.add_done_callback(self._receivers.discard)
+
+    async def _receive(self, call: _Call, ws: ClientConnection) -> None:
         try:
-            async for raw in call.ws:
+            async for raw in ws:
                 if isinstance(raw, bytes):
                     continue
                 message = orjson.loads(raw)
@@ -255,7 +291,7 @@ class LoadTest:
                         await self._echo(call, call.pending_marks.popleft()[1])
         except ConnectionClosed:
             pass
-        if not call.done:
+        if not call.done and not call.reconnecting and ws is call.ws:
             call.failed = call.failed or "the bridge closed the stream"
             call.done = True
 
@@ -274,6 +310,8 @@ class LoadTest:
         """One 20 ms timer for every call: send a frame, play 20 ms, echo reached marks, end calls due."""
         options = self.options
         click_every = max(1, options.click_every_ms // FRAME_MS)
+        dtmf_every = options.dtmf_every_ms // FRAME_MS if options.dtmf_every_ms else 0
+        drop_every = options.drop_every_ms // FRAME_MS if options.drop_every_ms else 0
         tick = 0
         last_progress = started
         end_at = started + options.ramp_s + options.duration_s + 1.0
@@ -284,7 +322,7 @@ class LoadTest:
             now = time.monotonic()
             self._lags_ms.append((now - target) * 1000)
             for call in self._calls:
-                if call.done or call.ws is None:
+                if call.done or call.ws is None or call.reconnecting:
                     continue
                 if now - call.started_at >= options.duration_s:
                     await self._hang_up(call)
@@ -292,6 +330,10 @@ class LoadTest:
                 await self._play(call)
                 click = call.frames_sent % click_every == click_every // 2
                 await self._send_frame(call, click, now)
+                if dtmf_every and call.frames_sent % dtmf_every == 0:
+                    await self._send_dtmf(call)
+                if drop_every and call.frames_sent % drop_every == 0:
+                    await self._drop(call)
             if options.progress and now - last_progress >= 5:
                 last_progress = now
                 up = sum(not c.done and c.ws is not None for c in self._calls)
@@ -301,11 +343,12 @@ class LoadTest:
     async def _send_frame(self, call: _Call, click: bool, now: float) -> None:
         assert call.ws is not None
         call.sequence += 1
-        timestamp = call.frames_sent * FRAME_MS
+        timestamp = call.stream_frames * FRAME_MS
         call.frames_sent += 1
+        call.stream_frames += 1
         payload = self._click_b64 if click else self._silence_b64
         message = (
-            f'{{"event":"media","sequenceNumber":"{call.sequence}","media":{{"track":"inbound","chunk":"{call.frames_sent}",'
+            f'{{"event":"media","sequenceNumber":"{call.sequence}","media":{{"track":"inbound","chunk":"{call.stream_frames}",'
             f'"timestamp":"{timestamp}","payload":"{payload}"}},"streamSid":"{call.stream_sid}"}}'
         )
         try:
@@ -315,6 +358,15 @@ class LoadTest:
         except ConnectionClosed:
             call.failed = call.failed or "stream closed while sending"
             call.done = True
+
+    async def _send_dtmf(self, call: _Call) -> None:
+        assert call.ws is not None
+        call.sequence += 1
+        message = {"event": "dtmf", "streamSid": call.stream_sid, "sequenceNumber": str(call.sequence), "dtmf": {"track": "inbound_track", "digit": "5"}}
+        try:
+            await call.ws.send(orjson.dumps(message).decode())
+        except ConnectionClosed:
+            pass
 
     async def _play(self, call: _Call) -> None:
         played = min(call.queued_bytes, 160)
