@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
-from callbridge.bridge.playout import FlushResult, PlayoutLedger
+from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
     CarrierEvent,
     DtmfReceived,
@@ -66,16 +66,15 @@ from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, C
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
-    EngineErrorEvent,
     EngineEvent,
     OutputAudioCleared,
     OverlapDecision,
-    ResponseCreated,
     ResponseDone,
     SessionClosed,
     SessionExpired,
     SessionReplaced,
 )
+from callbridge.engine.late_audio import LateAudioFilter
 
 __all__ = ["CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode", "TRANSITIONS"]
 
@@ -154,7 +153,7 @@ class CallOptions:
 class CallSession:
     """One carrier stream of a call, bound to one engine session. See the module docstring."""
 
-    def __init__(self, codec: ProviderCodec, options: CallOptions, *, call_offset_ms: int = 0) -> None:
+    def __init__(self, codec: ProviderCodec, options: CallOptions) -> None:
         self.codec = codec
         self.options = options
         self.state = CallState.AWAITING_START
@@ -171,9 +170,9 @@ class CallSession:
             mark_every_frames=options.mark_every_frames,
             uses_marks=options.uses_marks,
         )
-        self.call_offset_ms = call_offset_ms
-        """Where this stream's media time 0 falls on the call's input timeline."""
-        self.input_ms = call_offset_ms
+        self.call_offset_ms = 0
+        """Where this stream's media time 0 falls on the call's input timeline (set by ``engine_bound``)."""
+        self.input_ms = 0
         """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
         self._stream_media_ms = 0
         self._encoding = AudioEncoding.PCMU
@@ -187,7 +186,8 @@ class CallSession:
         self._out_resampler: StreamResampler | None = None
         self._out_frames: FrameAssembler | None = None
         self._interrupted: set[str] = set()
-        self._epoch = -1
+        """Responses this call has flushed (their later audio is dropped)."""
+        self._late_audio = LateAudioFilter()
         self._first_media_at_ms: int | None = None
         self._tokens = float(_MESSAGE_BURST)
         self._tokens_at_ms: int | None = None
@@ -234,12 +234,12 @@ class CallSession:
         """One event of the call's engine session. Then drain every output."""
         if self.state is not CallState.LIVE:
             return
+        if not self._late_audio.admit(event):  # audio of a cancelled response or an older epoch
+            self.late_deltas_dropped += 1
+            return
         match event:
             case AudioDelta():
                 self._on_audio(event, now_ms)
-            case ResponseCreated(_, epoch):
-                if epoch is not None:
-                    self._epoch = max(self._epoch, epoch)
             case ResponseDone(response_id, status, _, _):
                 if status == "cancelled":
                     self._interrupt(response_id, now_ms)
@@ -255,10 +255,8 @@ class CallSession:
                 self._transition(_Trigger.ENGINE_ENDED)
                 self.end_reason = "session_replaced"
                 self.close_transport = True
-            case EngineErrorEvent():
-                pass  # logged by the driver; a rejected command does not end the call
             case _:
-                pass
+                pass  # an engine error (the driver logs it) does not end the call
 
     def transport_lost(self, now_ms: int) -> None:
         """The carrier's socket closed without ``stop``: keep the engine session for the next stream.
@@ -272,8 +270,7 @@ class CallSession:
         if bound and self._out_response is not None:
             self._interrupt(self._out_response, now_ms)
         elif bound and self.ledger.is_playing(now_ms):
-            self._truncate_heard(self.ledger.flush(now_ms))
-            self._drain_ledger()
+            self._stop_playback(None, now_ms)
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
@@ -375,11 +372,9 @@ class CallSession:
     # -------------------------------------------------------------- engine side
 
     def _on_audio(self, delta: AudioDelta, now_ms: int) -> None:
-        if delta.response_id in self._interrupted or (delta.epoch is not None and delta.epoch < self._epoch):
+        if delta.response_id in self._interrupted:
             self.late_deltas_dropped += 1
             return
-        if delta.epoch is not None:
-            self._epoch = max(self._epoch, delta.epoch)
         if delta.response_id != self._out_response or self._out_resampler is None:
             if self._out_response is not None:
                 self._finish_response(now_ms)
@@ -414,18 +409,18 @@ class CallSession:
         self._interrupted.add(response_id)
         if response_id == self._out_response:
             self._out_response = self._out_resampler = self._out_frames = None
+        self._stop_playback(response_id, now_ms)
+
+    def _stop_playback(self, response_id: str | None, now_ms: int) -> None:
+        """Flush the ledger (the carrier's clear), ack what was heard and cut the model's turn to it — clamped
+        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any)."""
         result = self.ledger.flush(now_ms)
         self.flushes += 1
         self._drain_ledger()
-        if result.response_id == response_id:
-            self._truncate_heard(result)
-
-    def _truncate_heard(self, result: FlushResult) -> None:
-        """Cut the model's turn to what the caller heard: clamped to [0, sent], skipped before any audio."""
-        if result.response_id is None or not self.capabilities.supports_audio_truncate:
+        if result.response_id is None or response_id not in (None, result.response_id):
             return
         heard = max(0, min(result.heard_ms, result.sent_ms))
-        if heard > 0:
+        if heard > 0 and self.capabilities.supports_audio_truncate:
             self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
 
     def _end_by_engine(self, reason: str) -> None:

@@ -22,6 +22,7 @@ from callbridge.bridge.call import CallSession, CallState
 from callbridge.bridge.providers.base import ProviderCodec
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.events import EngineErrorEvent
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
@@ -113,6 +114,7 @@ class MediaStreamDriver:
                 session = await services.engine.open(session_config(services.settings))
             except EngineError as exc:
                 self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
+                # ended before the socket closes: the TwiML <Redirect> that follows must get <Hangup/>, not a retry
                 services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}")
                 await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
                 return
@@ -155,6 +157,8 @@ class MediaStreamDriver:
     async def _pump(self, session: DuplexSession) -> None:
         try:
             async for event in session.events():
+                if isinstance(event, EngineErrorEvent):
+                    self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
                 async with self._lock:
                     if self.call.state is not CallState.LIVE:
                         return

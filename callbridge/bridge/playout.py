@@ -96,7 +96,9 @@ class PlayoutLedger:
         self._responses: dict[str, _Response] = {}
         self._current: _Response | None = None
         """The response whose audio the carrier is playing (or will play next)."""
-        self._segments: list[_Segment] = []
+        self._segments: deque[_Segment] = deque()
+        self._played_floor_ms = 0
+        """Where the runs already dropped from ``_segments`` (played in full) ended."""
         self._buffer_end_ms = 0
         self._outstanding: deque[tuple[str, str, int]] = deque()
         """Marks sent and not echoed: (name, response_id, ms)."""
@@ -167,7 +169,7 @@ class PlayoutLedger:
         self._flushed_marks.update(name for name, _, _ in self._outstanding)
         self._outstanding.clear()
         self._buffer_end_ms = now_ms
-        self._segments.clear()
+        self._clear_segments()
         result = FlushResult(current.response_id if current else None, heard, sent, dropped, cleared)
         if current is not None:
             current.ended = True
@@ -203,10 +205,6 @@ class PlayoutLedger:
         """ms of audio the carrier holds (by our model) at ``now_ms``."""
         return max(0, self._buffer_end_ms - now_ms)
 
-    def sent_ms(self, response_id: str) -> int:
-        response = self._responses.get(response_id)
-        return response.sent_ms if response else 0
-
     def heard_ms(self, response_id: str, now_ms: int) -> int:
         """The caller's position in ``response_id`` at ``now_ms`` (by the model, corrected by echoes)."""
         if self._current is not None and self._current.response_id == response_id:
@@ -222,12 +220,16 @@ class PlayoutLedger:
     def _send_frame(self, response: _Response, frame: bytes, now_ms: int) -> None:
         if self._current is not response:
             self._current = response
-            self._segments.clear()
+            self._clear_segments()
         start = max(now_ms, self._buffer_end_ms)
         last = self._segments[-1] if self._segments else None
         if last is not None and last.start_ms + last.length_ms == start:
             last.length_ms += self.frame_ms
         else:
+            # a new run (after an underrun): runs that finished playing before now are done with
+            while self._segments and self._segments[0].start_ms + self._segments[0].length_ms <= now_ms:
+                done = self._segments.popleft()
+                self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
             self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
         self._buffer_end_ms = start + self.frame_ms
         response.sent_ms += self.frame_ms
@@ -260,8 +262,12 @@ class PlayoutLedger:
             self._acked[response_id] = heard_ms
             self._heard.append(HeardUpdate(response_id, heard_ms))
 
+    def _clear_segments(self) -> None:
+        self._segments.clear()
+        self._played_floor_ms = 0
+
     def _heard_at(self, now_ms: int) -> int:
-        heard = 0
+        heard = self._played_floor_ms
         for segment in self._segments:
             if segment.start_ms >= now_ms:
                 break

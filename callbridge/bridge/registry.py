@@ -12,7 +12,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from callbridge.engine.port import ResumeTicket
 
@@ -33,8 +33,6 @@ class CallRecord:
     expires_at_ms: int = 0
     ended_reason: str | None = None
     """Set once the call is over (hung up, refused): a redirected webhook then hangs up."""
-    streams: int = 0
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 class CallRegistry:
@@ -76,11 +74,6 @@ class CallRegistry:
         record = self.get(call_id)
         return record.ended_reason if record else None
 
-    def forget(self, call_id: str) -> None:
-        self._records.pop(call_id, None)
-
-    def __len__(self) -> int:
-        return len(self._records)
 
 
 class StreamTokens:

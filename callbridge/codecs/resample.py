@@ -107,7 +107,7 @@ class StreamResampler:
         if self._low_delay is not None:
             out = self._low_delay.process(pcm)
         elif self._stream is None:
-            out = bytes(pcm)
+            out = pcm if isinstance(pcm, bytes) else bytes(pcm)  # equal rates: no copy of bytes
         else:
             out = self._stream.resample_chunk(np.frombuffer(pcm, dtype=np.int16)).tobytes()
         self._out_samples += len(out) // PCM16_SAMPLE_BYTES

@@ -85,6 +85,8 @@ class SessionResumed:
     session_id: str
     resume_token: str | None = None
     attachment_generation: int | None = None
+    capabilities: Capabilities | None = None
+    """What the resumed session can do (``session.resumed`` carries the session object), when known."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,10 +54,6 @@ class EventJournal:
     def last_seq(self) -> int:
         return self._next_seq - 1
 
-    @property
-    def retained_bytes(self) -> int:
-        return self._bytes
-
     def record(self, payload: dict[str, Any], now_ms: int) -> dict[str, Any]:
         """Stamp ``payload`` with the next ``server_event_seq`` and keep it; returns the stamped payload.
 

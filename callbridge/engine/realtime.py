@@ -121,7 +121,7 @@ class RealtimeEngine(DuplexEngine):
         if not isinstance(first, SessionResumed):
             await ws.close()
             raise EngineError(ErrorCode.PROTOCOL_ERROR, f"expected session.resumed, got {type(first).__name__}")
-        capabilities = Capabilities(supports_session_resume=True)
+        capabilities = first.capabilities or Capabilities(supports_session_resume=True)
         session = RealtimeSession(
             self, ws, endpoint, ticket.session_id, capabilities, first.resume_token, ticket.last_event_seq
         )

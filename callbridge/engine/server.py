@@ -308,7 +308,7 @@ class EngineServer:
                     )
                 with suppress(Exception):
                     await replaced.websocket.close(1000, "session_replaced")
-            resumed = SessionResumed(session_id, entry.token, entry.attachment_generation)
+            resumed = SessionResumed(session_id, entry.token, entry.attachment_generation, entry.session.capabilities)
             await _send(websocket, event_to_wire(resumed, {**entry.public_session, "id": session_id}))
             for payload in replay:
                 await _send(websocket, payload)

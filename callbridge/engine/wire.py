@@ -228,6 +228,17 @@ def _parse_created(payload: Mapping[str, Any]) -> SessionCreated:
     )
 
 
+def _parse_resumed(payload: Mapping[str, Any]) -> SessionResumed:
+    session = payload.get("session")
+    caps = session.get("capabilities") if isinstance(session, Mapping) else None
+    return SessionResumed(
+        _str(payload, "session_id"),
+        _opt_str(payload, "resume_token"),
+        _opt_int(payload.get("attachment_generation"), "attachment_generation"),
+        Capabilities.from_wire(dict(caps)) if isinstance(caps, Mapping) else None,
+    )
+
+
 def _parse_response_done(payload: Mapping[str, Any]) -> ResponseDone:
     response = payload["response"]
     details = response.get("status_details") or {}
@@ -278,9 +289,7 @@ def _parse_playback_ack(payload: Mapping[str, Any]) -> PlaybackAcknowledged:
 
 _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent]]] = {
     "session.created": _parse_created,
-    "session.resumed": lambda p: SessionResumed(
-        _str(p, "session_id"), _opt_str(p, "resume_token"), _opt_int(p.get("attachment_generation"), "generation")
-    ),
+    "session.resumed": _parse_resumed,
     "session.closed": lambda p: SessionClosed(_str(p, "session_id"), _opt_str(p, "reason") or "closed"),
     "session.expired": lambda p: SessionExpired(_str(p, "session_id"), _opt_str(p, "reason") or "expired"),
     "session.replaced": lambda p: SessionReplaced(_str(p, "session_id")),
@@ -464,12 +473,15 @@ def event_to_wire(event: EngineEvent, session: Mapping[str, Any] | None = None) 
             if resume_token is not None:
                 out |= {"attachment_generation": generation, "resume_token": resume_token}
             return out
-        case SessionResumed(session_id, resume_token, generation):
+        case SessionResumed(session_id, resume_token, generation, capabilities):
+            resumed_body = {**(session or {}), "id": session_id}
+            if capabilities is not None:
+                resumed_body["capabilities"] = capabilities.to_wire()
             return {
                 "type": "session.resumed",
                 **base,
                 "session_id": session_id,
-                "session": {**(session or {}), "id": session_id},
+                "session": resumed_body,
                 "attachment_generation": generation,
                 "resume_token": resume_token,
             }

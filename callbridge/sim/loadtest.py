@@ -33,10 +33,11 @@ from typing import Any
 import httpx
 import orjson
 from twilio.request_validator import RequestValidator
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
+from callbridge.sim.twilio import answer_and_stream
 
 __all__ = ["LoadReport", "LoadTest", "LoadTestOptions"]
 
@@ -85,7 +86,6 @@ class _Call:
     last_loud: bool = False
     reconnects: int = 0
     reconnecting: bool = False
-    clicks_lost_in_drops: int = 0
     failed: str | None = None
     done: bool = False
 
@@ -215,25 +215,11 @@ class LoadTest:
     async def _connect(self, call: _Call) -> None:
         """The answer webhook, the signed media socket, ``connected`` and ``start``: a new stream of the call."""
         try:
-            url = self.base + "/twilio/voice"
             params = {"AccountSid": self._account_sid, "CallSid": call.call_sid, "From": "+15005550006", "To": "+15005550001"}
-            signature = self._validator.compute_signature(url, params)
-            answer = await self._http.post(url, data=params, headers={"X-Twilio-Signature": signature})
-            answer.raise_for_status()
-            token = answer.text.split('name="token" value="')[1].split('"')[0]
-            stream_url = answer.text.split('<Stream url="')[1].split('"')[0]
-            call.ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})}, compression=None)
-            call.stream_sid = "MZ" + secrets.token_hex(16)
-            start = {
-                "streamSid": call.stream_sid,
-                "accountSid": self._account_sid,
-                "callSid": call.call_sid,
-                "tracks": ["inbound"],
-                "customParameters": {"token": token},
-                "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-            }
-            await call.ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
-            await call.ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": call.stream_sid}).decode())
+            opened = await answer_and_stream(self._http, self._validator, self.base, params)
+            if isinstance(opened, str):
+                raise RuntimeError(opened)
+            call.ws, call.stream_sid = opened.ws, opened.stream_sid
             call.sequence = 1
             call.stream_frames = 0
             call.queued_bytes = 0
@@ -241,7 +227,7 @@ class LoadTest:
             receiver = asyncio.create_task(self._receive(call, call.ws))
             self._receivers.add(receiver)
             receiver.add_done_callback(self._receivers.discard)
-        except (httpx.HTTPError, OSError, IndexError, ConnectionClosed, TimeoutError) as exc:
+        except (httpx.HTTPError, OSError, RuntimeError, ConnectionClosed, TimeoutError) as exc:
             call.failed = f"setup: {exc!r}"
             call.done = True
         finally:
@@ -252,8 +238,7 @@ class LoadTest:
         assert call.ws is not None
         call.reconnecting = True
         call.reconnects += 1
-        call.clicks_lost_in_drops += len(call.clicks_sent)
-        call.clicks_sent.clear()
+        call.clicks_sent.clear()  # in flight on the dropped socket: neither back nor lost
         if call.ws.transport is not None:
             call.ws.transport.abort()
         task = asyncio.create_task(self._connect(call))

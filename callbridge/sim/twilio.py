@@ -45,7 +45,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
 
-__all__ = ["CallResult", "CallerScript", "SimulatedTwilio", "TimelineEvent"]
+__all__ = ["CallResult", "CallerScript", "MediaStream", "SimulatedTwilio", "TimelineEvent", "answer_and_stream"]
 
 FRAME_MS = 20
 FRAME_BYTES = 160
@@ -99,6 +99,46 @@ class CallResult:
 
     def render(self) -> str:
         return "\n".join(f"{e.at_ms / 1000:8.3f} s  {e.who:<7} {e.what}" for e in self.timeline)
+
+
+@dataclass(frozen=True, slots=True)
+class MediaStream:
+    """A media websocket Twilio opened for a call, after ``connected`` and ``start``."""
+
+    ws: ClientConnection
+    stream_sid: str
+
+
+async def answer_and_stream(
+    http: httpx.AsyncClient, validator: RequestValidator, bridge_url: str, params: dict[str, str]
+) -> MediaStream | str:
+    """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
+    the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
+    ``connected`` and ``start`` with the ``<Parameter>`` values. Returns why not otherwise (HTTP status, verb)."""
+    url = bridge_url + "/twilio/voice"
+    response = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+    if response.status_code != 200:
+        return f"answer webhook failed: HTTP {response.status_code}"
+    root = ET.fromstring(response.text)
+    stream_el = root.find("./Connect/Stream")
+    if stream_el is None:
+        return f"TwiML <{root[0].tag if len(root) else 'nothing'}>: the call ends"
+    stream_url = stream_el.attrib["url"]
+    parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
+    signature = validator.compute_signature(stream_url, {})
+    ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": signature}, compression=None)
+    stream_sid = "MZ" + secrets.token_hex(16)
+    start = {
+        "streamSid": stream_sid,
+        "accountSid": params["AccountSid"],
+        "callSid": params["CallSid"],
+        "tracks": ["inbound"],
+        "customParameters": parameters,
+        "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+    }
+    await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+    await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
+    return MediaStream(ws, stream_sid)
 
 
 class _Stream:
@@ -302,31 +342,12 @@ class SimulatedTwilio:
             "Called": "+15005550001",
             "Caller": "+15005550006",
         }
-        url = self.bridge_url + "/twilio/voice"
-        response = await self._http.post(url, data=params, headers={"X-Twilio-Signature": self._validator.compute_signature(url, params)})
-        if response.status_code != 200:
-            result.log(at_ms, "twilio", f"answer webhook failed: HTTP {response.status_code}")
+        opened = await answer_and_stream(self._http, self._validator, self.bridge_url, params)
+        if isinstance(opened, str):
+            result.log(at_ms, "twilio", opened)
             return None
-        root = ET.fromstring(response.text)
-        stream_el = root.find("./Connect/Stream")
-        if stream_el is None:
-            verb = root[0].tag if len(root) else "nothing"
-            result.log(at_ms, "twilio", f"TwiML <{verb}>: the call ends")
-            return None
-        stream_url = stream_el.attrib["url"]
-        parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
-        ws = await connect(stream_url, additional_headers={"X-Twilio-Signature": self._validator.compute_signature(stream_url, {})}, compression=None)
-        stream = _Stream(ws, "MZ" + secrets.token_hex(16))
-        await self._send(stream, {"event": "connected", "protocol": "Call", "version": "1.0.0"})
-        start = {
-            "streamSid": stream.sid,
-            "accountSid": self.account_sid,
-            "callSid": call_sid,
-            "tracks": ["inbound"],
-            "customParameters": parameters,
-            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-        }
-        await self._send(stream, {"event": "start", "sequenceNumber": stream.next_sequence(), "start": start, "streamSid": stream.sid})
+        stream = _Stream(opened.ws, opened.stream_sid)
+        stream.sequence = 1  # start was message 1
         result.streams.append(stream.sid)
         result.log(at_ms, "twilio", f"stream {stream.sid} started on call {call_sid}")
         return stream

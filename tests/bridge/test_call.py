@@ -245,9 +245,9 @@ class TestEnding:
         assert h.call.state is CallState.ENDED and h.call.close_transport and h.commands == []
 
     def test_resumed_stream_continues_the_call_timeline(self) -> None:
-        call = CallSession(TwilioCodec(), CallOptions(), call_offset_ms=61_000)
+        call = CallSession(TwilioCodec(), CallOptions())
         call.receive_message(START, 0)
-        call.engine_bound(CAPS, 0)
+        call.engine_bound(CAPS, 0, call_offset_ms=61_000)
         call.receive_message(media(caller_frame(), timestamp="0"), 0)
         assert call.input_ms == 61_020
 

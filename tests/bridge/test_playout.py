@@ -145,6 +145,14 @@ class TestHeardModel:
         assert ledger.heard_ms("r", 250) == 100
         assert ledger.heard_ms("r", 350) == 150
 
+    def test_a_stream_that_keeps_underrunning_keeps_a_bounded_model(self) -> None:
+        """Loopback audio arrives a little late for every frame: a new run each time, none of them kept long."""
+        ledger = PlayoutLedger(lead_ms=200, uses_marks=False)
+        for i in range(2000):
+            ledger.enqueue("r", FRAME, now_ms=21 * i)
+            assert len(ledger._segments) <= 2
+        assert ledger.heard_ms("r", 21 * 1999 + 10) == 1999 * 20 + 10
+
     def test_heard_of_an_earlier_response_is_its_last_position(self) -> None:
         ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
         fill(ledger, "a", 5)

@@ -27,6 +27,7 @@ from callbridge.engine.events import (
     SessionReplaced,
     SpeechStarted,
 )
+from callbridge.engine.local.agents import two_note_chime
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.port import ResumeTicket, SessionConfig
 from callbridge.engine.realtime import RealtimeEngine, RealtimeSession, duplex_url
@@ -88,7 +89,8 @@ async def test_socket_drop_resumes_transparently_exactly_once() -> None:
         seen = await consumer
         audio = [e for e in seen if isinstance(e, AudioDelta)]
         assert sum(len(d.pcm) for d in audio) // 48 == 660  # the whole greeting, once
-        assert len(audio) == len({id(d) for d in audio}) and [type(e) for e in seen].count(ResponseCreated) == 1
+        assert b"".join(d.pcm for d in audio) == two_note_chime()  # nothing lost, doubled or reordered
+        assert [type(e) for e in seen].count(ResponseCreated) == 1
         assert session.resumes == 1 and session.resume_ticket().resume_token != token
         await session.heartbeat()  # still usable on the new socket
         await session.close()
@@ -103,6 +105,7 @@ async def test_detach_and_resume_from_another_process() -> None:
         await asyncio.sleep(0.3)
         other_process = RealtimeEngine("ws://unused.invalid:1")  # the ticket names the endpoint
         resumed = await other_process.resume(ResumeTicket.from_dict(exported))
+        assert resumed.capabilities == session.capabilities  # session.resumed says what the session can do
         rest = await until(resumed, lambda e: isinstance(e, ResponseDone))
         audio = [e for e in first + rest if isinstance(e, AudioDelta)]
         assert sum(len(d.pcm) for d in audio) // 48 == 660

@@ -13,15 +13,9 @@ from callbridge.engine import events as our_events
 from callbridge.engine.port import SessionConfig, TurnDetection
 from callbridge.engine.wire import command_to_wire, parse_server_event, session_resume, session_update
 from callbridge.engine.port import ResumeTicket
+from tests.engine.vllm_omni_wheel import vllm_omni  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.usefixtures("vllm_omni")
-
-
-@pytest.fixture
-def vllm_omni() -> None:
-    from tests.engine.vllm_omni_wheel import load_vllm_omni
-
-    load_vllm_omni()
 
 
 @pytest.mark.parametrize(
@@ -89,6 +83,10 @@ def _real_events() -> list[tuple[Any, Any]]:
             our_events.SessionCreated("duplex-1", our_events.Capabilities(True, True, True, True, 1000), "tok", 1),
         ),
         (e.SessionResumed(session_id="duplex-1", session={}, attachment_generation=2, resume_token="tok2"), our_events.SessionResumed("duplex-1", "tok2", 2)),
+        (
+            e.SessionResumed(session_id="duplex-1", session={"capabilities": caps}, attachment_generation=3, resume_token="tok3"),
+            our_events.SessionResumed("duplex-1", "tok3", 3, our_events.Capabilities(True, True, True, True, 1000)),
+        ),
         (e.SessionClosed(session_id="duplex-1", reason="client_close"), our_events.SessionClosed("duplex-1", "client_close")),
         (e.SessionExpired(session_id="duplex-1", reason="idle_ttl_expired"), our_events.SessionExpired("duplex-1", "idle_ttl_expired")),
         (e.SessionReplaced(session_id="duplex-1", attachment_generation=1), our_events.SessionReplaced("duplex-1")),

@@ -42,6 +42,7 @@ class LocalSession(DuplexSession):
         self.capabilities: Capabilities = core.capabilities
         self._stream = EventStream(core.session_id)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_deadline_ms: int | None = None
         self._closed_event = asyncio.Event()
 
     @property
@@ -86,24 +87,26 @@ class LocalSession(DuplexSession):
         self._pump()
 
     def _pump(self) -> None:
-        """Move the core's events to the queue and re-arm the timer."""
+        """Move the core's events to the queue and re-arm the timer if the core's deadline moved."""
         for event in self._core.events_to_send():
             self._stream.put(event)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        deadline = None if self.closed else self._core.next_deadline_ms()
+        if deadline != self._timer_deadline_ms:  # most commands leave it where it was: no timer churn per frame
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._timer_deadline_ms = deadline
+            if deadline is not None:
+                delay_s = max(0, deadline - self._engine.clock()) / 1000
+                self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
         if self.closed:
             self._stream.finish()
             self._closed_event.set()
             self._engine._forget(self)
-            return
-        deadline = self._core.next_deadline_ms()
-        if deadline is not None:
-            delay_s = max(0, deadline - self._engine.clock()) / 1000
-            self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
+        self._timer_deadline_ms = None
         self._core.tick(self._engine.clock())
         self._pump()
 

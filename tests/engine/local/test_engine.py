@@ -10,6 +10,7 @@ from callbridge.engine.errors import EngineError
 from callbridge.engine.events import (
     AudioDelta,
     EngineEvent,
+    HeartbeatAck,
     ResponseCreated,
     ResponseDone,
     SessionClosed,
@@ -83,7 +84,7 @@ async def test_one_consumer_at_a_time() -> None:
         await anext(session.events())
     await first.aclose()
     await session.heartbeat()
-    assert await anext(session.events()) is not None  # re-entrant once the first iterator ended
+    assert isinstance(await anext(session.events()), HeartbeatAck)  # re-entrant once the first iterator ended
 
 
 async def test_detach_ends_iteration_and_resume_delivers_what_came_meanwhile() -> None:
