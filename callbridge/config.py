@@ -130,6 +130,12 @@ class SignalWireSettings(_Section):
     api_token: SecretStr | None = None
     signing_key: SecretStr | None = None
     space_url: str | None = None
+    """``example.signalwire.com``: the REST API is ``https://<space_url>/api/laml``."""
+    validate_signatures: bool = True
+    codec: Literal["PCMU", "L16@24000h"] = "PCMU"
+    """The ``<Stream codec>``: μ-law 8 kHz, or PCM16 24 kHz both ways."""
+    api_base_url: str | None = None
+    """Overrides the REST base derived from ``space_url`` (tests point it at a simulated SignalWire)."""
 
 
 class TelnyxSettings(_Section):

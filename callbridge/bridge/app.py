@@ -7,16 +7,16 @@ so a load balancer stops sending new calls before the listener closes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, ProcessCollector, generate_latest
 
 from callbridge import __version__
+from callbridge.bridge.carriers import CarrierRest, carriers
 from callbridge.bridge.registry import CallRegistry, StreamTokens
 from callbridge.bridge.services import BridgeMetrics, BridgeServices, HangUpFn, build_engine
-from callbridge.bridge.twilio import TwilioRest, twilio_router
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger
@@ -34,7 +34,8 @@ class BridgeState:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         Info("callbridge_build", "callbridge version", registry=self.registry).info({"version": __version__})
-        self.twilio_rest = TwilioRest(settings)
+        self.carriers = carriers()
+        self.rest: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         self.services = BridgeServices(
             settings=settings,
             engine=engine,
@@ -53,9 +54,10 @@ class BridgeState:
         self.services.draining = value
 
     async def _hang_up(self, provider: str, call_id: str, account_id: str | None, reason: str) -> None:
-        if provider != "twilio":
-            raise NotImplementedError(f"no hang-up for {provider}")
-        await self.twilio_rest.hang_up(call_id, account_id)
+        rest = self.rest.get(provider)
+        if rest is None:
+            raise LookupError(f"{provider} has no REST hang-up")
+        await rest.hang_up(call_id, account_id)
 
 
 def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None) -> FastAPI:
@@ -65,18 +67,25 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
-        try:
-            yield
-        finally:
-            state.draining = True
-            log.info("bridge_stopping", active_calls=len(state.services.active_calls))
-            await state.services.engine.aclose()
-            await state.twilio_rest.aclose()
+        async with AsyncExitStack() as listeners:
+            for carrier in state.carriers:
+                if carrier.listener is not None:
+                    await listeners.enter_async_context(carrier.listener(state.services))
+            log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
+            try:
+                yield
+            finally:
+                state.draining = True
+                log.info("bridge_stopping", active_calls=len(state.services.active_calls))
+        await state.services.engine.aclose()
+        for rest in state.rest.values():
+            await rest.aclose()
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.bridge = state
-    app.include_router(twilio_router(state.services))
+    for carrier in state.carriers:
+        if carrier.router is not None:
+            app.include_router(carrier.router(state.services))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -41,11 +41,16 @@ from typing import Final
 
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
+    DEFAULT_PROFILE,
     CarrierEvent,
+    CarrierNotice,
+    CarrierProfile,
     DtmfReceived,
     HangUp,
+    HangUpMode,
     MarkEchoed,
     MediaReceived,
+    PlaybackCleared,
     ProtocolErrorReason,
     ProviderCodec,
     RemoteProtocolError,
@@ -144,10 +149,10 @@ class CallOptions:
     engine_rate_hz: int = 16000
     lead_ms: int = 200
     mark_every_frames: int = 5
+    """A marker every this many 20 ms of audio (fewer, longer frames count as their 20 ms)."""
     uses_marks: bool = True
     resampler_quality: ResamplerQuality = ResamplerQuality.LD
     dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
-    frame_ms: int = 20
 
 
 class CallSession:
@@ -164,12 +169,9 @@ class CallSession:
         self.end_reason: str | None = None
         self.failure: RemoteProtocolError | None = None
         self.capabilities = Capabilities()
-        self.ledger = PlayoutLedger(
-            frame_ms=options.frame_ms,
-            lead_ms=options.lead_ms,
-            mark_every_frames=options.mark_every_frames,
-            uses_marks=options.uses_marks,
-        )
+        self.ledger = self._ledger_for(DEFAULT_PROFILE)
+        self.notices: list[CarrierNotice] = []
+        """What the carrier reported that changes nothing (the driver logs and clears it)."""
         self.call_offset_ms = 0
         """Where this stream's media time 0 falls on the call's input timeline (set by ``engine_bound``)."""
         self.input_ms = 0
@@ -194,6 +196,19 @@ class CallSession:
         self.late_deltas_dropped = 0
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
+
+    def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
+        """The playout ledger for the carrier's way of playing (known once its stream has started)."""
+        options = self.options
+        frame_ms = profile.frame_ms
+        lead_ms = profile.lead_ms if profile.lead_ms is not None else options.lead_ms
+        return PlayoutLedger(
+            frame_ms=frame_ms,
+            lead_ms=max(lead_ms, frame_ms),
+            mark_every_frames=max(1, options.mark_every_frames * 20 // frame_ms),
+            uses_marks=options.uses_marks and profile.uses_marks,
+            marks_echoed_on_clear=profile.marks_echoed_on_clear,
+        )
 
     # ------------------------------------------------------------------ inputs
 
@@ -314,6 +329,7 @@ class CallSession:
             case StreamStarted():
                 self._transition(_Trigger.STARTED)
                 self.start_request = event
+                self.ledger = self._ledger_for(self.codec.profile)
                 self._encoding, self._rate_hz = event.encoding, event.rate_hz
                 self._inbound = StreamResampler(event.rate_hz, self.options.engine_rate_hz, self.options.resampler_quality)
             case StreamStopped():
@@ -325,6 +341,10 @@ class CallSession:
                 self.close_transport = True
             case StreamConnected():
                 self._transition(_Trigger.CONNECTED)
+            case PlaybackCleared():
+                self._transition(_Trigger.CARRIER_EVENT)
+            case CarrierNotice():
+                self.notices.append(event)
 
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
         payload_ms = len(payload) * 1000 // (self._rate_hz * self._encoding.sample_bytes)
@@ -380,7 +400,7 @@ class CallSession:
                 self._finish_response(now_ms)
             self._out_response = delta.response_id
             self._out_resampler = StreamResampler(delta.rate_hz, self._rate_hz, self.options.resampler_quality)
-            self._out_frames = FrameAssembler(self._rate_hz, self._encoding, self.options.frame_ms)
+            self._out_frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
         self._enqueue_pcm(self._out_resampler.process(delta.pcm), now_ms)
 
     def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
@@ -426,14 +446,26 @@ class CallSession:
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)
         self.end_reason = reason
-        self.hangup = HangUp(reason)
+        self._hang_up(reason)
+
+    def _hang_up(self, reason: str) -> None:
+        """End the phone call the carrier's way (REST by the driver, in band, or by closing), then the socket."""
+        mode = self.codec.profile.hang_up
+        if mode is HangUpMode.REST:
+            self.hangup = HangUp(reason)
+        elif mode is HangUpMode.IN_BAND:
+            message = self.codec.send(HangUp(reason))
+            if message is not None:
+                self._messages.append(message)
         self.close_transport = True
 
     def _drain_ledger(self) -> None:
         for update in self.ledger.heard_updates():
             self._commands.append(AckPlayback(update.response_id, update.heard_ms, f"item_{update.response_id}"))
         for action in self.ledger.actions_to_send():
-            self._messages.append(self.codec.send(action))
+            message = self.codec.send(action)
+            if message is not None:
+                self._messages.append(message)
 
     # ------------------------------------------------------------------- state
 
@@ -457,5 +489,5 @@ class CallSession:
         self.end_reason = f"protocol_error:{exc.reason.value}"
         if bound:
             self._commands.append(CloseSession("carrier_protocol_error"))
-            self.hangup = HangUp(self.end_reason)
+            self._hang_up(self.end_reason)
         self.close_transport = True

@@ -1,5 +1,6 @@
-"""The asyncio driver of one carrier media stream: it moves bytes and time between the carrier's websocket,
-a ``CallSession`` and the call's engine session, and decides nothing.
+"""The asyncio driver of one carrier media stream: it moves bytes and time between the carrier's connection
+(a websocket, or AudioSocket's TCP stream: a ``CarrierTransport``), a ``CallSession`` and the call's engine
+session, and decides nothing.
 
 Three tasks per stream: the reader (carrier messages → ``receive_message``),
 the engine pump (engine events → ``receive_engine_event``) and the pacer
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import suppress
+from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -26,7 +28,7 @@ from callbridge.engine.events import EngineErrorEvent
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
-__all__ = ["MediaStreamDriver"]
+__all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
 
 log = get_logger("callbridge.call")
 
@@ -37,13 +39,61 @@ def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class MediaStreamDriver:
-    """Serve one carrier media websocket (already accepted) until the stream ends."""
+class CarrierTransport(Protocol):
+    """The carrier's media connection, already accepted."""
 
-    def __init__(self, websocket: WebSocket, codec: ProviderCodec, services: BridgeServices) -> None:
+    async def receive(self) -> str | bytes | None:
+        """The next message (text or binary; a chunk of the stream for TCP); None once the peer has gone."""
+        ...
+
+    async def send(self, message: str | bytes) -> None: ...
+
+    async def close(self, code: int) -> None:
+        """Close (idempotent); ``code`` is the websocket close code where there is one."""
+        ...
+
+
+class WebSocketTransport:
+    """A Starlette websocket as a ``CarrierTransport``."""
+
+    def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
+
+    async def receive(self) -> str | bytes | None:
+        try:
+            message = await self.websocket.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        text = message.get("text")
+        return text if text is not None else message.get("bytes") or b""
+
+    async def send(self, message: str | bytes) -> None:
+        if isinstance(message, str):
+            await self.websocket.send_text(message)
+        else:
+            await self.websocket.send_bytes(message)
+
+    async def close(self, code: int) -> None:
+        if self.websocket.application_state is not WebSocketState.DISCONNECTED:
+            await self.websocket.close(code)
+
+
+class MediaStreamDriver:
+    """Serve one carrier media connection (already accepted) until the stream ends.
+
+    ``check_token``: the stream must carry a token our answer webhook minted for its call (carriers whose
+    calls we answer); carriers configured with a fixed URL (Exotel, AudioSocket) are admitted before this,
+    by their own credentials or source address.
+    """
+
+    def __init__(
+        self, transport: CarrierTransport | WebSocket, codec: ProviderCodec, services: BridgeServices, *, check_token: bool = True
+    ) -> None:
+        self.transport = WebSocketTransport(transport) if isinstance(transport, WebSocket) else transport
+        self.check_token = check_token
         self.services = services
-        self.provider = codec.provider
         self.call = CallSession(codec, call_options(services.settings))
         self.session: DuplexSession | None = None
         self.log = log.bind(provider=self.provider)
@@ -53,6 +103,11 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
+
+    @property
+    def provider(self) -> str:
+        """The carrier's name (a codec that recognises the carrier knows it once the stream has started)."""
+        return self.call.codec.provider
 
     async def run(self) -> None:
         self._tasks.append(asyncio.create_task(self._pace()))
@@ -66,17 +121,13 @@ class MediaStreamDriver:
     async def _read(self) -> None:
         binding: asyncio.Task[None] | None = None
         while not self._done():
-            try:
-                message = await self.websocket.receive()
-            except (WebSocketDisconnect, RuntimeError):
-                message = {"type": "websocket.disconnect"}
+            message = await self.transport.receive()
             async with self._lock:
-                if message["type"] == "websocket.disconnect":
+                if message is None:
                     self.call.transport_lost(_now_ms())
                     await self._flush()
                     return
-                data = message.get("text")
-                self.call.receive_message(data if data is not None else message.get("bytes") or b"", _now_ms())
+                self.call.receive_message(message, _now_ms())
                 if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
                     binding = asyncio.create_task(self._bind())
                     self._tasks.append(binding)
@@ -91,8 +142,8 @@ class MediaStreamDriver:
         start = self.call.start_request
         assert start is not None
         services = self.services
-        self.log = self.log.bind(call_id=start.call_id, stream_id=start.stream_id)
-        if not services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
+        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
+        if self.check_token and not services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
             await self._refuse("bad_token")
             return
         if services.registry.ended_reason(start.call_id) is not None:
@@ -187,14 +238,12 @@ class MediaStreamDriver:
 
     async def _flush(self, *, wake_pacer: bool = True) -> None:
         """Send what the core produced, in order, and let the pacer see the new deadline. Called with the lock held."""
+        call = self.call
         for message in self.call.messages_to_send():
             if self._closed:
                 break
             try:
-                if isinstance(message, str):
-                    await self.websocket.send_text(message)
-                else:
-                    await self.websocket.send_bytes(message)
+                await self.transport.send(message)
             except Exception:
                 self.call.transport_lost(_now_ms())
                 self._closed = True
@@ -215,8 +264,11 @@ class MediaStreamDriver:
             self._closed = True
             code = 1000 if self.call.failure is None and self.call.end_reason != "bad_token" else _POLICY_VIOLATION
             with suppress(Exception):
-                if self.websocket.application_state is not WebSocketState.DISCONNECTED:
-                    await self.websocket.close(code)
+                await self.transport.close(code)
+        if call.notices:
+            for notice in call.notices:
+                self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
+            call.notices.clear()
         if wake_pacer:
             self._wake.set()
 
@@ -271,7 +323,7 @@ class MediaStreamDriver:
         services.metrics.calls_total.labels(self.provider, (call.end_reason or "unknown").split(":")[0]).inc()
         if not self._closed:
             with suppress(Exception):
-                await self.websocket.close(1000)
+                await self.transport.close(1000)
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

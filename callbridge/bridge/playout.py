@@ -23,7 +23,8 @@ Plan:
 - ``flush`` (barge-in) drops the unsent frames, queues the carrier's clear
   when anything may still be playing, and returns what was heard. Markers
   still outstanding at that moment are echoed by the carrier on clear
-  (Twilio does): those echoes mean "flushed", not "played", and are ignored.
+  (Twilio does; ``marks_echoed_on_clear``): those echoes mean "flushed", not
+  "played", and are ignored.
 Like LiveKit's ``on_playback_finished(playback_position, interrupted)``, in integer ms.
 """
 
@@ -85,6 +86,7 @@ class PlayoutLedger:
         lead_ms: int = 200,
         mark_every_frames: int = 5,
         uses_marks: bool = True,
+        marks_echoed_on_clear: bool = True,
     ) -> None:
         if lead_ms < frame_ms:
             raise ValueError(f"lead_ms {lead_ms} is shorter than one frame ({frame_ms} ms)")
@@ -92,6 +94,7 @@ class PlayoutLedger:
         self.lead_ms = lead_ms
         self.mark_every_frames = mark_every_frames
         self.uses_marks = uses_marks
+        self.marks_echoed_on_clear = marks_echoed_on_clear
         self._queue: deque[tuple[_Response, bytes]] = deque()
         self._responses: dict[str, _Response] = {}
         self._current: _Response | None = None
@@ -166,7 +169,8 @@ class PlayoutLedger:
         self.frames_dropped += dropped
         if cleared:
             self._actions.append(SendClear())
-        self._flushed_marks.update(name for name, _, _ in self._outstanding)
+        if self.marks_echoed_on_clear:
+            self._flushed_marks.update(name for name, _, _ in self._outstanding)
         self._outstanding.clear()
         self._buffer_end_ms = now_ms
         self._clear_segments()

@@ -56,6 +56,14 @@ class BridgeServices:
     draining: bool = False
     active_calls: set[str] = field(default_factory=set)
 
+    def admits(self, call_id: str) -> bool:
+        """Whether a call may be answered now: not draining, and under ``server.max_calls`` unless the call is
+        already ours (a stream coming back)."""
+        if self.draining:
+            return False
+        known = call_id in self.active_calls or self.registry.get(call_id) is not None
+        return known or len(self.active_calls) < self.settings.server.max_calls
+
 
 def call_options(settings: Settings) -> CallOptions:
     audio = settings.audio

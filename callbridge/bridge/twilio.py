@@ -12,26 +12,27 @@ rebuilt from proxied headers. A failed check is a 403 and nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
 import httpx
 from fastapi import APIRouter, Request, Response, WebSocket
+from pydantic import SecretStr
 from twilio.request_validator import RequestValidator
 
+from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
-__all__ = ["TwilioRest", "public_base", "twilio_router", "twiml_connect"]
+__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "public_base", "twilio_compatible_router", "twiml_connect"]
 
 log = get_logger(__name__)
 
-VOICE_PATH = "/twilio/voice"
-MEDIA_PATH = "/twilio/media"
-STATUS_PATH = "/twilio/stream-status"
 _FORBIDDEN = 403
 
 
@@ -40,28 +41,58 @@ def public_base(settings: Settings, request_base: str) -> str:
     return (settings.server.public_url or request_base).rstrip("/")
 
 
-def _ws_url(base: str) -> str:
-    if base.startswith("https://"):
-        return "wss://" + base.removeprefix("https://")
-    if base.startswith("http://"):
-        return "ws://" + base.removeprefix("http://")
-    return base
+@dataclass(frozen=True, slots=True)
+class TwilioDialect:
+    """A carrier that speaks Twilio's TwiML and Media Streams (Twilio itself, SignalWire's cXML)."""
+
+    name: str
+    signature_header: str
+    signing_key: SecretStr | None
+    validate_signatures: bool
+    codec: Callable[[], TwilioCodec]
+    stream_attributes: dict[str, str] = field(default_factory=dict)
+    """Extra ``<Stream>`` attributes (SignalWire's ``codec="L16@24000h"``)."""
+
+    @property
+    def voice_path(self) -> str:
+        return f"/{self.name}/voice"
+
+    @property
+    def media_path(self) -> str:
+        return f"/{self.name}/media"
+
+    @property
+    def status_path(self) -> str:
+        return f"/{self.name}/stream-status"
+
+    def twiml_connect(self, base: str, token: str) -> str:
+        """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops."""
+        attributes = "".join(f" {name}={quoteattr(value)}" for name, value in self.stream_attributes.items())
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            "<Response><Connect>"
+            f"<Stream url={quoteattr(ws_url(base) + self.media_path)}{attributes}"
+            f' statusCallback={quoteattr(base + self.status_path)} statusCallbackMethod="POST">'
+            f'<Parameter name="token" value={quoteattr(token)}/>'
+            "</Stream></Connect>"
+            f'<Redirect method="POST">{base + self.voice_path}</Redirect>'
+            "</Response>"
+        )
+
+
+def twilio_dialect(settings: Settings) -> TwilioDialect:
+    return TwilioDialect(
+        name="twilio",
+        signature_header="x-twilio-signature",
+        signing_key=settings.twilio.auth_token,
+        validate_signatures=settings.twilio.validate_signatures,
+        codec=TwilioCodec,
+    )
 
 
 def twiml_connect(base: str, token: str) -> str:
-    """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops."""
-    stream_url = quoteattr(_ws_url(base) + MEDIA_PATH)
-    status_url = quoteattr(base + STATUS_PATH)
-    voice_url = base + VOICE_PATH
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>'
-        "<Response><Connect>"
-        f'<Stream url={stream_url} statusCallback={status_url} statusCallbackMethod="POST">'
-        f'<Parameter name="token" value={quoteattr(token)}/>'
-        "</Stream></Connect>"
-        f'<Redirect method="POST">{voice_url}</Redirect>'
-        "</Response>"
-    )
+    """Twilio's answer: ``<Connect><Stream>`` with the call's token, then ``<Redirect>``."""
+    return TwilioDialect("twilio", "", None, True, TwilioCodec).twiml_connect(base, token)
 
 
 _HANGUP = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
@@ -69,10 +100,10 @@ _BUSY = '<?xml version="1.0" encoding="UTF-8"?><Response><Reject reason="busy"/>
 
 
 class _Signatures:
-    def __init__(self, settings: Settings) -> None:
-        token = settings.twilio.auth_token
-        self.enabled = settings.twilio.validate_signatures
-        self._validator = RequestValidator(token.get_secret_value()) if token else None
+    def __init__(self, dialect: TwilioDialect) -> None:
+        self.enabled = dialect.validate_signatures
+        key = dialect.signing_key
+        self._validator = RequestValidator(key.get_secret_value()) if key else None
 
     def valid(self, url: str, params: dict[str, Any], signature: str | None) -> bool:
         if not self.enabled:
@@ -82,77 +113,84 @@ class _Signatures:
         return bool(self._validator.validate(url, params, signature))
 
 
-def twilio_router(services: BridgeServices) -> APIRouter:
-    """The Twilio endpoints of one bridge process."""
+def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -> APIRouter:
+    """The answer webhook, media websocket and stream status callback of a Twilio-compatible carrier."""
     settings = services.settings
-    signatures = _Signatures(settings)
-    if signatures.enabled and settings.twilio.auth_token is None:
-        log.error("twilio_auth_token_missing", detail="twilio.auth_token is unset: every Twilio request gets 403")
+    signatures = _Signatures(dialect)
+    name, header = dialect.name, dialect.signature_header
+    if signatures.enabled and dialect.signing_key is None:
+        log.error(f"{name}_signing_key_missing", detail=f"no {name} signing key: every {name} request gets 403")
     router = APIRouter()
 
-    @router.post(VOICE_PATH)
+    @router.post(dialect.voice_path)
     async def voice(request: Request) -> Response:
         form = {key: str(value) for key, value in (await request.form()).items()}
         base = public_base(settings, str(request.base_url))
-        url = base + VOICE_PATH + (f"?{request.url.query}" if request.url.query else "")
-        if not signatures.valid(url, form, request.headers.get("x-twilio-signature")):
-            log.warning("twilio_signature_invalid", path=VOICE_PATH, call_id=form.get("CallSid"))
+        url = base + dialect.voice_path + (f"?{request.url.query}" if request.url.query else "")
+        if not signatures.valid(url, form, request.headers.get(header)):
+            log.warning("signature_invalid", provider=name, path=dialect.voice_path, call_id=form.get("CallSid"))
             return Response(status_code=_FORBIDDEN)
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
         if services.registry.ended_reason(call_id) is not None:
             return Response(_HANGUP, media_type="application/xml")
-        known = call_id in services.active_calls or services.registry.get(call_id) is not None
-        if services.draining or (not known and len(services.active_calls) >= settings.server.max_calls):
-            log.warning("call_refused", call_id=call_id, reason="draining" if services.draining else "capacity")
+        if not services.admits(call_id):
+            log.warning("call_refused", call_id=call_id, provider=name, reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")
         token = services.tokens.mint(call_id)
-        log.info("call_answered", call_id=call_id, provider="twilio", caller=form.get("From"))
-        return Response(twiml_connect(base, token), media_type="application/xml")
+        log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
+        return Response(dialect.twiml_connect(base, token), media_type="application/xml")
 
-    @router.websocket(MEDIA_PATH)
+    @router.websocket(dialect.media_path)
     async def media(websocket: WebSocket) -> None:
         base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
-        if not signatures.valid(_ws_url(base) + MEDIA_PATH, {}, websocket.headers.get("x-twilio-signature")):
-            log.warning("twilio_signature_invalid", path=MEDIA_PATH)
+        if not signatures.valid(ws_url(base) + dialect.media_path, {}, websocket.headers.get(header)):
+            log.warning("signature_invalid", provider=name, path=dialect.media_path)
             await websocket.close(code=1008)  # before accept: the upgrade is answered 403
             return
         await websocket.accept()
-        await MediaStreamDriver(websocket, TwilioCodec(), services).run()
+        await MediaStreamDriver(websocket, dialect.codec(), services).run()
 
-    @router.post(STATUS_PATH)
+    @router.post(dialect.status_path)
     async def stream_status(request: Request) -> Response:
         form = {key: str(value) for key, value in (await request.form()).items()}
         base = public_base(settings, str(request.base_url))
-        if not signatures.valid(base + STATUS_PATH, form, request.headers.get("x-twilio-signature")):
+        if not signatures.valid(base + dialect.status_path, form, request.headers.get(header)):
             return Response(status_code=_FORBIDDEN)
         event = form.get("StreamEvent", "unknown")
-        services.metrics.stream_status.labels("twilio", event).inc()
+        services.metrics.stream_status.labels(name, event).inc()
         log_fn = log.warning if event == "stream-error" else log.info
-        log_fn("twilio_stream_status", call_id=form.get("CallSid"), stream_id=form.get("StreamSid"), stream_event=event, error=form.get("StreamError"))
+        log_fn("stream_status", provider=name, call_id=form.get("CallSid"), stream_id=form.get("StreamSid"), stream_event=event, error=form.get("StreamError"))
         return Response(status_code=204)
 
     return router
 
 
 class TwilioRest:
-    """The one REST call the bridge makes: end a call (``Status=completed``)."""
+    """The one REST call the bridge makes: end a call (``Status=completed``) on Twilio's API or a compatible one."""
 
-    def __init__(self, settings: Settings, client: httpx.AsyncClient | None = None) -> None:
-        self._base = settings.twilio.api_base_url.rstrip("/")
-        token = settings.twilio.auth_token
+    def __init__(
+        self,
+        base_url: str,
+        token: SecretStr | None,
+        *,
+        username: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._base = base_url.rstrip("/")
         self._token = token.get_secret_value() if token else None
+        self._username = username
         self._client = client or httpx.AsyncClient(timeout=10.0)
 
     async def hang_up(self, call_id: str, account_id: str | None) -> None:
         """Complete the call; a call that has already ended counts as done. Raises ``httpx.HTTPError``."""
         if not account_id or not self._token:
-            raise RuntimeError("hang-up needs the call's AccountSid and twilio.auth_token")
+            raise RuntimeError("hang-up needs the call's account id and the API token")
         response = await self._client.post(
             f"{self._base}/2010-04-01/Accounts/{account_id}/Calls/{call_id}.json",
             data={"Status": "completed"},
-            auth=(account_id, self._token),
+            auth=(self._username or account_id, self._token),
         )
         if response.status_code in (404, 409) or (response.status_code == 400 and "not in-progress" in response.text):
             return  # already over
@@ -160,3 +198,10 @@ class TwilioRest:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+CARRIER = Carrier(
+    name="twilio",
+    router=lambda services: twilio_compatible_router(services, twilio_dialect(services.settings)),
+    rest=lambda settings: TwilioRest(settings.twilio.api_base_url, settings.twilio.auth_token),
+)

@@ -1,9 +1,15 @@
 """What every carrier codec speaks: typed carrier events in, typed actions out, one error type.
 
 A provider codec is sans-I/O, like h11's ``Connection``: ``receive_message``
-takes one websocket message (text or binary) and returns the carrier events
-it carried; ``send`` turns one action into the message to write. No sockets,
-no clocks, no REST. Hanging up is an action the driver performs.
+takes one message (a websocket message, text or binary, or a chunk of a TCP
+byte stream) and returns the carrier events it carried; ``send`` turns one
+action into the message to write (None: nothing to write, e.g. a flush on a
+carrier that has no buffer). No sockets, no clocks, no REST.
+
+``profile`` says how the carrier plays audio, which the call logic follows:
+frame size, playback markers, whether a flush echoes the pending markers,
+the lead it tolerates, and how a call is hung up (REST, in band, or by
+closing the socket). It is known once the stream has started.
 
 Errors::
 
@@ -18,15 +24,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from callbridge.codecs import AudioEncoding
 
 __all__ = [
+    "DEFAULT_PROFILE",
     "CarrierAction",
+    "CarrierNotice",
+    "CarrierProfile",
     "CarrierEvent",
     "DtmfReceived",
     "HangUp",
+    "HangUpMode",
+    "PlaybackCleared",
     "MarkEchoed",
     "MediaReceived",
     "ProtocolErrorReason",
@@ -79,11 +90,26 @@ class MarkEchoed:
 
 
 @dataclass(frozen=True, slots=True)
+class PlaybackCleared:
+    """The carrier confirms a flush (Plivo ``clearedAudio``, Vonage ``websocket:cleared``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierNotice:
+    """Something the carrier reports that does not change the call (Telnyx ``error``, an ignored event): logged."""
+
+    name: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StreamStopped:
     """The carrier ended the stream (the call ended, or the stream was stopped)."""
 
 
-CarrierEvent = StreamConnected | StreamStarted | MediaReceived | DtmfReceived | MarkEchoed | StreamStopped
+CarrierEvent = (
+    StreamConnected | StreamStarted | MediaReceived | DtmfReceived | MarkEchoed | PlaybackCleared | CarrierNotice | StreamStopped
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +137,34 @@ class HangUp:
 
 
 CarrierAction = SendMedia | SendMark | SendClear | HangUp
+
+
+class HangUpMode(enum.Enum):
+    REST = "rest"
+    """The driver ends the call through the carrier's REST API (``BridgeServices.hang_up``)."""
+    IN_BAND = "in_band"
+    """``send(HangUp)`` is the message that ends the call (AudioSocket's kind 0x00); then the socket closes."""
+    CLOSE = "close"
+    """Closing the media socket ends our part of the call (Exotel: the flow moves to its next applet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierProfile:
+    """How a carrier plays what we send; the call logic follows it (see the module docstring)."""
+
+    frame_ms: int = 20
+    """Outbound audio goes in frames of this length (Exotel wants 100 ms chunks)."""
+    uses_marks: bool = True
+    """The carrier echoes playback markers (``SendMark``) when playback reaches them."""
+    marks_echoed_on_clear: bool = True
+    """A flush makes the carrier echo every pending marker (Twilio does; Plivo does not)."""
+    lead_ms: int | None = None
+    """How far ahead of playback the carrier may be fed; None: ``audio.playout_lead_ms``. Carriers with no
+    buffer of their own (AudioSocket, RTP) play what they get at once: their lead is a frame or two."""
+    hang_up: HangUpMode = HangUpMode.REST
+
+
+DEFAULT_PROFILE: Final = CarrierProfile()
 
 
 class ProtocolErrorReason(enum.Enum):
@@ -157,10 +211,13 @@ class ProviderCodec(Protocol):
     @property
     def stream_id(self) -> str | None: ...
 
+    @property
+    def profile(self) -> CarrierProfile: ...
+
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message. Raises ``RemoteProtocolError``."""
         ...
 
-    def send(self, action: SendMedia | SendMark | SendClear) -> str | bytes:
-        """The message that performs ``action`` on this stream."""
+    def send(self, action: CarrierAction) -> str | bytes | None:
+        """The message that performs ``action`` on this stream; None when the carrier needs none."""
         ...

@@ -19,6 +19,8 @@ from typing import Any, Final
 import orjson
 
 from callbridge.bridge.providers.base import (
+    DEFAULT_PROFILE,
+    CarrierAction,
     CarrierEvent,
     DtmfReceived,
     MarkEchoed,
@@ -34,7 +36,7 @@ from callbridge.bridge.providers.base import (
 )
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "TwilioCodec"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms frame is about 300 bytes; even a second of audio in one message stays far below this."""
@@ -44,12 +46,25 @@ _SID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Twilio SIDs are two letters and 32 hex digits; this also keeps them safe to splice into JSON."""
 
 
+MULAW_8K: Final = {("audio/x-mulaw", 8000): AudioEncoding.PCMU}
+"""Twilio's only media format."""
+
+
 class TwilioCodec:
-    """One Twilio media stream, message by message."""
+    """One Twilio media stream, message by message. A Twilio-compatible carrier (SignalWire) is this codec with
+    its own ``provider`` name and the media formats it adds."""
 
-    provider: Final = "twilio"
+    profile: Final = DEFAULT_PROFILE
 
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        provider: str = "twilio",
+        formats: dict[tuple[str, int], AudioEncoding] = MULAW_8K,
+    ) -> None:
+        self.provider = provider
+        self.formats = formats
         self.max_message_bytes = max_message_bytes
         self.stream_id: str | None = None
         self.call_id: str | None = None
@@ -107,8 +122,9 @@ class TwilioCodec:
         fmt = start.get("mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1})
         if not isinstance(fmt, dict):
             raise self._error(ProtocolErrorReason.BAD_FIELD, "start.mediaFormat is not an object")
-        encoding, rate, channels = fmt.get("encoding"), _number(fmt.get("sampleRate", 8000)), _number(fmt.get("channels", 1))
-        if encoding != "audio/x-mulaw" or rate != 8000 or channels != 1:
+        name, rate, channels = fmt.get("encoding"), _number(fmt.get("sampleRate", 8000)), _number(fmt.get("channels", 1))
+        encoding = self.formats.get((name, rate)) if isinstance(name, str) and rate is not None else None
+        if encoding is None or rate is None or channels != 1:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"mediaFormat {fmt!r}")
         params = start.get("customParameters") or {}
         if not isinstance(params, dict):
@@ -121,8 +137,8 @@ class TwilioCodec:
             call_id=call_id,
             stream_id=stream_id,
             account_id=account if isinstance(account, str) else None,
-            encoding=AudioEncoding.PCMU,
-            rate_hz=8000,
+            encoding=encoding,
+            rate_hz=rate,
             custom_parameters={str(k): str(v) for k, v in params.items()},
         )
 
@@ -170,8 +186,9 @@ class TwilioCodec:
 
     # ----------------------------------------------------------------- out
 
-    def send(self, action: SendMedia | SendMark | SendClear) -> str:
-        """The JSON text message for ``action``. Only valid once the stream has started."""
+    def send(self, action: CarrierAction) -> str | None:
+        """The JSON text message for ``action`` (None for a hang-up: that is a REST call). Only valid once the
+        stream has started."""
         if self.stream_id is None:
             raise RuntimeError("TwilioCodec.send() before start")  # a bug in the caller, not the peer
         if isinstance(action, SendMedia):
@@ -179,7 +196,9 @@ class TwilioCodec:
             return f'{{"event":"media","streamSid":"{self.stream_id}","media":{{"payload":"{payload}"}}}}'
         if isinstance(action, SendMark):
             return orjson.dumps({"event": "mark", "streamSid": self.stream_id, "mark": {"name": action.name}}).decode()
-        return f'{{"event":"clear","streamSid":"{self.stream_id}"}}'
+        if isinstance(action, SendClear):
+            return f'{{"event":"clear","streamSid":"{self.stream_id}"}}'
+        return None
 
 
 def _number(value: Any) -> int | None:

@@ -1,0 +1,58 @@
+"""SignalWire's Compatibility API (cXML): Twilio's TwiML and Media Streams under SignalWire's names
+(telephony-protocols.md §3.4).
+
+Differences from Twilio: the signature header is ``X-SignalWire-Signature``
+(Twilio's HMAC over the URL and parameters, keyed with the space's signing
+key); ``<Stream codec="L16@24000h">`` switches both directions to 16-bit PCM
+at 24 kHz (``signalwire.codec``); the REST API lives at
+``https://<space>/api/laml`` with the project id and API token as basic auth.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from callbridge.bridge.carriers import Carrier
+from callbridge.bridge.providers.twilio import MULAW_8K, TwilioCodec
+from callbridge.bridge.twilio import TwilioDialect, TwilioRest, twilio_compatible_router
+from callbridge.codecs import AudioEncoding
+from callbridge.config import Settings
+
+__all__ = ["CARRIER", "SIGNALWIRE_FORMATS", "signalwire_codec", "signalwire_dialect"]
+
+SIGNALWIRE_FORMATS: Final = {
+    **MULAW_8K,
+    ("audio/x-l16", 24000): AudioEncoding.L16,
+    ("audio/l16", 24000): AudioEncoding.L16,
+    ("L16", 24000): AudioEncoding.L16,
+}
+"""μ-law 8 kHz, or little-endian PCM16 at 24 kHz (``L16@24000h``), as the ``start`` message announces it."""
+
+
+def signalwire_codec() -> TwilioCodec:
+    return TwilioCodec(provider="signalwire", formats=SIGNALWIRE_FORMATS)
+
+
+def signalwire_dialect(settings: Settings) -> TwilioDialect:
+    config = settings.signalwire
+    return TwilioDialect(
+        name="signalwire",
+        signature_header="x-signalwire-signature",
+        signing_key=config.signing_key,
+        validate_signatures=config.validate_signatures,
+        codec=signalwire_codec,
+        stream_attributes={"codec": config.codec} if config.codec != "PCMU" else {},
+    )
+
+
+def signalwire_rest(settings: Settings) -> TwilioRest:
+    config = settings.signalwire
+    base = config.api_base_url or (f"https://{config.space_url}/api/laml" if config.space_url else "https://invalid.signalwire.example/api/laml")
+    return TwilioRest(base, config.api_token, username=config.project_id)
+
+
+CARRIER: Final = Carrier(
+    name="signalwire",
+    router=lambda services: twilio_compatible_router(services, signalwire_dialect(services.settings)),
+    rest=signalwire_rest,
+)
