@@ -32,16 +32,21 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 
-from callbridge.codecs import ulaw_to_pcm16
 from callbridge.config import Settings
 from callbridge.engine.commands import AppendAudio, EngineCommand, TruncateItem
-from callbridge.engine.events import AudioDelta, EngineEvent, OutputAudioCleared, OverlapDecision, ResponseDone
+from callbridge.engine.events import (
+    AudioDelta,
+    EngineEvent,
+    OutputAudioCleared,
+    OverlapDecision,
+    ResponseDone,
+)
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import SessionConfig
 from callbridge.logging import configure_logging
+from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
-from callbridge.sim.twilio import CallerScript
 
 
 def now() -> float:
@@ -62,7 +67,7 @@ class Probe:
         self.truncates: list[int] = []
 
     def media_sent(self, payload: bytes) -> None:
-        if self.measuring_clicks and max(np.abs(np.frombuffer(ulaw_to_pcm16(payload), dtype="<i2"))) > 10000:
+        if self.measuring_clicks and max(np.abs(np.frombuffer(payload, dtype="<i2"))) > 10000:
             self.clicks_sent.append(now())
 
     def appended(self, pcm: bytes) -> None:

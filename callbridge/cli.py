@@ -201,7 +201,7 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
 
     from callbridge.logging import configure_logging
     from callbridge.sim.runner import load_wav_8k, sample_caller_wav, simulate_call, write_wav_8k
-    from callbridge.sim.twilio import CallerScript
+    from callbridge.sim.carrier import CallerScript
 
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})

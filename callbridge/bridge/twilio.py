@@ -119,7 +119,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
     signatures = _Signatures(dialect)
     name, header = dialect.name, dialect.signature_header
     if signatures.enabled and dialect.signing_key is None:
-        log.error(f"{name}_signing_key_missing", detail=f"no {name} signing key: every {name} request gets 403")
+        log.info("carrier_not_configured", provider=name, detail=f"no {name} signing key: every {name} request gets 403")
     router = APIRouter()
 
     @router.post(dialect.voice_path)

@@ -1,7 +1,7 @@
 """Run a bridge in this process and place simulated calls on it: ``callbridge simulate``, the tests, the demo.
 
 The bridge is the real thing — ``create_app`` on uvicorn, over loopback — with
-signature validation on: the simulated Twilio signs with the same auth token,
+signature validation on: the simulated carrier signs with the same secret,
 and serves the REST hang-up the bridge is pointed at.
 """
 
@@ -26,7 +26,8 @@ from fastapi import FastAPI
 from callbridge.bridge.app import create_app
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
-from callbridge.sim.twilio import CallerScript, CallResult, SimulatedTwilio
+from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
+from callbridge.sim.carriers import SIMULATED
 
 __all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "simulate_call", "write_wav_8k"]
 
@@ -69,7 +70,12 @@ class RunningBridge:
     settings: Settings
     app: FastAPI
     base_url: str
-    twilio: SimulatedTwilio
+    carrier: SimulatedCarrier
+
+    @property
+    def twilio(self) -> Any:
+        """The simulated carrier (named for the default one)."""
+        return self.carrier
 
 
 def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> Settings:
@@ -80,20 +86,19 @@ def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> 
 
 
 @asynccontextmanager
-async def running_bridge(settings: Settings, engine: DuplexEngine | None = None) -> AsyncIterator[RunningBridge]:
-    """``callbridge serve`` on a free loopback port with a simulated Twilio wired to it."""
+async def running_bridge(
+    settings: Settings, engine: DuplexEngine | None = None, *, provider: str = "twilio"
+) -> AsyncIterator[RunningBridge]:
+    """``callbridge serve`` on a free loopback port with a simulated ``provider`` wired to it."""
     port = free_port()
-    auth_token = secrets.token_hex(16)
+    secret = secrets.token_hex(16)
     base_url = f"http://127.0.0.1:{port}"
-    twilio = SimulatedTwilio(base_url, auth_token)
-    rest_url = await twilio.start_rest(free_port())
-    settings = with_overrides(
-        settings,
-        {
-            "server": {"host": "127.0.0.1", "port": port, "public_url": base_url},
-            "twilio": {"auth_token": auth_token, "api_base_url": rest_url, "validate_signatures": True},
-        },
-    )
+    carrier = SIMULATED[provider](base_url, secret)
+    rest_url = await carrier.start_rest(free_port())
+    overrides = carrier.bridge_settings(secret, rest_url)
+    overrides["server"] = {**overrides.get("server", {}), "host": "127.0.0.1", "port": port, "public_url": base_url}
+    settings = with_overrides(settings, overrides)
+    carrier.configure(settings)
     app = create_app(settings, engine)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", ws_per_message_deflate=False, lifespan="on"
@@ -105,14 +110,14 @@ async def running_bridge(settings: Settings, engine: DuplexEngine | None = None)
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        yield RunningBridge(settings, app, base_url, twilio)
+        yield RunningBridge(settings, app, base_url, carrier)
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
-        await twilio.aclose()
+        await carrier.aclose()
 
 
-async def simulate_call(settings: Settings, script: CallerScript) -> CallResult:
+async def simulate_call(settings: Settings, script: CallerScript, provider: str = "twilio") -> CallResult:
     """One simulated call through an in-process bridge."""
-    async with running_bridge(settings) as bridge:
-        return await bridge.twilio.place_call(script)
+    async with running_bridge(settings, provider=provider) as bridge:
+        return await bridge.carrier.place_call(script)

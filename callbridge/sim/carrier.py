@@ -1,0 +1,510 @@
+"""A simulated carrier for the demo, the tests and load tests: what every carrier shares, with each carrier's
+wire in a subclass (``callbridge.sim.twilio`` is the model; ``callbridge.sim.carriers`` lists them all).
+
+Shared here (``SimulatedCarrier.place_call`` and ``SimStream``):
+- the caller's timeline at real time, one 20 ms tick anchored to the call's
+  start: the script's speech (or silence), a barge-in over the agent, DTMF,
+  network drops, hang-up;
+- playback of what the bridge sends: a queue played 20 ms per tick, markers
+  echoed when playback reaches them (at once if nothing is queued), flushes
+  that drop the queue (and echo or void the pending markers, as the carrier
+  does);
+- what the caller heard, as PCM16 8 kHz; the REST server for hang-ups.
+
+A carrier's part: ``SimStream`` subclass — how caller audio, DTMF and stop go
+on the wire, how the bridge's messages are read (with a protocol warning for
+anything the real carrier would reject), how a marker echo and a flush
+acknowledgement look; ``SimulatedCarrier`` subclass — how a call is answered
+and its media connection opened (and re-opened after a drop, if the carrier
+can), its REST routes, the bridge settings that point at it, and the bad
+input and forged requests the end-to-end matrix sends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import audioop
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import BaseRoute
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from callbridge.config import Settings
+
+__all__ = [
+    "CallResult",
+    "CallerScript",
+    "OpenReason",
+    "SimCall",
+    "SimConnection",
+    "SimStream",
+    "SimulatedCarrier",
+    "TimelineEvent",
+    "WebSocketConnection",
+]
+
+FRAME_MS = 20
+_SILENCE_8K = bytes(320)
+
+OpenReason = Literal["answer", "network_drop", "closed_by_bridge"]
+"""Why a media connection is being opened: a new call, or the last one dropped / was closed by the bridge."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallerScript:
+    """What the caller does. Times are ms from the moment the call is placed."""
+
+    utterances: tuple[tuple[int, bytes], ...] = ()
+    """(start_ms, PCM16 8 kHz) the caller says."""
+    dtmf: tuple[tuple[int, str], ...] = ()
+    drop_stream_at_ms: tuple[int, ...] = ()
+    """Drop the media connection at these times (no goodbye); the carrier reconnects if it can."""
+    hangup_at_ms: int | None = None
+    """The caller hangs up then; None: 1.5 s after the agent last finished speaking, at most ``max_call_ms``."""
+    max_call_ms: int = 30_000
+    interrupt_after_agent_ms: int | None = None
+    """Say the first utterance again this long after the agent starts speaking (a barge-in)."""
+    redirect_delay_ms: int = 0
+    """How long the carrier takes, after a connection drops, to open the next one."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    at_ms: int
+    who: str
+    what: str
+
+
+@dataclass
+class CallResult:
+    call_sid: str
+    heard: bytearray = field(default_factory=bytearray)
+    """PCM16 8 kHz: what the caller heard, frame by frame from the call's start."""
+    timeline: list[TimelineEvent] = field(default_factory=list)
+    streams: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What the real carrier would have rejected or warned about."""
+    marks_echoed: list[str] = field(default_factory=list)
+    clears: list[int] = field(default_factory=list)
+    """At each flush: how many ms of agent audio it dropped."""
+    played_ms_at_clear: list[int] = field(default_factory=list)
+    """At each flush: agent audio played (ms) on the stream so far."""
+    hung_up_by: str | None = None
+    agent_speech_ms: int = 0
+    agent_runs_ms: list[int] = field(default_factory=list)
+    """The agent's speech as the caller heard it, in runs (a gap of more than 200 ms starts a new one): a
+    barge-in ends a run where the caller stopped hearing it."""
+
+    def log(self, at_ms: int, who: str, what: str) -> None:
+        self.timeline.append(TimelineEvent(at_ms, who, what))
+
+    @property
+    def heard_ms(self) -> int:
+        return len(self.heard) // 16
+
+    def render(self) -> str:
+        return "\n".join(f"{e.at_ms / 1000:8.3f} s  {e.who:<7} {e.what}" for e in self.timeline)
+
+
+@dataclass
+class SimCall:
+    """One call the simulated carrier is placing."""
+
+    call_id: str
+    result: CallResult
+    clock: Callable[[], int]
+    """ms since the call was placed."""
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the call is over on the carrier's side (REST hang-up, in-band hang-up)."""
+
+
+class SimConnection(Protocol):
+    """The carrier's side of one media connection."""
+
+    async def send(self, message: str | bytes) -> None:
+        """Raises ``ConnectionError`` once the connection is gone."""
+        ...
+
+    def messages(self) -> AsyncIterator[str | bytes]:
+        """What the bridge sends, until the connection closes."""
+        ...
+
+    def abort(self) -> None:
+        """Drop the connection without a goodbye, as a network failure does."""
+        ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def close_code(self) -> int | None:
+        """The websocket close code once closed (None while open, or for TCP)."""
+        ...
+
+
+class WebSocketConnection:
+    """A websockets client connection as a ``SimConnection``."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+
+    async def send(self, message: str | bytes) -> None:
+        try:
+            await self.ws.send(message)
+        except ConnectionClosed as exc:
+            raise ConnectionError(str(exc)) from None
+
+    async def messages(self) -> AsyncIterator[str | bytes]:
+        try:
+            async for message in self.ws:
+                yield message
+        except ConnectionClosed:
+            return
+
+    def abort(self) -> None:
+        if self.ws.transport is not None:
+            self.ws.transport.abort()
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+    @property
+    def close_code(self) -> int | None:
+        return self.ws.close_code
+
+
+class SimStream(ABC):
+    """One media connection of a call: the shared playback model; the subclass speaks the carrier's wire."""
+
+    marks_echoed_on_clear: ClassVar[bool] = True
+    """A flush echoes the pending markers (Twilio); otherwise they are void."""
+
+    def __init__(self, conn: SimConnection, stream_id: str, rate_hz: int, call: SimCall) -> None:
+        self.conn = conn
+        self.stream_id = stream_id
+        self.rate_hz = rate_hz
+        self.call = call
+        self.frame_bytes = rate_hz * FRAME_MS // 1000 * 2
+        self.queue = bytearray()
+        """Agent audio (PCM16 at ``rate_hz``) received and not played yet."""
+        self.pending_marks: list[tuple[int, str]] = []
+        """(byte position in ``queue`` where the marker falls, name)."""
+        self.played_bytes = 0
+        self.dropped = False
+        """The connection is gone (a network drop, or closed by either side)."""
+        self.network_drop = False
+        self._to_8k: Any = None
+
+    # -------------------------------------------------------------- the wire
+
+    @abstractmethod
+    async def send_audio(self, pcm_8k: bytes) -> None:
+        """20 ms of the caller's audio, PCM16 8 kHz: encode and send it as the carrier does."""
+
+    @abstractmethod
+    async def send_dtmf(self, digit: str) -> None: ...
+
+    @abstractmethod
+    async def send_stop(self) -> None:
+        """The call ends on the carrier's side: say so on the wire (or just close), then close."""
+
+    @abstractmethod
+    def receive(self, message: str | bytes) -> None:
+        """One message from the bridge: ``enqueue_audio`` / ``add_mark`` / ``clear`` / ``warn``."""
+
+    @abstractmethod
+    def mark_message(self, name: str) -> str | bytes | None:
+        """The carrier's echo of marker ``name``."""
+
+    def cleared_message(self) -> str | bytes | None:
+        """The carrier's acknowledgement of a flush, if it sends one."""
+        return None
+
+    # ------------------------------------------------------------ playback
+
+    def enqueue_audio(self, pcm: bytes | bytearray | memoryview) -> None:
+        self.queue += pcm
+
+    def add_mark(self, name: str) -> None:
+        if not self.queue:
+            self._echo_mark(name)
+        else:
+            self.pending_marks.append((len(self.queue), name))
+
+    def clear(self) -> None:
+        result = self.call.result
+        bytes_per_ms = self.rate_hz // 500
+        result.clears.append(len(self.queue) // bytes_per_ms)
+        result.played_ms_at_clear.append(self.played_bytes // bytes_per_ms)
+        result.log(self.call.clock(), "bridge", f"flush: {len(self.queue) // bytes_per_ms} ms of queued agent audio dropped")
+        self.queue.clear()
+        pending, self.pending_marks = self.pending_marks, []
+        if self.marks_echoed_on_clear:
+            for _, name in pending:
+                self._echo_mark(name)
+        cleared = self.cleared_message()
+        if cleared is not None:
+            self._send_soon(cleared)
+
+    def warn(self, text: str) -> None:
+        self.call.result.warnings.append(text)
+
+    def play(self) -> tuple[bytes, bool]:
+        """The next 20 ms the caller hears, as PCM16 8 kHz, and whether it was agent audio; echoes the markers
+        it passes."""
+        size = self.frame_bytes
+        if self.queue:
+            frame = bytes(self.queue[:size]).ljust(size, b"\x00")
+            consumed = min(size, len(self.queue))
+            del self.queue[:size]
+        else:
+            frame, consumed = b"", 0
+        self.played_bytes += consumed
+        reached = [name for position, name in self.pending_marks if position <= consumed]
+        self.pending_marks = [(position - consumed, name) for position, name in self.pending_marks if position > consumed]
+        for name in reached:
+            self._echo_mark(name)
+        if not consumed:
+            return _SILENCE_8K, False
+        if self.rate_hz != 8000:
+            frame, self._to_8k = audioop.ratecv(frame, 2, 1, self.rate_hz, 8000, self._to_8k)
+            frame = frame[:320].ljust(320, b"\x00")
+        return frame, True
+
+    def _echo_mark(self, name: str) -> None:
+        self.call.result.marks_echoed.append(name)
+        message = self.mark_message(name)
+        if message is not None:
+            self._send_soon(message)
+
+    def _send_soon(self, message: str | bytes) -> None:
+        asyncio.get_running_loop().create_task(self.send(message))
+
+    async def send(self, message: str | bytes) -> None:
+        if self.dropped:
+            return
+        try:
+            await self.conn.send(message)
+        except ConnectionError:
+            self.dropped = True
+
+
+class SimulatedCarrier(ABC):
+    """A carrier's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
+
+    provider: ClassVar[str]
+    can_reconnect: ClassVar[bool] = True
+    """After a network drop the carrier opens a new media connection on the same call."""
+    says_goodbye: ClassVar[bool] = True
+    """The carrier tells the bridge on the media connection when the caller hangs up (Twilio's ``stop``);
+    without it the bridge cannot tell a hang-up from a drop and keeps the engine session for the grace."""
+    uses_marks: ClassVar[bool] = True
+    """The carrier echoes playback markers."""
+
+    def __init__(self, bridge_url: str, secret: str) -> None:
+        self.bridge_url = bridge_url.rstrip("/")
+        self.secret = secret
+        """The shared secret of this simulated account (auth token, signing key…)."""
+        self.calls: dict[str, SimCall] = {}
+        self.on_media_sent: Callable[[bytes], None] | None = None
+        """Called with each 20 ms of caller audio (PCM16 8 kHz) as it leaves (benchmarks time the bridge)."""
+        self.on_message: Callable[[str | bytes], None] | None = None
+        """Called with each message the bridge sends, as it arrives."""
+        self.rest_url: str | None = None
+        self._rest_server: uvicorn.Server | None = None
+        self._rest_task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------- the carrier's part
+
+    @classmethod
+    def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        """Settings overrides that point a bridge at this simulated account (secrets, REST base URL)."""
+        return {}
+
+    def configure(self, settings: Settings) -> None:
+        """The bridge's final settings (ports of listeners), before the first call."""
+
+    def rest_routes(self) -> list[BaseRoute]:
+        """The carrier's REST API as far as the bridge uses it (hang-up)."""
+        return []
+
+    def new_call_id(self) -> str:
+        return "CA" + secrets.token_hex(16)
+
+    @abstractmethod
+    async def open_stream(self, call: SimCall, reason: OpenReason) -> SimStream | None:
+        """Answer the call (or run the carrier's reconnect flow) and open its media connection, with the carrier's
+        first messages sent; None when the call ends instead (logged on ``call.result``)."""
+
+    @abstractmethod
+    def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
+        """What a broken or hostile peer could send on ``stream``: case → (message, the ``ProtocolErrorReason``
+        value the bridge must end the call with)."""
+
+    @abstractmethod
+    async def forged_requests_refused(self) -> bool:
+        """Try to get a call bridged without the account's credentials (forged signatures, wrong credentials);
+        True when every attempt was refused."""
+
+    # ------------------------------------------------------------------ REST
+
+    async def start_rest(self, port: int) -> str:
+        """Serve ``rest_routes`` on 127.0.0.1:``port``; returns the base URL."""
+        app = Starlette(routes=self.rest_routes())
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off", access_log=False)
+        self._rest_server = uvicorn.Server(config)
+        self._rest_task = asyncio.create_task(self._rest_server.serve())
+        while not self._rest_server.started:
+            if self._rest_task.done():
+                self._rest_task.result()
+            await asyncio.sleep(0.01)
+        self.rest_url = f"http://127.0.0.1:{port}"
+        return self.rest_url
+
+    def end_call(self, call_id: str) -> bool:
+        """The bridge hung the call up (REST or in band). False for a call that is unknown or already over."""
+        call = self.calls.get(call_id)
+        if call is None or call.ended.is_set():
+            return False
+        call.ended.set()
+        return True
+
+    async def aclose(self) -> None:
+        if self._rest_server is not None and self._rest_task is not None:
+            self._rest_server.should_exit = True
+            await self._rest_task
+
+    # ------------------------------------------------------------------ call
+
+    async def place_call(self, script: CallerScript) -> CallResult:
+        """One inbound call from answer to hang-up; returns what happened and what the caller heard."""
+        started = time.monotonic()
+
+        def now_ms() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        call_id = self.new_call_id()
+        result = CallResult(call_id)
+        call = self.calls[call_id] = SimCall(call_id, result, now_ms)
+        caller = _caller_timeline(script)
+        interrupt = script.utterances[0][1] if script.interrupt_after_agent_ms is not None and script.utterances else b""
+        interrupt_at: int | None = None
+        agent_started_at: int | None = None
+        agent_last_heard_at: int | None = None
+        drops = sorted(script.drop_stream_at_ms)
+        frame_index = 0
+        stream: SimStream | None = None
+        receiver: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if call.ended.is_set():
+                    result.hung_up_by = "bridge"
+                    result.log(now_ms(), "bridge", "hung up the call")
+                    if stream is not None:
+                        await stream.send_stop()
+                    break
+                if stream is None or stream.dropped:
+                    reason: OpenReason = "answer"
+                    if stream is not None:
+                        reason = "network_drop" if stream.network_drop else "closed_by_bridge"
+                        if receiver is not None:
+                            await asyncio.gather(receiver, return_exceptions=True)
+                    stream = await self.open_stream(call, reason)
+                    if stream is None:
+                        break
+                    result.streams.append(stream.stream_id)
+                    result.log(now_ms(), self.provider, f"stream {stream.stream_id} started on call {call_id}")
+                    receiver = asyncio.create_task(self._receive(stream))
+                # one 20 ms tick, anchored to the call's start so nothing drifts
+                target = started + (frame_index + 1) * FRAME_MS / 1000
+                await asyncio.sleep(max(0.0, target - time.monotonic()))
+                t = frame_index * FRAME_MS
+                frame_index += 1
+                heard, agent = stream.play()
+                if agent:
+                    if agent_started_at is None or (agent_last_heard_at is not None and t - agent_last_heard_at > 200):
+                        agent_started_at = t
+                        result.agent_runs_ms.append(0)
+                        result.log(now_ms(), "agent", "starts speaking (caller hears audio)")
+                        if script.interrupt_after_agent_ms is not None and interrupt_at is None:
+                            interrupt_at = t + script.interrupt_after_agent_ms
+                    agent_last_heard_at = t
+                    result.agent_speech_ms += FRAME_MS
+                    result.agent_runs_ms[-1] += FRAME_MS
+                elif agent_last_heard_at is not None and t - agent_last_heard_at == 200:
+                    result.log(now_ms(), "agent", "stops speaking")
+                result.heard += heard
+                for start_ms, pcm in script.utterances:
+                    if start_ms == t:
+                        result.log(now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
+                speech = caller[t * 16 : t * 16 + 320] if t * 16 < len(caller) else b""
+                if interrupt_at is not None and interrupt_at <= t < interrupt_at + len(interrupt) // 16:
+                    if t == interrupt_at:
+                        result.log(now_ms(), "caller", f"talks over the agent ({len(interrupt) // 16} ms)")
+                    speech = interrupt[(t - interrupt_at) * 16 : (t - interrupt_at) * 16 + 320]
+                audio = speech.ljust(320, b"\x00") if speech else _SILENCE_8K
+                if self.on_media_sent is not None:
+                    self.on_media_sent(audio)
+                if not stream.dropped:
+                    await stream.send_audio(audio)
+                for at, digit in script.dtmf:
+                    if at == t and not stream.dropped:
+                        await stream.send_dtmf(digit)
+                        result.log(now_ms(), "caller", f"presses {digit}")
+                if drops and t >= drops[0]:
+                    drops.pop(0)
+                    result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")
+                    stream.network_drop = stream.dropped = True
+                    stream.conn.abort()
+                    if receiver is not None:
+                        await asyncio.gather(receiver, return_exceptions=True)
+                    if script.redirect_delay_ms:
+                        await asyncio.sleep(script.redirect_delay_ms / 1000)
+                        skipped = script.redirect_delay_ms // FRAME_MS
+                        frame_index += skipped
+                        result.heard += bytes(skipped * 320)
+                    continue
+                caller_end = max(len(caller), (interrupt_at + len(interrupt) // 16) * 16 if interrupt_at is not None else 0)
+                if _caller_done(script, t, caller_end, agent_last_heard_at):
+                    result.hung_up_by = "caller"
+                    result.log(now_ms(), "caller", "hangs up")
+                    await stream.send_stop()
+                    break
+        finally:
+            if receiver is not None:
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+            if stream is not None:
+                await stream.conn.close()
+            call.ended.set()
+        return result
+
+    async def _receive(self, stream: SimStream) -> None:
+        async for message in stream.conn.messages():
+            if self.on_message is not None:
+                self.on_message(message)
+            stream.receive(message)
+        stream.dropped = True  # closed (by the bridge, unless it was our network drop)
+
+
+def _caller_done(script: CallerScript, t: int, caller_len: int, agent_last_heard_at: int | None) -> bool:
+    if script.hangup_at_ms is not None:
+        return t >= script.hangup_at_ms
+    if t >= script.max_call_ms:
+        return True
+    return agent_last_heard_at is not None and t * 16 >= caller_len and t - agent_last_heard_at >= 1500
+
+
+def _caller_timeline(script: CallerScript) -> bytes:
+    end = max((start * 16 + len(pcm) for start, pcm in script.utterances), default=0)
+    timeline = bytearray(end)
+    for start, pcm in script.utterances:
+        timeline[start * 16 : start * 16 + len(pcm)] = pcm
+    return bytes(timeline)

@@ -1,0 +1,405 @@
+"""A simulated Vonage Voice API, faithful to the websocket wire (telephony-protocols.md §2), for the tests.
+
+It does what Vonage does for an inbound call whose answer URL is the bridge:
+- GETs the signed answer webhook (``Authorization: Bearer`` HS256 JWT with the
+  signature secret), reads the NCCO: a ``connect`` to a ``websocket``
+  endpoint, its ``content-type`` (8 or 16 kHz L16) and ``headers`` (under 512
+  bytes), ``eventType: "synchronous"`` and ``eventUrl``; an empty NCCO ends
+  the call;
+- opens the websocket (no signature on the upgrade: the bridge relies on the
+  token in the headers), sends ``websocket:connected`` with the headers
+  flattened into it, then one binary frame of PCM16 LE every 20 ms at real
+  time, exactly 320/640 bytes; ``websocket:dtmf`` on key presses;
+- plays what the bridge sends (``callbridge.sim.carrier``) from a buffer of at
+  most 3072 frames: every binary frame must be exactly 20 ms (anything else is
+  a recorded warning, as is any text that is not a ``notify`` or ``clear``
+  action); a ``notify`` is answered with ``websocket:notify`` when playback
+  reaches it; ``clear`` drops the queue, voids the pending notifies (UNSURE
+  upstream: the bridge must not count on their echo) and answers
+  ``websocket:cleared``;
+- when the socket drops (a network failure, or the bridge closing it without
+  hanging up), POSTs the signed ``disconnected`` event to the ``eventUrl`` and
+  follows the NCCO it returns (no NCCO: the call completes);
+- when the caller hangs up: closes the socket, then POSTs ``completed`` for the
+  websocket leg (to the ``eventUrl``) and for the call (to the application's
+  event URL, the bridge's ``/vonage/events``);
+- serves the REST hang-up, ``PUT /v1/calls/{uuid}`` ``{"action":"hangup"}``,
+  checking the RS256 application JWT with the public key of the key pair it
+  generated for the bridge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import audioop
+import contextlib
+import hashlib
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+import httpx
+import jwt
+import orjson
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from callbridge.config import Settings
+from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection
+
+__all__ = ["SimulatedVonage", "VonageStream", "sign_webhook"]
+
+_CONTENT_TYPE: Final = re.compile(r"audio/l16;rate=(8000|16000)")
+_MAX_HEADERS_BYTES: Final = 512
+_BUFFER_FRAMES: Final = 3072
+"""Vonage buffers this many outbound frames (current docs; archived docs say 1024)."""
+_VONAGE_NUMBER: Final = "447700900000"
+_CALLER: Final = "447700900001"
+
+
+def sign_webhook(secret: str, application_id: str, body: bytes | None = None, *, issued_at: float | None = None) -> str:
+    """The ``Authorization`` value of a signed Vonage webhook: a HS256 JWT, with the body's SHA-256 if any."""
+    claims: dict[str, Any] = {
+        "iat": int(issued_at if issued_at is not None else time.time()),
+        "jti": str(uuid.uuid4()),
+        "iss": "Vonage",
+        "application_id": application_id,
+    }
+    if body:
+        claims["payload_hash"] = hashlib.sha256(body).hexdigest()
+    return "Bearer " + jwt.encode(claims, secret, algorithm="HS256")
+
+
+def application_id_for(secret: str) -> str:
+    """The simulated account's application id (derived from its secret, so the settings and the carrier agree)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, "callbridge-sim-vonage:" + secret))
+
+
+@dataclass
+class _Leg:
+    """The call's Vonage state: its conversation, and the websocket leg the NCCO connected last."""
+
+    conversation_uuid: str
+    event_url: str | None = None
+    ws_uri: str | None = None
+    ws_leg: str | None = None
+    headers: dict[str, Any] = field(default_factory=dict)
+    synchronous: bool = False
+
+
+class VonageStream(SimStream):
+    """One Vonage websocket: binary PCM16 LE frames of 20 ms, JSON text events."""
+
+    marks_echoed_on_clear: ClassVar[bool] = False
+
+    def __init__(self, conn: WebSocketConnection, leg_uuid: str, call: SimCall, rate_hz: int, carrier: SimulatedVonage) -> None:
+        super().__init__(conn, leg_uuid, rate_hz, call)
+        self.carrier = carrier
+        self._up: Any = None
+        self._pending = bytearray()
+
+    async def send_audio(self, pcm_8k: bytes) -> None:
+        if self.rate_hz != 8000:
+            pcm_8k, self._up = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._up)
+        self._pending += pcm_8k
+        while len(self._pending) >= self.frame_bytes:  # exactly 20 ms per binary frame, as Vonage sends
+            frame = bytes(self._pending[: self.frame_bytes])
+            del self._pending[: self.frame_bytes]
+            await self.send(frame)
+
+    async def send_dtmf(self, digit: str) -> None:
+        await self.send(orjson.dumps({"event": "websocket:dtmf", "digit": digit, "duration": 260}).decode())
+
+    async def send_stop(self) -> None:
+        """The call is over: Vonage closes the websocket leg, then reports ``completed``."""
+        await self.conn.close()
+        self.dropped = True
+        await self.carrier.report_completed(self.call)
+
+    def mark_message(self, name: str) -> str:
+        return orjson.dumps({"event": "websocket:notify", "payload": {"name": name}}).decode()
+
+    def cleared_message(self) -> str:
+        return '{"event":"websocket:cleared"}'
+
+    def receive(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            if len(message) != self.frame_bytes:
+                self.warn(f"binary frame of {len(message)} bytes, not {self.frame_bytes} (20 ms at {self.rate_hz} Hz)")
+                return
+            if len(self.queue) >= _BUFFER_FRAMES * self.frame_bytes:
+                self.warn("playback buffer full: frame dropped")
+                return
+            self.enqueue_audio(message)
+            return
+        try:
+            payload = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            self.warn(f"text that is not JSON: {message[:80]}")
+            return
+        action = payload.get("action") if isinstance(payload, dict) else None
+        if action == "clear" and set(payload) == {"action"}:
+            self.clear()
+        elif action == "notify" and set(payload) == {"action", "payload"} and isinstance(payload["payload"], dict):
+            name = payload["payload"].get("name")
+            if isinstance(name, str):
+                self.add_mark(name)
+            else:
+                self.warn(f"notify without a name: {message[:80]}")
+        else:
+            self.warn(f"unknown text message: {message[:80]}")
+
+
+class SimulatedVonage(SimulatedCarrier):
+    """Vonage's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
+
+    provider: ClassVar[str] = "vonage"
+
+    def __init__(self, bridge_url: str, secret: str) -> None:
+        super().__init__(bridge_url, secret)
+        self.application_id = application_id_for(secret)
+        self.legs: dict[str, _Leg] = {}
+        self.hangups: list[str] = []
+        """Calls the bridge hung up through the REST API."""
+        self.rest_refusals: list[str] = []
+        self._public_key: PublicKeyTypes | None = None
+        self._key_dir: Path | None = None
+        self._http = httpx.AsyncClient(timeout=10.0)
+
+    # --------------------------------------------------------------- setup
+
+    @classmethod
+    def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        """A fresh RSA key pair: the bridge gets the private key's file, the carrier reads the public half."""
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        path = Path(tempfile.mkdtemp(prefix="callbridge-sim-vonage-")) / "private.key"
+        path.write_bytes(pem)
+        path.chmod(0o600)
+        return {
+            "vonage": {
+                "application_id": application_id_for(secret),
+                "private_key_path": str(path),
+                "signature_secret": secret,
+                "api_base_url": rest_url,
+                "validate_signatures": True,
+            }
+        }
+
+    def configure(self, settings: Settings) -> None:
+        path = settings.vonage.private_key_path
+        if path is None:
+            raise ValueError("the simulated Vonage needs vonage.private_key_path")
+        private = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
+        self._public_key = private.public_key()
+        self._key_dir = Path(path).parent if Path(path).parent.name.startswith("callbridge-sim-vonage-") else None
+
+    def new_call_id(self) -> str:
+        return str(uuid.uuid4())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        await super().aclose()
+        if self._key_dir is not None:
+            shutil.rmtree(self._key_dir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- REST
+
+    def rest_routes(self) -> list[BaseRoute]:
+        return [Route("/v1/calls/{uuid}", self._rest_call, methods=["PUT"])]
+
+    def _authorised(self, authorization: str | None) -> bool:
+        if self._public_key is None or not authorization or not authorization.startswith("Bearer "):
+            return False
+        try:
+            claims = jwt.decode(
+                authorization.removeprefix("Bearer "),
+                self._public_key,  # type: ignore[arg-type]
+                algorithms=["RS256"],
+                options={"require": ["application_id", "iat", "exp", "jti"]},
+            )
+        except jwt.PyJWTError:
+            return False
+        return bool(claims.get("application_id") == self.application_id)
+
+    async def _rest_call(self, request: Request) -> Response:
+        if not self._authorised(request.headers.get("authorization")):
+            self.rest_refusals.append("unauthorised")
+            return JSONResponse({"type": "https://developer.nexmo.com/api-errors#unauthorized", "title": "Unauthorized"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict) or body.get("action") != "hangup":
+            self.rest_refusals.append(f"bad body {body!r}")
+            return JSONResponse({"title": "Bad Request", "detail": "unsupported action"}, status_code=400)
+        call_id = request.path_params["uuid"]
+        if not self.end_call(call_id):
+            return JSONResponse({"title": "Not Found", "detail": f"call {call_id} not found"}, status_code=404)
+        self.hangups.append(call_id)
+        return Response(status_code=204)
+
+    # ------------------------------------------------------------- webhooks
+
+    @property
+    def answer_url(self) -> str:
+        return self.bridge_url + "/vonage/answer"
+
+    @property
+    def event_url(self) -> str:
+        """The application's event URL: events about the call itself go there."""
+        return self.bridge_url + "/vonage/events"
+
+    async def _post_event(self, url: str, event: dict[str, Any]) -> httpx.Response:
+        body = orjson.dumps(event)
+        headers = {"Authorization": sign_webhook(self.secret, self.application_id, body), "Content-Type": "application/json"}
+        return await self._http.post(url, content=body, headers=headers)
+
+    async def report_completed(self, call: SimCall) -> None:
+        """The call is over: ``completed`` for the websocket leg (to the NCCO's eventUrl), then for the call."""
+        leg = self.legs.get(call.call_id)
+        if leg is None:
+            return
+        now = _timestamp()
+        if leg.event_url and leg.ws_leg:
+            ws_event = {"from": _CALLER, "to": leg.ws_uri, "uuid": leg.ws_leg, "conversation_uuid": leg.conversation_uuid,
+                        "status": "completed", "direction": "outbound", "timestamp": now, "headers": leg.headers}  # fmt: skip
+            with contextlib.suppress(httpx.HTTPError):
+                await self._post_event(leg.event_url, ws_event)
+        call_event = {"from": _CALLER, "to": _VONAGE_NUMBER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
+                      "status": "completed", "direction": "inbound", "timestamp": now, "duration": "1"}  # fmt: skip
+        with contextlib.suppress(httpx.HTTPError):
+            response = await self._post_event(self.event_url, call_event)
+            if response.status_code >= 300:
+                call.result.warnings.append(f"completed event answered HTTP {response.status_code}")
+        del self.legs[call.call_id]
+
+    # ----------------------------------------------------------------- call
+
+    async def open_stream(self, call: SimCall, reason: OpenReason) -> VonageStream | None:
+        """Answer the call (GET the answer URL), or report the dropped socket (``disconnected``), and follow the
+        NCCO that comes back."""
+        result = call.result
+        if reason == "answer":
+            leg = self.legs[call.call_id] = _Leg("CON-" + str(uuid.uuid4()))
+            params = {"to": _VONAGE_NUMBER, "from": _CALLER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
+                      "region_url": "https://api-eu-1.vonage.com"}  # fmt: skip
+            response = await self._http.get(
+                self.answer_url, params=params, headers={"Authorization": sign_webhook(self.secret, self.application_id)}
+            )
+        else:
+            leg = self.legs[call.call_id]
+            if reason == "closed_by_bridge":
+                await asyncio.sleep(0.05)  # the webhook is not instant; a REST hang-up racing the close lands first
+                if call.ended.is_set():
+                    result.hung_up_by = "bridge"
+                    result.log(call.clock(), "bridge", "hung up the call")
+                    await self.report_completed(call)
+                    return None
+            if not (leg.synchronous and leg.event_url):
+                result.log(call.clock(), self.provider, "websocket gone, no synchronous eventUrl: the call completes")
+                await self.report_completed(call)
+                return None
+            event = {"from": _CALLER, "to": leg.ws_uri, "uuid": leg.ws_leg, "conversation_uuid": leg.conversation_uuid,
+                     "status": "disconnected", "direction": "outbound", "timestamp": _timestamp(), "headers": leg.headers}  # fmt: skip
+            result.log(call.clock(), self.provider, f"websocket {leg.ws_leg} disconnected: POST eventUrl")
+            response = await self._post_event(leg.event_url, event)
+        if response.status_code not in (200, 204):
+            result.log(call.clock(), self.provider, f"webhook answered HTTP {response.status_code}: the call completes")
+            await self.report_completed(call)
+            return None
+        return await self._follow(call, leg, response)
+
+    async def _follow(self, call: SimCall, leg: _Leg, response: httpx.Response) -> VonageStream | None:
+        """Run the NCCO: a ``connect`` to a websocket opens it; anything else (or nothing) ends the call here."""
+        result = call.result
+        ncco = orjson.loads(response.content) if response.content.strip() else []
+        if not isinstance(ncco, list) or not ncco:
+            result.log(call.clock(), self.provider, "no NCCO: the call completes")
+            await self.report_completed(call)
+            return None
+        action = ncco[0]
+        endpoint = (action.get("endpoint") or [{}])[0] if isinstance(action, dict) else {}
+        if not isinstance(action, dict) or action.get("action") != "connect" or endpoint.get("type") != "websocket":
+            result.warnings.append(f"NCCO the simulator does not run: {response.text[:120]}")
+            await self.report_completed(call)
+            return None
+        announced = endpoint.get("content-type")
+        match = _CONTENT_TYPE.fullmatch(announced) if isinstance(announced, str) else None
+        headers = endpoint.get("headers") or {}
+        if match is None or not isinstance(headers, dict) or len(orjson.dumps(headers)) >= _MAX_HEADERS_BYTES:
+            result.warnings.append(f"NCCO websocket endpoint Vonage rejects: {orjson.dumps(endpoint).decode()[:160]}")
+            await self.report_completed(call)
+            return None
+        event_urls = action.get("eventUrl")
+        leg.event_url = event_urls[0] if isinstance(event_urls, list) and event_urls else None
+        leg.synchronous = action.get("eventType") == "synchronous"
+        leg.ws_uri, leg.headers, leg.ws_leg = endpoint["uri"], headers, str(uuid.uuid4())
+        try:
+            ws = await connect(endpoint["uri"], compression=None)
+        except (InvalidStatus, OSError) as exc:
+            result.log(call.clock(), self.provider, f"websocket connect failed ({exc}): the call completes")
+            await self.report_completed(call)
+            return None
+        rate = int(match.group(1))
+        stream = VonageStream(WebSocketConnection(ws), leg.ws_leg, call, rate, self)
+        await stream.send(orjson.dumps({"event": "websocket:connected", "content-type": announced, **headers}).decode())
+        return stream
+
+    # ------------------------------------------------------------ the matrix
+
+    def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
+        assert isinstance(stream, VonageStream)
+        leg = self.legs[stream.call.call_id]
+        connected = {"event": "websocket:connected", "content-type": f"audio/l16;rate={stream.rate_hz}", **leg.headers}
+        return {
+            "non_json_text": ("{this is not json", "not_json"),
+            "json_not_an_object": ('["websocket:dtmf"]', "not_an_object"),
+            "odd_sized_audio": (bytes(stream.frame_bytes + 1), "bad_field"),
+            "oversized_audio": (bytes(stream.frame_bytes * 11), "oversized"),
+            "oversized_text": ('{"event":"websocket:notify","pad":"' + "x" * 20_000 + '"}', "oversized"),
+            "unknown_event": ('{"event":"teleport"}', "unknown_event"),
+            "event_missing": ('{"digit":"5"}', "missing_field"),
+            "bad_dtmf_digit": ('{"event":"websocket:dtmf","digit":"Z"}', "bad_field"),
+            "notify_without_payload": ('{"event":"websocket:notify"}', "missing_field"),
+            "second_connected": (orjson.dumps(connected).decode(), "out_of_order"),
+        }
+
+    async def forged_requests_refused(self) -> bool:
+        call_id = self.new_call_id()
+        params = {"to": _VONAGE_NUMBER, "from": _CALLER, "uuid": call_id, "conversation_uuid": "CON-" + str(uuid.uuid4())}
+        forged = await self._http.get(self.answer_url, params=params, headers={"Authorization": sign_webhook("not-the-secret", self.application_id)})
+        unsigned = await self._http.get(self.answer_url, params=params)
+        stale = await self._http.get(
+            self.answer_url, params=params, headers={"Authorization": sign_webhook(self.secret, self.application_id, issued_at=time.time() - 3600)}
+        )
+        event = orjson.dumps({"uuid": call_id, "status": "disconnected", "headers": {"call_uuid": call_id}})
+        tampered = await self._http.post(
+            self.event_url,
+            content=event.replace(b"disconnected", b"completed"),
+            headers={"Authorization": sign_webhook(self.secret, self.application_id, event), "Content-Type": "application/json"},
+        )
+        refused = all(r.status_code == 403 for r in (forged, unsigned, stale, tampered))
+        # the media socket is admitted by the single-use token our answer minted: a made-up one is refused
+        media_url = self.bridge_url.replace("http", "ws", 1) + "/vonage/media"
+        async with connect(media_url, compression=None) as ws:
+            await ws.send(orjson.dumps({"event": "websocket:connected", "content-type": "audio/l16;rate=16000", "call_uuid": call_id, "token": "forged"}).decode())
+            with contextlib.suppress(Exception):
+                async for _ in ws:
+                    pass
+            return refused and ws.close_code == 1008
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
