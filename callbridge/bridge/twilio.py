@@ -29,7 +29,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
-__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "public_base", "twilio_compatible_router", "twiml_connect"]
+__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "TwilioSignatures", "twilio_dialect", "public_base", "twilio_compatible_router", "twiml_connect"]
 
 log = get_logger(__name__)
 
@@ -99,7 +99,9 @@ _HANGUP = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
 _BUSY = '<?xml version="1.0" encoding="UTF-8"?><Response><Reject reason="busy"/></Response>'
 
 
-class _Signatures:
+class TwilioSignatures:
+    """Twilio's HMAC signature check (``RequestValidator``) with a dialect's key; always valid when switched off."""
+
     def __init__(self, dialect: TwilioDialect) -> None:
         self.enabled = dialect.validate_signatures
         key = dialect.signing_key
@@ -116,7 +118,7 @@ class _Signatures:
 def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -> APIRouter:
     """The answer webhook, media websocket and stream status callback of a Twilio-compatible carrier."""
     settings = services.settings
-    signatures = _Signatures(dialect)
+    signatures = TwilioSignatures(dialect)
     name, header = dialect.name, dialect.signature_header
     if signatures.enabled and dialect.signing_key is None:
         log.info("carrier_not_configured", provider=name, detail=f"no {name} signing key: every {name} request gets 403")
