@@ -1,0 +1,77 @@
+"""The one-URL-for-all ``/media`` endpoint end to end: each websocket carrier's simulator, its media connection
+pointed at ``/media`` instead of the carrier's own path (re-signed where the carrier signs the URL)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+import pytest
+from twilio.request_validator import RequestValidator
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.carriers import SIMULATED
+from callbridge.sim.runner import running_bridge
+from tests.bridge.twilio_e2e import engine, settings, short_speech
+
+WEBSOCKET_CARRIERS = sorted(name for name in SIMULATED if name != "audiosocket")
+SIGNATURE_HEADERS = ("X-Twilio-Signature", "X-SignalWire-Signature")
+
+
+def generic_url(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/media", parts.query, ""))
+
+
+@pytest.mark.parametrize("provider", WEBSOCKET_CARRIERS)
+async def test_a_call_through_the_generic_media_url(provider: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    recorder = engine()
+    module = sys.modules[SIMULATED[provider].__module__]
+    original_connect = module.connect
+    opened: list[str] = []
+
+    async with running_bridge(settings(), recorder, provider=provider) as bridge:
+        validator = RequestValidator(bridge.carrier.secret)
+
+        def connect(url: str, *args: Any, additional_headers: Any = None, **kwargs: Any) -> Any:
+            url = generic_url(url)
+            opened.append(url)
+            headers = dict(additional_headers or {})
+            for header in SIGNATURE_HEADERS:
+                if header in headers:
+                    headers[header] = validator.compute_signature(url, {})
+            return original_connect(url, *args, additional_headers=headers, **kwargs)
+
+        monkeypatch.setattr(module, "connect", connect)
+        script = CallerScript(utterances=((300, short_speech()),), dtmf=((200, "7"),), interrupt_after_agent_ms=600, hangup_at_ms=5000)
+        result = await bridge.carrier.place_call(script)
+        labels = {"provider": provider, "end": "caller_hung_up"}
+        ended = bridge.app.state.bridge.registry.get_sample_value("callbridge_calls_total", labels)
+    assert opened and all(url.endswith("/media") for url in opened)
+    assert result.warnings == [] and result.agent_speech_ms > 0, result.render()
+    assert recorder.opened and len(recorder.resumed) == 0
+    if bridge.carrier.says_goodbye:
+        assert ended == 1  # counted under the carrier it was recognised as
+
+
+async def test_forged_signature_and_missing_token_are_refused() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        url = bridge.base_url.replace("http://", "ws://") + "/media"
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, additional_headers={"X-Twilio-Signature": "forged"})
+        assert refused.value.response.status_code == 403
+        signature = RequestValidator(bridge.carrier.secret).compute_signature(url, {})
+        async with connect(url, additional_headers={"X-Twilio-Signature": signature}) as ws:
+            start = {"streamSid": "MZ9", "accountSid": "AC" + "1" * 32, "callSid": "CA9", "customParameters": {"token": "not-minted"},
+                     "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}  # fmt: skip
+            await ws.send(orjson.dumps({"event": "start", "streamSid": "MZ9", "start": start}).decode())
+            with pytest.raises(ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)
+            assert ws.close_code == 1008
+    assert recorder.opened == []
