@@ -21,6 +21,9 @@ from typing import Any, Final, TextIO
 from callbridge import __version__
 from callbridge.config import ConfigError, Settings, load_settings, merge_overrides, parse_assignment
 
+SIMULATED_CARRIERS: Final = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket")
+"""``callbridge.sim.carriers.SIMULATED``'s names, here so that ``--help`` imports nothing heavy (a test keeps them equal)."""
+
 __all__ = ["main", "run"]
 
 EXIT_OK: Final = 0
@@ -93,7 +96,12 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Place one simulated phone call (a faithful simulated Twilio) through a bridge and the "
         "configured engine, both started in this process; print the call's timeline and write what the caller heard.",
     )
-    simulate.add_argument("--provider", choices=["twilio"], default="twilio")
+    simulate.add_argument(
+        "--provider",
+        choices=SIMULATED_CARRIERS,
+        default="twilio",
+        help="the carrier to simulate (its wire, answer flow and quirks; default: twilio)",
+    )
     simulate.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
     simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
     simulate.add_argument("--speak-at", metavar="S", type=float, default=0.5, help="when the caller starts talking")
@@ -222,7 +230,7 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
           f"({len(speech) // 16} ms); engine: {settings.engine.kind}")
-    result = asyncio.run(simulate_call(settings, script))
+    result = asyncio.run(simulate_call(settings, script, provider=args.provider))
     print(result.render())
     write_wav_8k(args.out, bytes(result.heard))
     print(

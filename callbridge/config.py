@@ -57,6 +57,9 @@ class ServerSettings(_Section):
     """The https URL carriers reach this bridge at; stream URLs and webhook signatures use it."""
     max_calls: Annotated[int, Field(ge=1)] = 100
     """Concurrent calls admitted by one process; beyond it new calls are refused."""
+    generic_media_requires_token: bool = True
+    """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless Exotel
+    credentials admit them. Switch off only where the network admits nothing but your carriers."""
 
 
 class LogSettings(_Section):
@@ -140,32 +143,81 @@ class SignalWireSettings(_Section):
 
 class TelnyxSettings(_Section):
     api_key: SecretStr | None = None
-    public_key: str | None = None
-    """The account's ed25519 public key (base64) for webhook signatures."""
+    """Call Control REST (answer, streaming_start, hangup): ``Authorization: Bearer <api_key>``."""
+    public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$")] | None = None
+    """The account's ed25519 public key (base64 of the 32 raw bytes, as the portal shows it) for webhook signatures."""
+    validate_signatures: bool = True
+    """Check ``telnyx-signature-ed25519`` on the webhooks. Switch off only for local development."""
+    api_base_url: str = "https://api.telnyx.com"
+    """Where the Call Control API is (``/v2/calls/…``); a simulated Telnyx in tests."""
+    codec: Literal["PCMU", "PCMA"] = "PCMU"
+    """The stream codec both ways (``stream_codec`` and ``stream_bidirectional_codec``): G.711 μ-law or A-law."""
 
 
 class PlivoSettings(_Section):
     auth_id: str | None = None
     auth_token: SecretStr | None = None
+    """REST hang-up (basic auth with ``auth_id``) and the key of X-Plivo-Signature-V3."""
+    validate_signatures: bool = True
+    """Check X-Plivo-Signature-V3 on the webhooks. Switch off only for local development."""
+    api_base_url: str = "https://api.plivo.com"
+    """Where the REST API (hang-up) is; a simulated Plivo in tests."""
+    content_type: Literal["audio/x-mulaw;rate=8000", "audio/x-l16;rate=8000", "audio/x-l16;rate=16000"] = (
+        "audio/x-mulaw;rate=8000"
+    )
+    """The ``<Stream contentType>``: the audio format of both directions."""
 
 
 class ExotelSettings(_Section):
     account_sid: str | None = None
+    """For reference (logs); the bridge makes no Exotel REST call: closing the socket ends the bot segment."""
     api_key: str | None = None
+    """The user part of the Voicebot URL ``wss://API_KEY:API_TOKEN@host/exotel/media`` (sent as Basic auth)."""
     api_token: SecretStr | None = None
+    validate_credentials: bool = True
+    """Refuse a media upgrade whose ``Authorization: Basic`` is not ``api_key:api_token``."""
+    allowed_sources: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$")]] = Field(default_factory=list)
+    """CIDRs (or addresses) Exotel connects from; empty: any. The peer address as the server sees it."""
+    min_chunk_bytes: Annotated[int, Field(ge=320, le=99840, multiple_of=320)] = 3200
+    """The smallest outbound media chunk (Exotel: 3.2 kB, a multiple of 320); frames are also ≥ 100 ms."""
 
 
 class VonageSettings(_Section):
     application_id: str | None = None
+    """The Vonage application: claim of the REST hang-up JWT, and checked against signed webhooks' claim."""
     private_key_path: Path | None = None
+    """The application's private key (PEM) that signs the REST hang-up JWT (RS256)."""
     signature_secret: SecretStr | None = None
+    """The account's signature secret: signed webhooks are HS256 JWTs over the body's SHA-256."""
     audio_rate_hz: Literal[8000, 16000] = 16000
+    """The L16 rate of the websocket (``content-type: audio/l16;rate=…``), both directions."""
+    validate_signatures: bool = True
+    """Check the signed-webhook JWT on the answer and event webhooks. Switch off only for local development."""
+    api_base_url: str = "https://api.nexmo.com"
+    """Where the Voice REST API (hang-up) is; a regional host, or a simulated Vonage in tests."""
 
 
 class AudioSocketSettings(_Section):
+    """Asterisk AudioSocket: a TCP listener Asterisk connects to (``AudioSocket(<uuid>,host:port)``)."""
+
     enabled: bool = False
     host: str = "127.0.0.1"
     port: Port = 9092
+    allowed_sources: list[str] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
+    """CIDRs Asterisk may connect from; other peers are closed at once (AudioSocket has no credentials)."""
+    first_frame_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
+    """How long a new connection may take to send its uuid frame, and then its first audio frame."""
+    idle_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms)."""
+
+    def model_post_init(self, context: Any) -> None:
+        import ipaddress
+
+        for source in self.allowed_sources:
+            try:
+                ipaddress.ip_network(source, strict=False)
+            except ValueError:
+                raise ValueError(f"allowed_sources: {source!r} is not an IP address or CIDR") from None
 
 
 class SipSettings(_Section):

@@ -120,3 +120,10 @@ def test_simulate_places_a_call_and_writes_what_the_caller_heard(tmp_path: Path)
 def test_simulate_with_a_missing_audio_file(tmp_path: Path) -> None:
     result = run_cli("simulate", "--audio", str(tmp_path / "nope.wav"))
     assert result.returncode == 2 and "nope.wav" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_simulate_offers_every_simulated_carrier() -> None:
+    from callbridge.cli import SIMULATED_CARRIERS
+    from callbridge.sim.carriers import SIMULATED
+
+    assert sorted(SIMULATED_CARRIERS) == sorted(SIMULATED)

@@ -3,7 +3,8 @@ messages out, driven by a clock passed in.
 
 Inputs (each takes ``now_ms``): ``receive_message`` (a websocket message from
 the carrier), ``engine_bound`` / ``start_refused`` (the driver's answer to
-``start_request``), ``receive_engine_event``, ``transport_lost``, ``tick``.
+``start_request``), ``receive_engine_event``, ``carrier_ended`` (a webhook
+says the call is over), ``transport_lost``, ``tick``.
 Outputs, drained by the driver after every input: ``messages_to_send()`` (to
 the carrier), ``engine_commands()``, and the facts ``start_request``,
 ``hangup``, ``close_transport``, ``detach_engine``; sleep until
@@ -239,10 +240,13 @@ class CallSession:
         self._starting_buffer_ms = 0
         self.tick(now_ms)
 
-    def start_refused(self, reason: str) -> None:
-        """The stream may not be bridged (bad token, no engine capacity): close it, touch nothing else."""
+    def start_refused(self, reason: str, *, hang_up: bool = False) -> None:
+        """The stream may not be bridged (bad token, no engine capacity): close it, touch nothing else —
+        except the call itself when ``hang_up`` (no engine will take it), the carrier's way."""
         self._transition(_Trigger.START_REFUSED)
         self.end_reason = reason
+        if hang_up:
+            self._hang_up(reason)
         self.close_transport = True
 
     def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
@@ -272,6 +276,13 @@ class CallSession:
                 self.close_transport = True
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
+
+    def carrier_ended(self, reason: str, now_ms: int) -> None:
+        """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
+        if self.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):
+            return
+        self._on_carrier_event(StreamStopped(), now_ms)
+        self.end_reason = reason
 
     def transport_lost(self, now_ms: int) -> None:
         """The carrier's socket closed without ``stop``: keep the engine session for the next stream.

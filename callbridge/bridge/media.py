@@ -185,6 +185,7 @@ class MediaStreamDriver:
             self.session = session
             self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms)
             services.active_calls.add(start.call_id)
+            services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
             self.log.info("call_bridged", engine=how, call_offset_ms=offset_ms)
             await self._flush()
@@ -198,10 +199,14 @@ class MediaStreamDriver:
         self.log.warning("stream_refused", reason=reason)
         async with self._lock:
             if self.call.state is CallState.STARTING:
-                self.call.start_refused(reason)
+                self.call.start_refused(reason, hang_up=hang_up)
             await self._flush()
-        if hang_up:
-            await self._hang_up(reason)
+
+    async def end_by_carrier(self, reason: str) -> None:
+        """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""
+        async with self._lock:
+            self.call.carrier_ended(reason, _now_ms())
+            await self._flush()
 
     # ---------------------------------------------------------------- engine
 
@@ -303,6 +308,8 @@ class MediaStreamDriver:
         session = self.session
         if session is not None and start is not None:
             services.active_calls.discard(start.call_id)
+            if services.live_streams.get(start.call_id) is self:
+                del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
             if call.detach_engine and not session.closed:
                 try:

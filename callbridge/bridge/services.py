@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -14,7 +15,7 @@ from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.port import DuplexEngine, SessionConfig, TurnDetection
 
-__all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "build_engine", "call_options", "session_config"]
+__all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
@@ -45,6 +46,14 @@ class BridgeMetrics:
         )
 
 
+class LiveStream(Protocol):
+    """A call's media stream being served by this process (``MediaStreamDriver``)."""
+
+    async def end_by_carrier(self, reason: str) -> None:
+        """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
+        ...
+
+
 @dataclass
 class BridgeServices:
     settings: Settings
@@ -55,6 +64,18 @@ class BridgeServices:
     hang_up: HangUpFn
     draining: bool = False
     active_calls: set[str] = field(default_factory=set)
+    live_streams: dict[str, LiveStream] = field(default_factory=dict)
+    """call id → the stream serving it here, once bound to its engine session."""
+
+    async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
+        """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx
+        ``call.hangup``), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
+        session closes, not kept for a resume), and a later stream or redirect for the call is refused."""
+        stream = self.live_streams.get(call_id)
+        if stream is not None:
+            await stream.end_by_carrier(reason)
+        if self.registry.ended_reason(call_id) is None:
+            self.registry.mark_ended(call_id, reason)
 
     def admits(self, call_id: str) -> bool:
         """Whether a call may be answered now: not draining, and under ``server.max_calls`` unless the call is

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from callbridge.sim.audiosocket import SimulatedAudioSocket
 from callbridge.sim.carrier import SimulatedCarrier
+from callbridge.sim.exotel import SimulatedExotel
+from callbridge.sim.plivo import SimulatedPlivo
+from callbridge.sim.telnyx import SimulatedTelnyx
 from callbridge.sim.twilio import SimulatedSignalWire, SimulatedTwilio
+from callbridge.sim.vonage import SimulatedVonage
 
 __all__ = ["SIMULATED"]
 
 SIMULATED: dict[str, type[SimulatedCarrier]] = {
     "twilio": SimulatedTwilio,
     "signalwire": SimulatedSignalWire,
+    "exotel": SimulatedExotel,
+    "plivo": SimulatedPlivo,
+    "telnyx": SimulatedTelnyx,
+    "vonage": SimulatedVonage,
+    "audiosocket": SimulatedAudioSocket,
 }

@@ -33,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import hashlib
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
 
@@ -49,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
@@ -227,7 +229,7 @@ class SimulatedTelnyx(SimulatedCarrier):
         """Every Call Control command received: (call_control_id, action, body)."""
         self._pending: dict[str, asyncio.Future[tuple[str, dict[str, Any]]]] = {}
         self._streams: dict[str, TelnyxStream] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self.user_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, self.api_key))
         self._http = httpx.AsyncClient(timeout=10.0)
 
@@ -370,8 +372,13 @@ class SimulatedTelnyx(SimulatedCarrier):
             user_id=self.user_id, swap_every=self.swap_every, on_caller_hangup=lambda: self._call_over(call, "normal_clearing", "caller"),
         )  # fmt: skip
         self._streams[call.call_id] = stream
-        await self.post_webhook("streaming.started", call, stream_id=stream_id)
+        self._in_background(self.post_webhook("streaming.started", call, stream_id=stream_id))  # webhooks trail the media
         return stream
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def end_call(self, call_id: str) -> bool:
         """The call ends on Telnyx's side (Call Control hangup or reject): its webhooks follow."""
@@ -379,9 +386,7 @@ class SimulatedTelnyx(SimulatedCarrier):
         call = self.calls.get(call_id)
         if ended and call is not None:
             self._resolve(call_id, "ended", {})
-            task = asyncio.get_running_loop().create_task(self._call_over(call, "normal_clearing", "callee"))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._call_over(call, "normal_clearing", "callee"))
         return ended
 
     async def _call_over(self, call: SimCall, cause: str, source: str) -> None:
@@ -447,8 +452,9 @@ class SimulatedTelnyx(SimulatedCarrier):
             }
             await ws.send('{"event":"connected","version":"1.0.0"}')
             await ws.send(orjson.dumps({"event": "start", "sequence_number": "1", "stream_id": str(uuid.uuid4()), "start": start}).decode())
-            async for _ in ws:
-                pass
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:
+                    pass
             return ws.close_code == 1008
 
 

@@ -20,8 +20,9 @@ It does what Vonage does for an inbound call whose answer URL is the bridge:
 - when the socket drops (a network failure, or the bridge closing it without
   hanging up), POSTs the signed ``disconnected`` event to the ``eventUrl`` and
   follows the NCCO it returns (no NCCO: the call completes);
-- when the caller hangs up: closes the socket, then POSTs ``completed`` for the
-  websocket leg (to the ``eventUrl``) and for the call (to the application's
+- when the caller hangs up: closes the socket and POSTs ``completed`` for the
+  websocket leg (to the ``eventUrl``, headers echoed: whenever Vonage itself
+  closes the leg), then ``completed`` for the call (to the application's
   event URL, the bridge's ``/vonage/events``);
 - serves the REST hang-up, ``PUT /v1/calls/{uuid}`` ``{"action":"hangup"}``,
   checking the RS256 application JWT with the public key of the key pair it
@@ -39,6 +40,7 @@ import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
@@ -52,13 +54,20 @@ from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
+from websockets.protocol import State
 
 from callbridge.config import Settings
-from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection
+from callbridge.sim.carrier import (
+    OpenReason,
+    SimCall,
+    SimStream,
+    SimulatedCarrier,
+    WebSocketConnection,
+)
 
-__all__ = ["SimulatedVonage", "VonageStream", "sign_webhook"]
+__all__ = ["SimulatedVonage", "VonageConnection", "VonageStream", "sign_webhook"]
 
 _CONTENT_TYPE: Final = re.compile(r"audio/l16;rate=(8000|16000)")
 _MAX_HEADERS_BYTES: Final = 512
@@ -98,12 +107,27 @@ class _Leg:
     synchronous: bool = False
 
 
+class VonageConnection(WebSocketConnection):
+    """The websocket leg: when Vonage itself closes it (the leg is over), it reports the leg ``completed``."""
+
+    def __init__(self, ws: ClientConnection, on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(ws)
+        self._on_close: Callable[[], Awaitable[None]] | None = on_close
+
+    async def close(self) -> None:
+        ours = self.ws.state is State.OPEN
+        await super().close()
+        report, self._on_close = self._on_close, None
+        if ours and report is not None:
+            await report()
+
+
 class VonageStream(SimStream):
     """One Vonage websocket: binary PCM16 LE frames of 20 ms, JSON text events."""
 
     marks_echoed_on_clear: ClassVar[bool] = False
 
-    def __init__(self, conn: WebSocketConnection, leg_uuid: str, call: SimCall, rate_hz: int, carrier: SimulatedVonage) -> None:
+    def __init__(self, conn: VonageConnection, leg_uuid: str, call: SimCall, rate_hz: int, carrier: SimulatedVonage) -> None:
         super().__init__(conn, leg_uuid, rate_hz, call)
         self.carrier = carrier
         self._up: Any = None
@@ -122,7 +146,7 @@ class VonageStream(SimStream):
         await self.send(orjson.dumps({"event": "websocket:dtmf", "digit": digit, "duration": 260}).decode())
 
     async def send_stop(self) -> None:
-        """The call is over: Vonage closes the websocket leg, then reports ``completed``."""
+        """The call is over: Vonage closes the websocket leg (reporting it ``completed``), then the call."""
         await self.conn.close()
         self.dropped = True
         await self.carrier.report_completed(self.call)
@@ -266,17 +290,20 @@ class SimulatedVonage(SimulatedCarrier):
         headers = {"Authorization": sign_webhook(self.secret, self.application_id, body), "Content-Type": "application/json"}
         return await self._http.post(url, content=body, headers=headers)
 
+    async def report_leg_completed(self, leg: _Leg, ws_leg: str, headers: dict[str, Any]) -> None:
+        """A websocket leg Vonage closed is over: ``completed`` to the NCCO's eventUrl, headers echoed."""
+        if leg.event_url:
+            event = {"from": _CALLER, "to": leg.ws_uri, "uuid": ws_leg, "conversation_uuid": leg.conversation_uuid,
+                     "status": "completed", "direction": "outbound", "timestamp": _timestamp(), "headers": headers}  # fmt: skip
+            with contextlib.suppress(httpx.HTTPError):
+                await self._post_event(leg.event_url, event)
+
     async def report_completed(self, call: SimCall) -> None:
-        """The call is over: ``completed`` for the websocket leg (to the NCCO's eventUrl), then for the call."""
+        """The call is over: ``completed`` for the call, to the application's event URL."""
         leg = self.legs.get(call.call_id)
         if leg is None:
             return
         now = _timestamp()
-        if leg.event_url and leg.ws_leg:
-            ws_event = {"from": _CALLER, "to": leg.ws_uri, "uuid": leg.ws_leg, "conversation_uuid": leg.conversation_uuid,
-                        "status": "completed", "direction": "outbound", "timestamp": now, "headers": leg.headers}  # fmt: skip
-            with contextlib.suppress(httpx.HTTPError):
-                await self._post_event(leg.event_url, ws_event)
         call_event = {"from": _CALLER, "to": _VONAGE_NUMBER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
                       "status": "completed", "direction": "inbound", "timestamp": now, "duration": "1"}  # fmt: skip
         with contextlib.suppress(httpx.HTTPError):
@@ -353,7 +380,12 @@ class SimulatedVonage(SimulatedCarrier):
             await self.report_completed(call)
             return None
         rate = int(match.group(1))
-        stream = VonageStream(WebSocketConnection(ws), leg.ws_leg, call, rate, self)
+        ws_leg = leg.ws_leg
+
+        async def leg_completed() -> None:
+            await self.report_leg_completed(leg, ws_leg, headers)
+
+        stream = VonageStream(VonageConnection(ws, leg_completed), ws_leg, call, rate, self)
         await stream.send(orjson.dumps({"event": "websocket:connected", "content-type": announced, **headers}).decode())
         return stream
 
@@ -379,7 +411,7 @@ class SimulatedVonage(SimulatedCarrier):
     async def forged_requests_refused(self) -> bool:
         call_id = self.new_call_id()
         params = {"to": _VONAGE_NUMBER, "from": _CALLER, "uuid": call_id, "conversation_uuid": "CON-" + str(uuid.uuid4())}
-        forged = await self._http.get(self.answer_url, params=params, headers={"Authorization": sign_webhook("not-the-secret", self.application_id)})
+        forged = await self._http.get(self.answer_url, params=params, headers={"Authorization": sign_webhook("not-the-secret-" + "x" * 32, self.application_id)})
         unsigned = await self._http.get(self.answer_url, params=params)
         stale = await self._http.get(
             self.answer_url, params=params, headers={"Authorization": sign_webhook(self.secret, self.application_id, issued_at=time.time() - 3600)}

@@ -100,7 +100,9 @@ async def test_drop_resumes_the_same_session(provider: str) -> None:
         result = await bridge.carrier.place_call(script)
     assert len(result.streams) == 2 and result.warnings == [], result.render()
     assert recorder.opened == recorder.resumed == [recorder.opened[0]]  # one session, resumed
-    assert 600 <= result.agent_speech_ms <= 720  # the greeting once, not replayed on the new stream
+    # the 660 ms greeting once, not replayed on the new stream (1320 ms); padded to the carrier's outbound chunk
+    # (Exotel at 8 kHz: 200 ms)
+    assert 600 <= result.agent_speech_ms <= 860, result.render()
 
 
 @pytest.mark.parametrize("provider", CARRIERS)

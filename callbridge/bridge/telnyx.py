@@ -1,0 +1,324 @@
+"""Telnyx's HTTP side: Call Control webhooks (signed with ed25519), the media websocket, and the Call Control REST
+commands — answer with streaming, restart streaming, reject, hang up (telephony-protocols.md §3.1, §7).
+
+Flow of an inbound call::
+
+    call.initiated  ──▶  POST /v2/calls/{id}/actions/answer   stream_url = wss://…/telnyx/media, rtp both ways,
+                                                              the call's single-use token in custom_parameters
+    media socket    ──▶  MediaStreamDriver(TelnyxCodec)        (the token is checked in ``start``)
+    streaming.stopped / streaming.failed while the call is up and not over
+                    ──▶  POST …/actions/streaming_start       a new token; the new stream resumes the engine session
+    call.hangup     ──▶  the call is over (no restart, a late stream is refused)
+
+The call's key is ``call_control_id``: it survives a stream restart, the
+``stream_id`` does not. A Telnyx call outlives its stream (the stream is a fork
+of the call), so a call whose stream cannot be restarted — too many restarts,
+or the bridge is draining — is hung up rather than left in silence.
+
+Webhooks are verified with the account's ed25519 public key: the signature
+(``telnyx-signature-ed25519``, base64) is over ``f"{telnyx-timestamp}|{body}"``
+with the raw body, and a timestamp more than 5 minutes off is refused (no
+replays). A failed check is a 403 and nothing else. The media websocket has no
+signature of its own: a stream is bridged only with a token an answer minted.
+
+Call Control commands are answered 200 ``{"data":{"result":"ok"}}``; a 422
+whose error code is 90018 means the call has already ended, which is done for
+a hang-up.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final
+from urllib.parse import quote
+
+import httpx
+import orjson
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from fastapi import APIRouter, Request, Response, WebSocket
+from pydantic import SecretStr
+
+from callbridge.bridge.carriers import Carrier, ws_url
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.providers.telnyx import TelnyxCodec
+from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.twilio import public_base
+from callbridge.config import Settings
+from callbridge.logging import get_logger
+
+__all__ = [
+    "ALREADY_ENDED",
+    "CARRIER",
+    "EVENTS_PATH",
+    "MAX_SIGNATURE_AGE_S",
+    "MEDIA_PATH",
+    "TelnyxCalls",
+    "TelnyxRest",
+    "TelnyxSignatures",
+    "stream_parameters",
+    "telnyx_router",
+]
+
+log = get_logger(__name__)
+
+EVENTS_PATH: Final = "/telnyx/events"
+MEDIA_PATH: Final = "/telnyx/media"
+SIGNATURE_HEADER: Final = "telnyx-signature-ed25519"
+TIMESTAMP_HEADER: Final = "telnyx-timestamp"
+MAX_SIGNATURE_AGE_S: Final = 300
+ALREADY_ENDED: Final = "90018"
+"""Call Control error code: "Call has already ended"."""
+MAX_STREAM_RESTARTS: Final = 5
+"""Streams restarted for one call before it is hung up instead (a stream that fails at once would loop)."""
+
+_FORBIDDEN: Final = 403
+
+
+class TelnyxSignatures:
+    """ed25519 webhook signatures: over ``timestamp|body``, at most ``MAX_SIGNATURE_AGE_S`` off the clock."""
+
+    def __init__(self, public_key: str | None, *, enabled: bool = True, clock: Callable[[], float] = time.time) -> None:
+        self.enabled = enabled
+        self._clock = clock
+        self._key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key, validate=True)) if public_key else None
+
+    def valid(self, body: bytes, signature: str | None, timestamp: str | None) -> bool:
+        if not self.enabled:
+            return True
+        if self._key is None or not signature or not timestamp:
+            return False
+        try:
+            sent_at = int(timestamp)
+            raw = base64.b64decode(signature, validate=True)
+        except (ValueError, binascii.Error):
+            return False
+        if abs(self._clock() - sent_at) > MAX_SIGNATURE_AGE_S:
+            return False
+        try:
+            self._key.verify(raw, timestamp.encode("ascii") + b"|" + body)
+        except InvalidSignature:
+            return False
+        return True
+
+
+def stream_parameters(stream_url: str, token: str, codec: str) -> dict[str, Any]:
+    """What starts our stream, on ``answer`` and ``streaming_start``: the caller's audio, rtp both ways in one codec
+    (the bridge sends back what ``start`` announces), and the token."""
+    return {
+        "stream_url": stream_url,
+        "stream_track": "inbound_track",
+        "stream_codec": codec,
+        "stream_bidirectional_mode": "rtp",
+        "stream_bidirectional_codec": codec,
+        "custom_parameters": [{"name": "token", "value": token}],
+    }
+
+
+class TelnyxRest:
+    """The Call Control commands the bridge sends (Bearer API key). Each raises ``httpx.HTTPError`` on failure."""
+
+    def __init__(self, base_url: str, api_key: SecretStr | None, *, client: httpx.AsyncClient | None = None) -> None:
+        self._base = base_url.rstrip("/")
+        self._key = api_key.get_secret_value() if api_key else None
+        self._client = client or httpx.AsyncClient(timeout=10.0)
+
+    async def command(self, call_id: str, action: str, body: dict[str, Any] | None = None) -> bool:
+        """``POST /v2/calls/{call_id}/actions/{action}``: True when done, False when the call had already ended."""
+        if not self._key:
+            raise RuntimeError("Telnyx Call Control needs telnyx.api_key")
+        response = await self._client.post(
+            f"{self._base}/v2/calls/{quote(call_id, safe=':')}/actions/{action}",
+            content=orjson.dumps({**(body or {}), "command_id": str(uuid.uuid4())}),
+            headers={"Authorization": f"Bearer {self._key}", "Content-Type": "application/json", "Accept": "application/json"},
+        )
+        if response.status_code == 422 and ALREADY_ENDED in _error_codes(response):
+            return False
+        response.raise_for_status()
+        return True
+
+    async def answer(self, call_id: str, stream_url: str, token: str, codec: str) -> bool:
+        return await self.command(call_id, "answer", stream_parameters(stream_url, token, codec))
+
+    async def start_streaming(self, call_id: str, stream_url: str, token: str, codec: str) -> bool:
+        return await self.command(call_id, "streaming_start", stream_parameters(stream_url, token, codec))
+
+    async def reject(self, call_id: str, cause: str = "USER_BUSY") -> bool:
+        return await self.command(call_id, "reject", {"cause": cause})
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """End the call; one that has already ended (422, code 90018) counts as done."""
+        await self.command(call_id, "hangup")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _error_codes(response: httpx.Response) -> set[str]:
+    try:
+        errors = response.json().get("errors", [])
+    except (ValueError, AttributeError):
+        return set()
+    return {str(error.get("code")) for error in errors if isinstance(error, dict)} if isinstance(errors, list) else set()
+
+
+class TelnyxCalls:
+    """Call Control for one bridge process: answers calls, restarts their streams, hangs up what cannot go on.
+
+    ``live``: calls answered and not hung up (by Telnyx's ``call.hangup``); ``restarts``: streams restarted per call.
+    """
+
+    def __init__(self, services: BridgeServices, rest: TelnyxRest | None = None) -> None:
+        config = services.settings.telnyx
+        self.services = services
+        self.codec = config.codec
+        self.rest = rest or TelnyxRest(config.api_base_url, config.api_key)
+        self.live: set[str] = set()
+        self.restarts: dict[str, int] = {}
+
+    async def on_event(self, event_type: str, payload: dict[str, Any], base: str) -> None:
+        """One verified webhook (``base``: our public https URL)."""
+        call_id = payload.get("call_control_id")
+        if not isinstance(call_id, str) or not call_id:
+            log.info("telnyx_event_ignored", event_type=event_type, reason="no call_control_id")
+            return
+        if event_type == "call.initiated":
+            await self._initiated(call_id, payload, base)
+        elif event_type in ("streaming.stopped", "streaming.failed"):
+            self.services.metrics.stream_status.labels("telnyx", event_type).inc()
+            await self._stream_ended(call_id, event_type, payload, base)
+        elif event_type == "streaming.started":
+            self.services.metrics.stream_status.labels("telnyx", event_type).inc()
+            log.info("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type)
+        elif event_type == "call.hangup":
+            self.live.discard(call_id)
+            self.restarts.pop(call_id, None)
+            if self.services.registry.ended_reason(call_id) is None:
+                self.services.registry.mark_ended(call_id, f"caller_hung_up:{payload.get('hangup_cause', 'unknown')}")
+            log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
+
+    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str) -> None:
+        services = self.services
+        if payload.get("direction", "incoming") != "incoming":
+            return  # a call we did not get: nothing to answer
+        if call_id in self.live or services.registry.ended_reason(call_id) is not None:
+            return  # a webhook delivered again (Telnyx retries until it gets a 2xx), or a call already over
+        try:
+            if not services.admits(call_id):
+                log.warning("call_refused", call_id=call_id, provider="telnyx", reason="draining" if services.draining else "capacity")
+                await self.rest.reject(call_id)
+                return
+            token = services.tokens.mint(call_id)
+            self.live.add(call_id)
+            if await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
+                log.info("call_answered", call_id=call_id, provider="telnyx", caller=payload.get("from"))
+            else:
+                self.live.discard(call_id)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            self.live.discard(call_id)
+            log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="answer", error=repr(exc))
+
+    async def _stream_ended(self, call_id: str, event_type: str, payload: dict[str, Any], base: str) -> None:
+        services = self.services
+        ended = services.registry.ended_reason(call_id)
+        log_fn = log.warning if event_type == "streaming.failed" else log.info
+        log_fn("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type, ended=ended, reason=payload.get("failure_reason"))
+        if call_id not in self.live:
+            return
+        restarts = self.restarts.get(call_id, 0)
+        try:
+            if ended is not None:
+                # over for the bridge (hung up, refused, or its stream said stop) but no call.hangup yet: a Telnyx
+                # call outlives its stream, so make sure it does not sit in silence (an ended call answers 90018)
+                self.live.discard(call_id)
+                self.restarts.pop(call_id, None)
+                await self.rest.hang_up(call_id, None)
+                return
+            if restarts >= MAX_STREAM_RESTARTS or not services.admits(call_id):
+                reason = "stream_restarts_exhausted" if restarts >= MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
+                services.registry.mark_ended(call_id, reason)
+                self.live.discard(call_id)
+                await self.rest.hang_up(call_id, None)
+                log.warning("call_hung_up", provider="telnyx", call_id=call_id, reason=reason)
+                return
+            self.restarts[call_id] = restarts + 1
+            token = services.tokens.mint(call_id)
+            if await self.rest.start_streaming(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
+                log.info("stream_restarted", provider="telnyx", call_id=call_id, restarts=restarts + 1)
+            else:
+                self.live.discard(call_id)
+                services.registry.mark_ended(call_id, "call_already_ended")
+        except (httpx.HTTPError, RuntimeError) as exc:
+            log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="streaming_start/hangup", error=repr(exc))
+
+    async def aclose(self) -> None:
+        await self.rest.aclose()
+
+
+_calls: dict[int, TelnyxCalls] = {}
+"""The ``TelnyxCalls`` of each app's services (by id; the router makes it, the app's lifespan closes it)."""
+
+
+def _calls_for(services: BridgeServices) -> TelnyxCalls:
+    calls = _calls.get(id(services))
+    if calls is None or calls.services is not services:
+        calls = _calls[id(services)] = TelnyxCalls(services)
+    return calls
+
+
+@asynccontextmanager
+async def _lifetime(services: BridgeServices) -> AsyncIterator[None]:
+    """Entered for the app's life: closes the Call Control client at shutdown."""
+    try:
+        yield
+    finally:
+        calls = _calls.get(id(services))
+        if calls is not None and calls.services is services:
+            del _calls[id(services)]
+            await calls.aclose()
+
+
+def telnyx_router(services: BridgeServices) -> APIRouter:
+    """The Call Control webhook and the media websocket."""
+    settings = services.settings
+    config = settings.telnyx
+    signatures = TelnyxSignatures(config.public_key, enabled=config.validate_signatures)
+    if signatures.enabled and config.public_key is None:
+        log.info("carrier_not_configured", provider="telnyx", detail="no telnyx.public_key: every telnyx webhook gets 403")
+    calls = _calls_for(services)
+    router = APIRouter()
+
+    @router.post(EVENTS_PATH)
+    async def events(request: Request) -> Response:
+        body = await request.body()
+        if not signatures.valid(body, request.headers.get(SIGNATURE_HEADER), request.headers.get(TIMESTAMP_HEADER)):
+            log.warning("signature_invalid", provider="telnyx", path=EVENTS_PATH)
+            return Response(status_code=_FORBIDDEN)
+        try:
+            data = orjson.loads(body)["data"]
+            event_type, payload = data["event_type"], data.get("payload") or {}
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return Response("not a Telnyx webhook", status_code=400)
+        if not isinstance(event_type, str) or not isinstance(payload, dict):
+            return Response("not a Telnyx webhook", status_code=400)
+        await calls.on_event(event_type, payload, public_base(settings, str(request.base_url)))
+        return Response(status_code=200)
+
+    @router.websocket(MEDIA_PATH)
+    async def media(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await MediaStreamDriver(websocket, TelnyxCodec(), services).run()
+
+    return router
+
+
+def telnyx_rest(settings: Settings) -> TelnyxRest:
+    return TelnyxRest(settings.telnyx.api_base_url, settings.telnyx.api_key)
+
+
+CARRIER: Final = Carrier(name="telnyx", router=telnyx_router, rest=telnyx_rest, listener=_lifetime)
