@@ -159,6 +159,7 @@ class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
 
     async def __aenter__(self) -> Self:
         if not self.settings.enabled:
+            log.info("carrier_not_configured", provider=PROVIDER, detail="audiosocket.enabled is false: no AudioSocket listener")
             return self
         self._server = await asyncio.start_server(self._accept, self.settings.host, self.settings.port)
         log.info("audiosocket_listening", host=self.settings.host, port=self.port, allowed_sources=self.settings.allowed_sources)

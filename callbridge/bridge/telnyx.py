@@ -13,7 +13,8 @@ Flow of an inbound call::
 The call's key is ``call_control_id``: it survives a stream restart, the
 ``stream_id`` does not. A Telnyx call outlives its stream (the stream is a fork
 of the call), so a call whose stream cannot be restarted — too many restarts,
-or the bridge is draining — is hung up rather than left in silence.
+the bridge full or draining, or the call already over for the bridge while
+Telnyx has not sent ``call.hangup`` — is hung up rather than left in silence.
 
 Webhooks are verified with the account's ed25519 public key: the signature
 (``telnyx-signature-ed25519``, base64) is over ``f"{telnyx-timestamp}|{body}"``
@@ -198,8 +199,8 @@ class TelnyxCalls:
         elif event_type == "call.hangup":
             self.live.discard(call_id)
             self.restarts.pop(call_id, None)
-            if self.services.registry.ended_reason(call_id) is None:
-                self.services.registry.mark_ended(call_id, f"caller_hung_up:{payload.get('hangup_cause', 'unknown')}")
+            # a live stream (no ``stop`` on its socket yet) ends as on a stop; a later stream or restart is refused
+            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{payload.get('hangup_cause', 'unknown')}")
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
 
     async def _initiated(self, call_id: str, payload: dict[str, Any], base: str) -> None:

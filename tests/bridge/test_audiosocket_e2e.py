@@ -10,8 +10,12 @@ import uuid
 
 from callbridge.bridge.providers.audiosocket import frame
 from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
-from callbridge.sim.audiosocket import MAX_AHEAD_MS, SimulatedAudioSocket
-from callbridge.sim.carrier import CallerScript
+from callbridge.sim.audiosocket import (
+    MAX_AHEAD_MS,
+    AudioSocketStream,
+    SimulatedAudioSocket,
+)
+from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 
@@ -100,3 +104,43 @@ async def test_a_drop_with_an_immediate_reconnect_resumes() -> None:
     assert len(result.streams) == 2 and result.warnings == [], result.render()
     assert recorder.opened == recorder.resumed == [recorder.opened[0]]
     assert 600 <= result.agent_speech_ms <= 720  # the greeting once, not replayed
+
+
+async def test_every_bad_input_ends_only_its_own_call() -> None:
+    """The matrix's bad-input run, except that closing the probe connection leaves its session detached (a close
+    is not a goodbye): counts are relative to the sessions open before each case."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider="audiosocket") as bridge:
+        sim = asterisk(bridge.carrier)
+        metrics = bridge.app.state.bridge.registry
+        good_call = asyncio.create_task(sim.place_call(CallerScript(utterances=((300, short_speech()),))))
+        await until(lambda: recorder.session_count == 1)
+        probe = SimCall(sim.new_call_id(), CallResult("probe"), lambda: 0)
+        first = await sim.open_stream(probe, "answer")
+        assert first is not None
+        await until(lambda: recorder.session_count == 2)
+        cases = sim.bad_inputs(first)
+        await first.conn.close()
+        registry = bridge.app.state.bridge.services.registry
+        await until(lambda: registry.get(probe.call_id) is not None)  # detached, kept for the grace
+        assert len(cases) >= 5
+        expected: dict[str, int] = {}
+        for case in sorted(cases):
+            before = recorder.session_count
+            call = SimCall(sim.new_call_id(), CallResult(case), lambda: 0)
+            sim.calls[call.call_id] = call
+            stream = await sim.open_stream(call, "answer")
+            assert isinstance(stream, AudioSocketStream), case
+            await until(lambda n=before: recorder.session_count == n + 1)
+            message, reason = sim.bad_inputs(stream)[case]
+            await stream.conn.send(message)
+            async for chunk in stream.conn.messages():
+                stream.receive(chunk)
+            assert stream.hangup_received, case  # a bound call is hung up in band, then closed
+            await until(lambda n=before: recorder.session_count == n)
+            expected[reason] = expected.get(reason, 0) + 1
+            labels = {"provider": "audiosocket", "reason": reason}
+            await until(lambda n=expected[reason], l=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", l) == n)
+        result = await good_call
+    assert result.warnings == [] and result.hung_up_by == "caller", result.render()
+    assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000

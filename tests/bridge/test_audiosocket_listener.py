@@ -15,7 +15,7 @@ import pytest
 from callbridge.bridge.app import BridgeState
 from callbridge.bridge.audiosocket import AudioSocketListener, source_allowed
 from callbridge.bridge.carriers import carriers
-from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, HANGUP_FRAME, frame
+from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, frame
 from callbridge.bridge.services import BridgeServices
 from callbridge.engine.commands import AckPlayback, CloseSession, CreateTextItem
 from callbridge.sim.runner import free_port
@@ -265,6 +265,20 @@ async def test_caller_hang_up_sends_nothing_more() -> None:
         assert b.services.registry.ended_reason(str(caller.call_id)) is None
 
 
+async def test_a_silent_connection_counts_as_dropped_and_resumes() -> None:
+    """A half-open connection (Asterisk gone without a FIN) sends nothing: after ``idle_timeout_s`` the bridge
+    detaches the session, and the dialplan's next ``AudioSocket()`` resumes it."""
+    async with bridge(engine(agent="tone"), idle_timeout_s=0.3) as b:
+        first = await Asterisk.connect(b.port)
+        await first.talk(400)  # then nothing, socket left open
+        await first.wait_closed(3.0)
+        assert b.services.registry.get(str(first.call_id)) is not None
+        second = await Asterisk.connect(b.port, first.call_id)
+        await second.talk(400)
+        await second.hang_up()
+    assert first.closed_by_bridge and b.engine.resumed == b.engine.opened == [b.engine.opened[0]]
+
+
 class TestAdmission:
     async def test_a_source_outside_allowed_sources_is_closed_at_once(self) -> None:
         async with bridge(allowed_sources=["10.0.0.0/8"]) as b:
@@ -366,6 +380,3 @@ def test_a_bad_cidr_is_a_config_error() -> None:
         load_settings(overrides={"audiosocket": {"allowed_sources": ["10.0.0.300/8"]}})
     assert "10.0.0.300/8" in str(exc.value)
 
-
-def test_hangup_frame_constant() -> None:
-    assert HANGUP_FRAME == frame(0x00)

@@ -11,7 +11,8 @@ import pytest
 
 import callbridge.bridge.telnyx as telnyx_bridge
 from callbridge.bridge.providers.telnyx import TelnyxCodec
-from callbridge.sim.carrier import CallerScript
+from callbridge.engine.commands import CloseSession
+from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
 from callbridge.sim.telnyx import SimulatedTelnyx, TelnyxStream
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
@@ -141,3 +142,31 @@ async def test_the_bridge_never_sends_what_telnyx_rejects() -> None:
     assert result.warnings == [] and len(result.clears) == 1, result.render()
     kinds = {message[:40].split('"event":"')[1].split('"')[0] for message in sent if isinstance(message, str)}
     assert kinds == {"media", "mark", "clear"} and all(isinstance(m, str) for m in sent)
+
+
+async def test_call_hangup_webhook_ends_a_stream_that_got_no_stop() -> None:
+    """Telnyx's ``call.hangup`` ends the call even if its socket never says ``stop``: the engine session is closed
+    (not kept for a resume) and the socket closed."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider="telnyx") as bridge:
+        sim: SimulatedTelnyx = bridge.carrier  # type: ignore[assignment]
+        call = SimCall(sim.new_call_id(), CallResult("hangup-webhook"), lambda: 0)
+        sim.calls[call.call_id] = call
+        stream = await sim.open_stream(call, "answer")
+        assert stream is not None
+        await stream.send_audio(bytes(320))
+        await until(lambda: recorder.session_count == 1)
+        call.ended.set()  # over on Telnyx's side
+        assert await sim.post_webhook("call.hangup", call, hangup_cause="normal_clearing", hangup_source="caller") == 200
+
+        async def closed() -> None:
+            async for _ in stream.conn.messages():
+                pass
+
+        await asyncio.wait_for(closed(), 5)
+        await until(lambda: recorder.session_count == 0)
+        ended = bridge.app.state.bridge.services.registry.ended_reason(call.call_id)
+    assert stream.conn.close_code == 1000
+    assert ended == "caller_hung_up:normal_clearing"
+    (session_id,) = recorder.opened
+    assert any(isinstance(c, CloseSession) for c in recorder.commands[session_id]) and recorder.resumed == []

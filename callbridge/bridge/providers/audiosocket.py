@@ -111,8 +111,6 @@ AUDIO_KINDS: Final = {
 }
 """Audio kind → sample rate (signed 16-bit little-endian mono)."""
 
-RATE_KINDS: Final = {rate: kind for kind, rate in AUDIO_KINDS.items()}
-
 HEADER_BYTES: Final = 3
 MAX_PAYLOAD_BYTES: Final = 0xFFFF
 HANGUP_FRAME: Final = b"\x00\x00\x00"
