@@ -66,6 +66,8 @@ class BridgeServices:
     active_calls: set[str] = field(default_factory=set)
     live_streams: dict[str, LiveStream] = field(default_factory=dict)
     """call id → the stream serving it here, once bound to its engine session."""
+    carrier_state: dict[str, object] = field(default_factory=dict)
+    """What a carrier keeps per bridge process beside its routes (Telnyx's Call Control state), by carrier."""
 
     async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
         """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx

@@ -261,14 +261,11 @@ class TelnyxCalls:
         await self.rest.aclose()
 
 
-_calls: dict[int, TelnyxCalls] = {}
-"""The ``TelnyxCalls`` of each app's services (by id; the router makes it, the app's lifespan closes it)."""
-
-
 def _calls_for(services: BridgeServices) -> TelnyxCalls:
-    calls = _calls.get(id(services))
-    if calls is None or calls.services is not services:
-        calls = _calls[id(services)] = TelnyxCalls(services)
+    """The process's ``TelnyxCalls`` (the router makes it, the app's lifespan closes it)."""
+    calls = services.carrier_state.get("telnyx")
+    if not isinstance(calls, TelnyxCalls):
+        calls = services.carrier_state["telnyx"] = TelnyxCalls(services)
     return calls
 
 
@@ -278,9 +275,8 @@ async def _lifetime(services: BridgeServices) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        calls = _calls.get(id(services))
-        if calls is not None and calls.services is services:
-            del _calls[id(services)]
+        calls = services.carrier_state.pop("telnyx", None)
+        if isinstance(calls, TelnyxCalls):
             await calls.aclose()
 
 
