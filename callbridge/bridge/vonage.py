@@ -61,6 +61,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
+from callbridge.engine.port import ResumeTicket
 from callbridge.logging import get_logger
 
 __all__ = [
@@ -90,6 +91,11 @@ _KNOWN_CALLS: Final = 10_000
 """Calls remembered (uuid ↔ conversation, reconnects) until their ``completed``; the oldest go first."""
 _TRANSPORT_QUEUE: Final = 64
 _DETACH_WAIT_S: Final = 2.0
+_STATUSES: Final = frozenset(
+    {"started", "ringing", "answered", "busy", "cancelled", "unanswered", "disconnected", "rejected", "failed",
+     "human", "machine", "timeout", "completed"}
+)  # fmt: skip
+"""Call and leg statuses Vonage reports (metric labels; anything else counts as ``other``)."""
 
 
 def ncco_connect(base: str, call_id: str, token: str, rate_hz: int, caller: str | None = None) -> list[dict[str, Any]]:
@@ -305,6 +311,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
     if signatures.enabled and config.signature_secret is None:
         log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
     calls = _Calls()
+    closing: set[asyncio.Task[None]] = set()
     router = APIRouter()
 
     async def checked(request: Request) -> tuple[dict[str, Any] | None, Response | None]:
@@ -360,7 +367,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         headers = params.get("headers")
         header_call = headers.get("call_uuid") if isinstance(headers, dict) else None
         conversation = params.get("conversation_uuid")
-        services.metrics.stream_status.labels("vonage", str(status)[:32]).inc()
+        services.metrics.stream_status.labels("vonage", status if status in _STATUSES else "other").inc()
         token = headers.get("token") if isinstance(headers, dict) else None
         if status == "disconnected":
             call_id = header_call if isinstance(header_call, str) else calls.conversations.get(str(conversation))
@@ -385,17 +392,20 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         for transport in stale:
             transport.dropped()
         if stale:  # let the dropped socket detach its engine session before the new one claims it
-            await asyncio.wait([asyncio.ensure_future(t.finished.wait()) for t in stale], timeout=_DETACH_WAIT_S)
+            waiters = [asyncio.ensure_future(t.finished.wait()) for t in stale]
+            await asyncio.wait(waiters, timeout=_DETACH_WAIT_S)
+            for waiter in waiters:
+                waiter.cancel()
         ended = services.registry.ended_reason(call_id)
         count = calls.reconnects(call_id)
         if ended is not None or count >= _MAX_RECONNECTS or not services.admits(call_id):
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended, reconnects=count)
             return Response(status_code=204)
         calls.reconnected(call_id)
-        token = services.tokens.mint(call_id)
+        fresh = services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
         log.info("stream_reconnecting", provider="vonage", call_id=call_id, leg=leg, reconnects=count + 1)
-        return _ncco(ncco_connect(base, call_id, token, config.audio_rate_hz))
+        return _ncco(ncco_connect(base, call_id, fresh, config.audio_rate_hz))
 
     async def completed(call_id: str) -> None:
         """The call is over: record it, end its open sockets as a hang-up, close a detached engine session."""
@@ -407,11 +417,17 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         ticket, _ = services.registry.claim_ticket(call_id)
         services.registry.mark_ended(call_id, "caller_hung_up")
         log.info("call_completed", provider="vonage", call_id=call_id, detached_session=ticket is not None)
-        if ticket is None:
-            return
-        with suppress(EngineError, TimeoutError):
+        if ticket is not None:  # in the background: the webhook is answered at once
+            task = asyncio.create_task(close_detached(call_id, ticket))
+            closing.add(task)
+            task.add_done_callback(closing.discard)
+
+    async def close_detached(call_id: str, ticket: ResumeTicket) -> None:
+        try:
             session = await asyncio.wait_for(services.engine.resume(ticket), 5.0)
             await asyncio.wait_for(session.close("call_ended"), 5.0)
+        except (EngineError, TimeoutError) as exc:
+            log.info("detached_session_not_closed", provider="vonage", call_id=call_id, error=repr(exc))
 
     return router
 

@@ -57,7 +57,11 @@ async def test_barge_in_flushes_and_acks_what_was_heard(provider: str) -> None:
         result = await bridge.carrier.place_call(script)
         clear_latency = bridge.app.state.bridge.registry.get_sample_value("callbridge_barge_in_clear_seconds_sum")
     assert result.warnings == [], result.render()
-    (truncate,) = recorder.of(TruncateItem)
+    truncates = recorder.of(TruncateItem)
+    if SIMULATED[provider].says_goodbye:
+        assert len(truncates) == 1
+    # else the caller's hang-up at 6 s is a plain close, cut like a drop: the reply then playing is truncated too
+    truncate = truncates[0]
     heard_acks = [a for a in recorder.of(AckPlayback) if f"item_{a.response_id}" == truncate.item_id]
     assert heard_acks[-1].played_ms == truncate.audio_end_ms
     first_run = result.agent_runs_ms[0]  # what the caller heard of the interrupted response
