@@ -77,6 +77,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
             finally:
                 state.draining = True
                 log.info("bridge_stopping", active_calls=len(state.services.active_calls))
+        await state.services.aclose_background()
         await state.services.engine.aclose()
         for rest in state.rest.values():
             await rest.aclose()

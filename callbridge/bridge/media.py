@@ -25,7 +25,7 @@ from callbridge.bridge.providers.base import ProviderCodec
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent
-from callbridge.engine.port import DuplexSession
+from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
 __all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
@@ -311,10 +311,13 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
-            if call.detach_engine and not session.closed:
+            if call.detach_engine and not session.closed and services.registry.ended_reason(start.call_id) is None:
                 try:
                     ticket = await session.detach()
                     services.registry.detach(start.call_id, ticket, call.input_ms, self._grace_ms())
+                    window = call.codec.profile.reconnect_window_ms
+                    if window is not None:
+                        services.spawn(self._close_unless_back(start.call_id, ticket, window))
                 except EngineError as exc:
                     self.log.warning("engine_detach_failed", reason=exc.code)
             elif not session.closed:
@@ -331,6 +334,11 @@ class MediaStreamDriver:
         if not self._closed:
             with suppress(Exception):
                 await self.transport.close(1000)
+
+    async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
+        await asyncio.sleep(window_ms / 1000)
+        if await self.services.close_detached(call_id, "no_reconnect", ticket):
+            self.log.info("engine_session_closed", reason="no_reconnect", window_ms=window_ms)
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

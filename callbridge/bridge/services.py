@@ -3,9 +3,10 @@ stream tokens, metrics and the carriers' REST clients."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -13,7 +14,7 @@ from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.registry import CallRegistry, StreamTokens
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.port import DuplexEngine, SessionConfig, TurnDetection
+from callbridge.engine.port import DuplexEngine, ResumeTicket, SessionConfig, TurnDetection
 
 __all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
 
@@ -68,6 +69,19 @@ class BridgeServices:
     """call id → the stream serving it here, once bound to its engine session."""
     carrier_state: dict[str, object] = field(default_factory=dict)
     """What a carrier keeps per bridge process beside its routes (Telnyx's Call Control state), by carrier."""
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+    """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def aclose_background(self) -> None:
+        for task in list(self.background):
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
 
     async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
         """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx
@@ -76,8 +90,27 @@ class BridgeServices:
         stream = self.live_streams.get(call_id)
         if stream is not None:
             await stream.end_by_carrier(reason)
+        else:
+            await self.close_detached(call_id, reason)
         if self.registry.ended_reason(call_id) is None:
             self.registry.mark_ended(call_id, reason)
+
+    async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None) -> bool:
+        """Close the engine session a call left detached (waiting for its next stream) now that the call is over,
+        rather than leave it to the engine's grace. With ``ticket``: only if that is still the one waiting (no
+        stream has come back since). True when a session was closed."""
+        record = self.registry.get(call_id)
+        if record is None or record.ticket is None or (ticket is not None and record.ticket is not ticket):
+            return False
+        waiting, _ = self.registry.claim_ticket(call_id)
+        assert waiting is not None
+        try:
+            session = await self.engine.resume(waiting)
+            await session.close(reason)
+        except EngineError:
+            return False  # expired or gone already: nothing left to close
+        self.registry.mark_ended(call_id, reason)
+        return True
 
     def admits(self, call_id: str) -> bool:
         """Whether a call may be answered now: not draining, and under ``server.max_calls`` unless the call is

@@ -35,8 +35,9 @@ async def test_conversation(provider: str) -> None:
     async with running_bridge(settings(), recorder, provider=provider) as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((300, short_speech()),)))
         sim = bridge.carrier
-        if not sim.says_goodbye:
-            await until(lambda: recorder.session_count == 0 or bool(bridge.app.state.bridge.services.registry.get(result.call_sid)))
+        # a carrier that says nothing on the socket when the caller hangs up tells the bridge by webhook (Plivo,
+        # Vonage, Telnyx) or does not come back within its reconnect window (AudioSocket): the session closes
+        await until(lambda: recorder.session_count == 0, timeout_s=6)
     assert result.warnings == [] and result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
     assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000, result.render()  # the echo: prefix, speech, tail
     if sim.uses_marks:

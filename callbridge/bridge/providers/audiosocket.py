@@ -133,10 +133,13 @@ PROFILE: Final = CarrierProfile(
     marks_echoed_on_clear=False,
     lead_ms=20,
     hang_up=HangUpMode.IN_BAND,
+    reconnect_window_ms=3000,
 )
 """Asterisk neither queues nor flushes: whatever was sent will be heard, so the lead is one frame — a barge-in
 then leaves at most one frame playing and the heard position is right within a frame (the phone's jitter
-buffer absorbs our send jitter). Markers are echoed locally (module docstring); hang-up is in band."""
+buffer absorbs our send jitter). Markers are echoed locally (module docstring); hang-up is in band. Asterisk
+never says the caller hung up (it closes the socket), and a dialplan that loops back into ``AudioSocket()``
+reconnects within milliseconds: a connection not back in 3 s is a call that ended."""
 
 
 def frame(kind: int, payload: bytes = b"") -> bytes:

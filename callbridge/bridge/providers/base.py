@@ -162,6 +162,10 @@ class CarrierProfile:
     """How far ahead of playback the carrier may be fed; None: ``audio.playout_lead_ms``. Carriers with no
     buffer of their own (AudioSocket, RTP) play what they get at once: their lead is a frame or two."""
     hang_up: HangUpMode = HangUpMode.REST
+    reconnect_window_ms: int | None = None
+    """For carriers that never say goodbye on the wire but reconnect at once if they do (AudioSocket's
+    dialplan loop): a dropped connection not back within this window is a call that ended, and its engine
+    session is closed rather than held for the whole disconnect grace. None: held for the grace."""
 
 
 DEFAULT_PROFILE: Final = CarrierProfile()
