@@ -179,8 +179,11 @@ class MediaStreamDriver:
             raise
         try:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
-                ticket = await session.detach()
-                services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+                if self.call.end_reason == "transport_lost":  # the carrier may come back: keep it for the grace
+                    ticket = await session.detach()
+                    services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+                else:  # stopped or refused: the call is over
+                    await session.close(self.call.end_reason or "call_ended")
                 return
             self.session = session
             self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms)

@@ -144,12 +144,13 @@ class PlayoutLedger:
         if name in self._flushed_marks:
             self._flushed_marks.discard(name)
             return
-        while self._outstanding:
+        if not any(sent_name == name for sent_name, _, _ in self._outstanding):
+            return  # an echo of a marker we do not know (or already had): markers are ours to name
+        while self._outstanding:  # echoes come in order: markers before this one were passed too
             sent_name, response_id, ms = self._outstanding.popleft()
             if sent_name == name:
                 self._on_reached(response_id, ms, now_ms)
                 return
-        # An echo of a marker we do not know: ignore it (markers are ours to name).
 
     def flush(self, now_ms: int) -> FlushResult:
         """Barge-in: drop what is unsent, clear the carrier's buffer if it may hold audio, report the heard ms.

@@ -18,6 +18,8 @@ from callbridge.engine.port import DuplexEngine, ResumeTicket, SessionConfig, Tu
 
 __all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
 
+_ENGINE_CALL_TIMEOUT_S = 5.0
+
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
 
@@ -105,10 +107,10 @@ class BridgeServices:
         waiting, _ = self.registry.claim_ticket(call_id)
         assert waiting is not None
         try:
-            session = await self.engine.resume(waiting)
-            await session.close(reason)
-        except EngineError:
-            return False  # expired or gone already: nothing left to close
+            session = await asyncio.wait_for(self.engine.resume(waiting), _ENGINE_CALL_TIMEOUT_S)
+            await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
+        except (EngineError, TimeoutError):
+            return False  # expired or gone already, or the engine does not answer: its grace ends it
         self.registry.mark_ended(call_id, reason)
         return True
 

@@ -60,8 +60,6 @@ from callbridge.bridge.providers.vonage import CALL_COMPLETED, VonageCodec, cont
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
-from callbridge.engine.errors import EngineError
-from callbridge.engine.port import ResumeTicket
 from callbridge.logging import get_logger
 
 __all__ = [
@@ -311,7 +309,6 @@ def vonage_router(services: BridgeServices) -> APIRouter:
     if signatures.enabled and config.signature_secret is None:
         log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
     calls = _Calls()
-    closing: set[asyncio.Task[None]] = set()
     router = APIRouter()
 
     async def checked(request: Request) -> tuple[dict[str, Any] | None, Response | None]:
@@ -414,20 +411,9 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             transport.complete()
         if services.registry.ended_reason(call_id) is not None:
             return  # we ended it (REST hang-up, engine end): nothing more to do
-        ticket, _ = services.registry.claim_ticket(call_id)
-        services.registry.mark_ended(call_id, "caller_hung_up")
-        log.info("call_completed", provider="vonage", call_id=call_id, detached_session=ticket is not None)
-        if ticket is not None:  # in the background: the webhook is answered at once
-            task = asyncio.create_task(close_detached(call_id, ticket))
-            closing.add(task)
-            task.add_done_callback(closing.discard)
-
-    async def close_detached(call_id: str, ticket: ResumeTicket) -> None:
-        try:
-            session = await asyncio.wait_for(services.engine.resume(ticket), 5.0)
-            await asyncio.wait_for(session.close("call_ended"), 5.0)
-        except (EngineError, TimeoutError) as exc:
-            log.info("detached_session_not_closed", provider="vonage", call_id=call_id, error=repr(exc))
+        log.info("call_completed", provider="vonage", call_id=call_id)
+        # in the background, so the webhook is answered at once: a detached engine session is resumed to be closed
+        services.spawn(services.call_ended_by_carrier(call_id, "caller_hung_up"))
 
     return router
 

@@ -50,6 +50,24 @@ class TestPacing:
 
 
 class TestMarks:
+    def test_an_unknown_echo_leaves_the_outstanding_markers_alone(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        fill(ledger, "r", 10)
+        ledger.mark_echoed("someone-elses@100", 100)
+        assert ledger.heard_updates() == []
+        ledger.mark_echoed("r@100", 100)
+        ledger.mark_echoed("r@200", 200)
+        assert ledger.heard_updates() == [HeardUpdate("r", 100), HeardUpdate("r", 200)]
+
+    def test_without_echoes_on_clear_flushed_markers_are_not_remembered(self) -> None:
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5, marks_echoed_on_clear=False)
+        fill(ledger, "r", 10)
+        ledger.flush(50)
+        assert ledger._flushed_marks == set()
+        fill(ledger, "s", 5, now_ms=60)
+        ledger.mark_echoed("s@100", 160)
+        assert HeardUpdate("s", 100) in ledger.heard_updates()
+
     def test_marker_every_n_frames_and_after_the_last(self) -> None:
         ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
         actions = fill(ledger, "resp-1", 12)
