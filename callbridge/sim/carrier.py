@@ -418,6 +418,8 @@ class SimulatedCarrier(ABC):
                             await asyncio.gather(receiver, return_exceptions=True)
                     stream = await self.open_stream(call, reason)
                     if stream is None:
+                        if reason == "closed_by_bridge" or call.ended.is_set():
+                            result.hung_up_by = result.hung_up_by or "bridge"  # the flow ended what the bridge closed
                         break
                     result.streams.append(stream.stream_id)
                     result.log(now_ms(), self.provider, f"stream {stream.stream_id} started on call {call_id}")
