@@ -25,7 +25,12 @@ from importlib.metadata import version
 
 import numpy as np
 
-from callbridge.codecs import ResamplerQuality, StreamResampler, pcm16_to_ulaw, ulaw_to_pcm16
+from callbridge.codecs import (
+    ResamplerQuality,
+    StreamResampler,
+    pcm16_to_ulaw,
+    ulaw_to_pcm16,
+)
 from callbridge.codecs.lowdelay import LowDelayResampler
 
 

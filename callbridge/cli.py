@@ -19,7 +19,13 @@ from types import FrameType
 from typing import Any, Final, TextIO
 
 from callbridge import __version__
-from callbridge.config import ConfigError, Settings, load_settings, merge_overrides, parse_assignment
+from callbridge.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    merge_overrides,
+    parse_assignment,
+)
 
 SIMULATED_CARRIERS: Final = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket")
 """``callbridge.sim.carriers.SIMULATED``'s names, here so that ``--help`` imports nothing heavy (a test keeps them equal)."""
@@ -208,8 +214,13 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
     from callbridge.logging import configure_logging
-    from callbridge.sim.runner import load_wav_8k, sample_caller_wav, simulate_call, write_wav_8k
     from callbridge.sim.carrier import CallerScript
+    from callbridge.sim.runner import (
+        load_wav_8k,
+        sample_caller_wav,
+        simulate_call,
+        write_wav_8k,
+    )
 
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
@@ -248,7 +259,12 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     import os
 
     from callbridge.logging import configure_logging
-    from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, report_json
+    from callbridge.sim.loadtest import (
+        LoadReport,
+        LoadTest,
+        LoadTestOptions,
+        report_json,
+    )
     from callbridge.sim.runner import running_bridge, with_overrides
 
     if getattr(args, "log_level", None) is None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-
 from callbridge.sim.runner import free_port
 
 __all__ = ["ServedBridge", "free_port", "wait_http_ok"]

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from callbridge.codecs import ResamplerQuality
-from callbridge.config import ConfigError, LogFormat, Settings, load_settings, merge_overrides, parse_assignment
+from callbridge.config import (
+    ConfigError,
+    LogFormat,
+    Settings,
+    load_settings,
+    merge_overrides,
+    parse_assignment,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config" / "callbridge.example.toml"

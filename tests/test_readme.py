@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_engine_client_example_talks_to_engine_server() -> None:
     readme = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- engine-client-example -->\n```python\n(.*?)```", readme, re.S)
+    match = re.search(r"<!-- engine-client-example -->\n```python\n(.*?)```", readme, re.DOTALL)
     assert match, "the README lost its engine client example"
     port = free_port()
     code = match.group(1).replace("ws://127.0.0.1:8091", f"ws://127.0.0.1:{port}")

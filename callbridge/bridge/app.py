@@ -11,12 +11,23 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Info, ProcessCollector, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 
 from callbridge import __version__
 from callbridge.bridge.carriers import CarrierRest, carriers
 from callbridge.bridge.registry import CallRegistry, StreamTokens
-from callbridge.bridge.services import BridgeMetrics, BridgeServices, HangUpFn, build_engine
+from callbridge.bridge.services import (
+    BridgeMetrics,
+    BridgeServices,
+    HangUpFn,
+    build_engine,
+)
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger

@@ -68,7 +68,14 @@ from callbridge.codecs import (
     decode_to_pcm16,
     encode_from_pcm16,
 )
-from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, CreateTextItem, EngineCommand, TruncateItem
+from callbridge.engine.commands import (
+    AckPlayback,
+    AppendAudio,
+    CloseSession,
+    CreateTextItem,
+    EngineCommand,
+    TruncateItem,
+)
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
@@ -82,7 +89,7 @@ from callbridge.engine.events import (
 )
 from callbridge.engine.late_audio import LateAudioFilter
 
-__all__ = ["CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode", "TRANSITIONS"]
+__all__ = ["TRANSITIONS", "CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode"]
 
 
 class CallState(enum.Enum):

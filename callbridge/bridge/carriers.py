@@ -54,6 +54,15 @@ def ws_url(http_url: str) -> str:
 
 def carriers() -> tuple[Carrier, ...]:
     """Every carrier this bridge speaks, in the order their routes are mounted."""
-    from callbridge.bridge import audiosocket, exotel, generic, plivo, signalwire, telnyx, twilio, vonage
+    from callbridge.bridge import (
+        audiosocket,
+        exotel,
+        generic,
+        plivo,
+        signalwire,
+        telnyx,
+        twilio,
+        vonage,
+    )
 
     return (twilio.CARRIER, signalwire.CARRIER, exotel.CARRIER, telnyx.CARRIER, plivo.CARRIER, vonage.CARRIER, audiosocket.CARRIER, generic.CARRIER)

@@ -14,7 +14,12 @@ from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.registry import CallRegistry, StreamTokens
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.port import DuplexEngine, ResumeTicket, SessionConfig, TurnDetection
+from callbridge.engine.port import (
+    DuplexEngine,
+    ResumeTicket,
+    SessionConfig,
+    TurnDetection,
+)
 
 __all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
 

@@ -29,7 +29,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
-__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "TwilioSignatures", "twilio_dialect", "public_base", "twilio_compatible_router", "twiml_connect"]
+__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "TwilioSignatures", "public_base", "twilio_compatible_router", "twilio_dialect", "twiml_connect"]
 
 log = get_logger(__name__)
 

@@ -34,7 +34,7 @@ class FrameAssembler:
     drops the remainder (barge-in).
     """
 
-    __slots__ = ("rate_hz", "encoding", "frame_ms", "frame_bytes", "_pending", "_silence")
+    __slots__ = ("_pending", "_silence", "encoding", "frame_bytes", "frame_ms", "rate_hz")
 
     def __init__(self, rate_hz: int, encoding: AudioEncoding, frame_ms: int = FRAME_MS) -> None:
         self.rate_hz: Final = rate_hz

@@ -28,9 +28,9 @@ if sys.byteorder != "little":  # pragma: no cover - every supported platform is 
     raise ImportError("callbridge.codecs assumes a little-endian host (audioop is native-endian)")
 
 __all__ = [
+    "PCM16_SAMPLE_BYTES",
     "AudioEncoding",
     "Buffer",
-    "PCM16_SAMPLE_BYTES",
     "alaw_to_pcm16",
     "decode_to_pcm16",
     "encode_from_pcm16",

@@ -46,17 +46,17 @@ class LowDelayResampler:
     """PCM16 mono at ``in_rate_hz`` → ``out_rate_hz``, chunk by chunk, with only the filter's group delay."""
 
     __slots__ = (
+        "_buffer",
+        "_in_count",
+        "_next_out",
+        "_phases",
+        "_plans",
+        "delay_samples",
+        "down",
         "in_rate_hz",
         "out_rate_hz",
-        "up",
-        "down",
         "taps_per_phase",
-        "delay_samples",
-        "_phases",
-        "_buffer",
-        "_next_out",
-        "_in_count",
-        "_plans",
+        "up",
     )
 
     def __init__(

@@ -54,7 +54,7 @@ class StreamResampler:
     through untouched.
     """
 
-    __slots__ = ("in_rate_hz", "out_rate_hz", "quality", "_stream", "_low_delay", "_in_samples", "_out_samples", "_flushed")
+    __slots__ = ("_flushed", "_in_samples", "_low_delay", "_out_samples", "_stream", "in_rate_hz", "out_rate_hz", "quality")
 
     def __init__(
         self,

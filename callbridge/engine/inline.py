@@ -25,7 +25,12 @@ from callbridge.engine.commands import CloseSession, EngineCommand
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import TERMINAL_EVENTS, Capabilities, EngineEvent
 from callbridge.engine.late_audio import LateAudioFilter
-from callbridge.engine.port import DuplexEngine, DuplexSession, ResumeTicket, SessionConfig
+from callbridge.engine.port import (
+    DuplexEngine,
+    DuplexSession,
+    ResumeTicket,
+    SessionConfig,
+)
 from callbridge.engine.wire import command_to_wire, parse_server_event
 from callbridge.logging import get_logger
 

@@ -9,7 +9,13 @@ ones. Audio of either kind is dropped.
 
 from __future__ import annotations
 
-from callbridge.engine.events import AudioDelta, EngineEvent, OverlapDecision, ResponseCreated, ResponseDone
+from callbridge.engine.events import (
+    AudioDelta,
+    EngineEvent,
+    OverlapDecision,
+    ResponseCreated,
+    ResponseDone,
+)
 
 __all__ = ["LateAudioFilter"]
 
@@ -17,7 +23,7 @@ __all__ = ["LateAudioFilter"]
 class LateAudioFilter:
     """Pass events through in order; ``admit`` says False for late audio."""
 
-    __slots__ = ("_max_epoch", "_cancelled", "dropped")
+    __slots__ = ("_cancelled", "_max_epoch", "dropped")
 
     def __init__(self) -> None:
         self._max_epoch = -1

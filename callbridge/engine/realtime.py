@@ -49,8 +49,19 @@ from callbridge.engine.events import (
     SessionResumed,
 )
 from callbridge.engine.late_audio import LateAudioFilter
-from callbridge.engine.port import DuplexEngine, DuplexSession, ResumeTicket, SessionConfig
-from callbridge.engine.wire import command_to_wire, event_ack, parse_server_event, session_resume, session_update
+from callbridge.engine.port import (
+    DuplexEngine,
+    DuplexSession,
+    ResumeTicket,
+    SessionConfig,
+)
+from callbridge.engine.wire import (
+    command_to_wire,
+    event_ack,
+    parse_server_event,
+    session_resume,
+    session_update,
+)
 from callbridge.logging import get_logger
 
 __all__ = ["RealtimeEngine", "RealtimeSession", "duplex_url"]

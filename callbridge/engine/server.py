@@ -31,7 +31,12 @@ from callbridge.config import EngineServerSettings, Settings
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import TERMINAL_EVENTS, SessionCreated, SessionResumed
-from callbridge.engine.journal import EventJournal, JournalGap, JournalOverflow, ResumeCredential
+from callbridge.engine.journal import (
+    EventJournal,
+    JournalGap,
+    JournalOverflow,
+    ResumeCredential,
+)
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession, monotonic_ms
 from callbridge.engine.local.vad import VAD_RATE_HZ

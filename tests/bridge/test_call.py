@@ -12,7 +12,13 @@ from callbridge.bridge.call import CallOptions, CallSession, CallState, DtmfMode
 from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw
-from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, CreateTextItem, TruncateItem
+from callbridge.engine.commands import (
+    AckPlayback,
+    AppendAudio,
+    CloseSession,
+    CreateTextItem,
+    TruncateItem,
+)
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,

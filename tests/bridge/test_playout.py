@@ -112,7 +112,7 @@ class TestFlush:
         for flush_at in (0, 13, 20, 199, 555, 999):
             ledger = PlayoutLedger(lead_ms=200)
             fill(ledger, "r", 100)
-            for now in range(0, flush_at + 1):
+            for now in range(flush_at + 1):
                 ledger.tick(now)
             assert abs(ledger.flush(flush_at).heard_ms - flush_at) <= 20
 

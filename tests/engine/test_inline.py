@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 
 from callbridge.engine.errors import EngineError
-from callbridge.engine.events import AudioDelta, HeartbeatAck, PlaybackAcknowledged, ResponseCreated, ResponseDone, SessionClosed, SessionCreated, SessionExpired
+from callbridge.engine.events import (
+    AudioDelta,
+    HeartbeatAck,
+    PlaybackAcknowledged,
+    ResponseCreated,
+    ResponseDone,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+)
 from callbridge.engine.inline import InlineEngine, InlineSession
 from callbridge.engine.port import SessionConfig
 from tests.engine.audio import tone

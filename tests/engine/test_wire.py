@@ -10,9 +10,13 @@ import pytest
 
 from callbridge.engine import commands as ours
 from callbridge.engine import events as our_events
-from callbridge.engine.port import SessionConfig, TurnDetection
-from callbridge.engine.wire import command_to_wire, parse_server_event, session_resume, session_update
-from callbridge.engine.port import ResumeTicket
+from callbridge.engine.port import ResumeTicket, SessionConfig, TurnDetection
+from callbridge.engine.wire import (
+    command_to_wire,
+    parse_server_event,
+    session_resume,
+    session_update,
+)
 from tests.engine.vllm_omni_wheel import vllm_omni  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.usefixtures("vllm_omni")

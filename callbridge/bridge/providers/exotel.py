@@ -53,7 +53,6 @@ from callbridge.bridge.providers.base import (
     MediaReceived,
     PlaybackCleared,
     ProtocolErrorReason,
-    RemoteProtocolError,
     SendClear,
     SendMark,
     SendMedia,
@@ -61,6 +60,7 @@ from callbridge.bridge.providers.base import (
     StreamStarted,
     StreamStopped,
 )
+from callbridge.bridge.providers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
 __all__ = [
@@ -99,7 +99,7 @@ def exotel_frame_ms(rate_hz: int, min_chunk_bytes: int = DEFAULT_MIN_CHUNK_BYTES
     return steps * _FRAME_STEP_MS
 
 
-class ExotelCodec:
+class ExotelCodec(JsonCodec):
     """One Exotel Voicebot stream, message by message.
 
     ``lead_ms``: how far ahead of playback the bridge may feed Exotel (``audio.playout_lead_ms``); the profile
@@ -107,7 +107,7 @@ class ExotelCodec:
     frame, each frame would leave only when the last one ended: a gap per frame).
     """
 
-    provider: Final = "exotel"
+    provider = "exotel"
 
     def __init__(
         self,
@@ -149,16 +149,7 @@ class ExotelCodec:
 
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
-        if isinstance(message, bytes | bytearray | memoryview):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        payload = self._parse(message)
         event = payload.get("event")
         if event == "media":  # the hot path first
             self._check_stream(payload, event)
@@ -219,9 +210,9 @@ class ExotelCodec:
         if not isinstance(fmt, dict):
             raise self._error(ProtocolErrorReason.BAD_FIELD, "start.media_format is not an object")
         name = fmt.get("encoding", "audio/x-raw")
-        rate = _number(fmt.get("sample_rate", 8000))
-        bits = _number(fmt.get("bit_rate", 16))
-        channels = _number(fmt.get("channels", 1))
+        rate = json_number(fmt.get("sample_rate", 8000))
+        bits = json_number(fmt.get("bit_rate", 16))
+        channels = json_number(fmt.get("channels", 1))
         if not isinstance(name, str) or name.lower() not in _PCM_ENCODINGS or rate not in EXOTEL_RATES or bits != 16 or channels != 1:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"media_format {fmt!r}")
         assert rate is not None
@@ -255,7 +246,7 @@ class ExotelCodec:
         """ms since the stream's first media message (see the module docstring); None when there is none."""
         if value is None:
             return None
-        timestamp = _number(value)
+        timestamp = json_number(value)
         if timestamp is None or timestamp < 0:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {value!r}")
         if self._first_timestamp is None:
@@ -295,23 +286,9 @@ class ExotelCodec:
         """``sequence_number`` is optional (``connected`` has none) and must be a number when present. Its order
         is not enforced: the websocket already keeps order, and Exotel does not document the counter."""
         value = payload.get("sequence_number")
-        if value is not None and _number(value) is None:
+        if value is not None and json_number(value) is None:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {value!r}")
 
-    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
-        value = payload.get(key)
-        if not isinstance(value, dict):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
-        return value
-
-    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
-        value = body.get(key)
-        if not isinstance(value, str) or not value:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
-        return value
-
-    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
-        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
 
     # ----------------------------------------------------------------- out
 
@@ -332,19 +309,3 @@ class ExotelCodec:
         if isinstance(action, SendClear):
             return f'{{"event":"clear","stream_sid":"{self.stream_id}"}}'
         return None
-
-
-def _number(value: Any) -> int | None:
-    """Exotel sends numbers as strings (``"8000"``), sometimes as JSON numbers; None when neither."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            return None
-    return None

@@ -47,13 +47,13 @@ from callbridge.bridge.providers.base import (
     MediaReceived,
     PlaybackCleared,
     ProtocolErrorReason,
-    RemoteProtocolError,
     SendClear,
     SendMark,
     SendMedia,
     StreamStarted,
     StreamStopped,
 )
+from callbridge.bridge.providers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
 __all__ = [
@@ -140,10 +140,10 @@ def parse_extra_headers(raw: object) -> dict[str, str]:
     return headers
 
 
-class PlivoCodec:
+class PlivoCodec(JsonCodec):
     """One Plivo audio stream, message by message."""
 
-    provider: Final = "plivo"
+    provider = "plivo"
     profile: Final = PLIVO_PROFILE
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
@@ -164,16 +164,7 @@ class PlivoCodec:
 
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
-        if isinstance(message, bytes | bytearray | memoryview):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        payload = self._parse(message)
         event = payload.get("event")
         if event == "media":  # the hot path first
             self._check_stream(payload, event)
@@ -251,10 +242,10 @@ class PlivoCodec:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"mediaFormat {fmt!r}")
         base, _, rest = name.partition(";")
         inline_rate = rest.strip().removeprefix("rate=") if rest else None
-        rate = _number(fmt.get("sampleRate", inline_rate))
+        rate = json_number(fmt.get("sampleRate", inline_rate))
         channels = fmt.get("channels", 1)
         encoding = PLIVO_FORMATS.get((base.strip().lower(), rate)) if rate is not None else None
-        if encoding is None or rate is None or _number(channels) != 1:
+        if encoding is None or rate is None or json_number(channels) != 1:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"mediaFormat {fmt!r}")
         return encoding, rate
 
@@ -264,7 +255,7 @@ class PlivoCodec:
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a media object")
         sequence = payload.get("sequenceNumber")
         if sequence is not None:
-            number = _number(sequence)
+            number = json_number(sequence)
             if number is None or number < 0:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.sequenceNumber {sequence!r}")
             if number <= self._last_media_sequence:
@@ -294,7 +285,7 @@ class PlivoCodec:
         None without a timestamp or with one before the first."""
         if timestamp is None:
             return None
-        value = _number(timestamp)
+        value = json_number(timestamp)
         if value is None or value < 0:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {timestamp!r}")
         if self._first_timestamp is None:
@@ -316,20 +307,6 @@ class PlivoCodec:
             reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
             raise self._error(reason, f"{event} for stream {stream_id!r}")
 
-    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
-        value = payload.get(key)
-        if not isinstance(value, dict):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
-        return value
-
-    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
-        value = body.get(key)
-        if not isinstance(value, str) or not value:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
-        return value
-
-    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
-        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
 
     # ----------------------------------------------------------------- out
 
@@ -345,19 +322,3 @@ class PlivoCodec:
         if isinstance(action, SendClear):
             return f'{{"event":"clearAudio","streamId":"{self.stream_id}"}}'
         return None
-
-
-def _number(value: Any) -> int | None:
-    """Plivo sends numbers as JSON numbers (``sequenceNumber``, ``chunk``) or strings (``timestamp``)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None

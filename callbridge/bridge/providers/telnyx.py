@@ -54,7 +54,6 @@ from callbridge.bridge.providers.base import (
     MarkEchoed,
     MediaReceived,
     ProtocolErrorReason,
-    RemoteProtocolError,
     SendClear,
     SendMark,
     SendMedia,
@@ -62,6 +61,7 @@ from callbridge.bridge.providers.base import (
     StreamStarted,
     StreamStopped,
 )
+from callbridge.bridge.providers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_REORDER_WINDOW", "TELNYX_PROFILE", "TelnyxCodec", "telnyx_format"]
@@ -95,7 +95,7 @@ def telnyx_format(encoding: object, sample_rate: object) -> tuple[AudioEncoding,
     if not isinstance(encoding, str):
         return None
     name = encoding.strip().lower()
-    rate = _number(sample_rate) if sample_rate is not None else None
+    rate = json_number(sample_rate) if sample_rate is not None else None
     if name in _G711:
         return (_G711[name], 8000) if rate in (None, 8000) else None
     if name in _L16_NAMES and rate in _L16_RATES:
@@ -104,10 +104,10 @@ def telnyx_format(encoding: object, sample_rate: object) -> tuple[AudioEncoding,
     return None
 
 
-class TelnyxCodec:
+class TelnyxCodec(JsonCodec):
     """One Telnyx media stream, message by message (see the module docstring)."""
 
-    provider: Final = "telnyx"
+    provider = "telnyx"
     profile: Final = TELNYX_PROFILE
 
     def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, reorder_window: int = DEFAULT_REORDER_WINDOW) -> None:
@@ -137,16 +137,7 @@ class TelnyxCodec:
 
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message into carrier events (media in sequence order). Raises ``RemoteProtocolError``."""
-        if isinstance(message, bytes | bytearray | memoryview):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        payload = self._parse(message)
         event = payload.get("event")
         if event == "media":  # the hot path first
             self._check_stream(payload, event, required=True)
@@ -181,12 +172,12 @@ class TelnyxCodec:
         if not isinstance(fmt, dict):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "start.media_format missing")
         announced = telnyx_format(fmt.get("encoding"), fmt.get("sample_rate"))
-        if announced is None or _number(fmt.get("channels", 1)) != 1:
+        if announced is None or json_number(fmt.get("channels", 1)) != 1:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"media_format {fmt!r}")
         params = self._parameters(start)
         seq = payload.get("sequence_number")
         if seq is not None:
-            number = _number(seq)
+            number = json_number(seq)
             if number is None or number < 0:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {seq!r}")
             self._next_seq = number + 1
@@ -238,7 +229,7 @@ class TelnyxCodec:
         if self.encoding is AudioEncoding.L16_BE and len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"L16 payload of {len(audio)} bytes (odd)")
         timestamp = media.get("timestamp")
-        timestamp_ms = _number(timestamp) if timestamp is not None else None
+        timestamp_ms = json_number(timestamp) if timestamp is not None else None
         if timestamp is not None and (timestamp_ms is None or timestamp_ms < 0):
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {timestamp!r}")
         if track in ("outbound", "outbound_track"):
@@ -325,7 +316,7 @@ class TelnyxCodec:
         seq = payload.get("sequence_number")
         if seq is None:
             return None
-        number = _number(seq)
+        number = json_number(seq)
         if number is None or number < 0:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {seq!r}")
         return number
@@ -342,20 +333,6 @@ class TelnyxCodec:
             reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
             raise self._error(reason, f"{event} for stream {stream_id!r}")
 
-    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
-        value = payload.get(key)
-        if not isinstance(value, dict):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
-        return value
-
-    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
-        value = body.get(key)
-        if not isinstance(value, str) or not value:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
-        return value
-
-    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
-        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
 
     # ----------------------------------------------------------------- out
 
@@ -382,19 +359,3 @@ def _client_state_token(client_state: str) -> str | None:
         return None
     token = state.get("token") if isinstance(state, dict) else None
     return token if isinstance(token, str) else None
-
-
-def _number(value: Any) -> int | None:
-    """Telnyx sends numbers as JSON numbers or as strings; None when neither."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None

@@ -26,7 +26,6 @@ from callbridge.bridge.providers.base import (
     MarkEchoed,
     MediaReceived,
     ProtocolErrorReason,
-    RemoteProtocolError,
     SendClear,
     SendMark,
     SendMedia,
@@ -34,6 +33,7 @@ from callbridge.bridge.providers.base import (
     StreamStarted,
     StreamStopped,
 )
+from callbridge.bridge.providers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec"]
@@ -50,7 +50,7 @@ MULAW_8K: Final = {("audio/x-mulaw", 8000): AudioEncoding.PCMU}
 """Twilio's only media format."""
 
 
-class TwilioCodec:
+class TwilioCodec(JsonCodec):
     """One Twilio media stream, message by message. A Twilio-compatible carrier (SignalWire) is this codec with
     its own ``provider`` name and the media formats it adds."""
 
@@ -74,16 +74,7 @@ class TwilioCodec:
 
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
-        if isinstance(message, bytes | bytearray | memoryview):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        payload = self._parse(message)
         event = payload.get("event")
         if event == "media":  # the hot path first
             self._check_stream(payload, event)
@@ -122,7 +113,7 @@ class TwilioCodec:
         fmt = start.get("mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1})
         if not isinstance(fmt, dict):
             raise self._error(ProtocolErrorReason.BAD_FIELD, "start.mediaFormat is not an object")
-        name, rate, channels = fmt.get("encoding"), _number(fmt.get("sampleRate", 8000)), _number(fmt.get("channels", 1))
+        name, rate, channels = fmt.get("encoding"), json_number(fmt.get("sampleRate", 8000)), json_number(fmt.get("channels", 1))
         encoding = self.formats.get((name, rate)) if isinstance(name, str) and rate is not None else None
         if encoding is None or rate is None or channels != 1:
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"mediaFormat {fmt!r}")
@@ -154,7 +145,7 @@ class TwilioCodec:
         except binascii.Error as exc:
             raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
         timestamp = media.get("timestamp")
-        timestamp_ms = _number(timestamp) if timestamp is not None else None
+        timestamp_ms = json_number(timestamp) if timestamp is not None else None
         if timestamp is not None and (timestamp_ms is None or timestamp_ms < 0):
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {timestamp!r}")
         return MediaReceived(audio, timestamp_ms)
@@ -169,20 +160,6 @@ class TwilioCodec:
             reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
             raise self._error(reason, f"{event} for stream {stream_id!r}")
 
-    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
-        value = payload.get(key)
-        if not isinstance(value, dict):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
-        return value
-
-    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
-        value = body.get(key)
-        if not isinstance(value, str) or not value:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
-        return value
-
-    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
-        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
 
     # ----------------------------------------------------------------- out
 
@@ -199,19 +176,3 @@ class TwilioCodec:
         if isinstance(action, SendClear):
             return f'{{"event":"clear","streamSid":"{self.stream_id}"}}'
         return None
-
-
-def _number(value: Any) -> int | None:
-    """Twilio sends numbers as JSON numbers or as strings; None when neither."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            return None
-    return None

@@ -18,7 +18,7 @@ from typing import Final
 import numpy as np
 import soxr
 
-__all__ = ["AGENTS", "Agent", "EchoAgent", "LoopbackAgent", "ToneAgent", "OUTPUT_RATE_HZ"]
+__all__ = ["AGENTS", "OUTPUT_RATE_HZ", "Agent", "EchoAgent", "LoopbackAgent", "ToneAgent"]
 
 OUTPUT_RATE_HZ: Final = 24000
 _INPUT_RATE_HZ: Final = 16000

@@ -18,9 +18,18 @@ from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.event_stream import EventStream
 from callbridge.engine.events import Capabilities, EngineEvent
 from callbridge.engine.local.agents import AGENTS
-from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
+from callbridge.engine.local.core import (
+    LocalEngineOptions,
+    LocalSessionCore,
+    SessionState,
+)
 from callbridge.engine.local.vad import FrameScorer
-from callbridge.engine.port import DuplexEngine, DuplexSession, ResumeTicket, SessionConfig
+from callbridge.engine.port import (
+    DuplexEngine,
+    DuplexSession,
+    ResumeTicket,
+    SessionConfig,
+)
 
 __all__ = ["LocalEngine", "LocalSession", "monotonic_ms"]
 

@@ -100,7 +100,7 @@ class FrameScorer:
 class SileroScorer(FrameScorer):
     """Silero's recurrent state and 64-sample context for one stream."""
 
-    __slots__ = ("_model", "_window", "_state")
+    __slots__ = ("_model", "_state", "_window")
 
     def __init__(self, model: SileroModel | None = None) -> None:
         self._model = model or shared_silero_model()
@@ -131,20 +131,20 @@ class StreamingVad:
     """Turn detection over a stream of PCM16 16 kHz chunks of any length."""
 
     __slots__ = (
-        "params",
-        "_scorer",
+        "_candidate_samples",
+        "_candidate_start",
+        "_min_silence_samples",
+        "_min_speech_samples",
+        "_negative_threshold",
         "_pending",
         "_pending_samples",
         "_processed_samples",
-        "_speech_active",
-        "_candidate_samples",
-        "_candidate_start",
+        "_scorer",
         "_silence_samples",
+        "_speech_active",
         "_stream_start_ms",
-        "_min_speech_samples",
-        "_min_silence_samples",
-        "_negative_threshold",
         "last_probability",
+        "params",
     )
 
     def __init__(self, params: TurnDetection, scorer: FrameScorer | None = None) -> None:

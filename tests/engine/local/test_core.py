@@ -38,7 +38,11 @@ from callbridge.engine.events import (
     TranscriptDelta,
 )
 from callbridge.engine.local.agents import AGENTS
-from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
+from callbridge.engine.local.core import (
+    LocalEngineOptions,
+    LocalSessionCore,
+    SessionState,
+)
 from callbridge.engine.port import SessionConfig, TurnDetection
 from tests.engine.audio import LoudnessScorer, chunks, silence, tone
 

@@ -7,7 +7,12 @@ import hashlib
 import numpy as np
 import pytest
 
-from callbridge.engine.local.vad import SILERO_SHA256, SpeechBoundary, StreamingVad, shared_silero_model
+from callbridge.engine.local.vad import (
+    SILERO_SHA256,
+    SpeechBoundary,
+    StreamingVad,
+    shared_silero_model,
+)
 from callbridge.engine.port import TurnDetection
 from tests.engine.audio import LoudnessScorer, caller_speech_16k, chunks, silence, tone
 

@@ -1,0 +1,68 @@
+"""What every JSON-over-websocket carrier codec does the same way (Twilio, SignalWire, Telnyx, Plivo, Exotel):
+one text message is one JSON object, checked before anything reads it; fields are read with typed errors;
+numbers may come as JSON numbers or as strings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from callbridge.bridge.providers.base import ProtocolErrorReason, RemoteProtocolError
+
+__all__ = ["JsonCodec", "json_number"]
+
+
+class JsonCodec:
+    """The shared half of a JSON carrier codec; the subclass names the ``provider`` and tracks the stream."""
+
+    provider: str
+    stream_id: str | None
+    call_id: str | None
+    max_message_bytes: int
+
+    def _parse(self, message: str | bytes) -> dict[str, Any]:
+        """One websocket message as a JSON object. Raises ``RemoteProtocolError`` (binary, oversized, not JSON,
+        not an object)."""
+        if isinstance(message, bytes | bytearray | memoryview):
+            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
+        if len(message) > self.max_message_bytes:
+            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
+        try:
+            payload = orjson.loads(message)
+        except orjson.JSONDecodeError as exc:
+            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
+        if not isinstance(payload, dict):
+            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        return payload
+
+    def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
+        value = payload.get(key)
+        if not isinstance(value, dict):
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{key} object missing")
+        return value
+
+    def _string(self, body: dict[str, Any], key: str, where: str) -> str:
+        value = body.get(key)
+        if not isinstance(value, str) or not value:
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
+        return value
+
+    def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
+        return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
+
+
+def json_number(value: Any) -> int | None:
+    """An integer sent as a JSON number or as a string (``"8000"``); None when it is neither."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
