@@ -54,6 +54,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
 )
+from callbridge.sim.ports import free_port
 
 __all__ = ["AudioSocketStream", "SimulatedAudioSocket", "TcpConnection"]
 
@@ -199,7 +200,7 @@ class SimulatedAudioSocket(SimulatedCarrier):
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
-        return {"audiosocket": {"enabled": True, "host": "127.0.0.1", "port": _free_port(), "allowed_sources": ["127.0.0.1/32", "::1/128"]}}
+        return {"audiosocket": {"enabled": True, "host": "127.0.0.1", "port": free_port(), "allowed_sources": ["127.0.0.1/32", "::1/128"]}}
 
     def configure(self, settings: Settings) -> None:
         self.host, self.port = settings.audiosocket.host, settings.audiosocket.port
@@ -270,10 +271,3 @@ class SimulatedAudioSocket(SimulatedCarrier):
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import socket
 import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,15 +27,9 @@ from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
+from callbridge.sim.ports import free_port
 
 __all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "simulate_call", "write_wav_8k"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def sample_caller_wav() -> Path:
