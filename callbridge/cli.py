@@ -13,7 +13,7 @@ import argparse
 import json
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
@@ -21,6 +21,7 @@ from typing import Any, Final, TextIO
 from callbridge import __version__
 from callbridge.config import (
     ConfigError,
+    ConfigProblem,
     Settings,
     load_settings,
     merge_overrides,
@@ -85,6 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", parents=[common], help="serve carrier webhooks and media streams")
     serve.add_argument("--host", default=argparse.SUPPRESS, help="listen address (server.host)")
     serve.add_argument("--port", default=argparse.SUPPRESS, help="listen port (server.port)")
+    serve.add_argument("--workers", default=argparse.SUPPRESS, help="bridge processes on the one port (server.workers)")
     serve.set_defaults(handler=_serve)
 
     engine_server = commands.add_parser(
@@ -121,17 +123,36 @@ def _build_parser() -> argparse.ArgumentParser:
         "loadtest",
         parents=[common],
         help="N simulated calls at real time: round-trip latency, loss, CPU",
-        description="Place N simulated Twilio calls at real time against a bridge whose engine is the loopback agent "
-        "(callbridge serve --set local_engine.agent=loopback), and report what the bridge added.",
+        description="Place N simulated calls (any carrier: its real answer flow, signatures and wire) at real time "
+        "against a bridge whose engine is the loopback agent (callbridge serve --set local_engine.agent=loopback), "
+        "or the echo agent with --barge-in-every, and report what the bridge added. Against a separate bridge, "
+        "--print-env gives the settings it needs for the simulated carrier.",
     )
-    loadtest.add_argument("--provider", choices=["twilio"], default="twilio")
+    loadtest.add_argument("--provider", choices=SIMULATED_CARRIERS, default="twilio", help="the carrier to simulate (default: twilio)")
     loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
-    loadtest.add_argument("--auth-token", help="the bridge's twilio.auth_token (default: from the configuration)")
+    loadtest.add_argument(
+        "--secret",
+        "--auth-token",
+        dest="secret",
+        help="the simulated account's secret, which the bridge's settings must match (see --print-env; default: "
+        "the provider's key from the configuration, e.g. twilio.auth_token)",
+    )
+    loadtest.add_argument(
+        "--rest-port", type=int, default=8098, help="port of the simulated carrier's REST API (hang-up; Telnyx: Call Control) (default: 8098)"
+    )
+    loadtest.add_argument(
+        "--print-env", action="store_true", help="print the env a separate `callbridge serve` needs for --provider and --secret, then exit"
+    )
     loadtest.add_argument("--calls", type=int, default=10)
     loadtest.add_argument("--ramp", metavar="S", type=float, default=5.0, help="seconds over which calls start")
     loadtest.add_argument("--duration", metavar="S", type=float, default=20.0, help="seconds each call lasts")
+    loadtest.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
+    loadtest.add_argument("--click-every", metavar="S", type=float, default=1.0, help="a click to time every S seconds (default: 1)")
+    loadtest.add_argument(
+        "--barge-in-every", metavar="S", type=float, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
+    )
     loadtest.add_argument("--dtmf-every", metavar="S", type=float, help="each call presses a key every S seconds")
-    loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media socket every S seconds")
+    loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media connection every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
     loadtest.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
     loadtest.set_defaults(handler=_loadtest)
@@ -154,6 +175,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         ("log", "format"): getattr(args, "log_format", None),
         (listener, "host"): getattr(args, "host", None),
         (listener, "port"): getattr(args, "port", None),
+        ("server", "workers"): getattr(args, "workers", None),
         ("local_engine", "agent"): getattr(args, "agent", None),
     }
     layers += [{section: {key: value}} for (section, key), value in flags.items() if value is not None]
@@ -167,9 +189,26 @@ def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
 
 
 def _serve(settings: Settings, _: argparse.Namespace) -> int:
+    if settings.server.workers > 1:
+        if settings.registry.backend != "redis":
+            problem = ConfigProblem(key="server.workers", problem='more than one worker needs registry.backend = "redis"')
+            _print_config_error(ConfigError([problem]), sys.stderr)
+            return EXIT_USAGE
+        from callbridge.workers import serve_workers
+
+        return serve_workers(settings)
+    return serve_bridge(settings)
+
+
+def serve_bridge(settings: Settings, sockets: list[Any] | None = None) -> int:
+    """One bridge process until SIGTERM (drained) or SIGINT; on ``sockets`` already bound (a worker), else on
+    ``server.host``:``server.port``."""
     from callbridge.bridge.app import create_app
 
-    return _run_uvicorn(settings, create_app(settings), settings.server.host, settings.server.port)
+    app = create_app(settings)
+    return _run_uvicorn(
+        settings, app, settings.server.host, settings.server.port, drain=app.state.bridge.drain, sockets=sockets
+    )
 
 
 def _engine_server(settings: Settings, _: argparse.Namespace) -> int:
@@ -178,13 +217,24 @@ def _engine_server(settings: Settings, _: argparse.Namespace) -> int:
     return _run_uvicorn(settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port)
 
 
-def _run_uvicorn(settings: Settings, app: Any, host: str, port: int) -> int:
+def _run_uvicorn(
+    settings: Settings,
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    drain: Callable[[], Awaitable[None]] | None = None,
+    sockets: list[Any] | None = None,
+) -> int:
+    """Serve ``app`` until SIGTERM/SIGINT. With ``drain``: the first signal runs it while the listener still
+    serves (``/readyz`` answers 503, calls move away), then uvicorn's graceful shutdown; a second one stops
+    at once."""
     import uvicorn
 
     from callbridge.logging import configure_logging
 
     configure_logging(settings.log)
-    server = uvicorn.Server(
+    server = _draining_server(uvicorn, drain)(
         uvicorn.Config(
             app,
             host=host,
@@ -202,12 +252,45 @@ def _run_uvicorn(settings: Settings, app: Any, host: str, port: int) -> int:
     # makes a graceful stop exit 0 instead of dying by the signal.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _after_graceful_shutdown)
-    server.run()
+    server.run(sockets=sockets)
     return EXIT_OK if server.started else EXIT_FAILED
 
 
 def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
     """The signal was handled by uvicorn's graceful shutdown; nothing is left to do."""
+
+
+def _draining_server(uvicorn: Any, drain: Callable[[], Awaitable[None]] | None) -> Callable[[Any], Any]:
+    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT runs ``drain`` on the event loop before the usual
+    shutdown (which stops listening at once, too early for a load balancer to read ``/readyz``)."""
+    if drain is None:
+        return uvicorn.Server  # type: ignore[no-any-return]
+    import asyncio
+    import concurrent.futures
+
+    run_drain = drain
+
+    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
+        _loop: asyncio.AbstractEventLoop | None = None
+        _draining: concurrent.futures.Future[None] | None = None
+
+        async def serve(self, sockets: Any = None) -> None:
+            self._loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self._draining is not None or self._loop is None or not self.started:
+                super().handle_exit(sig, frame)  # a second signal, or before startup: stop now
+                return
+            self._draining = asyncio.run_coroutine_threadsafe(self._drain_then_exit(), self._loop)
+
+        async def _drain_then_exit(self) -> None:
+            try:
+                await run_drain()
+            finally:
+                self.should_exit = True
+
+    return DrainingServer
 
 
 def _simulate(settings: Settings, args: argparse.Namespace) -> int:
@@ -256,51 +339,63 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
 
 def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
-    import os
+    import contextlib
 
     from callbridge.logging import configure_logging
     from callbridge.sim.loadtest import (
         LoadReport,
-        LoadTest,
         LoadTestOptions,
+        bridge_env,
         report_json,
+        run_load_test,
+        secret_from_settings,
     )
-    from callbridge.sim.runner import running_bridge, with_overrides
+    from callbridge.sim.runner import load_wav_8k, sample_caller_wav
 
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
     configure_logging(settings.log)
+    rest_url = f"http://127.0.0.1:{args.rest_port}"
+    if args.print_env:
+        secret = args.secret or secret_from_settings(args.provider, settings)
+        if secret is None:
+            import secrets
 
-    dtmf_every_ms = int(args.dtmf_every * 1000) if args.dtmf_every else None
-    drop_every_ms = int(args.drop_every * 1000) if args.drop_every else None
-
-    async def run() -> LoadReport:
-        if args.url:
-            token = args.auth_token or (settings.twilio.auth_token.get_secret_value() if settings.twilio.auth_token else None)
-            if not token:
-                raise SystemExit("callbridge loadtest: --auth-token (or twilio.auth_token) is needed to sign requests")
-            options = LoadTestOptions(
-                args.url, token, args.calls, args.ramp, args.duration,
-                dtmf_every_ms=dtmf_every_ms, drop_every_ms=drop_every_ms, server_pid=args.server_pid,
-            )  # fmt: skip
-            return await LoadTest(options).run()
-        print("callbridge loadtest: no --url: the bridge (loopback agent) runs in this process, beside the generator")
-        local = with_overrides(settings, {"local_engine": {"agent": "loopback"}, "server": {"max_calls": max(100, args.calls)}})
-        async with running_bridge(local) as bridge:
-            token = bridge.settings.twilio.auth_token.get_secret_value()  # type: ignore[union-attr]
-            options = LoadTestOptions(
-                bridge.base_url, token, args.calls, args.ramp, args.duration,
-                dtmf_every_ms=dtmf_every_ms, drop_every_ms=drop_every_ms, server_pid=os.getpid(),
-            )  # fmt: skip
-            return await LoadTest(options).run()
-
-    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")
+            secret = secrets.token_hex(16)
+        print(bridge_env(args.provider, secret, rest_url), end="")
+        return EXIT_OK
     try:
+        audio = load_wav_8k(args.audio or sample_caller_wav())
+    except (OSError, ValueError, EOFError) as exc:
+        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    def ms(seconds: float | None) -> int | None:
+        return int(seconds * 1000) if seconds else None
+
+    options = LoadTestOptions(
+        calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=ms(args.click_every) or 1000, audio=audio,
+        barge_in_every_ms=ms(args.barge_in_every), dtmf_every_ms=ms(args.dtmf_every), drop_every_ms=ms(args.drop_every),
+        server_pid=args.server_pid,
+    )  # fmt: skip
+    secret = args.secret or secret_from_settings(args.provider, settings)
+    if args.url and secret is None:
+        print(f"callbridge loadtest: --secret is needed to sign {args.provider} requests (see --print-env)", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.url:
+        print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
+    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")
+    run = run_load_test(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url)
+    run_loop: Callable[[Any], LoadReport] = asyncio.run
+    with contextlib.suppress(ImportError):
         import uvloop
 
-        report = uvloop.run(run())
-    except ImportError:
-        report = asyncio.run(run())
+        run_loop = uvloop.run
+    try:
+        report = run_loop(run)
+    except OSError as exc:  # the REST port is taken, the bridge is not there
+        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     print(report.render())
     if args.json:
         args.json.write_bytes(report_json(report))

@@ -20,7 +20,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -65,6 +72,12 @@ class ServerSettings(_Section):
     generic_media_requires_token: bool = True
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless Exotel
     credentials admit them. Switch off only where the network admits nothing but your carriers."""
+    workers: Annotated[int, Field(ge=1, le=256)] = 1
+    """Bridge processes on the one listening socket (``serve --workers``); more than one needs the Redis
+    registry, since a call's webhook and its streams may reach different workers."""
+    drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
+    """On SIGTERM: how long calls that cannot move to another process (their carrier does not reconnect) may
+    run on before the process exits anyway."""
 
 
 class LogSettings(_Section):
@@ -123,6 +136,12 @@ class RegistrySettings(_Section):
     backend: Literal["memory", "redis"] = "memory"
     redis_url: SecretStr | None = None
     """``redis://[:password@]host:port/db``; masked in output since it may hold a password."""
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> RegistrySettings:
+        if self.backend == "redis" and self.redis_url is None:
+            raise ValueError("backend = redis needs redis_url")
+        return self
 
 
 class TwilioSettings(_Section):
@@ -226,12 +245,35 @@ class AudioSocketSettings(_Section):
 
 
 class SipSettings(_Section):
+    """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
+
     enabled: bool = False
     host: str = "127.0.0.1"
     port: Port = 5060
-    allowed_ips: list[str] = Field(default_factory=list)
+    public_address: str | None = None
+    """The address the trunk reaches us at (Contact, SDP ``c=``); None: ``host``."""
+    allowed_ips: list[str] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
+    """CIDRs whose INVITEs are admitted without credentials."""
     username: str | None = None
     password: SecretStr | None = None
+    realm: str = "callbridge"
+    rtp_port_min: Port = 20000
+    rtp_port_max: Port = 20999
+    answer_delay_ms: Annotated[int, Field(ge=0, le=30000)] = 0
+    """Ring (180) this long before answering; 0: answer at once."""
+
+    def model_post_init(self, context: Any) -> None:
+        import ipaddress
+
+        for source in self.allowed_ips:
+            try:
+                ipaddress.ip_network(source, strict=False)
+            except ValueError:
+                raise ValueError(f"allowed_ips: {source!r} is not an IP address or CIDR") from None
+        if self.rtp_port_max < self.rtp_port_min + 1:
+            raise ValueError("rtp_port_max must be above rtp_port_min")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together")
 
 
 class Settings(BaseSettings):

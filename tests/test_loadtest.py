@@ -1,36 +1,166 @@
-"""The load tester against a real bridge (loopback agent) over loopback: it measures, and loses nothing."""
+"""The load tester against real bridges over loopback, for every carrier: it measures, and loses nothing.
+
+In-process bridges (``running_bridge``) for each carrier's clicks run, a barge-in run and drops; and one
+``callbridge serve`` in its own process configured from ``--print-env`` (Telnyx: its answer needs the simulated
+Call Control API, served by the load tester).
+"""
 
 from __future__ import annotations
 
-from callbridge.config import Settings
-from callbridge.sim.loadtest import LoadTest, LoadTestOptions, report_json
-from callbridge.sim.runner import running_bridge
+import asyncio
+import audioop
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from callbridge.cli import main
+from callbridge.config import Settings, load_settings
+from callbridge.sim.carriers import SIMULATED
+from callbridge.sim.loadtest import (
+    LoadTest,
+    LoadTestOptions,
+    bridge_env,
+    caller_frames,
+    report_json,
+    run_load_test,
+    secret_from_settings,
+)
+from callbridge.sim.ports import free_port
+from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
+from tests.bridge.twilio_e2e import until
+
+SPEECH = load_wav_8k(sample_caller_wav())
 
 
-async def test_a_short_load_run() -> None:
-    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}})
-    async with running_bridge(settings) as bridge:
-        token = bridge.settings.twilio.auth_token.get_secret_value()  # type: ignore[union-attr]
-        options = LoadTestOptions(bridge.base_url, token, calls=3, ramp_s=0.3, duration_s=2.5, click_every_ms=500, progress=False)
-        report = await LoadTest(options).run()
-    assert report.failed_calls == 0 and report.failures == []
-    assert report.clicks_sent >= 12 and report.clicks_returned >= report.clicks_sent - 3  # the last may be in flight
-    assert set(report.round_trip_ms) == {"p50", "p95", "p99", "max"} and report.round_trip_ms["p50"] > 0
-    assert report.frames_received >= report.frames_sent - 3 * 15
-    assert b'"round_trip_ms"' in report_json(report)
-    assert "clicks:" in report.render()
+def _settings(agent: str = "loopback") -> Settings:
+    return Settings.model_validate({"local_engine": {"agent": agent}})
 
 
-async def test_drops_and_key_presses_under_load() -> None:
-    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}})
-    async with running_bridge(settings) as bridge:
-        token = bridge.settings.twilio.auth_token.get_secret_value()  # type: ignore[union-attr]
+@pytest.mark.parametrize("provider", sorted(SIMULATED))
+async def test_a_short_load_run(provider: str) -> None:
+    async with running_bridge(_settings(), provider=provider) as bridge:
+        options = LoadTestOptions(calls=3, ramp_s=0.3, duration_s=3.0, click_every_ms=500, audio=SPEECH, server_pid=os.getpid(), progress=False)
+        report = await LoadTest(bridge.carrier, options).run()
+    assert report.failed_calls == 0 and report.failures == [], report.render()
+    assert report.protocol_warnings == 0, report.warnings
+    assert report.provider == provider and report.frames_sent == 3 * 150
+    assert report.clicks_sent == 18 and report.clicks_returned >= 18 - 3, report.render()  # the last may be in flight
+    assert set(report.round_trip_ms) == {"p50", "p95", "p99", "max"}
+    # Exotel moves 100 ms (in) and 200 ms (out) chunks: its round trip is a few hundred ms by protocol
+    bound_ms = 800 if provider == "exotel" else 300
+    assert 0 < report.round_trip_ms["p50"] <= report.round_trip_ms["max"] < bound_ms, report.render()
+    assert report.round_trip_ms["p50"] <= report.heard_round_trip_ms["p50"] < bound_ms + 200
+    assert report.frames_received >= report.frames_sent - 3 * 20, report.render()  # the tail of each call in flight
+    assert report.first_audio_ms["max"] < bound_ms
+    assert report.server_cpu_ms_per_call_second is not None and report.server_cpu_ms_per_call_second > 0
+    assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render()
+
+
+@pytest.mark.parametrize("provider", ["twilio", "audiosocket"])
+async def test_barge_ins_are_flushed(provider: str) -> None:
+    """The echo agent says each utterance back; the caller talks over it, and the carrier's queue is flushed
+    (AudioSocket has none: the agent's audio stops) where the caller stopped hearing it."""
+    options = LoadTestOptions(calls=2, ramp_s=0.2, duration_s=7.0, audio=SPEECH[: 1500 * 16], barge_in_every_ms=2000, progress=False)
+    report = await run_load_test(Settings(), provider, options, url=None, secret="", rest_url="")
+    assert report.failed_calls == 0 and report.protocol_warnings == 0, report.render()
+    assert report.clicks_sent == 0 and report.barge_ins >= 2, report.render()
+    assert set(report.barge_in_flush_ms) == {"p50", "p95", "p99", "max"}
+    # VAD has to hear speech first (Silero, 32 ms windows), then the flush crosses the websocket
+    assert 20 < report.barge_in_flush_ms["p50"] < 1000, report.render()
+    # the bridge truncated the reply where the caller stopped hearing it, within a frame (and a tick of jitter)
+    error = report.heard_position_error_ms
+    assert error and -40 <= error["min"] <= error["max"] <= 40, report.render()
+    assert "barge-ins:" in report.render() and "heard-position error" in report.render()
+
+
+@pytest.mark.parametrize("provider", ["twilio", "vonage", "audiosocket"])
+async def test_drops_and_key_presses_under_load(provider: str) -> None:
+    async with running_bridge(_settings(), provider=provider) as bridge:
         options = LoadTestOptions(
-            bridge.base_url, token, calls=2, ramp_s=0.2, duration_s=3.0, click_every_ms=400,
-            dtmf_every_ms=500, drop_every_ms=1200, progress=False,
+            calls=2, ramp_s=0.2, duration_s=3.0, click_every_ms=400, dtmf_every_ms=500, drop_every_ms=1200, progress=False,
         )  # fmt: skip
-        report = await LoadTest(options).run()
+        report = await LoadTest(bridge.carrier, options).run()
         resumed = bridge.app.state.bridge.registry.get_sample_value("callbridge_engine_sessions_total", {"how": "resumed"})
     assert report.failed_calls == 0, report.failures
     assert report.reconnects == 4 and resumed == 4  # each drop came back on the same engine session
-    assert report.clicks_returned >= 8
+    assert report.clicks_returned >= 8 and report.protocol_warnings == 0, report.render()
+
+
+def test_caller_audio_is_kept_below_the_click_level() -> None:
+    frames = caller_frames(SPEECH)
+    assert all(len(frame) == 320 for frame in frames)
+    assert max(audioop.max(frame, 2) for frame in frames) <= 6000 < audioop.max(SPEECH, 2)
+    assert frames[-50:] == [bytes(320)] * 50  # a pause after the utterance
+    assert caller_frames(None) == [bytes(320)]
+
+
+async def test_against_a_separate_callbridge_serve(tmp_path: Path) -> None:
+    """``callbridge serve`` configured only by the env ``--print-env`` gives, and a Telnyx load test against it."""
+    port, rest_port = free_port(), free_port()
+    url, rest_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{rest_port}"
+    secret = "loadtest-secret-0123456789"
+    exported = dict(
+        shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in bridge_env("telnyx", secret, rest_url).splitlines()
+    )
+    assert exported["CALLBRIDGE_TELNYX__API_KEY"] == secret and exported["CALLBRIDGE_TELNYX__API_BASE_URL"] == rest_url
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")},
+        **exported,
+        "CALLBRIDGE_LOCAL_ENGINE__AGENT": "loopback",
+        "CALLBRIDGE_SERVER__PUBLIC_URL": url,
+    }
+    log = (tmp_path / "serve.log").open("wb")
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "callbridge", "serve", "--port", str(port), "--log-level", "warning", env=env, stdout=log, stderr=log
+    )
+    try:
+        async with httpx.AsyncClient() as http:
+
+            async def up() -> bool:
+                try:
+                    return (await http.get(url + "/healthz")).status_code < 500
+                except httpx.HTTPError:
+                    return False
+
+            await until(up, timeout_s=30)
+        settings = Settings.model_validate({"telnyx": {"api_key": secret}})
+        options = LoadTestOptions(calls=2, ramp_s=0.2, duration_s=2.0, click_every_ms=500, server_pid=server.pid, progress=False)
+        report = await run_load_test(settings, "telnyx", options, url=url, secret=secret, rest_url=rest_url)
+    finally:
+        server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
+        await asyncio.wait_for(server.wait(), 10)
+        log.close()
+    assert report.failed_calls == 0 and report.protocol_warnings == 0, (report.render(), (tmp_path / "serve.log").read_text())
+    assert report.clicks_returned >= 6 and report.round_trip_ms["p50"] < 300, report.render()
+    assert report.server_cpu_ms_per_call_second is not None and report.server_rss_mb is not None and report.server_rss_mb > 10
+
+
+@pytest.mark.parametrize("provider", sorted(SIMULATED))
+def test_print_env_configures_a_bridge_for_the_simulated_account(
+    provider: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What ``--print-env`` prints is valid configuration, and it holds the secret the load tester signs with."""
+    assert main(["loadtest", "--provider", provider, "--secret", "s3cret-0123456789abcdef", "--rest-port", "8111", "--print-env"]) == 0
+    printed = capsys.readouterr().out
+    for line in printed.splitlines():
+        assert line.startswith(f"export CALLBRIDGE_{provider.upper()}__"), line
+        key, _, value = line.removeprefix("export ").partition("=")
+        monkeypatch.setenv(key, shlex.split(value)[0])
+    settings = load_settings()
+    assert secret_from_settings(provider, settings) == ("" if provider == "audiosocket" else "s3cret-0123456789abcdef")
+    overrides = SIMULATED[provider].bridge_settings("s3cret-0123456789abcdef", "http://127.0.0.1:8111")
+    section = getattr(settings, provider)
+    for key, value in overrides[provider].items():
+        if key in ("private_key_path", "port"):  # a fresh key pair and a free port each time
+            continue
+        configured = getattr(section, key)
+        assert (configured.get_secret_value() if hasattr(configured, "get_secret_value") else configured) == value, key
+    if provider == "vonage":
+        key_path = settings.vonage.private_key_path
+        assert key_path is not None and key_path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY")
+        shutil.rmtree(key_path.parent)

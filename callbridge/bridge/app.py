@@ -21,7 +21,7 @@ from prometheus_client import (
 
 from callbridge import __version__
 from callbridge.bridge.carriers import CarrierRest, carriers
-from callbridge.bridge.registry import CallRegistry, StreamTokens
+from callbridge.bridge.registry import build_registry
 from callbridge.bridge.services import (
     BridgeMetrics,
     BridgeServices,
@@ -47,11 +47,12 @@ class BridgeState:
         Info("callbridge_build", "callbridge version", registry=self.registry).info({"version": __version__})
         self.carriers = carriers()
         self.rest: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
+        registry, tokens = build_registry(settings)
         self.services = BridgeServices(
             settings=settings,
             engine=engine,
-            registry=CallRegistry(),
-            tokens=StreamTokens(),
+            registry=registry,
+            tokens=tokens,
             metrics=BridgeMetrics(self.registry),
             hang_up=hang_up or self._hang_up,
         )
@@ -63,6 +64,11 @@ class BridgeState:
     @draining.setter
     def draining(self, value: bool) -> None:
         self.services.draining = value
+
+    async def drain(self) -> None:
+        """SIGTERM's first step (``callbridge serve``), before the listener closes: ``BridgeServices.drain``
+        with ``server.drain_timeout_s``."""
+        await self.services.drain(self.settings.server.drain_timeout_s)
 
     async def _hang_up(self, provider: str, call_id: str, account_id: str | None, reason: str) -> None:
         rest = self.rest.get(provider)
@@ -90,6 +96,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
                 log.info("bridge_stopping", active_calls=len(state.services.active_calls))
         await state.services.aclose_background()
         await state.services.engine.aclose()
+        await state.services.registry.aclose()
         for rest in state.rest.values():
             await rest.aclose()
 

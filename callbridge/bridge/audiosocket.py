@@ -218,7 +218,7 @@ class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
                 return
             call_id = peek_call_id(first)  # None: not a uuid frame; the codec says what is wrong
             if call_id is not None:
-                if not self.services.admits(call_id):
+                if not await self.services.admits(call_id):
                     self._refuse("draining" if self.services.draining else "capacity", peer=host, call_id=call_id)
                     return
                 await self._supersede(call_id)

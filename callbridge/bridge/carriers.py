@@ -64,5 +64,6 @@ def carriers() -> tuple[Carrier, ...]:
         twilio,
         vonage,
     )
+    from callbridge.sip import server as sip
 
-    return (twilio.CARRIER, signalwire.CARRIER, exotel.CARRIER, telnyx.CARRIER, plivo.CARRIER, vonage.CARRIER, audiosocket.CARRIER, generic.CARRIER)
+    return (twilio.CARRIER, signalwire.CARRIER, exotel.CARRIER, telnyx.CARRIER, plivo.CARRIER, vonage.CARRIER, audiosocket.CARRIER, sip.CARRIER, generic.CARRIER)

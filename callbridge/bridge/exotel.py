@@ -132,7 +132,7 @@ def exotel_router(services: BridgeServices) -> APIRouter:
     async def media(websocket: WebSocket) -> None:
         peer = websocket.client.host if websocket.client else None
         reason = admission.refusal(websocket.headers.get("authorization"), peer)
-        if reason is None and not services.admits(""):  # no call id before ``start``: capacity only
+        if reason is None and not await services.admits(""):  # no call id before ``start``: capacity only
             reason = "draining" if services.draining else "capacity"
         if reason is not None:
             services.metrics.stream_refused.labels("exotel", reason).inc()

@@ -60,7 +60,7 @@ def generic_router(services: BridgeServices) -> APIRouter:
         if refusal is None and authorization is not None and authorization.lower().startswith("basic "):
             refusal = exotel.refusal(authorization, peer)
             check_token = check_token and refusal is not None  # Exotel's credentials admit a stream without a token
-        if refusal is None and not services.admits(""):
+        if refusal is None and not await services.admits(""):
             refusal = "draining" if services.draining else "capacity"
         if refusal is not None:
             services.metrics.stream_refused.labels("unknown", refusal).inc()

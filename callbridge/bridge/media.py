@@ -21,7 +21,7 @@ from typing import Protocol
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from callbridge.bridge.call import CallSession, CallState
-from callbridge.bridge.providers.base import ProviderCodec
+from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent
@@ -33,6 +33,7 @@ __all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
 log = get_logger("callbridge.call")
 
 _POLICY_VIOLATION = 1008
+_GOING_AWAY = 1001
 
 
 def _now_ms() -> int:
@@ -103,6 +104,7 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
+        self._moved = False
 
     @property
     def provider(self) -> str:
@@ -143,13 +145,13 @@ class MediaStreamDriver:
         assert start is not None
         services = self.services
         self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
-        if self.check_token and not services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
+        if self.check_token and not await services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
             await self._refuse("bad_token")
             return
-        if services.registry.ended_reason(start.call_id) is not None:
+        if await services.registry.ended_reason(start.call_id) is not None:
             await self._refuse("call_already_ended")
             return
-        ticket, offset_ms = services.registry.claim_ticket(start.call_id)
+        ticket, offset_ms = await services.registry.claim_ticket(start.call_id)
         session: DuplexSession | None = None
         how = "opened"
         if ticket is not None:
@@ -166,7 +168,7 @@ class MediaStreamDriver:
             except EngineError as exc:
                 self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
                 # ended before the socket closes: the TwiML <Redirect> that follows must get <Hangup/>, not a retry
-                services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}")
+                await services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}")
                 await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
                 return
         services.metrics.engine_sessions.labels(how).inc()
@@ -175,13 +177,13 @@ class MediaStreamDriver:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
             ticket = await asyncio.shield(session.detach())
-            services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+            await asyncio.shield(services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms()))
             raise
         try:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
                 if self.call.end_reason == "transport_lost":  # the carrier may come back: keep it for the grace
                     ticket = await session.detach()
-                    services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+                    await services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
                 else:  # stopped or refused: the call is over
                     await session.close(self.call.end_reason or "call_ended")
                 return
@@ -196,6 +198,8 @@ class MediaStreamDriver:
             self._lock.release()
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
+        if services.draining:  # bound after the drain began (answered just before it): move it on at once
+            await self.move_elsewhere()
 
     async def _refuse(self, reason: str, *, hang_up: bool = False) -> None:
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
@@ -204,6 +208,32 @@ class MediaStreamDriver:
             if self.call.state is CallState.STARTING:
                 self.call.start_refused(reason, hang_up=hang_up)
             await self._flush()
+
+    async def move_elsewhere(self) -> bool:
+        """The process is draining: end this stream as a network drop would, so the carrier's reconnect (Twilio's
+        ``<Redirect>``) resumes the call on another process. The engine session is detached into the registry
+        *before* the carrier's socket closes (code 1001, no ``stop``), so the next stream finds its ticket
+        wherever it lands. False, and nothing done, for a stream not live or a carrier that does not reconnect
+        (``HangUpMode.CLOSE``: closing its socket would end the call; it runs to its end)."""
+        if self.call.codec.profile.hang_up is HangUpMode.CLOSE:
+            return False
+        async with self._lock:
+            start, session = self.call.start_request, self.session
+            if self.call.state is not CallState.LIVE or start is None or session is None:
+                return False
+            self.call.transport_lost(_now_ms())
+            await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
+            try:
+                ticket = await session.detach()
+                await self.services.registry.detach(start.call_id, ticket, self.call.input_ms, self._grace_ms())
+                self._moved = True
+            except EngineError as exc:
+                self.log.warning("engine_detach_failed", reason=exc.code)
+            self._closed = True
+            with suppress(Exception):
+                await self.transport.close(_GOING_AWAY)
+        self.log.info("stream_moved", reason="draining")
+        return True
 
     async def end_by_carrier(self, reason: str) -> None:
         """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""
@@ -287,7 +317,7 @@ class MediaStreamDriver:
         start = self.call.start_request
         if start is None:
             return
-        self.services.registry.mark_ended(start.call_id, reason)
+        await self.services.registry.mark_ended(start.call_id, reason)
         try:
             await self.services.hang_up(self.provider, start.call_id, start.account_id, reason)
             self.services.metrics.hangups.labels(self.provider, "ok").inc()
@@ -314,10 +344,12 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
-            if call.detach_engine and not session.closed and services.registry.ended_reason(start.call_id) is None:
+            if self._moved:
+                pass  # detached into the registry before the socket closed (``move_elsewhere``)
+            elif call.detach_engine and not session.closed and await services.registry.ended_reason(start.call_id) is None:
                 try:
                     ticket = await session.detach()
-                    services.registry.detach(start.call_id, ticket, call.input_ms, self._grace_ms())
+                    await services.registry.detach(start.call_id, ticket, call.input_ms, self._grace_ms())
                     window = call.codec.profile.reconnect_window_ms
                     if window is not None:
                         services.spawn(self._close_unless_back(start.call_id, ticket, window))
@@ -327,7 +359,7 @@ class MediaStreamDriver:
                 with suppress(EngineError):
                     await session.close(call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
-                services.registry.mark_ended(start.call_id, call.end_reason or "ended")
+                await services.registry.mark_ended(start.call_id, call.end_reason or "ended")
         if call.failure is not None:
             services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
             self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)

@@ -231,12 +231,12 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         call_id = _first(params, "CallUUID")
         if not call_id:
             return Response("CallUUID missing", status_code=400)
-        if services.registry.ended_reason(call_id) is not None:
+        if await services.registry.ended_reason(call_id) is not None:
             return Response(_HANGUP, media_type="application/xml")
-        if not services.admits(call_id):
+        if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider="plivo", reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")
-        token = services.tokens.mint(call_id)
+        token = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
         log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
         return Response(stream_xml(base, token, config.content_type), media_type="application/xml")

@@ -20,8 +20,11 @@ from callbridge.engine.port import (
     SessionConfig,
     TurnDetection,
 )
+from callbridge.logging import get_logger
 
 __all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
+
+log = get_logger(__name__)
 
 _ENGINE_CALL_TIMEOUT_S = 5.0
 
@@ -59,6 +62,11 @@ class LiveStream(Protocol):
 
     async def end_by_carrier(self, reason: str) -> None:
         """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
+        ...
+
+    async def move_elsewhere(self) -> bool:
+        """Draining: detach the engine session into the registry and close the carrier's socket without a
+        goodbye, so the carrier reconnects (to another process); False where the carrier would not."""
         ...
 
 
@@ -99,33 +107,49 @@ class BridgeServices:
             await stream.end_by_carrier(reason)
         else:
             await self.close_detached(call_id, reason)
-        if self.registry.ended_reason(call_id) is None:
-            self.registry.mark_ended(call_id, reason)
+        if await self.registry.ended_reason(call_id) is None:
+            await self.registry.mark_ended(call_id, reason)
 
     async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None) -> bool:
         """Close the engine session a call left detached (waiting for its next stream) now that the call is over,
         rather than leave it to the engine's grace. With ``ticket``: only if that is still the one waiting (no
         stream has come back since). True when a session was closed."""
-        record = self.registry.get(call_id)
-        if record is None or record.ticket is None or (ticket is not None and record.ticket is not ticket):
+        waiting, _ = await self.registry.claim_ticket(call_id, ticket)
+        if waiting is None:
             return False
-        waiting, _ = self.registry.claim_ticket(call_id)
-        assert waiting is not None
         try:
             session = await asyncio.wait_for(self.engine.resume(waiting), _ENGINE_CALL_TIMEOUT_S)
             await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
         except (EngineError, TimeoutError):
             return False  # expired or gone already, or the engine does not answer: its grace ends it
-        self.registry.mark_ended(call_id, reason)
+        await self.registry.mark_ended(call_id, reason)
         return True
 
-    def admits(self, call_id: str) -> bool:
+    async def drain(self, timeout_s: float) -> None:
+        """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``), move every running call whose
+        carrier reconnects to another process (``LiveStream.move_elsewhere``), and wait up to ``timeout_s`` for
+        the others to end. Returns when no call is left here, or at the timeout."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        log.info("bridge_draining", active_calls=len(self.active_calls), timeout_s=timeout_s)
+        while self.active_calls or self.live_streams:
+            for stream in list(self.live_streams.values()):
+                await stream.move_elsewhere()
+            if loop.time() >= deadline:
+                log.warning("drain_timeout", calls_left=len(self.active_calls))
+                return
+            await asyncio.sleep(0.05)
+        log.info("bridge_drained")
+
+    async def admits(self, call_id: str) -> bool:
         """Whether a call may be answered now: not draining, and under ``server.max_calls`` unless the call is
-        already ours (a stream coming back)."""
+        already known (a stream coming back, here or from another process)."""
         if self.draining:
             return False
-        known = call_id in self.active_calls or self.registry.get(call_id) is not None
-        return known or len(self.active_calls) < self.settings.server.max_calls
+        if call_id in self.active_calls or len(self.active_calls) < self.settings.server.max_calls:
+            return True
+        return await self.registry.get(call_id) is not None
 
 
 def call_options(settings: Settings) -> CallOptions:

@@ -207,14 +207,14 @@ class TelnyxCalls:
         services = self.services
         if payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
-        if call_id in self.live or services.registry.ended_reason(call_id) is not None:
+        if call_id in self.live or await services.registry.ended_reason(call_id) is not None:
             return  # a webhook delivered again (Telnyx retries until it gets a 2xx), or a call already over
         try:
-            if not services.admits(call_id):
+            if not await services.admits(call_id):
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason="draining" if services.draining else "capacity")
                 await self.rest.reject(call_id)
                 return
-            token = services.tokens.mint(call_id)
+            token = await services.tokens.mint(call_id)
             self.live.add(call_id)
             if await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
                 log.info("call_answered", call_id=call_id, provider="telnyx", caller=payload.get("from"))
@@ -226,7 +226,7 @@ class TelnyxCalls:
 
     async def _stream_ended(self, call_id: str, event_type: str, payload: dict[str, Any], base: str) -> None:
         services = self.services
-        ended = services.registry.ended_reason(call_id)
+        ended = await services.registry.ended_reason(call_id)
         log_fn = log.warning if event_type == "streaming.failed" else log.info
         log_fn("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type, ended=ended, reason=payload.get("failure_reason"))
         if call_id not in self.live:
@@ -240,20 +240,20 @@ class TelnyxCalls:
                 self.restarts.pop(call_id, None)
                 await self.rest.hang_up(call_id, None)
                 return
-            if restarts >= MAX_STREAM_RESTARTS or not services.admits(call_id):
+            if restarts >= MAX_STREAM_RESTARTS or not await services.admits(call_id):
                 reason = "stream_restarts_exhausted" if restarts >= MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
-                services.registry.mark_ended(call_id, reason)
+                await services.registry.mark_ended(call_id, reason)
                 self.live.discard(call_id)
                 await self.rest.hang_up(call_id, None)
                 log.warning("call_hung_up", provider="telnyx", call_id=call_id, reason=reason)
                 return
             self.restarts[call_id] = restarts + 1
-            token = services.tokens.mint(call_id)
+            token = await services.tokens.mint(call_id)
             if await self.rest.start_streaming(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
                 log.info("stream_restarted", provider="telnyx", call_id=call_id, restarts=restarts + 1)
             else:
                 self.live.discard(call_id)
-                services.registry.mark_ended(call_id, "call_already_ended")
+                await services.registry.mark_ended(call_id, "call_already_ended")
         except (httpx.HTTPError, RuntimeError) as exc:
             log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="streaming_start/hangup", error=repr(exc))
 

@@ -135,12 +135,12 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
-        if services.registry.ended_reason(call_id) is not None:
+        if await services.registry.ended_reason(call_id) is not None:
             return Response(_HANGUP, media_type="application/xml")
-        if not services.admits(call_id):
+        if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider=name, reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")
-        token = services.tokens.mint(call_id)
+        token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
         return Response(dialect.twiml_connect(base, token), media_type="application/xml")
 

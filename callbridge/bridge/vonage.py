@@ -329,16 +329,16 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         call_id = params.get("uuid")
         if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
             return Response("uuid missing or invalid", status_code=400)
-        if services.registry.ended_reason(call_id) is not None:
+        if await services.registry.ended_reason(call_id) is not None:
             return _ncco([])  # an empty NCCO: the call ends
-        if not services.admits(call_id):
+        if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider="vonage", reason="draining" if services.draining else "capacity")
             return _ncco([])
         conversation = params.get("conversation_uuid")
         calls.answered(call_id, conversation if isinstance(conversation, str) else None)
         caller = params.get("from")
         base = public_base(settings, str(request.base_url))
-        token = services.tokens.mint(call_id)
+        token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider="vonage", caller=caller)
         return _ncco(ncco_connect(base, call_id, token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
 
@@ -375,7 +375,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             if isinstance(token, str):  # the websocket leg is over: its socket ends as the call's end
                 for transport in [t for t in calls.live if t.token == token]:
                     transport.complete()
-            if isinstance(leg, str) and (calls.is_ours(leg) or services.registry.get(leg) is not None):
+            if isinstance(leg, str) and (calls.is_ours(leg) or await services.registry.get(leg) is not None):
                 await completed(leg)  # the call itself
         return Response(status_code=204)
 
@@ -393,13 +393,13 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             await asyncio.wait(waiters, timeout=_DETACH_WAIT_S)
             for waiter in waiters:
                 waiter.cancel()
-        ended = services.registry.ended_reason(call_id)
+        ended = await services.registry.ended_reason(call_id)
         count = calls.reconnects(call_id)
-        if ended is not None or count >= _MAX_RECONNECTS or not services.admits(call_id):
+        if ended is not None or count >= _MAX_RECONNECTS or not await services.admits(call_id):
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended, reconnects=count)
             return Response(status_code=204)
         calls.reconnected(call_id)
-        fresh = services.tokens.mint(call_id)
+        fresh = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
         log.info("stream_reconnecting", provider="vonage", call_id=call_id, leg=leg, reconnects=count + 1)
         return _ncco(ncco_connect(base, call_id, fresh, config.audio_rate_hz))
@@ -409,7 +409,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         calls.forget(call_id)
         for transport in [t for t in calls.live if t.call_id == call_id]:
             transport.complete()
-        if services.registry.ended_reason(call_id) is not None:
+        if await services.registry.ended_reason(call_id) is not None:
             return  # we ended it (REST hang-up, engine end): nothing more to do
         log.info("call_completed", provider="vonage", call_id=call_id)
         # in the background, so the webhook is answered at once: a detached engine session is resumed to be closed

@@ -417,8 +417,9 @@ def create_engine_app(settings: Settings, engine: LocalEngine | None = None) -> 
         await server.handle(websocket)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, str | int]:
+        """Up; ``sessions``: sessions held (live or detached in their grace), what a fleet balances on."""
+        return {"status": "ok", "sessions": engine.session_count}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -201,6 +201,11 @@ class SimStream(ABC):
         """The connection is gone (a network drop, or closed by either side)."""
         self.network_drop = False
         self._to_8k: Any = None
+        self.on_audio: Callable[[bytes | bytearray | memoryview], None] | None = None
+        """Called with each piece of agent audio (PCM16 at ``rate_hz``) as it arrives, before it is queued (the load
+        tester times clicks with it; ``queue`` then holds what plays before it)."""
+        self.on_clear: Callable[[], None] | None = None
+        """Called when the bridge flushes playback, before the queue is dropped."""
 
     # -------------------------------------------------------------- the wire
 
@@ -230,6 +235,8 @@ class SimStream(ABC):
     # ------------------------------------------------------------ playback
 
     def enqueue_audio(self, pcm: bytes | bytearray | memoryview) -> None:
+        if self.on_audio is not None:
+            self.on_audio(pcm)
         self.queue += pcm
 
     def add_mark(self, name: str) -> None:
@@ -239,6 +246,8 @@ class SimStream(ABC):
             self.pending_marks.append((len(self.queue), name))
 
     def clear(self) -> None:
+        if self.on_clear is not None:
+            self.on_clear()
         result = self.call.result
         bytes_per_ms = self.rate_hz // 500
         result.clears.append(len(self.queue) // bytes_per_ms)
@@ -317,6 +326,9 @@ class SimulatedCarrier(ABC):
         """Called with each 20 ms of caller audio (PCM16 8 kHz) as it leaves (benchmarks time the bridge)."""
         self.on_message: Callable[[str | bytes], None] | None = None
         """Called with each message the bridge sends, as it arrives."""
+        self.route: Callable[[OpenReason], str] | None = None
+        """Picks the bridge for each media connection a call opens (a load balancer in front of several bridge
+        processes: a reconnect may land on another one); what it returns becomes ``bridge_url``."""
         self.rest_url: str | None = None
         self._rest_server: uvicorn.Server | None = None
         self._rest_task: asyncio.Task[None] | None = None
@@ -416,6 +428,8 @@ class SimulatedCarrier(ABC):
                         reason = "network_drop" if stream.network_drop else "closed_by_bridge"
                         if receiver is not None:
                             await asyncio.gather(receiver, return_exceptions=True)
+                    if self.route is not None:
+                        self.bridge_url = self.route(reason).rstrip("/")
                     stream = await self.open_stream(call, reason)
                     if stream is None:
                         if reason == "closed_by_bridge" or call.ended.is_set():

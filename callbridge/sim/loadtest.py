@@ -1,64 +1,130 @@
-"""``callbridge loadtest``: many simulated Twilio calls at real time against a bridge, and what it did to them.
+"""``callbridge loadtest``: many simulated calls at real time against a bridge, on any carrier, and what the bridge
+did to them.
 
-Run it against a bridge whose engine is the ``loopback`` agent (each frame of
-the caller's audio straight back): every second each call sends a click (a
-20 ms loud frame) and the time until the click comes back as agent audio is
-the round trip the bridge and engine add. Also measured: the first agent
-audio after the first caller frame, frames and clicks that never came back,
-failed calls, and — with ``--server-pid`` — the server's CPU-ms per
-call-second and RSS.
+The calls are placed by the carrier's simulator (``callbridge.sim.carriers``): its real answer flow, signatures,
+wire and quirks (``SimulatedCarrier.open_stream``), and its playback model with markers and flushes
+(``SimStream.play`` / ``receive``). Only the caller's timeline is the load tester's own, and it is lean: one timer
+ticks every 20 ms for all calls — per tick and call, ``stream.play()`` (20 ms of what the caller hears, markers
+echoed) and ``stream.send_audio(frame)`` — with no task or sleep per call per frame beyond each stream's receiver.
 
-The generator must not be the bottleneck: one timer ticks every 20 ms for all
-calls (no task or sleep per call per frame), the media messages are
-pre-encoded, and the generator reports its own tick lag and CPU.
-Playback is simulated as Twilio does it (a queue drained at real time, marks
-echoed when reached, all pending marks echoed on ``clear``), so the bridge's
-pacing and marks behave as on a real call.
+Two modes:
+- clicks (the ``loopback`` agent: every caller frame straight back): the caller talks (``--audio``, kept below
+  a level) and every second one 20 ms frame is a loud click; the time until the click comes back as agent audio
+  is the round trip the bridge and engine add (as it arrives at the carrier, and as it would be heard, after what
+  was queued before it). Also: the first agent audio after the first caller frame, frames and clicks that never
+  came back.
+- barge-in (``barge_in_every_ms``, the ``echo`` agent: each utterance said back): the caller talks, and when the
+  agent answers, talks over it; the time from the first frame of the interruption to the carrier's flush (or,
+  where the carrier has no flush, to the agent's audio stopping) is the barge-in latency, VAD included.
+
+Both report failed calls, reconnects (``drop_every_ms``), protocol warnings the real carrier would have raised,
+the generator's own timer lag and CPU, and — with a server PID — the server's CPU-ms per call-second and RSS.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import audioop
+import contextlib
 import os
 import resource
-import secrets
+import shlex
+import shutil
 import statistics
+import tempfile
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from collections.abc import Coroutine
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
-import httpx
+import numpy as np
 import orjson
-from twilio.request_validator import RequestValidator
-from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
-from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
-from callbridge.sim.twilio import answer_and_stream
+from callbridge.config import Settings
+from callbridge.engine.commands import EngineCommand, TruncateItem
+from callbridge.engine.local.engine import LocalEngine, LocalSession
+from callbridge.engine.port import ResumeTicket, SessionConfig
+from callbridge.sim.audiosocket import SimulatedAudioSocket
+from callbridge.sim.carrier import (
+    CallResult,
+    OpenReason,
+    SimCall,
+    SimStream,
+    SimulatedCarrier,
+)
+from callbridge.sim.carriers import SIMULATED
 
-__all__ = ["LoadReport", "LoadTest", "LoadTestOptions"]
+__all__ = ["LoadReport", "LoadTest", "LoadTestOptions", "TruncationLog", "bridge_env", "caller_frames", "report_json", "run_load_test", "secret_from_settings"]
 
-FRAME_MS = 20
-_CLICK_PCM = (20000).to_bytes(2, "little", signed=True) * 160
-_LOUD = 8000
+FRAME_MS: Final = 20
+_FRAME_BYTES: Final = 320
+"""20 ms of PCM16 8 kHz: what ``SimStream.send_audio`` takes."""
+_SILENCE: Final = bytes(_FRAME_BYTES)
+_CLICK: Final = (24000).to_bytes(2, "little", signed=True) * 160
+_LOUD: Final = 12000
+"""A click is audio above this; the caller's speech is kept below ``_SPEECH_PEAK``."""
+_SPEECH_PEAK: Final = 6000
+_PAUSE_FRAMES: Final = 50
+"""1 s of silence between the caller's utterances in the clicks mode."""
+_BARGE_AFTER_MS: Final = 400
+"""How long the caller listens to the agent before talking over it."""
+_NEW_TURN_AFTER_MS: Final = 1500
+_STOPPED_FRAMES: Final = 5
+"""Where the carrier has no flush, a barge-in has stopped the agent once its audio stays off this many frames (a
+late frame is a gap of one or two)."""
+"""The caller starts a new utterance when the agent has been silent this long (barge-in mode)."""
+_END_GRACE_S: Final = 30.0
+_PAIRING_S: Final = 0.25
+"""A flush at the carrier and the bridge's truncation in the engine this close belong to one barge-in."""
+
+
+class TruncationLog:
+    """Wraps the in-process engine's sessions: when the bridge truncates a reply, and to what."""
+
+    def __init__(self, engine: LocalEngine) -> None:
+        self.engine = engine
+        self.entries: list[tuple[float, str, int]] = []
+        """(monotonic time, session id, ``audio_end_ms``)."""
+        original_open, original_resume = engine.open, engine.resume
+
+        async def open_(config: SessionConfig) -> LocalSession:
+            return self._wrap(await original_open(config))
+
+        async def resume(ticket: ResumeTicket) -> LocalSession:
+            return self._wrap(await original_resume(ticket))
+
+        engine.open = open_  # type: ignore[method-assign]
+        engine.resume = resume  # type: ignore[method-assign]
+
+    def _wrap(self, session: LocalSession) -> LocalSession:
+        original = session.submit
+
+        async def submit(command: EngineCommand) -> None:
+            if isinstance(command, TruncateItem):
+                self.entries.append((time.monotonic(), session.session_id, command.audio_end_ms))
+            await original(command)
+
+        session.submit = submit  # type: ignore[method-assign]
+        return session
 
 
 @dataclass(frozen=True, slots=True)
 class LoadTestOptions:
-    url: str
-    """The bridge's public base URL (``server.public_url``)."""
-    auth_token: str
     calls: int = 10
     ramp_s: float = 5.0
     duration_s: float = 20.0
     click_every_ms: int = 1000
+    audio: bytes | None = None
+    """What the caller says, PCM16 8 kHz (None: silence between the clicks)."""
+    barge_in_every_ms: int | None = None
+    """Barge-in mode: talk over the agent at most this often (needs the ``echo`` agent; no clicks)."""
     dtmf_every_ms: int | None = None
     drop_every_ms: int | None = None
-    """Drop each call's media socket this often (no ``stop``); the call comes back through its webhook and the
-    bridge resumes its engine session."""
+    """Drop each call's media connection this often (no goodbye); the carrier opens a new one on the same call and
+    the bridge resumes its engine session. Only for carriers that reconnect."""
     server_pid: int | None = None
     progress: bool = True
 
@@ -66,64 +132,106 @@ class LoadTestOptions:
 @dataclass
 class _Call:
     index: int
-    call_sid: str
-    ws: ClientConnection | None = None
-    stream_sid: str = ""
-    sequence: int = 0
+    sim: SimCall
+    stream: SimStream | None = None
+    receiver: asyncio.Task[None] | None = None
     frames_sent: int = 0
-    stream_frames: int = 0
-    """Frames sent on the current stream: Twilio's chunk and timestamp restart with each stream."""
-    frames_received: int = 0
+    audio_bytes_received: int = 0
+    bytes_per_frame: int = _FRAME_BYTES
     started_at: float = 0.0
     first_audio_at: float | None = None
     clicks_sent: deque[float] = field(default_factory=deque)
     clicks_returned: int = 0
     latencies_ms: list[float] = field(default_factory=list)
-    queued_bytes: int = 0
-    played_bytes: int = 0
-    pending_marks: deque[tuple[int, str]] = field(default_factory=deque)
-    """(position in played bytes where the mark falls, name)."""
+    heard_latencies_ms: list[float] = field(default_factory=list)
     last_loud: bool = False
     reconnects: int = 0
     reconnecting: bool = False
     failed: str | None = None
     done: bool = False
+    # barge-in mode
+    talking_from: int | None = None
+    """The frame at which the caller's current utterance started (None: listening)."""
+    last_talk_end: int = 0
+    agent_last_heard: int | None = None
+    stopped_at: tuple[float, int] | None = None
+    """(when, ms heard) at the first silent tick after a barge-in, until the silence holds (carriers without a flush)."""
+    agent_run_ms: int = 0
+    last_barge_in: int | None = None
+    barge_in_at: float | None = None
+    """When the pending barge-in started (monotonic), until the flush."""
+    barge_ins: int = 0
+    barge_in_ms: list[float] = field(default_factory=list)
+    flushes: list[tuple[float, int]] = field(default_factory=list)
+    """(when, ms of the agent's reply the caller had heard) at each barge-in's flush."""
 
 
 @dataclass
 class LoadReport:
+    provider: str
     calls: int
     failed_calls: int
     duration_s: float
     round_trip_ms: dict[str, float]
+    """A click sent → back at the carrier."""
+    heard_round_trip_ms: dict[str, float]
+    """A click sent → the caller would hear it (after the agent audio queued before it)."""
     first_audio_ms: dict[str, float]
     clicks_sent: int
     clicks_returned: int
     frames_sent: int
     frames_received: int
+    """20 ms of agent audio each."""
     reconnects: int
+    barge_ins: int
+    barge_in_flush_ms: dict[str, float]
+    heard_position_error_ms: dict[str, float]
+    """The bridge's truncation of the interrupted reply minus what the caller had heard of it at the flush
+    (in-process bridges only: it needs the engine)."""
+    protocol_warnings: int
     generator_tick_lag_ms: dict[str, float]
     generator_cpu_ms_per_call_second: float
     server_cpu_ms_per_call_second: float | None
     server_rss_mb: float | None
     failures: list[str]
+    warnings: list[str]
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
             return " ".join(f"{k} {v:.1f}" for k, v in stats.items()) if stats else "n/a"
 
-        lines = [
-            f"calls: {self.calls} ({self.failed_calls} failed), {self.duration_s:.1f} s",
-            f"round trip, click sent → click back (ms): {q(self.round_trip_ms)}",
-            f"first agent audio after the first caller frame (ms): {q(self.first_audio_ms)}",
-            f"clicks: {self.clicks_returned}/{self.clicks_sent} came back; frames: {self.frames_received}/{self.frames_sent}; "
-            f"reconnects: {self.reconnects}",
-            f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second",
-        ]
+        lines = [f"{self.provider}: {self.calls} calls ({self.failed_calls} failed), {self.duration_s:.1f} s"]
+        if self.clicks_sent:
+            lines += [
+                f"round trip, click sent → back at the carrier (ms): {q(self.round_trip_ms)}",
+                f"round trip, click sent → heard (ms): {q(self.heard_round_trip_ms)}",
+                f"first agent audio after the first caller frame (ms): {q(self.first_audio_ms)}",
+                f"clicks: {self.clicks_returned}/{self.clicks_sent} came back; frames: {self.frames_received}/{self.frames_sent}",
+            ]
+        else:
+            lines.append(f"barge-ins: {self.barge_ins}; barge-in → flush (ms): {q(self.barge_in_flush_ms)}")
+            lines.append(f"heard-position error, the bridge's truncation − heard at the flush (ms): {q(self.heard_position_error_ms)}")
+        lines.append(f"reconnects: {self.reconnects}; protocol warnings: {self.protocol_warnings}")
+        lines.append(
+            f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second"
+        )
         if self.server_cpu_ms_per_call_second is not None:
             lines.append(f"server: CPU {self.server_cpu_ms_per_call_second:.2f} ms per call-second, RSS {self.server_rss_mb:.1f} MB")
         lines += [f"  failed: {failure}" for failure in self.failures[:10]]
+        lines += [f"  warning: {warning}" for warning in self.warnings[:10]]
         return "\n".join(lines)
+
+
+def caller_frames(pcm_8k: bytes | None, *, peak: int | None = _SPEECH_PEAK, pause_frames: int = _PAUSE_FRAMES) -> list[bytes]:
+    """The caller's audio as 20 ms frames, followed by ``pause_frames`` of silence, scaled so that no sample is
+    above ``peak`` (None: as it is). Silence alone for None or empty audio."""
+    if not pcm_8k:
+        return [_SILENCE]
+    pcm = pcm_8k[: len(pcm_8k) // _FRAME_BYTES * _FRAME_BYTES] or pcm_8k.ljust(_FRAME_BYTES, b"\x00")
+    loudest = audioop.max(pcm, 2)
+    if peak is not None and loudest > peak:
+        pcm = audioop.mul(pcm, 2, peak / loudest)
+    return [pcm[i : i + _FRAME_BYTES] for i in range(0, len(pcm), _FRAME_BYTES)] + [_SILENCE] * pause_frames
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
@@ -150,236 +258,363 @@ def _server_rss_mb(pid: int) -> float:
 
 
 class LoadTest:
-    def __init__(self, options: LoadTestOptions) -> None:
+    """N calls on ``carrier`` (ready: its REST server started and ``configure``d for the bridge)."""
+
+    def __init__(self, carrier: SimulatedCarrier, options: LoadTestOptions, truncations: TruncationLog | None = None) -> None:
+        self.carrier = carrier
         self.options = options
-        self.base = options.url.rstrip("/")
-        self._validator = RequestValidator(options.auth_token)
-        self._account_sid = "AC" + secrets.token_hex(16)
+        self.truncations = truncations
+        """The in-process engine's record of the bridge's truncations, for the heard-position error."""
+        barge = options.barge_in_every_ms is not None
+        self._frames = caller_frames(options.audio, peak=None if barge else _SPEECH_PEAK)
+        self._speech_frames = len(self._frames) - (_PAUSE_FRAMES if options.audio else 0)
+        self._click_every = 0 if barge else max(1, options.click_every_ms // FRAME_MS)
+        self._barge_every = (options.barge_in_every_ms or 0) // FRAME_MS
         self._calls: list[_Call] = []
-        self._silence_b64 = base64.b64encode(b"\xff" * 160).decode()
-        self._click_b64 = base64.b64encode(pcm16_to_ulaw(_CLICK_PCM)).decode()
         self._lags_ms: list[float] = []
-        self._receivers: set[asyncio.Task[None]] = set()
-        self._http: httpx.AsyncClient
+        self._background: set[asyncio.Task[Any]] = set()
+        if options.drop_every_ms and isinstance(carrier, SimulatedAudioSocket):
+            carrier.dialplan_attempts = 1_000_000  # a dialplan that loops back into AudioSocket() for every drop
 
     async def run(self) -> LoadReport:
         options = self.options
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
         started = time.monotonic()
-        async with httpx.AsyncClient(timeout=10.0) as http:
-            connecting = [
-                asyncio.create_task(self._start_call(http, index, started + index * options.ramp_s / max(1, options.calls)))
-                for index in range(options.calls)
-            ]
-            ticker = asyncio.create_task(self._tick_forever(started))
-            await asyncio.gather(*connecting)
-            await ticker
+        connecting = [
+            asyncio.create_task(self._start_call(index, started + index * options.ramp_s / max(1, options.calls)))
+            for index in range(options.calls)
+        ]
+        await self._tick_forever(started, connecting)
+        await asyncio.gather(*connecting, return_exceptions=True)
+        if self._background:
+            await asyncio.wait(self._background, timeout=10)
+        for call in self._calls:
+            if call.receiver is not None:
+                call.receiver.cancel()
+        await asyncio.gather(*(c.receiver for c in self._calls if c.receiver is not None), return_exceptions=True)
         elapsed = time.monotonic() - started
         cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-        call_seconds = max(1e-9, sum(min(options.duration_s, elapsed) for c in self._calls if c.failed is None))
+        call_seconds = max(1e-9, sum(c.frames_sent for c in self._calls) * FRAME_MS / 1000)
         generator_cpu = (cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime) * 1000
-        server_cpu = None
-        rss = None
+        server_cpu = rss = None
         if options.server_pid and server_before is not None:
             server_cpu = (_server_cpu_ms(options.server_pid) - server_before) / call_seconds
             rss = _server_rss_mb(options.server_pid)
+        warnings = [f"call {c.index}: {w}" for c in self._calls for w in c.sim.result.warnings]
         return LoadReport(
+            provider=self.carrier.provider,
             calls=options.calls,
             failed_calls=sum(c.failed is not None for c in self._calls),
             duration_s=elapsed,
             round_trip_ms=_quantiles([lat for c in self._calls for lat in c.latencies_ms]),
-            first_audio_ms=_quantiles([(c.first_audio_at - c.started_at) * 1000 for c in self._calls if c.first_audio_at]),
+            heard_round_trip_ms=_quantiles([lat for c in self._calls for lat in c.heard_latencies_ms]),
+            first_audio_ms=_quantiles([(c.first_audio_at - c.started_at) * 1000 for c in self._calls if c.first_audio_at and c.started_at]),
             clicks_sent=sum(c.clicks_returned + len(c.clicks_sent) for c in self._calls),
-            reconnects=sum(c.reconnects for c in self._calls),
             clicks_returned=sum(c.clicks_returned for c in self._calls),
             frames_sent=sum(c.frames_sent for c in self._calls),
-            frames_received=sum(c.frames_received for c in self._calls),
+            frames_received=sum(c.audio_bytes_received // c.bytes_per_frame for c in self._calls),
+            reconnects=sum(c.reconnects for c in self._calls),
+            barge_ins=sum(c.barge_ins for c in self._calls),
+            barge_in_flush_ms=_quantiles([lat for c in self._calls for lat in c.barge_in_ms]),
+            heard_position_error_ms=self._heard_position_errors(),
+            protocol_warnings=len(warnings),
             generator_tick_lag_ms=_quantiles(self._lags_ms),
             generator_cpu_ms_per_call_second=generator_cpu / call_seconds,
             server_cpu_ms_per_call_second=server_cpu,
             server_rss_mb=rss,
             failures=[f"call {c.index}: {c.failed}" for c in self._calls if c.failed],
+            warnings=warnings,
         )
 
     # --------------------------------------------------------------- calls
 
-    async def _start_call(self, http: httpx.AsyncClient, index: int, at: float) -> None:
+    async def _start_call(self, index: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        call = _Call(index, "CA" + secrets.token_hex(16))
+        placed = time.monotonic()
+        call_id = self.carrier.new_call_id()
+
+        def clock() -> int:
+            return int((time.monotonic() - placed) * 1000)
+
+        sim = self.carrier.calls[call_id] = SimCall(call_id, CallResult(call_id), clock)
+        call = _Call(index, sim)
         self._calls.append(call)
-        self._http = http
-        await self._connect(call)
-        call.started_at = time.monotonic()
+        await self._open(call, "answer")
 
-    async def _connect(self, call: _Call) -> None:
-        """The answer webhook, the signed media socket, ``connected`` and ``start``: a new stream of the call."""
+    async def _open(self, call: _Call, reason: OpenReason) -> None:
+        """Answer the call (or run the carrier's reconnect flow) and start reading the new stream."""
         try:
-            params = {"AccountSid": self._account_sid, "CallSid": call.call_sid, "From": "+15005550006", "To": "+15005550001"}
-            opened = await answer_and_stream(self._http, self._validator, self.base, params)
-            if isinstance(opened, str):
-                raise RuntimeError(opened)
-            call.ws, call.stream_sid = opened.ws, opened.stream_sid
-            call.sequence = 1
-            call.stream_frames = 0
-            call.queued_bytes = 0
-            call.pending_marks.clear()
-            receiver = asyncio.create_task(self._receive(call, call.ws))
-            self._receivers.add(receiver)
-            receiver.add_done_callback(self._receivers.discard)
-        except (httpx.HTTPError, OSError, RuntimeError, ConnectionClosed, TimeoutError) as exc:
-            call.failed = f"setup: {exc!r}"
+            stream = await self.carrier.open_stream(call.sim, reason)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect ends this call only, with its reason
+            stream = None
+            call.sim.result.log(call.sim.clock(), "loadtest", f"open failed: {exc!r}")
+        if stream is None:
+            timeline = call.sim.result.timeline
+            call.failed = call.failed or f"{reason}: {timeline[-1].what if timeline else 'no stream'}"
             call.done = True
-        finally:
             call.reconnecting = False
+            return
+        call.stream = stream
+        call.bytes_per_frame = stream.frame_bytes
+        stream.on_audio = lambda pcm: self._on_audio(call, stream, pcm)
+        stream.on_clear = lambda: self._on_flush(call)
+        call.receiver = asyncio.create_task(self._receive(stream))
+        call.reconnecting = False
 
-    async def _drop(self, call: _Call) -> None:
-        """The network drops the media socket (no ``stop``); the call's TwiML redirect opens a new stream."""
-        assert call.ws is not None
+    @staticmethod
+    async def _receive(stream: SimStream) -> None:
+        async for message in stream.conn.messages():
+            stream.receive(message)
+        stream.dropped = True  # closed (by the bridge, unless it was our drop or hang-up)
+
+    def _on_audio(self, call: _Call, stream: SimStream, pcm: bytes | bytearray | memoryview) -> None:
+        """Agent audio arrived at the carrier: the first audio, and a click's return (its rising edge)."""
+        now = time.monotonic()
+        call.audio_bytes_received += len(pcm)
+        if call.first_audio_at is None:
+            call.first_audio_at = now
+        even = pcm[: len(pcm) & ~1]
+        if not even or audioop.max(even, 2) <= _LOUD:
+            call.last_loud = False
+            return
+        samples = np.frombuffer(even, dtype="<i2")
+        loud = (samples > _LOUD) | (samples < -_LOUD)
+        first = int(loud.argmax())
+        rising = not (call.last_loud and first == 0)
+        call.last_loud = bool(loud[-1])
+        if rising and call.clicks_sent:
+            sent = call.clicks_sent.popleft()
+            bytes_per_ms = stream.rate_hz // 500
+            queued_before_ms = len(stream.queue) / bytes_per_ms + first * 2 / bytes_per_ms
+            call.clicks_returned += 1
+            call.latencies_ms.append((now - sent) * 1000)
+            call.heard_latencies_ms.append((now - sent) * 1000 + queued_before_ms)
+
+    def _on_flush(self, call: _Call, stopped: tuple[float, int] | None = None) -> None:
+        """The carrier flushed playback (or, given ``stopped``, the agent's audio stopped then and stayed off)."""
+        if call.barge_in_at is not None:
+            now, heard_ms = stopped or (time.monotonic(), call.agent_run_ms)
+            call.barge_in_ms.append((now - call.barge_in_at) * 1000)
+            call.flushes.append((now, heard_ms))
+            call.barge_in_at = None
+
+    def _heard_position_errors(self) -> dict[str, float]:
+        """Pair each call with its engine session (the truncations that fall next to its flushes, by vote), then
+        each flush with the session's nearest truncation: min / p50 / max of truncation − heard."""
+        if self.truncations is None or not self.truncations.entries:
+            return {}
+        entries = self.truncations.entries
+        votes: dict[tuple[str, int], int] = {}
+        for call in self._calls:
+            for at, _ in call.flushes:
+                for when, session_id, _ in entries:
+                    if abs(when - at) <= _PAIRING_S:
+                        votes[session_id, call.index] = votes.get((session_id, call.index), 0) + 1
+        session_of: dict[int, str] = {}
+        for (session_id, index), count in sorted(votes.items(), key=lambda item: -item[1]):
+            if index not in session_of and session_id not in session_of.values():
+                session_of[index] = session_id
+        errors: list[float] = []
+        for call in self._calls:
+            mine = [(when, end_ms) for when, session_id, end_ms in entries if session_id == session_of.get(call.index)]
+            for at, heard_ms in call.flushes:
+                nearest = min(mine, key=lambda entry: abs(entry[0] - at), default=None)
+                if nearest is not None and abs(nearest[0] - at) <= _PAIRING_S:
+                    errors.append(float(nearest[1] - heard_ms))
+        if not errors:
+            return {}
+        return {"min": min(errors), "p50": statistics.median(errors), "max": max(errors)}
+
+    def _in_background(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _drop(self, call: _Call, stream: SimStream) -> None:
+        """The network drops the media connection (no goodbye); the carrier's reconnect flow opens a new one."""
         call.reconnecting = True
         call.reconnects += 1
-        call.clicks_sent.clear()  # in flight on the dropped socket: neither back nor lost
-        if call.ws.transport is not None:
-            call.ws.transport.abort()
-        task = asyncio.create_task(self._connect(call))
-        self._receivers.add(task)
-        task.add_done_callback(self._receivers.discard)
+        call.clicks_sent.clear()  # in flight on the dropped connection: neither back nor lost
+        call.barge_in_at = None
+        stream.network_drop = stream.dropped = True
+        stream.conn.abort()
+        if call.receiver is not None:
+            await asyncio.gather(call.receiver, return_exceptions=True)
+        await self._open(call, "network_drop")
 
-    async def _receive(self, call: _Call, ws: ClientConnection) -> None:
-        try:
-            async for raw in ws:
-                if isinstance(raw, bytes):
-                    continue
-                message = orjson.loads(raw)
-                event = message.get("event")
-                if event == "media":
-                    payload = base64.b64decode(message["media"]["payload"])
-                    now = time.monotonic()
-                    call.frames_received += 1
-                    call.queued_bytes += len(payload)
-                    if call.first_audio_at is None:
-                        call.first_audio_at = now
-                    loud = _is_loud(payload)
-                    if loud and not call.last_loud and call.clicks_sent:
-                        call.latencies_ms.append((now - call.clicks_sent.popleft()) * 1000)
-                        call.clicks_returned += 1
-                    call.last_loud = loud
-                elif event == "mark":
-                    name = message["mark"]["name"]
-                    if call.queued_bytes == 0:
-                        await self._echo(call, name)
-                    else:
-                        call.pending_marks.append((call.played_bytes + call.queued_bytes, name))
-                elif event == "clear":
-                    call.queued_bytes = 0
-                    while call.pending_marks:
-                        await self._echo(call, call.pending_marks.popleft()[1])
-        except ConnectionClosed:
-            pass
-        if not call.done and not call.reconnecting and ws is call.ws:
-            call.failed = call.failed or "the bridge closed the stream"
-            call.done = True
-
-    async def _echo(self, call: _Call, name: str) -> None:
-        assert call.ws is not None
-        call.sequence += 1
-        payload = {"event": "mark", "sequenceNumber": str(call.sequence), "streamSid": call.stream_sid, "mark": {"name": name}}
-        try:
-            await call.ws.send(orjson.dumps(payload).decode())
-        except ConnectionClosed:
-            pass
+    async def _hang_up(self, stream: SimStream, call: _Call) -> None:
+        """The caller hangs up: the carrier's goodbye (``stop``, webhooks, or a close), then the call is over."""
+        with contextlib.suppress(Exception):
+            await stream.send_stop()
+        with contextlib.suppress(Exception):
+            await stream.conn.close()
+        call.sim.ended.set()
 
     # --------------------------------------------------------------- timer
 
-    async def _tick_forever(self, started: float) -> None:
-        """One 20 ms timer for every call: send a frame, play 20 ms, echo reached marks, end calls due."""
+    async def _tick_forever(self, started: float, connecting: list[asyncio.Task[None]]) -> None:
+        """One 20 ms timer for every call: play 20 ms, send 20 ms, key presses, drops, hang-ups."""
         options = self.options
-        click_every = max(1, options.click_every_ms // FRAME_MS)
         dtmf_every = options.dtmf_every_ms // FRAME_MS if options.dtmf_every_ms else 0
-        drop_every = options.drop_every_ms // FRAME_MS if options.drop_every_ms else 0
+        drop_every = options.drop_every_ms // FRAME_MS if options.drop_every_ms and self.carrier.can_reconnect else 0
+        duration_frames = int(options.duration_s * 1000) // FRAME_MS
         tick = 0
         last_progress = started
         end_at = started + options.ramp_s + options.duration_s + 1.0
-        while time.monotonic() < end_at or any(not c.done for c in self._calls):
+        while True:
+            now = time.monotonic()
+            if now >= end_at and all(task.done() for task in connecting) and all(c.done for c in self._calls):
+                break
+            if now >= end_at + _END_GRACE_S:
+                for call in self._calls:
+                    if not call.done:
+                        call.failed, call.done = "still not over long after its end", True
+                break
             tick += 1
             target = started + tick * FRAME_MS / 1000
             await asyncio.sleep(max(0.0, target - time.monotonic()))
             now = time.monotonic()
             self._lags_ms.append((now - target) * 1000)
             for call in self._calls:
-                if call.done or call.ws is None or call.reconnecting:
+                stream = call.stream
+                if call.done or stream is None or call.reconnecting:
                     continue
-                if now - call.started_at >= options.duration_s:
-                    await self._hang_up(call)
+                if call.sim.ended.is_set() or (stream.dropped and not stream.network_drop):
+                    call.failed = "the bridge hung up" if call.sim.ended.is_set() else "the bridge closed the stream"
+                    call.done = True
                     continue
-                await self._play(call)
-                click = call.frames_sent % click_every == click_every // 2
-                await self._send_frame(call, click, now)
-                if dtmf_every and call.frames_sent % dtmf_every == 0:
-                    await self._send_dtmf(call)
+                if call.frames_sent >= duration_frames:
+                    call.done = True
+                    self._in_background(self._hang_up(stream, call))
+                    continue
+                _, agent = stream.play()
+                frame = self._next_frame(call, agent, now)
+                if not call.frames_sent:
+                    call.started_at = now
+                call.frames_sent += 1
+                await stream.send_audio(frame)
+                if dtmf_every and call.frames_sent % dtmf_every == 0 and not stream.dropped:
+                    await stream.send_dtmf("5")
                 if drop_every and call.frames_sent % drop_every == 0:
-                    await self._drop(call)
+                    self._in_background(self._drop(call, stream))
             if options.progress and now - last_progress >= 5:
                 last_progress = now
-                up = sum(not c.done and c.ws is not None for c in self._calls)
+                up = sum(not c.done and c.stream is not None for c in self._calls)
                 rt = _quantiles([lat for c in self._calls for lat in c.latencies_ms])
-                print(f"  {now - started:6.1f} s: {up} calls up, round trip p50 {rt.get('p50', 0):.1f} ms p99 {rt.get('p99', 0):.1f} ms", flush=True)
+                barge = _quantiles([lat for c in self._calls for lat in c.barge_in_ms])
+                line = f"  {now - started:6.1f} s: {up} calls up, {sum(c.frames_sent for c in self._calls)} frames sent"
+                if rt:
+                    line += f", round trip p50 {rt['p50']:.1f} ms p99 {rt['p99']:.1f} ms"
+                if barge:
+                    line += f", barge-in → flush p50 {barge['p50']:.0f} ms"
+                print(line, flush=True)
 
-    async def _send_frame(self, call: _Call, click: bool, now: float) -> None:
-        assert call.ws is not None
-        call.sequence += 1
-        timestamp = call.stream_frames * FRAME_MS
-        call.frames_sent += 1
-        call.stream_frames += 1
-        payload = self._click_b64 if click else self._silence_b64
-        message = (
-            f'{{"event":"media","sequenceNumber":"{call.sequence}","media":{{"track":"inbound","chunk":"{call.stream_frames}",'
-            f'"timestamp":"{timestamp}","payload":"{payload}"}},"streamSid":"{call.stream_sid}"}}'
-        )
-        try:
-            await call.ws.send(message)
-            if click:
+    def _next_frame(self, call: _Call, agent: bool, now: float) -> bytes:
+        """The caller's next 20 ms: a click, or the utterance (on a loop, or — barge-in mode — as a conversation)."""
+        i = call.frames_sent
+        if self._click_every:
+            if i % self._click_every == self._click_every // 2:
                 call.clicks_sent.append(now)
-        except ConnectionClosed:
-            call.failed = call.failed or "stream closed while sending"
-            call.done = True
-
-    async def _send_dtmf(self, call: _Call) -> None:
-        assert call.ws is not None
-        call.sequence += 1
-        message = {"event": "dtmf", "streamSid": call.stream_sid, "sequenceNumber": str(call.sequence), "dtmf": {"track": "inbound_track", "digit": "5"}}
-        try:
-            await call.ws.send(orjson.dumps(message).decode())
-        except ConnectionClosed:
-            pass
-
-    async def _play(self, call: _Call) -> None:
-        played = min(call.queued_bytes, 160)
-        call.queued_bytes -= played
-        call.played_bytes += played
-        while call.pending_marks and call.pending_marks[0][0] <= call.played_bytes:
-            await self._echo(call, call.pending_marks.popleft()[1])
-
-    async def _hang_up(self, call: _Call) -> None:
-        assert call.ws is not None
-        call.done = True
-        call.sequence += 1
-        stop = {"event": "stop", "sequenceNumber": str(call.sequence), "stop": {"accountSid": self._account_sid, "callSid": call.call_sid}, "streamSid": call.stream_sid}
-        try:
-            await call.ws.send(orjson.dumps(stop).decode())
-            await call.ws.close()
-        except ConnectionClosed:
-            pass
-
-
-_LOUD_CODES = bytes(code for code in range(256) if abs(int.from_bytes(ulaw_to_pcm16(bytes([code])), "little", signed=True)) > _LOUD)
-
-
-def _is_loud(payload: bytes) -> bool:
-    """Any μ-law code in the frame louder than the threshold (no Python loop over samples)."""
-    return len(payload.translate(None, _LOUD_CODES)) < len(payload)
+                return _CLICK
+            return self._frames[(i + call.index * 7) % len(self._frames)]
+        # barge-in mode: talk, listen to the answer, talk over it
+        if agent:
+            if call.agent_last_heard is None or i - call.agent_last_heard > 10:
+                call.agent_run_ms = 0
+            call.agent_last_heard = i
+            call.agent_run_ms += FRAME_MS
+        if agent or call.barge_in_at is None:
+            call.stopped_at = None
+        elif call.agent_last_heard is not None:  # no flush (yet): the agent's audio stopped, if it stays off
+            if call.stopped_at is None:
+                call.stopped_at = (now, call.agent_run_ms)
+            elif i - call.agent_last_heard > _STOPPED_FRAMES:
+                self._on_flush(call, call.stopped_at)
+        if call.talking_from is not None:
+            spoken = i - call.talking_from
+            if spoken < self._speech_frames:
+                return self._frames[spoken]
+            call.talking_from, call.last_talk_end = None, i
+        barge_due = call.last_barge_in is None or i - call.last_barge_in >= self._barge_every
+        if agent and call.agent_run_ms >= _BARGE_AFTER_MS and barge_due:
+            call.talking_from = call.last_barge_in = i
+            call.barge_in_at = now
+            call.barge_ins += 1
+            return self._frames[0]
+        quiet_since = max(call.last_talk_end, call.agent_last_heard or 0)
+        if not agent and (i == 15 or (i > 15 and i - quiet_since >= _NEW_TURN_AFTER_MS // FRAME_MS)):
+            call.talking_from = i
+            return self._frames[0]
+        return _SILENCE
 
 
 def report_json(report: LoadReport) -> bytes:
     data: dict[str, Any] = asdict(report)
     return orjson.dumps(data, option=orjson.OPT_INDENT_2)
+
+
+_SECRET_KEYS: Final = {
+    "twilio": ("twilio", "auth_token"),
+    "signalwire": ("signalwire", "signing_key"),
+    "telnyx": ("telnyx", "api_key"),
+    "plivo": ("plivo", "auth_token"),
+    "exotel": ("exotel", "api_token"),
+    "vonage": ("vonage", "signature_secret"),
+}
+"""Where a bridge configured by ``bridge_env`` keeps each simulated account's secret (AudioSocket has none)."""
+
+
+def secret_from_settings(provider: str, settings: Settings) -> str | None:
+    """The simulated account's secret as the configuration holds it (None: not set; "" for AudioSocket)."""
+    if provider not in _SECRET_KEYS:
+        return ""
+    section, key = _SECRET_KEYS[provider]
+    value = getattr(getattr(settings, section), key)
+    return value.get_secret_value() if value is not None else None
+
+
+def bridge_env(provider: str, secret: str, rest_url: str) -> str:
+    """``export`` lines that point a separately started bridge (and a load test started from the same shell) at
+    the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``."""
+    overrides = SIMULATED[provider].bridge_settings(secret, rest_url)
+    vonage = overrides.get("vonage", {})
+    if "private_key_path" in vonage:  # keep the key out of the directory the simulator deletes when it closes
+        kept = Path(tempfile.mkdtemp(prefix="callbridge-loadtest-vonage-")) / "private.key"
+        shutil.move(vonage["private_key_path"], kept)
+        shutil.rmtree(Path(vonage["private_key_path"]).parent, ignore_errors=True)
+        vonage["private_key_path"] = str(kept)
+    lines = []
+    for section, values in overrides.items():
+        for key, value in values.items():
+            text = orjson.dumps(value).decode() if isinstance(value, list | bool) else str(value)
+            lines.append(f"export CALLBRIDGE_{section.upper()}__{key.upper()}={shlex.quote(text)}\n")
+    return "".join(lines)
+
+
+async def run_load_test(
+    settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str
+) -> LoadReport:
+    """Against the bridge at ``url`` (its simulated carrier's REST API served at ``rest_url``, configured from
+    ``settings`` as ``bridge_env`` printed them), or without ``url`` against a bridge started in this process
+    (the ``loopback`` agent, or ``echo`` for barge-ins) — its CPU then includes the generator's."""
+    if url is None:
+        from callbridge.engine.server import local_engine_options
+        from callbridge.sim.runner import running_bridge, with_overrides
+
+        agent = "echo" if options.barge_in_every_ms is not None else "loopback"
+        local = with_overrides(settings, {"local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}})
+        truncations = TruncationLog(LocalEngine(local_engine_options(local)))
+        async with running_bridge(local, truncations.engine, provider=provider) as bridge:
+            return await LoadTest(bridge.carrier, replace(options, server_pid=os.getpid()), truncations).run()
+    carrier = SIMULATED[provider](url, secret)
+    try:
+        if carrier.rest_routes():
+            port = urlsplit(rest_url).port
+            if port is None:
+                raise ValueError(f"no port in {rest_url}")
+            await carrier.start_rest(port)
+        carrier.configure(settings)
+        return await LoadTest(carrier, options).run()
+    finally:
+        await carrier.aclose()

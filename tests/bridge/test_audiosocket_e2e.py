@@ -17,7 +17,7 @@ from callbridge.sim.audiosocket import (
 )
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
-from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import engine, known, settings, short_speech, until
 
 SPEECH_MS = 1500
 
@@ -87,7 +87,7 @@ async def test_a_close_is_not_a_goodbye_the_session_waits_for_the_loop() -> None
         sim = asterisk(bridge.carrier)
         result = await sim.place_call(CallerScript(hangup_at_ms=800))
         registry = bridge.app.state.bridge.services.registry
-        await until(lambda: registry.get(result.call_sid) is not None)
+        await until(lambda: known(registry, result.call_sid))
         assert recorder.of(CloseSession) == [] and recorder.session_count == 1  # kept for a reconnect
         stream = await sim.open_stream(sim.calls[result.call_sid], "network_drop")
         assert stream is not None
@@ -122,7 +122,7 @@ async def test_every_bad_input_ends_only_its_own_call() -> None:
         cases = sim.bad_inputs(first)
         await first.conn.close()
         registry = bridge.app.state.bridge.services.registry
-        await until(lambda: registry.get(probe.call_id) is not None)  # detached, kept for the grace
+        await until(lambda: known(registry, probe.call_id))  # detached, kept for the grace
         assert len(cases) >= 5
         expected: dict[str, int] = {}
         for case in sorted(cases):

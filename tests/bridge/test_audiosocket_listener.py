@@ -22,6 +22,7 @@ from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import (
     RecordingEngine,
     engine,
+    known,
     settings,
     short_speech,
     until,
@@ -178,7 +179,7 @@ async def test_conversation_at_8k_paced_within_the_small_lead() -> None:
         caller = await Asterisk.connect(b.port)
         await caller.talk(4000, short_speech(1500), at_ms=300)
         await caller.hang_up()
-        await until(lambda: b.engine.session_count == 0 or b.services.registry.get(str(caller.call_id)) is not None)
+        await until(lambda: b.engine.session_count == 0 or known(b.services.registry, str(caller.call_id)))
     assert caller.warnings == [] and caller.kinds_received == {0x10}
     assert 1000 <= caller.heard_ms() <= 3700  # the echo agent said the utterance back
     assert caller.max_ahead_ms <= 2 * FRAME_MS, caller.max_ahead_ms  # one frame of lead, plus a frame of jitter
@@ -214,7 +215,7 @@ async def test_the_bridge_hangs_up_in_band() -> None:
         await b.engine.sessions[b.engine.opened[0]].close("agent_ended_the_call")
         await caller.wait_closed()
         await talking
-        assert b.services.registry.ended_reason(str(caller.call_id)) is not None
+        assert await b.services.registry.ended_reason(str(caller.call_id)) is not None
     assert caller.hangup_received and caller.warnings == []
 
 
@@ -223,7 +224,7 @@ async def test_a_dropped_connection_resumes_the_same_session_with_the_same_uuid(
         first = await Asterisk.connect(b.port)
         await first.talk(1000)
         await first.hang_up()  # the socket drops; the dialplan loops back to AudioSocket(<same uuid>)
-        await until(lambda: b.services.registry.get(str(first.call_id)) is not None)
+        await until(lambda: known(b.services.registry, str(first.call_id)))
         second = await Asterisk.connect(b.port, first.call_id)
         await second.talk(1000)
         await second.hang_up()
@@ -259,10 +260,10 @@ async def test_caller_hang_up_sends_nothing_more() -> None:
         caller = await Asterisk.connect(b.port)
         await caller.talk(300)
         await caller.hang_up()
-        await until(lambda: b.services.registry.get(str(caller.call_id)) is not None)
+        await until(lambda: known(b.services.registry, str(caller.call_id)))
         # a close is all AudioSocket says: the engine session waits out the grace for a reconnect
         assert b.engine.of(CloseSession) == [] and b.engine.session_count == 1
-        assert b.services.registry.ended_reason(str(caller.call_id)) is None
+        assert await b.services.registry.ended_reason(str(caller.call_id)) is None
 
 
 async def test_a_silent_connection_counts_as_dropped_and_resumes() -> None:
@@ -272,7 +273,7 @@ async def test_a_silent_connection_counts_as_dropped_and_resumes() -> None:
         first = await Asterisk.connect(b.port)
         await first.talk(400)  # then nothing, socket left open
         await first.wait_closed(3.0)
-        assert b.services.registry.get(str(first.call_id)) is not None
+        assert await known(b.services.registry, str(first.call_id))
         second = await Asterisk.connect(b.port, first.call_id)
         await second.talk(400)
         await second.hang_up()
@@ -359,7 +360,7 @@ async def test_shutdown_closes_live_connections_and_keeps_their_sessions() -> No
         await until(lambda: len(b.services.active_calls) == 1)
     await caller.wait_closed()
     await talking
-    assert caller.closed_by_bridge and b.services.registry.get(str(caller.call_id)) is not None
+    assert caller.closed_by_bridge and await known(b.services.registry, str(caller.call_id))
 
 
 @pytest.mark.parametrize(

@@ -112,4 +112,4 @@ async def test_bridge_closing_the_socket_ends_the_call() -> None:
         result = await task
     assert result.hung_up_by == "bridge" and len(result.streams) == 1, result.render()
     assert any("next applet, Hangup" in e.what for e in result.timeline)
-    assert bridge.app.state.bridge.services.registry.ended_reason(result.call_sid) is not None
+    assert await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid) is not None

@@ -19,7 +19,7 @@ from callbridge.bridge.exotel import ExotelAdmission
 from callbridge.config import ExotelSettings
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
-from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, until
+from tests.bridge.twilio_e2e import RecordingEngine, engine, known, settings, until
 
 KEY = "exo-api-key"
 TOKEN = "exo-api-token-" + "x" * 8
@@ -216,7 +216,7 @@ class TestConversation:
             first = await bridged(bridge, recorder)
             await first.speak(400)
             await first.drop()
-            await until(lambda: recorder.session_count == 0 or bool(bridge.app.state.bridge.services.registry.get(first.call_sid)))
+            await until(lambda: recorder.session_count == 0 or known(bridge.app.state.bridge.services.registry, first.call_sid))
             second = await ExotelStream.open(bridge, call_sid=first.call_sid)
             await second.start()
             await until(lambda: len(recorder.resumed) == 1)

@@ -31,7 +31,7 @@ from callbridge.bridge.plivo import (
 from callbridge.bridge.providers.plivo import decode_stream_token, parse_extra_headers
 from callbridge.engine.commands import AppendAudio, CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
-from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, until
+from tests.bridge.twilio_e2e import RecordingEngine, engine, known, settings, until
 
 AUTH_ID = "MAZDQ1ZJIYMDZKMMZLNT"
 AUTH_TOKEN = "plivo-test-auth-token"
@@ -240,7 +240,7 @@ async def test_a_call_streams_to_the_engine_and_resumes_after_a_drop() -> None:
         assert play["streamId"] == first.stream_id and play["media"]["contentType"] == "audio/x-mulaw"
         assert play["media"]["sampleRate"] == 8000 and len(base64.b64decode(play["media"]["payload"])) == 160
         await first.ws.close()  # Plivo drops the socket; keepCallAlive runs the <Redirect> back to the answer URL
-        await until(lambda: recorder.session_count == 0 or bool(bridge.app.state.bridge.services.registry.get(first.call_uuid)))
+        await until(lambda: recorder.session_count == 0 or known(bridge.app.state.bridge.services.registry, first.call_uuid))
         second = await PlivoStream.open(bridge, first.call_uuid)
         await second.ws.send(second.start_message())
         await until(lambda: len(recorder.resumed) == 1)

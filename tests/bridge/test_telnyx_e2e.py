@@ -107,7 +107,7 @@ async def test_a_drop_restarts_streaming_with_a_new_token_on_the_same_call() -> 
         commands = [(action, body) for call_id, action, body in sim.commands if call_id == result.call_sid]
         status = bridge.app.state.bridge.registry.get_sample_value
         stopped = status("callbridge_stream_status_total", {"provider": "telnyx", "event": "streaming.stopped"})
-        ended = bridge.app.state.bridge.services.registry.ended_reason(result.call_sid)
+        ended = await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid)
     assert result.warnings == [] and len(set(result.streams)) == 2, result.render()
     assert [action for action, _ in commands] == ["answer", "streaming_start"]
     tokens = [body["custom_parameters"][0]["value"] for _, body in commands]
@@ -165,7 +165,7 @@ async def test_call_hangup_webhook_ends_a_stream_that_got_no_stop() -> None:
 
         await asyncio.wait_for(closed(), 5)
         await until(lambda: recorder.session_count == 0)
-        ended = bridge.app.state.bridge.services.registry.ended_reason(call.call_id)
+        ended = await bridge.app.state.bridge.services.registry.ended_reason(call.call_id)
     assert stream.conn.close_code == 1000
     assert ended == "caller_hung_up:normal_clearing"
     (session_id,) = recorder.opened

@@ -166,7 +166,7 @@ class TestCallControl:
         ((call_id, action, body),) = calls.rest.sent  # type: ignore[attr-defined]
         assert (call_id, action, body["stream_url"]) == ("v3:a", "answer", "wss://bridge.example/telnyx/media")
         token = body["custom_parameters"][0]["value"]
-        assert svc.tokens.consume(token, "v3:a") and "v3:a" in calls.live
+        assert await svc.tokens.consume(token, "v3:a") and "v3:a" in calls.live
 
     async def test_a_webhook_delivered_twice_answers_once(self) -> None:
         calls = TelnyxCalls(services(), RecordingRest())
@@ -195,7 +195,7 @@ class TestCallControl:
         actions = [(a, b["custom_parameters"][0]["value"]) for _, a, b in calls.rest.sent]  # type: ignore[attr-defined]
         assert [a for a, _ in actions] == ["answer", "streaming_start", "streaming_start"]
         assert len({token for _, token in actions}) == 3
-        assert svc.tokens.consume(actions[-1][1], "v3:a")
+        assert await svc.tokens.consume(actions[-1][1], "v3:a")
         assert svc.metrics.stream_status.labels("telnyx", "streaming.failed")._value.get() == 1
 
     async def test_no_restart_once_the_call_has_ended(self) -> None:
@@ -204,12 +204,12 @@ class TestCallControl:
         await calls.on_event("call.initiated", {"call_control_id": "v3:a"}, BASE)
         await calls.on_event("call.initiated", {"call_control_id": "v3:b"}, BASE)
         await calls.on_event("call.hangup", {"call_control_id": "v3:a", "hangup_cause": "normal_clearing"}, BASE)
-        svc.registry.mark_ended("v3:b", "engine_unavailable")
+        await svc.registry.mark_ended("v3:b", "engine_unavailable")
         for call in ("v3:a", "v3:b", "v3:unknown", "v3:b"):
             await calls.on_event("streaming.stopped", {"call_control_id": call}, BASE)
         # v3:b is over for the bridge but Telnyx has not said so: hung up (once) rather than left without a stream
         assert [(c, a) for c, a, _ in calls.rest.sent[2:]] == [("v3:b", "hangup")]  # type: ignore[attr-defined]
-        assert svc.registry.ended_reason("v3:a") == "caller_hung_up:normal_clearing"
+        assert await svc.registry.ended_reason("v3:a") == "caller_hung_up:normal_clearing"
 
     async def test_a_stream_that_keeps_failing_ends_in_a_hang_up(self) -> None:
         svc = services()
@@ -219,7 +219,7 @@ class TestCallControl:
             await calls.on_event("streaming.failed", {"call_control_id": "v3:a"}, BASE)
         actions = [a for _, a, _ in calls.rest.sent]  # type: ignore[attr-defined]
         assert actions == ["answer"] + ["streaming_start"] * MAX_STREAM_RESTARTS + ["hangup"]
-        assert svc.registry.ended_reason("v3:a") == "stream_restarts_exhausted"
+        assert await svc.registry.ended_reason("v3:a") == "stream_restarts_exhausted"
 
     async def test_draining_hangs_up_instead_of_restarting(self) -> None:
         svc = services()
@@ -236,7 +236,7 @@ class TestCallControl:
         await calls.on_event("call.initiated", {"call_control_id": "v3:a"}, BASE)
         rest.ended.add("v3:a")
         await calls.on_event("streaming.stopped", {"call_control_id": "v3:a"}, BASE)
-        assert svc.registry.ended_reason("v3:a") == "call_already_ended" and "v3:a" not in calls.live
+        assert await svc.registry.ended_reason("v3:a") == "call_already_ended" and "v3:a" not in calls.live
 
     async def test_a_failed_command_is_logged_not_raised(self) -> None:
         def refuse(request: httpx.Request) -> httpx.Response:

@@ -33,7 +33,7 @@ from callbridge.sim.carrier import CallerScript
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
-from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import detached, engine, settings, short_speech, until
 
 SPEECH_MS = 1500
 SECRET = "a-signature-secret-of-32-bytes-or-more"
@@ -110,7 +110,7 @@ async def test_conversation_ends_cleanly_when_the_caller_hangs_up() -> None:
     async with running_bridge(settings(), recorder, provider="vonage") as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((300, short_speech()),)))
         await until(lambda: recorder.session_count == 0)
-        ended = bridge.app.state.bridge.services.registry.ended_reason(result.call_sid)
+        ended = await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid)
     assert result.warnings == [] and result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
     assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000, result.render()
     assert len(result.marks_echoed) >= result.agent_speech_ms // 200 - 1
@@ -331,7 +331,7 @@ async def test_disconnected_while_our_side_still_sees_the_socket_open() -> None:
         response = await client.event({"uuid": "leg-1", "status": "disconnected", "headers": headers})
         again = response.json()  # the stale socket was let go (its session detached) before this answer
         registry = bridge.app.state.bridge.services.registry
-        assert registry.get(call_id) is not None and registry.get(call_id).ticket is not None
+        assert await detached(registry, call_id)
         ws2, _ = await client.connect(again)
         await until(lambda: recorder.resumed == recorder.opened)
         await ws.close()
@@ -348,10 +348,10 @@ async def test_completed_after_a_silent_close_closes_the_detached_session() -> N
             await until(lambda: recorder.session_count == 1)
             await ws.close()
             registry = bridge.app.state.bridge.services.registry
-            await until(lambda: registry.get(call_id) is not None and registry.get(call_id).ticket is not None)
+            await until(lambda: detached(registry, call_id))
             assert (await client.event({"uuid": call_id, "status": "completed"})).status_code == 204
             await until(lambda: recorder.session_count == 0)
-            assert registry.ended_reason(call_id) == "caller_hung_up"
+            assert await registry.ended_reason(call_id) == "caller_hung_up"
         finally:
             VonageTransport.verdict_wait_s = 2.0
 

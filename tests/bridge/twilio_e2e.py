@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import secrets
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -15,6 +17,7 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from callbridge.bridge.registry import CallRegistry
 from callbridge.config import Settings
 from callbridge.engine.commands import EngineCommand
 from callbridge.engine.local.core import LocalEngineOptions
@@ -122,9 +125,26 @@ class RawStream:
         return self.ws.close_code
 
 
-async def until(predicate: Any, timeout_s: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` (sync, or async like the registry's lookups) every 10 ms until it holds."""
     deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
+    while not await _holds(predicate):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.01)
+
+
+async def _holds(predicate: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = predicate()
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+
+async def known(registry: CallRegistry, call_id: str) -> bool:
+    """The registry remembers the call (detached or ended, not expired)."""
+    return await registry.get(call_id) is not None
+
+
+async def detached(registry: CallRegistry, call_id: str) -> bool:
+    """The call's engine session waits in the registry for its next stream."""
+    record = await registry.get(call_id)
+    return record is not None and record.ticket is not None

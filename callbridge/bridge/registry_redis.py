@@ -1,0 +1,131 @@
+"""The call registry and stream tokens in Redis, shared by every bridge process that serves a number.
+
+Layout (one key per call, one per token; Redis expires both, so nothing is swept by hand):
+
+- ``callbridge:call:{call_id}``: a hash — ``ticket`` (the ``ResumeTicket`` as a JSON object, keys
+  sorted, so two processes write the same bytes for the same ticket), ``input_ms``, ``ended`` (the
+  reason); its TTL is the disconnect grace after a detach, ``ENDED_KEPT_MS`` after the end.
+- ``callbridge:token:{token}``: the call id it was minted for, TTL ``TOKEN_TTL_MS``; consumed with
+  ``GETDEL``, so a token lets in one stream even when two processes race for it.
+
+A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
+one gets the engine session; Redis runs scripts atomically.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from typing import Any, cast
+
+import orjson
+import redis.asyncio as aioredis
+
+from callbridge.bridge.registry import (
+    ENDED_KEPT_MS,
+    TOKEN_TTL_MS,
+    CallRecord,
+    CallRegistry,
+    StreamTokens,
+)
+from callbridge.config import Settings
+from callbridge.engine.port import ResumeTicket
+
+__all__ = ["RedisCallRegistry", "RedisStreamTokens", "redis_registry"]
+
+_PREFIX = "callbridge:"
+
+_CLAIM = """
+local ticket = redis.call('HGET', KEYS[1], 'ticket')
+local input_ms = redis.call('HGET', KEYS[1], 'input_ms') or '0'
+if not ticket then return {'', input_ms} end
+if ARGV[1] ~= '' and ticket ~= ARGV[1] then return {'', input_ms} end
+redis.call('HDEL', KEYS[1], 'ticket')
+return {ticket, input_ms}
+"""
+"""KEYS[1] the call's hash; ARGV[1] the expected ticket's JSON or ''. Returns {ticket JSON or '', input_ms}."""
+
+
+def _ticket_json(ticket: ResumeTicket) -> str:
+    return orjson.dumps(ticket.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _ticket(text: str) -> ResumeTicket:
+    return ResumeTicket.from_dict(orjson.loads(text))
+
+
+class RedisCallRegistry(CallRegistry):
+    """``CallRegistry`` on a ``redis.asyncio`` client (``decode_responses=True``), which it closes in ``aclose``."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._redis = client
+        self._claim: Any = client.register_script(_CLAIM)
+
+    @staticmethod
+    def _key(call_id: str) -> str:
+        return f"{_PREFIX}call:{call_id}"
+
+    async def get(self, call_id: str) -> CallRecord | None:
+        fields = cast(dict[str, str], await self._redis.hgetall(self._key(call_id)))
+        if not fields:
+            return None
+        ticket = fields.get("ticket")
+        return CallRecord(
+            call_id,
+            ticket=_ticket(ticket) if ticket else None,
+            input_ms=int(fields.get("input_ms", 0)),
+            ended_reason=fields.get("ended"),
+        )
+
+    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
+        key = self._key(call_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
+            pipe.pexpire(key, max(1, grace_ms))
+            await pipe.execute()
+
+    async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
+        wanted = _ticket_json(expected) if expected is not None else ""
+        ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
+        return (_ticket(ticket) if ticket else None), int(input_ms)
+
+    async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
+        key = self._key(call_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, "ended", reason)
+            pipe.hdel(key, "ticket")
+            pipe.pexpire(key, max(1, keep_ms))
+            await pipe.execute()
+
+    async def ended_reason(self, call_id: str) -> str | None:
+        return cast(str | None, await self._redis.hget(self._key(call_id), "ended"))
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+class RedisStreamTokens(StreamTokens):
+    """``StreamTokens`` on the registry's client (it does not close it)."""
+
+    def __init__(self, client: aioredis.Redis, *, ttl_ms: int = TOKEN_TTL_MS) -> None:
+        self._redis = client
+        self._ttl_ms = ttl_ms
+
+    async def mint(self, call_id: str) -> str:
+        token = secrets.token_urlsafe(24)
+        await self._redis.set(f"{_PREFIX}token:{token}", call_id, px=self._ttl_ms)
+        return token
+
+    async def consume(self, token: str | None, call_id: str) -> bool:
+        if not token:
+            return False
+        minted_for = cast(str | None, await self._redis.getdel(f"{_PREFIX}token:{token}"))
+        return minted_for is not None and hmac.compare_digest(minted_for, call_id)
+
+
+def redis_registry(settings: Settings) -> tuple[RedisCallRegistry, RedisStreamTokens]:
+    """Both on one connection pool to ``registry.redis_url`` (connected lazily, on first use)."""
+    url = settings.registry.redis_url
+    assert url is not None, "RegistrySettings validates that redis has a URL"
+    client = aioredis.Redis.from_url(url.get_secret_value(), decode_responses=True)
+    return RedisCallRegistry(client), RedisStreamTokens(client)

@@ -1,0 +1,775 @@
+"""The SIP user-agent server, sans-I/O: datagrams and a clock in; datagrams, call events and a deadline out
+(RFC 3261; telephony-protocols.md §5.1).
+
+Inputs: ``receive_datagram(data, source, now_ms)``, the server's answers to a
+``CallOffered`` (``accept`` / ``reject``), ``hang_up`` (our BYE), ``tick``.
+Outputs, drained after every input: ``datagrams_to_send()``, ``events()``;
+sleep until ``next_deadline_ms()``.
+
+What it does:
+
+- INVITE: admission (source address in ``allowed_networks``, else digest
+  authentication when credentials are set: 401 with a nonce; else 403),
+  ``Require`` with an option we lack → 420 + ``Unsupported``, a body that is
+  not SDP → 415 + ``Accept``, no audio stream we take → 488; otherwise
+  ``100 Trying`` at once and ``CallOffered`` for the server, which accepts
+  (200 + SDP answer) or rejects (486, 503, …). A retransmitted INVITE gets the
+  last response again.
+- The 200 is retransmitted at T1, 2·T1, … capped at T2 until the ACK
+  (§13.3.1.4); no ACK by 64·T1: BYE and ``CallEnded("no_ack")``. A non-2xx
+  final response is retransmitted until its ACK (same branch) or 64·T1.
+- CANCEL → 200, and 487 to the INVITE if it had no final response
+  (``CallEnded("cancelled")``); no such transaction → 481.
+- BYE → 200 and ``CallEnded("bye")``; ours (``hang_up``) is retransmitted
+  (Timer E) until a response or 64·T1.
+- re-INVITE (hold/resume, a new address): answered from the same codec,
+  ``o=`` version bumped only when our answer changes, ``MediaChanged``; an
+  offer we cannot take → 488, the call goes on. An empty re-INVITE gets our
+  current SDP as the offer (the answer in the ACK is not read).
+- OPTIONS → 200 with ``Allow``/``Accept``/``Supported``, in or out of a
+  dialog; INFO (``application/dtmf-relay``) → 200 and ``DtmfInfo``.
+- Unknown dialog → 481; a method we know but do not do → 405 + ``Allow``; one
+  we do not know → 501; a malformed request with enough headers to answer →
+  400; anything else is dropped (``Dropped``, counted by the server).
+
+Responses go where RFC 3581 says: to the source address when the top Via
+has ``rport``, else to the source IP and the Via's port; the top Via gets
+``received``/``rport``. Requests we send (BYE) go to the address the INVITE
+came from, with the Record-Route set as ``Route``.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import ipaddress
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+from callbridge.sip.message import (
+    SipParseError,
+    SipRequest,
+    SipResponse,
+    header_param,
+    parse_message,
+    split_params,
+    uri_of,
+)
+from callbridge.sip.sdp import MediaChoice, SdpError, answer, choose
+
+__all__ = [
+    "ALLOW",
+    "T1_MS",
+    "T2_MS",
+    "CallConfirmed",
+    "CallEnded",
+    "CallOffered",
+    "DialogState",
+    "Dropped",
+    "DtmfInfo",
+    "MediaChanged",
+    "Outgoing",
+    "SipEvent",
+    "SipUas",
+    "UasConfig",
+]
+
+T1_MS: Final = 500
+T2_MS: Final = 4000
+TIMEOUT_MS: Final = 64 * T1_MS
+ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
+_KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "MESSAGE", "PRACK", "UPDATE", "REFER", "PUBLISH"})
+_SUPPORTED: Final[frozenset[str]] = frozenset()  # no extensions: Require of anything → 420
+_REASONS: Final = {
+    100: "Trying",
+    180: "Ringing",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    415: "Unsupported Media Type",
+    420: "Bad Extension",
+    480: "Temporarily Unavailable",
+    481: "Call/Transaction Does Not Exist",
+    482: "Loop Detected",
+    486: "Busy Here",
+    487: "Request Terminated",
+    488: "Not Acceptable Here",
+    500: "Server Internal Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+_MAX_NONCES: Final = 1024
+
+Address = tuple[str, int]
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    data: bytes = field(repr=False)
+    address: Address
+    transport: str = "UDP"
+    """UDP, or TCP: write it on the connection from ``address``."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOffered:
+    """A new call the server must ``accept`` (after binding its RTP port) or ``reject``."""
+
+    call_id: str
+    source: Address
+    choice: MediaChoice
+    caller: str
+    callee: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallConfirmed:
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MediaChanged:
+    call_id: str
+    choice: MediaChoice
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfInfo:
+    call_id: str
+    digit: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    call_id: str
+    reason: str
+    """``bye`` (the caller hung up), ``cancelled``, ``no_ack``, ``rejected``, ``hung_up`` (our BYE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A datagram not answered (garbage, a stray response): counted and logged by the server."""
+
+    reason: str
+    source: Address
+
+
+SipEvent = CallOffered | CallConfirmed | MediaChanged | DtmfInfo | CallEnded | Dropped
+
+
+class DialogState(enum.Enum):
+    OFFERED = "offered"
+    """INVITE received, 100 sent; waiting for the server's accept/reject."""
+    ANSWERED = "answered"
+    """200 sent, retransmitted until the ACK."""
+    CONFIRMED = "confirmed"
+    ENDING = "ending"
+    """Our BYE sent, waiting for its response."""
+    ENDED = "ended"
+
+
+class _Trigger(enum.Enum):
+    ACCEPT = "accept"
+    REJECT = "reject"
+    CANCEL = "cancel"
+    ACK = "ack"
+    BYE_RECEIVED = "bye_received"
+    BYE_SENT = "bye_sent"
+    BYE_DONE = "bye_done"
+    NO_ACK = "no_ack"
+
+
+_S, _T = DialogState, _Trigger
+TRANSITIONS: Final[dict[tuple[DialogState, _Trigger], DialogState]] = {
+    (_S.OFFERED, _T.ACCEPT): _S.ANSWERED,
+    (_S.OFFERED, _T.REJECT): _S.ENDED,
+    (_S.OFFERED, _T.CANCEL): _S.ENDED,
+    (_S.ANSWERED, _T.ACK): _S.CONFIRMED,
+    (_S.ANSWERED, _T.BYE_RECEIVED): _S.ENDED,
+    (_S.ANSWERED, _T.NO_ACK): _S.ENDING,
+    (_S.CONFIRMED, _T.ACK): _S.CONFIRMED,
+    (_S.CONFIRMED, _T.BYE_RECEIVED): _S.ENDED,
+    (_S.CONFIRMED, _T.BYE_SENT): _S.ENDING,
+    (_S.ENDING, _T.BYE_RECEIVED): _S.ENDED,
+    (_S.ENDING, _T.BYE_DONE): _S.ENDED,
+}
+"""Every state change of a dialog. A pair not listed is a bug in the caller (``DialogStateError``)."""
+
+
+class DialogStateError(Exception):
+    """The server called an input the dialog's state does not allow."""
+
+
+@dataclass(frozen=True, slots=True)
+class UasConfig:
+    host: str
+    """The address we advertise (Contact, Via of our BYE, SDP)."""
+    port: int
+    allowed_networks: tuple[Network, ...] = ()
+    username: str | None = None
+    password: str | None = None
+    realm: str = "callbridge"
+    user_agent: str = "callbridge"
+
+
+@dataclass(slots=True)
+class _Retransmit:
+    data: bytes = field(repr=False)
+    address: Address
+    next_ms: int
+    interval_ms: int
+    give_up_ms: int
+    what: str
+    """``2xx`` (until ACK), ``final`` (non-2xx, until ACK), ``bye`` (until a response)."""
+    cseq: int = 0
+    transport: str = "UDP"
+
+
+@dataclass(slots=True)
+class _Dialog:
+    call_id: str
+    state: DialogState
+    invite: SipRequest
+    source: Address
+    local_tag: str
+    remote_cseq: int
+    choice: MediaChoice
+    invite_branch: str
+    local_cseq: int = 0
+    sdp_host: str = ""
+    rtp_port: int = 0
+    session_id: int = 0
+    sdp_version: int = 0
+    sdp: str = ""
+    retransmits: list[_Retransmit] = field(default_factory=list)
+    bye_after_ack: bool = False
+    ended_at_ms: int | None = None
+
+
+class SipUas:
+    """Every SIP dialog of one listener. See the module docstring."""
+
+    def __init__(self, config: UasConfig) -> None:
+        self.config = config
+        self.dialogs: dict[str, _Dialog] = {}
+        self._out: list[Outgoing] = []
+        self._events: list[SipEvent] = []
+        self._cache: dict[tuple[str, str], tuple[Outgoing, int]] = {}
+        """(branch, method) → the last response sent and when it may be forgotten (retransmitted requests)."""
+        self._invite_branches: dict[str, str] = {}
+        """INVITE branch → call id (CANCEL matching, ACK of a non-2xx)."""
+        self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
+        self._final_retransmits: dict[str, _Retransmit] = {}
+        """INVITE branch → a non-2xx final response retransmitted until its ACK."""
+
+    # ------------------------------------------------------------------ outputs
+
+    def datagrams_to_send(self) -> list[Outgoing]:
+        out, self._out = self._out, []
+        return out
+
+    def events(self) -> list[SipEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def next_deadline_ms(self) -> int | None:
+        deadlines = [r.next_ms for d in self.dialogs.values() for r in d.retransmits]
+        deadlines.extend(r.next_ms for r in self._final_retransmits.values())
+        deadlines.extend(until for _, until in self._cache.values())
+        deadlines.extend(d.ended_at_ms + TIMEOUT_MS for d in self.dialogs.values() if d.ended_at_ms is not None)
+        return min(deadlines) if deadlines else None
+
+    # ------------------------------------------------------------------- inputs
+
+    def receive_datagram(self, data: bytes, source: Address, now_ms: int, *, transport: str = "UDP") -> None:
+        """One UDP datagram (or one message cut from a TCP stream: ``transport="TCP"``) from ``source``. Drain
+        ``datagrams_to_send`` and ``events`` next."""
+        if not data.strip(b"\r\n"):
+            return  # keep-alive CRLF (RFC 5626 §3.5.1)
+        try:
+            message = parse_message(data)
+        except SipParseError as exc:
+            self._events.append(Dropped(f"malformed:{exc.reason.value}", source))
+            if exc.request is not None:
+                exc.request.transport = transport
+            if exc.request is not None and exc.request.method != "ACK":
+                self._respond(exc.request, source, 400, now_ms, reason=f"Bad Request ({exc.reason.value})")
+            return
+        if isinstance(message, SipResponse):
+            self._on_response(message, source, now_ms)
+        else:
+            message.transport = transport
+            self._on_request(message, source, now_ms)
+
+    def accept(self, call_id: str, sdp_host: str, rtp_port: int, now_ms: int) -> None:
+        """Answer an offered call: 200 with our SDP (``sdp_host``:``rtp_port``), retransmitted until the ACK."""
+        dialog = self.dialogs[call_id]
+        self._transition(dialog, _Trigger.ACCEPT)
+        dialog.sdp_host, dialog.rtp_port = sdp_host, rtp_port
+        dialog.session_id = secrets.randbelow(2**31)
+        dialog.sdp_version = dialog.session_id
+        dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+        self._answer_invite(dialog, dialog.invite, now_ms)
+
+    def ring(self, call_id: str, now_ms: int) -> None:
+        """``180 Ringing`` for an offered call (the server answers after ``sip.answer_delay_ms``)."""
+        dialog = self.dialogs.get(call_id)
+        if dialog is not None and dialog.state is DialogState.OFFERED:
+            extra = [("Contact", self._contact(dialog.invite))]
+            extra.extend(("Record-Route", value) for value in dialog.invite.headers_all("Record-Route"))
+            self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
+
+    def reject(self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None) -> None:
+        """Refuse an offered call (486 busy, 503 draining, 480 …)."""
+        dialog = self.dialogs.get(call_id)
+        if dialog is None or dialog.state is not DialogState.OFFERED:
+            return
+        self._transition(dialog, _Trigger.REJECT)
+        extra = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
+        self._final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
+        self._end(dialog, "rejected", now_ms, announce=False)
+
+    def hang_up(self, call_id: str, now_ms: int) -> None:
+        """End the call from our side: BYE (after the ACK if it has not come yet); 480 if not answered yet."""
+        dialog = self.dialogs.get(call_id)
+        if dialog is None:
+            return
+        if dialog.state is DialogState.OFFERED:
+            self.reject(call_id, 480, now_ms)
+        elif dialog.state is DialogState.ANSWERED:
+            dialog.bye_after_ack = True
+        elif dialog.state is DialogState.CONFIRMED:
+            self._send_bye(dialog, now_ms)
+
+    def tick(self, now_ms: int) -> None:
+        """Retransmit what is due, give up on what timed out, forget old transactions."""
+        for key, (_, until) in list(self._cache.items()):
+            if until <= now_ms:
+                del self._cache[key]
+        for branch, retransmit in list(self._final_retransmits.items()):
+            if retransmit.give_up_ms <= now_ms:
+                del self._final_retransmits[branch]
+                self._invite_branches.pop(branch, None)
+            elif retransmit.next_ms <= now_ms:
+                self._resend(retransmit, now_ms)
+        for dialog in list(self.dialogs.values()):
+            if dialog.ended_at_ms is not None and dialog.ended_at_ms + TIMEOUT_MS <= now_ms:
+                del self.dialogs[dialog.call_id]
+                self._invite_branches.pop(dialog.invite_branch, None)
+                continue
+            for retransmit in list(dialog.retransmits):
+                if retransmit.give_up_ms <= now_ms:
+                    dialog.retransmits.remove(retransmit)
+                    self._gave_up(dialog, retransmit, now_ms)
+                elif retransmit.next_ms <= now_ms:
+                    self._resend(retransmit, now_ms)
+
+    # ---------------------------------------------------------------- requests
+
+    def _on_request(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        cached = self._cache.get((request.branch, request.method))
+        if cached is not None and request.method != "ACK":
+            self._out.append(cached[0])  # a retransmitted request
+            return
+        method = request.method
+        if method == "INVITE":
+            self._on_invite(request, source, now_ms)
+        elif method == "ACK":
+            self._on_ack(request, now_ms)
+        elif method == "CANCEL":
+            self._on_cancel(request, source, now_ms)
+        elif method == "BYE":
+            self._on_bye(request, source, now_ms)
+        elif method == "OPTIONS":
+            dialog = self._dialog_of(request)
+            if header_param(request.header("To") or "", "tag") is not None and dialog is None:
+                self._respond(request, source, 481, now_ms)
+            else:
+                self._respond(request, source, 200, now_ms, extra=self._capabilities())
+        elif method == "INFO":
+            self._on_info(request, source, now_ms)
+        elif method in _KNOWN_UNSUPPORTED:
+            self._respond(request, source, 405, now_ms, extra=[("Allow", ALLOW)])
+        else:
+            self._respond(request, source, 501, now_ms, extra=[("Allow", ALLOW)])
+
+    def _on_invite(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        if header_param(request.header("To") or "", "tag") is not None:
+            dialog = self._dialog_of(request)
+            if dialog is None or dialog.state is DialogState.ENDED:
+                self._respond(request, source, 481, now_ms)
+            else:
+                self._on_reinvite(dialog, request, source, now_ms)
+            return
+        if request.call_id in self.dialogs:
+            existing = self.dialogs[request.call_id]
+            if existing.invite_branch != request.branch:
+                self._respond(request, source, 482, now_ms)  # the same call again on another path
+            return
+        refusal = self._admission(request, source)
+        if refusal is not None:
+            status, extra = refusal
+            self._final(request, source, status, now_ms, extra=extra)
+            return
+        unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in _SUPPORTED]
+        if unsupported:
+            self._final(request, source, 420, now_ms, extra=[("Unsupported", ", ".join(unsupported))])
+            return
+        content_type = (request.header("Content-Type") or "").split(";")[0].strip().lower()
+        if request.body and content_type != "application/sdp":
+            self._final(request, source, 415, now_ms, extra=[("Accept", "application/sdp")])
+            return
+        try:
+            choice = choose(request.body.decode("utf-8", "replace")) if request.body else None
+        except SdpError as exc:
+            self._final(request, source, 400, now_ms, reason=f"Bad Request (SDP: {exc})")
+            return
+        if choice is None:  # no offer (a delayed offer is not supported) or nothing we take
+            self._final(request, source, 488, now_ms, extra=[("Warning", '304 callbridge "PCMU or PCMA audio required"')])
+            return
+        dialog = _Dialog(
+            call_id=request.call_id,
+            state=DialogState.OFFERED,
+            invite=request,
+            source=source,
+            local_tag=secrets.token_hex(6),
+            remote_cseq=request.cseq[0],
+            choice=choice,
+            invite_branch=request.branch,
+        )
+        self.dialogs[dialog.call_id] = dialog
+        self._invite_branches[request.branch] = dialog.call_id
+        self._respond(request, source, 100, now_ms)
+        self._events.append(
+            CallOffered(dialog.call_id, source, choice, uri_of(request.header("From") or ""), uri_of(request.header("To") or ""))
+        )
+
+    def _on_reinvite(self, dialog: _Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
+        cseq = request.cseq[0]
+        if cseq <= dialog.remote_cseq or dialog.state not in (DialogState.ANSWERED, DialogState.CONFIRMED):
+            self._final(request, source, 500, now_ms, to_tag=dialog.local_tag, extra=[("Retry-After", "1")])
+            return
+        dialog.remote_cseq = cseq
+        if request.body:
+            try:
+                choice = choose(request.body.decode("utf-8", "replace"))
+            except SdpError:
+                choice = None
+            if choice is None or choice.encoding is not dialog.choice.encoding:
+                self._final(request, source, 488, now_ms, to_tag=dialog.local_tag)
+                return
+            changed = (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type) != (
+                dialog.choice.direction,
+                dialog.choice.remote_host,
+                dialog.choice.remote_port,
+                dialog.choice.payload_type,
+                dialog.choice.dtmf_payload_type,
+            )
+            if choice.direction is not dialog.choice.direction or choice.media_lines != dialog.choice.media_lines:
+                dialog.sdp_version += 1  # our SDP changes (RFC 3264 §8)
+            dialog.choice = choice
+            dialog.sdp = answer(choice, host=dialog.sdp_host, port=dialog.rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+            if changed:
+                self._events.append(MediaChanged(dialog.call_id, choice))
+        self._answer_invite(dialog, request, now_ms)
+
+    def _on_ack(self, request: SipRequest, now_ms: int) -> None:
+        retransmit = self._final_retransmits.pop(request.branch, None)
+        if retransmit is not None:  # ACK of a non-2xx final response: the transaction is done
+            return
+        dialog = self._dialog_of(request)
+        if dialog is None:
+            return
+        cseq = request.cseq[0]
+        acked = [r for r in dialog.retransmits if r.what == "2xx" and r.cseq == cseq]
+        for r in acked:
+            dialog.retransmits.remove(r)
+        if dialog.state is DialogState.ANSWERED:
+            self._transition(dialog, _Trigger.ACK)
+            self._events.append(CallConfirmed(dialog.call_id))
+            if dialog.bye_after_ack:
+                self._send_bye(dialog, now_ms)
+
+    def _on_cancel(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        call_id = self._invite_branches.get(request.branch)
+        dialog = self.dialogs.get(call_id) if call_id is not None else None
+        if dialog is None:
+            self._respond(request, source, 481, now_ms)
+            return
+        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        if dialog.state is DialogState.OFFERED:
+            self._transition(dialog, _Trigger.CANCEL)
+            self._final(dialog.invite, dialog.source, 487, now_ms, to_tag=dialog.local_tag)
+            self._end(dialog, "cancelled", now_ms)
+
+    def _on_bye(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        dialog = self._dialog_of(request)
+        if dialog is None or dialog.state in (DialogState.ENDED, DialogState.OFFERED):
+            self._respond(request, source, 481, now_ms)
+            return
+        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        self._transition(dialog, _Trigger.BYE_RECEIVED)
+        self._end(dialog, "bye", now_ms)
+
+    def _on_info(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        dialog = self._dialog_of(request)
+        if dialog is None or dialog.state is DialogState.ENDED:
+            self._respond(request, source, 481, now_ms)
+            return
+        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        if (request.header("Content-Type") or "").lower().startswith("application/dtmf-relay"):
+            for line in request.body.decode("utf-8", "replace").splitlines():
+                key, _, value = line.partition("=")
+                digit = value.strip().upper()
+                if key.strip().lower() == "signal" and len(digit) == 1 and digit in "0123456789*#ABCD":
+                    self._events.append(DtmfInfo(dialog.call_id, digit))
+
+    def _admission(self, request: SipRequest, source: Address) -> tuple[int, list[tuple[str, str]]] | None:
+        """None: admitted; else the refusal (401 with a challenge, or 403)."""
+        if _in_networks(source[0], self.config.allowed_networks):
+            return None
+        config = self.config
+        if config.username is None or config.password is None:
+            return 403, []
+        credentials = request.header("Authorization")
+        if credentials is not None and self._digest_ok(request, credentials):
+            return None
+        nonce = secrets.token_hex(16)
+        self._nonces.append(nonce)
+        return 401, [("WWW-Authenticate", f'Digest realm="{config.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"')]
+
+    def _digest_ok(self, request: SipRequest, credentials: str) -> bool:
+        scheme, _, rest = credentials.partition(" ")
+        if scheme.lower() != "digest":
+            return False
+        _, params = split_params(";" + ";".join(_split_commas(rest)))
+        config = self.config
+        assert config.username is not None and config.password is not None
+        if params.get("username") != config.username or params.get("realm") != config.realm or params.get("nonce") not in self._nonces:
+            return False
+        ha1 = _md5(f"{config.username}:{config.realm}:{config.password}")
+        ha2 = _md5(f"{request.method}:{params.get('uri', '')}")
+        nonce = params["nonce"]
+        if params.get("qop"):
+            expected = _md5(f"{ha1}:{nonce}:{params.get('nc', '')}:{params.get('cnonce', '')}:{params['qop']}:{ha2}")
+        else:
+            expected = _md5(f"{ha1}:{nonce}:{ha2}")
+        return hmac.compare_digest(expected, params.get("response", ""))
+
+    # --------------------------------------------------------------- responses
+
+    def _on_response(self, response: SipResponse, source: Address, now_ms: int) -> None:
+        dialog = self.dialogs.get(response.call_id)
+        number, method = response.cseq
+        if dialog is None or method != "BYE":
+            self._events.append(Dropped("stray_response", source))
+            return
+        if response.status < 200:
+            return
+        for retransmit in [r for r in dialog.retransmits if r.what == "bye" and r.cseq == number]:
+            dialog.retransmits.remove(retransmit)
+        if dialog.state is DialogState.ENDING:
+            self._transition(dialog, _Trigger.BYE_DONE)
+            dialog.ended_at_ms = now_ms
+
+    def _answer_invite(self, dialog: _Dialog, request: SipRequest, now_ms: int) -> None:
+        extra = [("Contact", self._contact(request))]
+        extra.extend(("Record-Route", value) for value in request.headers_all("Record-Route"))
+        extra.extend(self._capabilities())
+        extra.append(("Content-Type", "application/sdp"))
+        sent = self._respond(request, dialog.source, 200, now_ms, to_tag=dialog.local_tag, extra=extra, body=dialog.sdp.encode())
+        dialog.retransmits.append(
+            _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "2xx", request.cseq[0], sent.transport)
+        )
+
+    def _final(
+        self,
+        request: SipRequest,
+        source: Address,
+        status: int,
+        now_ms: int,
+        *,
+        to_tag: str | None = None,
+        extra: list[tuple[str, str]] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """A non-2xx final response to an INVITE: retransmitted until its ACK (Timer G/H)."""
+        sent = self._respond(request, source, status, now_ms, to_tag=to_tag or secrets.token_hex(6), extra=extra, reason=reason)
+        self._invite_branches[request.branch] = request.call_id
+        self._final_retransmits[request.branch] = _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "final", 0, sent.transport)
+
+    def _respond(
+        self,
+        request: SipRequest,
+        source: Address,
+        status: int,
+        now_ms: int,
+        *,
+        to_tag: str | None = None,
+        extra: list[tuple[str, str]] | None = None,
+        body: bytes = b"",
+        reason: str | None = None,
+    ) -> Outgoing:
+        response = SipResponse(status=status, reason=reason or _REASONS.get(status, "Unknown"))
+        vias = request.headers_all("Via")
+        destination = source
+        if vias:
+            top, rest = vias[0], vias[1:]
+            sent_by, params = split_params(top)
+            via_host, via_port = _sent_by(sent_by)
+            if "rport" in params:
+                top = _set_param(top, "rport", str(source[1]))
+            elif request.transport == "UDP":
+                destination = (source[0], via_port)  # over TCP: back on the connection it came on
+            if via_host != source[0]:
+                top = _set_param(top, "received", source[0])
+            response.add("Via", top)
+            for via in rest:
+                response.add("Via", via)
+        response.add("From", request.header("From") or "")
+        to = request.header("To") or ""
+        if status > 100 and header_param(to, "tag") is None:  # §8.2.6.2
+            to = f"{to};tag={to_tag or secrets.token_hex(6)}"
+        response.add("To", to)
+        response.add("Call-ID", request.call_id)
+        response.add("CSeq", request.header("CSeq") or "")
+        response.add("Server", self.config.user_agent)
+        for name, value in extra or []:
+            response.add(name, value)
+        response.body = body
+        sent = Outgoing(response.serialize(), destination, request.transport)
+        self._out.append(sent)
+        if status >= 200 and request.method != "INVITE":
+            self._cache[(request.branch, request.method)] = (sent, now_ms + TIMEOUT_MS)
+        elif request.method == "INVITE":
+            self._cache[(request.branch, "INVITE")] = (sent, now_ms + TIMEOUT_MS)
+        return sent
+
+    def _contact(self, request: SipRequest) -> str:
+        suffix = ";transport=tcp" if request.transport == "TCP" else ""
+        return f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}{suffix}>"
+
+    def _capabilities(self) -> list[tuple[str, str]]:
+        return [("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", "")]
+
+    # ---------------------------------------------------------------- our BYE
+
+    def _send_bye(self, dialog: _Dialog, now_ms: int, reason: str = "hung_up") -> None:
+        invite = dialog.invite
+        dialog.local_cseq += 1
+        request = SipRequest(method="BYE", uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
+        branch = "z9hG4bK" + secrets.token_hex(8)
+        request.add("Via", f"SIP/2.0/{invite.transport} {_host_port(self.config.host, self.config.port)};branch={branch};rport")
+        request.add("Max-Forwards", "70")
+        to = invite.header("To") or ""
+        if header_param(to, "tag") is None:
+            to = f"{to};tag={dialog.local_tag}"
+        request.add("From", to)
+        request.add("To", invite.header("From") or "")
+        request.add("Call-ID", dialog.call_id)
+        request.add("CSeq", f"{dialog.local_cseq} BYE")
+        for route in invite.headers_all("Record-Route"):
+            request.add("Route", route)
+        request.add("User-Agent", self.config.user_agent)
+        sent = Outgoing(request.serialize(), dialog.source, invite.transport)
+        self._out.append(sent)
+        dialog.retransmits = [r for r in dialog.retransmits if r.what != "2xx"]
+        dialog.retransmits.append(_Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "bye", dialog.local_cseq, sent.transport))
+        if dialog.state is DialogState.CONFIRMED:
+            self._transition(dialog, _Trigger.BYE_SENT)
+        self._events.append(CallEnded(dialog.call_id, reason))
+
+    # ------------------------------------------------------------------ timers
+
+    def _resend(self, retransmit: _Retransmit, now_ms: int) -> None:
+        """Timers G and E retransmit over UDP only; the 2xx goes again over any transport (§13.3.1.4)."""
+        if retransmit.transport == "UDP" or retransmit.what == "2xx":
+            self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
+        retransmit.interval_ms = min(retransmit.interval_ms * 2, T2_MS)
+        retransmit.next_ms = now_ms + retransmit.interval_ms
+
+    def _gave_up(self, dialog: _Dialog, retransmit: _Retransmit, now_ms: int) -> None:
+        if retransmit.what == "2xx" and dialog.state is DialogState.ANSWERED:
+            self._transition(dialog, _Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
+            self._send_bye(dialog, now_ms, "no_ack")
+        elif retransmit.what == "bye" and dialog.state is DialogState.ENDING:
+            self._transition(dialog, _Trigger.BYE_DONE)
+            dialog.ended_at_ms = now_ms
+
+    # ----------------------------------------------------------------- helpers
+
+    def _dialog_of(self, request: SipRequest) -> _Dialog | None:
+        dialog = self.dialogs.get(request.call_id)
+        if dialog is None:
+            return None
+        to_tag = header_param(request.header("To") or "", "tag")
+        from_tag = header_param(request.header("From") or "", "tag")
+        remote_tag = header_param(dialog.invite.header("From") or "", "tag")
+        if to_tag != dialog.local_tag or from_tag != remote_tag:
+            return None
+        return dialog
+
+    def _end(self, dialog: _Dialog, reason: str, now_ms: int, *, announce: bool = True) -> None:
+        dialog.retransmits = [r for r in dialog.retransmits if r.what == "bye"]
+        dialog.ended_at_ms = now_ms
+        if announce:
+            self._events.append(CallEnded(dialog.call_id, reason))
+
+    def _transition(self, dialog: _Dialog, trigger: _Trigger) -> None:
+        try:
+            dialog.state = TRANSITIONS[(dialog.state, trigger)]
+        except KeyError:
+            raise DialogStateError(f"{trigger.value} while {dialog.state.value} ({dialog.call_id})") from None
+
+
+def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+def _sent_by(sent_by: str) -> tuple[str, int]:
+    """``SIP/2.0/UDP host:port`` → (host, port); 5060 when no port."""
+    hostport = sent_by.split()[-1] if sent_by.split() else ""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.lstrip(":")
+    else:
+        host, _, port = hostport.partition(":")
+    return host, int(port) if port.isdigit() else 5060
+
+
+def _set_param(value: str, name: str, param: str) -> str:
+    head, params = split_params(value)
+    params[name] = param
+    return head + "".join(f";{k}={v}" if v else f";{k}" for k, v in params.items())
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _split_commas(text: str) -> list[str]:
+    parts, quoted, start = [], False, 0
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return parts
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()

@@ -1,0 +1,79 @@
+"""RFC 4733 telephone-events (telephony-protocols.md §5.4): receive digits once, send them the RFC's way.
+
+Payload: ``event`` (8 bits) | E (1) | R (1) | volume (6) | duration (16, in
+timestamp units). Every packet of one event carries the event's start
+timestamp; the end packet (E=1) is repeated three times. ``DtmfReceiver``
+reports a digit once per (SSRC, timestamp): on its first packet with E=1, or
+on the first packet of the next event when every end packet was lost.
+``dtmf_packets`` builds the sender's packet train.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+from callbridge.sip.rtp import RtpPacket, RtpSender
+
+__all__ = ["DIGITS", "DtmfReceiver", "dtmf_packets", "event_payload"]
+
+DIGITS: Final = "0123456789*#ABCD"
+"""Event codes 0–15 in order (16 is flash, not a digit)."""
+_REMEMBERED: Final = 32
+
+
+def event_payload(event: int, *, end: bool, duration: int, volume: int = 10) -> bytes:
+    return bytes((event, (0x80 if end else 0) | (volume & 0x3F))) + (duration & 0xFFFF).to_bytes(2, "big")
+
+
+class DtmfReceiver:
+    """Digits from telephone-event packets, each once (module docstring)."""
+
+    def __init__(self) -> None:
+        self._seen: deque[tuple[int, int]] = deque(maxlen=_REMEMBERED)
+        self._open: tuple[int, int, int] | None = None
+        """(ssrc, timestamp, event) of an event whose end packet has not come yet."""
+        self.malformed = 0
+
+    def receive(self, packet: RtpPacket) -> list[str]:
+        """The digits ``packet`` completes (usually none or one)."""
+        payload = packet.payload
+        if len(payload) < 4:
+            self.malformed += 1
+            return []
+        event, end = payload[0], bool(payload[1] & 0x80)
+        key = (packet.ssrc, packet.timestamp)
+        digits: list[str] = []
+        if self._open is not None and self._open[:2] != key:  # a new event and the last one never ended
+            digits.extend(self._report(self._open))
+        if key in self._seen:
+            return digits  # an end repeat, or an update after the end
+        if end:
+            self._open = None
+            digits.extend(self._report((packet.ssrc, packet.timestamp, event)))
+        else:
+            self._open = (packet.ssrc, packet.timestamp, event)
+        return digits
+
+    def _report(self, event: tuple[int, int, int]) -> list[str]:
+        self._open = None
+        self._seen.append(event[:2])
+        code = event[2]
+        return [DIGITS[code]] if code < len(DIGITS) else []
+
+
+def dtmf_packets(sender: RtpSender, payload_type: int, digit: str, *, duration_ms: int = 100, step_ms: int = 20) -> list[bytes]:
+    """The packets of one digit: updates every ``step_ms`` (the first with the marker), then the end packet
+    three times (RFC 4733 §2.5.1.4). The caller sends them ``step_ms`` apart; the media timestamp then moves
+    past the event (``sender.timestamp`` advances by its duration)."""
+    code = DIGITS.index(digit.upper())
+    start = sender.timestamp
+    total = duration_ms * 8
+    packets: list[bytes] = []
+    for elapsed in range(step_ms * 8, total, step_ms * 8):
+        packets.append(sender.event_packet(payload_type, event_payload(code, end=False, duration=elapsed), start, marker=not packets))
+    end = event_payload(code, end=True, duration=total)
+    for _ in range(3):
+        packets.append(sender.event_packet(payload_type, end, start, marker=not packets))
+    sender.timestamp = (start + total) & 0xFFFFFFFF
+    return packets

@@ -1,0 +1,202 @@
+"""SDP offer/answer for one G.711 audio stream (RFC 3264; syntax RFC 8866; telephony-protocols.md §5.2).
+
+``choose(offer)`` reads an offer and picks what we take: the first audio
+stream with a port, PCMU or PCMA (whichever the offer lists first), and
+telephone-event if offered, with the offer's payload-type numbers. None:
+nothing fits (the caller answers ``488``). ``answer(...)`` writes our answer:
+the same number and order of ``m=`` lines, every stream but the chosen one
+rejected with port 0, exactly one audio codec (plus telephone-event), the
+answering direction (``sendonly`` → ``recvonly``, …). Any ``ptime`` the peer
+uses is accepted: the receiver derives durations from payload sizes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from callbridge.codecs import AudioEncoding
+
+__all__ = ["Direction", "MediaChoice", "SdpError", "answer", "choose"]
+
+_STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA}
+_NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA}
+_RTPMAP: Final = {AudioEncoding.PCMU: "PCMU/8000", AudioEncoding.PCMA: "PCMA/8000"}
+
+
+class SdpError(Exception):
+    """The body is not an SDP session description we can read."""
+
+
+class Direction(enum.Enum):
+    SENDRECV = "sendrecv"
+    SENDONLY = "sendonly"
+    RECVONLY = "recvonly"
+    INACTIVE = "inactive"
+
+    def answer(self) -> Direction:
+        return _ANSWER_DIRECTION[self]
+
+    @property
+    def we_send(self) -> bool:
+        """Whether, in an answer with this direction, we send media."""
+        return self in (Direction.SENDRECV, Direction.SENDONLY)
+
+
+_ANSWER_DIRECTION: Final = {
+    Direction.SENDRECV: Direction.SENDRECV,
+    Direction.SENDONLY: Direction.RECVONLY,
+    Direction.RECVONLY: Direction.SENDONLY,
+    Direction.INACTIVE: Direction.INACTIVE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MediaChoice:
+    """What we take from an offer: the codec and its payload type, telephone-event's, where to send, and our
+    direction (already the answer's)."""
+
+    encoding: AudioEncoding
+    payload_type: int
+    dtmf_payload_type: int | None
+    remote_host: str
+    remote_port: int
+    direction: Direction
+    ptime_ms: int | None
+    media_index: int
+    """Which ``m=`` line (0-based) carries it."""
+    media_lines: tuple[str, ...]
+    """Every ``m=`` line of the offer (kept to answer with the same number and order)."""
+
+
+@dataclass(slots=True)
+class _Media:
+    line: str
+    kind: str
+    port: int
+    proto: str
+    formats: list[str]
+    rtpmap: dict[int, str]
+    host: str | None = None
+    direction: Direction | None = None
+    ptime_ms: int | None = None
+
+
+def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
+    session_host: str | None = None
+    session_direction = Direction.SENDRECV
+    media: list[_Media] = []
+    saw_version = False
+    for raw in offer.replace("\r\n", "\n").split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if len(line) < 2 or line[1] != "=":
+            raise SdpError(f"not an SDP line: {line[:60]!r}")
+        kind, value = line[0], line[2:]
+        current = media[-1] if media else None
+        if kind == "v":
+            saw_version = value == "0"
+        elif kind == "c":
+            parts = value.split()
+            if len(parts) != 3 or parts[0] != "IN":
+                raise SdpError(f"bad c= line: {value!r}")
+            host = parts[2].split("/")[0]
+            if current is None:
+                session_host = host
+            else:
+                current.host = host
+        elif kind == "m":
+            parts = value.split()
+            if len(parts) < 4 or not parts[1].split("/")[0].isdigit():
+                raise SdpError(f"bad m= line: {value!r}")
+            media.append(_Media(line, parts[0], int(parts[1].split("/")[0]), parts[2], parts[3:], {}))
+        elif kind == "a":
+            name, _, rest = value.partition(":")
+            if name in Direction._value2member_map_:
+                if current is None:
+                    session_direction = Direction(name)
+                else:
+                    current.direction = Direction(name)
+            elif name == "rtpmap" and current is not None:
+                pt_text, _, encoding = rest.partition(" ")
+                if pt_text.isdigit():
+                    current.rtpmap[int(pt_text)] = encoding.strip()
+            elif name == "ptime" and current is not None and rest.strip().isdigit():
+                current.ptime_ms = int(rest.strip())
+    if not saw_version:
+        raise SdpError("no v=0 line")
+    return session_host, session_direction, media
+
+
+def choose(offer: str) -> MediaChoice | None:
+    """What we take from ``offer`` (see the module docstring); None when no stream fits. Raises ``SdpError``."""
+    session_host, session_direction, media = _parse(offer)
+    for index, m in enumerate(media):
+        if m.kind != "audio" or m.port == 0 or m.proto not in ("RTP/AVP", "RTP/AVPF"):
+            continue
+        codec: tuple[AudioEncoding, int] | None = None
+        dtmf: int | None = None
+        for fmt in m.formats:
+            if not fmt.isdigit():
+                continue
+            pt = int(fmt)
+            name = m.rtpmap.get(pt, "")
+            encoding_name, _, rate = name.partition("/")
+            rate_hz = rate.split("/")[0]
+            if codec is None:
+                if pt in _STATIC and (not name or (encoding_name.upper() == _STATIC[pt].name and rate_hz == "8000")):
+                    codec = (_STATIC[pt], pt)
+                elif encoding_name.upper() in _NAMES and rate_hz == "8000" and pt >= 96:
+                    codec = (_NAMES[encoding_name.upper()], pt)
+            if dtmf is None and encoding_name.lower() == "telephone-event" and rate_hz == "8000":
+                dtmf = pt
+        if codec is None:
+            continue
+        host = m.host or session_host
+        if host is None:
+            raise SdpError("no c= line for the audio stream")
+        direction = m.direction or session_direction
+        if host in ("0.0.0.0", "::"):  # RFC 2543 hold
+            direction = Direction.INACTIVE if direction is Direction.RECVONLY else Direction.SENDONLY
+        return MediaChoice(
+            encoding=codec[0],
+            payload_type=codec[1],
+            dtmf_payload_type=dtmf,
+            remote_host=host,
+            remote_port=m.port,
+            direction=direction.answer(),
+            ptime_ms=m.ptime_ms,
+            media_index=index,
+            media_lines=tuple(x.line for x in media),
+        )
+    return None
+
+
+def answer(choice: MediaChoice, *, host: str, port: int, session_id: int, version: int) -> str:
+    """Our SDP answer (CRLF line ends)."""
+    family = "IP6" if ":" in host else "IP4"
+    lines = [
+        "v=0",
+        f"o=callbridge {session_id} {version} IN {family} {host}",
+        "s=callbridge",
+        f"c=IN {family} {host}",
+        "t=0 0",
+    ]
+    for index, offered in enumerate(choice.media_lines):
+        if index != choice.media_index:
+            parts = offered[2:].split()
+            lines.append(f"m={parts[0]} 0 {parts[2]} {parts[3] if len(parts) > 3 else '0'}")
+            continue
+        formats = [str(choice.payload_type)]
+        if choice.dtmf_payload_type is not None:
+            formats.append(str(choice.dtmf_payload_type))
+        lines.append(f"m=audio {port} RTP/AVP {' '.join(formats)}")
+        lines.append(f"a=rtpmap:{choice.payload_type} {_RTPMAP[choice.encoding]}")
+        if choice.dtmf_payload_type is not None:
+            lines.append(f"a=rtpmap:{choice.dtmf_payload_type} telephone-event/8000")
+            lines.append(f"a=fmtp:{choice.dtmf_payload_type} 0-15")
+        lines.append("a=ptime:20")
+        lines.append(f"a={choice.direction.value}")
+    return "\r\n".join(lines) + "\r\n"

@@ -1,0 +1,479 @@
+"""The SIP trunk listener: the asyncio driver of ``SipUas`` (UDP and TCP on the same port) and of one RTP
+socket (and its RTCP socket) per call.
+
+Each answered call is served by the shared ``MediaStreamDriver`` over an
+``RtpTransport`` (a ``CarrierTransport``) with the ``SipRtpCodec``: the SIP
+layer's news reaches the codec as text messages (``start`` once the 200 OK
+is out, ``bye`` when the dialog ends, ``dtmf:<d>`` from SIP INFO); closing
+the transport (the engine or the bridge ended the call) sends our BYE.
+
+Admission: the source address in ``sip.allowed_ips`` or digest credentials
+(``SipUas``), then ``services.admits`` (486 at capacity, 503 while
+draining), then a free even RTP port in ``sip.rtp_port_min``–``max`` (503
+when none). Garbage datagrams, RTP from a source other than the latched
+peer, and SIP messages that cannot be answered are dropped and counted
+(``dropped``), logged at debug level; no call but the addressed one is ever
+touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import secrets
+import time
+from collections import Counter, deque
+from collections.abc import Coroutine
+from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self, cast
+
+from callbridge.bridge.carriers import Carrier
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.providers.sip import PROVIDER, SipRtpCodec
+from callbridge.bridge.services import BridgeServices
+from callbridge.logging import get_logger
+from callbridge.sip import rtcp
+from callbridge.sip.dialog import (
+    CallConfirmed,
+    CallEnded,
+    CallOffered,
+    DialogState,
+    Dropped,
+    DtmfInfo,
+    MediaChanged,
+    SipUas,
+    UasConfig,
+)
+from callbridge.sip.message import SipParseError, split_stream
+from callbridge.sip.rtp import Latch
+
+__all__ = ["CARRIER", "RtpTransport", "SipListener"]
+
+log = get_logger(__name__)
+
+_MAX_QUEUED: Final = 500
+"""Datagrams one call may have waiting (10 s of 20 ms packets); beyond: dropped and counted."""
+_CADENCE_S: Final = 0.02
+_SHUTDOWN_WAIT_S: Final = 5.0
+_FINISHED_KEPT: Final = 256
+_TCP_READ_BYTES: Final = 64 * 1024
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class RtpTransport(asyncio.DatagramProtocol):
+    """One call's RTP socket as a ``CarrierTransport`` (see the module docstring). Between the agent's
+    utterances it keeps the 20 ms cadence with silence."""
+
+    def __init__(self, listener: SipListener, call_id: str, codec: SipRtpCodec, sip_peer_host: str) -> None:
+        self.listener = listener
+        self.call_id = call_id
+        self.codec = codec
+        signalled = (codec.choice.remote_host, codec.choice.remote_port)
+        self.latch = Latch(signalled, frozenset({signalled[0], sip_peer_host}))
+        self.queue: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self.transport: asyncio.DatagramTransport | None = None
+        self.closed = False
+        self.overflow = 0
+        self.send_errors = 0
+        self._last_sent_s = 0.0
+        self._cadence: asyncio.Task[None] | None = None
+        self._rtcp_task: asyncio.Task[None] | None = None
+        self.rtcp = _RtcpProtocol()
+        self.cname = f"callbridge-{secrets.token_hex(4)}@{listener.address}"
+
+    # DatagramProtocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if self.closed:
+            return
+        if not self.latch.admit((str(addr[0]), int(addr[1]))):
+            self.listener.dropped["rtp_unexpected_source"] += 1
+            return
+        if self.queue.qsize() >= _MAX_QUEUED:
+            self.overflow += 1
+            return
+        self.queue.put_nowait(data)
+
+    def error_received(self, exc: Exception) -> None:
+        self.send_errors += 1  # ICMP port unreachable and the like: the peer's problem, not the call's end
+
+    # CarrierTransport
+    async def receive(self) -> str | bytes | None:
+        if self.closed and self.queue.empty():
+            return None
+        return await self.queue.get()
+
+    async def send(self, message: str | bytes) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionError("RTP socket closed")
+        if isinstance(message, str):
+            raise TypeError("RTP carries bytes only")
+        self.transport.sendto(message, self.latch.peer)
+        self._last_sent_s = asyncio.get_running_loop().time()
+
+    async def close(self, code: int = 1000) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.listener.call_closed(self.call_id)
+        for task in (self._cadence, self._rtcp_task):
+            if task is not None:
+                task.cancel()
+        self.rtcp.send(rtcp.bye(self.codec.sender.ssrc, self.cname), self._rtcp_peer())
+        self.rtcp.close()
+        if self.transport is not None:
+            self.transport.close()
+        self.queue.put_nowait(None)
+
+    # the SIP layer
+    def start(self) -> None:
+        self.queue.put_nowait("start")
+        self._cadence = asyncio.create_task(self._keep_cadence())
+        self._rtcp_task = asyncio.create_task(self._report())
+
+    def signal(self, message: str) -> None:
+        if not self.closed:
+            self.queue.put_nowait(message)
+
+    async def _keep_cadence(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.closed:
+            await asyncio.sleep(_CADENCE_S)
+            if self.transport is None or loop.time() - self._last_sent_s < 1.5 * _CADENCE_S:
+                continue
+            packet = self.codec.silence()
+            if packet is not None:
+                self.transport.sendto(packet, self.latch.peer)
+                self._last_sent_s = loop.time()
+
+
+    def _rtcp_peer(self) -> tuple[str, int]:
+        """Where our RTCP goes: where the peer's comes from, else its RTP port + 1 (RFC 3550 §11)."""
+        host, port = self.latch.peer
+        return self.rtcp.source or (host, port + 1)
+
+    async def _report(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(rtcp.next_interval_ms() / 1000)
+            sender = self.codec.sender
+            packet = rtcp.report(
+                sender.ssrc,
+                self.cname,
+                unix_time_s=time.time(),
+                rtp_timestamp=sender.timestamp,
+                packets_sent=sender.packets_sent,
+                octets_sent=sender.octets_sent,
+                sending=self.codec.sending,
+                received=self.codec.reception(),
+            )
+            self.rtcp.send(packet, self._rtcp_peer())
+
+
+class _RtcpProtocol(asyncio.DatagramProtocol):
+    """A call's RTCP socket (RTP port + 1): sends our reports, counts the peer's."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.source: tuple[str, int] | None = None
+        self.received = 0
+        self.malformed = 0
+        self.sent = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        try:
+            rtcp.parse_rtcp(data)
+        except rtcp.RtcpError:
+            self.malformed += 1
+            return
+        self.received += 1
+        if self.source is None:
+            self.source = (str(addr[0]), int(addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # nobody listens on the peer's RTCP port: many trunks ignore RTCP
+
+    def send(self, packet: bytes, address: tuple[str, int]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.sendto(packet, address)
+            self.sent += 1
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass(slots=True)
+class _Call:
+    transport: RtpTransport
+    task: asyncio.Task[None] | None = None
+
+
+class _SipProtocol(asyncio.DatagramProtocol):
+    def __init__(self, listener: SipListener) -> None:
+        self.listener = listener
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.listener.datagram_received(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        self.listener.dropped["send_error"] += 1
+
+
+class SipListener(AbstractAsyncContextManager["SipListener"]):
+    """The SIP UDP listener for the life of the app (nothing when ``sip.enabled`` is off)."""
+
+    def __init__(self, services: BridgeServices) -> None:
+        self.services = services
+        self.settings = services.settings.sip
+        settings = self.settings
+        self.address = settings.public_address or settings.host
+        self.uas = SipUas(
+            UasConfig(
+                host=self.address,
+                port=settings.port,
+                allowed_networks=tuple(ipaddress.ip_network(s, strict=False) for s in settings.allowed_ips),
+                username=settings.username,
+                password=settings.password.get_secret_value() if settings.password is not None else None,
+                realm=settings.realm,
+            )
+        )
+        self.calls: dict[str, _Call] = {}
+        self.finished: deque[tuple[str, SipRtpCodec, RtpTransport]] = deque(maxlen=_FINISHED_KEPT)
+        """The last calls served (call id, codec, transport): their counters, for metrics and tests."""
+        self.dropped: Counter[str] = Counter()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._tcp: asyncio.Server | None = None
+        self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def port(self) -> int | None:
+        if self._transport is None:
+            return None
+        port: int = self._transport.get_extra_info("sockname")[1]
+        return port
+
+    async def __aenter__(self) -> Self:
+        if not self.settings.enabled:
+            log.info("carrier_not_configured", provider=PROVIDER, detail="sip.enabled is false: no SIP listener")
+            return self
+        loop = asyncio.get_running_loop()
+        self._transport, _ = await loop.create_datagram_endpoint(
+            lambda: _SipProtocol(self), local_addr=(self.settings.host, self.settings.port)
+        )
+        self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
+        self._timer = asyncio.create_task(self._run_timers())
+        self.services.carrier_state[PROVIDER] = self
+        log.info("sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp", allowed_ips=self.settings.allowed_ips)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._transport is None:
+            return
+        for call in list(self.calls.values()):
+            await call.transport.close()  # our BYE; the driver closes the engine session
+        tasks = {c.task for c in self.calls.values() if c.task is not None} | self._tasks
+        if tasks:
+            await asyncio.wait(tasks, timeout=_SHUTDOWN_WAIT_S)
+        for task in tasks:
+            task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._timer
+        self._transport.close()
+        self._transport = None
+        if self._tcp is not None:
+            self._tcp.close()
+            for writer in list(self._tcp_writers.values()):
+                writer.close()
+            with suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._tcp.wait_closed()
+            self._tcp = None
+        log.info("sip_stopped", dropped=dict(self.dropped))
+
+    # ------------------------------------------------------------------ SIP
+
+    def datagram_received(self, data: bytes, source: tuple[str, int]) -> None:
+        self.uas.receive_datagram(data, source, _now_ms())
+        self._drain()
+
+    def _drain(self, *, wake_timer: bool = True) -> None:
+        """Send what the UAS produced and act on its events; the timer task then sees the new deadline."""
+        transport = self._transport
+        for out in self.uas.datagrams_to_send():
+            if out.transport == "TCP":
+                writer = self._tcp_writers.get(out.address)
+                if writer is None or writer.is_closing():
+                    self.dropped["tcp_connection_gone"] += 1
+                else:
+                    writer.write(out.data)
+            elif transport is not None:
+                transport.sendto(out.data, out.address)
+        for event in self.uas.events():
+            match event:
+                case CallOffered():
+                    self._spawn(self._offer(event))
+                case CallEnded(call_id, reason):
+                    call = self.calls.get(call_id)
+                    log.info("sip_call_ended", provider=PROVIDER, call_id=call_id, reason=reason)
+                    if call is not None and reason != "hung_up":
+                        call.transport.signal("bye")
+                case MediaChanged(call_id, choice):
+                    call = self.calls.get(call_id)
+                    if call is not None:
+                        call.transport.codec.update(choice)
+                        call.transport.latch.reoffer((choice.remote_host, choice.remote_port))
+                        log.info("sip_media_changed", provider=PROVIDER, call_id=call_id, direction=choice.direction.value)
+                case DtmfInfo(call_id, digit):
+                    call = self.calls.get(call_id)
+                    if call is not None:
+                        call.transport.signal(f"dtmf:{digit}")
+                case Dropped(reason, source):
+                    self.dropped[reason] += 1
+                    log.debug("sip_dropped", provider=PROVIDER, reason=reason, peer=source[0])
+                case CallConfirmed():
+                    pass
+        if wake_timer:
+            self._wake.set()
+
+    async def _tcp_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection: messages cut from the stream go to the UAS; its responses come back on it."""
+        peer = writer.get_extra_info("peername")
+        address = (str(peer[0]), int(peer[1]))
+        self._tcp_writers[address] = writer
+        buffer = b""
+        try:
+            while True:
+                try:
+                    chunk = await reader.read(_TCP_READ_BYTES)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                try:
+                    messages, buffer = split_stream(buffer + chunk)
+                except SipParseError as exc:  # the stream cannot be re-synchronised: only this connection ends
+                    self.dropped[f"tcp_malformed:{exc.reason.value}"] += 1
+                    log.info("sip_tcp_closed", provider=PROVIDER, peer=address[0], reason=exc.reason.value)
+                    break
+                for message in messages:
+                    self.uas.receive_datagram(message, address, _now_ms(), transport="TCP")
+                    self._drain()
+        finally:
+            if self._tcp_writers.get(address) is writer:
+                del self._tcp_writers[address]
+            writer.close()
+
+    async def _run_timers(self) -> None:
+        while True:
+            deadline = self.uas.next_deadline_ms()
+            timeout = None if deadline is None else max(0.0, (deadline - _now_ms()) / 1000)
+            with suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            self._wake.clear()
+            self.uas.tick(_now_ms())
+            self._drain(wake_timer=False)
+
+    # ---------------------------------------------------------------- calls
+
+    async def _offer(self, offer: CallOffered) -> None:
+        call_id = offer.call_id
+        if not await self.services.admits(call_id):
+            draining = self.services.draining
+            self._refuse("draining" if draining else "capacity", call_id, offer.source[0])
+            self.uas.reject(call_id, 503 if draining else 486, _now_ms())
+            self._drain()
+            return
+        if self.settings.answer_delay_ms:
+            self.uas.ring(call_id, _now_ms())
+            self._drain()
+            await asyncio.sleep(self.settings.answer_delay_ms / 1000)
+            dialog = self.uas.dialogs.get(call_id)
+            if dialog is None or dialog.state is not DialogState.OFFERED:  # cancelled while ringing
+                return
+        codec = SipRtpCodec(call_id, offer.choice, caller=offer.caller, callee=offer.callee)
+        transport = RtpTransport(self, call_id, codec, offer.source[0])
+        port = await self._bind_rtp(transport)
+        dialog = self.uas.dialogs.get(call_id)
+        if dialog is None or dialog.state is not DialogState.OFFERED:  # cancelled meanwhile
+            if transport.transport is not None:
+                transport.transport.close()
+            transport.rtcp.close()
+            return
+        if port is None:
+            self._refuse("no_rtp_port", call_id, offer.source[0])
+            self.uas.reject(call_id, 503, _now_ms())
+            self._drain()
+            return
+        call = _Call(transport)
+        self.calls[call_id] = call
+        self.uas.accept(call_id, self.address, port, _now_ms())
+        self._drain()
+        log.info("sip_call_answered", provider=PROVIDER, call_id=call_id, peer=offer.source[0], rtp_port=port,
+                 codec=offer.choice.encoding.value, remote_rtp=f"{offer.choice.remote_host}:{offer.choice.remote_port}")
+        transport.start()
+        call.task = asyncio.current_task()
+        try:
+            await MediaStreamDriver(transport, codec, self.services, check_token=False).run()
+        finally:
+            await transport.close()
+            if self.calls.get(call_id) is call:
+                del self.calls[call_id]
+            self.finished.append((call_id, codec, transport))
+            for reason, count in (("rtp_malformed", codec.malformed), ("rtp_late", codec.jitter.late), ("rtp_overflow", transport.overflow)):
+                if count:
+                    self.dropped[reason] += count
+
+    async def _bind_rtp(self, transport: RtpTransport) -> int | None:
+        """Bind ``transport`` to a free even port of the range and its RTCP to the next (a random start spreads
+        the calls)."""
+        low, high = self.settings.rtp_port_min + (self.settings.rtp_port_min % 2), self.settings.rtp_port_max - 1
+        ports = list(range(low, high + 1, 2))
+        start = secrets.randbelow(len(ports))
+        loop = asyncio.get_running_loop()
+        for port in ports[start:] + ports[:start]:
+            try:
+                rtp_socket, _ = await loop.create_datagram_endpoint(lambda: transport, local_addr=(self.settings.host, port))
+            except OSError:
+                continue
+            try:
+                await loop.create_datagram_endpoint(lambda: transport.rtcp, local_addr=(self.settings.host, port + 1))
+            except OSError:
+                rtp_socket.close()
+                continue
+            return port
+        return None
+
+    def call_closed(self, call_id: str) -> None:
+        """The call's transport closed (the engine or the bridge ended it): BYE unless the dialog is over."""
+        self.uas.hang_up(call_id, _now_ms())
+        self._drain()
+
+    def _refuse(self, reason: str, call_id: str, peer: str) -> None:
+        self.services.metrics.stream_refused.labels(PROVIDER, reason).inc()
+        log.warning("stream_refused", provider=PROVIDER, reason=reason, call_id=call_id, peer=peer)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+CARRIER = Carrier(name=PROVIDER, listener=SipListener)

@@ -1,0 +1,101 @@
+"""``callbridge serve --workers N``: N bridge processes on one listening socket, on one host.
+
+The supervisor binds ``server.host``:``server.port`` once and starts N workers (``multiprocessing`` spawn),
+each a whole bridge (``callbridge.cli.serve_bridge``: its app, engine client and Redis client) accepting
+on the inherited socket; the kernel spreads connections among them. A call's webhook, its media socket
+and a later stream may each land on a different worker, so workers share call state in Redis (the CLI
+refuses ``workers > 1`` without it).
+
+Signals: the workers run in their own process group, so a terminal's Ctrl+C reaches only the supervisor.
+The supervisor forwards SIGTERM/SIGINT to every worker once per signal it gets: the first drains each
+worker (``BridgeServices.drain``), a second stops them at once. A worker that dies while the supervisor is
+not stopping is replaced. Exit 0 when every worker exited 0.
+
+Each worker serves its own ``/metrics`` and ``/readyz``: scrape workers through a load balancer only for
+liveness; for per-process metrics run one process per container and scale containers instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from callbridge.config import Settings
+from callbridge.logging import configure_logging, get_logger
+
+__all__ = ["serve_workers"]
+
+log = get_logger(__name__)
+
+_POLL_S = 0.2
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _worker(settings_data: dict[str, Any], sock: socket.socket) -> None:
+    """A worker's main: its own process group (terminal signals go to the supervisor), then one bridge."""
+    import sys
+
+    from callbridge.cli import serve_bridge
+
+    os.setpgrp()
+    settings = Settings.model_validate(settings_data)
+    sys.exit(serve_bridge(settings, sockets=[sock]))
+
+
+def serve_workers(settings: Settings) -> int:
+    """Run ``server.workers`` bridge processes until SIGTERM/SIGINT; the exit code of the command."""
+    configure_logging(settings.log)
+    count = settings.server.workers
+    sock = _bind(settings.server.host, settings.server.port)
+    context = multiprocessing.get_context("spawn")
+    settings_data = settings.model_dump()
+    workers: list[BaseProcess] = []
+    received: list[int] = []
+    """Signals the supervisor got and has not forwarded yet (the handler only records them)."""
+
+    def start() -> BaseProcess:
+        process = context.Process(target=_worker, args=(settings_data, sock), name="callbridge-worker")
+        process.start()
+        log.info("worker_started", pid=process.pid)
+        return process
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, record)
+    log.info("workers_starting", workers=count, host=settings.server.host, port=settings.server.port)
+    workers.extend(start() for _ in range(count))
+    stopping = False
+    while not (stopping and all(process.exitcode is not None for process in workers)):
+        time.sleep(_POLL_S)
+        while received:
+            forwarded = received.pop(0)
+            stopping = True
+            for process in workers:
+                if process.pid is not None and process.exitcode is None:
+                    os.kill(process.pid, forwarded)
+        if not stopping:
+            for index, process in enumerate(workers):
+                if process.exitcode is not None:
+                    log.warning("worker_died", pid=process.pid, exit_code=process.exitcode)
+                    workers[index] = start()
+    sock.close()
+    exit_codes = [process.exitcode for process in workers]
+    log.info("workers_stopped", exit_codes=exit_codes)
+    return 0 if all(code == 0 for code in exit_codes) else 1

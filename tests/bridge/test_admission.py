@@ -1,0 +1,45 @@
+"""Admission control, for every carrier: past ``server.max_calls`` a new call gets the carrier's clean refusal
+(Twilio/SignalWire ``<Reject reason="busy"/>``, Plivo ``<Hangup reason="busy"/>``, Telnyx rejected busy, an
+empty NCCO from Vonage, a refused media upgrade for Exotel, a closed connection for AudioSocket) and never a
+stream, while the call already up carries on — and its own stream, coming back after a drop, is still let in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.carriers import SIMULATED
+from callbridge.sim.runner import running_bridge
+from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+
+CARRIERS = sorted(SIMULATED)
+
+
+@pytest.mark.parametrize("provider", CARRIERS)
+async def test_past_max_calls_a_new_call_is_refused_and_the_running_one_carries_on(provider: str) -> None:
+    recorder = engine()
+    async with running_bridge(settings(server={"max_calls": 1}), recorder, provider=provider) as bridge:
+        sim = bridge.carrier
+        drops = (2500,) if sim.can_reconnect else ()
+        first = asyncio.create_task(
+            sim.place_call(CallerScript(utterances=((300, short_speech(1000)), (3200, short_speech(1000))), drop_stream_at_ms=drops, hangup_at_ms=6000))
+        )
+        await until(lambda: recorder.session_count == 1, timeout_s=5)
+        late = await sim.place_call(CallerScript(utterances=((200, short_speech(500)),), hangup_at_ms=1500))
+        result = await first
+        await until(lambda: recorder.session_count == 0, timeout_s=6)
+    assert late.agent_speech_ms == 0, late.render()
+    if provider == "audiosocket":  # its refusal is the connection closed at once, before any audio; the dialplan gives up
+        assert all("closed_by_bridge" in e.what or "started on call" in e.what for e in late.timeline[:-1]), late.render()
+        assert "dialplan hangs up" in late.timeline[-1].what
+    else:
+        assert late.streams == [], late.render()
+    assert len(recorder.opened) == 1  # the refused call never reached the engine
+    assert result.warnings == [] and result.hung_up_by == "caller", result.render()
+    assert len(result.streams) == 1 + len(drops), result.render()  # its own stream came back past the limit
+    assert result.agent_speech_ms > 1000, result.render()
+    if drops:  # (AudioSocket also resumes it once more, to close it when no stream comes back)
+        assert recorder.resumed and set(recorder.resumed) == set(recorder.opened)

@@ -1,0 +1,282 @@
+"""A fleet on one host, all real processes over loopback: two ``callbridge serve`` bridges sharing a real
+``redis-server`` registry, one ``callbridge engine-server`` (the embedded engine behind vllm-omni's duplex
+protocol, ``engine.kind = "realtime"``) that both bridges use, and a simulated Twilio (and Exotel) in the test
+process whose load balancer is ``SimulatedCarrier.route``.
+
+Proved here: a call whose media stream reconnects to the other bridge process resumes the same engine
+session there (the registry carries the ticket); SIGTERM drains a bridge — ``/readyz`` 503 at once, new
+calls refused, a running Twilio call moved to the other process on the same engine session, a running Exotel
+call (its carrier cannot reconnect) served to its end — and the process exits 0 with no engine session left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from twilio.request_validator import RequestValidator
+
+from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
+from callbridge.sim.exotel import SimulatedExotel
+from callbridge.sim.runner import free_port
+from callbridge.sim.twilio import SimulatedTwilio, answer_and_stream
+from tests.bridge.twilio_e2e import short_speech, until
+from tests.conftest import wait_http_ok
+from tests.redis_server import redis_url
+
+__all__ = ["redis_url"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "fleet-secret-0123456789abcdef"
+
+
+@dataclass
+class Process:
+    """One ``python -m callbridge …`` child, logging JSON lines to ``log_path``."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if entry.get("event") == event and all(entry.get(k) == v for k, v in fields.items()):
+                found.append(entry)
+        return found
+
+    async def metric(self, name: str, **labels: str) -> float:
+        text = (await _get(self.url + "/metrics")).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                    return float(sample.value)
+        return 0.0
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _spawn(name: str, args: list[str], config: Path, port: int, tmp: Path, health: str) -> Process:
+    log_path = tmp / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "callbridge", *args, "--config", str(config), "--port", str(port), "--log-format", "json"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    proc = Process(name, process, f"http://127.0.0.1:{port}", log_path)
+    wait_http_ok(proc.url + health, process)  # type: ignore[arg-type]
+    return proc
+
+
+@dataclass
+class Fleet:
+    engine: Process
+    a: Process
+    b: Process
+    twilio: SimulatedTwilio
+    exotel: SimulatedExotel
+    spawn: Callable[[str, list[str], int, str], Process]
+    """Start one more process on the fleet's configuration: (name, arguments, port, health path)."""
+
+    async def no_engine_session_left(self) -> bool:
+        return int((await _get(self.engine.url + "/health")).json()["sessions"]) == 0
+
+
+async def _get(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=5) as http:
+        return await http.get(url)
+
+
+async def _ready(bridge: Process, *, status_code: int = 200, active_calls: int | None = None) -> bool:
+    response = await _get(bridge.url + "/readyz")
+    return response.status_code == status_code and (active_calls is None or response.json().get("active_calls") == active_calls)
+
+
+@pytest.fixture
+async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
+    engine_port = free_port()
+    twilio = SimulatedTwilio("http://unused", SECRET)
+    rest_url = await twilio.start_rest(free_port())
+    overrides = {**SimulatedTwilio.bridge_settings(SECRET, rest_url), **SimulatedExotel.bridge_settings(SECRET, rest_url)}
+    lines = [
+        "[engine]",
+        'kind = "realtime"',
+        f'urls = ["ws://127.0.0.1:{engine_port}"]',
+        "[local_engine]",
+        'agent = "echo"',
+        "chunk_ms = 500",
+        "[registry]",
+        'backend = "redis"',
+        f'redis_url = "{redis_url}"',
+        "[server]",
+        "drain_timeout_s = 20.0",
+    ]
+    for section, values in overrides.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    config = tmp_path / "callbridge.toml"
+    config.write_text("\n".join(lines) + "\n")
+    processes: list[Process] = []
+
+    def spawn(name: str, args: list[str], port: int, health: str) -> Process:
+        proc = _spawn(name, args, config, port, tmp_path, health)
+        processes.append(proc)
+        return proc
+
+    try:
+        engine = await asyncio.to_thread(spawn, "engine", ["engine-server"], engine_port, "/health")
+        a, b = await asyncio.gather(
+            asyncio.to_thread(spawn, "bridge-a", ["serve"], free_port(), "/readyz"),
+            asyncio.to_thread(spawn, "bridge-b", ["serve"], free_port(), "/readyz"),
+        )
+        twilio.bridge_url = a.url
+        exotel = SimulatedExotel(a.url, SECRET)
+        yield Fleet(engine, a, b, twilio, exotel, spawn)
+    finally:
+        for proc in processes:
+            proc.stop()
+        await twilio.aclose()
+
+
+def _first_then(first: str, then: str) -> Any:
+    """The load balancer: the call's first stream to ``first``, every reconnect to ``then``."""
+
+    def route(reason: OpenReason) -> str:
+        return first if reason == "answer" else then
+
+    return route
+
+
+def _stream_started_at(result: CallResult, index: int) -> int:
+    starts = [e.at_ms for e in result.timeline if e.what.startswith("stream ") and " started on call " in e.what]
+    return starts[index]
+
+
+def _agent_heard_after(result: CallResult, at_ms: int) -> bool:
+    return any(e.who == "agent" and e.what.startswith("starts speaking") and e.at_ms > at_ms for e in result.timeline)
+
+
+def _same_session_resumed_on_b(fleet: Fleet, call_id: str) -> str:
+    """The session id the call was opened with on A and resumed with on B (asserted the same)."""
+    (opened,) = fleet.a.events("call_bridged", call_id=call_id)
+    (resumed,) = fleet.b.events("call_bridged", call_id=call_id)
+    assert opened["engine"] == "opened" and resumed["engine"] == "resumed"
+    assert opened["session_id"] == resumed["session_id"]
+    session_id: str = opened["session_id"]
+    assert len(fleet.engine.events("engine_session_opened", session_id=session_id)) == 1
+    assert len(fleet.engine.events("engine_session_resumed", session_id=session_id)) == 1
+    return session_id
+
+
+async def test_a_stream_that_reconnects_to_another_process_resumes_the_same_engine_session(fleet: Fleet) -> None:
+    speech = short_speech(1200)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    script = CallerScript(utterances=((300, speech), (4500, speech)), drop_stream_at_ms=(3500,), hangup_at_ms=8500)
+    result = await fleet.twilio.place_call(script)
+
+    assert result.warnings == [] and len(result.streams) == 2, result.render()
+    assert result.hung_up_by == "caller"
+    _same_session_resumed_on_b(fleet, result.call_sid)
+    assert await fleet.a.metric("callbridge_engine_sessions_total", how="opened") == 1
+    assert await fleet.b.metric("callbridge_engine_sessions_total", how="resumed") == 1
+    assert await fleet.b.metric("callbridge_engine_sessions_total", how="opened") == 0
+    assert _agent_heard_after(result, 0) and _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
+    await until(fleet.no_engine_session_left, timeout_s=10)  # B closed it on the caller's stop
+
+
+async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: Fleet) -> None:
+    speech = short_speech(1200)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    twilio_call = asyncio.create_task(
+        fleet.twilio.place_call(CallerScript(utterances=((300, speech), (5000, speech)), hangup_at_ms=9000))
+    )
+    exotel_call = asyncio.create_task(fleet.exotel.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=6500)))
+    await until(lambda: _ready(fleet.a, active_calls=2), timeout_s=10)
+    await asyncio.sleep(2.0)  # both calls mid-conversation on A
+
+    fleet.a.process.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    await until(lambda: _ready(fleet.a, status_code=503), timeout_s=2)
+    assert await _ready(fleet.b)
+
+    # no new call on A: Twilio's answer webhook gets <Reject reason="busy"/>, Exotel's media upgrade is refused
+    validator = RequestValidator(SECRET)
+    params = fleet.twilio.answer_params("CA" + "f" * 32, first=True)
+    async with httpx.AsyncClient(timeout=5) as http:
+        refused = await answer_and_stream(http, validator, fleet.a.url, params)
+        busy = await http.post(fleet.a.url + "/twilio/voice", data=params, headers={"X-Twilio-Signature": validator.compute_signature(fleet.a.url + "/twilio/voice", params)})
+    assert refused == "TwiML <Reject>: the call ends" and 'reason="busy"' in busy.text
+    late = await SimulatedExotel(fleet.a.url, SECRET).place_call(CallerScript(hangup_at_ms=500))
+    assert late.streams == [] and any("handshake failed" in e.what for e in late.timeline), late.render()
+
+    twilio_result, exotel_result = await asyncio.gather(twilio_call, exotel_call)
+    assert await asyncio.to_thread(fleet.a.process.wait, 15) == 0
+    exited_after_s = time.monotonic() - signalled
+
+    # the Twilio call moved to B on its engine session and went on there
+    assert twilio_result.warnings == [] and len(twilio_result.streams) == 2, twilio_result.render()
+    assert twilio_result.hung_up_by == "caller"
+    _same_session_resumed_on_b(fleet, twilio_result.call_sid)
+    assert any("closed the stream: following <Redirect>" in e.what for e in twilio_result.timeline)
+    assert _agent_heard_after(twilio_result, _stream_started_at(twilio_result, 1)), twilio_result.render()
+    # the Exotel call, which cannot move, ran to its end on A; A exited once it had, before the drain timeout
+    assert exotel_result.warnings == [] and len(exotel_result.streams) == 1 and exotel_result.hung_up_by == "caller"
+    assert exotel_result.agent_speech_ms > 0 and exited_after_s < 15
+    assert fleet.a.events("bridge_draining") and fleet.a.events("bridge_drained") and not fleet.a.events("drain_timeout")
+    assert len(fleet.a.events("stream_moved", call_id=twilio_result.call_sid)) == 1
+    await until(fleet.no_engine_session_left, timeout_s=10)  # nothing leaked: both calls closed theirs
+
+
+async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet: Fleet) -> None:
+    port = free_port()
+    served = await asyncio.to_thread(fleet.spawn, "workers", ["serve", "--workers", "2"], port, "/readyz")
+    speech = short_speech(800)
+    fleet.twilio.route = lambda reason: served.url
+    script = CallerScript(utterances=((300, speech), (2800, speech), (5300, speech)), drop_stream_at_ms=(2200, 4700), hangup_at_ms=7200)
+    result = await fleet.twilio.place_call(script)
+
+    assert result.warnings == [] and len(result.streams) == 3 and result.hung_up_by == "caller", result.render()
+    assert len(served.events("worker_started")) == 2 and len(served.events("bridge_started")) == 2
+    bridged = served.events("call_bridged", call_id=result.call_sid)  # whichever worker each stream reached
+    assert [entry["engine"] for entry in bridged] == ["opened", "resumed", "resumed"]
+    assert len({entry["session_id"] for entry in bridged}) == 1
+    for index in (1, 2):
+        assert _agent_heard_after(result, _stream_started_at(result, index)), result.render()
+
+    served.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.process.wait, 15) == 0
+    assert len(served.events("bridge_drained")) == 2
+    (stopped,) = served.events("workers_stopped")
+    assert stopped["exit_codes"] == [0, 0]
+    await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+def test_several_workers_need_the_redis_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    from callbridge.cli import main
+
+    assert main(["serve", "--workers", "2", "--set", "registry.backend=memory"]) == 2
+    assert 'server.workers: more than one worker needs registry.backend = "redis"' in capsys.readouterr().err

@@ -1,0 +1,200 @@
+"""The call registry and stream tokens: one body of tests, run on the in-memory backend (a fake clock) and on a
+real ``redis-server`` (real TTLs, kept short; two clients stand for two bridge processes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio as aioredis
+
+from callbridge.bridge.registry import (
+    CallRegistry,
+    MemoryCallRegistry,
+    MemoryStreamTokens,
+    StreamTokens,
+    build_registry,
+)
+from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
+from callbridge.config import ConfigError, load_settings
+from callbridge.engine.port import ResumeTicket
+from tests.redis_server import redis_url
+
+__all__ = ["redis_url"]  # the fixture, imported for pytest
+
+GRACE_MS = 300
+TOKEN_TTL_MS = 300
+TICKET = ResumeTicket("sess-1", lease_generation=3, resume_token="tok-a", last_event_seq=41, endpoint="ws://engine-2:8091/v1/realtime")
+
+
+@dataclass
+class Backend:
+    """Views of one shared store, as the processes of one bridge fleet see it."""
+
+    name: str
+    open_view: Callable[[], Awaitable[tuple[CallRegistry, StreamTokens]]]
+    advance: Callable[[int], Awaitable[None]]
+    """Let ``ms`` pass: the memory backend's fake clock, real time for Redis."""
+    views: list[tuple[CallRegistry, StreamTokens]] = field(default_factory=list)
+
+    async def view(self) -> tuple[CallRegistry, StreamTokens]:
+        opened = await self.open_view()
+        self.views.append(opened)
+        return opened
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "memory":
+        now = [1_000_000]
+
+        async def advance_clock(ms: int) -> None:
+            now[0] += ms
+
+        registry, tokens = MemoryCallRegistry(clock=lambda: now[0]), MemoryStreamTokens(ttl_ms=TOKEN_TTL_MS, clock=lambda: now[0])
+
+        async def same_process() -> tuple[CallRegistry, StreamTokens]:
+            return registry, tokens
+
+        yield Backend("memory", same_process, advance_clock)
+        return
+    url: str = request.getfixturevalue("redis_url")
+    admin = aioredis.Redis.from_url(url)
+    await admin.flushdb()
+
+    async def new_process() -> tuple[CallRegistry, StreamTokens]:
+        client = aioredis.Redis.from_url(url, decode_responses=True)
+        return RedisCallRegistry(client), RedisStreamTokens(client, ttl_ms=TOKEN_TTL_MS)
+
+    async def real_time(ms: int) -> None:
+        await asyncio.sleep(ms / 1000)
+
+    backend = Backend("redis", new_process, real_time)
+    try:
+        yield backend
+    finally:
+        for registry, _ in backend.views:
+            await registry.aclose()
+        await admin.aclose()
+
+
+# ------------------------------------------------------------------ registry
+
+
+async def test_an_unknown_call_has_no_record_no_ticket_and_no_end(backend: Backend) -> None:
+    registry, _ = await backend.view()
+    assert await registry.get("CA-unknown") is None
+    assert await registry.ended_reason("CA-unknown") is None
+    assert await registry.claim_ticket("CA-unknown") == (None, 0)
+
+
+async def test_a_detached_ticket_is_claimed_once_whole_by_any_process(backend: Backend) -> None:
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    await a.detach("CA1", TICKET, 12_340, GRACE_MS)
+    record = await b.get("CA1")
+    assert record is not None and record.ticket == TICKET and record.input_ms == 12_340 and record.ended_reason is None
+    assert await b.claim_ticket("CA1") == (TICKET, 12_340)
+    assert await a.claim_ticket("CA1") == (None, 12_340)  # taken: the timeline offset stays for the record's life
+
+
+async def test_of_concurrent_claims_exactly_one_gets_the_ticket(backend: Backend) -> None:
+    views = [(await backend.view())[0] for _ in range(4)]
+    await views[0].detach("CA2", TICKET, 500, GRACE_MS)
+    claims = await asyncio.gather(*(views[i % 4].claim_ticket("CA2") for i in range(20)))
+    assert [ticket for ticket, _ in claims].count(TICKET) == 1
+    assert all(ticket is None for ticket, _ in claims if ticket != TICKET)
+
+
+async def test_a_claim_for_an_expected_ticket_leaves_a_newer_one_alone(backend: Backend) -> None:
+    registry, _ = await backend.view()
+    newer = ResumeTicket("sess-1", lease_generation=4, resume_token="tok-b", last_event_seq=57, endpoint=TICKET.endpoint)
+    await registry.detach("CA3", newer, 900, GRACE_MS)
+    assert await registry.claim_ticket("CA3", TICKET) == (None, 900)
+    assert await registry.claim_ticket("CA3", newer) == (newer, 900)
+
+
+async def test_a_detached_call_expires_with_the_grace(backend: Backend) -> None:
+    registry, _ = await backend.view()
+    await registry.detach("CA4", TICKET, 100, GRACE_MS)
+    await backend.advance(GRACE_MS // 3)
+    assert await registry.get("CA4") is not None
+    await backend.advance(GRACE_MS)
+    assert await registry.get("CA4") is None
+    assert await registry.claim_ticket("CA4") == (None, 0)
+
+
+async def test_an_ended_call_drops_its_ticket_and_is_remembered_for_keep_ms(backend: Backend) -> None:
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    await a.detach("CA5", TICKET, 100, GRACE_MS)
+    await b.mark_ended("CA5", "caller_hung_up", keep_ms=GRACE_MS)
+    assert await a.ended_reason("CA5") == "caller_hung_up"
+    assert await a.claim_ticket("CA5") == (None, 100)
+    await backend.advance(GRACE_MS + GRACE_MS // 3)
+    assert await a.ended_reason("CA5") is None and await a.get("CA5") is None
+
+
+async def test_a_detach_after_the_end_keeps_the_end(backend: Backend) -> None:
+    registry, _ = await backend.view()
+    await registry.mark_ended("CA6", "engine_unavailable:capacity")
+    await registry.detach("CA6", TICKET, 0, GRACE_MS)
+    assert await registry.ended_reason("CA6") == "engine_unavailable:capacity"
+
+
+# -------------------------------------------------------------------- tokens
+
+
+async def test_a_token_lets_one_stream_in_for_its_call_only(backend: Backend) -> None:
+    _, a = await backend.view()
+    _, b = await backend.view()
+    token = await a.mint("CA7")
+    assert token and token != await a.mint("CA7")
+    assert await b.consume(token, "CA7")  # minted by one process, consumed by another
+    assert not await a.consume(token, "CA7")  # single use
+    other = await a.mint("CA8")
+    assert not await b.consume(other, "CA7")  # minted for another call: refused, and spent
+    assert not await b.consume(other, "CA8")
+    assert not await b.consume(None, "CA7") and not await b.consume("", "CA7") and not await b.consume("forged", "CA7")
+
+
+async def test_of_concurrent_consumers_one_gets_in(backend: Backend) -> None:
+    views = [(await backend.view())[1] for _ in range(3)]
+    token = await views[0].mint("CA9")
+    results = await asyncio.gather(*(views[i % 3].consume(token, "CA9") for i in range(12)))
+    assert results.count(True) == 1
+
+
+async def test_a_token_expires(backend: Backend) -> None:
+    _, tokens = await backend.view()
+    token = await tokens.mint("CA10")
+    await backend.advance(TOKEN_TTL_MS + TOKEN_TTL_MS // 3)
+    assert not await tokens.consume(token, "CA10")
+
+
+# -------------------------------------------------------------- selection
+
+
+def test_memory_is_the_default_backend() -> None:
+    registry, tokens = build_registry(load_settings(None, {}))
+    assert isinstance(registry, MemoryCallRegistry) and isinstance(tokens, MemoryStreamTokens)
+
+
+async def test_registry_backend_redis_shares_one_connection_pool(redis_url: str) -> None:
+    settings = load_settings(None, {"registry": {"backend": "redis", "redis_url": redis_url}})
+    registry, tokens = build_registry(settings)
+    try:
+        assert isinstance(registry, RedisCallRegistry) and isinstance(tokens, RedisStreamTokens)
+        token = await tokens.mint("CA11")
+        await registry.mark_ended("CA11", "done")
+        assert await tokens.consume(token, "CA11") and await registry.ended_reason("CA11") == "done"
+    finally:
+        await registry.aclose()
+
+
+def test_redis_without_a_url_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, {"registry": {"backend": "redis"}})
+    assert any(problem.key.startswith("registry") for problem in caught.value.problems)

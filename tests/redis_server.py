@@ -1,0 +1,52 @@
+"""A real ``redis-server`` (Debian's package; ``.ci/run`` installs it) on a free loopback port, for the tests
+of the shared call registry. No persistence: each test session gets an empty server, gone when it stops."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from callbridge.sim.runner import free_port
+
+__all__ = ["redis_url"]
+
+
+def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"redis-server exited with {process.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.02)
+    raise AssertionError(f"redis-server not listening on {port} within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """``redis://127.0.0.1:<port>/0`` of a ``redis-server`` this fixture started (and stops)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; CI installs it)")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_listening(port, process)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,88 @@
+"""A call from a real SIP phone: baresip (Debian ``baresip-core``) dials the bridge with a WAV file as its
+microphone (``aufile``) and records what it hears (``sndfile``); the echo agent's reply must be in the recording.
+baresip also advertises an address in its SDP that is not where its RTP comes from: symmetric RTP must cope."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from callbridge.engine.commands import AppendAudio
+from callbridge.sim.ports import free_port
+from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
+from tests.bridge.twilio_e2e import engine, settings, until
+from tests.sip.test_sipp_e2e import listener
+
+pytestmark = pytest.mark.skipif(shutil.which("baresip") is None, reason="baresip (Debian package baresip-core) is not installed")
+
+SPEECH_S = 3.69
+"""The bundled caller utterance; followed by silence so the phone stays on the line for the reply."""
+
+
+def configure(directory: Path, caller_wav: Path) -> Path:
+    config = directory / "cfg"
+    config.mkdir()
+    (directory / "snd").mkdir()
+    lines = [
+        "poll_method epoll",
+        f"sip_listen 127.0.0.1:{free_port()}",
+        "audio_player alsa,null",  # ALSA's null device: nothing to play to, the sndfile filter records
+        "audio_alert alsa,null",
+        f"audio_source aufile,{caller_wav}",
+        "module_path /usr/lib/baresip/modules",
+        *(f"module {name}.so" for name in ("g711", "aufile", "alsa", "sndfile", "menu", "account")),
+        f"snd_path {directory / 'snd'}",
+    ]
+    (config / "config").write_text("\n".join(lines) + "\n")
+    (config / "accounts").write_text("<sip:caller@127.0.0.1>;regint=0\n")
+    return config
+
+
+def loud_ms(path: Path) -> int:
+    """How much of a recording is not silence (20 ms frames above an RMS of 300)."""
+    with wave.open(str(path)) as recording:
+        samples = np.frombuffer(recording.readframes(recording.getnframes()), dtype="<i2").astype(np.float64)
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160)
+    return int((np.sqrt((frames**2).mean(axis=1)) > 300).sum()) * 20
+
+
+async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
+    caller_wav = tmp_path / "caller.wav"
+    with wave.open(str(caller_wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(8000)
+        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+    config = configure(tmp_path, caller_wav)
+    recorder = engine()
+    sip_settings = settings(sip={"enabled": True, "port": free_port(), "rtp_port_min": 20000, "rtp_port_max": 29999})
+    async with running_bridge(sip_settings, recorder, provider="twilio") as bridge:
+        uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.port}"
+        phone = await asyncio.create_subprocess_exec(
+            "baresip", "-f", str(config), "-e", f"/dial {uri}", "-t", "15",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(phone.communicate(), 40)  # it hangs up at the end of its WAV file
+        except TimeoutError:
+            phone.kill()
+            await phone.wait()
+            raise
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, transport = sip.finished[0]
+    log = output.decode(errors="replace")
+    assert "Call established" in log, log[-2000:]
+    (session_id,) = recorder.opened
+    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
+    heard_s = sum(len(c.pcm) for c in appended) / (2 * appended[0].rate_hz)
+    assert heard_s > SPEECH_S, heard_s  # the caller's whole utterance reached the engine
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")  # what the phone heard
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the echo of a 3.7 s utterance
+    assert transport.latch.latched is not None and transport.latch.latched[0] == "127.0.0.1"  # sent where its RTP came from
+    assert codec.jitter.late == 0 and codec.malformed == 0

@@ -1,0 +1,306 @@
+"""The SIP UAS state machine under a fake clock: transactions, dialogs, retransmissions, admission."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+
+from callbridge.sip.dialog import (
+    T1_MS,
+    T2_MS,
+    TIMEOUT_MS,
+    CallConfirmed,
+    CallEnded,
+    CallOffered,
+    DialogState,
+    Dropped,
+    DtmfInfo,
+    MediaChanged,
+    SipUas,
+    UasConfig,
+)
+from callbridge.sip.message import SipRequest, SipResponse, header_param, parse_message
+from callbridge.sip.sdp import Direction
+
+PEER = ("10.0.0.1", 5070)
+SDP = "v=0\r\no=- 1 1 IN IP4 10.0.0.1\r\ns=-\r\nc=IN IP4 10.0.0.1\r\nt=0 0\r\nm=audio 30000 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\n"
+LOCAL = ipaddress.ip_network("10.0.0.0/8")
+
+
+def uas(**config: object) -> SipUas:
+    options: dict[str, object] = {"host": "127.0.0.1", "port": 5060, "allowed_networks": (LOCAL,)}
+    options.update(config)
+    return SipUas(UasConfig(**options))  # type: ignore[arg-type]
+
+
+def request(
+    method: str,
+    *,
+    call_id: str = "c1",
+    cseq: int = 1,
+    branch: str = "z9hG4bKinv",
+    to_tag: str | None = None,
+    body: str = "",
+    headers: tuple[tuple[str, str], ...] = (),
+    cseq_method: str | None = None,
+) -> bytes:
+    to = "<sip:agent@127.0.0.1>" + (f";tag={to_tag}" if to_tag else "")
+    lines = [
+        f"{method} sip:agent@127.0.0.1 SIP/2.0",
+        f"Via: SIP/2.0/UDP 10.0.0.1:5070;branch={branch};rport",
+        "From: <sip:alice@10.0.0.1>;tag=alice",
+        f"To: {to}",
+        f"Call-ID: {call_id}",
+        f"CSeq: {cseq} {cseq_method or method}",
+        "Contact: <sip:alice@10.0.0.1:5070>",
+        "Record-Route: <sip:proxy.example;lr>",
+    ]
+    lines += [f"{k}: {v}" for k, v in headers]
+    if body:
+        lines.append("Content-Type: application/sdp")
+    lines.append(f"Content-Length: {len(body.encode())}")
+    return ("\r\n".join(lines) + "\r\n\r\n" + body).encode()
+
+
+def responses(core: SipUas) -> list[SipResponse]:
+    out = []
+    for datagram in core.datagrams_to_send():
+        message = parse_message(datagram.data)
+        assert isinstance(message, SipResponse)
+        assert datagram.address == PEER  # rport: back to the source
+        out.append(message)
+    return out
+
+
+def statuses(core: SipUas) -> list[int]:
+    return [r.status for r in responses(core)]
+
+
+def answered(core: SipUas, now_ms: int = 0) -> str:
+    """INVITE → 100, offered, accepted → 200; the local tag."""
+    core.receive_datagram(request("INVITE", body=SDP), PEER, now_ms)
+    assert statuses(core) == [100]
+    (offered,) = core.events()
+    assert isinstance(offered, CallOffered) and offered.choice.payload_type == 0 and offered.choice.dtmf_payload_type == 101
+    core.accept("c1", "127.0.0.1", 40000, now_ms)
+    (ok,) = responses(core)
+    assert ok.status == 200
+    tag = header_param(ok.header("To") or "", "tag")
+    assert tag
+    return tag
+
+
+def test_invite_answer_ack_bye() -> None:
+    core = uas()
+    core.receive_datagram(request("INVITE", body=SDP), PEER, 0)
+    (trying,) = responses(core)
+    assert trying.status == 100 and header_param(trying.header("To") or "", "tag") is None
+    assert "received" not in (trying.header("Via") or "") and "rport=5070" in (trying.header("Via") or "")
+    core.events()
+    core.accept("c1", "127.0.0.1", 40000, 10)
+    (ok,) = responses(core)
+    assert ok.header("Contact") == "<sip:callbridge@127.0.0.1:5060>"
+    assert ok.headers_all("Record-Route") == ["<sip:proxy.example;lr>"]
+    assert ok.header("Content-Type") == "application/sdp" and b"m=audio 40000 RTP/AVP 0 101" in ok.body
+    assert ok.cseq == (1, "INVITE") and ok.call_id == "c1" and "INVITE" in (ok.header("Allow") or "")
+    tag = header_param(ok.header("To") or "", "tag")
+    core.receive_datagram(request("ACK", branch="z9hG4bKack", to_tag=tag), PEER, 100)
+    assert core.events() == [CallConfirmed("c1")] and core.datagrams_to_send() == []
+    core.receive_datagram(request("BYE", cseq=2, branch="z9hG4bKbye", to_tag=tag), PEER, 5000)
+    (bye_ok,) = responses(core)
+    assert bye_ok.status == 200 and bye_ok.cseq == (2, "BYE")
+    assert core.events() == [CallEnded("c1", "bye")]
+    core.receive_datagram(request("BYE", cseq=2, branch="z9hG4bKbye", to_tag=tag), PEER, 5100)  # retransmitted
+    assert statuses(core) == [200] and core.events() == []
+    core.receive_datagram(request("BYE", cseq=3, branch="z9hG4bKbye2", to_tag="other"), PEER, 5200)
+    assert statuses(core) == [481]
+    core.tick(5000 + TIMEOUT_MS)
+    assert "c1" not in core.dialogs
+
+
+def test_200_retransmitted_t1_doubling_to_t2_until_ack_then_bye_after_64_t1() -> None:
+    core = uas()
+    tag = answered(core)
+    sent_at = []
+    now = 0
+    while now <= TIMEOUT_MS:
+        deadline = core.next_deadline_ms()
+        assert deadline is not None
+        now = deadline
+        core.tick(now)
+        for out in core.datagrams_to_send():
+            message = parse_message(out.data)
+            if isinstance(message, SipResponse) and message.status == 200:
+                sent_at.append(now)
+            elif isinstance(message, SipRequest):
+                assert message.method == "BYE" and now == TIMEOUT_MS
+                assert message.uri == "sip:alice@10.0.0.1:5070" and message.headers_all("Route") == ["<sip:proxy.example;lr>"]
+                assert header_param(message.header("From") or "", "tag") == tag
+                sent_at.append(-1)
+                now = TIMEOUT_MS + 1
+    intervals = [b - a for a, b in zip([0, *sent_at], sent_at) if b >= 0]
+    assert intervals[:5] == [T1_MS, 2 * T1_MS, 4 * T1_MS, T2_MS, T2_MS]
+    assert sent_at[-1] == -1
+    assert core.events() == [CallEnded("c1", "no_ack")]
+    assert core.dialogs["c1"].state is DialogState.ENDING
+
+
+def test_ack_stops_retransmission() -> None:
+    core = uas()
+    tag = answered(core)
+    core.tick(T1_MS)
+    assert statuses(core) == [200]
+    core.receive_datagram(request("ACK", branch="z9hG4bKack", to_tag=tag), PEER, T1_MS + 10)
+    core.tick(10 * T1_MS)
+    assert core.datagrams_to_send() == []
+
+
+def test_invite_retransmission_gets_the_same_response() -> None:
+    core = uas()
+    core.receive_datagram(request("INVITE", body=SDP), PEER, 0)
+    core.receive_datagram(request("INVITE", body=SDP), PEER, 100)
+    assert statuses(core) == [100, 100]
+    assert len([e for e in core.events() if isinstance(e, CallOffered)]) == 1
+
+
+def test_cancel_before_answer_gives_487_and_the_ack_absorbs_it() -> None:
+    core = uas()
+    core.receive_datagram(request("INVITE", body=SDP), PEER, 0)
+    core.datagrams_to_send()
+    core.events()
+    core.receive_datagram(request("CANCEL", branch="z9hG4bKinv"), PEER, 50)
+    got = responses(core)
+    assert [(r.status, r.cseq[1]) for r in got] == [(200, "CANCEL"), (487, "INVITE")]
+    assert core.events() == [CallEnded("c1", "cancelled")]
+    core.tick(50 + T1_MS)
+    assert statuses(core) == [487]  # retransmitted until the ACK
+    core.receive_datagram(request("ACK", branch="z9hG4bKinv", cseq_method="ACK"), PEER, T1_MS + 60)
+    core.tick(10 * T1_MS)
+    assert core.datagrams_to_send() == []
+    core.receive_datagram(request("CANCEL", branch="z9hG4bKnone", call_id="c2"), PEER, 0)
+    assert statuses(core) == [481]
+
+
+def test_rejections() -> None:
+    core = uas()
+    core.receive_datagram(request("INVITE", body=SDP, headers=(("Require", "100rel, timer"),)), PEER, 0)
+    (bad_ext,) = responses(core)
+    assert bad_ext.status == 420 and bad_ext.header("Unsupported") == "100rel, timer"
+    core.receive_datagram(request("INVITE", call_id="c2", branch="z9hG4bK2", body=SDP).replace(b"application/sdp", b"text/plain"), PEER, 0)
+    (media_type,) = responses(core)
+    assert media_type.status == 415 and media_type.header("Accept") == "application/sdp"
+    core.receive_datagram(request("INVITE", call_id="c3", branch="z9hG4bK3", body=SDP.replace("0 101", "18")), PEER, 0)
+    assert statuses(core) == [488]
+    core.receive_datagram(request("INVITE", call_id="c4", branch="z9hG4bK4"), PEER, 0)  # no offer
+    assert statuses(core) == [488]
+    core.receive_datagram(request("INVITE", call_id="c5", branch="z9hG4bK5", body=SDP), ("192.0.2.1", 5070), 0)
+    (forbidden,) = core.datagrams_to_send()
+    assert parse_message(forbidden.data).status == 403 and forbidden.address == ("192.0.2.1", 5070)  # type: ignore[union-attr]
+    core.receive_datagram(request("INVITE", call_id="c6", branch="z9hG4bK6", to_tag="nope", body=SDP), PEER, 0)
+    assert statuses(core) == [481]
+    assert not [e for e in core.events() if isinstance(e, CallOffered)]
+    core.receive_datagram(request("INVITE", call_id="c7", branch="z9hG4bK7", body=SDP), PEER, 0)
+    core.datagrams_to_send()
+    core.reject("c7", 486, 0)
+    assert statuses(core) == [486]
+
+
+def test_methods_options_info_and_garbage() -> None:
+    core = uas()
+    core.receive_datagram(request("OPTIONS", call_id="o1", branch="z9hG4bKo"), ("192.0.2.9", 5070), 0)
+    (options,) = core.datagrams_to_send()
+    ok = parse_message(options.data)
+    assert isinstance(ok, SipResponse) and ok.status == 200 and "OPTIONS" in (ok.header("Allow") or "")
+    assert ok.header("Accept") == "application/sdp" and header_param(ok.header("To") or "", "tag")
+    core.receive_datagram(request("REGISTER", call_id="r1", branch="z9hG4bKr"), PEER, 0)
+    (not_allowed,) = responses(core)
+    assert not_allowed.status == 405 and not_allowed.header("Allow")
+    core.receive_datagram(request("FROBNICATE", call_id="f1", branch="z9hG4bKf"), PEER, 0)
+    assert statuses(core) == [501]
+    core.receive_datagram(request("BYE", call_id="nope", branch="z9hG4bKb"), PEER, 0)
+    assert statuses(core) == [481]
+    core.receive_datagram(request("INVITE", call_id="bad", branch="z9hG4bKbad", body=SDP).replace(b"Content-Length: ", b"Content-Length: 9"), PEER, 0)
+    (bad,) = responses(core)
+    assert bad.status == 400 and "truncated_body" in bad.reason
+    for garbage in (b"\x00\x01\x02", b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n", b"SIP/2.0 200 OK\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: z\r\nCSeq: 1 BYE\r\n\r\n"):
+        core.receive_datagram(garbage, PEER, 0)
+    assert core.datagrams_to_send() == []
+    dropped = [e for e in core.events() if isinstance(e, Dropped)]
+    assert [d.reason for d in dropped] == ["malformed:truncated_body", "malformed:no_headers_end", "malformed:bad_start_line", "stray_response"]
+    tag = answered(core)
+    core.receive_datagram(request("OPTIONS", cseq=2, branch="z9hG4bKo2", to_tag=tag), PEER, 0)
+    assert statuses(core) == [200]
+    info = request("INFO", cseq=3, branch="z9hG4bKi", to_tag=tag, body="Signal=5\r\nDuration=160\r\n").replace(b"application/sdp", b"application/dtmf-relay")
+    core.receive_datagram(info, PEER, 0)
+    assert statuses(core) == [200] and core.events() == [DtmfInfo("c1", "5")]
+
+
+def test_reinvite_hold_resume_and_refused_codec_change() -> None:
+    core = uas()
+    tag = answered(core)
+    core.receive_datagram(request("ACK", branch="z9hG4bKa1", to_tag=tag), PEER, 10)
+    core.events()
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKh", to_tag=tag, body=SDP + "a=sendonly\r\n"), PEER, 1000)
+    (hold,) = responses(core)
+    assert hold.status == 200 and b"a=recvonly" in hold.body
+    (changed,) = core.events()
+    assert isinstance(changed, MediaChanged) and changed.choice.direction is Direction.RECVONLY
+    version = next(line for line in hold.body.decode().split("\r\n") if line.startswith("o=")).split()[2]
+    core.receive_datagram(request("ACK", cseq=2, branch="z9hG4bKa2", to_tag=tag), PEER, 1010)
+    core.receive_datagram(request("INVITE", cseq=3, branch="z9hG4bKr", to_tag=tag, body=SDP), PEER, 2000)
+    (resume,) = responses(core)
+    assert b"a=sendrecv" in resume.body
+    new_version = next(line for line in resume.body.decode().split("\r\n") if line.startswith("o=")).split()[2]
+    assert int(new_version) == int(version) + 1
+    assert isinstance(core.events()[0], MediaChanged)
+    core.receive_datagram(request("ACK", cseq=3, branch="z9hG4bKa3", to_tag=tag), PEER, 2010)
+    core.receive_datagram(request("INVITE", cseq=4, branch="z9hG4bKp", to_tag=tag, body=SDP.replace("0 101", "8")), PEER, 3000)
+    assert statuses(core) == [488]  # the call's codec cannot change
+    core.receive_datagram(request("INVITE", cseq=4, branch="z9hG4bKq", to_tag=tag, body=SDP), PEER, 3000)
+    assert statuses(core) == [500]  # CSeq not above the last one
+    assert core.dialogs["c1"].state is DialogState.CONFIRMED
+
+
+def test_our_bye_retransmitted_until_answered() -> None:
+    core = uas()
+    tag = answered(core)
+    core.hang_up("c1", 10)  # before the ACK: the BYE waits for it
+    assert core.datagrams_to_send() == []
+    core.receive_datagram(request("ACK", branch="z9hG4bKa1", to_tag=tag), PEER, 20)
+    (bye,) = core.datagrams_to_send()
+    message = parse_message(bye.data)
+    assert isinstance(message, SipRequest) and message.method == "BYE" and message.cseq == (1, "BYE")
+    assert core.events() == [CallConfirmed("c1"), CallEnded("c1", "hung_up")]
+    core.tick(20 + T1_MS)
+    assert [parse_message(d.data).cseq for d in core.datagrams_to_send()] == [(1, "BYE")]
+    ok = f"SIP/2.0 200 OK\r\n{message.top_via and 'Via: ' + message.top_via}\r\nFrom: {message.header('From')}\r\nTo: {message.header('To')}\r\nCall-ID: c1\r\nCSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
+    core.receive_datagram(ok.encode(), PEER, 600)
+    assert core.dialogs["c1"].state is DialogState.ENDED
+    core.tick(5000)
+    assert core.datagrams_to_send() == []
+
+
+def test_digest_authentication() -> None:
+    core = uas(allowed_networks=(), username="trunk", password="s3cret", realm="cb")
+    stranger = ("192.0.2.1", 5070)
+    core.receive_datagram(request("INVITE", body=SDP), stranger, 0)
+    (challenge,) = core.datagrams_to_send()
+    message = parse_message(challenge.data)
+    assert isinstance(message, SipResponse) and message.status == 401
+    params = dict(p.strip().split("=", 1) for p in (message.header("WWW-Authenticate") or "").removeprefix("Digest ").split(","))
+    nonce = params["nonce"].strip('"')
+    uri = "sip:agent@127.0.0.1"
+
+    def md5(text: str) -> str:
+        return hashlib.md5(text.encode()).hexdigest()
+
+    def authorization(password: str) -> str:
+        ha1, ha2 = md5(f"trunk:cb:{password}"), md5(f"INVITE:{uri}")
+        digest = md5(f"{ha1}:{nonce}:00000001:abc:auth:{ha2}")
+        return f'Digest username="trunk", realm="cb", nonce="{nonce}", uri="{uri}", response="{digest}", qop=auth, nc=00000001, cnonce="abc"'
+
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKw", body=SDP, headers=(("Authorization", authorization("wrong")),)), stranger, 10)
+    assert parse_message(core.datagrams_to_send()[0].data).status == 401  # type: ignore[union-attr]
+    core.receive_datagram(request("INVITE", cseq=3, branch="z9hG4bKr", body=SDP, headers=(("Authorization", authorization("s3cret")),)), stranger, 20)
+    assert parse_message(core.datagrams_to_send()[0].data).status == 100  # type: ignore[union-attr]
+    assert isinstance(core.events()[0], CallOffered)

@@ -1,0 +1,207 @@
+"""RTP packets, the jitter buffer, latching, RFC 4733 DTMF, and the RTP carrier codec."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.bridge.providers.base import (
+    DtmfReceived,
+    HangUpMode,
+    MediaReceived,
+    RemoteProtocolError,
+    SendClear,
+    SendMark,
+    SendMedia,
+    StreamStarted,
+    StreamStopped,
+)
+from callbridge.bridge.providers.sip import PROFILE, SipRtpCodec
+from callbridge.codecs import AudioEncoding
+from callbridge.sip.dtmf import DtmfReceiver, dtmf_packets, event_payload
+from callbridge.sip.rtcp import (
+    ReceptionStats,
+    RtcpError,
+    bye,
+    next_interval_ms,
+    parse_rtcp,
+    report,
+)
+from callbridge.sip.rtp import (
+    JitterBuffer,
+    Latch,
+    RtpError,
+    RtpPacket,
+    RtpSender,
+    build_rtp,
+    parse_rtp,
+)
+from callbridge.sip.sdp import Direction, choose
+
+OFFER = "v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP 8 101\r\na=rtpmap:101 telephone-event/8000\r\n"
+
+
+def packet(seq: int, payload: bytes = b"\x01" * 160, *, ssrc: int = 7, pt: int = 8, ts: int | None = None, marker: bool = False) -> RtpPacket:
+    return RtpPacket(pt, seq & 0xFFFF, seq * 160 if ts is None else ts, ssrc, marker, payload)
+
+
+def test_parse_build_round_trip_and_header_fields() -> None:
+    data = build_rtp(8, 65535, 2**32 - 1, 0xDEADBEEF, b"abc", marker=True)
+    assert data[0] == 0x80 and data[1] == 0x88
+    parsed = parse_rtp(data)
+    assert (parsed.payload_type, parsed.sequence, parsed.timestamp, parsed.ssrc, parsed.marker, parsed.payload) == (
+        8, 65535, 2**32 - 1, 0xDEADBEEF, True, b"abc"
+    )
+
+
+def test_csrc_extension_and_padding_are_skipped() -> None:
+    header = bytes((0x80 | 0x20 | 0x10 | 1, 0)) + bytes(10)  # P, X, CC=1
+    data = header + b"CSRC" + b"\xbe\xde\x00\x01" + b"EXT!" + b"payload" + b"\x00\x00\x03"
+    assert parse_rtp(data).payload == b"payload"
+
+
+@pytest.mark.parametrize("data", [b"", b"\x80" * 11, b"\x40" + bytes(20), bytes((0x80, 200)) + bytes(20), bytes((0xA0,)) + bytes(11) + b"\xff"])
+def test_not_rtp(data: bytes) -> None:
+    with pytest.raises(RtpError):
+        parse_rtp(data)
+
+
+def test_sender_numbers_packets_and_marks_talk_spurts() -> None:
+    sender = RtpSender(ssrc=1, sequence=65535, timestamp=2**32 - 160)
+    first, second = parse_rtp(sender.packet(0, b"\xff" * 160, 160)), parse_rtp(sender.packet(0, b"\xff" * 240, 240))
+    assert (first.sequence, second.sequence) == (65535, 0)
+    assert (first.timestamp, second.timestamp) == (2**32 - 160, 0)
+    assert first.marker and not second.marker and first.ssrc == second.ssrc == 1
+
+
+def test_jitter_buffer_reorders_conceals_and_drops_late() -> None:
+    buffer = JitterBuffer(depth=2, silence_byte=0xD5)
+    out: list[bytes] = []
+    for seq in (1, 3, 2, 4):  # 3 before 2: re-ordered
+        out += buffer.push(packet(seq, bytes([seq]) * 160))
+    assert out == [bytes([n]) * 160 for n in (1, 2, 3, 4)]
+    out = []
+    for seq in (6, 7, 8):  # 5 lost: concealed once two later packets are in
+        out += buffer.push(packet(seq, bytes([seq]) * 160))
+    assert out == [b"\xd5" * 160, bytes([6]) * 160, bytes([7]) * 160, bytes([8]) * 160]
+    assert buffer.push(packet(5)) == [] and buffer.late == 1  # too late: dropped, counted
+    assert buffer.push(packet(9, b"\x09" * 240)) == [b"\x09" * 240]
+    assert buffer.push(packet(9)) == [] and buffer.late == 2  # a duplicate of a released packet is late too
+    assert buffer.concealed == 1
+
+
+def test_jitter_buffer_holds_until_depth_and_handles_wrap_and_new_ssrc() -> None:
+    buffer = JitterBuffer(depth=2)
+    assert buffer.push(packet(65534)) == [b"\x01" * 160]
+    assert buffer.push(packet(0)) == []  # 65535 missing: held
+    assert buffer.push(packet(1)) == [b"\xff" * 160, b"\x01" * 160, b"\x01" * 160]
+    assert buffer.push(packet(3)) == []
+    assert buffer.push(packet(500, b"\x02" * 160, ssrc=8)) == [b"\x01" * 160, b"\x02" * 160]  # the old stream drains
+
+
+def test_latch_keeps_the_first_trusted_source() -> None:
+    latch = Latch(("10.0.0.1", 4000), frozenset({"10.0.0.1", "192.0.2.1"}))
+    assert latch.peer == ("10.0.0.1", 4000)
+    assert not latch.admit(("198.51.100.9", 4000)) and latch.latched is None  # a stranger cannot latch
+    assert latch.admit(("192.0.2.1", 5555)) and latch.peer == ("192.0.2.1", 5555)  # the SIP peer, behind NAT
+    assert not latch.admit(("192.0.2.1", 5557)) and latch.unexpected_source == 2
+    assert latch.admit(("192.0.2.1", 5555))
+    latch.reoffer(("10.0.0.2", 4002))
+    assert latch.admit(("10.0.0.2", 4002)) and latch.peer == ("10.0.0.2", 4002)
+
+
+def test_dtmf_reported_once_per_event() -> None:
+    receiver = DtmfReceiver()
+    digits: list[str] = []
+    for i, duration in enumerate((0, 320, 640)):
+        digits += receiver.receive(RtpPacket(101, i, 8000, 1, i == 0, event_payload(1, end=False, duration=duration)))
+    for i in range(3):  # the end packet, three times
+        digits += receiver.receive(RtpPacket(101, 3 + i, 8000, 1, False, event_payload(1, end=True, duration=960)))
+    assert digits == ["1"]
+    # the next event lost all its end packets: reported when another event starts
+    assert receiver.receive(RtpPacket(101, 7, 16000, 1, True, event_payload(11, end=False, duration=0))) == []
+    assert receiver.receive(RtpPacket(101, 8, 24000, 1, True, event_payload(10, end=True, duration=800))) == ["#", "*"]
+    assert receiver.receive(RtpPacket(101, 9, 24000, 1, False, b"\x01")) == [] and receiver.malformed == 1
+
+
+def test_dtmf_send_follows_rfc4733() -> None:
+    sender = RtpSender(ssrc=5, sequence=10, timestamp=1000)
+    packets = [parse_rtp(p) for p in dtmf_packets(sender, 101, "5", duration_ms=100)]
+    assert all(p.timestamp == 1000 and p.payload_type == 101 for p in packets)
+    assert [p.marker for p in packets] == [True] + [False] * (len(packets) - 1)
+    ends = [p for p in packets if p.payload[1] & 0x80]
+    assert len(ends) == 3 and all(p.payload[0] == 5 and int.from_bytes(p.payload[2:4], "big") == 800 for p in ends)
+    assert [p.sequence for p in packets] == list(range(10, 10 + len(packets)))
+    assert sender.timestamp == 1800
+    receiver = DtmfReceiver()
+    assert [d for p in packets for d in receiver.receive(p)] == ["5"]
+
+
+def test_codec_profile_and_flow() -> None:
+    assert PROFILE.uses_marks is False and PROFILE.lead_ms == 20 and PROFILE.hang_up is HangUpMode.CLOSE
+    choice = choose(OFFER)
+    assert choice is not None
+    codec = SipRtpCodec("call-1", choice, caller="sip:a@b")
+    assert codec.receive_message(build_rtp(8, 1, 0, 9, b"\x00" * 240)) == []  # before start: ignored
+    events = codec.receive_message("start")
+    started = events[-1]
+    assert isinstance(started, StreamStarted) and started.encoding is AudioEncoding.PCMA and started.rate_hz == 8000
+    assert started.call_id == "call-1" and started.custom_parameters["from"] == "sip:a@b"
+    media = [codec.receive_message(build_rtp(8, seq, seq * 240, 9, bytes([seq]) * 240)) for seq in range(1, 5)]
+    assert media[0] == [MediaReceived(b"\x01" * 240)]
+    assert codec.receive_message(b"garbage") == [] and codec.malformed == 1
+    assert codec.receive_message(build_rtp(0, 9, 0, 9, b"\xff" * 160)) == [] and codec.other_payload_types == 1
+    assert codec.receive_message(build_rtp(13, 9, 0, 9, b"\x40")) == [] and codec.other_payload_types == 1  # comfort noise
+    assert codec.receive_message(build_rtp(101, 10, 0, 9, event_payload(11, end=True, duration=800))) == [DtmfReceived("#")]
+    assert codec.receive_message("dtmf:7") == [DtmfReceived("7")]
+    sent = parse_rtp(codec.send(SendMedia(b"\x55" * 160)) or b"")
+    assert sent.payload_type == 8 and sent.marker and sent.payload == b"\x55" * 160
+    assert codec.send(SendMark("m1")) is None and codec.send(SendClear()) is None
+    assert parse_rtp(codec.send(SendMedia(b"\x55" * 160)) or b"").marker  # a new talk-spurt after the clear
+    silence = parse_rtp(codec.silence() or b"")
+    assert silence.payload == b"\xd5" * 160 and silence.sequence == (sent.sequence + 2) & 0xFFFF
+    held = choose(OFFER + "a=sendonly\r\n")
+    assert held is not None and held.direction is Direction.RECVONLY
+    codec.update(held)
+    assert codec.send(SendMedia(b"\x55" * 160)) is None and codec.silence() is None  # on hold: nothing sent
+    codec.update(choice)
+    assert codec.send(SendMedia(b"\x55" * 160)) is not None
+    stop = codec.receive_message("bye")
+    assert isinstance(stop[-1], StreamStopped)
+    assert codec.receive_message(build_rtp(8, 20, 0, 9, b"\x00" * 240)) == []  # after bye: ignored
+    with pytest.raises(RemoteProtocolError):
+        codec.receive_message("start")
+
+
+def test_rtcp_reports_and_bye() -> None:
+    stats = ReceptionStats(ssrc=9, expected=100, lost=5, highest_sequence=1234)
+    sr = report(7, "cb@host", unix_time_s=1_700_000_000.5, rtp_timestamp=160, packets_sent=50, octets_sent=8000, sending=True, received=stats)
+    assert parse_rtcp(sr) == [200, 202]
+    assert sr[0] == 0x81 and int.from_bytes(sr[2:4], "big") == 12  # SR: 6 words + 1 report block of 6, minus one
+    assert int.from_bytes(sr[8:12], "big") == 1_700_000_000 + 2_208_988_800  # NTP seconds
+    assert int.from_bytes(sr[12:16], "big") == 2**31  # .5 s
+    assert int.from_bytes(sr[20:24], "big") == 50 and int.from_bytes(sr[24:28], "big") == 8000
+    block = sr[28:52]
+    assert int.from_bytes(block[:4], "big") == 9 and block[4] == 5 * 256 // 100 and int.from_bytes(block[5:8], "big") == 5
+    assert b"cb@host" in sr and len(sr) % 4 == 0
+    rr = report(7, "cb@host", unix_time_s=0, rtp_timestamp=0, packets_sent=0, octets_sent=0, sending=False, received=None)
+    assert parse_rtcp(rr) == [201, 202] and rr[0] == 0x80
+    assert parse_rtcp(bye(7, "cb")) == [201, 202, 203]
+    assert 2500 <= next_interval_ms() <= 7500
+
+
+@pytest.mark.parametrize("data", [b"", b"\x80\xc8", build_rtp(0, 1, 2, 3, b"x" * 160), bytes((0x80, 202, 0, 1)) + bytes(4), bytes((0x80, 200, 0, 40)) + bytes(8)])
+def test_not_rtcp(data: bytes) -> None:
+    with pytest.raises(RtcpError):
+        parse_rtcp(data)
+
+
+def test_codec_reception_stats() -> None:
+    choice = choose(OFFER)
+    assert choice is not None
+    codec = SipRtpCodec("c", choice)
+    assert codec.reception() is None
+    codec.receive_message("start")
+    for seq in (10, 11, 13, 14):
+        codec.receive_message(build_rtp(8, seq, seq * 160, 5, b"\x00" * 160))
+    stats = codec.reception()
+    assert stats is not None and stats.ssrc == 5 and stats.lost == 1 and stats.expected == 5 and stats.highest_sequence == 14

@@ -1,0 +1,76 @@
+"""SDP offer/answer (RFC 3264 §6, §8.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.codecs import AudioEncoding
+from callbridge.sip.sdp import Direction, SdpError, answer, choose
+
+TRUNK_OFFER = """v=0
+o=- 1234 1 IN IP4 198.51.100.7
+s=-
+c=IN IP4 198.51.100.7
+t=0 0
+m=audio 30000 RTP/AVP 18 8 0 101
+a=rtpmap:18 G729/8000
+a=rtpmap:8 PCMA/8000
+a=rtpmap:0 PCMU/8000
+a=rtpmap:101 telephone-event/8000
+a=fmtp:101 0-16
+a=ptime:30
+a=sendrecv
+"""
+
+
+def test_picks_the_first_g711_offered_and_telephone_event() -> None:
+    choice = choose(TRUNK_OFFER)
+    assert choice is not None
+    assert (choice.encoding, choice.payload_type, choice.dtmf_payload_type) == (AudioEncoding.PCMA, 8, 101)
+    assert (choice.remote_host, choice.remote_port, choice.ptime_ms) == ("198.51.100.7", 30000, 30)
+    assert choice.direction is Direction.SENDRECV
+
+
+def test_answer_has_exactly_one_codec_with_the_offers_payload_types() -> None:
+    choice = choose(TRUNK_OFFER.replace("101", "96"))
+    assert choice is not None
+    text = answer(choice, host="203.0.113.10", port=40000, session_id=7, version=7)
+    lines = text.split("\r\n")
+    assert "m=audio 40000 RTP/AVP 8 96" in lines
+    assert "a=rtpmap:8 PCMA/8000" in lines and "a=rtpmap:96 telephone-event/8000" in lines
+    assert "c=IN IP4 203.0.113.10" in lines and "o=callbridge 7 7 IN IP4 203.0.113.10" in lines
+    assert not any("PCMU" in line or "G729" in line for line in lines)
+    assert text.endswith("\r\n")
+
+
+def test_nothing_fits_and_second_stream_rejected_with_port_zero() -> None:
+    assert choose(TRUNK_OFFER.replace("m=audio 30000 RTP/AVP 18 8 0 101", "m=audio 30000 RTP/AVP 18")) is None
+    two = TRUNK_OFFER.replace("m=audio 30000", "m=video 30002 RTP/AVP 31\nm=audio 30000")
+    choice = choose(two)
+    assert choice is not None and choice.media_index == 1
+    lines = answer(choice, host="127.0.0.1", port=4000, session_id=1, version=1).split("\r\n")
+    m_lines = [line for line in lines if line.startswith("m=")]
+    assert m_lines == ["m=video 0 RTP/AVP 31", "m=audio 4000 RTP/AVP 8 101"]
+
+
+@pytest.mark.parametrize(
+    ("offered", "answered"),
+    [("sendonly", Direction.RECVONLY), ("recvonly", Direction.SENDONLY), ("inactive", Direction.INACTIVE), ("sendrecv", Direction.SENDRECV)],
+)
+def test_direction_answers(offered: str, answered: Direction) -> None:
+    choice = choose(TRUNK_OFFER.replace("a=sendrecv", f"a={offered}"))
+    assert choice is not None and choice.direction is answered
+    assert f"a={answered.value}" in answer(choice, host="127.0.0.1", port=4000, session_id=1, version=1)
+
+
+def test_legacy_hold_and_static_types_without_rtpmap() -> None:
+    held = choose(TRUNK_OFFER.replace("c=IN IP4 198.51.100.7", "c=IN IP4 0.0.0.0"))
+    assert held is not None and held.direction is Direction.RECVONLY
+    bare = choose("v=0\r\nc=IN IP4 10.0.0.9\r\nm=audio 5004 RTP/AVP 0\r\n")
+    assert bare is not None and bare.encoding is AudioEncoding.PCMU and bare.dtmf_payload_type is None
+
+
+@pytest.mark.parametrize("text", ["hello", "v=0\nm=audio x RTP/AVP 0\n", "v=0\nm=audio 4000 RTP/AVP 0\n", "m=audio 4000 RTP/AVP 0\n"])
+def test_unreadable_sdp(text: str) -> None:
+    with pytest.raises(SdpError):
+        choose(text)

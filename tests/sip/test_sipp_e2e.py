@@ -1,0 +1,186 @@
+"""SIP trunk ingress end to end against real SIPp (Debian ``sip-tester``) on loopback: a bridge on uvicorn with its
+SIP listener, the embedded engine, real UDP sockets. Scenarios: SIPp's built-in ``uac`` and ``uac_pcap`` (PCMA,
+30 ms packets, an RFC 4733 digit), and ours in ``scenarios/`` (CANCEL, OPTIONS, hold/resume, BYE from us)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callbridge.engine.commands import AckPlayback, AppendAudio, CreateTextItem
+from callbridge.sim.ports import free_port
+from callbridge.sim.runner import RunningBridge, running_bridge
+from callbridge.sip.message import SipResponse, parse_message
+from callbridge.sip.rtp import build_rtp
+from callbridge.sip.server import SipListener
+from tests.bridge.twilio_e2e import engine, settings, until
+
+pytestmark = pytest.mark.skipif(shutil.which("sipp") is None, reason="SIPp (Debian package sip-tester) is not installed")
+
+SCENARIOS = Path(__file__).parent / "scenarios"
+PCAPS = Path("/usr/share/sip-tester")
+CONCURRENT = 50
+
+
+def sip_settings(**sip: Any) -> Any:
+    # RTP ports below Linux's ephemeral range (32768+), where free_port() picks SIPp's ports: no collision
+    base = {"enabled": True, "port": free_port(), "rtp_port_min": 20000, "rtp_port_max": 29999}
+    base.update(sip)
+    return settings(sip=base, server={"max_calls": 50})
+
+
+def listener(bridge: RunningBridge) -> SipListener:
+    found = bridge.app.state.bridge.services.carrier_state["sip"]
+    assert isinstance(found, SipListener)
+    return found
+
+
+async def sipp(bridge: RunningBridge, scenario: str, workdir: Path, *extra: str, timeout_s: float = 60) -> tuple[int, str]:
+    """Run SIPp against the bridge's SIP port; its exit status (0: every call succeeded) and output."""
+    if not (workdir / "pcap").exists():
+        (workdir / "pcap").symlink_to(PCAPS)
+    chosen = ["-sf", str(SCENARIOS / scenario)] if scenario.endswith(".xml") else ["-sn", scenario]
+    args = [
+        f"127.0.0.1:{bridge.settings.sip.port}", *chosen, "-i", "127.0.0.1", "-p", str(free_port()), "-mp", str(free_port()),
+        "-nostdin", "-timeout", f"{int(timeout_s)}s", "-timeout_error", "-trace_err", *extra,
+    ]
+    proc = await asyncio.create_subprocess_exec("sipp", *args, cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s + 10)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    errors = "".join(p.read_text(errors="replace") for p in workdir.glob("*_errors.log"))
+    return proc.returncode or 0, out.decode(errors="replace")[-3000:] + errors[-3000:]
+
+
+async def test_uac_pcap_audio_and_digit_reach_the_engine_and_the_agent_answers(tmp_path: Path) -> None:
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "uac_pcap", tmp_path, "-m", "1")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _call_id, codec, transport = sip.finished[0]
+    assert rc == 0, output
+    assert codec.choice.payload_type == 8 and codec.choice.encoding.value == "pcma"  # SIPp offers PCMA only
+    (session_id,) = recorder.opened
+    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
+    heard_ms = sum(len(c.pcm) for c in appended) * 1000 // (2 * appended[0].rate_hz)
+    assert 6500 <= heard_ms <= 7500, heard_ms  # g711a.pcap: 236 packets of 30 ms
+    assert CreateTextItem("DTMF 1") in recorder.commands[session_id]
+    played = [c.played_ms for c in recorder.commands[session_id] if isinstance(c, AckPlayback)]
+    assert played and max(played) > 0  # the echo agent's audio was sent, and its heard position reported
+    assert codec.media_packets_sent >= max(played) // 20
+    assert transport.send_errors == 0  # SIPp's media port took every packet we sent
+    assert codec.jitter.late == 0 and codec.malformed == 0
+    assert transport.rtcp.sent >= 2  # at least one SR (every 5 s ± 50 %) and the BYE
+
+
+async def test_uac_pcap_over_tcp(tmp_path: Path) -> None:
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "uac_pcap", tmp_path, "-m", "1", "-t", "t1")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, _ = sip.finished[0]
+    assert rc == 0, output
+    (session_id,) = recorder.opened
+    assert CreateTextItem("DTMF 1") in recorder.commands[session_id]
+    assert len([c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]) >= 200
+    assert codec.choice.payload_type == 8 and sip.dropped.get("tcp_connection_gone") is None
+
+
+async def test_concurrent_calls_all_complete(tmp_path: Path) -> None:
+    recorder = engine(max_sessions=CONCURRENT)
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        n = str(CONCURRENT)
+        rc, output = await sipp(bridge, "uac", tmp_path, "-m", n, "-l", n, "-r", n, "-d", "2000")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == CONCURRENT, timeout_s=10)
+    assert rc == 0, output  # SIPp exits 0 only when no call failed
+    assert len(recorder.opened) == CONCURRENT
+    assert len({call_id for call_id, _, _ in sip.finished}) == CONCURRENT
+    assert all(codec.jitter.late == 0 for _, codec, _ in sip.finished)
+
+
+async def test_cancel_while_ringing(tmp_path: Path) -> None:
+    recorder = engine()
+    async with running_bridge(sip_settings(answer_delay_ms=3000), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "cancel.xml", tmp_path, "-m", "1")
+        sip = listener(bridge)
+    assert rc == 0, output
+    assert recorder.opened == [] and sip.calls == {} and len(sip.finished) == 0
+
+
+async def test_options_probe(tmp_path: Path) -> None:
+    async with running_bridge(sip_settings(), engine(), provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "options.xml", tmp_path, "-m", "3")
+    assert rc == 0, output
+
+
+async def test_hold_and_resume(tmp_path: Path) -> None:
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "hold.xml", tmp_path, "-m", "1")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, _ = sip.finished[0]
+    assert rc == 0, output
+    assert codec.choice.direction.value == "sendrecv" and len(recorder.opened) == 1
+
+
+async def test_bridge_hangs_up_with_bye(tmp_path: Path) -> None:
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        call = asyncio.create_task(sipp(bridge, "bye_from_bridge.xml", tmp_path, "-m", "1"))
+        await until(lambda: recorder.session_count == 1, timeout_s=10)
+        await asyncio.sleep(0.3)
+        await recorder.sessions[recorder.opened[0]].close("agent_ended_the_call")
+        rc, output = await call
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+    assert rc == 0, output
+    assert sip.uas.dialogs[sip.finished[0][0]].state.value == "ended"
+
+
+async def test_garbage_and_strangers_do_not_disturb_a_call(tmp_path: Path) -> None:
+    """Garbage UDP and malformed SIP on the SIP port, RTP from an unexpected source on the call's port, during a
+    real SIPp call: each is answered per the RFC or dropped and counted, and the call completes."""
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        call = asyncio.create_task(sipp(bridge, "uac_pcap", tmp_path, "-m", "1"))
+        sip = listener(bridge)
+        await until(lambda: len(sip.calls) == 1, timeout_s=10)
+        (rtp_port,) = [c.transport.transport.get_extra_info("sockname")[1] for c in sip.calls.values() if c.transport.transport]
+        port = bridge.settings.sip.port
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+            stranger.settimeout(2)
+            stranger.bind(("127.0.0.1", 0))
+            await asyncio.sleep(1.0)  # SIPp's RTP has latched by now
+            for _ in range(20):
+                stranger.sendto(build_rtp(8, 1, 0, 99, b"\x00" * 160), ("127.0.0.1", rtp_port))
+            stranger.sendto(b"\x00garbage\xff" * 10, ("127.0.0.1", port))
+            stranger.sendto(b"FOO sip:x SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1;branch=z9hG4bKg;rport\r\nFrom: <sip:a@b>;tag=1\r\n"
+                            b"To: <sip:c@d>\r\nCall-ID: g1\r\nCSeq: 1 FOO\r\nContent-Length: 0\r\n\r\n", ("127.0.0.1", port))
+            answer = await asyncio.get_running_loop().run_in_executor(None, stranger.recv, 65535)
+            stranger.sendto(b"OPTIONS sip:x SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1;branch=z9hG4bKh;rport\r\nFrom: <sip:a@b>;tag=1\r\n"
+                            b"To: <sip:c@d>\r\nCall-ID: g2\r\nCSeq: 1 OPTIONS\r\nContent-Length: 99\r\n\r\n", ("127.0.0.1", port))
+            bad_length = await asyncio.get_running_loop().run_in_executor(None, stranger.recv, 65535)
+        rc, output = await call
+        await until(lambda: len(sip.finished) == 1)
+        dropped = dict(sip.dropped)
+    assert rc == 0, output
+    unknown = parse_message(answer)
+    assert isinstance(unknown, SipResponse) and unknown.status == 501
+    truncated = parse_message(bad_length)
+    assert isinstance(truncated, SipResponse) and truncated.status == 400
+    assert dropped.get("rtp_unexpected_source") == 20
+    assert dropped.get("malformed:no_headers_end") == 1 and dropped.get("malformed:truncated_body") == 1
+    assert CreateTextItem("DTMF 1") in [c for cs in recorder.commands.values() for c in cs]
+
