@@ -261,6 +261,8 @@ class SipSettings(_Section):
     rtp_port_max: Port = 20999
     answer_delay_ms: Annotated[int, Field(ge=0, le=30000)] = 0
     """Ring (180) this long before answering; 0: answer at once."""
+    rtp_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
 
     def model_post_init(self, context: Any) -> None:
         import ipaddress

@@ -8,12 +8,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
 from callbridge.sim.runner import free_port
 
-__all__ = ["redis_url"]
+__all__ = ["redis_server", "redis_url"]
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
@@ -28,9 +29,10 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: floa
     raise AssertionError(f"redis-server not listening on {port} within {timeout_s} s")
 
 
-@pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    """``redis://127.0.0.1:<port>/0`` of a ``redis-server`` this fixture started (and stops)."""
+@contextmanager
+def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ``redis-server`` of its own: (its URL, the process, for a test that stops it early); skips the test
+    where the binary is absent."""
     binary = shutil.which("redis-server")
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; CI installs it)")
@@ -42,11 +44,19 @@ def redis_url() -> Iterator[str]:
     )
     try:
         _wait_listening(port, process)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """``redis://127.0.0.1:<port>/0`` of a ``redis-server`` this fixture started (and stops)."""
+    with redis_server() as (url, _):
+        yield url

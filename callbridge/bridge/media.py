@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from contextlib import suppress
 from typing import Protocol
 
@@ -22,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from callbridge.bridge.call import CallSession, CallState
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
+from callbridge.bridge.registry import RegistryUnavailable
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent
@@ -34,6 +36,7 @@ log = get_logger("callbridge.call")
 
 _POLICY_VIOLATION = 1008
 _GOING_AWAY = 1001
+_ENGINE_CALL_TIMEOUT_S = 5.0
 
 
 def _now_ms() -> int:
@@ -145,13 +148,18 @@ class MediaStreamDriver:
         assert start is not None
         services = self.services
         self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
-        if self.check_token and not await services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
-            await self._refuse("bad_token")
+        try:
+            if self.check_token and not await services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
+                await self._refuse("bad_token")
+                return
+            if await services.registry.ended_reason(start.call_id) is not None:
+                await self._refuse("call_already_ended")
+                return
+            ticket, offset_ms = await services.registry.claim_ticket(start.call_id)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            await self._refuse("registry_unavailable")
             return
-        if await services.registry.ended_reason(start.call_id) is not None:
-            await self._refuse("call_already_ended")
-            return
-        ticket, offset_ms = await services.registry.claim_ticket(start.call_id)
         session: DuplexSession | None = None
         how = "opened"
         if ticket is not None:
@@ -168,7 +176,7 @@ class MediaStreamDriver:
             except EngineError as exc:
                 self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
                 # ended before the socket closes: the TwiML <Redirect> that follows must get <Hangup/>, not a retry
-                await services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}")
+                await self._record(services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}"))
                 await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
                 return
         services.metrics.engine_sessions.labels(how).inc()
@@ -177,13 +185,12 @@ class MediaStreamDriver:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
             ticket = await asyncio.shield(session.detach())
-            await asyncio.shield(services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms()))
+            await asyncio.shield(self._park(start.call_id, ticket, offset_ms))
             raise
         try:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
                 if self.call.end_reason == "transport_lost":  # the carrier may come back: keep it for the grace
-                    ticket = await session.detach()
-                    await services.registry.detach(start.call_id, ticket, offset_ms, self._grace_ms())
+                    await self._park(start.call_id, await session.detach(), offset_ms)
                 else:  # stopped or refused: the call is over
                     await session.close(self.call.end_reason or "call_ended")
                 return
@@ -225,8 +232,8 @@ class MediaStreamDriver:
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
             try:
                 ticket = await session.detach()
-                await self.services.registry.detach(start.call_id, ticket, self.call.input_ms, self._grace_ms())
-                self._moved = True
+                self._moved = True  # the session is dealt with here: parked, or closed if the registry is down
+                await self._park(start.call_id, ticket, self.call.input_ms)
             except EngineError as exc:
                 self.log.warning("engine_detach_failed", reason=exc.code)
             self._closed = True
@@ -317,7 +324,7 @@ class MediaStreamDriver:
         start = self.call.start_request
         if start is None:
             return
-        await self.services.registry.mark_ended(start.call_id, reason)
+        await self._record(self.services.registry.mark_ended(start.call_id, reason))
         try:
             await self.services.hang_up(self.provider, start.call_id, start.account_id, reason)
             self.services.metrics.hangups.labels(self.provider, "ok").inc()
@@ -346,12 +353,11 @@ class MediaStreamDriver:
             services.metrics.calls_active.labels(self.provider).dec()
             if self._moved:
                 pass  # detached into the registry before the socket closed (``move_elsewhere``)
-            elif call.detach_engine and not session.closed and await services.registry.ended_reason(start.call_id) is None:
+            elif call.detach_engine and not session.closed and not await self._known_ended(start.call_id):
                 try:
                     ticket = await session.detach()
-                    await services.registry.detach(start.call_id, ticket, call.input_ms, self._grace_ms())
                     window = call.codec.profile.reconnect_window_ms
-                    if window is not None:
+                    if await self._park(start.call_id, ticket, call.input_ms) and window is not None:
                         services.spawn(self._close_unless_back(start.call_id, ticket, window))
                 except EngineError as exc:
                     self.log.warning("engine_detach_failed", reason=exc.code)
@@ -359,7 +365,7 @@ class MediaStreamDriver:
                 with suppress(EngineError):
                     await session.close(call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
-                await services.registry.mark_ended(start.call_id, call.end_reason or "ended")
+                await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
         if call.failure is not None:
             services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
             self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)
@@ -374,6 +380,34 @@ class MediaStreamDriver:
         await asyncio.sleep(window_ms / 1000)
         if await self.services.close_detached(call_id, "no_reconnect", ticket):
             self.log.info("engine_session_closed", reason="no_reconnect", window_ms=window_ms)
+
+    # --------------------------------------------------------------- registry
+
+    async def _park(self, call_id: str, ticket: ResumeTicket, input_ms: int) -> bool:
+        """Store a detached session's ticket for the call's next stream. When the registry cannot take it, no
+        stream could ever resume the session: it is closed now rather than left to the engine's grace."""
+        if await self._record(self.services.registry.detach(call_id, ticket, input_ms, self._grace_ms())):
+            return True
+        with suppress(EngineError, TimeoutError):
+            session = await asyncio.wait_for(self.services.engine.resume(ticket), _ENGINE_CALL_TIMEOUT_S)
+            await asyncio.wait_for(session.close("registry_unavailable"), _ENGINE_CALL_TIMEOUT_S)
+        return False
+
+    async def _record(self, write: Awaitable[None]) -> bool:
+        """A registry write; False, logged, when the registry is unreachable (the call goes on without it)."""
+        try:
+            await write
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            return False
+        return True
+
+    async def _known_ended(self, call_id: str) -> bool:
+        try:
+            return await self.services.registry.ended_reason(call_id) is not None
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            return False
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

@@ -30,6 +30,7 @@ __all__ = [
     "CallRegistry",
     "MemoryCallRegistry",
     "MemoryStreamTokens",
+    "RegistryUnavailable",
     "StreamTokens",
     "build_registry",
 ]
@@ -42,6 +43,16 @@ TOKEN_TTL_MS = 120_000
 
 def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+class RegistryUnavailable(Exception):
+    """The shared registry could not be reached (Redis down, a timeout). The calls that needed it at that moment
+    go on without it where they can (a stream is refused, a detached session closed); none is left hanging."""
+
+    def __init__(self, operation: str, detail: str) -> None:
+        super().__init__(f"registry {operation}: {detail}")
+        self.operation = operation
+        self.detail = detail
 
 
 @dataclass(slots=True)
@@ -60,7 +71,8 @@ class CallRegistry(abc.ABC):
 
     @abc.abstractmethod
     async def get(self, call_id: str) -> CallRecord | None:
-        """The call's record, or None when unknown or expired."""
+        """The call's record, or None when unknown or expired. Every method raises ``RegistryUnavailable`` when
+        the backend cannot be reached."""
 
     @abc.abstractmethod
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:

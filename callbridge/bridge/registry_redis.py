@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import hmac
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from callbridge.bridge.registry import (
     ENDED_KEPT_MS,
     TOKEN_TTL_MS,
     CallRecord,
     CallRegistry,
+    RegistryUnavailable,
     StreamTokens,
 )
 from callbridge.config import Settings
@@ -34,6 +38,8 @@ from callbridge.engine.port import ResumeTicket
 __all__ = ["RedisCallRegistry", "RedisStreamTokens", "redis_registry"]
 
 _PREFIX = "callbridge:"
+_TIMEOUT_S = 2.0
+"""A registry call that takes longer fails (``RegistryUnavailable``) rather than hold up a call's start."""
 
 _CLAIM = """
 local ticket = redis.call('HGET', KEYS[1], 'ticket')
@@ -44,6 +50,15 @@ redis.call('HDEL', KEYS[1], 'ticket')
 return {ticket, input_ms}
 """
 """KEYS[1] the call's hash; ARGV[1] the expected ticket's JSON or ''. Returns {ticket JSON or '', input_ms}."""
+
+
+@contextmanager
+def _unavailable(operation: str) -> Iterator[None]:
+    """Redis's errors (connection refused or lost, timeouts) as ``RegistryUnavailable``."""
+    try:
+        yield
+    except RedisError as exc:
+        raise RegistryUnavailable(operation, repr(exc)) from exc
 
 
 def _ticket_json(ticket: ResumeTicket) -> str:
@@ -66,7 +81,8 @@ class RedisCallRegistry(CallRegistry):
         return f"{_PREFIX}call:{call_id}"
 
     async def get(self, call_id: str) -> CallRecord | None:
-        fields = cast(dict[str, str], await self._redis.hgetall(self._key(call_id)))
+        with _unavailable("get"):
+            fields = cast(dict[str, str], await self._redis.hgetall(self._key(call_id)))
         if not fields:
             return None
         ticket = fields.get("ticket")
@@ -79,26 +95,30 @@ class RedisCallRegistry(CallRegistry):
 
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
         key = self._key(call_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
-            pipe.pexpire(key, max(1, grace_ms))
-            await pipe.execute()
+        with _unavailable("detach"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
+                pipe.pexpire(key, max(1, grace_ms))
+                await pipe.execute()
 
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         wanted = _ticket_json(expected) if expected is not None else ""
-        ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
+        with _unavailable("claim_ticket"):
+            ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
         return (_ticket(ticket) if ticket else None), int(input_ms)
 
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         key = self._key(call_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, "ended", reason)
-            pipe.hdel(key, "ticket")
-            pipe.pexpire(key, max(1, keep_ms))
-            await pipe.execute()
+        with _unavailable("mark_ended"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(key, "ended", reason)
+                pipe.hdel(key, "ticket")
+                pipe.pexpire(key, max(1, keep_ms))
+                await pipe.execute()
 
     async def ended_reason(self, call_id: str) -> str | None:
-        return cast(str | None, await self._redis.hget(self._key(call_id), "ended"))
+        with _unavailable("ended_reason"):
+            return cast(str | None, await self._redis.hget(self._key(call_id), "ended"))
 
     async def aclose(self) -> None:
         await self._redis.aclose()
@@ -113,13 +133,15 @@ class RedisStreamTokens(StreamTokens):
 
     async def mint(self, call_id: str) -> str:
         token = secrets.token_urlsafe(24)
-        await self._redis.set(f"{_PREFIX}token:{token}", call_id, px=self._ttl_ms)
+        with _unavailable("mint"):
+            await self._redis.set(f"{_PREFIX}token:{token}", call_id, px=self._ttl_ms)
         return token
 
     async def consume(self, token: str | None, call_id: str) -> bool:
         if not token:
             return False
-        minted_for = cast(str | None, await self._redis.getdel(f"{_PREFIX}token:{token}"))
+        with _unavailable("consume"):
+            minted_for = cast(str | None, await self._redis.getdel(f"{_PREFIX}token:{token}"))
         return minted_for is not None and hmac.compare_digest(minted_for, call_id)
 
 
@@ -127,5 +149,5 @@ def redis_registry(settings: Settings) -> tuple[RedisCallRegistry, RedisStreamTo
     """Both on one connection pool to ``registry.redis_url`` (connected lazily, on first use)."""
     url = settings.registry.redis_url
     assert url is not None, "RegistrySettings validates that redis has a URL"
-    client = aioredis.Redis.from_url(url.get_secret_value(), decode_responses=True)
+    client = aioredis.Redis.from_url(url.get_secret_value(), decode_responses=True, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     return RedisCallRegistry(client), RedisStreamTokens(client)

@@ -72,10 +72,10 @@ _PAUSE_FRAMES: Final = 50
 _BARGE_AFTER_MS: Final = 400
 """How long the caller listens to the agent before talking over it."""
 _NEW_TURN_AFTER_MS: Final = 1500
+"""The caller starts a new utterance when the agent has been silent this long (barge-in mode)."""
 _STOPPED_FRAMES: Final = 5
 """Where the carrier has no flush, a barge-in has stopped the agent once its audio stays off this many frames (a
 late frame is a gap of one or two)."""
-"""The caller starts a new utterance when the agent has been silent this long (barge-in mode)."""
 _END_GRACE_S: Final = 30.0
 _PAIRING_S: Final = 0.25
 """A flush at the carrier and the bridge's truncation in the engine this close belong to one barge-in."""
@@ -345,6 +345,8 @@ class LoadTest:
     async def _open(self, call: _Call, reason: OpenReason) -> None:
         """Answer the call (or run the carrier's reconnect flow) and start reading the new stream."""
         try:
+            if self.carrier.route is not None:  # several bridges behind a balancer: each connection picks one
+                self.carrier.bridge_url = self.carrier.route(reason).rstrip("/")
             stream = await self.carrier.open_stream(call.sim, reason)
         except Exception as exc:  # noqa: BLE001 - any failure to connect ends this call only, with its reason
             stream = None

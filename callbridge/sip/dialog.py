@@ -261,12 +261,12 @@ class SipUas:
         self._out: list[Outgoing] = []
         self._events: list[SipEvent] = []
         self._cache: dict[tuple[str, str], tuple[Outgoing, int]] = {}
-        """(branch, method) → the last response sent and when it may be forgotten (retransmitted requests)."""
+        """(transaction key, method) → the last response sent and when it may be forgotten (retransmitted requests)."""
         self._invite_branches: dict[str, str] = {}
-        """INVITE branch → call id (CANCEL matching, ACK of a non-2xx)."""
+        """INVITE transaction key → call id (CANCEL matching, ACK of a non-2xx)."""
         self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
         self._final_retransmits: dict[str, _Retransmit] = {}
-        """INVITE branch → a non-2xx final response retransmitted until its ACK."""
+        """INVITE transaction key → a non-2xx final response retransmitted until its ACK."""
 
     # ------------------------------------------------------------------ outputs
 
@@ -373,7 +373,7 @@ class SipUas:
     # ---------------------------------------------------------------- requests
 
     def _on_request(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        cached = self._cache.get((request.branch, request.method))
+        cached = self._cache.get((_tx(request), request.method))
         if cached is not None and request.method != "ACK":
             self._out.append(cached[0])  # a retransmitted request
             return
@@ -409,7 +409,7 @@ class SipUas:
             return
         if request.call_id in self.dialogs:
             existing = self.dialogs[request.call_id]
-            if existing.invite_branch != request.branch:
+            if existing.invite_branch != _tx(request):
                 self._respond(request, source, 482, now_ms)  # the same call again on another path
             return
         refusal = self._admission(request, source)
@@ -441,10 +441,10 @@ class SipUas:
             local_tag=secrets.token_hex(6),
             remote_cseq=request.cseq[0],
             choice=choice,
-            invite_branch=request.branch,
+            invite_branch=_tx(request),
         )
         self.dialogs[dialog.call_id] = dialog
-        self._invite_branches[request.branch] = dialog.call_id
+        self._invite_branches[_tx(request)] = dialog.call_id
         self._respond(request, source, 100, now_ms)
         self._events.append(
             CallOffered(dialog.call_id, source, choice, uri_of(request.header("From") or ""), uri_of(request.header("To") or ""))
@@ -480,8 +480,10 @@ class SipUas:
         self._answer_invite(dialog, request, now_ms)
 
     def _on_ack(self, request: SipRequest, now_ms: int) -> None:
-        retransmit = self._final_retransmits.pop(request.branch, None)
+        retransmit = self._final_retransmits.pop(_tx(request), None)
         if retransmit is not None:  # ACK of a non-2xx final response: the transaction is done
+            if request.call_id not in self.dialogs:  # a cancelled call's entry goes with its dialog
+                self._invite_branches.pop(_tx(request), None)
             return
         dialog = self._dialog_of(request)
         if dialog is None:
@@ -497,7 +499,7 @@ class SipUas:
                 self._send_bye(dialog, now_ms)
 
     def _on_cancel(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        call_id = self._invite_branches.get(request.branch)
+        call_id = self._invite_branches.get(_tx(request))
         dialog = self.dialogs.get(call_id) if call_id is not None else None
         if dialog is None:
             self._respond(request, source, 481, now_ms)
@@ -601,8 +603,8 @@ class SipUas:
     ) -> None:
         """A non-2xx final response to an INVITE: retransmitted until its ACK (Timer G/H)."""
         sent = self._respond(request, source, status, now_ms, to_tag=to_tag or secrets.token_hex(6), extra=extra, reason=reason)
-        self._invite_branches[request.branch] = request.call_id
-        self._final_retransmits[request.branch] = _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "final", 0, sent.transport)
+        self._invite_branches[_tx(request)] = request.call_id
+        self._final_retransmits[_tx(request)] = _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "final", 0, sent.transport)
 
     def _respond(
         self,
@@ -646,9 +648,9 @@ class SipUas:
         sent = Outgoing(response.serialize(), destination, request.transport)
         self._out.append(sent)
         if status >= 200 and request.method != "INVITE":
-            self._cache[(request.branch, request.method)] = (sent, now_ms + TIMEOUT_MS)
+            self._cache[(_tx(request), request.method)] = (sent, now_ms + TIMEOUT_MS)
         elif request.method == "INVITE":
-            self._cache[(request.branch, "INVITE")] = (sent, now_ms + TIMEOUT_MS)
+            self._cache[(_tx(request), "INVITE")] = (sent, now_ms + TIMEOUT_MS)
         return sent
 
     def _contact(self, request: SipRequest) -> str:
@@ -728,6 +730,12 @@ class SipUas:
             raise DialogStateError(f"{trigger.value} while {dialog.state.value} ({dialog.call_id})") from None
 
 
+def _tx(request: SipRequest) -> str:
+    """A server transaction's key: the branch, with the Call-ID and CSeq number so that peers without RFC 3261
+    branches (or reusing one) cannot match each other's transactions (§17.2.3)."""
+    return f"{request.branch}|{request.call_id}|{request.cseq[0]}"
+
+
 def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
     try:
         address = ipaddress.ip_address(host)
@@ -746,7 +754,7 @@ def _sent_by(sent_by: str) -> tuple[str, int]:
         port = rest.lstrip(":")
     else:
         host, _, port = hostport.partition(":")
-    return host, int(port) if port.isdigit() else 5060
+    return host, int(port) if port.isdigit() and 0 < int(port) <= 65535 else 5060
 
 
 def _set_param(value: str, name: str, param: str) -> str:

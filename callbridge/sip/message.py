@@ -146,8 +146,9 @@ class _Message:
 
     @property
     def cseq(self) -> tuple[int, str]:
-        number, _, method = (self.header("CSeq") or "0 ").partition(" ")
-        return int(number), method.strip()
+        """(number, method); number 0 when unreadable (only a message that failed parsing has one)."""
+        number, _, method = (self.header("CSeq") or "0 ").strip().partition(" ")
+        return int(number) if number.isdigit() else 0, method.strip()
 
     @property
     def top_via(self) -> str:

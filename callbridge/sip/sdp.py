@@ -13,6 +13,7 @@ uses is accepted: the receiver derives durations from payload sizes.
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass
 from typing import Final
 
@@ -42,6 +43,11 @@ class Direction(enum.Enum):
     def we_send(self) -> bool:
         """Whether, in an answer with this direction, we send media."""
         return self in (Direction.SENDRECV, Direction.SENDONLY)
+
+    @property
+    def peer_sends(self) -> bool:
+        """Whether, in an answer with this direction, the peer sends us media."""
+        return self in (Direction.SENDRECV, Direction.RECVONLY)
 
 
 _ANSWER_DIRECTION: Final = {
@@ -109,7 +115,7 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
                 current.host = host
         elif kind == "m":
             parts = value.split()
-            if len(parts) < 4 or not parts[1].split("/")[0].isdigit():
+            if len(parts) < 4 or not parts[1].split("/")[0].isdigit() or int(parts[1].split("/")[0]) > 65535:
                 raise SdpError(f"bad m= line: {value!r}")
             media.append(_Media(line, parts[0], int(parts[1].split("/")[0]), parts[2], parts[3:], {}))
         elif kind == "a":
@@ -139,7 +145,7 @@ def choose(offer: str) -> MediaChoice | None:
         codec: tuple[AudioEncoding, int] | None = None
         dtmf: int | None = None
         for fmt in m.formats:
-            if not fmt.isdigit():
+            if not fmt.isdigit() or int(fmt) > 127:
                 continue
             pt = int(fmt)
             name = m.rtpmap.get(pt, "")
@@ -157,6 +163,10 @@ def choose(offer: str) -> MediaChoice | None:
         host = m.host or session_host
         if host is None:
             raise SdpError("no c= line for the audio stream")
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:  # a host name would need a (blocking) DNS lookup per packet: trunks send addresses
+            raise SdpError(f"c= address {host[:60]!r} is not an IP address") from None
         direction = m.direction or session_direction
         if host in ("0.0.0.0", "::"):  # RFC 2543 hold
             direction = Direction.INACTIVE if direction is Direction.RECVONLY else Direction.SENDONLY

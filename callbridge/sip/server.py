@@ -80,6 +80,7 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.closed = False
         self.overflow = 0
         self.send_errors = 0
+        self.timed_out = False
         self._last_sent_s = 0.0
         self._cadence: asyncio.Task[None] | None = None
         self._rtcp_task: asyncio.Task[None] | None = None
@@ -106,9 +107,19 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     # CarrierTransport
     async def receive(self) -> str | bytes | None:
-        if self.closed and self.queue.empty():
-            return None
-        return await self.queue.get()
+        """The next datagram or SIP-layer message; ``bye`` when the peer has sent no RTP for
+        ``sip.rtp_timeout_s`` while it should (a trunk gone without a BYE); None once closed."""
+        timeout_s = self.listener.settings.rtp_timeout_s or None
+        while not (self.closed and self.queue.empty()):
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return await self.queue.get()
+            except TimeoutError:
+                if self.codec.started and self.codec.choice.direction.peer_sends:
+                    self.timed_out = True
+                    log.warning("sip_rtp_timeout", provider=PROVIDER, call_id=self.call_id, waited_s=timeout_s)
+                    return "bye"
+        return None
 
     async def send(self, message: str | bytes) -> None:
         if self.closed or self.transport is None:
@@ -150,7 +161,10 @@ class RtpTransport(asyncio.DatagramProtocol):
                 continue
             packet = self.codec.silence()
             if packet is not None:
-                self.transport.sendto(packet, self.latch.peer)
+                try:
+                    self.transport.sendto(packet, self.latch.peer)
+                except OSError:
+                    self.send_errors += 1
                 self._last_sent_s = loop.time()
 
 
@@ -204,8 +218,9 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
 
     def send(self, packet: bytes, address: tuple[str, int]) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.sendto(packet, address)
-            self.sent += 1
+            with suppress(OSError):
+                self.transport.sendto(packet, address)
+                self.sent += 1
 
     def close(self) -> None:
         if self.transport is not None:
@@ -324,7 +339,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 else:
                     writer.write(out.data)
             elif transport is not None:
-                transport.sendto(out.data, out.address)
+                try:
+                    transport.sendto(out.data, out.address)
+                except (OSError, OverflowError):  # an address no socket takes: that message alone is lost
+                    self.dropped["send_failed"] += 1
         for event in self.uas.events():
             match event:
                 case CallOffered():

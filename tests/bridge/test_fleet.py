@@ -88,7 +88,7 @@ def _spawn(name: str, args: list[str], config: Path, port: int, tmp: Path, healt
             env=env,
         )
     proc = Process(name, process, f"http://127.0.0.1:{port}", log_path)
-    wait_http_ok(proc.url + health, process)  # type: ignore[arg-type]
+    wait_http_ok(proc.url + health, process, timeout_s=60)  # type: ignore[arg-type]
     return proc
 
 
@@ -280,3 +280,19 @@ def test_several_workers_need_the_redis_registry(capsys: pytest.CaptureFixture[s
 
     assert main(["serve", "--workers", "2", "--set", "registry.backend=memory"]) == 2
     assert 'server.workers: more than one worker needs registry.backend = "redis"' in capsys.readouterr().err
+
+
+async def test_a_second_sigterm_stops_at_once(fleet: Fleet) -> None:
+    """A call that cannot move holds the drain; a second SIGTERM ends the wait: the process stops now, exit 0."""
+    speech = short_speech(800)
+    exotel_call = asyncio.create_task(fleet.exotel.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=15_000)))
+    await until(lambda: _ready(fleet.a, active_calls=1), timeout_s=10)
+    fleet.a.process.send_signal(signal.SIGTERM)
+    await until(lambda: _ready(fleet.a, status_code=503), timeout_s=2)
+    await asyncio.sleep(0.5)
+    assert fleet.a.process.poll() is None  # still draining, for the Exotel call
+    fleet.a.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(fleet.a.process.wait, 10) == 0
+    result = await exotel_call
+    assert len(result.streams) == 1 and result.timeline[-1].at_ms < 10_000, result.render()  # not its 15 s
+    assert not fleet.a.events("drain_timeout")

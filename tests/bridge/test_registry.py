@@ -14,13 +14,18 @@ from callbridge.bridge.registry import (
     CallRegistry,
     MemoryCallRegistry,
     MemoryStreamTokens,
+    RegistryUnavailable,
     StreamTokens,
     build_registry,
 )
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
+from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import ResumeTicket
-from tests.redis_server import redis_url
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.runner import free_port, running_bridge
+from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.redis_server import redis_server, redis_url
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
@@ -198,3 +203,47 @@ def test_redis_without_a_url_is_a_configuration_error() -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(None, {"registry": {"backend": "redis"}})
     assert any(problem.key.startswith("registry") for problem in caught.value.problems)
+
+
+# ---------------------------------------------------------- Redis unreachable
+
+
+async def test_an_unreachable_redis_is_registry_unavailable() -> None:
+    settings = load_settings(None, {"registry": {"backend": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0"}})
+    registry, tokens = build_registry(settings)
+    try:
+        operations = {
+            "get": registry.get("CA1"),
+            "detach": registry.detach("CA1", TICKET, 0, GRACE_MS),
+            "claim_ticket": registry.claim_ticket("CA1"),
+            "mark_ended": registry.mark_ended("CA1", "x"),
+            "ended_reason": registry.ended_reason("CA1"),
+            "mint": tokens.mint("CA1"),
+            "consume": tokens.consume("t", "CA1"),
+        }
+        for operation, call in operations.items():
+            with pytest.raises(RegistryUnavailable) as caught:
+                await call
+            assert caught.value.operation == operation
+    finally:
+        await registry.aclose()
+
+
+async def test_redis_lost_mid_call_leaves_no_engine_session_behind() -> None:
+    """Redis dies during a call, then the call's stream drops: its engine session cannot be parked for a resume,
+    so it is closed (not left to the grace); the reconnect's webhook fails and the call ends."""
+    recorder = engine()
+    with redis_server() as (url, redis_process):
+        config = settings(registry={"backend": "redis", "redis_url": url})
+        async with running_bridge(config, recorder) as bridge:
+            call = asyncio.create_task(
+                bridge.carrier.place_call(CallerScript(utterances=((300, short_speech(800)),), drop_stream_at_ms=(2500,), hangup_at_ms=5000))
+            )
+            await until(lambda: recorder.session_count == 1, timeout_s=5)
+            redis_process.kill()
+            redis_process.wait()
+            result = await call
+            await until(lambda: recorder.session_count == 0, timeout_s=5)
+    assert len(result.streams) == 1 and any("HTTP 500" in e.what for e in result.timeline), result.render()
+    (session_id,) = recorder.opened
+    assert recorder.commands[session_id][-1] == CloseSession("registry_unavailable")

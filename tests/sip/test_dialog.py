@@ -203,6 +203,12 @@ def test_rejections() -> None:
     core.datagrams_to_send()
     core.reject("c7", 486, 0)
     assert statuses(core) == [486]
+    for call_id, branch in (("c2", "z9hG4bK2"), ("c3", "z9hG4bK3"), ("c4", "z9hG4bK4"), ("c7", "z9hG4bK7")):
+        core.receive_datagram(request("ACK", call_id=call_id, branch=branch), PEER, 10)
+    core.tick(TIMEOUT_MS + 10)
+    core.tick(2 * TIMEOUT_MS + 20)
+    assert core.datagrams_to_send() == []  # every rejection ACKed or given up: nothing retransmitted, all forgotten
+    assert core.dialogs == {} and core.next_deadline_ms() is None
 
 
 def test_methods_options_info_and_garbage() -> None:
@@ -222,11 +228,14 @@ def test_methods_options_info_and_garbage() -> None:
     core.receive_datagram(request("INVITE", call_id="bad", branch="z9hG4bKbad", body=SDP).replace(b"Content-Length: ", b"Content-Length: 9"), PEER, 0)
     (bad,) = responses(core)
     assert bad.status == 400 and "truncated_body" in bad.reason
+    core.receive_datagram(request("OPTIONS", call_id="q", branch="z9hG4bKq").replace(b"CSeq: 1 OPTIONS", b"CSeq: x OPTIONS"), PEER, 0)
+    (bad_cseq,) = core.datagrams_to_send()  # its CSeq is copied as it came: the response does not parse either
+    assert bad_cseq.data.startswith(b"SIP/2.0 400 Bad Request (bad_cseq)") and b"CSeq: x OPTIONS" in bad_cseq.data
     for garbage in (b"\x00\x01\x02", b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n", b"SIP/2.0 200 OK\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: z\r\nCSeq: 1 BYE\r\n\r\n"):
         core.receive_datagram(garbage, PEER, 0)
     assert core.datagrams_to_send() == []
     dropped = [e for e in core.events() if isinstance(e, Dropped)]
-    assert [d.reason for d in dropped] == ["malformed:truncated_body", "malformed:no_headers_end", "malformed:bad_start_line", "stray_response"]
+    assert [d.reason for d in dropped] == ["malformed:truncated_body", "malformed:bad_cseq", "malformed:no_headers_end", "malformed:bad_start_line", "stray_response"]
     tag = answered(core)
     core.receive_datagram(request("OPTIONS", cseq=2, branch="z9hG4bKo2", to_tag=tag), PEER, 0)
     assert statuses(core) == [200]
@@ -304,3 +313,54 @@ def test_digest_authentication() -> None:
     core.receive_datagram(request("INVITE", cseq=3, branch="z9hG4bKr", body=SDP, headers=(("Authorization", authorization("s3cret")),)), stranger, 20)
     assert parse_message(core.datagrams_to_send()[0].data).status == 100  # type: ignore[union-attr]
     assert isinstance(core.events()[0], CallOffered)
+
+
+def test_mutated_messages_never_raise() -> None:
+    """Thousands of corrupted INVITE/BYE/ACK/CANCEL datagrams (bytes flipped, cut, duplicated): each is answered or
+    dropped; none raises, and the UAS still serves a good call afterwards."""
+    import random
+
+    rng = random.Random(8)
+    core = uas()
+    seeds = [
+        request("INVITE", body=SDP),
+        request("BYE", cseq=2, branch="z9hG4bKb", to_tag="t"),
+        request("ACK", branch="z9hG4bKa", to_tag="t"),
+        request("CANCEL"),
+        request("INVITE", cseq=3, branch="z9hG4bKr", to_tag="t", body=SDP + "a=sendonly\r\n"),
+    ]
+    for i in range(4000):
+        data = bytearray(rng.choice(seeds))
+        for _ in range(rng.randint(1, 8)):
+            what = rng.random()
+            pos = rng.randrange(len(data))
+            if what < 0.5:
+                data[pos] = rng.choice(b"\x00 :;,<>=\r\n\t@\xffz9AZ0-")
+            elif what < 0.7:
+                del data[pos : pos + rng.randint(1, 20)]
+            else:
+                data[pos:pos] = data[rng.randrange(len(data)) :][: rng.randint(1, 40)]
+        core.receive_datagram(bytes(data), ("10.0.0.1", 5000 + i % 50), i)
+        for offered in [e for e in core.events() if isinstance(e, CallOffered)]:
+            if rng.random() < 0.5:
+                core.accept(offered.call_id, "127.0.0.1", 40000, i)
+            else:
+                core.reject(offered.call_id, 486, i)
+        core.tick(i)
+        core.datagrams_to_send()
+    core.tick(10**9)  # every call left unanswered or unacknowledged times out (BYE)
+    core.datagrams_to_send()
+    core.events()
+    core.receive_datagram(request("INVITE", call_id="after", branch="z9hG4bKafter", body=SDP), PEER, 10**9)
+    assert [r.status for r in responses(core)] == [100]
+
+
+def test_response_port_from_via_without_rport() -> None:
+    core = uas()
+    via = "Via: SIP/2.0/UDP 10.0.0.1:5070;branch=z9hG4bKinv;rport"
+    core.receive_datagram(request("OPTIONS").replace(via.encode(), b"Via: SIP/2.0/UDP pbx.example:5080;branch=z9hG4bKo"), PEER, 0)
+    core.receive_datagram(request("OPTIONS", call_id="o2").replace(via.encode(), b"Via: SIP/2.0/UDP 10.0.0.1:99999;branch=z9hG4bKp"), PEER, 0)
+    first, second = core.datagrams_to_send()
+    assert first.address == ("10.0.0.1", 5080)  # the source address, the Via's port; no DNS lookup
+    assert b"received=10.0.0.1" in first.data
+    assert second.address == ("10.0.0.1", 5060)  # an impossible port: the default

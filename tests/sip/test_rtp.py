@@ -205,3 +205,25 @@ def test_codec_reception_stats() -> None:
         codec.receive_message(build_rtp(8, seq, seq * 160, 5, b"\x00" * 160))
     stats = codec.reception()
     assert stats is not None and stats.ssrc == 5 and stats.lost == 1 and stats.expected == 5 and stats.highest_sequence == 14
+
+
+def test_random_datagrams_never_raise() -> None:
+    """Random and corrupted datagrams on a call's RTP port are dropped and counted; none raises."""
+    import random
+
+    rng = random.Random(4733)
+    choice = choose(OFFER)
+    assert choice is not None
+    codec = SipRtpCodec("c", choice)
+    codec.receive_message("start")
+    good = [build_rtp(8, seq, seq * 160, 5, b"\x00" * 160) for seq in range(50)]
+    good += [build_rtp(101, 60 + i, 9000, 5, event_payload(3, end=i > 2, duration=160 * i)) for i in range(6)]
+    for _ in range(5000):
+        data = bytearray(rng.choice(good)) if rng.random() < 0.8 else bytearray(rng.randbytes(rng.randint(0, 300)))
+        for _ in range(rng.randint(0, 4)):
+            if data:
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        for event in codec.receive_message(bytes(data)):
+            assert isinstance(event, MediaReceived | DtmfReceived)
+    assert codec.malformed > 0
+    assert isinstance(codec.receive_message("bye")[-1], StreamStopped)

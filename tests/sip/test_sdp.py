@@ -70,7 +70,35 @@ def test_legacy_hold_and_static_types_without_rtpmap() -> None:
     assert bare is not None and bare.encoding is AudioEncoding.PCMU and bare.dtmf_payload_type is None
 
 
-@pytest.mark.parametrize("text", ["hello", "v=0\nm=audio x RTP/AVP 0\n", "v=0\nm=audio 4000 RTP/AVP 0\n", "m=audio 4000 RTP/AVP 0\n"])
+@pytest.mark.parametrize("text", ["hello", "v=0\nm=audio x RTP/AVP 0\n", "v=0\nc=IN IP4 1.2.3.4\nm=audio 70000 RTP/AVP 0\n", "v=0\nc=IN IP4 pbx.example\nm=audio 4000 RTP/AVP 0\n", "v=0\nm=audio 4000 RTP/AVP 0\n", "m=audio 4000 RTP/AVP 0\n"])
 def test_unreadable_sdp(text: str) -> None:
     with pytest.raises(SdpError):
         choose(text)
+
+
+def test_mutated_offers_raise_only_sdp_error() -> None:
+    import random
+
+    rng = random.Random(3264)
+    for _ in range(5000):
+        data = list(TRUNK_OFFER)
+        for _ in range(rng.randint(1, 6)):
+            pos = rng.randrange(len(data))
+            if rng.random() < 0.6:
+                data[pos] = rng.choice("0123456789 =:/\n\r-aAcmv.")
+            else:
+                del data[pos : pos + rng.randint(1, 10)]
+        try:
+            choice = choose("".join(data))
+        except SdpError:
+            continue
+        if choice is not None:
+            assert 0 <= choice.payload_type < 128 and choice.encoding in (AudioEncoding.PCMU, AudioEncoding.PCMA)
+            assert choice.dtmf_payload_type is None or 0 <= choice.dtmf_payload_type < 128
+            assert 0 < choice.remote_port <= 65535
+            answer(choice, host="127.0.0.1", port=4000, session_id=1, version=1)
+
+
+def test_payload_types_above_127_are_ignored() -> None:
+    choice = choose("v=0\r\nc=IN IP4 10.0.0.9\r\nm=audio 5004 RTP/AVP 1000 0 1001\r\na=rtpmap:1000 PCMA/8000\r\na=rtpmap:1001 telephone-event/8000\r\n")
+    assert choice is not None and choice.payload_type == 0 and choice.dtmf_payload_type is None

@@ -109,6 +109,23 @@ async def test_concurrent_calls_all_complete(tmp_path: Path) -> None:
     assert all(codec.jitter.late == 0 for _, codec, _ in sip.finished)
 
 
+async def test_concurrent_media_calls_each_reach_their_own_session(tmp_path: Path) -> None:
+    recorder = engine(max_sessions=CONCURRENT)
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "uac_pcap", tmp_path, "-m", "10", "-l", "10", "-r", "10")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 10, timeout_s=10)
+    assert rc == 0, output
+    assert len(recorder.opened) == 10
+    for session_id in recorder.opened:
+        commands = recorder.commands[session_id]
+        appended = [c for c in commands if isinstance(c, AppendAudio)]
+        heard_ms = sum(len(c.pcm) for c in appended) * 1000 // (2 * appended[0].rate_hz)
+        assert 6500 <= heard_ms <= 7500, heard_ms  # each call's audio, once, in its own session
+        assert commands.count(CreateTextItem("DTMF 1")) == 1
+    assert all(transport.latch.unexpected_source == 0 and codec.jitter.late == 0 for _, codec, transport in sip.finished)
+
+
 async def test_cancel_while_ringing(tmp_path: Path) -> None:
     recorder = engine()
     async with running_bridge(sip_settings(answer_delay_ms=3000), recorder, provider="twilio") as bridge:
@@ -133,6 +150,7 @@ async def test_hold_and_resume(tmp_path: Path) -> None:
         _, codec, _ = sip.finished[0]
     assert rc == 0, output
     assert codec.choice.direction.value == "sendrecv" and len(recorder.opened) == 1
+    assert codec.suppressed_on_hold > 10  # ~500 ms on hold: the 20 ms silence cadence stopped
 
 
 async def test_bridge_hangs_up_with_bye(tmp_path: Path) -> None:
@@ -184,3 +202,15 @@ async def test_garbage_and_strangers_do_not_disturb_a_call(tmp_path: Path) -> No
     assert dropped.get("malformed:no_headers_end") == 1 and dropped.get("malformed:truncated_body") == 1
     assert CreateTextItem("DTMF 1") in [c for cs in recorder.commands.values() for c in cs]
 
+
+
+async def test_a_silent_trunk_is_hung_up(tmp_path: Path) -> None:
+    """No RTP for ``sip.rtp_timeout_s``: the trunk is gone without a BYE; the bridge ends the call with one."""
+    recorder = engine()
+    async with running_bridge(sip_settings(rtp_timeout_s=1.0), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "bye_from_bridge.xml", tmp_path, "-m", "1")  # sends no RTP, awaits our BYE
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, transport = sip.finished[0]
+    assert rc == 0, output
+    assert transport.timed_out and codec.stopped and len(recorder.opened) == 1

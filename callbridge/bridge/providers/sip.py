@@ -73,6 +73,8 @@ class SipRtpCodec:
         self.malformed = 0
         self.other_payload_types = 0
         self.media_packets_sent = 0
+        self.suppressed_on_hold = 0
+        """Frames (agent audio or cadence silence) not sent because the peer holds the call."""
 
     @property
     def sending(self) -> bool:
@@ -128,6 +130,7 @@ class SipRtpCodec:
     def send(self, action: CarrierAction) -> bytes | None:
         if isinstance(action, SendMedia):
             if not self.sending or not action.payload:
+                self.suppressed_on_hold += self.started and not self.stopped and bool(action.payload)
                 return None
             self.media_packets_sent += 1
             return self.sender.packet(self.choice.payload_type, action.payload, len(action.payload))
@@ -138,6 +141,7 @@ class SipRtpCodec:
     def silence(self, ms: int = 20) -> bytes | None:
         """A packet of silence (the cadence between the agent's utterances: SBCs drop silent calls)."""
         if not self.sending:
+            self.suppressed_on_hold += self.started and not self.stopped
             return None
         samples = 8 * ms
         return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * samples, samples)
