@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,9 @@ def run_one(provider: str, args: argparse.Namespace) -> dict[str, object]:
     finally:
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         server.wait(10)
+        key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
+        if key:  # the key pair --print-env made for this run
+            shutil.rmtree(Path(key).parent, ignore_errors=True)
     report: dict[str, object] = json.loads(out.read_text())
     return report
 

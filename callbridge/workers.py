@@ -9,7 +9,8 @@ refuses ``workers > 1`` without it).
 Signals: the workers run in their own process group, so a terminal's Ctrl+C reaches only the supervisor.
 The supervisor forwards SIGTERM/SIGINT to every worker once per signal it gets: the first drains each
 worker (``BridgeServices.drain``), a second stops them at once. A worker that dies while the supervisor is
-not stopping is replaced. Exit 0 when every worker exited 0.
+not stopping is replaced; a worker whose supervisor died drains and exits. Exit 0 when every worker
+exited 0.
 
 Each worker serves its own ``/metrics`` and ``/readyz``: scrape workers through a load balancer only for
 liveness; for per-process metrics run one process per container and scale containers instead.
@@ -34,6 +35,7 @@ __all__ = ["serve_workers"]
 log = get_logger(__name__)
 
 _POLL_S = 0.2
+_ORPHAN_CHECK_S = 1.0
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -46,13 +48,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _watch_supervisor(supervisor_pid: int) -> None:
+    """A worker whose supervisor died (SIGKILL, a crash) drains and exits instead of serving on unsupervised."""
+    while os.getppid() == supervisor_pid:
+        time.sleep(_ORPHAN_CHECK_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _worker(settings_data: dict[str, Any], sock: socket.socket) -> None:
     """A worker's main: its own process group (terminal signals go to the supervisor), then one bridge."""
     import sys
+    import threading
 
     from callbridge.cli import serve_bridge
 
     os.setpgrp()
+    threading.Thread(target=_watch_supervisor, args=(os.getppid(),), name="supervisor-watch", daemon=True).start()
     settings = Settings.model_validate(settings_data)
     sys.exit(serve_bridge(settings, sockets=[sock]))
 

@@ -82,7 +82,7 @@ async def test_barge_ins_are_flushed(provider: str) -> None:
     assert "barge-ins:" in report.render() and "heard-position error" in report.render()
 
 
-@pytest.mark.parametrize("provider", ["twilio", "vonage", "audiosocket"])
+@pytest.mark.parametrize("provider", sorted(p for p, sim in SIMULATED.items() if sim.can_reconnect))
 async def test_drops_and_key_presses_under_load(provider: str) -> None:
     async with running_bridge(_settings(), provider=provider) as bridge:
         options = LoadTestOptions(

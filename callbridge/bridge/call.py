@@ -216,14 +216,15 @@ class CallSession:
             mark_every_frames=max(1, options.mark_every_frames * 20 // frame_ms),
             uses_marks=options.uses_marks and profile.uses_marks,
             marks_echoed_on_clear=profile.marks_echoed_on_clear,
+            flushes=profile.flushes,
         )
 
     # ------------------------------------------------------------------ inputs
 
     def receive_message(self, message: str | bytes, now_ms: int) -> None:
         """One websocket message from the carrier. Then drain every output; a protocol error ends the call."""
-        if self.state is CallState.ENDED:
-            return
+        if self.state in (CallState.ENDED, CallState.DETACHED):
+            return  # read after the stream ended (a send failed first): nothing is listening any more
         try:
             self._rate_limit(now_ms)
             events = self.codec.receive_message(message)

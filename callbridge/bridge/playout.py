@@ -14,6 +14,9 @@ Plan:
   (``_Segment``: from wall time ``start_ms``, response audio ``from_ms``
   onwards, ``length_ms`` long); a new run starts only after an underrun, so
   nothing is allocated per frame. "Heard" at time t is the run position at t.
+- Carriers without markers (AudioSocket, RTP) get heard positions from the model
+  alone, reported every ``mark_every_frames`` frames and at a response's end:
+  ``next_deadline_ms`` includes when playback reaches the next one.
 - Markers (carriers that echo them): one every ``mark_every_frames`` frames and
   one after each response's last frame, named ``<response_id>@<ms>``. An echo
   says playback reached that point: if it comes later than the model
@@ -87,6 +90,7 @@ class PlayoutLedger:
         mark_every_frames: int = 5,
         uses_marks: bool = True,
         marks_echoed_on_clear: bool = True,
+        flushes: bool = True,
     ) -> None:
         if lead_ms < frame_ms:
             raise ValueError(f"lead_ms {lead_ms} is shorter than one frame ({frame_ms} ms)")
@@ -95,6 +99,7 @@ class PlayoutLedger:
         self.mark_every_frames = mark_every_frames
         self.uses_marks = uses_marks
         self.marks_echoed_on_clear = marks_echoed_on_clear
+        self.flushes = flushes
         self._queue: deque[tuple[_Response, bytes]] = deque()
         self._responses: dict[str, _Response] = {}
         self._current: _Response | None = None
@@ -133,11 +138,13 @@ class PlayoutLedger:
         self.tick(now_ms)
 
     def tick(self, now_ms: int) -> None:
-        """Send the frames the lead allows now."""
+        """Send the frames the lead allows now (and, without markers, report how far playback has got)."""
         while self._queue and self._buffer_end_ms - now_ms + self.frame_ms <= self.lead_ms:
             response, frame = self._queue.popleft()
             response.queued_frames -= 1
             self._send_frame(response, frame, now_ms)
+        if not self.uses_marks:
+            self._report_heard(now_ms)
 
     def mark_echoed(self, name: str, now_ms: int) -> None:
         """The carrier echoed marker ``name``. Drain ``heard_updates()`` next."""
@@ -159,11 +166,12 @@ class PlayoutLedger:
         starts playing again at once.
         """
         current = self._current
-        heard = self._heard_at(now_ms) if current is not None else 0
         sent = current.sent_ms if current is not None else 0
+        # a carrier that cannot drop what it holds plays all of it: heard is what was sent
+        heard = (self._heard_at(now_ms) if self.flushes else sent) if current is not None else 0
         dropped = len(self._queue)
         playing = self._buffer_end_ms > now_ms or bool(self._outstanding)
-        cleared = playing or dropped > 0
+        cleared = (playing or dropped > 0) and self.flushes
         for response, _ in self._queue:
             response.queued_frames = 0
         self._queue.clear()
@@ -173,7 +181,8 @@ class PlayoutLedger:
         if self.marks_echoed_on_clear:
             self._flushed_marks.update(name for name, _, _ in self._outstanding)
         self._outstanding.clear()
-        self._buffer_end_ms = now_ms
+        if self.flushes:
+            self._buffer_end_ms = now_ms  # else what was sent still plays out first
         self._clear_segments()
         result = FlushResult(current.response_id if current else None, heard, sent, dropped, cleared)
         if current is not None:
@@ -195,10 +204,15 @@ class PlayoutLedger:
         return updates
 
     def next_deadline_ms(self) -> int | None:
-        """When the lead next allows a frame to go, if any is waiting."""
-        if not self._queue:
-            return None
-        return self._buffer_end_ms + self.frame_ms - self.lead_ms
+        """When the lead next allows a frame to go, if any is waiting; without markers, also when playback
+        reaches the next position to report."""
+        deadline = self._buffer_end_ms + self.frame_ms - self.lead_ms if self._queue else None
+        if not self.uses_marks:
+            target = self._next_report_ms()
+            report_at = self._time_of(target) if target is not None else None
+            if report_at is not None:
+                deadline = report_at if deadline is None else min(deadline, report_at)
+        return deadline
 
     # ------------------------------------------------------------------ queries
 
@@ -243,6 +257,25 @@ class PlayoutLedger:
         if self.uses_marks and (response.sent_ms // self.frame_ms) % self.mark_every_frames == 0:
             self._send_mark(response, response.sent_ms)
         self._maybe_final_mark(response)
+
+    def _next_report_ms(self) -> int | None:
+        """Without markers: the response position whose playing out is reported next (every marker interval,
+        and the end of an ended response), or None."""
+        current = self._current
+        if current is None:
+            return None
+        reported = self._acked.get(current.response_id, 0)
+        step = reported + self.mark_every_frames * self.frame_ms
+        if step <= current.sent_ms:
+            return step
+        if current.ended and current.queued_frames == 0 and reported < current.sent_ms:
+            return current.sent_ms
+        return None
+
+    def _report_heard(self, now_ms: int) -> None:
+        target = self._next_report_ms()
+        if target is not None and self._current is not None and self._heard_at(now_ms) >= target:
+            self._note_heard(self._current.response_id, self._heard_at(now_ms))
 
     def _maybe_final_mark(self, response: _Response) -> None:
         if response.ended and not response.final_mark_sent and response.queued_frames == 0:

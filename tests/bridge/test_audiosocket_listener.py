@@ -15,7 +15,7 @@ import pytest
 from callbridge.bridge.app import BridgeState
 from callbridge.bridge.audiosocket import AudioSocketListener, source_allowed
 from callbridge.bridge.carriers import carriers
-from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, frame
+from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, PROFILE, frame
 from callbridge.bridge.services import BridgeServices
 from callbridge.engine.commands import AckPlayback, CloseSession, CreateTextItem
 from callbridge.sim.runner import free_port
@@ -182,7 +182,7 @@ async def test_conversation_at_8k_paced_within_the_small_lead() -> None:
         await until(lambda: b.engine.session_count == 0 or known(b.services.registry, str(caller.call_id)))
     assert caller.warnings == [] and caller.kinds_received == {0x10}
     assert 1000 <= caller.heard_ms() <= 3700  # the echo agent said the utterance back
-    assert caller.max_ahead_ms <= 2 * FRAME_MS, caller.max_ahead_ms  # one frame of lead, plus a frame of jitter
+    assert caller.max_ahead_ms <= PROFILE.lead_ms + FRAME_MS, caller.max_ahead_ms  # the lead, plus a frame of jitter
     (session_id,) = b.engine.opened
     acks = [c for c in b.engine.commands[session_id] if isinstance(c, AckPlayback)]
     assert acks and abs(acks[-1].played_ms - caller.heard_ms()) <= FRAME_MS  # what was played, within a frame
@@ -196,7 +196,7 @@ async def test_slin16_stream_is_answered_in_slin16() -> None:
         await caller.hang_up()
     assert caller.warnings == [] and caller.kinds_received == {0x12}
     assert 500 <= caller.heard_ms() <= 800  # the tone agent's greeting, at 16 kHz
-    assert caller.max_ahead_ms <= 2 * FRAME_MS
+    assert caller.max_ahead_ms <= PROFILE.lead_ms + FRAME_MS
 
 
 async def test_dtmf_reaches_the_engine() -> None:

@@ -77,7 +77,7 @@ class Process:
             self.process.wait(timeout=10)
 
 
-def _spawn(name: str, args: list[str], config: Path, port: int, tmp: Path, health: str) -> Process:
+def _start(name: str, args: list[str], config: Path, port: int, tmp: Path) -> Process:
     log_path = tmp / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
     with log_path.open("wb") as log:
@@ -87,9 +87,7 @@ def _spawn(name: str, args: list[str], config: Path, port: int, tmp: Path, healt
             stderr=subprocess.STDOUT,
             env=env,
         )
-    proc = Process(name, process, f"http://127.0.0.1:{port}", log_path)
-    wait_http_ok(proc.url + health, process, timeout_s=60)  # type: ignore[arg-type]
-    return proc
+    return Process(name, process, f"http://127.0.0.1:{port}", log_path)
 
 
 @dataclass
@@ -143,16 +141,22 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
     processes: list[Process] = []
 
     def spawn(name: str, args: list[str], port: int, health: str) -> Process:
-        proc = _spawn(name, args, config, port, tmp_path, health)
-        processes.append(proc)
+        proc = _start(name, args, config, port, tmp_path)
+        processes.append(proc)  # stopped at teardown even if it never comes up
+        wait_http_ok(proc.url + health, proc.process, timeout_s=60)  # type: ignore[arg-type]
         return proc
 
     try:
         engine = await asyncio.to_thread(spawn, "engine", ["engine-server"], engine_port, "/health")
-        a, b = await asyncio.gather(
+        started = await asyncio.gather(
             asyncio.to_thread(spawn, "bridge-a", ["serve"], free_port(), "/readyz"),
             asyncio.to_thread(spawn, "bridge-b", ["serve"], free_port(), "/readyz"),
+            return_exceptions=True,  # both threads done (and their processes listed) before any teardown
         )
+        for outcome in started:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        a, b = (outcome for outcome in started if isinstance(outcome, Process))
         twilio.bridge_url = a.url
         exotel = SimulatedExotel(a.url, SECRET)
         yield Fleet(engine, a, b, twilio, exotel, spawn)

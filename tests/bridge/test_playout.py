@@ -178,3 +178,39 @@ class TestHeardModel:
         ledger.mark_echoed("a@100", 100)
         fill(ledger, "b", 5, now_ms=100)
         assert ledger.heard_ms("a", 500) == 100
+
+
+class TestWithoutMarkers:
+    """Carriers that echo nothing (AudioSocket, RTP): heard positions come from the playback model."""
+
+    def test_heard_is_reported_every_interval_and_at_the_end(self) -> None:
+        ledger = PlayoutLedger(lead_ms=40, mark_every_frames=5, uses_marks=False)
+        fill(ledger, "r", 12)
+        ledger.end_response("r", 0)
+        reported: list[HeardUpdate] = []
+        now = 0
+        while (deadline := ledger.next_deadline_ms()) is not None:
+            assert deadline >= now  # never a deadline in the past: the pacer would spin
+            now = deadline
+            ledger.tick(now)
+            ledger.actions_to_send()
+            reported += ledger.heard_updates()
+        assert reported == [HeardUpdate("r", 100), HeardUpdate("r", 200), HeardUpdate("r", 240)]
+        assert now == 240  # the last one when the last frame has played
+
+    def test_a_response_still_coming_waits_for_its_end(self) -> None:
+        ledger = PlayoutLedger(lead_ms=40, mark_every_frames=5, uses_marks=False)
+        fill(ledger, "r", 3)
+        for now in range(0, 200, 5):
+            ledger.tick(now)
+        assert ledger.heard_updates() == [] and ledger.next_deadline_ms() is None
+        ledger.end_response("r", 200)
+        assert ledger.heard_updates() == [HeardUpdate("r", 60)]  # it has all played out by now
+
+    def test_a_carrier_that_cannot_flush_hears_what_was_sent(self) -> None:
+        ledger = PlayoutLedger(lead_ms=60, uses_marks=False, flushes=False)
+        fill(ledger, "r", 10)
+        result = ledger.flush(10)
+        assert result.sent_ms == 60 and result.heard_ms == 60 and not result.cleared
+        assert not any(isinstance(a, SendClear) for a in ledger.actions_to_send())
+        assert ledger.heard_updates() == [HeardUpdate("r", 60)]

@@ -137,7 +137,7 @@ def test_dtmf_send_follows_rfc4733() -> None:
 
 
 def test_codec_profile_and_flow() -> None:
-    assert PROFILE.uses_marks is False and PROFILE.lead_ms == 20 and PROFILE.hang_up is HangUpMode.CLOSE
+    assert PROFILE.uses_marks is False and PROFILE.lead_ms == 60 and PROFILE.hang_up is HangUpMode.CLOSE and not PROFILE.flushes
     choice = choose(OFFER)
     assert choice is not None
     codec = SipRtpCodec("call-1", choice, caller="sip:a@b")

@@ -37,12 +37,9 @@ Asterisk ends the session on any other kind, and on an empty audio frame
 Asterisk plays what it gets at once, so the bridge paces and holds the queue,
 one frame ahead (``PROFILE.lead_ms``); a barge-in simply stops sending.
 
-Playback markers are local. Nothing goes on the wire for ``SendMark``, but
-since Asterisk plays a frame the moment it gets it and the lead is one frame,
-the frame before a marker has played within 20 ms of being sent: the codec
-echoes the marker itself with the next audio frame Asterisk sends (its media
-clock, one frame per 20 ms). So the engine hears what was played (acks) within
-a frame, as on carriers that echo markers. ``SendClear`` voids pending markers.
+Asterisk echoes nothing, so there are no playback markers (``uses_marks=False``):
+the playout ledger reports what the caller heard from its own model, and as
+nothing is ever flushed, a barge-in counts all that was sent as heard.
 """
 
 from __future__ import annotations
@@ -58,12 +55,9 @@ from callbridge.bridge.providers.base import (
     DtmfReceived,
     HangUp,
     HangUpMode,
-    MarkEchoed,
     MediaReceived,
     ProtocolErrorReason,
     RemoteProtocolError,
-    SendClear,
-    SendMark,
     SendMedia,
     StreamConnected,
     StreamStarted,
@@ -129,15 +123,17 @@ DEFAULT_MAX_BUFFER_BYTES: Final = 256 * 1024
 
 PROFILE: Final = CarrierProfile(
     frame_ms=20,
-    uses_marks=True,
+    uses_marks=False,
     marks_echoed_on_clear=False,
-    lead_ms=20,
+    lead_ms=60,
     hang_up=HangUpMode.IN_BAND,
+    flushes=False,
     reconnect_window_ms=3000,
 )
-"""Asterisk neither queues nor flushes: whatever was sent will be heard, so the lead is one frame — a barge-in
-then leaves at most one frame playing and the heard position is right within a frame (the phone's jitter
-buffer absorbs our send jitter). Markers are echoed locally (module docstring); hang-up is in band. Asterisk
+"""Asterisk neither queues nor flushes: whatever was sent will be heard (a barge-in's heard position is what was
+sent). The lead is three frames: a pacer woken late sends two at once and catches up, where a one-frame lead
+would turn every late wake-up into a gap and let the audio drift behind real time; a barge-in then leaves at
+most 60 ms playing. No markers (the ledger reports heard positions itself); hang-up is in band. Asterisk
 never says the caller hung up (it closes the socket), and a dialplan that loops back into ``AudioSocket()``
 reconnects within milliseconds: a connection not back in 3 s is a call that ended."""
 
@@ -187,8 +183,6 @@ class AudioSocketCodec:
         self._need = HEADER_BYTES
         """Bytes the incomplete frame in ``_rest`` needs before it can be parsed."""
         self._pending_dtmf: list[str] = []
-        self._marks: list[str] = []
-        """Markers sent since Asterisk's last audio frame: echoed with its next one."""
 
     @property
     def started(self) -> bool:
@@ -263,9 +257,6 @@ class AudioSocketCodec:
             if self.audio_kind is None:
                 self._start(kind, events)
             events.append(MediaReceived(payload, None))
-            if self._marks:
-                events.extend(MarkEchoed(name) for name in self._marks)
-                self._marks.clear()
         elif kind == Kind.UUID:
             self.call_id = str(uuid.UUID(bytes=payload))
             self.stream_id = f"{self.call_id}#{self.connection}"
@@ -323,10 +314,6 @@ class AudioSocketCodec:
                 return frame(self.audio_kind, payload)
             step = MAX_PAYLOAD_BYTES - 1  # even: whole samples per frame
             return b"".join(frame(self.audio_kind, payload[i : i + step]) for i in range(0, len(payload), step))
-        if isinstance(action, SendMark):
-            self._marks.append(action.name)  # echoed locally with Asterisk's next frame
-        elif isinstance(action, SendClear):
-            self._marks.clear()  # the frames already sent still play; their markers mean nothing now
-        elif isinstance(action, HangUp):
+        if isinstance(action, HangUp):
             return HANGUP_FRAME
-        return None
+        return None  # markers and flushes: Asterisk has neither

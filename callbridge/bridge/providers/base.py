@@ -162,6 +162,9 @@ class CarrierProfile:
     """How far ahead of playback the carrier may be fed; None: ``audio.playout_lead_ms``. Carriers with no
     buffer of their own (AudioSocket, RTP) play what they get at once: their lead is a frame or two."""
     hang_up: HangUpMode = HangUpMode.REST
+    flushes: bool = True
+    """The carrier can drop audio it holds (``clear`` and equivalents). Without it (AudioSocket, RTP) a barge-in
+    just stops sending, and everything already sent will be heard: the heard position is what was sent."""
     reconnect_window_ms: int | None = None
     """For carriers that never say goodbye on the wire but reconnect at once if they do (AudioSocket's
     dialplan loop): a dropped connection not back within this window is a call that ended, and its engine

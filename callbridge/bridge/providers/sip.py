@@ -48,9 +48,11 @@ __all__ = ["COMFORT_NOISE_PT", "PROFILE", "PROVIDER", "SipRtpCodec"]
 PROVIDER: Final = "sip"
 COMFORT_NOISE_PT: Final = 13
 PROFILE: Final = CarrierProfile(
-    frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=20, hang_up=HangUpMode.CLOSE
+    frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=60, hang_up=HangUpMode.CLOSE, flushes=False
 )
-"""RTP plays what arrives: one frame of lead, no markers (heard = the send clock), hang-up = close → BYE."""
+"""RTP plays what arrives: nothing to flush (a barge-in stops sending; what was sent is heard), no markers (the
+ledger reports heard positions from the send clock), three frames of lead so a late pacer catches up instead of
+drifting behind real time, hang-up = close → BYE."""
 
 
 class SipRtpCodec:

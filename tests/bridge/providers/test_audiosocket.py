@@ -20,7 +20,6 @@ from callbridge.bridge.providers.base import (
     DtmfReceived,
     HangUp,
     HangUpMode,
-    MarkEchoed,
     MediaReceived,
     ProtocolErrorReason,
     RemoteProtocolError,
@@ -284,27 +283,9 @@ def test_marks_and_clears_send_nothing_and_hang_up_is_in_band() -> None:
     assert codec.send(HangUp("agent_done")) == b"\x00\x00\x00"
 
 
-def test_markers_are_echoed_with_asterisks_next_audio_frame() -> None:
-    codec = started()
-    codec.send(SendMedia(bytes(320)))
-    codec.send(SendMark("r1@20"))
-    codec.send(SendMedia(bytes(320)))
-    codec.send(SendMark("r1@40"))
-    assert codec.receive_message(frame(0x03, b"1")) == [DtmfReceived("1")]  # not a media clock tick
-    assert codec.receive_message(SLIN) == [MediaReceived(PCM_20MS_8K, None), MarkEchoed("r1@20"), MarkEchoed("r1@40")]
-    assert codec.receive_message(SLIN) == [MediaReceived(PCM_20MS_8K, None)]  # each echoed once
-
-
-def test_a_flush_voids_pending_markers() -> None:
-    codec = started()
-    codec.send(SendMark("r1@20"))
-    codec.send(SendClear())
-    assert codec.receive_message(SLIN) == [MediaReceived(PCM_20MS_8K, None)]
-
-
 def test_profile() -> None:
-    assert PROFILE.hang_up is HangUpMode.IN_BAND and PROFILE.marks_echoed_on_clear is False
-    assert PROFILE.frame_ms == 20 and PROFILE.lead_ms == PROFILE.frame_ms  # no flush: one frame of lead
+    assert PROFILE.hang_up is HangUpMode.IN_BAND and not PROFILE.uses_marks and not PROFILE.flushes
+    assert PROFILE.frame_ms == 20 and PROFILE.lead_ms == 3 * PROFILE.frame_ms  # room to catch up a late send
 
 
 # ---------------------------------------------------------------- the listener's peek
