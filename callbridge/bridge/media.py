@@ -35,6 +35,10 @@ __all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
 log = get_logger("callbridge.call")
 
 _POLICY_VIOLATION = 1008
+_DETACH_WAIT_S = 2.0
+"""How long a new stream waits for the ticket of a stream that still holds the call's session."""
+_BOUND_KEPT_MS = 4 * 3600 * 1000
+"""How long a stream's "bound" mark outlives a process that died without detaching."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
 
@@ -156,6 +160,8 @@ class MediaStreamDriver:
                 await self._refuse("call_already_ended")
                 return
             ticket, offset_ms = await services.registry.claim_ticket(start.call_id)
+            if ticket is None:
+                ticket, offset_ms = await self._await_detach(start.call_id, offset_ms)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
             await self._refuse("registry_unavailable")
@@ -203,10 +209,28 @@ class MediaStreamDriver:
             await self._flush()
         finally:
             self._lock.release()
+        await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS))
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
         if services.draining:  # bound after the drain began (answered just before it): move it on at once
             await self.move_elsewhere()
+
+    async def _await_detach(self, call_id: str, offset_ms: int) -> tuple[ResumeTicket | None, int]:
+        """No ticket, but a stream still holds the call's engine session: its socket dropped and its detach is
+        on the way (in this process or another) while the carrier already reconnected. Wait a moment for the
+        ticket rather than open a second session; a mark left by a process that died costs this wait once."""
+        registry, loop = self.services.registry, asyncio.get_running_loop()
+        started = loop.time()
+        while loop.time() < started + _DETACH_WAIT_S:
+            record = await registry.get(call_id)
+            if record is None or not record.bound or record.ended_reason is not None:
+                break
+            await asyncio.sleep(0.02)
+            ticket, offset_ms = await registry.claim_ticket(call_id)
+            if ticket is not None:
+                self.log.info("resume_waited_for_detach", waited_ms=round((loop.time() - started) * 1000))
+                return ticket, offset_ms
+        return None, offset_ms
 
     async def _refuse(self, reason: str, *, hang_up: bool = False) -> None:
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()

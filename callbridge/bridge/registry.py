@@ -64,6 +64,9 @@ class CallRecord:
     """Where the call's input timeline stood when its last stream ended."""
     ended_reason: str | None = None
     """Set once the call is over (hung up, refused): a redirected webhook then hangs up."""
+    bound: bool = False
+    """A stream holds the call's engine session now (``mark_bound``): a new stream that finds no ticket is
+    racing that stream's detach, and waits a moment for it rather than open a second session."""
 
 
 class CallRegistry(abc.ABC):
@@ -82,6 +85,11 @@ class CallRegistry(abc.ABC):
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         """Take the call's resume ticket and its timeline offset, atomically: of two processes that claim at
         once, one gets the ticket. With ``expected``: only if that is still the ticket waiting."""
+
+    @abc.abstractmethod
+    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+        """A stream has bound the call's engine session (until its ``detach`` or ``mark_ended``; the mark of a
+        process that died lapses after ``keep_ms``)."""
 
     @abc.abstractmethod
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
@@ -144,10 +152,11 @@ class MemoryCallRegistry(CallRegistry):
         if entry is None:
             return None
         record = entry.record
-        return CallRecord(record.call_id, record.ticket, record.input_ms, record.ended_reason)
+        return CallRecord(record.call_id, record.ticket, record.input_ms, record.ended_reason, record.bound)
 
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
         entry = self._entry(call_id)
+        entry.record.bound = False
         entry.record.ticket = ticket
         entry.record.input_ms = input_ms
         entry.expires_at_ms = self._clock() + grace_ms
@@ -162,9 +171,15 @@ class MemoryCallRegistry(CallRegistry):
         ticket, record.ticket = record.ticket, None
         return ticket, record.input_ms
 
+    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+        entry = self._entry(call_id)
+        entry.record.bound = True
+        entry.expires_at_ms = max(entry.expires_at_ms, self._clock() + keep_ms)
+
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         entry = self._entry(call_id)
         entry.record.ended_reason = reason
+        entry.record.bound = False
         entry.record.ticket = None
         entry.expires_at_ms = self._clock() + keep_ms
 

@@ -91,6 +91,7 @@ class RedisCallRegistry(CallRegistry):
             ticket=_ticket(ticket) if ticket else None,
             input_ms=int(fields.get("input_ms", 0)),
             ended_reason=fields.get("ended"),
+            bound="bound" in fields,
         )
 
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
@@ -98,6 +99,7 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("detach"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
+                pipe.hdel(key, "bound")
                 pipe.pexpire(key, max(1, grace_ms))
                 await pipe.execute()
 
@@ -107,12 +109,21 @@ class RedisCallRegistry(CallRegistry):
             ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
         return (_ticket(ticket) if ticket else None), int(input_ms)
 
+    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+        key = self._key(call_id)
+        with _unavailable("mark_bound"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(key, "bound", "1")
+                pipe.pexpire(key, max(1, keep_ms), gt=True)  # never shortens a longer expiry
+                pipe.pexpire(key, max(1, keep_ms), nx=True)  # sets one where there was none
+                await pipe.execute()
+
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         key = self._key(call_id)
         with _unavailable("mark_ended"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, "ended", reason)
-                pipe.hdel(key, "ticket")
+                pipe.hdel(key, "ticket", "bound")
                 pipe.pexpire(key, max(1, keep_ms))
                 await pipe.execute()
 

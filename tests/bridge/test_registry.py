@@ -247,3 +247,18 @@ async def test_redis_lost_mid_call_leaves_no_engine_session_behind() -> None:
     assert len(result.streams) == 1 and any("HTTP 500" in e.what for e in result.timeline), result.render()
     (session_id,) = recorder.opened
     assert recorder.commands[session_id][-1] == CloseSession("registry_unavailable")
+
+
+async def test_a_bound_mark_lasts_until_the_detach_or_the_end(backend: Backend) -> None:
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    await a.mark_bound("CA-bound", keep_ms=60_000)
+    record = await b.get("CA-bound")
+    assert record is not None and record.bound and record.ticket is None  # a stream holds the session
+    await a.detach("CA-bound", TICKET, 1200, grace_ms=60_000)
+    record = await b.get("CA-bound")
+    assert record is not None and not record.bound and record.ticket == TICKET
+    await b.mark_bound("CA-bound", keep_ms=60_000)
+    await b.mark_ended("CA-bound", "caller_hung_up")
+    record = await a.get("CA-bound")
+    assert record is not None and not record.bound and record.ended_reason == "caller_hung_up"

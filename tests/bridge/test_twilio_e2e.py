@@ -3,6 +3,7 @@ uvicorn and a simulated Twilio over real loopback sockets, with the embedded eng
 
 from __future__ import annotations
 
+import asyncio
 import base64
 
 import numpy as np
@@ -81,3 +82,27 @@ async def test_signalwire_l16_24k_both_ways() -> None:
     assert len(result.clears) == 1 and abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= 20
     heard = np.frombuffer(bytes(result.heard), dtype="<i2")
     assert np.abs(heard).max() > 1000  # the echo came back through 24 kHz L16, not silence or noise
+
+
+async def test_a_reconnect_that_overtakes_the_detach_still_resumes() -> None:
+    """The carrier opens the call's next stream before the bridge has noticed the old socket drop: the new
+    stream waits for the old one's detach and resumes its session instead of opening a second one."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        registry = bridge.app.state.bridge.services.registry
+        first = await RawStream.open(bridge)
+        await first.start()
+
+        async def bound() -> bool:
+            record = await registry.get(first.call_sid)
+            return record is not None and record.bound
+
+        await until(bound)
+        second = await RawStream.open(bridge, call_sid=first.call_sid)
+        await second.start()
+        await asyncio.sleep(0.3)
+        assert recorder.resumed == [] and len(recorder.opened) == 1  # waiting, not a second session
+        assert first.ws.transport is not None
+        first.ws.transport.abort()  # now the old socket drops: its detach hands the session over
+        await until(lambda: recorder.resumed == recorder.opened)
+        assert recorder.session_count == 1

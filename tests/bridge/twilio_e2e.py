@@ -82,9 +82,12 @@ class RawStream:
         self.token = token
 
     @classmethod
-    async def open(cls, bridge: RunningBridge, *, token: str | None = None, signature: str | None = None) -> RawStream:
+    async def open(
+        cls, bridge: RunningBridge, *, token: str | None = None, signature: str | None = None, call_sid: str | None = None
+    ) -> RawStream:
+        """Answer a call (``call_sid``: again, as Twilio's ``<Redirect>`` does) and open its media websocket."""
         validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
-        call_sid = "CA" + secrets.token_hex(16)
+        call_sid = call_sid or "CA" + secrets.token_hex(16)
         url = bridge.base_url + "/twilio/voice"
         params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
         async with httpx.AsyncClient() as http:
