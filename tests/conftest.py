@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +14,17 @@ import httpx
 import pytest
 
 from callbridge.sim.runner import free_port
+
+PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core"}
+"""Real peers some tests run (binary → Debian package). Missing locally: those tests skip, saying why."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In CI (``CALLBRIDGE_REQUIRE_PEERS=1``) a missing peer is an error, never a silent skip."""
+    if os.environ.get("CALLBRIDGE_REQUIRE_PEERS") == "1":
+        missing = [f"{binary} (apt-get install {package})" for binary, package in PEERS.items() if shutil.which(binary) is None]
+        if missing:
+            raise pytest.UsageError(f"CALLBRIDGE_REQUIRE_PEERS=1 but missing: {', '.join(missing)}")
 
 __all__ = ["ServedBridge", "free_port", "wait_http_ok"]
 
