@@ -107,6 +107,7 @@ class ExotelCodec(JsonCodec):
     frame, each frame would leave only when the last one ended: a gap per frame).
     """
 
+    stream_key = "stream_sid"
     provider = "exotel"
 
     def __init__(
@@ -271,15 +272,8 @@ class ExotelCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"dtmf digit {value!r}")
         return digit.upper()
 
-    def _check_stream(self, payload: dict[str, Any], event: str) -> None:
-        if self.stream_id is None:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
-        stream_id = payload.get("stream_sid")
-        if stream_id != self.stream_id:
-            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
-            raise self._error(reason, f"{event} for stream {stream_id!r}")
+    def _check_stream(self, payload: dict[str, Any], event: str, *, required: bool = True) -> None:
+        super()._check_stream(payload, event, required=required)
         self._sequence(payload)
 
     def _sequence(self, payload: dict[str, Any]) -> None:
@@ -288,7 +282,6 @@ class ExotelCodec(JsonCodec):
         value = payload.get("sequence_number")
         if value is not None and json_number(value) is None:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {value!r}")
-
 
     # ----------------------------------------------------------------- out
 

@@ -17,8 +17,11 @@ class JsonCodec:
     """The shared half of a JSON carrier codec; the subclass names the ``provider`` and tracks the stream."""
 
     provider: str
+    stream_key: str
+    """The field that names the stream in every message (``streamSid``, ``stream_id``, ``streamId``…)."""
     stream_id: str | None
     call_id: str | None
+    stopped: bool
     max_message_bytes: int
 
     def _parse(self, message: str | bytes) -> dict[str, Any]:
@@ -35,6 +38,20 @@ class JsonCodec:
         if not isinstance(payload, dict):
             raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
         return payload
+
+    def _check_stream(self, payload: dict[str, Any], event: str, *, required: bool = True) -> None:
+        """``event`` may come now (after ``start``, before ``stop``) and names this stream (``required``: the
+        stream field must be there; otherwise it may be left out)."""
+        if self.stream_id is None:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
+        if self.stopped:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
+        stream_id = payload.get(self.stream_key)
+        if stream_id is None and not required:
+            return
+        if stream_id != self.stream_id:
+            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
+            raise self._error(reason, f"{event} for stream {stream_id!r}")
 
     def _object(self, payload: dict[str, Any], key: str) -> dict[str, Any]:
         value = payload.get(key)

@@ -143,6 +143,7 @@ def parse_extra_headers(raw: object) -> dict[str, str]:
 class PlivoCodec(JsonCodec):
     """One Plivo audio stream, message by message."""
 
+    stream_key = "streamId"
     provider = "plivo"
     profile: Final = PLIVO_PROFILE
 
@@ -294,18 +295,6 @@ class PlivoCodec(JsonCodec):
         if relative < 0:
             return None
         return relative if relative > self._media_ms + TIMESTAMP_JITTER_MS else min(relative, self._media_ms)
-
-    def _check_stream(self, payload: dict[str, Any], event: str, *, required: bool = True) -> None:
-        if self.stream_id is None:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
-        stream_id = payload.get("streamId")
-        if stream_id is None and not required:
-            return
-        if stream_id != self.stream_id:
-            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
-            raise self._error(reason, f"{event} for stream {stream_id!r}")
 
 
     # ----------------------------------------------------------------- out

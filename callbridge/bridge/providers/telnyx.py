@@ -107,6 +107,7 @@ def telnyx_format(encoding: object, sample_rate: object) -> tuple[AudioEncoding,
 class TelnyxCodec(JsonCodec):
     """One Telnyx media stream, message by message (see the module docstring)."""
 
+    stream_key = "stream_id"
     provider = "telnyx"
     profile: Final = TELNYX_PROFILE
 
@@ -320,18 +321,6 @@ class TelnyxCodec(JsonCodec):
         if number is None or number < 0:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {seq!r}")
         return number
-
-    def _check_stream(self, payload: dict[str, Any], event: str, *, required: bool) -> None:
-        if self.stream_id is None:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
-        stream_id = payload.get("stream_id")
-        if stream_id is None and not required:
-            return
-        if stream_id != self.stream_id:
-            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
-            raise self._error(reason, f"{event} for stream {stream_id!r}")
 
 
     # ----------------------------------------------------------------- out

@@ -54,6 +54,7 @@ class TwilioCodec(JsonCodec):
     """One Twilio media stream, message by message. A Twilio-compatible carrier (SignalWire) is this codec with
     its own ``provider`` name and the media formats it adds."""
 
+    stream_key = "streamSid"
     profile: Final = DEFAULT_PROFILE
 
     def __init__(
@@ -149,16 +150,6 @@ class TwilioCodec(JsonCodec):
         if timestamp is not None and (timestamp_ms is None or timestamp_ms < 0):
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.timestamp {timestamp!r}")
         return MediaReceived(audio, timestamp_ms)
-
-    def _check_stream(self, payload: dict[str, Any], event: str) -> None:
-        if self.stream_id is None:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} before start")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event} after stop")
-        stream_id = payload.get("streamSid")
-        if stream_id != self.stream_id:
-            reason = ProtocolErrorReason.MISSING_FIELD if stream_id is None else ProtocolErrorReason.WRONG_STREAM
-            raise self._error(reason, f"{event} for stream {stream_id!r}")
 
 
     # ----------------------------------------------------------------- out
