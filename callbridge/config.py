@@ -107,6 +107,9 @@ class EngineSettings(_Section):
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     dtmf: Literal["text_item", "ignore"] = "text_item"
     """What a caller's key press becomes: a user text item ("DTMF 5") in the conversation, or nothing."""
+    failure_tone_ms: Annotated[int, Field(ge=0, le=10_000)] = 600
+    """When the engine fails mid-call (expired, lost past resume), the caller hears this long a reorder tone,
+    then the call is hung up; 0: hang up at once."""
 
 
 class LocalEngineSettings(_Section):

@@ -40,6 +40,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
     DEFAULT_PROFILE,
@@ -76,6 +78,7 @@ from callbridge.engine.commands import (
     EngineCommand,
     TruncateItem,
 )
+from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
@@ -99,6 +102,8 @@ class CallState(enum.Enum):
     LIVE = "live"
     DETACHED = "detached"
     """The socket dropped without ``stop``: the engine session waits for the next stream."""
+    ENDING = "ending"
+    """The engine failed mid-call: the caller hears the fallback tone, then the call is hung up."""
     ENDED = "ended"
 
 
@@ -110,6 +115,8 @@ class _Trigger(enum.Enum):
     CARRIER_EVENT = "carrier_event"
     STOPPED = "stopped"
     ENGINE_ENDED = "engine_ended"
+    ENGINE_FAILED = "engine_failed"
+    FALLBACK_PLAYED = "fallback_played"
     TRANSPORT_LOST = "transport_lost"
     FAILED = "failed"
 
@@ -131,6 +138,12 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
     (_S.LIVE, _T.ENGINE_ENDED): _S.ENDED,
     (_S.LIVE, _T.TRANSPORT_LOST): _S.DETACHED,
     (_S.LIVE, _T.FAILED): _S.ENDED,
+    (_S.LIVE, _T.ENGINE_FAILED): _S.ENDING,
+    (_S.ENDING, _T.CARRIER_EVENT): _S.ENDING,
+    (_S.ENDING, _T.FALLBACK_PLAYED): _S.ENDED,
+    (_S.ENDING, _T.STOPPED): _S.ENDED,
+    (_S.ENDING, _T.TRANSPORT_LOST): _S.ENDED,
+    (_S.ENDING, _T.FAILED): _S.ENDED,
 }
 """Every state change of a call stream. A pair not listed is an error (``_transition``)."""
 
@@ -161,6 +174,8 @@ class CallOptions:
     uses_marks: bool = True
     resampler_quality: ResamplerQuality = ResamplerQuality.LD
     dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
+    failure_tone_ms: int = 600
+    """When the engine fails mid-call, the caller hears this long a tone before the hang-up (0: none)."""
 
 
 class CallSession:
@@ -202,6 +217,8 @@ class CallSession:
         self._tokens = float(_MESSAGE_BURST)
         self._tokens_at_ms: int | None = None
         self.late_deltas_dropped = 0
+        self.failures_by_engine: str | None = None
+        """Why the engine failed this call, if it did (the driver counts it)."""
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
 
@@ -277,13 +294,38 @@ class CallSession:
             case OutputAudioCleared(response_id):
                 self._interrupt(response_id or self._out_response, now_ms)
             case SessionClosed() | SessionExpired():
-                self._end_by_engine(f"engine_{type(event).__name__}:{event.reason}")
+                reason = f"engine_{type(event).__name__}:{event.reason}"
+                if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
+                    self.engine_failed(reason, now_ms)
+                else:
+                    self._end_by_engine(reason)
             case SessionReplaced():
                 self._transition(_Trigger.ENGINE_ENDED)
                 self.end_reason = "session_replaced"
                 self.close_transport = True
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
+
+    def engine_failed(self, reason: str, now_ms: int) -> None:
+        """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
+        fallback tone instead of silence, then the call is hung up. Agent audio still queued is dropped."""
+        if self.state is not CallState.LIVE:
+            return
+        self._transition(_Trigger.ENGINE_FAILED)
+        self.end_reason = reason
+        self.failures_by_engine = reason
+        self._out_response = self._out_resampler = self._out_frames = None
+        self.ledger.flush(now_ms)
+        self.ledger.heard_updates()  # nobody to tell: the session is gone
+        if self.options.failure_tone_ms > 0:
+            frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
+            tone = encode_from_pcm16(self._encoding, _failure_tone(self._rate_hz, self.options.failure_tone_ms))
+            for frame in [*frames.push(tone), frames.flush()]:
+                if frame is not None:
+                    self.ledger.enqueue(_FALLBACK_RESPONSE, frame, now_ms)
+            self.ledger.end_response(_FALLBACK_RESPONSE, now_ms)
+        self._drain_ledger(to_engine=False)
+        self.tick(now_ms)
 
     def carrier_ended(self, reason: str, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
@@ -312,10 +354,15 @@ class CallSession:
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due. Drain ``messages_to_send`` next."""
-        if self.state is not CallState.LIVE:
-            return
-        self.ledger.tick(now_ms)
-        self._drain_ledger()
+        if self.state is CallState.LIVE:
+            self.ledger.tick(now_ms)
+            self._drain_ledger()
+        elif self.state is CallState.ENDING:
+            self.ledger.tick(now_ms)
+            self._drain_ledger(to_engine=False)
+            if not self.ledger.is_playing(now_ms):  # the fallback has played out: now hang up
+                self._transition(_Trigger.FALLBACK_PLAYED)
+                self._hang_up(self.end_reason or "engine_failed")
 
     # ----------------------------------------------------------------- outputs
 
@@ -328,6 +375,8 @@ class CallSession:
         return commands
 
     def next_deadline_ms(self) -> int | None:
+        if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
+            return self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
         return self.ledger.next_deadline_ms() if self.state is CallState.LIVE else None
 
     # ------------------------------------------------------------- carrier side
@@ -366,6 +415,8 @@ class CallSession:
                 self.notices.append(event)
 
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
+        if self.state is CallState.ENDING:
+            return  # no engine to hear it
         payload_ms = len(payload) * 1000 // (self._rate_hz * self._encoding.sample_bytes)
         if self._first_media_at_ms is None:
             self._first_media_at_ms = now_ms - (timestamp_ms or 0)
@@ -478,9 +529,10 @@ class CallSession:
                 self._messages.append(message)
         self.close_transport = True
 
-    def _drain_ledger(self) -> None:
+    def _drain_ledger(self, *, to_engine: bool = True) -> None:
         for update in self.ledger.heard_updates():
-            self._commands.append(AckPlayback(update.response_id, update.heard_ms, f"item_{update.response_id}"))
+            if to_engine:
+                self._commands.append(AckPlayback(update.response_id, update.heard_ms, f"item_{update.response_id}"))
         for action in self.ledger.actions_to_send():
             message = self.codec.send(action)
             if message is not None:
@@ -510,3 +562,23 @@ class CallSession:
             self._commands.append(CloseSession("carrier_protocol_error"))
             self._hang_up(self.end_reason)
         self.close_transport = True
+
+
+_FALLBACK_RESPONSE: Final = "engine_failure"
+_ENGINE_FAILURES: Final = frozenset(
+    {ErrorCode.CONNECTION_FAILED, ErrorCode.PROTOCOL_ERROR, ErrorCode.INTERNAL_ERROR, "client_error", "transport_error"}
+    | FATAL_RESUME_CODES
+)
+
+
+def _is_engine_failure(reason: str) -> bool:
+    """A session end that is a failure (not the agent or the bridge ending the call on purpose)."""
+    return reason in _ENGINE_FAILURES or reason.startswith("resync_required")
+
+
+def _failure_tone(rate_hz: int, ms: int) -> bytes:
+    """The reorder tone (480 + 620 Hz, 250 ms on / 250 ms off), PCM16 at ``rate_hz``: "this call cannot go on"."""
+    t = np.arange(rate_hz * ms // 1000) / rate_hz
+    tone = (np.sin(2 * np.pi * 480 * t) + np.sin(2 * np.pi * 620 * t)) * 4000
+    tone[(t % 0.5) >= 0.25] = 0
+    return tone.astype("<i2").tobytes()

@@ -291,6 +291,9 @@ class MediaStreamDriver:
                         self.log.info("barge_in", signal=type(event).__name__, clear_sent_after_ms=round(elapsed_s * 1000, 3))
         except Exception:
             self.log.exception("engine_pump_failed")
+            async with self._lock:  # the caller hears the fallback, then the call is hung up
+                self.call.engine_failed("engine_stream_failed", _now_ms())
+                await self._flush()
 
     async def _pace(self) -> None:
         while not self._done():
@@ -390,6 +393,9 @@ class MediaStreamDriver:
                     await session.close(call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
                 await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
+        if call.failures_by_engine is not None:
+            services.metrics.engine_failures.labels(self.provider).inc()
+            self.log.warning("engine_failed_mid_call", reason=call.failures_by_engine)
         if call.failure is not None:
             services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
             self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)

@@ -220,6 +220,11 @@ class PlayoutLedger:
     def queued_frames(self) -> int:
         return len(self._queue)
 
+    @property
+    def playing_until_ms(self) -> int:
+        """When what has been sent finishes playing (by the model)."""
+        return self._buffer_end_ms
+
     def lead_at(self, now_ms: int) -> int:
         """ms of audio the carrier holds (by our model) at ``now_ms``."""
         return max(0, self._buffer_end_ms - now_ms)

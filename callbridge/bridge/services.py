@@ -49,6 +49,10 @@ class BridgeMetrics:
         self.stream_status = Counter(
             "callbridge_stream_status_total", "Carrier stream status callbacks", ["provider", "event"], registry=registry
         )
+        self.engine_failures = Counter(
+            "callbridge_engine_failures_total", "Calls whose engine session failed mid-call (fallback, then hang-up)",
+            ["provider"], registry=registry,
+        )  # fmt: skip
         self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
             "Engine interruption signal to carrier flush sent",
@@ -160,6 +164,7 @@ def call_options(settings: Settings) -> CallOptions:
         mark_every_frames=audio.mark_interval_frames,
         resampler_quality=audio.resampler_quality,
         dtmf_mode=DtmfMode(settings.engine.dtmf),
+        failure_tone_ms=settings.engine.failure_tone_ms,
     )
 
 

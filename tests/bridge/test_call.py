@@ -11,7 +11,7 @@ import pytest
 from callbridge.bridge.call import CallOptions, CallSession, CallState, DtmfMode
 from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
 from callbridge.bridge.providers.twilio import TwilioCodec
-from callbridge.codecs import pcm16_to_ulaw
+from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
 from callbridge.engine.commands import (
     AckPlayback,
     AppendAudio,
@@ -26,6 +26,7 @@ from callbridge.engine.events import (
     OverlapDecision,
     ResponseCreated,
     ResponseDone,
+    SessionClosed,
     SessionExpired,
     SessionReplaced,
 )
@@ -211,10 +212,44 @@ class TestEnding:
         assert h.of(CloseSession) == [CloseSession("call_ended")]
         assert h.call.close_transport and h.call.hangup is None
 
-    def test_engine_end_hangs_up(self) -> None:
+    def test_the_agent_ending_the_session_hangs_up_at_once(self) -> None:
         h = Harness().live()
-        h.engine(SessionExpired("duplex-1", "idle_ttl_expired"))
-        assert h.call.hangup == HangUp("engine_SessionExpired:idle_ttl_expired") and h.call.close_transport
+        h.engine(SessionClosed("duplex-1", "agent_ended_the_call"))
+        assert h.call.state is CallState.ENDED and h.call.failures_by_engine is None
+        assert h.call.hangup == HangUp("engine_SessionClosed:agent_ended_the_call") and h.call.close_transport
+
+    def test_an_engine_failure_plays_the_fallback_tone_then_hangs_up(self) -> None:
+        h = Harness(failure_tone_ms=600).live()
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(100)
+        commands_before, media_before = len(h.commands), len(h.events("media"))
+        h.engine(SessionExpired("duplex-1", "disconnect_grace_expired"))
+        assert h.call.state is CallState.ENDING and h.call.hangup is None and not h.call.close_transport
+        assert h.events("clear")  # the agent's stale audio is dropped at the carrier first
+        h.receive(f'{{"event":"dtmf","streamSid":"{SID}","dtmf":{{"digit":"5"}}}}')
+        h.receive(media(caller_frame(), timestamp="120"))
+        h.advance(2000)
+        tone = h.events("media")[media_before:]
+        assert len(tone) == 30  # 600 ms of 20 ms frames, paced out
+        heard = np.frombuffer(ulaw_to_pcm16(base64.b64decode(str(tone[5]["media"]["payload"]))), dtype="<i2")  # type: ignore[index]
+        assert np.abs(heard).max() > 2000  # a tone, not silence
+        assert len(h.commands) == commands_before  # nothing more for an engine that is gone
+        assert h.call.state is CallState.ENDED and h.call.close_transport
+        assert h.call.hangup == HangUp("engine_SessionExpired:disconnect_grace_expired")
+        assert h.call.failures_by_engine == "engine_SessionExpired:disconnect_grace_expired"
+
+    def test_without_a_fallback_tone_an_engine_failure_hangs_up_at_once(self) -> None:
+        h = Harness(failure_tone_ms=0).live()
+        h.engine(SessionClosed("duplex-1", "connection_failed"))
+        h.advance(0)
+        assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("engine_SessionClosed:connection_failed")
+
+    def test_the_caller_hanging_up_during_the_fallback_ends_it(self) -> None:
+        h = Harness().live()
+        h.engine(SessionClosed("duplex-1", "connection_failed"))
+        h.advance(100)
+        h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
+        assert h.call.state is CallState.ENDED and h.call.hangup is None and h.of(CloseSession) == []
 
     def test_replaced_session_closes_this_stream_only(self) -> None:
         h = Harness().live()

@@ -106,3 +106,18 @@ async def test_a_reconnect_that_overtakes_the_detach_still_resumes() -> None:
         first.ws.transport.abort()  # now the old socket drops: its detach hands the session over
         await until(lambda: recorder.resumed == recorder.opened)
         assert recorder.session_count == 1
+
+
+async def test_an_engine_failure_mid_call_plays_the_fallback_then_hangs_up() -> None:
+    recorder = engine()
+    async with running_bridge(settings(engine={"failure_tone_ms": 600}), recorder) as bridge:
+        call = asyncio.create_task(bridge.carrier.place_call(CallerScript(hangup_at_ms=6000)))
+        await until(lambda: recorder.session_count == 1)
+        await recorder.sessions[recorder.opened[0]].close("connection_failed")  # as a lost engine server ends it
+        result = await call
+        metrics = bridge.app.state.bridge.registry
+        failures = metrics.get_sample_value("callbridge_engine_failures_total", {"provider": "twilio"})
+        hangups = metrics.get_sample_value("callbridge_hangups_total", {"provider": "twilio", "result": "ok"})
+    assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
+    assert 560 <= result.agent_speech_ms <= 640, result.render()  # the reorder tone: 600 ms, then the hang-up
+    assert result.heard_ms < 3000 and failures == 1 and hangups == 1
