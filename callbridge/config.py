@@ -78,6 +78,13 @@ class ServerSettings(_Section):
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """On SIGTERM: how long calls that cannot move to another process (their carrier does not reconnect) may
     run on before the process exits anyway."""
+    first_message_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """A media connection that has not started its stream by then is closed."""
+    idle_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    """A stream with no message from the carrier for this long is taken as dropped (its engine session waits
+    for the next stream); carriers send media every 20–100 ms."""
+    max_call_duration_s: Annotated[float, Field(ge=0)] = 14_400.0
+    """A stream longer than this is ended and the call hung up (0: no limit)."""
 
 
 class LogSettings(_Section):

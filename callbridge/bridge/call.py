@@ -327,6 +327,20 @@ class CallSession:
         self._drain_ledger(to_engine=False)
         self.tick(now_ms)
 
+    def end_call(self, reason: str, now_ms: int) -> None:
+        """The bridge ends the call (a limit was reached): the engine session is closed, the call hung up the
+        carrier's way (if it was bridged), the socket closed."""
+        if self.state in (CallState.ENDED, CallState.DETACHED):
+            return
+        bridged = self.state in (CallState.LIVE, CallState.ENDING)
+        if self.state is CallState.LIVE:
+            self._commands.append(CloseSession(reason))
+        self.state = TRANSITIONS[(self.state, _Trigger.FAILED)]
+        self.end_reason = reason
+        if bridged:
+            self._hang_up(reason)
+        self.close_transport = True
+
     def carrier_ended(self, reason: str, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
         if self.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):

@@ -111,6 +111,7 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
+        self._last_message_at = time.monotonic()
         self._moved = False
 
     @property
@@ -120,6 +121,7 @@ class MediaStreamDriver:
 
     async def run(self) -> None:
         self._tasks.append(asyncio.create_task(self._pace()))
+        self._tasks.append(asyncio.create_task(self._watch()))
         try:
             await self._read()
         finally:
@@ -131,6 +133,7 @@ class MediaStreamDriver:
         binding: asyncio.Task[None] | None = None
         while not self._done():
             message = await self.transport.receive()
+            self._last_message_at = time.monotonic()
             async with self._lock:
                 if message is None:
                     self.call.transport_lost(_now_ms())
@@ -144,6 +147,39 @@ class MediaStreamDriver:
 
     def _done(self) -> bool:
         return self._closed or self.call.state in (CallState.ENDED, CallState.DETACHED)
+
+    async def _watch(self) -> None:
+        """The limits no message enforces (``server.*``): a connection that never starts its stream, a stream
+        gone quiet (taken as dropped: the session waits for the next stream), a stream past the longest call."""
+        server = self.services.settings.server
+        limits = [server.first_message_timeout_s, server.idle_timeout_s] + ([server.max_call_duration_s] if server.max_call_duration_s else [])
+        every_s = min(1.0, min(limits) / 4)
+        opened = self._last_message_at = time.monotonic()
+        while not self._done():
+            await asyncio.sleep(every_s)
+            now = time.monotonic()
+            if self.call.start_request is None:
+                reason = "first_message_timeout" if now - opened > server.first_message_timeout_s else None
+            elif now - self._last_message_at > server.idle_timeout_s:
+                reason = "idle_timeout"
+            elif server.max_call_duration_s and now - opened > server.max_call_duration_s:
+                reason = "max_call_duration"
+            else:
+                reason = None
+            if reason is None or self._done():
+                continue
+            self.log.warning("call_limit_reached", reason=reason)
+            async with self._lock:
+                if reason == "idle_timeout":
+                    self.call.transport_lost(_now_ms())
+                    self.call.end_reason = reason
+                else:
+                    self.call.end_call(reason, _now_ms())
+                await self._flush()
+            self._closed = True
+            with suppress(Exception):
+                await self.transport.close(1000)  # wakes the reader
+            return
 
     # ------------------------------------------------------------------- bind
 

@@ -12,7 +12,14 @@ from websockets.exceptions import ConnectionClosed
 from callbridge.engine.commands import TruncateItem
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
-from tests.bridge.twilio_e2e import RawStream, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import (
+    RawStream,
+    detached,
+    engine,
+    settings,
+    short_speech,
+    until,
+)
 
 SPEECH_MS = 1500
 
@@ -121,3 +128,29 @@ async def test_an_engine_failure_mid_call_plays_the_fallback_then_hangs_up() -> 
     assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
     assert 560 <= result.agent_speech_ms <= 640, result.render()  # the reorder tone: 600 ms, then the hang-up
     assert result.heard_ms < 3000 and failures == 1 and hangups == 1
+
+
+class TestLimits:
+    async def test_a_connection_that_never_starts_is_closed(self) -> None:
+        recorder = engine()
+        async with running_bridge(settings(server={"first_message_timeout_s": 0.4}), recorder) as bridge:
+            stream = await RawStream.open(bridge)
+            assert await stream.closed(timeout_s=3) is not None  # nothing sent: closed by the bridge
+        assert recorder.opened == []
+
+    async def test_a_stream_gone_quiet_is_taken_as_dropped(self) -> None:
+        recorder = engine()
+        async with running_bridge(settings(server={"idle_timeout_s": 0.5}), recorder) as bridge:
+            stream = await bridged(bridge, recorder)  # started, then silent (a half-open socket)
+            assert await stream.closed(timeout_s=3) is not None
+            registry = bridge.app.state.bridge.services.registry
+            await until(lambda: detached(registry, stream.call_sid))  # the session waits for the next stream
+            ends = bridge.app.state.bridge.registry.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "idle_timeout"})
+        assert ends == 1 and recorder.resumed == []
+
+    async def test_a_call_past_the_longest_duration_is_hung_up(self) -> None:
+        recorder = engine()
+        async with running_bridge(settings(server={"max_call_duration_s": 1.0}), recorder) as bridge:
+            result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=5000))
+        assert result.hung_up_by == "bridge" and result.heard_ms < 2500, result.render()
+        assert recorder.session_count == 0
