@@ -37,6 +37,7 @@ from callbridge.bridge.providers.audiosocket import (
     peek_call_id,
 )
 from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.sources import Network, source_allowed
 from callbridge.logging import get_logger
 
 __all__ = ["CARRIER", "AudioSocketListener", "StreamTransport", "source_allowed"]
@@ -51,18 +52,6 @@ _SUPERSEDE_WAIT_S: Final = 3.0
 _SHUTDOWN_WAIT_S: Final = 5.0
 
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def source_allowed(host: str, networks: list[Network]) -> bool:
-    """Whether a peer address lies in one of ``networks`` (an IPv4-mapped IPv6 peer counts as its IPv4)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in networks)
 
 
 class StreamTransport:

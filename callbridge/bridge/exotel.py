@@ -40,6 +40,7 @@ from callbridge.bridge.carriers import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.exotel import ExotelCodec
 from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.sources import Network, source_allowed
 from callbridge.config import ExotelSettings
 from callbridge.logging import get_logger
 
@@ -50,7 +51,7 @@ log = get_logger(__name__)
 MEDIA_PATH: Final = "/exotel/media"
 _POLICY_VIOLATION: Final = 1008
 
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+IPNetwork = Network
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,7 @@ class ExotelAdmission:
 
     def refusal(self, authorization: str | None, peer: str | None) -> str | None:
         """Why this upgrade is refused, or None when it is admitted."""
-        if self.allowed_sources and not self._source_allowed(peer):
+        if self.allowed_sources and not source_allowed(peer, self.allowed_sources):
             return "source_not_allowed"
         if self.validate_credentials and not self._credentials_valid(authorization):
             return "bad_credentials"
@@ -95,16 +96,6 @@ class ExotelAdmission:
         password_ok = hmac.compare_digest(password, token)
         return bool(sep) and user_ok and password_ok
 
-    def _source_allowed(self, peer: str | None) -> bool:
-        if not peer:
-            return False
-        try:
-            address = ipaddress.ip_address(peer)
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
-        return any(address in network for network in self.allowed_sources)
 
 
 def _networks(entries: Sequence[str]) -> tuple[IPNetwork, ...]:

@@ -43,12 +43,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import ipaddress
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
+from callbridge.bridge.sources import Network, source_allowed
 from callbridge.sip.message import (
     SipParseError,
     SipRequest,
@@ -106,7 +106,6 @@ _REASONS: Final = {
 _MAX_NONCES: Final = 1024
 
 Address = tuple[str, int]
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,7 +533,7 @@ class SipUas:
 
     def _admission(self, request: SipRequest, source: Address) -> tuple[int, list[tuple[str, str]]] | None:
         """None: admitted; else the refusal (401 with a challenge, or 403)."""
-        if _in_networks(source[0], self.config.allowed_networks):
+        if source_allowed(source[0], self.config.allowed_networks):
             return None
         config = self.config
         if config.username is None or config.password is None:
@@ -734,16 +733,6 @@ def _tx(request: SipRequest) -> str:
     """A server transaction's key: the branch, with the Call-ID and CSeq number so that peers without RFC 3261
     branches (or reusing one) cannot match each other's transactions (§17.2.3)."""
     return f"{request.branch}|{request.call_id}|{request.cseq[0]}"
-
-
-def _in_networks(host: str, networks: tuple[Network, ...]) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in networks)
 
 
 def _sent_by(sent_by: str) -> tuple[str, int]:
