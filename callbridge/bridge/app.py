@@ -6,6 +6,7 @@ so a load balancer stops sending new calls before the listener closes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -14,6 +15,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
+    Histogram,
     Info,
     ProcessCollector,
     generate_latest,
@@ -77,6 +79,15 @@ class BridgeState:
         await rest.hang_up(call_id, account_id)
 
 
+async def _sample_loop_lag(histogram: Histogram, every_s: float = 0.5) -> None:
+    """How late the loop wakes a sleeper: a stalled loop delays every call's frames by as much."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + every_s
+        await asyncio.sleep(every_s)
+        histogram.observe(max(0.0, loop.time() - due))
+
+
 def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None) -> FastAPI:
     """Build the ASGI app for ``settings`` (the engine ``engine.kind`` names unless given); its state lives in
     ``app.state.bridge``."""
@@ -89,6 +100,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
             log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
+            state.services.spawn(_sample_loop_lag(state.services.metrics.event_loop_lag_seconds))
             try:
                 yield
             finally:

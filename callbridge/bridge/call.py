@@ -380,6 +380,11 @@ class CallSession:
 
     # ----------------------------------------------------------------- outputs
 
+    @property
+    def stream_input_ms(self) -> int:
+        """ms of caller audio this stream carried (gaps filled included)."""
+        return self._stream_media_ms
+
     def messages_to_send(self) -> list[str | bytes]:
         messages, self._messages = self._messages, []
         return messages

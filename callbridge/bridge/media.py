@@ -314,6 +314,7 @@ class MediaStreamDriver:
         try:
             async for event in session.events():
                 if isinstance(event, EngineErrorEvent):
+                    self.services.metrics.engine_errors.labels(event.code).inc()
                     self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
                 async with self._lock:
                     if self.call.state is not CallState.LIVE:
@@ -429,6 +430,7 @@ class MediaStreamDriver:
                     await session.close(call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
                 await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
+        self._count(call)
         if call.failures_by_engine is not None:
             services.metrics.engine_failures.labels(self.provider).inc()
             self.log.warning("engine_failed_mid_call", reason=call.failures_by_engine)
@@ -474,6 +476,15 @@ class MediaStreamDriver:
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
             return False
+
+    def _count(self, call: CallSession) -> None:
+        """The stream's totals into the process metrics, once, as it ends (nothing is counted per frame)."""
+        metrics, provider = self.services.metrics, self.provider
+        metrics.audio_seconds.labels(provider, "in").inc(call.stream_input_ms / 1000)
+        metrics.audio_seconds.labels(provider, "out").inc(call.ledger.frames_sent * call.ledger.frame_ms / 1000)
+        metrics.frames_flushed.labels(provider).inc(call.ledger.frames_dropped)
+        metrics.barge_ins.labels(provider).inc(call.flushes)
+        metrics.late_audio_dropped.labels(provider).inc(call.late_deltas_dropped)
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

@@ -49,6 +49,25 @@ class BridgeMetrics:
         self.stream_status = Counter(
             "callbridge_stream_status_total", "Carrier stream status callbacks", ["provider", "event"], registry=registry
         )
+        self.audio_seconds = Counter(
+            "callbridge_audio_seconds_total", "Audio bridged, counted as each stream ends", ["provider", "direction"],
+            registry=registry,
+        )  # fmt: skip
+        self.frames_flushed = Counter(
+            "callbridge_frames_flushed_total", "Agent frames dropped unsent by barge-in flushes", ["provider"], registry=registry
+        )
+        self.barge_ins = Counter("callbridge_barge_ins_total", "Barge-in flushes", ["provider"], registry=registry)
+        self.late_audio_dropped = Counter(
+            "callbridge_late_audio_dropped_total", "Engine audio deltas of an interrupted response, dropped", ["provider"],
+            registry=registry,
+        )  # fmt: skip
+        self.engine_errors = Counter("callbridge_engine_errors_total", "Engine error events, by code", ["code"], registry=registry)
+        self.event_loop_lag_seconds = Histogram(
+            "callbridge_event_loop_lag_seconds",
+            "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+            registry=registry,
+        )
         self.engine_failures = Counter(
             "callbridge_engine_failures_total", "Calls whose engine session failed mid-call (fallback, then hang-up)",
             ["provider"], registry=registry,

@@ -154,3 +154,24 @@ class TestLimits:
             result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=5000))
         assert result.hung_up_by == "bridge" and result.heard_ms < 2500, result.render()
         assert recorder.session_count == 0
+
+
+async def test_a_calls_totals_reach_the_metrics_when_its_stream_ends() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        script = CallerScript(utterances=((300, short_speech()),), interrupt_after_agent_ms=600, hangup_at_ms=5000)
+        result = await bridge.carrier.place_call(script)
+        await until(lambda: recorder.session_count == 0)
+        metrics = bridge.app.state.bridge.registry
+
+        def value(name: str, **labels: str) -> float:
+            return metrics.get_sample_value(name, labels) or 0.0
+
+        await until(lambda: value("callbridge_barge_ins_total", provider="twilio") == 1)
+        heard_in = value("callbridge_audio_seconds_total", provider="twilio", direction="in")
+        sent_out = value("callbridge_audio_seconds_total", provider="twilio", direction="out")
+        flushed = value("callbridge_frames_flushed_total", provider="twilio")
+        lag_samples = value("callbridge_event_loop_lag_seconds_count")
+    assert 4.5 <= heard_in <= 5.2  # the caller's 5 s
+    assert result.agent_speech_ms / 1000 - 0.1 <= sent_out <= result.agent_speech_ms / 1000 + 0.5  # less what the flush dropped
+    assert flushed > 0 and lag_samples >= 5
