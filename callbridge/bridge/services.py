@@ -126,11 +126,12 @@ class BridgeServices:
         ``call.hangup``), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
         session closes, not kept for a resume), and a later stream or redirect for the call is refused."""
         stream = self.live_streams.get(call_id)
+        closed = False
         if stream is not None:
             await stream.end_by_carrier(reason)
-        else:
-            await self.close_detached(call_id, reason)
-        if await self.registry.ended_reason(call_id) is None:
+        else:  # the engine hears what a stop would tell it; the registry keeps the carrier's reason
+            closed = await self.close_detached(call_id, "call_ended")
+        if closed or await self.registry.ended_reason(call_id) is None:
             await self.registry.mark_ended(call_id, reason)
 
     async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None) -> bool:

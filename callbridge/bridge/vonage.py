@@ -56,7 +56,7 @@ from pydantic import SecretStr
 
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
-from callbridge.bridge.providers.vonage import CALL_COMPLETED, VonageCodec, content_type
+from callbridge.bridge.providers.vonage import VonageCodec, content_type
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
@@ -157,10 +157,11 @@ class VonageTransport:
 
     Vonage closes the socket both when the caller hangs up and when the connection drops; only the event
     webhook tells the two apart (``completed`` / ``disconnected``), and it may come before or after the close.
-    So a close is held back up to ``verdict_wait_s`` for it: ``complete()`` turns it into ``CALL_COMPLETED``
-    (the codec's ``StreamStopped``: the engine session is closed now), ``dropped()`` into a lost transport (the
-    session is detached for the reconnect); no word in time, a lost transport. Meanwhile what the driver sends
-    goes nowhere. One reader task moves websocket messages into a small queue (backpressure intact).
+    So a close is held back up to ``verdict_wait_s`` for it: ``completed`` ends the stream through the shared
+    ``BridgeServices.call_ended_by_carrier`` (as a ``stop`` would: the engine session is closed now, and the
+    driver's ``close`` releases the held reader), ``dropped()`` turns it into a lost transport (the session is
+    detached for the reconnect); no word in time, a lost transport. Meanwhile what the driver sends goes
+    nowhere. One reader task moves websocket messages into a small queue (backpressure intact).
     """
 
     verdict_wait_s: float = 2.0
@@ -174,8 +175,6 @@ class VonageTransport:
         self._reader: asyncio.Task[None] | None = None
         self._verdict = asyncio.Event()
         self._peer_gone = False
-        self._completed = False
-        self._delivered = False
         self._lost = False
 
     @property
@@ -187,32 +186,19 @@ class VonageTransport:
         """The stream token this socket came with: it names the socket in Vonage's events (``headers``)."""
         return self.codec.parameters.get("token")
 
-    def complete(self) -> None:
-        """The call is over (Vonage's ``completed``): the next ``receive`` says so."""
-        self._completed = True
-        self._verdict.set()
-        with suppress(asyncio.QueueFull):
-            self._queue.put_nowait(CALL_COMPLETED)  # wakes a receive() waiting on an empty queue
-
     def dropped(self) -> None:
-        """Vonage says the socket dropped (``disconnected``): the next ``receive`` reports it gone."""
+        """Vonage says the socket dropped (``disconnected``), or the driver closed it: ``receive`` reports it gone."""
         self._lost = True
         self._verdict.set()
         with suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
+            self._queue.put_nowait(None)  # wakes a receive() waiting on an empty queue
 
     async def receive(self) -> str | bytes | None:
-        while True:
-            if self._completed and not self._delivered:
-                self._delivered = True
-                return CALL_COMPLETED
-            if self._lost:
-                return None
-            if self._reader is None:
-                self._reader = asyncio.create_task(self._read())
-            message = await self._queue.get()
-            if message is not CALL_COMPLETED:
-                return message
+        if self._lost:
+            return None
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read())
+        return await self._queue.get()
 
     async def _read(self) -> None:
         while True:
@@ -235,6 +221,7 @@ class VonageTransport:
             self._peer_gone = True
 
     async def close(self, code: int) -> None:
+        self.dropped()  # the stream is over: a reader held for the verdict need not wait
         if not self._peer_gone:
             await self._inner.close(code)
 
@@ -373,8 +360,8 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             log.warning("stream_status", provider="vonage", call_id=header_call, leg=leg, stream_event=status)
         elif status == "completed":
             if isinstance(token, str):  # the websocket leg is over: its socket ends as the call's end
-                for transport in [t for t in calls.live if t.token == token]:
-                    transport.complete()
+                for call_id in {t.call_id for t in calls.live if t.token == token and t.call_id is not None}:
+                    await services.call_ended_by_carrier(call_id, "caller_hung_up")
             if isinstance(leg, str) and (calls.is_ours(leg) or await services.registry.get(leg) is not None):
                 await completed(leg)  # the call itself
         return Response(status_code=204)
@@ -405,10 +392,8 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         return _ncco(ncco_connect(base, call_id, fresh, config.audio_rate_hz))
 
     async def completed(call_id: str) -> None:
-        """The call is over: record it, end its open sockets as a hang-up, close a detached engine session."""
+        """The call is over: record it, end its open socket as a hang-up, close a detached engine session."""
         calls.forget(call_id)
-        for transport in [t for t in calls.live if t.call_id == call_id]:
-            transport.complete()
         if await services.registry.ended_reason(call_id) is not None:
             return  # we ended it (REST hang-up, engine end): nothing more to do
         log.info("call_completed", provider="vonage", call_id=call_id)

@@ -41,12 +41,10 @@ from callbridge.bridge.providers.base import (
     SendMark,
     SendMedia,
     StreamStarted,
-    StreamStopped,
 )
 from callbridge.codecs import AudioEncoding, frame_bytes
 
 __all__ = [
-    "CALL_COMPLETED",
     "DEFAULT_MAX_MESSAGE_BYTES",
     "SUPPORTED_RATES",
     "VONAGE_PROFILE",
@@ -67,15 +65,6 @@ VONAGE_PROFILE: Final = CarrierProfile(frame_ms=20, uses_marks=True, marks_echoe
 """Exact 20 ms frames; ``notify`` is the playback marker. Whether a ``clear`` makes Vonage echo the pending
 notifies is UNSURE (§2.3, §8.4): we treat ``websocket:cleared`` as "every pending notify is void", and the
 codec drops any late echo of a voided notify itself, so either behaviour leaves the ledger right."""
-
-class _CallCompleted(str):
-    """The type of ``CALL_COMPLETED``: no text read off a socket is ever of this type."""
-
-
-CALL_COMPLETED: Final = _CallCompleted("vonage:call-completed")
-"""Not a wire message: the carrier's HTTP side hands this object (recognised by its type) to the codec when
-Vonage's event webhook reports the call ``completed`` while its socket is open. Vonage has no stop message;
-this turns a caller's hang-up into ``StreamStopped`` instead of a dropped socket."""
 
 _DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
 _CALL_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -105,7 +94,6 @@ class VonageCodec:
         """The endpoint headers ``websocket:connected`` carried (our ``call_uuid`` and ``token``)."""
         self.rate_hz: int | None = None
         self.frame_bytes = 0
-        self.stopped = False
         self._max_media_bytes = 0
         self._pending_notifies: set[str] = set()
         self._voided_notifies: OrderedDict[str, None] = OrderedDict()
@@ -116,11 +104,6 @@ class VonageCodec:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
         if isinstance(message, bytes | bytearray | memoryview):  # the hot path first: 20 ms of audio
             return self._media(message)
-        if type(message) is _CallCompleted:
-            if self.stream_id is None or self.stopped:
-                return []
-            self.stopped = True
-            return [StreamStopped()]
         if len(message) > self.max_message_bytes:
             raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
         try:
@@ -154,8 +137,6 @@ class VonageCodec:
         size = len(message)
         if self.stream_id is None:
             raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{size}-byte audio frame before websocket:connected")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, "audio after the call completed")
         if size > self._max_media_bytes:
             raise self._error(ProtocolErrorReason.OVERSIZED, f"{size}-byte audio frame > {self._max_media_bytes}")
         if size % 2:
@@ -232,8 +213,6 @@ class VonageCodec:
     def _check_open(self, event: str) -> None:
         if self.stream_id is None:
             raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event[:64]} before websocket:connected")
-        if self.stopped:
-            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"{event[:64]} after the call completed")
 
     def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)

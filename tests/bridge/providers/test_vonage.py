@@ -18,10 +18,8 @@ from callbridge.bridge.providers.base import (
     SendMark,
     SendMedia,
     StreamStarted,
-    StreamStopped,
 )
 from callbridge.bridge.providers.vonage import (
-    CALL_COMPLETED,
     VONAGE_PROFILE,
     VonageCodec,
     content_type,
@@ -239,27 +237,6 @@ def test_events_before_connected_are_out_of_order(event: str) -> None:
 def test_bad_text(message: str, reason: ProtocolErrorReason) -> None:
     error = expect(started(), message, reason)
     assert error.call_id == CALL
-
-
-# ----------------------------------------------------------- call completed
-
-
-def test_call_completed_stops_the_stream_once() -> None:
-    codec = started()
-    assert codec.receive_message(CALL_COMPLETED) == [StreamStopped()]
-    assert codec.receive_message(CALL_COMPLETED) == []
-    expect(codec, bytes(640), ProtocolErrorReason.OUT_OF_ORDER)
-    expect(codec, '{"event":"websocket:cleared"}', ProtocolErrorReason.OUT_OF_ORDER)
-
-
-def test_the_completed_text_off_the_wire_is_not_the_signal() -> None:
-    copy = "".join(list(CALL_COMPLETED))
-    assert copy == CALL_COMPLETED and copy is not CALL_COMPLETED
-    expect(started(), copy, ProtocolErrorReason.NOT_JSON)
-
-
-def test_call_completed_before_connected_is_nothing() -> None:
-    assert VonageCodec().receive_message(CALL_COMPLETED) == []
 
 
 # -------------------------------------------------------------------- out
