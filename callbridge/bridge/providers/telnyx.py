@@ -269,6 +269,9 @@ class TelnyxCodec(JsonCodec):
         at once); return the frames now due."""
         if seq is None:  # unnumbered: nothing to order by, pass it on as it comes
             return [frame] if frame is not None else []
+        if seq == self._next_seq and not self._held:  # in order, nothing held: the common case, no bookkeeping
+            self._next_seq = seq + 1
+            return [frame] if frame is not None else []
         if self._next_seq is None:
             self._next_seq = seq
         if seq < self._next_seq or seq in self._held:
