@@ -21,8 +21,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import orjson
-
 from callbridge.bridge.providers.base import (
     DEFAULT_PROFILE,
     CarrierAction,
@@ -32,6 +30,7 @@ from callbridge.bridge.providers.base import (
     ProviderCodec,
     RemoteProtocolError,
 )
+from callbridge.bridge.providers.json_wire import parse_object
 from callbridge.bridge.providers.twilio import DEFAULT_MAX_MESSAGE_BYTES
 
 __all__ = ["DetectingCodec", "default_codecs", "recognise"]
@@ -108,17 +107,8 @@ class DetectingCodec:
     def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
         if self.inner is not None:
             return self.inner.receive_message(message)
-        if not isinstance(message, str):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame before the carrier is known")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
-        if payload.get("event") == "connected" and self._held is None:
+        payload = parse_object(message, self.max_message_bytes, self._error)
+        if payload.get("event") == "connected" and self._held is None and isinstance(message, str):
             self._held = message
             return []
         name = recognise(payload)

@@ -4,13 +4,14 @@ numbers may come as JSON numbers or as strings."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from callbridge.bridge.providers.base import ProtocolErrorReason, RemoteProtocolError
 
-__all__ = ["JsonCodec", "json_number"]
+__all__ = ["JsonCodec", "json_number", "parse_object"]
 
 
 class JsonCodec:
@@ -25,19 +26,8 @@ class JsonCodec:
     max_message_bytes: int
 
     def _parse(self, message: str | bytes) -> dict[str, Any]:
-        """One websocket message as a JSON object. Raises ``RemoteProtocolError`` (binary, oversized, not JSON,
-        not an object)."""
-        if isinstance(message, bytes | bytearray | memoryview):
-            raise self._error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
-        return payload
+        """One websocket message as a JSON object (see ``parse_object``)."""
+        return parse_object(message, self.max_message_bytes, self._error)
 
     def _check_stream(self, payload: dict[str, Any], event: str, *, required: bool = True) -> None:
         """``event`` may come now (after ``start``, before ``stop``) and names this stream (``required``: the
@@ -67,6 +57,24 @@ class JsonCodec:
 
     def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
+
+
+def parse_object(
+    message: str | bytes, max_bytes: int, error: Callable[[ProtocolErrorReason, str], RemoteProtocolError]
+) -> dict[str, Any]:
+    """One text message as a JSON object; ``error`` builds the ``RemoteProtocolError`` raised for a binary,
+    oversized, non-JSON or non-object message."""
+    if isinstance(message, bytes | bytearray | memoryview):
+        raise error(ProtocolErrorReason.BINARY_FRAME, f"{len(message)}-byte binary frame")
+    if len(message) > max_bytes:
+        raise error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {max_bytes}")
+    try:
+        payload = orjson.loads(message)
+    except orjson.JSONDecodeError as exc:
+        raise error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
+    if not isinstance(payload, dict):
+        raise error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+    return payload
 
 
 def json_number(value: Any) -> int | None:

@@ -42,6 +42,7 @@ from callbridge.bridge.providers.base import (
     SendMedia,
     StreamStarted,
 )
+from callbridge.bridge.providers.json_wire import parse_object
 from callbridge.codecs import AudioEncoding, frame_bytes
 
 __all__ = [
@@ -104,14 +105,7 @@ class VonageCodec:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
         if isinstance(message, bytes | bytearray | memoryview):  # the hot path first: 20 ms of audio
             return self._media(message)
-        if len(message) > self.max_message_bytes:
-            raise self._error(ProtocolErrorReason.OVERSIZED, f"{len(message)} bytes > {self.max_message_bytes}")
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(ProtocolErrorReason.NOT_JSON, str(exc)) from None
-        if not isinstance(payload, dict):
-            raise self._error(ProtocolErrorReason.NOT_AN_OBJECT, type(payload).__name__)
+        payload = parse_object(message, self.max_message_bytes, self._error)
         event = payload.get("event")
         if event is None:
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
