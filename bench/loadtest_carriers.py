@@ -22,7 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-PROVIDERS = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket")
+PROVIDERS = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
 CALLBRIDGE = str(Path(sys.executable).parent / "callbridge")
 
 

@@ -28,7 +28,7 @@ from callbridge.config import (
     parse_assignment,
 )
 
-SIMULATED_CARRIERS: Final = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket")
+SIMULATED_CARRIERS: Final = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
 """``callbridge.sim.carriers.SIMULATED``'s names, here so that ``--help`` imports nothing heavy (a test keeps them equal)."""
 
 __all__ = ["main", "run"]
@@ -293,6 +293,14 @@ def _draining_server(uvicorn: Any, drain: Callable[[], Awaitable[None]] | None) 
     return DrainingServer
 
 
+def _reconnects(provider: str) -> bool:
+    """Whether the carrier opens a new media connection on the same call after a drop (SIP has no such thing: a
+    call whose media is gone is over)."""
+    from callbridge.sim.carriers import SIMULATED
+
+    return SIMULATED[provider].can_reconnect
+
+
 def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
 
@@ -308,6 +316,9 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
     configure_logging(settings.log)
+    if args.drop_at and not _reconnects(args.provider):
+        print(f"callbridge simulate: --drop-at: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
+        return EXIT_USAGE
     audio_path = args.audio or sample_caller_wav()
     try:
         speech = load_wav_8k(audio_path)
@@ -368,6 +379,9 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         audio = load_wav_8k(args.audio or sample_caller_wav())
     except (OSError, ValueError, EOFError) as exc:
         print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.drop_every and not _reconnects(args.provider):
+        print(f"callbridge loadtest: --drop-every: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE
 
     def ms(seconds: float | None) -> int | None:

@@ -85,6 +85,8 @@ class ServerSettings(_Section):
     for the next stream); carriers send media every 20–100 ms."""
     max_call_duration_s: Annotated[float, Field(ge=0)] = 14_400.0
     """A stream longer than this is ended and the call hung up (0: no limit)."""
+    admin_token: SecretStr | None = None
+    """Bearer token for ``/admin/…`` (engine pool: list, drain, undrain); unset: those routes are off (404)."""
 
 
 class LogSettings(_Section):
@@ -117,12 +119,30 @@ class EngineSettings(_Section):
     failure_tone_ms: Annotated[int, Field(ge=0, le=10_000)] = 600
     """When the engine fails mid-call (expired, lost past resume), the caller hears this long a reorder tone,
     then the call is hung up; 0: hang up at once."""
+    eject_after_failures: Annotated[int, Field(ge=1, le=100)] = 3
+    """kind = realtime: an endpoint (one of ``urls``) that fails this many times in a row (connect, handshake,
+    health probe) gets no new calls until a probe passes; a call's session lost past resume ejects it at once."""
+    probe_interval_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    """How often each endpoint's ``/health`` is checked; an ejected one first this long after, then with the
+    interval doubling up to ``probe_backoff_max_s``."""
+    probe_backoff_max_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+
+
+class CallActionsSettings(_Section):
+    """What the agent (the speech model) may do to the call: the telephony tools declared to it."""
+
+    enabled: bool = False
+    """Declare ``end_call``, ``send_dtmf`` and (with targets) ``transfer_call`` to the model and act on its calls."""
+    transfer_targets: list[str] = Field(default_factory=list)
+    """Where ``transfer_call`` may send a call (E.164 numbers, SIP URIs): the model picks one of these, never
+    another number. Empty: no transfer tool."""
 
 
 class LocalEngineSettings(_Section):
     """The embedded CPU engine (engine.kind = "local", and ``callbridge engine-server``)."""
 
-    agent: Literal["echo", "loopback", "tone"] = "echo"
+    agent: Literal["echo", "loopback", "tone", "actions"] = "echo"
     chunk_ms: Annotated[int, Field(ge=20, le=5000)] = 1000
     """Audio per response chunk (MiniCPM-o: about one second)."""
     generation_speed: Annotated[float, Field(gt=0)] = 4.0
@@ -302,6 +322,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     audio: AudioSettings = AudioSettings()
     engine: EngineSettings = EngineSettings()
+    call_actions: CallActionsSettings = CallActionsSettings()
     local_engine: LocalEngineSettings = LocalEngineSettings()
     engine_server: EngineServerSettings = EngineServerSettings()
     registry: RegistrySettings = RegistrySettings()

@@ -64,10 +64,10 @@ async def test_a_short_load_run(provider: str) -> None:
     assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render()
 
 
-@pytest.mark.parametrize("provider", ["twilio", "audiosocket"])
+@pytest.mark.parametrize("provider", ["twilio", "audiosocket", "sip"])
 async def test_barge_ins_are_flushed(provider: str) -> None:
     """The echo agent says each utterance back; the caller talks over it, and the carrier's queue is flushed
-    (AudioSocket has none: the agent's audio stops) where the caller stopped hearing it."""
+    (AudioSocket and SIP have none: the agent's audio stops) where the caller stopped hearing it."""
     options = LoadTestOptions(calls=2, ramp_s=0.2, duration_s=7.0, audio=SPEECH[: 1500 * 16], barge_in_every_ms=2000, progress=False)
     report = await run_load_test(Settings(), provider, options, url=None, secret="", rest_url="")
     assert report.failed_calls == 0 and report.protocol_warnings == 0, report.render()

@@ -23,6 +23,7 @@ from prometheus_client import (
 
 from callbridge import __version__
 from callbridge.bridge.carriers import CarrierRest, carriers
+from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.registry import build_registry
 from callbridge.bridge.services import (
     BridgeMetrics,
@@ -58,6 +59,9 @@ class BridgeState:
             metrics=BridgeMetrics(self.registry),
             hang_up=hang_up or self._hang_up,
         )
+        for name, rest in self.rest.items():
+            if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
+                self.services.action_performers[name] = rest  # type: ignore[assignment]
 
     @property
     def draining(self) -> bool:
@@ -101,6 +105,9 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
                     await listeners.enter_async_context(carrier.listener(state.services))
             log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
             state.services.spawn(_sample_loop_lag(state.services.metrics.event_loop_lag_seconds))
+            start_engine_pool(state.services.engine)  # its health probes begin before the first call
+            state.services.start_listening()  # other processes' word on calls whose stream is here
+            state.services.metrics.watch(state.services, asyncio.get_running_loop())
             try:
                 yield
             finally:
@@ -117,6 +124,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
     for carrier in state.carriers:
         if carrier.router is not None:
             app.include_router(carrier.router(state.services))
+    install_engine_pool(app, state.registry, state.services.engine, settings)  # metrics, /admin/engines
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -28,6 +28,13 @@ Audio:
   [0, sent], skipped before the first frame played — and drop that
   response's late audio and any of an older epoch.
 
+Agent actions (``bridge/actions.py``): a ``FunctionCall`` is checked against
+the policy; ``end_call`` answers ``{"ok":true}`` and hangs up once the
+agent's audio has played; ``transfer_call`` / ``send_dtmf`` go out through
+``actions_to_perform()`` (the driver asks the carrier) and come back through
+``action_finished``; every result goes to the model as a
+``FunctionCallOutput``. A transfer that succeeded ends the call.
+
 A carrier message that breaks the protocol ends the call: the error is kept
 in ``failure`` for the driver to log, the engine session is closed, the
 call hung up, the socket closed. Nothing here touches another call.
@@ -42,6 +49,13 @@ from typing import Final
 
 import numpy as np
 
+from callbridge.bridge.actions import (
+    ActionResult,
+    CarrierCallAction,
+    EndCall,
+    TransferCall,
+    parse_call,
+)
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
     DEFAULT_PROFILE,
@@ -76,6 +90,7 @@ from callbridge.engine.commands import (
     CloseSession,
     CreateTextItem,
     EngineCommand,
+    FunctionCallOutput,
     TruncateItem,
 )
 from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
@@ -83,6 +98,7 @@ from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
     EngineEvent,
+    FunctionCall,
     OutputAudioCleared,
     OverlapDecision,
     ResponseDone,
@@ -92,7 +108,7 @@ from callbridge.engine.events import (
 )
 from callbridge.engine.late_audio import LateAudioFilter
 
-__all__ = ["TRANSITIONS", "CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode"]
+__all__ = ["TRANSITIONS", "CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode", "PendingAction"]
 
 
 class CallState(enum.Enum):
@@ -119,6 +135,8 @@ class _Trigger(enum.Enum):
     FALLBACK_PLAYED = "fallback_played"
     TRANSPORT_LOST = "transport_lost"
     FAILED = "failed"
+    AGENT_ENDED = "agent_ended"
+    """The agent hung up (``end_call``) or transferred the call."""
 
 
 _S, _T = CallState, _Trigger
@@ -139,6 +157,7 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
     (_S.LIVE, _T.TRANSPORT_LOST): _S.DETACHED,
     (_S.LIVE, _T.FAILED): _S.ENDED,
     (_S.LIVE, _T.ENGINE_FAILED): _S.ENDING,
+    (_S.LIVE, _T.AGENT_ENDED): _S.ENDED,
     (_S.ENDING, _T.CARRIER_EVENT): _S.ENDING,
     (_S.ENDING, _T.FALLBACK_PLAYED): _S.ENDED,
     (_S.ENDING, _T.STOPPED): _S.ENDED,
@@ -176,6 +195,18 @@ class CallOptions:
     dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
     failure_tone_ms: int = 600
     """When the engine fails mid-call, the caller hears this long a tone before the hang-up (0: none)."""
+    call_actions: bool = False
+    """The agent may act on the call (``end_call``, ``send_dtmf``, ``transfer_call``); off: every call refused."""
+    transfer_targets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAction:
+    """Carrier work the agent asked for: the driver performs it, then calls ``action_finished(call_id, …)``."""
+
+    call_id: str
+    """The model's function call id (the output answers it)."""
+    action: CarrierCallAction
 
 
 class CallSession:
@@ -221,6 +252,10 @@ class CallSession:
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
+        self._actions: list[PendingAction] = []
+        self._actions_running: dict[str, CarrierCallAction] = {}
+        self.hang_up_after_playout: str | None = None
+        """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
 
     def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
@@ -299,12 +334,15 @@ class CallSession:
                     self.engine_failed(reason, now_ms)
                 else:
                     self._end_by_engine(reason)
+            case FunctionCall():
+                self._on_function_call(event)
             case SessionReplaced():
                 self._transition(_Trigger.ENGINE_ENDED)
                 self.end_reason = "session_replaced"
                 self.close_transport = True
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
+        self._end_for_agent_when_played(now_ms)
 
     def engine_failed(self, reason: str, now_ms: int) -> None:
         """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
@@ -371,6 +409,7 @@ class CallSession:
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
             self._drain_ledger()
+            self._end_for_agent_when_played(now_ms)
         elif self.state is CallState.ENDING:
             self.ledger.tick(now_ms)
             self._drain_ledger(to_engine=False)
@@ -393,10 +432,68 @@ class CallSession:
         commands, self._commands = self._commands, []
         return commands
 
+    def actions_to_perform(self) -> list[PendingAction]:
+        """Carrier work the agent asked for (a transfer, DTMF): perform each, then ``action_finished``."""
+        actions, self._actions = self._actions, []
+        return actions
+
     def next_deadline_ms(self) -> int | None:
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
             return self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
-        return self.ledger.next_deadline_ms() if self.state is CallState.LIVE else None
+        if self.state is not CallState.LIVE:
+            return None
+        if self.hang_up_after_playout is not None and self._out_response is None:  # hang up once it has played
+            deadlines = [d for d in (self.ledger.next_deadline_ms(), self.ledger.playing_until_ms) if d is not None]
+            return min(deadlines) if deadlines else None
+        return self.ledger.next_deadline_ms()
+
+    # ------------------------------------------------------------ agent actions
+
+    def action_finished(self, call_id: str, result: ActionResult, now_ms: int) -> None:
+        """The carrier work of ``PendingAction`` ``call_id`` is over: the model hears the result; a transfer that
+        succeeded ends the call (hung up the carrier's way — SIP's BYE after the REFER — unless the call has
+        left the bridge with it). Then drain every output."""
+        action = self._actions_running.pop(call_id, None)
+        if action is None or self.state is not CallState.LIVE:
+            return  # the call ended meanwhile: nobody to tell
+        self._commands.append(FunctionCallOutput(call_id, result.output()))
+        if isinstance(action, TransferCall) and result.ok:
+            self._end_by_agent("transferred", hang_up=not result.call_left)
+
+    def _on_function_call(self, call: FunctionCall) -> None:
+        options = self.options
+        action = (
+            parse_call(call, options.transfer_targets)
+            if options.call_actions
+            else ActionResult.failed("unknown_tool", "call actions are disabled")
+        )
+        if isinstance(action, ActionResult):
+            self._commands.append(FunctionCallOutput(call.call_id, action.output()))
+        elif isinstance(action, EndCall):
+            self._commands.append(FunctionCallOutput(call.call_id, ActionResult.done().output()))
+            self.hang_up_after_playout = self.hang_up_after_playout or "agent_hung_up"
+        elif self.hang_up_after_playout is not None or any(isinstance(a, TransferCall) for a in self._actions_running.values()):
+            busy = "the call is ending" if self.hang_up_after_playout is not None else "a transfer is in progress"
+            self._commands.append(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
+        else:
+            self._actions_running[call.call_id] = action
+            self._actions.append(PendingAction(call.call_id, action))
+
+    def _end_for_agent_when_played(self, now_ms: int) -> None:
+        """``end_call``: once the response being received has ended and its audio has played, hang up."""
+        reason = self.hang_up_after_playout
+        if reason is None or self.state is not CallState.LIVE or self._out_response is not None or self.ledger.is_playing(now_ms):
+            return
+        self._end_by_agent(reason, hang_up=True)
+
+    def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
+        self._transition(_Trigger.AGENT_ENDED)
+        self.end_reason = reason
+        self._commands.append(CloseSession(reason))
+        self._actions_running.clear()
+        if hang_up:
+            self._hang_up(reason)
+        self.close_transport = True
 
     # ------------------------------------------------------------- carrier side
 

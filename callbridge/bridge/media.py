@@ -4,7 +4,8 @@ session, and decides nothing.
 
 Three tasks per stream: the reader (carrier messages → ``receive_message``),
 the engine pump (engine events → ``receive_engine_event``) and the pacer
-(sleeps to ``next_deadline_ms`` → ``tick``). Each drains the core's outputs
+(woken at ``next_deadline_ms`` by the process's one pacing timer, ``pacing.py``
+→ ``tick``). Each drains the core's outputs
 under one lock, so carrier messages and engine commands leave in the order
 the core produced them. The carrier socket is read from the first message:
 binding the engine (token check, open or resume) runs beside it while the
@@ -21,12 +22,14 @@ from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from callbridge.bridge.call import CallSession, CallState
+from callbridge.bridge.actions import ActionResult
+from callbridge.bridge.call import CallSession, CallState, PendingAction
+from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent
+from callbridge.engine.events import EngineErrorEvent, EngineEvent
 from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
@@ -39,12 +42,13 @@ _DETACH_WAIT_S = 2.0
 """How long a new stream waits for the ticket of a stream that still holds the call's session."""
 _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
+_SEND_FAILED_READ_S = 1.0
+"""After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
 
 
-def _now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
+_now_ms = monotonic_ms
 
 
 class CarrierTransport(Protocol):
@@ -106,11 +110,15 @@ class MediaStreamDriver:
         self.session: DuplexSession | None = None
         self.log = log.bind(provider=self.provider)
         self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
+        self._pacing = services.pacing.slot()
+        self._pump_holds_event = False
+        self._barge_in: tuple[float, str] | None = None
+        """When the engine event that caused a flush arrived, and its kind (logged once the clear is sent)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
+        self._send_failed = False
         self._last_message_at = time.monotonic()
         self._moved = False
 
@@ -311,21 +319,15 @@ class MediaStreamDriver:
     # ---------------------------------------------------------------- engine
 
     async def _pump(self, session: DuplexSession) -> None:
+        """Engine events that come on their own (the rest are taken by ``_flush`` as the commands cause them)."""
         try:
             async for event in session.events():
-                if isinstance(event, EngineErrorEvent):
-                    self.services.metrics.engine_errors.labels(event.code).inc()
-                    self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
+                self._pump_holds_event = True  # set before any await: nobody may take later events meanwhile
                 async with self._lock:
-                    if self.call.state is not CallState.LIVE:
+                    self._pump_holds_event = False
+                    if not self._take_engine_event(event):
                         return
-                    received, flushes = time.perf_counter(), self.call.flushes
-                    self.call.receive_engine_event(event, _now_ms())
                     await self._flush()
-                    if self.call.flushes != flushes:
-                        elapsed_s = time.perf_counter() - received
-                        self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
-                        self.log.info("barge_in", signal=type(event).__name__, clear_sent_after_ms=round(elapsed_s * 1000, 3))
         except Exception:
             self.log.exception("engine_pump_failed")
             async with self._lock:  # the caller hears the fallback, then the call is hung up
@@ -333,29 +335,58 @@ class MediaStreamDriver:
                 await self._flush()
 
     async def _pace(self) -> None:
-        while not self._done():
-            deadline = self.call.next_deadline_ms()
-            timeout = None if deadline is None else max(0.0, (deadline - _now_ms()) / 1000)
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
-            self._wake.clear()
-            async with self._lock:
-                self.call.tick(_now_ms())
-                await self._flush(wake_pacer=False)
+        try:
+            while not self._done():
+                await self._pacing.wait()
+                async with self._lock:
+                    self.call.tick(_now_ms())
+                    await self._flush()
+        finally:
+            self._pacing.close()
 
     # ----------------------------------------------------------------- output
 
-    async def _flush(self, *, wake_pacer: bool = True) -> None:
-        """Send what the core produced, in order, and let the pacer see the new deadline. Called with the lock held."""
+    def _take_engine_event(self, event: EngineEvent) -> bool:
+        """Hand one engine event to the call (lock held); False once the call no longer takes them."""
+        if isinstance(event, EngineErrorEvent):
+            self.services.metrics.engine_errors.labels(event.code).inc()
+            self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
+        if self.call.state is not CallState.LIVE:
+            return False
+        flushes = self.call.flushes
+        self.call.receive_engine_event(event, _now_ms())
+        if self.call.flushes != flushes:
+            self._barge_in = (time.perf_counter(), type(event).__name__)
+        return True
+
+    async def _flush(self) -> None:
+        """Send what the core produced, in order; hand the call the engine events its commands caused at once
+        (the embedded engine answers within ``submit``), and send what those produced, until nothing is left;
+        then put the pacer's next deadline on the clock. Called with the lock held."""
+        while True:
+            await self._send_outputs()
+            session = self.session
+            events = session.take_ready_events() if session is not None and not self._pump_holds_event else None
+            if not events:
+                break
+            for event in events:
+                if not self._take_engine_event(event):
+                    break
+        self._pacing.schedule(None if self._done() else self.call.next_deadline_ms())
+
+    async def _send_outputs(self) -> None:
         call = self.call
         for message in self.call.messages_to_send():
-            if self._closed:
+            if self._closed or self._send_failed:
                 break
             try:
                 await self.transport.send(message)
             except Exception:
-                self.call.transport_lost(_now_ms())
-                self._closed = True
+                # The carrier closed its side. What it sent before closing (Twilio's ``stop`` on a hang-up) may still
+                # wait in the reader's buffer: read that first, or a hang-up is taken for a drop and the engine
+                # session is kept for a resume nobody makes. The reader ends the stream (a stop, or the close).
+                self._send_failed = True
+                self._tasks.append(asyncio.create_task(self._lost_unless_read(_SEND_FAILED_READ_S)))
         commands = self.call.engine_commands()
         if self.session is not None:
             for command in commands:
@@ -365,6 +396,8 @@ class MediaStreamDriver:
                     if exc.code != ErrorCode.SESSION_CLOSED:
                         self.log.warning("engine_command_failed", command=type(command).__name__, reason=exc.code)
                     break
+        for pending in call.actions_to_perform():  # the agent's transfer / DTMF: the carrier does it meanwhile
+            self._tasks.append(asyncio.create_task(self._perform(pending)))
         if self.call.hangup is not None and not self._hung_up:
             task = asyncio.create_task(self._hang_up(self.call.hangup.reason))
             self._background.add(task)
@@ -378,8 +411,41 @@ class MediaStreamDriver:
             for notice in call.notices:
                 self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
             call.notices.clear()
-        if wake_pacer:
-            self._wake.set()
+        if self._barge_in is not None:  # the flush it caused has been sent
+            (received, signal), self._barge_in = self._barge_in, None
+            elapsed_s = time.perf_counter() - received
+            self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
+            self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
+
+    async def _lost_unless_read(self, delay_s: float) -> None:
+        """After a failed send: the stream is lost if the reader has not ended it by then (a transport whose
+        receive does not see the close)."""
+        await asyncio.sleep(delay_s)
+        async with self._lock:
+            if self._done():
+                return
+            self.call.transport_lost(_now_ms())
+            await self._flush()
+        self._closed = True
+        with suppress(Exception):
+            await self.transport.close(1000)  # wakes the reader
+
+    async def _perform(self, pending: PendingAction) -> None:
+        """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""
+        start = self.call.start_request
+        assert start is not None
+        action = type(pending.action).__name__
+        try:
+            result = await self.services.perform_action(self.provider, start.call_id, start.account_id, pending.action)
+        except Exception as exc:
+            self.log.warning("call_action_error", action=action, error=repr(exc))
+            result = ActionResult.failed("carrier_error", type(exc).__name__)
+        outcome = "ok" if result.ok else result.error or "failed"
+        self.services.metrics.call_actions.labels(self.provider, action, outcome).inc()
+        self.log.info("call_action", action=action, result=outcome, detail=result.detail)
+        async with self._lock:
+            self.call.action_finished(pending.call_id, result, _now_ms())
+            await self._flush()
 
     async def _hang_up(self, reason: str) -> None:
         if self._hung_up:
@@ -438,7 +504,12 @@ class MediaStreamDriver:
             services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
             self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)
         else:
-            self.log.info("call_ended" if call.state is CallState.ENDED else "stream_detached", reason=call.end_reason)
+            self.log.info(
+                "call_ended" if call.state is CallState.ENDED else "stream_detached",
+                reason=call.end_reason,
+                frames_sent=call.ledger.frames_sent,
+                frames_flushed=call.ledger.frames_dropped,
+            )
         services.metrics.calls_total.labels(self.provider, (call.end_reason or "unknown").split(":")[0]).inc()
         if not self._closed:
             with suppress(Exception):

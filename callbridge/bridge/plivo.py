@@ -22,7 +22,7 @@ import hmac
 import re
 from collections.abc import Mapping
 from typing import Final
-from urllib.parse import parse_qs, quote, urlparse, urlunparse
+from urllib.parse import parse_qs, quote, urlencode, urlparse, urlunparse
 from xml.sax.saxutils import escape, quoteattr
 
 import httpx
@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 from starlette.datastructures import FormData
 
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.plivo import PlivoCodec, stream_token_header
@@ -44,11 +45,13 @@ __all__ = [
     "HANGUP_PATH",
     "MEDIA_PATH",
     "STATUS_PATH",
+    "TRANSFER_PATH",
     "Params",
     "PlivoRest",
     "plivo_router",
     "plivo_signature_v3",
     "stream_xml",
+    "transfer_xml",
     "valid_signature_v3",
 ]
 
@@ -58,6 +61,8 @@ ANSWER_PATH: Final = "/plivo/answer"
 MEDIA_PATH: Final = "/plivo/media"
 STATUS_PATH: Final = "/plivo/stream-status"
 HANGUP_PATH: Final = "/plivo/hangup"
+TRANSFER_PATH: Final = "/plivo/transfer"
+"""Where a transferred call's new XML comes from (the Transfer API's ``aleg_url``, ``?target=…``)."""
 
 SIGNATURE_HEADER: Final = "x-plivo-signature-v3"
 NONCE_HEADER: Final = "x-plivo-signature-v3-nonce"
@@ -176,6 +181,12 @@ def stream_xml(base: str, token: str, content_type: str) -> str:
     )
 
 
+def transfer_xml(target: str) -> str:
+    """A transfer's new instructions: ``<Dial>`` the number, or the SIP URI (``<User>``)."""
+    noun = f"<User>{escape(target)}</User>" if target.startswith(("sip:", "sips:")) else f"<Number>{escape(target.lstrip('+'))}</Number>"
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{noun}</Dial></Response>'
+
+
 # --------------------------------------------------------------------- router
 
 
@@ -275,6 +286,20 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         )
         return Response(status_code=204)
 
+    @router.api_route(TRANSFER_PATH, methods=["GET", "POST"])
+    async def transfer(request: Request) -> Response:
+        """The XML a call transferred by the agent runs (signed like every webhook; the target must still be one
+        of ``call_actions.transfer_targets``, whatever the URL says)."""
+        params = await _checked(request, TRANSFER_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        target = request.query_params.get("target")
+        if not settings.call_actions.enabled or target not in settings.call_actions.transfer_targets:
+            log.warning("transfer_refused", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
+            return Response(_HANGUP, media_type="application/xml")
+        log.info("call_transferred", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
+        return Response(transfer_xml(target), media_type="application/xml")
+
     @router.api_route(HANGUP_PATH, methods=["GET", "POST"])
     async def hangup(request: Request) -> Response:
         """The application's Hangup URL (optional, recommended): the call is over. Its open stream here ends as
@@ -296,7 +321,9 @@ def plivo_router(services: BridgeServices) -> APIRouter:
 
 
 class PlivoRest:
-    """The one REST call the bridge makes: end a call (``DELETE …/Call/{uuid}/``, basic auth)."""
+    """The REST calls the bridge makes (basic auth): end a call (``DELETE …/Call/{uuid}/``), and the agent's
+    actions: send digits (``POST …/Call/{uuid}/DTMF/``), transfer (``POST …/Call/{uuid}/`` with ``aleg_url``
+    → our ``TRANSFER_PATH``, which answers ``<Dial>``)."""
 
     def __init__(
         self,
@@ -305,8 +332,10 @@ class PlivoRest:
         auth_token: SecretStr | None,
         *,
         client: httpx.AsyncClient | None = None,
+        public_url: str | None = None,
     ) -> None:
         self._base = base_url.rstrip("/")
+        self._public_url = public_url.rstrip("/") if public_url else None
         self._auth_id = auth_id
         self._token = auth_token.get_secret_value() if auth_token else None
         self._client = client or httpx.AsyncClient(timeout=10.0)
@@ -326,13 +355,32 @@ class PlivoRest:
             return  # already over
         response.raise_for_status()
 
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        auth_id = self._auth_id or account_id
+        if not auth_id or not self._token:
+            return ActionResult.failed("not_configured", "plivo.auth_id and plivo.auth_token are needed")
+        call_url = f"{self._base}/v1/Account/{quote(auth_id, safe='')}/Call/{quote(call_id, safe='')}/"
+        if isinstance(action, SendDtmf):
+            response = await self._client.post(call_url + "DTMF/", json={"digits": action.digits, "legs": "aleg"}, auth=(auth_id, self._token))
+        else:
+            if self._public_url is None:
+                return ActionResult.failed("not_configured", "a transfer needs server.public_url (Plivo fetches its XML)")
+            aleg_url = f"{self._public_url}{TRANSFER_PATH}?{urlencode({'target': action.target})}"
+            body = {"legs": "aleg", "aleg_url": aleg_url, "aleg_method": "POST"}
+            response = await self._client.post(call_url, json=body, auth=(auth_id, self._token))
+        if response.status_code == 404:
+            return ActionResult.failed("call_ended", "HTTP 404")
+        if response.status_code >= 300:
+            return ActionResult.failed("carrier_error", f"HTTP {response.status_code}")
+        return ActionResult.done(call_left=not isinstance(action, SendDtmf))
+
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
 def plivo_rest(settings: Settings) -> PlivoRest:
     config = settings.plivo
-    return PlivoRest(config.api_base_url, config.auth_id, config.auth_token)
+    return PlivoRest(config.api_base_url, config.auth_id, config.auth_token, public_url=settings.server.public_url)
 
 
 CARRIER: Final = Carrier(name="plivo", router=plivo_router, rest=plivo_rest)

@@ -14,10 +14,12 @@ never per frame.
 from __future__ import annotations
 
 import abc
+import asyncio
+import enum
 import hmac
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from callbridge.config import Settings
@@ -28,9 +30,11 @@ __all__ = [
     "TOKEN_TTL_MS",
     "CallRecord",
     "CallRegistry",
+    "CallSignal",
     "MemoryCallRegistry",
     "MemoryStreamTokens",
     "RegistryUnavailable",
+    "SignalKind",
     "StreamTokens",
     "build_registry",
 ]
@@ -69,8 +73,37 @@ class CallRecord:
     racing that stream's detach, and waits a moment for it rather than open a second session."""
 
 
+class SignalKind(enum.Enum):
+    CALL_ENDED = "call_ended"
+    """A carrier's webhook says the call is over; ``detail`` is the reason. Its live stream ends as on a stop."""
+    STREAM_DROPPED = "stream_dropped"
+    """A carrier's webhook says a media socket dropped (Vonage ``disconnected``); ``detail`` is the stream's token,
+    empty for every stream of the call. The stream is ended as lost (its engine session detached for the next)."""
+    STREAM_ENDED = "stream_ended"
+    """A carrier's webhook says a media socket ended as the end of the call (Vonage ``completed`` for the websocket
+    leg); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallSignal:
+    """Word from a carrier's webhook for whichever process serves the call's stream: the webhook and the media
+    socket of one call may reach different processes. Best effort and prompt; what must hold without it is in the
+    call's record too (``mark_ended``), which every stream reads as it ends."""
+
+    call_id: str
+    kind: SignalKind
+    detail: str
+    origin: str
+    """The process that sent it (``BridgeServices.process_id``); its own ``listen`` does not return it."""
+
+
 class CallRegistry(abc.ABC):
-    """call id → ``CallRecord``, expiring; shared by every process that serves the call's number."""
+    """call id → ``CallRecord``, expiring; shared by every process that serves the call's number.
+
+    Beside the record: per-call counters a carrier's webhooks keep (answers, stream restarts, reconnects: any
+    process may get the next webhook), and signals from the process that got a webhook to the one that serves the
+    call's stream.
+    """
 
     @abc.abstractmethod
     async def get(self, call_id: str) -> CallRecord | None:
@@ -98,6 +131,26 @@ class CallRegistry(abc.ABC):
     async def ended_reason(self, call_id: str) -> str | None:
         record = await self.get(call_id)
         return record.ended_reason if record else None
+
+    @abc.abstractmethod
+    async def count(self, call_id: str, counter: str, keep_ms: int, by: int = 1) -> int:
+        """Add ``by`` to the call's ``counter`` (0 when new) and return the sum, atomically: of two processes that
+        count at once, each sees its own sum. The call's counters are kept ``keep_ms`` from this write, apart from
+        its record (whose expiry follows the engine session)."""
+
+    @abc.abstractmethod
+    async def counts(self, call_id: str) -> dict[str, int]:
+        """The call's counters (empty when none, or expired)."""
+
+    @abc.abstractmethod
+    async def signal(self, signal: CallSignal) -> None:
+        """Send ``signal`` to every other process's ``listen`` (fire and forget: a process not listening at that
+        moment misses it)."""
+
+    @abc.abstractmethod
+    def listen(self, process_id: str) -> AsyncIterator[CallSignal]:
+        """The signals other processes send, from now on, until cancelled. Never raises for an unreachable
+        backend: it logs, waits and listens again."""
 
     async def aclose(self) -> None:
         """Release the backend's connections (at shutdown)."""
@@ -130,9 +183,37 @@ class _Entry:
 class MemoryCallRegistry(CallRegistry):
     """The registry of a single process; the clock (ms, monotonic) is injectable."""
 
+    _PRUNE_EVERY_MS = 10_000
+    """Expired entries of calls nobody asks about again are dropped this often (amortized over writes), so the
+    registry holds the calls of the last ``ENDED_KEPT_MS`` or so, not every call the process ever served."""
+
     def __init__(self, *, clock: Callable[[], int] = _monotonic_ms) -> None:
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._pruned_at_ms = clock()
+        self._counters: dict[str, tuple[dict[str, int], int]] = {}
+        """call id → (its counters, when they expire)."""
+        self._counters_pruned_at_ms = clock()
+        self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
+
+    @property
+    def entry_count(self) -> int:
+        """Entries held, expired ones not yet pruned included (the ``callbridge_registry_entries`` gauge)."""
+        return len(self._entries)
+
+    @property
+    def detached_count(self) -> int:
+        """Calls whose engine session waits, detached, for the call's next stream (its ticket not yet expired)."""
+        now = self._clock()
+        return sum(entry.record.ticket is not None and now < entry.expires_at_ms for entry in self._entries.values())
+
+    def _prune(self) -> None:
+        now = self._clock()
+        if now - self._pruned_at_ms < self._PRUNE_EVERY_MS:
+            return
+        self._pruned_at_ms = now
+        for call_id in [c for c, entry in self._entries.items() if now >= entry.expires_at_ms]:
+            del self._entries[call_id]
 
     def _live(self, call_id: str) -> _Entry | None:
         entry = self._entries.get(call_id)
@@ -142,6 +223,7 @@ class MemoryCallRegistry(CallRegistry):
         return entry
 
     def _entry(self, call_id: str) -> _Entry:
+        self._prune()
         entry = self._live(call_id)
         if entry is None:
             entry = self._entries[call_id] = _Entry(CallRecord(call_id), 0)
@@ -182,6 +264,38 @@ class MemoryCallRegistry(CallRegistry):
         entry.record.bound = False
         entry.record.ticket = None
         entry.expires_at_ms = self._clock() + keep_ms
+
+    async def count(self, call_id: str, counter: str, keep_ms: int, by: int = 1) -> int:
+        now = self._clock()
+        if now - self._counters_pruned_at_ms >= self._PRUNE_EVERY_MS:
+            self._counters_pruned_at_ms = now
+            for expired in [c for c, (_, expires_at_ms) in self._counters.items() if now >= expires_at_ms]:
+                del self._counters[expired]
+        held = self._counters.get(call_id)
+        counters = held[0] if held is not None and now < held[1] else {}
+        counters[counter] = total = counters.get(counter, 0) + by
+        self._counters[call_id] = (counters, now + keep_ms)
+        return total
+
+    async def counts(self, call_id: str) -> dict[str, int]:
+        held = self._counters.get(call_id)
+        return dict(held[0]) if held is not None and self._clock() < held[1] else {}
+
+    async def signal(self, signal: CallSignal) -> None:
+        """To the other listeners of this registry (one process has no other: this matters to tests that run
+        several bridges on one memory registry)."""
+        for process_id, queue in self._listeners:
+            if process_id != signal.origin:
+                queue.put_nowait(signal)
+
+    async def listen(self, process_id: str) -> AsyncIterator[CallSignal]:
+        listener = (process_id, asyncio.Queue[CallSignal]())
+        self._listeners.append(listener)
+        try:
+            while True:
+                yield await listener[1].get()
+        finally:
+            self._listeners.remove(listener)
 
 
 class MemoryStreamTokens(StreamTokens):

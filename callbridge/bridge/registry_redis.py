@@ -7,6 +7,9 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
   reason); its TTL is the disconnect grace after a detach, ``ENDED_KEPT_MS`` after the end.
 - ``callbridge:token:{token}``: the call id it was minted for, TTL ``TOKEN_TTL_MS``; consumed with
   ``GETDEL``, so a token lets in one stream even when two processes race for it.
+- ``callbridge:counts:{call_id}``: a hash of the call's counters (``HINCRBY``: atomic), TTL the ``keep_ms`` of
+  the last count.
+- ``callbridge:signals``: the pub/sub channel of ``CallSignal`` (JSON), one subscription per process.
 
 A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
 one gets the engine session; Redis runs scripts atomically.
@@ -14,10 +17,11 @@ one gets the engine session; Redis runs scripts atomically.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, suppress
 from typing import Any, cast
 
 import orjson
@@ -29,15 +33,24 @@ from callbridge.bridge.registry import (
     TOKEN_TTL_MS,
     CallRecord,
     CallRegistry,
+    CallSignal,
     RegistryUnavailable,
+    SignalKind,
     StreamTokens,
 )
 from callbridge.config import Settings
 from callbridge.engine.port import ResumeTicket
+from callbridge.logging import get_logger
 
 __all__ = ["RedisCallRegistry", "RedisStreamTokens", "redis_registry"]
 
+log = get_logger(__name__)
+
 _PREFIX = "callbridge:"
+_SIGNALS = _PREFIX + "signals"
+_LISTEN_POLL_S = 1.0
+"""How long one wait for a signal blocks (below the client's socket timeout, which would end it as an error)."""
+_LISTEN_RETRY_S = 1.0
 _TIMEOUT_S = 2.0
 """A registry call that takes longer fails (``RegistryUnavailable``) rather than hold up a call's start."""
 
@@ -67,6 +80,16 @@ def _ticket_json(ticket: ResumeTicket) -> str:
 
 def _ticket(text: str) -> ResumeTicket:
     return ResumeTicket.from_dict(orjson.loads(text))
+
+
+def _signal(message: dict[str, Any]) -> CallSignal | None:
+    """A pub/sub message as a ``CallSignal``; None (logged) for one that is not (another writer on the channel)."""
+    try:
+        fields = orjson.loads(message["data"])
+        return CallSignal(str(fields["call_id"]), SignalKind(fields["kind"]), str(fields["detail"]), str(fields["origin"]))
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        log.warning("registry_signal_invalid", data=repr(message.get("data"))[:200])
+        return None
 
 
 class RedisCallRegistry(CallRegistry):
@@ -130,6 +153,50 @@ class RedisCallRegistry(CallRegistry):
     async def ended_reason(self, call_id: str) -> str | None:
         with _unavailable("ended_reason"):
             return cast(str | None, await self._redis.hget(self._key(call_id), "ended"))
+
+    async def count(self, call_id: str, counter: str, keep_ms: int, by: int = 1) -> int:
+        key = f"{_PREFIX}counts:{call_id}"
+        with _unavailable("count"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hincrby(key, counter, by)
+                pipe.pexpire(key, max(1, keep_ms))
+                total, _ = await pipe.execute()
+        return int(total)
+
+    async def counts(self, call_id: str) -> dict[str, int]:
+        with _unavailable("counts"):
+            fields = cast(dict[str, str], await self._redis.hgetall(f"{_PREFIX}counts:{call_id}"))
+        return {name: int(value) for name, value in fields.items()}
+
+    async def signal(self, signal: CallSignal) -> None:
+        message = orjson.dumps({"call_id": signal.call_id, "kind": signal.kind.value, "detail": signal.detail, "origin": signal.origin})
+        with _unavailable("signal"):
+            await self._redis.publish(_SIGNALS, message)
+
+    async def listen(self, process_id: str) -> AsyncIterator[CallSignal]:
+        """One subscription to ``callbridge:signals``; when Redis drops it, subscribe again (what was sent
+        meanwhile is missed: the call records hold what must not be)."""
+        lost = False
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(_SIGNALS)
+                if lost:
+                    log.info("registry_signals_restored")
+                    lost = False
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_POLL_S)
+                    signal = _signal(message) if message is not None else None
+                    if signal is not None and signal.origin != process_id:
+                        yield signal
+            except (RedisError, OSError) as exc:
+                if not lost:  # once per outage; the subscription is retried every _LISTEN_RETRY_S
+                    log.warning("registry_unavailable", operation="listen", detail=repr(exc))
+                lost = True
+            finally:
+                with suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(_LISTEN_RETRY_S)
 
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -4,14 +4,30 @@ stream tokens, metrics and the carriers' REST clients."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from callbridge.bridge.actions import (
+    ActionResult,
+    CallActionPerformer,
+    CarrierCallAction,
+    SendDtmf,
+    telephony_tools,
+)
 from callbridge.bridge.call import CallOptions, DtmfMode
-from callbridge.bridge.registry import CallRegistry, StreamTokens
+from callbridge.bridge.pacing import PacingClock
+from callbridge.bridge.registry import (
+    CallRegistry,
+    CallSignal,
+    MemoryCallRegistry,
+    RegistryUnavailable,
+    SignalKind,
+    StreamTokens,
+)
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.port import (
@@ -22,7 +38,16 @@ from callbridge.engine.port import (
 )
 from callbridge.logging import get_logger
 
-__all__ = ["BridgeMetrics", "BridgeServices", "HangUpFn", "LiveStream", "build_engine", "call_options", "session_config"]
+__all__ = [
+    "BridgeMetrics",
+    "BridgeServices",
+    "HangUpFn",
+    "LiveStream",
+    "SignalHandler",
+    "build_engine",
+    "call_options",
+    "session_config",
+]
 
 log = get_logger(__name__)
 
@@ -30,6 +55,8 @@ _ENGINE_CALL_TIMEOUT_S = 5.0
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
+SignalHandler = Callable[[CallSignal], Awaitable[None]]
+"""What a carrier does here with another process's ``CallSignal`` (``BridgeServices.on_signal``)."""
 
 
 class BridgeMetrics:
@@ -62,6 +89,11 @@ class BridgeMetrics:
             registry=registry,
         )  # fmt: skip
         self.engine_errors = Counter("callbridge_engine_errors_total", "Engine error events, by code", ["code"], registry=registry)
+        self.sip_dropped = Counter(
+            "callbridge_sip_dropped_total",
+            "SIP datagrams and RTP packets dropped unanswered (garbage, strays, unexpected sources, late), by reason",
+            ["reason"], registry=registry,
+        )  # fmt: skip
         self.event_loop_lag_seconds = Histogram(
             "callbridge_event_loop_lag_seconds",
             "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",
@@ -72,12 +104,53 @@ class BridgeMetrics:
             "callbridge_engine_failures_total", "Calls whose engine session failed mid-call (fallback, then hang-up)",
             ["provider"], registry=registry,
         )  # fmt: skip
+        self.call_actions = Counter(
+            "callbridge_call_actions_total", "Carrier actions the agent asked for (transfer, DTMF), by result",
+            ["provider", "action", "result"], registry=registry,
+        )  # fmt: skip
         self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
             "Engine interruption signal to carrier flush sent",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=registry,
         )
+        # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
+        self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry)
+        self.detached_sessions = Gauge(
+            "callbridge_detached_sessions", "Engine sessions detached, waiting for their call's next stream (memory registry)",
+            registry=registry,
+        )  # fmt: skip
+        self.engine_sessions_open = Gauge(
+            "callbridge_engine_sessions_open", "Engine sessions the bridge holds: live streams + detached (memory registry)",
+            registry=registry,
+        )  # fmt: skip
+        self.registry_entries = Gauge(
+            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=registry
+        )
+        self.local_engine_sessions = Gauge(
+            "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)",
+            registry=registry,
+        )  # fmt: skip
+        self.background_tasks = Gauge(
+            "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry
+        )
+        self.asyncio_tasks = Gauge("callbridge_asyncio_tasks", "Tasks on the event loop", registry=registry)
+
+    def watch(self, services: BridgeServices, loop: asyncio.AbstractEventLoop) -> None:
+        """Point the level gauges at ``services`` and ``loop``: each is computed when ``/metrics`` is scraped,
+        nothing per frame. Gauges the registry or engine cannot answer (Redis, a remote engine) stay at 0."""
+        self.live_streams.set_function(lambda: len(services.live_streams))
+        self.background_tasks.set_function(lambda: len(services.background))
+        self.asyncio_tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
+        registry = services.registry
+        if isinstance(registry, MemoryCallRegistry):
+            self.detached_sessions.set_function(lambda: registry.detached_count)
+            self.engine_sessions_open.set_function(lambda: len(services.live_streams) + registry.detached_count)
+            self.registry_entries.set_function(lambda: registry.entry_count)
+        count = getattr(services.engine, "session_count", None)
+        if isinstance(count, int):
+            engine = services.engine
+            self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 
 class LiveStream(Protocol):
@@ -109,6 +182,22 @@ class BridgeServices:
     """What a carrier keeps per bridge process beside its routes (Telnyx's Call Control state), by carrier."""
     background: set[asyncio.Task[None]] = field(default_factory=set)
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
+    action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
+    """carrier → what transfers its calls and sends DTMF on them (its REST client, the SIP listener)."""
+
+    async def perform_action(self, provider: str, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier has no way."""
+        performer = self.action_performers.get(provider)
+        if performer is None:
+            return ActionResult.unsupported(provider, "send DTMF" if isinstance(action, SendDtmf) else "be transferred")
+        return await performer.perform(call_id, account_id, action)
+    pacing: PacingClock = field(default_factory=PacingClock)
+    """The one timer that wakes every call's pacer."""
+    process_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """Names this process in the signals it sends (``CallSignal.origin``)."""
+    signal_handlers: dict[SignalKind, list[SignalHandler]] = field(default_factory=dict)
+    listener: asyncio.Task[None] | None = None
+    """Takes other processes' signals (``start_listening``), from the app's start to its shutdown."""
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""
@@ -117,9 +206,47 @@ class BridgeServices:
         task.add_done_callback(self.background.discard)
 
     async def aclose_background(self) -> None:
-        for task in list(self.background):
+        listener, self.listener = self.listener, None
+        for task in [*self.background, *([listener] if listener is not None else [])]:
             task.cancel()
-        await asyncio.gather(*self.background, return_exceptions=True)
+        await asyncio.gather(*self.background, *([listener] if listener is not None else []), return_exceptions=True)
+
+    def on_signal(self, kind: SignalKind, handler: SignalHandler) -> None:
+        """Have ``handler`` take the signals of ``kind`` other processes send (a carrier's router registers)."""
+        self.signal_handlers.setdefault(kind, []).append(handler)
+
+    def start_listening(self) -> None:
+        """Take the signals other processes send about calls whose stream is here (the app's lifespan)."""
+        if self.listener is None:
+            self.listener = asyncio.get_running_loop().create_task(self._listen())
+
+    async def _listen(self) -> None:
+        while True:
+            try:
+                async for signal in self.registry.listen(self.process_id):
+                    if signal.kind is SignalKind.CALL_ENDED and signal.call_id in self.live_streams:
+                        self.spawn(self._take(signal, self.live_streams[signal.call_id].end_by_carrier(signal.detail)))
+                    for handler in self.signal_handlers.get(signal.kind, ()):
+                        self.spawn(self._take(signal, handler(signal)))
+            except Exception as exc:  # noqa: BLE001 - the listener outlives any one failure; it listens again
+                log.error("call_signals_failed", error=repr(exc))
+            await asyncio.sleep(1.0)
+
+    async def _take(self, signal: CallSignal, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001 - one call's signal never stops the listener or another call
+            log.warning("call_signal_failed", call_id=signal.call_id, signal=signal.kind.value, error=repr(exc))
+        else:
+            log.info("call_signal_handled", call_id=signal.call_id, signal=signal.kind.value, origin=signal.origin)
+
+    async def send_signal(self, call_id: str, kind: SignalKind, detail: str) -> None:
+        """Tell the other processes (whichever serves the call's stream) what a carrier's webhook said here. Best
+        effort: with the registry unreachable it is logged and dropped, never failing the webhook that sent it."""
+        try:
+            await self.registry.signal(CallSignal(call_id, kind, detail, self.process_id))
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
 
     async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
         """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx
@@ -133,6 +260,8 @@ class BridgeServices:
             closed = await self.close_detached(call_id, "call_ended")
         if closed or await self.registry.ended_reason(call_id) is None:
             await self.registry.mark_ended(call_id, reason)
+        if stream is None and not closed:  # its stream may be live on another process: it ends there, now
+            await self.send_signal(call_id, SignalKind.CALL_ENDED, reason)
 
     async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None) -> bool:
         """Close the engine session a call left detached (waiting for its next stream) now that the call is over,
@@ -185,6 +314,8 @@ def call_options(settings: Settings) -> CallOptions:
         resampler_quality=audio.resampler_quality,
         dtmf_mode=DtmfMode(settings.engine.dtmf),
         failure_tone_ms=settings.engine.failure_tone_ms,
+        call_actions=settings.call_actions.enabled,
+        transfer_targets=tuple(settings.call_actions.transfer_targets),
     )
 
 
@@ -197,6 +328,7 @@ def session_config(settings: Settings) -> SessionConfig:
         voice=engine.voice,
         turn_detection=TurnDetection(),
         input_rate_hz=settings.audio.engine_input_rate_hz,
+        tools=telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else (),
     )
 
 
@@ -208,14 +340,20 @@ def build_engine(settings: Settings) -> DuplexEngine:
         from callbridge.engine.server import local_engine_options
 
         return LocalEngine(local_engine_options(settings))
-    if kind == "realtime":
-        from callbridge.engine.realtime import RealtimeEngine
+    if kind == "realtime":  # one server or several: a pool (least loaded, failover, ejection, drain)
+        from callbridge.engine.pool import EnginePool
 
-        if not settings.engine.urls:
+        engine = settings.engine
+        if not engine.urls:
             raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "engine.kind = realtime needs engine.urls")
-        key = settings.engine.api_key.get_secret_value() if settings.engine.api_key else None
-        return RealtimeEngine(
-            settings.engine.urls[0], api_key=key, resume_window_s=settings.engine.disconnect_grace_s
+        return EnginePool(
+            engine.urls,
+            api_key=engine.api_key.get_secret_value() if engine.api_key else None,
+            resume_window_s=engine.disconnect_grace_s,
+            eject_after_failures=engine.eject_after_failures,
+            probe_interval_s=engine.probe_interval_s,
+            probe_backoff_max_s=engine.probe_backoff_max_s,
+            probe_timeout_s=engine.probe_timeout_s,
         )
     from callbridge.engine.inline import InlineEngine
 

@@ -11,7 +11,10 @@ Flow of an inbound call::
     call.hangup     ──▶  the call is over (no restart, a late stream is refused)
 
 The call's key is ``call_control_id``: it survives a stream restart, the
-``stream_id`` does not. A Telnyx call outlives its stream (the stream is a fork
+``stream_id`` does not. Any bridge process may get any webhook of a call (the
+answer from one, the media socket on another, ``streaming.stopped`` on a third),
+so what the webhooks keep about a call — answered, hung up, streams restarted —
+are counters in the shared registry (``CallRegistry.count``), not in a process. A Telnyx call outlives its stream (the stream is a fork
 of the call), so a call whose stream cannot be restarted — too many restarts,
 the bridge full or draining, or the call already over for the bridge while
 Telnyx has not sent ``call.hangup`` — is hung up rather than left in silence.
@@ -34,7 +37,7 @@ import binascii
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -45,9 +48,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.telnyx import TelnyxCodec
+from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
@@ -55,10 +60,13 @@ from callbridge.logging import get_logger
 
 __all__ = [
     "ALREADY_ENDED",
+    "ANSWERED",
     "CARRIER",
     "EVENTS_PATH",
     "MAX_SIGNATURE_AGE_S",
     "MEDIA_PATH",
+    "OVER",
+    "RESTARTS",
     "TelnyxCalls",
     "TelnyxRest",
     "TelnyxSignatures",
@@ -77,6 +85,12 @@ ALREADY_ENDED: Final = "90018"
 """Call Control error code: "Call has already ended"."""
 MAX_STREAM_RESTARTS: Final = 5
 """Streams restarted for one call before it is hung up instead (a stream that fails at once would loop)."""
+ANSWERED: Final = "telnyx_answered"
+"""Counter: answers begun for the call (above 1: a retried ``call.initiated``, already being answered)."""
+OVER: Final = "telnyx_over"
+"""Counter: above 0 once the call needs nothing more from us (``call.hangup`` came, or we hung up or rejected)."""
+RESTARTS: Final = "telnyx_restarts"
+"""Counter: streams restarted for the call."""
 
 _FORBIDDEN: Final = 403
 
@@ -171,7 +185,9 @@ def _error_codes(response: httpx.Response) -> set[str]:
 class TelnyxCalls:
     """Call Control for one bridge process: answers calls, restarts their streams, hangs up what cannot go on.
 
-    ``live``: calls answered and not hung up (by Telnyx's ``call.hangup``); ``restarts``: streams restarted per call.
+    A call is ours while its ``ANSWERED`` counter is above 0 and its ``OVER`` counter is 0; the counters live in
+    the registry, kept for the longest call, so that every process reads the same (``MAX_STREAM_RESTARTS`` holds
+    across processes too: the restart count is one atomic increment).
     """
 
     def __init__(self, services: BridgeServices, rest: TelnyxRest | None = None) -> None:
@@ -179,8 +195,17 @@ class TelnyxCalls:
         self.services = services
         self.codec = config.codec
         self.rest = rest or TelnyxRest(config.api_base_url, config.api_key)
-        self.live: set[str] = set()
-        self.restarts: dict[str, int] = {}
+        server = services.settings.server
+        self.kept_ms = int((server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS
+        """How long a call's counters are kept after their last change: past the longest call."""
+
+    async def _count(self, call_id: str, counter: str, by: int = 1) -> int:
+        return await self.services.registry.count(call_id, counter, self.kept_ms, by)
+
+    async def answered(self, call_id: str) -> bool:
+        """Whether the call was answered by the bridge (any of its processes) and still needs it."""
+        counts = await self.services.registry.counts(call_id)
+        return counts.get(ANSWERED, 0) > 0 and counts.get(OVER, 0) == 0
 
     async def on_event(self, event_type: str, payload: dict[str, Any], base: str) -> None:
         """One verified webhook (``base``: our public https URL)."""
@@ -197,8 +222,7 @@ class TelnyxCalls:
             self.services.metrics.stream_status.labels("telnyx", event_type).inc()
             log.info("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type)
         elif event_type == "call.hangup":
-            self.live.discard(call_id)
-            self.restarts.pop(call_id, None)
+            await self._count(call_id, OVER)
             # a live stream (no ``stop`` on its socket yet) ends as on a stop; a later stream or restart is refused
             await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{payload.get('hangup_cause', 'unknown')}")
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
@@ -207,55 +231,77 @@ class TelnyxCalls:
         services = self.services
         if payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
-        if call_id in self.live or await services.registry.ended_reason(call_id) is not None:
-            return  # a webhook delivered again (Telnyx retries until it gets a 2xx), or a call already over
+        if await services.registry.ended_reason(call_id) is not None:
+            return  # a call already over
+        if await self._count(call_id, ANSWERED) > 1:
+            return  # a webhook delivered again (Telnyx retries until it gets a 2xx), to this process or another
+        settled = False
         try:
             if not await services.admits(call_id):
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason="draining" if services.draining else "capacity")
                 await self.rest.reject(call_id)
+                settled = True
+                await self._count(call_id, OVER)
                 return
             token = await services.tokens.mint(call_id)
-            self.live.add(call_id)
-            if await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
+            answered = await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
+            settled = True
+            if answered:
                 log.info("call_answered", call_id=call_id, provider="telnyx", caller=payload.get("from"))
             else:
-                self.live.discard(call_id)
+                await self._count(call_id, OVER)
         except (httpx.HTTPError, RuntimeError) as exc:
-            self.live.discard(call_id)
             log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="answer", error=repr(exc))
+        finally:
+            if not settled:  # neither answered nor rejected (Call Control or Redis failed): Telnyx's retry answers
+                with suppress(RegistryUnavailable):
+                    await self._count(call_id, ANSWERED, -1)
 
     async def _stream_ended(self, call_id: str, event_type: str, payload: dict[str, Any], base: str) -> None:
         services = self.services
         ended = await services.registry.ended_reason(call_id)
         log_fn = log.warning if event_type == "streaming.failed" else log.info
         log_fn("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type, ended=ended, reason=payload.get("failure_reason"))
-        if call_id not in self.live:
-            return
-        restarts = self.restarts.get(call_id, 0)
+        if not await self.answered(call_id):
+            return  # not a call we answered, or one that needs nothing more
         try:
             if ended is not None:
                 # over for the bridge (hung up, refused, or its stream said stop) but no call.hangup yet: a Telnyx
                 # call outlives its stream, so make sure it does not sit in silence (an ended call answers 90018)
-                self.live.discard(call_id)
-                self.restarts.pop(call_id, None)
+                await self._count(call_id, OVER)
                 await self.rest.hang_up(call_id, None)
                 return
-            if restarts >= MAX_STREAM_RESTARTS or not await services.admits(call_id):
-                reason = "stream_restarts_exhausted" if restarts >= MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
+            restarts = await self._count(call_id, RESTARTS)
+            if restarts > MAX_STREAM_RESTARTS or not await services.admits(call_id):
+                reason = "stream_restarts_exhausted" if restarts > MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
                 await services.registry.mark_ended(call_id, reason)
-                self.live.discard(call_id)
+                await self._count(call_id, OVER)
                 await self.rest.hang_up(call_id, None)
                 log.warning("call_hung_up", provider="telnyx", call_id=call_id, reason=reason)
                 return
-            self.restarts[call_id] = restarts + 1
             token = await services.tokens.mint(call_id)
             if await self.rest.start_streaming(call_id, ws_url(base) + MEDIA_PATH, token, self.codec):
-                log.info("stream_restarted", provider="telnyx", call_id=call_id, restarts=restarts + 1)
+                log.info("stream_restarted", provider="telnyx", call_id=call_id, restarts=restarts)
             else:
-                self.live.discard(call_id)
+                await self._count(call_id, OVER)
                 await services.registry.mark_ended(call_id, "call_already_ended")
         except (httpx.HTTPError, RuntimeError) as exc:
             log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="streaming_start/hangup", error=repr(exc))
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """The agent's actions by Call Control: ``send_dtmf`` (on the call, beside our stream), ``transfer``
+        (Telnyx dials the target and bridges the caller to it). A transferred call is over for the bridge first
+        (counted ``OVER``), so the end of its stream is not taken for a stream to restart or a call to hang up."""
+        if isinstance(action, SendDtmf):
+            sent = await self.rest.command(call_id, "send_dtmf", {"digits": action.digits, "duration_millis": 250})
+            return ActionResult.done() if sent else ActionResult.failed("call_ended")
+        await self._count(call_id, OVER)
+        try:
+            transferred = await self.rest.command(call_id, "transfer", {"to": action.target})
+        except Exception:
+            await self._count(call_id, OVER, -1)  # the call is still ours
+            raise
+        return ActionResult.done(call_left=True) if transferred else ActionResult.failed("call_ended")
 
     async def aclose(self) -> None:
         await self.rest.aclose()
@@ -266,6 +312,7 @@ def _calls_for(services: BridgeServices) -> TelnyxCalls:
     calls = services.carrier_state.get("telnyx")
     if not isinstance(calls, TelnyxCalls):
         calls = services.carrier_state["telnyx"] = TelnyxCalls(services)
+        services.action_performers["telnyx"] = calls
     return calls
 
 

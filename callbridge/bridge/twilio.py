@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from xml.sax.saxutils import quoteattr
+from xml.sax.saxutils import escape, quoteattr
 
 import httpx
 from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 from twilio.request_validator import RequestValidator
 
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.twilio import TwilioCodec
@@ -29,7 +30,17 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
-__all__ = ["CARRIER", "TwilioDialect", "TwilioRest", "TwilioSignatures", "public_base", "twilio_compatible_router", "twilio_dialect", "twiml_connect"]
+__all__ = [
+    "CARRIER",
+    "TwilioDialect",
+    "TwilioRest",
+    "TwilioSignatures",
+    "public_base",
+    "twilio_compatible_router",
+    "twilio_dialect",
+    "twiml_connect",
+    "twiml_dial",
+]
 
 log = get_logger(__name__)
 
@@ -93,6 +104,12 @@ def twilio_dialect(settings: Settings) -> TwilioDialect:
 def twiml_connect(base: str, token: str) -> str:
     """Twilio's answer: ``<Connect><Stream>`` with the call's token, then ``<Redirect>``."""
     return TwilioDialect("twilio", "", None, True, TwilioCodec).twiml_connect(base, token)
+
+
+def twiml_dial(target: str) -> str:
+    """A transfer: ``<Dial>`` the number, or ``<Dial><Sip>`` a SIP URI."""
+    noun = f"<Sip>{escape(target)}</Sip>" if target.startswith(("sip:", "sips:")) else escape(target)
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{noun}</Dial></Response>'
 
 
 _HANGUP = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
@@ -170,7 +187,8 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
 
 
 class TwilioRest:
-    """The one REST call the bridge makes: end a call (``Status=completed``) on Twilio's API or a compatible one."""
+    """The REST calls the bridge makes on Twilio's API or a compatible one: end a call (``Status=completed``),
+    transfer it (new ``Twiml`` with ``<Dial>``)."""
 
     def __init__(
         self,
@@ -197,6 +215,24 @@ class TwilioRest:
         if response.status_code in (404, 409) or (response.status_code == 400 and "not in-progress" in response.text):
             return  # already over
         response.raise_for_status()
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """A transfer replaces the call's TwiML with ``<Dial>`` (the stream ends, the call leaves the bridge).
+        DTMF is unsupported: the only TwiML for it (``<Play digits>``) would end the stream too."""
+        if isinstance(action, SendDtmf):
+            return ActionResult.failed("unsupported", "DTMF cannot be sent while the media stream runs")
+        if not account_id or not self._token:
+            return ActionResult.failed("not_configured", "a transfer needs the call's account id and the API token")
+        response = await self._client.post(
+            f"{self._base}/2010-04-01/Accounts/{account_id}/Calls/{call_id}.json",
+            data={"Twiml": twiml_dial(action.target)},
+            auth=(self._username or account_id, self._token),
+        )
+        if response.status_code in (404, 409) or (response.status_code == 400 and "not in-progress" in response.text):
+            return ActionResult.failed("call_ended", f"HTTP {response.status_code}")
+        if response.status_code >= 300:
+            return ActionResult.failed("carrier_error", f"HTTP {response.status_code}")
+        return ActionResult.done(call_left=True)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -27,6 +27,18 @@ Vonage has no stop message. The event webhook tells us the rest:
 Vonage closes the socket before or after it posts those events, so a closed
 socket waits a moment for its verdict (``VonageTransport``).
 
+Several bridge processes: the event webhook may reach a process other than
+the one holding the socket. Each event is applied where it lands when the
+socket is there, and otherwise sent to the other processes as a
+``CallSignal`` (``disconnected``: ``STREAM_DROPPED``; ``completed`` of the
+websocket leg: ``STREAM_ENDED``; of the call: ``CALL_ENDED``, through
+``BridgeServices.call_ended_by_carrier``), which the socket's process applies
+the same way. The reconnect count is a registry counter. The end of the call
+is also in the call's record, so a socket whose signal was lost still ends
+right when Vonage closes it (its verdict wait runs out, and the stream, finding
+the call ended, closes the engine session). Only the conversation → call
+fallback for a ``disconnected`` without ``headers`` is process-local.
+
 Webhooks may be signed: ``Authorization: Bearer <JWT>``, HS256 with the
 account's signature secret, ``payload_hash`` the hex SHA-256 of the body. A
 failed check is a 403 and nothing else. Whether the websocket upgrade is
@@ -54,9 +66,11 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import SecretStr
 
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
 from callbridge.bridge.providers.vonage import VonageCodec, content_type
+from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
@@ -82,11 +96,13 @@ EVENTS_PATH: Final = "/vonage/events"
 
 _FORBIDDEN: Final = 403
 _MAX_RECONNECTS: Final = 10
+_RECONNECTS: Final = "vonage_reconnects"
+"""The registry counter of a call's reconnects (new NCCOs after a ``disconnected``)."""
 _MAX_HEADERS_BYTES: Final = 512
 """The archived docs cap the endpoint's ``headers`` at 512 bytes (a 2026 source says 2000: UNSURE)."""
 _CALL_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _KNOWN_CALLS: Final = 10_000
-"""Calls remembered (uuid ↔ conversation, reconnects) until their ``completed``; the oldest go first."""
+"""Calls remembered (uuid ↔ conversation) until their ``completed``; the oldest go first."""
 _TRANSPORT_QUEUE: Final = 64
 _DETACH_WAIT_S: Final = 2.0
 _STATUSES: Final = frozenset(
@@ -235,37 +251,34 @@ class VonageTransport:
 
 
 class _Calls:
-    """What the event webhook needs to know about the calls this process answered: the conversation each
-    belongs to, reconnects so far, and the media sockets open now."""
+    """What the event webhook needs to know about the calls this process answered, the conversation each
+    belongs to, and the media sockets open here now."""
 
     def __init__(self) -> None:
         self.conversations: dict[str, str] = {}
         """conversation uuid → call uuid."""
-        self.known: OrderedDict[str, tuple[str | None, int]] = OrderedDict()
-        """call uuid → (its conversation, reconnects so far), oldest first."""
+        self.known: OrderedDict[str, str | None] = OrderedDict()
+        """call uuid → its conversation, oldest first."""
         self.live: set[VonageTransport] = set()
 
     def answered(self, call_id: str, conversation: str | None) -> None:
         if call_id in self.known:
             return
-        self.known[call_id] = (conversation, 0)
+        self.known[call_id] = conversation
         if conversation:
             self.conversations[conversation] = call_id
         while len(self.known) > _KNOWN_CALLS:
             self.forget(next(iter(self.known)))
 
-    def reconnects(self, call_id: str) -> int:
-        return self.known.get(call_id, (None, 0))[1]
-
-    def reconnected(self, call_id: str) -> None:
-        conversation, count = self.known.get(call_id, (None, 0))
-        self.known[call_id] = (conversation, count + 1)
-
     def is_ours(self, call_id: str) -> bool:
         return call_id in self.known or any(t.call_id == call_id for t in self.live)
 
+    def sockets(self, call_id: str, token: object) -> list[VonageTransport]:
+        """The call's sockets here: the one ``token`` names, or every one when Vonage did not echo a token."""
+        return [t for t in self.live if t.call_id == call_id and (not isinstance(token, str) or t.token == token)]
+
     def forget(self, call_id: str) -> None:
-        conversation, _ = self.known.pop(call_id, (None, 0))
+        conversation = self.known.pop(call_id, None)
         if conversation is not None and self.conversations.get(conversation) == call_id:
             del self.conversations[conversation]
 
@@ -297,6 +310,21 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
     calls = _Calls()
     router = APIRouter()
+    server = settings.server
+    kept_ms = int((server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS  # a reconnect count outlives the call
+
+    async def dropped_elsewhere(signal: CallSignal) -> None:
+        """Another process got the ``disconnected`` of a socket that is here."""
+        for transport in calls.sockets(signal.call_id, signal.detail or None):
+            transport.dropped()
+
+    async def ended_elsewhere(signal: CallSignal) -> None:
+        """Another process got the ``completed`` of a socket that is here: the call ends as on a stop."""
+        if calls.sockets(signal.call_id, signal.detail):
+            await services.call_ended_by_carrier(signal.call_id, "caller_hung_up")
+
+    services.on_signal(SignalKind.STREAM_DROPPED, dropped_elsewhere)
+    services.on_signal(SignalKind.STREAM_ENDED, ended_elsewhere)
 
     async def checked(request: Request) -> tuple[dict[str, Any] | None, Response | None]:
         body = await request.body()
@@ -360,8 +388,11 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             log.warning("stream_status", provider="vonage", call_id=header_call, leg=leg, stream_event=status)
         elif status == "completed":
             if isinstance(token, str):  # the websocket leg is over: its socket ends as the call's end
-                for call_id in {t.call_id for t in calls.live if t.token == token and t.call_id is not None}:
+                here = {t.call_id for t in calls.live if t.token == token and t.call_id is not None}
+                for call_id in here:
                     await services.call_ended_by_carrier(call_id, "caller_hung_up")
+                if not here and isinstance(header_call, str) and _CALL_ID.fullmatch(header_call):
+                    await services.send_signal(header_call, SignalKind.STREAM_ENDED, token)  # the socket may be elsewhere
             if isinstance(leg, str) and (calls.is_ours(leg) or await services.registry.get(leg) is not None):
                 await completed(leg)  # the call itself
         return Response(status_code=204)
@@ -372,7 +403,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             log.warning("stream_status", provider="vonage", leg=leg, stream_event="disconnected", detail="no call_uuid")
             return Response(status_code=204)
         # the socket that dropped: named by its token when Vonage echoes the headers, else every one of the call
-        stale = [t for t in calls.live if t.call_id == call_id and (not isinstance(token, str) or t.token == token)]
+        stale = calls.sockets(call_id, token)
         for transport in stale:
             transport.dropped()
         if stale:  # let the dropped socket detach its engine session before the new one claims it
@@ -380,15 +411,19 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             await asyncio.wait(waiters, timeout=_DETACH_WAIT_S)
             for waiter in waiters:
                 waiter.cancel()
+        else:  # on another process, if anywhere: it detaches there, and the new stream waits for that detach
+            await services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
         ended = await services.registry.ended_reason(call_id)
-        count = calls.reconnects(call_id)
-        if ended is not None or count >= _MAX_RECONNECTS or not await services.admits(call_id):
-            log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended, reconnects=count)
+        if ended is not None or not await services.admits(call_id):
+            log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended)
             return Response(status_code=204)
-        calls.reconnected(call_id)
+        count = await services.registry.count(call_id, _RECONNECTS, kept_ms)
+        if count > _MAX_RECONNECTS:
+            log.info("stream_not_reconnected", provider="vonage", call_id=call_id, reconnects=count - 1)
+            return Response(status_code=204)
         fresh = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
-        log.info("stream_reconnecting", provider="vonage", call_id=call_id, leg=leg, reconnects=count + 1)
+        log.info("stream_reconnecting", provider="vonage", call_id=call_id, leg=leg, reconnects=count)
         return _ncco(ncco_connect(base, call_id, fresh, config.audio_rate_hz))
 
     async def completed(call_id: str) -> None:
@@ -445,6 +480,25 @@ class VonageRest:
         if response.status_code in (400, 409) and "complete" in response.text.lower():
             return  # already completed
         response.raise_for_status()
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """The agent's actions on the Voice API: ``PUT /v1/calls/{uuid}/dtmf`` ``{"digits"}``, or a transfer of the
+        call to an inline NCCO that connects the target (a phone number, or a SIP URI); the caller then leaves
+        the conversation with our websocket."""
+        body: dict[str, Any]
+        if isinstance(action, SendDtmf):
+            url, body = f"{self._base}/v1/calls/{call_id}/dtmf", {"digits": action.digits}
+        else:
+            target = action.target
+            endpoint = {"type": "sip", "uri": target} if target.startswith(("sip:", "sips:")) else {"type": "phone", "number": target.lstrip("+")}
+            ncco = [{"action": "connect", "endpoint": [endpoint]}]
+            url, body = f"{self._base}/v1/calls/{call_id}", {"action": "transfer", "destination": {"type": "ncco", "ncco": ncco}}
+        response = await self._client.put(url, json=body, headers={"Authorization": f"Bearer {self.token()}"})
+        if response.status_code == 404 or (response.status_code in (400, 409) and "complete" in response.text.lower()):
+            return ActionResult.failed("call_ended", f"HTTP {response.status_code}")
+        if response.status_code >= 300:
+            return ActionResult.failed("carrier_error", f"HTTP {response.status_code}")
+        return ActionResult.done(call_left=not isinstance(action, SendDtmf))
 
     async def aclose(self) -> None:
         await self._client.aclose()

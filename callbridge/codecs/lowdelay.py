@@ -50,6 +50,7 @@ class LowDelayResampler:
         "_in_count",
         "_next_out",
         "_phases",
+        "_phases_by_column",
         "_plans",
         "delay_samples",
         "down",
@@ -83,6 +84,7 @@ class LowDelayResampler:
         self.taps_per_phase = taps // self.up
         # phase p holds h[p], h[p+L], …; reversed so it lines up with a window of inputs in time order
         self._phases = np.ascontiguousarray(prototype.reshape(self.taps_per_phase, self.up).T[:, ::-1], dtype=np.float32)
+        self._phases_by_column = np.ascontiguousarray(self._phases.T)
         self.delay_samples = (taps - 1) / 2 / self.down
         """Group delay, in output samples."""
         self._buffer = np.zeros(self.taps_per_phase - 1 + in_rate_hz // 50, dtype=np.float32)
@@ -116,13 +118,17 @@ class LowDelayResampler:
         out = np.empty(count, dtype=np.float32)
         if count:
             up, down, taps, item = self.up, self.down, self.taps_per_phase, buffer.itemsize
-            for phase, first_out, n, first_row in self._plan(n_in, count):
-                # every up-th output has this phase and reads windows down samples apart: a strided view, no copy
-                rows = np.ndarray((n, taps), np.float32, buffer, first_row * item, (down * item, item))
-                if up == 1:
-                    np.dot(rows, self._phases[phase], out=out)  # BLAS gemv reads the strided rows
-                else:
-                    out[first_out::up] = np.dot(rows, self._phases[phase])
+            if down == 1:  # each input's window feeds all up phases: one product, outputs already interleaved
+                rows = np.ndarray((n_in, taps), np.float32, buffer, 0, (item, item))
+                np.matmul(rows, self._phases_by_column, out=out.reshape(n_in, up))
+            else:
+                for phase, first_out, n, first_row in self._plan(n_in, count):
+                    # every up-th output has this phase and reads windows down samples apart: a strided view
+                    rows = np.ndarray((n, taps), np.float32, buffer, first_row * item, (down * item, item))
+                    if up == 1:
+                        np.dot(rows, self._phases[phase], out=out)
+                    else:
+                        out[first_out::up] = np.dot(rows, self._phases[phase])
         buffer[:keep] = buffer[n_in : n_in + keep]
         self._next_out = end_out
         self._in_count = total_in

@@ -20,6 +20,7 @@ __all__ = [
     "CreateResponse",
     "CreateTextItem",
     "EngineCommand",
+    "FunctionCallOutput",
     "Heartbeat",
     "TruncateItem",
 ]
@@ -88,6 +89,16 @@ class CreateTextItem:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionCallOutput:
+    """Answer the model's ``FunctionCall`` ``call_id``: ``output`` is text (vllm-omni 0.30 rejects anything
+    else with ``invalid_function_call_output``), JSON by our convention (``{"ok": true}`` / ``{"error": …}``).
+    The engine continues the conversation on its own; no ``CreateResponse`` is needed."""
+
+    call_id: str
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
 class Heartbeat:
     pass
 
@@ -108,6 +119,7 @@ EngineCommand = (
     | AckPlayback
     | TruncateItem
     | CreateTextItem
+    | FunctionCallOutput
     | Heartbeat
     | CloseSession
 )

@@ -45,6 +45,7 @@ class ErrorCode:
     PLAYBACK_ITEM_MISMATCH: Final = "playback_item_mismatch"
     PLAYBACK_ITEM_NOT_FOUND: Final = "playback_item_not_found"
     ITEM_NOT_FOUND: Final = "item_not_found"
+    INVALID_FUNCTION_CALL_OUTPUT: Final = "invalid_function_call_output"
     BARGE_IN_UNSUPPORTED: Final = "barge_in_unsupported"
     SERVER_VAD_UNAVAILABLE: Final = "server_vad_unavailable"
     BAD_EVENT: Final = "bad_event"

@@ -1,5 +1,11 @@
 """The ordered event stream behind ``DuplexSession.events()``: one consumer at a time, ended by a terminal
-event, interrupted (not drained) by a detach, drained once the session has ended."""
+event, interrupted (not drained) by a detach, drained once the session has ended.
+
+``take_ready`` lets the code that just submitted a command take the events it caused at once (the embedded
+engine answers synchronously): they are handled in the same turn of the loop, and the consumer of
+``events()`` is not woken for them. That is why ``put`` wakes the consumer with ``call_soon`` rather than
+at once: by then the events may have been taken.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +30,38 @@ class EventStream:
         self._queue: deque[EngineEvent] = deque()
         self._wakeup = asyncio.Event()
         self._consuming = False
+        self._wake_pending = False
+        self._ended = False
+        """A terminal event was taken by ``take_ready``: iteration ends."""
         self.paused = False
         self.finished = False
 
     def put(self, event: EngineEvent) -> None:
         self._queue.append(event)
-        self._wakeup.set()
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                asyncio.get_running_loop().call_soon(self._wake_if_queued)
+            except RuntimeError:  # no loop running: nobody can be waiting yet
+                self._wake_if_queued()
+
+    def take_ready(self) -> list[EngineEvent]:
+        """The queued events, in order, up to and including a terminal one; none while paused (they are kept
+        for the next consumer). The caller must not be between taking an event of ``iterate`` and handling it."""
+        taken: list[EngineEvent] = []
+        queue = self._queue
+        while queue and (not self.paused or self.finished) and not self._ended:
+            event = queue.popleft()
+            taken.append(event)
+            if isinstance(event, TERMINAL_EVENTS):
+                self._ended = True
+                self._wakeup.set()  # the consumer's iteration ends
+        return taken
+
+    def _wake_if_queued(self) -> None:
+        self._wake_pending = False
+        if self._queue:
+            self._wakeup.set()
 
     def put_first(self, events: Iterable[EngineEvent]) -> None:
         """Queue ``events`` ahead of everything waiting (a resumed marker before what was kept)."""
@@ -54,13 +86,13 @@ class EventStream:
             raise RuntimeError(f"session {self._owner} already has an events() consumer")
         self._consuming = True
         try:
-            while True:
+            while not self._ended:
                 while self._queue and (not self.paused or self.finished):
                     event = self._queue.popleft()
                     yield event
                     if isinstance(event, TERMINAL_EVENTS):
                         return
-                if self.paused or self.finished:
+                if self.paused or self.finished or self._ended:
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()

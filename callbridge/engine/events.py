@@ -19,6 +19,7 @@ __all__ = [
     "Capabilities",
     "EngineErrorEvent",
     "EngineEvent",
+    "FunctionCall",
     "HeartbeatAck",
     "InputCommitted",
     "ItemTruncated",
@@ -188,6 +189,20 @@ class ItemTruncated:
 
 
 @dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """The model calls a tool the session declared (``SessionConfig.tools``): vllm-omni 0.30 ends a response
+    with one ``function_call`` output item (``response.output_item.done``). Answer with ``FunctionCallOutput``
+    and the same ``call_id``. ``arguments`` is the decoded JSON object; arguments that are not a JSON object
+    decode to ``{}`` and keep their text in ``raw_arguments`` (the model's mistake, not a protocol fault)."""
+
+    name: str
+    call_id: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    raw_arguments: str = ""
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class HeartbeatAck:
     pass
 
@@ -219,6 +234,7 @@ EngineEvent = (
     | OverlapDecision
     | PlaybackAcknowledged
     | ItemTruncated
+    | FunctionCall
     | HeartbeatAck
     | EngineErrorEvent
 )

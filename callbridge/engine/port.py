@@ -105,6 +105,10 @@ class SessionConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     input_rate_hz: int = 16000
     extra_body: Mapping[str, Any] = field(default_factory=dict)
+    tools: tuple[Mapping[str, Any], ...] = ()
+    """Functions the model may call (Realtime ``{"type": "function", "name", "description", "parameters"}``);
+    its calls come back as ``FunctionCall`` events."""
+    tool_choice: str = "auto"
 
     def to_realtime(self) -> dict[str, Any]:
         """The Realtime ``session`` object for ``session.update`` (reference §2.1, §10), rate declared
@@ -123,6 +127,9 @@ class SessionConfig:
                 session[key] = value
         if self.extra_body:
             session["extra_body"] = dict(self.extra_body)
+        if self.tools:
+            session["tools"] = [dict(tool) for tool in self.tools]
+            session["tool_choice"] = self.tool_choice
         return session
 
 
@@ -170,6 +177,12 @@ class DuplexSession(abc.ABC):
     def events(self) -> AsyncIterator[EngineEvent]:
         """The session's events, in order. One consumer at a time; ends after a terminal event
         (``TERMINAL_EVENTS``) or when the session is detached."""
+
+    def take_ready_events(self) -> list[EngineEvent]:
+        """Events already queued, taken now instead of through ``events()`` (which then skips them): the
+        bridge handles what a command caused in the same turn of the loop. Empty by default, and whenever
+        nothing is queued; never while the consumer of ``events()`` holds an event it has not handled."""
+        return []
 
     @abc.abstractmethod
     async def detach(self) -> ResumeTicket:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import Any, Final
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -226,6 +226,9 @@ class RealtimeSession(DuplexSession):
         self.dropped_audio_bytes = 0
         """Input audio dropped while the socket was being replaced."""
         self.resumes = 0
+        self.on_release: Callable[[EngineEvent | None], None] | None = None
+        """Called once when the session leaves this client: with its terminal event when it ends, with None when
+        it is detached (the engine pool counts sessions per server with it)."""
 
     @property
     def closed(self) -> bool:
@@ -275,6 +278,9 @@ class RealtimeSession(DuplexSession):
 
     # -------------------------------------------------------------- events
 
+    def take_ready_events(self) -> list[EngineEvent]:
+        return self._stream.take_ready()
+
     def events(self) -> AsyncIterator[EngineEvent]:
         return self._stream.iterate()
 
@@ -285,6 +291,12 @@ class RealtimeSession(DuplexSession):
         self._stream.put(event)
         if isinstance(event, TERMINAL_EVENTS):
             self._end()
+            self._released(event)
+
+    def _released(self, event: EngineEvent | None) -> None:
+        callback, self.on_release = self.on_release, None
+        if callback is not None:
+            callback(event)
 
     def _end(self) -> None:
         self._closed = True
@@ -305,12 +317,14 @@ class RealtimeSession(DuplexSession):
                 except ConnectionClosed:
                     pass
                 if self._closed or self._detached:
-                    return
+                    break
                 self._connected.clear()
                 await self._reconnect()
         except Exception:
             log.exception("engine_reader_failed", session_id=self.session_id)
             self._deliver(SessionClosed(self.session_id, "client_error"))
+        if self._closed:  # the session ended (a terminal event): nothing more comes on its socket, which is ours to
+            await self._ws.close()  # close, whether or not ``close()`` is called (a driver skips a closed session)
 
     async def _read_socket(self) -> None:
         async for raw in self._ws:
@@ -406,6 +420,7 @@ class RealtimeSession(DuplexSession):
             with suppress(asyncio.CancelledError):
                 await self._reader
         self._engine._sessions.discard(self)
+        self._released(None)
         return self.resume_ticket()
 
     async def close(self, reason: str = "client_close") -> None:

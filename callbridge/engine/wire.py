@@ -16,6 +16,7 @@ Server events the bridge does not act on (``response.listen``,
 from __future__ import annotations
 
 import binascii
+import json
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from callbridge.engine.commands import (
     CreateResponse,
     CreateTextItem,
     EngineCommand,
+    FunctionCallOutput,
     Heartbeat,
     TruncateItem,
 )
@@ -43,6 +45,7 @@ from callbridge.engine.events import (
     Capabilities,
     EngineErrorEvent,
     EngineEvent,
+    FunctionCall,
     HeartbeatAck,
     InputCommitted,
     ItemTruncated,
@@ -83,6 +86,9 @@ ENVELOPE_TYPES: Final = frozenset({"session.update", "session.resume", "session.
 
 _ERROR_TYPES: Final = {ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error", ErrorCode.INPUT_BACKPRESSURE: "rate_limit_error"}
 _SERVER_ERROR_CODES: Final = frozenset({"internal_error", "engine_error", "server_vad_unavailable", "commit_aborted"})
+_OUTPUT_RATES_HZ: Final = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000})
+"""Rates engine audio may come at (24 kHz from MiniCPM-o and Qwen3-Omni). Any other is refused: a call resamples
+from it, and a resampler between coprime rates (24001 → 8000 Hz) costs seconds to build and blocks every call."""
 
 
 def _event_id() -> str:
@@ -147,6 +153,8 @@ def command_to_wire(command: EngineCommand) -> dict[str, Any]:
         case CreateTextItem(text):
             item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
             return {"type": "conversation.item.create", "item": item}
+        case FunctionCallOutput(call_id, output):
+            return {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": call_id, "output": output}}
         case Heartbeat():
             return {"type": "session.heartbeat"}
         case CloseSession(reason):
@@ -174,7 +182,7 @@ def parse_server_event(payload: Mapping[str, Any]) -> ParsedServerEvent:
     parser = _SERVER_PARSERS.get(event_type)
     try:
         event: EngineEvent | None = parser(payload) if parser is not None else None
-    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # AttributeError: ``.get`` on a non-object
         raise _protocol_error(f"malformed {event_type}: {exc!r}") from exc
     return ParsedServerEvent(event, seq, event_type)
 
@@ -260,9 +268,12 @@ def _parse_audio_delta(payload: Mapping[str, Any]) -> AudioDelta:
         raise ValueError("PCM16 audio of odd length")
     metadata = payload.get("metadata") or {}
     epoch = metadata.get("epoch") if isinstance(metadata, Mapping) else None
+    rate_hz = _int(payload.get("sample_rate_hz", 24000), "sample_rate_hz")
+    if rate_hz not in _OUTPUT_RATES_HZ:
+        raise ValueError(f"output sample rate {rate_hz} Hz")
     return AudioDelta(
         pcm,
-        _int(payload.get("sample_rate_hz", 24000), "sample_rate_hz"),
+        rate_hz,
         _str(payload, "response_id"),
         _opt_str(payload, "item_id") or f"item_{payload['response_id']}",
         _opt_int(epoch, "epoch"),
@@ -287,7 +298,29 @@ def _parse_playback_ack(payload: Mapping[str, Any]) -> PlaybackAcknowledged:
     return PlaybackAcknowledged(response_id, _int(event.get("played_ms", 0), "played_ms"))
 
 
-_SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent]]] = {
+def _parse_output_item_done(payload: Mapping[str, Any]) -> FunctionCall | None:
+    """A finished output item: a ``function_call`` item is the model calling a tool (0.30 sends it complete
+    here, name included, after ``response.function_call_arguments.done``, which lacks the name); other items
+    (messages) carry nothing the bridge acts on."""
+    item = payload["item"]
+    if not isinstance(item, Mapping) or item.get("type") != "function_call":
+        return None
+    raw = item.get("arguments", "")
+    raw = raw if isinstance(raw, str) else json.dumps(raw)
+    try:
+        decoded = json.loads(raw) if raw.strip() else {}
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
+        decoded = None
+    return FunctionCall(
+        _str(item, "name"),
+        _str(item, "call_id"),
+        decoded if isinstance(decoded, dict) else {},
+        raw,
+        _opt_str(payload, "response_id"),
+    )
+
+
+_SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent | None]]] = {
     "session.created": _parse_created,
     "session.resumed": _parse_resumed,
     "session.closed": lambda p: SessionClosed(_str(p, "session_id"), _opt_str(p, "reason") or "closed"),
@@ -310,6 +343,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent]]] = 
     "output_audio_buffer.cleared": lambda p: OutputAudioCleared(_opt_str(p, "response_id")),
     "overlap.decision": lambda p: OverlapDecision(_str(p, "action"), _opt_str(p, "reason"), _opt_int(p.get("epoch"), "epoch")),
     "playback.acknowledged": _parse_playback_ack,
+    "response.output_item.done": _parse_output_item_done,
     "conversation.item.truncated": lambda p: ItemTruncated(_str(p, "item_id"), _int(p.get("audio_end_ms", 0), "audio_end_ms")),
     "error": _parse_error,
 }
@@ -383,6 +417,10 @@ def session_config_from_wire(session: Mapping[str, Any]) -> tuple[SessionConfig,
     extra_body = session.get("extra_body") or {}
     if not isinstance(extra_body, Mapping):
         raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "extra_body must be an object")
+    tools = session.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(t, Mapping) and isinstance(t.get("name"), str) for t in tools):
+        raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "tools must be a list of objects with a name")
+    tool_choice = session.get("tool_choice")
     config = SessionConfig(
         model=session.get("model") if isinstance(session.get("model"), str) else None,
         modalities=tuple(modalities),
@@ -392,6 +430,8 @@ def session_config_from_wire(session: Mapping[str, Any]) -> tuple[SessionConfig,
         turn_detection=TurnDetection.from_wire(detection_payload) if detection_payload is not None else None,
         input_rate_hz=16000,  # the engine is fed PCM16 16 kHz: the server converts each append
         extra_body=dict(extra_body),
+        tools=tuple(dict(t) for t in tools),
+        tool_choice=tool_choice if isinstance(tool_choice, str) else "auto",
     )
     return config, InputFormat(encoding or AudioEncoding.L16, rate_hz)
 
@@ -411,7 +451,7 @@ def parse_client_command(payload: Mapping[str, Any], defaults: InputFormat) -> E
                 rate_hz = _int(rate, "sample_rate_hz") if rate is not None else defaults.rate_hz
                 try:
                     raw = binascii.a2b_base64(_str(payload, "audio"), strict_mode=True)
-                except binascii.Error as exc:
+                except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
                     raise EngineError(ErrorCode.BAD_AUDIO, f"invalid base64 audio: {exc}") from exc
                 encoding = encoding or defaults.encoding
                 if encoding.sample_bytes == 2 and len(raw) % 2:
@@ -442,6 +482,11 @@ def parse_client_command(payload: Mapping[str, Any], defaults: InputFormat) -> E
                 return TruncateItem(_str(payload, "item_id"), _int(payload["audio_end_ms"], "audio_end_ms"))
             case "conversation.item.create":
                 item = payload.get("item") or {}
+                if item.get("type") == "function_call_output":
+                    call_id, output = item.get("call_id"), item.get("output")
+                    if not isinstance(call_id, str) or not call_id or not isinstance(output, str):
+                        raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, "function_call_output needs a call_id and a string output")
+                    return FunctionCallOutput(call_id, output)
                 texts = [part.get("text", "") for part in item.get("content", []) if isinstance(part, Mapping)]
                 return CreateTextItem("".join(t for t in texts if isinstance(t, str)))
             case "session.heartbeat":
@@ -539,6 +584,10 @@ def event_to_wire(event: EngineEvent, session: Mapping[str, Any] | None = None) 
             return {"type": "playback.acknowledged", **base, "event": {"item_id": item_id, "played_ms": played_ms}}
         case ItemTruncated(item_id, audio_end_ms):
             return {"type": "conversation.item.truncated", **base, "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
+        case FunctionCall(name, call_id, _, raw_arguments, response_id):
+            item = {"id": f"item_{call_id}", "object": "realtime.item", "type": "function_call", "status": "completed"}
+            item |= {"name": name, "call_id": call_id, "arguments": raw_arguments}
+            return {"type": "response.output_item.done", **base, "response_id": response_id, "output_index": 0, "item": item}
         case EngineErrorEvent(code, message, _, event_id):
             return error_to_wire(code, message, event_id)
     raise TypeError(f"not an engine event: {event!r}")  # pragma: no cover

@@ -6,6 +6,7 @@ from callbridge.sim.audiosocket import SimulatedAudioSocket
 from callbridge.sim.carrier import SimulatedCarrier
 from callbridge.sim.exotel import SimulatedExotel
 from callbridge.sim.plivo import SimulatedPlivo
+from callbridge.sim.sip import SimulatedSip
 from callbridge.sim.telnyx import SimulatedTelnyx
 from callbridge.sim.twilio import SimulatedSignalWire, SimulatedTwilio
 from callbridge.sim.vonage import SimulatedVonage
@@ -20,4 +21,5 @@ SIMULATED: dict[str, type[SimulatedCarrier]] = {
     "telnyx": SimulatedTelnyx,
     "vonage": SimulatedVonage,
     "audiosocket": SimulatedAudioSocket,
+    "sip": SimulatedSip,
 }

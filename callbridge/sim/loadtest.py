@@ -563,6 +563,7 @@ _SECRET_KEYS: Final = {
     "plivo": ("plivo", "auth_token"),
     "exotel": ("exotel", "api_token"),
     "vonage": ("vonage", "signature_secret"),
+    "sip": ("sip", "password"),
 }
 """Where a bridge configured by ``bridge_env`` keeps each simulated account's secret (AudioSocket has none)."""
 

@@ -13,7 +13,10 @@ It does what Twilio does for an inbound call on ``<Connect><Stream>``:
   ``media`` / ``mark`` / ``clear`` with the right ``streamSid`` and no extra
   fields is recorded as a 31951 warning, a binary frame as 31950;
 - serves the REST hang-up (``POST …/Calls/{CallSid}.json`` ``Status=completed``,
-  basic auth): the call ends, the stream gets ``stop``.
+  basic auth): the call ends, the stream gets ``stop``; and the call update
+  with new ``Twiml`` (a transfer's ``<Dial>``): the TwiML is recorded in
+  ``call_updates``, the running ``<Connect><Stream>`` ends (``stop``), and
+  the call leaves the bridge.
 
 SignalWire (``SimulatedSignalWire``) is the same with its own paths, signature
 header, REST prefix, and optionally PCM16 24 kHz (``L16@24000h``).
@@ -200,6 +203,8 @@ class SimulatedTwilio(SimulatedCarrier):
         self.account_sid = account_sid or "AC" + secrets.token_hex(16)
         self._validator = RequestValidator(auth_token)
         self._http = httpx.AsyncClient(timeout=10.0)
+        self.call_updates: list[tuple[str, str]] = []
+        """(CallSid, TwiML) of every REST update that replaced a call's instructions."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -216,6 +221,16 @@ class SimulatedTwilio(SimulatedCarrier):
         call = self.calls.get(request.path_params["call"])
         if call is None or call.ended.is_set():
             return JSONResponse({"code": 20404, "message": "not found"}, status_code=404)
+        twiml = form.get("Twiml")
+        if isinstance(twiml, str) and form.get("Status") is None:
+            try:
+                ET.fromstring(twiml)
+            except ET.ParseError:
+                return JSONResponse({"code": 12100, "message": "Document parse failure"}, status_code=400)
+            self.call_updates.append((call.call_id, twiml))
+            call.result.log(call.clock(), self.provider, f"call update: new TwiML {twiml}")
+            self.end_call(call.call_id)  # the new TwiML replaces <Connect><Stream>: the stream stops
+            return JSONResponse({"sid": call.call_id, "status": "in-progress"})
         if form.get("Status") != "completed":
             return JSONResponse({"code": 21220, "message": "Invalid call state"}, status_code=400)
         self.end_call(call.call_id)

@@ -22,12 +22,23 @@ What it does:
   (``CallEnded("cancelled")``); no such transaction → 481.
 - BYE → 200 and ``CallEnded("bye")``; ours (``hang_up``) is retransmitted
   (Timer E) until a response or 64·T1.
+- An INVITE without SDP (a delayed offer, §13.2.1): the 200 carries our
+  offer (PCMU, PCMA, telephone-event), the ACK must carry the answer:
+  ``OfferAnswered``, or — none, or not an answer to our offer — our BYE and
+  ``CallEnded("bad_answer")``.
 - re-INVITE (hold/resume, a new address): answered from the same codec,
   ``o=`` version bumped only when our answer changes, ``MediaChanged``; an
   offer we cannot take → 488, the call goes on. An empty re-INVITE gets our
   current SDP as the offer (the answer in the ACK is not read).
 - OPTIONS → 200 with ``Allow``/``Accept``/``Supported``, in or out of a
   dialog; INFO (``application/dtmf-relay``) → 200 and ``DtmfInfo``.
+- Transfer (``transfer``, RFC 3515): REFER in the dialog with ``Refer-To``,
+  retransmitted (Timer E) until a response; a final non-2xx →
+  ``TransferResult`` failed. After a 2xx (202 Accepted) the peer reports in
+  NOTIFYs (``Event: refer``, ``message/sipfrag``), each answered 200: the
+  first final status line decides (2xx: done; else failed), as does a
+  subscription terminated without one, or no final NOTIFY within 64·T1.
+  Ending the call after a successful transfer (our BYE) is the server's.
 - Unknown dialog → 481; a method we know but do not do → 405 + ``Allow``; one
   we do not know → 501; a malformed request with enough headers to answer →
   400; anything else is dropped (``Dropped``, counted by the server).
@@ -49,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from callbridge.bridge.sources import Network, source_allowed
+from callbridge.codecs import AudioEncoding
 from callbridge.sip.message import (
     SipParseError,
     SipRequest,
@@ -58,7 +70,7 @@ from callbridge.sip.message import (
     split_params,
     uri_of,
 )
-from callbridge.sip.sdp import MediaChoice, SdpError, answer, choose
+from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
 
 __all__ = [
     "ALLOW",
@@ -71,17 +83,19 @@ __all__ = [
     "Dropped",
     "DtmfInfo",
     "MediaChanged",
+    "OfferAnswered",
     "Outgoing",
     "SipEvent",
     "SipUas",
+    "TransferResult",
     "UasConfig",
 ]
 
 T1_MS: Final = 500
 T2_MS: Final = 4000
 TIMEOUT_MS: Final = 64 * T1_MS
-ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO"
-_KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "NOTIFY", "MESSAGE", "PRACK", "UPDATE", "REFER", "PUBLISH"})
+ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
+_KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PRACK", "UPDATE", "REFER", "PUBLISH"})
 _SUPPORTED: Final[frozenset[str]] = frozenset()  # no extensions: Require of anything → 420
 _REASONS: Final = {
     100: "Trying",
@@ -95,6 +109,7 @@ _REASONS: Final = {
     420: "Bad Extension",
     480: "Temporarily Unavailable",
     481: "Call/Transaction Does Not Exist",
+    489: "Bad Event",
     482: "Loop Detected",
     486: "Busy Here",
     487: "Request Terminated",
@@ -125,6 +140,18 @@ class CallOffered:
     choice: MediaChoice
     caller: str
     callee: str
+    delayed_offer: bool = False
+    """The INVITE had no SDP: ``accept`` sends our offer, the answer comes in the ACK (``OfferAnswered``); until
+    then ``choice`` is a placeholder (PCMU, nowhere to send)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OfferAnswered:
+    """A delayed offer's answer arrived in the ACK: the media to use from now on. A missing or unusable answer
+    ends the call instead (our BYE, ``CallEnded("bad_answer")``)."""
+
+    call_id: str
+    choice: MediaChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +175,19 @@ class DtmfInfo:
 class CallEnded:
     call_id: str
     reason: str
-    """``bye`` (the caller hung up), ``cancelled``, ``no_ack``, ``rejected``, ``hung_up`` (our BYE)."""
+    """``bye`` (the caller hung up), ``cancelled``, ``no_ack``, ``rejected``, ``hung_up`` (our BYE), ``bad_answer``
+    (a delayed offer answered with nothing usable: our BYE)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferResult:
+    """How our REFER ended: ``ok`` when the peer reported the transfer target's 2xx (a sipfrag in a NOTIFY);
+    otherwise ``status``/``reason`` say why (the REFER's own final response, the sipfrag's, 408 for no answer)."""
+
+    call_id: str
+    ok: bool
+    status: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +198,7 @@ class Dropped:
     source: Address
 
 
-SipEvent = CallOffered | CallConfirmed | MediaChanged | DtmfInfo | CallEnded | Dropped
+SipEvent = CallOffered | OfferAnswered | CallConfirmed | MediaChanged | DtmfInfo | CallEnded | TransferResult | Dropped
 
 
 class DialogState(enum.Enum):
@@ -225,7 +264,7 @@ class _Retransmit:
     interval_ms: int
     give_up_ms: int
     what: str
-    """``2xx`` (until ACK), ``final`` (non-2xx, until ACK), ``bye`` (until a response)."""
+    """``2xx`` (until ACK), ``final`` (non-2xx, until ACK), ``bye`` / ``refer`` (until a response)."""
     cseq: int = 0
     transport: str = "UDP"
 
@@ -249,6 +288,18 @@ class _Dialog:
     retransmits: list[_Retransmit] = field(default_factory=list)
     bye_after_ack: bool = False
     ended_at_ms: int | None = None
+    delayed_offer: bool = False
+    """Our 200 carries the offer; the ACK must carry the answer (RFC 3261 §13.2.1)."""
+    transfer: _Transfer | None = None
+
+
+@dataclass(slots=True)
+class _Transfer:
+    """Our REFER in a dialog: its CSeq, and when we stop waiting for the NOTIFY that says how it ended."""
+
+    cseq: int
+    deadline_ms: int
+    accepted: bool = False
 
 
 class SipUas:
@@ -282,6 +333,7 @@ class SipUas:
         deadlines.extend(r.next_ms for r in self._final_retransmits.values())
         deadlines.extend(until for _, until in self._cache.values())
         deadlines.extend(d.ended_at_ms + TIMEOUT_MS for d in self.dialogs.values() if d.ended_at_ms is not None)
+        deadlines.extend(d.transfer.deadline_ms for d in self.dialogs.values() if d.transfer is not None)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------- inputs
@@ -313,7 +365,10 @@ class SipUas:
         dialog.sdp_host, dialog.rtp_port = sdp_host, rtp_port
         dialog.session_id = secrets.randbelow(2**31)
         dialog.sdp_version = dialog.session_id
-        dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+        if dialog.delayed_offer:
+            dialog.sdp = offer(host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+        else:
+            dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
         self._answer_invite(dialog, dialog.invite, now_ms)
 
     def ring(self, call_id: str, now_ms: int) -> None:
@@ -346,6 +401,24 @@ class SipUas:
         elif dialog.state is DialogState.CONFIRMED:
             self._send_bye(dialog, now_ms)
 
+    def transfer(self, call_id: str, target: str, now_ms: int) -> None:
+        """Transfer a confirmed call (RFC 3515): REFER with ``Refer-To: target`` (a SIP or tel URI; a bare number
+        goes to the trunk, ``sip:<number>@<trunk host>``). Its outcome comes as ``TransferResult``."""
+        dialog = self.dialogs.get(call_id)
+        if dialog is None or dialog.state is not DialogState.CONFIRMED or dialog.transfer is not None:
+            why = "a transfer is in progress" if dialog is not None and dialog.transfer is not None else "the call is not established"
+            self._events.append(TransferResult(call_id, False, 0, why))
+            return
+        uri = target if target.startswith(("sip:", "sips:", "tel:")) else f"sip:{target}@{_host_port(*dialog.source)}"
+        request = self._in_dialog_request(dialog, "REFER")
+        request.add("Refer-To", f"<{uri}>")
+        request.add("Referred-By", f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}>")
+        request.add("Contact", self._contact(dialog.invite))
+        sent = Outgoing(request.serialize(), dialog.source, dialog.invite.transport)
+        self._out.append(sent)
+        dialog.transfer = _Transfer(dialog.local_cseq, now_ms + TIMEOUT_MS)
+        dialog.retransmits.append(_Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "refer", dialog.local_cseq, sent.transport))
+
     def tick(self, now_ms: int) -> None:
         """Retransmit what is due, give up on what timed out, forget old transactions."""
         for key, (_, until) in list(self._cache.items()):
@@ -362,6 +435,8 @@ class SipUas:
                 del self.dialogs[dialog.call_id]
                 self._invite_branches.pop(dialog.invite_branch, None)
                 continue
+            if dialog.transfer is not None and dialog.transfer.accepted and dialog.transfer.deadline_ms <= now_ms:
+                self._transfer_ended(dialog, False, 408, "no final NOTIFY for the REFER")
             for retransmit in list(dialog.retransmits):
                 if retransmit.give_up_ms <= now_ms:
                     dialog.retransmits.remove(retransmit)
@@ -393,6 +468,8 @@ class SipUas:
                 self._respond(request, source, 200, now_ms, extra=self._capabilities())
         elif method == "INFO":
             self._on_info(request, source, now_ms)
+        elif method == "NOTIFY":
+            self._on_notify(request, source, now_ms)
         elif method in _KNOWN_UNSUPPORTED:
             self._respond(request, source, 405, now_ms, extra=[("Allow", ALLOW)])
         else:
@@ -425,11 +502,11 @@ class SipUas:
             self._final(request, source, 415, now_ms, extra=[("Accept", "application/sdp")])
             return
         try:
-            choice = choose(request.body.decode("utf-8", "replace")) if request.body else None
+            choice = choose(request.body.decode("utf-8", "replace")) if request.body else _placeholder(source)
         except SdpError as exc:
             self._final(request, source, 400, now_ms, reason=f"Bad Request (SDP: {exc})")
             return
-        if choice is None:  # no offer (a delayed offer is not supported) or nothing we take
+        if choice is None:  # nothing we take
             self._final(request, source, 488, now_ms, extra=[("Warning", '304 callbridge "PCMU or PCMA audio required"')])
             return
         dialog = _Dialog(
@@ -441,13 +518,13 @@ class SipUas:
             remote_cseq=request.cseq[0],
             choice=choice,
             invite_branch=_tx(request),
+            delayed_offer=not request.body,
         )
         self.dialogs[dialog.call_id] = dialog
         self._invite_branches[_tx(request)] = dialog.call_id
         self._respond(request, source, 100, now_ms)
-        self._events.append(
-            CallOffered(dialog.call_id, source, choice, uri_of(request.header("From") or ""), uri_of(request.header("To") or ""))
-        )
+        caller, callee = uri_of(request.header("From") or ""), uri_of(request.header("To") or "")
+        self._events.append(CallOffered(dialog.call_id, source, choice, caller, callee, dialog.delayed_offer))
 
     def _on_reinvite(self, dialog: _Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
         cseq = request.cseq[0]
@@ -470,10 +547,12 @@ class SipUas:
                 dialog.choice.payload_type,
                 dialog.choice.dtmf_payload_type,
             )
-            if choice.direction is not dialog.choice.direction or choice.media_lines != dialog.choice.media_lines:
-                dialog.sdp_version += 1  # our SDP changes (RFC 3264 §8)
             dialog.choice = choice
-            dialog.sdp = answer(choice, host=dialog.sdp_host, port=dialog.rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+            sdp = answer(choice, host=dialog.sdp_host, port=dialog.rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+            if sdp != dialog.sdp:  # our SDP changes: its version goes up by one (RFC 3264 §8)
+                dialog.sdp_version += 1
+                sdp = answer(choice, host=dialog.sdp_host, port=dialog.rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+            dialog.sdp = sdp
             if changed:
                 self._events.append(MediaChanged(dialog.call_id, choice))
         self._answer_invite(dialog, request, now_ms)
@@ -493,9 +572,27 @@ class SipUas:
             dialog.retransmits.remove(r)
         if dialog.state is DialogState.ANSWERED:
             self._transition(dialog, _Trigger.ACK)
+            if dialog.delayed_offer and not self._take_answer(dialog, request, now_ms):
+                return
             self._events.append(CallConfirmed(dialog.call_id))
             if dialog.bye_after_ack:
                 self._send_bye(dialog, now_ms)
+
+    def _take_answer(self, dialog: _Dialog, ack: SipRequest, now_ms: int) -> bool:
+        """The answer to our offer, in the ACK (RFC 3261 §13.2.1); none or one we cannot use: BYE (§13.3.1.4
+        leaves no other way to end a confirmed dialog whose offer/answer failed)."""
+        dialog.delayed_offer = False
+        content_type = (ack.header("Content-Type") or "").split(";")[0].strip().lower()
+        try:
+            choice = read_answer(ack.body.decode("utf-8", "replace")) if ack.body and content_type == "application/sdp" else None
+        except SdpError:
+            choice = None
+        if choice is None:
+            self._send_bye(dialog, now_ms, "bad_answer")
+            return False
+        dialog.choice = choice  # ``dialog.sdp`` stays the offer we sent: a re-INVITE's answer bumps the version
+        self._events.append(OfferAnswered(dialog.call_id, choice))
+        return True
 
     def _on_cancel(self, request: SipRequest, source: Address, now_ms: int) -> None:
         call_id = self._invite_branches.get(_tx(request))
@@ -530,6 +627,31 @@ class SipUas:
                 digit = value.strip().upper()
                 if key.strip().lower() == "signal" and len(digit) == 1 and digit in "0123456789*#ABCD":
                     self._events.append(DtmfInfo(dialog.call_id, digit))
+
+    def _on_notify(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        """The progress of our REFER (RFC 3515 §2.4.4): a sipfrag status line; the first final one decides."""
+        dialog = self._dialog_of(request)
+        if dialog is None or dialog.state is DialogState.ENDED:
+            self._respond(request, source, 481, now_ms)
+            return
+        event = (request.header("Event") or request.header("o") or "").split(";")[0].strip().lower()
+        if event != "refer":
+            self._respond(request, source, 489, now_ms, to_tag=dialog.local_tag)
+            return
+        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        transfer = dialog.transfer
+        if transfer is None:
+            return  # a late NOTIFY of a transfer already decided
+        status, reason = _sipfrag_status(request.body)
+        if status is not None and status >= 200:
+            self._transfer_ended(dialog, 200 <= status < 300, status, reason)
+        elif (request.header("Subscription-State") or "").strip().lower().startswith("terminated"):
+            self._transfer_ended(dialog, False, status or 0, "subscription terminated without a final status")
+
+    def _transfer_ended(self, dialog: _Dialog, ok: bool, status: int, reason: str) -> None:
+        dialog.transfer = None
+        dialog.retransmits = [r for r in dialog.retransmits if r.what != "refer"]
+        self._events.append(TransferResult(dialog.call_id, ok, status, reason))
 
     def _admission(self, request: SipRequest, source: Address) -> tuple[int, list[tuple[str, str]]] | None:
         """None: admitted; else the refusal (401 with a challenge, or 403)."""
@@ -568,6 +690,9 @@ class SipUas:
     def _on_response(self, response: SipResponse, source: Address, now_ms: int) -> None:
         dialog = self.dialogs.get(response.call_id)
         number, method = response.cseq
+        if dialog is not None and method == "REFER" and dialog.transfer is not None and dialog.transfer.cseq == number:
+            self._on_refer_response(dialog, response)
+            return
         if dialog is None or method != "BYE":
             self._events.append(Dropped("stray_response", source))
             return
@@ -578,6 +703,16 @@ class SipUas:
         if dialog.state is DialogState.ENDING:
             self._transition(dialog, _Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
+
+    def _on_refer_response(self, dialog: _Dialog, response: SipResponse) -> None:
+        if response.status < 200:
+            return
+        dialog.retransmits = [r for r in dialog.retransmits if r.what != "refer"]
+        assert dialog.transfer is not None
+        if response.status < 300:
+            dialog.transfer.accepted = True  # 202: the outcome comes in a NOTIFY
+        else:
+            self._transfer_ended(dialog, False, response.status, response.reason)
 
     def _answer_invite(self, dialog: _Dialog, request: SipRequest, now_ms: int) -> None:
         extra = [("Contact", self._contact(request))]
@@ -661,10 +796,12 @@ class SipUas:
 
     # ---------------------------------------------------------------- our BYE
 
-    def _send_bye(self, dialog: _Dialog, now_ms: int, reason: str = "hung_up") -> None:
+    def _in_dialog_request(self, dialog: _Dialog, method: str) -> SipRequest:
+        """A request of ours in the dialog (§12.2.1.1): to the remote target, our tag in From, the next CSeq,
+        the Record-Route set as Route."""
         invite = dialog.invite
         dialog.local_cseq += 1
-        request = SipRequest(method="BYE", uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
+        request = SipRequest(method=method, uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
         branch = "z9hG4bK" + secrets.token_hex(8)
         request.add("Via", f"SIP/2.0/{invite.transport} {_host_port(self.config.host, self.config.port)};branch={branch};rport")
         request.add("Max-Forwards", "70")
@@ -674,12 +811,19 @@ class SipUas:
         request.add("From", to)
         request.add("To", invite.header("From") or "")
         request.add("Call-ID", dialog.call_id)
-        request.add("CSeq", f"{dialog.local_cseq} BYE")
+        request.add("CSeq", f"{dialog.local_cseq} {method}")
         for route in invite.headers_all("Record-Route"):
             request.add("Route", route)
         request.add("User-Agent", self.config.user_agent)
+        return request
+
+    def _send_bye(self, dialog: _Dialog, now_ms: int, reason: str = "hung_up") -> None:
+        invite = dialog.invite
+        request = self._in_dialog_request(dialog, "BYE")
         sent = Outgoing(request.serialize(), dialog.source, invite.transport)
         self._out.append(sent)
+        if dialog.transfer is not None:
+            self._transfer_ended(dialog, False, 0, "the call ended")
         dialog.retransmits = [r for r in dialog.retransmits if r.what != "2xx"]
         dialog.retransmits.append(_Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "bye", dialog.local_cseq, sent.transport))
         if dialog.state is DialogState.CONFIRMED:
@@ -699,6 +843,8 @@ class SipUas:
         if retransmit.what == "2xx" and dialog.state is DialogState.ANSWERED:
             self._transition(dialog, _Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
             self._send_bye(dialog, now_ms, "no_ack")
+        elif retransmit.what == "refer" and dialog.transfer is not None:
+            self._transfer_ended(dialog, False, 408, "no answer to the REFER")
         elif retransmit.what == "bye" and dialog.state is DialogState.ENDING:
             self._transition(dialog, _Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
@@ -718,6 +864,8 @@ class SipUas:
 
     def _end(self, dialog: _Dialog, reason: str, now_ms: int, *, announce: bool = True) -> None:
         dialog.retransmits = [r for r in dialog.retransmits if r.what == "bye"]
+        if dialog.transfer is not None:
+            self._transfer_ended(dialog, False, 0, "the call ended")
         dialog.ended_at_ms = now_ms
         if announce:
             self._events.append(CallEnded(dialog.call_id, reason))
@@ -727,6 +875,12 @@ class SipUas:
             dialog.state = TRANSITIONS[(dialog.state, trigger)]
         except KeyError:
             raise DialogStateError(f"{trigger.value} while {dialog.state.value} ({dialog.call_id})") from None
+
+
+def _placeholder(source: Address) -> MediaChoice:
+    """The media of a delayed offer until the answer comes: PCMU, nowhere to send yet."""
+    line = "m=audio 0 RTP/AVP 0 8"
+    return MediaChoice(AudioEncoding.PCMU, 0, None, source[0], 0, Direction.SENDRECV, None, 0, (line,))
 
 
 def _tx(request: SipRequest) -> str:
@@ -743,7 +897,17 @@ def _sent_by(sent_by: str) -> tuple[str, int]:
         port = rest.lstrip(":")
     else:
         host, _, port = hostport.partition(":")
-    return host, int(port) if port.isdigit() and 0 < int(port) <= 65535 else 5060
+    return host, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535 else 5060
+
+
+def _sipfrag_status(body: bytes) -> tuple[int | None, str]:
+    """The status line of a ``message/sipfrag`` body (RFC 3420): ``SIP/2.0 200 OK`` → (200, "OK")."""
+    first = body.decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
+    version, _, rest = first.partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.upper().startswith("SIP/") or not (code.isascii() and code.isdigit() and len(code) == 3):
+        return None, first[:100]
+    return int(code), reason.strip()
 
 
 def _set_param(value: str, name: str, param: str) -> str:

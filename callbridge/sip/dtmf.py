@@ -5,7 +5,8 @@ timestamp units). Every packet of one event carries the event's start
 timestamp; the end packet (E=1) is repeated three times. ``DtmfReceiver``
 reports a digit once per (SSRC, timestamp): on its first packet with E=1, or
 on the first packet of the next event when every end packet was lost.
-``dtmf_packets`` builds the sender's packet train.
+``dtmf_packets`` builds one digit's packets; ``dtmf_train`` schedules a
+string of digits on the media clock.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Final
 
 from callbridge.sip.rtp import RtpPacket, RtpSender
 
-__all__ = ["DIGITS", "DtmfReceiver", "dtmf_packets", "event_payload"]
+__all__ = ["DIGITS", "DtmfReceiver", "dtmf_packets", "dtmf_train", "event_payload"]
 
 DIGITS: Final = "0123456789*#ABCD"
 """Event codes 0–15 in order (16 is flash, not a digit)."""
@@ -77,3 +78,29 @@ def dtmf_packets(sender: RtpSender, payload_type: int, digit: str, *, duration_m
         packets.append(sender.event_packet(payload_type, end, start, marker=not packets))
     sender.timestamp = (start + total) & 0xFFFFFFFF
     return packets
+
+
+def dtmf_train(
+    sender: RtpSender, payload_type: int, digits: str, *, duration_ms: int = 100, pause_ms: int = 100, step_ms: int = 20
+) -> tuple[list[tuple[int, bytes]], int]:
+    """Packets for ``digits`` with the ms (from now) each is due, and how long the train lasts.
+
+    Digit k is an event starting ``k * (duration_ms + pause_ms)`` after the media clock's position now
+    (``sender.timestamp``); its packets go ``step_ms`` apart, each reporting the duration so far, the end
+    packet three times (RFC 4733 §2.5.1.4), all within the pause. Afterwards the media clock stands at the
+    train's end, as if audio had been sent all along, and the next audio packet starts a talk-spurt. Send no
+    audio while the train plays (its timestamps would overlap the events').
+    """
+    period_ms = duration_ms + pause_ms
+    if pause_ms < 3 * step_ms:
+        raise ValueError("the pause must hold the three end packets")
+    base = sender.timestamp
+    schedule: list[tuple[int, bytes]] = []
+    for k, digit in enumerate(digits):
+        sender.timestamp = (base + k * period_ms * 8) & 0xFFFFFFFF
+        for i, packet in enumerate(dtmf_packets(sender, payload_type, digit, duration_ms=duration_ms, step_ms=step_ms)):
+            schedule.append((k * period_ms + (i + 1) * step_ms, packet))
+    total_ms = len(digits) * period_ms
+    sender.timestamp = (base + total_ms * 8) & 0xFFFFFFFF
+    sender.talk_spurt = True
+    return schedule, total_ms

@@ -89,6 +89,12 @@ class SipParseError(Exception):
         self.request = request
 
 
+def _digits(text: str) -> bool:
+    """A number we can read: ASCII digits only (RFC 3261's DIGIT; ``str.isdigit`` also holds for "²", which
+    ``int`` refuses), and few enough of them (no Content-Length or CSeq needs 19; ``int`` refuses 4301)."""
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def _canonical(name: str) -> str:
     lower = name.lower()
     if lower in _COMPACT:
@@ -148,7 +154,7 @@ class _Message:
     def cseq(self) -> tuple[int, str]:
         """(number, method); number 0 when unreadable (only a message that failed parsing has one)."""
         number, _, method = (self.header("CSeq") or "0 ").strip().partition(" ")
-        return int(number) if number.isdigit() else 0, method.strip()
+        return int(number) if _digits(number) else 0, method.strip()
 
     @property
     def top_via(self) -> str:
@@ -260,7 +266,7 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
     body = data[end + sep :]
     length_text = message.header("Content-Length")
     if length_text is not None:
-        if not length_text.isdigit():
+        if not _digits(length_text):
             raise SipParseError(SipParseReason.BAD_CONTENT_LENGTH, repr(length_text), _request(message))
         length = int(length_text)
         if length > len(body):
@@ -273,7 +279,7 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
         if message.header(required) is None:
             raise SipParseError(SipParseReason.MISSING_HEADER, required)
     number, _, method = (message.header("CSeq") or "").partition(" ")
-    if not number.isdigit() or not method.strip() or int(number) >= 2**31:
+    if not _digits(number) or not method.strip() or int(number) >= 2**31:
         raise SipParseError(SipParseReason.BAD_CSEQ, repr(message.header("CSeq")), _request(message))
     if isinstance(message, SipRequest) and method.strip().upper() != message.method:
         raise SipParseError(SipParseReason.BAD_CSEQ, f"CSeq method {method.strip()!r} on a {message.method}", message)

@@ -19,7 +19,7 @@ from typing import Final
 
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["Direction", "MediaChoice", "SdpError", "answer", "choose"]
+__all__ = ["OFFER_DTMF_PT", "Direction", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer"]
 
 _STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA}
 _NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA}
@@ -89,6 +89,12 @@ class _Media:
     ptime_ms: int | None = None
 
 
+def _number(text: str) -> int | None:
+    """A field of ASCII digits (RFC 4566), or None: ``str.isdigit`` also holds for "²", which ``int`` refuses,
+    and no SDP number here needs ten digits."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
+
+
 def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
     session_host: str | None = None
     session_direction = Direction.SENDRECV
@@ -115,9 +121,10 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
                 current.host = host
         elif kind == "m":
             parts = value.split()
-            if len(parts) < 4 or not parts[1].split("/")[0].isdigit() or int(parts[1].split("/")[0]) > 65535:
+            port = _number(parts[1].split("/")[0]) if len(parts) >= 4 else None
+            if port is None or port > 65535:
                 raise SdpError(f"bad m= line: {value!r}")
-            media.append(_Media(line, parts[0], int(parts[1].split("/")[0]), parts[2], parts[3:], {}))
+            media.append(_Media(line, parts[0], port, parts[2], parts[3:], {}))
         elif kind == "a":
             name, _, rest = value.partition(":")
             if name in Direction._value2member_map_:
@@ -127,10 +134,10 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
                     current.direction = Direction(name)
             elif name == "rtpmap" and current is not None:
                 pt_text, _, encoding = rest.partition(" ")
-                if pt_text.isdigit():
-                    current.rtpmap[int(pt_text)] = encoding.strip()
-            elif name == "ptime" and current is not None and rest.strip().isdigit():
-                current.ptime_ms = int(rest.strip())
+                if (pt := _number(pt_text)) is not None:
+                    current.rtpmap[pt] = encoding.strip()
+            elif name == "ptime" and current is not None and (ptime := _number(rest.strip())) is not None:
+                current.ptime_ms = ptime
     if not saw_version:
         raise SdpError("no v=0 line")
     return session_host, session_direction, media
@@ -145,9 +152,9 @@ def choose(offer: str) -> MediaChoice | None:
         codec: tuple[AudioEncoding, int] | None = None
         dtmf: int | None = None
         for fmt in m.formats:
-            if not fmt.isdigit() or int(fmt) > 127:
+            pt = _number(fmt)
+            if pt is None or pt > 127:
                 continue
-            pt = int(fmt)
             name = m.rtpmap.get(pt, "")
             encoding_name, _, rate = name.partition("/")
             rate_hz = rate.split("/")[0]
@@ -210,3 +217,39 @@ def answer(choice: MediaChoice, *, host: str, port: int, session_id: int, versio
         lines.append("a=ptime:20")
         lines.append(f"a={choice.direction.value}")
     return "\r\n".join(lines) + "\r\n"
+
+
+OFFER_DTMF_PT: Final = 101
+"""telephone-event's payload type in our own offer (a delayed offer: the INVITE came without SDP)."""
+
+
+def offer(*, host: str, port: int, session_id: int, version: int) -> str:
+    """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK): PCMU and
+    PCMA, telephone-event, 20 ms, sendrecv (CRLF line ends)."""
+    family = "IP6" if ":" in host else "IP4"
+    lines = [
+        "v=0",
+        f"o=callbridge {session_id} {version} IN {family} {host}",
+        "s=callbridge",
+        f"c=IN {family} {host}",
+        "t=0 0",
+        f"m=audio {port} RTP/AVP 0 8 {OFFER_DTMF_PT}",
+        "a=rtpmap:0 PCMU/8000",
+        "a=rtpmap:8 PCMA/8000",
+        f"a=rtpmap:{OFFER_DTMF_PT} telephone-event/8000",
+        f"a=fmtp:{OFFER_DTMF_PT} 0-15",
+        "a=ptime:20",
+        "a=sendrecv",
+    ]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def read_answer(text: str) -> MediaChoice | None:
+    """The peer's answer to ``offer`` (RFC 3264 §6): what it took, or None when the answer is not one to our offer
+    (a codec or telephone-event payload type we did not offer, no audio stream). Raises ``SdpError``."""
+    choice = choose(text)
+    if choice is None or choice.payload_type not in _STATIC or len(choice.media_lines) != 1:
+        return None
+    if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT):
+        return None
+    return choice

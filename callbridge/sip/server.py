@@ -7,6 +7,12 @@ layer's news reaches the codec as text messages (``start`` once the 200 OK
 is out, ``bye`` when the dialog ends, ``dtmf:<d>`` from SIP INFO); closing
 the transport (the engine or the bridge ended the call) sends our BYE.
 
+The agent's actions (``CallActionPerformer``): ``send_dtmf`` plays an RFC
+4733 digit train on the call's RTP stream (no audio meanwhile; the media
+clock moves on with it); ``transfer_call`` sends REFER in the dialog and
+waits for the NOTIFY that reports the target's answer. A transfer that
+succeeded ends the call with our BYE (the call core closes the transport).
+
 Admission: the source address in ``sip.allowed_ips`` or digest credentials
 (``SipUas``), then ``services.admits`` (486 at capacity, 503 while
 draining), then a free even RTP port in ``sip.rtp_port_min``–``max`` (503
@@ -29,6 +35,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self, cast
 
+from prometheus_client import Counter as PromCounter
+
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.sip import PROVIDER, SipRtpCodec
@@ -43,11 +52,15 @@ from callbridge.sip.dialog import (
     Dropped,
     DtmfInfo,
     MediaChanged,
+    OfferAnswered,
     SipUas,
+    TransferResult,
     UasConfig,
 )
+from callbridge.sip.dtmf import dtmf_train
 from callbridge.sip.message import SipParseError, split_stream
 from callbridge.sip.rtp import Latch
+from callbridge.sip.sdp import MediaChoice
 
 __all__ = ["CARRIER", "RtpTransport", "SipListener"]
 
@@ -144,6 +157,12 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.queue.put_nowait(None)
 
     # the SIP layer
+    def answered(self, codec: SipRtpCodec) -> None:
+        """A delayed offer's answer came (before ``start``): its codec, and the latch aimed where it says."""
+        self.codec = codec
+        signalled = (codec.choice.remote_host, codec.choice.remote_port)
+        self.latch = Latch(signalled, self.latch.trusted_hosts | {signalled[0]})
+
     def start(self) -> None:
         self.queue.put_nowait("start")
         self._cadence = asyncio.create_task(self._keep_cadence())
@@ -167,6 +186,33 @@ class RtpTransport(asyncio.DatagramProtocol):
                     self.send_errors += 1
                 self._last_sent_s = loop.time()
 
+
+    async def play_dtmf(self, digits: str) -> bool:
+        """Send ``digits`` as RFC 4733 events on this stream, paced on the loop's clock; audio (the agent's and
+        the cadence's) is held back meanwhile. False, nothing sent, when telephone-event was not negotiated,
+        the peer holds the call or the call ended."""
+        codec = self.codec
+        payload_type = codec.choice.dtmf_payload_type
+        if payload_type is None or not codec.sending or codec.playing_events or self.transport is None:
+            return False
+        codec.playing_events = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            schedule, total_ms = dtmf_train(codec.sender, payload_type, digits)
+            for due_ms, packet in schedule:
+                await asyncio.sleep(max(0.0, started + due_ms / 1000 - loop.time()))
+                if self.closed or self.transport is None:
+                    return False
+                try:
+                    self.transport.sendto(packet, self.latch.peer)
+                except OSError:
+                    self.send_errors += 1
+                self._last_sent_s = loop.time()
+            await asyncio.sleep(max(0.0, started + total_ms / 1000 - loop.time()))
+            return not self.closed
+        finally:
+            codec.playing_events = False
 
     def _rtcp_peer(self) -> tuple[str, int]:
         """Where our RTCP goes: where the peer's comes from, else its RTP port + 1 (RFC 3550 §11)."""
@@ -227,6 +273,21 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
             self.transport.close()
 
 
+class _DropCounter(Counter[str]):
+    """The listener's ``dropped`` counts, each increase also counted in a Prometheus counter labelled by reason
+    (the reasons are a small fixed set: parse-error kinds, ``stray_response``, ``rtp_unexpected_source`` …)."""
+
+    def __init__(self, metric: PromCounter) -> None:
+        super().__init__()
+        self._metric = metric
+
+    def __setitem__(self, reason: str, count: int) -> None:
+        increase = count - self.get(reason, 0)
+        super().__setitem__(reason, count)
+        if increase > 0:
+            self._metric.labels(reason).inc(increase)
+
+
 @dataclass(slots=True)
 class _Call:
     transport: RtpTransport
@@ -265,13 +326,18 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self.calls: dict[str, _Call] = {}
         self.finished: deque[tuple[str, SipRtpCodec, RtpTransport]] = deque(maxlen=_FINISHED_KEPT)
         """The last calls served (call id, codec, transport): their counters, for metrics and tests."""
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = _DropCounter(services.metrics.sip_dropped)
+        """What was dropped unanswered, by reason (also ``callbridge_sip_dropped_total``)."""
         self._transport: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
         self._timer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._transfers: dict[str, asyncio.Future[TransferResult]] = {}
+        self._answers: dict[str, asyncio.Future[MediaChoice | None]] = {}
+        """Calls with a delayed offer, waiting for the answer in the ACK (None: the call ended without one)."""
+        """call id → our REFER's outcome, awaited by ``perform``."""
 
     @property
     def port(self) -> int | None:
@@ -291,6 +357,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
         self._timer = asyncio.create_task(self._run_timers())
         self.services.carrier_state[PROVIDER] = self
+        self.services.action_performers[PROVIDER] = self
         log.info("sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp", allowed_ips=self.settings.allowed_ips)
         return self
 
@@ -347,9 +414,16 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             match event:
                 case CallOffered():
                     self._spawn(self._offer(event))
+                case OfferAnswered(call_id, choice):
+                    answered = self._answers.pop(call_id, None)
+                    if answered is not None and not answered.done():
+                        answered.set_result(choice)
                 case CallEnded(call_id, reason):
                     call = self.calls.get(call_id)
                     log.info("sip_call_ended", provider=PROVIDER, call_id=call_id, reason=reason)
+                    unanswered = self._answers.pop(call_id, None)
+                    if unanswered is not None and not unanswered.done():
+                        unanswered.set_result(None)
                     if call is not None and reason != "hung_up":
                         call.transport.signal("bye")
                 case MediaChanged(call_id, choice):
@@ -358,6 +432,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                         call.transport.codec.update(choice)
                         call.transport.latch.reoffer((choice.remote_host, choice.remote_port))
                         log.info("sip_media_changed", provider=PROVIDER, call_id=call_id, direction=choice.direction.value)
+                case TransferResult(call_id):
+                    waiting = self._transfers.get(call_id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(event)
                 case DtmfInfo(call_id, digit):
                     call = self.calls.get(call_id)
                     if call is not None:
@@ -442,10 +520,23 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             return
         call = _Call(transport)
         self.calls[call_id] = call
+        answer: asyncio.Future[MediaChoice | None] | None = None
+        if offer.delayed_offer:
+            answer = self._answers[call_id] = asyncio.get_running_loop().create_future()
         self.uas.accept(call_id, self.address, port, _now_ms())
         self._drain()
+        if answer is not None:  # our offer went in the 200; the answer comes in the ACK (or the call ends)
+            choice = await answer
+            if choice is None:
+                await transport.close()
+                if self.calls.get(call_id) is call:
+                    del self.calls[call_id]
+                return
+            codec = SipRtpCodec(call_id, choice, caller=offer.caller, callee=offer.callee)
+            transport.answered(codec)
+        choice = codec.choice
         log.info("sip_call_answered", provider=PROVIDER, call_id=call_id, peer=offer.source[0], rtp_port=port,
-                 codec=offer.choice.encoding.value, remote_rtp=f"{offer.choice.remote_host}:{offer.choice.remote_port}")
+                 codec=choice.encoding.value, remote_rtp=f"{choice.remote_host}:{choice.remote_port}", delayed_offer=offer.delayed_offer)
         transport.start()
         call.task = asyncio.current_task()
         try:
@@ -455,7 +546,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             if self.calls.get(call_id) is call:
                 del self.calls[call_id]
             self.finished.append((call_id, codec, transport))
-            for reason, count in (("rtp_malformed", codec.malformed), ("rtp_late", codec.jitter.late), ("rtp_overflow", transport.overflow)):
+            for reason, count in (
+                ("rtp_malformed", codec.malformed), ("rtp_late", codec.jitter.late), ("rtp_overflow", transport.overflow),
+                ("rtp_other_payload_type", codec.other_payload_types), ("rtp_dtmf_malformed", codec.dtmf.malformed),
+            ):  # fmt: skip
                 if count:
                     self.dropped[reason] += count
 
@@ -478,6 +572,29 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 continue
             return port
         return None
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """The agent's DTMF (RFC 4733 on the call's RTP) or transfer (REFER) on a call served here."""
+        call = self.calls.get(call_id)
+        if call is None:
+            return ActionResult.failed("call_ended")
+        if isinstance(action, SendDtmf):
+            if call.transport.codec.choice.dtmf_payload_type is None:
+                return ActionResult.failed("unsupported", "the trunk did not negotiate telephone-event (RFC 4733)")
+            if not await call.transport.play_dtmf(action.digits):
+                return ActionResult.failed("not_sent", "the call is on hold, ended, or already sending digits")
+            return ActionResult.done()
+        waiting: asyncio.Future[TransferResult] = asyncio.get_running_loop().create_future()
+        self._transfers[call_id] = waiting
+        try:
+            self.uas.transfer(call_id, action.target, _now_ms())
+            self._drain()
+            result = await waiting
+        finally:
+            self._transfers.pop(call_id, None)
+        log.info("sip_transfer", provider=PROVIDER, call_id=call_id, ok=result.ok, status=result.status, reason=result.reason)
+        detail = f"{result.status} {result.reason}".strip() if result.status else result.reason
+        return ActionResult.done(detail=detail) if result.ok else ActionResult.failed("transfer_failed", detail)
 
     def call_closed(self, call_id: str) -> None:
         """The call's transport closed (the engine or the bridge ended it): BYE unless the dialog is over."""

@@ -4,7 +4,9 @@ sockets with its quirks, and the embedded engine.
 Each carrier runs: a conversation, a barge-in (the flush, and the heard position right within one frame),
 DTMF, the bridge hanging up, a drop that resumes the same engine session (where the carrier reconnects),
 forged credentials, and every bad input its wire allows — each ending only its own call while a good
-call carries on.
+call carries on. SIP is the exception for bad input: a malformed SIP message is answered (400, 481, 501 …)
+or dropped and counted, a stray RTP datagram is dropped and counted, and the call it reached carries on too
+(RFC 3261 §8.2, RFC 3550: a UDP port takes whatever arrives).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from callbridge.engine.commands import (
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketConnection
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import running_bridge
+from callbridge.sim.sip import SimulatedSip, SipStream
+from callbridge.sip.server import SipListener
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 
 SPEECH_MS = 1500
@@ -120,6 +124,8 @@ async def test_forged_credentials_are_refused(provider: str) -> None:
 
 @pytest.mark.parametrize("provider", CARRIERS)
 async def test_bad_input_ends_only_its_own_call(provider: str) -> None:
+    if provider == "sip":
+        pytest.skip("a SIP call carries on through bad input: test_sip_bad_input_is_answered_or_dropped_and_counted")
     recorder = engine()
     async with running_bridge(settings(), recorder, provider=provider) as bridge:
         sim = bridge.carrier
@@ -162,3 +168,77 @@ async def test_bad_input_ends_only_its_own_call(provider: str) -> None:
         result = await good_call
     assert result.warnings == [] and result.hung_up_by == "caller", result.render()
     assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000
+
+
+def _sip_counter(listener: SipListener, call_id: str, name: str) -> int:
+    """A SIP drop counter: the listener's (SIP datagrams), or the call's RTP codec's while the call is up (the
+    listener adds those up when the call ends)."""
+    codec = listener.calls[call_id].transport.codec
+    per_call = {"rtp_malformed": codec.malformed, "rtp_other_payload_type": codec.other_payload_types, "rtp_dtmf_malformed": codec.dtmf.malformed}
+    return per_call[name] if name in per_call else listener.dropped[name]
+
+
+async def test_sip_bad_input_is_answered_or_dropped_and_counted() -> None:
+    """Each bad input on a call's SIP and RTP sockets gets its RFC answer, or is dropped and counted; the call
+    carries on (and hangs up cleanly at the end) and so does another call."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider="sip") as bridge:
+        sim = bridge.carrier
+        listener = bridge.app.state.bridge.services.carrier_state["sip"]
+        assert isinstance(listener, SipListener)
+        good_call = asyncio.create_task(sim.place_call(CallerScript(utterances=((300, short_speech()),))))
+        await until(lambda: recorder.session_count == 1)
+        call = SimCall(sim.new_call_id(), CallResult("bad_input"), lambda: 0)
+        sim.calls[call.call_id] = call
+        stream = await sim.open_stream(call, "answer")
+        assert isinstance(stream, SipStream)
+
+        async def receive(s: SipStream = stream) -> None:
+            async for message in s.conn.messages():
+                s.receive(message)
+
+        receiver = asyncio.create_task(receive())
+        await until(lambda: recorder.session_count == 2)
+        cases = sim.bad_inputs(stream)
+        assert len(cases) >= 10
+        dropped: dict[str, int] = {}
+        for case, (message, expected) in sorted(cases.items()):
+            kind, _, what = expected.partition(":")
+            if kind == "dropped":
+                dropped[what] = dropped.get(what, 0) + 1
+            if kind == "status":
+                answered = len(stream.responses)
+                await stream.conn.send(message)
+                await until(lambda n=answered: len(stream.responses) > n)
+                assert stream.responses[-1][1] == int(what), (case, stream.responses)
+            else:
+                before = _sip_counter(listener, call.call_id, what)
+                await stream.conn.send(message)
+                await until(lambda w=what, n=before: _sip_counter(listener, call.call_id, w) == n + 1)
+        assert recorder.session_count == 2 and not call.ended.is_set()  # the call took it all and is still up
+        await stream.send_stop()
+        receiver.cancel()
+        await asyncio.gather(receiver, return_exceptions=True)
+        await until(lambda: recorder.session_count == 1)
+        metrics = bridge.app.state.bridge.registry
+        for reason, count in dropped.items():  # every drop in Prometheus, by reason
+            labels = {"reason": reason}
+            await until(lambda n=count, l=labels: metrics.get_sample_value("callbridge_sip_dropped_total", l) == n)
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(bridge.base_url + "/healthz")).status_code == 200
+        result = await good_call
+    assert ("BYE", 200) in stream.responses and call.result.warnings == [], (stream.responses, call.result.warnings)
+    assert result.warnings == [] and result.hung_up_by == "caller", result.render()
+    assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000
+
+
+async def test_sip_trunk_outside_the_allow_list_gets_in_with_digest_credentials() -> None:
+    """The other half of SIP's forged-credentials case: the right password from 127.0.0.2 answers the 401."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider="sip") as bridge:
+        trunk = SimulatedSip(bridge.base_url, bridge.carrier.secret, codec="PCMA", local_host="127.0.0.2")
+        trunk.configure(bridge.settings)
+        result = await trunk.place_call(CallerScript(utterances=((300, short_speech(800)),), hangup_at_ms=3000))
+    assert result.warnings == [] and result.hung_up_by == "caller", result.render()
+    assert "200 OK: PCMA" in result.render() and result.agent_speech_ms >= 800, result.render()
+    assert recorder.of(CloseSession) == [CloseSession("call_ended")]

@@ -16,7 +16,9 @@ from pydantic import SecretStr
 from callbridge.bridge.app import create_app
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.telnyx import (
+    ANSWERED,
     MAX_STREAM_RESTARTS,
+    RESTARTS,
     TelnyxCalls,
     TelnyxRest,
     TelnyxSignatures,
@@ -166,7 +168,7 @@ class TestCallControl:
         ((call_id, action, body),) = calls.rest.sent  # type: ignore[attr-defined]
         assert (call_id, action, body["stream_url"]) == ("v3:a", "answer", "wss://bridge.example/telnyx/media")
         token = body["custom_parameters"][0]["value"]
-        assert await svc.tokens.consume(token, "v3:a") and "v3:a" in calls.live
+        assert await svc.tokens.consume(token, "v3:a") and await calls.answered("v3:a")
 
     async def test_a_webhook_delivered_twice_answers_once(self) -> None:
         calls = TelnyxCalls(services(), RecordingRest())
@@ -236,19 +238,20 @@ class TestCallControl:
         await calls.on_event("call.initiated", {"call_control_id": "v3:a"}, BASE)
         rest.ended.add("v3:a")
         await calls.on_event("streaming.stopped", {"call_control_id": "v3:a"}, BASE)
-        assert await svc.registry.ended_reason("v3:a") == "call_already_ended" and "v3:a" not in calls.live
+        assert await svc.registry.ended_reason("v3:a") == "call_already_ended" and not await calls.answered("v3:a")
 
     async def test_a_failed_command_is_logged_not_raised(self) -> None:
         def refuse(request: httpx.Request) -> httpx.Response:
             return httpx.Response(500)
 
         rest = TelnyxRest("https://api.example", SecretStr("k"), client=httpx.AsyncClient(transport=httpx.MockTransport(refuse)))
-        calls = TelnyxCalls(services(), rest)
+        svc = services()
+        calls = TelnyxCalls(svc, rest)
         await calls.on_event("call.initiated", {"call_control_id": "v3:a"}, BASE)
-        assert calls.live == set()  # the answer failed: no stream will come
-        calls.live.add("v3:b")
+        assert not await calls.answered("v3:a")  # the answer failed: no stream will come, Telnyx's retry answers
+        await svc.registry.count("v3:b", ANSWERED, 60_000)  # answered (by this process or another)
         await calls.on_event("streaming.stopped", {"call_control_id": "v3:b"}, BASE)
-        assert calls.restarts == {"v3:b": 1}
+        assert await svc.registry.counts("v3:b") == {ANSWERED: 1, RESTARTS: 1}
 
 
 def test_time_is_seconds() -> None:

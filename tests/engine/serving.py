@@ -29,9 +29,10 @@ class RunningEngineServer:
 
 @asynccontextmanager
 async def engine_server(
-    options: LocalEngineOptions | None = None, **server_settings: Any
+    options: LocalEngineOptions | None = None, *, port: int | None = None, **server_settings: Any
 ) -> AsyncIterator[RunningEngineServer]:
-    port = free_port()
+    """``port``: listen there (a server coming back on its old address); default a free one."""
+    port = port or free_port()
     settings = Settings.model_validate({"engine_server": {"port": port, **server_settings}})
     engine = LocalEngine(options or LocalEngineOptions(generation_speed=20.0, chunk_ms=500))
     app = create_engine_app(settings, engine)

@@ -16,6 +16,7 @@ from callbridge.sip.dialog import (
     Dropped,
     DtmfInfo,
     MediaChanged,
+    OfferAnswered,
     SipUas,
     UasConfig,
 )
@@ -191,8 +192,8 @@ def test_rejections() -> None:
     assert media_type.status == 415 and media_type.header("Accept") == "application/sdp"
     core.receive_datagram(request("INVITE", call_id="c3", branch="z9hG4bK3", body=SDP.replace("0 101", "18")), PEER, 0)
     assert statuses(core) == [488]
-    core.receive_datagram(request("INVITE", call_id="c4", branch="z9hG4bK4"), PEER, 0)  # no offer
-    assert statuses(core) == [488]
+    core.receive_datagram(request("INVITE", call_id="c4", branch="z9hG4bK4", body=SDP.replace("RTP/AVP", "RTP/SAVP")), PEER, 0)
+    assert statuses(core) == [488]  # SRTP only
     core.receive_datagram(request("INVITE", call_id="c5", branch="z9hG4bK5", body=SDP), ("192.0.2.1", 5070), 0)
     (forbidden,) = core.datagrams_to_send()
     assert parse_message(forbidden.data).status == 403 and forbidden.address == ("192.0.2.1", 5070)  # type: ignore[union-attr]
@@ -364,3 +365,50 @@ def test_response_port_from_via_without_rport() -> None:
     assert first.address == ("10.0.0.1", 5080)  # the source address, the Via's port; no DNS lookup
     assert b"received=10.0.0.1" in first.data
     assert second.address == ("10.0.0.1", 5060)  # an impossible port: the default
+
+
+def test_delayed_offer_our_offer_in_the_200_the_answer_in_the_ack() -> None:
+    """RFC 3261 §13.2.1, RFC 3264 §6: no SDP in the INVITE → our offer (PCMU, PCMA, telephone-event) in the 200;
+    the ACK's answer picks the media; a re-INVITE then gets an answer one version up."""
+    core = uas()
+    core.receive_datagram(request("INVITE"), PEER, 0)
+    assert statuses(core) == [100]
+    (offered,) = core.events()
+    assert isinstance(offered, CallOffered) and offered.delayed_offer
+    core.accept("c1", "127.0.0.1", 40000, 0)
+    (ok,) = responses(core)
+    assert ok.status == 200 and ok.header("Content-Type") == "application/sdp"
+    sdp = ok.body.decode()
+    assert "m=audio 40000 RTP/AVP 0 8 101\r\n" in sdp and "a=rtpmap:8 PCMA/8000" in sdp and "a=sendrecv" in sdp
+    version = int(sdp.split("\r\n")[1].split()[2])
+    tag = header_param(ok.header("To") or "", "tag")
+    answer = SDP.replace("0 101", "8 101").replace("a=rtpmap:101", "a=rtpmap:8 PCMA/8000\r\na=rtpmap:101")
+    core.receive_datagram(request("ACK", branch="z9hG4bKack", to_tag=tag, body=answer), PEER, 100)
+    answered_, confirmed = core.events()
+    assert isinstance(answered_, OfferAnswered) and confirmed == CallConfirmed("c1")
+    choice = answered_.choice
+    assert (choice.payload_type, choice.dtmf_payload_type, choice.remote_host, choice.remote_port) == (8, 101, "10.0.0.1", 30000)
+    assert core.datagrams_to_send() == []  # the 200 is no longer retransmitted
+    core.tick(T1_MS + 100)
+    assert core.datagrams_to_send() == []
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKre", to_tag=tag, body=answer.replace("a=rtpmap:101", "a=sendonly\r\na=rtpmap:101")), PEER, 1000)
+    (reanswer,) = responses(core)
+    lines = reanswer.body.decode().split("\r\n")
+    assert int(lines[1].split()[2]) == version + 1 and "m=audio 40000 RTP/AVP 8 101" in lines and "a=recvonly" in lines
+
+
+def test_delayed_offer_without_a_usable_answer_ends_with_our_bye() -> None:
+    for body in ("", SDP.replace("0 101", "18 101")):  # no answer; a codec we did not offer
+        core = uas()
+        core.receive_datagram(request("INVITE"), PEER, 0)
+        core.datagrams_to_send()
+        core.events()
+        core.accept("c1", "127.0.0.1", 40000, 0)
+        (ok,) = responses(core)
+        tag = header_param(ok.header("To") or "", "tag")
+        core.receive_datagram(request("ACK", branch="z9hG4bKack", to_tag=tag, body=body), PEER, 100)
+        assert core.events() == [CallEnded("c1", "bad_answer")]
+        (bye,) = core.datagrams_to_send()
+        message = parse_message(bye.data)
+        assert isinstance(message, SipRequest) and message.method == "BYE" and bye.address == PEER
+        assert core.dialogs["c1"].state is DialogState.ENDING

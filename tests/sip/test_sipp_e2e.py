@@ -5,6 +5,7 @@ SIP listener, the embedded engine, real UDP sockets. Scenarios: SIPp's built-in 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import socket
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from callbridge.engine.commands import AckPlayback, AppendAudio, CreateTextItem
+from callbridge.config import CallActionsSettings
+from callbridge.engine.commands import (
+    AckPlayback,
+    AppendAudio,
+    CloseSession,
+    CreateTextItem,
+    FunctionCallOutput,
+)
 from callbridge.sim.ports import free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import SipResponse, parse_message
@@ -214,3 +222,59 @@ async def test_a_silent_trunk_is_hung_up(tmp_path: Path) -> None:
         _, codec, transport = sip.finished[0]
     assert rc == 0, output
     assert transport.timed_out and codec.stopped and len(recorder.opened) == 1
+
+
+async def test_the_agent_sends_rfc4733_digits_and_transfers_with_refer(tmp_path: Path) -> None:
+    """The ``actions`` agent on a SIPp call: the caller's 0 makes it send 123 as RFC 4733 events on our RTP (SIPp
+    echoes them: each comes back as exactly one digit, so each event had its own timestamp and its end packets);
+    the caller's * makes it transfer: REFER, 202, NOTIFY with a 200 sipfrag, then our BYE. The model hears both
+    results."""
+    recorder = engine("actions")
+    bridge_settings = sip_settings().model_copy(
+        update={"call_actions": CallActionsSettings(enabled=True, transfer_targets=["sip:desk@pbx.example.com"])}
+    )
+    async with running_bridge(bridge_settings, recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "agent_actions.xml", tmp_path, "-m", "1", "-rtp_echo", timeout_s=30)
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        call_id, codec, _ = sip.finished[0]
+    assert rc == 0, output
+    (session_id,) = recorder.opened
+    digits = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
+    assert digits == ["DTMF 0", "DTMF 1", "DTMF 2", "DTMF 3", "DTMF *"]
+    outputs = [json.loads(c.output) for c in recorder.commands[session_id] if isinstance(c, FunctionCallOutput)]
+    assert outputs == [{"ok": True}, {"ok": True, "detail": "200 OK"}]
+    assert CloseSession("transferred") in recorder.commands[session_id]
+    assert codec.dtmf.malformed == 0
+    assert sip.uas.dialogs[call_id].state.value == "ended"
+
+
+async def test_delayed_offer_is_answered_in_the_ack(tmp_path: Path) -> None:
+    """RFC 3261 §13.2.1: an INVITE without SDP gets our offer in the 200; SIPp answers PCMA in the ACK, then its
+    audio and an RFC 4733 digit reach the engine on that codec."""
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "delayed_offer.xml", tmp_path, "-m", "1")
+        assert rc == 0, output
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, transport = sip.finished[0]
+    assert rc == 0, output
+    assert codec.choice.payload_type == 8 and codec.choice.dtmf_payload_type == 101
+    (session_id,) = recorder.opened
+    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
+    assert sum(len(c.pcm) for c in appended) * 1000 // (2 * appended[0].rate_hz) >= 2000
+    assert CreateTextItem("DTMF 1") in recorder.commands[session_id]
+    assert codec.malformed == 0 and transport.latch.latched is not None
+
+
+async def test_delayed_offer_without_an_answer_is_hung_up(tmp_path: Path) -> None:
+    """An ACK without the answer to our offer: nothing to send or decode, so the bridge ends the call (BYE)
+    before any engine session."""
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        rc, output = await sipp(bridge, "delayed_offer_no_answer.xml", tmp_path, "-m", "1")
+        sip = listener(bridge)
+        await until(lambda: not sip.calls)
+    assert rc == 0, output
+    assert recorder.opened == [] and len(sip.finished) == 0

@@ -262,9 +262,10 @@ class AudioSocketCodec:
             self.stream_id = f"{self.call_id}#{self.connection}"
             events.append(StreamConnected())
         elif kind == Kind.DTMF:
-            digit = chr(payload[0]).upper()
-            if ord(digit) not in _DTMF_DIGITS:
+            code = payload[0] - 0x20 if 0x61 <= payload[0] <= 0x64 else payload[0]  # a-d: ASCII only ("ß".upper() is "SS")
+            if code not in _DTMF_DIGITS:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"dtmf digit {payload!r}")
+            digit = chr(code)
             if self.started:
                 events.append(DtmfReceived(digit))
             elif len(self._pending_dtmf) < _MAX_PENDING_DTMF:

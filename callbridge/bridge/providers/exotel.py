@@ -237,7 +237,7 @@ class ExotelCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
         try:
             audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
             raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
         if len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"{len(audio)} bytes of 16-bit PCM")

@@ -267,7 +267,7 @@ class PlivoCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
         try:
             audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
             raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
         if self.encoding is AudioEncoding.L16 and len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"{len(audio)}-byte L16 payload (odd length)")

@@ -77,6 +77,9 @@ class SipRtpCodec:
         self.media_packets_sent = 0
         self.suppressed_on_hold = 0
         """Frames (agent audio or cadence silence) not sent because the peer holds the call."""
+        self.playing_events = False
+        """An RFC 4733 digit train is going out (``RtpTransport.play_dtmf``): no audio meanwhile."""
+        self.suppressed_for_events = 0
 
     @property
     def sending(self) -> bool:
@@ -121,7 +124,7 @@ class SipRtpCodec:
             events: list[CarrierEvent] = [MediaReceived(payload) for payload in self.jitter.drain() if payload]
             events.append(StreamStopped())
             return events
-        if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in DIGITS:
+        if message.startswith("dtmf:") and self.started and not self.stopped and len(message) == 6 and message[5] in DIGITS:
             return [DtmfReceived(message[5:])]
         raise RemoteProtocolError(
             ProtocolErrorReason.OUT_OF_ORDER, f"control {message!r}", provider=PROVIDER, stream_id=self.stream_id, call_id=self.call_id
@@ -131,6 +134,9 @@ class SipRtpCodec:
 
     def send(self, action: CarrierAction) -> bytes | None:
         if isinstance(action, SendMedia):
+            if self.playing_events:
+                self.suppressed_for_events += 1
+                return None
             if not self.sending or not action.payload:
                 self.suppressed_on_hold += self.started and not self.stopped and bool(action.payload)
                 return None
@@ -142,6 +148,8 @@ class SipRtpCodec:
 
     def silence(self, ms: int = 20) -> bytes | None:
         """A packet of silence (the cadence between the agent's utterances: SBCs drop silent calls)."""
+        if self.playing_events:
+            return None
         if not self.sending:
             self.suppressed_on_hold += self.started and not self.stopped
             return None

@@ -225,7 +225,7 @@ class TelnyxCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.track {track!r}")
         try:
             audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
             raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
         if self.encoding is AudioEncoding.L16_BE and len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"L16 payload of {len(audio)} bytes (odd)")
@@ -347,7 +347,7 @@ def _client_state_token(client_state: str) -> str | None:
     """The token in a ``client_state`` that is base64 JSON ``{"token": …}``; None for any other client state."""
     try:
         state = orjson.loads(binascii.a2b_base64(client_state, strict_mode=True))
-    except (binascii.Error, orjson.JSONDecodeError):
+    except ValueError:  # not base64 (or not even ASCII), or not JSON
         return None
     token = state.get("token") if isinstance(state, dict) else None
     return token if isinstance(token, str) else None

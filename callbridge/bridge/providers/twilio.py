@@ -143,7 +143,7 @@ class TwilioCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
         try:
             audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
             raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
         timestamp = media.get("timestamp")
         timestamp_ms = json_number(timestamp) if timestamp is not None else None

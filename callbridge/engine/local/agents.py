@@ -9,16 +9,22 @@ speak at), or streams input straight back. The session core does the rest
   conversation loop for the demo and the end-to-end tests.
 - ``loopback``: each input chunk straight back, at once — for latency and load tests.
 - ``tone``: a short two-note greeting when the session opens, then listens.
+- ``actions``: ``echo``, and a scripted tool caller for tests and demos of the
+  agent's call actions: the caller's keys (the bridge's ``DTMF <d>`` text
+  items) call the telephony tools the session declared — ``#`` → ``end_call``,
+  ``*`` → ``transfer_call`` to the first target its schema allows, ``0`` →
+  ``send_dtmf`` ``"123"``. A tool the session did not declare is not called.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import numpy as np
 import soxr
 
-__all__ = ["AGENTS", "OUTPUT_RATE_HZ", "Agent", "EchoAgent", "LoopbackAgent", "ToneAgent"]
+__all__ = ["AGENTS", "OUTPUT_RATE_HZ", "ActionsAgent", "Agent", "EchoAgent", "LoopbackAgent", "ToneAgent"]
 
 OUTPUT_RATE_HZ: Final = 24000
 _INPUT_RATE_HZ: Final = 16000
@@ -39,6 +45,10 @@ class Agent:
         """Audio and transcript answering ``utterance`` (PCM16 16 kHz), or None to stay silent."""
         return None
 
+    def call_for_text(self, text: str, tools: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+        """The tool call (name, arguments) a user text item makes, among the declared ``tools`` (by name), or None."""
+        return None
+
 
 class EchoAgent(Agent):
     name = "echo"
@@ -49,6 +59,25 @@ class EchoAgent(Agent):
         samples = np.frombuffer(utterance, dtype="<i2")
         out = soxr.resample(samples, _INPUT_RATE_HZ, OUTPUT_RATE_HZ, quality="HQ")
         return out.astype("<i2").tobytes(), f"(echo of {len(samples) * 1000 // _INPUT_RATE_HZ} ms)"
+
+
+class ActionsAgent(EchoAgent):
+    """``echo``, plus tool calls scripted on the caller's keys (module docstring)."""
+
+    name = "actions"
+
+    def call_for_text(self, text: str, tools: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+        key = text.removeprefix("DTMF ").strip() if text.startswith("DTMF ") else None
+        if key == "#" and "end_call" in tools:
+            return "end_call", {}
+        if key == "0" and "send_dtmf" in tools:
+            return "send_dtmf", {"digits": "123"}
+        if key == "*" and "transfer_call" in tools:
+            parameters = tools["transfer_call"].get("parameters") or {}
+            target = (parameters.get("properties") or {}).get("target") or {}
+            targets = target.get("enum") or []
+            return ("transfer_call", {"target": targets[0]}) if targets else None
+        return None
 
 
 class LoopbackAgent(Agent):
@@ -73,4 +102,4 @@ def two_note_chime(note_ms: int = 300, gap_ms: int = 60) -> bytes:
     return np.concatenate([notes[0], gap, notes[1]]).astype("<i2").tobytes()
 
 
-AGENTS: Final[dict[str, type[Agent]]] = {"echo": EchoAgent, "loopback": LoopbackAgent, "tone": ToneAgent}
+AGENTS: Final[dict[str, type[Agent]]] = {"echo": EchoAgent, "loopback": LoopbackAgent, "tone": ToneAgent, "actions": ActionsAgent}

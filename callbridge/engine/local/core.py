@@ -17,6 +17,10 @@ Strategy and invariants (reference sections in brackets):
   Caller speech while the assistant speaks is a barge-in: ``overlap.decision
   barge_in``, ``response.done cancelled (turn_detected)``, epoch + 1 [§5.2].
 - Acks for a response that predates a later commit are ``playback_ack_too_late``.
+- Tools: a user text item the agent turns into a call of a declared tool is
+  a response of its own, as in vllm-omni 0.30: ``response.created``, the
+  ``function_call`` item, ``response.done``. Its output must name a call made
+  and come once (``invalid_function_call_output`` otherwise).
 - Lease [§3.1]: generation 0 at open; ``resume`` is a compare-and-swap that
   bumps it; ``detach`` starts the disconnect grace; no activity for
   ``idle_ttl_ms`` expires the session; expiry emits ``session.expired``.
@@ -25,6 +29,7 @@ Strategy and invariants (reference sections in brackets):
 from __future__ import annotations
 
 import enum
+import json
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,6 +48,7 @@ from callbridge.engine.commands import (
     CreateResponse,
     CreateTextItem,
     EngineCommand,
+    FunctionCallOutput,
     Heartbeat,
     TruncateItem,
 )
@@ -52,6 +58,7 @@ from callbridge.engine.events import (
     Capabilities,
     EngineErrorEvent,
     EngineEvent,
+    FunctionCall,
     HeartbeatAck,
     InputCommitted,
     ItemTruncated,
@@ -166,6 +173,9 @@ class LocalSessionCore:
         self._last_utterance = b""
         self._responses: dict[str, _Response] = {}
         self._active: _Response | None = None
+        self._tools = {str(tool["name"]): tool for tool in config.tools}
+        self.function_outputs: dict[str, str | None] = {}
+        """call_id → the output the client sent (None: not yet)."""
         self._outbox.append(SessionCreated(session_id, self.capabilities, attachment_generation=0))
         greeting = agent.greeting()
         if greeting is not None:
@@ -276,8 +286,16 @@ class LocalSessionCore:
                 self._ack(response_id, played_ms, item_id)
             case TruncateItem(item_id, audio_end_ms):
                 self._truncate(item_id, audio_end_ms)
-            case CreateTextItem():
-                pass  # kept by a model; the embedded agents do not read text
+            case CreateTextItem(text):
+                call = self.agent.call_for_text(text, self._tools)
+                if call is not None and call[0] in self._tools:
+                    self._call_function(*call)
+            case FunctionCallOutput(call_id, output):
+                if call_id not in self.function_outputs:
+                    raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, "function_call_output requires the call_id of a completed function call")
+                if self.function_outputs[call_id] is not None:
+                    raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output already exists for call_id {call_id}")
+                self.function_outputs[call_id] = output
             case Heartbeat():
                 self._outbox.append(HeartbeatAck())
             case CloseSession(reason):
@@ -291,27 +309,32 @@ class LocalSessionCore:
         self._input_ms += len(pcm) * 500 // rate_hz
         if self._to_output_rate is not None:
             self._loop_back(self._to_output_rate.process(pcm), now_ms)
-        audio = self._to_vad_rate.process(pcm)
         if self._vad is None:
-            self._utterance += audio
+            if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
+                self._keep_utterance(self._to_vad_rate.process(pcm))
             if not self._speech_hint_sent and pcm16_rms(pcm) >= _SILENCE_RMS:
                 self._speech_hint_sent = True
                 self._outbox.append(SpeechStarted(self._input_ms, self._new_input_item()))
             return
+        audio = self._to_vad_rate.process(pcm)
         if self._utterance_start_ms is None:
             self._recent += audio
             keep = VAD_RATE_HZ * 2 * self._vad.params.prefix_padding_ms // 1000
             if len(self._recent) > keep:
                 del self._recent[: len(self._recent) - keep]
         else:
-            self._utterance += audio
-            if len(self._utterance) > VAD_RATE_HZ * 2 * _MAX_UTTERANCE_MS // 1000:
-                del self._utterance[: VAD_RATE_HZ * 2]
+            self._keep_utterance(audio)
         for boundary in self._vad.process(audio):
             if boundary.started:
                 self._on_speech_started(boundary.audio_ms)
             else:
                 self._on_speech_stopped(boundary.audio_ms, now_ms)
+
+    def _keep_utterance(self, audio: bytes) -> None:
+        """Add to the turn being spoken; past ``_MAX_UTTERANCE_MS`` its oldest second goes."""
+        self._utterance += audio
+        if len(self._utterance) > VAD_RATE_HZ * 2 * _MAX_UTTERANCE_MS // 1000:
+            del self._utterance[: VAD_RATE_HZ * 2]
 
     def _on_speech_started(self, audio_start_ms: int) -> None:
         self._utterance_start_ms = audio_start_ms
@@ -370,6 +393,14 @@ class LocalSessionCore:
         response.audio_ms = min(response.audio_ms, max(0, audio_end_ms))
         response.played_ms = min(response.played_ms, response.audio_ms)
         self._outbox.append(ItemTruncated(item_id, response.audio_ms))
+
+    def _call_function(self, name: str, arguments: dict[str, object]) -> None:
+        response_id = f"resp-{self.session_id}-{self.epoch}-{secrets.token_hex(4)}"
+        call_id = f"call_{secrets.token_hex(12)}"
+        self.function_outputs[call_id] = None
+        self._outbox.append(ResponseCreated(response_id, self.epoch))
+        self._outbox.append(FunctionCall(name, call_id, dict(arguments), json.dumps(arguments), response_id))
+        self._outbox.append(ResponseDone(response_id, "completed", None, self.epoch))
 
     # ------------------------------------------------------------- responses
 

@@ -66,6 +66,9 @@ class LocalSession(DuplexSession):
         self._core.submit(command, self._engine.clock())
         self._pump()
 
+    def take_ready_events(self) -> list[EngineEvent]:
+        return self._stream.take_ready()
+
     def events(self) -> AsyncIterator[EngineEvent]:
         """Events kept while detached come after resume; a closed session's events drain."""
         return self._stream.iterate()

@@ -303,6 +303,17 @@ class TestAgents:
         assert len({d.response_id for d in audio}) == 1
         assert all(isinstance(e, AudioDelta) for e in h.submit(AppendAudio(tone(20), 16000)))
 
+    def test_loopback_keeps_no_audio_of_a_long_call(self) -> None:
+        h = Harness(agent="loopback", turn_detection=None)
+        h.send(tone(10_000))
+        assert len(h.core._utterance) == 0  # it answered every chunk: a long call must not grow its memory
+
+    def test_without_turn_detection_a_turn_keeps_at_most_a_minute(self) -> None:
+        h = Harness(turn_detection=None)
+        for _ in range(13):
+            h.send(tone(5_000))
+        assert 59 * 32_000 <= len(h.core._utterance) <= 60 * 32_000
+
     def test_tone_greets_then_listens(self) -> None:
         h = Harness(agent="tone", generation_speed=float("inf"))
         kinds = [type(e) for e in h.events]
