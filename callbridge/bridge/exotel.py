@@ -87,7 +87,7 @@ class ExotelAdmission:
             return False
         try:
             decoded = binascii.a2b_base64(encoded.strip(), strict_mode=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or a header that is not ASCII (starlette decodes latin-1)
             return False
         user, sep, password = decoded.partition(b":")
         key, token = self.credentials

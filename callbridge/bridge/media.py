@@ -46,6 +46,8 @@ _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
+_TIMED_EVERY_MESSAGES = 50
+"""One inbound message in this many is timed for ``callbridge_carrier_message_seconds`` (about once a second)."""
 
 
 _now_ms = monotonic_ms
@@ -139,9 +141,12 @@ class MediaStreamDriver:
 
     async def _read(self) -> None:
         binding: asyncio.Task[None] | None = None
+        timed = self.services.metrics.message_seconds
+        count = 0
         while not self._done():
             message = await self.transport.receive()
-            self._last_message_at = time.monotonic()
+            self._last_message_at = now_s = time.monotonic()
+            count += 1
             async with self._lock:
                 if message is None:
                     self.call.transport_lost(_now_ms())
@@ -152,6 +157,8 @@ class MediaStreamDriver:
                     binding = asyncio.create_task(self._bind())
                     self._tasks.append(binding)
                 await self._flush()
+            if count % _TIMED_EVERY_MESSAGES == 0:
+                timed.observe(time.monotonic() - now_s)
 
     def _done(self) -> bool:
         return self._closed or self.call.state in (CallState.ENDED, CallState.DETACHED)
@@ -411,6 +418,10 @@ class MediaStreamDriver:
             for notice in call.notices:
                 self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
             call.notices.clear()
+        if call.ledger.mark_lags_ms:  # a marker echo every few frames, not every frame
+            for lag_ms in call.ledger.mark_lags_ms:
+                self.services.metrics.mark_lag_seconds.observe(lag_ms / 1000)
+            call.ledger.mark_lags_ms.clear()
         if self._barge_in is not None:  # the flush it caused has been sent
             (received, signal), self._barge_in = self._barge_in, None
             elapsed_s = time.perf_counter() - received
@@ -556,6 +567,8 @@ class MediaStreamDriver:
         metrics.frames_flushed.labels(provider).inc(call.ledger.frames_dropped)
         metrics.barge_ins.labels(provider).inc(call.flushes)
         metrics.late_audio_dropped.labels(provider).inc(call.late_deltas_dropped)
+        metrics.heard_corrections.labels(provider).inc(call.ledger.corrections)
+        metrics.playout_underruns.labels(provider).inc(call.ledger.underruns)
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

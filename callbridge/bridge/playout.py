@@ -106,6 +106,9 @@ class PlayoutLedger:
         """The response whose audio the carrier is playing (or will play next)."""
         self._segments: deque[_Segment] = deque()
         self._played_floor_ms = 0
+        self._shifted_ms = 0
+        """How far marker echoes have moved the current response's runs off the send clock."""
+        self._played_floor_ms = 0
         """Where the runs already dropped from ``_segments`` (played in full) ended."""
         self._buffer_end_ms = 0
         self._outstanding: deque[tuple[str, str, int]] = deque()
@@ -116,6 +119,12 @@ class PlayoutLedger:
         self._acked: dict[str, int] = {}
         self.frames_sent = 0
         self.frames_dropped = 0
+        self.corrections = 0
+        """Times a marker echo moved the playback model (the carrier or the bridge ran off the send clock)."""
+        self.underruns = 0
+        """Times the carrier's buffer ran dry mid-response (a frame sent after the previous one had played)."""
+        self.mark_lags_ms: list[int] = []
+        """Per marker echo: how much later than sent-and-played-at-once it came (drained by the driver)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -251,6 +260,8 @@ class PlayoutLedger:
             last.length_ms += self.frame_ms
         else:
             # a new run (after an underrun): runs that finished playing before now are done with
+            if last is not None:
+                self.underruns += 1
             while self._segments and self._segments[0].start_ms + self._segments[0].length_ms <= now_ms:
                 done = self._segments.popleft()
                 self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
@@ -295,8 +306,14 @@ class PlayoutLedger:
 
     def _on_reached(self, response_id: str, ms: int, now_ms: int) -> None:
         if self._current is not None and self._current.response_id == response_id:
+            # An echo comes after the audio played (never before): playback reached ``ms`` by ``now_ms``. Later
+            # than the model: the carrier plays behind it. Earlier: an earlier echo was late on our side (the
+            # bridge stalled reading it), and the model moves back rather than keep that stall for the call.
             predicted = self._time_of(ms)
-            if predicted is not None and now_ms > predicted:
+            if predicted is not None:  # against the send clock, before any correction
+                self.mark_lags_ms.append(now_ms - predicted + self._shifted_ms)
+            if predicted is not None and now_ms != predicted:
+                self.corrections += 1
                 self._shift(now_ms - predicted)
         self._note_heard(response_id, ms)
 
@@ -308,6 +325,7 @@ class PlayoutLedger:
     def _clear_segments(self) -> None:
         self._segments.clear()
         self._played_floor_ms = 0
+        self._shifted_ms = 0
 
     def _heard_at(self, now_ms: int) -> int:
         heard = self._played_floor_ms
@@ -325,6 +343,7 @@ class PlayoutLedger:
         return None
 
     def _shift(self, delay_ms: int) -> None:
+        self._shifted_ms += delay_ms
         for segment in self._segments:
             segment.start_ms += delay_ms
         self._buffer_end_ms += delay_ms

@@ -108,6 +108,26 @@ class BridgeMetrics:
             "callbridge_call_actions_total", "Carrier actions the agent asked for (transfer, DTMF), by result",
             ["provider", "action", "result"], registry=registry,
         )  # fmt: skip
+        self.heard_corrections = Counter(
+            "callbridge_heard_corrections_total", "Marker echoes that moved a call's playback model off the send clock",
+            ["provider"], registry=registry,
+        )  # fmt: skip
+        self.playout_underruns = Counter(
+            "callbridge_playout_underruns_total", "Agent audio that reached the carrier after its buffer ran dry mid-response",
+            ["provider"], registry=registry,
+        )  # fmt: skip
+        self.mark_lag_seconds = Histogram(
+            "callbridge_mark_lag_seconds",
+            "Marker echo arrival after the moment its audio would have played, had the carrier played it as sent",
+            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
+            registry=registry,
+        )
+        self.message_seconds = Histogram(
+            "callbridge_carrier_message_seconds",
+            "Handling one inbound carrier message, sampled one in 50: parse, decode, resample, engine, what it sends",
+            buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
+            registry=registry,
+        )
         self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
             "Engine interruption signal to carrier flush sent",
@@ -147,9 +167,8 @@ class BridgeMetrics:
             self.detached_sessions.set_function(lambda: registry.detached_count)
             self.engine_sessions_open.set_function(lambda: len(services.live_streams) + registry.detached_count)
             self.registry_entries.set_function(lambda: registry.entry_count)
-        count = getattr(services.engine, "session_count", None)
-        if isinstance(count, int):
-            engine = services.engine
+        engine = services.engine
+        if isinstance(getattr(engine, "session_count", None), int):  # the embedded engine (``LocalEngine``)
             self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 

@@ -97,6 +97,8 @@ class CallResult:
     """At each flush: how many ms of agent audio it dropped."""
     played_ms_at_clear: list[int] = field(default_factory=list)
     """At each flush: agent audio played (ms) on the stream so far."""
+    cleared_at_s: list[float] = field(default_factory=list)
+    """At each flush: when it arrived (``time.monotonic()``), to set against when the bridge decided it."""
     hung_up_by: str | None = None
     agent_speech_ms: int = 0
     agent_runs_ms: list[int] = field(default_factory=list)
@@ -252,6 +254,7 @@ class SimStream(ABC):
         bytes_per_ms = self.rate_hz // 500
         result.clears.append(len(self.queue) // bytes_per_ms)
         result.played_ms_at_clear.append(self.played_bytes // bytes_per_ms)
+        result.cleared_at_s.append(time.monotonic())
         result.log(self.call.clock(), "bridge", f"flush: {len(self.queue) // bytes_per_ms} ms of queued agent audio dropped")
         self.queue.clear()
         pending, self.pending_marks = self.pending_marks, []

@@ -22,7 +22,11 @@ Each call is a user-agent client over UDP, as a trunk's SBC or a phone is:
   20 ms silence cadence before it is not agent audio, and a frame that
   decodes to digital silence is not agent speech;
 - ``BYE`` from the caller (retransmitted until its ``200``), or from the
-  bridge (answered ``200``: the call is over).
+  bridge (answered ``200``: the call is over);
+- the agent's actions as a trunk sees them: its digits as RFC 4733 events
+  (``agent_digits``, each once, with a warning for an event whose end packet
+  is not repeated), a transfer as REFER (``transfers``; ``202``, then NOTIFYs
+  with ``100 Trying`` and the target's answer, ``transfer_status``).
 
 Everything the bridge sends is read strictly, with a protocol warning for
 what a real trunk would reject or complain about: responses are parsed by
@@ -239,10 +243,17 @@ class SipStream(SimStream):
         answer: SdpAnswer,
         invite_ack: bytes,
         on_bye: Callable[[], object],
+        transfer_status: int = 200,
     ) -> None:
         super().__init__(conn, dialog.call_id, 8000, call)
         self.on_bye = on_bye
         """The bridge hung up: the call is over on the caller's side."""
+        self.transfer_status = transfer_status
+        """What the transfer target answers when the bridge REFERs the call (reported in the final NOTIFY)."""
+        self.transfers: list[str] = []
+        """The ``Refer-To`` URI of each REFER the bridge sent."""
+        self._answered_cseqs: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.conn: SipConnection = conn
         self.dialog = dialog
         self.answer = answer
@@ -265,6 +276,10 @@ class SipStream(SimStream):
         self._sequence = 0
         self._timestamp = 0
         self._payload_samples = 0
+        self._event: tuple[int, int, int] | None = None
+        """The agent's RFC 4733 event being received: (its timestamp, event code, end packets so far)."""
+        self.agent_digits: list[str] = []
+        """The agent's digits, as RFC 4733 events reached the caller."""
         self._playout_end_s = 0.0
         self._warned: set[str] = set()
         conn.on_warning = self.warn
@@ -392,6 +407,7 @@ class SipStream(SimStream):
         if reply.status < 300 and tag_param(reply.get("to")) != dialog.remote_tag:
             self.warn(f"the {reply.status} to our {method} has another To tag")
         self.responses.append((method, reply.status))
+        self._answered_cseqs.add(reply.cseq[0])
         if reply.cseq == (self.bye_cseq, "BYE"):
             if reply.status != 200:
                 self.warn(f"our BYE got {reply.status}")
@@ -422,8 +438,54 @@ class SipStream(SimStream):
         if request.method in ("OPTIONS", "INFO"):
             self._reply(request, 200, "OK")
             return
+        if request.method == "REFER":
+            self._refer(request)
+            return
         self.warn(f"{request.method} from the bridge")
         self._reply(request, 501, "Not Implemented")
+
+    def _refer(self, request: SipReply) -> None:
+        """The bridge transfers the call (RFC 3515): 202, then the implicit subscription's NOTIFYs — ``100 Trying``
+        at once (§2.4.4), then the target's answer (``transfer_status``), subscription terminated. A REFER
+        without exactly one ``Refer-To`` is a 400 and a warning."""
+        refer_to = request.headers.get("refer-to", [])
+        if len(refer_to) != 1 or not name_addr_uri(refer_to[0]).startswith(("sip:", "sips:", "tel:")):
+            self.warn(f"a REFER with Refer-To {refer_to}")
+            self._reply(request, 400, "Bad Request")
+            return
+        target = name_addr_uri(refer_to[0])
+        self._reply(request, 202, "Accepted")
+        if target not in self.transfers:  # (a retransmitted REFER is answered again, not acted on twice)
+            self.transfers.append(target)
+            self.call.result.log(self.call.clock(), "bridge", f"REFER: transfer the call to {target}")
+            reason = {200: "OK", 404: "Not Found", 486: "Busy Here", 487: "Request Terminated"}.get(self.transfer_status, "Failed")
+            self._notify("active;expires=60", "SIP/2.0 100 Trying")
+            self._notify("terminated;reason=noresource", f"SIP/2.0 {self.transfer_status} {reason}")
+
+    def _notify(self, state: str, sipfrag: str) -> None:
+        host, port = self.conn.local_sip
+        headers = (
+            ("Event", "refer"), ("Subscription-State", state), ("Contact", f"<sip:trunk@{host}:{port}>"),
+            ("Content-Type", "message/sipfrag;version=2.0"),
+        )  # fmt: skip
+        request = self._request("NOTIFY", body=(sipfrag + "\r\n").encode(), headers=headers)
+        task = asyncio.get_running_loop().create_task(self._until_answered(request, self.dialog.cseq, "NOTIFY"))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _until_answered(self, request: bytes, cseq: int, method: str) -> None:
+        """Send an in-dialog request, again at T1, 2·T1 … (Timer E) until its response, for at most 4 s."""
+        interval, waited = T1_S, 0.0
+        while waited < _BYE_TIMEOUT_S and cseq not in self._answered_cseqs:
+            try:
+                self.conn.send_sip(request, self.dialog.target_address)
+            except ConnectionError:
+                return
+            await asyncio.sleep(interval)
+            waited += interval
+            interval = min(interval * 2, 4.0)
+        if cseq not in self._answered_cseqs and not self.conn.closed:
+            self.warn(f"no response to our {method}")
 
     def _reply(self, request: SipReply, status: int, reason: str) -> None:
         lines = [f"SIP/2.0 {status} {reason}"]
@@ -464,13 +526,16 @@ class SipStream(SimStream):
             self.once(f"RTP sequence {sequence} after {self._sequence}")
         elif (
             payload_type == self.answer.payload_type
+            and self._event is None
             and timestamp != (self._timestamp + self._payload_samples) & 0xFFFFFFFF
         ):
             self.once(f"RTP timestamp {timestamp} after {self._timestamp} + {self._payload_samples} samples")
         self._sequence = sequence
         if payload_type == self.answer.dtmf_payload_type:
-            self.events_received += 1  # the agent's digits: timestamps are the event's, not the media clock's
+            self._telephone_event(timestamp, payload)
             return
+        if self._event is not None and payload_type == self.answer.payload_type:
+            self._event_over()
         if payload_type != self.answer.payload_type:
             self.once(f"RTP payload type {payload_type}, negotiated {self.answer.payload_type}")
             return
@@ -491,6 +556,35 @@ class SipStream(SimStream):
         if ahead_ms > MAX_AHEAD_MS:
             self.once(f"RTP arrived {ahead_ms:.0f} ms ahead of real time: a phone's jitter buffer overflows")
         self.enqueue_audio(decode(payload, 2))
+
+    def _telephone_event(self, timestamp: int, payload: bytes) -> None:
+        """An RFC 4733 packet of the agent's digit (§2.3): every packet of an event carries its start timestamp;
+        the digit counts once, at its first end packet (E bit), which should come three times (§2.5.1.4)."""
+        self.events_received += 1
+        if len(payload) != 4 or payload[0] > 15:
+            self.once(f"a telephone-event payload {payload.hex()}: 4 bytes, events 0-15 (DTMF) expected")
+            return
+        if self._event is not None and self._event[0] != timestamp:
+            self._event_over()
+        if self._event is None:
+            self._event = (timestamp, payload[0], 0)
+        start, code, ends = self._event
+        if code != payload[0]:
+            self.once(f"telephone-event {payload[0]} in the packets of event {code}")
+        if payload[1] & 0x80:
+            if not ends:
+                self.agent_digits.append("0123456789*#ABCD"[code])
+                self.call.result.log(self.call.clock(), "agent", f"sends digit {self.agent_digits[-1]} (RFC 4733)")
+            self._event = (start, code, ends + 1)
+
+    def _event_over(self) -> None:
+        """The media (or the next event) follows an event: it must have ended, with the end packet repeated; the
+        media clock then stands past it (not where the last audio packet left it)."""
+        assert self._event is not None
+        _, code, ends = self._event
+        if ends < 3:
+            self.once(f"telephone-event {code} ended with {ends} end packets: 3 expected (RFC 4733 §2.5.1.4)")
+        self._event = None
 
     def play(self) -> tuple[bytes, bool]:
         """As ``SimStream.play``; a frame of digital silence (the bridge's cadence) is not the agent speaking."""
@@ -529,12 +623,20 @@ class SimulatedSip(SimulatedCarrier):
     username: ClassVar[str] = "callbridge-sim"
 
     def __init__(
-        self, bridge_url: str, secret: str, *, codec: str | None = None, local_host: str = "127.0.0.1"
+        self,
+        bridge_url: str,
+        secret: str,
+        *,
+        codec: str | None = None,
+        local_host: str = "127.0.0.1",
+        transfer_status: int = 200,
     ) -> None:
         super().__init__(bridge_url, secret)
         self.offer = (8, 0) if codec == "PCMA" else (0, 8) if codec is None else (0,)
         """Payload types offered, in our order of preference."""
         self.local_host = local_host
+        self.transfer_status = transfer_status
+        """What a transfer target answers when the bridge REFERs a call (200: the transfer succeeds)."""
         self.host = "127.0.0.1"
         self.port = 5060
         self.streams: dict[str, SipStream] = {}
@@ -740,7 +842,7 @@ class SimulatedSip(SimulatedCarrier):
             call.call_id, tag_param(invite.header("From") or "") or "", remote_tag, invite.header("From") or "", to, contact, target,
             list(reversed(ok.headers.get("record-route", []))), invite.cseq[0],
         )  # fmt: skip
-        stream = SipStream(conn, call, dialog, answer, ack, lambda: self.end_call(call.call_id))
+        stream = SipStream(conn, call, dialog, answer, ack, lambda: self.end_call(call.call_id), self.transfer_status)
         self.streams[call.call_id] = stream
         result.log(call.clock(), "sip", f"200 OK: {_PT_NAMES[answer.payload_type]} to {answer.host}:{answer.port}")
         return stream

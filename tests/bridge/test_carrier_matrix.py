@@ -70,11 +70,14 @@ async def test_barge_in_flushes_and_acks_what_was_heard(provider: str) -> None:
     heard_acks = [a for a in recorder.of(AckPlayback) if f"item_{a.response_id}" == truncate.item_id]
     assert heard_acks[-1].played_ms == truncate.audio_end_ms
     first_run = result.agent_runs_ms[0]  # what the caller heard of the interrupted response
-    assert abs(truncate.audio_end_ms - first_run) <= 20, (truncate.audio_end_ms, first_run, result.render())
+    # A carrier with a buffer plays on until the flush arrives: what it played between the bridge's decision and
+    # the flush's arrival (the event loop's lag here, on a loaded test machine) is heard but cannot be known.
+    in_flight_ms = max(0.0, (result.cleared_at_s[0] - recorder.truncated_at_s[0]) * 1000) if result.clears else 0.0
+    assert abs(truncate.audio_end_ms - first_run) <= 20 + in_flight_ms, (truncate.audio_end_ms, first_run, result.render())
     assert first_run < SPEECH_MS  # cut short, not played out
     if result.clears:  # carriers with a buffer of their own get a flush; the others just stop getting audio
         assert len(result.clears) == 1 and result.clears[0] > 0
-        assert abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= 20
+        assert abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= 20 + in_flight_ms
     assert clear_latency is not None and clear_latency < 0.05
 
 

@@ -155,6 +155,16 @@ class TestHeardModel:
         assert ledger.heard_ms("r", 200) == 140
         assert abs(ledger.flush(260).heard_ms - 200) <= 1
 
+    def test_an_echo_read_late_does_not_stay_in_the_model(self) -> None:
+        """The bridge stalled 60 ms before reading one echo; the next echo, read on time, puts the model back."""
+        ledger = PlayoutLedger(lead_ms=400, mark_every_frames=5)
+        fill(ledger, "r", 20)
+        ledger.mark_echoed("r@100", 160)  # played at 100, read at 160
+        assert ledger.heard_ms("r", 180) == 120
+        ledger.mark_echoed("r@200", 200)  # played at 200, read at once
+        assert ledger.heard_ms("r", 250) == 250
+        assert ledger.corrections == 2
+
     def test_underrun_pauses_the_heard_clock(self) -> None:
         ledger = PlayoutLedger(lead_ms=200)
         fill(ledger, "r", 5, now_ms=0)  # 100 ms, then the engine is late

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import inspect
 import secrets
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.registry import CallRegistry
 from callbridge.config import Settings
-from callbridge.engine.commands import EngineCommand
+from callbridge.engine.commands import EngineCommand, TruncateItem
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
@@ -35,6 +36,8 @@ class RecordingEngine(LocalEngine):
         self.resumed: list[str] = []
         self.commands: dict[str, list[EngineCommand]] = defaultdict(list)
         self.sessions: dict[str, LocalSession] = {}
+        self.truncated_at_s: list[float] = []
+        """When each ``TruncateItem`` was submitted (``time.monotonic()``): the moment the bridge decided."""
 
     async def open(self, config: SessionConfig) -> LocalSession:
         session = await super().open(config)
@@ -44,6 +47,8 @@ class RecordingEngine(LocalEngine):
 
         async def submit(command: EngineCommand) -> None:
             self.commands[session.session_id].append(command)
+            if isinstance(command, TruncateItem):
+                self.truncated_at_s.append(time.monotonic())
             await original(command)
 
         session.submit = submit  # type: ignore[method-assign]

@@ -30,7 +30,16 @@ from callbridge.codecs import AudioEncoding, frame_bytes
 
 __all__ = ["CodecRun"]
 
-_EVENTS = (StreamConnected, StreamStarted, MediaReceived, DtmfReceived, MarkEchoed, PlaybackCleared, CarrierNotice, StreamStopped)
+_EVENTS = (
+    StreamConnected,
+    StreamStarted,
+    MediaReceived,
+    DtmfReceived,
+    MarkEchoed,
+    PlaybackCleared,
+    CarrierNotice,
+    StreamStopped,
+)
 _DIGITS = frozenset("0123456789*#ABCD")
 _RATES = frozenset({8000, 12000, 16000, 24000, 32000, 44100, 48000, 96000, 192000})
 
@@ -86,7 +95,10 @@ class CodecRun:
         if isinstance(event, MediaReceived):
             assert isinstance(event.payload, bytes)
             assert event.timestamp_ms is None or (isinstance(event.timestamp_ms, int) and event.timestamp_ms >= 0)
-            assert len(event.payload) % self.started.encoding.sample_bytes == 0, (len(event.payload), self.started.encoding)
+            assert len(event.payload) % self.started.encoding.sample_bytes == 0, (
+                len(event.payload),
+                self.started.encoding,
+            )
         elif isinstance(event, DtmfReceived):
             assert event.digit in _DIGITS and len(event.digit) == 1, event
         elif isinstance(event, MarkEchoed):

@@ -23,7 +23,9 @@ _kinds = st.sampled_from([0x00, 0x01, 0x02, 0x03, 0xFF, *AUDIO_KINDS]) | st.inte
 def _frames(draw: st.DrawFn) -> bytes:
     """One frame, usually with the payload its kind wants (16-byte uuid, even PCM, one DTMF byte, a code)."""
     kind = draw(_kinds)
-    digit = st.sampled_from(b"0123456789*#ABCDabcdx\x00\xb5\xdf\xff").map(lambda b: bytes((b,))) | st.binary(min_size=1, max_size=1)
+    digit = st.sampled_from(b"0123456789*#ABCDabcdx\x00\xb5\xdf\xff").map(lambda b: bytes((b,))) | st.binary(
+        min_size=1, max_size=1
+    )
     wanted = {0x01: st.binary(min_size=16, max_size=16), 0x03: digit, 0xFF: st.binary(max_size=3)}
     pcm = st.integers(0, 200).map(lambda n: bytes(2 * n))
     payload = draw(wanted.get(kind, pcm if kind in AUDIO_KINDS else st.binary(max_size=4)) | st.binary(max_size=40))
@@ -63,7 +65,11 @@ def test_any_bytes(messages: list[str | bytes]) -> None:
 @example(stream=UUID_FRAME + frame(0x03, b"\xdf"), data=None)  # "ß".upper() is "SS", which ord() refuses
 def test_frames_in_any_order_cut_anywhere(stream: bytes, data: st.DataObject | None) -> None:
     whole_events, whole_error = _feed([stream])
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6), label="cuts")) if data is not None else [1, 2]
+    cuts = (
+        sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6), label="cuts"))
+        if data is not None
+        else [1, 2]
+    )
     events, error = _feed([stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)])
     assert error == whole_error
     if error is None:

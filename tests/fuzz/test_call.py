@@ -24,8 +24,15 @@ from tests.fuzz.test_audiosocket import UUID_FRAME, _frames
 from tests.fuzz.test_codecs import CODECS, opening
 from tests.fuzz.test_engine_wire import PCM, SERVER_EVENTS
 
-CAPS = Capabilities(supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True)
-_LONG_AUDIO = {"type": "response.output_audio.delta", "response_id": "resp-2", "delta": PCM * 20, "sample_rate_hz": 24000}
+CAPS = Capabilities(
+    supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True
+)
+_LONG_AUDIO = {
+    "type": "response.output_audio.delta",
+    "response_id": "resp-2",
+    "delta": PCM * 20,
+    "sample_rate_hz": 24000,
+}
 ENGINE_FRAMES = [*SERVER_EVENTS, _LONG_AUDIO, {**_LONG_AUDIO, "sample_rate_hz": 16000}]
 CARRIERS: dict[str, Any] = {name: CODECS[name] for name in ("twilio", "telnyx", "plivo", "exotel", "vonage", "detect")}
 CARRIERS["audiosocket"] = (AudioSocketCodec, None, _frames())
@@ -38,7 +45,10 @@ def _steps(name: str) -> st.SearchStrategy[list[tuple[str, Any]]]:
         st.tuples(st.just("carrier"), carrier),
         st.tuples(st.just("carrier"), carrier),
         st.tuples(st.just("engine"), st.sampled_from(ENGINE_FRAMES)),
-        st.tuples(st.just("engine"), st.sampled_from(ENGINE_FRAMES).flatmap(lambda p: mutated(p, 1)).filter(lambda p: isinstance(p, dict))),
+        st.tuples(
+            st.just("engine"),
+            st.sampled_from(ENGINE_FRAMES).flatmap(lambda p: mutated(p, 1)).filter(lambda p: isinstance(p, dict)),
+        ),
         st.tuples(st.just("tick"), st.sampled_from([0, 1, 20, 100, 700, 5000, 60_000])),
         st.tuples(st.just("bind"), st.booleans()),
         st.tuples(st.just("lost"), st.just(None)),
@@ -106,7 +116,9 @@ class Driver:
         elif kind == "lost":
             call.transport_lost(self.now_ms)
         elif kind == "action" and self.pending:
-            call.action_finished(self.pending.pop(0), ActionResult.done() if value else ActionResult.failed("fuzz"), self.now_ms)
+            call.action_finished(
+                self.pending.pop(0), ActionResult.done() if value else ActionResult.failed("fuzz"), self.now_ms
+            )
         self.drain()
 
 

@@ -22,7 +22,13 @@ from callbridge.bridge.providers.telnyx import TelnyxCodec
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.bridge.providers.vonage import VonageCodec
 from callbridge.bridge.signalwire import signalwire_codec
-from tests.bridge.providers import test_exotel, test_plivo, test_telnyx, test_twilio, test_vonage
+from tests.bridge.providers import (
+    test_exotel,
+    test_plivo,
+    test_telnyx,
+    test_twilio,
+    test_vonage,
+)
 from tests.bridge.providers.test_detect import FIRST_MESSAGES
 from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import json_text, messages, sequences
@@ -41,9 +47,19 @@ TWILIO = [
     _j(test_twilio.START),
     _j(test_twilio.media()),
     _j(test_twilio.media(timestamp=40)),
-    {"event": "dtmf", "streamSid": test_twilio.SID, "sequenceNumber": "5", "dtmf": {"track": "inbound_track", "digit": "1"}},
+    {
+        "event": "dtmf",
+        "streamSid": test_twilio.SID,
+        "sequenceNumber": "5",
+        "dtmf": {"track": "inbound_track", "digit": "1"},
+    },
     {"event": "mark", "streamSid": test_twilio.SID, "sequenceNumber": "4", "mark": {"name": "resp-1@200"}},
-    {"event": "stop", "streamSid": test_twilio.SID, "sequenceNumber": "6", "stop": {"accountSid": "AC0000", "callSid": test_twilio.CALL}},
+    {
+        "event": "stop",
+        "streamSid": test_twilio.SID,
+        "sequenceNumber": "6",
+        "stop": {"accountSid": "AC0000", "callSid": test_twilio.CALL},
+    },
 ]
 SIGNALWIRE = [
     *TWILIO,
@@ -56,8 +72,18 @@ TELNYX = [
     *(_j(test_telnyx.media(seq)) for seq in (2, 3, 5, 9)),
     _j(test_telnyx.dtmf(4)),
     {"event": "mark", "stream_id": test_telnyx.SID, "sequence_number": "6", "mark": {"name": "resp-1@200"}},
-    {"event": "error", "stream_id": test_telnyx.SID, "sequence_number": "7", "payload": {"code": 100002, "title": "Unknown error"}},
-    {"event": "stop", "stream_id": test_telnyx.SID, "sequence_number": "8", "stop": {"call_control_id": test_telnyx.CALL}},
+    {
+        "event": "error",
+        "stream_id": test_telnyx.SID,
+        "sequence_number": "7",
+        "payload": {"code": 100002, "title": "Unknown error"},
+    },
+    {
+        "event": "stop",
+        "stream_id": test_telnyx.SID,
+        "sequence_number": "8",
+        "stop": {"call_control_id": test_telnyx.CALL},
+    },
 ]
 PLIVO = [
     _j(test_plivo.start()),
@@ -77,7 +103,12 @@ EXOTEL = [
     {"event": "dtmf", "sequence_number": "3", "stream_sid": test_exotel.SID, "dtmf": {"duration": "100", "digit": "5"}},
     {"event": "mark", "sequence_number": "4", "stream_sid": test_exotel.SID, "mark": {"name": "resp-1@200"}},
     {"event": "clear", "stream_sid": test_exotel.SID},
-    {"event": "stop", "sequence_number": "5", "stream_sid": test_exotel.SID, "stop": {"call_sid": test_exotel.CALL, "reason": "callended"}},
+    {
+        "event": "stop",
+        "sequence_number": "5",
+        "stream_sid": test_exotel.SID,
+        "stop": {"call_sid": test_exotel.CALL, "reason": "callended"},
+    },
 ]
 VONAGE = [
     _j(test_vonage.connected()),

@@ -73,14 +73,20 @@ def _templates(stream: RawStream) -> list[dict[str, Any]]:
 async def test_every_stream_driver_finishes(bridge: tuple[RunningBridge, DriverRuns], data: st.DataObject) -> None:
     running, runs = bridge
     stream = await RawStream.open(running)
-    await stream.start()
-    templates = _templates(stream)
-    changes = st.sampled_from(templates).flatmap(lambda m: mutated(m, 2)).map(lambda m: orjson.dumps(m).decode() if _dumpable(m) else "{}")
-    sent = data.draw(st.lists(changes | st.binary(max_size=20), max_size=10), label="messages")
-    with contextlib.suppress(ConnectionClosed):
-        for message in sent:
-            await stream.ws.send(message)
-    await stream.ws.close()
+    try:  # closed whatever happens: hypothesis may abandon an example while drawing it
+        await stream.start()
+        templates = _templates(stream)
+        one = (
+            st.sampled_from(templates)
+            .flatmap(lambda m: mutated(m, 2))
+            .map(lambda m: orjson.dumps(m).decode() if _dumpable(m) else "{}")
+        )
+        sent = data.draw(st.lists(one | st.binary(max_size=20), max_size=10), label="messages")
+        with contextlib.suppress(ConnectionClosed):
+            for message in sent:
+                await stream.ws.send(message)
+    finally:
+        await stream.ws.close()
     async with asyncio.timeout(10):  # no driver is left waiting on a stream that is gone (a hang, not a timing)
         while runs.finished < runs.started:
             await asyncio.sleep(0.01)

@@ -11,7 +11,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from callbridge.bridge.providers.sip import SipRtpCodec
-from callbridge.sip.dialog import CallEnded, CallOffered, DtmfInfo, Dropped, MediaChanged, SipUas, UasConfig
+from callbridge.sip.dialog import (
+    CallEnded,
+    CallOffered,
+    Dropped,
+    DtmfInfo,
+    MediaChanged,
+    SipUas,
+    UasConfig,
+)
 from callbridge.sip.dtmf import DtmfReceiver, event_payload
 from callbridge.sip.message import SipParseError, parse_message, split_stream
 from callbridge.sip.rtcp import RtcpError, parse_rtcp
@@ -22,7 +30,9 @@ from tests.fuzz.strategies import TRICKY, budget
 from tests.sip.test_dialog import LOCAL, PEER, SDP, request
 
 _text = st.sampled_from([t for t in TRICKY if isinstance(t, str)]) | st.text(max_size=30)
-_number_text = st.sampled_from(["0", "1", "65535", "65536", "2147483648", "-1", "²", "٣", "1.5", "", " 7", "99999999999999999999"])
+_number_text = st.sampled_from(
+    ["0", "1", "65535", "65536", "2147483648", "-1", "²", "٣", "1.5", "", " 7", "99999999999999999999"]
+)
 
 
 # ----------------------------------------------------------------------------- message
@@ -44,8 +54,20 @@ def sdp_offers(draw: st.DrawFn) -> str:
         else:
             out.append(line)
     extra = st.sampled_from(
-        ["a=sendonly", "a=inactive", "a=ptime:²", "a=ptime:20", "a=rtpmap:0 PCMU/8000", "a=rtpmap:8 PCMA/8000", "c=IN IP4 0.0.0.0",
-         "c=IN IP6 ::1", "c=IN IP4 host.example", "m=audio 0 RTP/AVP 0", "m=video 4000 RTP/AVP 96", "a=rtpmap:101 telephone-event/8000"]
+        [
+            "a=sendonly",
+            "a=inactive",
+            "a=ptime:²",
+            "a=ptime:20",
+            "a=rtpmap:0 PCMU/8000",
+            "a=rtpmap:8 PCMA/8000",
+            "c=IN IP4 0.0.0.0",
+            "c=IN IP6 ::1",
+            "c=IN IP4 host.example",
+            "m=audio 0 RTP/AVP 0",
+            "m=video 4000 RTP/AVP 96",
+            "a=rtpmap:101 telephone-event/8000",
+        ]
     )
     for line in draw(st.lists(extra | _text, max_size=3)):
         out.insert(draw(st.integers(0, len(out))), line)
@@ -54,7 +76,22 @@ def sdp_offers(draw: st.DrawFn) -> str:
 
 _METHODS = st.sampled_from(["INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "REGISTER", "UPDATE", "FOO"])
 _HEADER_NAMES = st.sampled_from(
-    ["Via", "From", "To", "Call-ID", "CSeq", "Contact", "Content-Length", "Content-Type", "Require", "Record-Route", "v", "l", "i", "Max-Forwards"]
+    [
+        "Via",
+        "From",
+        "To",
+        "Call-ID",
+        "CSeq",
+        "Contact",
+        "Content-Length",
+        "Content-Type",
+        "Require",
+        "Record-Route",
+        "v",
+        "l",
+        "i",
+        "Max-Forwards",
+    ]
 )
 
 
@@ -64,10 +101,23 @@ def sip_requests(draw: st.DrawFn) -> bytes:
     an SDP offer (mangled), DTMF relay, or anything."""
     method = draw(_METHODS)
     to_tag = draw(st.sampled_from([None, None, "tag-x", "alice"]))
-    body = draw(st.sampled_from(["", SDP]) | sdp_offers() | st.just("Signal=5\r\nDuration=160\r\n") | st.just("Signal=ß\r\n") | _text)
+    body = draw(
+        st.sampled_from(["", SDP])
+        | sdp_offers()
+        | st.just("Signal=5\r\nDuration=160\r\n")
+        | st.just("Signal=ß\r\n")
+        | _text
+    )
     call_id = draw(st.sampled_from(["c1", "c1", "c2"]))
     cseq = draw(st.integers(1, 3))
-    data = request(method, call_id=call_id, cseq=cseq, branch=draw(st.sampled_from(["z9hG4bKinv", "z9hG4bKb2", "x"])), to_tag=to_tag, body=body)
+    data = request(
+        method,
+        call_id=call_id,
+        cseq=cseq,
+        branch=draw(st.sampled_from(["z9hG4bKinv", "z9hG4bKb2", "x"])),
+        to_tag=to_tag,
+        body=body,
+    )
     head, _, rest = data.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     for _ in range(draw(st.integers(0, 3))):
@@ -125,7 +175,8 @@ _rtp = st.builds(
     st.integers(0, 0xFFFF),
     st.integers(0, 0xFFFFFFFF),
     st.sampled_from([1, 2, 0xFFFFFFFF]),
-    st.binary(max_size=200) | st.builds(event_payload, st.integers(0, 255), end=st.booleans(), duration=st.integers(0, 0xFFFF)),
+    st.binary(max_size=200)
+    | st.builds(event_payload, st.integers(0, 255), end=st.booleans(), duration=st.integers(0, 0xFFFF)),
     marker=st.booleans(),
 )
 
@@ -168,7 +219,10 @@ def test_uas_answers_any_datagrams_with_messages_that_parse(data: st.DataObject)
         source = data.draw(st.sampled_from([PEER, PEER, ("192.0.2.1", 5060)]), label="source")
         core.receive_datagram(datagram, source, now_ms, transport=data.draw(st.sampled_from(["UDP", "TCP"])))
         for event in core.events():
-            assert isinstance(event, CallOffered | CallEnded | DtmfInfo | Dropped | MediaChanged) or type(event).__name__ == "CallConfirmed"
+            assert (
+                isinstance(event, CallOffered | CallEnded | DtmfInfo | Dropped | MediaChanged)
+                or type(event).__name__ == "CallConfirmed"
+            )
             if isinstance(event, DtmfInfo):
                 assert len(event.digit) == 1 and event.digit in "0123456789*#ABCD"
             if isinstance(event, CallOffered):
@@ -218,7 +272,9 @@ def _codec() -> SipRtpCodec:
     return SipRtpCodec("c1", choice, caller="sip:alice@10.0.0.1", callee="sip:agent@127.0.0.1")
 
 
-_controls = st.sampled_from(["start", "bye", "dtmf:5", "dtmf:", "dtmf:12", "dtmf:0123", "dtmf:ß", "hold"]) | st.text(max_size=10)
+_controls = st.sampled_from(["start", "bye", "dtmf:5", "dtmf:", "dtmf:12", "dtmf:0123", "dtmf:ß", "hold"]) | st.text(
+    max_size=10
+)
 
 
 @given(messages=st.lists(_controls | _rtp | st.binary(max_size=40), max_size=40))

@@ -12,7 +12,8 @@ import pytest
 from callbridge.sim.carrier import CallResult, SimCall
 from callbridge.sim.sip import SipConnection, SipStream, _Datagrams, _Dialog
 from callbridge.sim.sip_wire import SdpAnswer, SipReply, digest_authorization, parse_sdp_answer, read_sip, uri_target
-from callbridge.sip.rtp import build_rtp
+from callbridge.sip.dtmf import dtmf_train, event_payload
+from callbridge.sip.rtp import RtpSender, build_rtp
 
 OK = (
     "SIP/2.0 200 OK\r\n"
@@ -155,3 +156,28 @@ async def test_a_bye_from_the_bridge_ends_the_call_once_and_one_outside_the_dial
     fake.stream.receive(bye.format(from_="theirs"))
     fake.stream.receive(bye.format(from_="theirs"))  # a retransmission
     assert fake.byes == 1 and fake.stream.bye_received and len(fake.result.warnings) == 1
+
+
+async def test_the_agents_rfc_4733_digits_are_heard_once_each_and_the_media_clock_moves_past_them() -> None:
+    fake = _Stream()
+    sender = RtpSender(ssrc=0x1234, sequence=5000, timestamp=80000)
+    fake.stream.receive(sender.packet(0, SPEECH, 160))
+    schedule, _ = dtmf_train(sender, 101, "7#")
+    for _, packet in schedule:
+        fake.stream.receive(packet)
+    fake.stream.receive(sender.packet(0, SPEECH, 160))  # the media clock stands past the train
+    fake.stream.receive(sender.packet(0, SPEECH, 160))
+    assert fake.stream.agent_digits == ["7", "#"] and fake.result.warnings == [], fake.result.warnings
+
+
+async def test_an_event_without_end_packet_redundancy_is_a_warning() -> None:
+    fake = _Stream()
+    sender = RtpSender(ssrc=0x1234, sequence=5000, timestamp=80000)
+    fake.stream.receive(sender.packet(0, SPEECH, 160))
+    start = sender.timestamp
+    fake.stream.receive(sender.event_packet(101, event_payload(3, end=False, duration=160), start, marker=True))
+    fake.stream.receive(sender.event_packet(101, event_payload(3, end=True, duration=320), start, marker=False))
+    sender.timestamp = start + 480
+    fake.stream.receive(sender.packet(0, SPEECH, 160))
+    assert fake.stream.agent_digits == ["3"]
+    assert len(fake.result.warnings) == 1 and "1 end packets" in fake.result.warnings[0], fake.result.warnings

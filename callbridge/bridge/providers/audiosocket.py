@@ -262,10 +262,11 @@ class AudioSocketCodec:
             self.stream_id = f"{self.call_id}#{self.connection}"
             events.append(StreamConnected())
         elif kind == Kind.DTMF:
-            code = payload[0] - 0x20 if 0x61 <= payload[0] <= 0x64 else payload[0]  # a-d: ASCII only ("ß".upper() is "SS")
-            if code not in _DTMF_DIGITS:
+            # a-d taken as A-D, in ASCII: str.upper() maps 0xdf "ß" to "SS", which is not one digit
+            byte = payload[0] - 0x20 if 0x61 <= payload[0] <= 0x64 else payload[0]
+            if byte not in _DTMF_DIGITS:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"dtmf digit {payload!r}")
-            digit = chr(code)
+            digit = chr(byte)
             if self.started:
                 events.append(DtmfReceived(digit))
             elif len(self._pending_dtmf) < _MAX_PENDING_DTMF:

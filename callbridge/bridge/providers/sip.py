@@ -47,6 +47,8 @@ __all__ = ["COMFORT_NOISE_PT", "PROFILE", "PROVIDER", "SipRtpCodec"]
 
 PROVIDER: Final = "sip"
 COMFORT_NOISE_PT: Final = 13
+_DIGITS: Final = frozenset(DIGITS)
+"""One digit each (``"12" in DIGITS`` and ``"" in DIGITS`` hold: substrings)."""
 PROFILE: Final = CarrierProfile(
     frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=60, hang_up=HangUpMode.CLOSE, flushes=False
 )
@@ -124,7 +126,7 @@ class SipRtpCodec:
             events: list[CarrierEvent] = [MediaReceived(payload) for payload in self.jitter.drain() if payload]
             events.append(StreamStopped())
             return events
-        if message.startswith("dtmf:") and self.started and not self.stopped and len(message) == 6 and message[5] in DIGITS:
+        if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in _DIGITS:
             return [DtmfReceived(message[5:])]
         raise RemoteProtocolError(
             ProtocolErrorReason.OUT_OF_ORDER, f"control {message!r}", provider=PROVIDER, stream_id=self.stream_id, call_id=self.call_id
