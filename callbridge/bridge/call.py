@@ -657,6 +657,8 @@ class CallSession:
     # ------------------------------------------------------------------- state
 
     def _transition(self, trigger: _Trigger) -> None:
+        if trigger is _Trigger.CARRIER_EVENT and self.state is CallState.LIVE:
+            return  # every media frame of a live call: (LIVE, CARRIER_EVENT) → LIVE without hashing enums
         try:
             self.state = TRANSITIONS[(self.state, trigger)]
         except KeyError:

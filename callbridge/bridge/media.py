@@ -161,7 +161,8 @@ class MediaStreamDriver:
                 timed.observe(time.monotonic() - now_s)
 
     def _done(self) -> bool:
-        return self._closed or self.call.state in (CallState.ENDED, CallState.DETACHED)
+        state = self.call.state
+        return self._closed or state is CallState.ENDED or state is CallState.DETACHED
 
     async def _watch(self) -> None:
         """The limits no message enforces (``server.*``): a connection that never starts its stream, a stream

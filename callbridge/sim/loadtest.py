@@ -33,8 +33,9 @@ import shutil
 import statistics
 import tempfile
 import time
+import zlib
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -57,7 +58,22 @@ from callbridge.sim.carrier import (
 )
 from callbridge.sim.carriers import SIMULATED
 
-__all__ = ["LoadReport", "LoadTest", "LoadTestOptions", "TruncationLog", "bridge_env", "caller_frames", "report_json", "run_load_test", "secret_from_settings"]
+__all__ = [
+    "CallSamples",
+    "LoadReport",
+    "LoadSamples",
+    "LoadTest",
+    "LoadTestOptions",
+    "TruncationLog",
+    "bridge_env",
+    "caller_frames",
+    "merge_samples",
+    "progress_line",
+    "report_json",
+    "run_load_test",
+    "secret_from_settings",
+    "shard_of",
+]
 
 FRAME_MS: Final = 20
 _FRAME_BYTES: Final = 320
@@ -127,6 +143,13 @@ class LoadTestOptions:
     the bridge resumes its engine session. Only for carriers that reconnect."""
     server_pid: int | None = None
     progress: bool = True
+    shard: int = 0
+    shards: int = 1
+    """One of several generator processes (``callbridge.sim.loadtest_pool``): this one places the calls whose
+    index ``i < calls`` has ``i % shards == shard``, with call ids ``shard_of`` maps to it (the parent routes the
+    bridge's REST requests about a call by its id)."""
+    start_at: float | None = None
+    """When the run starts (``time.monotonic()``, the same clock in every process of this machine); None: now."""
 
 
 @dataclass
@@ -142,8 +165,6 @@ class _Call:
     first_audio_at: float | None = None
     clicks_sent: deque[float] = field(default_factory=deque)
     clicks_returned: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
-    heard_latencies_ms: list[float] = field(default_factory=list)
     last_loud: bool = False
     reconnects: int = 0
     reconnecting: bool = False
@@ -161,7 +182,6 @@ class _Call:
     barge_in_at: float | None = None
     """When the pending barge-in started (monotonic), until the flush."""
     barge_ins: int = 0
-    barge_in_ms: list[float] = field(default_factory=list)
     flushes: list[tuple[float, int]] = field(default_factory=list)
     """(when, ms of the agent's reply the caller had heard) at each barge-in's flush."""
 
@@ -195,6 +215,7 @@ class LoadReport:
     server_rss_mb: float | None
     failures: list[str]
     warnings: list[str]
+    generator_processes: int = 1
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
@@ -214,12 +235,143 @@ class LoadReport:
         lines.append(f"reconnects: {self.reconnects}; protocol warnings: {self.protocol_warnings}")
         lines.append(
             f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second"
+            + (f" ({self.generator_processes} processes)" if self.generator_processes > 1 else "")
         )
         if self.server_cpu_ms_per_call_second is not None:
             lines.append(f"server: CPU {self.server_cpu_ms_per_call_second:.2f} ms per call-second, RSS {self.server_rss_mb:.1f} MB")
         lines += [f"  failed: {failure}" for failure in self.failures[:10]]
         lines += [f"  warning: {warning}" for warning in self.warnings[:10]]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class CallSamples:
+    """What one call did, raw (``LoadSamples``)."""
+
+    index: int
+    up_from_s: float | None
+    """Its first caller frame, in s from the run's start (None: it never came up)."""
+    up_until_s: float | None
+    """When it ended or failed (None: it never came up)."""
+    frames_sent: int
+    frames_received: int
+    clicks_sent: int
+    clicks_returned: int
+    reconnects: int
+    barge_ins: int
+    first_audio_ms: float | None
+    failed: str | None
+    warnings: tuple[str, ...]
+
+
+@dataclass
+class LoadSamples:
+    """The raw samples of a run, or of several generator processes' runs merged (``merge_samples``): the report's
+    statistics are computed from these, never from other statistics."""
+
+    provider: str
+    calls_planned: int
+    started: float
+    """``time.monotonic()`` at the run's start: the epoch of every ``*_at_s``."""
+    duration_s: float
+    calls: list[CallSamples]
+    round_trip_ms: list[float]
+    heard_round_trip_ms: list[float]
+    click_at_s: list[float]
+    """When each timed click was sent (s from ``started``), one per ``round_trip_ms`` and ``heard_round_trip_ms``."""
+    barge_in_flush_ms: list[float]
+    barge_in_at_s: list[float]
+    heard_position_error_ms: list[float]
+    tick_lag_ms: list[float]
+    generator_cpu_ms: float
+    processes: int = 1
+
+    @property
+    def call_seconds(self) -> float:
+        return sum(c.frames_sent for c in self.calls) * FRAME_MS / 1000
+
+    def report(self, server_cpu_ms: float | None = None, server_rss_mb: float | None = None) -> LoadReport:
+        """The statistics: ``server_cpu_ms`` is the server's CPU over the run (reported per call-second)."""
+        call_seconds = max(1e-9, self.call_seconds)
+        warnings = [f"call {c.index}: {w}" for c in self.calls for w in c.warnings]
+        errors = self.heard_position_error_ms
+        return LoadReport(
+            provider=self.provider,
+            calls=self.calls_planned,
+            failed_calls=sum(c.failed is not None for c in self.calls),
+            duration_s=self.duration_s,
+            round_trip_ms=_quantiles(self.round_trip_ms),
+            heard_round_trip_ms=_quantiles(self.heard_round_trip_ms),
+            first_audio_ms=_quantiles([c.first_audio_ms for c in self.calls if c.first_audio_ms is not None]),
+            clicks_sent=sum(c.clicks_sent for c in self.calls),
+            clicks_returned=sum(c.clicks_returned for c in self.calls),
+            frames_sent=sum(c.frames_sent for c in self.calls),
+            frames_received=sum(c.frames_received for c in self.calls),
+            reconnects=sum(c.reconnects for c in self.calls),
+            barge_ins=sum(c.barge_ins for c in self.calls),
+            barge_in_flush_ms=_quantiles(self.barge_in_flush_ms),
+            heard_position_error_ms={"min": min(errors), "p50": statistics.median(errors), "max": max(errors)} if errors else {},
+            protocol_warnings=len(warnings),
+            generator_tick_lag_ms=_quantiles(self.tick_lag_ms),
+            generator_cpu_ms_per_call_second=self.generator_cpu_ms / call_seconds,
+            server_cpu_ms_per_call_second=None if server_cpu_ms is None else server_cpu_ms / call_seconds,
+            server_rss_mb=server_rss_mb,
+            failures=[f"call {c.index}: {c.failed}" for c in self.calls if c.failed],
+            warnings=warnings,
+            generator_processes=self.processes,
+        )
+
+
+def merge_samples(parts: list[LoadSamples]) -> LoadSamples:
+    """Several generator processes' samples as one run's: lists joined (times re-based on the earliest start),
+    counts and CPU summed, the calls in index order."""
+    if not parts:
+        raise ValueError("no samples to merge")
+    started = min(part.started for part in parts)
+    ended = max(part.started + part.duration_s for part in parts)
+
+    def rebased(part: LoadSamples, times: list[float]) -> list[float]:
+        shift = part.started - started
+        return [t + shift for t in times] if shift else list(times)
+
+    def call_rebased(part: LoadSamples, call: CallSamples) -> CallSamples:
+        shift = part.started - started
+        if not shift or call.up_from_s is None:
+            return call
+        return replace(call, up_from_s=call.up_from_s + shift, up_until_s=None if call.up_until_s is None else call.up_until_s + shift)
+
+    return LoadSamples(
+        provider=parts[0].provider,
+        calls_planned=sum(part.calls_planned for part in parts),
+        started=started,
+        duration_s=ended - started,
+        calls=sorted((call_rebased(part, c) for part in parts for c in part.calls), key=lambda c: c.index),
+        round_trip_ms=[v for part in parts for v in part.round_trip_ms],
+        heard_round_trip_ms=[v for part in parts for v in part.heard_round_trip_ms],
+        click_at_s=[t for part in parts for t in rebased(part, part.click_at_s)],
+        barge_in_flush_ms=[v for part in parts for v in part.barge_in_flush_ms],
+        barge_in_at_s=[t for part in parts for t in rebased(part, part.barge_in_at_s)],
+        heard_position_error_ms=[v for part in parts for v in part.heard_position_error_ms],
+        tick_lag_ms=[v for part in parts for v in part.tick_lag_ms],
+        generator_cpu_ms=sum(part.generator_cpu_ms for part in parts),
+        processes=sum(part.processes for part in parts),
+    )
+
+
+def progress_line(elapsed_s: float, up: int, frames_sent: int, round_trip_ms: list[float], barge_in_flush_ms: list[float]) -> str:
+    """The live progress line: calls up, frames, the latencies so far."""
+    line = f"  {elapsed_s:6.1f} s: {up} calls up, {frames_sent} frames sent"
+    rt, barge = _quantiles(round_trip_ms), _quantiles(barge_in_flush_ms)
+    if rt:
+        line += f", round trip p50 {rt['p50']:.1f} ms p99 {rt['p99']:.1f} ms"
+    if barge:
+        line += f", barge-in → flush p50 {barge['p50']:.0f} ms"
+    return line
+
+
+def shard_of(call_id: str, shards: int) -> int:
+    """Which of ``shards`` generator processes placed the call ``call_id`` (the same in every process)."""
+    return zlib.crc32(call_id.encode()) % shards if shards > 1 else 0
 
 
 def caller_frames(pcm_8k: bytes | None, *, peak: int | None = _SPEECH_PEAK, pause_frames: int = _PAUSE_FRAMES) -> list[bytes]:
@@ -272,18 +424,36 @@ class LoadTest:
         self._barge_every = (options.barge_in_every_ms or 0) // FRAME_MS
         self._calls: list[_Call] = []
         self._lags_ms: list[float] = []
+        self._round_trip_ms: list[float] = []
+        self._heard_round_trip_ms: list[float] = []
+        self._click_at: list[float] = []
+        """When each timed click was sent (monotonic)."""
+        self._barge_in_ms: list[float] = []
+        self._barge_in_at: list[float] = []
+        self.on_progress: Callable[[int, int, list[float], list[float]], None] | None = None
+        """Called about once a second with the calls up, the frames sent so far, and the click round trips and
+        barge-in → flush latencies measured since the last call (a generator process reports to its parent so)."""
         self._background: set[asyncio.Task[Any]] = set()
         if options.drop_every_ms and isinstance(carrier, SimulatedAudioSocket):
             carrier.dialplan_attempts = 1_000_000  # a dialplan that loops back into AudioSocket() for every drop
 
     async def run(self) -> LoadReport:
         options = self.options
-        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
-        started = time.monotonic()
+        samples = await self.run_samples()
+        server_cpu = rss = None
+        if options.server_pid and server_before is not None:
+            server_cpu, rss = _server_cpu_ms(options.server_pid) - server_before, _server_rss_mb(options.server_pid)
+        return samples.report(server_cpu, rss)
+
+    async def run_samples(self) -> LoadSamples:
+        """Run, and return the raw samples (what ``run`` reports; what a generator process sends its parent)."""
+        options = self.options
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+        started = options.start_at or time.monotonic()
+        mine = [index for index in range(options.calls) if index % options.shards == options.shard]
         connecting = [
-            asyncio.create_task(self._start_call(index, started + index * options.ramp_s / max(1, options.calls)))
-            for index in range(options.calls)
+            asyncio.create_task(self._start_call(index, started + index * options.ramp_s / max(1, options.calls))) for index in mine
         ]
         await self._tick_forever(started, connecting)
         await asyncio.gather(*connecting, return_exceptions=True)
@@ -295,36 +465,39 @@ class LoadTest:
         await asyncio.gather(*(c.receiver for c in self._calls if c.receiver is not None), return_exceptions=True)
         elapsed = time.monotonic() - started
         cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-        call_seconds = max(1e-9, sum(c.frames_sent for c in self._calls) * FRAME_MS / 1000)
         generator_cpu = (cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime) * 1000
-        server_cpu = rss = None
-        if options.server_pid and server_before is not None:
-            server_cpu = (_server_cpu_ms(options.server_pid) - server_before) / call_seconds
-            rss = _server_rss_mb(options.server_pid)
-        warnings = [f"call {c.index}: {w}" for c in self._calls for w in c.sim.result.warnings]
-        return LoadReport(
+
+        def call_samples(c: _Call) -> CallSamples:
+            up_from = c.started_at - started if c.started_at else None
+            return CallSamples(
+                index=c.index,
+                up_from_s=up_from,
+                up_until_s=None if up_from is None else up_from + c.frames_sent * FRAME_MS / 1000,
+                frames_sent=c.frames_sent,
+                frames_received=c.audio_bytes_received // c.bytes_per_frame,
+                clicks_sent=c.clicks_returned + len(c.clicks_sent),
+                clicks_returned=c.clicks_returned,
+                reconnects=c.reconnects,
+                barge_ins=c.barge_ins,
+                first_audio_ms=(c.first_audio_at - c.started_at) * 1000 if c.first_audio_at and c.started_at else None,
+                failed=c.failed,
+                warnings=tuple(c.sim.result.warnings),
+            )
+
+        return LoadSamples(
             provider=self.carrier.provider,
-            calls=options.calls,
-            failed_calls=sum(c.failed is not None for c in self._calls),
+            calls_planned=len(mine),
+            started=started,
             duration_s=elapsed,
-            round_trip_ms=_quantiles([lat for c in self._calls for lat in c.latencies_ms]),
-            heard_round_trip_ms=_quantiles([lat for c in self._calls for lat in c.heard_latencies_ms]),
-            first_audio_ms=_quantiles([(c.first_audio_at - c.started_at) * 1000 for c in self._calls if c.first_audio_at and c.started_at]),
-            clicks_sent=sum(c.clicks_returned + len(c.clicks_sent) for c in self._calls),
-            clicks_returned=sum(c.clicks_returned for c in self._calls),
-            frames_sent=sum(c.frames_sent for c in self._calls),
-            frames_received=sum(c.audio_bytes_received // c.bytes_per_frame for c in self._calls),
-            reconnects=sum(c.reconnects for c in self._calls),
-            barge_ins=sum(c.barge_ins for c in self._calls),
-            barge_in_flush_ms=_quantiles([lat for c in self._calls for lat in c.barge_in_ms]),
+            calls=[call_samples(c) for c in sorted(self._calls, key=lambda c: c.index)],
+            round_trip_ms=self._round_trip_ms,
+            heard_round_trip_ms=self._heard_round_trip_ms,
+            click_at_s=[at - started for at in self._click_at],
+            barge_in_flush_ms=self._barge_in_ms,
+            barge_in_at_s=[at - started for at in self._barge_in_at],
             heard_position_error_ms=self._heard_position_errors(),
-            protocol_warnings=len(warnings),
-            generator_tick_lag_ms=_quantiles(self._lags_ms),
-            generator_cpu_ms_per_call_second=generator_cpu / call_seconds,
-            server_cpu_ms_per_call_second=server_cpu,
-            server_rss_mb=rss,
-            failures=[f"call {c.index}: {c.failed}" for c in self._calls if c.failed],
-            warnings=warnings,
+            tick_lag_ms=self._lags_ms,
+            generator_cpu_ms=generator_cpu,
         )
 
     # --------------------------------------------------------------- calls
@@ -333,6 +506,8 @@ class LoadTest:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
         placed = time.monotonic()
         call_id = self.carrier.new_call_id()
+        while shard_of(call_id, self.options.shards) != self.options.shard:  # ~shards tries
+            call_id = self.carrier.new_call_id()
 
         def clock() -> int:
             return int((time.monotonic() - placed) * 1000)
@@ -390,22 +565,24 @@ class LoadTest:
             bytes_per_ms = stream.rate_hz // 500
             queued_before_ms = len(stream.queue) / bytes_per_ms + first * 2 / bytes_per_ms
             call.clicks_returned += 1
-            call.latencies_ms.append((now - sent) * 1000)
-            call.heard_latencies_ms.append((now - sent) * 1000 + queued_before_ms)
+            self._click_at.append(sent)
+            self._round_trip_ms.append((now - sent) * 1000)
+            self._heard_round_trip_ms.append((now - sent) * 1000 + queued_before_ms)
 
     def _on_flush(self, call: _Call, stopped: tuple[float, int] | None = None) -> None:
         """The carrier flushed playback (or, given ``stopped``, the agent's audio stopped then and stayed off)."""
         if call.barge_in_at is not None:
             now, heard_ms = stopped or (time.monotonic(), call.agent_run_ms)
-            call.barge_in_ms.append((now - call.barge_in_at) * 1000)
+            self._barge_in_at.append(call.barge_in_at)
+            self._barge_in_ms.append((now - call.barge_in_at) * 1000)
             call.flushes.append((now, heard_ms))
             call.barge_in_at = None
 
-    def _heard_position_errors(self) -> dict[str, float]:
+    def _heard_position_errors(self) -> list[float]:
         """Pair each call with its engine session (the truncations that fall next to its flushes, by vote), then
-        each flush with the session's nearest truncation: min / p50 / max of truncation − heard."""
+        each flush with the session's nearest truncation: truncation − heard, for each flush paired."""
         if self.truncations is None or not self.truncations.entries:
-            return {}
+            return []
         entries = self.truncations.entries
         votes: dict[tuple[str, int], int] = {}
         for call in self._calls:
@@ -424,9 +601,7 @@ class LoadTest:
                 nearest = min(mine, key=lambda entry: abs(entry[0] - at), default=None)
                 if nearest is not None and abs(nearest[0] - at) <= _PAIRING_S:
                     errors.append(float(nearest[1] - heard_ms))
-        if not errors:
-            return {}
-        return {"min": min(errors), "p50": statistics.median(errors), "max": max(errors)}
+        return errors
 
     def _in_background(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
@@ -463,6 +638,9 @@ class LoadTest:
         duration_frames = int(options.duration_s * 1000) // FRAME_MS
         tick = 0
         last_progress = started
+        reported = (0, 0)
+        """How many round trips and barge-ins ``on_progress`` has been given."""
+        ticks_from = started + options.shard * FRAME_MS / 1000 / options.shards  # processes' ticks interleave
         end_at = started + options.ramp_s + options.duration_s + 1.0
         while True:
             now = time.monotonic()
@@ -474,7 +652,7 @@ class LoadTest:
                         call.failed, call.done = "still not over long after its end", True
                 break
             tick += 1
-            target = started + tick * FRAME_MS / 1000
+            target = ticks_from + tick * FRAME_MS / 1000
             await asyncio.sleep(max(0.0, target - time.monotonic()))
             now = time.monotonic()
             self._lags_ms.append((now - target) * 1000)
@@ -500,17 +678,16 @@ class LoadTest:
                     await stream.send_dtmf("5")
                 if drop_every and call.frames_sent % drop_every == 0:
                     self._in_background(self._drop(call, stream))
-            if options.progress and now - last_progress >= 5:
+            if self.on_progress is not None and now - last_progress >= 1:
                 last_progress = now
                 up = sum(not c.done and c.stream is not None for c in self._calls)
-                rt = _quantiles([lat for c in self._calls for lat in c.latencies_ms])
-                barge = _quantiles([lat for c in self._calls for lat in c.barge_in_ms])
-                line = f"  {now - started:6.1f} s: {up} calls up, {sum(c.frames_sent for c in self._calls)} frames sent"
-                if rt:
-                    line += f", round trip p50 {rt['p50']:.1f} ms p99 {rt['p99']:.1f} ms"
-                if barge:
-                    line += f", barge-in → flush p50 {barge['p50']:.0f} ms"
-                print(line, flush=True)
+                frames = sum(c.frames_sent for c in self._calls)
+                self.on_progress(up, frames, self._round_trip_ms[reported[0] :], self._barge_in_ms[reported[1] :])
+                reported = (len(self._round_trip_ms), len(self._barge_in_ms))
+            elif options.progress and now - last_progress >= 5:
+                last_progress = now
+                up = sum(not c.done and c.stream is not None for c in self._calls)
+                print(progress_line(now - started, up, sum(c.frames_sent for c in self._calls), self._round_trip_ms, self._barge_in_ms), flush=True)
 
     def _next_frame(self, call: _Call, agent: bool, now: float) -> bytes:
         """The caller's next 20 ms: a click, or the utterance (on a loop, or — barge-in mode — as a conversation)."""
