@@ -69,6 +69,10 @@ class ServerSettings(_Section):
     """The https URL carriers reach this bridge at; stream URLs and webhook signatures use it."""
     max_calls: Annotated[int, Field(ge=1)] = 100
     """Concurrent calls admitted by one process; beyond it new calls are refused."""
+    cpu_budget_percent: Annotated[float, Field(ge=0, le=400)] = 85.0
+    """New calls are refused while the process uses more than this share of one core (smoothed over 5 s):
+    past it every call on the process would fall behind real time. Calls coming back are still admitted.
+    0: no CPU budget."""
     generic_media_requires_token: bool = True
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless Exotel
     credentials admit them. Switch off only where the network admits nothing but your carriers."""

@@ -7,6 +7,7 @@ so a load balancer stops sending new calls before the listener closes.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -15,7 +16,6 @@ from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    Histogram,
     Info,
     ProcessCollector,
     generate_latest,
@@ -83,13 +83,18 @@ class BridgeState:
         await rest.hang_up(call_id, account_id)
 
 
-async def _sample_loop_lag(histogram: Histogram, every_s: float = 0.5) -> None:
-    """How late the loop wakes a sleeper: a stalled loop delays every call's frames by as much."""
+async def _sample_load(services: BridgeServices, every_s: float = 0.5) -> None:
+    """How late the loop wakes a sleeper (a stalled loop delays every call's frames by as much), and the
+    process's CPU use (admission's budget)."""
     loop = asyncio.get_running_loop()
+    metrics, cpu = services.metrics, services.cpu
+    cpu.sample(time.monotonic(), time.process_time())
     while True:
         due = loop.time() + every_s
         await asyncio.sleep(every_s)
-        histogram.observe(max(0.0, loop.time() - due))
+        metrics.event_loop_lag_seconds.observe(max(0.0, loop.time() - due))
+        cpu.sample(time.monotonic(), time.process_time())
+        metrics.cpu_utilization.set(cpu.utilization)
 
 
 def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None) -> FastAPI:
@@ -104,7 +109,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
             log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
-            state.services.spawn(_sample_loop_lag(state.services.metrics.event_loop_lag_seconds))
+            state.services.spawn(_sample_load(state.services))
             start_engine_pool(state.services.engine)  # its health probes begin before the first call
             state.services.start_listening()  # other processes' word on calls whose stream is here
             state.services.metrics.watch(state.services, asyncio.get_running_loop())

@@ -19,6 +19,7 @@ from callbridge.bridge.actions import (
     telephony_tools,
 )
 from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.pacing import PacingClock
 from callbridge.bridge.registry import (
     CallRegistry,
@@ -128,6 +129,12 @@ class BridgeMetrics:
             buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
             registry=registry,
         )
+        self.admission_refused = Counter(
+            "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
+        )
+        self.cpu_utilization = Gauge(
+            "callbridge_cpu_utilization", "The process's CPU use as a share of one core, smoothed over 5 s", registry=registry
+        )
         self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
             "Engine interruption signal to carrier flush sent",
@@ -211,6 +218,8 @@ class BridgeServices:
             return ActionResult.unsupported(provider, "send DTMF" if isinstance(action, SendDtmf) else "be transferred")
         return await performer.perform(call_id, account_id, action)
     pacing: PacingClock = field(default_factory=PacingClock)
+    cpu: CpuMeter = field(default_factory=CpuMeter)
+    """The process's CPU use (sampled by the app), for ``server.cpu_budget_percent``."""
     """The one timer that wakes every call's pacer."""
     process_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Names this process in the signals it sends (``CallSignal.origin``)."""
@@ -319,9 +328,18 @@ class BridgeServices:
         already known (a stream coming back, here or from another process)."""
         if self.draining:
             return False
-        if call_id in self.active_calls or len(self.active_calls) < self.settings.server.max_calls:
+        server = self.settings.server
+        if call_id in self.active_calls:
             return True
-        return await self.registry.get(call_id) is not None
+        over_cpu = bool(server.cpu_budget_percent) and self.cpu.utilization * 100 > server.cpu_budget_percent
+        if not over_cpu and len(self.active_calls) < server.max_calls:
+            return True
+        if await self.registry.get(call_id) is not None:
+            return True
+        reason = "cpu_budget" if over_cpu else "max_calls"
+        self.metrics.admission_refused.labels(reason).inc()
+        log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
+        return False
 
 
 def call_options(settings: Settings) -> CallOptions:

@@ -67,6 +67,7 @@ __all__ = [
     "TruncationLog",
     "bridge_env",
     "caller_frames",
+    "load_test_samples",
     "merge_samples",
     "progress_line",
     "report_json",
@@ -285,13 +286,16 @@ class LoadSamples:
     tick_lag_ms: list[float]
     generator_cpu_ms: float
     processes: int = 1
+    server_cpu_ms: float | None = None
+    """The server's CPU over the run (``--server-pid``; measured once, by the process that started the run)."""
+    server_rss_mb: float | None = None
 
     @property
     def call_seconds(self) -> float:
         return sum(c.frames_sent for c in self.calls) * FRAME_MS / 1000
 
-    def report(self, server_cpu_ms: float | None = None, server_rss_mb: float | None = None) -> LoadReport:
-        """The statistics: ``server_cpu_ms`` is the server's CPU over the run (reported per call-second)."""
+    def report(self) -> LoadReport:
+        """The statistics, every one over all the samples."""
         call_seconds = max(1e-9, self.call_seconds)
         warnings = [f"call {c.index}: {w}" for c in self.calls for w in c.warnings]
         errors = self.heard_position_error_ms
@@ -314,8 +318,8 @@ class LoadSamples:
             protocol_warnings=len(warnings),
             generator_tick_lag_ms=_quantiles(self.tick_lag_ms),
             generator_cpu_ms_per_call_second=self.generator_cpu_ms / call_seconds,
-            server_cpu_ms_per_call_second=None if server_cpu_ms is None else server_cpu_ms / call_seconds,
-            server_rss_mb=server_rss_mb,
+            server_cpu_ms_per_call_second=None if self.server_cpu_ms is None else self.server_cpu_ms / call_seconds,
+            server_rss_mb=self.server_rss_mb,
             failures=[f"call {c.index}: {c.failed}" for c in self.calls if c.failed],
             warnings=warnings,
             generator_processes=self.processes,
@@ -324,7 +328,7 @@ class LoadSamples:
 
 def merge_samples(parts: list[LoadSamples]) -> LoadSamples:
     """Several generator processes' samples as one run's: lists joined (times re-based on the earliest start),
-    counts and CPU summed, the calls in index order."""
+    counts and CPU summed, the calls in index order (the server's CPU and RSS are left to the caller)."""
     if not parts:
         raise ValueError("no samples to merge")
     started = min(part.started for part in parts)
@@ -438,17 +442,12 @@ class LoadTest:
             carrier.dialplan_attempts = 1_000_000  # a dialplan that loops back into AudioSocket() for every drop
 
     async def run(self) -> LoadReport:
-        options = self.options
-        server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
-        samples = await self.run_samples()
-        server_cpu = rss = None
-        if options.server_pid and server_before is not None:
-            server_cpu, rss = _server_cpu_ms(options.server_pid) - server_before, _server_rss_mb(options.server_pid)
-        return samples.report(server_cpu, rss)
+        return (await self.run_samples()).report()
 
     async def run_samples(self) -> LoadSamples:
         """Run, and return the raw samples (what ``run`` reports; what a generator process sends its parent)."""
         options = self.options
+        server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         started = options.start_at or time.monotonic()
         mine = [index for index in range(options.calls) if index % options.shards == options.shard]
@@ -498,6 +497,8 @@ class LoadTest:
             heard_position_error_ms=self._heard_position_errors(),
             tick_lag_ms=self._lags_ms,
             generator_cpu_ms=generator_cpu,
+            server_cpu_ms=None if server_before is None or not options.server_pid else _server_cpu_ms(options.server_pid) - server_before,
+            server_rss_mb=_server_rss_mb(options.server_pid) if options.server_pid else None,
         )
 
     # --------------------------------------------------------------- calls
@@ -687,7 +688,8 @@ class LoadTest:
             elif options.progress and now - last_progress >= 5:
                 last_progress = now
                 up = sum(not c.done and c.stream is not None for c in self._calls)
-                print(progress_line(now - started, up, sum(c.frames_sent for c in self._calls), self._round_trip_ms, self._barge_in_ms), flush=True)
+                frames = sum(c.frames_sent for c in self._calls)
+                print(progress_line(now - started, up, frames, self._round_trip_ms, self._barge_in_ms), flush=True)
 
     def _next_frame(self, call: _Call, agent: bool, now: float) -> bytes:
         """The caller's next 20 ms: a click, or the utterance (on a loop, or — barge-in mode — as a conversation)."""
@@ -775,6 +777,13 @@ def bridge_env(provider: str, secret: str, rest_url: str) -> str:
 async def run_load_test(
     settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str
 ) -> LoadReport:
+    """``load_test_samples``, reported."""
+    return (await load_test_samples(settings, provider, options, url=url, secret=secret, rest_url=rest_url)).report()
+
+
+async def load_test_samples(
+    settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str
+) -> LoadSamples:
     """Against the bridge at ``url`` (its simulated carrier's REST API served at ``rest_url``, configured from
     ``settings`` as ``bridge_env`` printed them), or without ``url`` against a bridge started in this process
     (the ``loopback`` agent, or ``echo`` for barge-ins) — its CPU then includes the generator's."""
@@ -786,7 +795,7 @@ async def run_load_test(
         local = with_overrides(settings, {"local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}})
         truncations = TruncationLog(LocalEngine(local_engine_options(local)))
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
-            return await LoadTest(bridge.carrier, replace(options, server_pid=os.getpid()), truncations).run()
+            return await LoadTest(bridge.carrier, replace(options, server_pid=os.getpid()), truncations).run_samples()
     carrier = SIMULATED[provider](url, secret)
     try:
         if carrier.rest_routes():
@@ -795,6 +804,6 @@ async def run_load_test(
                 raise ValueError(f"no port in {rest_url}")
             await carrier.start_rest(port)
         carrier.configure(settings)
-        return await LoadTest(carrier, options).run()
+        return await LoadTest(carrier, options).run_samples()
     finally:
         await carrier.aclose()

@@ -90,6 +90,8 @@ async def running_bridge(
     rest_url = await carrier.start_rest(free_port())
     overrides = carrier.bridge_settings(secret, rest_url)
     overrides["server"] = {**overrides.get("server", {}), "host": "127.0.0.1", "port": port, "public_url": base_url}
+    if "cpu_budget_percent" not in settings.server.model_fields_set:  # the simulator's CPU is in this process too
+        overrides["server"]["cpu_budget_percent"] = 0
     settings = with_overrides(settings, overrides)
     carrier.configure(settings)
     app = create_app(settings, engine)

@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from callbridge.bridge.cpu import CpuMeter
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import running_bridge
@@ -43,3 +44,41 @@ async def test_past_max_calls_a_new_call_is_refused_and_the_running_one_carries_
     assert result.agent_speech_ms > 1000, result.render()
     if drops:  # (AudioSocket also resumes it once more, to close it when no stream comes back)
         assert recorder.resumed and set(recorder.resumed) == set(recorder.opened)
+
+
+class _PinnedCpu(CpuMeter):
+    """The process's CPU use as the test sets it (the admission path is the real one)."""
+
+    def sample(self, wall_s: float, cpu_s: float) -> None:
+        pass
+
+
+async def test_past_the_cpu_budget_new_calls_are_refused_and_calls_coming_back_are_not() -> None:
+    recorder = engine()
+    async with running_bridge(settings(server={"cpu_budget_percent": 80}), recorder, provider="twilio") as bridge:
+        services = bridge.app.state.bridge.services
+        services.cpu = cpu = _PinnedCpu()
+        first = asyncio.create_task(
+            bridge.carrier.place_call(CallerScript(utterances=((300, short_speech(1000)),), drop_stream_at_ms=(2500,), hangup_at_ms=4500))
+        )
+        await until(lambda: recorder.session_count == 1, timeout_s=5)
+        cpu.utilization = 0.9
+        late = await bridge.carrier.place_call(CallerScript(utterances=((200, short_speech(500)),), hangup_at_ms=1500))
+        result = await first
+        refused = bridge.app.state.bridge.registry.get_sample_value("callbridge_admission_refused_total", {"reason": "cpu_budget"})
+    assert late.streams == [] and late.agent_speech_ms == 0, late.render()
+    assert refused == 1
+    assert len(result.streams) == 2 and result.warnings == [], result.render()  # its stream came back over budget
+    assert recorder.resumed == recorder.opened
+
+
+def test_the_cpu_meter_follows_the_process_share_of_a_core() -> None:
+    meter = CpuMeter(window_s=5.0)
+    meter.sample(0.0, 0.0)
+    for second in range(1, 31):  # 30 s at 90 % of a core
+        meter.sample(float(second), 0.9 * second)
+    assert 0.89 < meter.utilization <= 0.9
+    meter.sample(31.0, 0.9 * 30)  # a second idle: it comes down, smoothly
+    assert 0.7 < meter.utilization < 0.9
+    meter.sample(31.0, 100.0)  # no time elapsed: ignored
+    assert meter.utilization < 0.9
