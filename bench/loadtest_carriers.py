@@ -5,6 +5,12 @@ account, ``callbridge serve`` starts with them and the loopback agent, ``callbri
 calls (from the same env, so it finds the account's secret, keys and ports), and the server is killed.
 
     python bench/loadtest_carriers.py --calls 50 --duration 20 --ramp 5 [--providers twilio,telnyx] [--out DIR]
+    python bench/loadtest_carriers.py --providers twilio --calls 1,50,100,150,200 --pin   # the capacity sweep
+
+``--calls`` takes a list: one row per carrier and count, each against a fresh server. ``--pin`` runs the
+server on the first CPU and the load generator on the others (Linux), so "calls per core" means one core.
+The server's CPU budget (``server.cpu_budget_percent``) is off unless ``--cpu-budget`` sets it: the sweep
+looks for the knee, not for where admission would stop it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from callbridge.sim.ports import free_port
 
 PROVIDERS = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
 CALLBRIDGE = str(Path(sys.executable).parent / "callbridge")
@@ -59,22 +67,33 @@ def _wait_up(url: str, timeout_s: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def run_one(provider: str, args: argparse.Namespace) -> dict[str, object]:
-    port, rest_port = 8099, 8098
+def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, object]:
+    port, rest_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     env = _env_for(provider, secrets.token_hex(16), rest_port, port)
-    out = args.out / f"{provider}.json"
+    env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
+    out = args.out / f"{provider}-{calls}.json"
+    cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
+    server_cpus, generator_cpus = ({cpus[0]}, set(cpus[1:]) or {cpus[0]}) if cpus else (None, None)
     server = subprocess.Popen([CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], env=env)
+    if server_cpus:
+        os.sched_setaffinity(server.pid, server_cpus)
     try:
         _wait_up(url)
         time.sleep(1.0)  # let the server settle before measuring its CPU
         command = [
             CALLBRIDGE, "loadtest", "--url", url, "--provider", provider, "--rest-port", str(rest_port),
-            "--calls", str(args.calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
+            "--calls", str(calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
             "--server-pid", str(server.pid), "--json", str(out),
         ]  # fmt: skip
         print("$", " ".join(command), flush=True)
-        subprocess.run(command, env=env, timeout=args.ramp + args.duration + 120, check=False)
+        generator = subprocess.Popen(command, env=env)
+        if generator_cpus:
+            os.sched_setaffinity(generator.pid, generator_cpus)
+        try:
+            generator.wait(timeout=args.ramp + args.duration + 120)
+        finally:
+            generator.kill()
     finally:
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         server.wait(10)
@@ -92,7 +111,7 @@ def row(report: dict[str, object]) -> str:
         return " / ".join(f"{stats[n]:.1f}" if n in stats else "n/a" for n in names)
 
     return (
-        f"| {report['provider']} | {q('round_trip_ms', 'p50', 'p99')} | {q('heard_round_trip_ms', 'p50', 'p99')} "
+        f"| {report['provider']} | {report['calls']} | {q('round_trip_ms', 'p50', 'p95', 'p99', 'max')} | {q('heard_round_trip_ms', 'p50', 'p99')} "
         f"| {q('first_audio_ms', 'p50')} | {report['clicks_returned']}/{report['clicks_sent']} | {report['failed_calls']} "
         f"| {report['server_cpu_ms_per_call_second']:.2f} | {report['server_rss_mb']:.1f} MB "
         f"| {report['generator_cpu_ms_per_call_second']:.2f} / {q('generator_tick_lag_ms', 'p99')} |"
@@ -101,7 +120,9 @@ def row(report: dict[str, object]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--calls", default="50", help="calls at once; a list (1,50,100) gives a row per count")
+    parser.add_argument("--pin", action="store_true", help="server on the first CPU, the generator on the others")
+    parser.add_argument("--cpu-budget", type=float, default=0.0, help="the server's server.cpu_budget_percent (0: off)")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--ramp", type=float, default=5.0)
     parser.add_argument("--providers", default=",".join(PROVIDERS))
@@ -109,12 +130,13 @@ def main() -> None:
     args = parser.parse_args()
     args.out = args.out or Path(tempfile.mkdtemp(prefix="callbridge-loadtest-"))
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [row(run_one(provider, args)) for provider in args.providers.split(",")]
+    counts = [int(n) for n in args.calls.split(",")]
+    rows = [row(run_one(provider, calls, args)) for provider in args.providers.split(",") for calls in counts]
     print(
-        "\n| carrier | click round trip p50 / p99 (ms) | heard p50 / p99 (ms) | first audio p50 (ms) | clicks back | failed calls "
+        "\n| carrier | calls | click round trip p50 / p95 / p99 / max (ms) | heard p50 / p99 (ms) | first audio p50 (ms) | clicks back | failed calls "
         "| server CPU-ms per call-second | server RSS | generator CPU-ms per call-second / tick lag p99 (ms) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
 
 

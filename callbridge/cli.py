@@ -155,6 +155,16 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media connection every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
     loadtest.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
+    loadtest.add_argument(
+        "--processes",
+        metavar="N|auto",
+        type=_processes,
+        default=1,
+        help="generator processes sharing the calls (default 1; auto: one per 120 calls, at most one per CPU; needs --url)",
+    )
+    loadtest.add_argument(
+        "--png", metavar="PATH", type=Path, help="draw the latency over time and its histogram (needs pip install 'callbridge[plot]')"
+    )
     loadtest.set_defaults(handler=_loadtest)
 
     config = commands.add_parser("config", parents=[common], help="inspect the configuration")
@@ -348,19 +358,38 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
 
 
+def _processes(text: str) -> int | None:
+    """``--processes``: a count, or None for ``auto``."""
+    if text == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number or auto, got {text!r}")
+    return count
+
+
 def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
     import contextlib
 
     from callbridge.logging import configure_logging
     from callbridge.sim.loadtest import (
-        LoadReport,
+        LoadSamples,
         LoadTestOptions,
         bridge_env,
+        load_test_samples,
         report_json,
-        run_load_test,
         secret_from_settings,
     )
+    from callbridge.sim.loadtest_plot import (
+        PlotUnavailable,
+        require_matplotlib,
+        write_png,
+    )
+    from callbridge.sim.loadtest_pool import processes_for, run_pooled
     from callbridge.sim.runner import load_wav_8k, sample_caller_wav
 
     if getattr(args, "log_level", None) is None:
@@ -375,6 +404,16 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             secret = secrets.token_hex(16)
         print(bridge_env(args.provider, secret, rest_url), end="")
         return EXIT_OK
+    if args.png:
+        try:
+            require_matplotlib()
+        except PlotUnavailable as exc:
+            print(f"callbridge loadtest: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.processes is not None and args.processes > 1 and not args.url:
+        print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
+        return EXIT_USAGE
+    processes = processes_for(args.calls, args.processes) if args.url else 1
     try:
         audio = load_wav_8k(args.audio or sample_caller_wav())
     except (OSError, ValueError, EOFError) as exc:
@@ -398,21 +437,34 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if not args.url:
         print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
-    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each")
-    run = run_load_test(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url)
-    run_loop: Callable[[Any], LoadReport] = asyncio.run
+    in_processes = f" in {processes} generator processes" if processes > 1 else ""
+    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each{in_processes}")
+    if processes > 1:
+        run = run_pooled(
+            settings, args.provider, options, processes=processes, url=args.url, secret=secret or "", rest_port=args.rest_port,
+            print_progress=lambda line: print(line, flush=True),
+        )  # fmt: skip
+    else:
+        run = load_test_samples(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url)
+    run_loop: Callable[[Any], LoadSamples] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop
 
         run_loop = uvloop.run
     try:
-        report = run_loop(run)
-    except OSError as exc:  # the REST port is taken, the bridge is not there
+        samples = run_loop(run)
+    except ValueError as exc:  # a carrier that cannot be split across processes
+        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, RuntimeError) as exc:  # the REST port is taken, the bridge is not there, a generator failed
         print(f"callbridge loadtest: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    report = samples.report()
     print(report.render())
     if args.json:
         args.json.write_bytes(report_json(report))
+    if args.png:
+        write_png(samples, args.png)
     return EXIT_OK if report.failed_calls == 0 else EXIT_FAILED
 
 

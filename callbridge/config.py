@@ -278,6 +278,33 @@ class AudioSocketSettings(_Section):
                 raise ValueError(f"allowed_sources: {source!r} is not an IP address or CIDR") from None
 
 
+class SipRegistrationSettings(_Section):
+    """One binding of the SIP listener at a registrar (a PBX or trunk that only sends calls to registered
+    contacts): ``callbridge.sip.registration``."""
+
+    registrar: str
+    """The registrar's URI, ``sip:host[:port]`` (also where the REGISTERs go, without ``outbound_proxy``)."""
+    aor: str
+    """The address-of-record to bind, ``sip:user@domain``."""
+    auth_user: str | None = None
+    """The digest user name; None: the AOR's user."""
+    password: SecretStr | None = None
+    expires_s: Annotated[int, Field(ge=1, le=2**31 - 1)] = 3600
+    outbound_proxy: str | None = None
+    """A proxy to send the REGISTERs through (``sip:host[:port]``, put in Route)."""
+    retry_base_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    retry_max_s: Annotated[float, Field(gt=0, le=86400)] = 1800.0
+    """After a failure, the next try waits min(retry_max_s, retry_base_s · 2^(failures−1)), 50–100 % of it."""
+
+    def model_post_init(self, context: Any) -> None:
+        for key in ("registrar", "aor", "outbound_proxy"):
+            value = getattr(self, key)
+            if value is not None and not value.lower().startswith("sip:"):
+                raise ValueError(f"{key}: {value!r} is not a sip: URI")
+        if "@" not in self.aor:
+            raise ValueError(f"aor: {self.aor!r} has no user part (sip:user@domain)")
+
+
 class SipSettings(_Section):
     """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
 
@@ -297,6 +324,8 @@ class SipSettings(_Section):
     """Ring (180) this long before answering; 0: answer at once."""
     rtp_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
     """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
+    registrations: list[SipRegistrationSettings] = Field(default_factory=list)
+    """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
 
     def model_post_init(self, context: Any) -> None:
         import ipaddress

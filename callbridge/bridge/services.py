@@ -95,6 +95,14 @@ class BridgeMetrics:
             "SIP datagrams and RTP packets dropped unanswered (garbage, strays, unexpected sources, late), by reason",
             ["reason"], registry=registry,
         )  # fmt: skip
+        self.sip_registration_state = Gauge(
+            "callbridge_sip_registration_state", "1 for each SIP registration's current state (sip.registrations)",
+            ["registration", "state"], registry=registry,
+        )  # fmt: skip
+        self.sip_registration_failures = Counter(
+            "callbridge_sip_registration_failures_total", "REGISTERs that ended without a binding, by reason",
+            ["registration", "reason"], registry=registry,
+        )  # fmt: skip
         self.event_loop_lag_seconds = Histogram(
             "callbridge_event_loop_lag_seconds",
             "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",

@@ -90,7 +90,8 @@ def shareable_problem(carrier: SimulatedCarrier) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class _Job:
-    settings: Settings
+    settings: dict[str, Any]
+    """``Settings.model_dump()`` (what ``load_settings`` returns is a local class: it does not pickle)."""
     provider: str
     options: LoadTestOptions
     url: str
@@ -101,7 +102,7 @@ def _child_main(job: _Job, conn: Connection) -> None:
     """A generator process (spawned): its share of the calls, reported over ``conn``."""
     from callbridge.logging import configure_logging
 
-    configure_logging(job.settings.log)
+    configure_logging(Settings.model_validate(job.settings).log)
     runner: Callable[[Any], None] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop
@@ -123,7 +124,7 @@ async def _child(job: _Job, conn: Connection) -> None:
         if carrier.rest_routes():
             port = free_port()
             await carrier.start_rest(port)
-        carrier.configure(job.settings)
+        carrier.configure(Settings.model_validate(job.settings))
         conn.send(("ready", port))
         message = await asyncio.to_thread(conn.recv)
         if message[0] != "go":
@@ -233,7 +234,7 @@ async def run_pooled(
         if router is not None:
             await router.start(rest_port)
         for shard in range(processes):
-            job = _Job(settings, provider, replace(options, shard=shard, shards=processes, progress=False, server_pid=None), url, secret)
+            job = _Job(settings.model_dump(), provider, replace(options, shard=shard, shards=processes, progress=False, server_pid=None), url, secret)
             ours, theirs = context.Pipe()
             process = context.Process(target=_child_main, args=(job, theirs), name=f"callbridge-loadtest-{shard}", daemon=True)
             process.start()
