@@ -292,6 +292,8 @@ class SipRegistrationSettings(_Section):
     expires_s: Annotated[int, Field(ge=1, le=2**31 - 1)] = 3600
     outbound_proxy: str | None = None
     """A proxy to send the REGISTERs through (``sip:host[:port]``, put in Route)."""
+    transport: Literal["udp", "tcp"] = "udp"
+    """udp: from the listener's socket; tcp: over a connection to the registrar, which may send calls on it."""
     retry_base_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     retry_max_s: Annotated[float, Field(gt=0, le=86400)] = 1800.0
     """After a failure, the next try waits min(retry_max_s, retry_base_s · 2^(failures−1)), 50–100 % of it."""

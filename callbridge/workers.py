@@ -12,8 +12,9 @@ worker (``BridgeServices.drain``), a second stops them at once. A worker that di
 not stopping is replaced; a worker whose supervisor died drains and exits. Exit 0 when every worker
 exited 0.
 
-Each worker serves its own ``/metrics`` and ``/readyz``: scrape workers through a load balancer only for
-liveness; for per-process metrics run one process per container and scale containers instead.
+Metrics: the workers keep them in files of one directory the supervisor owns (``group_metrics``), so
+``/metrics`` on the shared port answers for the whole group, whichever worker takes the scrape; the supervisor
+empties it at start and drops a dead worker's live gauges. ``/readyz`` is each worker's own.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = ["serve_workers"]
 log = get_logger(__name__)
 
 _POLL_S = 0.2
+_METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _ORPHAN_CHECK_S = 1.0
 
 
@@ -55,13 +57,17 @@ def _watch_supervisor(supervisor_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _worker(settings_data: dict[str, Any], sock: socket.socket) -> None:
+def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str) -> None:
     """A worker's main: its own process group (terminal signals go to the supervisor), then one bridge."""
     import sys
     import threading
 
+    os.environ[_METRICS_DIR_ENV] = metrics_dir  # before prometheus_client is imported: it picks file values then
+    from callbridge.bridge.group_metrics import group_metrics_dir
     from callbridge.cli import serve_bridge
 
+    if group_metrics_dir() != metrics_dir:
+        log.error("metrics_dir_ignored", path=metrics_dir, detail="prometheus_client was imported before it was set")
     os.setpgrp()
     threading.Thread(target=_watch_supervisor, args=(os.getppid(),), name="supervisor-watch", daemon=True).start()
     settings = Settings.model_validate(settings_data)
@@ -70,9 +76,12 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket) -> None:
 
 def serve_workers(settings: Settings) -> int:
     """Run ``server.workers`` bridge processes until SIGTERM/SIGINT; the exit code of the command."""
+    from callbridge.bridge.group_metrics import GroupMetricsDir
+
     configure_logging(settings.log)
     count = settings.server.workers
     sock = _bind(settings.server.host, settings.server.port)
+    metrics_dir = GroupMetricsDir.create()
     context = multiprocessing.get_context("spawn")
     settings_data = settings.model_dump()
     workers: list[BaseProcess] = []
@@ -80,7 +89,7 @@ def serve_workers(settings: Settings) -> int:
     """Signals the supervisor got and has not forwarded yet (the handler only records them)."""
 
     def start() -> BaseProcess:
-        process = context.Process(target=_worker, args=(settings_data, sock), name="callbridge-worker")
+        process = context.Process(target=_worker, args=(settings_data, sock, str(metrics_dir.path)), name="callbridge-worker")
         process.start()
         log.info("worker_started", pid=process.pid)
         return process
@@ -105,8 +114,11 @@ def serve_workers(settings: Settings) -> int:
             for index, process in enumerate(workers):
                 if process.exitcode is not None:
                     log.warning("worker_died", pid=process.pid, exit_code=process.exitcode)
+                    if process.pid is not None:
+                        metrics_dir.worker_exited(process.pid)
                     workers[index] = start()
     sock.close()
+    metrics_dir.close()
     exit_codes = [process.exitcode for process in workers]
     log.info("workers_stopped", exit_codes=exit_codes)
     return 0 if all(code == 0 for code in exit_codes) else 1

@@ -24,6 +24,7 @@ from prometheus_client import (
 from callbridge import __version__
 from callbridge.bridge.carriers import CarrierRest, carriers
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
+from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.registry import build_registry
 from callbridge.bridge.services import (
     BridgeMetrics,
@@ -46,8 +47,11 @@ class BridgeState:
     def __init__(self, settings: Settings, engine: DuplexEngine, hang_up: HangUpFn | None) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        Info("callbridge_build", "callbridge version", registry=self.registry).info({"version": __version__})
+        self.process_metrics = ProcessCollector(registry=self.registry)
+        self.build_info = Info("callbridge_build", "callbridge version", registry=self.registry)
+        self.build_info.info({"version": __version__})
+        self.group: GroupPublisher | None = None
+        """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
         self.carriers = carriers()
         self.rest: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         registry, tokens = build_registry(settings)
@@ -113,6 +117,8 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
             start_engine_pool(state.services.engine)  # its health probes begin before the first call
             state.services.start_listening()  # other processes' word on calls whose stream is here
             state.services.metrics.watch(state.services, asyncio.get_running_loop())
+            if state.group is not None:
+                state.services.spawn(state.group.run())  # the other workers' scrapes see this one's levels
             try:
                 yield
             finally:
@@ -129,7 +135,11 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
     for carrier in state.carriers:
         if carrier.router is not None:
             app.include_router(carrier.router(state.services))
-    install_engine_pool(app, state.registry, state.services.engine, settings)  # metrics, /admin/engines
+    pool_metrics = install_engine_pool(app, state.registry, state.services.engine, settings)  # metrics, /admin/engines
+    group_dir = group_metrics_dir()
+    if group_dir is not None:
+        scrape_time = [state.process_metrics, *([pool_metrics] if pool_metrics is not None else [])]
+        state.group = GroupPublisher(group_dir, state.services.metrics.levels, scrape_time, static=[state.build_info])
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -145,6 +155,8 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+        """This process's metrics; a ``--workers`` worker's: the whole group's, whichever worker answers."""
+        body = state.group.scrape() if state.group is not None else generate_latest(state.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -46,6 +46,8 @@ log = get_logger(__name__)
 
 _READ_BYTES: Final = 64 * 1024
 _WRITE_TIMEOUT_S: Final = 5.0
+_LINGER_S: Final = 2.0
+"""After the FIN, how long the peer has to read what we sent and close its side before the socket is closed."""
 """A peer that has not taken our writes for this long is gone (we send a few frames' worth at a time)."""
 _SUPERSEDE_WAIT_S: Final = 3.0
 """How long a reconnecting call waits for its previous connection to let go of the engine session."""
@@ -113,6 +115,14 @@ class StreamTransport:
         if self.closed:
             return
         self.closed = True
+        if self._writer.can_write_eof():
+            with suppress(OSError, RuntimeError):
+                # FIN right after what was sent (the hang-up frame): Asterisk reads it, then closes its side.
+                # Closing at once, with the caller's audio still unread here, would reset the connection
+                # instead, and a reset can take the hang-up frame with it.
+                self._writer.write_eof()
+                asyncio.get_running_loop().call_later(_LINGER_S, self._writer.close)
+                return
         self._writer.close()
         with suppress(Exception):
             async with asyncio.timeout(1.0):

@@ -36,13 +36,18 @@ log = get_logger(__name__)
 _STATES = ("healthy", "ejected", "draining")
 
 
-def install_engine_pool(app: FastAPI, metrics: CollectorRegistry, engine: DuplexEngine, settings: Settings) -> None:
-    """Where ``engine`` is a pool: its metrics into ``metrics``, and the admin routes when a token is set."""
+def install_engine_pool(
+    app: FastAPI, metrics: CollectorRegistry, engine: DuplexEngine, settings: Settings
+) -> EnginePoolCollector | None:
+    """Where ``engine`` is a pool: its metrics into ``metrics`` (the collector returned), and the admin routes
+    when a token is set."""
     if not isinstance(engine, EnginePool):
-        return
-    metrics.register(EnginePoolCollector(engine))
+        return None
+    collector = EnginePoolCollector(engine)
+    metrics.register(collector)
     if settings.server.admin_token is not None:
         app.include_router(engine_admin_router(engine, settings.server.admin_token.get_secret_value()))
+    return collector
 
 
 def start_engine_pool(engine: DuplexEngine) -> None:

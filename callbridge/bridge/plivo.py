@@ -35,7 +35,7 @@ from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.plivo import PlivoCodec, stream_token_header
 from callbridge.bridge.services import BridgeServices
-from callbridge.bridge.twilio import public_base
+from callbridge.bridge.twilio import DRAIN_RETRY_PAUSE_S, public_base
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -50,6 +50,7 @@ __all__ = [
     "PlivoRest",
     "plivo_router",
     "plivo_signature_v3",
+    "retry_xml",
     "stream_xml",
     "transfer_xml",
     "valid_signature_v3",
@@ -181,6 +182,16 @@ def stream_xml(base: str, token: str, content_type: str) -> str:
     )
 
 
+def retry_xml(base: str) -> str:
+    """A draining process's answer to a known call's reconnect: ``<Wait>``, then ``<Redirect>`` to the public
+    answer URL, which the load balancer sends to a ready process (as Twilio's ``twiml_retry``)."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f'<Response><Wait length="{DRAIN_RETRY_PAUSE_S}"/>'
+        f'<Redirect method="POST">{escape(base + ANSWER_PATH)}</Redirect></Response>'
+    )
+
+
 def transfer_xml(target: str) -> str:
     """A transfer's new instructions: ``<Dial>`` the number, or the SIP URI (``<User>``)."""
     noun = f"<User>{escape(target)}</User>" if target.startswith(("sip:", "sips:")) else f"<Number>{escape(target.lstrip('+'))}</Number>"
@@ -244,6 +255,9 @@ def plivo_router(services: BridgeServices) -> APIRouter:
             return Response("CallUUID missing", status_code=400)
         if await services.registry.ended_reason(call_id) is not None:
             return Response(_HANGUP, media_type="application/xml")
+        if await services.moving_elsewhere(call_id):  # a reconnect that reached this draining process
+            log.info("call_redirected", call_id=call_id, provider="plivo", reason="draining")
+            return Response(retry_xml(public_base(settings, str(request.base_url))), media_type="application/xml")
         if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider="plivo", reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")

@@ -64,7 +64,10 @@ class BridgeMetrics:
     """Prometheus metrics of one bridge process, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.calls_active = Gauge("callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry)
+        # ``multiprocess_mode``: how a gauge adds up over ``--workers`` processes (``group_metrics``); else unused
+        self.calls_active = Gauge(
+            "callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry, multiprocess_mode="livesum"
+        )
         self.calls_total = Counter("callbridge_calls_total", "Media streams ended, by how", ["provider", "end"], registry=registry)
         self.protocol_errors = Counter(
             "callbridge_carrier_protocol_errors_total", "Calls ended by invalid carrier input", ["provider", "reason"], registry=registry
@@ -141,7 +144,8 @@ class BridgeMetrics:
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )
         self.cpu_utilization = Gauge(
-            "callbridge_cpu_utilization", "The process's CPU use as a share of one core, smoothed over 5 s", registry=registry
+            "callbridge_cpu_utilization", "The process's CPU use as a share of one core, smoothed over 5 s", registry=registry,
+            multiprocess_mode="liveall",  # admission's budget is per process: one series per worker (``pid``)
         )
         self.barge_in_clear_seconds = Histogram(
             "callbridge_barge_in_clear_seconds",
@@ -150,26 +154,34 @@ class BridgeMetrics:
             registry=registry,
         )
         # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
-        self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry)
+        # With ``--workers``, each worker copies them into its files every second (``group_metrics``), summed.
+        self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry, multiprocess_mode="livesum")
         self.detached_sessions = Gauge(
             "callbridge_detached_sessions", "Engine sessions detached, waiting for their call's next stream (memory registry)",
-            registry=registry,
+            registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
         self.engine_sessions_open = Gauge(
             "callbridge_engine_sessions_open", "Engine sessions the bridge holds: live streams + detached (memory registry)",
-            registry=registry,
+            registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
         self.registry_entries = Gauge(
-            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=registry
+            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=registry,
+            multiprocess_mode="livesum",
         )
         self.local_engine_sessions = Gauge(
             "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)",
-            registry=registry,
+            registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
         self.background_tasks = Gauge(
-            "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry
+            "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry,
+            multiprocess_mode="livesum",
         )
-        self.asyncio_tasks = Gauge("callbridge_asyncio_tasks", "Tasks on the event loop", registry=registry)
+        self.asyncio_tasks = Gauge("callbridge_asyncio_tasks", "Tasks on the event loop", registry=registry, multiprocess_mode="livesum")
+        self.levels = (
+            self.live_streams, self.detached_sessions, self.engine_sessions_open, self.registry_entries,
+            self.local_engine_sessions, self.background_tasks, self.asyncio_tasks,
+        )  # fmt: skip
+        """The gauges read at scrape time (``watch``)."""
 
     def watch(self, services: BridgeServices, loop: asyncio.AbstractEventLoop) -> None:
         """Point the level gauges at ``services`` and ``loop``: each is computed when ``/metrics`` is scraped,
@@ -348,6 +360,23 @@ class BridgeServices:
         self.metrics.admission_refused.labels(reason).inc()
         log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
         return False
+
+    async def moving_elsewhere(self, call_id: str) -> bool:
+        """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off
+        this process or another (``drain``): True where another process can resume it (the registry is shared),
+        so the webhook's answer keeps the call going rather than refuse it, which would end a call that is only
+        moving. Twilio-like carriers get a short pause and a redirect back through the load balancer
+        (``twiml_retry``); Telnyx and Vonage, whose webhook is their only reconnect, a new stream to the public
+        URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
+        and when the registry cannot be reached."""
+        if not self.draining or isinstance(self.registry, MemoryCallRegistry):
+            return False
+        try:
+            record = await self.registry.get(call_id)
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+            return False
+        return record is not None and record.ended_reason is None
 
 
 def call_options(settings: Settings) -> CallOptions:

@@ -272,7 +272,9 @@ class TelnyxCalls:
                 await self.rest.hang_up(call_id, None)
                 return
             restarts = await self._count(call_id, RESTARTS)
-            if restarts > MAX_STREAM_RESTARTS or not await services.admits(call_id):
+            # draining, a call another process can resume still gets its new stream: it goes to the public URL
+            admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
+            if restarts > MAX_STREAM_RESTARTS or not admitted:
                 reason = "stream_restarts_exhausted" if restarts > MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
                 await services.registry.mark_ended(call_id, reason)
                 await self._count(call_id, OVER)

@@ -32,6 +32,7 @@ from callbridge.logging import get_logger
 
 __all__ = [
     "CARRIER",
+    "DRAIN_RETRY_PAUSE_S",
     "TwilioDialect",
     "TwilioRest",
     "TwilioSignatures",
@@ -45,6 +46,9 @@ __all__ = [
 log = get_logger(__name__)
 
 _FORBIDDEN = 403
+DRAIN_RETRY_PAUSE_S = 1
+"""How long a call whose reconnect reached a draining process waits before its webhook is tried again (TwiML's
+``<Pause>`` counts whole seconds)."""
 
 
 def public_base(settings: Settings, request_base: str) -> str:
@@ -88,6 +92,15 @@ class TwilioDialect:
             "</Stream></Connect>"
             f'<Redirect method="POST">{base + self.voice_path}</Redirect>'
             "</Response>"
+        )
+
+    def twiml_retry(self, url: str) -> str:
+        """A draining process's answer to a known call's reconnect: ``<Pause>``, then ``<Redirect>`` to ``url``
+        (the public answer URL), which the load balancer, its readiness probe failing here by then, sends to a
+        ready process. The call hears ``DRAIN_RETRY_PAUSE_S`` of silence instead of ending on ``<Reject>``."""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f'<Response><Pause length="{DRAIN_RETRY_PAUSE_S}"/><Redirect method="POST">{escape(url)}</Redirect></Response>'
         )
 
 
@@ -154,6 +167,9 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
             return Response("CallSid missing", status_code=400)
         if await services.registry.ended_reason(call_id) is not None:
             return Response(_HANGUP, media_type="application/xml")
+        if await services.moving_elsewhere(call_id):  # a reconnect that reached this draining process
+            log.info("call_redirected", call_id=call_id, provider=name, reason="draining")
+            return Response(dialect.twiml_retry(url), media_type="application/xml")
         if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider=name, reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")

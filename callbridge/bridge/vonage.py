@@ -414,7 +414,8 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         else:  # on another process, if anywhere: it detaches there, and the new stream waits for that detach
             await services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
         ended = await services.registry.ended_reason(call_id)
-        if ended is not None or not await services.admits(call_id):
+        # draining, a call another process can resume still gets its new socket: it goes to the public URL
+        if ended is not None or not (await services.admits(call_id) or await services.moving_elsewhere(call_id)):
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended)
             return Response(status_code=204)
         count = await services.registry.count(call_id, _RECONNECTS, kept_ms)

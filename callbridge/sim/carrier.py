@@ -54,8 +54,9 @@ __all__ = [
 FRAME_MS = 20
 _SILENCE_8K = bytes(320)
 
-OpenReason = Literal["answer", "network_drop", "closed_by_bridge"]
-"""Why a media connection is being opened: a new call, or the last one dropped / was closed by the bridge."""
+OpenReason = Literal["answer", "network_drop", "closed_by_bridge", "redirected"]
+"""Why a media connection is being opened: a new call, or the last one dropped / was closed by the bridge; or
+why a webhook is being sent again: the bridge answered the last one with a redirect (a draining process)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,10 @@ Two modes:
 
 Both report failed calls, reconnects (``drop_every_ms``), protocol warnings the real carrier would have raised,
 the generator's own timer lag and CPU, and — with a server PID — the server's CPU-ms per call-second and RSS.
+
+A run's raw samples (``LoadSamples``: every latency, per-call counts, the timer's lags) are kept apart from their
+statistics (``LoadSamples.report``), so that several generator processes' runs (``callbridge.sim.loadtest_pool``)
+merge into one (``merge_samples``) and ``callbridge.sim.loadtest_plot`` draws them over time.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import audioop
 import contextlib
+import math
 import os
 import resource
 import shlex
@@ -296,7 +301,7 @@ class LoadSamples:
 
     def report(self) -> LoadReport:
         """The statistics, every one over all the samples."""
-        call_seconds = max(1e-9, self.call_seconds)
+        call_seconds = self.call_seconds or math.inf  # no call up: 0 per call-second
         warnings = [f"call {c.index}: {w}" for c in self.calls for w in c.warnings]
         errors = self.heard_position_error_ms
         return LoadReport(

@@ -21,6 +21,7 @@ import contextlib
 import math
 import multiprocessing
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -60,6 +61,8 @@ _CALL_PARAMS: Final = ("call", "call_control_id", "uuid")
 _READY_TIMEOUT_S: Final = 120.0
 """Spawning a child imports numpy, the carriers and their crypto: seconds on a busy machine."""
 _START_DELAY_S: Final = 0.3
+_EXIT_TIMEOUT_S: Final = 15.0
+"""After its report, a process closes its carrier (Telnyx: the last webhooks) and exits."""
 _HOP_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"})
 
 ProgressPrinter = Callable[[str], None]
@@ -157,13 +160,19 @@ class _RestRouter:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, port: int) -> None:
+        with socket.socket() as probe:  # uvicorn exits the process when it cannot bind: say why instead
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise OSError(f"the carrier's REST API cannot listen on 127.0.0.1:{port} (--rest-port): {exc.strerror}") from None
         config = uvicorn.Config(self.app, host="127.0.0.1", port=port, log_config=None, lifespan="off", access_log=False)
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())
         while not self._server.started:
             if self._task.done():
                 self._task.result()
-                raise OSError(f"the REST API could not listen on 127.0.0.1:{port}")
+                raise OSError(f"the carrier's REST API could not listen on 127.0.0.1:{port}")
             await asyncio.sleep(0.01)
 
     async def aclose(self) -> None:
@@ -234,7 +243,8 @@ async def run_pooled(
         if router is not None:
             await router.start(rest_port)
         for shard in range(processes):
-            job = _Job(settings.model_dump(), provider, replace(options, shard=shard, shards=processes, progress=False, server_pid=None), url, secret)
+            share = replace(options, shard=shard, shards=processes, progress=False, server_pid=None)
+            job = _Job(settings.model_dump(), provider, share, url, secret)
             ours, theirs = context.Pipe()
             process = context.Process(target=_child_main, args=(job, theirs), name=f"callbridge-loadtest-{shard}", daemon=True)
             process.start()
@@ -273,11 +283,14 @@ async def run_pooled(
     finally:
         for child in children:
             with contextlib.suppress(OSError):
-                child.conn.close()
-            child.process.join(timeout=5)
+                child.conn.close()  # one still waiting for "go" ends
+        deadline = time.monotonic() + _EXIT_TIMEOUT_S
+        while any(child.process.is_alive() for child in children) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # the REST API still answers the processes' last calls meanwhile
+        for child in children:
             if child.process.is_alive():
                 child.process.kill()
-                child.process.join(timeout=5)
+            child.process.join(timeout=5)
         if router is not None:
             await router.aclose()
 

@@ -3,6 +3,8 @@
 It does what Twilio does for an inbound call on ``<Connect><Stream>``:
 - POSTs the signed answer webhook, parses the TwiML, follows ``<Redirect>``
   when a stream ends without the call ending (and stops at ``<Hangup/>``);
+  TwiML of ``<Pause>`` and ``<Redirect>`` only (a draining bridge's) waits, then
+  POSTs the webhook again, to the bridge ``route`` picks (the load balancer);
 - opens the media websocket with ``X-Twilio-Signature`` over the ``wss`` URL,
   sends ``connected`` and ``start`` (the ``<Parameter>`` values in
   ``customParameters``), then a 20 ms μ-law ``media`` frame every 20 ms at real
@@ -24,6 +26,7 @@ header, REST prefix, and optionally PCM16 24 kHz (``L16@24000h``).
 
 from __future__ import annotations
 
+import asyncio
 import audioop
 import base64
 import binascii
@@ -59,6 +62,7 @@ __all__ = [
     "SimulatedSignalWire",
     "SimulatedTwilio",
     "TwilioStream",
+    "TwimlRedirect",
     "answer_and_stream",
 ]
 
@@ -76,6 +80,19 @@ class MediaStream:
     rate_hz: int = 8000
 
 
+@dataclass(frozen=True, slots=True)
+class TwimlRedirect:
+    """TwiML that only waits and redirects: Twilio pauses ``pause_s``, then POSTs ``url``."""
+
+    pause_s: float
+    url: str
+
+
+_MAX_REDIRECTS = 10
+"""Redirects one webhook may chain before the simulated Twilio gives up on the call (Twilio's own limit is
+higher; a test that needs more has a loop)."""
+
+
 async def answer_and_stream(
     http: httpx.AsyncClient,
     validator: RequestValidator,
@@ -84,10 +101,11 @@ async def answer_and_stream(
     *,
     provider: str = "twilio",
     signature_header: str = "X-Twilio-Signature",
-) -> MediaStream | str:
+) -> MediaStream | TwimlRedirect | str:
     """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
     the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
-    ``connected`` and ``start`` with the ``<Parameter>`` values. Returns why not otherwise (HTTP status, verb).
+    ``connected`` and ``start`` with the ``<Parameter>`` values. TwiML of ``<Pause>`` (optional) and ``<Redirect>``
+    is returned as ``TwimlRedirect`` for the caller to follow. Returns why not otherwise (HTTP status, verb).
     A SignalWire ``<Stream codec="L16@24000h">`` gets PCM16 24 kHz both ways."""
     url = f"{bridge_url}/{provider}/voice"
     response = await http.post(url, data=params, headers={signature_header: validator.compute_signature(url, params)})
@@ -95,6 +113,10 @@ async def answer_and_stream(
         return f"answer webhook failed: HTTP {response.status_code}"
     root = ET.fromstring(response.text)
     stream_el = root.find("./Connect/Stream")
+    redirect_el = root.find("Redirect")
+    if stream_el is None and redirect_el is not None and redirect_el.text and all(el.tag in ("Pause", "Redirect") for el in root):
+        pause_el = root.find("Pause")
+        return TwimlRedirect(float(pause_el.attrib.get("length", "1")) if pause_el is not None else 0.0, redirect_el.text.strip())
     if stream_el is None:
         return f"TwiML <{root[0].tag if len(root) else 'nothing'}>: the call ends"
     stream_url = stream_el.attrib["url"]
@@ -259,10 +281,24 @@ class SimulatedTwilio(SimulatedCarrier):
         if reason == "closed_by_bridge":
             result.log(call.clock(), self.provider, "the bridge closed the stream: following <Redirect>")
         params = self.answer_params(call.call_id, first=reason == "answer")
-        opened = await answer_and_stream(
-            self._http, self._validator, self.bridge_url, params,
-            provider=self.provider, signature_header=self.signature_header,
-        )  # fmt: skip
+        bridge_url = self.bridge_url
+        for _ in range(_MAX_REDIRECTS):
+            opened = await answer_and_stream(
+                self._http, self._validator, bridge_url, params,
+                provider=self.provider, signature_header=self.signature_header,
+            )  # fmt: skip
+            if not isinstance(opened, TwimlRedirect):
+                break
+            result.log(call.clock(), self.provider, f"TwiML <Pause> {opened.pause_s:g} s, then <Redirect>")
+            await asyncio.sleep(opened.pause_s)
+            params = self.answer_params(call.call_id, first=False)
+            if self.route is not None:  # the redirect URL is the load balancer's: it picks the bridge again
+                bridge_url = self.bridge_url = self.route("redirected").rstrip("/")
+            else:
+                bridge_url = opened.url.split(f"/{self.provider}/voice")[0]
+        else:
+            result.log(call.clock(), self.provider, f"more than {_MAX_REDIRECTS} redirects: the call ends")
+            return None
         if isinstance(opened, str):
             result.log(call.clock(), self.provider, opened)
             return None

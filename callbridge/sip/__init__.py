@@ -2,6 +2,8 @@
 
 Sans-I/O cores: ``message`` (SIP parsing), ``sdp`` (offer/answer), ``dialog``
 (the UAS transactions and dialogs), ``rtp`` (packets, jitter buffer,
-latching), ``dtmf`` (RFC 4733). ``server`` is the asyncio listener; each call
+latching), ``dtmf`` (RFC 4733), ``registration`` (the REGISTER client) with
+``digest`` (its credentials). ``server`` is the asyncio listener, and
+``registrar_client`` drives the registrations from its socket; each call
 runs on the shared ``MediaStreamDriver`` with ``bridge.providers.sip``.
 """

@@ -30,6 +30,10 @@ What it does:
   ``o=`` version bumped only when our answer changes, ``MediaChanged``; an
   offer we cannot take → 488, the call goes on. An empty re-INVITE gets our
   current SDP as the offer (the answer in the ACK is not read).
+- 100rel (RFC 3262): an INVITE with ``Require: 100rel`` gets its 180 (``ring``)
+  reliably, with ``RSeq``, retransmitted until the PRACK whose ``RAck``
+  names it (→ 200; any other PRACK → 481); no PRACK by 64·T1 → 504. Any other
+  ``Require`` still gets 420.
 - OPTIONS → 200 with ``Allow``/``Accept``/``Supported``, in or out of a
   dialog; INFO (``application/dtmf-relay``) → 200 and ``DtmfInfo``.
 - Transfer (``transfer``, RFC 3515): REFER in the dialog with ``Refer-To``,
@@ -94,9 +98,9 @@ __all__ = [
 T1_MS: Final = 500
 T2_MS: Final = 4000
 TIMEOUT_MS: Final = 64 * T1_MS
-ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY"
-_KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "PRACK", "UPDATE", "REFER", "PUBLISH"})
-_SUPPORTED: Final[frozenset[str]] = frozenset()  # no extensions: Require of anything → 420
+ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, PRACK"
+_KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "UPDATE", "REFER", "PUBLISH"})
+_SUPPORTED: Final[frozenset[str]] = frozenset({"100rel"})  # Require of anything else → 420
 _REASONS: Final = {
     100: "Trying",
     180: "Ringing",
@@ -117,6 +121,7 @@ _REASONS: Final = {
     500: "Server Internal Error",
     501: "Not Implemented",
     503: "Service Unavailable",
+    504: "Server Time-out",
 }
 _MAX_NONCES: Final = 1024
 
@@ -176,7 +181,8 @@ class CallEnded:
     call_id: str
     reason: str
     """``bye`` (the caller hung up), ``cancelled``, ``no_ack``, ``rejected``, ``hung_up`` (our BYE), ``bad_answer``
-    (a delayed offer answered with nothing usable: our BYE)."""
+    (a delayed offer answered with nothing usable: our BYE), ``no_prack`` (our reliable 180 never acknowledged:
+    504 to the INVITE)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +297,12 @@ class _Dialog:
     delayed_offer: bool = False
     """Our 200 carries the offer; the ACK must carry the answer (RFC 3261 §13.2.1)."""
     transfer: _Transfer | None = None
+    reliable_provisional: bool = False
+    """The INVITE had ``Require: 100rel``: our 180 goes reliably (RFC 3262)."""
+    rseq: int = 0
+    """The RSeq of our last reliable provisional response (0: none sent)."""
+    unacked_rseq: int | None = None
+    """That response's RSeq until its PRACK comes."""
 
 
 @dataclass(slots=True)
@@ -369,15 +381,29 @@ class SipUas:
             dialog.sdp = offer(host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
         else:
             dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+        # RFC 3262 §3: our 180 has no SDP, so the 200 need not wait for its PRACK; the 180 stops, a late PRACK
+        # still gets its 200
+        dialog.retransmits = [r for r in dialog.retransmits if r.what != "1xx"]
         self._answer_invite(dialog, dialog.invite, now_ms)
 
     def ring(self, call_id: str, now_ms: int) -> None:
-        """``180 Ringing`` for an offered call (the server answers after ``sip.answer_delay_ms``)."""
+        """``180 Ringing`` for an offered call (the server answers after ``sip.answer_delay_ms``). Reliable when
+        the INVITE required ``100rel`` (RFC 3262 §3): ``RSeq``, retransmitted at T1, 2·T1, 4·T1 … until its
+        PRACK; none by 64·T1 → 504 to the INVITE and ``CallEnded("no_prack")``."""
         dialog = self.dialogs.get(call_id)
-        if dialog is not None and dialog.state is DialogState.OFFERED:
-            extra = [("Contact", self._contact(dialog.invite))]
-            extra.extend(("Record-Route", value) for value in dialog.invite.headers_all("Record-Route"))
-            self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
+        if dialog is None or dialog.state is not DialogState.OFFERED or dialog.unacked_rseq is not None:
+            return  # §3: no second reliable provisional response before the first is acknowledged
+        extra = [("Contact", self._contact(dialog.invite))]
+        extra.extend(("Record-Route", value) for value in dialog.invite.headers_all("Record-Route"))
+        if dialog.reliable_provisional:
+            dialog.rseq = dialog.rseq + 1 if dialog.rseq else 1 + secrets.randbelow(2**31 - 1)  # §3: 1 … 2**31 − 1
+            dialog.unacked_rseq = dialog.rseq
+            extra += [("Require", "100rel"), ("RSeq", str(dialog.rseq))]
+        sent = self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
+        if dialog.reliable_provisional:
+            dialog.retransmits.append(
+                _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "1xx", dialog.rseq, sent.transport)
+            )
 
     def reject(self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None) -> None:
         """Refuse an offered call (486 busy, 503 draining, 480 …)."""
@@ -470,6 +496,8 @@ class SipUas:
             self._on_info(request, source, now_ms)
         elif method == "NOTIFY":
             self._on_notify(request, source, now_ms)
+        elif method == "PRACK":
+            self._on_prack(request, source, now_ms)
         elif method in _KNOWN_UNSUPPORTED:
             self._respond(request, source, 405, now_ms, extra=[("Allow", ALLOW)])
         else:
@@ -519,6 +547,7 @@ class SipUas:
             choice=choice,
             invite_branch=_tx(request),
             delayed_offer=not request.body,
+            reliable_provisional="100rel" in [opt.lower() for opt in request.headers_all("Require")],
         )
         self.dialogs[dialog.call_id] = dialog
         self._invite_branches[_tx(request)] = dialog.call_id
@@ -627,6 +656,20 @@ class SipUas:
                 digit = value.strip().upper()
                 if key.strip().lower() == "signal" and len(digit) == 1 and digit in "0123456789*#ABCD":
                     self._events.append(DtmfInfo(dialog.call_id, digit))
+
+    def _on_prack(self, request: SipRequest, source: Address, now_ms: int) -> None:
+        """RFC 3262 §3: a PRACK whose ``RAck`` names our reliable 180 (its RSeq, the INVITE's CSeq) → 200, and
+        the 180 stops; anything else → 481. A body (an offer in the PRACK) is not read: our 180 carries none."""
+        dialog = self._dialog_of(request)
+        rack = (request.header("RAck") or "").split()
+        if dialog is None or dialog.state is DialogState.ENDED or dialog.unacked_rseq is None or rack != [
+            str(dialog.unacked_rseq), str(dialog.invite.cseq[0]), "INVITE"
+        ]:
+            self._respond(request, source, 481, now_ms)
+            return
+        dialog.unacked_rseq = None
+        dialog.retransmits = [r for r in dialog.retransmits if r.what != "1xx"]
+        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
 
     def _on_notify(self, request: SipRequest, source: Address, now_ms: int) -> None:
         """The progress of our REFER (RFC 3515 §2.4.4): a sipfrag status line; the first final one decides."""
@@ -792,7 +835,7 @@ class SipUas:
         return f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}{suffix}>"
 
     def _capabilities(self) -> list[tuple[str, str]]:
-        return [("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", "")]
+        return [("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", ", ".join(sorted(_SUPPORTED)))]
 
     # ---------------------------------------------------------------- our BYE
 
@@ -833,16 +876,21 @@ class SipUas:
     # ------------------------------------------------------------------ timers
 
     def _resend(self, retransmit: _Retransmit, now_ms: int) -> None:
-        """Timers G and E retransmit over UDP only; the 2xx goes again over any transport (§13.3.1.4)."""
-        if retransmit.transport == "UDP" or retransmit.what == "2xx":
+        """Timers G and E retransmit over UDP only; the 2xx (§13.3.1.4) and a reliable 1xx (RFC 3262 §3) go again
+        over any transport, the 1xx at intervals doubling without the T2 cap."""
+        if retransmit.transport == "UDP" or retransmit.what in ("2xx", "1xx"):
             self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
-        retransmit.interval_ms = min(retransmit.interval_ms * 2, T2_MS)
+        doubled = retransmit.interval_ms * 2
+        retransmit.interval_ms = doubled if retransmit.what == "1xx" else min(doubled, T2_MS)
         retransmit.next_ms = now_ms + retransmit.interval_ms
 
     def _gave_up(self, dialog: _Dialog, retransmit: _Retransmit, now_ms: int) -> None:
         if retransmit.what == "2xx" and dialog.state is DialogState.ANSWERED:
             self._transition(dialog, _Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
             self._send_bye(dialog, now_ms, "no_ack")
+        elif retransmit.what == "1xx" and dialog.state is DialogState.OFFERED:
+            self.reject(dialog.call_id, 504, now_ms)  # RFC 3262 §3: no PRACK in 64·T1 → a 5xx
+            self._events.append(CallEnded(dialog.call_id, "no_prack"))
         elif retransmit.what == "refer" and dialog.transfer is not None:
             self._transfer_ended(dialog, False, 408, "no answer to the REFER")
         elif retransmit.what == "bye" and dialog.state is DialogState.ENDING:

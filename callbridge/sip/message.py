@@ -58,6 +58,7 @@ _CANONICAL: Final = {
         "Record-Route", "Route", "Require", "Supported", "Unsupported", "Allow", "Accept", "Authorization",
         "WWW-Authenticate", "Proxy-Authorization", "User-Agent", "Server", "Subject", "Retry-After", "Warning",
         "Content-Encoding", "Event", "Refer-To", "Allow-Events", "Expires", "Proxy-Require", "Reason",
+        "RSeq", "RAck", "Min-Expires",
     )
 } | {"www-authenticate": "WWW-Authenticate", "cseq": "CSeq", "call-id": "Call-ID"}
 _LIST_HEADERS: Final = frozenset({"Via", "Route", "Record-Route", "Require", "Supported", "Proxy-Require"})

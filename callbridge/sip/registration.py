@@ -30,8 +30,9 @@ Rules:
   after min(max, base · 2^(failures−1)) times a random 50–100 % (RFC 5626
   §4.5's backoff; base 30 s, max 1800 s by default), or after the response's
   ``Retry-After`` when it has one.
-- ``stop``: ``Expires: 0`` for our contact (§10.2.2) when a binding may exist,
-  challenges answered as above; ``Unregistered`` on its final response or at
+- ``stop``: ``Expires: 0`` for our contact (§10.2.2) when a binding may exist
+  (one was granted, a REGISTER is out or went unanswered), challenges answered
+  as above; ``Unregistered`` on its final response or at
   its timeout (the binding then expires by itself).
 """
 
@@ -216,7 +217,9 @@ class SipRegistration:
         self._challenges: dict[str, tuple[DigestChallenge, int]] = {}
         """``Authorization`` / ``Proxy-Authorization`` → the challenge answered, and its nonce count so far."""
         self._tried_nonces: deque[str] = deque(maxlen=_TRIED_NONCES)
+        self._removal_sent = False
         self._may_be_bound = False
+        """A binding may exist at the registrar: one was granted, or a REGISTER went unanswered."""
         self._out: list[Outgoing] = []
         self._events: list[RegistrationEvent] = []
 
@@ -257,13 +260,15 @@ class SipRegistration:
         if self.state in (RegistrationState.UNREGISTERING, RegistrationState.STOPPED):
             return
         self._refresh_at_ms = self._retry_at_ms = None
-        if not self._may_be_bound:
+        if not self._may_be_bound and self.state is not RegistrationState.REGISTERING:
             self._tx = None
             self._transition(_Trigger.STOP_QUIETLY, "stop")
             self._events.append(Unregistered(self.config.aor, 0))
             return
+        in_flight = self.state is RegistrationState.REGISTERING
         self._transition(_Trigger.STOP, "stop")
-        self._send(now_ms, 0)
+        if not in_flight:  # else after the REGISTER in flight ends (§10.2: one REGISTER at a time)
+            self._send_removal(now_ms)
 
     def receive_response(self, response: SipResponse, now_ms: int) -> bool:
         """Take ``response`` if it answers our REGISTER in progress (its Call-ID and CSeq): True, then drain.
@@ -279,7 +284,11 @@ class SipRegistration:
             tx.next_ms = now_ms + T2_MS
             return True
         self._tx = None
-        if 200 <= status < 300:
+        if self.state is RegistrationState.UNREGISTERING and not self._removal_sent:
+            if status in (401, 407):
+                self._take_challenge(response)
+            self._send_removal(now_ms)
+        elif 200 <= status < 300:
             self._accepted(response, tx, now_ms)
         elif status in (401, 407):
             self._challenged(response, tx, now_ms)
@@ -295,7 +304,11 @@ class SipRegistration:
         if tx is not None:
             if tx.give_up_ms <= now_ms:
                 self._tx = None
-                self._failed(now_ms, 408, "timeout", None)
+                self._may_be_bound = True  # it may have arrived, and only its answer been lost
+                if self.state is RegistrationState.UNREGISTERING and not self._removal_sent:
+                    self._send_removal(now_ms)
+                else:
+                    self._failed(now_ms, 408, "timeout", None)
             elif tx.next_ms <= now_ms:
                 if self.config.transport == "UDP":
                     self._out.append(Outgoing(tx.data, self.config.destination, self.config.transport))
@@ -321,6 +334,7 @@ class SipRegistration:
             self._failed(now_ms, response.status, "no_binding", None)
             return
         self.granted_expires_s = granted
+        self._may_be_bound = True
         self.failures = 0
         self._transition(_Trigger.ACCEPTED, f"{response.status} response")
         delay_ms = refresh_delay_ms(granted)
@@ -328,19 +342,25 @@ class SipRegistration:
         self._events.append(Registered(self.config.aor, granted, delay_ms))
 
     def _challenged(self, response: SipResponse, tx: _Transaction, now_ms: int) -> None:
-        proxy = response.status == 407
-        offered = response.headers_all("Proxy-Authenticate" if proxy else "WWW-Authenticate")
-        challenge = best_challenge(offered)
-        if self.config.password is None:
-            self._failed(now_ms, response.status, "no_credentials", None)
-        elif challenge is None:
-            self._failed(now_ms, response.status, "unsupported_challenge", None)
-        elif challenge.nonce in self._tried_nonces:  # answered once already: the credentials are wrong
-            self._failed(now_ms, response.status, "auth_rejected", None)
-        else:
-            self._tried_nonces.append(challenge.nonce)
-            self._challenges["Proxy-Authorization" if proxy else "Authorization"] = (challenge, 0)
+        refusal = self._take_challenge(response)
+        if refusal is None:
             self._send(now_ms, tx.expires_s)
+        else:
+            self._failed(now_ms, response.status, refusal, None)
+
+    def _take_challenge(self, response: SipResponse) -> str | None:
+        """Keep a 401's or 407's challenge for the next request; None, or why it cannot be answered."""
+        proxy = response.status == 407
+        challenge = best_challenge(response.headers_all("Proxy-Authenticate" if proxy else "WWW-Authenticate"))
+        if self.config.password is None:
+            return "no_credentials"
+        if challenge is None:
+            return "unsupported_challenge"
+        if challenge.nonce in self._tried_nonces:  # answered once already: the credentials are wrong
+            return "auth_rejected"
+        self._tried_nonces.append(challenge.nonce)
+        self._challenges["Proxy-Authorization" if proxy else "Authorization"] = (challenge, 0)
+        return None
 
     def _too_brief(self, response: SipResponse, tx: _Transaction, now_ms: int) -> None:
         minimum = (response.header("Min-Expires") or "").strip()
@@ -391,6 +411,10 @@ class SipRegistration:
 
     # ------------------------------------------------------------------ sending
 
+    def _send_removal(self, now_ms: int) -> None:
+        self._removal_sent = True
+        self._send(now_ms, 0)
+
     def _send(self, now_ms: int, expires_s: int) -> None:
         config = self.config
         self.cseq += 1
@@ -424,8 +448,6 @@ class SipRegistration:
             )  # fmt: skip
         data = request.serialize()
         self._tx = _Transaction(self.cseq, data, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, expires_s)
-        if expires_s > 0:
-            self._may_be_bound = True
         self._out.append(Outgoing(data, config.destination, config.transport))
 
     def _transition(self, trigger: _Trigger, why: str) -> None:

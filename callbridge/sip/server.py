@@ -20,6 +20,10 @@ when none). Garbage datagrams, RTP from a source other than the latched
 peer, and SIP messages that cannot be answered are dropped and counted
 (``dropped``), logged at debug level; no call but the addressed one is ever
 touched.
+
+Registrations (``sip.registrations``, ``registrar_client``): our REGISTERs
+leave from this listener's socket (or a TCP connection it reads like an
+accepted one); the responses to them are taken before the UAS sees them.
 """
 
 from __future__ import annotations
@@ -53,12 +57,14 @@ from callbridge.sip.dialog import (
     DtmfInfo,
     MediaChanged,
     OfferAnswered,
+    Outgoing,
     SipUas,
     TransferResult,
     UasConfig,
 )
 from callbridge.sip.dtmf import dtmf_train
 from callbridge.sip.message import SipParseError, split_stream
+from callbridge.sip.registrar_client import RegistrationClients
 from callbridge.sip.rtp import Latch
 from callbridge.sip.sdp import MediaChoice
 
@@ -72,6 +78,7 @@ _CADENCE_S: Final = 0.02
 _SHUTDOWN_WAIT_S: Final = 5.0
 _FINISHED_KEPT: Final = 256
 _TCP_READ_BYTES: Final = 64 * 1024
+_TCP_CONNECT_S: Final = 5.0
 
 
 def _now_ms() -> int:
@@ -323,6 +330,11 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 realm=settings.realm,
             )
         )
+        self.registrations = RegistrationClients(
+            settings.registrations, services.metrics, self._send_registration, lambda: services.draining
+        )
+        """Our REGISTERs (``sip.registrations``), sent from this listener's UDP socket (or over TCP connections it
+        reads like the ones it accepts)."""
         self.calls: dict[str, _Call] = {}
         self.finished: deque[tuple[str, SipRtpCodec, RtpTransport]] = deque(maxlen=_FINISHED_KEPT)
         """The last calls served (call id, codec, transport): their counters, for metrics and tests."""
@@ -331,6 +343,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._transport: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
+        self._outbound_tcp: set[asyncio.Task[None]] = set()
+        """Connections we opened to a registrar (``sip.registrations`` over TCP), read like accepted ones."""
         self._timer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -356,6 +370,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         )
         self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
         self._timer = asyncio.create_task(self._run_timers())
+        self.registrations.start(self.address, self.port or self.settings.port)
         self.services.carrier_state[PROVIDER] = self
         self.services.action_performers[PROVIDER] = self
         log.info("sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp", allowed_ips=self.settings.allowed_ips)
@@ -366,6 +381,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
     ) -> None:
         if self._transport is None:
             return
+        await self.registrations.stop()  # Expires: 0 first: the registrar stops sending calls here
         for call in list(self.calls.values()):
             await call.transport.close()  # our BYE; the driver closes the engine session
         tasks = {c.task for c in self.calls.values() if c.task is not None} | self._tasks
@@ -383,6 +399,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             self._tcp.close()
             for writer in list(self._tcp_writers.values()):
                 writer.close()
+            for task in list(self._outbound_tcp):
+                task.cancel()
             with suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._tcp.wait_closed()
@@ -392,8 +410,38 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
     # ------------------------------------------------------------------ SIP
 
     def datagram_received(self, data: bytes, source: tuple[str, int]) -> None:
+        if self.registrations.receive(data):
+            return
         self.uas.receive_datagram(data, source, _now_ms())
         self._drain()
+
+    def _send_registration(self, out: Outgoing) -> None:
+        """A REGISTER: over UDP from our socket; over TCP on the connection to the registrar, opened when there is
+        none (then read like an accepted one: the registrar may send its INVITEs on it)."""
+        if out.transport == "TCP":
+            writer = self._tcp_writers.get(out.address)
+            if writer is not None and not writer.is_closing():
+                writer.write(out.data)
+            else:
+                task = asyncio.create_task(self._connect_and_send(out))
+                self._outbound_tcp.add(task)  # not in ``_tasks``: shutdown does not wait for its connection
+                task.add_done_callback(self._outbound_tcp.discard)
+        elif self._transport is not None:
+            try:
+                self._transport.sendto(out.data, out.address)
+            except (OSError, OverflowError):  # the REGISTER is retransmitted, then counted as a timeout
+                self.dropped["send_failed"] += 1
+
+    async def _connect_and_send(self, out: Outgoing) -> None:
+        try:
+            async with asyncio.timeout(_TCP_CONNECT_S):
+                reader, writer = await asyncio.open_connection(*out.address)
+        except (OSError, TimeoutError):  # the REGISTER times out: a failure, retried after the backoff
+            self.dropped["tcp_connect_failed"] += 1
+            return
+        self._tcp_writers[out.address] = writer
+        writer.write(out.data)
+        await self._tcp_connection(reader, writer)
 
     def _drain(self, *, wake_timer: bool = True) -> None:
         """Send what the UAS produced and act on its events; the timer task then sees the new deadline."""
@@ -469,6 +517,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                     log.info("sip_tcp_closed", provider=PROVIDER, peer=address[0], reason=exc.reason.value)
                     break
                 for message in messages:
+                    if self.registrations.receive(message):
+                        continue
                     self.uas.receive_datagram(message, address, _now_ms(), transport="TCP")
                     self._drain()
         finally:

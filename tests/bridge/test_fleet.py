@@ -300,3 +300,37 @@ async def test_a_second_sigterm_stops_at_once(fleet: Fleet) -> None:
     result = await exotel_call
     assert len(result.streams) == 1 and result.timeline[-1].at_ms < 10_000, result.render()  # not its 15 s
     assert not fleet.a.events("drain_timeout")
+
+
+async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_the_load_balancer(fleet: Fleet) -> None:
+    """SIGTERM moves A's Twilio call; its ``<Redirect>`` webhook comes back to A, still draining (the load balancer
+    has not taken it out yet): A answers ``<Pause>`` + ``<Redirect>`` rather than ``<Reject>``, the retry reaches
+    B, and the call goes on there on its engine session. A new call at A is still refused."""
+    speech = short_speech(1200)
+    routed: list[str] = []
+
+    def load_balancer(reason: OpenReason) -> str:
+        routed.append(reason)
+        return fleet.b.url if reason == "redirected" else fleet.a.url  # A until it has answered a redirect
+
+    fleet.twilio.route = load_balancer
+    twilio_call = asyncio.create_task(
+        fleet.twilio.place_call(CallerScript(utterances=((300, speech), (5000, speech)), hangup_at_ms=9000))
+    )
+    exotel_call = asyncio.create_task(fleet.exotel.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=6500)))
+    await until(lambda: _ready(fleet.a, active_calls=2), timeout_s=10)  # the Exotel call holds A in its drain
+    await asyncio.sleep(1.5)
+    fleet.a.process.send_signal(signal.SIGTERM)
+
+    twilio_result, exotel_result = await asyncio.gather(twilio_call, exotel_call)
+    assert await asyncio.to_thread(fleet.a.process.wait, 15) == 0
+    assert routed == ["answer", "closed_by_bridge", "redirected"]
+    assert twilio_result.warnings == [] and len(twilio_result.streams) == 2, twilio_result.render()
+    assert twilio_result.hung_up_by == "caller"
+    assert any(e.what == "TwiML <Pause> 1 s, then <Redirect>" for e in twilio_result.timeline), twilio_result.render()
+    (redirected,) = fleet.a.events("call_redirected", call_id=twilio_result.call_sid)
+    assert redirected["reason"] == "draining" and not fleet.a.events("call_refused", call_id=twilio_result.call_sid)
+    _same_session_resumed_on_b(fleet, twilio_result.call_sid)
+    assert _agent_heard_after(twilio_result, _stream_started_at(twilio_result, 1)), twilio_result.render()
+    assert exotel_result.hung_up_by == "caller" and len(exotel_result.streams) == 1
+    await until(fleet.no_engine_session_left, timeout_s=10)
