@@ -76,7 +76,7 @@ TELNYX = [
         "event": "error",
         "stream_id": test_telnyx.SID,
         "sequence_number": "7",
-        "payload": {"code": 100002, "title": "Unknown error"},
+        "error": {"code": "100005", "title": "rate_limit_reached", "detail": "Too many requests"},
     },
     {
         "event": "stop",
@@ -170,8 +170,10 @@ _NON_ASCII_BASE64 = orjson.dumps(
     {
         "event": "media",
         "sequence_number": 2,
-        **{key: sid for key, sid in (("streamSid", test_twilio.SID), ("stream_id", test_telnyx.SID))},
-        **{key: sid for key, sid in (("streamId", test_plivo.STREAM), ("stream_sid", test_exotel.SID))},
+        "streamSid": test_twilio.SID,  # every carrier's stream key, so that each codec reads the payload
+        "stream_id": test_telnyx.SID,
+        "streamId": test_plivo.STREAM,
+        "stream_sid": test_exotel.SID,
         "media": {"track": "inbound", "payload": "////\u00ff"},
     }
 ).decode()
