@@ -121,7 +121,8 @@ class StreamTransport:
                 # Closing at once, with the caller's audio still unread here, would reset the connection
                 # instead, and a reset can take the hang-up frame with it.
                 self._writer.write_eof()
-                self._writer.transport.pause_reading()  # what the peer still sends is not ours to read
+                if isinstance(transport := self._writer.transport, asyncio.ReadTransport):
+                    transport.pause_reading()  # what the peer still sends is not ours to read
                 self._reader.feed_eof()  # a receive waiting for data returns now: the stream is over
                 asyncio.get_running_loop().call_later(_LINGER_S, self._writer.close)
                 return

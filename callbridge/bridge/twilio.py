@@ -4,7 +4,9 @@ signature validation and the REST hang-up (telephony-protocols.md §1.1, §1.6, 
 The answer webhook mints a single-use token for the call and answers
 ``<Connect><Stream>`` with it as a ``<Parameter>``, then ``<Redirect>`` back to
 itself: if the stream drops, Twilio runs the redirect and the call gets a new
-stream, which resumes the same engine session. ``X-Twilio-Signature`` is
+stream, which resumes the same engine session (a draining process answers that
+redirect with ``<Pause>`` and ``<Redirect>`` again, for the load balancer to
+send to a ready process: ``twiml_retry``). ``X-Twilio-Signature`` is
 checked with Twilio's own ``RequestValidator`` against the configured public
 URL — ``wss://`` and no parameters for the upgrade — never against a URL
 rebuilt from proxied headers. A failed check is a 403 and nothing else.

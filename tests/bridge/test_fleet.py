@@ -270,6 +270,11 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     assert len({entry["session_id"] for entry in bridged}) == 1
     for index in (1, 2):
         assert _agent_heard_after(result, _stream_started_at(result, index)), result.render()
+    # /metrics answers for both workers, whichever takes the scrape (``group_metrics``)
+    for _ in range(3):
+        assert await served.metric("callbridge_engine_sessions_total", how="opened") == 1
+        assert await served.metric("callbridge_engine_sessions_total", how="resumed") == 2
+        assert await served.metric("callbridge_engine_endpoint_state", state="healthy") == 2  # both see it healthy
 
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 15) == 0
