@@ -172,6 +172,8 @@ _FLOOD_TOLERANCE_MS: Final = 10_000
 """Media may run this far ahead of the wall clock before it is a flood: a server that stalled (overload, a
 pause) reads its backlog in a burst, but never more than the stall ahead; a flood gets there in a second."""
 _MESSAGE_BURST: Final = 1000
+_BASELINE_RISE: Final = 0.001
+"""ms per ms of media the on-time baseline of media arrival rises by (see ``_track_read_lag``)."""
 _MESSAGES_PER_S: Final = 150
 
 
@@ -245,6 +247,9 @@ class CallSession:
         """Responses this call has flushed (their later audio is dropped)."""
         self._late_audio = LateAudioFilter()
         self._first_media_at_ms: int | None = None
+        self._arrival_baseline_ms: float | None = None
+        self._read_lag_ms = 0
+        """How far behind the carrier's media we are reading now (a backlog after a stall of ours), in ms."""
         self._tokens = float(_MESSAGE_BURST)
         self._tokens_at_ms: int | None = None
         self.late_deltas_dropped = 0
@@ -504,7 +509,8 @@ class CallSession:
                 self._on_media(payload, timestamp_ms, now_ms)
             case MarkEchoed(name):
                 self._transition(_Trigger.CARRIER_EVENT)
-                self.ledger.mark_echoed(name, now_ms)
+                # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
+                self.ledger.mark_echoed(name, now_ms - self._read_lag_ms)
                 self._drain_ledger()
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
@@ -549,6 +555,7 @@ class CallSession:
             pcm = bytes(self._rate_hz * gap_ms // 1000 * PCM16_SAMPLE_BYTES) + pcm
             payload_ms += gap_ms
         self._stream_media_ms += payload_ms
+        self._track_read_lag(now_ms, payload_ms)
         assert self._inbound is not None
         audio = self._inbound.process(pcm)
         self.input_ms += payload_ms
@@ -562,6 +569,19 @@ class CallSession:
         while self._starting_buffer_ms > _MAX_STARTING_BUFFER_MS:
             dropped = self._starting_buffer.popleft()
             self._starting_buffer_ms -= len(dropped) * 500 // self.options.engine_rate_hz
+
+    def _track_read_lag(self, now_ms: int, payload_ms: int) -> None:
+        """Media comes at real time: ``now − media ms so far`` is constant but for jitter and our own lateness.
+        Its lowest value (rising 1 ms a second, to follow a carrier clock a little slower than ours) is the
+        on-time baseline; how far above it we are is how late we read."""
+        offset = now_ms - self._stream_media_ms
+        baseline = self._arrival_baseline_ms
+        if baseline is None or offset < baseline:
+            baseline = offset
+        else:
+            baseline += payload_ms * _BASELINE_RISE
+        self._arrival_baseline_ms = baseline
+        self._read_lag_ms = int(offset - baseline)
 
     def _rate_limit(self, now_ms: int) -> None:
         """A token bucket over all carrier messages: a burst of 1000 (a backlog after a stall), 150 a second

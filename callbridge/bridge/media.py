@@ -347,6 +347,8 @@ class MediaStreamDriver:
             while not self._done():
                 await self._pacing.wait()
                 async with self._lock:
+                    if self._send_failed:  # nothing reaches the carrier any more: play no frame into the void
+                        return
                     self.call.tick(_now_ms())
                     await self._flush()
         finally:
@@ -359,7 +361,7 @@ class MediaStreamDriver:
         if isinstance(event, EngineErrorEvent):
             self.services.metrics.engine_errors.labels(event.code).inc()
             self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
-        if self.call.state is not CallState.LIVE:
+        if self.call.state is not CallState.LIVE or self._send_failed:  # after a failed send: kept for a resume
             return False
         flushes = self.call.flushes
         self.call.receive_engine_event(event, _now_ms())

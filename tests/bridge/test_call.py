@@ -154,6 +154,30 @@ class TestOutbound:
         h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{first_mark}"}}}}')
         assert h.of(AckPlayback) == [AckPlayback("resp-1", 100, "item_resp-1")]
 
+    def test_an_echo_read_in_a_backlog_does_not_move_the_playback_model(self) -> None:
+        """The bridge stalls 80 ms: the caller's frames and Twilio's echo wait in the socket, then are read at
+        once. The echo came on time; only our reading was late, and the barge-in's heard position says so."""
+        h = Harness(lead_ms=200, mark_every_frames=5).live()
+        for i in range(10):  # the caller talks at real time
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            h.now_ms += 20
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        started = h.now_ms
+        for i in range(10, 15):
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            h.now_ms += 20
+        h.now_ms += 80  # stalled: five more frames and the echo of the first marker (100 ms played) wait
+        first_mark = mark_name(h.events("mark")[0])
+        for i in range(15, 20):  # read at once, in the order they came: the echo came with frame 15
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            if i == 15:
+                h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{first_mark}"}}}}')
+        h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
+        truncate = h.of(TruncateItem)[-1]
+        assert abs(truncate.audio_end_ms - (h.now_ms - started)) <= 1  # what played: the whole time since it started
+        # (reading the echo at face value would have put it at 100 ms: the stall taken for the carrier's delay)
+
 
 class TestBargeIn:
     @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ from callbridge.sim.carrier import CallerScript
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
-from tests.bridge.twilio_e2e import detached, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import LoopStalls, detached, engine, settings, short_speech, until
 
 SPEECH_MS = 1500
 SECRET = "a-signature-secret-of-32-bytes-or-more"
@@ -139,14 +139,15 @@ async def test_barge_in_clears_and_acks_what_was_heard() -> None:
     recorder = engine()
     async with running_bridge(settings(), recorder, provider="vonage") as bridge:
         script = CallerScript(utterances=((300, short_speech()),), interrupt_after_agent_ms=600, hangup_at_ms=6000)
-        result = await bridge.carrier.place_call(script)
+        async with LoopStalls() as stalls:
+            result = await bridge.carrier.place_call(script)
     assert result.warnings == [], result.render()
     (truncate,) = recorder.of(TruncateItem)
     heard_acks = [a for a in recorder.of(AckPlayback) if f"item_{a.response_id}" == truncate.item_id]
     assert heard_acks[-1].played_ms == truncate.audio_end_ms
-    assert abs(truncate.audio_end_ms - result.agent_runs_ms[0]) <= 20, result.render()
+    assert abs(truncate.audio_end_ms - result.agent_runs_ms[0]) <= stalls.heard_tolerance_ms, result.render()
     assert len(result.clears) == 1 and result.clears[0] > 0
-    assert abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= 20
+    assert abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= stalls.heard_tolerance_ms
 
 
 async def test_dtmf_reaches_the_engine() -> None:

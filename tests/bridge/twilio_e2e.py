@@ -10,7 +10,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import orjson
@@ -156,3 +156,36 @@ async def detached(registry: CallRegistry, call_id: str) -> bool:
     """The call's engine session waits in the registry for its next stream."""
     record = await registry.get(call_id)
     return record is not None and record.ticket is not None
+
+
+class LoopStalls:
+    """The longest the event loop ran late while ``async with`` lasted. The bridge and the simulated carrier share
+    the loop: on a loaded test machine a heard position measured against the carrier's clock can be off by that
+    much on top of the frame it is allowed (``heard_tolerance_ms``)."""
+
+    def __init__(self, every_s: float = 0.005) -> None:
+        self.every_s = every_s
+        self.worst_ms = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def heard_tolerance_ms(self) -> float:
+        """One frame, plus the worst stall."""
+        return 20 + self.worst_ms
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + self.every_s
+            await asyncio.sleep(self.every_s)
+            self.worst_ms = max(self.worst_ms, (loop.time() - due) * 1000)
