@@ -138,6 +138,7 @@ class Totals:
     frames_received: int = 0
     protocol_warnings: int = 0
     failures: list[str] = field(default_factory=list)
+    failed_call_ids: set[str] = field(default_factory=set)
 
     def add(self, report: LoadReport) -> None:
         self.calls += report.calls
@@ -198,6 +199,7 @@ class Soak:
             )  # fmt: skip
             calls = SoakCalls(carrier, options, self.streams)
             self.totals.add(await calls.run())
+            self.totals.failed_call_ids.update(c.sim.call_id for c in calls._calls if c.failed)
             for call in calls._calls:  # the simulator keeps every call it placed: not the bridge's memory, but ours
                 carrier.calls.pop(call.sim.call_id, None)
             await asyncio.sleep(self.rng.uniform(0.0, 1.0))
@@ -254,6 +256,7 @@ class Soak:
 
     def result(self, idle: dict[str, float], final: dict[str, float], settle_s: float) -> dict[str, Any]:
         sent = _frames_sent_by_stream(self.args.server_log)
+        refused = _refused_calls(self.args.server_log)
         lost = in_flight = extra = unmatched = misread = 0
         lossy: list[dict[str, Any]] = []
         ends = _stream_ends(self.args.server_log)
@@ -287,7 +290,8 @@ class Soak:
             "calls_concurrent": self.args.calls,
             "providers": self.args.providers,
             "calls_completed": self.totals.calls - self.totals.failed_calls,
-            "calls_failed": self.totals.failed_calls,
+            "calls_failed": len(self.totals.failed_call_ids - refused),
+            "calls_refused_by_admission": len(self.totals.failed_call_ids & refused),
             "reconnects": self.totals.reconnects,
             "barge_ins": self.totals.barge_ins,
             "barge_ins_flushed_by_bridge": final["callbridge_barge_ins_total"],
@@ -342,6 +346,18 @@ def _stream_ends(path: Path) -> dict[str, str]:
     return ends
 
 
+def _refused_calls(path: Path) -> set[str]:
+    """Calls the bridge's admission refused (``call_refused``: over ``server.cpu_budget_percent`` or
+    ``max_calls``): the bridge protecting itself, not a fault; counted apart from failed calls."""
+    refused = set()
+    for line in path.read_text().splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("event") == "call_refused" and entry.get("reason") == "capacity":
+                refused.add(str(entry["call_id"]))
+    return refused
+
+
 def _frames_sent_by_stream(path: Path) -> dict[str, int]:
     return dict(_log_frames(path, "frames_sent"))
 
@@ -384,7 +400,8 @@ def render(result: dict[str, Any], table_every_min: float) -> str:
             f"slope {rss['slope_mb_per_hour']:+.1f} MB/hour (after the first quarter)"
         ),
         (
-            f"calls: {result['calls_completed']} completed, {result['calls_failed']} failed; "
+            f"calls: {result['calls_completed']} completed, {result['calls_failed']} failed, "
+            f"{result['calls_refused_by_admission']} refused by admission (CPU budget); "
             f"{result['reconnects']} reconnects, {result['barge_ins']} barge-ins "
             f"({result['barge_ins_flushed_by_bridge']:.0f} flushes by the bridge), {result['protocol_warnings']} protocol warnings"
         ),
@@ -459,6 +476,11 @@ def main() -> int:
     )
     parser.add_argument("--sample-every", type=float, default=30.0, help="seconds between RSS and gauge samples")
     parser.add_argument("--table-every", type=float, default=5.0, help="minutes between rows of the RSS table")
+    parser.add_argument(
+        "--cpu-budget",
+        type=float,
+        help="server.cpu_budget_percent (default: the server's, 85; 0: off): a refused call fails",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the result (samples included) as JSON")
     args = parser.parse_args()
@@ -475,6 +497,8 @@ def main() -> int:
         env.update(_env_for(provider, secret, rest_ports[provider], port))
         env[f"CALLBRIDGE_SOAK_SECRET_{provider.upper()}"] = secret
     env.update(CALLBRIDGE_LOCAL_ENGINE__AGENT="echo", CALLBRIDGE_ENGINE__DISCONNECT_GRACE_S=str(args.grace))
+    if args.cpu_budget is not None:
+        env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
     workdir = Path(tempfile.mkdtemp(prefix="callbridge-soak-"))
     args.server_log = workdir / "server.log"
     print(
