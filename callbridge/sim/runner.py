@@ -29,7 +29,7 @@ from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.ports import free_port
 
-__all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "simulate_call", "write_wav_8k"]
+__all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "serving", "simulate_call", "write_wav_8k"]
 
 
 def sample_caller_wav() -> Path:
@@ -95,6 +95,16 @@ async def running_bridge(
     settings = with_overrides(settings, overrides)
     carrier.configure(settings)
     app = create_app(settings, engine)
+    try:
+        async with serving(app, port):
+            yield RunningBridge(settings, app, base_url, carrier)
+    finally:
+        await carrier.aclose()
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, port: int) -> AsyncIterator[None]:
+    """``app`` on uvicorn at ``127.0.0.1:port``, as ``callbridge serve`` runs it, in this event loop."""
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", ws_per_message_deflate=False, lifespan="on"
     )
@@ -105,11 +115,10 @@ async def running_bridge(
             if task.done():
                 task.result()
             await asyncio.sleep(0.01)
-        yield RunningBridge(settings, app, base_url, carrier)
+        yield
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 15)
-        await carrier.aclose()
 
 
 async def simulate_call(settings: Settings, script: CallerScript, provider: str = "twilio") -> CallResult:

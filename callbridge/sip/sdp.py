@@ -191,16 +191,15 @@ def choose(offer: str) -> MediaChoice | None:
     return None
 
 
+def _session_lines(host: str, session_id: int, version: int) -> list[str]:
+    """The session-level lines of our SDP, offer or answer."""
+    family = "IP6" if ":" in host else "IP4"
+    return ["v=0", f"o=callbridge {session_id} {version} IN {family} {host}", "s=callbridge", f"c=IN {family} {host}", "t=0 0"]
+
+
 def answer(choice: MediaChoice, *, host: str, port: int, session_id: int, version: int) -> str:
     """Our SDP answer (CRLF line ends)."""
-    family = "IP6" if ":" in host else "IP4"
-    lines = [
-        "v=0",
-        f"o=callbridge {session_id} {version} IN {family} {host}",
-        "s=callbridge",
-        f"c=IN {family} {host}",
-        "t=0 0",
-    ]
+    lines = _session_lines(host, session_id, version)
     for index, offered in enumerate(choice.media_lines):
         if index != choice.media_index:
             parts = offered[2:].split()
@@ -226,13 +225,8 @@ OFFER_DTMF_PT: Final = 101
 def offer(*, host: str, port: int, session_id: int, version: int) -> str:
     """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK): PCMU and
     PCMA, telephone-event, 20 ms, sendrecv (CRLF line ends)."""
-    family = "IP6" if ":" in host else "IP4"
     lines = [
-        "v=0",
-        f"o=callbridge {session_id} {version} IN {family} {host}",
-        "s=callbridge",
-        f"c=IN {family} {host}",
-        "t=0 0",
+        *_session_lines(host, session_id, version),
         f"m=audio {port} RTP/AVP 0 8 {OFFER_DTMF_PT}",
         "a=rtpmap:0 PCMU/8000",
         "a=rtpmap:8 PCMA/8000",

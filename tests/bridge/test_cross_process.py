@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import orjson
 import redis.asyncio as aioredis
-import uvicorn
 
 from callbridge.bridge.app import create_app
 from callbridge.bridge.registry import CallRegistry, CallSignal, SignalKind
@@ -27,7 +26,7 @@ from callbridge.bridge.registry_redis import RedisCallRegistry
 from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, SimCall
-from callbridge.sim.runner import RunningBridge, free_port, running_bridge, with_overrides
+from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving, with_overrides
 from callbridge.sim.telnyx import SimulatedTelnyx
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
 from tests.bridge.test_registry import Backend, backend
@@ -148,21 +147,8 @@ async def another_bridge(first: RunningBridge, shared_engine: DuplexEngine) -> A
     url = f"http://127.0.0.1:{port}"
     config = with_overrides(first.settings, {"server": {"port": port, "public_url": url}})
     app = create_app(config, shared_engine)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", lifespan="on"
-        )
-    )
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.01)
+    async with serving(app, port):
         yield RunningBridge(config, app, url, first.carrier)
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 15)
 
 
 def _metric(bridge: RunningBridge, name: str, **labels: str) -> float:
