@@ -379,9 +379,13 @@ class MediaStreamDriver:
             events = session.take_ready_events() if session is not None and not self._pump_holds_event else None
             if not events:
                 break
-            for event in events:
-                if not self._take_engine_event(event):
-                    break
+            try:
+                for event in events:
+                    if not self._take_engine_event(event):
+                        break
+            except Exception:  # as in the pump: the caller hears the fallback, then the call is hung up
+                self.log.exception("engine_event_failed")
+                self.call.engine_failed("engine_stream_failed", _now_ms())
         self._pacing.schedule(None if self._done() else self.call.next_deadline_ms())
 
     async def _send_outputs(self) -> None:

@@ -7,9 +7,12 @@ import asyncio
 import base64
 
 import numpy as np
+import pytest
 from websockets.exceptions import ConnectionClosed
 
+from callbridge.bridge.call import CallSession
 from callbridge.engine.commands import TruncateItem
+from callbridge.engine.events import AudioDelta, EngineEvent
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import (
@@ -130,6 +133,25 @@ async def test_an_engine_failure_mid_call_plays_the_fallback_then_hangs_up() -> 
     assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
     assert 560 <= result.agent_speech_ms <= 640, result.render()  # the reorder tone: 600 ms, then the hang-up
     assert result.heard_ms < 3000 and failures == 1 and hangups == 1
+
+
+async def test_an_engine_event_the_call_cannot_take_plays_the_fallback_then_hangs_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in handling an engine event (here: every audio delta raises) ends that call the engine-failure way,
+    whether the event came with a command (the embedded engine answers at once) or on its own."""
+    original = CallSession.receive_engine_event
+
+    def failing(call: CallSession, event: EngineEvent, now_ms: int) -> None:
+        if isinstance(event, AudioDelta):
+            raise RuntimeError("a bug")
+        original(call, event, now_ms)
+
+    monkeypatch.setattr(CallSession, "receive_engine_event", failing)
+    recorder = engine("loopback")
+    async with running_bridge(settings(engine={"failure_tone_ms": 400}), recorder) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((200, short_speech(800)),), hangup_at_ms=5000))
+        failures = bridge.app.state.bridge.registry.get_sample_value("callbridge_engine_failures_total", {"provider": "twilio"})
+    assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
+    assert 360 <= result.agent_speech_ms <= 440 and failures == 1, result.render()  # only the tone was heard
 
 
 class TestLimits:
