@@ -347,7 +347,8 @@ class CallSession:
                 self.close_transport = True
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
-        self._end_for_agent_when_played(now_ms)
+        if self.hang_up_after_playout is not None:
+            self._end_for_agent_when_played(now_ms)
 
     def engine_failed(self, reason: str, now_ms: int) -> None:
         """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
@@ -414,7 +415,8 @@ class CallSession:
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
             self._drain_ledger()
-            self._end_for_agent_when_played(now_ms)
+            if self.hang_up_after_playout is not None:
+                self._end_for_agent_when_played(now_ms)
         elif self.state is CallState.ENDING:
             self.ledger.tick(now_ms)
             self._drain_ledger(to_engine=False)

@@ -14,7 +14,7 @@ processes (``serve --workers N``, a fleet), ask each one.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException
@@ -89,23 +89,21 @@ def engine_admin_router(pool: EnginePool, token: str) -> APIRouter:
     async def list_endpoints() -> dict[str, list[dict[str, Any]]]:
         return {"endpoints": [_as_json(status) for status in pool.status()]}
 
+    def _apply(action: Callable[[str], EndpointStatus], name: str, url: str) -> dict[str, Any]:
+        try:
+            status = action(url)
+        except KeyError:
+            raise HTTPException(404, f"no engine endpoint {url}") from None
+        log.info(f"admin_engine_{name}", endpoint=status.url)
+        return _as_json(status)
+
     @router.post("/drain")
     async def drain(request: EndpointRequest) -> dict[str, Any]:
-        try:
-            status = pool.drain(request.url)
-        except KeyError:
-            raise HTTPException(404, f"no engine endpoint {request.url}") from None
-        log.info("admin_engine_drain", endpoint=status.url)
-        return _as_json(status)
+        return _apply(pool.drain, "drain", request.url)
 
     @router.post("/undrain")
     async def undrain(request: EndpointRequest) -> dict[str, Any]:
-        try:
-            status = pool.undrain(request.url)
-        except KeyError:
-            raise HTTPException(404, f"no engine endpoint {request.url}") from None
-        log.info("admin_engine_undrain", endpoint=status.url)
-        return _as_json(status)
+        return _apply(pool.undrain, "undrain", request.url)
 
     return router
 

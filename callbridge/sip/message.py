@@ -29,6 +29,7 @@ __all__ = [
     "SipResponse",
     "header_param",
     "parse_message",
+    "split_list",
     "split_params",
     "split_stream",
     "uri_of",
@@ -103,7 +104,7 @@ def _canonical(name: str) -> str:
     return _CANONICAL.get(lower) or "-".join(part.capitalize() for part in lower.split("-"))
 
 
-def _split_list(value: str) -> list[str]:
+def split_list(value: str) -> list[str]:
     """Split a comma-separated header value at commas outside quotes and angle brackets."""
     parts: list[str] = []
     depth, quoted, start = 0, False, 0
@@ -261,7 +262,7 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
         canonical = _canonical(name)
         value = value.strip()
         if canonical in _LIST_HEADERS:
-            message.headers.extend((canonical, part) for part in _split_list(value))
+            message.headers.extend((canonical, part) for part in split_list(value))
         else:
             message.headers.append((canonical, value))
     body = data[end + sep :]

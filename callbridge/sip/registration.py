@@ -48,7 +48,7 @@ from typing import Final
 
 from callbridge.sip.dialog import ALLOW, T1_MS, T2_MS, TIMEOUT_MS, Outgoing
 from callbridge.sip.digest import DigestChallenge, authorization, best_challenge
-from callbridge.sip.message import SipRequest, SipResponse, split_params, uri_of
+from callbridge.sip.message import SipRequest, SipResponse, split_list, split_params, uri_of
 
 __all__ = [
     "TRANSITIONS",
@@ -399,7 +399,7 @@ class SipRegistration:
         """Our contact's ``expires`` in the 2xx, else its ``Expires`` header, else what we asked (§10.2.4)."""
         ours = _normal_uri(self.contact)
         for value in response.headers_all("Contact"):
-            for contact in _split_contacts(value):
+            for contact in split_list(value):  # Contact is a list header, read whole
                 if _normal_uri(uri_of(contact)) == ours:
                     expires = split_params(contact)[1].get("expires", "")
                     if expires.isascii() and expires.isdigit():
@@ -469,22 +469,6 @@ def _normal_uri(uri: str) -> str:
     """A contact URI reduced for comparison: lower case, no parameters (registrars add ``transport`` or
     ``ob``)."""
     return uri.split(";", 1)[0].strip().lower()
-
-
-def _split_contacts(value: str) -> list[str]:
-    """One ``Contact`` header value → its comma-separated entries (commas inside ``<>`` or quotes stay)."""
-    parts: list[str] = []
-    depth, quoted, start = 0, False, 0
-    for i, ch in enumerate(value):
-        if ch == '"':
-            quoted = not quoted
-        elif not quoted and ch in "<>":
-            depth += 1 if ch == "<" else -1
-        elif ch == "," and not quoted and depth <= 0:
-            parts.append(value[start:i].strip())
-            start = i + 1
-    parts.append(value[start:].strip())
-    return [p for p in parts if p]
 
 
 def _retry_after_ms(response: SipResponse) -> int | None:
