@@ -26,7 +26,7 @@ from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.call import CallSession, CallState, PendingAction
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
-from callbridge.bridge.registry import RegistryUnavailable
+from callbridge.bridge.registry import RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent, EngineEvent
@@ -271,12 +271,21 @@ class MediaStreamDriver:
         """No ticket, but a stream still holds the call's engine session: its socket dropped and its detach is
         on the way (in this process or another) while the carrier already reconnected. Wait a moment for the
         ticket rather than open a second session; a mark left by a process that died costs this wait once."""
-        registry, loop = self.services.registry, asyncio.get_running_loop()
+        services, loop = self.services, asyncio.get_running_loop()
+        registry = services.registry
         started = loop.time()
+        nudged = False
         while loop.time() < started + _DETACH_WAIT_S:
             record = await registry.get(call_id)
             if record is None or not record.bound or record.ended_reason is not None:
                 break
+            if not nudged:  # the old stream may not know its connection dropped (half-open): tell it
+                nudged = True
+                old = services.live_streams.get(call_id)
+                if old is None:
+                    await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
+                elif old is not self:
+                    services.spawn(old.superseded())
             await asyncio.sleep(0.02)
             ticket, offset_ms = await registry.claim_ticket(call_id)
             if ticket is not None:
@@ -317,6 +326,17 @@ class MediaStreamDriver:
                 await self.transport.close(_GOING_AWAY)
         self.log.info("stream_moved", reason="draining")
         return True
+
+    async def superseded(self) -> None:
+        async with self._lock:
+            if self._done():
+                return
+            self.log.info("stream_superseded")
+            self.call.transport_lost(_now_ms())
+            await self._flush()
+        self._closed = True
+        with suppress(Exception):
+            await self.transport.close(_GOING_AWAY)  # wakes the reader; ``_finish`` detaches the session
 
     async def end_by_carrier(self, reason: str) -> None:
         """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""

@@ -206,6 +206,11 @@ class LiveStream(Protocol):
         """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
         ...
 
+    async def superseded(self) -> None:
+        """The carrier opened a new stream for this call: this one's connection is gone, whether or not its drop
+        reached us. End it as lost (its engine session detached for the new stream)."""
+        ...
+
     async def move_elsewhere(self) -> bool:
         """Draining: detach the engine session into the registry and close the carrier's socket without a
         goodbye, so the carrier reconnects (to another process); False where the carrier would not."""
@@ -272,8 +277,11 @@ class BridgeServices:
         while True:
             try:
                 async for signal in self.registry.listen(self.process_id):
-                    if signal.kind is SignalKind.CALL_ENDED and signal.call_id in self.live_streams:
-                        self.spawn(self._take(signal, self.live_streams[signal.call_id].end_by_carrier(signal.detail)))
+                    stream = self.live_streams.get(signal.call_id)
+                    if stream is not None and signal.kind is SignalKind.CALL_ENDED:
+                        self.spawn(self._take(signal, stream.end_by_carrier(signal.detail)))
+                    elif stream is not None and signal.kind is SignalKind.STREAM_SUPERSEDED:
+                        self.spawn(self._take(signal, stream.superseded()))
                     for handler in self.signal_handlers.get(signal.kind, ()):
                         self.spawn(self._take(signal, handler(signal)))
             except Exception as exc:  # noqa: BLE001 - the listener outlives any one failure; it listens again

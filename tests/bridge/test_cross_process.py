@@ -30,7 +30,7 @@ from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serv
 from callbridge.sim.telnyx import SimulatedTelnyx
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
 from tests.bridge.test_registry import Backend, backend
-from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import RawStream, RecordingEngine, engine, settings, short_speech, until
 from tests.redis_server import redis_url
 
 __all__ = ["backend", "redis_url"]  # the fixtures, imported for pytest
@@ -183,6 +183,30 @@ async def test_telnyx_streaming_stopped_on_another_process_restarts_the_stream_a
     assert streams_a == 1 and stopped_on_b >= 1 and stopped_on_a == 0
     assert len(recorder.opened) == 1 and recorder.resumed == recorder.opened  # one engine session, resumed on B
     assert result.agent_speech_ms > 0
+
+
+async def test_a_twilio_reconnect_on_b_supersedes_the_half_open_stream_on_a(redis_url: str) -> None:
+    """The drop never reached A (its socket looks open), and Twilio's reconnect reaches B: B finds the call bound
+    and no ticket, and signals; A ends its stream as lost (closed 1001) and detaches; B resumes that session
+    rather than wait out the detach and open a second one."""
+    recorder = engine()
+    config = settings(registry={"backend": "redis", "redis_url": redis_url})
+    async with running_bridge(config, recorder) as a, another_bridge(a, recorder) as b:
+        old = await RawStream.open(a)
+        await old.start()
+
+        async def bound() -> bool:
+            record = await a.app.state.bridge.services.registry.get(old.call_sid)
+            return record is not None and record.bound
+
+        await until(bound)
+        new = await RawStream.open(b, call_sid=old.call_sid)
+        await new.start()
+        assert await old.closed() == 1001
+        await until(lambda: recorder.resumed == recorder.opened)
+        assert len(recorder.opened) == 1 and recorder.session_count == 1
+        assert _metric(a, "callbridge_calls_total", provider="twilio", end="transport_lost") == 1
+        await new.ws.close()
 
 
 class TwoVonageBridges:

@@ -52,6 +52,10 @@ class Process:
     url: str
     log_path: Path
 
+    def call_log(self, call_id: str) -> str:
+        """The call's log lines (for a failed assertion)."""
+        return "\n".join(line for line in self.log_path.read_text().splitlines() if call_id in line)
+
     def events(self, event: str, **fields: Any) -> list[dict[str, Any]]:
         found = []
         for line in self.log_path.read_text().splitlines():
@@ -266,7 +270,7 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     assert result.warnings == [] and len(result.streams) == 3 and result.hung_up_by == "caller", result.render()
     assert len(served.events("worker_started")) == 2 and len(served.events("bridge_started")) == 2
     bridged = served.events("call_bridged", call_id=result.call_sid)  # whichever worker each stream reached
-    assert [entry["engine"] for entry in bridged] == ["opened", "resumed", "resumed"]
+    assert [entry["engine"] for entry in bridged] == ["opened", "resumed", "resumed"], served.call_log(result.call_sid)
     assert len({entry["session_id"] for entry in bridged}) == 1
     for index in (1, 2):
         assert _agent_heard_after(result, _stream_started_at(result, index)), result.render()
