@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
+from urllib.parse import urlsplit
 
 from callbridge import __version__
 from callbridge.config import (
@@ -154,6 +155,9 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--dtmf-every", metavar="S", type=float, help="each call presses a key every S seconds")
     loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media connection every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
+    loadtest.add_argument(
+        "--metrics-url", help="the bridge's base URL for /metrics (default: --url when it is http(s); 'none': not scraped)"
+    )
     loadtest.add_argument("--json", metavar="PATH", type=Path, help="write the report as JSON")
     loadtest.add_argument(
         "--processes",
@@ -303,6 +307,12 @@ def _draining_server(uvicorn: Any, drain: Callable[[], Awaitable[None]] | None) 
     return DrainingServer
 
 
+def _metrics_url(given: str | None, url: str | None) -> str | None:
+    if given is not None:
+        return None if given == "none" else given
+    return url if url is not None and urlsplit(url).scheme in ("http", "https") else None
+
+
 def _reconnects(provider: str) -> bool:
     """Whether the carrier opens a new media connection on the same call after a drop (SIP has no such thing: a
     call whose media is gone is over)."""
@@ -429,7 +439,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     options = LoadTestOptions(
         calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=ms(args.click_every) or 1000, audio=audio,
         barge_in_every_ms=ms(args.barge_in_every), dtmf_every_ms=ms(args.dtmf_every), drop_every_ms=ms(args.drop_every),
-        server_pid=args.server_pid,
+        server_pid=args.server_pid, metrics_url=_metrics_url(args.metrics_url, args.url),
     )  # fmt: skip
     secret = args.secret or secret_from_settings(args.provider, settings)
     if args.url and secret is None:

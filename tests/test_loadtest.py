@@ -44,7 +44,10 @@ def _settings(agent: str = "loopback") -> Settings:
 @pytest.mark.parametrize("provider", sorted(SIMULATED))
 async def test_a_short_load_run(provider: str) -> None:
     async with running_bridge(_settings(), provider=provider) as bridge:
-        options = LoadTestOptions(calls=3, ramp_s=0.3, duration_s=3.0, click_every_ms=500, audio=SPEECH, server_pid=os.getpid(), progress=False)
+        options = LoadTestOptions(
+            calls=3, ramp_s=0.3, duration_s=3.0, click_every_ms=500, audio=SPEECH, server_pid=os.getpid(), progress=False,
+            metrics_url=bridge.base_url,
+        )  # fmt: skip
         report = await LoadTest(bridge.carrier, options).run()
     assert report.failed_calls == 0 and report.failures == [], report.render()
     assert report.protocol_warnings == 0, report.warnings
@@ -61,7 +64,10 @@ async def test_a_short_load_run(provider: str) -> None:
     assert report.frames_received >= report.frames_sent - 3 * 20, report.render()  # the tail of each call in flight
     assert report.first_audio_ms["max"] < bound_ms + stall_ms
     assert report.server_cpu_ms_per_call_second is not None and report.server_cpu_ms_per_call_second > 0
-    assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render()
+    # each stream's first caller audio reached the engine (from the bridge's own metrics, scraped around the run)
+    first = report.first_audio_to_engine_ms
+    assert first["streams"] == 3 and first["p50_le"] <= first["p99_le"], report.render()
+    assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render() and "handed to the engine" in report.render()
 
 
 @pytest.mark.parametrize("provider", ["twilio", "audiosocket", "sip"])

@@ -28,6 +28,7 @@ from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
+from callbridge.engine.commands import AppendAudio, EngineCommand
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent, EngineEvent
 from callbridge.engine.port import DuplexSession, ResumeTicket
@@ -123,6 +124,10 @@ class MediaStreamDriver:
         self._send_failed = False
         self._last_message_at = time.monotonic()
         self._moved = False
+        self._first_audio_read_at: float | None = None
+        """When the stream's first caller audio was read (``perf_counter``), until it is handed to the engine."""
+        self._first_audio_pending = True
+        self._first_audio_ms: float | None = None
 
     @property
     def provider(self) -> str:
@@ -153,6 +158,8 @@ class MediaStreamDriver:
                     await self._flush()
                     return
                 self.call.receive_message(message, _now_ms())
+                if self._first_audio_pending and self._first_audio_read_at is None and self.call.stream_input_ms:
+                    self._first_audio_read_at = time.perf_counter()
                 if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
                     binding = asyncio.create_task(self._bind())
                     self._tasks.append(binding)
@@ -423,6 +430,8 @@ class MediaStreamDriver:
                 self._tasks.append(asyncio.create_task(self._lost_unless_read(_SEND_FAILED_READ_S)))
         commands = self.call.engine_commands()
         if self.session is not None:
+            if self._first_audio_pending and self._first_audio_read_at is not None and commands:
+                self._first_audio_sent(commands)
             for command in commands:
                 try:
                     await self.session.submit(command)
@@ -454,6 +463,14 @@ class MediaStreamDriver:
             elapsed_s = time.perf_counter() - received
             self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
             self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
+
+    def _first_audio_sent(self, commands: list[EngineCommand]) -> None:
+        if any(isinstance(command, AppendAudio) for command in commands):
+            assert self._first_audio_read_at is not None
+            self._first_audio_pending = False
+            elapsed_s = time.perf_counter() - self._first_audio_read_at
+            self.services.metrics.first_audio_seconds.observe(elapsed_s)
+            self._first_audio_ms = round(elapsed_s * 1000, 3)
 
     async def _lost_unless_read(self, delay_s: float) -> None:
         """After a failed send: the stream is lost if the reader has not ended it by then (a transport whose
@@ -547,6 +564,7 @@ class MediaStreamDriver:
                 reason=call.end_reason,
                 frames_sent=call.ledger.frames_sent,
                 frames_flushed=call.ledger.frames_dropped,
+                first_audio_to_engine_ms=self._first_audio_ms,
             )
         services.metrics.calls_total.labels(self.provider, (call.end_reason or "unknown").split(":")[0]).inc()
         if not self._closed:

@@ -140,6 +140,13 @@ class BridgeMetrics:
             buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
             registry=registry,
         )
+        self.first_audio_seconds = Histogram(
+            "callbridge_first_audio_to_engine_seconds",
+            "A stream's first caller audio: read from the carrier to handed to the engine session (the engine's "
+            "open or resume overlaps the reading; audio read before it is bound waits for it)",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )

@@ -148,6 +148,9 @@ class LoadTestOptions:
     """Drop each call's media connection this often (no goodbye); the carrier opens a new one on the same call and
     the bridge resumes its engine session. Only for carriers that reconnect."""
     server_pid: int | None = None
+    metrics_url: str | None = None
+    """The bridge's ``/metrics`` (its base URL): what it says about the run (first audio to the engine) is scraped
+    before and after. None: not scraped."""
     progress: bool = True
     shard: int = 0
     shards: int = 1
@@ -222,6 +225,9 @@ class LoadReport:
     failures: list[str]
     warnings: list[str]
     generator_processes: int = 1
+    first_audio_to_engine_ms: dict[str, float] = field(default_factory=dict)
+    """From the bridge's metrics: streams, and the bucket bounds (ms) under which half and 99 % of them handed
+    their first caller audio to the engine, and the share within 5 ms (%)."""
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
@@ -243,6 +249,12 @@ class LoadReport:
             f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second"
             + (f" ({self.generator_processes} processes)" if self.generator_processes > 1 else "")
         )
+        if self.first_audio_to_engine_ms:
+            first = self.first_audio_to_engine_ms
+            lines.append(
+                f"first caller audio read → handed to the engine (bridge's /metrics, {first['streams']:.0f} streams): "
+                f"p50 ≤ {first['p50_le']:g} ms, p99 ≤ {first['p99_le']:g} ms, {first['within_5ms_pct']:.1f} % within 5 ms"
+            )
         if self.server_cpu_ms_per_call_second is not None:
             lines.append(f"server: CPU {self.server_cpu_ms_per_call_second:.2f} ms per call-second, RSS {self.server_rss_mb:.1f} MB")
         lines += [f"  failed: {failure}" for failure in self.failures[:10]]
@@ -294,6 +306,9 @@ class LoadSamples:
     server_cpu_ms: float | None = None
     """The server's CPU over the run (``--server-pid``; measured once, by the process that started the run)."""
     server_rss_mb: float | None = None
+    first_audio_buckets: dict[float, float] | None = None
+    """The bridge's ``callbridge_first_audio_to_engine_seconds`` over the run: bucket bound (s) → streams at or
+    under it (``metrics_url``; scraped once, by the process that started the run)."""
 
     @property
     def call_seconds(self) -> float:
@@ -328,6 +343,7 @@ class LoadSamples:
             failures=[f"call {c.index}: {c.failed}" for c in self.calls if c.failed],
             warnings=warnings,
             generator_processes=self.processes,
+            first_audio_to_engine_ms=_bucket_summary(self.first_audio_buckets) if self.first_audio_buckets else {},
         )
 
 
@@ -406,6 +422,46 @@ def _quantiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(ordered), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
+FIRST_AUDIO_METRIC: Final = "callbridge_first_audio_to_engine_seconds"
+
+
+async def scrape_histogram(base_url: str, name: str) -> dict[float, float]:
+    """A histogram of the bridge's ``/metrics``, cumulative: bucket bound (s) → count ({} when unreachable)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            text = (await http.get(base_url.rstrip("/") + "/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name + "_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
+
+
+def bucket_delta(before: dict[float, float], after: dict[float, float]) -> dict[float, float] | None:
+    """What a histogram counted between two scrapes (None when the second found nothing)."""
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()} if after else None
+
+
+def _bucket_summary(buckets: dict[float, float]) -> dict[str, float]:
+    total = buckets.get(math.inf, 0.0)
+    if not total:
+        return {}
+    bounds = sorted(buckets)
+
+    def le(fraction: float) -> float:
+        return next(b for b in bounds if buckets[b] >= fraction * total) * 1000
+
+    within = max((count for bound, count in buckets.items() if bound <= 0.005), default=0.0)
+    return {"streams": total, "p50_le": le(0.5), "p99_le": le(0.99), "within_5ms_pct": 100 * within / total}
+
+
 def _server_cpu_ms(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
@@ -453,6 +509,7 @@ class LoadTest:
         """Run, and return the raw samples (what ``run`` reports; what a generator process sends its parent)."""
         options = self.options
         server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
+        first_audio_before = await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC) if options.metrics_url else {}
         cpu_before = resource.getrusage(resource.RUSAGE_SELF)
         started = options.start_at or time.monotonic()
         mine = [index for index in range(options.calls) if index % options.shards == options.shard]
@@ -488,6 +545,9 @@ class LoadTest:
                 warnings=tuple(c.sim.result.warnings),
             )
 
+        first_audio = None
+        if options.metrics_url:
+            first_audio = bucket_delta(first_audio_before, await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC))
         return LoadSamples(
             provider=self.carrier.provider,
             calls_planned=len(mine),
@@ -504,6 +564,7 @@ class LoadTest:
             generator_cpu_ms=generator_cpu,
             server_cpu_ms=None if server_before is None or not options.server_pid else _server_cpu_ms(options.server_pid) - server_before,
             server_rss_mb=_server_rss_mb(options.server_pid) if options.server_pid else None,
+            first_audio_buckets=first_audio,
         )
 
     # --------------------------------------------------------------- calls
@@ -800,7 +861,8 @@ async def load_test_samples(
         local = with_overrides(settings, {"local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}})
         truncations = TruncationLog(LocalEngine(local_engine_options(local)))
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
-            return await LoadTest(bridge.carrier, replace(options, server_pid=os.getpid()), truncations).run_samples()
+            in_process = replace(options, server_pid=os.getpid(), metrics_url=bridge.base_url)
+            return await LoadTest(bridge.carrier, in_process, truncations).run_samples()
     carrier = SIMULATED[provider](url, secret)
     try:
         if carrier.rest_routes():

@@ -40,13 +40,16 @@ from callbridge.config import Settings
 from callbridge.sim.carrier import SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.loadtest import (
+    FIRST_AUDIO_METRIC,
     LoadSamples,
     LoadTest,
     LoadTestOptions,
     _server_cpu_ms,
     _server_rss_mb,
+    bucket_delta,
     merge_samples,
     progress_line,
+    scrape_histogram,
     shard_of,
 )
 from callbridge.sim.ports import free_port
@@ -243,7 +246,7 @@ async def run_pooled(
         if router is not None:
             await router.start(rest_port)
         for shard in range(processes):
-            share = replace(options, shard=shard, shards=processes, progress=False, server_pid=None)
+            share = replace(options, shard=shard, shards=processes, progress=False, server_pid=None, metrics_url=None)
             job = _Job(settings.model_dump(), provider, share, url, secret)
             ours, theirs = context.Pipe()
             process = context.Process(target=_child_main, args=(job, theirs), name=f"callbridge-loadtest-{shard}", daemon=True)
@@ -259,6 +262,7 @@ async def run_pooled(
         if router is not None:
             router.ports = {child.shard: child.rest_port for child in children if child.rest_port is not None}
         server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
+        first_audio_before = await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC) if options.metrics_url else {}
         start_at = time.monotonic() + _START_DELAY_S
         for child in children:
             child.conn.send(("go", start_at))
@@ -279,6 +283,8 @@ async def run_pooled(
         if options.server_pid and server_before is not None:
             merged.server_cpu_ms = _server_cpu_ms(options.server_pid) - server_before
             merged.server_rss_mb = _server_rss_mb(options.server_pid)
+        if options.metrics_url:
+            merged.first_audio_buckets = bucket_delta(first_audio_before, await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC))
         return merged
     finally:
         for child in children:
