@@ -131,6 +131,12 @@ class EngineSettings(_Section):
     interval doubling up to ``probe_backoff_max_s``."""
     probe_backoff_max_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
     probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    open_at_answer: Literal["auto", "on", "off"] = "auto"
+    """Open a call's engine session when its answer webhook is answered, so that its stream finds it ready (the
+    engine's handshake off the call's start). auto: with the memory registry, where the stream reaches the
+    process that answered; off with Redis, where it may reach another."""
+    open_at_answer_ttl_s: Annotated[float, Field(gt=0, le=600)] = 15.0
+    """A session opened at the answer that no stream takes within this is closed."""
 
 
 class CallActionsSettings(_Section):

@@ -227,6 +227,9 @@ class MediaStreamDriver:
             return
         session: DuplexSession | None = None
         how = "opened"
+        if ticket is None and services.answer_sessions is not None:
+            session = await services.answer_sessions.take(start.call_id)
+            how = "opened_at_answer" if session is not None else how
         if ticket is not None:
             try:
                 session = await services.engine.resume(ticket)
@@ -244,7 +247,7 @@ class MediaStreamDriver:
                 await self._record(services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}"))
                 await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
                 return
-        services.metrics.engine_sessions.labels(how).inc()
+        services.metrics.engine_sessions.labels("opened" if how == "opened_at_answer" else how).inc()
         self.log = self.log.bind(session_id=session.session_id)
         try:
             await self._lock.acquire()

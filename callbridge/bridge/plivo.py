@@ -264,6 +264,7 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         token = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
         log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
+        await services.call_answered(call_id)
         return Response(stream_xml(base, token, config.content_type), media_type="application/xml")
 
     @router.websocket(MEDIA_PATH)

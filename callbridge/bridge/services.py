@@ -18,6 +18,7 @@ from callbridge.bridge.actions import (
     SendDtmf,
     telephony_tools,
 )
+from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.pacing import PacingClock
@@ -184,9 +185,13 @@ class BridgeMetrics:
             multiprocess_mode="livesum",
         )
         self.asyncio_tasks = Gauge("callbridge_asyncio_tasks", "Tasks on the event loop", registry=registry, multiprocess_mode="livesum")
+        self.answer_sessions = Gauge(
+            "callbridge_answer_sessions", "Engine sessions opened at an answer webhook that no stream has taken yet",
+            registry=registry, multiprocess_mode="livesum",
+        )  # fmt: skip
         self.levels = (
             self.live_streams, self.detached_sessions, self.engine_sessions_open, self.registry_entries,
-            self.local_engine_sessions, self.background_tasks, self.asyncio_tasks,
+            self.local_engine_sessions, self.background_tasks, self.asyncio_tasks, self.answer_sessions,
         )  # fmt: skip
         """The gauges read at scrape time (``watch``)."""
 
@@ -196,10 +201,14 @@ class BridgeMetrics:
         self.live_streams.set_function(lambda: len(services.live_streams))
         self.background_tasks.set_function(lambda: len(services.background))
         self.asyncio_tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
+        answering = services.answer_sessions
+        self.answer_sessions.set_function(lambda: len(answering) if answering is not None else 0)
         registry = services.registry
         if isinstance(registry, MemoryCallRegistry):
             self.detached_sessions.set_function(lambda: registry.detached_count)
-            self.engine_sessions_open.set_function(lambda: len(services.live_streams) + registry.detached_count)
+            self.engine_sessions_open.set_function(
+                lambda: len(services.live_streams) + registry.detached_count + (len(answering) if answering is not None else 0)
+            )
             self.registry_entries.set_function(lambda: registry.entry_count)
         engine = services.engine
         if isinstance(getattr(engine, "session_count", None), int):  # the embedded engine (``LocalEngine``)
@@ -258,6 +267,25 @@ class BridgeServices:
     signal_handlers: dict[SignalKind, list[SignalHandler]] = field(default_factory=dict)
     listener: asyncio.Task[None] | None = None
     """Takes other processes' signals (``start_listening``), from the app's start to its shutdown."""
+    answer_sessions: AnswerSessions | None = None
+    """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
+
+    def __post_init__(self) -> None:
+        engine = self.settings.engine
+        if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and self.settings.registry.backend == "memory"):
+            self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
+
+    async def call_answered(self, call_id: str) -> None:
+        """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
+        (``engine.open_at_answer``). Not for a call already known here (a reconnect: its stream resumes)."""
+        if self.answer_sessions is None or self.draining:
+            return
+        try:
+            if await self.registry.get(call_id) is not None:
+                return
+        except RegistryUnavailable:
+            return
+        self.answer_sessions.open(call_id, session_config(self.settings))
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""
@@ -266,6 +294,8 @@ class BridgeServices:
         task.add_done_callback(self.background.discard)
 
     async def aclose_background(self) -> None:
+        if self.answer_sessions is not None:
+            await self.answer_sessions.aclose()
         listener, self.listener = self.listener, None
         for task in [*self.background, *([listener] if listener is not None else [])]:
             task.cancel()

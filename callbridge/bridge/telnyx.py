@@ -244,6 +244,7 @@ class TelnyxCalls:
                 await self._count(call_id, OVER)
                 return
             token = await services.tokens.mint(call_id)
+            await services.call_answered(call_id)  # its engine session opens while Call Control answers
             answered = await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
             settled = True
             if answered:

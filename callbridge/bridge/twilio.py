@@ -177,6 +177,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
             return Response(_BUSY, media_type="application/xml")
         token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
+        await services.call_answered(call_id)
         return Response(dialect.twiml_connect(base, token), media_type="application/xml")
 
     @router.websocket(dialect.media_path)

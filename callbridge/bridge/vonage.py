@@ -355,6 +355,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         base = public_base(settings, str(request.base_url))
         token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider="vonage", caller=caller)
+        await services.call_answered(call_id)
         return _ncco(ncco_connect(base, call_id, token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
 
     @router.websocket(MEDIA_PATH)

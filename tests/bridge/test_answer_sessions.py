@@ -1,0 +1,101 @@
+"""Engine sessions opened at the answer webhook (``engine.open_at_answer``): the call's stream takes the session
+its answer opened, one nobody takes is closed after the TTL, and none is opened where the stream may reach
+another process (Redis) or when switched off. Real uvicorn, real websockets, the embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+
+import httpx
+import orjson
+from twilio.request_validator import RequestValidator
+
+from callbridge.bridge.app import create_app
+from callbridge.engine.commands import AppendAudio, CloseSession
+from callbridge.sim.runner import RunningBridge, running_bridge
+from tests.bridge.twilio_e2e import RawStream, engine, settings, until
+
+
+async def _answer(bridge: RunningBridge, call_sid: str) -> str:
+    """POST Twilio's signed answer webhook; the TwiML."""
+    validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
+    url = bridge.base_url + "/twilio/voice"
+    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient() as http:
+        response = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+    assert response.status_code == 200
+    return response.text
+
+
+def _metric(bridge: RunningBridge, name: str, **labels: str) -> float:
+    return bridge.app.state.bridge.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_the_stream_takes_the_session_its_answer_opened() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        call_sid = "CA" + secrets.token_hex(16)
+        assert "<Connect>" in await _answer(bridge, call_sid)
+        await until(lambda: len(recorder.opened) == 1)  # before any websocket: the answer opened it
+        assert _metric(bridge, "callbridge_answer_sessions") == 1
+        stream = await RawStream.open(bridge, call_sid=call_sid)  # the carrier's stream (its answer, again)
+        await stream.start()
+        for timestamp in range(0, 200, 20):
+            await stream.ws.send(stream.media(base64.b64encode(b"\xff" * 160).decode(), timestamp))  # 20 ms of μ-law
+        session_id = recorder.opened[0]
+        await until(lambda: any(isinstance(c, AppendAudio) for c in recorder.commands[session_id]))
+        assert len(recorder.opened) == 1 and recorder.resumed == []  # that session, not a second one
+        assert _metric(bridge, "callbridge_answer_sessions") == 0
+        assert _metric(bridge, "callbridge_engine_sessions_total", how="opened") == 1
+        assert _metric(bridge, "callbridge_first_audio_to_engine_seconds_count") == 1
+        stop = {"accountSid": stream.account_sid, "callSid": call_sid}
+        await stream.ws.send(orjson.dumps({"event": "stop", "sequenceNumber": "13", "streamSid": stream.sid, "stop": stop}).decode())
+        await until(lambda: recorder.session_count == 0, timeout_s=10)  # the caller hung up: closed, not kept
+
+
+async def test_a_session_no_stream_takes_is_closed_after_the_ttl() -> None:
+    recorder = engine()
+    async with running_bridge(settings(engine={"open_at_answer_ttl_s": 0.3}), recorder) as bridge:
+        await _answer(bridge, "CA" + secrets.token_hex(16))  # the caller hangs up while it rings: no stream
+        await until(lambda: len(recorder.opened) == 1)
+        await until(lambda: recorder.session_count == 0, timeout_s=5)
+        assert recorder.commands[recorder.opened[0]][-1] == CloseSession("not_claimed")
+        assert _metric(bridge, "callbridge_answer_sessions") == 0
+
+
+async def test_a_reconnect_resumes_and_opens_nothing_at_its_answer() -> None:
+    """Twilio's ``<Redirect>`` after a drop reaches the answer webhook again: the call is known, its session is
+    detached for the next stream; nothing new is opened."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        first = await RawStream.open(bridge)
+        await first.start()
+        await until(lambda: recorder.session_count == 1 and _metric(bridge, "callbridge_answer_sessions") == 0)
+        assert first.ws.transport is not None
+        first.ws.transport.abort()  # a network drop: the session is detached
+        registry = bridge.app.state.bridge.services.registry
+        await until(lambda: _detached(registry, first.call_sid))
+        second = await RawStream.open(bridge, call_sid=first.call_sid)
+        await second.start()
+        await until(lambda: recorder.resumed == recorder.opened)
+        assert len(recorder.opened) == 1
+        await second.ws.close()
+
+
+async def _detached(registry: object, call_id: str) -> bool:
+    record = await registry.get(call_id)  # type: ignore[attr-defined]
+    return record is not None and record.ticket is not None
+
+
+async def test_off_or_a_shared_registry_opens_at_the_stream() -> None:
+    recorder = engine()
+    async with running_bridge(settings(engine={"open_at_answer": "off"}), recorder) as bridge:
+        await _answer(bridge, "CA" + secrets.token_hex(16))
+        await asyncio.sleep(0.2)
+        assert recorder.opened == []
+    shared = settings(registry={"backend": "redis", "redis_url": "redis://127.0.0.1:1"})  # never reached here
+    assert create_app(shared, engine()).state.bridge.services.answer_sessions is None
+    forced = settings(registry={"backend": "redis", "redis_url": "redis://127.0.0.1:1"}, engine={"open_at_answer": "on"})
+    assert create_app(forced, engine()).state.bridge.services.answer_sessions is not None
