@@ -69,12 +69,32 @@ class CarrierTransport(Protocol):
 
 
 class WebSocketTransport:
-    """A Starlette websocket as a ``CarrierTransport``."""
+    """A Starlette websocket (accepted) as a ``CarrierTransport``.
+
+    Messages go straight to the ASGI ``receive``/``send`` the websocket was given: Starlette's per-message state
+    checks cost more than the message's own handling, and only accept and close change the state (the close
+    still goes through the websocket, so it knows)."""
 
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
+        self._receive = getattr(websocket, "_receive", None)
+        self._send = getattr(websocket, "_send", None)
 
     async def receive(self) -> str | bytes | None:
+        receive = self._receive
+        if receive is None or self.websocket.client_state is not WebSocketState.CONNECTED:
+            return await self._receive_checked()
+        try:
+            message = await receive()
+        except (OSError, RuntimeError):
+            return None
+        if message["type"] != "websocket.receive":
+            self.websocket.client_state = WebSocketState.DISCONNECTED
+            return None
+        text = message.get("text")
+        return text if text is not None else message.get("bytes") or b""
+
+    async def _receive_checked(self) -> str | bytes | None:
         try:
             message = await self.websocket.receive()
         except (WebSocketDisconnect, RuntimeError):
@@ -85,10 +105,14 @@ class WebSocketTransport:
         return text if text is not None else message.get("bytes") or b""
 
     async def send(self, message: str | bytes) -> None:
-        if isinstance(message, str):
-            await self.websocket.send_text(message)
-        else:
-            await self.websocket.send_bytes(message)
+        send = self._send
+        if send is None or self.websocket.application_state is not WebSocketState.CONNECTED:
+            if isinstance(message, str):
+                await self.websocket.send_text(message)
+            else:
+                await self.websocket.send_bytes(message)
+            return
+        await send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
 
     async def close(self, code: int) -> None:
         if self.websocket.application_state is not WebSocketState.DISCONNECTED:

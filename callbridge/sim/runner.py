@@ -23,6 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from callbridge.bridge.app import create_app
+from callbridge.bridge.ws_protocol import protocol_class
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
@@ -106,7 +107,7 @@ async def running_bridge(
 async def serving(app: FastAPI, port: int) -> AsyncIterator[None]:
     """``app`` on uvicorn at ``127.0.0.1:port``, as ``callbridge serve`` runs it, in this event loop."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws="websockets-sansio", ws_per_message_deflate=False, lifespan="on"
+        app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws=protocol_class(), ws_per_message_deflate=False, lifespan="on"
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
