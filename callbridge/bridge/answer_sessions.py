@@ -71,6 +71,12 @@ class AnswerSessions:
         self.taken += 1
         return session
 
+    def discard(self, call_id: str, reason: str) -> None:
+        """The call's stream ended without taking its session (refused, bad input, dropped at once): close it."""
+        task = self._opening.pop(call_id, None)
+        if task is not None:
+            self._close_when_open(task, reason)
+
     def _expire(self, call_id: str, task: asyncio.Task[DuplexSession]) -> None:
         if self._opening.get(call_id) is not task:
             return

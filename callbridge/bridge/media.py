@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from contextlib import suppress
-from typing import Protocol
+from typing import Final, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -42,6 +42,9 @@ _POLICY_VIOLATION = 1008
 _DETACH_WAIT_S = 2.0
 """How long a new stream waits for the ticket of a stream that still holds the call's session."""
 _BOUND_KEPT_MS = 4 * 3600 * 1000
+_NOT_THE_CALLS_END: Final = frozenset({"bad_token", "call_already_ended", "registry_unavailable"})
+"""Ends of a stream that say nothing about its call: a stream with someone else's token, a stream for a call
+already over, a registry that could not be asked (nor written)."""
 """How long a stream's "bound" mark outlives a process that died without detaching."""
 _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
@@ -558,6 +561,9 @@ class MediaStreamDriver:
             await asyncio.wait(self._background, timeout=10)
         call, services, start = self.call, self.services, self.call.start_request
         session = self.session
+        answering = services.answer_sessions
+        if session is None and start is not None and answering is not None and call.end_reason != "bad_token":
+            answering.discard(start.call_id, call.end_reason or "stream_ended")  # the stream never took it
         if session is not None and start is not None:
             services.active_calls.discard(start.call_id)
             if services.live_streams.get(start.call_id) is self:
@@ -578,6 +584,10 @@ class MediaStreamDriver:
                     await session.close(call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
                 await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
+        elif start is not None and call.state is CallState.ENDED and call.end_reason not in _NOT_THE_CALLS_END:
+            # ended before its engine session was bound (bad input, a stop at once): the call is over all the same,
+            # and the carrier's redirect must hang up rather than stream again
+            await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
         self._count(call)
         if call.failures_by_engine is not None:
             services.metrics.engine_failures.labels(self.provider).inc()

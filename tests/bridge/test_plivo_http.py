@@ -208,7 +208,7 @@ async def test_answer_requires_a_valid_signature() -> None:
     stream = ET.fromstring(good.text).find("Stream")
     assert stream is not None and stream.text == bridge.base_url.replace("http://", "ws://") + "/plivo/media"
     assert stream.attrib["contentType"] == "audio/x-mulaw;rate=8000"
-    assert recorder.opened == []
+    assert len(recorder.opened) == 1  # the signed answer's session, opened for its stream (engine.open_at_answer)
 
 
 async def test_answer_by_get_is_signed_over_its_query() -> None:
@@ -227,7 +227,8 @@ async def test_a_call_streams_to_the_engine_and_resumes_after_a_drop() -> None:
     async with bridge_with(recorder) as bridge:
         first = await PlivoStream.open(bridge)
         await first.ws.send(first.start_message())
-        await until(lambda: recorder.session_count == 1)
+        metrics = bridge.app.state.bridge.registry
+        await until(lambda: metrics.get_sample_value("callbridge_engine_sessions_total", {"how": "opened"}) == 1)
         for _ in range(10):
             await first.ws.send(first.media())
         await first.ws.send(first.dtmf("7"))
@@ -260,13 +261,15 @@ async def test_a_stream_without_the_minted_token_is_refused() -> None:
         # a token works once, for its own call
         first = await PlivoStream.open(bridge)
         await first.ws.send(first.start_message())
-        await until(lambda: recorder.session_count == 1)
+        metrics = bridge.app.state.bridge.registry
+        await until(lambda: metrics.get_sample_value("callbridge_engine_sessions_total", {"how": "opened"}) == 1)
         other = await PlivoStream.open(bridge)
         other.extra_headers = first.extra_headers
         await other.ws.send(other.start_message())
         assert await other.closed() == 1008
         await first.ws.close()
-    assert len(recorder.opened) == 1
+        bound = metrics.get_sample_value("callbridge_engine_sessions_total", {"how": "opened"})
+    assert bound == 1  # only the stream with its own call's token got an engine session
 
 
 async def test_an_upgrade_with_a_bad_signature_is_403() -> None:
@@ -330,7 +333,8 @@ async def test_calls_past_capacity_are_refused_busy() -> None:
     async with bridge_with(recorder, server={"max_calls": 1}) as bridge:
         first = await PlivoStream.open(bridge)
         await first.ws.send(first.start_message())
-        await until(lambda: recorder.session_count == 1)
+        metrics = bridge.app.state.bridge.registry
+        await until(lambda: metrics.get_sample_value("callbridge_engine_sessions_total", {"how": "opened"}) == 1)
         refused = await post_signed(bridge, "/plivo/answer", call_params("c-late"))
         again = await post_signed(bridge, "/plivo/answer", call_params(first.call_uuid))  # its own redirect still gets a stream
         await first.ws.close()
