@@ -15,7 +15,7 @@ from twilio.request_validator import RequestValidator
 from callbridge.bridge.app import create_app
 from callbridge.engine.commands import AppendAudio, CloseSession
 from callbridge.sim.runner import RunningBridge, running_bridge
-from tests.bridge.twilio_e2e import RawStream, engine, settings, until
+from tests.bridge.twilio_e2e import RawStream, detached, engine, settings, until
 
 
 async def _answer(bridge: RunningBridge, call_sid: str) -> str:
@@ -76,17 +76,12 @@ async def test_a_reconnect_resumes_and_opens_nothing_at_its_answer() -> None:
         assert first.ws.transport is not None
         first.ws.transport.abort()  # a network drop: the session is detached
         registry = bridge.app.state.bridge.services.registry
-        await until(lambda: _detached(registry, first.call_sid))
+        await until(lambda: detached(registry, first.call_sid))
         second = await RawStream.open(bridge, call_sid=first.call_sid)
         await second.start()
         await until(lambda: recorder.resumed == recorder.opened)
         assert len(recorder.opened) == 1
         await second.ws.close()
-
-
-async def _detached(registry: object, call_id: str) -> bool:
-    record = await registry.get(call_id)  # type: ignore[attr-defined]
-    return record is not None and record.ticket is not None
 
 
 async def test_off_or_a_shared_registry_opens_at_the_stream() -> None:

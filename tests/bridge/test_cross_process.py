@@ -30,7 +30,7 @@ from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serv
 from callbridge.sim.telnyx import SimulatedTelnyx
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
 from tests.bridge.test_registry import Backend, backend
-from tests.bridge.twilio_e2e import RawStream, RecordingEngine, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import RawStream, RecordingEngine, bound, engine, settings, short_speech, until
 from tests.redis_server import redis_url
 
 __all__ = ["backend", "redis_url"]  # the fixtures, imported for pytest
@@ -194,12 +194,7 @@ async def test_a_twilio_reconnect_on_b_supersedes_the_half_open_stream_on_a(redi
     async with running_bridge(config, recorder) as a, another_bridge(a, recorder) as b:
         old = await RawStream.open(a)
         await old.start()
-
-        async def bound() -> bool:
-            record = await a.app.state.bridge.services.registry.get(old.call_sid)
-            return record is not None and record.bound
-
-        await until(bound)
+        await until(lambda: bound(a.app.state.bridge.services.registry, old.call_sid))
         new = await RawStream.open(b, call_sid=old.call_sid)
         await new.start()
         assert await old.closed() == 1001

@@ -18,6 +18,7 @@ from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import (
     LoopStalls,
     RawStream,
+    bound,
     detached,
     engine,
     settings,
@@ -113,12 +114,7 @@ async def test_a_reconnect_while_the_old_socket_looks_open_supersedes_it_and_res
         registry = bridge.app.state.bridge.services.registry
         first = await RawStream.open(bridge)
         await first.start()
-
-        async def bound() -> bool:
-            record = await registry.get(first.call_sid)
-            return record is not None and record.bound
-
-        await until(bound)
+        await until(lambda: bound(registry, first.call_sid))
         second = await RawStream.open(bridge, call_sid=first.call_sid)
         await second.start()
         assert await first.closed() == 1001

@@ -158,6 +158,12 @@ async def detached(registry: CallRegistry, call_id: str) -> bool:
     return record is not None and record.ticket is not None
 
 
+async def bound(registry: CallRegistry, call_id: str) -> bool:
+    """A stream holds the call's engine session (``mark_bound``)."""
+    record = await registry.get(call_id)
+    return record is not None and record.bound
+
+
 class LoopStalls:
     """The longest the event loop ran late while ``async with`` lasted. The bridge and the simulated carrier share
     the loop: on a loaded test machine a heard position measured against the carrier's clock can be off by that
