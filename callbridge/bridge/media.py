@@ -42,10 +42,10 @@ _POLICY_VIOLATION = 1008
 _DETACH_WAIT_S = 2.0
 """How long a new stream waits for the ticket of a stream that still holds the call's session."""
 _BOUND_KEPT_MS = 4 * 3600 * 1000
+"""How long a stream's "bound" mark outlives a process that died without detaching."""
 _NOT_THE_CALLS_END: Final = frozenset({"bad_token", "call_already_ended", "registry_unavailable"})
 """Ends of a stream that say nothing about its call: a stream with someone else's token, a stream for a call
 already over, a registry that could not be asked (nor written)."""
-"""How long a stream's "bound" mark outlives a process that died without detaching."""
 _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
