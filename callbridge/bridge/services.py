@@ -345,6 +345,8 @@ class BridgeServices:
         """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx
         ``call.hangup``), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
         session closes, not kept for a resume), and a later stream or redirect for the call is refused."""
+        if self.answer_sessions is not None:  # hung up while it rang: the session opened at its answer goes too
+            self.answer_sessions.discard(call_id, "call_ended")
         stream = self.live_streams.get(call_id)
         closed = False
         if stream is not None:

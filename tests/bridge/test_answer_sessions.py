@@ -94,3 +94,18 @@ async def test_off_or_a_shared_registry_opens_at_the_stream() -> None:
     assert create_app(shared, engine()).state.bridge.services.answer_sessions is None
     forced = settings(registry={"backend": "redis", "redis_url": "redis://127.0.0.1:1"}, engine={"open_at_answer": "on"})
     assert create_app(forced, engine()).state.bridge.services.answer_sessions is not None
+
+
+async def test_a_call_hung_up_while_it_rang_closes_its_session_at_once() -> None:
+    """Plivo's hangup callback for a call whose stream never came: the session its answer opened is closed then,
+    not at the TTL."""
+    from tests.bridge.test_plivo_http import bridge_with, call_params, post_signed
+
+    recorder = engine()
+    async with bridge_with(recorder, engine={"open_at_answer_ttl_s": 600}) as bridge:
+        assert (await post_signed(bridge, "/plivo/answer", call_params("c-rang"))).status_code == 200
+        await until(lambda: len(recorder.opened) == 1)
+        hangup = {"CallUUID": "c-rang", "HangupCause": "NORMAL_CLEARING"}
+        assert (await post_signed(bridge, "/plivo/hangup", hangup)).status_code == 204
+        await until(lambda: recorder.session_count == 0)
+        assert recorder.commands[recorder.opened[0]][-1] == CloseSession("call_ended")
