@@ -36,6 +36,7 @@ class AnswerSessions:
         self._engine = engine
         self._ttl_s = ttl_s
         self._opening: dict[str, asyncio.Task[DuplexSession]] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self.opened = 0
         self.taken = 0
@@ -52,12 +53,12 @@ class AnswerSessions:
         task = loop.create_task(self._engine.open(config))
         self._opening[call_id] = task
         self.opened += 1
-        loop.call_later(self._ttl_s, self._expire, call_id, task)
+        self._timers[call_id] = loop.call_later(self._ttl_s, self._expire, call_id, task)
 
     async def take(self, call_id: str) -> DuplexSession | None:
         """The session opened for the call at its answer, once open; None when there is none or it failed to
         open (the stream opens its own and reports why). Cancelled while it waits, the session is closed."""
-        task = self._opening.pop(call_id, None)
+        task = self._pop(call_id)
         if task is None:
             return None
         try:
@@ -73,14 +74,21 @@ class AnswerSessions:
 
     def discard(self, call_id: str, reason: str) -> None:
         """The call's stream ended without taking its session (refused, bad input, dropped at once): close it."""
-        task = self._opening.pop(call_id, None)
+        task = self._pop(call_id)
         if task is not None:
             self._close_when_open(task, reason)
+
+    def _pop(self, call_id: str) -> asyncio.Task[DuplexSession] | None:
+        timer = self._timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        return self._opening.pop(call_id, None)
 
     def _expire(self, call_id: str, task: asyncio.Task[DuplexSession]) -> None:
         if self._opening.get(call_id) is not task:
             return
         del self._opening[call_id]
+        self._timers.pop(call_id, None)
         self.expired += 1
         log.info("answer_session_unclaimed", call_id=call_id, ttl_s=self._ttl_s)
         self._close_when_open(task, "not_claimed")
@@ -103,6 +111,9 @@ class AnswerSessions:
     async def aclose(self) -> None:
         """Shutting down: close every session nobody took."""
         opening, self._opening = list(self._opening.values()), {}
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for task in opening:
             self._close_when_open(task, "bridge_stopping")
         if self._closing:
