@@ -299,6 +299,8 @@ class MediaStreamDriver:
         finally:
             self._lock.release()
         await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS))
+        if self._done():  # the stream ended meanwhile: ``_finish`` has the session
+            return
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
         if services.draining:  # bound after the drain began (answered just before it): move it on at once
@@ -551,12 +553,15 @@ class MediaStreamDriver:
     # ----------------------------------------------------------------- finish
 
     async def _finish(self) -> None:
-        for task in self._tasks:
-            if not task.done() and task is not asyncio.current_task():
+        # Until none is left: a task may start another while it is being cancelled (a bind whose registry write
+        # swallowed the cancellation starts the engine pump), and that one must not be left waiting forever.
+        current = asyncio.current_task()
+        while pending := [task for task in self._tasks if not task.done() and task is not current]:
+            for task in pending:
                 task.cancel()
-        for task in self._tasks:
-            with suppress(asyncio.CancelledError, Exception):
-                await task
+            for task in pending:
+                with suppress(asyncio.CancelledError, Exception):
+                    await task
         if self._background:
             await asyncio.wait(self._background, timeout=10)
         call, services, start = self.call, self.services, self.call.start_request
