@@ -36,6 +36,11 @@ class EventStream:
         self.paused = False
         self.finished = False
 
+    @property
+    def queued(self) -> int:
+        """Events put and not yet taken by a consumer."""
+        return len(self._queue)
+
     def put(self, event: EngineEvent) -> None:
         self._queue.append(event)
         if not self._wake_pending:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import Any, Final
@@ -213,7 +214,13 @@ class RealtimeSession(DuplexSession):
         self.capabilities = capabilities
         self._token = resume_token
         self._last_seq = last_seq
+        """The newest server event received (replays at or below it are dropped)."""
         self._acked_seq = last_seq
+        self._consumed_seq = last_seq
+        """The newest server event the consumer has taken: what acks and an exported ticket name, so that events
+        received but not yet taken when the session is detached are replayed to whoever resumes it."""
+        self._queued_seqs: deque[int] = deque()
+        """The position after each event queued for the consumer and not yet known to be taken, oldest first."""
         self._stream = EventStream(session_id)
         self._connected = asyncio.Event()
         self._connected.set()
@@ -235,7 +242,18 @@ class RealtimeSession(DuplexSession):
         return self._closed
 
     def resume_ticket(self) -> ResumeTicket:
-        return ResumeTicket(self.session_id, 0, self._token, self._last_seq, self._endpoint)
+        """Where the consumer stands: a resume replays every event after what it has taken."""
+        return ResumeTicket(self.session_id, 0, self._token, self._taken_through(), self._endpoint)
+
+    def _taken_through(self) -> int:
+        """The position after the newest event the consumer has taken (events are taken in order)."""
+        seqs, queued = self._queued_seqs, self._stream.queued
+        if not queued:  # everything received was taken, or needed no taking (skipped, late audio)
+            seqs.clear()
+            self._consumed_seq = self._last_seq
+        while len(seqs) > queued:
+            self._consumed_seq = seqs.popleft()
+        return self._consumed_seq
 
     def _start(self) -> None:
         self._engine._sessions.add(self)
@@ -289,6 +307,7 @@ class RealtimeSession(DuplexSession):
         if not self._late_audio.admit(event):
             return
         self._stream.put(event)
+        self._queued_seqs.append(self._last_seq)
         if isinstance(event, TERMINAL_EVENTS):
             self._end()
             self._released(event)
@@ -351,12 +370,12 @@ class RealtimeSession(DuplexSession):
                 self._deliver(parsed.event)
                 if self._closed:
                     return
-            if self._last_seq - self._acked_seq >= self._engine.ack_every_events:
+            if self._taken_through() - self._acked_seq >= self._engine.ack_every_events:
                 await self._send_ack()
 
     async def _send_ack(self) -> None:
-        if self._last_seq > self._acked_seq:
-            seq = self._last_seq
+        seq = self._taken_through()
+        if seq > self._acked_seq:
             await self._ws.send(orjson.dumps(event_ack(seq)).decode())
             self._acked_seq = seq
 
@@ -371,7 +390,9 @@ class RealtimeSession(DuplexSession):
                 ws = None
             if ws is not None:
                 try:
-                    await ws.send(orjson.dumps(session_resume(self.resume_ticket())).decode())
+                    # from what this client has received: what is queued here is not wanted twice
+                    received = ResumeTicket(self.session_id, 0, self._token, self._last_seq, self._endpoint)
+                    await ws.send(orjson.dumps(session_resume(received)).decode())
                     first = await self._engine._handshake_event(ws)
                 except EngineError as exc:
                     await ws.close()

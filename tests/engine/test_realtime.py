@@ -100,6 +100,7 @@ async def test_detach_and_resume_from_another_process() -> None:
     async with engine_server(LocalEngineOptions(agent="tone", chunk_ms=100, generation_speed=1.0)) as running:
         session = await RealtimeEngine(running.url).open(NO_VAD)
         first = await until(session, lambda e: isinstance(e, AudioDelta))
+        await asyncio.sleep(0.25)  # more audio arrives and waits, untaken, when the session is detached
         exported = (await session.detach()).to_dict()
         assert exported["resume_token"] and exported["last_event_seq"] >= 2 and exported["endpoint"]
         await asyncio.sleep(0.3)
@@ -108,7 +109,8 @@ async def test_detach_and_resume_from_another_process() -> None:
         assert resumed.capabilities == session.capabilities  # session.resumed says what the session can do
         rest = await until(resumed, lambda e: isinstance(e, ResponseDone))
         audio = [e for e in first + rest if isinstance(e, AudioDelta)]
-        assert sum(len(d.pcm) for d in audio) // 48 == 660
+        assert sum(len(d.pcm) for d in audio) // 48 == 660  # what was received but not taken came again
+        assert b"".join(d.pcm for d in audio) == two_note_chime()  # once each, in order
         await resumed.close()
 
 
