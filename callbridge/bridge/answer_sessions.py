@@ -45,6 +45,9 @@ class AnswerSessions:
     def __len__(self) -> int:
         return len(self._opening)
 
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._opening
+
     def open(self, call_id: str, config: SessionConfig) -> None:
         """Start opening the call's session (nothing if one is already on its way)."""
         if call_id in self._opening:

@@ -391,15 +391,17 @@ class BridgeServices:
         log.info("bridge_drained")
 
     async def admits(self, call_id: str) -> bool:
-        """Whether a call may be answered now: not draining, and under ``server.max_calls`` unless the call is
-        already known (a stream coming back, here or from another process)."""
+        """Whether a call may be answered now: not draining, and under ``server.max_calls`` — the calls bridged and
+        those answered whose stream has not come yet (their engine sessions opened at the answer) — unless the call
+        is already known (a stream coming back, here or from another process)."""
         if self.draining:
             return False
         server = self.settings.server
-        if call_id in self.active_calls:
+        if call_id in self.active_calls or (self.answer_sessions is not None and call_id in self.answer_sessions):
             return True
         over_cpu = bool(server.cpu_budget_percent) and self.cpu.utilization * 100 > server.cpu_budget_percent
-        if not over_cpu and len(self.active_calls) < server.max_calls:
+        answered = len(self.answer_sessions) if self.answer_sessions is not None else 0  # their streams are coming
+        if not over_cpu and len(self.active_calls) + answered < server.max_calls:
             return True
         if await self.registry.get(call_id) is not None:
             return True

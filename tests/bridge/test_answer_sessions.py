@@ -109,3 +109,15 @@ async def test_a_call_hung_up_while_it_rang_closes_its_session_at_once() -> None
         assert (await post_signed(bridge, "/plivo/hangup", hangup)).status_code == 204
         await until(lambda: recorder.session_count == 0)
         assert recorder.commands[recorder.opened[0]][-1] == CloseSession("call_ended")
+
+
+async def test_calls_answered_and_not_yet_streaming_count_against_max_calls() -> None:
+    """At ``server.max_calls = 1``, a call answered whose stream has not come yet holds the place: a second call is
+    refused busy, the first call's own answer coming again (a redirect) is not."""
+    recorder = engine()
+    async with running_bridge(settings(server={"max_calls": 1}), recorder) as bridge:
+        first = "CA" + secrets.token_hex(16)
+        assert "<Connect>" in await _answer(bridge, first)
+        assert 'reason="busy"' in await _answer(bridge, "CA" + secrets.token_hex(16))
+        assert "<Connect>" in await _answer(bridge, first)
+    assert len(recorder.opened) == 1
