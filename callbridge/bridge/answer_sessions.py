@@ -38,9 +38,6 @@ class AnswerSessions:
         self._opening: dict[str, asyncio.Task[DuplexSession]] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._closing: set[asyncio.Task[None]] = set()
-        self.opened = 0
-        self.taken = 0
-        self.expired = 0
 
     def __len__(self) -> int:
         return len(self._opening)
@@ -55,7 +52,6 @@ class AnswerSessions:
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._engine.open(config))
         self._opening[call_id] = task
-        self.opened += 1
         self._timers[call_id] = loop.call_later(self._ttl_s, self._expire, call_id, task)
 
     async def take(self, call_id: str) -> DuplexSession | None:
@@ -72,7 +68,6 @@ class AnswerSessions:
         except EngineError as exc:
             log.info("answer_session_failed", call_id=call_id, reason=exc.code, detail=exc.message)
             return None
-        self.taken += 1
         return session
 
     def discard(self, call_id: str, reason: str) -> None:
@@ -92,7 +87,6 @@ class AnswerSessions:
             return
         del self._opening[call_id]
         self._timers.pop(call_id, None)
-        self.expired += 1
         log.info("answer_session_unclaimed", call_id=call_id, ttl_s=self._ttl_s)
         self._close_when_open(task, "not_claimed")
 

@@ -700,7 +700,7 @@ class CallSession:
         self.end_reason = f"protocol_error:{exc.reason.value}"
         if bound:
             self._commands.append(CloseSession("carrier_protocol_error"))
-        if bound or self.start_request is not None:  # a known call, bound or being bound: it ends, the carrier's way
+        if self.start_request is not None:  # a known call, bound or being bound: it ends, the carrier's way
             self._hang_up(self.end_reason)
         self.close_transport = True
 

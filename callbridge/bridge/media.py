@@ -72,23 +72,22 @@ class CarrierTransport(Protocol):
 
 
 class WebSocketTransport:
-    """A Starlette websocket (accepted) as a ``CarrierTransport``.
+    """A Starlette websocket, accepted, as a ``CarrierTransport``.
 
     Messages go straight to the ASGI ``receive``/``send`` the websocket was given: Starlette's per-message state
-    checks cost more than the message's own handling, and only accept and close change the state (the close
-    still goes through the websocket, so it knows)."""
+    checks cost more than the message's own handling. Its state is kept where it changes: a disconnect read here,
+    and the close (which goes through the websocket)."""
 
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
-        self._receive = getattr(websocket, "_receive", None)
-        self._send = getattr(websocket, "_send", None)
+        self._receive = websocket._receive
+        self._send = websocket._send
 
     async def receive(self) -> str | bytes | None:
-        receive = self._receive
-        if receive is None or self.websocket.client_state is not WebSocketState.CONNECTED:
-            return await self._receive_checked()
+        if self.websocket.client_state is not WebSocketState.CONNECTED:
+            return None
         try:
-            message = await receive()
+            message = await self._receive()
         except (OSError, RuntimeError):
             return None
         if message["type"] != "websocket.receive":
@@ -97,25 +96,10 @@ class WebSocketTransport:
         text = message.get("text")
         return text if text is not None else message.get("bytes") or b""
 
-    async def _receive_checked(self) -> str | bytes | None:
-        try:
-            message = await self.websocket.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            return None
-        if message["type"] == "websocket.disconnect":
-            return None
-        text = message.get("text")
-        return text if text is not None else message.get("bytes") or b""
-
     async def send(self, message: str | bytes) -> None:
-        send = self._send
-        if send is None or self.websocket.application_state is not WebSocketState.CONNECTED:
-            if isinstance(message, str):
-                await self.websocket.send_text(message)
-            else:
-                await self.websocket.send_bytes(message)
-            return
-        await send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
+        if self.websocket.application_state is not WebSocketState.CONNECTED:
+            raise RuntimeError("the websocket is closed")
+        await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
 
     async def close(self, code: int) -> None:
         if self.websocket.application_state is not WebSocketState.DISCONNECTED:
@@ -152,9 +136,9 @@ class MediaStreamDriver:
         self._last_message_at = time.monotonic()
         self._moved = False
         self._first_audio_read_at: float | None = None
-        """When the stream's first caller audio was read (``perf_counter``), until it is handed to the engine."""
-        self._first_audio_pending = True
+        """When the stream's first caller audio was read (``perf_counter``)."""
         self._first_audio_ms: float | None = None
+        """From then until it was handed to the engine session (None: not yet)."""
 
     @property
     def provider(self) -> str:
@@ -185,7 +169,7 @@ class MediaStreamDriver:
                     await self._flush()
                     return
                 self.call.receive_message(message, _now_ms())
-                if self._first_audio_pending and self._first_audio_read_at is None and self.call.stream_input_ms:
+                if self._first_audio_read_at is None and self.call.stream_input_ms:
                     self._first_audio_read_at = time.perf_counter()
                 if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
                     binding = asyncio.create_task(self._bind())
@@ -462,7 +446,7 @@ class MediaStreamDriver:
                 self._tasks.append(asyncio.create_task(self._lost_unless_read(_SEND_FAILED_READ_S)))
         commands = self.call.engine_commands()
         if self.session is not None:
-            if self._first_audio_pending and self._first_audio_read_at is not None and commands:
+            if self._first_audio_ms is None and self._first_audio_read_at is not None and commands:
                 self._first_audio_sent(commands)
             for command in commands:
                 try:
@@ -499,7 +483,6 @@ class MediaStreamDriver:
     def _first_audio_sent(self, commands: list[EngineCommand]) -> None:
         if any(isinstance(command, AppendAudio) for command in commands):
             assert self._first_audio_read_at is not None
-            self._first_audio_pending = False
             elapsed_s = time.perf_counter() - self._first_audio_read_at
             self.services.metrics.first_audio_seconds.observe(elapsed_s)
             self._first_audio_ms = round(elapsed_s * 1000, 3)

@@ -64,13 +64,11 @@ class _Filter:
     taps_per_phase: int
     block: int
     """B: outputs per block (a multiple of ``up``)."""
-    window: int
-    """W: inputs one block reads."""
     phases: np.ndarray
     """(up × taps_per_phase): phase p in time order."""
     blocks: tuple[np.ndarray, ...]
-    """Per first phase r (the block's first output m has m mod up = r): the (W × B) matrix; empty past
-    ``_MAX_BLOCK_FLOATS``."""
+    """Per first phase r (the block's first output m has m mod up = r): the (W × B) matrix, W the inputs one block
+    reads; empty past ``_MAX_BLOCK_FLOATS``."""
     offsets: tuple[np.ndarray, ...]
     """Per first phase r: where each of the block's outputs starts reading, from the block's first input."""
 
@@ -102,7 +100,7 @@ def _filter(in_rate_hz: int, out_rate_hz: int, passband: float, attenuation_db: 
         width = int(starts[-1]) + per_phase
         blocks.append(np.ascontiguousarray(matrix[:width]))
         offsets.append(starts)
-    return _Filter(up, down, per_phase, block, window, phases, tuple(blocks), tuple(offsets))
+    return _Filter(up, down, per_phase, block, phases, tuple(blocks), tuple(offsets))
 
 
 class LowDelayResampler:

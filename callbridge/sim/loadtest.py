@@ -444,8 +444,10 @@ async def scrape_histogram(base_url: str, name: str) -> dict[float, float]:
     return buckets
 
 
-def bucket_delta(before: dict[float, float], after: dict[float, float]) -> dict[float, float] | None:
-    """What a histogram counted between two scrapes (None when the second found nothing)."""
+async def first_audio_since(base_url: str, before: dict[float, float]) -> dict[float, float] | None:
+    """What the bridge's first-audio histogram counted since ``before`` (an earlier scrape); None when it cannot
+    be read now."""
+    after = await scrape_histogram(base_url, FIRST_AUDIO_METRIC)
     return {bound: count - before.get(bound, 0.0) for bound, count in after.items()} if after else None
 
 
@@ -545,9 +547,7 @@ class LoadTest:
                 warnings=tuple(c.sim.result.warnings),
             )
 
-        first_audio = None
-        if options.metrics_url:
-            first_audio = bucket_delta(first_audio_before, await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC))
+        first_audio = await first_audio_since(options.metrics_url, first_audio_before) if options.metrics_url else None
         return LoadSamples(
             provider=self.carrier.provider,
             calls_planned=len(mine),

@@ -46,7 +46,7 @@ from callbridge.sim.loadtest import (
     LoadTestOptions,
     _server_cpu_ms,
     _server_rss_mb,
-    bucket_delta,
+    first_audio_since,
     merge_samples,
     progress_line,
     scrape_histogram,
@@ -284,7 +284,7 @@ async def run_pooled(
             merged.server_cpu_ms = _server_cpu_ms(options.server_pid) - server_before
             merged.server_rss_mb = _server_rss_mb(options.server_pid)
         if options.metrics_url:
-            merged.first_audio_buckets = bucket_delta(first_audio_before, await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC))
+            merged.first_audio_buckets = await first_audio_since(options.metrics_url, first_audio_before)
         return merged
     finally:
         for child in children:
