@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import audioop
 import secrets
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
@@ -371,17 +372,19 @@ class SimulatedCarrier(ABC):
 
     # ------------------------------------------------------------------ REST
 
-    async def start_rest(self, port: int) -> str:
-        """Serve ``rest_routes`` on 127.0.0.1:``port``; returns the base URL."""
+    async def start_rest(self, port: int | socket.socket) -> str:
+        """Serve ``rest_routes`` on 127.0.0.1:``port`` (or on a socket already bound there); returns the base URL."""
         app = Starlette(routes=self.rest_routes())
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off", access_log=False)
+        sock = port if isinstance(port, socket.socket) else None
+        number: int = port.getsockname()[1] if isinstance(port, socket.socket) else port
+        config = uvicorn.Config(app, host="127.0.0.1", port=number, log_config=None, lifespan="off", access_log=False)
         self._rest_server = uvicorn.Server(config)
-        self._rest_task = asyncio.create_task(self._rest_server.serve())
+        self._rest_task = asyncio.create_task(self._rest_server.serve(sockets=[sock] if sock is not None else None))
         while not self._rest_server.started:
             if self._rest_task.done():
                 self._rest_task.result()
             await asyncio.sleep(0.01)
-        self.rest_url = f"http://127.0.0.1:{port}"
+        self.rest_url = f"http://127.0.0.1:{number}"
         return self.rest_url
 
     def end_call(self, call_id: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
-from callbridge.sim.ports import free_port
+from callbridge.sim.ports import bound_socket, free_port
 
 __all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "serving", "simulate_call", "write_wav_8k"]
 
@@ -84,11 +85,12 @@ async def running_bridge(
     settings: Settings, engine: DuplexEngine | None = None, *, provider: str = "twilio"
 ) -> AsyncIterator[RunningBridge]:
     """``callbridge serve`` on a free loopback port with a simulated ``provider`` wired to it."""
-    port = free_port()
+    listener = bound_socket()
+    port = listener.getsockname()[1]
     secret = secrets.token_hex(16)
     base_url = f"http://127.0.0.1:{port}"
     carrier = SIMULATED[provider](base_url, secret)
-    rest_url = await carrier.start_rest(free_port())
+    rest_url = await carrier.start_rest(bound_socket())
     overrides = carrier.bridge_settings(secret, rest_url)
     overrides["server"] = {**overrides.get("server", {}), "host": "127.0.0.1", "port": port, "public_url": base_url}
     if "cpu_budget_percent" not in settings.server.model_fields_set:  # the simulator's CPU is in this process too
@@ -97,20 +99,23 @@ async def running_bridge(
     carrier.configure(settings)
     app = create_app(settings, engine)
     try:
-        async with serving(app, port):
+        async with serving(app, listener):
             yield RunningBridge(settings, app, base_url, carrier)
     finally:
         await carrier.aclose()
 
 
 @asynccontextmanager
-async def serving(app: FastAPI, port: int) -> AsyncIterator[None]:
-    """``app`` on uvicorn at ``127.0.0.1:port``, as ``callbridge serve`` runs it, in this event loop."""
+async def serving(app: FastAPI, port: int | socket.socket) -> AsyncIterator[None]:
+    """``app`` on uvicorn at ``127.0.0.1:port`` (or on a socket already bound there: ``bound_socket``), as
+    ``callbridge serve`` runs it, in this event loop."""
+    sock = port if isinstance(port, socket.socket) else None
+    number: int = port.getsockname()[1] if isinstance(port, socket.socket) else port
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_config=None, access_log=False, ws=protocol_class(), ws_per_message_deflate=False, lifespan="on"
+        app, host="127.0.0.1", port=number, log_config=None, access_log=False, ws=protocol_class(), ws_per_message_deflate=False, lifespan="on"
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))
     try:
         while not server.started:
             if task.done():
