@@ -118,6 +118,18 @@ class EngineSettings(_Section):
     instructions: str = ""
     voice: str | None = None
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """How long a call's session is kept for its next stream after a stream drops (the engine server holds it as
+    long: vllm-omni's disconnect grace)."""
+    reconnect_budget_s: Annotated[float, Field(gt=0, le=60)] = 2.0
+    """kind = realtime: when a live session's connection to its engine server is lost, how long it tries to
+    reconnect, from when the server was last heard from, before the call is given up (``failure_tone_ms`` of
+    reorder tone, then the hang-up). Independent of ``disconnect_grace_s``: a dead server costs the caller this,
+    not the grace."""
+    liveness_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """kind = realtime: each engine connection is pinged this often (a websocket ping)."""
+    liveness_timeout_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """kind = realtime: a ping unanswered this long means the server stopped answering (a stalled process keeps
+    its socket open): the connection is dropped and reconnected within ``reconnect_budget_s``."""
     dtmf: Literal["text_item", "ignore"] = "text_item"
     """What a caller's key press becomes: a user text item ("DTMF 5") in the conversation, or nothing."""
     failure_tone_ms: Annotated[int, Field(ge=0, le=10_000)] = 600

@@ -108,7 +108,16 @@ from callbridge.engine.events import (
 )
 from callbridge.engine.late_audio import LateAudioFilter
 
-__all__ = ["TRANSITIONS", "CallOptions", "CallSession", "CallState", "CallStateError", "DtmfMode", "PendingAction"]
+__all__ = [
+    "TRANSITIONS",
+    "CallOptions",
+    "CallSession",
+    "CallState",
+    "CallStateError",
+    "DtmfMode",
+    "PendingAction",
+    "engine_failure_kind",
+]
 
 
 class CallState(enum.Enum):
@@ -708,6 +717,9 @@ class CallSession:
 _FALLBACK_RESPONSE: Final = "engine_failure"
 _ENGINE_FAILURES: Final = frozenset(
     {ErrorCode.CONNECTION_FAILED, ErrorCode.PROTOCOL_ERROR, ErrorCode.INTERNAL_ERROR, "client_error", "transport_error"}
+    # the server going away (vllm-omni's close_all_sessions at shutdown, a torn-down request, a lost socket it
+    # could not keep): the call did not end on purpose
+    | {"shutdown", "request_cleanup", "disconnect", "open_abandoned", "session_created_undelivered"}
     | FATAL_RESUME_CODES
 )
 
@@ -715,6 +727,20 @@ _ENGINE_FAILURES: Final = frozenset(
 def _is_engine_failure(reason: str) -> bool:
     """A session end that is a failure (not the agent or the bridge ending the call on purpose)."""
     return reason in _ENGINE_FAILURES or reason.startswith("resync_required")
+
+
+def engine_failure_kind(reason: str) -> str:
+    """``failures_by_engine`` as a metric label from a bounded set: the engine's code (``connection_failed``,
+    ``session_resume_expired``, ``shutdown``…), ``expired`` (the engine's grace or idle TTL), ``resync_required``,
+    ``engine_stream_failed`` (the bridge could not read the session), else ``other``."""
+    code = reason.rpartition(":")[2]
+    if reason.startswith("engine_SessionExpired"):
+        return "expired"
+    if "resync_required" in reason:
+        return "resync_required"
+    if code in _ENGINE_FAILURES or code == "engine_stream_failed":
+        return code
+    return "other"
 
 
 def _failure_tone(rate_hz: int, ms: int) -> bytes:

@@ -23,7 +23,7 @@ from typing import Final, Protocol
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from callbridge.bridge.actions import ActionResult
-from callbridge.bridge.call import CallSession, CallState, PendingAction
+from callbridge.bridge.call import CallSession, CallState, PendingAction, engine_failure_kind
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
@@ -50,6 +50,8 @@ _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
+_ENGINE_CLOSE_WAIT_S = 0.25
+"""How long a stream's end waits for its engine session's close before leaving it to the background."""
 _TIMED_EVERY_MESSAGES = 50
 """One inbound message in this many is timed for ``callbridge_carrier_message_seconds`` (about once a second)."""
 
@@ -568,8 +570,7 @@ class MediaStreamDriver:
                 except EngineError as exc:
                     self.log.warning("engine_detach_failed", reason=exc.code)
             elif not session.closed:
-                with suppress(EngineError):
-                    await session.close(call.end_reason or "call_ended")
+                await self._close_session(session, call.end_reason or "call_ended")
             if call.state is CallState.ENDED:
                 await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
         elif start is not None and call.state is CallState.ENDED and call.end_reason not in _NOT_THE_CALLS_END:
@@ -578,7 +579,7 @@ class MediaStreamDriver:
             await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
         self._count(call)
         if call.failures_by_engine is not None:
-            services.metrics.engine_failures.labels(self.provider).inc()
+            services.metrics.engine_failures.labels(self.provider, engine_failure_kind(call.failures_by_engine)).inc()
             self.log.warning("engine_failed_mid_call", reason=call.failures_by_engine)
         if call.failure is not None:
             services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
@@ -595,6 +596,14 @@ class MediaStreamDriver:
         if not self._closed:
             with suppress(Exception):
                 await self.transport.close(1000)
+
+    async def _close_session(self, session: DuplexSession, reason: str) -> None:
+        """Close the call's engine session; a server slow to confirm (stalled, far away) finishes it in the
+        background, so the stream's end (the carrier's stop) is never held up by the engine."""
+        closing = asyncio.ensure_future(_suppress_engine_error(session.close(reason)))
+        done, _ = await asyncio.wait({closing}, timeout=_ENGINE_CLOSE_WAIT_S)
+        if not done:
+            self.services.spawn(_awaited(closing))
 
     async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
         await asyncio.sleep(window_ms / 1000)
@@ -642,3 +651,12 @@ class MediaStreamDriver:
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)
+
+
+async def _suppress_engine_error(work: Awaitable[None]) -> None:
+    with suppress(EngineError):
+        await work
+
+
+async def _awaited(future: Awaitable[None]) -> None:
+    await future

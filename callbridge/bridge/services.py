@@ -114,8 +114,10 @@ class BridgeMetrics:
             registry=registry,
         )
         self.engine_failures = Counter(
-            "callbridge_engine_failures_total", "Calls whose engine session failed mid-call (fallback, then hang-up)",
-            ["provider"], registry=registry,
+            "callbridge_engine_failures_total",
+            "Calls whose engine session failed mid-call (failure tone, then hang-up), by why (connection_failed: the "
+            "server could not be reached within engine.reconnect_budget_s)",
+            ["provider", "reason"], registry=registry,
         )  # fmt: skip
         self.call_actions = Counter(
             "callbridge_call_actions_total", "Carrier actions the agent asked for (transfer, DTMF), by result",
@@ -472,7 +474,9 @@ def build_engine(settings: Settings) -> DuplexEngine:
         return EnginePool(
             engine.urls,
             api_key=engine.api_key.get_secret_value() if engine.api_key else None,
-            resume_window_s=engine.disconnect_grace_s,
+            reconnect_budget_s=engine.reconnect_budget_s,
+            liveness_interval_s=engine.liveness_interval_s,
+            liveness_timeout_s=engine.liveness_timeout_s,
             eject_after_failures=engine.eject_after_failures,
             probe_interval_s=engine.probe_interval_s,
             probe_backoff_max_s=engine.probe_backoff_max_s,

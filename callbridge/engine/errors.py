@@ -4,6 +4,7 @@
       code: str                     vllm-omni's code (``resource_exhausted``, ``session_resume_expired``…)
       retryable: bool               another try (or another server) may succeed
       session_id: str | None
+      refused: bool                 connection_failed because the server's port refused it (nothing listens)
 
 Errors raised while *opening*, *resuming* or on a closed session are raised
 as ``EngineError``; errors about one command on a live session arrive as an
@@ -95,9 +96,11 @@ class EngineError(Exception):
         *,
         retryable: bool | None = None,
         session_id: str | None = None,
+        refused: bool = False,
     ) -> None:
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code
         self.message = message
         self.retryable = code in RETRYABLE_CODES if retryable is None else retryable
         self.session_id = session_id
+        self.refused = refused

@@ -18,17 +18,18 @@ I/O:
   websocket handshake would) every ``probe_interval_s``; ejected endpoints
   with backoff until one answers.
 - A server that dies mid-call: each of its live sessions tries to resume
-  within its window (``RealtimeSession``) and then ends with
-  ``connection_failed``, which the call hears as the failure tone and a
+  within its reconnect budget (``RealtimeSession``, about 2 s) and then ends
+  with ``connection_failed``, which the call hears as the failure tone and a
   hang-up. Sessions are not moved to another server — the conversation, the
   model's context and the resume journal live on the dead one — but the
-  first such loss ejects the endpoint, so new calls go elsewhere (the probes
-  usually eject it sooner).
+  first refused reconnect (or open) ejects the endpoint, and so does the first
+  session lost, so new calls go elsewhere before any probe fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterable
 from contextlib import suppress
@@ -81,7 +82,9 @@ class EnginePool(DuplexEngine):
         urls: Iterable[str],
         *,
         api_key: str | None = None,
-        resume_window_s: float = 30.0,
+        reconnect_budget_s: float = 2.0,
+        liveness_interval_s: float = 1.0,
+        liveness_timeout_s: float = 1.0,
         handshake_timeout_s: float = 10.0,
         eject_after_failures: int = 3,
         probe_interval_s: float = 5.0,
@@ -99,10 +102,17 @@ class EnginePool(DuplexEngine):
         self.probe_timeout_s = probe_timeout_s
         self._members = {
             url: RealtimeEngine(
-                url, api_key=api_key, handshake_timeout_s=handshake_timeout_s, resume_window_s=resume_window_s
+                url,
+                api_key=api_key,
+                handshake_timeout_s=handshake_timeout_s,
+                reconnect_budget_s=reconnect_budget_s,
+                liveness_interval_s=liveness_interval_s,
+                liveness_timeout_s=liveness_timeout_s,
             )
             for url in self.endpoints.urls
         }
+        for url, member in self._members.items():
+            member.on_unreachable = functools.partial(self._refused, url)
         self._by_wire_url = {engine.url: url for url, engine in self._members.items()}
         self._prober: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -124,6 +134,8 @@ class EnginePool(DuplexEngine):
                     raise
                 ejections = self._ejections(url)
                 outcome = self.endpoints.open_failed(url, exc.code, _now_ms())
+                if exc.refused:  # nothing listens there: the server is down, not slow
+                    self.endpoints.lost(url, _now_ms())
                 log.warning(
                     "engine_endpoint_refused", endpoint=url, code=exc.code, detail=exc.message, outcome=outcome.value
                 )
@@ -234,6 +246,12 @@ class EnginePool(DuplexEngine):
             self.endpoints.lost(url, _now_ms())
             self._log_ejection(url, ejections, "session_lost", session_id=session_id)
         self.endpoints.release(url)
+
+    def _refused(self, url: str) -> None:
+        """A live session's reconnect to ``url`` was refused: nothing listens there any more; eject it at once."""
+        ejections = self._ejections(url)
+        self.endpoints.lost(url, _now_ms())
+        self._log_ejection(url, ejections, "connection_refused")
 
     def _ejections(self, url: str) -> int:
         return self.endpoints.status(url)[0].ejections

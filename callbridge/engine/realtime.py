@@ -10,12 +10,24 @@ vllm-omni's own ``DuplexClient`` cannot be imported without torch and vllm
   replayed duplicates by ``server_event_seq``, acknowledges sequences
   (``session.event_ack``) every few events and with every heartbeat, and
   drops audio of a cancelled response or an older epoch (§5.2);
+- liveness: a websocket ping every ``liveness_interval_s``; one unanswered
+  for ``liveness_timeout_s`` means the server stopped answering (a stalled or
+  frozen process keeps its socket open): the socket is dropped and resumed
+  as below. vllm-omni's own ``session.heartbeat`` goes every
+  ``heartbeat_interval_s``;
 - a socket that drops without a terminal event is resumed transparently:
   ``session.resume`` with the latest token and last sequence on a new
-  socket, inside the grace window; the rotated token is adopted and the event
-  stream continues, nothing lost or doubled. Audio submitted while the socket
-  is down is dropped (it would be stale) and counted; other commands wait
-  for the new socket. A fatal resume code ends the session with that reason;
+  socket; the rotated token is adopted and the event stream continues,
+  nothing lost or doubled. The attempts stop ``reconnect_budget_s`` after
+  the server was last heard from (independent of the server's disconnect
+  grace, which can be 30 s): the session then ends with
+  ``connection_failed``, which the call hears as the failure tone and a
+  hang-up, within a few seconds of the server's death. A fatal resume code
+  ends the session with that reason;
+- ``submit`` never waits for a reconnect: audio submitted while the socket is
+  down is dropped (it would be stale) and counted; other commands are kept,
+  in order (bounded; a newer ``playback.ack`` of a response replaces an older
+  one), and sent on the new socket before anything else;
 - ``detach()`` closes the socket (the server starts its grace) and returns a
   ``ResumeTicket`` any process can resume with.
 
@@ -36,7 +48,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from callbridge.engine.commands import AppendAudio, CloseSession, EngineCommand
+from callbridge.engine.commands import AckPlayback, AppendAudio, CloseSession, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, EngineError, ErrorCode
 from callbridge.engine.event_stream import EventStream
 from callbridge.engine.events import (
@@ -70,6 +82,10 @@ __all__ = ["RealtimeEngine", "RealtimeSession", "duplex_url"]
 log = get_logger(__name__)
 
 _MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
+_MAX_BACKLOG: Final = 64
+"""Commands kept while the socket is being replaced (acks coalesce per response); past it the oldest go."""
+_CLOSE_WAIT_S: Final = 5.0
+"""How long ``close`` waits for the server's ``session.closed``."""
 
 
 def duplex_url(url: str) -> str:
@@ -91,17 +107,24 @@ class RealtimeEngine(DuplexEngine):
         api_key: str | None = None,
         handshake_timeout_s: float = 10.0,
         heartbeat_interval_s: float = 30.0,
-        resume_window_s: float = 30.0,
-        reconnect_backoff_s: tuple[float, float] = (0.05, 2.0),
+        reconnect_budget_s: float = 2.0,
+        liveness_interval_s: float = 1.0,
+        liveness_timeout_s: float = 1.0,
+        reconnect_backoff_s: tuple[float, float] = (0.05, 0.5),
         ack_every_events: int = 16,
     ) -> None:
         self.url = duplex_url(url)
         self.api_key = api_key
         self.handshake_timeout_s = handshake_timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.resume_window_s = resume_window_s
+        self.reconnect_budget_s = reconnect_budget_s
+        self.liveness_interval_s = liveness_interval_s
+        self.liveness_timeout_s = liveness_timeout_s
         self.reconnect_backoff_s = reconnect_backoff_s
         self.ack_every_events = ack_every_events
+        self.on_unreachable: Callable[[], None] | None = None
+        """Called when a live session's reconnect finds the server refusing connections (the engine pool ejects
+        the endpoint at once: new calls go elsewhere)."""
         self._sessions: set[RealtimeSession] = set()
 
     async def open(self, config: SessionConfig) -> RealtimeSession:
@@ -145,24 +168,26 @@ class RealtimeEngine(DuplexEngine):
             with suppress(EngineError):
                 await session.close("shutdown")
 
-    async def _connect(self, url: str) -> ClientConnection:
+    async def _connect(self, url: str, timeout_s: float | None = None) -> ClientConnection:
+        """A websocket to ``url``. Raises ``EngineError(connection_failed)``; ``refused`` is set on it when the
+        server's port refused the connection (nothing listens: the server is down)."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
             return await connect(
                 url,
                 additional_headers=headers,
-                open_timeout=self.handshake_timeout_s,
+                open_timeout=self.handshake_timeout_s if timeout_s is None else timeout_s,
                 max_size=_MAX_FRAME_BYTES,
-                ping_interval=20,
-                ping_timeout=20,
+                ping_interval=None,  # the session's keepalive pings, and acts on a missed pong itself
                 compression=None,
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
-            raise EngineError(ErrorCode.CONNECTION_FAILED, f"{url}: {exc}") from exc
+            refused = isinstance(exc, ConnectionRefusedError)
+            raise EngineError(ErrorCode.CONNECTION_FAILED, f"{url}: {exc}", refused=refused) from exc
 
-    async def _handshake_event(self, ws: ClientConnection) -> EngineEvent:
+    async def _handshake_event(self, ws: ClientConnection, timeout_s: float | None = None) -> EngineEvent:
         """The first typed event the server answers a handshake with; errors raise ``EngineError``."""
-        deadline = time.monotonic() + self.handshake_timeout_s
+        deadline = time.monotonic() + (self.handshake_timeout_s if timeout_s is None else timeout_s)
         while True:
             try:
                 raw = await asyncio.wait_for(ws.recv(), max(0.0, deadline - time.monotonic()))
@@ -226,12 +251,20 @@ class RealtimeSession(DuplexSession):
         self._connected.set()
         self._closed = False
         self._detached = False
+        self._close_sent = False
+        """``session.close`` has gone to the server (once per session, whoever asked)."""
+        self._backlog: deque[EngineCommand] = deque()
+        """Commands submitted while the socket is being replaced, sent first on the new one."""
+        self._heard_from_at = time.monotonic()
+        """When the server last showed it is alive (a frame, a pong): the reconnect budget counts from here."""
         self._terminal_seen = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
-        self._heartbeat: asyncio.Task[None] | None = None
+        self._keepalive: asyncio.Task[None] | None = None
         self._late_audio = LateAudioFilter()
         self.dropped_audio_bytes = 0
         """Input audio dropped while the socket was being replaced."""
+        self.dropped_commands = 0
+        """Commands dropped from a full backlog while the socket was being replaced."""
         self.resumes = 0
         self.on_release: Callable[[EngineEvent | None], None] | None = None
         """Called once when the session leaves this client: with its terminal event when it ends, with None when
@@ -258,41 +291,45 @@ class RealtimeSession(DuplexSession):
     def _start(self) -> None:
         self._engine._sessions.add(self)
         self._reader = asyncio.create_task(self._read_forever(), name=f"realtime-reader-{self.session_id}")
-        self._heartbeat = asyncio.create_task(self._heartbeat_forever(), name=f"realtime-heartbeat-{self.session_id}")
+        self._keepalive = asyncio.create_task(self._keep_alive(), name=f"realtime-keepalive-{self.session_id}")
 
     # ------------------------------------------------------------- commands
 
     async def submit(self, command: EngineCommand) -> None:
+        """Send ``command``; while the socket is being replaced, keep it for the new one (audio is dropped)
+        rather than wait. Raises ``EngineError(session_closed)`` on a closed or detached session."""
         if self._closed:
             raise EngineError(ErrorCode.SESSION_CLOSED, "session is closed", session_id=self.session_id)
         if self._detached:
             raise EngineError(ErrorCode.SESSION_CLOSED, "session is detached", session_id=self.session_id)
-        frame = orjson.dumps(command_to_wire(command)).decode()
-        if isinstance(command, AppendAudio):
-            if not self._connected.is_set():
-                self.dropped_audio_bytes += len(command.pcm)
-                return
-            try:
-                await self._ws.send(frame)
-            except ConnectionClosed:
-                self.dropped_audio_bytes += len(command.pcm)  # the reader notices and resumes
+        if isinstance(command, CloseSession):
+            if self._close_sent:
+                return  # one session.close per session: the server answers a second with session_closed
+            self._close_sent = True
+        if not self._connected.is_set():
+            self._keep(command)
             return
-        for _ in range(2):
-            await self._wait_connected()
-            try:
-                await self._ws.send(frame)
-                return
-            except ConnectionClosed:
-                self._connected.clear()
-        raise EngineError(ErrorCode.CONNECTION_FAILED, "could not send after a reconnect", session_id=self.session_id)
-
-    async def _wait_connected(self) -> None:
         try:
-            await asyncio.wait_for(self._connected.wait(), self._engine.resume_window_s + 5)
-        except TimeoutError as exc:
-            raise EngineError(ErrorCode.CONNECTION_FAILED, "engine unreachable", session_id=self.session_id) from exc
-        if self._closed:
-            raise EngineError(ErrorCode.SESSION_CLOSED, "session is closed", session_id=self.session_id)
+            await self._ws.send(orjson.dumps(command_to_wire(command)).decode())
+        except ConnectionClosed:  # the reader notices and resumes
+            self._keep(command)
+
+    def _keep(self, command: EngineCommand) -> None:
+        """Hold a command for the socket that replaces the lost one: not audio (stale by then); a newer ack of a
+        response replaces the one kept."""
+        if isinstance(command, AppendAudio):
+            self.dropped_audio_bytes += len(command.pcm)
+            return
+        backlog = self._backlog
+        if isinstance(command, AckPlayback):
+            for i, kept in enumerate(backlog):
+                if isinstance(kept, AckPlayback) and kept.response_id == command.response_id:
+                    del backlog[i]
+                    break
+        if len(backlog) >= _MAX_BACKLOG:
+            backlog.popleft()
+            self.dropped_commands += 1
+        backlog.append(command)
 
     # -------------------------------------------------------------- events
 
@@ -323,8 +360,8 @@ class RealtimeSession(DuplexSession):
         self._connected.set()  # wake anyone waiting to send: they will see closed
         self._stream.finish()
         self._engine._sessions.discard(self)
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
 
     # -------------------------------------------------------------- reader
 
@@ -347,6 +384,7 @@ class RealtimeSession(DuplexSession):
 
     async def _read_socket(self) -> None:
         async for raw in self._ws:
+            self._heard_from_at = time.monotonic()
             payload = _loads(raw)
             if payload is None:
                 continue
@@ -380,20 +418,33 @@ class RealtimeSession(DuplexSession):
             self._acked_seq = seq
 
     async def _reconnect(self) -> None:
-        """Resume on a new socket inside the grace window, or end the session with the reason."""
-        deadline = time.monotonic() + self._engine.resume_window_s
-        delay, max_delay = self._engine.reconnect_backoff_s
+        """Resume on a new socket within the reconnect budget (from when the server was last heard from), or end
+        the session: ``connection_failed``, or the fatal resume code the server answered."""
+        engine = self._engine
+        deadline = self._heard_from_at + engine.reconnect_budget_s
+        delay, max_delay = engine.reconnect_backoff_s
         while not self._closed and not self._detached:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                log.warning("engine_unreachable", session_id=self.session_id, endpoint=self._endpoint,
+                            budget_s=engine.reconnect_budget_s)  # fmt: skip
+                self._deliver(SessionClosed(self.session_id, ErrorCode.CONNECTION_FAILED))
+                return
             try:
-                ws = await self._engine._connect(self._endpoint)
-            except EngineError:
+                ws: ClientConnection | None = await engine._connect(self._endpoint, left_s)
+            except EngineError as exc:
                 ws = None
+                if exc.refused and engine.on_unreachable is not None:
+                    engine.on_unreachable()
             if ws is not None:
                 try:
                     # from what this client has received: what is queued here is not wanted twice
                     received = ResumeTicket(self.session_id, 0, self._token, self._last_seq, self._endpoint)
-                    await ws.send(orjson.dumps(session_resume(received)).decode())
-                    first = await self._engine._handshake_event(ws)
+                    try:
+                        await ws.send(orjson.dumps(session_resume(received)).decode())
+                    except ConnectionClosed as closed:  # accepted, then closed at once: try again
+                        raise EngineError(ErrorCode.CONNECTION_FAILED, f"closed before resume: {closed}") from closed
+                    first = await engine._handshake_event(ws, max(0.05, deadline - time.monotonic()))
                 except EngineError as exc:
                     await ws.close()
                     if exc.code in FATAL_RESUME_CODES:
@@ -403,39 +454,70 @@ class RealtimeSession(DuplexSession):
                         return
                 else:
                     if isinstance(first, SessionResumed):
-                        self._ws = ws
-                        self._token = first.resume_token
-                        self._acked_seq = self._last_seq
-                        self.resumes += 1
-                        self._connected.set()
-                        log.info("engine_session_resumed", session_id=self.session_id, last_seq=self._last_seq)
+                        await self._adopt_socket(ws, first)
                         return
                     await ws.close()
-            if time.monotonic() + delay > deadline:
-                self._deliver(SessionClosed(self.session_id, ErrorCode.CONNECTION_FAILED))
-                return
-            await asyncio.sleep(delay)
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, max_delay)
 
-    async def _heartbeat_forever(self) -> None:
+    async def _adopt_socket(self, ws: ClientConnection, resumed: SessionResumed) -> None:
+        """The resumed socket replaces the lost one: what was kept meanwhile goes first, in order."""
+        self._ws = ws
+        self._token = resumed.resume_token
+        self._acked_seq = self._last_seq
+        self._heard_from_at = time.monotonic()
+        self.resumes += 1
+        try:
+            while self._backlog:
+                command = self._backlog[0]
+                await ws.send(orjson.dumps(command_to_wire(command)).decode())
+                self._backlog.popleft()
+        except ConnectionClosed:
+            return  # lost again at once: the reader tries again, the rest still kept
+        self._connected.set()
+        log.info("engine_session_resumed", session_id=self.session_id, last_seq=self._last_seq)
+
+    async def _keep_alive(self) -> None:
+        """A ping every ``liveness_interval_s``; a pong that does not come within ``liveness_timeout_s`` drops the
+        socket (the reader resumes, or gives up within the budget). vllm-omni's ``session.heartbeat`` (and an ack)
+        every ``heartbeat_interval_s``."""
+        engine = self._engine
+        heartbeat_at = time.monotonic() + engine.heartbeat_interval_s
         while not self._closed:
-            await asyncio.sleep(self._engine.heartbeat_interval_s)
-            if not self._connected.is_set() or self._detached:
+            await asyncio.sleep(engine.liveness_interval_s)
+            if not self._connected.is_set() or self._detached or self._closed:
                 continue
-            with suppress(ConnectionClosed):
-                await self._ws.send('{"type":"session.heartbeat"}')
-                await self._send_ack()
+            ws = self._ws
+            try:
+                pong = await ws.ping()
+                await asyncio.wait_for(pong, engine.liveness_timeout_s)
+                self._heard_from_at = time.monotonic()
+                if time.monotonic() >= heartbeat_at:
+                    heartbeat_at = time.monotonic() + engine.heartbeat_interval_s
+                    await ws.send('{"type":"session.heartbeat"}')
+                    await self._send_ack()
+            except ConnectionClosed:
+                continue  # the reader has it
+            except TimeoutError:
+                if ws is self._ws and not self._detached and not self._closed:
+                    log.warning("engine_not_answering", session_id=self.session_id, endpoint=self._endpoint,
+                                timeout_s=engine.liveness_timeout_s)  # fmt: skip
+                    ws.transport.abort()  # the reader sees the socket closed and resumes
 
     # ----------------------------------------------------------- lifecycle
 
     async def detach(self) -> ResumeTicket:
-        """Close the socket without ending the session: the server holds it for its grace."""
+        """Close the socket without ending the session: the server holds it for its grace. Never waits on a
+        server that is being reconnected to: that attempt is abandoned (the ticket resumes from here)."""
         self._detached = True
         self._stream.pause()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-        with suppress(ConnectionClosed):
-            await self._send_ack()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        if self._connected.is_set():
+            with suppress(ConnectionClosed):
+                await self._send_ack()
+        elif self._reader is not None:
+            self._reader.cancel()
         await self._ws.close()
         if self._reader is not None:
             with suppress(asyncio.CancelledError):
@@ -445,12 +527,16 @@ class RealtimeSession(DuplexSession):
         return self.resume_ticket()
 
     async def close(self, reason: str = "client_close") -> None:
+        """End the session: ``session.close`` (once, if not already sent), then wait a moment for the server's
+        ``session.closed``. A server that cannot be reached is not waited for (its grace ends the session)."""
         if self._closed:
             return
-        with suppress(EngineError):
-            await self.submit(CloseSession(reason))
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._terminal_seen.wait(), self._engine.handshake_timeout_s)
+        if self._connected.is_set() and not self._detached:
+            with suppress(EngineError):
+                await self.submit(CloseSession(reason))
+            if self._close_sent and self._connected.is_set():
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(self._terminal_seen.wait(), min(_CLOSE_WAIT_S, self._engine.handshake_timeout_s))
         if not self._closed:
             self._deliver(SessionClosed(self.session_id, reason))
         await self._ws.close()

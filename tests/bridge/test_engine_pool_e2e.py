@@ -91,7 +91,6 @@ def pool_settings(*urls: str, **engine: Any) -> Settings:
             "engine": {
                 "kind": "realtime",
                 "urls": list(urls),
-                "disconnect_grace_s": 1.0,  # the client's resume window: a lost server fails its calls after 1 s
                 "failure_tone_ms": 600,
                 "eject_after_failures": 2,
                 "probe_interval_s": 0.2,
@@ -184,10 +183,10 @@ async def test_a_server_killed_mid_call_fails_that_call_and_new_calls_go_to_the_
         await asyncio.sleep(1.0)  # both mid-conversation
 
         a.kill()
-        lost = await on_a  # resumes are tried for 1 s, then the reorder tone and the hang-up
+        lost = await on_a  # resumes are tried for engine.reconnect_budget_s, then the reorder tone and the hang-up
         assert lost.hung_up_by == "bridge" and lost.warnings == [], lost.render()
         assert lost.timeline[-1].at_ms < 8000, lost.render()  # well before the caller's own hang-up at 9 s
-        assert metric(bridge, "callbridge_engine_failures_total", provider="twilio") == 1
+        assert metric(bridge, "callbridge_engine_failures_total", provider="twilio", reason="connection_failed") == 1
         assert (await endpoint_states(bridge))[a.url] == ("ejected", 0)
         assert metric(bridge, "callbridge_engine_endpoint_state", endpoint=a.url, state="ejected") == 1
 

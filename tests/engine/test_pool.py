@@ -271,7 +271,7 @@ async def test_an_unreachable_server_is_skipped_ejected_and_probed_back_in() -> 
 async def test_a_session_lost_with_its_server_ejects_the_endpoint() -> None:
     async with engine_server() as b:
         async with engine_server() as a:
-            pool = EnginePool([a.url, b.url], resume_window_s=0.3, probe_interval_s=60)
+            pool = EnginePool([a.url, b.url], reconnect_budget_s=0.3, probe_interval_s=60)
             session = await pool.open(NO_VAD)
             assert pool.where(session) == a.url
         # A has shut down; the session tries to resume for 0.3 s, then ends

@@ -142,7 +142,7 @@ async def test_network_back_after_the_grace_ends_the_session_as_expired() -> Non
 
 async def test_network_down_past_the_resume_window_ends_the_session() -> None:
     async with engine_server() as running:
-        engine = RealtimeEngine(running.url, resume_window_s=0.3, reconnect_backoff_s=(0.05, 0.05))
+        engine = RealtimeEngine(running.url, reconnect_budget_s=0.3, reconnect_backoff_s=(0.05, 0.05))
         session = await engine.open(NO_VAD)
         session._endpoint = "ws://127.0.0.1:9/v1/realtime"
         session._ws.transport.abort()

@@ -249,7 +249,7 @@ async def test_realtime_session_skips_what_it_cannot_read_and_closes(
     before: list[str | bytes], after: list[str | bytes]
 ) -> None:
     async with _scripted(before, after) as (url, server_saw_close):
-        engine = RealtimeEngine(url, handshake_timeout_s=2.0, resume_window_s=0.5, reconnect_backoff_s=(0.01, 0.05))
+        engine = RealtimeEngine(url, handshake_timeout_s=2.0, reconnect_budget_s=0.5, reconnect_backoff_s=(0.01, 0.05))
         try:
             session = await asyncio.wait_for(engine.open(SessionConfig()), 5)
         except EngineError:
