@@ -54,6 +54,21 @@ class AnswerSessions:
         self._opening[call_id] = task
         self._timers[call_id] = loop.call_later(self._ttl_s, self._expire, call_id, task)
 
+    async def refusal(self, call_id: str, wait_s: float) -> EngineError | None:
+        """Wait up to ``wait_s`` for the call's session to open; the engine's error if it refused it (the call
+        is then forgotten here), else None (open, or still opening: the stream takes it)."""
+        task = self._opening.get(call_id)
+        if task is None:
+            return None
+        done, _ = await asyncio.wait({task}, timeout=wait_s)
+        if not done or task.cancelled():
+            return None
+        error = task.exception()
+        if not isinstance(error, EngineError):
+            return None
+        self._pop(call_id)
+        return error
+
     async def take(self, call_id: str) -> DuplexSession | None:
         """The session opened for the call at its answer, once open; None when there is none or it failed to
         open (the stream opens its own and reports why). Cancelled while it waits, the session is closed."""

@@ -184,6 +184,8 @@ _MESSAGE_BURST: Final = 1000
 _BASELINE_RISE: Final = 0.001
 """ms per ms of media the on-time baseline of media arrival rises by (see ``_track_read_lag``)."""
 _MESSAGES_PER_S: Final = 150
+_CUT_REPLIES_KEPT: Final = 8
+"""Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 
 
 class CallStateError(Exception):
@@ -254,6 +256,8 @@ class CallSession:
         self._out_frames: FrameAssembler | None = None
         self._interrupted: set[str] = set()
         """Responses this call has flushed (their later audio is dropped)."""
+        self._cut_replies: dict[str, int] = {}
+        """Replies a stream's end cut off (this one's or an earlier one's): response id → ms the caller heard."""
         self._late_audio = LateAudioFilter()
         self._first_media_at_ms: int | None = None
         self._arrival_baseline_ms: float | None = None
@@ -299,13 +303,24 @@ class CallSession:
         except RemoteProtocolError as exc:
             self._fail(exc)
 
-    def engine_bound(self, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None) -> None:
+    def engine_bound(
+        self,
+        capabilities: Capabilities,
+        now_ms: int,
+        call_offset_ms: int | None = None,
+        heard_ms: tuple[tuple[str, int], ...] = (),
+    ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
+        ``heard_ms``: the replies earlier streams cut off, and how much of each the caller heard (the ticket's
+        ``heard_ms``): the engine was told so; their later audio is not played here.
         """
         self._transition(_Trigger.ENGINE_BOUND)
         self.capabilities = capabilities
+        for response_id, ms in heard_ms:
+            self._cut_replies[response_id] = ms
+            self._interrupted.add(response_id)
         if call_offset_ms is not None:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
@@ -411,9 +426,13 @@ class CallSession:
             return
         bound = self.state is CallState.LIVE
         if bound and self._out_response is not None:
-            self._interrupt(self._out_response, now_ms)
+            cut = self._out_response
+            self._interrupt(cut, now_ms)
+            self._cut_replies[cut] = max(self._cut_replies.get(cut, 0), self.ledger.heard_ms(cut, now_ms))
         elif bound and self.ledger.is_playing(now_ms):
-            self._stop_playback(None, now_ms)
+            played = self._stop_playback(None, now_ms)
+            if played is not None:
+                self._cut_replies[played] = max(self._cut_replies.get(played, 0), self.ledger.heard_ms(played, now_ms))
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
@@ -439,6 +458,12 @@ class CallSession:
     def stream_input_ms(self) -> int:
         """ms of caller audio this stream carried (gaps filled included)."""
         return self._stream_media_ms
+
+    @property
+    def cut_replies(self) -> tuple[tuple[str, int], ...]:
+        """For the call's next stream (``engine_bound(heard_ms=…)``, through the resume ticket): the replies cut off
+        by this stream's end or an earlier one's, newest last, with what the caller heard of each."""
+        return tuple(self._cut_replies.items())[-_CUT_REPLIES_KEPT:]
 
     def messages_to_send(self) -> list[str | bytes]:
         messages, self._messages = self._messages, []
@@ -648,17 +673,19 @@ class CallSession:
             self._out_response = self._out_resampler = self._out_frames = None
         self._stop_playback(response_id, now_ms)
 
-    def _stop_playback(self, response_id: str | None, now_ms: int) -> None:
+    def _stop_playback(self, response_id: str | None, now_ms: int) -> str | None:
         """Flush the ledger (the carrier's clear), ack what was heard and cut the model's turn to it — clamped
-        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any)."""
+        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any).
+        Returns the response that was playing, if any."""
         result = self.ledger.flush(now_ms)
         self.flushes += 1
         self._drain_ledger()
         if result.response_id is None or response_id not in (None, result.response_id):
-            return
+            return result.response_id
         heard = max(0, min(result.heard_ms, result.sent_ms))
         if heard > 0 and self.capabilities.supports_audio_truncate:
             self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
+        return result.response_id
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)

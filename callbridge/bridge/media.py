@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from contextlib import suppress
+from dataclasses import replace
 from typing import Final, Protocol
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -239,6 +240,7 @@ class MediaStreamDriver:
             await self._refuse("registry_unavailable")
             return
         session: DuplexSession | None = None
+        heard_ms = ticket.heard_ms if ticket is not None else ()
         how = "opened"
         if ticket is None and services.answer_sessions is not None:
             session = await services.answer_sessions.take(start.call_id)
@@ -250,7 +252,7 @@ class MediaStreamDriver:
             except EngineError as exc:
                 self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
                 how = f"reopened_after_{exc.code}"
-                offset_ms = 0
+                offset_ms, heard_ms = 0, ()
         if session is None:
             try:
                 session = await services.engine.open(session_config(services.settings))
@@ -265,18 +267,18 @@ class MediaStreamDriver:
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
-            ticket = await asyncio.shield(session.detach())
+            ticket = replace(await asyncio.shield(session.detach()), heard_ms=heard_ms)
             await asyncio.shield(self._park(start.call_id, ticket, offset_ms))
             raise
         try:
             if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
                 if self.call.end_reason == "transport_lost":  # the carrier may come back: keep it for the grace
-                    await self._park(start.call_id, await session.detach(), offset_ms)
+                    await self._park(start.call_id, replace(await session.detach(), heard_ms=heard_ms), offset_ms)
                 else:  # stopped or refused: the call is over
                     await session.close(self.call.end_reason or "call_ended")
                 return
             self.session = session
-            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms)
+            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms, heard_ms=heard_ms)
             services.active_calls.add(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
@@ -341,7 +343,7 @@ class MediaStreamDriver:
             self.call.transport_lost(_now_ms())
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
             try:
-                ticket = await session.detach()
+                ticket = replace(await session.detach(), heard_ms=self.call.cut_replies)
                 self._moved = True  # the session is dealt with here: parked, or closed if the registry is down
                 await self._park(start.call_id, ticket, self.call.input_ms)
             except EngineError as exc:
@@ -563,7 +565,7 @@ class MediaStreamDriver:
                 pass  # detached into the registry before the socket closed (``move_elsewhere``)
             elif call.detach_engine and not session.closed and not await self._known_ended(start.call_id):
                 try:
-                    ticket = await session.detach()
+                    ticket = replace(await session.detach(), heard_ms=call.cut_replies)
                     window = call.codec.profile.reconnect_window_ms
                     if await self._park(start.call_id, ticket, call.input_ms) and window is not None:
                         services.spawn(self._close_unless_back(start.call_id, ticket, window))

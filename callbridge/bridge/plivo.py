@@ -261,10 +261,12 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider="plivo", reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")
+        if not await services.engine_takes(call_id):
+            log.warning("call_refused", call_id=call_id, provider="plivo", reason="engine_capacity")
+            return Response(_BUSY, media_type="application/xml")
         token = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
         log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
-        await services.call_answered(call_id)
         return Response(stream_xml(base, token, config.content_type), media_type="application/xml")
 
     @router.websocket(MEDIA_PATH)

@@ -54,6 +54,8 @@ __all__ = [
 log = get_logger(__name__)
 
 _ENGINE_CALL_TIMEOUT_S = 5.0
+_ANSWER_ENGINE_WAIT_S = 2.0
+"""How long an answer webhook waits to learn whether the engine takes the call (busy if it refuses)."""
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
@@ -277,17 +279,27 @@ class BridgeServices:
         if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and self.settings.registry.backend == "memory"):
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
 
-    async def call_answered(self, call_id: str) -> None:
+    async def engine_takes(self, call_id: str) -> bool:
         """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
-        (``engine.open_at_answer``). Not for a call already known here (a reconnect: its stream resumes)."""
+        (``engine.open_at_answer``), and say whether the engine took it. False when the engine refused it
+        (``resource_exhausted`` from every endpoint, none reachable): the carrier gets its busy refusal rather than
+        a call answered and dropped a moment later. True when it took it, when the open is still on its way after
+        ``_ANSWER_ENGINE_WAIT_S`` (the stream takes it when it comes), and where nothing is opened at the answer
+        (a reconnect of a call known here; ``open_at_answer`` off, as with Redis: the stream opens its session)."""
         if self.answer_sessions is None or self.draining:
-            return
+            return True
         try:
             if await self.registry.get(call_id) is not None:
-                return
+                return True
         except RegistryUnavailable:
-            return
+            return True
         self.answer_sessions.open(call_id, session_config(self.settings))
+        refused = await self.answer_sessions.refusal(call_id, _ANSWER_ENGINE_WAIT_S)
+        if refused is None:
+            return True
+        self.metrics.admission_refused.labels("engine").inc()
+        log.warning("admission_refused", reason="engine", call_id=call_id, code=refused.code, detail=refused.message)
+        return False
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""

@@ -237,14 +237,15 @@ class TelnyxCalls:
             return  # a webhook delivered again (Telnyx retries until it gets a 2xx), to this process or another
         settled = False
         try:
-            if not await services.admits(call_id):
-                log.warning("call_refused", call_id=call_id, provider="telnyx", reason="draining" if services.draining else "capacity")
+            admitted = await services.admits(call_id)
+            if not admitted or not await services.engine_takes(call_id):
+                reason = "engine_capacity" if admitted else "draining" if services.draining else "capacity"
+                log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
                 await self.rest.reject(call_id)
                 settled = True
                 await self._count(call_id, OVER)
                 return
             token = await services.tokens.mint(call_id)
-            await services.call_answered(call_id)  # its engine session opens while Call Control answers
             answered = await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
             settled = True
             if answered:

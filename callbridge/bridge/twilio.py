@@ -175,9 +175,11 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider=name, reason="draining" if services.draining else "capacity")
             return Response(_BUSY, media_type="application/xml")
+        if not await services.engine_takes(call_id):
+            log.warning("call_refused", call_id=call_id, provider=name, reason="engine_capacity")
+            return Response(_BUSY, media_type="application/xml")
         token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
-        await services.call_answered(call_id)
         return Response(dialect.twiml_connect(base, token), media_type="application/xml")
 
     @router.websocket(dialect.media_path)

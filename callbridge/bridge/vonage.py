@@ -349,13 +349,15 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         if not await services.admits(call_id):
             log.warning("call_refused", call_id=call_id, provider="vonage", reason="draining" if services.draining else "capacity")
             return _ncco([])
+        if not await services.engine_takes(call_id):
+            log.warning("call_refused", call_id=call_id, provider="vonage", reason="engine_capacity")
+            return _ncco([])
         conversation = params.get("conversation_uuid")
         calls.answered(call_id, conversation if isinstance(conversation, str) else None)
         caller = params.get("from")
         base = public_base(settings, str(request.base_url))
         token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider="vonage", caller=caller)
-        await services.call_answered(call_id)
         return _ncco(ncco_connect(base, call_id, token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
 
     @router.websocket(MEDIA_PATH)

@@ -146,6 +146,9 @@ class ResumeTicket:
     resume_token: str | None = None
     last_event_seq: int = 0
     endpoint: str | None = None
+    heard_ms: tuple[tuple[str, int], ...] = ()
+    """The bridge's note, not the engine's: (response id, ms the caller heard of it) for the replies a stream cut
+    off as it ended. The next stream plays none of their later audio and never acks them lower."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,6 +161,7 @@ class ResumeTicket:
             resume_token=data.get("resume_token"),
             last_event_seq=int(data.get("last_event_seq", 0)),
             endpoint=data.get("endpoint"),
+            heard_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("heard_ms", ())),
         )
 
 

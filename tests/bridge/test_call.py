@@ -75,11 +75,11 @@ class Harness:
             self.drain()
         self.now_ms = end
 
-    def live(self) -> Harness:
+    def live(self, heard_ms: tuple[tuple[str, int], ...] = ()) -> Harness:
         self.receive(CONNECTED)
         self.receive(START)
         assert self.call.start_request is not None and self.call.start_request.call_id == CALL
-        self.call.engine_bound(CAPS, self.now_ms)
+        self.call.engine_bound(CAPS, self.now_ms, heard_ms=heard_ms)
         self.drain()
         return self
 
@@ -297,6 +297,21 @@ class TestEnding:
         assert abs(ack.played_ms - 700) <= 20
         assert h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
         assert h.call.messages_to_send() == []  # no clear: the socket is gone
+        assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
+
+    def test_the_next_stream_plays_none_of_a_reply_the_drop_cut_and_never_acks_it_lower(self) -> None:
+        """The engine goes on sending the cut reply after the resume: played from 0 on the new stream, it would
+        be acked 100, 200… — less than the caller heard, and contradicting the truncation at the drop."""
+        h = Harness(lead_ms=200).live(heard_ms=(("resp-1", 700),))
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(1500)
+        assert h.events("media") == [] and h.of(AckPlayback) == [] and h.of(TruncateItem) == []
+        assert h.call.late_deltas_dropped == 1
+        h.engine(AudioDelta(agent_audio(300), 24000, "resp-2", "item_resp-2", 0))  # the next reply is played
+        h.advance(1000)
+        assert len(h.events("media")) == 15
+        h.call.transport_lost(h.now_ms)  # dropped again: the ticket still names the reply cut first
+        assert dict(h.call.cut_replies)["resp-1"] == 700
 
     def test_socket_drop_before_start(self) -> None:
         h = Harness()

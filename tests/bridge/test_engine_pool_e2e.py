@@ -3,7 +3,7 @@
 vllm-omni's duplex protocol), and simulated Twilio calls over loopback.
 
 Proved here: a call finds the server with room when the other answers ``resource_exhausted``, and is refused
-cleanly (hung up) when neither has room; a server killed mid-call fails that call (the reorder tone, then the
+busy at its answer (``<Reject reason="busy"/>``, never answered) when neither has room; a server killed mid-call fails that call (the reorder tone, then the
 hang-up) while new calls go to the survivor, and the server is probed back in when it returns; a drained
 server takes no new call while its running call goes on to its end; the admin routes need the token.
 """
@@ -153,13 +153,12 @@ async def test_a_call_finds_the_server_with_room_and_is_refused_when_none_has(
             assert await endpoint_states(bridge) == {a.url: ("healthy", 0), b.url: ("healthy", 1)}
             assert metric(bridge, "callbridge_engine_failovers_total", endpoint=a.url, reason="resource_exhausted") == 1
 
-            second = await bridge.carrier.place_call(talks(3000, 300))  # both full: refused, hung up
-            assert second.hung_up_by == "bridge" and second.agent_speech_ms == 0, second.render()
-            assert (
-                metric(bridge, "callbridge_streams_refused_total", provider="twilio", reason="engine_unavailable") == 1
-            )
-            # tried at the answer (engine.open_at_answer), then again when its stream started: full both times
-            assert metric(bridge, "callbridge_engine_failovers_total", endpoint=b.url, reason="resource_exhausted") == 2
+            second = await bridge.carrier.place_call(talks(3000, 300))  # both full: busy, never answered
+            assert second.streams == [] and "TwiML <Reject>: the call ends" in second.render(), second.render()
+            assert metric(bridge, "callbridge_admission_refused_total", reason="engine") == 1
+            assert metric(bridge, "callbridge_streams_refused_total", provider="twilio", reason="engine_unavailable") == 0
+            # tried at the answer (engine.open_at_answer): full, so no stream was ever opened to try again
+            assert metric(bridge, "callbridge_engine_failovers_total", endpoint=b.url, reason="resource_exhausted") == 1
 
             result = await first
             assert result.hung_up_by == "caller" and result.warnings == [] and result.agent_speech_ms > 0, (

@@ -11,11 +11,13 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.call import CallSession
-from callbridge.engine.commands import TruncateItem
+from callbridge.engine.commands import AckPlayback, TruncateItem
 from callbridge.engine.events import AudioDelta, EngineEvent
+from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import (
+    RecordingEngine,
     LoopStalls,
     RawStream,
     bound,
@@ -36,6 +38,31 @@ async def test_drop_past_the_grace_gets_a_new_session() -> None:
         result = await bridge.twilio.place_call(script)
     assert len(result.streams) == 2
     assert len(recorder.opened) == 2 and recorder.resumed == []
+
+
+async def test_heard_positions_of_a_reply_cut_by_a_drop_never_restart_on_the_next_stream() -> None:
+    """The media socket drops mid-reply while the engine is still generating it; the next stream resumes the
+    session. The model was told what the caller heard when the socket dropped (ack, truncate); the rest of that
+    reply, which the engine goes on sending, is not played on the new stream from 0 (it would be acked 100, 200…
+    from the start of the reply: less than was heard) — every ack and truncation of it stays where the caller
+    stopped hearing it. The conversation goes on: the next reply is heard and acked from its own start."""
+    recorder = RecordingEngine(LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=1.0))  # still coming at the drop
+    async with running_bridge(settings(), recorder) as bridge:
+        speech = short_speech(SPEECH_MS)
+        script = CallerScript(
+            utterances=((300, speech), (6500, speech)), drop_stream_at_ms=(3400,), redirect_delay_ms=200, hangup_at_ms=11_000
+        )
+        result = await bridge.twilio.place_call(script)
+    assert len(result.streams) == 2 and len(recorder.opened) == 1 and len(recorder.resumed) == 1, result.render()
+    acks = recorder.of(AckPlayback)
+    first = acks[0].response_id
+    cut = [a.played_ms for a in acks if a.response_id == first]
+    truncates = [t.audio_end_ms for t in recorder.of(TruncateItem) if t.item_id == f"item_{first}"]
+    assert len(truncates) == 1 and 0 < truncates[0] == cut[-1], (cut, truncates)  # told once, at the drop
+    assert cut == sorted(cut), cut  # never decreasing
+    assert abs(cut[-1] - result.agent_runs_ms[0]) <= 60, (cut, result.agent_runs_ms)  # what the caller heard
+    later = [a for a in acks if a.response_id != first]
+    assert later and later[0].played_ms <= 200, result.render()  # the next reply, acked from its own start
 
 
 class TestSecurity:
