@@ -185,6 +185,7 @@ _BASELINE_RISE: Final = 0.001
 """ms per ms of media the on-time baseline of media arrival rises by (see ``_track_read_lag``)."""
 _MESSAGES_PER_S: Final = 150
 _CUT_REPLIES_KEPT: Final = 8
+_GENERATED_KEPT: Final = 16
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 
 
@@ -256,6 +257,9 @@ class CallSession:
         self._out_frames: FrameAssembler | None = None
         self._interrupted: set[str] = set()
         """Responses this call has flushed (their later audio is dropped)."""
+        self._generated_ms: dict[str, float] = {}
+        """Audio the engine generated per response (the newest few), in ms: the last frame is padded to 20 ms, and
+        what the engine is told was heard never exceeds what it generated."""
         self._cut_replies: dict[str, int] = {}
         """Replies a stream's end cut off (this one's or an earlier one's): response id → ms the caller heard."""
         self._late_audio = LateAudioFilter()
@@ -428,15 +432,19 @@ class CallSession:
         if bound and self._out_response is not None:
             cut = self._out_response
             self._interrupt(cut, now_ms)
-            self._cut_replies[cut] = max(self._cut_replies.get(cut, 0), self.ledger.heard_ms(cut, now_ms))
+            self._note_cut(cut, now_ms)
         elif bound and self.ledger.is_playing(now_ms):
             played = self._stop_playback(None, now_ms)
             if played is not None:
-                self._cut_replies[played] = max(self._cut_replies.get(played, 0), self.ledger.heard_ms(played, now_ms))
+                self._note_cut(played, now_ms)
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
         self._messages.clear()  # nowhere to send them
+
+    def _note_cut(self, response_id: str, now_ms: int) -> None:
+        heard = self._at_most_generated(response_id, self.ledger.heard_ms(response_id, now_ms))
+        self._cut_replies[response_id] = max(self._cut_replies.get(response_id, 0), heard)
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due. Drain ``messages_to_send`` next."""
@@ -547,7 +555,7 @@ class CallSession:
                 self._transition(_Trigger.CARRIER_EVENT)
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
                 self.ledger.mark_echoed(name, now_ms - self._read_lag_ms)
-                self._drain_ledger()
+                self._drain_ledger(to_engine=self.state is CallState.LIVE)  # not the failure tone's
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
                 if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
@@ -643,6 +651,11 @@ class CallSession:
             self._out_response = delta.response_id
             self._out_resampler = StreamResampler(delta.rate_hz, self._rate_hz, self.options.resampler_quality)
             self._out_frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
+            generated = self._generated_ms
+            if len(generated) >= _GENERATED_KEPT:
+                del generated[next(iter(generated))]
+        response_id = delta.response_id
+        self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + len(delta.pcm) * 500 / delta.rate_hz
         self._enqueue_pcm(self._out_resampler.process(delta.pcm), now_ms)
 
     def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
@@ -682,7 +695,7 @@ class CallSession:
         self._drain_ledger()
         if result.response_id is None or response_id not in (None, result.response_id):
             return result.response_id
-        heard = max(0, min(result.heard_ms, result.sent_ms))
+        heard = self._at_most_generated(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0 and self.capabilities.supports_audio_truncate:
             self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
         return result.response_id
@@ -703,10 +716,16 @@ class CallSession:
                 self._messages.append(message)
         self.close_transport = True
 
+    def _at_most_generated(self, response_id: str, heard_ms: int) -> int:
+        """``heard_ms`` of ``response_id``, but no more than the engine generated of it (its last frame was padded)."""
+        generated = self._generated_ms.get(response_id)
+        return heard_ms if generated is None else min(heard_ms, int(generated))
+
     def _drain_ledger(self, *, to_engine: bool = True) -> None:
         for update in self.ledger.heard_updates():
             if to_engine:
-                self._commands.append(AckPlayback(update.response_id, update.heard_ms, f"item_{update.response_id}"))
+                heard = self._at_most_generated(update.response_id, update.heard_ms)
+                self._commands.append(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
         for action in self.ledger.actions_to_send():
             message = self.codec.send(action)
             if message is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import json
 import secrets
+from collections.abc import Callable
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
@@ -132,7 +133,10 @@ class LocalSessionCore:
         options: LocalEngineOptions,
         now_ms: int,
         scorer: FrameScorer | None = None,
+        token_hex: Callable[[int], str] = secrets.token_hex,
     ) -> None:
+        """``token_hex``: where the ids of responses and items come from (a simulation pins it to its seed)."""
+        self._token_hex = token_hex
         self.session_id = session_id
         self.config = config
         self.agent = agent
@@ -395,8 +399,8 @@ class LocalSessionCore:
         self._outbox.append(ItemTruncated(item_id, response.audio_ms))
 
     def _call_function(self, name: str, arguments: dict[str, object]) -> None:
-        response_id = f"resp-{self.session_id}-{self.epoch}-{secrets.token_hex(4)}"
-        call_id = f"call_{secrets.token_hex(12)}"
+        response_id = f"resp-{self.session_id}-{self.epoch}-{self._token_hex(4)}"
+        call_id = f"call_{self._token_hex(12)}"
         self.function_outputs[call_id] = None
         self._outbox.append(ResponseCreated(response_id, self.epoch))
         self._outbox.append(FunctionCall(name, call_id, dict(arguments), json.dumps(arguments), response_id))
@@ -405,7 +409,7 @@ class LocalSessionCore:
     # ------------------------------------------------------------- responses
 
     def _start_response(self, audio: bytes, transcript: str, now_ms: int) -> _Response:
-        response_id = f"resp-{self.session_id}-{self.epoch}-{secrets.token_hex(4)}"
+        response_id = f"resp-{self.session_id}-{self.epoch}-{self._token_hex(4)}"
         response = _Response(response_id, f"item_{response_id}", self.epoch, self._commit_seq, transcript=transcript)
         chunk_bytes = OUTPUT_RATE_HZ * 2 * self.options.chunk_ms // 1000
         response.chunks.extend(audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes))
@@ -479,7 +483,7 @@ class LocalSessionCore:
             self._vad.reset()
 
     def _new_input_item(self) -> str:
-        self._input_item_id = f"item_{secrets.token_hex(16)}"
+        self._input_item_id = f"item_{self._token_hex(16)}"
         return self._input_item_id
 
     # ------------------------------------------------------------------ lease

@@ -1,0 +1,488 @@
+"""Deterministic simulation of calls under faults: the pure cores, one virtual clock, a seed, invariants.
+
+In the manner of FoundationDB's simulator and TigerBeetle's VOPR: no sockets, no asyncio, no wall clock. One
+seed picks a call — what the caller says and when, the engine's speed — and a fault schedule: media socket drops
+(the carrier reconnects after a delay), the engine server dying (the session lost after the wire client's
+reconnect budget), the bridge reading late (a backlog arrives in a burst), mark echoes late or repeated. The
+parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
+embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
+(Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and the
+lifecycle of a call across its streams as ``bridge/media.py`` runs it (detach with a ticket on a drop, resume
+on the next stream, close at the end).
+
+After every step the invariants are checked (``Violation`` names the first that fails):
+
+- heard positions: every ``playback.ack`` and truncation of a response, across all the call's streams, never
+  decreases and never exceeds the audio the engine generated for it;
+- one ``session.close`` per session, and none to a session lost with its server;
+- an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
+  call is hung up;
+- the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
+  hang-up), and nothing is left open: the engine session closed (or lost with its server, or past its grace),
+  the stream ended.
+
+A failing seed prints itself; ``python -m callbridge.sim.faults --seed N`` replays it exactly, ``--seeds 100000``
+runs many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import random
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import orjson
+
+from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.providers.twilio import TwilioCodec
+from callbridge.codecs import pcm16_to_ulaw
+from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
+from callbridge.engine.errors import EngineError
+from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
+from callbridge.engine.local.agents import AGENTS, OUTPUT_RATE_HZ
+from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
+from callbridge.engine.local.vad import FrameScorer
+from callbridge.engine.port import SessionConfig
+
+__all__ = ["FaultPlan", "SimulatedCall", "Violation", "main", "plan_for", "run_seed"]
+
+FRAME_MS: Final = 20
+TONE_BOUND_MS: Final = 3000
+"""Engine death → the failure tone playing (issue #13: within 3 s)."""
+GIVE_UP_MS: Final = (1000, 2500)
+"""Engine death → the wire client gives the session up: from a refused reconnect (SIGKILL) at about 1–2 s to a
+frozen server found by a missed ping and then the budget, 2.5 s at most (``engine.reconnect_budget_s`` 2 s,
+``engine.liveness_*`` 1 s)."""
+_CALL_ID: Final = "CA" + "0" * 31 + "1"
+_GRACE_MS: Final = 30_000
+
+
+class Violation(AssertionError):
+    """An invariant failed: which, when, and the seed that replays it."""
+
+    def __init__(self, seed: int, at_ms: int, what: str) -> None:
+        super().__init__(f"seed {seed} at {at_ms} ms: {what}  (replay: python -m callbridge.sim.faults --seed {seed})")
+        self.seed = seed
+        self.at_ms = at_ms
+        self.what = what
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """What one seed picked. Times are ms from the call's start."""
+
+    utterances: tuple[tuple[int, int], ...]
+    """(start, length) of what the caller says."""
+    hangup_at_ms: int
+    generation_speed: float
+    drops_at_ms: tuple[int, ...] = ()
+    redirect_delay_ms: int = 200
+    engine_dies_at_ms: int | None = None
+    engine_gives_up_after_ms: int = 2000
+    read_stall: tuple[int, int] | None = None
+    """(from, length): the bridge reads nothing meanwhile; what came arrives in a burst at its end."""
+    echo_delay_ms: int = 0
+    repeated_echoes: bool = False
+
+
+def plan_for(seed: int) -> FaultPlan:
+    """The call and faults seed ``seed`` stands for (the same, on every machine)."""
+    rng = random.Random(seed)
+    utterances: list[tuple[int, int]] = []
+    at = rng.randrange(100, 600, 20)
+    for _ in range(rng.randint(1, 3)):
+        length = rng.randrange(400, 1200, 20)
+        utterances.append((at, length))
+        at += length + rng.randrange(200, 2400, 20)  # short gaps talk over the agent: barge-ins
+    hangup = at + rng.randrange(0, 1500, 20)
+    drops = tuple(sorted(rng.randrange(300, hangup, 20) for _ in range(rng.choice((0, 0, 1, 1, 2)))))
+    dies = rng.randrange(300, hangup, 20) if rng.random() < 0.3 else None
+    stall = (rng.randrange(300, hangup, 20), rng.randrange(100, 1500, 20)) if rng.random() < 0.3 else None
+    return FaultPlan(
+        utterances=tuple(utterances),
+        hangup_at_ms=hangup,
+        generation_speed=rng.choice((1.0, 2.0, 4.0)),
+        drops_at_ms=drops,
+        redirect_delay_ms=rng.randrange(0, 1000, 20),
+        engine_dies_at_ms=dies,
+        engine_gives_up_after_ms=rng.randrange(GIVE_UP_MS[0], GIVE_UP_MS[1] + 1, 20),
+        read_stall=stall,
+        echo_delay_ms=rng.randrange(0, 120, 20),
+        repeated_echoes=rng.random() < 0.3,
+    )
+
+
+class _LoudnessScorer(FrameScorer):
+    """Speech is loud (RMS ≥ 0.05 of full scale): deterministic and cheap where Silero is neither."""
+
+    def score(self, frame: np.ndarray) -> float:
+        return 0.95 if float(np.sqrt(np.mean(frame.astype(np.float64) ** 2))) >= 0.05 else 0.02
+
+
+def _speech_frames() -> tuple[bytes, ...]:
+    """Loud voiced sound (180 Hz and harmonics), μ-law, one 20 ms frame each; 180 Hz repeats every 100 ms."""
+    t = np.arange(160 * 5) / 8000
+    wave = np.sin(2 * np.pi * 180 * t) + 0.5 * np.sin(2 * np.pi * 540 * t) + 0.3 * np.sin(2 * np.pi * 900 * t)
+    ulaw = pcm16_to_ulaw((wave * 7000).astype("<i2").tobytes())
+    return tuple(ulaw[i * 160 : (i + 1) * 160] for i in range(5))
+
+
+_SPEECH: Final = _speech_frames()
+
+
+_SILENCE: Final = b"\xff" * 160
+
+
+@dataclass(slots=True)
+class _Carrier:
+    """Twilio's side of one stream: plays media frames at real time, echoes marks in order once played."""
+
+    queue: deque[tuple[str, bytes | str]] = field(default_factory=deque)
+    played_frames: int = 0
+    last_played_at_ms: int | None = None
+    first_played_after: dict[int, int] = field(default_factory=dict)
+    """watch time → when the first frame after it played (for "the tone was heard")."""
+
+    def receive(self, message: str) -> list[str]:
+        """A message from the bridge; returns the marks echoed at once (a clear echoes every pending one)."""
+        data = orjson.loads(message)
+        event = data["event"]
+        if event == "media":
+            self.queue.append(("media", base64.b64decode(data["media"]["payload"])))
+        elif event == "mark":
+            self.queue.append(("mark", data["mark"]["name"]))
+            return self._echo_head()
+        elif event == "clear":
+            echoed = [str(name) for kind, name in self.queue if kind == "mark"]
+            self.queue.clear()
+            return echoed
+        return []
+
+    def play(self, now_ms: int) -> list[str]:
+        """One 20 ms tick: play a frame if one waits; returns marks now passed."""
+        if self.queue and self.queue[0][0] == "media":
+            self.queue.popleft()
+            self.played_frames += 1
+            self.last_played_at_ms = now_ms
+            for watch in list(self.first_played_after):
+                if self.first_played_after[watch] < 0 and now_ms >= watch:
+                    self.first_played_after[watch] = now_ms
+        return self._echo_head()
+
+    def _echo_head(self) -> list[str]:
+        echoed = []
+        while self.queue and self.queue[0][0] == "mark":
+            echoed.append(str(self.queue.popleft()[1]))
+        return echoed
+
+
+class SimulatedCall:
+    """One call of the plan, stepped on a virtual clock (see the module docstring)."""
+
+    def __init__(self, seed: int, plan: FaultPlan | None = None) -> None:
+        self.seed = seed
+        self.plan = plan or plan_for(seed)
+        self.now_ms = 0
+        options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
+                                     disconnect_grace_ms=_GRACE_MS)  # fmt: skip
+        ids = random.Random(seed)
+        self.engine = LocalSessionCore("duplex-sim", SessionConfig(), AGENTS["echo"](), options, 0,
+                                       scorer=_LoudnessScorer(), token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
+        self.engine.events_to_send()  # session.created
+        self.engine_dead = False
+        self.engine_lost_reported = False
+        self.closes_sent = 0
+        self.generated_bytes: dict[str, int] = {}
+        """response → PCM16 bytes of audio the engine generated for it."""
+        self.heard_told: dict[str, int] = {}
+        """response → the highest heard position told to the engine (acks and truncations), all streams."""
+        self.input_ms = 0
+        self.heard_carry: tuple[tuple[str, int], ...] = ()
+        self.outcome: str | None = None
+        self.failed_at_ms: int | None = None
+        self.streams = 0
+        self.call: CallSession | None = None
+        self.carrier: _Carrier | None = None
+        self._to_bridge: list[tuple[int, int, str]] = []
+        """(deliver at, order, message) from the carrier to the bridge."""
+        self._order = 0
+        self._next_stream_at_ms: int | None = 0
+        self._stream_started_at_ms = 0
+        self._hung_up = False
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimulatedCall:
+        plan = self.plan
+        end_ms = plan.hangup_at_ms + 15_000
+        while self.outcome is None:
+            if self.now_ms > end_ms:
+                self._violation(f"the call never ended (state {self.call.state if self.call else None})")
+            self._step()
+            self._check()
+            self.now_ms += FRAME_MS // 2
+        self._check_end()
+        return self
+
+    def _step(self) -> None:
+        now, plan = self.now_ms, self.plan
+        if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
+            self._open_stream()
+        if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
+            self.engine_dead = True
+        call, carrier = self.call, self.carrier
+        if call is None or carrier is None:
+            return
+        if now % FRAME_MS == 0:
+            self._carrier_tick(call, carrier)
+        self._deliver_to_bridge(call)
+        if self.call is None:
+            return
+        if not self.engine_dead:
+            deadline = self.engine.next_deadline_ms()
+            if deadline is not None and deadline <= now:
+                self.engine.tick(now)
+            self._engine_events(call)
+        elif (
+            not self.engine_lost_reported
+            and plan.engine_dies_at_ms is not None
+            and now >= plan.engine_dies_at_ms + plan.engine_gives_up_after_ms
+        ):
+            self.engine_lost_reported = True  # the wire client's reconnect budget is spent
+            if call.state is CallState.LIVE:
+                self.failed_at_ms = now
+                carrier.first_played_after[now] = -1
+                call.receive_engine_event(SessionClosed(self.engine.session_id, "connection_failed"), now)
+        deadline = call.next_deadline_ms()
+        if deadline is not None and deadline <= now:
+            call.tick(now)
+        self._drain(call, carrier)
+
+    def _carrier_tick(self, call: CallSession, carrier: _Carrier) -> None:
+        now, plan = self.now_ms, self.plan
+        if now >= plan.hangup_at_ms and call.state is not CallState.ENDED:
+            self._send(orjson.dumps({"event": "stop", "streamSid": call.codec.stream_id, "stop": {}}).decode(), 0)
+            return
+        if any(now == at for at in plan.drops_at_ms) and call.state is CallState.LIVE:
+            self._drop(call)
+            return
+        for mark in carrier.play(now):
+            self._echo(call, mark)
+        speaking = any(start <= now < start + length for start, length in plan.utterances)
+        frame = _SPEECH[now // FRAME_MS % len(_SPEECH)] if speaking else _SILENCE
+        media_ms = now - self._stream_started_at_ms
+        body = {"track": "inbound", "chunk": "1", "timestamp": str(media_ms), "payload": base64.b64encode(frame).decode()}
+        self._send(orjson.dumps({"event": "media", "sequenceNumber": "2", "media": body, "streamSid": call.codec.stream_id}).decode(), 0)
+
+    def _echo(self, call: CallSession, mark: str) -> None:
+        message = orjson.dumps({"event": "mark", "streamSid": call.codec.stream_id, "mark": {"name": mark}}).decode()
+        self._send(message, self.plan.echo_delay_ms)
+        if self.plan.repeated_echoes:
+            self._send(message, self.plan.echo_delay_ms + FRAME_MS)
+
+    def _send(self, message: str, delay_ms: int) -> None:
+        at = self.now_ms + delay_ms
+        stall = self.plan.read_stall
+        if stall is not None and stall[0] <= at < stall[0] + stall[1]:
+            at = stall[0] + stall[1]  # read late, in a burst, in order
+        self._order += 1
+        self._to_bridge.append((at, self._order, message))
+
+    def _deliver_to_bridge(self, call: CallSession) -> None:
+        due = sorted(m for m in self._to_bridge if m[0] <= self.now_ms)
+        if not due:
+            return
+        self._to_bridge = [m for m in self._to_bridge if m[0] > self.now_ms]
+        for _, _, message in due:
+            if self.call is not call or call.state in (CallState.ENDED, CallState.DETACHED):
+                return
+            call.receive_message(message, self.now_ms)
+            self._after_input(call)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _open_stream(self) -> None:
+        """The carrier opens the call's (next) stream; the bridge binds it: the session opened at the answer, or
+        the detached one resumed with its ticket — as ``MediaStreamDriver._bind`` does."""
+        self._next_stream_at_ms = None
+        self.streams += 1
+        stream_sid = f"MZ{self.streams:032x}"
+        self.call = call = CallSession(TwilioCodec(), CallOptions(failure_tone_ms=600))
+        self.carrier = _Carrier()
+        self._stream_started_at_ms = self.now_ms
+        call.receive_message('{"event":"connected","protocol":"Call","version":"1.0.0"}', self.now_ms)
+        start = {
+            "streamSid": stream_sid, "accountSid": "AC0", "callSid": _CALL_ID, "tracks": ["inbound"],
+            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }  # fmt: skip
+        call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
+        if self.engine_dead:  # the resume cannot reach the server: the stream opens nothing and ends the call
+            self.outcome = "engine_unreachable_at_resume"
+            return
+        if self.streams > 1:
+            try:
+                self.engine.resume(self.engine.lease_generation, self.now_ms)
+            except EngineError:
+                self.outcome = "session_expired_between_streams"
+                return
+            self.engine.events_to_send()  # session.resumed: taken by the wire client
+        call.engine_bound(self.engine.capabilities, self.now_ms, call_offset_ms=self.input_ms, heard_ms=self.heard_carry)
+        self._after_input(call)
+
+    def _drop(self, call: CallSession) -> None:
+        """The media socket drops (no stop): what was heard goes to the engine, the session is detached with a
+        ticket, the carrier opens the next stream after its delay — as ``MediaStreamDriver._finish`` does."""
+        call.transport_lost(self.now_ms)
+        self._submit_all(call.engine_commands())
+        call.messages_to_send()
+        if not self.engine_dead:
+            self.engine.detach(self.now_ms)
+        self.input_ms = call.input_ms
+        self.heard_carry = call.cut_replies
+        self.call = self.carrier = None
+        self._to_bridge.clear()
+        self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
+
+    def _after_input(self, call: CallSession) -> None:
+        carrier = self.carrier
+        assert carrier is not None
+        self._drain(call, carrier)
+        self._engine_events(call)
+
+    def _engine_events(self, call: CallSession) -> None:
+        if self.engine_dead:
+            return
+        while events := self.engine.events_to_send():
+            for event in events:
+                self._on_engine_event(event)
+                if call.state is CallState.LIVE:
+                    call.receive_engine_event(event, self.now_ms)
+            if self.carrier is not None:
+                self._drain(call, self.carrier)
+
+    def _on_engine_event(self, event: EngineEvent) -> None:
+        if isinstance(event, AudioDelta):
+            self.generated_bytes[event.response_id] = self.generated_bytes.get(event.response_id, 0) + len(event.pcm)
+
+    def _drain(self, call: CallSession, carrier: _Carrier) -> None:
+        for message in call.messages_to_send():
+            assert isinstance(message, str)
+            for mark in carrier.receive(message):
+                self._echo(call, mark)
+        self._submit_all(call.engine_commands())
+        if call.hangup is not None and not self._hung_up:
+            self._hung_up = True
+        if call.state is CallState.ENDED and self.outcome is None:
+            failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
+            self.outcome = "failure_tone_and_hang_up" if failed else call.end_reason or "ended"
+
+    def _submit_all(self, commands: list[EngineCommand]) -> None:
+        for command in commands:
+            self._check_command(command)
+            if self.engine_dead or self.engine.state is SessionState.CLOSED:
+                continue  # kept by the wire client for a socket that never comes; the server is gone
+            self.engine.submit(command, self.now_ms)
+
+    # ----------------------------------------------------------- invariants
+
+    def _check_command(self, command: EngineCommand) -> None:
+        if isinstance(command, CloseSession):
+            self.closes_sent += 1
+            if self.closes_sent > 1:
+                self._violation("a second session.close for the same session")
+            if self.engine_lost_reported:
+                self._violation("session.close to a session lost with its server")
+            return
+        if isinstance(command, AckPlayback):
+            response_id, heard = command.response_id, command.played_ms
+        elif isinstance(command, TruncateItem):
+            response_id, heard = command.item_id.removeprefix("item_"), command.audio_end_ms
+        else:
+            return
+        told = self.heard_told.get(response_id)
+        if told is not None and heard < told:
+            self._violation(f"heard position of {response_id} went back from {told} to {heard} ms")
+        generated = self.generated_bytes.get(response_id, 0) * 1000 // (2 * OUTPUT_RATE_HZ)
+        if heard > generated:
+            self._violation(f"heard {heard} ms of {response_id}, which has only {generated} ms")
+        self.heard_told[response_id] = max(heard, told or 0)
+
+    def _check(self) -> None:
+        """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone."""
+        died, call, carrier = self.plan.engine_dies_at_ms, self.call, self.carrier
+        if died is None or self.outcome is not None or self.now_ms <= died + TONE_BOUND_MS or call is None:
+            return
+        if call.state is CallState.LIVE:
+            self._violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
+        played = carrier.first_played_after.get(self.failed_at_ms, -1) if carrier and self.failed_at_ms else -1
+        if call.state is CallState.ENDING and played < 0:
+            self._violation(f"engine died at {died} ms; no failure tone has played")
+
+    def _check_end(self) -> None:
+        call, outcome = self.call, self.outcome
+        if outcome == "failure_tone_and_hang_up":
+            carrier = self.carrier
+            played = carrier.first_played_after.get(self.failed_at_ms or -1, -1) if carrier else -1
+            if not self._hung_up:
+                self._violation("the engine failed the call, which was never hung up")
+            if played < 0:
+                self._violation("the engine failed the call; the caller heard no failure tone")
+            return
+        if outcome in ("engine_unreachable_at_resume", "session_expired_between_streams"):
+            return  # the bridge refuses the stream and hangs up the call (``_refuse(hang_up=True)``), tested end to end
+        if outcome != "caller_hung_up":
+            self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
+        if call is None or call.state is not CallState.ENDED:
+            self._violation("the caller hung up; the stream did not end")
+        if not self.engine_dead:
+            self.engine.events_to_send()
+            if self.engine.state is not SessionState.CLOSED:
+                self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
+        if self.closes_sent != (0 if self.engine_lost_reported else 1):
+            self._violation(f"{self.closes_sent} session.close for one session")
+
+    def _violation(self, what: str) -> None:
+        raise Violation(self.seed, self.now_ms, what)
+
+
+def run_seed(seed: int) -> SimulatedCall:
+    """Run seed ``seed``; raises ``Violation`` at the first invariant that fails."""
+    return SimulatedCall(seed).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m callbridge.sim.faults", description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, default=1000, help="run seeds 0..N-1 (default 1000)")
+    parser.add_argument("--first", type=int, default=0, help="the first seed")
+    parser.add_argument("--seed", type=int, help="replay one seed, printing its plan and outcome")
+    args = parser.parse_args(argv)
+    if args.seed is not None:
+        print(plan_for(args.seed))
+        try:
+            call = run_seed(args.seed)
+        except Violation as exc:
+            print(exc)
+            return 1
+        print(f"outcome: {call.outcome}; streams {call.streams}; heard told {call.heard_told}")
+        return 0
+    outcomes: dict[str, int] = {}
+    failed = 0
+    for seed in range(args.first, args.first + args.seeds):
+        try:
+            call = run_seed(seed)
+        except Violation as exc:
+            failed += 1
+            print(exc)
+            continue
+        outcomes[call.outcome or "?"] = outcomes.get(call.outcome or "?", 0) + 1
+    print(f"{args.seeds} seeds: {failed} failed; outcomes {dict(sorted(outcomes.items()))}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The deterministic fault simulator (``callbridge.sim.faults``): 1,000 seeds pass every invariant, a seed replays
+exactly, and bugs planted in the cores are each caught by some seed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from callbridge.bridge.call import CallSession
+from callbridge.engine.commands import CloseSession, EngineCommand
+from callbridge.engine.events import Capabilities
+from callbridge.sim.faults import SimulatedCall, Violation, main, plan_for, run_seed
+
+SEEDS_PER_TEST = 100
+
+
+@pytest.mark.parametrize("first", range(0, 1000, SEEDS_PER_TEST))
+def test_every_seed_keeps_every_invariant(first: int) -> None:
+    violations = []
+    outcomes: set[str] = set()
+    for seed in range(first, first + SEEDS_PER_TEST):
+        try:
+            outcomes.add(run_seed(seed).outcome or "")
+        except Violation as exc:
+            violations.append(str(exc))
+    assert violations == []
+    assert "caller_hung_up" in outcomes and "failure_tone_and_hang_up" in outcomes  # the faults were exercised
+
+
+def test_the_plans_exercise_every_fault() -> None:
+    plans = [plan_for(seed) for seed in range(1000)]
+    assert sum(bool(p.drops_at_ms) for p in plans) > 300
+    assert sum(p.engine_dies_at_ms is not None for p in plans) > 200
+    assert sum(p.read_stall is not None for p in plans) > 200
+    assert sum(p.repeated_echoes for p in plans) > 200
+    assert sum(len(p.utterances) > 1 for p in plans) > 500
+
+
+def test_a_seed_replays_exactly() -> None:
+    seed = next(s for s in range(100) if plan_for(s).drops_at_ms and plan_for(s).read_stall)
+    first, second = run_seed(seed), run_seed(seed)
+    assert (first.outcome, first.streams, first.heard_told) == (second.outcome, second.streams, second.heard_told)
+    assert first.streams > 1 and first.heard_told
+
+
+def test_the_command_line_runs_seeds_and_replays_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seeds", "5", "--first", "10"]) == 0
+    assert "5 seeds: 0 failed" in capsys.readouterr().out
+    assert main(["--seed", "3"]) == 0
+    assert "outcome:" in capsys.readouterr().out
+
+
+def first_violation(seeds: range) -> Violation:
+    for seed in seeds:
+        try:
+            run_seed(seed)
+        except Violation as exc:
+            return exc
+    raise AssertionError(f"no seed in {seeds} caught the planted bug")
+
+
+class TestPlantedBugsAreCaught:
+    def test_heard_positions_restarting_on_the_next_stream(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = CallSession.engine_bound
+
+        def forgetting(call: CallSession, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None,
+                       heard_ms: tuple[tuple[str, int], ...] = ()) -> None:  # fmt: skip
+            original(call, capabilities, now_ms, call_offset_ms)  # the ticket's heard positions are dropped
+
+        monkeypatch.setattr(CallSession, "engine_bound", forgetting)
+        assert "went back" in first_violation(range(400)).what
+
+    def test_acks_past_the_audio_generated(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(CallSession, "_at_most_generated", lambda call, response_id, heard_ms: heard_ms)
+        assert "which has only" in first_violation(range(100)).what
+
+    def test_a_second_close_of_one_session(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = CallSession.engine_commands
+
+        def doubled(call: CallSession) -> list[EngineCommand]:
+            commands = original(call)
+            return commands + [c for c in commands if isinstance(c, CloseSession)]
+
+        monkeypatch.setattr(CallSession, "engine_commands", doubled)
+        assert "second session.close" in first_violation(range(20)).what
+
+    def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
+        """The failure as it was: the wire client waited the engine's 30 s disconnect grace before giving up."""
+        seed = next(s for s in range(100) if plan_for(s).engine_dies_at_ms is not None)
+        plan = replace(plan_for(seed), engine_gives_up_after_ms=30_000)
+        with pytest.raises(Violation) as caught:
+            SimulatedCall(seed, plan).run()
+        assert "dead air" in caught.value.what
