@@ -261,7 +261,9 @@ class CallSession:
         """Audio the engine generated per response (the newest few), in ms: the last frame is padded to 20 ms, and
         what the engine is told was heard never exceeds what it generated."""
         self._cut_replies: dict[str, int] = {}
-        """Replies a stream's end cut off (this one's or an earlier one's): response id → ms the caller heard."""
+        """Replies a stream's end cut off while they were being generated (this stream's end or an earlier one's):
+        response id → ms the caller heard of it on the streams before this one. Their audio here continues from
+        there: what the engine is told of them is that plus what this stream played."""
         self._late_audio = LateAudioFilter()
         self._first_media_at_ms: int | None = None
         self._arrival_baseline_ms: float | None = None
@@ -317,14 +319,14 @@ class CallSession:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
-        ``heard_ms``: the replies earlier streams cut off, and how much of each the caller heard (the ticket's
-        ``heard_ms``): the engine was told so; their later audio is not played here.
+        ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
+        of each the caller heard (the ticket's ``heard_ms``): the rest of such a reply plays here, and what the
+        engine is told of it continues from there (never from 0).
         """
         self._transition(_Trigger.ENGINE_BOUND)
         self.capabilities = capabilities
         for response_id, ms in heard_ms:
             self._cut_replies[response_id] = ms
-            self._interrupted.add(response_id)
         if call_offset_ms is not None:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
@@ -429,22 +431,17 @@ class CallSession:
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return
         bound = self.state is CallState.LIVE
-        if bound and self._out_response is not None:
+        if bound and self._out_response is not None:  # still being generated: the next stream plays the rest
             cut = self._out_response
-            self._interrupt(cut, now_ms)
-            self._note_cut(cut, now_ms)
-        elif bound and self.ledger.is_playing(now_ms):
-            played = self._stop_playback(None, now_ms)
-            if played is not None:
-                self._note_cut(played, now_ms)
+            self.ledger.flush(now_ms)
+            self._drain_ledger()  # the ack of what was heard; no truncation: the reply goes on
+            self._cut_replies[cut] = self._heard_on_call(cut, self.ledger.heard_ms(cut, now_ms))
+        elif bound and self.ledger.is_playing(now_ms):  # complete: nothing more of it will come, cut it here
+            self._stop_playback(None, now_ms)
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
         self._messages.clear()  # nowhere to send them
-
-    def _note_cut(self, response_id: str, now_ms: int) -> None:
-        heard = self._at_most_generated(response_id, self.ledger.heard_ms(response_id, now_ms))
-        self._cut_replies[response_id] = max(self._cut_replies.get(response_id, 0), heard)
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due. Drain ``messages_to_send`` next."""
@@ -470,7 +467,8 @@ class CallSession:
     @property
     def cut_replies(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (``engine_bound(heard_ms=…)``, through the resume ticket): the replies cut off
-        by this stream's end or an earlier one's, newest last, with what the caller heard of each."""
+        by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
+        each over the call."""
         return tuple(self._cut_replies.items())[-_CUT_REPLIES_KEPT:]
 
     def messages_to_send(self) -> list[str | bytes]:
@@ -695,7 +693,7 @@ class CallSession:
         self._drain_ledger()
         if result.response_id is None or response_id not in (None, result.response_id):
             return result.response_id
-        heard = self._at_most_generated(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
+        heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0 and self.capabilities.supports_audio_truncate:
             self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
         return result.response_id
@@ -716,15 +714,17 @@ class CallSession:
                 self._messages.append(message)
         self.close_transport = True
 
-    def _at_most_generated(self, response_id: str, heard_ms: int) -> int:
-        """``heard_ms`` of ``response_id``, but no more than the engine generated of it (its last frame was padded)."""
+    def _heard_on_call(self, response_id: str, heard_ms: int) -> int:
+        """What the caller heard of ``response_id`` over the call, from ``heard_ms`` played on this stream: no more
+        than the engine generated here (the last frame is padded), after what earlier streams played of it."""
         generated = self._generated_ms.get(response_id)
-        return heard_ms if generated is None else min(heard_ms, int(generated))
+        heard = heard_ms if generated is None else min(heard_ms, int(generated))
+        return heard + self._cut_replies.get(response_id, 0)
 
     def _drain_ledger(self, *, to_engine: bool = True) -> None:
         for update in self.ledger.heard_updates():
             if to_engine:
-                heard = self._at_most_generated(update.response_id, update.heard_ms)
+                heard = self._heard_on_call(update.response_id, update.heard_ms)
                 self._commands.append(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
         for action in self.ledger.actions_to_send():
             message = self.codec.send(action)

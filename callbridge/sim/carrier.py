@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
+import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
@@ -116,6 +117,18 @@ class CallResult:
 
     def render(self) -> str:
         return "\n".join(f"{e.at_ms / 1000:8.3f} s  {e.who:<7} {e.what}" for e in self.timeline)
+
+    def failure_tone_at_ms(self) -> int | None:
+        """When the caller first heard the reorder tone (480 + 620 Hz, the bridge's failure audio), in ms from the
+        call's start: the first frame whose energy is nearly all at those two frequencies. None: never."""
+        heard = bytes(self.heard)
+        samples = np.frombuffer(heard[: len(heard) // 320 * 320], dtype="<i2").astype(np.float64).reshape(-1, 160)
+        t = np.arange(160) / 8000
+        basis = np.stack([f(2 * np.pi * hz * t) for hz in (480, 620) for f in (np.sin, np.cos)])
+        energy = np.einsum("ij,ij->i", samples, samples)
+        projected = np.sum((samples @ basis.T) ** 2, axis=1) / 80
+        tone = np.flatnonzero((energy >= 160 * 1000**2) & (projected > 0.8 * energy))
+        return int(tone[0]) * FRAME_MS if tone.size else None
 
 
 @dataclass

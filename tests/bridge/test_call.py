@@ -288,30 +288,42 @@ class TestEnding:
         assert h.call.state is CallState.DETACHED
 
     def test_socket_drop_mid_reply_tells_the_engine_what_was_heard(self) -> None:
+        """The reply is still being generated: the engine is told what was heard (an ack), not cut there (no
+        truncation): the next stream plays the rest of it."""
         h = Harness(lead_ms=200).live()
         h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(700)
         h.call.transport_lost(h.now_ms)
         h.drain()
         ack = h.of(AckPlayback)[-1]
-        assert abs(ack.played_ms - 700) <= 20
-        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
+        assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == []
         assert h.call.messages_to_send() == []  # no clear: the socket is gone
         assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
 
-    def test_the_next_stream_plays_none_of_a_reply_the_drop_cut_and_never_acks_it_lower(self) -> None:
-        """The engine goes on sending the cut reply after the resume: played from 0 on the new stream, it would
-        be acked 100, 200… — less than the caller heard, and contradicting the truncation at the drop."""
+    def test_socket_drop_while_a_complete_reply_plays_cuts_it_where_the_caller_stopped_hearing(self) -> None:
+        h = Harness(lead_ms=200).live()
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(ResponseDone("resp-1", "completed", None, 0))  # nothing more of it will come
+        h.advance(700)
+        h.call.transport_lost(h.now_ms)
+        h.drain()
+        ack = h.of(AckPlayback)[-1]
+        assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
+        assert h.call.cut_replies == ()
+
+    def test_the_next_stream_plays_the_rest_of_a_cut_reply_and_counts_it_on_from_what_was_heard(self) -> None:
+        """The engine goes on sending the cut reply after the resume. Its audio here is counted after the 700 ms
+        the caller heard before the drop: counted from 0, it would be acked 100, 200… — less than was heard."""
         h = Harness(lead_ms=200).live(heard_ms=(("resp-1", 700),))
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
-        h.advance(1500)
-        assert h.events("media") == [] and h.of(AckPlayback) == [] and h.of(TruncateItem) == []
-        assert h.call.late_deltas_dropped == 1
-        h.engine(AudioDelta(agent_audio(300), 24000, "resp-2", "item_resp-2", 0))  # the next reply is played
-        h.advance(1000)
-        assert len(h.events("media")) == 15
-        h.call.transport_lost(h.now_ms)  # dropped again: the ticket still names the reply cut first
-        assert dict(h.call.cut_replies)["resp-1"] == 700
+        h.advance(400)
+        assert len(h.events("media")) == 30  # played: 400 ms, and the lead
+        h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))  # the caller talks over it
+        (truncate,) = h.of(TruncateItem)
+        assert 1080 <= truncate.audio_end_ms <= 1120, truncate  # 700 before the drop + 400 here
+        assert [a.played_ms for a in h.of(AckPlayback)] == [truncate.audio_end_ms]
+        h.call.transport_lost(h.now_ms)
+        assert dict(h.call.cut_replies)["resp-1"] == 700  # barged in: the ticket keeps what was heard before
 
     def test_socket_drop_before_start(self) -> None:
         h = Harness()

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
@@ -47,22 +46,6 @@ async def engine(tmp_path: Path) -> AsyncIterator[EngineProcess]:
 def defaults(url: str) -> Settings:
     """The shipped configuration, but for the engine's address."""
     return Settings.model_validate({"engine": {"kind": "realtime", "urls": [url]}})
-
-
-def first_tone_ms(heard: bytes) -> int | None:
-    """Where the reorder tone (480 + 620 Hz) starts in what the caller heard (PCM16 8 kHz, one 20 ms frame per
-    tick from the call's start): the first frame whose energy is nearly all at those two frequencies."""
-    samples = np.frombuffer(heard[: len(heard) // 320 * 320], dtype="<i2").astype(np.float64).reshape(-1, 160)
-    t = np.arange(160) / 8000
-    basis = np.stack([f(2 * np.pi * hz * t) for hz in (480, 620) for f in (np.sin, np.cos)])
-    for index, frame in enumerate(samples):
-        energy = float(frame @ frame)
-        if energy < 160 * 1000**2:
-            continue
-        projected = float(np.sum((basis @ frame) ** 2) / 80)
-        if projected > 0.8 * energy:
-            return index * 20
-    return None
 
 
 def failures(bridge: RunningBridge) -> dict[str, float]:
@@ -111,7 +94,7 @@ async def test_an_engine_server_that_dies_mid_call_is_heard_within_3_s_and_the_c
             os.kill(pid, getattr(signal, death))
             result = await call
 
-    tone_ms = first_tone_ms(bytes(result.heard))
+    tone_ms = result.failure_tone_at_ms()
     hung_up = [e.at_ms for e in result.timeline if e.who == "bridge" and e.what == "hung up the call"]
     assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
     assert tone_ms is not None and died_at_ms < tone_ms <= died_at_ms + TONE_AFTER_DEATH_MS, (tone_ms, died_at_ms)

@@ -40,29 +40,25 @@ async def test_drop_past_the_grace_gets_a_new_session() -> None:
     assert len(recorder.opened) == 2 and recorder.resumed == []
 
 
-async def test_heard_positions_of_a_reply_cut_by_a_drop_never_restart_on_the_next_stream() -> None:
+async def test_heard_positions_of_a_reply_cut_by_a_drop_continue_on_the_next_stream() -> None:
     """The media socket drops mid-reply while the engine is still generating it; the next stream resumes the
-    session. The model was told what the caller heard when the socket dropped (ack, truncate); the rest of that
-    reply, which the engine goes on sending, is not played on the new stream from 0 (it would be acked 100, 200…
-    from the start of the reply: less than was heard) — every ack and truncation of it stays where the caller
-    stopped hearing it. The conversation goes on: the next reply is heard and acked from its own start."""
+    session and plays the rest. What the engine is told of that reply (acks, read off what it was sent) continues
+    from what the caller heard before the drop — it never restarts at 0 on the new stream — and at the end says
+    what the caller heard of it over both streams."""
     recorder = RecordingEngine(LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=1.0))  # still coming at the drop
     async with running_bridge(settings(), recorder) as bridge:
-        speech = short_speech(SPEECH_MS)
         script = CallerScript(
-            utterances=((300, speech), (6500, speech)), drop_stream_at_ms=(3400,), redirect_delay_ms=200, hangup_at_ms=11_000
+            utterances=((300, short_speech(3000)),), drop_stream_at_ms=(4700,), redirect_delay_ms=200, hangup_at_ms=11_000
         )
         result = await bridge.twilio.place_call(script)
     assert len(result.streams) == 2 and len(recorder.opened) == 1 and len(recorder.resumed) == 1, result.render()
     acks = recorder.of(AckPlayback)
-    first = acks[0].response_id
-    cut = [a.played_ms for a in acks if a.response_id == first]
-    truncates = [t.audio_end_ms for t in recorder.of(TruncateItem) if t.item_id == f"item_{first}"]
-    assert len(truncates) == 1 and 0 < truncates[0] == cut[-1], (cut, truncates)  # told once, at the drop
-    assert cut == sorted(cut), cut  # never decreasing
-    assert abs(cut[-1] - result.agent_runs_ms[0]) <= 60, (cut, result.agent_runs_ms)  # what the caller heard
-    later = [a for a in acks if a.response_id != first]
-    assert later and later[0].played_ms <= 200, result.render()  # the next reply, acked from its own start
+    reply = acks[0].response_id
+    heard = [a.played_ms for a in acks if a.response_id == reply]
+    assert heard == sorted(heard), heard  # never decreasing, across the two streams
+    assert recorder.of(TruncateItem) == [], recorder.of(TruncateItem)  # not cut: its rest was played
+    assert len(result.agent_runs_ms) >= 2, result.render()  # heard before the drop, and after the resume
+    assert abs(heard[-1] - sum(result.agent_runs_ms)) <= 100, (heard, result.agent_runs_ms)  # all the caller heard
 
 
 class TestSecurity:

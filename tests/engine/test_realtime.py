@@ -13,6 +13,7 @@ import orjson
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from callbridge.engine.commands import AckPlayback, CloseSession, CreateTextItem
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import (
     AudioDelta,
@@ -294,3 +295,43 @@ async def test_handshake_error_is_raised_with_its_code() -> None:
             await RealtimeEngine(f"ws://127.0.0.1:{port}").open(SessionConfig())
     assert exc.value.code == "ref_audio_required" and exc.value.message == "needs a voice"
 
+
+
+async def test_one_session_close_per_session_whoever_asks() -> None:
+    """The bridge's core asks for the close (a ``CloseSession`` command at the caller's ``stop``) and the stream's
+    end closes the session too: one ``session.close`` reaches the server, so it never answers ``session_closed``."""
+    async with engine_server() as running:
+        session = await RealtimeEngine(running.url).open(NO_VAD)
+        sent: list[str] = []
+        original = session._ws.send
+
+        async def recording(message: str) -> None:  # type: ignore[override]
+            sent.append(message)
+            await original(message)
+
+        session._ws.send = recording  # type: ignore[method-assign,assignment]
+        await session.submit(CloseSession("call_ended"))
+        await session.close("call_ended")
+        assert [m for m in sent if '"session.close"' in m] and len([m for m in sent if '"session.close"' in m]) == 1
+        assert session.closed and running.engine.session_count == 0
+
+
+async def test_commands_while_the_socket_is_replaced_are_kept_and_sent_first_on_the_new_one() -> None:
+    """``submit`` never waits for a reconnect: an ack (the newest of a response) and a text item submitted while
+    the socket is down reach the server, in order, once the session has resumed; audio is dropped."""
+    async with engine_server() as running:
+        engine = RealtimeEngine(running.url, reconnect_backoff_s=(0.2, 0.2))
+        session = await engine.open(NO_VAD)
+        endpoint, session._endpoint = session._endpoint, "ws://127.0.0.1:9/v1/realtime"  # the network is down
+        session._ws.transport.abort()
+        await asyncio.sleep(0.05)  # the loss is noticed; the first reconnect is refused, the next in 0.2 s
+        await asyncio.wait_for(session.submit(AckPlayback("resp-x", 100, "item_resp-x")), 0.01)  # never waits
+        await session.submit(AckPlayback("resp-x", 300, "item_resp-x"))
+        await session.submit(CreateTextItem("DTMF 5"))
+        await session.append_audio(tone(20), 16000)
+        assert list(session._backlog) == [AckPlayback("resp-x", 300, "item_resp-x"), CreateTextItem("DTMF 5")]
+        session._endpoint = endpoint  # ... and back
+        # the server got the ack: it answers it (here an error: it names no response of this session)
+        await until(session, lambda e: isinstance(e, EngineErrorEvent | PlaybackAcknowledged))
+        assert session.resumes == 1 and not session._backlog and session.dropped_audio_bytes == 640
+        await session.close()
