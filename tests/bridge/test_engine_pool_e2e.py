@@ -185,7 +185,7 @@ async def test_a_server_killed_mid_call_fails_that_call_and_new_calls_go_to_the_
         lost = await on_a  # resumes are tried for engine.reconnect_budget_s, then the reorder tone and the hang-up
         assert lost.hung_up_by == "bridge" and lost.warnings == [], lost.render()
         assert lost.timeline[-1].at_ms < 8000, lost.render()  # well before the caller's own hang-up at 9 s
-        assert metric(bridge, "callbridge_engine_failures_total", provider="twilio", reason="connection_failed") == 1
+        await until(lambda: metric(bridge, "callbridge_engine_failures_total", provider="twilio", reason="connection_failed") == 1)
         assert (await endpoint_states(bridge))[a.url] == ("ejected", 0)
         assert metric(bridge, "callbridge_engine_endpoint_state", endpoint=a.url, state="ejected") == 1
 

@@ -154,9 +154,9 @@ async def test_an_engine_failure_mid_call_plays_the_fallback_then_hangs_up() -> 
         await recorder.sessions[recorder.opened[0]].close("connection_failed")  # as a lost engine server ends it
         result = await call
         metrics = bridge.app.state.bridge.registry
-        failures = metrics.get_sample_value(
-            "callbridge_engine_failures_total", {"provider": "twilio", "reason": "connection_failed"}
-        )
+        labels = {"provider": "twilio", "reason": "connection_failed"}
+        await until(lambda: metrics.get_sample_value("callbridge_engine_failures_total", labels) is not None)
+        failures = metrics.get_sample_value("callbridge_engine_failures_total", labels)
         hangups = metrics.get_sample_value("callbridge_hangups_total", {"provider": "twilio", "result": "ok"})
     assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
     assert 560 <= result.agent_speech_ms <= 640, result.render()  # the reorder tone: 600 ms, then the hang-up
@@ -177,9 +177,11 @@ async def test_an_engine_event_the_call_cannot_take_plays_the_fallback_then_hang
     recorder = engine("loopback")
     async with running_bridge(settings(engine={"failure_tone_ms": 400}), recorder) as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((200, short_speech(800)),), hangup_at_ms=5000))
-        failures = bridge.app.state.bridge.registry.get_sample_value(
-            "callbridge_engine_failures_total", {"provider": "twilio", "reason": "engine_stream_failed"}
-        )
+        labels = {"provider": "twilio", "reason": "engine_stream_failed"}
+        registry = bridge.app.state.bridge.registry
+        # counted as the stream ends, which may be a moment after the hang-up reached the carrier
+        await until(lambda: registry.get_sample_value("callbridge_engine_failures_total", labels) is not None)
+        failures = registry.get_sample_value("callbridge_engine_failures_total", labels)
     assert result.hung_up_by == "bridge" and result.warnings == [], result.render()
     assert 360 <= result.agent_speech_ms <= 440 and failures == 1, result.render()  # only the tone was heard
 
