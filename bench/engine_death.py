@@ -85,10 +85,10 @@ async def one(way: str, *, caller_hangs_up: bool) -> dict[str, float | None]:
             engine.kill()
             engine.wait()
     tone = result.failure_tone_at_ms()
-    hung_up = [e.at_ms for e in result.timeline if e.who == "bridge" and e.what == "hung up the call"]
+    ended_by_bridge = result.hung_up_by == "bridge"  # its REST hang-up, or <Hangup/> to the <Redirect>
     return {
         "tone_after_death_ms": None if tone is None else tone - died_ms,
-        "hang_up_after_death_ms": hung_up[0] - died_ms if hung_up else None,
+        "hang_up_after_death_ms": result.timeline[-1].at_ms - died_ms if ended_by_bridge else None,
         "stop_to_call_ended_ms": stop_to_end_ms,
     }
 

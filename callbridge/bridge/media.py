@@ -51,7 +51,7 @@ _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
-_ENGINE_CLOSE_WAIT_S = 0.25
+_ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
 _TIMED_EVERY_MESSAGES = 50
 """One inbound message in this many is timed for ``callbridge_carrier_message_seconds`` (about once a second)."""

@@ -86,6 +86,9 @@ _MAX_BACKLOG: Final = 64
 """Commands kept while the socket is being replaced (acks coalesce per response); past it the oldest go."""
 _CLOSE_WAIT_S: Final = 5.0
 """How long ``close`` waits for the server's ``session.closed``."""
+_CLOSE_HANDSHAKE_S: Final = 1.0
+"""How long closing a socket waits for the server's close frame (a frozen server sends none: websockets' default
+of 10 s held a drain that long)."""
 
 
 def duplex_url(url: str) -> str:
@@ -179,6 +182,7 @@ class RealtimeEngine(DuplexEngine):
                 open_timeout=self.handshake_timeout_s if timeout_s is None else timeout_s,
                 max_size=_MAX_FRAME_BYTES,
                 ping_interval=None,  # the session's keepalive pings, and acts on a missed pong itself
+                close_timeout=_CLOSE_HANDSHAKE_S,
                 compression=None,
             )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
