@@ -43,6 +43,9 @@ async def test_conversation_at_each_applet_rate(rate: int) -> None:
     assert acks and acks[-1].played_ms >= result.agent_speech_ms - 200
 
 
+EXOTEL_FRAME_MS = 100
+
+
 class _NoEchoOnClear(ExotelStream):
     marks_echoed_on_clear: ClassVar[bool] = False
 
@@ -60,8 +63,11 @@ async def test_barge_in_whether_or_not_exotel_echoes_marks_on_clear(echoed: bool
     assert result.warnings == [], result.render()
     assert len(result.clears) == 1 and result.clears[0] > 0
     (truncate,) = recorder.of(TruncateItem)
-    assert abs(truncate.audio_end_ms - result.played_ms_at_clear[0]) <= stalls.heard_tolerance_ms, (truncate, result.render())
-    assert abs(truncate.audio_end_ms - result.agent_runs_ms[0]) <= stalls.heard_tolerance_ms
+    # what the carrier played, less at most the padding of the reply's last 100 ms frame: the engine is never told
+    # more was heard than it generated
+    for played in (result.played_ms_at_clear[0], result.agent_runs_ms[0]):
+        error = truncate.audio_end_ms - played
+        assert -EXOTEL_FRAME_MS - stalls.heard_tolerance_ms <= error <= stalls.heard_tolerance_ms, (truncate, result.render())
     heard = [a.played_ms for a in recorder.of(AckPlayback) if f"item_{a.response_id}" == truncate.item_id]
     assert heard[-1] == truncate.audio_end_ms  # echoes of flushed marks (if any) did not move it
 
