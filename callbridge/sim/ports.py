@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import random
 import socket
 from typing import Final
@@ -13,18 +15,35 @@ _RANGE: Final = (20_000, 32_000)
 before the server binds it, as one handed out by ``bind(0)`` can be when many tests run side by side."""
 
 
+def _ports() -> range:
+    """This process's share of ``_RANGE``: under pytest-xdist each worker has its own slice, so a port one worker
+    found free for a server process that is still starting (seconds, for ``free_port``) is never picked by
+    another worker meanwhile (it was, picked at random from the whole range: EADDRINUSE a run in ten)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    index = int(worker[2:]) % workers if worker.startswith("gw") and worker[2:].isdigit() else 0
+    size = (_RANGE[1] - _RANGE[0]) // workers
+    return range(_RANGE[0] + index * size, _RANGE[0] + (index + 1) * size)
+
+
+_PORTS: Final = _ports()
+_NEXT: Final = itertools.count(random.randrange(len(_PORTS)))
+"""Ports are handed out in turn through the slice (from a random start, so processes sharing it start apart): one
+is picked again only after all the others."""
+
+
 def bound_socket() -> socket.socket:
     """A TCP socket bound to a free loopback port, for a server started in this process to listen on: held from
     the moment it is found, so no other test can take the port before the server binds it (``free_port``'s gap)."""
     for _ in range(200):
         sock = socket.socket()
         try:
-            sock.bind(("127.0.0.1", random.randrange(*_RANGE)))
+            sock.bind(("127.0.0.1", _PORTS[next(_NEXT) % len(_PORTS)]))
         except OSError:
             sock.close()
             continue
         return sock
-    raise RuntimeError(f"no free loopback port in {_RANGE}")
+    raise RuntimeError(f"no free loopback port in {_PORTS}")
 
 
 def free_port() -> int:
