@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import socket
@@ -26,7 +27,17 @@ def _ports() -> range:
     return range(_RANGE[0] + index * size, _RANGE[0] + (index + 1) * size)
 
 
+def _stride(size: int) -> int:
+    """A step through the slice that visits every port before any again and never hands out two neighbours in a
+    row (a peer may bind port + 1 as well: baresip listens for SIP over TLS there)."""
+    stride = 7
+    while math.gcd(stride, size) != 1:
+        stride += 2
+    return stride
+
+
 _PORTS: Final = _ports()
+_STRIDE: Final = _stride(len(_PORTS))
 _NEXT: Final = itertools.count(random.randrange(len(_PORTS)))
 """Ports are handed out in turn through the slice (from a random start, so processes sharing it start apart): one
 is picked again only after all the others."""
@@ -38,7 +49,7 @@ def bound_socket() -> socket.socket:
     for _ in range(200):
         sock = socket.socket()
         try:
-            sock.bind(("127.0.0.1", _PORTS[next(_NEXT) % len(_PORTS)]))
+            sock.bind(("127.0.0.1", _PORTS[next(_NEXT) * _STRIDE % len(_PORTS)]))
         except OSError:
             sock.close()
             continue
