@@ -185,8 +185,9 @@ _BASELINE_RISE: Final = 0.001
 """ms per ms of media the on-time baseline of media arrival rises by (see ``_track_read_lag``)."""
 _MESSAGES_PER_S: Final = 150
 _CUT_REPLIES_KEPT: Final = 8
-_GENERATED_KEPT: Final = 16
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
+_GENERATED_KEPT: Final = 16
+"""Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 
 
 class CallStateError(Exception):
@@ -684,19 +685,17 @@ class CallSession:
             self._out_response = self._out_resampler = self._out_frames = None
         self._stop_playback(response_id, now_ms)
 
-    def _stop_playback(self, response_id: str | None, now_ms: int) -> str | None:
+    def _stop_playback(self, response_id: str | None, now_ms: int) -> None:
         """Flush the ledger (the carrier's clear), ack what was heard and cut the model's turn to it — clamped
-        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any).
-        Returns the response that was playing, if any."""
+        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any)."""
         result = self.ledger.flush(now_ms)
         self.flushes += 1
         self._drain_ledger()
         if result.response_id is None or response_id not in (None, result.response_id):
-            return result.response_id
+            return
         heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0 and self.capabilities.supports_audio_truncate:
             self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
-        return result.response_id
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)

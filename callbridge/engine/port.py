@@ -148,7 +148,8 @@ class ResumeTicket:
     endpoint: str | None = None
     heard_ms: tuple[tuple[str, int], ...] = ()
     """The bridge's note, not the engine's: (response id, ms the caller heard of it) for the replies a stream cut
-    off as it ended. The next stream plays none of their later audio and never acks them lower."""
+    off as it ended while the engine was still generating them. The next stream plays the rest of each and counts
+    what it tells the engine of it on from there, never lower."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -267,8 +267,6 @@ class RealtimeSession(DuplexSession):
         self._late_audio = LateAudioFilter()
         self.dropped_audio_bytes = 0
         """Input audio dropped while the socket was being replaced."""
-        self.dropped_commands = 0
-        """Commands dropped from a full backlog while the socket was being replaced."""
         self.resumes = 0
         self.on_release: Callable[[EngineEvent | None], None] | None = None
         """Called once when the session leaves this client: with its terminal event when it ends, with None when
@@ -331,8 +329,8 @@ class RealtimeSession(DuplexSession):
                     del backlog[i]
                     break
         if len(backlog) >= _MAX_BACKLOG:
-            backlog.popleft()
-            self.dropped_commands += 1
+            dropped = backlog.popleft()
+            log.warning("engine_command_dropped", session_id=self.session_id, command=type(dropped).__name__)
         backlog.append(command)
 
     # -------------------------------------------------------------- events

@@ -105,8 +105,8 @@ async def test_an_engine_server_that_dies_mid_call_is_heard_within_3_s_and_the_c
 
 
 async def test_a_refused_reconnect_ejects_the_endpoint_at_once(engine: EngineProcess) -> None:
-    """A server whose port refuses connections is down: the first refused reconnect of a live call ejects it, so
-    the next call is refused busy at once instead of trying it."""
+    """A server whose port refuses connections is down: the first refused reconnect of a live call ejects it
+    (new calls go to other servers), while that call is still within its reconnect budget."""
     async with running_bridge(defaults(engine.url)) as bridge:
         call, _ = await a_call_mid_reply(bridge, engine)
         engine.kill()

@@ -312,13 +312,14 @@ async def test_one_session_close_per_session_whoever_asks() -> None:
         session._ws.send = recording  # type: ignore[method-assign,assignment]
         await session.submit(CloseSession("call_ended"))
         await session.close("call_ended")
-        assert [m for m in sent if '"session.close"' in m] and len([m for m in sent if '"session.close"' in m]) == 1
+        assert sum('"session.close"' in m for m in sent) == 1
         assert session.closed and running.engine.session_count == 0
 
 
 async def test_commands_while_the_socket_is_replaced_are_kept_and_sent_first_on_the_new_one() -> None:
-    """``submit`` never waits for a reconnect: an ack (the newest of a response) and a text item submitted while
-    the socket is down reach the server, in order, once the session has resumed; audio is dropped."""
+    """``submit`` never waits for a reconnect: an ack and a text item submitted while the socket is down are kept
+    in order (a newer ack of the response replacing the older), audio is dropped, and what was kept reaches the
+    server once the session has resumed."""
     async with engine_server() as running:
         engine = RealtimeEngine(running.url, reconnect_backoff_s=(0.2, 0.2))
         session = await engine.open(NO_VAD)

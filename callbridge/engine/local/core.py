@@ -31,8 +31,8 @@ from __future__ import annotations
 import enum
 import json
 import secrets
-from collections.abc import Callable
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
