@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
+import httpx
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
@@ -51,9 +52,20 @@ __all__ = [
     "SimulatedCarrier",
     "TimelineEvent",
     "WebSocketConnection",
+    "webhook_client",
 ]
 
 FRAME_MS = 20
+_IDLE_REUSE_S = 1.0
+"""A webhook connection idle longer than this is not reused: the bridge's server may be closing it (uvicorn
+closes an idle keep-alive connection after 5 s), and a request sent on it as it closes fails."""
+
+
+def webhook_client() -> httpx.AsyncClient:
+    """The HTTP client a simulated carrier sends its webhooks with. A real carrier opens or keeps connections its
+    own way; what matters here is never to lose a webhook (a hang-up callback 5 s after the answer was lost that
+    way, and the call taken for a dropped stream) to a keep-alive connection the server is closing."""
+    return httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(keepalive_expiry=_IDLE_REUSE_S))
 _SILENCE_8K = bytes(320)
 
 OpenReason = Literal["answer", "network_drop", "closed_by_bridge", "redirected"]

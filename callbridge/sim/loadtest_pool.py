@@ -29,7 +29,6 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
-import httpx
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,7 +36,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 
 from callbridge.config import Settings
-from callbridge.sim.carrier import SimulatedCarrier
+from callbridge.sim.carrier import SimulatedCarrier, webhook_client
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.loadtest import (
     FIRST_AUDIO_METRIC,
@@ -156,7 +155,7 @@ class _RestRouter:
         self.routes = routes
         self.shards = shards
         self.ports: dict[int, int] = {}
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._http = webhook_client()
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
         self.app = Starlette(routes=[Route("/{path:path}", self._forward, methods=methods)])
         self._server: uvicorn.Server | None = None

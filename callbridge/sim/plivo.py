@@ -60,6 +60,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
     WebSocketConnection,
+    webhook_client,
 )
 
 __all__ = ["PlivoStream", "SimulatedPlivo", "auth_id_for", "valid_extra_headers"]
@@ -209,7 +210,7 @@ class SimulatedPlivo(SimulatedCarrier):
         super().__init__(bridge_url, auth_token)
         self.auth_token = auth_token
         self.auth_id = auth_id_for(auth_token)
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._http = webhook_client()
         self._redirects: dict[str, str] = {}
         """call → the ``<Redirect>`` URL that follows its stream."""
 

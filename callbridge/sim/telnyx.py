@@ -59,6 +59,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
     WebSocketConnection,
+    webhook_client,
 )
 
 __all__ = ["SimulatedTelnyx", "TelnyxStream", "signing_key"]
@@ -231,7 +232,7 @@ class SimulatedTelnyx(SimulatedCarrier):
         self._streams: dict[str, TelnyxStream] = {}
         self._background: set[asyncio.Task[object]] = set()
         self.user_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, self.api_key))
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._http = webhook_client()
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:

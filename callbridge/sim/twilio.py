@@ -46,13 +46,14 @@ from websockets.exceptions import InvalidStatus
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
-    CallerScript,
     CallResult,
+    CallerScript,
     OpenReason,
     SimCall,
     SimStream,
     SimulatedCarrier,
     WebSocketConnection,
+    webhook_client,
 )
 
 __all__ = [
@@ -224,7 +225,7 @@ class SimulatedTwilio(SimulatedCarrier):
         self.auth_token = auth_token
         self.account_sid = account_sid or "AC" + secrets.token_hex(16)
         self._validator = RequestValidator(auth_token)
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._http = webhook_client()
         self.call_updates: list[tuple[str, str]] = []
         """(CallSid, TwiML) of every REST update that replaced a call's instructions."""
 

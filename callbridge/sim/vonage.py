@@ -65,6 +65,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
     WebSocketConnection,
+    webhook_client,
 )
 
 __all__ = ["SimulatedVonage", "VonageConnection", "VonageStream", "sign_webhook"]
@@ -199,7 +200,7 @@ class SimulatedVonage(SimulatedCarrier):
         self.rest_refusals: list[str] = []
         self._public_key: PublicKeyTypes | None = None
         self._key_dir: Path | None = None
-        self._http = httpx.AsyncClient(timeout=10.0)
+        self._http = webhook_client()
 
     # --------------------------------------------------------------- setup
 
