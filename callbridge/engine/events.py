@@ -21,7 +21,9 @@ __all__ = [
     "EngineEvent",
     "FunctionCall",
     "HeartbeatAck",
+    "InputCleared",
     "InputCommitted",
+    "ItemCreated",
     "ItemTruncated",
     "OutputAudioCleared",
     "OverlapDecision",
@@ -131,6 +133,11 @@ class InputCommitted:
 
 
 @dataclass(frozen=True, slots=True)
+class InputCleared:
+    """The input buffer was cleared (``input_audio_buffer.clear``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ResponseCreated:
     response_id: str
     epoch: int | None = None
@@ -183,6 +190,17 @@ class PlaybackAcknowledged:
 
 
 @dataclass(frozen=True, slots=True)
+class ItemCreated:
+    """A client item (a user text message, a function call's output) joined the conversation.
+
+    ``item`` is the conversation item as the Realtime protocol writes it (``id``, ``type``, ``status`` …);
+    the bridge acts on nothing here, the engine server announces it (``conversation.item.added`` …)."""
+
+    item: dict[str, Any] = field(hash=False, compare=False)
+    item_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ItemTruncated:
     item_id: str
     audio_end_ms: int
@@ -226,6 +244,7 @@ EngineEvent = (
     | SpeechStarted
     | SpeechStopped
     | InputCommitted
+    | InputCleared
     | ResponseCreated
     | ResponseDone
     | AudioDelta
@@ -233,6 +252,7 @@ EngineEvent = (
     | OutputAudioCleared
     | OverlapDecision
     | PlaybackAcknowledged
+    | ItemCreated
     | ItemTruncated
     | FunctionCall
     | HeartbeatAck

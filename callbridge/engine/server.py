@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import orjson
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 from callbridge import __version__
-from callbridge.codecs import StreamResampler
+from callbridge.codecs import AudioEncoding, StreamResampler
 from callbridge.config import EngineServerSettings, Settings
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
@@ -41,11 +41,12 @@ from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession, monotonic_ms
 from callbridge.engine.local.vad import VAD_RATE_HZ
 from callbridge.engine.port import ResumeTicket
+from callbridge.engine.projection import WireProjection, session_object
 from callbridge.engine.wire import (
     MAX_CLIENT_EVENT_BYTES,
     InputFormat,
     error_to_wire,
-    event_to_wire,
+    new_event_id,
     parse_client_command,
     session_config_from_wire,
 )
@@ -57,6 +58,7 @@ log = get_logger(__name__)
 
 _FALSE = {"0", "false", "no", "off"}
 _POLICY_VIOLATION = 1008
+_FORMAT_NAMES: Final = {AudioEncoding.PCMU: "g711_ulaw", AudioEncoding.PCMA: "g711_alaw", AudioEncoding.L16: "pcm16"}
 
 
 @dataclass(eq=False)
@@ -70,10 +72,12 @@ class _Entry:
     """What the server keeps per session, across connections."""
 
     session: LocalSession
-    public_session: dict[str, Any]
+    client_session: dict[str, Any]
+    """The session keys the client declared (``session.update``), merged."""
     journal: EventJournal
     credential: ResumeCredential
     input_format: InputFormat
+    projection: WireProjection
     token: str = ""
     attachment: _Attachment | None = None
     attachment_generation: int = 1
@@ -90,6 +94,18 @@ class _Entry:
         if resampler is None:
             resampler = self.resamplers[command.rate_hz] = StreamResampler(command.rate_hz, VAD_RATE_HZ)
         return AppendAudio(resampler.process(command.pcm), VAD_RATE_HZ)
+
+    def public_session(self) -> dict[str, Any]:
+        session = self.session
+        return session_object(
+            session.session_id,
+            self.client_session,
+            session.capabilities,
+            input_format=_FORMAT_NAMES.get(self.input_format.encoding, "pcm16"),
+            input_rate_hz=self.input_format.rate_hz,
+            epoch=session.epoch,
+            state="closed" if session.closed else "open",
+        )
 
 
 def _dumps(payload: Mapping[str, Any]) -> str:
@@ -134,8 +150,7 @@ class EngineServer:
                 session_object = first.get("session") if first["type"] == "session.update" else {}
                 opened = await self._open(websocket, session_object if isinstance(session_object, dict) else {})
             if opened is None:
-                await websocket.close(_POLICY_VIOLATION)
-                return
+                return  # as vllm-omni: a refused handshake ends without a close frame (the client sees 1006)
             entry, attachment = opened
             if first["type"] not in ("session.update", "session.resume"):
                 await self._handle_event(entry, attachment, first)  # autostarted: the first event runs now
@@ -151,14 +166,10 @@ class EngineServer:
             message = await asyncio.wait_for(websocket.receive(), self.settings.config_timeout_s)
         except TimeoutError:
             await _send(websocket, error_to_wire(ErrorCode.CONFIG_TIMEOUT, "Timeout waiting for session.update"))
-            await websocket.close(_POLICY_VIOLATION)
             return None
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
-        payload = await self._decode(websocket, message)
-        if payload is None:
-            await websocket.close(_POLICY_VIOLATION)
-        return payload
+        return await self._decode(websocket, message)
 
     async def _decode(self, websocket: WebSocket, message: Mapping[str, Any]) -> dict[str, Any] | None:
         """A received frame as a JSON object with a type, or None after telling the client what is wrong."""
@@ -217,12 +228,13 @@ class EngineServer:
             return
         try:
             if event_type == "session.update":
-                session_object = payload.get("session")
-                if not isinstance(session_object, dict):
+                update = payload.get("session")
+                if not isinstance(update, dict):
                     raise EngineError(ErrorCode.BAD_EVENT, "session.update needs a session object")
-                _, entry.input_format = session_config_from_wire({**entry.public_session, **session_object})
-                entry.public_session.update(session_object)
-                await _send(websocket, {"type": "session.updated", "event_id": event_id, "session": entry.public_session})
+                _, entry.input_format = session_config_from_wire({**entry.client_session, **update})
+                entry.client_session.update(update)
+                async with entry.send_lock:  # journaled, in order with the pump's events
+                    await self._publish(entry, {"type": "session.updated", "event_id": new_event_id(), "session": entry.public_session()})
                 return
             command = parse_client_command(payload, entry.input_format)
             if isinstance(command, AppendAudio):
@@ -233,24 +245,27 @@ class EngineServer:
 
     # -------------------------------------------------------------- open
 
-    async def _open(self, websocket: WebSocket, session_object: dict[str, Any]) -> tuple[_Entry, _Attachment] | None:
+    async def _open(self, websocket: WebSocket, client_session: dict[str, Any]) -> tuple[_Entry, _Attachment] | None:
         try:
-            config, input_format = session_config_from_wire(session_object)
+            config, input_format = session_config_from_wire(client_session)
+        except EngineError as exc:  # as vllm-omni: any session object it cannot open with is invalid_session_config
+            await _send(websocket, error_to_wire(ErrorCode.INVALID_SESSION_CONFIG, exc.message))
+            return None
+        try:
             session = await self.engine.open(config)
         except EngineError as exc:
             await _send(websocket, error_to_wire(exc.code, exc.message))
             return None
-        public = {key: value for key, value in session_object.items() if key not in ("id", "session_id")}
-        public |= {"object": "realtime.session", "type": "realtime"}
         entry = _Entry(
             session,
-            public,
+            {key: value for key, value in client_session.items() if key not in ("id", "session_id")},
             EventJournal(
                 max_bytes=self.settings.resume_replay_max_bytes,
                 ttl_ms=int(self.settings.resume_replay_ttl_s * 1000),
             ),
             ResumeCredential(),
             input_format,
+            WireProjection(session.session_id),
         )
         entry.token = entry.credential.issue()
         attachment = _Attachment(websocket, entry.attachment_generation)
@@ -313,8 +328,15 @@ class EngineServer:
                     )
                 with suppress(Exception):
                     await replaced.websocket.close(1000, "session_replaced")
-            resumed = SessionResumed(session_id, entry.token, entry.attachment_generation, entry.session.capabilities)
-            await _send(websocket, event_to_wire(resumed, {**entry.public_session, "id": session_id}))
+            resumed = {
+                "type": "session.resumed",
+                "event_id": new_event_id(),
+                "session_id": session_id,
+                "session": entry.public_session(),
+                "attachment_generation": entry.attachment_generation,
+                "resume_token": entry.token,
+            }
+            await _send(websocket, resumed)
             for payload in replay:
                 await _send(websocket, payload)
         log.info("engine_session_resumed", session_id=session_id, replayed=len(replay), generation=attachment.generation)
@@ -331,18 +353,20 @@ class EngineServer:
                     continue  # the resume handler announces it, with the rotated token
                 async with entry.send_lock:
                     if isinstance(event, SessionCreated):
-                        created = replace(event, resume_token=entry.token, attachment_generation=entry.attachment_generation)
-                        await self._send_current(entry, event_to_wire(created, entry.public_session))
+                        # as vllm-omni: session.created (not journaled: it carries the credential), then session.updated
+                        session_body = entry.public_session()
+                        created = {
+                            "type": "session.created",
+                            "event_id": new_event_id(),
+                            "session": session_body,
+                            "attachment_generation": entry.attachment_generation,
+                            "resume_token": entry.token,
+                        }
+                        await self._send_current(entry, created)
+                        await self._publish(entry, {"type": "session.updated", "event_id": new_event_id(), "session": session_body})
                         continue
-                    payload = event_to_wire(event)
-                    if not entry.resync_required:
-                        try:
-                            payload = entry.journal.record(payload, self.clock())
-                        except JournalOverflow:
-                            entry.resync_required = True
-                            resync = {"type": "session.resync_required", "session_id": session.session_id, "reason": "journal_overflow"}
-                            await self._send_current(entry, resync)
-                    await self._send_current(entry, payload)
+                    for payload in entry.projection.project(event):
+                        await self._publish(entry, payload)
                 if isinstance(event, TERMINAL_EVENTS):
                     reason = getattr(event, "reason", reason)
                     break
@@ -354,6 +378,18 @@ class EngineServer:
             if attachment is not None:
                 with suppress(Exception):
                     await attachment.websocket.close(1000, reason)
+
+    async def _publish(self, entry: _Entry, payload: dict[str, Any]) -> None:
+        """Journal ``payload`` (with its ``server_event_seq``) and send it to the attached connection, if any.
+        Hold ``entry.send_lock``."""
+        if not entry.resync_required:
+            try:
+                payload = entry.journal.record(payload, self.clock())
+            except JournalOverflow:
+                entry.resync_required = True
+                resync = {"type": "session.resync_required", "session_id": entry.session.session_id, "reason": "journal_overflow"}
+                await self._send_current(entry, resync)
+        await self._send_current(entry, payload)
 
     async def _send_current(self, entry: _Entry, payload: Mapping[str, Any]) -> None:
         attachment = entry.attachment
@@ -406,9 +442,10 @@ def create_engine_app(settings: Settings, engine: LocalEngine | None = None) -> 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         if str(websocket.query_params.get("duplex", "1")).lower() in _FALSE:
+            # as vllm-omni on a duplex deployment: no turn-based Realtime API, said then closed normally
             await websocket.accept()
             await _send(websocket, {"type": "error", "error": "Realtime API is not available", "code": "unsupported"})
-            await websocket.close(_POLICY_VIOLATION)
+            await websocket.close()
             return
         await server.handle(websocket)
 

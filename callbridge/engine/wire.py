@@ -73,7 +73,7 @@ __all__ = [
     "command_to_wire",
     "error_to_wire",
     "event_ack",
-    "event_to_wire",
+    "new_event_id",
     "parse_client_command",
     "parse_server_event",
     "session_config_from_wire",
@@ -91,7 +91,8 @@ _OUTPUT_RATES_HZ: Final = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32
 from it, and a resampler between coprime rates (24001 → 8000 Hz) costs seconds to build and blocks every call."""
 
 
-def _event_id() -> str:
+def new_event_id() -> str:
+    """A server event's ``event_id``."""
     return f"event_{secrets.token_hex(16)}"
 
 
@@ -504,90 +505,4 @@ def error_to_wire(code: str, message: str, event_id: str | None = None) -> dict[
     error: dict[str, Any] = {"type": error_type, "code": code, "message": message}
     if event_id:
         error["event_id"] = event_id
-    return {"type": "error", "event_id": _event_id(), "error": error}
-
-
-def event_to_wire(event: EngineEvent, session: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One typed event as the server sends it. ``session`` is the public session object for
-    ``session.created`` / ``session.resumed``."""
-    base: dict[str, Any] = {"event_id": _event_id()}
-    match event:
-        case SessionCreated(session_id, capabilities, resume_token, generation):
-            body = {**(session or {}), "id": session_id, "capabilities": capabilities.to_wire()}
-            out = {"type": "session.created", **base, "session": body}
-            if resume_token is not None:
-                out |= {"attachment_generation": generation, "resume_token": resume_token}
-            return out
-        case SessionResumed(session_id, resume_token, generation, capabilities):
-            resumed_body = {**(session or {}), "id": session_id}
-            if capabilities is not None:
-                resumed_body["capabilities"] = capabilities.to_wire()
-            return {
-                "type": "session.resumed",
-                **base,
-                "session_id": session_id,
-                "session": resumed_body,
-                "attachment_generation": generation,
-                "resume_token": resume_token,
-            }
-        case SessionClosed(session_id, reason):
-            return {"type": "session.closed", **base, "session_id": session_id, "reason": reason, "event": {}}
-        case SessionExpired(session_id, reason):
-            return {"type": "session.expired", **base, "session_id": session_id, "reason": reason}
-        case SessionReplaced(session_id):
-            return {"type": "session.replaced", **base, "session_id": session_id}
-        case HeartbeatAck():
-            return {"type": "session.heartbeat_ack", **base}
-        case SpeechStarted(audio_start_ms, item_id):
-            return {"type": "input_audio_buffer.speech_started", **base, "audio_start_ms": audio_start_ms, "item_id": item_id}
-        case SpeechStopped(audio_end_ms, item_id):
-            return {"type": "input_audio_buffer.speech_stopped", **base, "audio_end_ms": audio_end_ms, "item_id": item_id}
-        case InputCommitted(item_id):
-            return {"type": "input_audio_buffer.committed", **base, "previous_item_id": None, "item_id": item_id}
-        case ResponseCreated(response_id, epoch):
-            created = {"id": response_id, "object": "realtime.response", "status": "in_progress", "metadata": {"epoch": epoch}}
-            return {"type": "response.created", **base, "response": created, "response_id": response_id}
-        case ResponseDone(response_id, status, reason, epoch):
-            done: dict[str, Any] = {"id": response_id, "object": "realtime.response", "status": status, "output": []}
-            done["status_details"] = {"type": status, "reason": reason} if reason else None
-            done["metadata"] = {"epoch": epoch}
-            return {"type": "response.done", **base, "response": done, "response_id": response_id}
-        case AudioDelta(pcm, rate_hz, response_id, item_id, epoch):
-            return {
-                "type": "response.output_audio.delta",
-                **base,
-                "response_id": response_id,
-                "item_id": item_id,
-                "output_index": 0,
-                "content_index": 0,
-                "delta": _b64(pcm),
-                "format": "pcm16",
-                "sample_rate_hz": rate_hz,
-                "metadata": {"epoch": epoch},
-            }
-        case TranscriptDelta(response_id, delta):
-            return {
-                "type": "response.output_audio_transcript.delta",
-                **base,
-                "response_id": response_id,
-                "item_id": f"item_{response_id}",
-                "output_index": 0,
-                "content_index": 0,
-                "delta": delta,
-            }
-        case OutputAudioCleared(response_id):
-            return {"type": "output_audio_buffer.cleared", **base, "response_id": response_id}
-        case OverlapDecision(action, reason, epoch):
-            return {"type": "overlap.decision", **base, "epoch": epoch, "policy": "barge_in_on_speech", "action": action, "reason": reason, "metadata": {}}
-        case PlaybackAcknowledged(response_id, played_ms):
-            item_id = f"item_{response_id}" if response_id else None
-            return {"type": "playback.acknowledged", **base, "event": {"item_id": item_id, "played_ms": played_ms}}
-        case ItemTruncated(item_id, audio_end_ms):
-            return {"type": "conversation.item.truncated", **base, "item_id": item_id, "content_index": 0, "audio_end_ms": audio_end_ms}
-        case FunctionCall(name, call_id, _, raw_arguments, response_id):
-            item = {"id": f"item_{call_id}", "object": "realtime.item", "type": "function_call", "status": "completed"}
-            item |= {"name": name, "call_id": call_id, "arguments": raw_arguments}
-            return {"type": "response.output_item.done", **base, "response_id": response_id, "output_index": 0, "item": item}
-        case EngineErrorEvent(code, message, _, event_id):
-            return error_to_wire(code, message, event_id)
-    raise TypeError(f"not an engine event: {event!r}")  # pragma: no cover
+    return {"type": "error", "event_id": new_event_id(), "error": error}

@@ -55,6 +55,7 @@ class RawClient:
 
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
+        self.updated: dict[str, Any] | None = None
 
     @classmethod
     async def connect(cls, url: str, path: str = "/v1/realtime?duplex=1&autostart=0") -> RawClient:
@@ -79,5 +80,9 @@ class RawClient:
         await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
 
     async def open(self, session: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``session.created`` (or the error); the ``session.updated`` that follows it is read too, into ``updated``."""
         await self.send({"type": "session.update", "session": session or {"input_audio_format": "pcm16", "sample_rate_hz": 16000}})
-        return await self.recv()
+        created = await self.recv()
+        if created["type"] == "session.created":
+            self.updated = await self.recv()
+        return created

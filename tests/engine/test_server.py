@@ -33,19 +33,24 @@ async def test_echo_turn_is_journaled_in_sequence() -> None:
         await client.open({"input_audio_format": "pcm16", "sample_rate_hz": 16000, "turn_detection": {"type": "server_vad"}})
         for chunk in chunks(silence(200) + caller_speech_16k() + silence(700)):
             await client.append(chunk)
-        events = await client.recv_until("response.done")
-        assert [e["server_event_seq"] for e in events] == list(range(1, len(events) + 1))
+        events = await client.recv_until("rate_limits.updated")
+        assert client.updated is not None and client.updated["server_event_seq"] == 1
+        assert [e["server_event_seq"] for e in events] == list(range(2, len(events) + 2))
         kinds = [e["type"] for e in events]
-        assert kinds[:4] == [
+        assert kinds[:7] == [
             "input_audio_buffer.speech_started",
             "input_audio_buffer.speech_stopped",
+            "conversation.item.added",
+            "conversation.item.created",
             "input_audio_buffer.committed",
+            "conversation.item.done",
             "response.created",
         ]
+        assert kinds[-2:] == ["response.done", "rate_limits.updated"]
         delta = next(e for e in events if e["type"] == "response.output_audio.delta")
         assert delta["format"] == "pcm16" and delta["sample_rate_hz"] == 24000
         assert delta["item_id"] == f"item_{delta['response_id']}" and delta["metadata"]["epoch"] == 0
-        assert events[-1]["response"]["status"] == "completed"
+        assert events[-2]["response"]["status"] == "completed"
 
 
 @pytest.mark.parametrize(("declared", "expected_ms"), [({"sample_rate_hz": 8000}, (850, 1000)), ({}, (400, 500))])
@@ -97,14 +102,20 @@ async def test_first_frame_rules() -> None:
         bad = await RawClient.connect(running.url)
         await bad.ws.send("nope")
         assert (await bad.recv())["error"]["code"] == "invalid_json"
+        # as vllm-omni: any session object it cannot open with is invalid_session_config
         unsupported = await RawClient.connect(running.url)
         await unsupported.send({"type": "session.update", "session": {"input_audio_format": "audio/pcmu"}})
-        assert (await unsupported.recv())["error"]["code"] == "unsupported_audio_format"
+        assert (await unsupported.recv())["error"]["code"] == "invalid_session_config"
         vad = await RawClient.connect(running.url)
         await vad.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad", "interrupt_response": False}}})
-        assert (await vad.recv())["error"]["code"] == "unsupported_turn_detection"
+        assert (await vad.recv())["error"]["code"] == "invalid_session_config"
+        for refused in (silent, bad, unsupported, vad):  # as vllm-omni: no close frame after a handshake error
+            await asyncio.wait_for(refused.ws.wait_closed(), 5)
+            assert refused.ws.close_code == 1006
         turn_based = await RawClient.connect(running.url, "/v1/realtime?duplex=0")
         assert (await turn_based.recv())["code"] == "unsupported"  # the flat shape
+        await asyncio.wait_for(turn_based.ws.wait_closed(), 5)
+        assert turn_based.ws.close_code == 1000
 
 
 async def test_capacity_exhausted() -> None:
@@ -123,20 +134,20 @@ async def test_resume_replays_what_was_missed_and_rotates_the_token() -> None:
     async with engine_server(LocalEngineOptions(agent="tone", chunk_ms=100, generation_speed=2.0)) as running:
         first = await RawClient.connect(running.url, "/v1/duplex")
         created = await first.open(NO_VAD)
-        received = [await first.recv(), await first.recv()]  # response.created, first delta
+        received = [await first.recv(), await first.recv()]  # response.created, conversation.item.added
         await first.send({"type": "session.event_ack", "server_event_seq": 1})
         await first.ws.close()
         await asyncio.sleep(0.5)  # the greeting keeps coming while detached: journaled
         second = await RawClient.connect(running.url)
         await second.send(
-            {"type": "session.resume", "session_id": created["session"]["id"], "resume_token": created["resume_token"], "last_received_server_event_seq": 2}
+            {"type": "session.resume", "session_id": created["session"]["id"], "resume_token": created["resume_token"], "last_received_server_event_seq": 3}
         )
         resumed = await second.recv()
         assert resumed["type"] == "session.resumed" and resumed["attachment_generation"] == 2
         assert resumed["resume_token"] != created["resume_token"]
         rest = await second.recv_until("response.done")
         seqs = [e["server_event_seq"] for e in received + rest]
-        assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing doubled
+        assert seqs == list(range(2, len(seqs) + 2))  # after session.updated (1): nothing lost, nothing doubled
         stale = await RawClient.connect(running.url)
         await stale.send({"type": "session.resume", "session_id": created["session"]["id"], "resume_token": created["resume_token"]})
         assert (await stale.recv())["error"]["code"] == "invalid_resume_token"
@@ -167,10 +178,12 @@ async def test_takeover_tells_the_old_socket() -> None:
         new = await RawClient.connect(running.url)
         await new.send({"type": "session.resume", "session_id": created["session"]["id"], "resume_token": created["resume_token"]})
         assert (await new.recv())["type"] == "session.resumed"
+        assert (await new.recv())["type"] == "session.updated"  # replayed: it resumed from sequence 0
         replaced = await old.recv()
         assert replaced == {"type": "session.replaced", "session_id": created["session"]["id"], "attachment_generation": 1}
         await new.send({"type": "session.heartbeat"})
-        assert (await new.recv())["type"] == "session.heartbeat_ack"
+        ack = await new.recv()
+        assert ack["type"] == "session.heartbeat_ack" and ack["session_id"] == created["session"]["id"]
 
 
 async def test_journal_overflow_requires_resync() -> None:
@@ -179,9 +192,9 @@ async def test_journal_overflow_requires_resync() -> None:
         await client.open(NO_VAD)
         for _ in range(5):
             await client.append(tone(40))
-        events = [await client.recv() for _ in range(4)]
+        events = await client.recv_until("session.resync_required")
+        events += [await client.recv() for _ in range(4)]
         kinds = [e["type"] for e in events]
-        assert "session.resync_required" in kinds
         after = events[kinds.index("session.resync_required") + 1 :]
         assert all("server_event_seq" not in e for e in after)
 

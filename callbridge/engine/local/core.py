@@ -15,12 +15,14 @@ Strategy and invariants (reference sections in brackets):
   heard all of it: generation running, or ``played_ms < generated_ms``
   (playback acks drive it [§5.1], as vllm-omni's ``ack_only`` policy does).
   Caller speech while the assistant speaks is a barge-in: ``overlap.decision
-  barge_in``, ``response.done cancelled (turn_detected)``, epoch + 1 [§5.2].
+  barge_in``, ``response.done cancelled (turn_detected)``, epoch + 1 [§5.2];
+  ``response.cancel`` does the same (reason ``client_cancelled``).
 - Acks for a response that predates a later commit are ``playback_ack_too_late``.
-- Tools: a user text item the agent turns into a call of a declared tool is
-  a response of its own, as in vllm-omni 0.30: ``response.created``, the
-  ``function_call`` item, ``response.done``. Its output must name a call made
-  and come once (``invalid_function_call_output`` otherwise).
+- Client items (user text, function outputs) are announced (``ItemCreated``).
+  A user text item the agent turns into a call of a declared tool is one
+  ``FunctionCall`` (on the wire a response of its own, as in vllm-omni 0.30).
+  Its output must name a call made and come once
+  (``invalid_function_call_output`` otherwise).
 - Lease [§3.1]: generation 0 at open; ``resume`` is a compare-and-swap that
   bumps it; ``detach`` starts the disconnect grace; no activity for
   ``idle_ttl_ms`` expires the session; expiry emits ``session.expired``.
@@ -61,7 +63,9 @@ from callbridge.engine.events import (
     EngineEvent,
     FunctionCall,
     HeartbeatAck,
+    InputCleared,
     InputCommitted,
+    ItemCreated,
     ItemTruncated,
     OutputAudioCleared,
     OverlapDecision,
@@ -269,10 +273,12 @@ class LocalSessionCore:
             case CreateResponse():
                 self._create_response(now_ms)
             case CancelResponse(response_id):
+                # As vllm-omni 0.30: a cancel stops generation (or the unheard rest of a generated reply) and
+                # starts the next epoch, so the next commit answers at once (no ``response_already_active``).
                 active = self._active
-                if active is None or not active.generating or response_id not in (None, active.response_id):
-                    raise EngineError(ErrorCode.RESPONSE_NOT_ACTIVE, "no response is being generated")
-                self._cancel(active, "client_cancelled")
+                if active is None or not active.playback_active() or response_id not in (None, active.response_id):
+                    raise EngineError(ErrorCode.RESPONSE_NOT_ACTIVE, "response.cancel requires an active response")
+                self._interrupt(active, "client_cancelled")
             case BargeIn():
                 self._barge_in("barge_in")
             case ClearOutputAudio(response_id):
@@ -286,11 +292,14 @@ class LocalSessionCore:
                         self._active = None
             case ClearInput():
                 self._clear_input()
+                self._outbox.append(InputCleared())
             case AckPlayback(response_id, played_ms, item_id):
                 self._ack(response_id, played_ms, item_id)
             case TruncateItem(item_id, audio_end_ms):
                 self._truncate(item_id, audio_end_ms)
             case CreateTextItem(text):
+                content = [{"type": "input_text", "text": text}]
+                self._item_created({"type": "message", "role": "user", "content": content})
                 call = self.agent.call_for_text(text, self._tools)
                 if call is not None and call[0] in self._tools:
                     self._call_function(*call)
@@ -300,6 +309,7 @@ class LocalSessionCore:
                 if self.function_outputs[call_id] is not None:
                     raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output already exists for call_id {call_id}")
                 self.function_outputs[call_id] = output
+                self._item_created({"type": "function_call_output", "call_id": call_id, "output": output})
             case Heartbeat():
                 self._outbox.append(HeartbeatAck())
             case CloseSession(reason):
@@ -359,6 +369,8 @@ class LocalSessionCore:
         if not self._utterance and self._input_item_id is None:
             raise EngineError(ErrorCode.INPUT_AUDIO_BUFFER_EMPTY, "no input audio to commit")
         utterance = bytes(self._utterance)
+        if self._vad is None and self._speech_hint_sent:  # commit mode: the commit ends the speech it announced
+            self._outbox.append(SpeechStopped(0, self._input_item_id))
         self._outbox.append(InputCommitted(self._input_item_id or self._new_input_item()))
         self._commit_seq += 1
         self._utterance.clear()
@@ -402,9 +414,9 @@ class LocalSessionCore:
         response_id = f"resp-{self.session_id}-{self.epoch}-{self._token_hex(4)}"
         call_id = f"call_{self._token_hex(12)}"
         self.function_outputs[call_id] = None
-        self._outbox.append(ResponseCreated(response_id, self.epoch))
+        # One event, as vllm-omni's runner emits one ``function_call.done``: the wire shows it as a response
+        # of its own (``response.created`` … ``response.done``, engine/projection.py).
         self._outbox.append(FunctionCall(name, call_id, dict(arguments), json.dumps(arguments), response_id))
-        self._outbox.append(ResponseDone(response_id, "completed", None, self.epoch))
 
     # ------------------------------------------------------------- responses
 
@@ -425,9 +437,6 @@ class LocalSessionCore:
     def _release_chunk(self, response: _Response) -> None:
         chunk = response.chunks.popleft()
         self._emit_audio(response, chunk)
-        # As MiniCPM-o: every audio delta is followed by one transcript delta, empty after the first.
-        self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
-        response.transcript = ""
         response.next_chunk_ms += int(self.options.chunk_ms / self.options.generation_speed)
         if not response.chunks:
             self._finish(response)
@@ -437,6 +446,9 @@ class LocalSessionCore:
         response.generated_ms += ms
         response.audio_ms += ms
         self._outbox.append(AudioDelta(pcm, OUTPUT_RATE_HZ, response.response_id, response.item_id, response.epoch))
+        # As vllm-omni 0.30: every audio delta is followed by one transcript delta, empty after the first.
+        self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
+        response.transcript = ""
 
     def _loop_back(self, pcm: bytes, now_ms: int) -> None:
         response = self._active
@@ -481,6 +493,10 @@ class LocalSessionCore:
         self._speech_hint_sent = False
         if self._vad is not None:
             self._vad.reset()
+
+    def _item_created(self, item: dict[str, object]) -> None:
+        item_id = f"item_{self._token_hex(16)}"
+        self._outbox.append(ItemCreated({"id": item_id, "object": "realtime.item", **item, "status": "completed"}, item_id))
 
     def _new_input_item(self) -> str:
         self._input_item_id = f"item_{self._token_hex(16)}"

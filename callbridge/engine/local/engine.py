@@ -62,6 +62,10 @@ class LocalSession(DuplexSession):
     def lease_generation(self) -> int:
         return self._core.lease_generation
 
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
     async def submit(self, command: EngineCommand) -> None:
         self._core.submit(command, self._engine.clock())
         self._pump()

@@ -134,7 +134,7 @@ class TestTurns:
         events = h.send(tone(300))
         assert [type(e) for e in events] == [SpeechStarted]  # the RMS hint, once per item
         events = h.submit(Commit(create_response=True))
-        assert [type(e) for e in events][:2] == [InputCommitted, ResponseCreated]
+        assert [type(e) for e in events][:3] == [SpeechStopped, InputCommitted, ResponseCreated]  # as vllm-omni's commit
         assert sum(len(d.pcm) for d in of(events, AudioDelta)) == 300 * 48
 
     def test_commit_without_input_is_an_error_event(self) -> None:
@@ -200,6 +200,24 @@ class TestBargeIn:
         events = h.submit(ClearOutputAudio(created.response_id))
         assert events[0] == OutputAudioCleared(created.response_id)
         assert of(events, ResponseDone)[0].reason == "client_cancelled"
+
+    def test_cancel_starts_the_next_epoch(self) -> None:
+        """As vllm-omni 0.30: after ``response.cancel`` the next commit is answered at once, in a new epoch,
+        not refused (``response_already_active``) until the cancelled reply's playback is acked."""
+        h = Harness(chunk_ms=100, generation_speed=1.0, turn_detection=None)
+        h.send(tone(300))
+        created = of(h.submit(Commit(create_response=True)), ResponseCreated)[0]
+        (done,) = of(h.submit(CancelResponse()), ResponseDone)
+        assert done == ResponseDone(created.response_id, "cancelled", "client_cancelled", 0) and h.core.epoch == 1
+        h.send(tone(300))
+        events = h.submit(Commit(create_response=True))
+        assert of(events, EngineErrorEvent) == [] and of(events, ResponseCreated)[0].epoch == 1
+
+    def test_cancel_of_a_generated_reply_still_playing_clears_it(self) -> None:
+        h = Harness(generation_speed=float("inf"))
+        created = of(h.turn(640), ResponseCreated)[0]
+        events = h.submit(CancelResponse())
+        assert events == [OutputAudioCleared(created.response_id)] and h.core.epoch == 1
 
 
 class TestPlayback:
@@ -301,7 +319,7 @@ class TestAgents:
         audio = of(events, AudioDelta)
         assert abs(sum(len(d.pcm) for d in audio) // 48 - 220) <= 1  # nothing held back
         assert len({d.response_id for d in audio}) == 1
-        assert all(isinstance(e, AudioDelta) for e in h.submit(AppendAudio(tone(20), 16000)))
+        assert [type(e) for e in h.submit(AppendAudio(tone(20), 16000))] == [AudioDelta, TranscriptDelta]
 
     def test_loopback_keeps_no_audio_of_a_long_call(self) -> None:
         h = Harness(agent="loopback", turn_detection=None)
