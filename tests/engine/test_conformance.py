@@ -130,7 +130,8 @@ class RealServer:
     def _project(self, internal: dict[str, Any]) -> list[Any]:
         from vllm_omni.engine.duplex.realtime_events import project_internal_event
 
-        return project_internal_event(self.state, internal)
+        projected: list[Any] = project_internal_event(self.state, internal)
+        return projected
 
     def _translate(self, events: list[EngineEvent]) -> Iterator[Any]:
         import vllm_omni.engine.duplex.events as real
@@ -215,7 +216,7 @@ def ours(events: list[EngineEvent]) -> list[dict[str, Any]]:
 
 def shape(payload: dict[str, Any]) -> tuple[str, frozenset[str], frozenset[str]]:
     """An event's type, its keys, and the keys of the object it carries (response / item / part)."""
-    carried = next((payload[k] for k in ("response", "item", "part") if isinstance(payload.get(k), dict)), {})
+    carried: dict[str, Any] = next((payload[k] for k in ("response", "item", "part") if isinstance(payload.get(k), dict)), {})
     return payload["type"], frozenset(payload) - {"event_id"}, frozenset(carried)
 
 
