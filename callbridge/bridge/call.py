@@ -213,6 +213,12 @@ class CallOptions:
     call_actions: bool = False
     """The agent may act on the call (``end_call``, ``send_dtmf``, ``transfer_call``); off: every call refused."""
     transfer_targets: tuple[str, ...] = ()
+    first_message_timeout_ms: int = 10_000
+    """A connection that has not started its stream this long after ``connected`` is ended."""
+    idle_timeout_ms: int = 10_000
+    """A started stream that sends nothing this long is taken for dropped (the session waits for the next one)."""
+    max_call_ms: int | None = 14_400_000
+    """A stream is ended this long after ``connected`` (None: no limit)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +287,12 @@ class CallSession:
         self._actions_running: dict[str, CarrierCallAction] = {}
         self.hang_up_after_playout: str | None = None
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
+        self._connected_at_ms: int | None = None
+        self._last_message_ms = 0
+        self._limits_due_ms: int | None = None
+        """When ``tick`` next checks the limits (it moves only then, not with every message)."""
+        self.limit_reached: str | None = None
+        """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
 
     def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
@@ -298,10 +310,19 @@ class CallSession:
 
     # ------------------------------------------------------------------ inputs
 
+    def connected(self, now_ms: int) -> None:
+        """The carrier's connection is open: the limits run from now (``CallOptions``; checked by ``tick``)."""
+        self._connected_at_ms = self._last_message_ms = now_ms
+        self._limits_due_ms = now_ms + self.options.first_message_timeout_ms
+        if self.options.max_call_ms is not None:
+            self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.max_call_ms)
+
     def receive_message(self, message: str | bytes, now_ms: int) -> None:
         """One websocket message from the carrier. Then drain every output; a protocol error ends the call."""
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return  # read after the stream ended (a send failed first): nothing is listening any more
+        self._last_message_ms = now_ms
+        starting = self.start_request is None
         try:
             self._rate_limit(now_ms)
             events = self.codec.receive_message(message)
@@ -309,6 +330,8 @@ class CallSession:
                 self._on_carrier_event(event, now_ms)
         except RemoteProtocolError as exc:
             self._fail(exc)
+        if starting and self.start_request is not None and self._limits_due_ms is not None:  # now the idle limit runs
+            self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.idle_timeout_ms)
 
     def engine_bound(
         self,
@@ -445,7 +468,9 @@ class CallSession:
         self._messages.clear()  # nowhere to send them
 
     def tick(self, now_ms: int) -> None:
-        """Pace out the frames that are due. Drain ``messages_to_send`` next."""
+        """Pace out the frames that are due; end a stream past a limit. Drain ``messages_to_send`` next."""
+        if self._limits_due_ms is not None and now_ms >= self._limits_due_ms:
+            self._check_limits(now_ms)
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
             self._drain_ledger()
@@ -486,6 +511,40 @@ class CallSession:
         return actions
 
     def next_deadline_ms(self) -> int | None:
+        playout = self._playout_deadline_ms()
+        limits = self._limits_due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
+        if limits is None or playout is None:
+            return playout if limits is None else limits
+        return min(playout, limits)
+
+    def _check_limits(self, now_ms: int) -> None:
+        """The limits no message enforces: a connection that never starts its stream, a stream gone quiet (taken
+        as dropped: the session waits for the next stream), a stream past the longest call."""
+        options, connected = self.options, self._connected_at_ms
+        self._limits_due_ms = None
+        if connected is None or self.state in (CallState.ENDED, CallState.DETACHED):
+            return
+        if options.max_call_ms is not None and now_ms >= connected + options.max_call_ms:
+            self.limit_reached = "max_call_duration"
+            self.end_call(self.limit_reached, now_ms)
+            return
+        if self.start_request is None:
+            due = connected + options.first_message_timeout_ms
+            if now_ms >= due:
+                self.limit_reached = "first_message_timeout"
+                self.end_call(self.limit_reached, now_ms)
+                return
+        else:
+            due = self._last_message_ms + options.idle_timeout_ms
+            if now_ms >= due:
+                self.limit_reached = "idle_timeout"
+                self.transport_lost(now_ms)
+                self.end_reason = self.limit_reached
+                self.close_transport = True  # the socket may still be open (half-open): close it
+                return
+        self._limits_due_ms = due if options.max_call_ms is None else min(due, connected + options.max_call_ms)
+
+    def _playout_deadline_ms(self) -> int | None:
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
             return self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
         if self.state is not CallState.LIVE:

@@ -5,7 +5,8 @@ session, and decides nothing.
 Three tasks per stream: the reader (carrier messages → ``receive_message``),
 the engine pump (engine events → ``receive_engine_event``) and the pacer
 (woken at ``next_deadline_ms`` by the process's one pacing timer, ``pacing.py``
-→ ``tick``). Each drains the core's outputs
+→ ``tick``; the core's limits — first message, idle, longest call — are
+deadlines there too). Each drains the core's outputs
 under one lock, so carrier messages and engine commands leave in the order
 the core produced them. The carrier socket is read from the first message:
 binding the engine (token check, open or resume) runs beside it while the
@@ -136,7 +137,6 @@ class MediaStreamDriver:
         self._hung_up = False
         self._closed = False
         self._send_failed = False
-        self._last_message_at = time.monotonic()
         self._moved = False
         self._first_audio_read_at: float | None = None
         """When the stream's first caller audio was read (``perf_counter``)."""
@@ -149,8 +149,9 @@ class MediaStreamDriver:
         return self.call.codec.provider
 
     async def run(self) -> None:
+        self.call.connected(_now_ms())  # the core's limits (first message, idle, longest call) run from here
+        self._pacing.schedule(self.call.next_deadline_ms())
         self._tasks.append(asyncio.create_task(self._pace()))
-        self._tasks.append(asyncio.create_task(self._watch()))
         try:
             await self._read()
         finally:
@@ -164,8 +165,8 @@ class MediaStreamDriver:
         count = 0
         while not self._done():
             message = await self.transport.receive()
-            self._last_message_at = now_s = time.monotonic()
             count += 1
+            now_s = time.monotonic() if count % _TIMED_EVERY_MESSAGES == 0 else 0.0
             async with self._lock:
                 if message is None:
                     self.call.transport_lost(_now_ms())
@@ -184,39 +185,6 @@ class MediaStreamDriver:
     def _done(self) -> bool:
         state = self.call.state
         return self._closed or state is CallState.ENDED or state is CallState.DETACHED
-
-    async def _watch(self) -> None:
-        """The limits no message enforces (``server.*``): a connection that never starts its stream, a stream
-        gone quiet (taken as dropped: the session waits for the next stream), a stream past the longest call."""
-        server = self.services.settings.server
-        limits = [server.first_message_timeout_s, server.idle_timeout_s] + ([server.max_call_duration_s] if server.max_call_duration_s else [])
-        every_s = min(1.0, min(limits) / 4)
-        opened = self._last_message_at = time.monotonic()
-        while not self._done():
-            await asyncio.sleep(every_s)
-            now = time.monotonic()
-            if self.call.start_request is None:
-                reason = "first_message_timeout" if now - opened > server.first_message_timeout_s else None
-            elif now - self._last_message_at > server.idle_timeout_s:
-                reason = "idle_timeout"
-            elif server.max_call_duration_s and now - opened > server.max_call_duration_s:
-                reason = "max_call_duration"
-            else:
-                reason = None
-            if reason is None or self._done():
-                continue
-            self.log.warning("call_limit_reached", reason=reason)
-            async with self._lock:
-                if reason == "idle_timeout":
-                    self.call.transport_lost(_now_ms())
-                    self.call.end_reason = reason
-                else:
-                    self.call.end_call(reason, _now_ms())
-                await self._flush()
-            self._closed = True
-            with suppress(Exception):
-                await self.transport.close(1000)  # wakes the reader
-            return
 
     # ------------------------------------------------------------------- bind
 
@@ -580,6 +548,8 @@ class MediaStreamDriver:
             # and the carrier's redirect must hang up rather than stream again
             await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
         self._count(call)
+        if call.limit_reached is not None:
+            self.log.warning("call_limit_reached", reason=call.limit_reached)
         if call.failures_by_engine is not None:
             services.metrics.engine_failures.labels(self.provider, engine_failure_kind(call.failures_by_engine)).inc()
             self.log.warning("engine_failed_mid_call", reason=call.failures_by_engine)

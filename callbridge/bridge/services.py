@@ -443,7 +443,7 @@ class BridgeServices:
 
 
 def call_options(settings: Settings) -> CallOptions:
-    audio = settings.audio
+    audio, server = settings.audio, settings.server
     return CallOptions(
         engine_rate_hz=audio.engine_input_rate_hz,
         lead_ms=audio.playout_lead_ms,
@@ -453,6 +453,9 @@ def call_options(settings: Settings) -> CallOptions:
         failure_tone_ms=settings.engine.failure_tone_ms,
         call_actions=settings.call_actions.enabled,
         transfer_targets=tuple(settings.call_actions.transfer_targets),
+        first_message_timeout_ms=int(server.first_message_timeout_s * 1000),
+        idle_timeout_ms=int(server.idle_timeout_s * 1000),
+        max_call_ms=int(server.max_call_duration_s * 1000) if server.max_call_duration_s else None,
     )
 
 

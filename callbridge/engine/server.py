@@ -7,7 +7,11 @@ opens (``session.update``) or resumes (``session.resume``) a session;
 later event is journaled with ``server_event_seq``; ``session.event_ack``
 trims the journal; a dropped socket detaches the session into the engine's
 disconnect grace; a resume replays what the client missed, rotates the token
-and tells a replaced socket ``session.replaced``. Errors use the nested shape.
+and tells a replaced socket ``session.replaced``. Errors use the nested shape;
+a refused handshake ends without a close frame, as the real server's does.
+Events are rendered as the real server's projection renders them
+(``engine/projection.py``): a client written against vllm-omni works here
+unchanged (``tests/engine/test_conformance.py`` checks it against the wheel).
 
 The session pump is session-scoped: it outlives connections, journaling
 while no socket is attached. One lock per session orders the pump's sends
@@ -57,7 +61,6 @@ __all__ = ["EngineServer", "create_engine_app", "local_engine_options"]
 log = get_logger(__name__)
 
 _FALSE = {"0", "false", "no", "off"}
-_POLICY_VIOLATION = 1008
 _FORMAT_NAMES: Final = {AudioEncoding.PCMU: "g711_ulaw", AudioEncoding.PCMA: "g711_alaw", AudioEncoding.L16: "pcm16"}
 
 

@@ -391,3 +391,57 @@ class TestBadInput:
         for _ in range(1100):
             h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
         assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+
+
+class TestLimits:
+    """The limits no message enforces, as deadlines of ``tick`` under the fake clock, with the shipped defaults."""
+
+    def connected(self) -> Harness:
+        h = Harness()
+        h.call.connected(h.now_ms)
+        return h
+
+    def test_a_connection_that_never_starts_is_ended_after_the_first_message_timeout(self) -> None:
+        h = self.connected()
+        h.receive(CONNECTED)  # Twilio's first message, but no ``start``
+        assert h.call.next_deadline_ms() == 10_000
+        h.advance(9_999)
+        assert h.call.state is CallState.AWAITING_START
+        h.advance(1)
+        assert h.call.state is CallState.ENDED and h.call.close_transport and h.call.end_reason == "first_message_timeout"
+        assert h.call.limit_reached == "first_message_timeout" and h.call.hangup is None  # nothing was bridged
+
+    def test_a_started_stream_gone_quiet_is_taken_for_dropped(self) -> None:
+        h = self.connected()
+        h.live()
+        h.advance(3_000)
+        h.receive(media(caller_frame(), 0))  # the carrier's last message, at 3 s
+        h.advance(9_999)
+        assert h.call.state is CallState.LIVE  # each message moves the limit: 10 s after the last one
+        h.advance(1)
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_transport
+        assert h.call.end_reason == h.call.limit_reached == "idle_timeout" and h.call.hangup is None
+        assert h.of(CloseSession) == []  # the session waits for the carrier's next stream
+
+    def test_the_limit_check_does_not_move_with_every_message(self) -> None:
+        h = self.connected()
+        h.live()
+        due = h.call.next_deadline_ms()
+        for i in range(100):
+            h.now_ms += 20
+            h.receive(media(caller_frame(i), i * 20))
+            assert h.call.next_deadline_ms() == due  # one wake-up per limit, not a new deadline per frame
+
+    def test_a_call_past_the_longest_duration_is_hung_up(self) -> None:
+        h = Harness(max_call_ms=60_000)
+        h.call.connected(0)
+        h.live()
+        for second in range(1, 61):  # media keeps coming: the idle limit never fires
+            h.advance(1_000)
+            h.receive(media(caller_frame(second), second * 1000))
+        assert h.call.state is CallState.ENDED and h.call.limit_reached == "max_call_duration"
+        assert h.of(CloseSession) == [CloseSession("max_call_duration")] and h.call.hangup is not None
+
+    def test_without_connected_no_limit_runs(self) -> None:
+        h = Harness().live()
+        assert h.call.next_deadline_ms() is None
