@@ -20,12 +20,33 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import replace
-from typing import Final, Protocol
+from typing import Protocol
 
-from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocket, WebSocketState
 
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.call import CallSession, CallState, PendingAction, engine_failure_kind
+from callbridge.bridge.lifecycle import (
+    AskEnded,
+    BindSource,
+    CallLifecycle,
+    CheckToken,
+    ClaimTicket,
+    CloseDetached,
+    CloseSession,
+    CloseUnlessBack,
+    DiscardAnswerSession,
+    EndReason,
+    MarkEnded,
+    NudgeOldStream,
+    Open,
+    Park,
+    ReadRecord,
+    Refuse,
+    Resume,
+    TakeAnswerSession,
+    WaitUntil,
+)
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
@@ -41,13 +62,8 @@ __all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
 log = get_logger("callbridge.call")
 
 _POLICY_VIOLATION = 1008
-_DETACH_WAIT_S = 2.0
-"""How long a new stream waits for the ticket of a stream that still holds the call's session."""
 _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
-_NOT_THE_CALLS_END: Final = frozenset({"bad_token", "call_already_ended", "registry_unavailable"})
-"""Ends of a stream that say nothing about its call: a stream with someone else's token, a stream for a call
-already over, a registry that could not be asked (nor written)."""
 _SEND_FAILED_READ_S = 1.0
 """After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
@@ -138,6 +154,8 @@ class MediaStreamDriver:
         self._closed = False
         self._send_failed = False
         self._moved = False
+        self._life: CallLifecycle | None = None
+        """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
         """When the stream's first caller audio was read (``perf_counter``)."""
         self._first_audio_ms: float | None = None
@@ -176,7 +194,13 @@ class MediaStreamDriver:
                 if self._first_audio_read_at is None and self.call.stream_input_ms:
                     self._first_audio_read_at = time.perf_counter()
                 if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
-                    binding = asyncio.create_task(self._bind())
+                    self._life = life = CallLifecycle(
+                        check_token=self.check_token,
+                        answer_sessions=self.services.answer_sessions is not None,
+                        reconnect_window_ms=self.call.codec.profile.reconnect_window_ms,
+                    )
+                    life.stream_started()
+                    binding = asyncio.create_task(self._bind(life))
                     self._tasks.append(binding)
                 await self._flush()
             if count % _TIMED_EVERY_MESSAGES == 0:
@@ -188,105 +212,99 @@ class MediaStreamDriver:
 
     # ------------------------------------------------------------------- bind
 
-    async def _bind(self) -> None:
+    async def _bind(self, life: CallLifecycle) -> None:
+        """Find the stream's engine session: each step is the lifecycle's (``bridge/lifecycle.py``), done here."""
         start = self.call.start_request
         assert start is not None
-        services = self.services
-        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
-        try:
-            if self.check_token and not await services.tokens.consume(start.custom_parameters.get("token"), start.call_id):
-                await self._refuse("bad_token")
-                return
-            if await services.registry.ended_reason(start.call_id) is not None:
-                await self._refuse("call_already_ended")
-                return
-            ticket, offset_ms = await services.registry.claim_ticket(start.call_id)
-            if ticket is None:
-                ticket, offset_ms = await self._await_detach(start.call_id, offset_ms)
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-            await self._refuse("registry_unavailable")
-            return
+        services, call_id = self.services, start.call_id
+        registry = services.registry
+        self.log = self.log.bind(provider=self.provider, call_id=call_id, stream_id=start.stream_id)
         session: DuplexSession | None = None
-        heard_ms = ticket.heard_ms if ticket is not None else ()
-        how = "opened"
-        if ticket is None and services.answer_sessions is not None:
-            session = await services.answer_sessions.take(start.call_id)
-            how = "opened_at_answer" if session is not None else how
-        if ticket is not None:
+        ticket: ResumeTicket | None = None
+        while (step := life.next_step()) is not None:
             try:
-                session = await services.engine.resume(ticket)
-                how = "resumed"
-            except EngineError as exc:
-                self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
-                how = f"reopened_after_{exc.code}"
-                offset_ms, heard_ms = 0, ()
-        if session is None:
-            try:
-                session = await services.engine.open(session_config(services.settings))
-            except EngineError as exc:
-                self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
-                # ended before the socket closes: the TwiML <Redirect> that follows must get <Hangup/>, not a retry
-                await self._record(services.registry.mark_ended(start.call_id, f"engine_unavailable:{exc.code}"))
-                await self._refuse(f"engine_unavailable:{exc.code}", hang_up=True)
-                return
-        services.metrics.engine_sessions.labels("opened" if how == "opened_at_answer" else how).inc()
+                match step:
+                    case CheckToken():
+                        life.token_checked(await services.tokens.consume(start.custom_parameters.get("token"), call_id))
+                    case AskEnded():
+                        life.ended_is(await registry.ended_reason(call_id))
+                    case ClaimTicket():
+                        ticket, offset_ms = await registry.claim_ticket(call_id)
+                        life.ticket_claimed(ticket, offset_ms, _now_ms())
+                    case ReadRecord():
+                        record = await registry.get(call_id)
+                        bound = record is not None and record.bound
+                        life.record_read(bound=bound, ended=record is not None and record.ended_reason is not None, now_ms=_now_ms())
+                    case NudgeOldStream():
+                        old = services.live_streams.get(call_id)
+                        if old is None:
+                            await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
+                        elif old is not self:
+                            services.spawn(old.superseded())
+                    case WaitUntil(at_ms):
+                        await asyncio.sleep(max(0, at_ms - _now_ms()) / 1000)
+                        life.waited()
+                    case TakeAnswerSession():
+                        assert services.answer_sessions is not None
+                        session = await services.answer_sessions.take(call_id)
+                        life.answer_session_taken(session is not None)
+                    case Resume(ticket):
+                        try:
+                            session = await services.engine.resume(ticket)
+                            life.resumed()
+                        except EngineError as exc:
+                            self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
+                            life.resume_failed(exc.code)
+                    case Open():
+                        try:
+                            session = await services.engine.open(session_config(services.settings))
+                            life.opened()
+                        except EngineError as exc:
+                            self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
+                            life.open_failed(exc.code)
+                    case MarkEnded(reason):
+                        await self._record(registry.mark_ended(call_id, reason))
+                    case Refuse(reason, hang_up):
+                        await self._refuse(reason, hang_up=hang_up)
+                    case _:
+                        raise AssertionError(f"not a binding step: {step!r}")
+            except RegistryUnavailable as exc:
+                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                life.registry_failed()
+        bind = life.bound
+        if bind is None or session is None:
+            return
+        if life.waited_ms is not None:
+            self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
+        services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
         self.log = self.log.bind(session_id=session.session_id)
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
-            ticket = replace(await asyncio.shield(session.detach()), heard_ms=heard_ms)
-            await asyncio.shield(self._park(start.call_id, ticket, offset_ms))
+            ticket = replace(await asyncio.shield(session.detach()), heard_ms=bind.heard_ms)
+            await asyncio.shield(self._park(call_id, ticket, bind.call_offset_ms))
             raise
         try:
-            if self.call.state is not CallState.STARTING:  # the stream ended while the engine was bound
-                if self.call.end_reason == "transport_lost":  # the carrier may come back: keep it for the grace
-                    await self._park(start.call_id, replace(await session.detach(), heard_ms=heard_ms), offset_ms)
-                else:  # stopped or refused: the call is over
-                    await session.close(self.call.end_reason or "call_ended")
+            live = self.call.state is CallState.STARTING
+            if life.stream_state_at_bind(live=live, end_reason=self.call.end_reason) is None:  # ended meanwhile
+                await self._end_steps(life, session)
                 return
             self.session = session
-            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=offset_ms, heard_ms=heard_ms)
-            services.active_calls.add(start.call_id)
-            services.live_streams[start.call_id] = self
+            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
+            services.active_calls.add(call_id)
+            services.live_streams[call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
-            self.log.info("call_bridged", engine=how, call_offset_ms=offset_ms)
+            self.log.info("call_bridged", engine=bind.detail, call_offset_ms=bind.call_offset_ms)
             await self._flush()
         finally:
             self._lock.release()
-        await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS))
+        await self._record(registry.mark_bound(call_id, _BOUND_KEPT_MS))
         if self._done():  # the stream ended meanwhile: ``_finish`` has the session
             return
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
         if services.draining:  # bound after the drain began (answered just before it): move it on at once
             await self.move_elsewhere()
-
-    async def _await_detach(self, call_id: str, offset_ms: int) -> tuple[ResumeTicket | None, int]:
-        """No ticket, but a stream still holds the call's engine session: its socket dropped and its detach is
-        on the way (in this process or another) while the carrier already reconnected. Wait a moment for the
-        ticket rather than open a second session; a mark left by a process that died costs this wait once."""
-        services, loop = self.services, asyncio.get_running_loop()
-        registry = services.registry
-        started = loop.time()
-        nudged = False
-        while loop.time() < started + _DETACH_WAIT_S:
-            record = await registry.get(call_id)
-            if record is None or not record.bound or record.ended_reason is not None:
-                break
-            if not nudged:  # the old stream may not know its connection dropped (half-open): tell it
-                nudged = True
-                old = services.live_streams.get(call_id)
-                if old is None:
-                    await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
-                elif old is not self:
-                    services.spawn(old.superseded())
-            await asyncio.sleep(0.02)
-            ticket, offset_ms = await registry.claim_ticket(call_id)
-            if ticket is not None:
-                self.log.info("resume_waited_for_detach", waited_ms=round((loop.time() - started) * 1000))
-                return ticket, offset_ms
-        return None, offset_ms
 
     async def _refuse(self, reason: str, *, hang_up: bool = False) -> None:
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
@@ -520,33 +538,23 @@ class MediaStreamDriver:
         if self._background:
             await asyncio.wait(self._background, timeout=10)
         call, services, start = self.call, self.services, self.call.start_request
-        session = self.session
-        answering = services.answer_sessions
-        if session is None and start is not None and answering is not None and call.end_reason != "bad_token":
-            answering.discard(start.call_id, call.end_reason or "stream_ended")  # the stream never took it
+        session, life = self.session, self._life
         if session is not None and start is not None:
             services.active_calls.discard(start.call_id)
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
-            if self._moved:
-                pass  # detached into the registry before the socket closed (``move_elsewhere``)
-            elif call.detach_engine and not session.closed and not await self._known_ended(start.call_id):
-                try:
-                    ticket = replace(await session.detach(), heard_ms=call.cut_replies)
-                    window = call.codec.profile.reconnect_window_ms
-                    if await self._park(start.call_id, ticket, call.input_ms) and window is not None:
-                        services.spawn(self._close_unless_back(start.call_id, ticket, window))
-                except EngineError as exc:
-                    self.log.warning("engine_detach_failed", reason=exc.code)
-            elif not session.closed:
-                await self._close_session(session, call.end_reason or "call_ended")
-            if call.state is CallState.ENDED:
-                await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
-        elif start is not None and call.state is CallState.ENDED and call.end_reason not in _NOT_THE_CALLS_END:
-            # ended before its engine session was bound (bad input, a stop at once): the call is over all the same,
-            # and the carrier's redirect must hang up rather than stream again
-            await self._record(services.registry.mark_ended(start.call_id, call.end_reason or "ended"))
+        if life is not None:
+            life.stream_ended(
+                call_over=call.state is CallState.ENDED,
+                end_reason=call.end_reason,
+                detach=call.detach_engine,
+                session_closed=session is None or session.closed,
+                moved=self._moved,
+                input_ms=call.input_ms,
+                heard_ms=call.cut_replies,
+            )
+            await self._end_steps(life, session)
         self._count(call)
         if call.limit_reached is not None:
             self.log.warning("call_limit_reached", reason=call.limit_reached)
@@ -569,6 +577,46 @@ class MediaStreamDriver:
             with suppress(Exception):
                 await self.transport.close(1000)
 
+    async def _end_steps(self, life: CallLifecycle, session: DuplexSession | None) -> None:
+        """Do what the lifecycle says of the session as the stream ends (or ends before its session was bound)."""
+        start = self.call.start_request
+        assert start is not None
+        services, call_id = self.services, start.call_id
+        ticket: ResumeTicket | None = None
+        while (step := life.next_step()) is not None:
+            match step:
+                case AskEnded():
+                    try:
+                        life.ended_is(await services.registry.ended_reason(call_id))
+                    except RegistryUnavailable as exc:
+                        self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                        life.registry_failed()
+                case Park(input_ms, heard_ms):
+                    assert session is not None
+                    try:
+                        ticket = replace(await session.detach(), heard_ms=heard_ms)
+                    except EngineError as exc:
+                        self.log.warning("engine_detach_failed", reason=exc.code)
+                        life.parked(True)  # nothing to park: the engine has let the session go
+                        continue
+                    life.parked(await self._record(services.registry.detach(call_id, ticket, input_ms, self._grace_ms())))
+                case CloseDetached(reason):
+                    if ticket is not None:
+                        await self._close_detached(ticket, reason)
+                case CloseUnlessBack(after_ms):
+                    if ticket is not None:
+                        services.spawn(self._close_unless_back(call_id, ticket, after_ms))
+                case CloseSession(reason):
+                    if session is not None:
+                        await self._close_session(session, reason)
+                case MarkEnded(reason):
+                    await self._record(services.registry.mark_ended(call_id, reason))
+                case DiscardAnswerSession(reason):
+                    if services.answer_sessions is not None:
+                        services.answer_sessions.discard(call_id, reason)
+                case _:
+                    raise AssertionError(f"not an ending step: {step!r}")
+
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         """Close the call's engine session; a server slow to confirm (stalled, far away) finishes it in the
         background, so the stream's end (the carrier's stop) is never held up by the engine."""
@@ -584,15 +632,17 @@ class MediaStreamDriver:
 
     # --------------------------------------------------------------- registry
 
-    async def _park(self, call_id: str, ticket: ResumeTicket, input_ms: int) -> bool:
-        """Store a detached session's ticket for the call's next stream. When the registry cannot take it, no
-        stream could ever resume the session: it is closed now rather than left to the engine's grace."""
-        if await self._record(self.services.registry.detach(call_id, ticket, input_ms, self._grace_ms())):
-            return True
+    async def _park(self, call_id: str, ticket: ResumeTicket, input_ms: int) -> None:
+        """Store a detached session's ticket for the call's next stream (a stream moved off, or cut short as it
+        bound); when the registry cannot take it, the session is closed (``lifecycle.CloseDetached``)."""
+        if not await self._record(self.services.registry.detach(call_id, ticket, input_ms, self._grace_ms())):
+            await self._close_detached(ticket, EndReason.REGISTRY_UNAVAILABLE)
+
+    async def _close_detached(self, ticket: ResumeTicket, reason: str) -> None:
+        """No stream could ever resume this detached session: close it now rather than leave it to its grace."""
         with suppress(EngineError, TimeoutError):
             session = await asyncio.wait_for(self.services.engine.resume(ticket), _ENGINE_CALL_TIMEOUT_S)
-            await asyncio.wait_for(session.close("registry_unavailable"), _ENGINE_CALL_TIMEOUT_S)
-        return False
+            await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
 
     async def _record(self, write: Awaitable[None]) -> bool:
         """A registry write; False, logged, when the registry is unreachable (the call goes on without it)."""
@@ -602,13 +652,6 @@ class MediaStreamDriver:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
             return False
         return True
-
-    async def _known_ended(self, call_id: str) -> bool:
-        try:
-            return await self.services.registry.ended_reason(call_id) is not None
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-            return False
 
     def _count(self, call: CallSession) -> None:
         """The stream's totals into the process metrics, once, as it ends (nothing is counted per frame)."""

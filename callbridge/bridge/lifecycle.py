@@ -1,0 +1,492 @@
+"""What one carrier stream does with its call's engine session, across the call's streams, sans-I/O.
+
+A call can have several streams in its life (Twilio's ``<Redirect>`` after a
+dropped socket, a stream moved off a draining process, a half-open socket a
+reconnect supersedes) and one engine session that outlives each of them. For
+one stream, ``CallLifecycle`` decides everything about that session: whether
+the stream may have the call at all (its token, a call already over), where
+its session comes from (the ticket a dropped stream parked, a stream still
+detaching that it waits for, the session opened at the answer, a new one, a
+resume that failed and so a new one), what happens when none can be had
+(refused, the call hung up the carrier's way and marked ended), what happens
+when the stream ends before or after it is bound (the session parked for the
+next stream, or closed exactly once), and what the registry must remember.
+
+In the style of h11's ``Connection``: all state here, inputs in, one step out
+at a time. The driver (``bridge/media.py``) asks ``next_step()``, does it (a
+registry read, an engine open, a sleep), and feeds the result back through the
+input that answers it; it decides nothing. Time comes in from outside
+(``now_ms``). ``EndReason`` names the ends this module reasons about.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from callbridge.engine.port import ResumeTicket
+
+__all__ = [
+    "AskEnded",
+    "Bind",
+    "BindSource",
+    "CallLifecycle",
+    "CheckToken",
+    "ClaimTicket",
+    "CloseDetached",
+    "CloseSession",
+    "CloseUnlessBack",
+    "DiscardAnswerSession",
+    "EndReason",
+    "LifecycleError",
+    "MarkEnded",
+    "NudgeOldStream",
+    "Open",
+    "Park",
+    "ReadRecord",
+    "Refuse",
+    "Resume",
+    "Step",
+    "TakeAnswerSession",
+    "WaitUntil",
+]
+
+DETACH_WAIT_MS: Final = 2000
+"""How long a new stream waits for the ticket of a stream that still holds the call's session."""
+DETACH_POLL_MS: Final = 20
+
+
+class EndReason(enum.StrEnum):
+    """Ends of a stream the lifecycle tells apart (the rest — a stop, a hang-up, a limit — end the call)."""
+
+    BAD_TOKEN = "bad_token"
+    CALL_ALREADY_ENDED = "call_already_ended"
+    REGISTRY_UNAVAILABLE = "registry_unavailable"
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    TRANSPORT_LOST = "transport_lost"
+    """The socket went without a stop: the carrier may come back, the session waits for it."""
+    CALL_ENDED = "call_ended"
+    NO_RECONNECT = "no_reconnect"
+
+
+class BindSource(enum.StrEnum):
+    """Where the stream's engine session came from (``callbridge_engine_sessions_total{how}``)."""
+
+    OPENED = "opened"
+    OPENED_AT_ANSWER = "opened_at_answer"
+    RESUMED = "resumed"
+
+
+class LifecycleError(Exception):
+    """The driver fed an input the lifecycle did not ask for (a bug in the driver)."""
+
+
+# ---------------------------------------------------------------- steps out
+
+
+@dataclass(frozen=True, slots=True)
+class CheckToken:
+    """Consume the stream's token for the call (``StreamTokens.consume``); answer ``token_checked``."""
+
+
+@dataclass(frozen=True, slots=True)
+class AskEnded:
+    """Ask the registry whether the call is over; answer ``ended_is``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimTicket:
+    """Take the call's resume ticket from the registry; answer ``ticket_claimed``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRecord:
+    """Read the call's record (does a stream still hold its session?); answer ``record_read``."""
+
+
+@dataclass(frozen=True, slots=True)
+class NudgeOldStream:
+    """Tell the stream that still holds the session (here, or by a signal to another process) that it is
+    superseded: it may not know its socket is gone (half-open). Nothing to answer."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Sleep until ``at_ms``; answer ``waited``."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TakeAnswerSession:
+    """Take the session opened at the call's answer webhook; answer ``answer_session_taken``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Resume the parked session; answer ``resumed`` or ``resume_failed``."""
+
+    ticket: ResumeTicket
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Open a new session; answer ``opened`` or ``open_failed``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """End the stream unbridged; ``hang_up``: the call too, the carrier's way (no engine will take it)."""
+
+    reason: str
+    hang_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MarkEnded:
+    """Record in the registry that the call is over (a redirect then hangs up instead of streaming again)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Hand the session to the stream (``CallSession.engine_bound``) at ``call_offset_ms``, carrying ``heard_ms``;
+    then mark the call bound in the registry. Answer ``stream_state_at_bind`` first (under the stream's lock)."""
+
+    source: BindSource
+    detail: str
+    """How, for the log (``opened``, ``resumed``, ``reopened_after_<code>`` …)."""
+    call_offset_ms: int
+    heard_ms: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """Detach the session and store its ticket (with ``heard_ms``) and ``input_ms`` for the call's next stream;
+    answer ``parked``. ``close_after_ms``: the carrier reconnects within this or never (then close it)."""
+
+    input_ms: int
+    heard_ms: tuple[tuple[str, int], ...]
+    close_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession:
+    """Close the session (exactly once per session, from here)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseDetached:
+    """The registry could not take the ticket: no stream could ever resume the session, so close it now (resume it
+    with its ticket, then close) rather than leave it to the engine's grace."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseUnlessBack:
+    """In ``after_ms``, close the parked session if its ticket is still waiting (the carrier never came back)."""
+
+    after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiscardAnswerSession:
+    """The stream never took the session opened at the call's answer: close it."""
+
+    reason: str
+
+
+Step = (
+    CheckToken
+    | AskEnded
+    | ClaimTicket
+    | ReadRecord
+    | NudgeOldStream
+    | WaitUntil
+    | TakeAnswerSession
+    | Resume
+    | Open
+    | Refuse
+    | MarkEnded
+    | Bind
+    | Park
+    | CloseSession
+    | CloseDetached
+    | CloseUnlessBack
+    | DiscardAnswerSession
+)
+
+
+class _Phase(enum.Enum):
+    IDLE = "idle"
+    BINDING = "binding"
+    BOUND = "bound"
+    UNBOUND = "unbound"
+    """Refused, or its session dealt with as it bound (the stream had ended): it ends without one."""
+    ENDING = "ending"
+    DONE = "done"
+
+
+_ANSWERED: Final = (CheckToken, AskEnded, ClaimTicket, ReadRecord, WaitUntil, TakeAnswerSession, Resume, Open, Park)
+"""Steps that wait for an answer (the input named in their docstring) before the next step."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Ending:
+    call_over: bool
+    end_reason: str | None
+    input_ms: int
+    heard_ms: tuple[tuple[str, int], ...]
+
+
+class CallLifecycle:
+    """One stream's dealings with its call's engine session. See the module docstring."""
+
+    def __init__(self, *, check_token: bool, answer_sessions: bool, reconnect_window_ms: int | None = None) -> None:
+        """``check_token``: the stream must carry the token our answer minted. ``answer_sessions``: sessions are
+        opened at the answer webhook (one may wait for this call). ``reconnect_window_ms``: the carrier reconnects
+        a dropped stream within this, or never (None: it does not say)."""
+        self._check_token = check_token
+        self._answer_sessions = answer_sessions
+        self._window_ms = reconnect_window_ms
+        self._phase = _Phase.IDLE
+        self._steps: list[Step] = []
+        self._awaiting: type[Step] | None = None
+        self._offset_ms = 0
+        self._heard_ms: tuple[tuple[str, int], ...] = ()
+        self._detail = BindSource.OPENED.value
+        self._wait_from_ms: int | None = None
+        self._wait_until_ms: int | None = None
+        self._nudged = False
+        self._session_closed = False
+        self._ending: _Ending | None = None
+        self.waited_ms: int | None = None
+        """How long the stream waited for another stream's detach before it got the ticket (None: it did not)."""
+        self.bound: Bind | None = None
+        self.refused: Refuse | None = None
+
+    def next_step(self) -> Step | None:
+        """The next thing to do, or None: nothing until the input that answers the last step."""
+        if not self._steps or self._awaiting is not None:
+            return None
+        step = self._steps.pop(0)
+        if isinstance(step, _ANSWERED):
+            self._awaiting = type(step)
+        return step
+
+    # ------------------------------------------------------------------ binding
+
+    def stream_started(self) -> None:
+        """The carrier's ``start`` named the call: find its engine session."""
+        if self._phase is not _Phase.IDLE:
+            raise LifecycleError(f"stream_started in {self._phase.value}")
+        self._phase = _Phase.BINDING
+        self._steps.append(CheckToken() if self._check_token else AskEnded())
+
+    def token_checked(self, ok: bool) -> None:
+        self._answered(CheckToken)
+        if ok:
+            self._steps.append(AskEnded())
+        else:
+            self._refuse(Refuse(EndReason.BAD_TOKEN))
+
+    def ended_is(self, reason: str | None) -> None:
+        """The registry's answer to ``AskEnded``: why the call is over, or None."""
+        self._answered(AskEnded)
+        if self._ending is not None:
+            self._end_detached(known_ended=reason is not None)
+        elif reason is not None:
+            self._refuse(Refuse(EndReason.CALL_ALREADY_ENDED))
+        else:
+            self._steps.append(ClaimTicket())
+
+    def ticket_claimed(self, ticket: ResumeTicket | None, offset_ms: int, now_ms: int) -> None:
+        """No ticket at first: a stream may still hold the session (its socket dropped, its detach on the way, here
+        or in another process while the carrier already reconnected). Wait a moment for its ticket rather than
+        open a second session; a mark left by a process that died costs this wait once."""
+        self._answered(ClaimTicket)
+        self._offset_ms = offset_ms
+        if ticket is not None:
+            if self._wait_from_ms is not None:
+                self.waited_ms = now_ms - self._wait_from_ms
+            self._heard_ms = ticket.heard_ms
+            self._steps.append(Resume(ticket))
+        elif self._wait_until_ms is None:
+            self._wait_from_ms, self._wait_until_ms = now_ms, now_ms + DETACH_WAIT_MS
+            self._steps.append(ReadRecord())
+        elif now_ms < self._wait_until_ms:
+            self._steps.append(ReadRecord())
+        else:
+            self._new_session()
+
+    def record_read(self, *, bound: bool, ended: bool, now_ms: int) -> None:
+        """The call's record (``bound``: a stream holds its session; both False when there is none)."""
+        self._answered(ReadRecord)
+        if not bound or ended or self._wait_until_ms is None or now_ms >= self._wait_until_ms:
+            self._new_session()
+            return
+        if not self._nudged:  # the old stream may not know its connection dropped (half-open): tell it
+            self._nudged = True
+            self._steps.append(NudgeOldStream())
+        self._steps.append(WaitUntil(now_ms + DETACH_POLL_MS))
+
+    def waited(self) -> None:
+        self._answered(WaitUntil)
+        self._steps.append(ClaimTicket())
+
+    def answer_session_taken(self, found: bool) -> None:
+        self._answered(TakeAnswerSession)
+        if found:
+            self._bind(BindSource.OPENED_AT_ANSWER)
+        else:
+            self._steps.append(Open())
+
+    def resumed(self) -> None:
+        self._answered(Resume)
+        self._detail = BindSource.RESUMED.value
+        self._bind(BindSource.RESUMED)
+
+    def resume_failed(self, code: str) -> None:
+        """The parked session could not be resumed (expired, its server gone): a new one, from the call's start."""
+        self._answered(Resume)
+        self._offset_ms, self._heard_ms = 0, ()
+        self._detail = f"reopened_after_{code}"
+        self._steps.append(Open())
+
+    def opened(self) -> None:
+        self._answered(Open)
+        self._bind(BindSource.OPENED)
+
+    def open_failed(self, code: str) -> None:
+        """No engine takes the call: it is over — marked so before the socket closes (the carrier's redirect that
+        follows must get a hang-up, not a retry), and hung up the carrier's way."""
+        self._answered(Open)
+        reason = f"{EndReason.ENGINE_UNAVAILABLE}:{code}"
+        self._steps.append(MarkEnded(reason))
+        self._refuse(Refuse(reason, hang_up=True))
+
+    def registry_failed(self) -> None:
+        """The registry could not be asked. Binding: the stream is refused (it cannot know the call). Ending: the
+        call is not known to be over; its session is kept for a resume."""
+        awaiting, self._awaiting = self._awaiting, None
+        if self._ending is not None and awaiting is AskEnded:
+            self._end_detached(known_ended=False)
+        elif self._phase is _Phase.BINDING:
+            self._refuse(Refuse(EndReason.REGISTRY_UNAVAILABLE))
+
+    def stream_state_at_bind(self, *, live: bool, end_reason: str | None) -> Bind | None:
+        """The session is in hand; the stream (under its lock) is ``live`` still, or ended with ``end_reason``.
+        Live: the ``Bind`` to do now, under the lock. Ended meanwhile: None, and the session is parked for the next
+        stream (a drop: the carrier may come back) or closed (the call is over)."""
+        bind = self.bound
+        if bind is None or self._phase is not _Phase.BINDING:
+            raise LifecycleError("stream_state_at_bind without a session in hand")
+        if live:
+            self._phase = _Phase.BOUND
+            return bind
+        self._phase = _Phase.UNBOUND
+        if end_reason == EndReason.TRANSPORT_LOST:
+            self._steps.append(Park(self._offset_ms, self._heard_ms))
+        else:
+            self._close(end_reason or EndReason.CALL_ENDED)
+        return None
+
+    # ------------------------------------------------------------------ ending
+
+    def stream_ended(
+        self,
+        *,
+        call_over: bool,
+        end_reason: str | None,
+        detach: bool,
+        session_closed: bool,
+        moved: bool = False,
+        input_ms: int = 0,
+        heard_ms: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """The stream is over. ``call_over``: the call ended with it (a stop, a hang-up, a failure — not a drop).
+        ``detach``: the stream wants its session kept (a drop). ``session_closed``: the session is closed already
+        (the engine ended it). ``moved``: the session was parked already (``move_elsewhere``)."""
+        if self._ending is not None or self._phase is _Phase.DONE:
+            return
+        bound, started = self._phase is _Phase.BOUND, self._phase is not _Phase.IDLE
+        self._ending = _Ending(call_over, end_reason, input_ms, heard_ms)
+        self._awaiting = None  # a bind cut short: its answer never comes
+        self._steps.clear()
+        if not bound:
+            self._phase = _Phase.DONE
+            if started and self._answer_sessions and end_reason != EndReason.BAD_TOKEN:
+                self._steps.append(DiscardAnswerSession(end_reason or "stream_ended"))
+            if started and call_over and not _says_nothing_about_the_call(end_reason):
+                self._steps.append(MarkEnded(end_reason or "ended"))  # ended before it was bound: over all the same
+            return
+        self._phase = _Phase.ENDING
+        if moved:
+            self._conclude()
+        elif detach and not session_closed:
+            self._steps.append(AskEnded())  # over meanwhile (a webhook, another process)? then not parked
+        else:
+            if not session_closed:
+                self._close(end_reason or EndReason.CALL_ENDED)
+            self._conclude()
+
+    def parked(self, ok: bool) -> None:
+        """``ok``: the ticket is stored. Not: the registry could not take it, and no stream could resume the session."""
+        self._answered(Park)
+        if not ok:
+            self._steps.insert(0, CloseDetached(EndReason.REGISTRY_UNAVAILABLE))
+        elif self._window_ms is not None and self._ending is not None:
+            self._steps.insert(0, CloseUnlessBack(self._window_ms))
+
+    def _end_detached(self, *, known_ended: bool) -> None:
+        ending = self._ending
+        assert ending is not None
+        if known_ended:
+            self._close(ending.end_reason or EndReason.CALL_ENDED)
+        else:
+            self._steps.append(Park(ending.input_ms, ending.heard_ms))
+        self._conclude()
+
+    def _conclude(self) -> None:
+        ending = self._ending
+        assert ending is not None
+        self._phase = _Phase.DONE
+        if ending.call_over:
+            self._steps.append(MarkEnded(ending.end_reason or "ended"))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _new_session(self) -> None:
+        self._wait_from_ms = None
+        self._steps.append(TakeAnswerSession() if self._answer_sessions else Open())
+
+    def _bind(self, source: BindSource) -> None:
+        detail = self._detail if source is not BindSource.OPENED_AT_ANSWER else source.value
+        self.bound = Bind(source, detail, self._offset_ms, self._heard_ms)
+
+    def _refuse(self, refusal: Refuse) -> None:
+        self._phase = _Phase.UNBOUND
+        self.refused = refusal
+        self._steps.append(refusal)
+
+    def _close(self, reason: str) -> None:
+        if self._session_closed:
+            raise LifecycleError("a second close of the call's session")
+        self._session_closed = True
+        self._steps.append(CloseSession(reason))
+
+    def _answered(self, kind: type[Step]) -> None:
+        if self._awaiting is not kind:
+            raise LifecycleError(f"{kind.__name__} answered, but the lifecycle waits for {self._awaiting}")
+        self._awaiting = None
+
+
+def _says_nothing_about_the_call(end_reason: str | None) -> bool:
+    """A stream with someone else's token, for a call already over, or whose registry could not be asked: its
+    end is not the call's."""
+    return end_reason in (EndReason.BAD_TOKEN, EndReason.CALL_ALREADY_ENDED, EndReason.REGISTRY_UNAVAILABLE)
