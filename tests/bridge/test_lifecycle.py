@@ -1,0 +1,282 @@
+"""CallLifecycle, pure: every way a stream finds (or does not find) its call's engine session, and ends with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.bridge.lifecycle import (
+    DETACH_WAIT_MS,
+    AskEnded,
+    Bind,
+    BindSource,
+    CallLifecycle,
+    CheckToken,
+    ClaimTicket,
+    CloseDetached,
+    CloseSession,
+    CloseUnlessBack,
+    DiscardAnswerSession,
+    EndReason,
+    LifecycleError,
+    MarkEnded,
+    NudgeOldStream,
+    Open,
+    Park,
+    ReadRecord,
+    Refuse,
+    Resume,
+    Step,
+    TakeAnswerSession,
+    WaitUntil,
+)
+from callbridge.engine.port import ResumeTicket
+
+TICKET = ResumeTicket("duplex-1", 1, "token", 7, "ws://gpu-a", heard_ms=(("resp-1", 1292),))
+
+
+def steps(life: CallLifecycle) -> list[Step]:
+    out = []
+    while (step := life.next_step()) is not None:
+        out.append(step)
+    return out
+
+
+def started(*, token: bool = True, answer: bool = False, window_ms: int | None = None) -> CallLifecycle:
+    life = CallLifecycle(check_token=token, answer_sessions=answer, reconnect_window_ms=window_ms)
+    life.stream_started()
+    return life
+
+
+def to_claim(life: CallLifecycle) -> None:
+    assert steps(life) == [CheckToken()]
+    life.token_checked(True)
+    assert steps(life) == [AskEnded()]
+    life.ended_is(None)
+    assert steps(life) == [ClaimTicket()]
+
+
+def bound_live(life: CallLifecycle) -> Bind:
+    bind = life.stream_state_at_bind(live=True, end_reason=None)
+    assert bind is not None
+    return bind
+
+
+class TestBinding:
+    def test_a_new_call_opens_a_session(self) -> None:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=0)
+        assert steps(life) == [ReadRecord()]
+        life.record_read(bound=False, ended=False, now_ms=1)
+        assert steps(life) == [Open()]
+        life.opened()
+        assert steps(life) == [] and bound_live(life) == Bind(BindSource.OPENED, "opened", 0, ())
+        assert life.waited_ms is None
+
+    def test_the_session_opened_at_the_answer_is_taken(self) -> None:
+        life = started(answer=True)
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=0)
+        steps(life)
+        life.record_read(bound=False, ended=False, now_ms=1)
+        assert steps(life) == [TakeAnswerSession()]
+        life.answer_session_taken(True)
+        assert bound_live(life).source is BindSource.OPENED_AT_ANSWER
+
+    def test_no_session_at_the_answer_opens_one(self) -> None:
+        life = started(answer=True)
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=0)
+        steps(life)
+        life.record_read(bound=False, ended=False, now_ms=1)
+        steps(life)
+        life.answer_session_taken(False)
+        assert steps(life) == [Open()]
+
+    def test_a_parked_session_is_resumed_where_the_call_stood(self) -> None:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        assert steps(life) == [Resume(TICKET)]
+        life.resumed()
+        assert bound_live(life) == Bind(BindSource.RESUMED, "resumed", 4_200, TICKET.heard_ms)
+
+    def test_a_resume_that_fails_reopens_from_the_calls_start(self) -> None:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        steps(life)
+        life.resume_failed("session_resume_expired")
+        assert steps(life) == [Open()]
+        life.opened()
+        assert bound_live(life) == Bind(BindSource.OPENED, "reopened_after_session_resume_expired", 0, ())
+
+    def test_no_engine_refuses_the_stream_and_hangs_the_call_up(self) -> None:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=0)
+        steps(life)
+        life.record_read(bound=False, ended=False, now_ms=1)
+        steps(life)
+        life.open_failed("resource_exhausted")
+        reason = "engine_unavailable:resource_exhausted"
+        assert steps(life) == [MarkEnded(reason), Refuse(reason, hang_up=True)]  # marked before the socket closes
+        assert life.bound is None and life.refused == Refuse(reason, hang_up=True)
+
+    def test_a_bad_token_is_refused_and_says_nothing_of_the_call(self) -> None:
+        life = started()
+        steps(life)
+        life.token_checked(False)
+        assert steps(life) == [Refuse(EndReason.BAD_TOKEN)]
+        life.stream_ended(call_over=True, end_reason=EndReason.BAD_TOKEN, detach=False, session_closed=True)
+        assert steps(life) == []  # neither marks the call ended nor discards its answer session
+
+    def test_a_call_already_over_is_refused(self) -> None:
+        life = started(token=False)
+        assert steps(life) == [AskEnded()]
+        life.ended_is("caller_hung_up")
+        assert steps(life) == [Refuse(EndReason.CALL_ALREADY_ENDED)]
+
+    def test_a_registry_that_cannot_be_asked_refuses_the_stream(self) -> None:
+        life = started()
+        to_claim(life)
+        life.registry_failed()
+        assert steps(life) == [Refuse(EndReason.REGISTRY_UNAVAILABLE)]
+
+    def test_a_stream_still_detaching_is_nudged_and_waited_for(self) -> None:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=1_000)
+        assert steps(life) == [ReadRecord()]
+        life.record_read(bound=True, ended=False, now_ms=1_001)
+        assert steps(life) == [NudgeOldStream(), WaitUntil(1_021)]  # told once that it is superseded
+        life.waited()
+        assert steps(life) == [ClaimTicket()]
+        life.ticket_claimed(None, 0, now_ms=1_021)
+        steps(life)
+        life.record_read(bound=True, ended=False, now_ms=1_022)
+        assert steps(life) == [WaitUntil(1_042)]
+        life.waited()
+        steps(life)
+        life.ticket_claimed(TICKET, 900, now_ms=1_060)  # its detach came
+        assert steps(life) == [Resume(TICKET)] and life.waited_ms == 60
+
+    def test_a_mark_left_by_a_dead_process_costs_the_wait_once(self) -> None:
+        life = started()
+        to_claim(life)
+        now = 0
+        life.ticket_claimed(None, 0, now_ms=now)
+        while True:
+            step = life.next_step()
+            if isinstance(step, ReadRecord):
+                life.record_read(bound=True, ended=False, now_ms=now)
+            elif isinstance(step, WaitUntil):
+                now = step.at_ms
+                life.waited()
+            elif isinstance(step, ClaimTicket):
+                life.ticket_claimed(None, 0, now_ms=now)
+            elif isinstance(step, NudgeOldStream):
+                continue
+            else:
+                break
+        assert step == Open() and now == DETACH_WAIT_MS and life.waited_ms is None
+
+    def test_an_answer_nobody_asked_for_is_a_driver_bug(self) -> None:
+        life = started()
+        with pytest.raises(LifecycleError):
+            life.opened()
+
+
+class TestEndedWhileBinding:
+    def in_hand(self) -> CallLifecycle:
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        steps(life)
+        life.resumed()
+        return life
+
+    def test_a_drop_parks_the_session_for_the_next_stream(self) -> None:
+        life = self.in_hand()
+        assert life.stream_state_at_bind(live=False, end_reason=EndReason.TRANSPORT_LOST) is None
+        assert steps(life) == [Park(4_200, TICKET.heard_ms)]
+        life.parked(True)
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=False, session_closed=True)
+        assert steps(life) == []
+
+    def test_a_stop_closes_it_and_the_call_is_over(self) -> None:
+        life = self.in_hand()
+        assert life.stream_state_at_bind(live=False, end_reason="caller_hung_up") is None
+        assert steps(life) == [CloseSession("caller_hung_up")]
+        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=True)
+        assert steps(life) == [MarkEnded("caller_hung_up")]
+
+
+class TestEnding:
+    def bound(self, *, window_ms: int | None = None, answer: bool = False) -> CallLifecycle:
+        life = started(window_ms=window_ms, answer=answer)
+        to_claim(life)
+        life.ticket_claimed(TICKET, 0, now_ms=0)
+        steps(life)
+        life.resumed()
+        bound_live(life)
+        return life
+
+    def test_a_stop_closes_the_session_once_and_marks_the_call_ended(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
+        assert steps(life) == [CloseSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
+        assert steps(life) == []  # once
+
+    def test_a_session_the_engine_ended_is_not_closed_again(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=True, end_reason="engine_SessionExpired:idle_ttl_expired", detach=False, session_closed=True)
+        assert steps(life) == [MarkEnded("engine_SessionExpired:idle_ttl_expired")]
+
+    def test_a_drop_parks_the_session_unless_the_call_is_over_meanwhile(self) -> None:
+        life = self.bound(window_ms=30_000)
+        heard = (("resp-2", 505),)
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False, input_ms=9_000, heard_ms=heard)
+        assert steps(life) == [AskEnded()]
+        life.ended_is(None)
+        assert steps(life) == [Park(9_000, heard)]
+        life.parked(True)
+        assert steps(life) == [CloseUnlessBack(30_000)]  # the carrier reconnects within its window, or never
+
+    def test_a_drop_of_a_call_ended_meanwhile_closes_the_session(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        steps(life)
+        life.ended_is("completed")
+        assert steps(life) == [CloseSession(EndReason.TRANSPORT_LOST)]
+
+    def test_a_registry_that_cannot_take_the_ticket_closes_the_session(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        steps(life)
+        life.registry_failed()  # not known to be over: parked
+        assert steps(life) == [Park(0, ())]
+        life.parked(False)
+        assert steps(life) == [CloseDetached(EndReason.REGISTRY_UNAVAILABLE)]
+
+    def test_a_stream_moved_off_a_draining_process_has_parked_already(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False, moved=True)
+        assert steps(life) == []
+
+    def test_a_stream_ended_before_it_bound_discards_the_answer_session(self) -> None:
+        life = started(answer=True)
+        steps(life)
+        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=True)
+        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+        assert life.next_step() is None
+
+    def test_binding_inputs_after_the_end_are_driver_bugs(self) -> None:
+        life = self.bound()
+        life.stream_ended(call_over=True, end_reason="stop", detach=False, session_closed=False)
+        steps(life)
+        with pytest.raises(LifecycleError):
+            life.stream_state_at_bind(live=True, end_reason=None)
+        with pytest.raises(LifecycleError):
+            life.resumed()
