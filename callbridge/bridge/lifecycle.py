@@ -35,7 +35,7 @@ __all__ = [
     "CheckToken",
     "ClaimTicket",
     "CloseDetached",
-    "CloseSession",
+    "CloseEngineSession",
     "CloseUnlessBack",
     "DiscardAnswerSession",
     "EndReason",
@@ -173,7 +173,7 @@ class Park:
 
 
 @dataclass(frozen=True, slots=True)
-class CloseSession:
+class CloseEngineSession:
     """Close the session (exactly once per session, from here)."""
 
     reason: str
@@ -215,7 +215,7 @@ Step = (
     | MarkEnded
     | Bind
     | Park
-    | CloseSession
+    | CloseEngineSession
     | CloseDetached
     | CloseUnlessBack
     | DiscardAnswerSession
@@ -478,7 +478,7 @@ class CallLifecycle:
         if self._session_closed:
             raise LifecycleError("a second close of the call's session")
         self._session_closed = True
-        self._steps.append(CloseSession(reason))
+        self._steps.append(CloseEngineSession(reason))
 
     def _answered(self, kind: type[Step]) -> None:
         if self._awaiting is not kind:

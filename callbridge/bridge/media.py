@@ -33,7 +33,7 @@ from callbridge.bridge.lifecycle import (
     CheckToken,
     ClaimTicket,
     CloseDetached,
-    CloseSession,
+    CloseEngineSession,
     CloseUnlessBack,
     DiscardAnswerSession,
     EndReason,
@@ -606,7 +606,7 @@ class MediaStreamDriver:
                 case CloseUnlessBack(after_ms):
                     if ticket is not None:
                         services.spawn(self._close_unless_back(call_id, ticket, after_ms))
-                case CloseSession(reason):
+                case CloseEngineSession(reason):
                     if session is not None:
                         await self._close_session(session, reason)
                 case MarkEnded(reason):

@@ -6,20 +6,27 @@ seed picks a call — what the caller says and when, the engine's speed — and 
 reconnect budget), the bridge reading late (a backlog arrives in a burst), mark echoes late or repeated. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
-(Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and the
-lifecycle of a call across its streams as ``bridge/media.py`` runs it (detach with a ticket on a drop, resume
-on the next stream, close at the end).
+(Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
+each stream's ``CallLifecycle`` (``bridge/lifecycle.py``, the core ``bridge/media.py`` runs), whose steps are
+done here against a model of the call's registry record and the engine core: the first stream takes the
+session opened at the answer; a drop parks it with a ticket; the next stream resumes it, or — the engine gone —
+opens a new one or, with no engine to take the call, is refused and the call hung up. As the wire client does,
+one ``session.close`` goes to a session whoever asks for it (the call at a ``stop``, the lifecycle at the end).
 
 After every step the invariants are checked (``Violation`` names the first that fails):
 
 - heard positions: every ``playback.ack`` and truncation of a response, across all the call's streams, never
   decreases and never exceeds the audio the engine generated for it;
 - one ``session.close`` per session, and none to a session lost with its server;
+- one engine session per call: a new one only once the last is lost (expired, its server gone), never beside
+  one still detached or live, nor after the bridge closed the live one; the registry never says a stream holds
+  the session when none does (a stream that ended without parking it);
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
   call is hung up;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
-  hang-up), and nothing is left open: the engine session closed (or lost with its server, or past its grace),
-  the stream ended.
+  hang-up; a stream no engine would take, refused and hung up), and nothing is left open: the engine session
+  closed (or lost with its server, or past its grace), the stream ended, the registry knows the call is over
+  and holds no ticket.
 
 A failing seed prints itself; ``python -m callbridge.sim.faults --seed N`` replays it exactly, ``--seeds 100000``
 runs many.
@@ -39,6 +46,19 @@ import numpy as np
 import orjson
 
 from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.lifecycle import (
+    AskEnded,
+    CallLifecycle,
+    ClaimTicket,
+    CloseEngineSession,
+    MarkEnded,
+    Open,
+    Park,
+    ReadRecord,
+    Refuse,
+    Resume,
+    TakeAnswerSession,
+)
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
@@ -47,7 +67,7 @@ from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
 from callbridge.engine.local.agents import AGENTS, OUTPUT_RATE_HZ
 from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
 from callbridge.engine.local.vad import FrameScorer
-from callbridge.engine.port import SessionConfig
+from callbridge.engine.port import ResumeTicket, SessionConfig
 
 __all__ = ["FaultPlan", "SimulatedCall", "Violation", "main", "plan_for", "run_seed"]
 
@@ -178,6 +198,16 @@ class _Carrier:
         return echoed
 
 
+@dataclass(slots=True)
+class _RegistryModel:
+    """The call's registry record (``bridge/registry.py``'s ``CallRecord``), in memory."""
+
+    ticket: ResumeTicket | None = None
+    input_ms: int = 0
+    ended_reason: str | None = None
+    bound: bool = False
+
+
 class SimulatedCall:
     """One call of the plan, stepped on a virtual clock (see the module docstring)."""
 
@@ -185,21 +215,19 @@ class SimulatedCall:
         self.seed = seed
         self.plan = plan or plan_for(seed)
         self.now_ms = 0
-        options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
-                                     disconnect_grace_ms=_GRACE_MS)  # fmt: skip
-        ids = random.Random(seed)
-        self.engine = LocalSessionCore("duplex-sim", SessionConfig(), AGENTS["echo"](), options, 0,
-                                       scorer=_LoudnessScorer(), token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
-        self.engine.events_to_send()  # session.created
+        self._ids = random.Random(seed)
+        self.sessions = 1
+        self.engine = self._new_engine("duplex-sim-1")
+        self.registry = _RegistryModel()
+        self.life: CallLifecycle | None = None
         self.engine_dead = False
         self.engine_lost_reported = False
         self.closes_sent = 0
+        self.close_requested = False
         self.generated_bytes: dict[str, int] = {}
         """response → PCM16 bytes of audio the engine generated for it."""
         self.heard_told: dict[str, int] = {}
         """response → the highest heard position told to the engine (acks and truncations), all streams."""
-        self.input_ms = 0
-        self.heard_carry: tuple[tuple[str, int], ...] = ()
         self.outcome: str | None = None
         self.failed_at_ms: int | None = None
         self.streams = 0
@@ -210,6 +238,15 @@ class SimulatedCall:
         self._order = 0
         self._next_stream_at_ms: int | None = 0
         self._stream_started_at_ms = 0
+
+    def _new_engine(self, session_id: str) -> LocalSessionCore:
+        options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
+                                     disconnect_grace_ms=_GRACE_MS)  # fmt: skip
+        ids = self._ids
+        engine = LocalSessionCore(session_id, SessionConfig(), AGENTS["echo"](), options, self.now_ms,
+                                  scorer=_LoudnessScorer(), token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
+        engine.events_to_send()  # session.created
+        return engine
 
     # ------------------------------------------------------------------ run
 
@@ -303,8 +340,8 @@ class SimulatedCall:
     # ------------------------------------------------------------ lifecycle
 
     def _open_stream(self) -> None:
-        """The carrier opens the call's (next) stream; the bridge binds it: the session opened at the answer, or
-        the detached one resumed with its ticket — as ``MediaStreamDriver._bind`` does."""
+        """The carrier opens the call's (next) stream; its ``CallLifecycle`` binds it, each step done here against
+        the registry model and the engine core, as ``MediaStreamDriver._bind`` does them."""
         self._next_stream_at_ms = None
         self.streams += 1
         stream_sid = f"MZ{self.streams:032x}"
@@ -317,32 +354,110 @@ class SimulatedCall:
             "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
         }  # fmt: skip
         call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
-        if self.engine_dead:  # the resume cannot reach the server: the stream opens nothing and ends the call
-            self.outcome = "engine_unreachable_at_resume"
-            return
-        if self.streams > 1:
-            try:
-                self.engine.resume(self.engine.lease_generation, self.now_ms)
-            except EngineError:
-                self.outcome = "session_expired_between_streams"
-                return
-            self.engine.events_to_send()  # session.resumed: taken by the wire client
-        call.engine_bound(self.engine.capabilities, self.now_ms, call_offset_ms=self.input_ms, heard_ms=self.heard_carry)
+        self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
+        life.stream_started()
+        while (step := life.next_step()) is not None:
+            match step:
+                case AskEnded():
+                    life.ended_is(self.registry.ended_reason)
+                case ClaimTicket():
+                    ticket, self.registry.ticket = self.registry.ticket, None
+                    life.ticket_claimed(ticket, self.registry.input_ms, self.now_ms)
+                case ReadRecord():
+                    if self.registry.bound:  # only one stream at a time here: the one before ended without its detach
+                        self._violation("the registry says a stream holds the session; the last one ended without parking it")
+                    life.record_read(bound=False, ended=self.registry.ended_reason is not None, now_ms=self.now_ms)
+                case TakeAnswerSession():
+                    life.answer_session_taken(self.streams == 1)  # opened at the answer, taken by the first stream
+                case Resume(ticket):
+                    self._resume(life, ticket)
+                case Open():
+                    self._open_session(life)
+                case MarkEnded(reason):
+                    self.registry.ended_reason = reason
+                case Refuse(reason, hang_up):
+                    call.start_refused(reason, hang_up=hang_up)
+                    self.outcome = "refused_and_hung_up" if hang_up else reason
+                    return
+                case _:
+                    self._violation(f"a binding step the simulation does not know: {step!r}")
+        bind = life.stream_state_at_bind(live=call.state is CallState.STARTING, end_reason=call.end_reason)
+        assert bind is not None
+        self.registry.bound = True
+        call.engine_bound(self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
         self._after_input(call)
 
+    def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
+        if self.engine_dead:  # the server is gone: the resume cannot reach it
+            life.resume_failed("connection_failed")
+            return
+        try:
+            self.engine.resume(ticket.lease_generation, self.now_ms)
+        except EngineError as exc:
+            life.resume_failed(exc.code)
+            return
+        self.engine.events_to_send()  # session.resumed: taken by the wire client
+        life.resumed()
+
+    def _open_session(self, life: CallLifecycle) -> None:
+        if self.engine_dead:  # no other endpoint in this simulation: no engine takes the call
+            life.open_failed("connection_failed")
+            return
+        if self.engine.state is not SessionState.CLOSED:
+            self._violation(f"a second engine session while the call's first is still {self.engine.state.value}")
+        if self.close_requested:
+            self._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
+        self.sessions += 1
+        self.engine = self._new_engine(f"duplex-sim-{self.sessions}")
+        self.closes_sent = 0
+        self.close_requested = False
+        life.opened()
+
     def _drop(self, call: CallSession) -> None:
-        """The media socket drops (no stop): what was heard goes to the engine, the session is detached with a
-        ticket, the carrier opens the next stream after its delay — as ``MediaStreamDriver._finish`` does."""
+        """The media socket drops (no stop): what was heard goes to the engine, then the stream's lifecycle parks
+        the session with a ticket, as ``MediaStreamDriver._finish`` does; the carrier opens the next stream after
+        its delay."""
         call.transport_lost(self.now_ms)
         self._submit_all(call.engine_commands())
         call.messages_to_send()
-        if not self.engine_dead:
-            self.engine.detach(self.now_ms)
-        self.input_ms = call.input_ms
-        self.heard_carry = call.cut_replies
+        self._end_stream(call)
         self.call = self.carrier = None
         self._to_bridge.clear()
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
+
+    def _end_stream(self, call: CallSession) -> None:
+        """The stream is over: do its lifecycle's ending steps (park, close, mark ended)."""
+        life = self.life
+        if life is None:
+            return
+        self.life = None
+        # the bridge knows its session is gone only once the wire client has given it up (or it closed)
+        session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
+        life.stream_ended(
+            call_over=call.state is CallState.ENDED,
+            end_reason=call.end_reason,
+            detach=call.detach_engine,
+            session_closed=session_closed,
+            input_ms=call.input_ms,
+            heard_ms=call.cut_replies,
+        )
+        while (step := life.next_step()) is not None:
+            match step:
+                case AskEnded():
+                    life.ended_is(self.registry.ended_reason)
+                case Park(input_ms, heard_ms):
+                    if not self.engine_dead:
+                        self.engine.detach(self.now_ms)
+                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms)
+                    self.registry.ticket, self.registry.input_ms, self.registry.bound = ticket, input_ms, False
+                    life.parked(True)
+                case CloseEngineSession(reason):
+                    self._submit_all([CloseSession(reason)])
+                case MarkEnded(reason):
+                    self.registry.ended_reason = reason
+                    self.registry.bound = False
+                case _:
+                    self._violation(f"an ending step the simulation does not know: {step!r}")
 
     def _after_input(self, call: CallSession) -> None:
         carrier = self.carrier
@@ -374,9 +489,13 @@ class SimulatedCall:
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
             self.outcome = "failure_tone_and_hang_up" if failed else call.end_reason or "ended"
+            self._end_stream(call)
 
     def _submit_all(self, commands: list[EngineCommand]) -> None:
         for command in commands:
+            if isinstance(command, CloseSession) and self.close_requested:
+                continue  # as the wire client: one session.close per session, whoever asks (the call, the driver)
+            self.close_requested = self.close_requested or isinstance(command, CloseSession)
             self._check_command(command)
             if self.engine_dead or self.engine.state is SessionState.CLOSED:
                 continue  # kept by the wire client for a socket that never comes; the server is gone
@@ -425,9 +544,9 @@ class SimulatedCall:
             if carrier is None or carrier.first_played_at_ms is None:
                 self._violation("the engine failed the call; the caller heard no failure tone")
             return
-        if outcome in ("engine_unreachable_at_resume", "session_expired_between_streams"):
-            # not modelled further: the bridge then opens a new session for the stream, or, with no engine to
-            # open one, refuses it and hangs up the call (``MediaStreamDriver._bind``)
+        if outcome == "refused_and_hung_up":  # no engine would take the next stream: the call is hung up
+            if call is None or call.hangup is None or self.registry.ended_reason is None:
+                self._violation("no engine took the call's next stream, and the call was not hung up and ended")
             return
         if outcome != "caller_hung_up":
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
@@ -439,6 +558,8 @@ class SimulatedCall:
                 self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
         if self.closes_sent != (0 if self.engine_lost_reported else 1):
             self._violation(f"{self.closes_sent} session.close for one session")
+        if self.registry.ended_reason is None or self.registry.ticket is not None:
+            self._violation("the call is over; the registry does not know it (or still holds a ticket)")
 
     def _violation(self, what: str) -> None:
         raise Violation(self.seed, self.now_ms, what)

@@ -13,7 +13,7 @@ from callbridge.bridge.lifecycle import (
     CheckToken,
     ClaimTicket,
     CloseDetached,
-    CloseSession,
+    CloseEngineSession,
     CloseUnlessBack,
     DiscardAnswerSession,
     EndReason,
@@ -207,7 +207,7 @@ class TestEndedWhileBinding:
     def test_a_stop_closes_it_and_the_call_is_over(self) -> None:
         life = self.in_hand()
         assert life.stream_state_at_bind(live=False, end_reason="caller_hung_up") is None
-        assert steps(life) == [CloseSession("caller_hung_up")]
+        assert steps(life) == [CloseEngineSession("caller_hung_up")]
         life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=True)
         assert steps(life) == [MarkEnded("caller_hung_up")]
 
@@ -225,7 +225,7 @@ class TestEnding:
     def test_a_stop_closes_the_session_once_and_marks_the_call_ended(self) -> None:
         life = self.bound()
         life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
-        assert steps(life) == [CloseSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+        assert steps(life) == [CloseEngineSession("caller_hung_up"), MarkEnded("caller_hung_up")]
         life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
         assert steps(life) == []  # once
 
@@ -249,7 +249,7 @@ class TestEnding:
         life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
         steps(life)
         life.ended_is("completed")
-        assert steps(life) == [CloseSession(EndReason.TRANSPORT_LOST)]
+        assert steps(life) == [CloseEngineSession(EndReason.TRANSPORT_LOST)]
 
     def test_a_registry_that_cannot_take_the_ticket_closes_the_session(self) -> None:
         life = self.bound()

@@ -4,11 +4,12 @@ exactly, and bugs planted in the cores are each caught by some seed."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from callbridge.bridge.call import CallSession
-from callbridge.engine.commands import CloseSession, EngineCommand
+from callbridge.bridge.lifecycle import CallLifecycle
 from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import SimulatedCall, Violation, main, plan_for, run_seed
 
@@ -76,15 +77,23 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallSession, "_heard_on_call", unclamped)
         assert "which has only" in first_violation(range(100)).what
 
-    def test_a_second_close_of_one_session(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        original = CallSession.engine_commands
+    def test_a_drop_that_closes_the_session_instead_of_parking_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = CallLifecycle.stream_ended
 
-        def doubled(call: CallSession) -> list[EngineCommand]:
-            commands = original(call)
-            return commands + [c for c in commands if isinstance(c, CloseSession)]
+        def closing(life: CallLifecycle, **ending: Any) -> None:
+            original(life, **{**ending, "detach": False})  # a dropped stream's session closed, not kept
 
-        monkeypatch.setattr(CallSession, "engine_commands", doubled)
-        assert "second session.close" in first_violation(range(20)).what
+        monkeypatch.setattr(CallLifecycle, "stream_ended", closing)
+        assert "without parking it" in first_violation(range(100)).what
+
+    def test_a_parked_session_left_behind_for_a_new_one(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = CallLifecycle.ticket_claimed
+
+        def ignoring(life: CallLifecycle, ticket: Any, offset_ms: int, now_ms: int) -> None:
+            original(life, None, offset_ms, now_ms)  # the ticket taken, then never resumed
+
+        monkeypatch.setattr(CallLifecycle, "ticket_claimed", ignoring)
+        assert "second engine session while the call's first is still detached" in first_violation(range(100)).what
 
     def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
         """The failure as it was: the wire client waited the engine's 30 s disconnect grace before giving up."""
