@@ -187,6 +187,11 @@ _MESSAGES_PER_S: Final = 150
 _CUT_REPLIES_KEPT: Final = 8
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 _GENERATED_KEPT: Final = 16
+_SEND_FAILED_READ_MS: Final = 1000
+"""After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
+may still be read before the stream is taken for dropped."""
+_NORMAL_CLOSURE: Final = 1000
+_POLICY_VIOLATION: Final = 1008
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 
 
@@ -293,6 +298,7 @@ class CallSession:
         """When ``tick`` next checks the limits (it moves only then, not with every message)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
+        self._send_failed_at_ms: int | None = None
 
     def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
@@ -467,8 +473,34 @@ class CallSession:
         self.detach_engine = bound
         self._messages.clear()  # nowhere to send them
 
+    def send_failed(self, now_ms: int) -> None:
+        """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
+        before it closed (a ``stop`` after a hang-up) may still be read. If no ``stop`` comes by
+        ``_SEND_FAILED_READ_MS``, ``tick`` takes the stream for dropped (its session kept for the next stream);
+        meanwhile engine events are left untaken (``takes_engine_events``), for that stream to have."""
+        if self.state in (CallState.ENDED, CallState.DETACHED) or self._send_failed_at_ms is not None:
+            return
+        self._send_failed_at_ms = now_ms
+        self._messages.clear()
+
+    @property
+    def takes_engine_events(self) -> bool:
+        """Whether ``receive_engine_event`` takes events now: a live stream whose carrier still listens."""
+        return self.state is CallState.LIVE and self._send_failed_at_ms is None
+
+    @property
+    def close_code(self) -> int:
+        """The close code of the carrier's connection when ``close_transport``: a policy violation for a protocol
+        error or someone else's token, else normal."""
+        return _POLICY_VIOLATION if self.failure is not None or self.end_reason == "bad_token" else _NORMAL_CLOSURE
+
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due; end a stream past a limit. Drain ``messages_to_send`` next."""
+        if self._send_failed_at_ms is not None:  # nothing reaches the carrier: no frame into the void
+            if now_ms >= self._send_failed_at_ms + _SEND_FAILED_READ_MS and self.state not in (CallState.ENDED, CallState.DETACHED):
+                self.transport_lost(now_ms)
+                self.close_transport = True  # its receive may not see the close: closing wakes it
+            return
         if self._limits_due_ms is not None and now_ms >= self._limits_due_ms:
             self._check_limits(now_ms)
         if self.state is CallState.LIVE:
@@ -499,7 +531,7 @@ class CallSession:
 
     def messages_to_send(self) -> list[str | bytes]:
         messages, self._messages = self._messages, []
-        return messages
+        return messages if self._send_failed_at_ms is None else []
 
     def engine_commands(self) -> list[EngineCommand]:
         commands, self._commands = self._commands, []
@@ -511,6 +543,9 @@ class CallSession:
         return actions
 
     def next_deadline_ms(self) -> int | None:
+        if self._send_failed_at_ms is not None:
+            ended = self.state in (CallState.ENDED, CallState.DETACHED)
+            return None if ended else self._send_failed_at_ms + _SEND_FAILED_READ_MS
         playout = self._playout_deadline_ms()
         limits = self._limits_due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
         if limits is None or playout is None:

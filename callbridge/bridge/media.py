@@ -61,11 +61,8 @@ __all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
 
 log = get_logger("callbridge.call")
 
-_POLICY_VIOLATION = 1008
 _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
-_SEND_FAILED_READ_S = 1.0
-"""After a send fails, how long the reader has to read what the carrier sent before it closed."""
 _GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
 _ENGINE_CLOSE_WAIT_S = 0.05
@@ -152,7 +149,6 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
-        self._send_failed = False
         self._moved = False
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
@@ -380,8 +376,6 @@ class MediaStreamDriver:
             while not self._done():
                 await self._pacing.wait()
                 async with self._lock:
-                    if self._send_failed:  # nothing reaches the carrier any more: play no frame into the void
-                        return
                     self.call.tick(_now_ms())
                     await self._flush()
         finally:
@@ -394,7 +388,7 @@ class MediaStreamDriver:
         if isinstance(event, EngineErrorEvent):
             self.services.metrics.engine_errors.labels(event.code).inc()
             self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
-        if self.call.state is not CallState.LIVE or self._send_failed:  # after a failed send: kept for a resume
+        if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
         flushes = self.call.flushes
         self.call.receive_engine_event(event, _now_ms())
@@ -424,16 +418,15 @@ class MediaStreamDriver:
     async def _send_outputs(self) -> None:
         call = self.call
         for message in self.call.messages_to_send():
-            if self._closed or self._send_failed:
+            if self._closed:
                 break
             try:
                 await self.transport.send(message)
             except Exception:
-                # The carrier closed its side. What it sent before closing (Twilio's ``stop`` on a hang-up) may still
-                # wait in the reader's buffer: read that first, or a hang-up is taken for a drop and the engine
-                # session is kept for a resume nobody makes. The reader ends the stream (a stop, or the close).
-                self._send_failed = True
-                self._tasks.append(asyncio.create_task(self._lost_unless_read(_SEND_FAILED_READ_S)))
+                # The carrier closed its side; what it sent before (Twilio's ``stop`` on a hang-up) may still wait in
+                # the reader's buffer. The call decides how long to read for it (``CallSession.send_failed``).
+                call.send_failed(_now_ms())
+                break
         commands = self.call.engine_commands()
         if self.session is not None:
             if self._first_audio_ms is None and self._first_audio_read_at is not None and commands:
@@ -453,9 +446,8 @@ class MediaStreamDriver:
             task.add_done_callback(self._background.discard)
         if self.call.close_transport and not self._closed:
             self._closed = True
-            code = 1000 if self.call.failure is None and self.call.end_reason != "bad_token" else _POLICY_VIOLATION
             with suppress(Exception):
-                await self.transport.close(code)
+                await self.transport.close(self.call.close_code)
         if call.notices:
             for notice in call.notices:
                 self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
@@ -476,19 +468,6 @@ class MediaStreamDriver:
             elapsed_s = time.perf_counter() - self._first_audio_read_at
             self.services.metrics.first_audio_seconds.observe(elapsed_s)
             self._first_audio_ms = round(elapsed_s * 1000, 3)
-
-    async def _lost_unless_read(self, delay_s: float) -> None:
-        """After a failed send: the stream is lost if the reader has not ended it by then (a transport whose
-        receive does not see the close)."""
-        await asyncio.sleep(delay_s)
-        async with self._lock:
-            if self._done():
-                return
-            self.call.transport_lost(_now_ms())
-            await self._flush()
-        self._closed = True
-        with suppress(Exception):
-            await self.transport.close(1000)  # wakes the reader
 
     async def _perform(self, pending: PendingAction) -> None:
         """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""

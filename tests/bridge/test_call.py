@@ -445,3 +445,46 @@ class TestLimits:
     def test_without_connected_no_limit_runs(self) -> None:
         h = Harness().live()
         assert h.call.next_deadline_ms() is None
+
+
+class TestSendFailed:
+    """A send to the carrier failed (its side closed): the call decides what happens next, under the fake clock."""
+
+    def failed(self) -> Harness:
+        h = Harness().live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(100)
+        h.call.send_failed(h.now_ms)
+        return h
+
+    def test_nothing_more_is_played_and_engine_events_are_left_for_the_next_stream(self) -> None:
+        h = self.failed()
+        sent = len(h.sent)
+        h.advance(500)
+        assert len(h.sent) == sent and not h.call.takes_engine_events
+
+    def test_a_stop_read_meanwhile_is_the_callers_hang_up(self) -> None:
+        h = self.failed()
+        h.advance(400)
+        h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
+        assert h.call.state is CallState.ENDED and h.call.end_reason == "caller_hung_up" and not h.call.detach_engine
+
+    def test_without_a_stop_the_stream_is_taken_for_dropped_after_a_second(self) -> None:
+        h = self.failed()
+        failed_at = h.now_ms
+        assert h.call.next_deadline_ms() == failed_at + 1000
+        h.advance(999)
+        assert h.call.state is CallState.LIVE
+        h.advance(1)
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_transport
+        assert h.call.close_code == 1000 and h.call.next_deadline_ms() is None
+
+    def test_close_codes(self) -> None:
+        refused = Harness()
+        refused.receive(START)
+        refused.call.start_refused("bad_token")
+        assert refused.call.close_code == 1008
+        broken = Harness().live()
+        broken.receive("{not json")
+        assert broken.call.close_transport and broken.call.close_code == 1008
