@@ -191,6 +191,7 @@ _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
 may still be read before the stream is taken for dropped."""
 _NORMAL_CLOSURE: Final = 1000
+_GOING_AWAY: Final = 1001
 _POLICY_VIOLATION: Final = 1008
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 
@@ -299,6 +300,7 @@ class CallSession:
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
         self._send_failed_at_ms: int | None = None
+        self._going_away = False
 
     def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
@@ -491,8 +493,31 @@ class CallSession:
     @property
     def close_code(self) -> int:
         """The close code of the carrier's connection when ``close_transport``: a policy violation for a protocol
-        error or someone else's token, else normal."""
-        return _POLICY_VIOLATION if self.failure is not None or self.end_reason == "bad_token" else _NORMAL_CLOSURE
+        error or someone else's token; going away for a stream moved or superseded (no ``stop``: the carrier
+        reconnects); else normal. (A moved stream's socket is closed by the driver, with this code, after its
+        session is parked.)"""
+        if self.failure is not None or self.end_reason == "bad_token":
+            return _POLICY_VIOLATION
+        return _GOING_AWAY if self._going_away else _NORMAL_CLOSURE
+
+    def superseded(self, now_ms: int) -> None:
+        """A newer stream of the call has come (this one's socket is half-open, or slow to notice its drop): end
+        this one as a drop, its session kept for the newer stream, and close its socket."""
+        if self.state in (CallState.ENDED, CallState.DETACHED):
+            return
+        self.transport_lost(now_ms)
+        self._going_away = self.close_transport = True
+
+    def move_elsewhere(self, now_ms: int) -> bool:
+        """The process is draining: end this stream as a network drop would, so the carrier's reconnect (Twilio's
+        ``<Redirect>``) resumes the call on another process; what the caller heard goes to the engine first, and
+        the socket is closed going away (no ``stop``). False, and nothing done, for a stream not live or a carrier
+        that does not reconnect (``HangUpMode.CLOSE``: closing its socket would end the call; it runs to its end)."""
+        if self.codec.profile.hang_up is HangUpMode.CLOSE or self.state is not CallState.LIVE:
+            return False
+        self.transport_lost(now_ms)
+        self._going_away = True  # closed by the driver once the session is parked, so the next stream finds it
+        return True
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due; end a stream past a limit. Drain ``messages_to_send`` next."""

@@ -48,7 +48,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.providers.base import HangUpMode, ProviderCodec
+from callbridge.bridge.providers.base import ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.commands import AppendAudio, EngineCommand
@@ -63,7 +63,6 @@ log = get_logger("callbridge.call")
 
 _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
-_GOING_AWAY = 1001
 _ENGINE_CALL_TIMEOUT_S = 5.0
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
@@ -311,18 +310,13 @@ class MediaStreamDriver:
             await self._flush()
 
     async def move_elsewhere(self) -> bool:
-        """The process is draining: end this stream as a network drop would, so the carrier's reconnect (Twilio's
-        ``<Redirect>``) resumes the call on another process. The engine session is detached into the registry
-        *before* the carrier's socket closes (code 1001, no ``stop``), so the next stream finds its ticket
-        wherever it lands. False, and nothing done, for a stream not live or a carrier that does not reconnect
-        (``HangUpMode.CLOSE``: closing its socket would end the call; it runs to its end)."""
-        if self.call.codec.profile.hang_up is HangUpMode.CLOSE:
-            return False
+        """The process is draining: the call decides whether this stream moves (``CallSession.move_elsewhere``);
+        if so its engine session is detached into the registry *before* the carrier's socket closes, so the next
+        stream finds its ticket wherever it lands. False when it stays."""
         async with self._lock:
             start, session = self.call.start_request, self.session
-            if self.call.state is not CallState.LIVE or start is None or session is None:
+            if start is None or session is None or not self.call.move_elsewhere(_now_ms()):
                 return False
-            self.call.transport_lost(_now_ms())
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
             try:
                 ticket = replace(await session.detach(), heard_ms=self.call.cut_replies)
@@ -332,7 +326,7 @@ class MediaStreamDriver:
                 self.log.warning("engine_detach_failed", reason=exc.code)
             self._closed = True
             with suppress(Exception):
-                await self.transport.close(_GOING_AWAY)
+                await self.transport.close(self.call.close_code)
         self.log.info("stream_moved", reason="draining")
         return True
 
@@ -341,11 +335,8 @@ class MediaStreamDriver:
             if self._done():
                 return
             self.log.info("stream_superseded")
-            self.call.transport_lost(_now_ms())
-            await self._flush()
-        self._closed = True
-        with suppress(Exception):
-            await self.transport.close(_GOING_AWAY)  # wakes the reader; ``_finish`` detaches the session
+            self.call.superseded(_now_ms())
+            await self._flush()  # closes the socket (going away): wakes the reader; ``_finish`` detaches the session
 
     async def end_by_carrier(self, reason: str) -> None:
         """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""

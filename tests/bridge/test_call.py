@@ -488,3 +488,29 @@ class TestSendFailed:
         broken = Harness().live()
         broken.receive("{not json")
         assert broken.call.close_transport and broken.call.close_code == 1008
+
+
+class TestLeavingTheStream:
+    def test_a_superseded_stream_is_a_drop_closed_going_away(self) -> None:
+        h = Harness().live()
+        h.call.superseded(h.now_ms)
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine
+        assert h.call.close_transport and h.call.close_code == 1001 and h.of(CloseSession) == []
+
+    def test_a_stream_moves_off_a_draining_process_as_a_drop(self) -> None:
+        h = Harness().live()
+        assert h.call.move_elsewhere(h.now_ms)
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_code == 1001
+        assert not h.call.close_transport  # the driver closes it once the session is parked
+        assert not h.call.move_elsewhere(h.now_ms)  # once
+
+    def test_a_carrier_that_does_not_reconnect_stays(self) -> None:
+        from callbridge.bridge.providers.exotel import ExotelCodec
+        from tests.bridge.providers import test_exotel
+
+        call = CallSession(ExotelCodec(), CallOptions())
+        call.receive_message(test_exotel.CONNECTED, 0)
+        call.receive_message(test_exotel.START, 0)
+        call.engine_bound(CAPS, 0)
+        assert call.state is CallState.LIVE
+        assert not call.move_elsewhere(0) and call.state is CallState.LIVE  # closing Exotel's socket ends its call
