@@ -3,7 +3,8 @@
 In the manner of FoundationDB's simulator and TigerBeetle's VOPR: no sockets, no asyncio, no wall clock. One
 seed picks a call — what the caller says and when, the engine's speed — and a fault schedule: media socket drops
 (the carrier reconnects after a delay), the engine server dying (the session lost after the wire client's
-reconnect budget), the bridge reading late (a backlog arrives in a burst), mark echoes late or repeated. The
+reconnect budget), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated or out of
+order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
 (Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
@@ -79,6 +80,8 @@ GIVE_UP_MS: Final = (1000, 2500)
 frozen server found by a missed ping and then the budget, 2.5 s at most (``engine.reconnect_budget_s`` 2 s,
 ``engine.liveness_*`` 1 s)."""
 _CALL_ID: Final = "CA" + "0" * 31 + "1"
+_HELD_ECHO_MS: Final = 250
+"""An echo held back for reordering goes alone after this long (two markers are 100 ms of audio apart)."""
 _GRACE_MS: Final = 30_000
 
 
@@ -108,6 +111,8 @@ class FaultPlan:
     """(from, length): the bridge reads nothing meanwhile; what came arrives in a burst at its end."""
     echo_delay_ms: int = 0
     repeated_echoes: bool = False
+    reordered_echoes: bool = False
+    """Mark echoes come two by two, the later first (a carrier's echoes are not promised in order)."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -134,6 +139,7 @@ def plan_for(seed: int) -> FaultPlan:
         read_stall=stall,
         echo_delay_ms=rng.randrange(0, 120, 20),
         repeated_echoes=rng.random() < 0.3,
+        reordered_echoes=rng.random() < 0.3,  # drawn last: the faults drawn before keep their values
     )
 
 
@@ -236,6 +242,8 @@ class SimulatedCall:
         self._to_bridge: list[tuple[int, int, str]] = []
         """(deliver at, order, message) from the carrier to the bridge."""
         self._order = 0
+        self._held_echo: tuple[str, int] | None = None
+        """A mark echo held back (``reordered_echoes``), and since when."""
         self._next_stream_at_ms: int | None = 0
         self._stream_started_at_ms = 0
 
@@ -306,6 +314,7 @@ class SimulatedCall:
             return
         for mark in carrier.play(now):
             self._echo(call, mark)
+        self._release_held_echo()
         speaking = any(start <= now < start + length for start, length in plan.utterances)
         frame = _SPEECH[now // FRAME_MS % len(_SPEECH)] if speaking else _SILENCE
         media_ms = now - self._stream_started_at_ms
@@ -314,9 +323,23 @@ class SimulatedCall:
 
     def _echo(self, call: CallSession, mark: str) -> None:
         message = orjson.dumps({"event": "mark", "streamSid": call.codec.stream_id, "mark": {"name": mark}}).decode()
-        self._send(message, self.plan.echo_delay_ms)
+        delay = self.plan.echo_delay_ms
+        if self.plan.reordered_echoes:
+            if self._held_echo is None:
+                self._held_echo = (message, self.now_ms)  # sent after the next one, or alone once it is late
+                return
+            (held, _), self._held_echo = self._held_echo, None
+            self._send(message, delay)
+            self._send(held, delay)
+        else:
+            self._send(message, delay)
         if self.plan.repeated_echoes:
-            self._send(message, self.plan.echo_delay_ms + FRAME_MS)
+            self._send(message, delay + FRAME_MS)
+
+    def _release_held_echo(self) -> None:
+        if self._held_echo is not None and self.now_ms >= self._held_echo[1] + _HELD_ECHO_MS:
+            (held, _), self._held_echo = self._held_echo, None
+            self._send(held, self.plan.echo_delay_ms)
 
     def _send(self, message: str, delay_ms: int) -> None:
         at = self.now_ms + delay_ms
@@ -423,6 +446,7 @@ class SimulatedCall:
         self._end_stream(call)
         self.call = self.carrier = None
         self._to_bridge.clear()
+        self._held_echo = None
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
     def _end_stream(self, call: CallSession) -> None:

@@ -35,6 +35,7 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.engine_dies_at_ms is not None for p in plans) > 200
     assert sum(p.read_stall is not None for p in plans) > 200
     assert sum(p.repeated_echoes for p in plans) > 200
+    assert sum(p.reordered_echoes for p in plans) > 200
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
