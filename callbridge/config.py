@@ -145,8 +145,10 @@ class EngineSettings(_Section):
     probe_timeout_s: Annotated[float, Field(gt=0, le=60)] = 2.0
     open_at_answer: Literal["auto", "on", "off"] = "auto"
     """Open a call's engine session when its answer webhook is answered, so that its stream finds it ready (the
-    engine's handshake off the call's start). auto: with the memory registry, where the stream reaches the
-    process that answered; off with Redis, where it may reach another."""
+    engine's handshake off the call's start) and a call no engine takes is refused busy, never answered. auto:
+    with the memory registry the session waits in the process that answered; with Redis it is parked there
+    (detached, with its ticket) and the stream resumes it on whichever process it reaches. on: kept in the
+    process that answered, whatever the registry. off: the stream opens its session."""
     open_at_answer_ttl_s: Annotated[float, Field(gt=0, le=600)] = 15.0
     """A session opened at the answer that no stream takes within this is closed."""
 

@@ -263,6 +263,7 @@ class CallLifecycle:
         self._wait_from_ms: int | None = None
         self._wait_until_ms: int | None = None
         self._nudged = False
+        self._at_answer = False
         self._session_closed = False
         self._ending: _Ending | None = None
         self.waited_ms: int | None = None
@@ -315,6 +316,7 @@ class CallLifecycle:
             if self._wait_from_ms is not None:
                 self.waited_ms = now_ms - self._wait_from_ms
             self._heard_ms = ticket.heard_ms
+            self._at_answer = ticket.at_answer
             self._steps.append(Resume(ticket))
         elif self._wait_until_ms is None:
             self._wait_from_ms, self._wait_until_ms = now_ms, now_ms + DETACH_WAIT_MS
@@ -347,14 +349,17 @@ class CallLifecycle:
             self._steps.append(Open())
 
     def resumed(self) -> None:
+        """Resumed: the session a dropped stream parked — or, parked by the answer (a shared registry), the one
+        opened there for this first stream (``opened_at_answer``)."""
         self._answered(Resume)
-        self._detail = BindSource.RESUMED.value
-        self._bind(BindSource.RESUMED)
+        source = BindSource.OPENED_AT_ANSWER if self._at_answer else BindSource.RESUMED
+        self._detail = source.value
+        self._bind(source)
 
     def resume_failed(self, code: str) -> None:
         """The parked session could not be resumed (expired, its server gone): a new one, from the call's start."""
         self._answered(Resume)
-        self._offset_ms, self._heard_ms = 0, ()
+        self._offset_ms, self._heard_ms, self._at_answer = 0, (), False
         self._detail = f"reopened_after_{code}"
         self._steps.append(Open())
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -279,27 +280,64 @@ class BridgeServices:
         if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and self.settings.registry.backend == "memory"):
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
 
+    @property
+    def parks_at_answer(self) -> bool:
+        """``engine.open_at_answer`` auto with a shared registry: the session opened at the answer is parked in the
+        registry (detached, with its ticket), so the call's stream resumes it on whichever process it reaches."""
+        return self.settings.engine.open_at_answer == "auto" and not isinstance(self.registry, MemoryCallRegistry)
+
     async def engine_takes(self, call_id: str) -> bool:
         """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
         (``engine.open_at_answer``), and say whether the engine took it. False when the engine refused it
         (``resource_exhausted`` from every endpoint, none reachable): the carrier gets its busy refusal rather than
         a call answered and dropped a moment later. True when it took it, when the open is still on its way after
-        ``_ANSWER_ENGINE_WAIT_S`` (the stream takes it when it comes), and where nothing is opened at the answer
-        (a reconnect of a call known here; ``open_at_answer`` off, as with Redis: the stream opens its session)."""
-        if self.answer_sessions is None or self.draining:
+        ``_ANSWER_ENGINE_WAIT_S`` (the stream opens or takes it), and where nothing is opened at the answer (a
+        reconnect of a call known here or in the fleet; ``open_at_answer`` off). With a shared registry the session
+        is parked there (``parks_at_answer``); with the memory one, kept here (``AnswerSessions``)."""
+        if self.draining or (self.answer_sessions is None and not self.parks_at_answer):
             return True
         try:
             if await self.registry.get(call_id) is not None:
                 return True
         except RegistryUnavailable:
             return True
-        self.answer_sessions.open(call_id, session_config(self.settings))
-        refused = await self.answer_sessions.refusal(call_id, _ANSWER_ENGINE_WAIT_S)
+        if self.answer_sessions is not None:
+            self.answer_sessions.open(call_id, session_config(self.settings))
+            refused = await self.answer_sessions.refusal(call_id, _ANSWER_ENGINE_WAIT_S)
+        else:
+            refused = await self._open_parked(call_id)
         if refused is None:
             return True
         self.metrics.admission_refused.labels("engine").inc()
         log.warning("admission_refused", reason="engine", call_id=call_id, code=refused.code, detail=refused.message)
         return False
+
+    async def _open_parked(self, call_id: str) -> EngineError | None:
+        """Open the call's session and park it in the shared registry for its stream; the engine's refusal, else
+        None (parked, or slow: the stream then opens its own). A parked session no stream claims within
+        ``engine.open_at_answer_ttl_s`` is closed."""
+        try:
+            session = await asyncio.wait_for(self.engine.open(session_config(self.settings)), _ANSWER_ENGINE_WAIT_S)
+        except EngineError as refused:
+            return refused
+        except TimeoutError:
+            return None
+        try:
+            ticket = replace(await session.detach(), at_answer=True)
+            await self.registry.detach(call_id, ticket, 0, int(self.settings.engine.disconnect_grace_s * 1000))
+        except (EngineError, RegistryUnavailable) as exc:
+            log.warning("answer_session_not_parked", call_id=call_id, error=repr(exc))
+            with suppress(EngineError):
+                await session.close("not_parked")
+            return None
+        self.spawn(self._close_unclaimed(call_id, ticket))
+        return None
+
+    async def _close_unclaimed(self, call_id: str, ticket: ResumeTicket) -> None:
+        await asyncio.sleep(self.settings.engine.open_at_answer_ttl_s)
+        with suppress(RegistryUnavailable):
+            if await self.close_detached(call_id, "not_claimed", ticket, mark_ended=False):
+                log.info("answer_session_closed", call_id=call_id, reason="not_claimed")
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""
@@ -372,10 +410,11 @@ class BridgeServices:
         if stream is None and not closed:  # its stream may be live on another process: it ends there, now
             await self.send_signal(call_id, SignalKind.CALL_ENDED, reason)
 
-    async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None) -> bool:
+    async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None, *, mark_ended: bool = True) -> bool:
         """Close the engine session a call left detached (waiting for its next stream) now that the call is over,
         rather than leave it to the engine's grace. With ``ticket``: only if that is still the one waiting (no
-        stream has come back since). True when a session was closed."""
+        stream has come back since). True when a session was closed (and, with ``mark_ended``, the call marked
+        over)."""
         waiting, _ = await self.registry.claim_ticket(call_id, ticket)
         if waiting is None:
             return False
@@ -384,7 +423,8 @@ class BridgeServices:
             await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
         except (EngineError, TimeoutError):
             return False  # expired or gone already, or the engine does not answer: its grace ends it
-        await self.registry.mark_ended(call_id, reason)
+        if mark_ended:
+            await self.registry.mark_ended(call_id, reason)
         return True
 
     async def drain(self, timeout_s: float) -> None:

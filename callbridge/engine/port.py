@@ -150,6 +150,8 @@ class ResumeTicket:
     """The bridge's note, not the engine's: (response id, ms the caller heard of it) for the replies a stream cut
     off as it ended while the engine was still generating them. The next stream plays the rest of each and counts
     what it tells the engine of it on from there, never lower."""
+    at_answer: bool = False
+    """The bridge's note: parked by the call's answer webhook (opened there, never streamed yet), not by a stream."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,6 +165,7 @@ class ResumeTicket:
             last_event_seq=int(data.get("last_event_seq", 0)),
             endpoint=data.get("endpoint"),
             heard_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("heard_ms", ())),
+            at_answer=bool(data.get("at_answer", False)),
         )
 
 

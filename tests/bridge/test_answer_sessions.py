@@ -1,6 +1,7 @@
 """Engine sessions opened at the answer webhook (``engine.open_at_answer``): the call's stream takes the session
-its answer opened, one nobody takes is closed after the TTL, and none is opened where the stream may reach
-another process (Redis) or when switched off. Real uvicorn, real websockets, the embedded engine."""
+its answer opened, one nobody takes is closed after the TTL; with a shared registry (real Redis) the session is
+parked there and the stream resumes it, and a call no engine takes is refused busy; none is opened when switched
+off. Real uvicorn, real websockets, the embedded engine."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ import orjson
 from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.app import create_app
+from callbridge.config import Settings
 from callbridge.engine.commands import AppendAudio, CloseSession
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RawStream, detached, engine, settings, until
+from tests.redis_server import redis_url
+
+__all__ = ["redis_url"]  # the fixture, imported for pytest
 
 
 async def _answer(bridge: RunningBridge, call_sid: str) -> str:
@@ -121,3 +126,51 @@ async def test_calls_answered_and_not_yet_streaming_count_against_max_calls() ->
         assert 'reason="busy"' in await _answer(bridge, "CA" + secrets.token_hex(16))
         assert "<Connect>" in await _answer(bridge, first)
     assert len(recorder.opened) == 1
+
+
+# ------------------------------------------------ a shared registry (Redis)
+
+
+def _shared(redis_url: str, **sections: dict[str, object]) -> Settings:
+    return settings(registry={"backend": "redis", "redis_url": redis_url}, **sections)  # type: ignore[arg-type]
+
+
+async def test_with_a_shared_registry_the_answer_parks_the_session_and_its_stream_resumes_it(redis_url: str) -> None:
+    """With Redis the stream may reach another replica: the session opened at the answer is detached and its ticket
+    parked in the registry, and the stream resumes it (this replica or another: the registry is the meeting point)."""
+    recorder = engine()
+    async with running_bridge(_shared(redis_url), recorder) as bridge:
+        call_sid = "CA" + secrets.token_hex(16)
+        assert "<Connect>" in await _answer(bridge, call_sid)
+        assert len(recorder.opened) == 1  # opened before the answer's TwiML went back
+        registry = bridge.app.state.bridge.services.registry
+        assert await detached(registry, call_sid)  # parked, for whichever replica the stream reaches
+        stream = await RawStream.open(bridge, call_sid=call_sid)
+        await stream.start()
+        for timestamp in range(0, 200, 20):
+            await stream.ws.send(stream.media(base64.b64encode(b"\xff" * 160).decode(), timestamp))
+        session_id = recorder.opened[0]
+        await until(lambda: any(isinstance(c, AppendAudio) for c in recorder.commands[session_id]))
+        assert recorder.opened == [session_id] and recorder.resumed == [session_id]  # that session, resumed
+        assert _metric(bridge, "callbridge_engine_sessions_total", how="opened") == 1  # counted as opened at the answer
+        assert _metric(bridge, "callbridge_engine_sessions_total", how="resumed") == 0
+        await stream.ws.close()
+
+
+async def test_with_a_shared_registry_a_call_no_engine_takes_is_refused_busy(redis_url: str) -> None:
+    recorder = engine(max_sessions=1)
+    async with running_bridge(_shared(redis_url), recorder) as bridge:
+        assert "<Connect>" in await _answer(bridge, "CA" + secrets.token_hex(16))  # its parked session holds the slot
+        assert 'reason="busy"' in await _answer(bridge, "CA" + secrets.token_hex(16))  # never answered
+        assert _metric(bridge, "callbridge_admission_refused_total", reason="engine") == 1
+    assert len(recorder.opened) == 1
+
+
+async def test_with_a_shared_registry_a_parked_session_no_stream_claims_is_closed(redis_url: str) -> None:
+    recorder = engine()
+    async with running_bridge(_shared(redis_url, engine={"open_at_answer_ttl_s": 0.3}), recorder) as bridge:
+        call_sid = "CA" + secrets.token_hex(16)
+        await _answer(bridge, call_sid)  # the caller hangs up while it rings: no stream
+        await until(lambda: recorder.session_count == 0, timeout_s=5)
+        assert recorder.commands[recorder.opened[0]][-1] == CloseSession("not_claimed")
+        assert not await detached(bridge.app.state.bridge.services.registry, call_sid)

@@ -72,7 +72,7 @@ async def test_a_draining_bridge_restarts_the_telnyx_stream_of_a_call_another_pr
     another process can resume it; with the memory registry (one process) it is hung up as before; a call the
     registry does not know is hung up either way."""
     registry = {"backend": "redis", "redis_url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
-    svc = services(registry=registry)
+    svc = services(registry=registry, engine={"open_at_answer": "off"})  # answered, never streamed: not in the registry
     calls = TelnyxCalls(svc, RecordingRest())
     try:
         for call_id in ("v3:moving", "v3:unknown"):

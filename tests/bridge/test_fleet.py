@@ -192,11 +192,12 @@ def _same_session_resumed_on_b(fleet: Fleet, call_id: str) -> str:
     """The session id the call was opened with on A and resumed with on B (asserted the same)."""
     (opened,) = fleet.a.events("call_bridged", call_id=call_id)
     (resumed,) = fleet.b.events("call_bridged", call_id=call_id)
-    assert opened["engine"] == "opened" and resumed["engine"] == "resumed"
+    # opened at A's answer webhook and parked in Redis (``engine.open_at_answer`` auto), taken by A's stream
+    assert opened["engine"] == "opened_at_answer" and resumed["engine"] == "resumed"
     assert opened["session_id"] == resumed["session_id"]
     session_id: str = opened["session_id"]
     assert len(fleet.engine.events("engine_session_opened", session_id=session_id)) == 1
-    assert len(fleet.engine.events("engine_session_resumed", session_id=session_id)) == 1
+    assert len(fleet.engine.events("engine_session_resumed", session_id=session_id)) == 2  # A's first stream, then B
     return session_id
 
 
@@ -270,7 +271,7 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     assert result.warnings == [] and len(result.streams) == 3 and result.hung_up_by == "caller", result.render()
     assert len(served.events("worker_started")) == 2 and len(served.events("bridge_started")) == 2
     bridged = served.events("call_bridged", call_id=result.call_sid)  # whichever worker each stream reached
-    assert [entry["engine"] for entry in bridged] == ["opened", "resumed", "resumed"], served.call_log(result.call_sid)
+    assert [entry["engine"] for entry in bridged] == ["opened_at_answer", "resumed", "resumed"], served.call_log(result.call_sid)
     assert len({entry["session_id"] for entry in bridged}) == 1
     for index in (1, 2):
         assert _agent_heard_after(result, _stream_started_at(result, index)), result.render()

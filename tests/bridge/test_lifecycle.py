@@ -101,6 +101,17 @@ class TestBinding:
         life.resumed()
         assert bound_live(life) == Bind(BindSource.RESUMED, "resumed", 4_200, TICKET.heard_ms)
 
+    def test_a_session_parked_by_the_answer_is_the_first_streams_own(self) -> None:
+        """With a shared registry the answer webhook parks the session it opened: the stream resumes it, and it
+        counts as opened at the answer (not as a reconnect)."""
+        life = started()
+        to_claim(life)
+        parked = ResumeTicket("duplex-2", 0, "token", 0, "ws://gpu-b", at_answer=True)
+        life.ticket_claimed(parked, 0, now_ms=0)
+        assert steps(life) == [Resume(parked)]
+        life.resumed()
+        assert bound_live(life) == Bind(BindSource.OPENED_AT_ANSWER, "opened_at_answer", 0, ())
+
     def test_a_resume_that_fails_reopens_from_the_calls_start(self) -> None:
         life = started()
         to_claim(life)
