@@ -67,7 +67,9 @@ class EndReason(enum.StrEnum):
     TRANSPORT_LOST = "transport_lost"
     """The socket went without a stop: the carrier may come back, the session waits for it."""
     CALL_ENDED = "call_ended"
+    """A session closed with no more particular reason."""
     NO_RECONNECT = "no_reconnect"
+    """A carrier that reconnects within a window did not: its parked session is closed (``CloseUnlessBack``)."""
 
 
 class BindSource(enum.StrEnum):

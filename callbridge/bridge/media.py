@@ -597,8 +597,8 @@ class MediaStreamDriver:
 
     async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
         await asyncio.sleep(window_ms / 1000)
-        if await self.services.close_detached(call_id, "no_reconnect", ticket):
-            self.log.info("engine_session_closed", reason="no_reconnect", window_ms=window_ms)
+        if await self.services.close_detached(call_id, EndReason.NO_RECONNECT, ticket):
+            self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
 
     # --------------------------------------------------------------- registry
 

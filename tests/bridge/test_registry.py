@@ -20,7 +20,7 @@ from callbridge.bridge.registry import (
 )
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
-from callbridge.engine.commands import CloseSession
+from callbridge.engine.commands import AppendAudio, CloseSession
 from callbridge.engine.port import ResumeTicket
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port, running_bridge
@@ -242,7 +242,8 @@ async def test_redis_lost_mid_call_leaves_no_engine_session_behind() -> None:
             call = asyncio.create_task(
                 bridge.carrier.place_call(CallerScript(utterances=((300, short_speech(800)),), drop_stream_at_ms=(2500,), hangup_at_ms=5000))
             )
-            await until(lambda: recorder.session_count == 1, timeout_s=5)
+            # mid-call: the stream bound and the caller's audio flowing (the answer opened the session before)
+            await until(lambda: any(isinstance(c, AppendAudio) for s in recorder.opened for c in recorder.commands.get(s, ())), timeout_s=5)
             redis_process.kill()
             redis_process.wait()
             result = await call
