@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import orjson
 
-from callbridge.bridge.call import CallOptions, CallSession
+from callbridge.bridge.call import CallOptions, CallSession, ToCarrier, ToEngine
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import SendMedia
 from callbridge.bridge.providers.twilio import TwilioCodec
@@ -135,22 +135,28 @@ def whole_call() -> Callable[[int], object]:
     core.events_to_send()
     messages = [media(CALLER_ULAW, i) for i in range(1 << 16)]
 
+    def to_engine(now_ms: int) -> list[str | bytes]:
+        """Do the call's outputs: commands to the engine core; the carrier's messages returned."""
+        sent: list[str | bytes] = []
+        for output in call.outputs():
+            if isinstance(output, ToEngine):
+                core.submit(output.command, now_ms)
+            elif isinstance(output, ToCarrier):
+                sent.append(output.message)
+        return sent
+
     def frame(i: int) -> object:
         now_ms = 20 * i
         call.receive_message(messages[i], now_ms)
-        call.messages_to_send()
-        for command in call.engine_commands():
-            core.submit(command, now_ms)
+        to_engine(now_ms)
         for event in core.events_to_send():
             call.receive_engine_event(event, now_ms)
-        sent = call.messages_to_send()
-        for command in call.engine_commands():  # acks of what was heard
-            core.submit(command, now_ms)
+        sent = to_engine(now_ms)  # acks of what was heard
         for event in core.events_to_send():
             if not isinstance(event, AudioDelta):
                 call.receive_engine_event(event, now_ms)
         call.tick(now_ms)
-        for message in call.messages_to_send():
+        for message in to_engine(now_ms):
             if isinstance(message, str) and message.startswith('{"event":"mark"'):  # echoed once played, here at once
                 call.receive_message(mark_echo(message), now_ms)
         return sent

@@ -5,10 +5,11 @@ Inputs (each takes ``now_ms``): ``receive_message`` (a websocket message from
 the carrier), ``engine_bound`` / ``start_refused`` (the driver's answer to
 ``start_request``), ``receive_engine_event``, ``carrier_ended`` (a webhook
 says the call is over), ``transport_lost``, ``tick``.
-Outputs, drained by the driver after every input: ``messages_to_send()`` (to
-the carrier), ``engine_commands()``, and the facts ``start_request``,
-``hangup``, ``close_transport``, ``detach_engine``; sleep until
-``next_deadline_ms()``.
+Outputs, drained by the driver after every input: ``outputs()``, one typed
+queue in the order produced (``ToCarrier``, ``ToEngine``, ``Perform``,
+``HangUpCall``, ``CloseTransport``, ``Notice``, ``MarkLag``,
+``BargeInFlushed``); the facts ``start_request``, ``detach_engine``,
+``end_reason`` … for the stream's end; sleep until ``next_deadline_ms()``.
 
 Audio:
 - inbound: carrier payload → PCM16 (decode what ``start`` announced) → one
@@ -31,7 +32,7 @@ Audio:
 Agent actions (``bridge/actions.py``): a ``FunctionCall`` is checked against
 the policy; ``end_call`` answers ``{"ok":true}`` and hangs up once the
 agent's audio has played; ``transfer_call`` / ``send_dtmf`` go out through
-``actions_to_perform()`` (the driver asks the carrier) and come back through
+``Perform`` outputs (the driver asks the carrier) and come back through
 ``action_finished``; every result goes to the model as a
 ``FunctionCallOutput``. A transfer that succeeded ends the call.
 
@@ -110,12 +111,21 @@ from callbridge.engine.late_audio import LateAudioFilter
 
 __all__ = [
     "TRANSITIONS",
+    "BargeInFlushed",
     "CallOptions",
+    "CallOutput",
     "CallSession",
     "CallState",
     "CallStateError",
+    "CloseTransport",
     "DtmfMode",
+    "HangUpCall",
+    "MarkLag",
+    "Notice",
     "PendingAction",
+    "Perform",
+    "ToCarrier",
+    "ToEngine",
     "engine_failure_kind",
 ]
 
@@ -228,12 +238,72 @@ class CallOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class ToCarrier:
+    """A message for the carrier's connection."""
+
+    message: str | bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ToEngine:
+    """A command for the call's engine session (dropped when there is none)."""
+
+    command: EngineCommand
+
+
+@dataclass(frozen=True, slots=True)
+class HangUpCall:
+    """End the phone call through the carrier's REST API (``HangUpMode.REST``), once."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseTransport:
+    """Close the carrier's connection with ``code`` (once); nothing is sent after it."""
+
+    code: int
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """The carrier reported something that changes nothing (for the log)."""
+
+    notice: CarrierNotice
+
+
+@dataclass(frozen=True, slots=True)
+class MarkLag:
+    """A marker's echo came this long after the playback model expected it (for the metrics)."""
+
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BargeInFlushed:
+    """The carrier's playback was flushed (its clear is queued before this): the barge-in's reaction is done."""
+
+    response_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class PendingAction:
     """Carrier work the agent asked for: the driver performs it, then calls ``action_finished(call_id, …)``."""
 
     call_id: str
     """The model's function call id (the output answers it)."""
     action: CarrierCallAction
+
+
+@dataclass(frozen=True, slots=True)
+class Perform:
+    """Carrier work the agent asked for (a transfer, DTMF): do it, then ``CallSession.action_finished``."""
+
+    pending: PendingAction
+
+
+CallOutput = ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | Notice | MarkLag | BargeInFlushed
+"""What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""
 
 
 class CallSession:
@@ -251,8 +321,6 @@ class CallSession:
         self.failure: RemoteProtocolError | None = None
         self.capabilities = Capabilities()
         self.ledger = self._ledger_for(DEFAULT_PROFILE)
-        self.notices: list[CarrierNotice] = []
-        """What the carrier reported that changes nothing (the driver logs and clears it)."""
         self.call_offset_ms = 0
         """Where this stream's media time 0 falls on the call's input timeline (set by ``engine_bound``)."""
         self.input_ms = 0
@@ -263,8 +331,7 @@ class CallSession:
         self._inbound: StreamResampler | None = None
         self._starting_buffer: deque[bytes] = deque()
         self._starting_buffer_ms = 0
-        self._messages: list[str | bytes] = []
-        self._commands: list[EngineCommand] = []
+        self._out: list[CallOutput] = []
         self._out_response: str | None = None
         self._out_resampler: StreamResampler | None = None
         self._out_frames: FrameAssembler | None = None
@@ -289,7 +356,6 @@ class CallSession:
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
-        self._actions: list[PendingAction] = []
         self._actions_running: dict[str, CarrierCallAction] = {}
         self.hang_up_after_playout: str | None = None
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
@@ -363,7 +429,7 @@ class CallSession:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
         while self._starting_buffer:
-            self._commands.append(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
+            self._to_engine(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
         self._starting_buffer_ms = 0
         self.tick(now_ms)
 
@@ -374,7 +440,7 @@ class CallSession:
         self.end_reason = reason
         if hang_up:
             self._hang_up(reason)
-        self.close_transport = True
+        self._close_transport()
 
     def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
         """One event of the call's engine session. Then drain every output."""
@@ -406,7 +472,7 @@ class CallSession:
             case SessionReplaced():
                 self._transition(_Trigger.ENGINE_ENDED)
                 self.end_reason = "session_replaced"
-                self.close_transport = True
+                self._close_transport()
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
         if self.hang_up_after_playout is not None:
@@ -440,12 +506,12 @@ class CallSession:
             return
         bridged = self.state in (CallState.LIVE, CallState.ENDING)
         if self.state is CallState.LIVE:
-            self._commands.append(CloseSession(reason))
+            self._to_engine(CloseSession(reason))
         self.state = TRANSITIONS[(self.state, _Trigger.FAILED)]
         self.end_reason = reason
         if bridged:
             self._hang_up(reason)
-        self.close_transport = True
+        self._close_transport()
 
     def carrier_ended(self, reason: str, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
@@ -473,7 +539,7 @@ class CallSession:
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
-        self._messages.clear()  # nowhere to send them
+        self._drop_carrier_messages()  # nowhere to send them
 
     def send_failed(self, now_ms: int) -> None:
         """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
@@ -483,7 +549,7 @@ class CallSession:
         if self.state in (CallState.ENDED, CallState.DETACHED) or self._send_failed_at_ms is not None:
             return
         self._send_failed_at_ms = now_ms
-        self._messages.clear()
+        self._drop_carrier_messages()
 
     @property
     def takes_engine_events(self) -> bool:
@@ -506,7 +572,8 @@ class CallSession:
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return
         self.transport_lost(now_ms)
-        self._going_away = self.close_transport = True
+        self._going_away = True
+        self._close_transport()
 
     def move_elsewhere(self, now_ms: int) -> bool:
         """The process is draining: end this stream as a network drop would, so the carrier's reconnect (Twilio's
@@ -520,11 +587,11 @@ class CallSession:
         return True
 
     def tick(self, now_ms: int) -> None:
-        """Pace out the frames that are due; end a stream past a limit. Drain ``messages_to_send`` next."""
+        """Pace out the frames that are due; end a stream past a limit. Drain ``outputs`` next."""
         if self._send_failed_at_ms is not None:  # nothing reaches the carrier: no frame into the void
             if now_ms >= self._send_failed_at_ms + _SEND_FAILED_READ_MS and self.state not in (CallState.ENDED, CallState.DETACHED):
                 self.transport_lost(now_ms)
-                self.close_transport = True  # its receive may not see the close: closing wakes it
+                self._close_transport()  # its receive may not see the close: closing wakes it
             return
         if self._limits_due_ms is not None and now_ms >= self._limits_due_ms:
             self._check_limits(now_ms)
@@ -554,18 +621,26 @@ class CallSession:
         each over the call."""
         return tuple(self._cut_replies.items())[-_CUT_REPLIES_KEPT:]
 
-    def messages_to_send(self) -> list[str | bytes]:
-        messages, self._messages = self._messages, []
-        return messages if self._send_failed_at_ms is None else []
+    def outputs(self) -> list[CallOutput]:
+        """Everything the call produced since the last call, in the order it was produced: do each in turn."""
+        out, self._out = self._out, []
+        lags = self.ledger.mark_lags_ms
+        if lags:  # a marker echo every few frames, not every frame
+            out.extend(MarkLag(lag_ms) for lag_ms in lags)
+            lags.clear()
+        return out
 
-    def engine_commands(self) -> list[EngineCommand]:
-        commands, self._commands = self._commands, []
-        return commands
+    def _to_engine(self, command: EngineCommand) -> None:
+        self._out.append(ToEngine(command))
 
-    def actions_to_perform(self) -> list[PendingAction]:
-        """Carrier work the agent asked for (a transfer, DTMF): perform each, then ``action_finished``."""
-        actions, self._actions = self._actions, []
-        return actions
+    def _close_transport(self) -> None:
+        if not self.close_transport:
+            self.close_transport = True
+            self._out.append(CloseTransport(self.close_code))
+
+    def _drop_carrier_messages(self) -> None:
+        """Nothing reaches the carrier any more: its messages go (and a flush whose clear is never sent)."""
+        self._out = [output for output in self._out if not isinstance(output, (ToCarrier, BargeInFlushed))]
 
     def next_deadline_ms(self) -> int | None:
         if self._send_failed_at_ms is not None:
@@ -600,7 +675,7 @@ class CallSession:
                 self.limit_reached = "idle_timeout"
                 self.transport_lost(now_ms)
                 self.end_reason = self.limit_reached
-                self.close_transport = True  # the socket may still be open (half-open): close it
+                self._close_transport()  # the socket may still be open (half-open): close it
                 return
         self._limits_due_ms = due if options.max_call_ms is None else min(due, connected + options.max_call_ms)
 
@@ -623,7 +698,7 @@ class CallSession:
         action = self._actions_running.pop(call_id, None)
         if action is None or self.state is not CallState.LIVE:
             return  # the call ended meanwhile: nobody to tell
-        self._commands.append(FunctionCallOutput(call_id, result.output()))
+        self._to_engine(FunctionCallOutput(call_id, result.output()))
         if isinstance(action, TransferCall) and result.ok:
             self._end_by_agent("transferred", hang_up=not result.call_left)
 
@@ -635,16 +710,16 @@ class CallSession:
             else ActionResult.failed("unknown_tool", "call actions are disabled")
         )
         if isinstance(action, ActionResult):
-            self._commands.append(FunctionCallOutput(call.call_id, action.output()))
+            self._to_engine(FunctionCallOutput(call.call_id, action.output()))
         elif isinstance(action, EndCall):
-            self._commands.append(FunctionCallOutput(call.call_id, ActionResult.done().output()))
+            self._to_engine(FunctionCallOutput(call.call_id, ActionResult.done().output()))
             self.hang_up_after_playout = self.hang_up_after_playout or "agent_hung_up"
         elif self.hang_up_after_playout is not None or any(isinstance(a, TransferCall) for a in self._actions_running.values()):
             busy = "the call is ending" if self.hang_up_after_playout is not None else "a transfer is in progress"
-            self._commands.append(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
+            self._to_engine(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
         else:
             self._actions_running[call.call_id] = action
-            self._actions.append(PendingAction(call.call_id, action))
+            self._out.append(Perform(PendingAction(call.call_id, action)))
 
     def _end_for_agent_when_played(self, now_ms: int) -> None:
         """``end_call``: once the response being received has ended and its audio has played, hang up."""
@@ -656,11 +731,11 @@ class CallSession:
     def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
         self._transition(_Trigger.AGENT_ENDED)
         self.end_reason = reason
-        self._commands.append(CloseSession(reason))
+        self._to_engine(CloseSession(reason))
         self._actions_running.clear()
         if hang_up:
             self._hang_up(reason)
-        self.close_transport = True
+        self._close_transport()
 
     # ------------------------------------------------------------- carrier side
 
@@ -677,7 +752,7 @@ class CallSession:
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
                 if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
-                    self._commands.append(CreateTextItem(f"DTMF {digit}"))
+                    self._to_engine(CreateTextItem(f"DTMF {digit}"))
             case StreamStarted():
                 self._transition(_Trigger.STARTED)
                 self.start_request = event
@@ -689,14 +764,14 @@ class CallSession:
                 self._transition(_Trigger.STOPPED)
                 self.end_reason = "caller_hung_up"
                 if bound:
-                    self._commands.append(CloseSession("call_ended"))
-                self.close_transport = True
+                    self._to_engine(CloseSession("call_ended"))
+                self._close_transport()
             case StreamConnected():
                 self._transition(_Trigger.CONNECTED)
             case PlaybackCleared():
                 self._transition(_Trigger.CARRIER_EVENT)
             case CarrierNotice():
-                self.notices.append(event)
+                self._out.append(Notice(event))
 
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
         if self.state is CallState.ENDING:
@@ -724,7 +799,7 @@ class CallSession:
         if not audio:
             return
         if self.state is CallState.LIVE:
-            self._commands.append(AppendAudio(audio, self.options.engine_rate_hz))
+            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
             return
         self._starting_buffer.append(audio)
         self._starting_buffer_ms += len(audio) * 500 // self.options.engine_rate_hz
@@ -809,12 +884,14 @@ class CallSession:
         to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any)."""
         result = self.ledger.flush(now_ms)
         self.flushes += 1
-        self._drain_ledger()
+        self._drain_ledger_to_carrier()  # the carrier's clear
+        self._out.append(BargeInFlushed(result.response_id))
+        self._drain_heard()
         if result.response_id is None or response_id not in (None, result.response_id):
             return
         heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0 and self.capabilities.supports_audio_truncate:
-            self._commands.append(TruncateItem(f"item_{result.response_id}", heard))
+            self._to_engine(TruncateItem(f"item_{result.response_id}", heard))
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)
@@ -826,11 +903,12 @@ class CallSession:
         mode = self.codec.profile.hang_up
         if mode is HangUpMode.REST:
             self.hangup = HangUp(reason)
+            self._out.append(HangUpCall(reason))
         elif mode is HangUpMode.IN_BAND:
             message = self.codec.send(HangUp(reason))
             if message is not None:
-                self._messages.append(message)
-        self.close_transport = True
+                self._out.append(ToCarrier(message))
+        self._close_transport()
 
     def _heard_on_call(self, response_id: str, heard_ms: int) -> int:
         """What the caller heard of ``response_id`` over the call, from ``heard_ms`` played on this stream: no more
@@ -840,14 +918,22 @@ class CallSession:
         return heard + self._cut_replies.get(response_id, 0)
 
     def _drain_ledger(self, *, to_engine: bool = True) -> None:
+        """The ledger's frames, markers and clears to the carrier first (a clear is the most urgent thing there
+        is), then what was heard to the engine."""
+        self._drain_ledger_to_carrier()
+        self._drain_heard(to_engine=to_engine)
+
+    def _drain_ledger_to_carrier(self) -> None:
+        for action in self.ledger.actions_to_send():
+            message = self.codec.send(action)
+            if message is not None and self._send_failed_at_ms is None:  # after a failed send: nobody listens
+                self._out.append(ToCarrier(message))
+
+    def _drain_heard(self, *, to_engine: bool = True) -> None:
         for update in self.ledger.heard_updates():
             if to_engine:
                 heard = self._heard_on_call(update.response_id, update.heard_ms)
-                self._commands.append(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
-        for action in self.ledger.actions_to_send():
-            message = self.codec.send(action)
-            if message is not None:
-                self._messages.append(message)
+                self._to_engine(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
 
     # ------------------------------------------------------------------- state
 
@@ -872,10 +958,10 @@ class CallSession:
         self.state = TRANSITIONS[(self.state, _Trigger.FAILED)]
         self.end_reason = f"protocol_error:{exc.reason.value}"
         if bound:
-            self._commands.append(CloseSession("carrier_protocol_error"))
+            self._to_engine(CloseSession("carrier_protocol_error"))
         if self.start_request is not None:  # a known call, bound or being bound: it ends, the carrier's way
             self._hang_up(self.end_reason)
-        self.close_transport = True
+        self._close_transport()
 
 
 _FALLBACK_RESPONSE: Final = "engine_failure"

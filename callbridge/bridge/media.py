@@ -25,7 +25,20 @@ from typing import Protocol
 from starlette.websockets import WebSocket, WebSocketState
 
 from callbridge.bridge.actions import ActionResult
-from callbridge.bridge.call import CallSession, CallState, PendingAction, engine_failure_kind
+from callbridge.bridge.call import (
+    BargeInFlushed,
+    CallSession,
+    CallState,
+    CloseTransport,
+    HangUpCall,
+    MarkLag,
+    Notice,
+    PendingAction,
+    Perform,
+    ToCarrier,
+    ToEngine,
+    engine_failure_kind,
+)
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -51,7 +64,7 @@ from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import ProviderCodec
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
-from callbridge.engine.commands import AppendAudio, EngineCommand
+from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent, EngineEvent
 from callbridge.engine.port import DuplexSession, ResumeTicket
@@ -142,8 +155,8 @@ class MediaStreamDriver:
         self._lock = asyncio.Lock()
         self._pacing = services.pacing.slot()
         self._pump_holds_event = False
-        self._barge_in: tuple[float, str] | None = None
-        """When the engine event that caused a flush arrived, and its kind (logged once the clear is sent)."""
+        self._event_taken: tuple[float, str] | None = None
+        """When the last engine event was handed to the call, and its kind (a barge-in it caused is timed from it)."""
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
@@ -381,10 +394,8 @@ class MediaStreamDriver:
             self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
-        flushes = self.call.flushes
+        self._event_taken = (time.perf_counter(), type(event).__name__)
         self.call.receive_engine_event(event, _now_ms())
-        if self.call.flushes != flushes:
-            self._barge_in = (time.perf_counter(), type(event).__name__)
         return True
 
     async def _flush(self) -> None:
@@ -407,58 +418,61 @@ class MediaStreamDriver:
         self._pacing.schedule(None if self._done() else self.call.next_deadline_ms())
 
     async def _send_outputs(self) -> None:
+        """Do what the call produced, in its order: messages to the carrier, commands to the engine, the carrier
+        work and hang-up it asks for, the close; what only reports goes to the log and the metrics."""
         call = self.call
-        for message in self.call.messages_to_send():
-            if self._closed:
-                break
-            try:
-                await self.transport.send(message)
-            except Exception:
-                # The carrier closed its side; what it sent before (Twilio's ``stop`` on a hang-up) may still wait in
-                # the reader's buffer. The call decides how long to read for it (``CallSession.send_failed``).
-                call.send_failed(_now_ms())
-                break
-        commands = self.call.engine_commands()
-        if self.session is not None:
-            if self._first_audio_ms is None and self._first_audio_read_at is not None and commands:
-                self._first_audio_sent(commands)
-            for command in commands:
-                try:
-                    await self.session.submit(command)
-                except EngineError as exc:
-                    if exc.code != ErrorCode.SESSION_CLOSED:
-                        self.log.warning("engine_command_failed", command=type(command).__name__, reason=exc.code)
-                    break
-        for pending in call.actions_to_perform():  # the agent's transfer / DTMF: the carrier does it meanwhile
-            self._tasks.append(asyncio.create_task(self._perform(pending)))
-        if self.call.hangup is not None and not self._hung_up:
-            task = asyncio.create_task(self._hang_up(self.call.hangup.reason))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
-        if self.call.close_transport and not self._closed:
-            self._closed = True
-            with suppress(Exception):
-                await self.transport.close(self.call.close_code)
-        if call.notices:
-            for notice in call.notices:
-                self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
-            call.notices.clear()
-        if call.ledger.mark_lags_ms:  # a marker echo every few frames, not every frame
-            for lag_ms in call.ledger.mark_lags_ms:
-                self.services.metrics.mark_lag_seconds.observe(lag_ms / 1000)
-            call.ledger.mark_lags_ms.clear()
-        if self._barge_in is not None:  # the flush it caused has been sent
-            (received, signal), self._barge_in = self._barge_in, None
-            elapsed_s = time.perf_counter() - received
-            self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
-            self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
+        carrier_gone = engine_gone = False
+        for output in call.outputs():
+            match output:
+                case ToCarrier(message):
+                    if self._closed or carrier_gone:
+                        continue
+                    try:
+                        await self.transport.send(message)
+                    except Exception:
+                        # The carrier closed its side; what it sent before (Twilio's ``stop`` on a hang-up) may still
+                        # wait in the reader's buffer. The call decides how long to read for it.
+                        call.send_failed(_now_ms())
+                        carrier_gone = True
+                case ToEngine(command):
+                    session = self.session
+                    if session is None or engine_gone:
+                        continue
+                    if self._first_audio_ms is None and self._first_audio_read_at is not None and isinstance(command, AppendAudio):
+                        self._first_audio_sent()
+                    try:
+                        await session.submit(command)
+                    except EngineError as exc:
+                        if exc.code != ErrorCode.SESSION_CLOSED:
+                            self.log.warning("engine_command_failed", command=type(command).__name__, reason=exc.code)
+                        engine_gone = True
+                case Perform(pending):  # the agent's transfer / DTMF: the carrier does it meanwhile
+                    self._tasks.append(asyncio.create_task(self._perform(pending)))
+                case HangUpCall(reason):
+                    task = asyncio.create_task(self._hang_up(reason))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+                case CloseTransport(code):
+                    if not self._closed:
+                        self._closed = True
+                        with suppress(Exception):
+                            await self.transport.close(code)
+                case Notice(notice):
+                    self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
+                case MarkLag(ms):
+                    self.services.metrics.mark_lag_seconds.observe(ms / 1000)
+                case BargeInFlushed():  # its clear has been sent: time it from the engine event that caused it
+                    if self._event_taken is not None:
+                        received, signal = self._event_taken
+                        elapsed_s = time.perf_counter() - received
+                        self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
+                        self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
 
-    def _first_audio_sent(self, commands: list[EngineCommand]) -> None:
-        if any(isinstance(command, AppendAudio) for command in commands):
-            assert self._first_audio_read_at is not None
-            elapsed_s = time.perf_counter() - self._first_audio_read_at
-            self.services.metrics.first_audio_seconds.observe(elapsed_s)
-            self._first_audio_ms = round(elapsed_s * 1000, 3)
+    def _first_audio_sent(self) -> None:
+        assert self._first_audio_read_at is not None
+        elapsed_s = time.perf_counter() - self._first_audio_read_at
+        self.services.metrics.first_audio_seconds.observe(elapsed_s)
+        self._first_audio_ms = round(elapsed_s * 1000, 3)
 
     async def _perform(self, pending: PendingAction) -> None:
         """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""

@@ -46,7 +46,7 @@ from typing import Final
 import numpy as np
 import orjson
 
-from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.call import CallOptions, CallSession, CallState, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
     AskEnded,
     CallLifecycle,
@@ -441,8 +441,7 @@ class SimulatedCall:
         the session with a ticket, as ``MediaStreamDriver._finish`` does; the carrier opens the next stream after
         its delay."""
         call.transport_lost(self.now_ms)
-        self._submit_all(call.engine_commands())
-        call.messages_to_send()
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # nothing reaches the carrier
         self._end_stream(call)
         self.call = self.carrier = None
         self._to_bridge.clear()
@@ -505,11 +504,14 @@ class SimulatedCall:
             self.generated_bytes[event.response_id] = self.generated_bytes.get(event.response_id, 0) + len(event.pcm)
 
     def _drain(self, call: CallSession, carrier: _Carrier) -> None:
-        for message in call.messages_to_send():
-            assert isinstance(message, str)
-            for mark in carrier.receive(message):
-                self._echo(call, mark)
-        self._submit_all(call.engine_commands())
+        """The call's outputs, in its order, as the driver does them: to the carrier, to the engine."""
+        for output in call.outputs():
+            if isinstance(output, ToCarrier):
+                assert isinstance(output.message, str)
+                for mark in carrier.receive(output.message):
+                    self._echo(call, mark)
+            elif isinstance(output, ToEngine):
+                self._submit_all([output.command])
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
             self.outcome = "failure_tone_and_hang_up" if failed else call.end_reason or "ended"

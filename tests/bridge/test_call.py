@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from callbridge.bridge.call import CallOptions, CallSession, CallState, DtmfMode
+from callbridge.bridge.call import BargeInFlushed, CallOptions, CallOutput, CallSession, CallState, DtmfMode, PendingAction, Perform, ToCarrier, ToEngine
 from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
@@ -51,10 +51,24 @@ class Harness:
         self.call = CallSession(TwilioCodec(), CallOptions(**options))  # type: ignore[arg-type]
         self.sent: list[dict[str, object]] = []
         self.commands: list[object] = []
+        self.performed: list[PendingAction] = []
+        self.outputs: list[CallOutput] = []
+        """Every output, in the call's order."""
 
     def drain(self) -> None:
-        self.sent += [orjson.loads(m) for m in self.call.messages_to_send()]
-        self.commands += self.call.engine_commands()
+        for output in self.call.outputs():
+            self.outputs.append(output)
+            if isinstance(output, ToCarrier):
+                self.sent.append(orjson.loads(output.message))
+            elif isinstance(output, ToEngine):
+                self.commands.append(output.command)
+            elif isinstance(output, Perform):
+                self.performed.append(output.pending)
+
+    def take_performed(self) -> list[PendingAction]:
+        """The carrier work asked for since the last time."""
+        performed, self.performed = self.performed, []
+        return performed
 
     def receive(self, message: str | bytes) -> None:
         self.call.receive_message(message, self.now_ms)
@@ -206,6 +220,19 @@ class TestBargeIn:
         assert len(h.events("clear")) == 1 and len(h.of(TruncateItem)) == 1
         assert h.call.late_deltas_dropped == 1
 
+    def test_a_barge_in_comes_out_in_the_order_it_happened(self) -> None:
+        """One queue, in the order produced: the carrier's clear, the flush reported done (the driver times the
+        barge-in there), the engine told what was heard, the truncation."""
+        h = Harness(lead_ms=200).live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(500)
+        start = len(h.outputs)
+        h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
+        kinds = [type(o.command) if isinstance(o, ToEngine) else type(o) for o in h.outputs[start:]]
+        assert kinds == [ToCarrier, BargeInFlushed, AckPlayback, TruncateItem]
+        assert h.outputs[start] == ToCarrier(orjson.dumps({"event": "clear", "streamSid": SID}).decode())
+
     def test_barge_in_before_anything_played_truncates_nothing(self) -> None:
         h = Harness().live()
         h.engine(ResponseCreated("resp-1", 0))
@@ -297,7 +324,7 @@ class TestEnding:
         h.drain()
         ack = h.of(AckPlayback)[-1]
         assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == []
-        assert h.call.messages_to_send() == []  # no clear: the socket is gone
+        assert not any(isinstance(o, ToCarrier) for o in h.call.outputs())  # no clear: the socket is gone
         assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
 
     def test_socket_drop_while_a_complete_reply_plays_cuts_it_where_the_caller_stopped_hearing(self) -> None:

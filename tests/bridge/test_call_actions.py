@@ -121,14 +121,14 @@ class TestEndCall:
         h = Harness().live()
         h.engine(FunctionCall("end_call", "call_1"))
         assert outputs(h)["call_1"]["error"] == "unknown_tool"
-        assert h.call.state is CallState.LIVE and h.call.actions_to_perform() == []
+        assert h.call.state is CallState.LIVE and h.take_performed() == []
 
 
 class TestCarrierActions:
     def test_transfer_goes_to_the_driver_and_success_ends_the_call(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("transfer_call", "call_t", {"target": "+15550100"}))
-        assert h.call.actions_to_perform() == [PendingAction("call_t", TransferCall("+15550100"))]
+        assert h.take_performed() == [PendingAction("call_t", TransferCall("+15550100"))]
         assert h.of(FunctionCallOutput) == []  # answered when the carrier has done it
         h.call.action_finished("call_t", ActionResult.done(), h.now_ms)
         h.drain()
@@ -140,7 +140,7 @@ class TestCarrierActions:
     def test_a_transfer_the_carrier_took_over_is_not_hung_up(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("transfer_call", "call_t", {"target": "+15550100"}))
-        h.call.actions_to_perform()
+        h.take_performed()
         h.call.action_finished("call_t", ActionResult.done(call_left=True), h.now_ms)
         h.drain()
         assert h.call.state is CallState.ENDED and h.call.hangup is None and h.call.close_transport
@@ -148,7 +148,7 @@ class TestCarrierActions:
     def test_a_failed_transfer_is_reported_and_the_call_goes_on(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("transfer_call", "call_t", {"target": "+15550100"}))
-        h.call.actions_to_perform()
+        h.take_performed()
         h.engine(FunctionCall("transfer_call", "call_u", {"target": "+15550100"}))
         assert outputs(h)["call_u"]["error"] == "busy"  # one transfer at a time
         h.call.action_finished("call_t", ActionResult.failed("transfer_failed", "486 Busy Here"), h.now_ms)
@@ -159,7 +159,7 @@ class TestCarrierActions:
     def test_dtmf_result_is_reported(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("send_dtmf", "call_d", {"digits": "123"}))
-        assert h.call.actions_to_perform() == [PendingAction("call_d", SendDtmf("123"))]
+        assert h.take_performed() == [PendingAction("call_d", SendDtmf("123"))]
         h.call.action_finished("call_d", ActionResult.unsupported("twilio", "send DTMF"), h.now_ms)
         h.drain()
         assert outputs(h)["call_d"]["error"] == "unsupported"

@@ -14,7 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from callbridge.bridge.actions import ActionResult
-from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.call import CallOptions, CallSession, CallState, Perform, ToCarrier
 from callbridge.bridge.providers.audiosocket import AudioSocketCodec
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import Capabilities
@@ -68,11 +68,15 @@ class Driver:
 
     def drain(self) -> None:
         self.states.add(self.call.state)
-        for message in self.call.messages_to_send():
-            assert isinstance(message, str | bytes) and message
-        self.call.engine_commands()
-        self.pending += [action.call_id for action in self.call.actions_to_perform()]
+        self.take_outputs()
         self.pace()
+
+    def take_outputs(self) -> None:
+        for output in self.call.outputs():
+            if isinstance(output, ToCarrier):
+                assert isinstance(output.message, str | bytes) and output.message
+            elif isinstance(output, Perform):
+                self.pending.append(output.pending.call_id)
 
     def pace(self) -> None:
         """Tick while a deadline is due; one still due after that many ticks at one instant is a spinning pacer."""
@@ -81,9 +85,7 @@ class Driver:
             if deadline is None or deadline > self.now_ms:
                 return
             self.call.tick(self.now_ms)
-            for message in self.call.messages_to_send():
-                assert isinstance(message, str | bytes) and message
-            self.call.engine_commands()
+            self.take_outputs()
         raise AssertionError(f"deadline {self.call.next_deadline_ms()} still due at {self.now_ms} ({self.call.state})")
 
     def advance(self, ms: int) -> None:
