@@ -170,6 +170,7 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
     (_S.STARTING, _T.STOPPED): _S.ENDED,
     (_S.STARTING, _T.TRANSPORT_LOST): _S.ENDED,
     (_S.STARTING, _T.FAILED): _S.ENDED,
+    (_S.STARTING, _T.ENGINE_FAILED): _S.ENDING,
     (_S.LIVE, _T.CARRIER_EVENT): _S.LIVE,
     (_S.LIVE, _T.STOPPED): _S.ENDED,
     (_S.LIVE, _T.ENGINE_ENDED): _S.ENDED,
@@ -433,13 +434,11 @@ class CallSession:
         self._starting_buffer_ms = 0
         self.tick(now_ms)
 
-    def start_refused(self, reason: str, *, hang_up: bool = False) -> None:
-        """The stream may not be bridged (bad token, no engine capacity): close it, touch nothing else —
-        except the call itself when ``hang_up`` (no engine will take it), the carrier's way."""
+    def start_refused(self, reason: str) -> None:
+        """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
+        nothing else. (No engine for the call: ``no_engine``.)"""
         self._transition(_Trigger.START_REFUSED)
         self.end_reason = reason
-        if hang_up:
-            self._hang_up(reason)
         self._close_transport()
 
     def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
@@ -489,6 +488,21 @@ class CallSession:
         self._out_response = self._out_resampler = self._out_frames = None
         self.ledger.flush(now_ms)
         self.ledger.heard_updates()  # nobody to tell: the session is gone
+        self._play_failure_tone(now_ms)
+
+    def no_engine(self, reason: str, now_ms: int) -> None:
+        """No engine session can be had for the stream (none opens, the parked one is gone): the caller hears the
+        fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
+        if self.state is not CallState.STARTING:
+            return
+        self._transition(_Trigger.ENGINE_FAILED)
+        self.end_reason = reason
+        self._starting_buffer.clear()
+        self._starting_buffer_ms = 0
+        self._play_failure_tone(now_ms)
+
+    def _play_failure_tone(self, now_ms: int) -> None:
+        """Queue the fallback tone (``tick`` hangs up once it has played; at once without one)."""
         if self.options.failure_tone_ms > 0:
             frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
             tone = encode_from_pcm16(self._encoding, _failure_tone(self._rate_hz, self.options.failure_tone_ms))

@@ -139,10 +139,11 @@ class Open:
 
 @dataclass(frozen=True, slots=True)
 class Refuse:
-    """End the stream unbridged; ``hang_up``: the call too, the carrier's way (no engine will take it)."""
+    """End the stream unbridged. ``no_engine``: no engine takes the call — the caller hears the fallback tone, then
+    the call is hung up the carrier's way (``CallSession.no_engine``); else only the stream ends."""
 
     reason: str
-    hang_up: bool = False
+    no_engine: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +376,7 @@ class CallLifecycle:
         self._answered(Open)
         reason = f"{EndReason.ENGINE_UNAVAILABLE}:{code}"
         self._steps.append(MarkEnded(reason))
-        self._refuse(Refuse(reason, hang_up=True))
+        self._refuse(Refuse(reason, no_engine=True))
 
     def registry_failed(self) -> None:
         """The registry could not be asked. Binding: the stream is refused (it cannot know the call). Ending: the

@@ -272,8 +272,8 @@ class MediaStreamDriver:
                             life.open_failed(exc.code)
                     case MarkEnded(reason):
                         await self._record(registry.mark_ended(call_id, reason))
-                    case Refuse(reason, hang_up):
-                        await self._refuse(reason, hang_up=hang_up)
+                    case Refuse(reason, no_engine):
+                        await self._refuse(reason, no_engine=no_engine)
                     case _:
                         raise AssertionError(f"not a binding step: {step!r}")
             except RegistryUnavailable as exc:
@@ -314,12 +314,14 @@ class MediaStreamDriver:
         if services.draining:  # bound after the drain began (answered just before it): move it on at once
             await self.move_elsewhere()
 
-    async def _refuse(self, reason: str, *, hang_up: bool = False) -> None:
+    async def _refuse(self, reason: str, *, no_engine: bool = False) -> None:
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
         self.log.warning("stream_refused", reason=reason)
         async with self._lock:
-            if self.call.state is CallState.STARTING:
-                self.call.start_refused(reason, hang_up=hang_up)
+            if no_engine:
+                self.call.no_engine(reason, _now_ms())  # the tone, then the hang-up (the pacer plays it)
+            elif self.call.state is CallState.STARTING:
+                self.call.start_refused(reason)
             await self._flush()
 
     async def move_elsewhere(self) -> bool:

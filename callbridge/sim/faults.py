@@ -11,7 +11,7 @@ embedded engine's ``LocalSessionCore``; around them a carrier that plays frames 
 each stream's ``CallLifecycle`` (``bridge/lifecycle.py``, the core ``bridge/media.py`` runs), whose steps are
 done here against a model of the call's registry record and the engine core: the first stream takes the
 session opened at the answer; a drop parks it with a ticket; the next stream resumes it, or — the engine gone —
-opens a new one or, with no engine to take the call, is refused and the call hung up. As the wire client does,
+opens a new one or, with no engine to take the call, plays the failure tone and hangs the call up. As the wire client does,
 one ``session.close`` goes to a session whoever asks for it (the call at a ``stop``, the lifecycle at the end).
 
 After every step the invariants are checked (``Violation`` names the first that fails):
@@ -25,7 +25,7 @@ After every step the invariants are checked (``Violation`` names the first that 
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
   call is hung up;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
-  hang-up; a stream no engine would take, refused and hung up), and nothing is left open: the engine session
+  hang-up, mid-call or for a stream no engine would take), and nothing is left open: the engine session
   closed (or lost with its server, or past its grace), the stream ended, the registry knows the call is over
   and holds no ticket.
 
@@ -49,9 +49,11 @@ import orjson
 from callbridge.bridge.call import CallOptions, CallSession, CallState, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
     AskEnded,
+    EndReason,
     CallLifecycle,
     ClaimTicket,
     CloseEngineSession,
+    DiscardAnswerSession,
     MarkEnded,
     Open,
     Park,
@@ -228,6 +230,8 @@ class SimulatedCall:
         self.life: CallLifecycle | None = None
         self.engine_dead = False
         self.engine_lost_reported = False
+        self.session_lost = False
+        """A resume found the session's server gone: the bridge knows the session lost (no close is owed)."""
         self.closes_sent = 0
         self.close_requested = False
         self.generated_bytes: dict[str, int] = {}
@@ -398,9 +402,15 @@ class SimulatedCall:
                     self._open_session(life)
                 case MarkEnded(reason):
                     self.registry.ended_reason = reason
-                case Refuse(reason, hang_up):
-                    call.start_refused(reason, hang_up=hang_up)
-                    self.outcome = "refused_and_hung_up" if hang_up else reason
+                case Refuse(reason, no_engine) if no_engine:  # the tone, then the hang-up: the stream plays on
+                    call.no_engine(reason, self.now_ms)
+                    self.failed_at_ms = self.now_ms
+                    self.carrier.played_since_ms = self.now_ms
+                    self._after_input(call)
+                    return
+                case Refuse(reason):
+                    call.start_refused(reason)
+                    self.outcome = reason
                     return
                 case _:
                     self._violation(f"a binding step the simulation does not know: {step!r}")
@@ -411,7 +421,8 @@ class SimulatedCall:
         self._after_input(call)
 
     def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
-        if self.engine_dead:  # the server is gone: the resume cannot reach it
+        if self.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
+            self.session_lost = True
             life.resume_failed("connection_failed")
             return
         try:
@@ -432,7 +443,7 @@ class SimulatedCall:
             self._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
         self.sessions += 1
         self.engine = self._new_engine(f"duplex-sim-{self.sessions}")
-        self.closes_sent = 0
+        self.closes_sent, self.session_lost = 0, False
         self.close_requested = False
         life.opened()
 
@@ -479,6 +490,8 @@ class SimulatedCall:
                 case MarkEnded(reason):
                     self.registry.ended_reason = reason
                     self.registry.bound = False
+                case DiscardAnswerSession():
+                    pass  # the first stream's session was taken; nothing waits at the answer any more
                 case _:
                     self._violation(f"an ending step the simulation does not know: {step!r}")
 
@@ -514,7 +527,8 @@ class SimulatedCall:
                 self._submit_all([output.command])
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
-            self.outcome = "failure_tone_and_hang_up" if failed else call.end_reason or "ended"
+            no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
+            self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.end_reason or "ended"
             self._end_stream(call)
 
     def _submit_all(self, commands: list[EngineCommand]) -> None:
@@ -563,16 +577,14 @@ class SimulatedCall:
 
     def _check_end(self) -> None:
         call, outcome = self.call, self.outcome
-        if outcome == "failure_tone_and_hang_up":
+        if outcome in ("failure_tone_and_hang_up", "no_engine_tone_and_hang_up"):  # mid-call, or at the next stream
             carrier = self.carrier
             if call is None or call.hangup is None:
                 self._violation("the engine failed the call, which was never hung up")
             if carrier is None or carrier.first_played_at_ms is None:
                 self._violation("the engine failed the call; the caller heard no failure tone")
-            return
-        if outcome == "refused_and_hung_up":  # no engine would take the next stream: the call is hung up
-            if call is None or call.hangup is None or self.registry.ended_reason is None:
-                self._violation("no engine took the call's next stream, and the call was not hung up and ended")
+            if outcome == "no_engine_tone_and_hang_up" and self.registry.ended_reason is None:
+                self._violation("no engine took the call's next stream; the registry does not know the call is over")
             return
         if outcome != "caller_hung_up":
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
@@ -582,7 +594,7 @@ class SimulatedCall:
             self.engine.events_to_send()
             if self.engine.state is not SessionState.CLOSED:
                 self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
-        if self.closes_sent != (0 if self.engine_lost_reported else 1):
+        if self.closes_sent != (0 if self.engine_lost_reported or self.session_lost else 1):
             self._violation(f"{self.closes_sent} session.close for one session")
         if self.registry.ended_reason is None or self.registry.ticket is not None:
             self._violation("the call is over; the registry does not know it (or still holds a ticket)")

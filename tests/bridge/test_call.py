@@ -289,6 +289,18 @@ class TestEnding:
         assert h.call.hangup == HangUp("engine_SessionExpired:disconnect_grace_expired")
         assert h.call.failures_by_engine == "engine_SessionExpired:disconnect_grace_expired"
 
+    def test_no_engine_for_the_stream_plays_the_fallback_tone_then_hangs_up(self) -> None:
+        h = Harness()
+        h.receive(CONNECTED)
+        h.receive(START)
+        h.receive(media(caller_frame(), 0))  # buffered for an engine that never comes
+        h.call.no_engine("engine_unavailable:connection_failed", h.now_ms)
+        assert h.call.state is CallState.ENDING and h.commands == []
+        h.advance(2000)
+        assert 500 <= len(h.events("media")) * 20 <= 700  # the 600 ms tone
+        assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("engine_unavailable:connection_failed")
+        assert h.call.failures_by_engine is None  # a refused stream, counted as such (not an engine failure mid-call)
+
     def test_without_a_fallback_tone_an_engine_failure_hangs_up_at_once(self) -> None:
         h = Harness(failure_tone_ms=0).live()
         h.engine(SessionClosed("duplex-1", "connection_failed"))

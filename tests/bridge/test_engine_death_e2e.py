@@ -136,3 +136,21 @@ async def test_the_caller_hanging_up_while_the_engine_is_gone_ends_the_call_at_o
     assert result.hung_up_by == "caller", result.render()
     assert ended_after_s < 1.0, ended_after_s  # read and honoured, not after the engine's reconnect budget
     assert failures(bridge) == {}
+
+
+async def test_an_engine_gone_when_the_next_stream_comes_is_heard_then_the_call_hung_up(engine: EngineProcess) -> None:
+    """The stream drops (its session parked), the engine server dies before the carrier's reconnect: the next
+    stream's resume fails, no engine opens a new session — the caller hears the reorder tone on that stream, not
+    silence, then the call is hung up the carrier's way."""
+    async with running_bridge(defaults(engine.url)) as bridge:
+        placed = time.monotonic()
+        script = CallerScript(utterances=((300, short_speech(800)),), drop_stream_at_ms=(2000,), redirect_delay_ms=1500, hangup_at_ms=20_000)
+        call = asyncio.create_task(bridge.carrier.place_call(script))
+        await until(lambda: holds(engine, 1), timeout_s=10)
+        await asyncio.sleep(max(0.0, placed + 2.6 - time.monotonic()))  # dropped at 2 s, back at 3.5 s
+        engine.kill()
+        result = await call
+    assert len(result.streams) == 2 and result.hung_up_by == "bridge", result.render()
+    tone_ms = result.failure_tone_at_ms()
+    assert tone_ms is not None and tone_ms >= 3500, (tone_ms, result.render())  # on the second stream
+    assert metric(bridge, "callbridge_streams_refused_total", provider="twilio", reason="engine_unavailable") == 1

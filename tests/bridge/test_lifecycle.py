@@ -122,7 +122,7 @@ class TestBinding:
         life.opened()
         assert bound_live(life) == Bind(BindSource.OPENED, "reopened_after_session_resume_expired", 0, ())
 
-    def test_no_engine_refuses_the_stream_and_hangs_the_call_up(self) -> None:
+    def test_no_engine_plays_the_tone_and_hangs_the_call_up(self) -> None:
         life = started()
         to_claim(life)
         life.ticket_claimed(None, 0, now_ms=0)
@@ -131,8 +131,8 @@ class TestBinding:
         steps(life)
         life.open_failed("resource_exhausted")
         reason = "engine_unavailable:resource_exhausted"
-        assert steps(life) == [MarkEnded(reason), Refuse(reason, hang_up=True)]  # marked before the socket closes
-        assert life.bound is None and life.refused == Refuse(reason, hang_up=True)
+        assert steps(life) == [MarkEnded(reason), Refuse(reason, no_engine=True)]  # marked before the socket closes
+        assert life.bound is None and life.refused == Refuse(reason, no_engine=True)
 
     def test_a_bad_token_is_refused_and_says_nothing_of_the_call(self) -> None:
         life = started()
