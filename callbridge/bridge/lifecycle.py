@@ -267,6 +267,7 @@ class CallLifecycle:
         self._wait_until_ms: int | None = None
         self._nudged = False
         self._at_answer = False
+        self._moved = False
         self._session_closed = False
         self._ending: _Ending | None = None
         self.waited_ms: int | None = None
@@ -413,13 +414,12 @@ class CallLifecycle:
         end_reason: str | None,
         detach: bool,
         session_closed: bool,
-        moved: bool = False,
         input_ms: int = 0,
         heard_ms: tuple[tuple[str, int], ...] = (),
     ) -> None:
         """The stream is over. ``call_over``: the call ended with it (a stop, a hang-up, a failure — not a drop).
         ``detach``: the stream wants its session kept (a drop). ``session_closed``: the session is closed already
-        (the engine ended it). ``moved``: the session was parked already (``move_elsewhere``)."""
+        (the engine ended it). A stream that moved (``moving_elsewhere``) has parked its session already."""
         if self._ending is not None or self._phase is _Phase.DONE:
             return
         bound, started = self._phase is _Phase.BOUND, self._phase is not _Phase.IDLE
@@ -434,7 +434,7 @@ class CallLifecycle:
                 self._steps.append(MarkEnded(end_reason or "ended"))  # ended before it was bound: over all the same
             return
         self._phase = _Phase.ENDING
-        if moved:
+        if self._moved:
             self._conclude()
         elif detach and not session_closed:
             self._steps.append(AskEnded())  # over meanwhile (a webhook, another process)? then not parked
@@ -442,6 +442,14 @@ class CallLifecycle:
             if not session_closed:
                 self._close(end_reason or EndReason.CALL_ENDED)
             self._conclude()
+
+    def moving_elsewhere(self, *, input_ms: int, heard_ms: tuple[tuple[str, int], ...]) -> None:
+        """The process drains and this live stream moves (``CallSession.move_elsewhere``): its session is parked now,
+        before the carrier's socket closes, so the next stream finds the ticket wherever it lands."""
+        if self._phase is not _Phase.BOUND or self._moved:
+            raise LifecycleError("moving_elsewhere of a stream not bound, or moved already")
+        self._moved = True
+        self._steps.append(Park(input_ms, heard_ms))
 
     def parked(self, ok: bool) -> None:
         """``ok``: the ticket is stored. Not: the registry could not take it, and no stream could resume the session."""

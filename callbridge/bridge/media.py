@@ -161,7 +161,6 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
-        self._moved = False
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
@@ -288,9 +287,9 @@ class MediaStreamDriver:
         self.log = self.log.bind(session_id=session.session_id)
         try:
             await self._lock.acquire()
-        except asyncio.CancelledError:  # the stream ended this instant: keep the session for the next one
-            ticket = replace(await asyncio.shield(session.detach()), heard_ms=bind.heard_ms)
-            await asyncio.shield(self._park(call_id, ticket, bind.call_offset_ms))
+        except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
+            life.stream_state_at_bind(live=False, end_reason=self.call.end_reason)
+            await asyncio.shield(self._end_steps(life, session))
             raise
         try:
             live = self.call.state is CallState.STARTING
@@ -329,16 +328,12 @@ class MediaStreamDriver:
         if so its engine session is detached into the registry *before* the carrier's socket closes, so the next
         stream finds its ticket wherever it lands. False when it stays."""
         async with self._lock:
-            start, session = self.call.start_request, self.session
-            if start is None or session is None or not self.call.move_elsewhere(_now_ms()):
+            life, session = self._life, self.session
+            if life is None or session is None or not self.call.move_elsewhere(_now_ms()):
                 return False
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
-            try:
-                ticket = replace(await session.detach(), heard_ms=self.call.cut_replies)
-                self._moved = True  # the session is dealt with here: parked, or closed if the registry is down
-                await self._park(start.call_id, ticket, self.call.input_ms)
-            except EngineError as exc:
-                self.log.warning("engine_detach_failed", reason=exc.code)
+            life.moving_elsewhere(input_ms=self.call.input_ms, heard_ms=self.call.cut_replies)
+            await self._end_steps(life, session)  # parked, or closed if the registry is down
             self._closed = True
             with suppress(Exception):
                 await self.transport.close(self.call.close_code)
@@ -536,7 +531,6 @@ class MediaStreamDriver:
                 end_reason=call.end_reason,
                 detach=call.detach_engine,
                 session_closed=session is None or session.closed,
-                moved=self._moved,
                 input_ms=call.input_ms,
                 heard_ms=call.cut_replies,
             )
@@ -617,12 +611,6 @@ class MediaStreamDriver:
             self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
 
     # --------------------------------------------------------------- registry
-
-    async def _park(self, call_id: str, ticket: ResumeTicket, input_ms: int) -> None:
-        """Store a detached session's ticket for the call's next stream (a stream moved off, or cut short as it
-        bound); when the registry cannot take it, the session is closed (``lifecycle.CloseDetached``)."""
-        if not await self._record(self.services.registry.detach(call_id, ticket, input_ms, self._grace_ms())):
-            await self._close_detached(ticket, EndReason.REGISTRY_UNAVAILABLE)
 
     async def _close_detached(self, ticket: ResumeTicket, reason: str) -> None:
         """No stream could ever resume this detached session: close it now rather than leave it to its grace."""

@@ -271,10 +271,16 @@ class TestEnding:
         life.parked(False)
         assert steps(life) == [CloseDetached(EndReason.REGISTRY_UNAVAILABLE)]
 
-    def test_a_stream_moved_off_a_draining_process_has_parked_already(self) -> None:
-        life = self.bound()
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False, moved=True)
-        assert steps(life) == []
+    def test_a_stream_moved_off_a_draining_process_parks_before_its_socket_closes(self) -> None:
+        life = self.bound(window_ms=30_000)
+        life.moving_elsewhere(input_ms=5_000, heard_ms=(("resp-3", 80),))
+        assert steps(life) == [Park(5_000, (("resp-3", 80),))]
+        life.parked(True)
+        assert steps(life) == []  # no window to wait out: the drain's redirect brings the next stream
+        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        assert steps(life) == []  # parked already
+        with pytest.raises(LifecycleError):
+            life.moving_elsewhere(input_ms=0, heard_ms=())
 
     def test_a_stream_ended_before_it_bound_discards_the_answer_session(self) -> None:
         life = started(answer=True)
