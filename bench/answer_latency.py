@@ -1,0 +1,58 @@
+"""Twilio's answer webhook against ``callbridge serve`` with a Redis registry: how long the answer takes with the
+engine session opened and parked at the answer (``engine.open_at_answer`` auto) and without (off).
+
+    python bench/answer_latency.py [--answers 30]
+
+Starts its own ``redis-server`` (as the tests do) and an in-process bridge with the embedded engine; posts signed
+answers for new calls (no stream follows) and prints the median per mode, alternating off / auto twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from twilio.request_validator import RequestValidator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from callbridge.sim.runner import running_bridge  # noqa: E402
+from tests.bridge.twilio_e2e import engine, settings  # noqa: E402
+from tests.redis_server import redis_server  # noqa: E402
+
+
+async def median_answer_ms(redis_url: str, mode: str, answers: int) -> float:
+    config = settings(registry={"backend": "redis", "redis_url": redis_url}, engine={"open_at_answer": mode})
+    async with running_bridge(config, engine(max_sessions=answers + 1)) as bridge:
+        auth_token = bridge.settings.twilio.auth_token
+        assert auth_token is not None
+        validator = RequestValidator(auth_token.get_secret_value())
+        url = bridge.base_url + "/twilio/voice"
+        took = []
+        async with httpx.AsyncClient() as http:
+            for _ in range(answers):
+                params = {"CallSid": "CA" + secrets.token_hex(16), "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+                started = time.perf_counter()
+                response = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+                took.append((time.perf_counter() - started) * 1000)
+                assert "<Connect>" in response.text, response.text
+        return statistics.median(took)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--answers", type=int, default=30)
+    args = parser.parse_args()
+    with redis_server() as (url, _):
+        for mode in ("off", "auto", "off", "auto"):
+            print(f"open_at_answer={mode}: median {await median_answer_ms(url, mode, args.answers):.1f} ms over {args.answers} answers")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
