@@ -308,7 +308,7 @@ class EngineServer:
             try:
                 replay = entry.journal.replay_after(last_seq, self.clock())
             except JournalGap:
-                await _send(websocket, {"type": "session.resync_required", "session_id": session_id, "reason": "journal_gap"})
+                await _send(websocket, {"type": "session.resync_required", "event_id": new_event_id(), "session_id": session_id, "reason": "journal_gap"})
                 return None
             except ValueError as exc:
                 await _send(websocket, error_to_wire(ErrorCode.SESSION_RESUME_CONFLICT, str(exc)))
@@ -327,7 +327,7 @@ class EngineServer:
                 with suppress(Exception):
                     await _send(
                         replaced.websocket,
-                        {"type": "session.replaced", "session_id": session_id, "attachment_generation": replaced.generation},
+                        {"type": "session.replaced", "event_id": new_event_id(), "session_id": session_id, "attachment_generation": replaced.generation},
                     )
                 with suppress(Exception):
                     await replaced.websocket.close(1000, "session_replaced")
@@ -390,7 +390,7 @@ class EngineServer:
                 payload = entry.journal.record(payload, self.clock())
             except JournalOverflow:
                 entry.resync_required = True
-                resync = {"type": "session.resync_required", "session_id": entry.session.session_id, "reason": "journal_overflow"}
+                resync = {"type": "session.resync_required", "event_id": new_event_id(), "session_id": entry.session.session_id, "reason": "journal_overflow"}
                 await self._send_current(entry, resync)
         await self._send_current(entry, payload)
 

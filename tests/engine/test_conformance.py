@@ -400,3 +400,23 @@ async def test_a_session_object_either_server_refuses_is_invalid_session_config(
     async with engine_server() as running:
         client = await RawClient.connect(running.url)
         assert (await client.open(session))["error"]["code"] == "invalid_session_config"
+
+
+async def test_a_resume_and_a_takeover_are_announced_as_vllm_omni_announces_them() -> None:
+    """``session.resumed`` to the new socket, ``session.replaced`` to the old one: the real classes' keys."""
+    import vllm_omni.engine.duplex.events as real
+
+    from tests.engine.serving import RawClient, engine_server
+
+    async with engine_server() as running:
+        old = await RawClient.connect(running.url)
+        created = await old.open({"input_audio_format": "pcm16", "sample_rate_hz": 16000, "turn_detection": None})
+        session_id = created["session"]["id"]
+        new = await RawClient.connect(running.url)
+        await new.send({"type": "session.resume", "session_id": session_id, "resume_token": created["resume_token"], "last_received_server_event_seq": 1})
+        resumed, replaced = await new.recv(), await old.recv()
+    expected_resumed = real.SessionResumed(session_id=session_id, session={}, attachment_generation=2, resume_token="t").to_realtime()
+    expected_replaced = real.SessionReplaced(session_id=session_id, attachment_generation=1).to_realtime()
+    assert set(resumed) == set(expected_resumed) and resumed["attachment_generation"] == 2
+    assert set(replaced) == set(expected_replaced) and replaced["attachment_generation"] == 1
+    assert resumed["session"]["id"] == session_id and resumed["resume_token"] != created["resume_token"]

@@ -180,6 +180,7 @@ async def test_takeover_tells_the_old_socket() -> None:
         assert (await new.recv())["type"] == "session.resumed"
         assert (await new.recv())["type"] == "session.updated"  # replayed: it resumed from sequence 0
         replaced = await old.recv()
+        assert replaced.pop("event_id").startswith("event_")
         assert replaced == {"type": "session.replaced", "session_id": created["session"]["id"], "attachment_generation": 1}
         await new.send({"type": "session.heartbeat"})
         ack = await new.recv()
