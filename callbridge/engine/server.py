@@ -61,6 +61,7 @@ __all__ = ["EngineServer", "create_engine_app", "local_engine_options"]
 log = get_logger(__name__)
 
 _FALSE = {"0", "false", "no", "off"}
+_TRUE = {"1", "true", "yes", "on"}
 _FORMAT_NAMES: Final = {AudioEncoding.PCMU: "g711_ulaw", AudioEncoding.PCMA: "g711_alaw", AudioEncoding.L16: "pcm16"}
 
 
@@ -144,18 +145,23 @@ class EngineServer:
         entry: _Entry | None = None
         attachment: _Attachment | None = None
         try:
-            first = await self._first_frame(websocket)
-            if first is None:
-                return
-            if first["type"] == "session.resume":
-                opened = await self._resume(websocket, first)
+            model = _autostart_model(websocket)
+            first: dict[str, Any] | None = None
+            if model is not None:  # as vllm-omni's ``?model=``: the default session opens before any message
+                opened = await self._open(websocket, {"model": model})
             else:
-                session_object = first.get("session") if first["type"] == "session.update" else {}
-                opened = await self._open(websocket, session_object if isinstance(session_object, dict) else {})
+                first = await self._first_frame(websocket)
+                if first is None:
+                    return
+                if first["type"] == "session.resume":
+                    opened = await self._resume(websocket, first)
+                else:
+                    session_object = first.get("session") if first["type"] == "session.update" else {}
+                    opened = await self._open(websocket, session_object if isinstance(session_object, dict) else {})
             if opened is None:
                 return  # as vllm-omni: a refused handshake ends without a close frame (the client sees 1006)
             entry, attachment = opened
-            if first["type"] not in ("session.update", "session.resume"):
+            if first is not None and first["type"] not in ("session.update", "session.resume"):
                 await self._handle_event(entry, attachment, first)  # autostarted: the first event runs now
             await self._read_loop(entry, attachment)
         except WebSocketDisconnect:
@@ -414,6 +420,15 @@ class EngineServer:
         with suppress(EngineError):
             await self.engine.detach_session(entry.session.session_id, entry.session.lease_generation)
         log.info("engine_session_detached", session_id=entry.session.session_id)
+
+
+def _autostart_model(websocket: WebSocket) -> str | None:
+    """``?model=`` names a session to open at once — unless ``?resume=1`` or ``?autostart=0`` says the first
+    message decides (vllm-omni's ``RealtimeEnvelope.initial_open_payload``)."""
+    params = websocket.query_params
+    model = params.get("model")
+    resume_only = str(params.get("resume")).lower() in _TRUE or str(params.get("autostart")).lower() in _FALSE
+    return model if model and not resume_only else None
 
 
 def local_engine_options(settings: Settings) -> LocalEngineOptions:

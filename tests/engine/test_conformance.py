@@ -420,3 +420,20 @@ async def test_a_resume_and_a_takeover_are_announced_as_vllm_omni_announces_them
     assert set(resumed) == set(expected_resumed) and resumed["attachment_generation"] == 2
     assert set(replaced) == set(expected_replaced) and replaced["attachment_generation"] == 1
     assert resumed["session"]["id"] == session_id and resumed["resume_token"] != created["resume_token"]
+
+
+async def test_a_model_in_the_url_opens_the_session_at_once_unless_autostart_is_off() -> None:
+    """As vllm-omni's ``RealtimeEnvelope.initial_open_payload`` (``entrypoints/duplex/realtime_input.py``, not
+    loadable without its serving stack): ``?model=`` opens the default session before any client message;
+    ``?autostart=0`` (what callbridge's own client sends) or ``?resume=1`` waits for the first."""
+    from tests.engine.serving import RawClient, engine_server
+
+    async with engine_server() as running:
+        eager = await RawClient.connect(running.url, "/v1/realtime?model=m")
+        created, updated = await eager.recv(), await eager.recv()  # nothing sent
+        assert created["type"] == "session.created" and created["session"]["model"] == "m"
+        assert updated["type"] == "session.updated"
+        waiting = await RawClient.connect(running.url, "/v1/realtime?model=m&autostart=0")
+        with pytest.raises(TimeoutError):
+            await waiting.recv(timeout_s=0.3)
+        assert (await waiting.open())["type"] == "session.created"
