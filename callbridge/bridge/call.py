@@ -57,6 +57,7 @@ from callbridge.bridge.actions import (
     TransferCall,
     parse_call,
 )
+from callbridge.bridge.lifecycle import EndReason
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
     DEFAULT_PROFILE,
@@ -198,13 +199,13 @@ _MESSAGES_PER_S: Final = 150
 _CUT_REPLIES_KEPT: Final = 8
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 _GENERATED_KEPT: Final = 16
+"""Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
 may still be read before the stream is taken for dropped."""
 _NORMAL_CLOSURE: Final = 1000
 _GOING_AWAY: Final = 1001
 _POLICY_VIOLATION: Final = 1008
-"""Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 
 
 class CallStateError(Exception):
@@ -576,7 +577,7 @@ class CallSession:
         error or someone else's token; going away for a stream moved or superseded (no ``stop``: the carrier
         reconnects); else normal. (A moved stream's socket is closed by the driver, with this code, after its
         session is parked.)"""
-        if self.failure is not None or self.end_reason == "bad_token":
+        if self.failure is not None or self.end_reason == EndReason.BAD_TOKEN:
             return _POLICY_VIOLATION
         return _GOING_AWAY if self._going_away else _NORMAL_CLOSURE
 
@@ -944,10 +945,12 @@ class CallSession:
                 self._out.append(ToCarrier(message))
 
     def _drain_heard(self, *, to_engine: bool = True) -> None:
-        for update in self.ledger.heard_updates():
-            if to_engine:
-                heard = self._heard_on_call(update.response_id, update.heard_ms)
-                self._to_engine(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
+        updates = self.ledger.heard_updates()
+        if not to_engine:
+            return  # nobody to tell (the session is gone)
+        for update in updates:
+            heard = self._heard_on_call(update.response_id, update.heard_ms)
+            self._to_engine(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
 
     # ------------------------------------------------------------------- state
 

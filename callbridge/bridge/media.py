@@ -580,9 +580,9 @@ class MediaStreamDriver:
                         life.parked(True)  # nothing to park: the engine has let the session go
                         continue
                     life.parked(await self._record(services.registry.detach(call_id, ticket, input_ms, self._grace_ms())))
-                case CloseDetached(reason):
+                case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
                     if ticket is not None:
-                        await self._close_detached(ticket, reason)
+                        await services.close_parked(ticket, reason)
                 case CloseUnlessBack(after_ms):
                     if ticket is not None:
                         services.spawn(self._close_unless_back(call_id, ticket, after_ms))
@@ -611,12 +611,6 @@ class MediaStreamDriver:
             self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
 
     # --------------------------------------------------------------- registry
-
-    async def _close_detached(self, ticket: ResumeTicket, reason: str) -> None:
-        """No stream could ever resume this detached session: close it now rather than leave it to its grace."""
-        with suppress(EngineError, TimeoutError):
-            session = await asyncio.wait_for(self.services.engine.resume(ticket), _ENGINE_CALL_TIMEOUT_S)
-            await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
 
     async def _record(self, write: Awaitable[None]) -> bool:
         """A registry write; False, logged, when the registry is unreachable (the call goes on without it)."""

@@ -410,19 +410,24 @@ class BridgeServices:
         if stream is None and not closed:  # its stream may be live on another process: it ends there, now
             await self.send_signal(call_id, SignalKind.CALL_ENDED, reason)
 
+    async def close_parked(self, ticket: ResumeTicket, reason: str) -> bool:
+        """Close a detached session by its ticket (resume it, then close). False when it is expired or gone already,
+        or the engine does not answer: its grace ends it."""
+        try:
+            session = await asyncio.wait_for(self.engine.resume(ticket), _ENGINE_CALL_TIMEOUT_S)
+            await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
+        except (EngineError, TimeoutError):
+            return False
+        return True
+
     async def close_detached(self, call_id: str, reason: str, ticket: ResumeTicket | None = None, *, mark_ended: bool = True) -> bool:
         """Close the engine session a call left detached (waiting for its next stream) now that the call is over,
         rather than leave it to the engine's grace. With ``ticket``: only if that is still the one waiting (no
         stream has come back since). True when a session was closed (and, with ``mark_ended``, the call marked
         over)."""
         waiting, _ = await self.registry.claim_ticket(call_id, ticket)
-        if waiting is None:
+        if waiting is None or not await self.close_parked(waiting, reason):
             return False
-        try:
-            session = await asyncio.wait_for(self.engine.resume(waiting), _ENGINE_CALL_TIMEOUT_S)
-            await asyncio.wait_for(session.close(reason), _ENGINE_CALL_TIMEOUT_S)
-        except (EngineError, TimeoutError):
-            return False  # expired or gone already, or the engine does not answer: its grace ends it
         if mark_ended:
             await self.registry.mark_ended(call_id, reason)
         return True

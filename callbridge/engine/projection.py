@@ -21,7 +21,6 @@ through vllm-omni's own projection and compares.
 
 from __future__ import annotations
 
-import binascii
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,16 +51,12 @@ from callbridge.engine.events import (
     SpeechStopped,
     TranscriptDelta,
 )
-from callbridge.engine.wire import error_to_wire, new_event_id
+from callbridge.engine.wire import b64_audio, error_to_wire, new_event_id
 
 __all__ = ["WireProjection", "session_object"]
 
 _OVERLAP_POLICY: Final = "barge_in_on_speech"
 _FORMAT_TYPES: Final = {"g711_ulaw": "audio/g711_ulaw", "g711_alaw": "audio/g711_alaw", "pcm_f32le": "audio/pcm_f32le"}
-
-
-def _b64(data: bytes) -> str:
-    return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
 def _wire(event_type: str, **fields: Any) -> dict[str, Any]:
@@ -169,7 +164,7 @@ class WireProjection:
                 reply.audio_ms += len(pcm) * 500 // rate_hz
                 metadata = {"session_id": self.session_id, "epoch": epoch, "model_speak": True, "audio_duration_ms": reply.audio_ms}
                 fields = _part_fields(response_id, item_id)
-                return [_wire("response.output_audio.delta", **fields, delta=_b64(pcm), format="pcm16", sample_rate_hz=rate_hz, metadata=metadata)]
+                return [_wire("response.output_audio.delta", **fields, delta=b64_audio(pcm), format="pcm16", sample_rate_hz=rate_hz, metadata=metadata)]
             case TranscriptDelta(response_id, delta):
                 reply = self._reply(response_id)
                 if delta:

@@ -70,6 +70,7 @@ __all__ = [
     "MAX_CLIENT_EVENT_BYTES",
     "InputFormat",
     "ParsedServerEvent",
+    "b64_audio",
     "command_to_wire",
     "error_to_wire",
     "event_ack",
@@ -96,7 +97,8 @@ def new_event_id() -> str:
     return f"event_{secrets.token_hex(16)}"
 
 
-def _b64(data: bytes) -> str:
+def b64_audio(data: bytes) -> str:
+    """Audio bytes as the wire carries them (base64, no newline)."""
     return binascii.b2a_base64(data, newline=False).decode("ascii")
 
 
@@ -126,7 +128,7 @@ def command_to_wire(command: EngineCommand) -> dict[str, Any]:
     """One command as the client event vllm-omni's translator accepts."""
     match command:
         case AppendAudio(pcm, rate_hz):
-            return {"type": "input_audio_buffer.append", "audio": _b64(pcm), "format": "pcm16", "sample_rate_hz": rate_hz}
+            return {"type": "input_audio_buffer.append", "audio": b64_audio(pcm), "format": "pcm16", "sample_rate_hz": rate_hz}
         case Commit(create_response):
             event: dict[str, Any] = {"type": "input_audio_buffer.commit"}
             if create_response is not None:

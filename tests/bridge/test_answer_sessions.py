@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import secrets
+import time
 
 import httpx
 import orjson
@@ -167,10 +168,17 @@ async def test_with_a_shared_registry_a_call_no_engine_takes_is_refused_busy(red
 
 
 async def test_with_a_shared_registry_a_parked_session_no_stream_claims_is_closed(redis_url: str) -> None:
+    """With the shipped ``engine.open_at_answer_ttl_s`` (15 s): kept until then, closed after."""
     recorder = engine()
-    async with running_bridge(_shared(redis_url, engine={"open_at_answer_ttl_s": 0.3}), recorder) as bridge:
+    async with running_bridge(_shared(redis_url), recorder) as bridge:
+        ttl_s = bridge.settings.engine.open_at_answer_ttl_s
+        registry = bridge.app.state.bridge.services.registry
         call_sid = "CA" + secrets.token_hex(16)
+        answered = time.monotonic()
         await _answer(bridge, call_sid)  # the caller hangs up while it rings: no stream
+        await asyncio.sleep(max(0.0, answered + ttl_s - 1.0 - time.monotonic()))
+        assert recorder.session_count == 1 and await detached(registry, call_sid)  # a second before the TTL: waiting
         await until(lambda: recorder.session_count == 0, timeout_s=5)
+        assert time.monotonic() - answered >= ttl_s
         assert recorder.commands[recorder.opened[0]][-1] == CloseSession("not_claimed")
-        assert not await detached(bridge.app.state.bridge.services.registry, call_sid)
+        assert not await detached(registry, call_sid)
