@@ -57,7 +57,7 @@ from callbridge.bridge.actions import (
     TransferCall,
     parse_call,
 )
-from callbridge.bridge.lifecycle import EndReason
+from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.providers.base import (
     DEFAULT_PROFILE,
@@ -113,11 +113,13 @@ from callbridge.engine.late_audio import LateAudioFilter
 __all__ = [
     "TRANSITIONS",
     "BargeInFlushed",
+    "BindEngine",
     "CallOptions",
     "CallOutput",
     "CallSession",
     "CallState",
     "CallStateError",
+    "CallerAudioBegan",
     "CloseTransport",
     "DtmfMode",
     "HangUpCall",
@@ -125,6 +127,7 @@ __all__ = [
     "Notice",
     "PendingAction",
     "Perform",
+    "StreamReport",
     "ToCarrier",
     "ToEngine",
     "engine_failure_kind",
@@ -169,7 +172,7 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
     (_S.STARTING, _T.START_REFUSED): _S.ENDED,
     (_S.STARTING, _T.CARRIER_EVENT): _S.STARTING,
     (_S.STARTING, _T.STOPPED): _S.ENDED,
-    (_S.STARTING, _T.TRANSPORT_LOST): _S.ENDED,
+    (_S.STARTING, _T.TRANSPORT_LOST): _S.DETACHED,  # not the call's end: the carrier may reconnect
     (_S.STARTING, _T.FAILED): _S.ENDED,
     (_S.STARTING, _T.ENGINE_FAILED): _S.ENDING,
     (_S.LIVE, _T.CARRIER_EVENT): _S.LIVE,
@@ -289,6 +292,41 @@ class BargeInFlushed:
 
 
 @dataclass(frozen=True, slots=True)
+class BindEngine:
+    """The carrier's ``start`` was accepted: find the stream's engine session (``CallLifecycle``), then
+    ``engine_bound`` — or ``no_engine`` / ``start_refused``. Meanwhile the caller's audio is buffered."""
+
+    start: StreamStarted
+
+
+@dataclass(frozen=True, slots=True)
+class CallerAudioBegan:
+    """The stream's first caller audio was read (the driver times its way to the engine from here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReport:
+    """A stream's account of itself as it ends (``CallSession.report()``): for the log and the metrics."""
+
+    facts: StreamFacts
+    over: bool
+    """The call is over (else the stream left its session for the next one)."""
+    limit_reached: str | None
+    engine_failure: str | None
+    """Why the engine failed the call, if it did."""
+    failure: RemoteProtocolError | None
+    """The carrier's protocol error that ended the stream, if one did."""
+    stream_input_ms: int
+    output_ms: int
+    frames_sent: int
+    frames_flushed: int
+    barge_ins: int
+    late_deltas_dropped: int
+    heard_corrections: int
+    playout_underruns: int
+
+
+@dataclass(frozen=True, slots=True)
 class PendingAction:
     """Carrier work the agent asked for: the driver performs it, then calls ``action_finished(call_id, …)``."""
 
@@ -304,7 +342,9 @@ class Perform:
     pending: PendingAction
 
 
-CallOutput = ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | Notice | MarkLag | BargeInFlushed
+CallOutput = (
+    ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | BindEngine | CallerAudioBegan | Notice | MarkLag | BargeInFlushed
+)
 """What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""
 
 
@@ -406,8 +446,11 @@ class CallSession:
                 self._on_carrier_event(event, now_ms)
         except RemoteProtocolError as exc:
             self._fail(exc)
-        if starting and self.start_request is not None and self._limits_due_ms is not None:  # now the idle limit runs
-            self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.idle_timeout_ms)
+        if starting and self.start_request is not None:
+            if self._limits_due_ms is not None:  # now the idle limit runs
+                self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.idle_timeout_ms)
+            if self.state is CallState.STARTING:  # not ended in the same read (a start and its stop)
+                self._out.append(BindEngine(self.start_request))
 
     def engine_bound(
         self,
@@ -437,7 +480,9 @@ class CallSession:
 
     def start_refused(self, reason: str) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
-        nothing else. (No engine for the call: ``no_engine``.)"""
+        nothing else (a stream that ended meanwhile is left as it ended). No engine for the call: ``no_engine``."""
+        if self.state is not CallState.STARTING:
+            return
         self._transition(_Trigger.START_REFUSED)
         self.end_reason = reason
         self._close_transport()
@@ -622,6 +667,43 @@ class CallSession:
                 self._transition(_Trigger.FALLBACK_PLAYED)
                 self._hang_up(self.end_reason or "engine_failed")
 
+    # ----------------------------------------------------------------- reports
+
+    @property
+    def finished(self) -> bool:
+        """The stream is over: ended with the call, or its session left for the next stream."""
+        return self.state is CallState.ENDED or self.state is CallState.DETACHED
+
+    def facts(self) -> StreamFacts:
+        """What the stream's ``CallLifecycle`` needs of it, now."""
+        return StreamFacts(
+            awaiting_engine=self.state is CallState.STARTING,
+            call_over=self.state is CallState.ENDED,
+            end_reason=self.end_reason,
+            detach=self.detach_engine,
+            input_ms=self.input_ms,
+            heard_ms=self.cut_replies,
+        )
+
+    def report(self) -> StreamReport:
+        """The stream's account of itself, as it ends."""
+        ledger = self.ledger
+        return StreamReport(
+            facts=self.facts(),
+            over=self.state is CallState.ENDED,
+            limit_reached=self.limit_reached,
+            engine_failure=self.failures_by_engine,
+            failure=self.failure,
+            stream_input_ms=self._stream_media_ms,
+            output_ms=ledger.frames_sent * ledger.frame_ms,
+            frames_sent=ledger.frames_sent,
+            frames_flushed=ledger.frames_dropped,
+            barge_ins=self.flushes,
+            late_deltas_dropped=self.late_deltas_dropped,
+            heard_corrections=ledger.corrections,
+            playout_underruns=ledger.underruns,
+        )
+
     # ----------------------------------------------------------------- outputs
 
     @property
@@ -794,6 +876,7 @@ class CallSession:
         payload_ms = len(payload) * 1000 // (self._rate_hz * self._encoding.sample_bytes)
         if self._first_media_at_ms is None:
             self._first_media_at_ms = now_ms - (timestamp_ms or 0)
+            self._out.append(CallerAudioBegan())
         if self._stream_media_ms - (now_ms - self._first_media_at_ms) > _FLOOD_TOLERANCE_MS:
             raise RemoteProtocolError(
                 ProtocolErrorReason.FLOOD,

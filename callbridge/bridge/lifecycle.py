@@ -48,6 +48,7 @@ __all__ = [
     "Refuse",
     "Resume",
     "Step",
+    "StreamFacts",
     "TakeAnswerSession",
     "WaitUntil",
 ]
@@ -240,11 +241,20 @@ _ANSWERED: Final = (CheckToken, AskEnded, ClaimTicket, ReadRecord, WaitUntil, Ta
 
 
 @dataclass(frozen=True, slots=True)
-class _Ending:
-    call_over: bool
-    end_reason: str | None
-    input_ms: int
-    heard_ms: tuple[tuple[str, int], ...]
+class StreamFacts:
+    """What the stream's own core knows of it, as the lifecycle needs it (``CallSession.facts()``)."""
+
+    awaiting_engine: bool = False
+    """Started, and still waiting for its engine session (it has not ended meanwhile)."""
+    call_over: bool = False
+    """The call ended with the stream (a stop, a hang-up, a failure), not a drop."""
+    end_reason: str | None = None
+    detach: bool = False
+    """The stream wants its session kept for the call's next stream (a drop)."""
+    input_ms: int = 0
+    """ms of caller audio the call's session has had: the next stream's audio continues the timeline from there."""
+    heard_ms: tuple[tuple[str, int], ...] = ()
+    """The replies cut off while being generated, with what the caller heard of each (``CallSession.cut_replies``)."""
 
 
 class CallLifecycle:
@@ -269,7 +279,10 @@ class CallLifecycle:
         self._at_answer = False
         self._moved = False
         self._session_closed = False
-        self._ending: _Ending | None = None
+        self._verified: bool | None = None if check_token else True
+        """Whether the stream's token is ours (None: not known yet; True too where none is needed). Only a stream
+        whose token is ours may speak for the call as it ends."""
+        self._ending: StreamFacts | None = None
         self.waited_ms: int | None = None
         """How long the stream waited for another stream's detach before it got the ticket (None: it did not)."""
         self.bound: Bind | None = None
@@ -295,7 +308,11 @@ class CallLifecycle:
 
     def token_checked(self, ok: bool) -> None:
         self._answered(CheckToken)
-        if ok:
+        self._verified = ok
+        if self._ending is not None:  # the stream ended while its token was being checked: now its end may count
+            if ok:
+                self._end_unbound(self._ending)
+        elif ok:
             self._steps.append(AskEnded())
         else:
             self._refuse(Refuse(EndReason.BAD_TOKEN))
@@ -388,68 +405,62 @@ class CallLifecycle:
         elif self._phase is _Phase.BINDING:
             self._refuse(Refuse(EndReason.REGISTRY_UNAVAILABLE))
 
-    def stream_state_at_bind(self, *, live: bool, end_reason: str | None) -> Bind | None:
-        """The session is in hand; the stream (under its lock) is ``live`` still, or ended with ``end_reason``.
-        Live: the ``Bind`` to do now, under the lock. Ended meanwhile: None, and the session is parked for the next
+    def stream_state_at_bind(self, stream: StreamFacts) -> Bind | None:
+        """The session is in hand; the stream (read under its lock) still awaits it, or has ended meanwhile.
+        Awaiting: the ``Bind`` to do now, under the lock. Ended: None, and the session is parked for the next
         stream (a drop: the carrier may come back) or closed (the call is over)."""
         bind = self.bound
         if bind is None or self._phase is not _Phase.BINDING:
             raise LifecycleError("stream_state_at_bind without a session in hand")
-        if live:
+        if stream.awaiting_engine:
             self._phase = _Phase.BOUND
             return bind
         self._phase = _Phase.UNBOUND
-        if end_reason == EndReason.TRANSPORT_LOST:
+        if stream.end_reason == EndReason.TRANSPORT_LOST:
             self._steps.append(Park(self._offset_ms, self._heard_ms))
         else:
-            self._close(end_reason or EndReason.CALL_ENDED)
+            self._close(stream.end_reason or EndReason.CALL_ENDED)
         return None
 
     # ------------------------------------------------------------------ ending
 
-    def stream_ended(
-        self,
-        *,
-        call_over: bool,
-        end_reason: str | None,
-        detach: bool,
-        session_closed: bool,
-        input_ms: int = 0,
-        heard_ms: tuple[tuple[str, int], ...] = (),
-    ) -> None:
-        """The stream is over. ``call_over``: the call ended with it (a stop, a hang-up, a failure — not a drop).
-        ``detach``: the stream wants its session kept (a drop). ``session_closed``: the session is closed already
-        (the engine ended it). A stream that moved (``moving_elsewhere``) has parked its session already."""
+    def stream_ended(self, stream: StreamFacts, *, session_closed: bool) -> None:
+        """The stream is over. ``session_closed``: its session is closed already (the engine ended it). A stream
+        that moved (``moving_elsewhere``) has parked its session already. A stream whose token was never found
+        ours says nothing of the call: its end marks nothing and discards nothing, since anyone can open a socket and
+        name a call. One that ended while its token was being checked waits for the check first (``CheckToken``
+        again: the driver answers it from the check under way, not a second one)."""
         if self._ending is not None or self._phase is _Phase.DONE:
             return
         bound, started = self._phase is _Phase.BOUND, self._phase is not _Phase.IDLE
-        self._ending = _Ending(call_over, end_reason, input_ms, heard_ms)
+        end_reason = stream.end_reason
+        self._ending = stream
         self._awaiting = None  # a bind cut short: its answer never comes
         self._steps.clear()
         if not bound:
             self._phase = _Phase.DONE
-            if started and self._answer_sessions and end_reason != EndReason.BAD_TOKEN:
-                self._steps.append(DiscardAnswerSession(end_reason or "stream_ended"))
-            if started and call_over and not _says_nothing_about_the_call(end_reason):
-                self._steps.append(MarkEnded(end_reason or "ended"))  # ended before it was bound: over all the same
+            if started and self._verified is None:  # first the token (the check under way, or the one not begun)
+                self._steps.append(CheckToken())
+            elif started and self._verified:
+                self._end_unbound(stream)
             return
         self._phase = _Phase.ENDING
         if self._moved:
             self._conclude()
-        elif detach and not session_closed:
+        elif stream.detach and not session_closed:
             self._steps.append(AskEnded())  # over meanwhile (a webhook, another process)? then not parked
         else:
             if not session_closed:
                 self._close(end_reason or EndReason.CALL_ENDED)
             self._conclude()
 
-    def moving_elsewhere(self, *, input_ms: int, heard_ms: tuple[tuple[str, int], ...]) -> None:
+    def moving_elsewhere(self, stream: StreamFacts) -> None:
         """The process drains and this live stream moves (``CallSession.move_elsewhere``): its session is parked now,
         before the carrier's socket closes, so the next stream finds the ticket wherever it lands."""
         if self._phase is not _Phase.BOUND or self._moved:
             raise LifecycleError("moving_elsewhere of a stream not bound, or moved already")
         self._moved = True
-        self._steps.append(Park(input_ms, heard_ms))
+        self._steps.append(Park(stream.input_ms, stream.heard_ms))
 
     def parked(self, ok: bool) -> None:
         """``ok``: the ticket is stored. Not: the registry could not take it, and no stream could resume the session."""
@@ -458,6 +469,17 @@ class CallLifecycle:
             self._steps.insert(0, CloseDetached(EndReason.REGISTRY_UNAVAILABLE))
         elif self._window_ms is not None and self._ending is not None:
             self._steps.insert(0, CloseUnlessBack(self._window_ms))
+
+    def _end_unbound(self, stream: StreamFacts) -> None:
+        """A stream of the call (its token ours) ended before it was bound: the session opened at the answer goes,
+        and the call is over if the stream says so. A drop is neither: the carrier's reconnect takes the session
+        opened at the answer (or its time to live ends it)."""
+        if stream.end_reason == EndReason.TRANSPORT_LOST:
+            return
+        if self._answer_sessions:
+            self._steps.append(DiscardAnswerSession(stream.end_reason or "stream_ended"))
+        if stream.call_over and not _says_nothing_about_the_call(stream.end_reason):
+            self._steps.append(MarkEnded(stream.end_reason or "ended"))  # ended before it was bound: over all the same
 
     def _end_detached(self, *, known_ended: bool) -> None:
         ending = self._ending

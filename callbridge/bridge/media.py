@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from starlette.websockets import WebSocket, WebSocketState
@@ -27,14 +27,16 @@ from starlette.websockets import WebSocket, WebSocketState
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.call import (
     BargeInFlushed,
+    BindEngine,
+    CallerAudioBegan,
     CallSession,
-    CallState,
     CloseTransport,
     HangUpCall,
     MarkLag,
     Notice,
     PendingAction,
     Perform,
+    StreamReport,
     ToCarrier,
     ToEngine,
     engine_failure_kind,
@@ -61,7 +63,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.providers.base import ProviderCodec
+from callbridge.bridge.providers.base import ProviderCodec, StreamStarted
 from callbridge.bridge.registry import RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.commands import AppendAudio
@@ -135,6 +137,14 @@ class WebSocketTransport:
             await self.websocket.close(code)
 
 
+@dataclass(slots=True)
+class _Held:
+    """What a stream's lifecycle steps have in hand: its engine session, and the ticket it is parked under."""
+
+    session: DuplexSession | None = None
+    ticket: ResumeTicket | None = None
+
+
 class MediaStreamDriver:
     """Serve one carrier media connection (already accepted) until the stream ends.
 
@@ -161,6 +171,9 @@ class MediaStreamDriver:
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
+        self._start: StreamStarted | None = None
+        """The carrier's ``start``, once the call accepted it."""
+        self._token_check: asyncio.Future[bool] | None = None
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
@@ -185,7 +198,6 @@ class MediaStreamDriver:
     # ------------------------------------------------------------------ reader
 
     async def _read(self) -> None:
-        binding: asyncio.Task[None] | None = None
         timed = self.services.metrics.message_seconds
         count = 0
         while not self._done():
@@ -198,87 +210,33 @@ class MediaStreamDriver:
                     await self._flush()
                     return
                 self.call.receive_message(message, _now_ms())
-                if self._first_audio_read_at is None and self.call.stream_input_ms:
-                    self._first_audio_read_at = time.perf_counter()
-                if binding is None and self.call.start_request is not None and self.call.state is CallState.STARTING:
-                    self._life = life = CallLifecycle(
-                        check_token=self.check_token,
-                        answer_sessions=self.services.answer_sessions is not None,
-                        reconnect_window_ms=self.call.codec.profile.reconnect_window_ms,
-                    )
-                    life.stream_started()
-                    binding = asyncio.create_task(self._bind(life))
-                    self._tasks.append(binding)
                 await self._flush()
             if count % _TIMED_EVERY_MESSAGES == 0:
                 timed.observe(time.monotonic() - now_s)
 
     def _done(self) -> bool:
-        state = self.call.state
-        return self._closed or state is CallState.ENDED or state is CallState.DETACHED
+        return self._closed or self.call.finished
 
     # ------------------------------------------------------------------- bind
 
-    async def _bind(self, life: CallLifecycle) -> None:
-        """Find the stream's engine session: each step is the lifecycle's (``bridge/lifecycle.py``), done here."""
-        start = self.call.start_request
-        assert start is not None
-        services, call_id = self.services, start.call_id
-        registry = services.registry
-        self.log = self.log.bind(provider=self.provider, call_id=call_id, stream_id=start.stream_id)
-        session: DuplexSession | None = None
-        ticket: ResumeTicket | None = None
-        while (step := life.next_step()) is not None:
-            try:
-                match step:
-                    case CheckToken():
-                        life.token_checked(await services.tokens.consume(start.custom_parameters.get("token"), call_id))
-                    case AskEnded():
-                        life.ended_is(await registry.ended_reason(call_id))
-                    case ClaimTicket():
-                        ticket, offset_ms = await registry.claim_ticket(call_id)
-                        life.ticket_claimed(ticket, offset_ms, _now_ms())
-                    case ReadRecord():
-                        record = await registry.get(call_id)
-                        bound = record is not None and record.bound
-                        life.record_read(bound=bound, ended=record is not None and record.ended_reason is not None, now_ms=_now_ms())
-                    case NudgeOldStream():
-                        old = services.live_streams.get(call_id)
-                        if old is None:
-                            await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
-                        elif old is not self:
-                            services.spawn(old.superseded())
-                    case WaitUntil(at_ms):
-                        await asyncio.sleep(max(0, at_ms - _now_ms()) / 1000)
-                        life.waited()
-                    case TakeAnswerSession():
-                        assert services.answer_sessions is not None
-                        session = await services.answer_sessions.take(call_id)
-                        life.answer_session_taken(session is not None)
-                    case Resume(ticket):
-                        try:
-                            session = await services.engine.resume(ticket)
-                            life.resumed()
-                        except EngineError as exc:
-                            self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
-                            life.resume_failed(exc.code)
-                    case Open():
-                        try:
-                            session = await services.engine.open(session_config(services.settings))
-                            life.opened()
-                        except EngineError as exc:
-                            self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
-                            life.open_failed(exc.code)
-                    case MarkEnded(reason):
-                        await self._record(registry.mark_ended(call_id, reason))
-                    case Refuse(reason, no_engine):
-                        await self._refuse(reason, no_engine=no_engine)
-                    case _:
-                        raise AssertionError(f"not a binding step: {step!r}")
-            except RegistryUnavailable as exc:
-                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                life.registry_failed()
-        bind = life.bound
+    def _begin(self, start: StreamStarted) -> None:
+        """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
+        self._start = start
+        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
+        self._life = life = CallLifecycle(
+            check_token=self.check_token,
+            answer_sessions=self.services.answer_sessions is not None,
+            reconnect_window_ms=self.call.codec.profile.reconnect_window_ms,
+        )
+        life.stream_started()
+        self._tasks.append(asyncio.create_task(self._bind(life, start)))
+
+    async def _bind(self, life: CallLifecycle, start: StreamStarted) -> None:
+        """Find the stream's engine session (the lifecycle's steps), then bind it to the call under the lock."""
+        services = self.services
+        held = _Held()
+        await self._do_steps(life, start, held)
+        bind, session = life.bound, held.session
         if bind is None or session is None:
             return
         if life.waited_ms is not None:
@@ -288,24 +246,23 @@ class MediaStreamDriver:
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
-            life.stream_state_at_bind(live=False, end_reason=self.call.end_reason)
-            await asyncio.shield(self._end_steps(life, session))
+            life.stream_state_at_bind(self.call.facts())
+            await asyncio.shield(self._do_steps(life, start, held))
             raise
         try:
-            live = self.call.state is CallState.STARTING
-            if life.stream_state_at_bind(live=live, end_reason=self.call.end_reason) is None:  # ended meanwhile
-                await self._end_steps(life, session)
+            if life.stream_state_at_bind(self.call.facts()) is None:  # ended meanwhile
+                await self._do_steps(life, start, held)
                 return
             self.session = session
             self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
-            services.active_calls.add(call_id)
-            services.live_streams[call_id] = self
+            services.active_calls.add(start.call_id)
+            services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
             self.log.info("call_bridged", engine=bind.detail, call_offset_ms=bind.call_offset_ms)
             await self._flush()
         finally:
             self._lock.release()
-        await self._record(registry.mark_bound(call_id, _BOUND_KEPT_MS))
+        await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS))
         if self._done():  # the stream ended meanwhile: ``_finish`` has the session
             return
         pump = asyncio.create_task(self._pump(session))
@@ -319,7 +276,7 @@ class MediaStreamDriver:
         async with self._lock:
             if no_engine:
                 self.call.no_engine(reason, _now_ms())  # the tone, then the hang-up (the pacer plays it)
-            elif self.call.state is CallState.STARTING:
+            else:
                 self.call.start_refused(reason)
             await self._flush()
 
@@ -328,12 +285,12 @@ class MediaStreamDriver:
         if so its engine session is detached into the registry *before* the carrier's socket closes, so the next
         stream finds its ticket wherever it lands. False when it stays."""
         async with self._lock:
-            life, session = self._life, self.session
-            if life is None or session is None or not self.call.move_elsewhere(_now_ms()):
+            life, start, session = self._life, self._start, self.session
+            if life is None or start is None or session is None or not self.call.move_elsewhere(_now_ms()):
                 return False
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
-            life.moving_elsewhere(input_ms=self.call.input_ms, heard_ms=self.call.cut_replies)
-            await self._end_steps(life, session)  # parked, or closed if the registry is down
+            life.moving_elsewhere(self.call.facts())
+            await self._do_steps(life, start, _Held(session))  # parked, or closed if the registry is down
             self._closed = True
             with suppress(Exception):
                 await self.transport.close(self.call.close_code)
@@ -443,6 +400,10 @@ class MediaStreamDriver:
                         if exc.code != ErrorCode.SESSION_CLOSED:
                             self.log.warning("engine_command_failed", command=type(command).__name__, reason=exc.code)
                         engine_gone = True
+                case BindEngine(start):
+                    self._begin(start)
+                case CallerAudioBegan():
+                    self._first_audio_read_at = time.perf_counter()
                 case Perform(pending):  # the agent's transfer / DTMF: the carrier does it meanwhile
                     self._tasks.append(asyncio.create_task(self._perform(pending)))
                 case HangUpCall(reason):
@@ -473,7 +434,7 @@ class MediaStreamDriver:
 
     async def _perform(self, pending: PendingAction) -> None:
         """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""
-        start = self.call.start_request
+        start = self._start
         assert start is not None
         action = type(pending.action).__name__
         try:
@@ -492,7 +453,7 @@ class MediaStreamDriver:
         if self._hung_up:
             return
         self._hung_up = True
-        start = self.call.start_request
+        start = self._start
         if start is None:
             return
         await self._record(self.services.registry.mark_ended(start.call_id, reason))
@@ -518,84 +479,124 @@ class MediaStreamDriver:
                     await task
         if self._background:
             await asyncio.wait(self._background, timeout=10)
-        call, services, start = self.call, self.services, self.call.start_request
-        session, life = self.session, self._life
+        services, start, session, life = self.services, self._start, self.session, self._life
+        report = self.call.report()
         if session is not None and start is not None:
             services.active_calls.discard(start.call_id)
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
         if life is not None:
-            life.stream_ended(
-                call_over=call.state is CallState.ENDED,
-                end_reason=call.end_reason,
-                detach=call.detach_engine,
-                session_closed=session is None or session.closed,
-                input_ms=call.input_ms,
-                heard_ms=call.cut_replies,
-            )
-            await self._end_steps(life, session)
-        self._count(call)
-        if call.limit_reached is not None:
-            self.log.warning("call_limit_reached", reason=call.limit_reached)
-        if call.failures_by_engine is not None:
-            services.metrics.engine_failures.labels(self.provider, engine_failure_kind(call.failures_by_engine)).inc()
-            self.log.warning("engine_failed_mid_call", reason=call.failures_by_engine)
-        if call.failure is not None:
-            services.metrics.protocol_errors.labels(self.provider, call.failure.reason.value).inc()
-            self.log.warning("call_ended", reason=call.end_reason, error=call.failure.detail)
+            assert start is not None
+            life.stream_ended(report.facts, session_closed=session is None or session.closed)
+            await self._do_steps(life, start, _Held(session))
+        self._count(report)
+        end_reason = report.facts.end_reason
+        if report.limit_reached is not None:
+            self.log.warning("call_limit_reached", reason=report.limit_reached)
+        if report.engine_failure is not None:
+            services.metrics.engine_failures.labels(self.provider, engine_failure_kind(report.engine_failure)).inc()
+            self.log.warning("engine_failed_mid_call", reason=report.engine_failure)
+        if report.failure is not None:
+            services.metrics.protocol_errors.labels(self.provider, report.failure.reason.value).inc()
+            self.log.warning("call_ended", reason=end_reason, error=report.failure.detail)
         else:
             self.log.info(
-                "call_ended" if call.state is CallState.ENDED else "stream_detached",
-                reason=call.end_reason,
-                frames_sent=call.ledger.frames_sent,
-                frames_flushed=call.ledger.frames_dropped,
+                "call_ended" if report.over else "stream_detached",
+                reason=end_reason,
+                frames_sent=report.frames_sent,
+                frames_flushed=report.frames_flushed,
                 first_audio_to_engine_ms=self._first_audio_ms,
             )
-        services.metrics.calls_total.labels(self.provider, (call.end_reason or "unknown").split(":")[0]).inc()
+        services.metrics.calls_total.labels(self.provider, (end_reason or "unknown").split(":")[0]).inc()
         if not self._closed:
             with suppress(Exception):
                 await self.transport.close(1000)
 
-    async def _end_steps(self, life: CallLifecycle, session: DuplexSession | None) -> None:
-        """Do what the lifecycle says of the session as the stream ends (or ends before its session was bound)."""
-        start = self.call.start_request
-        assert start is not None
+    async def _do_steps(self, life: CallLifecycle, start: StreamStarted, held: _Held) -> None:
+        """Do what the stream's lifecycle (``bridge/lifecycle.py``) asks, feeding each answer back, until it asks
+        nothing more: binding (``_bind``), and as the stream ends or moves. ``held``: the session in hand, and the
+        ticket it is parked under once parked."""
         services, call_id = self.services, start.call_id
-        ticket: ResumeTicket | None = None
+        registry = services.registry
         while (step := life.next_step()) is not None:
-            match step:
-                case AskEnded():
-                    try:
-                        life.ended_is(await services.registry.ended_reason(call_id))
-                    except RegistryUnavailable as exc:
-                        self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                        life.registry_failed()
-                case Park(input_ms, heard_ms):
-                    assert session is not None
-                    try:
-                        ticket = replace(await session.detach(), heard_ms=heard_ms)
-                    except EngineError as exc:
-                        self.log.warning("engine_detach_failed", reason=exc.code)
-                        life.parked(True)  # nothing to park: the engine has let the session go
-                        continue
-                    life.parked(await self._record(services.registry.detach(call_id, ticket, input_ms, self._grace_ms())))
-                case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
-                    if ticket is not None:
-                        await services.close_parked(ticket, reason)
-                case CloseUnlessBack(after_ms):
-                    if ticket is not None:
-                        services.spawn(self._close_unless_back(call_id, ticket, after_ms))
-                case CloseEngineSession(reason):
-                    if session is not None:
-                        await self._close_session(session, reason)
-                case MarkEnded(reason):
-                    await self._record(services.registry.mark_ended(call_id, reason))
-                case DiscardAnswerSession(reason):
-                    if services.answer_sessions is not None:
-                        services.answer_sessions.discard(call_id, reason)
-                case _:
-                    raise AssertionError(f"not an ending step: {step!r}")
+            try:
+                match step:
+                    case CheckToken():
+                        life.token_checked(await self._token_is_ours(start))
+                    case AskEnded():
+                        life.ended_is(await registry.ended_reason(call_id))
+                    case ClaimTicket():
+                        ticket, offset_ms = await registry.claim_ticket(call_id)
+                        life.ticket_claimed(ticket, offset_ms, _now_ms())
+                    case ReadRecord():
+                        record = await registry.get(call_id)
+                        bound = record is not None and record.bound
+                        life.record_read(bound=bound, ended=record is not None and record.ended_reason is not None, now_ms=_now_ms())
+                    case NudgeOldStream():
+                        old = services.live_streams.get(call_id)
+                        if old is None:
+                            await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
+                        elif old is not self:
+                            services.spawn(old.superseded())
+                    case WaitUntil(at_ms):
+                        await asyncio.sleep(max(0, at_ms - _now_ms()) / 1000)
+                        life.waited()
+                    case TakeAnswerSession():
+                        assert services.answer_sessions is not None
+                        held.session = await services.answer_sessions.take(call_id)
+                        life.answer_session_taken(held.session is not None)
+                    case Resume(ticket):
+                        try:
+                            held.session = await services.engine.resume(ticket)
+                            life.resumed()
+                        except EngineError as exc:
+                            self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
+                            life.resume_failed(exc.code)
+                    case Open():
+                        try:
+                            held.session = await services.engine.open(session_config(services.settings))
+                            life.opened()
+                        except EngineError as exc:
+                            self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
+                            life.open_failed(exc.code)
+                    case Refuse(reason, no_engine):
+                        await self._refuse(reason, no_engine=no_engine)
+                    case MarkEnded(reason):
+                        await self._record(registry.mark_ended(call_id, reason))
+                    case Park(input_ms, heard_ms):
+                        assert held.session is not None
+                        try:
+                            held.ticket = replace(await held.session.detach(), heard_ms=heard_ms)
+                        except EngineError as exc:
+                            self.log.warning("engine_detach_failed", reason=exc.code)
+                            life.parked(True)  # nothing to park: the engine has let the session go
+                            continue
+                        life.parked(await self._record(registry.detach(call_id, held.ticket, input_ms, self._grace_ms())))
+                    case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
+                        if held.ticket is not None:
+                            await services.close_parked(held.ticket, reason)
+                    case CloseUnlessBack(after_ms):
+                        if held.ticket is not None:
+                            services.spawn(self._close_unless_back(call_id, held.ticket, after_ms))
+                    case CloseEngineSession(reason):
+                        if held.session is not None:
+                            await self._close_session(held.session, reason)
+                    case DiscardAnswerSession(reason):
+                        if services.answer_sessions is not None:
+                            services.answer_sessions.discard(call_id, reason)
+                    case _:
+                        raise AssertionError(f"a step the driver does not know: {step!r}")
+            except RegistryUnavailable as exc:
+                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                life.registry_failed()
+
+    async def _token_is_ours(self, start: StreamStarted) -> bool:
+        """The stream's token checked (it is single-use): once, however often the lifecycle asks, and not cut short
+        by the stream's end — a stream that ends while its check is under way waits for the same check."""
+        if self._token_check is None:
+            self._token_check = asyncio.ensure_future(self.services.tokens.consume(start.custom_parameters.get("token"), start.call_id))
+        return await asyncio.shield(self._token_check)
 
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         """Close the call's engine session; a server slow to confirm (stalled, far away) finishes it in the
@@ -621,16 +622,16 @@ class MediaStreamDriver:
             return False
         return True
 
-    def _count(self, call: CallSession) -> None:
+    def _count(self, report: StreamReport) -> None:
         """The stream's totals into the process metrics, once, as it ends (nothing is counted per frame)."""
         metrics, provider = self.services.metrics, self.provider
-        metrics.audio_seconds.labels(provider, "in").inc(call.stream_input_ms / 1000)
-        metrics.audio_seconds.labels(provider, "out").inc(call.ledger.frames_sent * call.ledger.frame_ms / 1000)
-        metrics.frames_flushed.labels(provider).inc(call.ledger.frames_dropped)
-        metrics.barge_ins.labels(provider).inc(call.flushes)
-        metrics.late_audio_dropped.labels(provider).inc(call.late_deltas_dropped)
-        metrics.heard_corrections.labels(provider).inc(call.ledger.corrections)
-        metrics.playout_underruns.labels(provider).inc(call.ledger.underruns)
+        metrics.audio_seconds.labels(provider, "in").inc(report.stream_input_ms / 1000)
+        metrics.audio_seconds.labels(provider, "out").inc(report.output_ms / 1000)
+        metrics.frames_flushed.labels(provider).inc(report.frames_flushed)
+        metrics.barge_ins.labels(provider).inc(report.barge_ins)
+        metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
+        metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
+        metrics.playout_underruns.labels(provider).inc(report.playout_underruns)
 
     def _grace_ms(self) -> int:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)

@@ -104,7 +104,6 @@ _CALL_ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _KNOWN_CALLS: Final = 10_000
 """Calls remembered (uuid ↔ conversation) until their ``completed``; the oldest go first."""
 _TRANSPORT_QUEUE: Final = 64
-_DETACH_WAIT_S: Final = 2.0
 _STATUSES: Final = frozenset(
     {"started", "ringing", "answered", "busy", "cancelled", "unanswered", "disconnected", "rejected", "failed",
      "human", "machine", "timeout", "completed"}
@@ -184,8 +183,6 @@ class VonageTransport:
 
     def __init__(self, websocket: WebSocket, codec: VonageCodec) -> None:
         self.codec = codec
-        self.finished = asyncio.Event()
-        """Set once the driver is done with this socket (its engine session closed or detached)."""
         self._inner = WebSocketTransport(websocket)
         self._queue: asyncio.Queue[str | bytes | None] = asyncio.Queue(_TRANSPORT_QUEUE)
         self._reader: asyncio.Task[None] | None = None
@@ -243,7 +240,6 @@ class VonageTransport:
 
     async def aclose(self) -> None:
         """Stop the reader (the driver has finished with the socket)."""
-        self.finished.set()
         if self._reader is not None and not self._reader.done():
             self._reader.cancel()
             with suppress(asyncio.CancelledError, Exception):
@@ -405,16 +401,13 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         if call_id is None or not _CALL_ID.fullmatch(call_id):
             log.warning("stream_status", provider="vonage", leg=leg, stream_event="disconnected", detail="no call_uuid")
             return Response(status_code=204)
-        # the socket that dropped: named by its token when Vonage echoes the headers, else every one of the call
+        # The socket that dropped (named by its token when Vonage echoes the headers, else every one of the call)
+        # hears the verdict here, or on the process that has it. It detaches its session there; the new stream
+        # waits for that detach itself (its ``CallLifecycle``), so this answer does not.
         stale = calls.sockets(call_id, token)
         for transport in stale:
             transport.dropped()
-        if stale:  # let the dropped socket detach its engine session before the new one claims it
-            waiters = [asyncio.ensure_future(t.finished.wait()) for t in stale]
-            await asyncio.wait(waiters, timeout=_DETACH_WAIT_S)
-            for waiter in waiters:
-                waiter.cancel()
-        else:  # on another process, if anywhere: it detaches there, and the new stream waits for that detach
+        if not stale:
             await services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
         ended = await services.registry.ended_reason(call_id)
         # draining, a call another process can resume still gets its new socket: it goes to the public URL

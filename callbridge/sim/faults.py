@@ -414,7 +414,7 @@ class SimulatedCall:
                     return
                 case _:
                     self._violation(f"a binding step the simulation does not know: {step!r}")
-        bind = life.stream_state_at_bind(live=call.state is CallState.STARTING, end_reason=call.end_reason)
+        bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
         self.registry.bound = True
         call.engine_bound(self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
@@ -467,14 +467,7 @@ class SimulatedCall:
         self.life = None
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
-        life.stream_ended(
-            call_over=call.state is CallState.ENDED,
-            end_reason=call.end_reason,
-            detach=call.detach_engine,
-            session_closed=session_closed,
-            input_ms=call.input_ms,
-            heard_ms=call.cut_replies,
-        )
+        life.stream_ended(call.facts(), session_closed=session_closed)
         while (step := life.next_step()) is not None:
             match step:
                 case AskEnded():

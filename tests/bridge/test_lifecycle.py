@@ -26,6 +26,7 @@ from callbridge.bridge.lifecycle import (
     Refuse,
     Resume,
     Step,
+    StreamFacts,
     TakeAnswerSession,
     WaitUntil,
 )
@@ -56,7 +57,7 @@ def to_claim(life: CallLifecycle) -> None:
 
 
 def bound_live(life: CallLifecycle) -> Bind:
-    bind = life.stream_state_at_bind(live=True, end_reason=None)
+    bind = life.stream_state_at_bind(StreamFacts(awaiting_engine=True))
     assert bind is not None
     return bind
 
@@ -139,7 +140,7 @@ class TestBinding:
         steps(life)
         life.token_checked(False)
         assert steps(life) == [Refuse(EndReason.BAD_TOKEN)]
-        life.stream_ended(call_over=True, end_reason=EndReason.BAD_TOKEN, detach=False, session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndReason.BAD_TOKEN, detach=False), session_closed=True)
         assert steps(life) == []  # neither marks the call ended nor discards its answer session
 
     def test_a_call_already_over_is_refused(self) -> None:
@@ -209,17 +210,17 @@ class TestEndedWhileBinding:
 
     def test_a_drop_parks_the_session_for_the_next_stream(self) -> None:
         life = self.in_hand()
-        assert life.stream_state_at_bind(live=False, end_reason=EndReason.TRANSPORT_LOST) is None
+        assert life.stream_state_at_bind(StreamFacts(end_reason=EndReason.TRANSPORT_LOST)) is None
         assert steps(life) == [Park(4_200, TICKET.heard_ms)]
         life.parked(True)
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=False, session_closed=True)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=False), session_closed=True)
         assert steps(life) == []
 
     def test_a_stop_closes_it_and_the_call_is_over(self) -> None:
         life = self.in_hand()
-        assert life.stream_state_at_bind(live=False, end_reason="caller_hung_up") is None
+        assert life.stream_state_at_bind(StreamFacts(end_reason="caller_hung_up")) is None
         assert steps(life) == [CloseEngineSession("caller_hung_up")]
-        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
         assert steps(life) == [MarkEnded("caller_hung_up")]
 
 
@@ -235,20 +236,20 @@ class TestEnding:
 
     def test_a_stop_closes_the_session_once_and_marks_the_call_ended(self) -> None:
         life = self.bound()
-        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=False)
         assert steps(life) == [CloseEngineSession("caller_hung_up"), MarkEnded("caller_hung_up")]
-        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=False)
         assert steps(life) == []  # once
 
     def test_a_session_the_engine_ended_is_not_closed_again(self) -> None:
         life = self.bound()
-        life.stream_ended(call_over=True, end_reason="engine_SessionExpired:idle_ttl_expired", detach=False, session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="engine_SessionExpired:idle_ttl_expired", detach=False), session_closed=True)
         assert steps(life) == [MarkEnded("engine_SessionExpired:idle_ttl_expired")]
 
     def test_a_drop_parks_the_session_unless_the_call_is_over_meanwhile(self) -> None:
         life = self.bound(window_ms=30_000)
         heard = (("resp-2", 505),)
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False, input_ms=9_000, heard_ms=heard)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, input_ms=9_000, heard_ms=heard), session_closed=False)
         assert steps(life) == [AskEnded()]
         life.ended_is(None)
         assert steps(life) == [Park(9_000, heard)]
@@ -257,14 +258,14 @@ class TestEnding:
 
     def test_a_drop_of_a_call_ended_meanwhile_closes_the_session(self) -> None:
         life = self.bound()
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
         steps(life)
         life.ended_is("completed")
         assert steps(life) == [CloseEngineSession(EndReason.TRANSPORT_LOST)]
 
     def test_a_registry_that_cannot_take_the_ticket_closes_the_session(self) -> None:
         life = self.bound()
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
         steps(life)
         life.registry_failed()  # not known to be over: parked
         assert steps(life) == [Park(0, ())]
@@ -273,27 +274,53 @@ class TestEnding:
 
     def test_a_stream_moved_off_a_draining_process_parks_before_its_socket_closes(self) -> None:
         life = self.bound(window_ms=30_000)
-        life.moving_elsewhere(input_ms=5_000, heard_ms=(("resp-3", 80),))
+        life.moving_elsewhere(StreamFacts(input_ms=5_000, heard_ms=(("resp-3", 80),)))
         assert steps(life) == [Park(5_000, (("resp-3", 80),))]
         life.parked(True)
         assert steps(life) == []  # no window to wait out: the drain's redirect brings the next stream
-        life.stream_ended(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
         assert steps(life) == []  # parked already
         with pytest.raises(LifecycleError):
-            life.moving_elsewhere(input_ms=0, heard_ms=())
+            life.moving_elsewhere(StreamFacts(input_ms=0, heard_ms=()))
 
     def test_a_stream_ended_before_it_bound_discards_the_answer_session(self) -> None:
         life = started(answer=True)
         steps(life)
-        life.stream_ended(call_over=True, end_reason="caller_hung_up", detach=False, session_closed=True)
+        life.token_checked(True)
+        assert steps(life) == [AskEnded()]
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
         assert steps(life) == [DiscardAnswerSession("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert life.next_step() is None
 
+    def test_a_stream_ended_before_its_token_was_found_ours_says_nothing_of_the_call(self) -> None:
+        """Anyone can open a media socket and name a call in its ``start``: a ``stop`` sent before the token check
+        answers must not mark that call over, nor close the session opened at its answer."""
+        life = started(answer=True)
+        assert steps(life) == [CheckToken()]
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up"), session_closed=True)
+        assert steps(life) == [CheckToken()]  # the check under way is waited for
+        life.token_checked(False)
+        assert steps(life) == []
+
+    def test_a_stream_of_the_call_that_ended_while_its_token_was_checked_ends_the_call(self) -> None:
+        life = started(answer=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up"), session_closed=True)  # check not begun
+        assert steps(life) == [CheckToken()]
+        life.token_checked(True)
+        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+
+    def test_a_drop_before_the_stream_bound_leaves_the_call_to_its_reconnect(self) -> None:
+        life = started(answer=True)
+        steps(life)
+        life.token_checked(True)
+        life.stream_ended(StreamFacts(end_reason=EndReason.TRANSPORT_LOST), session_closed=True)
+        assert steps(life) == []  # neither over nor its answer session gone: the carrier's next stream takes it
+
     def test_binding_inputs_after_the_end_are_driver_bugs(self) -> None:
         life = self.bound()
-        life.stream_ended(call_over=True, end_reason="stop", detach=False, session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason="stop", detach=False), session_closed=False)
         steps(life)
         with pytest.raises(LifecycleError):
-            life.stream_state_at_bind(live=True, end_reason=None)
+            life.stream_state_at_bind(StreamFacts(awaiting_engine=True))
         with pytest.raises(LifecycleError):
             life.resumed()

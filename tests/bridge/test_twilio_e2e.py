@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 
 import numpy as np
+import orjson
 import pytest
+from twilio.request_validator import RequestValidator
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.call import CallSession
 from callbridge.engine.commands import AckPlayback, TruncateItem
 from callbridge.engine.events import AudioDelta, EngineEvent
 from callbridge.engine.local.core import LocalEngineOptions
+from callbridge.engine.local.engine import LocalSession
+from callbridge.engine.port import SessionConfig
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import (
@@ -61,6 +67,26 @@ async def test_heard_positions_of_a_reply_cut_by_a_drop_continue_on_the_next_str
     assert abs(heard[-1] - sum(result.agent_runs_ms)) <= 100, (heard, result.agent_runs_ms)  # all the caller heard
 
 
+async def test_a_drop_while_the_stream_waits_for_its_engine_is_not_the_end_of_the_call() -> None:
+    """The socket drops while its stream is still binding (here: an engine slow to open). The call is not over:
+    Twilio's ``<Redirect>`` brings the next stream, which gets the call's session and the conversation goes on.
+    (Before, that drop marked the call ended, and the redirect was answered with a hang-up.)"""
+
+    class SlowToOpen(RecordingEngine):
+        async def open(self, config: SessionConfig) -> LocalSession:
+            await asyncio.sleep(0.8)
+            return await super().open(config)
+
+    recorder = SlowToOpen(LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=4.0))
+    async with running_bridge(settings(engine={"open_at_answer": "off"}), recorder) as bridge:  # the stream opens it
+        script = CallerScript(utterances=((1500, short_speech()),), drop_stream_at_ms=(200,), redirect_delay_ms=100, hangup_at_ms=5000)
+        result = await bridge.twilio.place_call(script)
+        assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+        assert result.agent_speech_ms > 500, result.render()  # the echo came back on the second stream
+        assert len(recorder.opened) == 1, recorder.opened  # one session for the call
+        assert await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid) == "caller_hung_up"
+
+
 class TestSecurity:
     async def test_bad_token_in_start_closes_the_socket_without_a_session(self) -> None:
         recorder = engine()
@@ -74,6 +100,29 @@ class TestSecurity:
             assert await reused.closed() == 1008
             assert streams_bound(bridge) == 0
         assert recorder.session_count == 0  # the sessions the answers opened closed with the bridge
+
+    async def test_a_stop_behind_someone_elses_token_does_not_end_their_call(self) -> None:
+        """Anyone holding one upgrade signature (Twilio signs the media URL alone, so it never changes) can open a
+        socket, name a live call in its ``start`` with a made-up token and send ``stop`` at once, before the
+        token is checked. That stream's end says nothing of the call: the call is not marked over, and it goes on."""
+        recorder = engine()
+        async with running_bridge(settings(), recorder) as bridge:
+            victim = await bridged(bridge, recorder)
+            forged = RawStream(victim.ws, "MZ" + "0" * 32, victim.call_sid, "made-up", victim.account_sid)
+            ws_url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
+            signature = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value()).compute_signature(ws_url, {})
+            async with connect(ws_url, additional_headers={"X-Twilio-Signature": signature}) as ws:
+                stop = orjson.dumps({"event": "stop", "sequenceNumber": "2", "streamSid": forged.sid, "stop": {"callSid": victim.call_sid}})
+                await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+                await ws.send(forged.start_message())
+                await ws.send(stop.decode())
+                with contextlib.suppress(ConnectionClosed):
+                    async for _ in ws:
+                        pass
+            services = bridge.app.state.bridge.services
+            assert await services.registry.ended_reason(victim.call_sid) is None
+            await victim.ws.send(victim.media())
+            assert recorder.session_count == 1 and victim.ws.close_code is None  # the real call goes on
 
 
 def streams_bound(bridge: object) -> float:

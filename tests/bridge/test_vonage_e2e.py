@@ -33,7 +33,7 @@ from callbridge.sim.carrier import CallerScript
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sim.vonage import SimulatedVonage, sign_webhook
-from tests.bridge.twilio_e2e import LoopStalls, detached, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import LoopStalls, bound, detached, engine, settings, short_speech, until
 
 SPEECH_MS = 1500
 SECRET = "a-signature-secret-of-32-bytes-or-more"
@@ -328,11 +328,11 @@ async def test_disconnected_while_our_side_still_sees_the_socket_open() -> None:
     async with running_bridge(settings(), recorder, provider="vonage") as bridge, raw(bridge) as client:
         call_id = str(uuid.uuid4())
         ws, headers = await client.connect((await client.answer(call_id)).json())
-        await until(lambda: recorder.session_count == 1)
-        response = await client.event({"uuid": "leg-1", "status": "disconnected", "headers": headers})
-        again = response.json()  # the stale socket was let go (its session detached) before this answer
         registry = bridge.app.state.bridge.services.registry
-        assert await detached(registry, call_id)
+        await until(lambda: bound(registry, call_id))  # its stream has the session opened at the answer
+        response = await client.event({"uuid": "leg-1", "status": "disconnected", "headers": headers})
+        again = response.json()
+        await until(lambda: detached(registry, call_id))  # the stale socket was let go: its session detached
         ws2, _ = await client.connect(again)
         await until(lambda: recorder.resumed == recorder.opened)
         await ws.close()

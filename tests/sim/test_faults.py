@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from callbridge.bridge.call import CallSession
-from callbridge.bridge.lifecycle import CallLifecycle
+from callbridge.bridge.lifecycle import CallLifecycle, StreamFacts
 from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import SimulatedCall, Violation, main, plan_for, run_seed
 
@@ -81,8 +81,8 @@ class TestPlantedBugsAreCaught:
     def test_a_drop_that_closes_the_session_instead_of_parking_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
         original = CallLifecycle.stream_ended
 
-        def closing(life: CallLifecycle, **ending: Any) -> None:
-            original(life, **{**ending, "detach": False})  # a dropped stream's session closed, not kept
+        def closing(life: CallLifecycle, stream: StreamFacts, *, session_closed: bool) -> None:
+            original(life, replace(stream, detach=False), session_closed=session_closed)  # closed, not kept
 
         monkeypatch.setattr(CallLifecycle, "stream_ended", closing)
         assert "without parking it" in first_violation(range(100)).what
