@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import time
 
 import numpy as np
 import orjson
@@ -236,19 +237,29 @@ async def test_an_engine_event_the_call_cannot_take_plays_the_fallback_then_hang
 
 
 class TestLimits:
+    """With the shipped limits (10 s to the first message, 10 s idle): each test waits them out for real. The
+    longest call (4 h shipped) is run shortened here, as an operator would set it; the core's tests run all three
+    at the shipped values under a fake clock (``tests/bridge/test_call.py::TestLimits``)."""
+
     async def test_a_connection_that_never_starts_is_closed(self) -> None:
         recorder = engine()
-        async with running_bridge(settings(server={"first_message_timeout_s": 0.4}), recorder) as bridge:
+        async with running_bridge(settings(), recorder) as bridge:
+            assert bridge.settings.server.first_message_timeout_s == 10
             stream = await RawStream.open(bridge)
-            assert await stream.closed(timeout_s=3) is not None  # nothing sent: closed by the bridge
+            opened = time.monotonic()
+            assert await stream.closed(timeout_s=20) is not None  # nothing sent: closed by the bridge
+            assert time.monotonic() - opened >= 9.5  # not before the limit
             assert streams_bound(bridge) == 0
         assert recorder.session_count == 0
 
     async def test_a_stream_gone_quiet_is_taken_as_dropped(self) -> None:
         recorder = engine()
-        async with running_bridge(settings(server={"idle_timeout_s": 0.5}), recorder) as bridge:
+        async with running_bridge(settings(), recorder) as bridge:
+            assert bridge.settings.server.idle_timeout_s == 10
             stream = await bridged(bridge, recorder)  # started, then silent (a half-open socket)
-            assert await stream.closed(timeout_s=3) is not None
+            quiet = time.monotonic()
+            assert await stream.closed(timeout_s=20) is not None
+            assert time.monotonic() - quiet >= 9.5
             registry = bridge.app.state.bridge.services.registry
             await until(lambda: detached(registry, stream.call_sid))  # the session waits for the next stream
             ends = bridge.app.state.bridge.registry.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "idle_timeout"})
