@@ -29,8 +29,15 @@ After every step the invariants are checked (``Violation`` names the first that 
   closed (or lost with its server, or past its grace), the stream ended, the registry knows the call is over
   and holds no ticket.
 
-A failing seed prints itself; ``python -m callbridge.sim.faults --seed N`` replays it exactly, ``--seeds 100000``
-runs many.
+Several calls at once (``SimulatedCalls``, ``--calls``): a seed picks 2-4 calls, when each is answered, an engine
+server with room for all of them or one fewer, and whether it dies (under every call on it). They share the
+server and the registry (a record per call). Besides each call's invariants: the server never holds more
+sessions than it has room for; a call the server cannot take at its answer is refused busy (no stream, no
+session); a stream is only ever given a session its own call opened; and once every call is over, a living
+server holds no open session.
+
+A failing seed prints itself; ``python -m callbridge.sim.faults --seed N`` replays it exactly (``--calls --seed
+N`` one of several calls), ``--seeds 100000`` runs many.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ import base64
 import random
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import numpy as np
@@ -72,7 +79,18 @@ from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, S
 from callbridge.engine.local.vad import FrameScorer
 from callbridge.engine.port import ResumeTicket, SessionConfig
 
-__all__ = ["FaultPlan", "SimulatedCall", "Violation", "main", "plan_for", "run_seed"]
+__all__ = [
+    "CallsPlan",
+    "FaultPlan",
+    "SimulatedCall",
+    "SimulatedCalls",
+    "Violation",
+    "calls_plan_for",
+    "main",
+    "plan_for",
+    "run_calls_seed",
+    "run_seed",
+]
 
 FRAME_MS: Final = 20
 TONE_BOUND_MS: Final = 3000
@@ -90,8 +108,9 @@ _GRACE_MS: Final = 30_000
 class Violation(AssertionError):
     """An invariant failed: which, when, and the seed that replays it."""
 
-    def __init__(self, seed: int, at_ms: int, what: str) -> None:
-        super().__init__(f"seed {seed} at {at_ms} ms: {what}  (replay: python -m callbridge.sim.faults --seed {seed})")
+    def __init__(self, seed: int, at_ms: int, what: str, *, calls: bool = False) -> None:
+        replay = f"python -m callbridge.sim.faults {'--calls ' if calls else ''}--seed {seed}"
+        super().__init__(f"seed {seed} at {at_ms} ms: {what}  (replay: {replay})")
         self.seed = seed
         self.at_ms = at_ms
         self.what = what
@@ -216,17 +235,54 @@ class _RegistryModel:
     bound: bool = False
 
 
+@dataclass(slots=True)
+class _EngineServer:
+    """The engine server a seed's calls share: room for ``capacity`` sessions at once (``resource_exhausted``
+    past it), and every session it opened, with the call that opened it."""
+
+    capacity: int
+    sessions: dict[str, tuple[str, LocalSessionCore]] = field(default_factory=dict)
+    """session id → (the call that opened it, its core)."""
+
+    def in_use(self) -> int:
+        return sum(core.state is not SessionState.CLOSED for _, core in self.sessions.values())
+
+    def has_room(self) -> bool:
+        return self.in_use() < self.capacity
+
+
 class SimulatedCall:
     """One call of the plan, stepped on a virtual clock (see the module docstring)."""
 
-    def __init__(self, seed: int, plan: FaultPlan | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        plan: FaultPlan | None = None,
+        *,
+        call_id: str = _CALL_ID,
+        server: _EngineServer | None = None,
+        registry: dict[str, _RegistryModel] | None = None,
+        in_fleet: bool = False,
+    ) -> None:
+        """One call. With ``server`` and ``registry``: one of several calls sharing them (``SimulatedCalls``); the
+        call is answered now (a busy refusal when the server has no room, or is dead already)."""
         self.seed = seed
         self.plan = plan or plan_for(seed)
+        self.call_id = call_id
         self.now_ms = 0
-        self._ids = random.Random(seed)
+        self._in_fleet = in_fleet
+        self._ids = random.Random(f"{seed}:{call_id}")
+        self.server = server or _EngineServer(capacity=1)
+        self.registry = (registry if registry is not None else {}).setdefault(call_id, _RegistryModel())
         self.sessions = 1
-        self.engine = self._new_engine("duplex-sim-1")
-        self.registry = _RegistryModel()
+        self.outcome: str | None = None
+        dead_at_answer = self.plan.engine_dies_at_ms is not None and self.plan.engine_dies_at_ms <= 0
+        self.engine = self._new_engine(f"duplex-sim-{call_id[-4:]}-1")
+        if dead_at_answer or not self.server.has_room():  # engine_takes: busy before answer, no stream comes
+            self.outcome = "busy"
+            self.engine.submit(CloseSession("not_opened"), 0)
+        else:
+            self.server.sessions[self.engine.session_id] = (call_id, self.engine)
         self.life: CallLifecycle | None = None
         self.engine_dead = False
         self.engine_lost_reported = False
@@ -238,7 +294,6 @@ class SimulatedCall:
         """response → PCM16 bytes of audio the engine generated for it."""
         self.heard_told: dict[str, int] = {}
         """response → the highest heard position told to the engine (acks and truncations), all streams."""
-        self.outcome: str | None = None
         self.failed_at_ms: int | None = None
         self.streams = 0
         self.call: CallSession | None = None
@@ -248,8 +303,9 @@ class SimulatedCall:
         self._order = 0
         self._held_echo: tuple[str, int] | None = None
         """A mark echo held back (``reordered_echoes``), and since when."""
-        self._next_stream_at_ms: int | None = 0
+        self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
+        self._end_ms = self.plan.hangup_at_ms + 15_000
 
     def _new_engine(self, session_id: str) -> LocalSessionCore:
         options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
@@ -263,16 +319,23 @@ class SimulatedCall:
     # ------------------------------------------------------------------ run
 
     def run(self) -> SimulatedCall:
-        plan = self.plan
-        end_ms = plan.hangup_at_ms + 15_000
-        while self.outcome is None:
-            if self.now_ms > end_ms:
+        while self.advance():
+            pass
+        return self
+
+    def advance(self) -> bool:
+        """One step of the virtual clock (10 ms), its invariants checked; False once the call is over (and its
+        end checked)."""
+        if self.outcome is None:
+            if self.now_ms > self._end_ms:
                 self._violation(f"the call never ended (state {self.call.state if self.call else None})")
             self._step()
             self._check()
             self.now_ms += FRAME_MS // 2
+            if self.outcome is None:
+                return True
         self._check_end()
-        return self
+        return False
 
     def _step(self) -> None:
         now, plan = self.now_ms, self.plan
@@ -377,7 +440,7 @@ class SimulatedCall:
         self._stream_started_at_ms = self.now_ms
         call.receive_message('{"event":"connected","protocol":"Call","version":"1.0.0"}', self.now_ms)
         start = {
-            "streamSid": stream_sid, "accountSid": "AC0", "callSid": _CALL_ID, "tracks": ["inbound"],
+            "streamSid": stream_sid, "accountSid": "AC0", "callSid": self.call_id, "tracks": ["inbound"],
             "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
         }  # fmt: skip
         call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
@@ -421,6 +484,9 @@ class SimulatedCall:
         self._after_input(call)
 
     def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
+        owner = self.server.sessions.get(ticket.session_id, ("nobody",))[0]
+        if owner != self.call_id:
+            self._violation(f"a stream of {self.call_id} was given the session of {owner} ({ticket.session_id})")
         if self.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
             self.session_lost = True
             life.resume_failed("connection_failed")
@@ -441,8 +507,12 @@ class SimulatedCall:
             self._violation(f"a second engine session while the call's first is still {self.engine.state.value}")
         if self.close_requested:
             self._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
+        if not self.server.has_room():  # the other calls' sessions fill the server
+            life.open_failed("resource_exhausted")
+            return
         self.sessions += 1
-        self.engine = self._new_engine(f"duplex-sim-{self.sessions}")
+        self.engine = self._new_engine(f"duplex-sim-{self.call_id[-4:]}-{self.sessions}")
+        self.server.sessions[self.engine.session_id] = (self.call_id, self.engine)
         self.closes_sent, self.session_lost = 0, False
         self.close_requested = False
         life.opened()
@@ -570,6 +640,10 @@ class SimulatedCall:
 
     def _check_end(self) -> None:
         call, outcome = self.call, self.outcome
+        if outcome == "busy":
+            if self.streams or self.engine.session_id in self.server.sessions:
+                self._violation("refused busy at the answer, yet a stream or a session was had")
+            return
         if outcome in ("failure_tone_and_hang_up", "no_engine_tone_and_hang_up"):  # mid-call, or at the next stream
             carrier = self.carrier
             if call is None or call.hangup is None:
@@ -593,7 +667,7 @@ class SimulatedCall:
             self._violation("the call is over; the registry does not know it (or still holds a ticket)")
 
     def _violation(self, what: str) -> None:
-        raise Violation(self.seed, self.now_ms, what)
+        raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self._in_fleet else what, calls=self._in_fleet)
 
 
 def run_seed(seed: int) -> SimulatedCall:
@@ -601,32 +675,112 @@ def run_seed(seed: int) -> SimulatedCall:
     return SimulatedCall(seed).run()
 
 
+# ------------------------------------------------------------------ several calls
+
+
+@dataclass(frozen=True, slots=True)
+class CallsPlan:
+    """Several calls on one engine server: when each is answered (ms from the seed's start), what each does
+    (its own ``FaultPlan``, its times from its answer), how many sessions the server takes at once, and when the
+    server dies (for every call on it)."""
+
+    starts_at_ms: tuple[int, ...]
+    plans: tuple[FaultPlan, ...]
+    capacity: int
+    engine_dies_at_ms: int | None
+
+
+def calls_plan_for(seed: int) -> CallsPlan:
+    """The calls seed ``seed`` stands for (``--calls``), the same on every machine."""
+    rng = random.Random(f"calls:{seed}")
+    count = rng.randint(2, 4)
+    capacity = rng.randint(max(1, count - 1), count)  # one short, at times: a call finds the server full
+    dies = rng.randrange(300, 8000, 20) if rng.random() < 0.3 else None
+    starts = tuple(sorted(rng.randrange(0, 4000, 20) for _ in range(count)))
+    plans = tuple(
+        replace(plan_for(rng.randrange(2**31)), engine_dies_at_ms=None if dies is None else dies - start) for start in starts
+    )
+    return CallsPlan(starts, plans, capacity, dies)
+
+
+class SimulatedCalls:
+    """Several calls at once on one virtual clock, one engine server (its room, its death) and one registry
+    (a record per call). Besides each call's invariants: the server never holds more sessions than it has room
+    for; a stream is only ever given a session its own call opened; a call is refused busy only when the server
+    is full or dead at its answer; and once every call is over, the server (if it lives) holds no open session."""
+
+    def __init__(self, seed: int, plan: CallsPlan | None = None) -> None:
+        self.seed = seed
+        self.plan = plan or calls_plan_for(seed)
+        self.server = _EngineServer(self.plan.capacity)
+        self.registry: dict[str, _RegistryModel] = {}
+        self.calls: list[SimulatedCall] = []
+        self.now_ms = 0
+
+    def run(self) -> SimulatedCalls:
+        plan = self.plan
+        waiting = list(enumerate(zip(plan.starts_at_ms, plan.plans, strict=True)))
+        running: list[SimulatedCall] = []
+        while waiting or running:
+            while waiting and waiting[0][1][0] <= self.now_ms:
+                index, (_, call_plan) = waiting.pop(0)
+                call = SimulatedCall(self.seed, call_plan, call_id=f"CA{index + 1:032x}", server=self.server,
+                                     registry=self.registry, in_fleet=True)  # fmt: skip
+                self.calls.append(call)
+                running.append(call)
+            running = [call for call in running if call.advance()]
+            if self.server.in_use() > plan.capacity:
+                raise Violation(self.seed, self.now_ms, f"{self.server.in_use()} sessions on a server with room for {plan.capacity}", calls=True)
+            self.now_ms += FRAME_MS // 2
+        dead = plan.engine_dies_at_ms is not None
+        left = [sid for sid, (_, core) in self.server.sessions.items() if core.state is not SessionState.CLOSED]
+        if left and not dead:
+            raise Violation(self.seed, self.now_ms, f"every call is over; the server still holds {left}", calls=True)
+        return self
+
+    @property
+    def outcomes(self) -> list[str]:
+        return [call.outcome or "?" for call in self.calls]
+
+
+def run_calls_seed(seed: int) -> SimulatedCalls:
+    """Run the several calls of seed ``seed``; raises ``Violation`` at the first invariant that fails."""
+    return SimulatedCalls(seed).run()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m callbridge.sim.faults", description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=1000, help="run seeds 0..N-1 (default 1000)")
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="replay one seed, printing its plan and outcome")
+    parser.add_argument("--calls", action="store_true", help="seeds of several calls on one engine server (2-4 calls)")
     args = parser.parse_args(argv)
     if args.seed is not None:
-        print(plan_for(args.seed))
+        print(calls_plan_for(args.seed) if args.calls else plan_for(args.seed))
         try:
-            call = run_seed(args.seed)
+            if args.calls:
+                calls = run_calls_seed(args.seed)
+                print(f"outcomes: {calls.outcomes}; streams {[call.streams for call in calls.calls]}")
+            else:
+                call = run_seed(args.seed)
+                print(f"outcome: {call.outcome}; streams {call.streams}; heard told {call.heard_told}")
         except Violation as exc:
             print(exc)
             return 1
-        print(f"outcome: {call.outcome}; streams {call.streams}; heard told {call.heard_told}")
         return 0
     outcomes: dict[str, int] = {}
     failed = 0
     for seed in range(args.first, args.first + args.seeds):
         try:
-            call = run_seed(seed)
+            ended = run_calls_seed(seed).outcomes if args.calls else [run_seed(seed).outcome or "?"]
         except Violation as exc:
             failed += 1
             print(exc)
             continue
-        outcomes[call.outcome or "?"] = outcomes.get(call.outcome or "?", 0) + 1
-    print(f"{args.seeds} seeds: {failed} failed; outcomes {dict(sorted(outcomes.items()))}")
+        for outcome in ended:
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    kind = "seeds of several calls" if args.calls else "seeds"
+    print(f"{args.seeds} {kind}: {failed} failed; outcomes {dict(sorted(outcomes.items()))}")
     return 1 if failed else 0
 
 

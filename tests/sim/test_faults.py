@@ -11,7 +11,17 @@ import pytest
 from callbridge.bridge.call import CallSession
 from callbridge.bridge.lifecycle import CallLifecycle, StreamFacts
 from callbridge.engine.events import Capabilities
-from callbridge.sim.faults import SimulatedCall, Violation, main, plan_for, run_seed
+from callbridge.sim.faults import (
+    SimulatedCall,
+    SimulatedCalls,
+    Violation,
+    _EngineServer,
+    calls_plan_for,
+    main,
+    plan_for,
+    run_calls_seed,
+    run_seed,
+)
 
 SEEDS_PER_TEST = 100
 
@@ -103,3 +113,70 @@ class TestPlantedBugsAreCaught:
         with pytest.raises(Violation) as caught:
             SimulatedCall(seed, plan).run()
         assert "dead air" in caught.value.what
+
+
+class TestSeveralCalls:
+    """Seeds of 2-4 calls on one engine server and one registry (``--calls``)."""
+
+    @pytest.mark.parametrize("first", range(0, 200, 50))
+    def test_every_seed_keeps_every_invariant(self, first: int) -> None:
+        violations = []
+        outcomes: set[str] = set()
+        for seed in range(first, first + 50):
+            try:
+                outcomes.update(run_calls_seed(seed).outcomes)
+            except Violation as exc:
+                violations.append(str(exc))
+        assert violations == []
+        assert {"caller_hung_up", "busy"} <= outcomes  # conversations, and calls the full server turned away
+
+    def test_the_plans_share_a_server_that_is_at_times_full_or_dies(self) -> None:
+        plans = [calls_plan_for(seed) for seed in range(200)]
+        assert sum(p.capacity < len(p.plans) for p in plans) > 50
+        assert sum(p.engine_dies_at_ms is not None for p in plans) > 40
+        assert all(len(p.plans) >= 2 for p in plans)
+
+    def test_a_seed_replays_exactly(self) -> None:
+        first, second = run_calls_seed(7), run_calls_seed(7)
+        assert first.outcomes == second.outcomes
+        assert [c.heard_told for c in first.calls] == [c.heard_told for c in second.calls]
+
+    def test_a_server_that_takes_more_than_its_room_is_caught(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(_EngineServer, "has_room", lambda server: True)
+        seeds = [s for s in range(50) if calls_plan_for(s).capacity < len(calls_plan_for(s).plans)]
+        caught = []
+        for seed in seeds:
+            try:
+                run_calls_seed(seed)
+            except Violation as exc:
+                caught.append(exc.what)
+        assert any("on a server with room for" in what for what in caught), caught
+
+    def test_a_ticket_given_to_another_call_is_caught(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The registry hands a stream the ticket another call parked (a lookup by the wrong key)."""
+        original = SimulatedCalls.run
+
+        def crossed(calls: SimulatedCalls) -> SimulatedCalls:
+            records = calls.registry
+
+            class Crossed(dict):  # type: ignore[type-arg]
+                def setdefault(self, key: str, default: Any = None) -> Any:
+                    return super().setdefault("shared", default)  # every call's record is one record
+
+            calls.registry = Crossed(records)
+            return original(calls)
+
+        monkeypatch.setattr(SimulatedCalls, "run", crossed)
+        caught = []
+        for seed in range(100):
+            try:
+                run_calls_seed(seed)
+            except Violation as exc:
+                caught.append(exc.what)
+        assert any("was given the session of" in what for what in caught), caught[:5]
+
+    def test_the_command_line_runs_them(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert main(["--calls", "--seeds", "3"]) == 0
+        assert "3 seeds of several calls: 0 failed" in capsys.readouterr().out
+        assert main(["--calls", "--seed", "4"]) == 0
+        assert "outcomes:" in capsys.readouterr().out
