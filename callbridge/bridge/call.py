@@ -43,6 +43,7 @@ call hung up, the socket closed. Nothing here touches another call.
 
 from __future__ import annotations
 
+import base64
 import enum
 from collections import deque
 from dataclasses import dataclass
@@ -109,6 +110,7 @@ from callbridge.engine.events import (
     SessionReplaced,
 )
 from callbridge.engine.late_audio import LateAudioFilter
+from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
 
 __all__ = [
     "TRANSITIONS",
@@ -409,6 +411,8 @@ class CallSession:
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
         self._send_failed_at_ms: int | None = None
         self._going_away = False
+        self._unheard: UnheardAudio | None = None
+        """The rest of the reply playing when the stream dropped, for the next stream (``facts``)."""
 
     def _ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
@@ -458,6 +462,7 @@ class CallSession:
         now_ms: int,
         call_offset_ms: int | None = None,
         heard_ms: tuple[tuple[str, int], ...] = (),
+        unheard: UnheardAudio | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -465,6 +470,8 @@ class CallSession:
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
         of each the caller heard (the ticket's ``heard_ms``): the rest of such a reply plays here, and what the
         engine is told of it continues from there (never from 0).
+        ``unheard``: the rest of the reply the last stream was playing as it ended; it plays first, from where the
+        caller stopped hearing it (where this stream cannot play it, the model's turn is cut to what was heard).
         """
         self._transition(_Trigger.ENGINE_BOUND)
         self.capabilities = capabilities
@@ -476,7 +483,29 @@ class CallSession:
         while self._starting_buffer:
             self._to_engine(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
         self._starting_buffer_ms = 0
+        if unheard is not None:
+            self._play_unheard(unheard, now_ms)
         self.tick(now_ms)
+
+    def _play_unheard(self, unheard: UnheardAudio, now_ms: int) -> None:
+        """The last stream's unheard rest of a reply, first: its frames as they were, when this stream carries the
+        same audio; its later audio (if the engine was still generating it) follows on the same response."""
+        response_id = unheard.response_id
+        same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._encoding.value, self._rate_hz, self.ledger.frame_ms)
+        if not same:
+            heard = self._cut_replies.get(response_id, 0)
+            if unheard.ended and heard > 0 and self.capabilities.supports_audio_truncate:
+                self._to_engine(TruncateItem(f"item_{response_id}", heard))
+            return
+        audio = base64.b64decode(unheard.audio)
+        frame_bytes = self._rate_hz * self._encoding.sample_bytes * unheard.frame_ms // 1000
+        for i in range(0, len(audio), frame_bytes):
+            self.ledger.enqueue(response_id, audio[i : i + frame_bytes], now_ms)
+        self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + unheard.generated_ms
+        if unheard.ended:
+            self.ledger.end_response(response_id, now_ms)
+        else:  # its later audio continues the same frames (``_on_audio``)
+            self._out_response = response_id
 
     def start_refused(self, reason: str) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
@@ -589,7 +618,20 @@ class CallSession:
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return
         bound = self.state is CallState.LIVE
-        if bound and self._out_response is not None:  # still being generated: the next stream plays the rest
+        unplayed = self.ledger.unplayed(now_ms) if bound else None
+        if unplayed is not None and sum(map(len, unplayed.frames)) <= UNHEARD_KEPT_BYTES:
+            # The next stream plays the rest from where the caller stopped hearing it (what the carrier held and
+            # what was still queued here); the engine goes on with what it still generates. No truncation.
+            cut = unplayed.response_id
+            self.ledger.flush(now_ms)
+            self._drain_ledger()  # the ack of what was heard
+            self._cut_replies[cut] = self._heard_on_call(cut, unplayed.from_ms)
+            frames_ms = len(unplayed.frames) * self.ledger.frame_ms
+            generated_ms = min(frames_ms, int(self._generated_ms.get(cut, frames_ms + unplayed.from_ms)) - unplayed.from_ms)
+            audio = base64.b64encode(b"".join(unplayed.frames)).decode()
+            ended = cut != self._out_response
+            self._unheard = UnheardAudio(cut, self._encoding.value, self._rate_hz, self.ledger.frame_ms, audio, ended, generated_ms)
+        elif bound and self._out_response is not None:  # still being generated: the next stream plays the rest
             cut = self._out_response
             self.ledger.flush(now_ms)
             self._drain_ledger()  # the ack of what was heard; no truncation: the reply goes on
@@ -683,6 +725,7 @@ class CallSession:
             detach=self.detach_engine,
             input_ms=self.input_ms,
             heard_ms=self.cut_replies,
+            unheard=self._unheard,
         )
 
     def report(self) -> StreamReport:
@@ -937,7 +980,7 @@ class CallSession:
             self.late_deltas_dropped += 1
             return
         if delta.response_id != self._out_response or self._out_resampler is None:
-            if self._out_response is not None:
+            if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
             self._out_response = delta.response_id
             self._out_resampler = StreamResampler(delta.rate_hz, self._rate_hz, self.options.resampler_quality)
@@ -958,6 +1001,11 @@ class CallSession:
 
     def _finish_response(self, now_ms: int) -> None:
         """The response's audio is complete: drain the resampler, pad the last frame, mark its end."""
+        if self._out_response is not None and self._out_resampler is None:  # only the last stream's rest played here
+            self.ledger.end_response(self._out_response, now_ms)
+            self._out_response = None
+            self._drain_ledger()
+            return
         if self._out_response is None or self._out_resampler is None or self._out_frames is None:
             return
         self._enqueue_pcm(self._out_resampler.flush(), now_ms)

@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-from callbridge.engine.port import ResumeTicket
+from callbridge.engine.port import ResumeTicket, UnheardAudio
 
 __all__ = [
     "AskEnded",
@@ -164,6 +164,8 @@ class Bind:
     """How, for the log (``opened``, ``resumed``, ``reopened_after_<code>`` …)."""
     call_offset_ms: int
     heard_ms: tuple[tuple[str, int], ...]
+    unheard: UnheardAudio | None = None
+    """The rest of the reply the last stream was playing (``CallSession.engine_bound(unheard=…)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,8 @@ class Park:
     input_ms: int
     heard_ms: tuple[tuple[str, int], ...]
     close_after_ms: int | None = None
+    unheard: UnheardAudio | None = None
+    """The rest of the reply playing as the stream ended, for the ticket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +259,8 @@ class StreamFacts:
     """ms of caller audio the call's session has had: the next stream's audio continues the timeline from there."""
     heard_ms: tuple[tuple[str, int], ...] = ()
     """The replies cut off while being generated, with what the caller heard of each (``CallSession.cut_replies``)."""
+    unheard: UnheardAudio | None = None
+    """The rest of the reply playing as the stream dropped, for the next stream to play."""
 
 
 class CallLifecycle:
@@ -272,6 +278,7 @@ class CallLifecycle:
         self._awaiting: type[Step] | None = None
         self._offset_ms = 0
         self._heard_ms: tuple[tuple[str, int], ...] = ()
+        self._unheard: UnheardAudio | None = None
         self._detail = BindSource.OPENED.value
         self._wait_from_ms: int | None = None
         self._wait_until_ms: int | None = None
@@ -336,7 +343,7 @@ class CallLifecycle:
         if ticket is not None:
             if self._wait_from_ms is not None:
                 self.waited_ms = now_ms - self._wait_from_ms
-            self._heard_ms = ticket.heard_ms
+            self._heard_ms, self._unheard = ticket.heard_ms, ticket.unheard
             self._at_answer = ticket.at_answer
             self._steps.append(Resume(ticket))
         elif self._wait_until_ms is None:
@@ -380,7 +387,7 @@ class CallLifecycle:
     def resume_failed(self, code: str) -> None:
         """The parked session could not be resumed (expired, its server gone): a new one, from the call's start."""
         self._answered(Resume)
-        self._offset_ms, self._heard_ms, self._at_answer = 0, (), False
+        self._offset_ms, self._heard_ms, self._unheard, self._at_answer = 0, (), None, False
         self._detail = f"reopened_after_{code}"
         self._steps.append(Open())
 
@@ -417,7 +424,7 @@ class CallLifecycle:
             return bind
         self._phase = _Phase.UNBOUND
         if stream.end_reason == EndReason.TRANSPORT_LOST:
-            self._steps.append(Park(self._offset_ms, self._heard_ms))
+            self._steps.append(Park(self._offset_ms, self._heard_ms, unheard=self._unheard))
         else:
             self._close(stream.end_reason or EndReason.CALL_ENDED)
         return None
@@ -460,7 +467,7 @@ class CallLifecycle:
         if self._phase is not _Phase.BOUND or self._moved:
             raise LifecycleError("moving_elsewhere of a stream not bound, or moved already")
         self._moved = True
-        self._steps.append(Park(stream.input_ms, stream.heard_ms))
+        self._steps.append(Park(stream.input_ms, stream.heard_ms, unheard=stream.unheard))
 
     def parked(self, ok: bool) -> None:
         """``ok``: the ticket is stored. Not: the registry could not take it, and no stream could resume the session."""
@@ -487,7 +494,7 @@ class CallLifecycle:
         if known_ended:
             self._close(ending.end_reason or EndReason.CALL_ENDED)
         else:
-            self._steps.append(Park(ending.input_ms, ending.heard_ms))
+            self._steps.append(Park(ending.input_ms, ending.heard_ms, unheard=ending.unheard))
         self._conclude()
 
     def _conclude(self) -> None:
@@ -505,7 +512,7 @@ class CallLifecycle:
 
     def _bind(self, source: BindSource) -> None:
         detail = self._detail if source is not BindSource.OPENED_AT_ANSWER else source.value
-        self.bound = Bind(source, detail, self._offset_ms, self._heard_ms)
+        self.bound = Bind(source, detail, self._offset_ms, self._heard_ms, self._unheard)
 
     def _refuse(self, refusal: Refuse) -> None:
         self._phase = _Phase.UNBOUND

@@ -254,7 +254,9 @@ class MediaStreamDriver:
                 await self._do_steps(life, start, held)
                 return
             self.session = session
-            self.call.engine_bound(session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
+            self.call.engine_bound(
+                session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard
+            )
             services.active_calls.add(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
@@ -564,10 +566,10 @@ class MediaStreamDriver:
                         await self._refuse(reason, no_engine=no_engine)
                     case MarkEnded(reason):
                         await self._record(registry.mark_ended(call_id, reason))
-                    case Park(input_ms, heard_ms):
+                    case Park(input_ms, heard_ms, _, unheard):
                         assert held.session is not None
                         try:
-                            held.ticket = replace(await held.session.detach(), heard_ms=heard_ms)
+                            held.ticket = replace(await held.session.detach(), heard_ms=heard_ms, unheard=unheard)
                         except EngineError as exc:
                             self.log.warning("engine_detach_failed", reason=exc.code)
                             life.parked(True)  # nothing to park: the engine has let the session go

@@ -39,9 +39,12 @@ from typing import Final
 
 from callbridge.bridge.providers.base import SendClear, SendMark, SendMedia
 
-__all__ = ["FlushResult", "HeardUpdate", "PlayoutLedger"]
+__all__ = ["FlushResult", "HeardUpdate", "PlayoutLedger", "Unplayed"]
 
 _MARK_SEPARATOR: Final = "@"
+_SENT_KEPT_MS: Final = 2000
+"""Sent frames kept (by their length): what the carrier may hold unplayed when the socket drops — the lead, and
+as far again as a carrier playing behind our model (found by its marker echoes) can lag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,19 @@ class FlushResult:
     sent_ms: int
     dropped_frames: int
     cleared: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unplayed:
+    """The response playing as the stream ends, and its audio the caller has not heard: from ``from_ms`` (the
+    caller's position in it on this stream, rounded down to a frame), the frames sent but not yet played, then
+    those still queued here."""
+
+    response_id: str
+    from_ms: int
+    frames: tuple[bytes, ...]
+    ended: bool
+    """No more of the response's audio is to come (its last frame was queued)."""
 
 
 @dataclass(slots=True)
@@ -101,6 +117,8 @@ class PlayoutLedger:
         self.marks_echoed_on_clear = marks_echoed_on_clear
         self.flushes = flushes
         self._queue: deque[tuple[_Response, bytes]] = deque()
+        self._sent: deque[tuple[_Response, int, bytes]] = deque(maxlen=max(1, _SENT_KEPT_MS // frame_ms))
+        """The latest frames sent: (response, its position in it, frame), for ``unplayed``."""
         self._responses: dict[str, _Response] = {}
         self._current: _Response | None = None
         """The response whose audio the carrier is playing (or will play next)."""
@@ -201,6 +219,24 @@ class PlayoutLedger:
         self._current = None
         return result
 
+    def unplayed(self, now_ms: int) -> Unplayed | None:
+        """What the caller has not heard yet of the response playing (by the model, corrected by echoes): for the
+        call's next stream to play, where the socket drops. None when nothing is playing, or when the caller is
+        further behind than the frames kept. Changes nothing (a ``flush`` follows)."""
+        current = self._current
+        if current is None:
+            return None
+        heard = self._heard_at(now_ms)
+        start = heard - heard % self.frame_ms
+        sent = [(at, frame) for response, at, frame in self._sent if response is current and at >= start]
+        if (sent[0][0] if sent else current.sent_ms) != start:  # not kept back that far
+            return None
+        queued = tuple(frame for response, frame in self._queue if response is current)
+        frames = tuple(frame for _, frame in sent) + queued
+        if not frames:
+            return None
+        return Unplayed(current.response_id, start, frames, current.ended)
+
     # ----------------------------------------------------------------- outputs
 
     def actions_to_send(self) -> list[SendMedia | SendMark | SendClear]:
@@ -267,6 +303,7 @@ class PlayoutLedger:
                 self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
             self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
         self._buffer_end_ms = start + self.frame_ms
+        self._sent.append((response, response.sent_ms, frame))
         response.sent_ms += self.frame_ms
         self.frames_sent += 1
         self._actions.append(SendMedia(frame))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from callbridge.engine.commands import (
     AckPlayback,
@@ -43,7 +43,7 @@ from callbridge.engine.commands import (
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import Capabilities, EngineEvent
 
-__all__ = ["DuplexEngine", "DuplexSession", "ResumeTicket", "SessionConfig", "TurnDetection"]
+__all__ = ["DuplexEngine", "DuplexSession", "ResumeTicket", "SessionConfig", "TurnDetection", "UnheardAudio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +134,40 @@ class SessionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UnheardAudio:
+    """The bridge's note: the rest of the reply that was playing when a stream ended, as the carrier would have
+    played it (its encoding, rate and frames), for the call's next stream to play from where the caller stopped
+    hearing it. Kept in the carrier's encoding (μ-law: 8 kB a second), base64 in ``audio``, at most
+    ``UNHEARD_KEPT_BYTES``."""
+
+    response_id: str
+    encoding: str
+    rate_hz: int
+    frame_ms: int
+    audio: str
+    ended: bool
+    """The engine had finished the reply: nothing more of it comes after this audio."""
+    generated_ms: int
+    """How much of the engine's audio the frames hold (their last frame is padded to a whole one)."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UnheardAudio:
+        return cls(
+            response_id=str(data["response_id"]),
+            encoding=str(data["encoding"]),
+            rate_hz=int(data["rate_hz"]),
+            frame_ms=int(data["frame_ms"]),
+            audio=str(data["audio"]),
+            ended=bool(data["ended"]),
+            generated_ms=int(data["generated_ms"]),
+        )
+
+
+UNHEARD_KEPT_BYTES: Final = 256 * 1024
+"""The most audio a ticket carries (32 s of μ-law; a longer rest is not carried: the model is told what was heard)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ResumeTicket:
     """Everything needed to resume a detached session, from this process or another.
 
@@ -152,6 +186,7 @@ class ResumeTicket:
     what it tells the engine of it on from there, never lower."""
     at_answer: bool = False
     """The bridge's note: parked by the call's answer webhook (opened there, never streamed yet), not by a stream."""
+    unheard: UnheardAudio | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -166,6 +201,7 @@ class ResumeTicket:
             endpoint=data.get("endpoint"),
             heard_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("heard_ms", ())),
             at_answer=bool(data.get("at_answer", False)),
+            unheard=UnheardAudio.from_dict(data["unheard"]) if data.get("unheard") else None,
         )
 
 

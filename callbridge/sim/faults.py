@@ -480,7 +480,9 @@ class SimulatedCall:
         bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
         self.registry.bound = True
-        call.engine_bound(self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms)
+        call.engine_bound(
+            self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard
+        )
         self._after_input(call)
 
     def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
@@ -542,10 +544,10 @@ class SimulatedCall:
             match step:
                 case AskEnded():
                     life.ended_is(self.registry.ended_reason)
-                case Park(input_ms, heard_ms):
+                case Park(input_ms, heard_ms, _, unheard):
                     if not self.engine_dead:
                         self.engine.detach(self.now_ms)
-                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms)
+                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms, unheard=unheard)
                     self.registry.ticket, self.registry.input_ms, self.registry.bound = ticket, input_ms, False
                     life.parked(True)
                 case CloseEngineSession(reason):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -339,16 +340,57 @@ class TestEnding:
         assert not any(isinstance(o, ToCarrier) for o in h.call.outputs())  # no clear: the socket is gone
         assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
 
-    def test_socket_drop_while_a_complete_reply_plays_cuts_it_where_the_caller_stopped_hearing(self) -> None:
+    def dropped_mid_reply(self) -> tuple[Harness, int]:
+        """A complete 2 s reply, 700 ms of it heard, then the socket drops; what the first stream's ack said."""
         h = Harness(lead_ms=200).live()
         h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
         h.engine(ResponseDone("resp-1", "completed", None, 0))  # nothing more of it will come
         h.advance(700)
         h.call.transport_lost(h.now_ms)
         h.drain()
-        ack = h.of(AckPlayback)[-1]
-        assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == [TruncateItem("item_resp-1", ack.played_ms)]
-        assert h.call.cut_replies == ()
+        return h, h.of(AckPlayback)[-1].played_ms
+
+    def test_socket_drop_while_a_reply_plays_keeps_its_rest_for_the_next_stream(self) -> None:
+        """What the carrier held unplayed and what was still queued here is the rest of the reply: the ticket
+        carries it (as the carrier's own frames), so the next stream plays it from where the caller stopped. The
+        model is told what was heard, and its turn is not cut (the rest is still to be heard)."""
+        h, acked = self.dropped_mid_reply()
+        assert abs(acked - 700) <= 20 and h.of(TruncateItem) == []
+        heard = dict(h.call.cut_replies)["resp-1"]
+        assert heard % 20 == 0 and acked - 20 < heard <= acked  # from the frame the caller was in
+        unheard = h.call.facts().unheard
+        assert unheard is not None and unheard.response_id == "resp-1" and unheard.ended
+        assert (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == ("pcmu", 8000, 20)
+        assert 0 <= len(base64.b64decode(unheard.audio)) // 8 - (2000 - heard) <= 20  # μ-law: 8 bytes a ms; a padded tail
+        assert unheard.generated_ms == 2000 - heard  # what the model generated of it: never acked past that
+
+    def test_the_next_stream_plays_the_rest_of_a_reply_from_where_the_caller_stopped(self) -> None:
+        first, _ = self.dropped_mid_reply()
+        cut, unheard = first.call.cut_replies, first.call.facts().unheard
+        heard = dict(cut)["resp-1"]
+        h = Harness(lead_ms=200)
+        h.receive(CONNECTED)
+        h.receive(START)
+        h.call.engine_bound(CAPS, h.now_ms, heard_ms=cut, unheard=unheard)
+        h.drain()
+        h.advance(2000)
+        assert unheard is not None and len(h.events("media")) * 160 == len(base64.b64decode(unheard.audio))
+        for mark in h.events("mark"):
+            h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{mark_name(mark)}"}}}}')
+        acks = [a.played_ms for a in h.of(AckPlayback)]
+        assert acks == sorted(acks) and acks[0] > heard and acks[-1] == 2000, acks  # on from what was heard, to its end
+        assert h.of(TruncateItem) == []
+
+    def test_a_next_stream_that_cannot_play_the_rest_cuts_the_models_turn_to_what_was_heard(self) -> None:
+        first, _ = self.dropped_mid_reply()
+        cut, unheard = first.call.cut_replies, first.call.facts().unheard
+        assert unheard is not None
+        h = Harness(lead_ms=200)
+        h.receive(CONNECTED)
+        h.receive(START)
+        h.call.engine_bound(CAPS, h.now_ms, heard_ms=cut, unheard=replace(unheard, encoding="pcma"))
+        h.drain()
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", dict(cut)["resp-1"])] and h.events("media") == []
 
     def test_the_next_stream_plays_the_rest_of_a_cut_reply_and_counts_it_on_from_what_was_heard(self) -> None:
         """The engine goes on sending the cut reply after the resume. Its audio here is counted after the 700 ms

@@ -4,6 +4,7 @@ real ``redis-server`` (real TTLs, kept short; two clients stand for two bridge p
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from callbridge.bridge.registry import (
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
 from callbridge.engine.commands import AppendAudio, CloseSession
-from callbridge.engine.port import ResumeTicket
+from callbridge.engine.port import ResumeTicket, UnheardAudio
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port, running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
@@ -34,6 +35,7 @@ TOKEN_TTL_MS = 300
 TICKET = ResumeTicket(
     "sess-1", lease_generation=3, resume_token="tok-a", last_event_seq=41, endpoint="ws://engine-2:8091/v1/realtime",
     heard_ms=(("resp-1", 1292),),  # the bridge's note of a reply a drop cut off: kept as written, both backends
+    unheard=UnheardAudio("resp-1", "pcmu", 8000, 20, base64.b64encode(b"\x7f" * 1600).decode(), False, 190),  # its rest
 )
 
 

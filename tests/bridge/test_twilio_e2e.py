@@ -88,6 +88,27 @@ async def test_a_drop_while_the_stream_waits_for_its_engine_is_not_the_end_of_th
         assert await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid) == "caller_hung_up"
 
 
+async def test_a_reply_the_caller_had_not_heard_all_of_at_a_drop_plays_on_from_there_on_the_next_stream() -> None:
+    """The engine generates four times faster than real time, so when the media socket drops mid-reply the whole
+    reply is already with the bridge: what Twilio held unplayed, and what the bridge still queued. The next
+    stream plays that rest, from where the caller stopped hearing it (before: it was flushed, and the caller
+    heard the agent stop mid-sentence). What the engine is told goes on from the heard position to the reply's
+    end; its turn is not cut."""
+    recorder = engine()  # generation_speed 4: all generated long before it is played
+    async with running_bridge(settings(), recorder) as bridge:
+        script = CallerScript(utterances=((300, short_speech(3000)),), drop_stream_at_ms=(4700,), redirect_delay_ms=200, hangup_at_ms=11_000)
+        result = await bridge.twilio.place_call(script)
+    assert len(result.streams) == 2 and len(recorder.opened) == 1 and len(recorder.resumed) == 1, result.render()
+    acks = recorder.of(AckPlayback)
+    reply = acks[0].response_id
+    heard = [a.played_ms for a in acks if a.response_id == reply]
+    assert heard == sorted(heard), heard
+    assert recorder.of(TruncateItem) == [], recorder.of(TruncateItem)
+    assert len(result.agent_runs_ms) >= 2, result.render()  # heard before the drop, and the rest after the resume
+    assert abs(heard[-1] - sum(result.agent_runs_ms)) <= 100, (heard, result.agent_runs_ms)  # told all that was heard
+    assert heard[-1] >= 2900, (heard, result.agent_runs_ms)  # the whole ~3 s echo was heard, over the two streams
+
+
 class TestSecurity:
     async def test_bad_token_in_start_closes_the_socket_without_a_session(self) -> None:
         recorder = engine()

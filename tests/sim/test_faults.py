@@ -77,8 +77,8 @@ class TestPlantedBugsAreCaught:
         original = CallSession.engine_bound
 
         def forgetting(call: CallSession, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None,
-                       heard_ms: tuple[tuple[str, int], ...] = ()) -> None:  # fmt: skip
-            original(call, capabilities, now_ms, call_offset_ms)  # the ticket's heard positions are dropped
+                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None) -> None:  # fmt: skip
+            original(call, capabilities, now_ms, call_offset_ms, unheard=unheard)  # the ticket's heard positions are dropped
 
         monkeypatch.setattr(CallSession, "engine_bound", forgetting)
         assert "went back" in first_violation(range(400)).what
