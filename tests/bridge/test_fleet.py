@@ -344,3 +344,25 @@ async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_t
     assert _agent_heard_after(twilio_result, _stream_started_at(twilio_result, 1)), twilio_result.render()
     assert exotel_result.hung_up_by == "caller" and len(exotel_result.streams) == 1
     await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_a_call_moved_mid_reply_by_a_drain_hears_the_rest_of_it_on_the_other_bridge(fleet: Fleet) -> None:
+    """SIGTERM while the agent is speaking: the call moves to B, and the caller hears the rest of the interrupted
+    reply there, from where they stopped hearing it. Measured against the same call on one bridge, untouched:
+    the caller hears as much of the agent (the embedded engine generates 4x faster than real time, so at the
+    signal the whole reply is with A — what Twilio held and what A still queued)."""
+    script = CallerScript(utterances=((300, short_speech(2500)),), hangup_at_ms=9000)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.a.url)
+    untouched = await fleet.twilio.place_call(script)
+    assert len(untouched.streams) == 1 and untouched.agent_speech_ms > 2000, untouched.render()
+    speaking_at = next(e.at_ms for e in untouched.timeline if e.who == "agent" and e.what.startswith("starts speaking"))
+
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    call = asyncio.create_task(fleet.twilio.place_call(script))
+    await asyncio.sleep((speaking_at + 800) / 1000)  # about 800 ms into the reply
+    fleet.a.process.send_signal(signal.SIGTERM)
+    moved = await call
+    assert len(moved.streams) == 2 and moved.hung_up_by == "caller", moved.render()
+    assert _stream_started_at(moved, 1) > speaking_at, moved.render()  # it moved mid-reply
+    assert abs(moved.agent_speech_ms - untouched.agent_speech_ms) <= 100, (moved.agent_runs_ms, untouched.agent_runs_ms)
+    assert fleet.b.events("call_bridged", call_id=moved.call_sid)[0]["engine"] == "resumed"
