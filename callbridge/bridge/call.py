@@ -576,6 +576,19 @@ class CallSession:
         self._starting_buffer_ms = 0
         self._play_failure_tone(now_ms)
 
+    def shut_down(self, now_ms: int) -> None:
+        """The process stops with the call still up (a lone process whose drain ran out): the engine is told what
+        the caller heard and its session is closed; the caller hears the closing tone, then the carrier's hang-up
+        — not a silent drop."""
+        if self.state is not CallState.LIVE:
+            return
+        self._stop_playback(None, now_ms, barge_in=False)
+        self._to_engine(CloseSession(EndReason.BRIDGE_SHUTDOWN))
+        self._transition(_Trigger.ENGINE_FAILED)  # ENDING: the tone plays out, then the hang-up
+        self.end_reason = EndReason.BRIDGE_SHUTDOWN
+        self._out_response = self._out_resampler = self._out_frames = None
+        self._play_failure_tone(now_ms)
+
     def _play_failure_tone(self, now_ms: int) -> None:
         """Queue the fallback tone (``tick`` hangs up once it has played; at once without one)."""
         if self.options.failure_tone_ms > 0:
@@ -637,7 +650,7 @@ class CallSession:
             self._drain_ledger()  # the ack of what was heard; no truncation: the reply goes on
             self._cut_replies[cut] = self._heard_on_call(cut, self.ledger.heard_ms(cut, now_ms))
         elif bound and self.ledger.is_playing(now_ms):  # complete: nothing more of it will come, cut it here
-            self._stop_playback(None, now_ms)
+            self._stop_playback(None, now_ms, barge_in=False)
         self._transition(_Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
@@ -1025,13 +1038,15 @@ class CallSession:
             self._out_response = self._out_resampler = self._out_frames = None
         self._stop_playback(response_id, now_ms)
 
-    def _stop_playback(self, response_id: str | None, now_ms: int) -> None:
+    def _stop_playback(self, response_id: str | None, now_ms: int, *, barge_in: bool = True) -> None:
         """Flush the ledger (the carrier's clear), ack what was heard and cut the model's turn to it — clamped
-        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any)."""
+        to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any).
+        ``barge_in``: the caller's doing (counted and timed as a barge-in)."""
         result = self.ledger.flush(now_ms)
-        self.flushes += 1
         self._drain_ledger_to_carrier()  # the carrier's clear
-        self._out.append(BargeInFlushed(result.response_id))
+        if barge_in:
+            self.flushes += 1
+            self._out.append(BargeInFlushed(result.response_id))
         self._drain_heard()
         if result.response_id is None or response_id not in (None, result.response_id):
             return

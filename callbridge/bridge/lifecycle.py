@@ -71,6 +71,8 @@ class EndReason(enum.StrEnum):
     """A session closed with no more particular reason."""
     NO_RECONNECT = "no_reconnect"
     """A carrier that reconnects within a window did not: its parked session is closed (``CloseUnlessBack``)."""
+    BRIDGE_SHUTDOWN = "bridge_shutdown"
+    """A lone process's drain ran out with the call still up: the tone, then the carrier's hang-up."""
 
 
 class BindSource(enum.StrEnum):

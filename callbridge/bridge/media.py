@@ -269,7 +269,7 @@ class MediaStreamDriver:
             return
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
-        if services.draining:  # bound after the drain began (answered just before it): move it on at once
+        if services.draining and not services.drains_in_place:  # bound as the drain began: move it on at once
             await self.move_elsewhere()
 
     async def _refuse(self, reason: str, *, no_engine: bool = False) -> None:
@@ -298,6 +298,14 @@ class MediaStreamDriver:
                 await self.transport.close(self.call.close_code)
         self.log.info("stream_moved", reason="draining")
         return True
+
+    async def shut_down(self) -> None:
+        async with self._lock:
+            if self._done():
+                return
+            self.log.info("call_shut_down", reason="drain_timeout")
+            self.call.shut_down(_now_ms())
+            await self._flush()
 
     async def superseded(self) -> None:
         async with self._lock:

@@ -55,6 +55,8 @@ __all__ = [
 log = get_logger(__name__)
 
 _ENGINE_CALL_TIMEOUT_S = 5.0
+_GOODBYE_WAIT_S = 3.0
+"""How long a drain that ran out waits for its calls' closing tones and hang-ups."""
 _ANSWER_ENGINE_WAIT_S = 2.0
 """How long an answer webhook waits to learn whether the engine takes the call (busy if it refuses)."""
 
@@ -235,6 +237,11 @@ class LiveStream(Protocol):
     async def move_elsewhere(self) -> bool:
         """Draining: detach the engine session into the registry and close the carrier's socket without a
         goodbye, so the carrier reconnects (to another process); False where the carrier would not."""
+        ...
+
+    async def shut_down(self) -> None:
+        """The process stops with the call still up (a lone process's drain ran out): the engine session is closed,
+        the caller hears the closing tone, then the carrier's hang-up."""
         ...
 
 
@@ -432,29 +439,50 @@ class BridgeServices:
             await self.registry.mark_ended(call_id, reason)
         return True
 
+    @property
+    def drains_in_place(self) -> bool:
+        """A drain moves calls only where another process can resume them (a shared registry). A lone process
+        (the memory registry: the quick start, one container) serves its calls on to their end instead: moved,
+        their carrier's reconnect would only come back here and be refused."""
+        return isinstance(self.registry, MemoryCallRegistry)
+
     async def drain(self, timeout_s: float) -> None:
-        """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``), move every running call whose
-        carrier reconnects to another process (``LiveStream.move_elsewhere``), and wait up to ``timeout_s`` for
-        the others to end. Returns when no call is left here, or at the timeout."""
+        """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``); with a shared registry, move every
+        running call whose carrier reconnects to another process (``LiveStream.move_elsewhere``); wait up to
+        ``timeout_s`` for the others to end. A lone process (``drains_in_place``) keeps serving its calls, and
+        ends those still up at the timeout with the closing tone and the carrier's hang-up. Returns when no call
+        is left here, or at the timeout."""
         self.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        log.info("bridge_draining", active_calls=len(self.active_calls), timeout_s=timeout_s)
+        log.info("bridge_draining", active_calls=len(self.active_calls), timeout_s=timeout_s, in_place=self.drains_in_place)
         while self.active_calls or self.live_streams:
-            for stream in list(self.live_streams.values()):
-                await stream.move_elsewhere()
+            if not self.drains_in_place:
+                for stream in list(self.live_streams.values()):
+                    await stream.move_elsewhere()
             if loop.time() >= deadline:
                 log.warning("drain_timeout", calls_left=len(self.active_calls))
+                if self.drains_in_place:
+                    await self._shut_down_calls(loop.time() + _GOODBYE_WAIT_S)
                 return
             await asyncio.sleep(0.05)
         log.info("bridge_drained")
+
+    async def _shut_down_calls(self, until: float) -> None:
+        """The drain ran out: each call still up hears the closing tone and is hung up; wait (until ``until``) for
+        them to end."""
+        for stream in list(self.live_streams.values()):
+            await stream.shut_down()
+        loop = asyncio.get_running_loop()
+        while self.live_streams and loop.time() < until:
+            await asyncio.sleep(0.05)
 
     async def admits(self, call_id: str) -> bool:
         """Whether a call may be answered now: not draining, and under ``server.max_calls`` — the calls bridged and
         those answered whose stream has not come yet (their engine sessions opened at the answer) — unless the call
         is already known (a stream coming back, here or from another process)."""
-        if self.draining:
-            return False
+        if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
+            return self.drains_in_place and await self._serves(call_id)
         server = self.settings.server
         if call_id in self.active_calls or (self.answer_sessions is not None and call_id in self.answer_sessions):
             return True
@@ -468,6 +496,13 @@ class BridgeServices:
         self.metrics.admission_refused.labels(reason).inc()
         log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
         return False
+
+    async def _serves(self, call_id: str) -> bool:
+        """The call is this process's and not over (its stream is up, or its session waits for the next one)."""
+        if call_id in self.active_calls:
+            return True
+        record = await self.registry.get(call_id)
+        return record is not None and record.ended_reason is None
 
     async def moving_elsewhere(self, call_id: str) -> bool:
         """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off

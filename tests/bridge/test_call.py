@@ -9,7 +9,19 @@ import numpy as np
 import orjson
 import pytest
 
-from callbridge.bridge.call import BargeInFlushed, CallOptions, CallOutput, CallSession, CallState, DtmfMode, PendingAction, Perform, ToCarrier, ToEngine
+from callbridge.bridge.call import (
+    BargeInFlushed,
+    CallOptions,
+    CallOutput,
+    CallSession,
+    CallState,
+    DtmfMode,
+    HangUpCall,
+    PendingAction,
+    Perform,
+    ToCarrier,
+    ToEngine,
+)
 from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
@@ -339,6 +351,26 @@ class TestEnding:
         assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == []
         assert not any(isinstance(o, ToCarrier) for o in h.call.outputs())  # no clear: the socket is gone
         assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
+
+    def test_a_shut_down_mid_reply_tells_the_engine_what_was_heard_plays_the_tone_then_hangs_up(self) -> None:
+        """A lone process's drain ran out with the call up: not a silent drop — the model's turn is cut to what
+        was heard, its session closed, and the caller hears the closing tone before the carrier's hang-up."""
+        h = Harness(lead_ms=200).live()
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(700)
+        sent_before = len(h.events("media"))
+        h.call.shut_down(h.now_ms)
+        h.drain()
+        (truncate,) = h.of(TruncateItem)
+        assert abs(truncate.audio_end_ms - 700) <= 20 and h.of(CloseSession) == [CloseSession("bridge_shutdown")]
+        assert h.events("clear") and h.call.flushes == 0  # cleared, not counted as a barge-in
+        assert not any(isinstance(o, HangUpCall) for o in h.outputs)
+        h.advance(1000)  # the tone plays out
+        tone_frames = len(h.events("media")) - sent_before
+        assert 600 // 20 <= tone_frames <= 600 // 20 + 1
+        assert [o.reason for o in h.outputs if isinstance(o, HangUpCall)] == ["bridge_shutdown"]
+        assert h.call.state is CallState.ENDED and h.call.report().facts.call_over
+        assert h.call.report().engine_failure is None  # not the engine's failure
 
     def dropped_mid_reply(self) -> tuple[Harness, int]:
         """A complete 2 s reply, 700 ms of it heard, then the socket drops; what the first stream's ack said."""

@@ -1,8 +1,8 @@
 """A draining bridge answers the webhook of a call that is only moving (its stream's reconnect after the drain
 moved it) with a short wait and a redirect back through the load balancer instead of a refusal, where another
-process can resume it (the shared Redis registry); a new call is still refused, and so is every call where no
-other process could take it (the memory registry: one process). Plivo here, on a real uvicorn bridge and a real
-``redis-server``, Telnyx's stream restart and Vonage's new socket; Twilio across two real processes in ``test_fleet.py``."""
+process can resume it (the shared Redis registry); a new call is still refused. Plivo here, on a real uvicorn
+bridge and a real ``redis-server``, Telnyx's stream restart and Vonage's new socket; Twilio across two real
+processes in ``test_fleet.py``. A lone process (the memory registry) moves nothing: ``test_drain_in_place.py``."""
 
 from __future__ import annotations
 
@@ -31,9 +31,8 @@ __all__ = ["redis_url"]  # the fixture, imported for pytest
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize("backend", ["redis", "memory"])
-async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(backend: str, request: pytest.FixtureRequest) -> None:
-    registry = {"backend": "redis", "redis_url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
+async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(redis_url: str) -> None:
+    registry = {"backend": "redis", "redis_url": redis_url}
     recorder = engine()
     async with bridge_with(recorder, registry=registry) as bridge:
         services = bridge.app.state.bridge.services
@@ -53,9 +52,6 @@ async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(b
         after = await services.registry.get(stream.call_uuid)
     assert again.status_code == 200 and new_call.status_code == 200
     assert ET.fromstring(new_call.text)[0].attrib == {"reason": "busy"}
-    if backend == "memory":  # no other process shares the call: it cannot move, the answer refuses it
-        assert [el.tag for el in ET.fromstring(again.text)] == ["Hangup"]
-        return
     wait, redirect = ET.fromstring(again.text)
     assert wait.tag == "Wait" and wait.attrib == {"length": "1"}
     assert redirect.tag == "Redirect" and redirect.attrib == {"method": "POST"}
@@ -68,9 +64,9 @@ async def test_a_draining_bridge_restarts_the_telnyx_stream_of_a_call_another_pr
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     """Telnyx has no redirect: its ``streaming.stopped`` webhook is the reconnect, and the process it reaches
-    restarts the stream (to the public URL) or hangs the call up. Draining, a known call is restarted when
-    another process can resume it; with the memory registry (one process) it is hung up as before; a call the
-    registry does not know is hung up either way."""
+    restarts the stream (to the public URL) or hangs the call up. Draining, a known call is restarted: where
+    another process can resume it (Redis), or here, where the lone process serves its calls to their end
+    (memory); a call the registry does not know is hung up either way."""
     registry = {"backend": "redis", "redis_url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
     svc = services(registry=registry, engine={"open_at_answer": "off"})  # answered, never streamed: not in the registry
     calls = TelnyxCalls(svc, RecordingRest())
@@ -82,11 +78,8 @@ async def test_a_draining_bridge_restarts_the_telnyx_stream_of_a_call_another_pr
         for call_id in ("v3:moving", "v3:unknown"):
             await calls.on_event("streaming.stopped", {"call_control_id": call_id}, BASE)
         sent = [(c, a) for c, a, _ in calls.rest.sent[2:]]  # type: ignore[attr-defined]
-        if backend == "redis":
-            assert sent == [("v3:moving", "streaming_start"), ("v3:unknown", "hangup")]
-            assert await svc.registry.ended_reason("v3:moving") is None
-        else:
-            assert sent == [("v3:moving", "hangup"), ("v3:unknown", "hangup")]
+        assert sent == [("v3:moving", "streaming_start"), ("v3:unknown", "hangup")]
+        assert await svc.registry.ended_reason("v3:moving") is None
     finally:
         await svc.registry.aclose()
 

@@ -1,0 +1,116 @@
+"""A lone process (the memory registry: the quick start, one container) drains in place: at SIGTERM it refuses
+new calls (busy) and serves the calls it has to their end — a call whose socket drops meanwhile reconnects to it
+— and ends only those still up when ``server.drain_timeout_s`` runs out, with the closing tone and the carrier's
+hang-up. Before, it closed every Twilio stream at once (going away), Twilio's ``<Redirect>`` came back to the
+same process, was refused busy, and every call was hung up about 120 ms after the signal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.runner import free_port, running_bridge
+from callbridge.sim.twilio import SimulatedTwilio
+from tests.bridge.test_fleet import SECRET, _start
+from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.conftest import wait_http_ok
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        assert bridge.settings.server.drain_timeout_s == 30  # shipped
+        state = bridge.app.state.bridge
+        speech = short_speech(1200)
+        scripts = [CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=6000 + 500 * i) for i in range(3)]
+        calls = [asyncio.create_task(bridge.twilio.place_call(script)) for script in scripts]
+        await until(lambda: len(state.services.active_calls) == 3)
+        await asyncio.sleep(1.0)
+        drained = asyncio.create_task(state.drain())  # SIGTERM's first step in ``callbridge serve``
+        began = time.monotonic()
+        await until(lambda: state.services.draining)
+        late = await bridge.twilio.place_call(CallerScript(hangup_at_ms=500))  # a new call: busy
+        results = await asyncio.gather(*calls)
+        await asyncio.wait_for(drained, 10)
+        took_s = time.monotonic() - began
+        ends = bridge.app.state.bridge.registry.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "caller_hung_up"})
+    assert late.streams == [] and any("<Reject>" in e.what for e in late.timeline), late.render()
+    for result in results:
+        assert result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
+        assert result.agent_speech_ms > 1500, result.render()  # both replies heard: the second after the signal
+    assert ends == 3 and took_s < 10  # done when the last call ended, not at the timeout
+
+
+async def test_a_call_still_up_when_the_drain_runs_out_hears_the_tone_then_is_hung_up() -> None:
+    """``drain_timeout_s`` set to 2 s by the operator; the call would go on for 8 s more."""
+    recorder = engine()
+    async with running_bridge(settings(server={"drain_timeout_s": 2.0}), recorder) as bridge:
+        state = bridge.app.state.bridge
+        call = asyncio.create_task(bridge.twilio.place_call(CallerScript(utterances=((300, short_speech(1200)),), hangup_at_ms=10_000)))
+        await until(lambda: len(state.services.active_calls) == 1)
+        await asyncio.sleep(0.5)
+        await state.drain()
+        result = await call
+        metrics = bridge.app.state.bridge.registry
+        ends = metrics.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "bridge_shutdown"})
+        failures = sum(s.value for f in metrics.collect() if f.name == "callbridge_engine_failures" for s in f.samples if s.name.endswith("_total"))
+        ended = await state.services.registry.ended_reason(result.call_sid)
+    assert result.hung_up_by == "bridge" and result.heard_ms < 5000, result.render()
+    assert ends == 1 and failures == 0 and ended == "bridge_shutdown"  # not counted as the engine's failure
+    assert recorder.session_count == 0  # its engine session closed
+
+
+async def test_a_call_whose_socket_drops_during_the_drain_comes_back_to_it() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        state = bridge.app.state.bridge
+        script = CallerScript(utterances=((300, short_speech(1200)), (3500, short_speech(1200))), drop_stream_at_ms=(2500,),
+                              redirect_delay_ms=200, hangup_at_ms=7000)  # fmt: skip
+        call = asyncio.create_task(bridge.twilio.place_call(script))
+        await until(lambda: len(state.services.active_calls) == 1)
+        await asyncio.sleep(1.0)
+        drained = asyncio.create_task(state.drain())
+        result = await call
+        await asyncio.wait_for(drained, 10)
+    assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+    assert len(recorder.opened) == 1 and len(recorder.resumed) == 1  # the same session, resumed here
+
+
+async def test_sigterm_to_a_lone_callbridge_serve_lets_its_three_calls_finish(tmp_path: Path) -> None:
+    """The real process, shipped settings but the simulated Twilio's credentials: SIGTERM with three calls up."""
+    twilio = SimulatedTwilio("http://unused", SECRET)
+    rest_url = await twilio.start_rest(free_port())
+    config = tmp_path / "callbridge.toml"
+    lines = []
+    for section, values in SimulatedTwilio.bridge_settings(SECRET, rest_url).items():
+        lines += [f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in values.items())]
+    config.write_text("\n".join(lines) + "\n")
+    port = free_port()
+    bridge = _start("bridge", ["serve"], config, port, tmp_path)
+    try:
+        await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
+        twilio.bridge_url = bridge.url
+        speech = short_speech(1200)
+        calls = [
+            asyncio.create_task(twilio.place_call(CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=6000 + 500 * i)))
+            for i in range(3)
+        ]
+        await asyncio.sleep(1.5)
+        bridge.process.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*calls)
+        assert await asyncio.to_thread(bridge.process.wait, 30) == 0
+    finally:
+        bridge.stop()
+        await twilio.aclose()
+    for result in results:
+        assert result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
+        assert result.agent_speech_ms > 1500, result.render()
+    assert bridge.events("bridge_draining")[0]["in_place"] is True and bridge.events("bridge_drained")
