@@ -174,6 +174,7 @@ class MediaStreamDriver:
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
+        """The one check of the stream's single-use token (``_token_is_ours``)."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
