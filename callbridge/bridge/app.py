@@ -1,7 +1,9 @@
 """The HTTP surface of one bridge process: carrier webhooks and media websockets, health, readiness, metrics.
 
 ``/readyz`` answers 503 once the process is draining (shutdown has begun),
-so a load balancer stops sending new calls before the listener closes.
+so a load balancer stops sending new calls before the listener closes, and
+while it could take none (its registry unreachable, no engine endpoint in
+service).
 """
 
 from __future__ import annotations
@@ -148,9 +150,11 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """Readiness: 200 while new calls are admitted, 503 once draining."""
-        if state.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
+        """Readiness: 200 while new calls can be taken; 503 with the reason (``draining``,
+        ``registry_unavailable``, ``no_engine``) while not."""
+        reason = await state.services.unready_because()
+        if reason is not None:
+            return JSONResponse({"status": reason}, status_code=503)
         return JSONResponse({"status": "ready", "active_calls": len(state.services.active_calls)})
 
     @app.get("/metrics")

@@ -34,7 +34,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.plivo import PlivoCodec, stream_token_header
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.services import AnswerKind, BridgeServices
 from callbridge.bridge.twilio import DRAIN_RETRY_PAUSE_S, public_base
 from callbridge.config import Settings
 from callbridge.logging import get_logger
@@ -253,21 +253,20 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         call_id = _first(params, "CallUUID")
         if not call_id:
             return Response("CallUUID missing", status_code=400)
-        if await services.registry.ended_reason(call_id) is not None:
-            return Response(_HANGUP, media_type="application/xml")
-        if await services.moving_elsewhere(call_id):  # a reconnect that reached this draining process
-            log.info("call_redirected", call_id=call_id, provider="plivo", reason="draining")
-            return Response(retry_xml(public_base(settings, str(request.base_url))), media_type="application/xml")
-        if not await services.admits(call_id):
-            log.warning("call_refused", call_id=call_id, provider="plivo", reason="draining" if services.draining else "capacity")
-            return Response(_BUSY, media_type="application/xml")
-        if not await services.engine_takes(call_id):
-            log.warning("call_refused", call_id=call_id, provider="plivo", reason="engine_capacity")
-            return Response(_BUSY, media_type="application/xml")
-        token = await services.tokens.mint(call_id)
         base = public_base(settings, str(request.base_url))
-        log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
-        return Response(stream_xml(base, token, config.content_type), media_type="application/xml")
+        decision = await services.decide_answer(call_id, "plivo")
+        match decision.kind:
+            case AnswerKind.HANG_UP:
+                xml = _HANGUP
+            case AnswerKind.RETRY_ELSEWHERE:
+                xml = retry_xml(base)
+            case AnswerKind.BUSY:
+                xml = _BUSY
+            case AnswerKind.ANSWER:
+                assert decision.token is not None
+                log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
+                xml = stream_xml(base, decision.token, config.content_type)
+        return Response(xml, media_type="application/xml")
 
     @router.websocket(MEDIA_PATH)
     async def media(websocket: WebSocket) -> None:

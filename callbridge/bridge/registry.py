@@ -159,6 +159,10 @@ class CallRegistry(abc.ABC):
     async def aclose(self) -> None:
         """Release the backend's connections (at shutdown)."""
 
+    async def reachable(self) -> bool:
+        """Whether the backend answers now (``/readyz``): a process that cannot reach it can take no new call."""
+        return True
+
 
 class StreamTokens(abc.ABC):
     """Single-use tokens minted by the answer webhook and checked in the stream's ``start``.

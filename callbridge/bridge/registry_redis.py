@@ -201,6 +201,12 @@ class RedisCallRegistry(CallRegistry):
     async def aclose(self) -> None:
         await self._redis.aclose()
 
+    async def reachable(self) -> bool:
+        try:
+            return bool(await self._redis.ping())
+        except (RedisError, OSError):
+            return False
+
 
 class RedisStreamTokens(StreamTokens):
     """``StreamTokens`` on the registry's client (it does not close it)."""

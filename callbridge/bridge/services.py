@@ -4,6 +4,7 @@ stream tokens, metrics and the carriers' REST clients."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
@@ -33,6 +34,7 @@ from callbridge.bridge.registry import (
 )
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.pool import EnginePool
 from callbridge.engine.port import (
     DuplexEngine,
     ResumeTicket,
@@ -222,6 +224,24 @@ class BridgeMetrics:
             self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 
+class AnswerKind(enum.Enum):
+    ANSWER = "answer"
+    """Answer with the carrier's stream verb and ``AnswerDecision.token``."""
+    HANG_UP = "hang_up"
+    """The call is over already (a late webhook, a reconnect after its end)."""
+    RETRY_ELSEWHERE = "retry_elsewhere"
+    """Draining, a call another process can resume: back through the load balancer after a pause."""
+    BUSY = "busy"
+    """The carrier's busy refusal (``AnswerDecision.reason`` says why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerDecision:
+    kind: AnswerKind
+    token: str | None = None
+    reason: str | None = None
+
+
 class LiveStream(Protocol):
     """A call's media stream being served by this process (``MediaStreamDriver``)."""
 
@@ -292,6 +312,30 @@ class BridgeServices:
         """``engine.open_at_answer`` auto with a shared registry: the session opened at the answer is parked in the
         registry (detached, with its ticket), so the call's stream resumes it on whichever process it reaches."""
         return self.settings.engine.open_at_answer == "auto" and not isinstance(self.registry, MemoryCallRegistry)
+
+    async def decide_answer(self, call_id: str, provider: str, *, retries: bool = True) -> AnswerDecision:
+        """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers: over already →
+        hang up; draining, and another process can resume it (``retries``: the carrier can be sent back through
+        the load balancer) → retry elsewhere; not admitted, or no engine takes it → busy; else answer with a
+        fresh stream token. A registry that does not answer is a busy refusal too, logged as a warning: the
+        caller hears busy rather than the carrier's "application error"."""
+        try:
+            if await self.registry.ended_reason(call_id) is not None:
+                return AnswerDecision(AnswerKind.HANG_UP)
+            if retries and await self.moving_elsewhere(call_id):  # a reconnect that reached this draining process
+                log.info("call_redirected", call_id=call_id, provider=provider, reason="draining")
+                return AnswerDecision(AnswerKind.RETRY_ELSEWHERE)
+            if not await self.admits(call_id):
+                reason = "draining" if self.draining else "capacity"
+            elif not await self.engine_takes(call_id):
+                reason = "engine_capacity"
+            else:
+                return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+            reason = "registry_unavailable"
+        log.warning("call_refused", call_id=call_id, provider=provider, reason=reason)
+        return AnswerDecision(AnswerKind.BUSY, reason=reason)
 
     async def engine_takes(self, call_id: str) -> bool:
         """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
@@ -439,6 +483,19 @@ class BridgeServices:
             await self.registry.mark_ended(call_id, reason)
         return True
 
+    async def unready_because(self) -> str | None:
+        """Why this process should be sent no new call now (``/readyz`` 503), or None: it is draining; its
+        registry does not answer (a new call could not be recorded); or no engine endpoint is in service (every
+        one ejected, or drained by the operator), so every new call would be refused."""
+        if self.draining:
+            return "draining"
+        if not await self.registry.reachable():
+            return "registry_unavailable"
+        engine = self.engine  # an engine pool (``engine.kind = "realtime"``) knows its endpoints
+        if isinstance(engine, EnginePool) and not any(endpoint.state == "healthy" for endpoint in engine.status()):
+            return "no_engine"
+        return None
+
     @property
     def drains_in_place(self) -> bool:
         """A drain moves calls only where another process can resume them (a shared registry). A lone process
@@ -561,8 +618,6 @@ def build_engine(settings: Settings) -> DuplexEngine:
 
         return LocalEngine(local_engine_options(settings))
     if kind == "realtime":  # one server or several: a pool (least loaded, failover, ejection, drain)
-        from callbridge.engine.pool import EnginePool
-
         engine = settings.engine
         if not engine.urls:
             raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "engine.kind = realtime needs engine.urls")

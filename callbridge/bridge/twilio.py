@@ -28,7 +28,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.providers.twilio import TwilioCodec
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.services import AnswerKind, BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -167,20 +167,19 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
-        if await services.registry.ended_reason(call_id) is not None:
-            return Response(_HANGUP, media_type="application/xml")
-        if await services.moving_elsewhere(call_id):  # a reconnect that reached this draining process
-            log.info("call_redirected", call_id=call_id, provider=name, reason="draining")
-            return Response(dialect.twiml_retry(url), media_type="application/xml")
-        if not await services.admits(call_id):
-            log.warning("call_refused", call_id=call_id, provider=name, reason="draining" if services.draining else "capacity")
-            return Response(_BUSY, media_type="application/xml")
-        if not await services.engine_takes(call_id):
-            log.warning("call_refused", call_id=call_id, provider=name, reason="engine_capacity")
-            return Response(_BUSY, media_type="application/xml")
-        token = await services.tokens.mint(call_id)
-        log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
-        return Response(dialect.twiml_connect(base, token), media_type="application/xml")
+        decision = await services.decide_answer(call_id, name)
+        match decision.kind:
+            case AnswerKind.HANG_UP:
+                twiml = _HANGUP
+            case AnswerKind.RETRY_ELSEWHERE:
+                twiml = dialect.twiml_retry(url)
+            case AnswerKind.BUSY:
+                twiml = _BUSY
+            case AnswerKind.ANSWER:
+                assert decision.token is not None
+                log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
+                twiml = dialect.twiml_connect(base, decision.token)
+        return Response(twiml, media_type="application/xml")
 
     @router.websocket(dialect.media_path)
     async def media(websocket: WebSocket) -> None:

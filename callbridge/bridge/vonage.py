@@ -71,7 +71,7 @@ from callbridge.bridge.carriers import Carrier, ws_url
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
 from callbridge.bridge.providers.vonage import VonageCodec, content_type
 from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.services import AnswerKind, BridgeServices
 from callbridge.bridge.twilio import public_base
 from callbridge.config import Settings
 from callbridge.logging import get_logger
@@ -340,21 +340,15 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         call_id = params.get("uuid")
         if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
             return Response("uuid missing or invalid", status_code=400)
-        if await services.registry.ended_reason(call_id) is not None:
-            return _ncco([])  # an empty NCCO: the call ends
-        if not await services.admits(call_id):
-            log.warning("call_refused", call_id=call_id, provider="vonage", reason="draining" if services.draining else "capacity")
-            return _ncco([])
-        if not await services.engine_takes(call_id):
-            log.warning("call_refused", call_id=call_id, provider="vonage", reason="engine_capacity")
-            return _ncco([])
+        decision = await services.decide_answer(call_id, "vonage", retries=False)
+        if decision.kind is not AnswerKind.ANSWER or decision.token is None:
+            return _ncco([])  # an empty NCCO: the call ends (over already, or refused)
         conversation = params.get("conversation_uuid")
         calls.answered(call_id, conversation if isinstance(conversation, str) else None)
         caller = params.get("from")
         base = public_base(settings, str(request.base_url))
-        token = await services.tokens.mint(call_id)
         log.info("call_answered", call_id=call_id, provider="vonage", caller=caller)
-        return _ncco(ncco_connect(base, call_id, token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
+        return _ncco(ncco_connect(base, call_id, decision.token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
 
     @router.websocket(MEDIA_PATH)
     async def media(websocket: WebSocket) -> None:

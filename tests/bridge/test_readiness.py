@@ -1,0 +1,118 @@
+"""``/readyz`` says 503, and why, whenever the process could take no new call — not only while draining — so a
+load balancer that follows it sends calls elsewhere: every engine endpoint ejected (dead servers, found by the
+probes) or drained by the operator; the registry (Redis) unreachable. It comes back to 200 once they do, with
+nothing restarted. Real uvicorn, real ``redis-server``, shipped settings but for the parts named."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import httpx
+import pytest
+
+from twilio.request_validator import RequestValidator
+
+from callbridge.config import Settings
+from callbridge.sim.runner import RunningBridge, free_port, running_bridge
+from tests.bridge.test_engine_pool_e2e import admin, pool_settings
+from tests.bridge.twilio_e2e import RawStream, bound, engine, settings, until
+from tests.redis_server import _wait_listening, redis_server
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def readiness(base_url: str) -> tuple[int, str]:
+    async with httpx.AsyncClient(timeout=5) as http:
+        response = await http.get(base_url + "/readyz")
+    return response.status_code, str(response.json()["status"])
+
+
+async def test_every_engine_endpoint_ejected_is_not_ready() -> None:
+    dead = f"ws://127.0.0.1:{free_port()}"
+    async with running_bridge(pool_settings(dead)) as bridge:
+        await until(lambda: _is(bridge.base_url, (503, "no_engine")), timeout_s=5)  # two failed probes, 0.2 s apart
+        assert (await admin(bridge, "GET", "/admin/engines")).json()["endpoints"][0]["state"] == "ejected"
+
+
+async def test_every_engine_endpoint_drained_by_the_operator_is_not_ready_until_one_is_back() -> None:
+    """The endpoint need not be up for this: draining is the operator's word, ejection the probes'."""
+    dead = f"ws://127.0.0.1:{free_port()}"
+    async with running_bridge(pool_settings(dead, eject_after_failures=100)) as bridge:  # not ejected within the test
+        assert await readiness(bridge.base_url) == (200, "ready")
+        assert (await admin(bridge, "POST", "/admin/engines/drain", url=dead)).status_code == 200
+        assert await readiness(bridge.base_url) == (503, "no_engine")
+        assert (await admin(bridge, "POST", "/admin/engines/undrain", url=dead)).status_code == 200
+        assert await readiness(bridge.base_url) == (200, "ready")
+
+
+async def test_a_registry_that_does_not_answer_is_not_ready_then_ready_again_when_it_is_back() -> None:
+    with redis_server() as (url, process):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        async with running_bridge(Settings.model_validate({"registry": {"backend": "redis", "redis_url": url}})) as bridge:
+            assert await readiness(bridge.base_url) == (200, "ready")
+            process.kill()
+            process.wait()
+            await until(lambda: _is(bridge.base_url, (503, "registry_unavailable")), timeout_s=10)
+            again = _restart_redis(port)
+            try:
+                await until(lambda: _is(bridge.base_url, (200, "ready")), timeout_s=10)
+            finally:
+                again.terminate()
+                again.wait(timeout=10)
+
+
+async def _is(base_url: str, expected: tuple[int, str]) -> bool:
+    return await readiness(base_url) == expected
+
+
+
+async def test_a_new_call_while_the_registry_is_down_gets_busy_not_an_application_error(caplog: pytest.LogCaptureFixture) -> None:
+    """Redis killed with a call up: a new Twilio call is refused busy (``<Reject reason="busy"/>``, HTTP 200),
+    logged as a warning with no traceback; the call already up carries on; once Redis is back the next call is
+    answered. Before: HTTP 500 with an error-level traceback, which Twilio plays as an application error."""
+    recorder = engine()
+    with redis_server() as (url, process):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        async with running_bridge(settings(registry={"backend": "redis", "redis_url": url}), recorder) as bridge:
+            live = await RawStream.open(bridge)
+            await live.start()
+            await until(lambda: bound(bridge.app.state.bridge.services.registry, live.call_sid))  # bridged
+            process.kill()
+            process.wait()
+            caplog.clear()
+            refused = await answer(bridge, "CA" + "e" * 32)
+            assert refused.status_code == 200 and 'reason="busy"' in refused.text, refused.text
+            assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
+            await live.ws.send(live.media())  # the call already up is not touched
+            assert live.ws.close_code is None and recorder.session_count == 1
+            again = _restart_redis(port)
+            try:
+                await until(lambda: _is(bridge.base_url, (200, "ready")), timeout_s=10)
+                answered = await answer(bridge, "CA" + "d" * 32)
+                assert "<Connect>" in answered.text, answered.text  # the first write after the outage succeeds
+            finally:
+                again.terminate()
+                again.wait(timeout=10)
+            await live.ws.close()
+
+
+async def answer(bridge: RunningBridge, call_sid: str) -> httpx.Response:
+    """Twilio's signed answer webhook for a new call."""
+    validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
+    url = bridge.base_url + "/twilio/voice"
+    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+
+
+def _restart_redis(port: int) -> subprocess.Popen[bytes]:
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_listening(port, process)
+    return process
