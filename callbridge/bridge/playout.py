@@ -347,8 +347,8 @@ class PlayoutLedger:
             # than the model: the carrier plays behind it. Earlier: an earlier echo was late on our side (the
             # bridge stalled reading it), and the model moves back rather than keep that stall for the call.
             predicted = self._time_of(ms)
-            if predicted is not None:  # against the send clock, before any correction
-                self.mark_lags_ms.append(now_ms - predicted + self._shifted_ms)
+            if predicted is not None:  # against the send clock, before any correction; an early echo is no lag
+                self.mark_lags_ms.append(max(0, now_ms - predicted + self._shifted_ms))
             if predicted is not None and now_ms != predicted:
                 self.corrections += 1
                 self._shift(now_ms - predicted)

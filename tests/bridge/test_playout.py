@@ -165,6 +165,15 @@ class TestHeardModel:
         assert ledger.heard_ms("r", 250) == 250
         assert ledger.corrections == 2
 
+    def test_an_echo_earlier_than_its_audio_could_play_is_no_lag(self) -> None:
+        """A carrier whose clock runs ahead of ours echoes a marker before the audio before it could have played:
+        the model moves back, and the lag it reports (``callbridge_mark_lag_seconds``) is 0, never negative."""
+        ledger = PlayoutLedger(lead_ms=400, mark_every_frames=5)
+        fill(ledger, "r", 20)
+        ledger.mark_echoed("r@100", 80)
+        ledger.mark_echoed("r@200", 230)
+        assert ledger.mark_lags_ms == [0, 30] and ledger.heard_ms("r", 230) == 200  # 230 against 200 sent
+
     def test_underrun_pauses_the_heard_clock(self) -> None:
         ledger = PlayoutLedger(lead_ms=200)
         fill(ledger, "r", 5, now_ms=0)  # 100 ms, then the engine is late
