@@ -258,7 +258,7 @@ class MediaStreamDriver:
             self.call.engine_bound(
                 session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard
             )
-            services.active_calls.add(start.call_id)
+            services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
             self.log.info("call_bridged", engine=bind.detail, call_offset_ms=bind.call_offset_ms)

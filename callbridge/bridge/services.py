@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
@@ -275,6 +276,10 @@ class BridgeServices:
     hang_up: HangUpFn
     draining: bool = False
     active_calls: set[str] = field(default_factory=set)
+    admitted: dict[str, float] = field(default_factory=dict)
+    """Calls admitted here whose stream has not bound here yet: call id → when the slot lapses (``time.monotonic``,
+    ``engine.open_at_answer_ttl_s`` on). Counted against ``server.max_calls`` from the moment they are admitted,
+    so a burst of answers cannot all pass before any of them is counted."""
     live_streams: dict[str, LiveStream] = field(default_factory=dict)
     """call id → the stream serving it here, once bound to its engine session."""
     carrier_state: dict[str, object] = field(default_factory=dict)
@@ -334,6 +339,7 @@ class BridgeServices:
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
             reason = "registry_unavailable"
+        self.admitted.pop(call_id, None)  # refused after all: its slot goes back
         log.warning("call_refused", call_id=call_id, provider=provider, reason=reason)
         return AnswerDecision(AnswerKind.BUSY, reason=reason)
 
@@ -535,17 +541,18 @@ class BridgeServices:
             await asyncio.sleep(0.05)
 
     async def admits(self, call_id: str) -> bool:
-        """Whether a call may be answered now: not draining, and under ``server.max_calls`` — the calls bridged and
-        those answered whose stream has not come yet (their engine sessions opened at the answer) — unless the call
-        is already known (a stream coming back, here or from another process)."""
+        """Whether a call may be answered now: not draining, and under ``server.max_calls`` — the calls bridged here
+        and those admitted here whose stream has not bound yet (``admitted``: a call admitted is held at once) —
+        unless the call is already known (a stream coming back, here or from another process)."""
         if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self.drains_in_place and await self._serves(call_id)
         server = self.settings.server
-        if call_id in self.active_calls or (self.answer_sessions is not None and call_id in self.answer_sessions):
+        if call_id in self.active_calls or call_id in self.admitted:
             return True
         over_cpu = bool(server.cpu_budget_percent) and self.cpu.utilization * 100 > server.cpu_budget_percent
-        answered = len(self.answer_sessions) if self.answer_sessions is not None else 0  # their streams are coming
-        if not over_cpu and len(self.active_calls) + answered < server.max_calls:
+        if not over_cpu and self._calls_held() < server.max_calls:  # checked and held with no await between
+            if call_id:
+                self.admitted[call_id] = time.monotonic() + self.settings.engine.open_at_answer_ttl_s
             return True
         if await self.registry.get(call_id) is not None:
             return True
@@ -553,6 +560,18 @@ class BridgeServices:
         self.metrics.admission_refused.labels(reason).inc()
         log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
         return False
+
+    def _calls_held(self) -> int:
+        """Calls bridged here, and calls admitted here whose stream is still to come (lapsed ones let go)."""
+        now = time.monotonic()
+        for call_id in [c for c, until in self.admitted.items() if until <= now]:
+            del self.admitted[call_id]
+        return len(self.active_calls) + len(self.admitted)
+
+    def call_bound(self, call_id: str) -> None:
+        """A stream bound the call's engine session here: it counts as bridged (no longer as admitted)."""
+        self.active_calls.add(call_id)
+        self.admitted.pop(call_id, None)
 
     async def _serves(self, call_id: str) -> bool:
         """The call is this process's and not over (its stream is up, or its session waits for the next one)."""

@@ -241,6 +241,7 @@ class TelnyxCalls:
             if not admitted or not await services.engine_takes(call_id):
                 reason = "engine_capacity" if admitted else "draining" if services.draining else "capacity"
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
+                services.admitted.pop(call_id, None)  # refused after all: its slot goes back
                 await self.rest.reject(call_id)
                 settled = True
                 await self._count(call_id, OVER)

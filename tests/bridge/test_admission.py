@@ -14,7 +14,11 @@ from callbridge.bridge.cpu import CpuMeter
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.runner import running_bridge
+from tests.bridge.test_readiness import answer
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.redis_server import redis_url
+
+__all__ = ["redis_url"]  # the fixture, imported for pytest
 
 CARRIERS = sorted(SIMULATED)
 
@@ -82,3 +86,21 @@ def test_the_cpu_meter_follows_the_process_share_of_a_core() -> None:
     assert 0.7 < meter.utilization < 0.9
     meter.sample(31.0, 100.0)  # no time elapsed: ignored
     assert meter.utilization < 0.9
+
+
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_burst_of_answers_admits_exactly_max_calls(backend: str, request: pytest.FixtureRequest) -> None:
+    """Eight Twilio answer webhooks at once against ``max_calls = 2``: exactly two are answered and six refused
+    busy, with the shipped ``open_at_answer`` ("auto": each answer opens its engine session) and with either
+    registry. A call is held from the moment it is admitted. Before, with Redis, all eight were answered: a call
+    answered but not yet streaming was counted only where its session waited in this process (memory)."""
+    registry = {"backend": "redis", "redis_url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
+    recorder = engine()
+    async with running_bridge(settings(server={"max_calls": 2}, registry=registry), recorder) as bridge:
+        answers = await asyncio.gather(*(answer(bridge, f"CA{i:032x}") for i in range(8)))
+        held = len(bridge.app.state.bridge.services.admitted)
+    connected = [a for a in answers if "<Connect>" in a.text]
+    busy = [a for a in answers if 'reason="busy"' in a.text]
+    assert all(a.status_code == 200 for a in answers)
+    assert (len(connected), len(busy), held) == (2, 6, 2), [a.text for a in answers]
+    assert len(recorder.opened) == 2  # no engine session for a refused call
