@@ -231,10 +231,14 @@ class TelnyxCalls:
         services = self.services
         if payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
-        if await services.registry.ended_reason(call_id) is not None:
-            return  # a call already over
-        if await self._count(call_id, ANSWERED) > 1:
-            return  # a webhook delivered again (Telnyx retries until it gets a 2xx), to this process or another
+        try:
+            if await services.registry.ended_reason(call_id) is not None:
+                return  # a call already over
+            if await self._count(call_id, ANSWERED) > 1:
+                return  # a webhook delivered again (Telnyx retries until it gets a 2xx), to this process or another
+        except RegistryUnavailable as exc:  # the call cannot be recorded: busy, as every carrier's answer is then
+            await self._refuse_busy(call_id, exc)
+            return
         settled = False
         try:
             admitted = await services.admits(call_id)
@@ -253,12 +257,25 @@ class TelnyxCalls:
                 log.info("call_answered", call_id=call_id, provider="telnyx", caller=payload.get("from"))
             else:
                 await self._count(call_id, OVER)
+        except RegistryUnavailable as exc:
+            settled = True
+            await self._refuse_busy(call_id, exc)
         except (httpx.HTTPError, RuntimeError) as exc:
             log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="answer", error=repr(exc))
         finally:
-            if not settled:  # neither answered nor rejected (Call Control or Redis failed): Telnyx's retry answers
+            if not settled:  # neither answered nor rejected (Call Control failed): Telnyx's retry answers
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
+
+    async def _refuse_busy(self, call_id: str, exc: RegistryUnavailable) -> None:
+        """The registry does not answer: the call is rejected busy (logged, no traceback), not left to a 500."""
+        log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+        log.warning("call_refused", call_id=call_id, provider="telnyx", reason="registry_unavailable")
+        self.services.admitted.pop(call_id, None)
+        try:
+            await self.rest.reject(call_id)
+        except (httpx.HTTPError, RuntimeError) as error:
+            log.warning("call_control_failed", provider="telnyx", call_id=call_id, command="reject", error=repr(error))
 
     async def _stream_ended(self, call_id: str, event_type: str, payload: dict[str, Any], base: str) -> None:
         services = self.services

@@ -26,6 +26,7 @@ from callbridge.bridge.telnyx import (
 )
 from callbridge.config import ConfigError, Settings, load_settings
 from tests.bridge.twilio_e2e import engine
+from tests.redis_server import redis_server
 
 KEY = Ed25519PrivateKey.generate()
 PUBLIC = base64.b64encode(KEY.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)).decode()
@@ -161,6 +162,22 @@ BASE = "https://bridge.example"
 
 
 class TestCallControl:
+    async def test_an_incoming_call_while_the_registry_is_down_is_rejected_busy(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Redis killed: ``call.initiated`` returns normally with the call rejected busy (``USER_BUSY``), logged as
+        a warning with no traceback — not an exception out of the webhook (an HTTP 500, which Telnyx retries)."""
+        with redis_server() as (url, process):
+            svc = services(registry={"backend": "redis", "redis_url": url})
+            calls = TelnyxCalls(svc, RecordingRest())
+            try:
+                process.kill()
+                process.wait()
+                caplog.clear()
+                await calls.on_event("call.initiated", {"call_control_id": "v3:down", "direction": "incoming"}, BASE)
+            finally:
+                await svc.registry.aclose()
+        assert calls.rest.sent == [("v3:down", "reject", {"cause": "USER_BUSY"})]  # type: ignore[attr-defined]
+        assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
+
     async def test_an_incoming_call_is_answered_with_a_fresh_token(self) -> None:
         svc = services()
         calls = TelnyxCalls(svc, RecordingRest())
