@@ -2,14 +2,17 @@
 messages out, driven by a clock passed in.
 
 Inputs (each takes ``now_ms``): ``receive_message`` (a websocket message from
-the carrier), ``engine_bound`` / ``start_refused`` (the driver's answer to
-``start_request``), ``receive_engine_event``, ``carrier_ended`` (a webhook
-says the call is over), ``transport_lost``, ``tick``.
+the carrier), ``engine_bound`` / ``no_engine`` / ``start_refused`` (the
+driver's answer to ``BindEngine``), ``receive_engine_event``,
+``engine_failed``, ``carrier_ended`` (a webhook says the call is over),
+``transport_lost``, ``send_failed``, ``move_elsewhere``, ``superseded``,
+``shut_down``, ``tick``.
 Outputs, drained by the driver after every input: ``outputs()``, one typed
 queue in the order produced (``ToCarrier``, ``ToEngine``, ``Perform``,
-``HangUpCall``, ``CloseTransport``, ``Notice``, ``MarkLag``,
-``BargeInFlushed``); the facts ``start_request``, ``detach_engine``,
-``end_reason`` … for the stream's end; sleep until ``next_deadline_ms()``.
+``HangUpCall``, ``CloseTransport``, ``BindEngine``, ``CallerAudioBegan``,
+``Notice``, ``MarkLag``, ``BargeInFlushed``); sleep until
+``next_deadline_ms()``. What the stream's ``CallLifecycle`` needs of it is
+``facts()``; its account as it ends, ``report()``.
 
 Audio:
 - inbound: carrier payload → PCM16 (decode what ``start`` announced) → one
@@ -311,8 +314,7 @@ class StreamReport:
     """A stream's account of itself as it ends (``CallSession.report()``): for the log and the metrics."""
 
     facts: StreamFacts
-    over: bool
-    """The call is over (else the stream left its session for the next one)."""
+    """``facts.call_over``: the call is over (else the stream left its session for the next one)."""
     limit_reached: str | None
     engine_failure: str | None
     """Why the engine failed the call, if it did."""
@@ -557,24 +559,19 @@ class CallSession:
         fallback tone instead of silence, then the call is hung up. Agent audio still queued is dropped."""
         if self.state is not CallState.LIVE:
             return
-        self._transition(_Trigger.ENGINE_FAILED)
-        self.end_reason = reason
         self.failures_by_engine = reason
-        self._out_response = self._out_resampler = self._out_frames = None
         self.ledger.flush(now_ms)
         self.ledger.heard_updates()  # nobody to tell: the session is gone
-        self._play_failure_tone(now_ms)
+        self._end_with_tone(reason, now_ms)
 
     def no_engine(self, reason: str, now_ms: int) -> None:
         """No engine session can be had for the stream (none opens, the parked one is gone): the caller hears the
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
         if self.state is not CallState.STARTING:
             return
-        self._transition(_Trigger.ENGINE_FAILED)
-        self.end_reason = reason
         self._starting_buffer.clear()
         self._starting_buffer_ms = 0
-        self._play_failure_tone(now_ms)
+        self._end_with_tone(reason, now_ms)
 
     def shut_down(self, now_ms: int) -> None:
         """The process stops with the call still up (a lone process whose drain ran out): the engine is told what
@@ -584,13 +581,14 @@ class CallSession:
             return
         self._stop_playback(None, now_ms, barge_in=False)
         self._to_engine(CloseSession(EndReason.BRIDGE_SHUTDOWN))
-        self._transition(_Trigger.ENGINE_FAILED)  # ENDING: the tone plays out, then the hang-up
-        self.end_reason = EndReason.BRIDGE_SHUTDOWN
-        self._out_response = self._out_resampler = self._out_frames = None
-        self._play_failure_tone(now_ms)
+        self._end_with_tone(EndReason.BRIDGE_SHUTDOWN, now_ms)
 
-    def _play_failure_tone(self, now_ms: int) -> None:
-        """Queue the fallback tone (``tick`` hangs up once it has played; at once without one)."""
+    def _end_with_tone(self, reason: str, now_ms: int) -> None:
+        """ENDING for ``reason``: no more agent audio; the fallback tone is queued (``tick`` hangs up once it has
+        played; at once without one)."""
+        self._transition(_Trigger.ENGINE_FAILED)
+        self.end_reason = reason
+        self._out_response = self._out_resampler = self._out_frames = None
         if self.options.failure_tone_ms > 0:
             frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
             tone = encode_from_pcm16(self._encoding, _failure_tone(self._rate_hz, self.options.failure_tone_ms))
@@ -640,10 +638,11 @@ class CallSession:
             self._drain_ledger()  # the ack of what was heard
             self._cut_replies[cut] = self._heard_on_call(cut, unplayed.from_ms)
             frames_ms = len(unplayed.frames) * self.ledger.frame_ms
-            generated_ms = min(frames_ms, int(self._generated_ms.get(cut, frames_ms + unplayed.from_ms)) - unplayed.from_ms)
+            generated = self._generated_ms.get(cut)  # the frames' last one is padded: no more than was generated
+            generated_ms = frames_ms if generated is None else min(frames_ms, int(generated) - unplayed.from_ms)
             audio = base64.b64encode(b"".join(unplayed.frames)).decode()
-            ended = cut != self._out_response
-            self._unheard = UnheardAudio(cut, self._encoding.value, self._rate_hz, self.ledger.frame_ms, audio, ended, generated_ms)
+            encoding = (self._encoding.value, self._rate_hz, self.ledger.frame_ms)
+            self._unheard = UnheardAudio(cut, *encoding, audio, unplayed.ended, generated_ms)
         elif bound and self._out_response is not None:  # still being generated: the next stream plays the rest
             cut = self._out_response
             self.ledger.flush(now_ms)
@@ -746,7 +745,6 @@ class CallSession:
         ledger = self.ledger
         return StreamReport(
             facts=self.facts(),
-            over=self.state is CallState.ENDED,
             limit_reached=self.limit_reached,
             engine_failure=self.failures_by_engine,
             failure=self.failure,

@@ -513,7 +513,7 @@ class MediaStreamDriver:
             self.log.warning("call_ended", reason=end_reason, error=report.failure.detail)
         else:
             self.log.info(
-                "call_ended" if report.over else "stream_detached",
+                "call_ended" if report.facts.call_over else "stream_detached",
                 reason=end_reason,
                 frames_sent=report.frames_sent,
                 frames_flushed=report.frames_flushed,

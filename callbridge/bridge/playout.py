@@ -117,8 +117,8 @@ class PlayoutLedger:
         self.marks_echoed_on_clear = marks_echoed_on_clear
         self.flushes = flushes
         self._queue: deque[tuple[_Response, bytes]] = deque()
-        self._sent: deque[tuple[_Response, int, bytes]] = deque(maxlen=max(1, _SENT_KEPT_MS // frame_ms))
-        """The latest frames sent: (response, its position in it, frame), for ``unplayed``."""
+        self._sent: deque[bytes] = deque(maxlen=max(1, _SENT_KEPT_MS // frame_ms))
+        """The latest frames sent of the current response, the newest ending at its ``sent_ms`` (for ``unplayed``)."""
         self._responses: dict[str, _Response] = {}
         self._current: _Response | None = None
         """The response whose audio the carrier is playing (or will play next)."""
@@ -228,11 +228,11 @@ class PlayoutLedger:
             return None
         heard = self._heard_at(now_ms)
         start = heard - heard % self.frame_ms
-        sent = [(at, frame) for response, at, frame in self._sent if response is current and at >= start]
-        if (sent[0][0] if sent else current.sent_ms) != start:  # not kept back that far
+        kept_from = current.sent_ms - len(self._sent) * self.frame_ms
+        if start < kept_from:  # not kept back that far
             return None
-        queued = tuple(frame for response, frame in self._queue if response is current)
-        frames = tuple(frame for _, frame in sent) + queued
+        sent = tuple(self._sent)[(start - kept_from) // self.frame_ms :]
+        frames = sent + tuple(frame for response, frame in self._queue if response is current)
         if not frames:
             return None
         return Unplayed(current.response_id, start, frames, current.ended)
@@ -290,6 +290,7 @@ class PlayoutLedger:
         if self._current is not response:
             self._current = response
             self._clear_segments()
+            self._sent.clear()
         start = max(now_ms, self._buffer_end_ms)
         last = self._segments[-1] if self._segments else None
         if last is not None and last.start_ms + last.length_ms == start:
@@ -303,7 +304,7 @@ class PlayoutLedger:
                 self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
             self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
         self._buffer_end_ms = start + self.frame_ms
-        self._sent.append((response, response.sent_ms, frame))
+        self._sent.append(frame)
         response.sent_ms += self.frame_ms
         self.frames_sent += 1
         self._actions.append(SendMedia(frame))

@@ -313,10 +313,16 @@ class BridgeServices:
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
 
     @property
+    def registry_shared(self) -> bool:
+        """The registry is shared with other processes (Redis), which can resume this one's calls; the memory
+        registry is one process's alone."""
+        return not isinstance(self.registry, MemoryCallRegistry)
+
+    @property
     def parks_at_answer(self) -> bool:
         """``engine.open_at_answer`` auto with a shared registry: the session opened at the answer is parked in the
         registry (detached, with its ticket), so the call's stream resumes it on whichever process it reaches."""
-        return self.settings.engine.open_at_answer == "auto" and not isinstance(self.registry, MemoryCallRegistry)
+        return self.settings.engine.open_at_answer == "auto" and self.registry_shared
 
     async def decide_answer(self, call_id: str, provider: str, *, retries: bool = True) -> AnswerDecision:
         """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers: over already →
@@ -507,7 +513,7 @@ class BridgeServices:
         """A drain moves calls only where another process can resume them (a shared registry). A lone process
         (the memory registry: the quick start, one container) serves its calls on to their end instead: moved,
         their carrier's reconnect would only come back here and be refused."""
-        return isinstance(self.registry, MemoryCallRegistry)
+        return not self.registry_shared
 
     async def drain(self, timeout_s: float) -> None:
         """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``); with a shared registry, move every
@@ -575,10 +581,7 @@ class BridgeServices:
 
     async def _serves(self, call_id: str) -> bool:
         """The call is this process's and not over (its stream is up, or its session waits for the next one)."""
-        if call_id in self.active_calls:
-            return True
-        record = await self.registry.get(call_id)
-        return record is not None and record.ended_reason is None
+        return call_id in self.active_calls or await self._known_and_not_over(call_id)
 
     async def moving_elsewhere(self, call_id: str) -> bool:
         """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off
@@ -588,13 +591,17 @@ class BridgeServices:
         (``twiml_retry``); Telnyx and Vonage, whose webhook is their only reconnect, a new stream to the public
         URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
         and when the registry cannot be reached."""
-        if not self.draining or isinstance(self.registry, MemoryCallRegistry):
+        if not self.draining or not self.registry_shared:
             return False
         try:
-            record = await self.registry.get(call_id)
+            return await self._known_and_not_over(call_id)
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
             return False
+
+    async def _known_and_not_over(self, call_id: str) -> bool:
+        """The registry has the call, and not as ended (raises ``RegistryUnavailable``)."""
+        record = await self.registry.get(call_id)
         return record is not None and record.ended_reason is None
 
 

@@ -187,6 +187,7 @@ class ResumeTicket:
     at_answer: bool = False
     """The bridge's note: parked by the call's answer webhook (opened there, never streamed yet), not by a stream."""
     unheard: UnheardAudio | None = None
+    """The bridge's note: the rest of the reply the stream was playing as it ended, for the next stream to play."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -50,20 +50,23 @@ async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
 
 
 async def test_a_call_still_up_when_the_drain_runs_out_hears_the_tone_then_is_hung_up() -> None:
-    """``drain_timeout_s`` set to 2 s by the operator; the call would go on for 8 s more."""
+    """The shipped 30 s drain; the call would go on for 40 s."""
     recorder = engine()
-    async with running_bridge(settings(server={"drain_timeout_s": 2.0}), recorder) as bridge:
+    async with running_bridge(settings(), recorder) as bridge:
         state = bridge.app.state.bridge
-        call = asyncio.create_task(bridge.twilio.place_call(CallerScript(utterances=((300, short_speech(1200)),), hangup_at_ms=10_000)))
+        call = asyncio.create_task(bridge.twilio.place_call(CallerScript(utterances=((300, short_speech(1200)),), hangup_at_ms=40_000)))
         await until(lambda: len(state.services.active_calls) == 1)
         await asyncio.sleep(0.5)
+        began = time.monotonic()
         await state.drain()
+        drained_s = time.monotonic() - began
         result = await call
         metrics = bridge.app.state.bridge.registry
         ends = metrics.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "bridge_shutdown"})
         failures = sum(s.value for f in metrics.collect() if f.name == "callbridge_engine_failures" for s in f.samples if s.name.endswith("_total"))
         ended = await state.services.registry.ended_reason(result.call_sid)
-    assert result.hung_up_by == "bridge" and result.heard_ms < 5000, result.render()
+    assert result.hung_up_by == "bridge" and 30_000 <= result.heard_ms < 35_000, result.render()
+    assert 30 <= drained_s < 34  # the drain's 30 s, then the tone and the hang-up
     assert ends == 1 and failures == 0 and ended == "bridge_shutdown"  # not counted as the engine's failure
     assert recorder.session_count == 0  # its engine session closed
 

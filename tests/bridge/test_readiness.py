@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -15,11 +16,16 @@ from twilio.request_validator import RequestValidator
 
 from callbridge.config import Settings
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
-from tests.bridge.test_engine_pool_e2e import admin, pool_settings
+from tests.bridge.test_engine_pool_e2e import TOKEN, admin
 from tests.bridge.twilio_e2e import RawStream, bound, engine, settings, until
 from tests.redis_server import _wait_listening, redis_server
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def one_engine(url: str) -> Settings:
+    """The shipped settings, with one engine server at ``url`` (probed every 5 s, ejected after 3 failures)."""
+    return Settings.model_validate({"engine": {"kind": "realtime", "urls": [url]}, "server": {"admin_token": TOKEN}})
 
 
 async def readiness(base_url: str) -> tuple[int, str]:
@@ -29,16 +35,21 @@ async def readiness(base_url: str) -> tuple[int, str]:
 
 
 async def test_every_engine_endpoint_ejected_is_not_ready() -> None:
+    """The shipped probes (every 5 s, ejected after 3 failures): a server nobody listens for is found dead."""
     dead = f"ws://127.0.0.1:{free_port()}"
-    async with running_bridge(pool_settings(dead)) as bridge:
-        await until(lambda: _is(bridge.base_url, (503, "no_engine")), timeout_s=5)  # two failed probes, 0.2 s apart
+    async with running_bridge(one_engine(dead)) as bridge:
+        assert await readiness(bridge.base_url) == (200, "ready")  # nothing known against it yet
+        began = time.monotonic()
+        await until(lambda: _is(bridge.base_url, (503, "no_engine")), timeout_s=30)
+        found_s = time.monotonic() - began
         assert (await admin(bridge, "GET", "/admin/engines")).json()["endpoints"][0]["state"] == "ejected"
+    print(f"dead endpoint found, /readyz 503, after {found_s:.1f} s")
 
 
 async def test_every_engine_endpoint_drained_by_the_operator_is_not_ready_until_one_is_back() -> None:
     """The endpoint need not be up for this: draining is the operator's word, ejection the probes'."""
     dead = f"ws://127.0.0.1:{free_port()}"
-    async with running_bridge(pool_settings(dead, eject_after_failures=100)) as bridge:  # not ejected within the test
+    async with running_bridge(one_engine(dead)) as bridge:  # its first probe fails at once; ejection needs 3, 5 s apart
         assert await readiness(bridge.base_url) == (200, "ready")
         assert (await admin(bridge, "POST", "/admin/engines/drain", url=dead)).status_code == 200
         assert await readiness(bridge.base_url) == (503, "no_engine")
