@@ -190,6 +190,10 @@ class RegistrySettings(_Section):
     backend: Literal["memory", "redis"] = "memory"
     redis_url: SecretStr | None = None
     """``redis://[:password@]host:port/db``; masked in output since it may hold a password."""
+    checkpoint_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """With a shared registry: how often a live call's ticket (its engine session's resume state) is brought up to
+    date there, for another process to resume the call should this one die. A rotated resume token is written at
+    once; the engine is acknowledged no further than the ticket written, so its replay covers the gap."""
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> RegistrySettings:

@@ -107,6 +107,7 @@ from callbridge.engine.events import (
     FunctionCall,
     OutputAudioCleared,
     OverlapDecision,
+    PlaybackAcknowledged,
     ResponseDone,
     SessionClosed,
     SessionExpired,
@@ -165,6 +166,8 @@ class _Trigger(enum.Enum):
     FAILED = "failed"
     AGENT_ENDED = "agent_ended"
     """The agent hung up (``end_call``) or transferred the call."""
+    REPLACED = "replaced"
+    """Another stream took the engine session over (``session.replaced``): the call goes on there."""
 
 
 _S, _T = CallState, _Trigger
@@ -187,6 +190,7 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
     (_S.LIVE, _T.FAILED): _S.ENDED,
     (_S.LIVE, _T.ENGINE_FAILED): _S.ENDING,
     (_S.LIVE, _T.AGENT_ENDED): _S.ENDED,
+    (_S.LIVE, _T.REPLACED): _S.DETACHED,  # not the call's end: its newer stream has the session
     (_S.ENDING, _T.CARRIER_EVENT): _S.ENDING,
     (_S.ENDING, _T.FALLBACK_PLAYED): _S.ENDED,
     (_S.ENDING, _T.STOPPED): _S.ENDED,
@@ -386,6 +390,10 @@ class CallSession:
         self._generated_ms: dict[str, float] = {}
         """Audio the engine generated per response (the newest few), in ms: the last frame is padded to 20 ms, and
         what the engine is told was heard never exceeds what it generated."""
+        self._told: dict[str, int] = {}
+        """The most the engine was told the caller heard of each response (the newest few): by this stream, by the
+        stream before (a live ticket's ``told_ms``), or as it acknowledges (``playback.acknowledged``, replayed to a
+        stream that took the call over from a dead process). Nothing this stream tells it of a response goes lower."""
         self._cut_replies: dict[str, int] = {}
         """Replies a stream's end cut off while they were being generated (this stream's end or an earlier one's):
         response id → ms the caller heard of it on the streams before this one. Their audio here continues from
@@ -465,6 +473,7 @@ class CallSession:
         call_offset_ms: int | None = None,
         heard_ms: tuple[tuple[str, int], ...] = (),
         unheard: UnheardAudio | None = None,
+        told_ms: tuple[tuple[str, int], ...] = (),
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -474,11 +483,15 @@ class CallSession:
         engine is told of it continues from there (never from 0).
         ``unheard``: the rest of the reply the last stream was playing as it ended; it plays first, from where the
         caller stopped hearing it (where this stream cannot play it, the model's turn is cut to what was heard).
+        ``told_ms``: what the engine was told the caller heard of recent responses (the ticket's): this stream tells
+        it no less of them.
         """
         self._transition(_Trigger.ENGINE_BOUND)
         self.capabilities = capabilities
         for response_id, ms in heard_ms:
             self._cut_replies[response_id] = ms
+        for response_id, ms in told_ms:
+            self._note_told(response_id, ms)
         if call_offset_ms is not None:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
@@ -543,11 +556,15 @@ class CallSession:
                     self.engine_failed(reason, now_ms)
                 else:
                     self._end_by_engine(reason)
+            case PlaybackAcknowledged(response_id, played_ms) if response_id is not None:
+                self._note_told(response_id, played_ms)
             case FunctionCall():
                 self._on_function_call(event)
-            case SessionReplaced():
-                self._transition(_Trigger.ENGINE_ENDED)
+            case SessionReplaced():  # a newer stream took the session over (this one was taken for dead): it
+                self._transition(_Trigger.REPLACED)  # ends quietly, the call not over, nothing to detach
                 self.end_reason = "session_replaced"
+                self._drop_carrier_messages()
+                self._going_away = True
                 self._close_transport()
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
@@ -738,6 +755,7 @@ class CallSession:
             input_ms=self.input_ms,
             heard_ms=self.cut_replies,
             unheard=self._unheard,
+            told_ms=self.told_so_far,
         )
 
     def report(self) -> StreamReport:
@@ -771,6 +789,22 @@ class CallSession:
         by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
         each over the call."""
         return tuple(self._cut_replies.items())[-_CUT_REPLIES_KEPT:]
+
+    @property
+    def told_so_far(self) -> tuple[tuple[str, int], ...]:
+        """For the call's next stream (its ticket's ``told_ms``, live or parked): the most the engine was told the
+        caller heard of each recent response."""
+        return tuple(self._told.items())
+
+    def heard_so_far(self, now_ms: int) -> tuple[tuple[str, int], ...]:
+        """For the stream's live ticket (a stream that takes the call over from it, should this process die): the
+        cut-off replies (``cut_replies``) and the reply still being generated, with what the caller has heard of
+        it so far; that stream's acks of it count on from there."""
+        replies = dict(self._cut_replies)
+        playing = self._out_response
+        if self.state is CallState.LIVE and playing is not None:
+            replies[playing] = self._heard_on_call(playing, self.ledger.heard_ms(playing, now_ms))
+        return tuple(replies.items())[-_CUT_REPLIES_KEPT:]
 
     def outputs(self) -> list[CallOutput]:
         """Everything the call produced since the last call, in the order it was produced: do each in turn."""
@@ -1050,7 +1084,7 @@ class CallSession:
             return
         heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0 and self.capabilities.supports_audio_truncate:
-            self._to_engine(TruncateItem(f"item_{result.response_id}", heard))
+            self._to_engine(TruncateItem(f"item_{result.response_id}", self._note_told(result.response_id, heard)))
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)
@@ -1076,6 +1110,15 @@ class CallSession:
         heard = heard_ms if generated is None else min(heard_ms, int(generated))
         return heard + self._cut_replies.get(response_id, 0)
 
+    def _note_told(self, response_id: str, heard_ms: int) -> int:
+        """What to tell the engine the caller heard of ``response_id`` (an ack, a truncation), from ``heard_ms``:
+        never less than it was told before (``_told``), which now holds this."""
+        told = self._told
+        if response_id not in told and len(told) >= _GENERATED_KEPT:
+            del told[next(iter(told))]
+        told[response_id] = heard = max(told.get(response_id, 0), heard_ms)
+        return heard
+
     def _drain_ledger(self, *, to_engine: bool = True) -> None:
         """The ledger's frames, markers and clears to the carrier first (a clear is the most urgent thing there
         is), then what was heard to the engine."""
@@ -1093,7 +1136,7 @@ class CallSession:
         if not to_engine:
             return  # nobody to tell (the session is gone)
         for update in updates:
-            heard = self._heard_on_call(update.response_id, update.heard_ms)
+            heard = self._note_told(update.response_id, self._heard_on_call(update.response_id, update.heard_ms))
             self._to_engine(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
 
     # ------------------------------------------------------------------- state

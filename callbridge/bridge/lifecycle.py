@@ -6,8 +6,9 @@ reconnect supersedes) and one engine session that outlives each of them. For
 one stream, ``CallLifecycle`` decides everything about that session: whether
 the stream may have the call at all (its token, a call already over), where
 its session comes from (the ticket a dropped stream parked, a stream still
-detaching that it waits for, the session opened at the answer, a new one, a
-resume that failed and so a new one), what happens when none can be had
+detaching that it waits for, the live ticket of a stream that never will (its
+process died), the session opened at the answer, a new one, a resume that
+failed and so a new one), what happens when none can be had
 (refused, the call hung up the carrier's way and marked ended), what happens
 when the stream ends before or after it is bound (the session parked for the
 next stream, or closed exactly once), and what the registry must remember.
@@ -33,9 +34,11 @@ __all__ = [
     "BindSource",
     "CallLifecycle",
     "CheckToken",
+    "ClaimLive",
     "ClaimTicket",
     "CloseDetached",
     "CloseEngineSession",
+    "CloseLive",
     "CloseUnlessBack",
     "DiscardAnswerSession",
     "EndReason",
@@ -54,7 +57,14 @@ __all__ = [
 ]
 
 DETACH_WAIT_MS: Final = 2000
-"""How long a new stream waits for the ticket of a stream that still holds the call's session."""
+"""How long a new stream waits for the ticket of a stream that still holds the call's session and left no live
+ticket (a process of an earlier version)."""
+TAKEOVER_AFTER_MS: Final = 300
+"""How long a new stream waits for the ticket of a stream that still holds the call's session before it takes the
+session from that stream's live ticket. A stream whose process is alive detaches within milliseconds of being told
+it is superseded (the carrier has reconnected: its socket is gone or half-open); one that has not by now is taken
+for dead (SIGKILL, a crash, a host gone). A live process that is only slow loses the session to the new stream
+(the engine tells its old socket ``session.replaced``) and ends its stream quietly."""
 DETACH_POLL_MS: Final = 20
 
 
@@ -81,6 +91,8 @@ class BindSource(enum.StrEnum):
     OPENED = "opened"
     OPENED_AT_ANSWER = "opened_at_answer"
     RESUMED = "resumed"
+    TAKEN_OVER = "taken_over"
+    """Resumed from the live ticket of a stream that never detached (its process died, or stopped answering)."""
 
 
 class LifecycleError(Exception):
@@ -108,6 +120,13 @@ class ClaimTicket:
 @dataclass(frozen=True, slots=True)
 class ReadRecord:
     """Read the call's record (does a stream still hold its session?); answer ``record_read``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLive:
+    """Take the call's live ticket from ``holder``, the stream that will not detach; answer ``live_claimed``."""
+
+    holder: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +187,8 @@ class Bind:
     heard_ms: tuple[tuple[str, int], ...]
     unheard: UnheardAudio | None = None
     """The rest of the reply the last stream was playing (``CallSession.engine_bound(unheard=…)``)."""
+    told_ms: tuple[tuple[str, int], ...] = ()
+    """What the engine was told of recent responses, from the ticket (``CallSession.engine_bound(told_ms=…)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +201,8 @@ class Park:
     close_after_ms: int | None = None
     unheard: UnheardAudio | None = None
     """The rest of the reply playing as the stream ended, for the ticket."""
+    told_ms: tuple[tuple[str, int], ...] = ()
+    """What the engine was told of recent responses, for the ticket (``ResumeTicket.told_ms``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +217,17 @@ class CloseDetached:
     """The registry could not take the ticket: no stream could ever resume the session, so close it now (resume it
     with its ticket, then close) rather than leave it to the engine's grace."""
 
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CloseLive:
+    """The call is over before this stream was bound, and its session is held by a stream that never detached
+    (its process died): take that stream's live ticket and close the session (resume it, then close) rather than
+    leave it to the engine's grace. Nothing when the holder detached meanwhile (it closes it itself, the call
+    being over)."""
+
+    holder: str
     reason: str
 
 
@@ -216,6 +250,7 @@ Step = (
     | AskEnded
     | ClaimTicket
     | ReadRecord
+    | ClaimLive
     | NudgeOldStream
     | WaitUntil
     | TakeAnswerSession
@@ -227,6 +262,7 @@ Step = (
     | Park
     | CloseEngineSession
     | CloseDetached
+    | CloseLive
     | CloseUnlessBack
     | DiscardAnswerSession
 )
@@ -242,7 +278,7 @@ class _Phase(enum.Enum):
     DONE = "done"
 
 
-_ANSWERED: Final = (CheckToken, AskEnded, ClaimTicket, ReadRecord, WaitUntil, TakeAnswerSession, Resume, Open, Park)
+_ANSWERED: Final = (CheckToken, AskEnded, ClaimTicket, ReadRecord, ClaimLive, WaitUntil, TakeAnswerSession, Resume, Open, Park)
 """Steps that wait for an answer (the input named in their docstring) before the next step."""
 
 
@@ -263,6 +299,8 @@ class StreamFacts:
     """The replies cut off while being generated, with what the caller heard of each (``CallSession.cut_replies``)."""
     unheard: UnheardAudio | None = None
     """The rest of the reply playing as the stream dropped, for the next stream to play."""
+    told_ms: tuple[tuple[str, int], ...] = ()
+    """What the engine was told the caller heard of recent responses (``CallSession.told_so_far``)."""
 
 
 class CallLifecycle:
@@ -286,6 +324,10 @@ class CallLifecycle:
         self._wait_until_ms: int | None = None
         self._nudged = False
         self._at_answer = False
+        self._taking_over = False
+        self._told_ms: tuple[tuple[str, int], ...] = ()
+        self._live_holder: str | None = None
+        """The stream the record named as holding the session with a live ticket, while this one waits for it."""
         self._moved = False
         self._session_closed = False
         self._verified: bool | None = None if check_token else True
@@ -337,35 +379,56 @@ class CallLifecycle:
             self._steps.append(ClaimTicket())
 
     def ticket_claimed(self, ticket: ResumeTicket | None, offset_ms: int, now_ms: int) -> None:
-        """No ticket at first: a stream may still hold the session (its socket dropped, its detach on the way, here
-        or in another process while the carrier already reconnected). Wait a moment for its ticket rather than
-        open a second session; a mark left by a process that died costs this wait once."""
+        """No ticket: a stream may still hold the session (its socket dropped, its detach on the way, here or in
+        another process while the carrier already reconnected). The call's record says (``record_read``)."""
         self._answered(ClaimTicket)
         self._offset_ms = offset_ms
         if ticket is not None:
             if self._wait_from_ms is not None:
                 self.waited_ms = now_ms - self._wait_from_ms
-            self._heard_ms, self._unheard = ticket.heard_ms, ticket.unheard
+            self._heard_ms, self._unheard, self._told_ms = ticket.heard_ms, ticket.unheard, ticket.told_ms
             self._at_answer = ticket.at_answer
             self._steps.append(Resume(ticket))
-        elif self._wait_until_ms is None:
-            self._wait_from_ms, self._wait_until_ms = now_ms, now_ms + DETACH_WAIT_MS
-            self._steps.append(ReadRecord())
-        elif now_ms < self._wait_until_ms:
-            self._steps.append(ReadRecord())
-        else:
-            self._new_session()
-
-    def record_read(self, *, bound: bool, ended: bool, now_ms: int) -> None:
-        """The call's record (``bound``: a stream holds its session; both False when there is none)."""
-        self._answered(ReadRecord)
-        if not bound or ended or self._wait_until_ms is None or now_ms >= self._wait_until_ms:
-            self._new_session()
             return
-        if not self._nudged:  # the old stream may not know its connection dropped (half-open): tell it
-            self._nudged = True
-            self._steps.append(NudgeOldStream())
-        self._steps.append(WaitUntil(now_ms + DETACH_POLL_MS))
+        if self._wait_from_ms is None:
+            self._wait_from_ms, self._wait_until_ms = now_ms, now_ms + DETACH_WAIT_MS
+        self._steps.append(ReadRecord())
+
+    def record_read(self, *, bound: bool, ended: bool, now_ms: int, live_holder: str | None = None) -> None:
+        """The call's record (``bound``: a stream holds its session; ``live_holder``: that stream, when it left a
+        live ticket; all False or None when there is no record). Wait a moment for the holder's detach rather
+        than open a second session: it is told it is superseded, and one that is alive detaches at once. One that
+        has not within ``TAKEOVER_AFTER_MS`` never will: its session is taken from its live ticket. Without a live
+        ticket, a new session after ``DETACH_WAIT_MS``."""
+        self._answered(ReadRecord)
+        assert self._wait_from_ms is not None and self._wait_until_ms is not None, "read after a claim found nothing"
+        self._live_holder = live_holder if bound and not ended else None
+        if not bound or ended:
+            self._new_session()
+        elif live_holder is not None and now_ms - self._wait_from_ms >= TAKEOVER_AFTER_MS:
+            self._steps.append(ClaimLive(live_holder))
+        elif now_ms >= self._wait_until_ms:
+            self._new_session()
+        else:
+            if not self._nudged:  # the old stream may not know its connection dropped (half-open): tell it
+                self._nudged = True
+                self._steps.append(NudgeOldStream())
+            self._steps.append(WaitUntil(now_ms + DETACH_POLL_MS))
+
+    def live_claimed(self, ticket: ResumeTicket | None, input_ms: int, now_ms: int) -> None:
+        """The live ticket taken (``input_ms``: the call's timeline when it was written): resume the session from
+        it. None: the holder detached meanwhile (its ticket is there to claim), or another stream took it first
+        (then this one finds nothing, and waits or opens)."""
+        self._answered(ClaimLive)
+        self._live_holder = None
+        if ticket is None:
+            self._steps.append(ClaimTicket())
+            return
+        assert self._wait_from_ms is not None
+        self.waited_ms = now_ms - self._wait_from_ms
+        self._offset_ms, self._heard_ms, self._unheard, self._at_answer = input_ms, ticket.heard_ms, None, False
+        self._taking_over, self._told_ms = True, ticket.told_ms
+        self._steps.append(Resume(ticket))
 
     def waited(self) -> None:
         self._answered(WaitUntil)
@@ -382,14 +445,15 @@ class CallLifecycle:
         """Resumed: the session a dropped stream parked — or, parked by the answer (a shared registry), the one
         opened there for this first stream (``opened_at_answer``)."""
         self._answered(Resume)
-        source = BindSource.OPENED_AT_ANSWER if self._at_answer else BindSource.RESUMED
+        source = BindSource.OPENED_AT_ANSWER if self._at_answer else BindSource.TAKEN_OVER if self._taking_over else BindSource.RESUMED
         self._detail = source.value
         self._bind(source)
 
     def resume_failed(self, code: str) -> None:
         """The parked session could not be resumed (expired, its server gone): a new one, from the call's start."""
         self._answered(Resume)
-        self._offset_ms, self._heard_ms, self._unheard, self._at_answer = 0, (), None, False
+        self._offset_ms, self._heard_ms, self._unheard, self._at_answer, self._taking_over = 0, (), None, False, False
+        self._told_ms = ()
         self._detail = f"reopened_after_{code}"
         self._steps.append(Open())
 
@@ -426,7 +490,7 @@ class CallLifecycle:
             return bind
         self._phase = _Phase.UNBOUND
         if stream.end_reason == EndReason.TRANSPORT_LOST:
-            self._steps.append(Park(self._offset_ms, self._heard_ms, unheard=self._unheard))
+            self._steps.append(Park(self._offset_ms, self._heard_ms, unheard=self._unheard, told_ms=self._told_ms))
         else:
             self._close(stream.end_reason or EndReason.CALL_ENDED)
         return None
@@ -469,7 +533,7 @@ class CallLifecycle:
         if self._phase is not _Phase.BOUND or self._moved:
             raise LifecycleError("moving_elsewhere of a stream not bound, or moved already")
         self._moved = True
-        self._steps.append(Park(stream.input_ms, stream.heard_ms, unheard=stream.unheard))
+        self._steps.append(Park(stream.input_ms, stream.heard_ms, unheard=stream.unheard, told_ms=stream.told_ms))
 
     def parked(self, ok: bool) -> None:
         """``ok``: the ticket is stored. Not: the registry could not take it, and no stream could resume the session."""
@@ -488,7 +552,9 @@ class CallLifecycle:
         if self._answer_sessions:
             self._steps.append(DiscardAnswerSession(stream.end_reason or "stream_ended"))
         if stream.call_over and not _says_nothing_about_the_call(stream.end_reason):
-            self._steps.append(MarkEnded(stream.end_reason or "ended"))  # ended before it was bound: over all the same
+            if self._live_holder is not None:  # the session a dead process held: nobody else will close it (first:
+                self._steps.append(CloseLive(self._live_holder, stream.end_reason or EndReason.CALL_ENDED))  # the end
+            self._steps.append(MarkEnded(stream.end_reason or "ended"))  # drops the live ticket) — over all the same
 
     def _end_detached(self, *, known_ended: bool) -> None:
         ending = self._ending
@@ -496,7 +562,7 @@ class CallLifecycle:
         if known_ended:
             self._close(ending.end_reason or EndReason.CALL_ENDED)
         else:
-            self._steps.append(Park(ending.input_ms, ending.heard_ms, unheard=ending.unheard))
+            self._steps.append(Park(ending.input_ms, ending.heard_ms, unheard=ending.unheard, told_ms=ending.told_ms))
         self._conclude()
 
     def _conclude(self) -> None:
@@ -514,7 +580,7 @@ class CallLifecycle:
 
     def _bind(self, source: BindSource) -> None:
         detail = self._detail if source is not BindSource.OPENED_AT_ANSWER else source.value
-        self.bound = Bind(source, detail, self._offset_ms, self._heard_ms, self._unheard)
+        self.bound = Bind(source, detail, self._offset_ms, self._heard_ms, self._unheard, self._told_ms)
 
     def _refuse(self, refusal: Refuse) -> None:
         self._phase = _Phase.UNBOUND

@@ -46,9 +46,11 @@ from callbridge.bridge.lifecycle import (
     BindSource,
     CallLifecycle,
     CheckToken,
+    ClaimLive,
     ClaimTicket,
     CloseDetached,
     CloseEngineSession,
+    CloseLive,
     CloseUnlessBack,
     DiscardAnswerSession,
     EndReason,
@@ -64,7 +66,7 @@ from callbridge.bridge.lifecycle import (
 )
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import ProviderCodec, StreamStarted
-from callbridge.bridge.registry import RegistryUnavailable, SignalKind
+from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
@@ -79,6 +81,11 @@ log = get_logger("callbridge.call")
 _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
 _ENGINE_CALL_TIMEOUT_S = 5.0
+_CHECKPOINT_POLL_S = 0.25
+_URGENT_CHECKPOINT_WAIT_S = 0.05
+"""How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
+"""How often a live call's ticket is compared with what the registry holds (written only when it changed, a rotated
+token at once, the rest every ``registry.checkpoint_interval_s``)."""
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
 _TIMED_EVERY_MESSAGES = 50
@@ -181,6 +188,10 @@ class MediaStreamDriver:
         """When the stream's first caller audio was read (``perf_counter``)."""
         self._first_audio_ms: float | None = None
         """From then until it was handed to the engine session (None: not yet)."""
+        self._begun_at_ms = 0
+        """When the call accepted the carrier's ``start`` (the engine session was looked for from then)."""
+        self._live_keeper: _LiveTicketKeeper | None = None
+        """With a shared registry: what keeps the bound stream's live ticket current there."""
 
     @property
     def provider(self) -> str:
@@ -223,6 +234,7 @@ class MediaStreamDriver:
     def _begin(self, start: StreamStarted) -> None:
         """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
         self._start = start
+        self._begun_at_ms = _now_ms()
         self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
         self._life = life = CallLifecycle(
             check_token=self.check_token,
@@ -256,22 +268,56 @@ class MediaStreamDriver:
                 return
             self.session = session
             self.call.engine_bound(
-                session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard
+                session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
+                told_ms=bind.told_ms,
             )
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
-            self.log.info("call_bridged", engine=bind.detail, call_offset_ms=bind.call_offset_ms)
+            bound_after_ms = _now_ms() - self._begun_at_ms
+            self.log.info("call_bridged", engine=bind.detail, call_offset_ms=bind.call_offset_ms, bound_after_ms=bound_after_ms)
             await self._flush()
+            live = self._live_call(session, start)
+            if services.registry_shared:  # another process may resume the call from it: the engine keeps its replay
+                session.limit_acks(live.ticket.last_event_seq)
         finally:
             self._lock.release()
-        await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS))
+        written = await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS, live))
         if self._done():  # the stream ended meanwhile: ``_finish`` has the session
             return
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
+        if services.registry_shared and written:  # keep the live ticket current
+            self._live_keeper = _LiveTicketKeeper(self, session, start, live)
+            self._tasks.append(asyncio.create_task(self._keep_live_ticket(self._live_keeper)))
+        elif services.registry_shared:  # the registry has no live ticket of this stream: no ack need wait for one
+            session.limit_acks(None)
         if services.draining and not services.drains_in_place:  # bound as the drain began: move it on at once
             await self.move_elsewhere()
+
+    def _live_call(self, session: DuplexSession, start: StreamStarted) -> LiveCall:
+        """The stream's live ticket now: its session's resume state, with what the caller has heard of the reply
+        being generated and what the engine was told of each response, and the call's timeline."""
+        call = self.call
+        ticket = replace(session.resume_ticket(), heard_ms=call.heard_so_far(_now_ms()), told_ms=call.told_so_far)
+        return LiveCall(f"{self.services.process_id}:{start.stream_id}", ticket, call.facts().input_ms)
+
+    async def _keep_live_ticket(self, keeper: _LiveTicketKeeper) -> None:
+        """Keep the registry's live ticket of the call current, off the per-frame path: a rotated resume token
+        within ``_CHECKPOINT_POLL_S``, the rest every ``registry.checkpoint_interval_s`` (a barge-in's: at once,
+        ``_send_outputs``). Stops once this stream no longer holds the call there (taken over, detached, ended)."""
+        interval_ms = int(self.services.settings.registry.checkpoint_interval_s * 1000)
+        while not self._done() and not keeper.session.closed:
+            await asyncio.sleep(_CHECKPOINT_POLL_S)
+            if self._done():
+                return
+            live = self._live_call(keeper.session, keeper.start)
+            rotated = live.ticket.resume_token != keeper.written.ticket.resume_token
+            if live == keeper.written or (not rotated and _now_ms() - keeper.written_at_ms < interval_ms):
+                continue
+            if not await keeper.write():
+                self.log.info("live_ticket_released")  # taken over, or this stream is detaching: not ours to write
+                return
 
     async def _refuse(self, reason: str, *, no_engine: bool = False) -> None:
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
@@ -436,6 +482,14 @@ class MediaStreamDriver:
                         elapsed_s = time.perf_counter() - received
                         self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
                         self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
+                    keeper = self._live_keeper
+                    if keeper is not None and not keeper.released:
+                        # what the engine is about to be told of the cut reply goes to the live ticket first: a
+                        # stream that takes the call over tells it no less (bounded: the clear is out already)
+                        writing = asyncio.ensure_future(keeper.write())
+                        done, _ = await asyncio.wait({writing}, timeout=_URGENT_CHECKPOINT_WAIT_S)
+                        if not done:
+                            self.services.spawn(_awaited(writing))
 
     def _first_audio_sent(self) -> None:
         assert self._first_audio_read_at is not None
@@ -543,7 +597,14 @@ class MediaStreamDriver:
                     case ReadRecord():
                         record = await registry.get(call_id)
                         bound = record is not None and record.bound
-                        life.record_read(bound=bound, ended=record is not None and record.ended_reason is not None, now_ms=_now_ms())
+                        holder = record.live.holder if record is not None and record.live is not None else None
+                        ended = record is not None and record.ended_reason is not None
+                        life.record_read(bound=bound, ended=ended, now_ms=_now_ms(), live_holder=holder)
+                    case ClaimLive(holder):
+                        live = await registry.claim_live(call_id, holder)
+                        if live is not None:
+                            self.log.info("live_ticket_claimed", holder=holder, session_id=live.ticket.session_id)
+                        life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, _now_ms())
                     case NudgeOldStream():
                         old = services.live_streams.get(call_id)
                         if old is None:
@@ -575,10 +636,11 @@ class MediaStreamDriver:
                         await self._refuse(reason, no_engine=no_engine)
                     case MarkEnded(reason):
                         await self._record(registry.mark_ended(call_id, reason))
-                    case Park(input_ms, heard_ms, _, unheard):
+                    case Park(input_ms, heard_ms, _, unheard, told_ms):
                         assert held.session is not None
                         try:
-                            held.ticket = replace(await held.session.detach(), heard_ms=heard_ms, unheard=unheard)
+                            detached = await held.session.detach()
+                            held.ticket = replace(detached, heard_ms=heard_ms, unheard=unheard, told_ms=told_ms)
                         except EngineError as exc:
                             self.log.warning("engine_detach_failed", reason=exc.code)
                             life.parked(True)  # nothing to park: the engine has let the session go
@@ -587,6 +649,10 @@ class MediaStreamDriver:
                     case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
                         if held.ticket is not None:
                             await services.close_parked(held.ticket, reason)
+                    case CloseLive(holder, reason):
+                        live = await registry.claim_live(call_id, holder)
+                        if live is not None and await services.close_parked(live.ticket, reason):
+                            self.log.info("engine_session_closed", reason=reason, holder=holder, session_id=live.ticket.session_id)
                     case CloseUnlessBack(after_ms):
                         if held.ticket is not None:
                             services.spawn(self._close_unless_back(call_id, held.ticket, after_ms))
@@ -648,10 +714,46 @@ class MediaStreamDriver:
         return int(self.services.settings.engine.disconnect_grace_s * 1000)
 
 
+class _LiveTicketKeeper:
+    """The live ticket of one bound stream as the registry holds it: one write at a time (a newer never lands
+    before an older), and the engine acknowledged no further than the ticket written (its replay must cover what
+    a process that takes the call over from it needs)."""
+
+    def __init__(self, driver: MediaStreamDriver, session: DuplexSession, start: StreamStarted, written: LiveCall) -> None:
+        self.driver, self.session, self.start = driver, session, start
+        self.written, self.written_at_ms = written, _now_ms()
+        self.released = False
+        """This stream no longer holds the call in the registry (taken over, detached, ended): nothing more written."""
+        self._lock = asyncio.Lock()
+        self._failing = False
+
+    async def write(self) -> bool:
+        """Write the stream's live ticket as it is now; False once released."""
+        async with self._lock:
+            if self.released:
+                return False
+            live = self.driver._live_call(self.session, self.start)
+            try:
+                held = await self.driver.services.registry.checkpoint(self.start.call_id, live)
+            except RegistryUnavailable as exc:
+                if not self._failing:  # once per outage: it is tried again at the next poll
+                    self.driver.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                self._failing = True
+                self.session.limit_acks(None)  # no ticket resumes from there meanwhile: the replay need not wait
+                return True
+            self._failing = False
+            if not held:
+                self.released = True
+                return False
+            self.written, self.written_at_ms = live, _now_ms()
+            self.session.limit_acks(live.ticket.last_event_seq)
+            return True
+
+
 async def _suppress_engine_error(work: Awaitable[None]) -> None:
     with suppress(EngineError):
         await work
 
 
-async def _awaited(future: Awaitable[None]) -> None:
+async def _awaited(future: Awaitable[object]) -> None:
     await future

@@ -19,8 +19,9 @@ import enum
 import hmac
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
 from callbridge.config import Settings
 from callbridge.engine.port import ResumeTicket
@@ -31,6 +32,7 @@ __all__ = [
     "CallRecord",
     "CallRegistry",
     "CallSignal",
+    "LiveCall",
     "MemoryCallRegistry",
     "MemoryStreamTokens",
     "RegistryUnavailable",
@@ -59,6 +61,28 @@ class RegistryUnavailable(Exception):
         self.detail = detail
 
 
+@dataclass(frozen=True, slots=True)
+class LiveCall:
+    """Where a live call stands, for another process to resume its engine session should the one serving it die
+    (a crash: no detach, no ticket): written as its stream binds and kept current while it is up
+    (``CallRegistry.checkpoint``)."""
+
+    holder: str
+    """The stream that holds the session (``<process id>:<stream id>``): only it may update this, and a claim
+    names it, so a stream that took the call over is never overwritten by the one it took it from."""
+    ticket: ResumeTicket
+    """The session's resume state as last written (its token, the last event its stream had taken)."""
+    input_ms: int = 0
+    """Where the call's input timeline stood then."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"holder": self.holder, "ticket": self.ticket.to_dict(), "input_ms": self.input_ms}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LiveCall:
+        return cls(str(data["holder"]), ResumeTicket.from_dict(data["ticket"]), int(data.get("input_ms", 0)))
+
+
 @dataclass(slots=True)
 class CallRecord:
     call_id: str
@@ -71,6 +95,8 @@ class CallRecord:
     bound: bool = False
     """A stream holds the call's engine session now (``mark_bound``): a new stream that finds no ticket is
     racing that stream's detach, and waits a moment for it rather than open a second session."""
+    live: LiveCall | None = None
+    """The bound stream's live ticket: what resumes the session if that stream's process died."""
 
 
 class SignalKind(enum.Enum):
@@ -124,9 +150,20 @@ class CallRegistry(abc.ABC):
         once, one gets the ticket. With ``expected``: only if that is still the ticket waiting."""
 
     @abc.abstractmethod
-    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+    async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         """A stream has bound the call's engine session (until its ``detach`` or ``mark_ended``; the mark of a
-        process that died lapses after ``keep_ms``)."""
+        process that died lapses after ``keep_ms``); ``live`` is its live ticket (its holder the stream)."""
+
+    @abc.abstractmethod
+    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+        """Bring the call's live ticket up to date, only if ``live.holder`` still holds the call (bound, not
+        detached, ended or taken over since). False when it does not (nothing written)."""
+
+    @abc.abstractmethod
+    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+        """Take the call's live ticket from ``holder`` (a stream that will never detach: its process died or
+        stopped answering), atomically: of two streams that claim at once, one gets it; None when ``holder`` no
+        longer holds the call (it detached meanwhile, or another stream took it)."""
 
     @abc.abstractmethod
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
@@ -241,12 +278,11 @@ class MemoryCallRegistry(CallRegistry):
         entry = self._live(call_id)
         if entry is None:
             return None
-        record = entry.record
-        return CallRecord(record.call_id, record.ticket, record.input_ms, record.ended_reason, record.bound)
+        return replace(entry.record)
 
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
         entry = self._entry(call_id)
-        entry.record.bound = False
+        entry.record.bound, entry.record.live = False, None
         entry.record.ticket = ticket
         entry.record.input_ms = input_ms
         entry.expires_at_ms = self._clock() + grace_ms
@@ -261,15 +297,29 @@ class MemoryCallRegistry(CallRegistry):
         ticket, record.ticket = record.ticket, None
         return ticket, record.input_ms
 
-    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+    async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         entry = self._entry(call_id)
-        entry.record.bound = True
+        entry.record.bound, entry.record.live = True, live
         entry.expires_at_ms = max(entry.expires_at_ms, self._clock() + keep_ms)
+
+    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+        entry = self._live(call_id)
+        if entry is None or not entry.record.bound or entry.record.live is None or entry.record.live.holder != live.holder:
+            return False
+        entry.record.live = live
+        return True
+
+    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+        entry = self._live(call_id)
+        if entry is None or entry.record.live is None or entry.record.live.holder != holder:
+            return None
+        live, entry.record.live, entry.record.bound = entry.record.live, None, False
+        return live
 
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         entry = self._entry(call_id)
         entry.record.ended_reason = reason
-        entry.record.bound = False
+        entry.record.bound, entry.record.live = False, None
         entry.record.ticket = None
         entry.expires_at_ms = self._clock() + keep_ms
 

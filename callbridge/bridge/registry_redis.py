@@ -4,7 +4,8 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
 
 - ``callbridge:call:{call_id}``: a hash — ``ticket`` (the ``ResumeTicket`` as a JSON object, keys
   sorted, so two processes write the same bytes for the same ticket), ``input_ms``, ``ended`` (the
-  reason); its TTL is the disconnect grace after a detach, ``ENDED_KEPT_MS`` after the end.
+  reason), ``bound`` and ``live`` (the bound stream's ``LiveCall``, JSON) with ``holder`` (its stream) beside it;
+  its TTL is the disconnect grace after a detach, ``ENDED_KEPT_MS`` after the end.
 - ``callbridge:token:{token}``: the call id it was minted for, TTL ``TOKEN_TTL_MS``; consumed with
   ``GETDEL``, so a token lets in one stream even when two processes race for it.
 - ``callbridge:counts:{call_id}``: a hash of the call's counters (``HINCRBY``: atomic), TTL the ``keep_ms`` of
@@ -12,7 +13,8 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
 - ``callbridge:signals``: the pub/sub channel of ``CallSignal`` (JSON), one subscription per process.
 
 A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
-one gets the engine session; Redis runs scripts atomically.
+one gets the engine session; Redis runs scripts atomically. So are a live ticket's update (only by its holder)
+and its claim (from a holder that will never detach).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from callbridge.bridge.registry import (
     CallRecord,
     CallRegistry,
     CallSignal,
+    LiveCall,
     RegistryUnavailable,
     SignalKind,
     StreamTokens,
@@ -64,6 +67,21 @@ return {ticket, input_ms}
 """
 """KEYS[1] the call's hash; ARGV[1] the expected ticket's JSON or ''. Returns {ticket JSON or '', input_ms}."""
 
+_CHECKPOINT = """
+if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'bound') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'live', ARGV[2])
+return 1
+"""
+"""KEYS[1] the call's hash; ARGV[1] the holder, ARGV[2] its ``LiveCall`` JSON. Returns 1 when written."""
+
+_CLAIM_LIVE = """
+if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then return '' end
+local live = redis.call('HGET', KEYS[1], 'live') or ''
+redis.call('HDEL', KEYS[1], 'live', 'holder', 'bound')
+return live
+"""
+"""KEYS[1] the call's hash; ARGV[1] the holder it is taken from. Returns its ``LiveCall`` JSON, or ''."""
+
 
 @contextmanager
 def _unavailable(operation: str) -> Iterator[None]:
@@ -82,6 +100,10 @@ def _ticket(text: str) -> ResumeTicket:
     return ResumeTicket.from_dict(orjson.loads(text))
 
 
+def _live_json(live: LiveCall) -> str:
+    return orjson.dumps(live.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
+
+
 def _signal(message: dict[str, Any]) -> CallSignal | None:
     """A pub/sub message as a ``CallSignal``; None (logged) for one that is not (another writer on the channel)."""
     try:
@@ -98,6 +120,8 @@ class RedisCallRegistry(CallRegistry):
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
         self._claim: Any = client.register_script(_CLAIM)
+        self._checkpoint: Any = client.register_script(_CHECKPOINT)
+        self._claim_live: Any = client.register_script(_CLAIM_LIVE)
 
     @staticmethod
     def _key(call_id: str) -> str:
@@ -108,13 +132,14 @@ class RedisCallRegistry(CallRegistry):
             fields = cast(dict[str, str], await self._redis.hgetall(self._key(call_id)))
         if not fields:
             return None
-        ticket = fields.get("ticket")
+        ticket, live = fields.get("ticket"), fields.get("live")
         return CallRecord(
             call_id,
             ticket=_ticket(ticket) if ticket else None,
             input_ms=int(fields.get("input_ms", 0)),
             ended_reason=fields.get("ended"),
             bound="bound" in fields,
+            live=LiveCall.from_dict(orjson.loads(live)) if live else None,
         )
 
     async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
@@ -122,7 +147,7 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("detach"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
-                pipe.hdel(key, "bound")
+                pipe.hdel(key, "bound", "live", "holder")
                 pipe.pexpire(key, max(1, grace_ms))
                 await pipe.execute()
 
@@ -132,21 +157,30 @@ class RedisCallRegistry(CallRegistry):
             ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
         return (_ticket(ticket) if ticket else None), int(input_ms)
 
-    async def mark_bound(self, call_id: str, keep_ms: int) -> None:
+    async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         key = self._key(call_id)
         with _unavailable("mark_bound"):
             async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(key, "bound", "1")
+                pipe.hset(key, mapping={"bound": "1", "live": _live_json(live), "holder": live.holder})
                 pipe.pexpire(key, max(1, keep_ms), gt=True)  # never shortens a longer expiry
                 pipe.pexpire(key, max(1, keep_ms), nx=True)  # sets one where there was none
                 await pipe.execute()
+
+    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+        with _unavailable("checkpoint"):
+            return bool(await self._checkpoint(keys=[self._key(call_id)], args=[live.holder, _live_json(live)]))
+
+    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+        with _unavailable("claim_live"):
+            live = await self._claim_live(keys=[self._key(call_id)], args=[holder])
+        return LiveCall.from_dict(orjson.loads(live)) if live else None
 
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         key = self._key(call_id)
         with _unavailable("mark_ended"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, "ended", reason)
-                pipe.hdel(key, "ticket", "bound")
+                pipe.hdel(key, "ticket", "bound", "live", "holder")
                 pipe.pexpire(key, max(1, keep_ms))
                 await pipe.execute()
 

@@ -184,6 +184,9 @@ class ResumeTicket:
     """The bridge's note, not the engine's: (response id, ms the caller heard of it) for the replies a stream cut
     off as it ended while the engine was still generating them. The next stream plays the rest of each and counts
     what it tells the engine of it on from there, never lower."""
+    told_ms: tuple[tuple[str, int], ...] = ()
+    """The bridge's note: (response id, the most the engine was told the caller heard of it) for the newest
+    responses: a stream that takes the call over from this ticket tells the engine no less of any of them."""
     at_answer: bool = False
     """The bridge's note: parked by the call's answer webhook (opened there, never streamed yet), not by a stream."""
     unheard: UnheardAudio | None = None
@@ -201,6 +204,7 @@ class ResumeTicket:
             last_event_seq=int(data.get("last_event_seq", 0)),
             endpoint=data.get("endpoint"),
             heard_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("heard_ms", ())),
+            told_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("told_ms", ())),
             at_answer=bool(data.get("at_answer", False)),
             unheard=UnheardAudio.from_dict(data["unheard"]) if data.get("unheard") else None,
         )
@@ -236,6 +240,11 @@ class DuplexSession(abc.ABC):
     @abc.abstractmethod
     def resume_ticket(self) -> ResumeTicket:
         """The current resume state (changes as events arrive and tokens rotate)."""
+
+    def limit_acks(self, through_seq: int | None) -> None:
+        """Acknowledge the server's events no further than ``through_seq`` (None: no limit, the default): a ticket
+        written elsewhere at that event (the registry's live ticket) must stay resumable, and the server drops
+        from its replay journal what is acknowledged. Nothing for a session that acknowledges nothing."""
 
     @property
     @abc.abstractmethod

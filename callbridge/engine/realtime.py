@@ -245,6 +245,8 @@ class RealtimeSession(DuplexSession):
         self._last_seq = last_seq
         """The newest server event received (replays at or below it are dropped)."""
         self._acked_seq = last_seq
+        self._ack_limit: int | None = None
+        """``limit_acks``: no ack beyond this (None: none)."""
         self._consumed_seq = last_seq
         """The newest server event the consumer has taken: what acks and an exported ticket name, so that events
         received but not yet taken when the session is detached are replayed to whoever resumes it."""
@@ -413,8 +415,13 @@ class RealtimeSession(DuplexSession):
             if self._taken_through() - self._acked_seq >= self._engine.ack_every_events:
                 await self._send_ack()
 
+    def limit_acks(self, through_seq: int | None) -> None:
+        self._ack_limit = through_seq
+
     async def _send_ack(self) -> None:
         seq = self._taken_through()
+        if self._ack_limit is not None:
+            seq = min(seq, self._ack_limit)
         if seq > self._acked_seq:
             await self._ws.send(orjson.dumps(event_ack(seq)).decode())
             self._acked_seq = seq

@@ -3,8 +3,10 @@
 In the manner of FoundationDB's simulator and TigerBeetle's VOPR: no sockets, no asyncio, no wall clock. One
 seed picks a call — what the caller says and when, the engine's speed — and a fault schedule: media socket drops
 (the carrier reconnects after a delay), the engine server dying (the session lost after the wire client's
-reconnect budget), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated or out of
-order. The
+reconnect budget), the bridge process dying (SIGKILL: no detach, no ticket; the carrier reconnects to another
+process, which has only the registry's live ticket, written at the bind, every second and at a barge-in, and the
+engine's replay of what followed it), the bridge reading late (a backlog arrives in a burst), mark echoes late,
+repeated or out of order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
 (Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
@@ -21,7 +23,9 @@ After every step the invariants are checked (``Violation`` names the first that 
 - one ``session.close`` per session, and none to a session lost with its server;
 - one engine session per call: a new one only once the last is lost (expired, its server gone), never beside
   one still detached or live, nor after the bridge closed the live one; the registry never says a stream holds
-  the session when none does (a stream that ended without parking it);
+  the session when none does (a stream that ended without parking it), unless that stream's process died;
+- a call whose bridge died is resumed on its next stream from the live ticket (the same session, never a new
+  one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start;
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
   call is hung up;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
@@ -53,22 +57,29 @@ from typing import Final
 import numpy as np
 import orjson
 
-from callbridge.bridge.call import CallOptions, CallSession, CallState, ToCarrier, ToEngine
+from callbridge.bridge.call import BargeInFlushed, CallOptions, CallSession, CallState, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
+    TAKEOVER_AFTER_MS,
     AskEnded,
-    EndReason,
+    BindSource,
     CallLifecycle,
+    ClaimLive,
     ClaimTicket,
     CloseEngineSession,
+    CloseLive,
     DiscardAnswerSession,
+    EndReason,
     MarkEnded,
+    NudgeOldStream,
     Open,
     Park,
     ReadRecord,
     Refuse,
     Resume,
     TakeAnswerSession,
+    WaitUntil,
 )
+from callbridge.bridge.registry import LiveCall
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
@@ -103,6 +114,12 @@ _CALL_ID: Final = "CA" + "0" * 31 + "1"
 _HELD_ECHO_MS: Final = 250
 """An echo held back for reordering goes alone after this long (two markers are 100 ms of audio apart)."""
 _GRACE_MS: Final = 30_000
+CHECKPOINT_MS: Final = 1000
+"""How often the live ticket is written (``registry.checkpoint_interval_s``, shipped 1 s)."""
+CHECKPOINT_POLL_MS: Final = 250
+"""How often the driver looks whether it is due (and at a barge-in, before the engine is told of it)."""
+TAKEOVER_BOUND_MS: Final = TAKEOVER_AFTER_MS + 100
+"""A crashed bridge's call, resumed on the next stream: from that stream's start to its session in hand."""
 
 
 class Violation(AssertionError):
@@ -134,6 +151,9 @@ class FaultPlan:
     repeated_echoes: bool = False
     reordered_echoes: bool = False
     """Mark echoes come two by two, the later first (a carrier's echoes are not promised in order)."""
+    bridge_crashes_at_ms: int | None = None
+    """The bridge process serving the call dies (SIGKILL): no detach, no ticket; the carrier reconnects (to
+    another process) after ``redirect_delay_ms``."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -160,8 +180,9 @@ def plan_for(seed: int) -> FaultPlan:
         read_stall=stall,
         echo_delay_ms=rng.randrange(0, 120, 20),
         repeated_echoes=rng.random() < 0.3,
-        reordered_echoes=rng.random() < 0.3,  # drawn last: the faults drawn before keep their values
-    )
+        reordered_echoes=rng.random() < 0.3,
+        bridge_crashes_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.25 else None,  # drawn last: the
+    )  # faults drawn before keep their values
 
 
 class _LoudnessScorer(FrameScorer):
@@ -233,6 +254,7 @@ class _RegistryModel:
     input_ms: int = 0
     ended_reason: str | None = None
     bound: bool = False
+    live: LiveCall | None = None
 
 
 @dataclass(slots=True)
@@ -306,6 +328,15 @@ class SimulatedCall:
         self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
         self._end_ms = self.plan.hangup_at_ms + 15_000
+        self.crashed_at_ms: int | None = None
+        self._taking_over = False
+        """A stream after the crash is binding: it must resume the session from the live ticket."""
+        self._binding_at: tuple[int, CallLifecycle] | None = None
+        """A binding that waits (``WaitUntil``): when it goes on, and the lifecycle it is of."""
+        self._journal: list[EngineEvent] = []
+        """The engine's replay after the live ticket: events the stream took since the ticket was last written."""
+        self._replay: list[EngineEvent] = []
+        self._checkpoint_at_ms: int | None = None
 
     def _new_engine(self, session_id: str) -> LocalSessionCore:
         options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
@@ -341,11 +372,24 @@ class SimulatedCall:
         now, plan = self.now_ms, self.plan
         if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
             self._open_stream()
+        if self._binding_at is not None and now >= self._binding_at[0]:
+            at_ms, life = self._binding_at
+            self._binding_at = None
+            if life is self.life:  # not ended meanwhile
+                life.waited()
+                self._bind_steps()
         if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
             self.engine_dead = True
         call, carrier = self.call, self.carrier
         if call is None or carrier is None:
             return
+        if call.state is CallState.LIVE:
+            crash = plan.bridge_crashes_at_ms
+            if crash is not None and now >= crash and self.crashed_at_ms is None:
+                self._crash()
+                return
+            if self._checkpoint_at_ms is not None and now % CHECKPOINT_POLL_MS == 0 and now >= self._checkpoint_at_ms:
+                self._write_live_ticket(call)  # the driver's poll, once due
         if now % FRAME_MS == 0:
             self._carrier_tick(call, carrier)
         self._deliver_to_bridge(call)
@@ -446,17 +490,35 @@ class SimulatedCall:
         call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
         self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
         life.stream_started()
+        self._taking_over = self.crashed_at_ms is not None and self.registry.live is not None
+        self._bind_steps()
+
+    def _bind_steps(self) -> None:
+        """The stream's lifecycle binding steps, until it is bound, refused, or waits (then again at that time)."""
+        life, call, registry = self.life, self.call, self.registry
+        assert life is not None and call is not None and self.carrier is not None
         while (step := life.next_step()) is not None:
             match step:
                 case AskEnded():
-                    life.ended_is(self.registry.ended_reason)
+                    life.ended_is(registry.ended_reason)
                 case ClaimTicket():
-                    ticket, self.registry.ticket = self.registry.ticket, None
-                    life.ticket_claimed(ticket, self.registry.input_ms, self.now_ms)
+                    ticket, registry.ticket = registry.ticket, None
+                    life.ticket_claimed(ticket, registry.input_ms, self.now_ms)
                 case ReadRecord():
-                    if self.registry.bound:  # only one stream at a time here: the one before ended without its detach
+                    if registry.bound and self.crashed_at_ms is None:  # one stream at a time: the last ended unparked
                         self._violation("the registry says a stream holds the session; the last one ended without parking it")
-                    life.record_read(bound=False, ended=self.registry.ended_reason is not None, now_ms=self.now_ms)
+                    holder = registry.live.holder if registry.live is not None else None
+                    life.record_read(bound=registry.bound, ended=registry.ended_reason is not None, now_ms=self.now_ms, live_holder=holder)
+                case NudgeOldStream():
+                    pass  # its process is dead: nobody answers
+                case WaitUntil(at_ms):
+                    self._binding_at = (at_ms, life)
+                    return
+                case ClaimLive(holder):
+                    live = registry.live if registry.live is not None and registry.live.holder == holder else None
+                    if live is not None:
+                        registry.live, registry.bound = None, False
+                    life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, self.now_ms)
                 case TakeAnswerSession():
                     life.answer_session_taken(self.streams == 1)  # opened at the answer, taken by the first stream
                 case Resume(ticket):
@@ -464,7 +526,7 @@ class SimulatedCall:
                 case Open():
                     self._open_session(life)
                 case MarkEnded(reason):
-                    self.registry.ended_reason = reason
+                    registry.ended_reason = reason
                 case Refuse(reason, no_engine) if no_engine:  # the tone, then the hang-up: the stream plays on
                     call.no_engine(reason, self.now_ms)
                     self.failed_at_ms = self.now_ms
@@ -479,11 +541,46 @@ class SimulatedCall:
                     self._violation(f"a binding step the simulation does not know: {step!r}")
         bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
-        self.registry.bound = True
+        if self._taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
+            self._taking_over = False
+            if not self.session_lost and bind.source is not BindSource.TAKEN_OVER:
+                self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
+            if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
+                self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
+        registry.bound = True
         call.engine_bound(
-            self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard
+            self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
+            told_ms=bind.told_ms,
         )
+        self._journal = []
+        self._write_live_ticket(call)
+        replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
+        for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket
+            call.receive_engine_event(event, self.now_ms)
+            self._journal.append(event)
         self._after_input(call)
+
+    def _write_live_ticket(self, call: CallSession) -> None:
+        """The stream's live ticket into the registry (at its bind, then every ``CHECKPOINT_MS``): what the engine
+        replays after it is what the stream takes from now on."""
+        ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.heard_so_far(self.now_ms),
+                              told_ms=call.told_so_far)  # fmt: skip
+        self.registry.live = LiveCall(f"bridge:{call.codec.stream_id}", ticket, call.facts().input_ms)
+        self._journal = []
+        self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
+
+    def _crash(self) -> None:
+        """The bridge process dies (SIGKILL): nothing it had not sent goes out, nothing is parked; its sockets close
+        with it (the engine keeps the session for its grace); the carrier reconnects after its delay."""
+        self.crashed_at_ms = self.now_ms
+        if not self.engine_dead:
+            self.engine.detach(self.now_ms)
+        self._replay, self._journal = self._journal, []
+        self.life = self.call = self.carrier = None
+        self._checkpoint_at_ms = None
+        self._to_bridge.clear()
+        self._held_echo = None
+        self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
     def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
         owner = self.server.sessions.get(ticket.session_id, ("nobody",))[0]
@@ -544,19 +641,31 @@ class SimulatedCall:
             match step:
                 case AskEnded():
                     life.ended_is(self.registry.ended_reason)
-                case Park(input_ms, heard_ms, _, unheard):
+                case Park(input_ms, heard_ms, _, unheard, told_ms):
                     if not self.engine_dead:
                         self.engine.detach(self.now_ms)
-                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms, unheard=unheard)
+                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms, unheard=unheard,
+                                          told_ms=told_ms)  # fmt: skip
                     self.registry.ticket, self.registry.input_ms, self.registry.bound = ticket, input_ms, False
+                    self.registry.live = None
                     life.parked(True)
                 case CloseEngineSession(reason):
                     self._submit_all([CloseSession(reason)])
                 case MarkEnded(reason):
                     self.registry.ended_reason = reason
-                    self.registry.bound = False
+                    self.registry.bound, self.registry.live = False, None
                 case DiscardAnswerSession():
                     pass  # the first stream's session was taken; nothing waits at the answer any more
+                case CloseLive(holder, reason):  # the crashed bridge's session: resumed, then closed
+                    live = self.registry.live
+                    if live is not None and live.holder == holder:
+                        self.registry.live, self.registry.bound = None, False
+                        if self.engine_dead:  # the resume cannot reach its server: known lost, nothing to close
+                            self.session_lost = True
+                        else:
+                            self.engine.resume(live.ticket.lease_generation, self.now_ms)
+                            self.engine.events_to_send()
+                            self._submit_all([CloseSession(reason)])
                 case _:
                     self._violation(f"an ending step the simulation does not know: {step!r}")
 
@@ -567,13 +676,14 @@ class SimulatedCall:
         self._engine_events(call)
 
     def _engine_events(self, call: CallSession) -> None:
-        if self.engine_dead:
+        if self.engine_dead or call.state is CallState.STARTING:  # not bound yet: the engine keeps them for the stream
             return
         while events := self.engine.events_to_send():
             for event in events:
                 self._on_engine_event(event)
                 if call.state is CallState.LIVE:
                     call.receive_engine_event(event, self.now_ms)
+                    self._journal.append(event)
             if self.carrier is not None:
                 self._drain(call, self.carrier)
 
@@ -590,6 +700,8 @@ class SimulatedCall:
                     self._echo(call, mark)
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])
+            elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
+                self._write_live_ticket(call)  # as the driver: before what the engine is told of the cut reply
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
             no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
@@ -665,7 +777,7 @@ class SimulatedCall:
                 self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
         if self.closes_sent != (0 if self.engine_lost_reported or self.session_lost else 1):
             self._violation(f"{self.closes_sent} session.close for one session")
-        if self.registry.ended_reason is None or self.registry.ticket is not None:
+        if self.registry.ended_reason is None or self.registry.ticket is not None or self.registry.live is not None:
             self._violation("the call is over; the registry does not know it (or still holds a ticket)")
 
     def _violation(self, what: str) -> None:

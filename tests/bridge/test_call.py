@@ -328,9 +328,13 @@ class TestEnding:
         assert h.call.state is CallState.ENDED and h.call.hangup is None and h.of(CloseSession) == []
 
     def test_replaced_session_closes_this_stream_only(self) -> None:
+        """A newer stream took the session over (this one was taken for dead): the call goes on there, so this
+        stream ends without a hang-up, a close, a detach, or saying the call is over."""
         h = Harness().live()
         h.engine(SessionReplaced("duplex-1"))
         assert h.call.close_transport and h.call.hangup is None and h.of(CloseSession) == []
+        facts = h.call.facts()
+        assert h.call.finished and not facts.call_over and not facts.detach and facts.end_reason == "session_replaced"
 
     def test_socket_drop_detaches(self) -> None:
         h = Harness().live()

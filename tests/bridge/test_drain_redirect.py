@@ -12,7 +12,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from callbridge.bridge.registry import LiveCall
 from callbridge.bridge.telnyx import TelnyxCalls
+from callbridge.engine.port import ResumeTicket
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_plivo_http import (
     PlivoStream,
@@ -73,7 +75,8 @@ async def test_a_draining_bridge_restarts_the_telnyx_stream_of_a_call_another_pr
     try:
         for call_id in ("v3:moving", "v3:unknown"):
             await calls.on_event("call.initiated", {"call_control_id": call_id}, BASE)
-        await svc.registry.mark_bound("v3:moving", 60_000)  # its stream is (was) bound: the registry knows the call
+        live = LiveCall("proc:MZ1", ResumeTicket("duplex-moving"))
+        await svc.registry.mark_bound("v3:moving", 60_000, live)  # its stream is (was) bound: the registry knows the call
         svc.draining = True
         for call_id in ("v3:moving", "v3:unknown"):
             await calls.on_event("streaming.stopped", {"call_control_id": call_id}, BASE)

@@ -366,3 +366,24 @@ async def test_a_call_moved_mid_reply_by_a_drain_hears_the_rest_of_it_on_the_oth
     assert _stream_started_at(moved, 1) > speaking_at, moved.render()  # it moved mid-reply
     assert abs(moved.agent_speech_ms - untouched.agent_speech_ms) <= 100, (moved.agent_runs_ms, untouched.agent_runs_ms)
     assert fleet.b.events("call_bridged", call_id=moved.call_sid)[0]["engine"] == "resumed"
+
+
+async def test_a_bridge_killed_mid_call_is_resumed_on_the_other_on_the_same_engine_session(fleet: Fleet) -> None:
+    """SIGKILL of the bridge holding a live call: Twilio's ``<Redirect>`` reaches B, which resumes the call's engine
+    session from the registry's live ticket (A never detached it) without waiting for A, and the call goes on."""
+    speech = short_speech(1200)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
+    await until(lambda: _ready(fleet.a, active_calls=1), timeout_s=10)
+    await asyncio.sleep(2.5)  # the first reply played on A
+    fleet.a.process.kill()
+    result = await call
+
+    assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+    (opened,) = fleet.a.events("call_bridged", call_id=result.call_sid)
+    (resumed,) = fleet.b.events("call_bridged", call_id=result.call_sid)
+    assert resumed["engine"] == "taken_over" and resumed["session_id"] == opened["session_id"], fleet.b.call_log(result.call_sid)
+    assert resumed["bound_after_ms"] <= 500, resumed  # from B's start to the session in hand
+    assert len(fleet.engine.events("engine_session_opened")) == 1
+    assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
+    await until(fleet.no_engine_session_left, timeout_s=10)  # B closed it on the caller's stop: nothing orphaned

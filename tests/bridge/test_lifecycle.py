@@ -6,11 +6,13 @@ import pytest
 
 from callbridge.bridge.lifecycle import (
     DETACH_WAIT_MS,
+    TAKEOVER_AFTER_MS,
     AskEnded,
     Bind,
     BindSource,
     CallLifecycle,
     CheckToken,
+    ClaimLive,
     ClaimTicket,
     CloseDetached,
     CloseEngineSession,
@@ -192,6 +194,60 @@ class TestBinding:
             else:
                 break
         assert step == Open() and now == DETACH_WAIT_MS and life.waited_ms is None
+
+    @staticmethod
+    def _wait_for_a_holder(life: CallLifecycle, *, holder: str | None) -> tuple[Step | None, int]:
+        """Claims that find nothing and records that name a bound stream (``holder``: its live ticket), until the
+        lifecycle asks for something else than waiting; that step and the time it came."""
+        now = 0
+        life.ticket_claimed(None, 0, now_ms=now)
+        while True:
+            step = life.next_step()
+            if isinstance(step, ReadRecord):
+                life.record_read(bound=True, ended=False, now_ms=now, live_holder=holder)
+            elif isinstance(step, WaitUntil):
+                now = step.at_ms
+                life.waited()
+            elif isinstance(step, ClaimTicket):
+                life.ticket_claimed(None, 0, now_ms=now)
+            elif isinstance(step, NudgeOldStream):
+                continue
+            else:
+                return step, now
+
+    def test_a_stream_that_never_detaches_is_taken_over_from_its_live_ticket(self) -> None:
+        """Its process died (no detach will come): after the nudge goes unanswered for ``TAKEOVER_AFTER_MS``, the
+        live ticket is claimed, and the session resumed from it where that stream's call stood."""
+        life = started()
+        to_claim(life)
+        step, now = self._wait_for_a_holder(life, holder="proc-a:MZ1")
+        assert step == ClaimLive("proc-a:MZ1") and now == TAKEOVER_AFTER_MS
+        life.live_claimed(TICKET, 3_400, now_ms=now)
+        assert steps(life) == [Resume(TICKET)] and life.waited_ms == TAKEOVER_AFTER_MS
+        life.resumed()
+        assert life.bound == Bind(BindSource.TAKEN_OVER, "taken_over", 3_400, TICKET.heard_ms)
+
+    def test_a_holder_that_detaches_as_it_is_taken_over_leaves_its_ticket_to_claim(self) -> None:
+        life = started()
+        to_claim(life)
+        step, now = self._wait_for_a_holder(life, holder="proc-a:MZ1")
+        life.live_claimed(None, 0, now_ms=now)  # it detached (or another stream took it) first
+        assert steps(life) == [ClaimTicket()]
+        life.ticket_claimed(TICKET, 900, now_ms=now + 1)
+        assert steps(life) == [Resume(TICKET)]
+        life.resumed()
+        assert life.bound is not None and life.bound.source is BindSource.RESUMED and life.bound.call_offset_ms == 900
+
+    def test_a_taken_over_session_that_cannot_be_resumed_is_replaced_by_a_new_one(self) -> None:
+        life = started()
+        to_claim(life)
+        step, now = self._wait_for_a_holder(life, holder="proc-a:MZ1")
+        life.live_claimed(TICKET, 3_400, now_ms=now)
+        steps(life)
+        life.resume_failed("invalid_resume_token")
+        assert steps(life) == [Open()]
+        life.opened()
+        assert life.bound == Bind(BindSource.OPENED, "reopened_after_invalid_resume_token", 0, ())
 
     def test_an_answer_nobody_asked_for_is_a_driver_bug(self) -> None:
         life = started()

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 import redis.asyncio as aioredis
 
 from callbridge.bridge.registry import (
     CallRegistry,
+    LiveCall,
     MemoryCallRegistry,
     MemoryStreamTokens,
     RegistryUnavailable,
@@ -259,13 +260,47 @@ async def test_redis_lost_mid_call_leaves_no_engine_session_behind() -> None:
 async def test_a_bound_mark_lasts_until_the_detach_or_the_end(backend: Backend) -> None:
     a, _ = await backend.view()
     b, _ = await backend.view()
-    await a.mark_bound("CA-bound", keep_ms=60_000)
+    await a.mark_bound("CA-bound", 60_000, LIVE)
     record = await b.get("CA-bound")
-    assert record is not None and record.bound and record.ticket is None  # a stream holds the session
+    assert record is not None and record.bound and record.ticket is None and record.live == LIVE  # a stream holds it
     await a.detach("CA-bound", TICKET, 1200, grace_ms=60_000)
     record = await b.get("CA-bound")
-    assert record is not None and not record.bound and record.ticket == TICKET
-    await b.mark_bound("CA-bound", keep_ms=60_000)
+    assert record is not None and not record.bound and record.ticket == TICKET and record.live is None
+    await b.mark_bound("CA-bound", 60_000, replace(LIVE, holder="proc-b:MZ2"))
     await b.mark_ended("CA-bound", "caller_hung_up")
     record = await a.get("CA-bound")
-    assert record is not None and not record.bound and record.ended_reason == "caller_hung_up"
+    assert record is not None and not record.bound and record.ended_reason == "caller_hung_up" and record.live is None
+
+
+LIVE = LiveCall("proc-a:MZ1", replace(TICKET, unheard=None), input_ms=3400)
+
+
+async def test_a_live_ticket_is_kept_current_by_its_holder_only(backend: Backend) -> None:
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    await a.mark_bound("CA-live", 60_000, LIVE)
+    newer = replace(LIVE, ticket=replace(LIVE.ticket, resume_token="tok-b", last_event_seq=57), input_ms=4400)
+    assert await a.checkpoint("CA-live", newer)
+    assert await b.checkpoint("CA-live", replace(newer, holder="proc-b:MZ2")) is False  # not its holder: nothing written
+    record = await b.get("CA-live")
+    assert record is not None and record.live == newer
+    await a.detach("CA-live", TICKET, 4400, grace_ms=60_000)
+    assert await a.checkpoint("CA-live", newer) is False  # a checkpoint after the detach does not re-mark the call
+    record = await b.get("CA-live")
+    assert record is not None and not record.bound and record.live is None and record.ticket == TICKET
+
+
+async def test_a_live_ticket_is_taken_once_from_the_holder_it_names(backend: Backend) -> None:
+    """A stream of a process that died never detaches: another process takes its live ticket. Of two claims one
+    wins; a claim that names someone else than the holder gets nothing; after the claim the holder can no longer
+    write (it was taken for dead: its late checkpoint must not overwrite the stream that took the call)."""
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    c, _ = await backend.view()
+    await a.mark_bound("CA-crash", 60_000, LIVE)
+    assert await b.claim_live("CA-crash", "proc-x:MZ9") is None
+    claims = await asyncio.gather(b.claim_live("CA-crash", LIVE.holder), c.claim_live("CA-crash", LIVE.holder))
+    assert sorted(claims, key=lambda live: live is None) == [LIVE, None]
+    assert await a.checkpoint("CA-crash", LIVE) is False
+    record = await c.get("CA-crash")  # nothing else was kept of the call: Redis drops the emptied hash
+    assert record is None or (not record.bound and record.live is None)

@@ -115,6 +115,34 @@ async def test_detach_and_resume_from_another_process() -> None:
         await resumed.close()
 
 
+@pytest.mark.parametrize("limited", [True, False])
+async def test_a_ticket_taken_early_resumes_whole_while_acks_are_limited_to_it(limited: bool) -> None:
+    """The registry's live ticket of a call is written now and then; should the bridge die, another process resumes
+    from it. ``limit_acks`` keeps the server's replay from there (acks are what the server drops it by): that
+    process gets every event since, once each. Without the limit the server has dropped them (``journal_gap``)."""
+    async with engine_server(LocalEngineOptions(agent="tone", chunk_ms=50, generation_speed=float("inf"))) as running:
+        session = await RealtimeEngine(running.url, ack_every_events=2).open(NO_VAD)
+        early = session.resume_ticket()
+        if limited:
+            session.limit_acks(early.last_event_seq)
+        first = await until(session, lambda e: isinstance(e, ResponseDone))  # the whole chime taken, acks sent
+        await session.heartbeat()
+        await asyncio.sleep(0.1)
+        other_process = RealtimeEngine("ws://unused.invalid:1")
+        if not limited:
+            with pytest.raises(EngineError) as refused:
+                await other_process.resume(early)
+            assert refused.value.code == "session_resync_required"
+            await session.close()
+            return
+        resumed = await other_process.resume(early)  # a takeover: the first client is told session.replaced
+        again = await until(resumed, lambda e: isinstance(e, ResponseDone))
+        chime = [e.pcm for e in first if isinstance(e, AudioDelta)]
+        assert chime and [e.pcm for e in again if isinstance(e, AudioDelta)] == chime
+        assert (await until(session, lambda e: isinstance(e, SessionReplaced)))[-1] == SessionReplaced(session.session_id)
+        await resumed.close()
+
+
 async def test_resume_after_the_grace_is_expired() -> None:
     async with engine_server(LocalEngineOptions(disconnect_grace_ms=100)) as running:
         engine = RealtimeEngine(running.url)

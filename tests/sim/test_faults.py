@@ -46,7 +46,19 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.read_stall is not None for p in plans) > 200
     assert sum(p.repeated_echoes for p in plans) > 200
     assert sum(p.reordered_echoes for p in plans) > 200
+    assert sum(p.bridge_crashes_at_ms is not None for p in plans) > 150
     assert sum(len(p.utterances) > 1 for p in plans) > 500
+
+
+def test_a_crashed_bridges_call_is_resumed_from_its_live_ticket() -> None:
+    """Seeds whose bridge dies mid-call with the engine alive: the next stream takes the session over (the same
+    one: the call's only session), within ``TAKEOVER_BOUND_MS`` (checked in the run), and the call goes on."""
+    seeds = [s for s in range(300) if plan_for(s).bridge_crashes_at_ms is not None and plan_for(s).engine_dies_at_ms is None]
+    runs = [run_seed(seed) for seed in seeds]
+    taken_over = [run for run in runs if run.crashed_at_ms is not None]
+    assert len(taken_over) > 30
+    assert all(run.sessions == 1 and run.streams >= 2 for run in taken_over)
+    assert sum(run.outcome == "caller_hung_up" for run in taken_over) > 30
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -77,7 +89,7 @@ class TestPlantedBugsAreCaught:
         original = CallSession.engine_bound
 
         def forgetting(call: CallSession, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None,
-                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None) -> None:  # fmt: skip
+                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None, told_ms: Any = ()) -> None:  # fmt: skip
             original(call, capabilities, now_ms, call_offset_ms, unheard=unheard)  # the ticket's heard positions are dropped
 
         monkeypatch.setattr(CallSession, "engine_bound", forgetting)
@@ -106,10 +118,26 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallLifecycle, "ticket_claimed", ignoring)
         assert "second engine session while the call's first is still detached" in first_violation(range(100)).what
 
+    def test_a_crashed_bridges_call_reopened_instead_of_taken_over(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The failure as it was: a stream whose call a dead process held waited, then opened a new session."""
+        original = CallLifecycle.record_read
+
+        def blind(life: CallLifecycle, *, bound: bool, ended: bool, now_ms: int, live_holder: str | None = None) -> None:
+            original(life, bound=bound, ended=ended, now_ms=now_ms)  # the live ticket not seen
+
+        monkeypatch.setattr(CallLifecycle, "record_read", blind)
+        caught = first_violation(range(100)).what  # seen as it binds, or as it opens beside the detached session
+        assert "not resumed from its live ticket" in caught or "second engine session while the call's first is still detached" in caught
+
+    def test_a_takeover_that_forgets_what_the_engine_was_told(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without the live ticket's ``told_ms``, a stream that took over re-acks a reply the dead one had cut lower."""
+        monkeypatch.setattr(CallSession, "told_so_far", property(lambda call: ()))
+        assert "went back" in first_violation(range(1000, 1100)).what
+
     def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
         """The failure as it was: the wire client waited the engine's 30 s disconnect grace before giving up."""
-        seed = next(s for s in range(100) if plan_for(s).engine_dies_at_ms is not None)
-        plan = replace(plan_for(seed), engine_gives_up_after_ms=30_000)
+        seed = next(s for s in range(100) if (dies := plan_for(s).engine_dies_at_ms) is not None and plan_for(s).hangup_at_ms - dies > 4000)
+        plan = replace(plan_for(seed), engine_gives_up_after_ms=30_000, bridge_crashes_at_ms=None)
         with pytest.raises(Violation) as caught:
             SimulatedCall(seed, plan).run()
         assert "dead air" in caught.value.what
