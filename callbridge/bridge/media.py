@@ -300,7 +300,11 @@ class MediaStreamDriver:
         being generated and what the engine was told of each response, and the call's timeline."""
         call = self.call
         ticket = replace(session.resume_ticket(), heard_ms=call.heard_so_far(_now_ms()), told_ms=call.told_so_far)
-        return LiveCall(f"{self.services.process_id}:{start.stream_id}", ticket, call.facts().input_ms)
+        return LiveCall(self._holder(start), ticket, call.facts().input_ms)
+
+    def _holder(self, start: StreamStarted) -> str:
+        """This stream, as the registry names the stream that holds a call."""
+        return f"{self.services.process_id}:{start.stream_id}"
 
     async def _keep_live_ticket(self, keeper: _LiveTicketKeeper) -> None:
         """Keep the registry's live ticket of the call current, off the per-frame path: a rotated resume token
@@ -601,7 +605,7 @@ class MediaStreamDriver:
                         ended = record is not None and record.ended_reason is not None
                         life.record_read(bound=bound, ended=ended, now_ms=_now_ms(), live_holder=holder)
                     case ClaimLive(holder):
-                        live = await registry.claim_live(call_id, holder)
+                        live = await registry.claim_live(call_id, holder, self._holder(start))
                         if live is not None:
                             self.log.info("live_ticket_claimed", holder=holder, session_id=live.ticket.session_id)
                         life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, _now_ms())
@@ -645,12 +649,21 @@ class MediaStreamDriver:
                             self.log.warning("engine_detach_failed", reason=exc.code)
                             life.parked(True)  # nothing to park: the engine has let the session go
                             continue
-                        life.parked(await self._record(registry.detach(call_id, held.ticket, input_ms, self._grace_ms())))
+                        try:
+                            stored = await registry.detach(call_id, held.ticket, input_ms, self._grace_ms(), holder=self._holder(start))
+                        except RegistryUnavailable as exc:
+                            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                            life.parked(False)
+                            continue
+                        if not stored:  # another stream took the call over (this one was taken for dead): its session
+                            self.log.info("stream_taken_over_elsewhere", session_id=held.ticket.session_id)
+                            held.ticket = None  # is that stream's now: nothing parked here, nothing to close
+                        life.parked(True)
                     case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
                         if held.ticket is not None:
                             await services.close_parked(held.ticket, reason)
                     case CloseLive(holder, reason):
-                        live = await registry.claim_live(call_id, holder)
+                        live = await registry.claim_live(call_id, holder, self._holder(start))
                         if live is not None and await services.close_parked(live.ticket, reason):
                             self.log.info("engine_session_closed", reason=reason, holder=holder, session_id=live.ticket.session_id)
                     case CloseUnlessBack(after_ms):

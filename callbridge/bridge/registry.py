@@ -97,6 +97,9 @@ class CallRecord:
     racing that stream's detach, and waits a moment for it rather than open a second session."""
     live: LiveCall | None = None
     """The bound stream's live ticket: what resumes the session if that stream's process died."""
+    holder: str | None = None
+    """The stream that holds the call's session: the bound one (``live.holder``), or one that took it over from a
+    dead one's live ticket and is binding it. Only it may detach the session or bring the live ticket up to date."""
 
 
 class SignalKind(enum.Enum):
@@ -141,8 +144,10 @@ class CallRegistry(abc.ABC):
         the backend cannot be reached."""
 
     @abc.abstractmethod
-    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
-        """Keep a detached call's engine session for ``grace_ms`` (the record expires then)."""
+    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int, holder: str | None = None) -> bool:
+        """Keep a detached call's engine session for ``grace_ms`` (the record expires then). ``holder``: the stream
+        detaching it, which must still hold the call: False, nothing written, when another stream has taken it
+        over (this one was taken for dead; the session is that stream's now)."""
 
     @abc.abstractmethod
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
@@ -160,10 +165,11 @@ class CallRegistry(abc.ABC):
         detached, ended or taken over since). False when it does not (nothing written)."""
 
     @abc.abstractmethod
-    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+    async def claim_live(self, call_id: str, holder: str, by: str) -> LiveCall | None:
         """Take the call's live ticket from ``holder`` (a stream that will never detach: its process died or
-        stopped answering), atomically: of two streams that claim at once, one gets it; None when ``holder`` no
-        longer holds the call (it detached meanwhile, or another stream took it)."""
+        stopped answering) for the stream ``by``, which holds the call from now on (``holder``'s late detach is
+        refused), atomically: of two streams that claim at once, one gets it; None when ``holder`` no longer
+        holds the call (it detached meanwhile, or another stream took it)."""
 
     @abc.abstractmethod
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
@@ -280,12 +286,15 @@ class MemoryCallRegistry(CallRegistry):
             return None
         return replace(entry.record)
 
-    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
+    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int, holder: str | None = None) -> bool:
         entry = self._entry(call_id)
-        entry.record.bound, entry.record.live = False, None
+        if holder is not None and entry.record.holder not in (None, holder):
+            return False
+        entry.record.bound, entry.record.live, entry.record.holder = False, None, None
         entry.record.ticket = ticket
         entry.record.input_ms = input_ms
         entry.expires_at_ms = self._clock() + grace_ms
+        return True
 
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         entry = self._live(call_id)
@@ -299,27 +308,27 @@ class MemoryCallRegistry(CallRegistry):
 
     async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         entry = self._entry(call_id)
-        entry.record.bound, entry.record.live = True, live
+        entry.record.bound, entry.record.live, entry.record.holder, entry.record.ticket = True, live, live.holder, None
         entry.expires_at_ms = max(entry.expires_at_ms, self._clock() + keep_ms)
 
     async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
         entry = self._live(call_id)
-        if entry is None or not entry.record.bound or entry.record.live is None or entry.record.live.holder != live.holder:
+        if entry is None or not entry.record.bound or entry.record.holder != live.holder:
             return False
         entry.record.live = live
         return True
 
-    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+    async def claim_live(self, call_id: str, holder: str, by: str) -> LiveCall | None:
         entry = self._live(call_id)
-        if entry is None or entry.record.live is None or entry.record.live.holder != holder:
+        if entry is None or entry.record.live is None or entry.record.holder != holder:
             return None
-        live, entry.record.live, entry.record.bound = entry.record.live, None, False
+        live, entry.record.live, entry.record.bound, entry.record.holder = entry.record.live, None, False, by
         return live
 
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:
         entry = self._entry(call_id)
         entry.record.ended_reason = reason
-        entry.record.bound, entry.record.live = False, None
+        entry.record.bound, entry.record.live, entry.record.holder = False, None, None
         entry.record.ticket = None
         entry.expires_at_ms = self._clock() + keep_ms
 

@@ -67,6 +67,17 @@ return {ticket, input_ms}
 """
 """KEYS[1] the call's hash; ARGV[1] the expected ticket's JSON or ''. Returns {ticket JSON or '', input_ms}."""
 
+_DETACH = """
+local holder = redis.call('HGET', KEYS[1], 'holder')
+if ARGV[4] ~= '' and holder and holder ~= ARGV[4] then return 0 end
+redis.call('HSET', KEYS[1], 'ticket', ARGV[1], 'input_ms', ARGV[2])
+redis.call('HDEL', KEYS[1], 'bound', 'live', 'holder')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+"""KEYS[1] the call's hash; ARGV the ticket's JSON, input_ms, the grace (ms), the detaching holder or ''. Returns 1
+when stored, 0 when another stream holds the call."""
+
 _CHECKPOINT = """
 if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'bound') == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'live', ARGV[2])
@@ -77,10 +88,12 @@ return 1
 _CLAIM_LIVE = """
 if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then return '' end
 local live = redis.call('HGET', KEYS[1], 'live') or ''
-redis.call('HDEL', KEYS[1], 'live', 'holder', 'bound')
+redis.call('HDEL', KEYS[1], 'live', 'bound')
+redis.call('HSET', KEYS[1], 'holder', ARGV[2])
 return live
 """
-"""KEYS[1] the call's hash; ARGV[1] the holder it is taken from. Returns its ``LiveCall`` JSON, or ''."""
+"""KEYS[1] the call's hash; ARGV[1] the holder it is taken from, ARGV[2] the stream that takes it. Returns the
+``LiveCall`` JSON, or ''."""
 
 
 @contextmanager
@@ -121,6 +134,7 @@ class RedisCallRegistry(CallRegistry):
         self._redis = client
         self._claim: Any = client.register_script(_CLAIM)
         self._checkpoint: Any = client.register_script(_CHECKPOINT)
+        self._detach: Any = client.register_script(_DETACH)
         self._claim_live: Any = client.register_script(_CLAIM_LIVE)
 
     @staticmethod
@@ -140,16 +154,13 @@ class RedisCallRegistry(CallRegistry):
             ended_reason=fields.get("ended"),
             bound="bound" in fields,
             live=LiveCall.from_dict(orjson.loads(live)) if live else None,
+            holder=fields.get("holder"),
         )
 
-    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int) -> None:
-        key = self._key(call_id)
+    async def detach(self, call_id: str, ticket: ResumeTicket, input_ms: int, grace_ms: int, holder: str | None = None) -> bool:
+        args = [_ticket_json(ticket), input_ms, max(1, grace_ms), holder or ""]
         with _unavailable("detach"):
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping={"ticket": _ticket_json(ticket), "input_ms": input_ms})
-                pipe.hdel(key, "bound", "live", "holder")
-                pipe.pexpire(key, max(1, grace_ms))
-                await pipe.execute()
+            return bool(await self._detach(keys=[self._key(call_id)], args=args))
 
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         wanted = _ticket_json(expected) if expected is not None else ""
@@ -162,6 +173,7 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("mark_bound"):
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(key, mapping={"bound": "1", "live": _live_json(live), "holder": live.holder})
+                pipe.hdel(key, "ticket")
                 pipe.pexpire(key, max(1, keep_ms), gt=True)  # never shortens a longer expiry
                 pipe.pexpire(key, max(1, keep_ms), nx=True)  # sets one where there was none
                 await pipe.execute()
@@ -170,9 +182,9 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("checkpoint"):
             return bool(await self._checkpoint(keys=[self._key(call_id)], args=[live.holder, _live_json(live)]))
 
-    async def claim_live(self, call_id: str, holder: str) -> LiveCall | None:
+    async def claim_live(self, call_id: str, holder: str, by: str) -> LiveCall | None:
         with _unavailable("claim_live"):
-            live = await self._claim_live(keys=[self._key(call_id)], args=[holder])
+            live = await self._claim_live(keys=[self._key(call_id)], args=[holder, by])
         return LiveCall.from_dict(orjson.loads(live)) if live else None
 
     async def mark_ended(self, call_id: str, reason: str, keep_ms: int = ENDED_KEPT_MS) -> None:

@@ -387,3 +387,31 @@ async def test_a_bridge_killed_mid_call_is_resumed_on_the_other_on_the_same_engi
     assert len(fleet.engine.events("engine_session_opened")) == 1
     assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
     await until(fleet.no_engine_session_left, timeout_s=10)  # B closed it on the caller's stop: nothing orphaned
+
+
+async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_stream_quietly(fleet: Fleet) -> None:
+    """A stalled bridge (SIGSTOP) cannot answer the supersede signal: after a network drop the call's reconnect on
+    B takes the engine session over from A's live ticket. When A runs again it finds the session replaced (or its
+    detach refused: the call is B's), and ends its stream without a hang-up, a close or marking the call over."""
+    speech = short_speech(1200)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    script = CallerScript(utterances=((300, speech), (5000, speech)), drop_stream_at_ms=(2600,), hangup_at_ms=8500)
+    call = asyncio.create_task(fleet.twilio.place_call(script))
+    await until(lambda: _ready(fleet.a, active_calls=1), timeout_s=10)
+    await asyncio.sleep(2.2)
+    fleet.a.process.send_signal(signal.SIGSTOP)
+    try:
+        await until(lambda: _ready(fleet.b, active_calls=1), timeout_s=10)  # the reconnect bound on B meanwhile
+    finally:
+        fleet.a.process.send_signal(signal.SIGCONT)
+    result = await call
+
+    assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+    (opened,) = fleet.a.events("call_bridged", call_id=result.call_sid)
+    (taken,) = fleet.b.events("call_bridged", call_id=result.call_sid)
+    assert taken["engine"] == "taken_over" and taken["session_id"] == opened["session_id"]
+    assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
+    assert not fleet.a.events("call_hung_up", call_id=result.call_sid), fleet.a.call_log(result.call_sid)
+    assert not fleet.a.events("engine_session_closed", call_id=result.call_sid)
+    assert len(fleet.engine.events("engine_session_opened")) == 1
+    await until(fleet.no_engine_session_left, timeout_s=10)

@@ -292,15 +292,29 @@ async def test_a_live_ticket_is_kept_current_by_its_holder_only(backend: Backend
 
 async def test_a_live_ticket_is_taken_once_from_the_holder_it_names(backend: Backend) -> None:
     """A stream of a process that died never detaches: another process takes its live ticket. Of two claims one
-    wins; a claim that names someone else than the holder gets nothing; after the claim the holder can no longer
-    write (it was taken for dead: its late checkpoint must not overwrite the stream that took the call)."""
+    wins; a claim that names someone else than the holder gets nothing; after the claim the old holder can no
+    longer write or detach (it was taken for dead: the call's session is the claiming stream's now)."""
     a, _ = await backend.view()
     b, _ = await backend.view()
     c, _ = await backend.view()
     await a.mark_bound("CA-crash", 60_000, LIVE)
-    assert await b.claim_live("CA-crash", "proc-x:MZ9") is None
-    claims = await asyncio.gather(b.claim_live("CA-crash", LIVE.holder), c.claim_live("CA-crash", LIVE.holder))
+    assert await b.claim_live("CA-crash", "proc-x:MZ9", by="proc-b:MZ2") is None
+    claims = await asyncio.gather(b.claim_live("CA-crash", LIVE.holder, by="proc-b:MZ2"), c.claim_live("CA-crash", LIVE.holder, by="proc-c:MZ3"))
     assert sorted(claims, key=lambda live: live is None) == [LIVE, None]
+    winner = "proc-b:MZ2" if claims[0] is not None else "proc-c:MZ3"
     assert await a.checkpoint("CA-crash", LIVE) is False
-    record = await c.get("CA-crash")  # nothing else was kept of the call: Redis drops the emptied hash
-    assert record is None or (not record.bound and record.live is None)
+    assert await a.detach("CA-crash", TICKET, 3400, 60_000, holder=LIVE.holder) is False  # it woke up, too late
+    record = await c.get("CA-crash")
+    assert record is not None and not record.bound and record.live is None and record.ticket is None and record.holder == winner
+    await b.mark_bound("CA-crash", 60_000, replace(LIVE, holder=winner))
+    record = await a.get("CA-crash")
+    assert record is not None and record.bound and record.holder == winner
+
+
+async def test_a_bind_drops_a_ticket_left_from_before(backend: Backend) -> None:
+    a, _ = await backend.view()
+    await a.detach("CA-stale", TICKET, 100, 60_000)
+    await a.mark_bound("CA-stale", 60_000, LIVE)  # bound: whatever ticket the record held resumes nothing now
+    record = await a.get("CA-stale")
+    assert record is not None and record.ticket is None and record.live == LIVE
+    assert await a.detach("CA-stale", TICKET, 100, 60_000, holder=LIVE.holder)  # its holder may detach it
