@@ -27,7 +27,7 @@ from callbridge import __version__
 from callbridge.bridge.carriers import CarrierRest, carriers
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
-from callbridge.bridge.registry import build_registry
+from callbridge.bridge.registry import MemoryCallRegistry, build_registry
 from callbridge.bridge.services import (
     BridgeMetrics,
     BridgeServices,
@@ -62,7 +62,10 @@ class BridgeState:
             engine=engine,
             registry=registry,
             tokens=tokens,
-            metrics=BridgeMetrics(self.registry),
+            metrics=BridgeMetrics(
+                self.registry, memory_registry=isinstance(registry, MemoryCallRegistry),
+                local_engine=isinstance(getattr(engine, "session_count", None), int),
+            ),
             hang_up=hang_up or self._hang_up,
         )
         for name, rest in self.rest.items():

@@ -72,7 +72,10 @@ SignalHandler = Callable[[CallSignal], Awaitable[None]]
 class BridgeMetrics:
     """Prometheus metrics of one bridge process, in its own registry."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, *, memory_registry: bool = True, local_engine: bool = True) -> None:
+        """``memory_registry``, ``local_engine``: the process's registry is its own (not Redis), its engine the
+        embedded one. A level gauge that only they can answer is not exported otherwise (it would read a constant
+        0 there, which is not the truth): the registry's detached sessions and entries, the engine's sessions."""
         # ``multiprocess_mode``: how a gauge adds up over ``--workers`` processes (``group_metrics``); else unused
         self.calls_active = Gauge(
             "callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry, multiprocess_mode="livesum"
@@ -174,21 +177,22 @@ class BridgeMetrics:
         # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
         # With ``--workers``, each worker copies them into its files every second (``group_metrics``), summed.
         self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry, multiprocess_mode="livesum")
+        in_memory, in_engine = (registry if memory_registry else None), (registry if local_engine else None)
         self.detached_sessions = Gauge(
             "callbridge_detached_sessions", "Engine sessions detached, waiting for their call's next stream (memory registry)",
-            registry=registry, multiprocess_mode="livesum",
+            registry=in_memory, multiprocess_mode="livesum",
         )  # fmt: skip
         self.engine_sessions_open = Gauge(
             "callbridge_engine_sessions_open", "Engine sessions the bridge holds: live streams + detached (memory registry)",
-            registry=registry, multiprocess_mode="livesum",
+            registry=in_memory, multiprocess_mode="livesum",
         )  # fmt: skip
         self.registry_entries = Gauge(
-            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=registry,
+            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=in_memory,
             multiprocess_mode="livesum",
         )
         self.local_engine_sessions = Gauge(
             "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)",
-            registry=registry, multiprocess_mode="livesum",
+            registry=in_engine, multiprocess_mode="livesum",
         )  # fmt: skip
         self.background_tasks = Gauge(
             "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry,
@@ -199,15 +203,16 @@ class BridgeMetrics:
             "callbridge_answer_sessions", "Engine sessions opened at an answer webhook that no stream has taken yet",
             registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
+        memory_levels = (self.detached_sessions, self.engine_sessions_open, self.registry_entries) if memory_registry else ()
         self.levels = (
-            self.live_streams, self.detached_sessions, self.engine_sessions_open, self.registry_entries,
-            self.local_engine_sessions, self.background_tasks, self.asyncio_tasks, self.answer_sessions,
+            self.live_streams, *memory_levels, *((self.local_engine_sessions,) if local_engine else ()),
+            self.background_tasks, self.asyncio_tasks, self.answer_sessions,
         )  # fmt: skip
-        """The gauges read at scrape time (``watch``)."""
+        """The gauges read at scrape time (``watch``), those exported here."""
 
     def watch(self, services: BridgeServices, loop: asyncio.AbstractEventLoop) -> None:
         """Point the level gauges at ``services`` and ``loop``: each is computed when ``/metrics`` is scraped,
-        nothing per frame. Gauges the registry or engine cannot answer (Redis, a remote engine) stay at 0."""
+        nothing per frame. Gauges the registry or engine cannot answer (Redis, a remote engine) are not exported."""
         self.live_streams.set_function(lambda: len(services.live_streams))
         self.background_tasks.set_function(lambda: len(services.background))
         self.asyncio_tasks.set_function(lambda: len(asyncio.all_tasks(loop)))

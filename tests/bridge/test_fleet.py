@@ -415,3 +415,27 @@ async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_str
     assert not fleet.a.events("engine_session_closed", call_id=result.call_sid)
     assert len(fleet.engine.events("engine_session_opened")) == 1
     await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_the_level_gauges_of_a_fleet_read_the_truth_or_are_not_exported(fleet: Fleet) -> None:
+    """Two calls up on A: A's level gauges read 2, B's 0. What the Redis registry and a remote engine cannot tell a
+    process (detached sessions, registry entries, the embedded engine's sessions) is not exported there, rather
+    than read a constant 0."""
+    speech = short_speech(800)
+    fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
+    script = CallerScript(utterances=((300, speech),), hangup_at_ms=4000)
+    calls = [asyncio.create_task(fleet.twilio.place_call(script)) for _ in range(2)]
+    await until(lambda: _ready(fleet.a, active_calls=2), timeout_s=10)
+    for bridge, held in ((fleet.a, 2), (fleet.b, 0)):
+        assert await bridge.metric("callbridge_live_streams") == held
+        assert await bridge.metric("callbridge_calls_active", provider="twilio") == held
+        assert await bridge.metric("callbridge_answer_sessions") == 0  # both taken by their streams
+        names = {family.name for family in text_string_to_metric_families((await _get(bridge.url + "/metrics")).text)}
+        assert "callbridge_live_streams" in names
+        unknowable = {"callbridge_detached_sessions", "callbridge_engine_sessions_open", "callbridge_registry_entries",
+                      "callbridge_local_engine_sessions"}  # fmt: skip
+        assert names.isdisjoint(unknowable), names & unknowable
+    results = await asyncio.gather(*calls)
+    assert all(result.hung_up_by == "caller" for result in results)
+    for bridge in (fleet.a, fleet.b):
+        assert await bridge.metric("callbridge_live_streams") == 0
