@@ -69,6 +69,10 @@ class ServerSettings(_Section):
     """The https URL carriers reach this bridge at; stream URLs and webhook signatures use it."""
     max_calls: Annotated[int, Field(ge=1)] = 100
     """Concurrent calls admitted by one process; beyond it new calls are refused."""
+    max_calls_fleet: Annotated[int, Field(ge=1)] | None = None
+    """Concurrent calls admitted by every process sharing the Redis registry together (a call counts from its
+    admission at the answer to its end), besides each one's ``max_calls``; beyond it new calls are refused busy.
+    None: no fleet-wide limit. With the memory registry it is one more per-process limit."""
     cpu_budget_percent: Annotated[float, Field(ge=0, le=400)] = 85.0
     """New calls are refused while the process uses more than this share of one core (smoothed over 5 s):
     past it every call on the process would fall behind real time. Calls coming back are still admitted.

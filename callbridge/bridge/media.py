@@ -550,6 +550,8 @@ class MediaStreamDriver:
             await asyncio.wait(self._background, timeout=10)
         services, start, session, life = self.services, self._start, self.session, self._life
         report = self.call.report()
+        if start is not None and report.facts.call_over:
+            services.call_over(start.call_id)
         if session is not None and start is not None:
             services.active_calls.discard(start.call_id)
             if services.live_streams.get(start.call_id) is self:

@@ -199,6 +199,21 @@ class CallRegistry(abc.ABC):
         """The signals other processes send, from now on, until cancelled. Never raises for an unreachable
         backend: it logs, waits and listens again."""
 
+    @abc.abstractmethod
+    async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
+        """Count the call among the calls every process sharing this registry holds, if fewer than ``limit`` are
+        (atomically: of N+k processes admitting at once against N, N succeed); a call counted already is
+        admitted again. It is counted for ``hold_ms`` from now (``hold`` keeps it), or until ``release``."""
+
+    @abc.abstractmethod
+    async def hold(self, call_ids: list[str], hold_ms: int) -> None:
+        """Keep the calls counted ``hold_ms`` more (a process's calls, now and then): the calls of a process that
+        died lapse then."""
+
+    @abc.abstractmethod
+    async def release(self, call_id: str) -> None:
+        """The call is over: it no longer counts."""
+
     async def aclose(self) -> None:
         """Release the backend's connections (at shutdown)."""
 
@@ -246,6 +261,8 @@ class MemoryCallRegistry(CallRegistry):
         """call id → (its counters, when they expire)."""
         self._counters_pruned_at_ms = clock()
         self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
+        self._admitted: dict[str, int] = {}
+        """call id → until when it counts against the fleet's limit (``admit``)."""
 
     @property
     def entry_count(self) -> int:
@@ -347,6 +364,24 @@ class MemoryCallRegistry(CallRegistry):
     async def counts(self, call_id: str) -> dict[str, int]:
         held = self._counters.get(call_id)
         return dict(held[0]) if held is not None and self._clock() < held[1] else {}
+
+    async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
+        now = self._clock()
+        admitted = self._admitted
+        for lapsed in [c for c, until in admitted.items() if until <= now]:
+            del admitted[lapsed]
+        if call_id not in admitted and len(admitted) >= limit:
+            return False
+        admitted[call_id] = now + hold_ms
+        return True
+
+    async def hold(self, call_ids: list[str], hold_ms: int) -> None:
+        until = self._clock() + hold_ms
+        for call_id in call_ids:
+            self._admitted[call_id] = until
+
+    async def release(self, call_id: str) -> None:
+        self._admitted.pop(call_id, None)
 
     async def signal(self, signal: CallSignal) -> None:
         """To the other listeners of this registry (one process has no other: this matters to tests that run

@@ -11,6 +11,8 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
 - ``callbridge:counts:{call_id}``: a hash of the call's counters (``HINCRBY``: atomic), TTL the ``keep_ms`` of
   the last count.
 - ``callbridge:signals``: the pub/sub channel of ``CallSignal`` (JSON), one subscription per process.
+- ``callbridge:admitted``: with ``server.max_calls_fleet``, the calls the fleet holds (a sorted set, each scored
+  with until when it counts: kept by the process holding it, released at its end, lapsed when that one died).
 
 A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
 one gets the engine session; Redis runs scripts atomically. So are a live ticket's update (only by its holder)
@@ -51,6 +53,7 @@ log = get_logger(__name__)
 
 _PREFIX = "callbridge:"
 _SIGNALS = _PREFIX + "signals"
+_ADMITTED = _PREFIX + "admitted"
 _LISTEN_POLL_S = 1.0
 """How long one wait for a signal blocks (below the client's socket timeout, which would end it as an error)."""
 _LISTEN_RETRY_S = 1.0
@@ -77,6 +80,25 @@ return 1
 """
 """KEYS[1] the call's hash; ARGV the ticket's JSON, input_ms, the grace (ms), the detaching holder or ''. Returns 1
 when stored, 0 when another stream holds the call."""
+
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+"""KEYS[1] the admitted calls (a sorted set: call id → until when, Redis's clock); ARGV the call, the limit, the
+hold (ms). Returns 1 when admitted."""
+
+_HOLD = """
+local t = redis.call('TIME')
+local kept_until = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], kept_until, ARGV[i]) end
+return 0
+"""
+"""KEYS[1] the admitted calls; ARGV the hold (ms), then the calls kept."""
 
 _CHECKPOINT = """
 if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'bound') == 0 then return 0 end
@@ -135,6 +157,8 @@ class RedisCallRegistry(CallRegistry):
         self._claim: Any = client.register_script(_CLAIM)
         self._checkpoint: Any = client.register_script(_CHECKPOINT)
         self._detach: Any = client.register_script(_DETACH)
+        self._admit: Any = client.register_script(_ADMIT)
+        self._hold: Any = client.register_script(_HOLD)
         self._claim_live: Any = client.register_script(_CLAIM_LIVE)
 
     @staticmethod
@@ -213,6 +237,19 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("counts"):
             fields = cast(dict[str, str], await self._redis.hgetall(f"{_PREFIX}counts:{call_id}"))
         return {name: int(value) for name, value in fields.items()}
+
+    async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
+        with _unavailable("admit"):
+            return bool(await self._admit(keys=[_ADMITTED], args=[call_id, limit, hold_ms]))
+
+    async def hold(self, call_ids: list[str], hold_ms: int) -> None:
+        if call_ids:
+            with _unavailable("hold"):
+                await self._hold(keys=[_ADMITTED], args=[hold_ms, *call_ids])
+
+    async def release(self, call_id: str) -> None:
+        with _unavailable("release"):
+            await self._redis.zrem(_ADMITTED, call_id)
 
     async def signal(self, signal: CallSignal) -> None:
         message = orjson.dumps({"call_id": signal.call_id, "kind": signal.kind.value, "detail": signal.detail, "origin": signal.origin})

@@ -47,6 +47,7 @@ from callbridge.logging import get_logger
 __all__ = [
     "BridgeMetrics",
     "BridgeServices",
+    "FLEET_HOLD_MS",
     "HangUpFn",
     "LiveStream",
     "SignalHandler",
@@ -58,6 +59,9 @@ __all__ = [
 log = get_logger(__name__)
 
 _ENGINE_CALL_TIMEOUT_S = 5.0
+FLEET_HOLD_MS = 30_000
+"""With ``server.max_calls_fleet``: how long a call counts in the fleet unless its process keeps it (every 10 s):
+the calls of a process that died are let go then."""
 _GOODBYE_WAIT_S = 3.0
 """How long a drain that ran out waits for its calls' closing tones and hang-ups."""
 _ANSWER_ENGINE_WAIT_S = 2.0
@@ -350,7 +354,7 @@ class BridgeServices:
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
             reason = "registry_unavailable"
-        self.admitted.pop(call_id, None)  # refused after all: its slot goes back
+        self.give_back_admission(call_id)  # refused after all: its slot goes back
         log.warning("call_refused", call_id=call_id, provider=provider, reason=reason)
         return AnswerDecision(AnswerKind.BUSY, reason=reason)
 
@@ -426,9 +430,12 @@ class BridgeServices:
         self.signal_handlers.setdefault(kind, []).append(handler)
 
     def start_listening(self) -> None:
-        """Take the signals other processes send about calls whose stream is here (the app's lifespan)."""
+        """Take the signals other processes send about calls whose stream is here (the app's lifespan); with a
+        fleet limit, keep this process's calls counted there."""
         if self.listener is None:
             self.listener = asyncio.get_running_loop().create_task(self._listen())
+            if self.settings.server.max_calls_fleet is not None:
+                self.spawn(self.hold_fleet_admissions())
 
     async def _listen(self) -> None:
         while True:
@@ -561,13 +568,22 @@ class BridgeServices:
         if call_id in self.active_calls or call_id in self.admitted:
             return True
         over_cpu = bool(server.cpu_budget_percent) and self.cpu.utilization * 100 > server.cpu_budget_percent
-        if not over_cpu and self._calls_held() < server.max_calls:  # checked and held with no await between
-            if call_id:
-                self.admitted[call_id] = time.monotonic() + self.settings.engine.open_at_answer_ttl_s
+        here = not over_cpu and self._calls_held() < server.max_calls
+        if here and call_id:  # checked and held with no await between
+            self.admitted[call_id] = time.monotonic() + self.settings.engine.open_at_answer_ttl_s
+        in_fleet = True
+        if here and call_id and server.max_calls_fleet is not None:
+            try:
+                in_fleet = await self.registry.admit(call_id, server.max_calls_fleet, FLEET_HOLD_MS)
+            except RegistryUnavailable:
+                self.admitted.pop(call_id, None)
+                raise
+        if here and in_fleet:
             return True
-        if await self.registry.get(call_id) is not None:
+        if await self.registry.get(call_id) is not None:  # a call coming back is never refused for capacity
             return True
-        reason = "cpu_budget" if over_cpu else "max_calls"
+        self.admitted.pop(call_id, None)
+        reason = "cpu_budget" if over_cpu else "max_calls" if not here else "max_calls_fleet"
         self.metrics.admission_refused.labels(reason).inc()
         log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
         return False
@@ -578,6 +594,34 @@ class BridgeServices:
         for call_id in [c for c, until in self.admitted.items() if until <= now]:
             del self.admitted[call_id]
         return len(self.active_calls) + len(self.admitted)
+
+    def give_back_admission(self, call_id: str) -> None:
+        """A call admitted, then refused after all (no engine took it, the registry failed): its slot goes back,
+        here and in the fleet's count."""
+        if self.admitted.pop(call_id, None) is not None and self.settings.server.max_calls_fleet is not None:
+            self.spawn(self._release(call_id))
+
+    def call_over(self, call_id: str) -> None:
+        """The call has ended (not only its stream): it no longer counts against the fleet's limit."""
+        if self.settings.server.max_calls_fleet is not None:
+            self.spawn(self._release(call_id))
+
+    async def _release(self, call_id: str) -> None:
+        try:
+            await self.registry.release(call_id)
+        except RegistryUnavailable as exc:  # it lapses with its hold
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+
+    async def hold_fleet_admissions(self) -> None:
+        """With ``server.max_calls_fleet``: keep this process's calls counted in the fleet (every third of
+        ``FLEET_HOLD_MS``), so that those of a process that died lapse."""
+        while True:
+            await asyncio.sleep(FLEET_HOLD_MS / 3000)
+            held = [*self.active_calls, *self.admitted]
+            try:
+                await self.registry.hold(held, FLEET_HOLD_MS)
+            except RegistryUnavailable as exc:
+                log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
     def call_bound(self, call_id: str) -> None:
         """A stream bound the call's engine session here: it counts as bridged (no longer as admitted)."""

@@ -245,7 +245,7 @@ class TelnyxCalls:
             if not admitted or not await services.engine_takes(call_id):
                 reason = "engine_capacity" if admitted else "draining" if services.draining else "capacity"
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
-                services.admitted.pop(call_id, None)  # refused after all: its slot goes back
+                services.give_back_admission(call_id)  # refused after all: its slot goes back
                 await self.rest.reject(call_id)
                 settled = True
                 await self._count(call_id, OVER)
@@ -271,7 +271,7 @@ class TelnyxCalls:
         """The registry does not answer: the call is rejected busy (logged, no traceback), not left to a 500."""
         log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
         log.warning("call_refused", call_id=call_id, provider="telnyx", reason="registry_unavailable")
-        self.services.admitted.pop(call_id, None)
+        self.services.give_back_admission(call_id)
         try:
             await self.rest.reject(call_id)
         except (httpx.HTTPError, RuntimeError) as error:

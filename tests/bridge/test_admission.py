@@ -7,6 +7,7 @@ stream, while the call already up carries on — and its own stream, coming back
 from __future__ import annotations
 
 import asyncio
+import uuid
 
 import pytest
 
@@ -104,3 +105,30 @@ async def test_a_burst_of_answers_admits_exactly_max_calls(backend: str, request
     assert all(a.status_code == 200 for a in answers)
     assert (len(connected), len(busy), held) == (2, 6, 2), [a.text for a in answers]
     assert len(recorder.opened) == 2  # no engine session for a refused call
+
+
+async def test_a_burst_of_answers_across_two_bridges_admits_exactly_max_calls_fleet(redis_url: str) -> None:
+    """Eight Twilio answers at once, four to each of two bridges sharing Redis, against ``max_calls_fleet = 2``
+    (each bridge's own ``max_calls`` the shipped 100): exactly two are answered fleet-wide, six refused busy.
+    A call over gives its place back: the next answer is admitted."""
+    recorder = engine()
+    fleet = settings(server={"max_calls_fleet": 2}, registry={"backend": "redis", "redis_url": redis_url})
+    async with running_bridge(fleet, recorder) as a, running_bridge(fleet, recorder) as b:
+        ids = [f"CA{uuid.uuid4().hex}" for _ in range(8)]  # calls the shared Redis has never seen
+        answers = await asyncio.gather(*(answer(a if i % 2 else b, call_id) for i, call_id in enumerate(ids)))
+        connected = [i for i, a in enumerate(answers) if "<Connect>" in a.text]
+        busy = [a for a in answers if 'reason="busy"' in a.text]
+        assert (len(connected), len(busy)) == (2, 6), [a.text for a in answers]
+        refused = b.app.state.bridge.services.metrics.admission_refused.labels("max_calls_fleet")._value.get()
+        refused += a.app.state.bridge.services.metrics.admission_refused.labels("max_calls_fleet")._value.get()
+        assert refused == 6
+        services = (a if connected[0] % 2 else b).app.state.bridge.services
+        services.call_over(ids[connected[0]])
+        await until(lambda: _admits(services, f"CA{uuid.uuid4().hex}"), timeout_s=5)
+
+
+async def _admits(services: object, call_id: str) -> bool:
+    from callbridge.bridge.services import BridgeServices
+
+    assert isinstance(services, BridgeServices)
+    return await services.admits(call_id)

@@ -318,3 +318,19 @@ async def test_a_bind_drops_a_ticket_left_from_before(backend: Backend) -> None:
     record = await a.get("CA-stale")
     assert record is not None and record.ticket is None and record.live == LIVE
     assert await a.detach("CA-stale", TICKET, 100, 60_000, holder=LIVE.holder)  # its holder may detach it
+
+
+async def test_the_fleet_admits_exactly_its_limit_at_once_and_lets_go_of_what_is_not_kept(backend: Backend) -> None:
+    """``admit`` from four processes at once against a limit of 2: two calls counted; one counted already is
+    admitted again; a released call frees its place; one nobody keeps (its process died) lapses with its hold."""
+    views = [(await backend.view())[0] for _ in range(4)]
+    calls = [f"CA-fleet-{i}" for i in range(8)]
+    admitted = await asyncio.gather(*(views[i % 4].admit(call, 2, 60_000) for i, call in enumerate(calls)))
+    assert sum(admitted) == 2
+    first, second = (call for call, ok in zip(calls, admitted, strict=True) if ok)
+    assert await views[3].admit(first, 2, 60_000) and not await views[3].admit("CA-fleet-new", 2, 60_000)
+    await views[0].release(first)
+    assert await views[1].admit("CA-fleet-new", 2, GRACE_MS)
+    await views[0].hold([second], GRACE_MS)
+    await backend.advance(GRACE_MS + 200)  # neither is kept past its hold
+    assert await views[2].admit("CA-fleet-a", 2, 60_000) and await views[2].admit("CA-fleet-b", 2, 60_000)
