@@ -398,8 +398,7 @@ async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_str
     script = CallerScript(utterances=((300, speech), (5000, speech)), drop_stream_at_ms=(2600,), hangup_at_ms=8500)
     call = asyncio.create_task(fleet.twilio.place_call(script))
     await until(lambda: _ready(fleet.a, active_calls=1), timeout_s=10)
-    await asyncio.sleep(2.2)
-    fleet.a.process.send_signal(signal.SIGSTOP)
+    fleet.a.process.send_signal(signal.SIGSTOP)  # well before the drop at 2.6 s: A never sees it in time
     try:
         await until(lambda: _ready(fleet.b, active_calls=1), timeout_s=10)  # the reconnect bound on B meanwhile
     finally:
