@@ -82,10 +82,10 @@ _BOUND_KEPT_MS = 4 * 3600 * 1000
 """How long a stream's "bound" mark outlives a process that died without detaching."""
 _ENGINE_CALL_TIMEOUT_S = 5.0
 _CHECKPOINT_POLL_S = 0.25
-_URGENT_CHECKPOINT_WAIT_S = 0.05
-"""How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 """How often a live call's ticket is compared with what the registry holds (written only when it changed, a rotated
 token at once, the rest every ``registry.checkpoint_interval_s``)."""
+_URGENT_CHECKPOINT_WAIT_S = 0.05
+"""How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
 _TIMED_EVERY_MESSAGES = 50

@@ -176,23 +176,10 @@ class TestBinding:
         assert steps(life) == [Resume(TICKET)] and life.waited_ms == 60
 
     def test_a_mark_left_by_a_dead_process_costs_the_wait_once(self) -> None:
+        """A bound mark with no live ticket (a process of an earlier version): the whole wait, then a new session."""
         life = started()
         to_claim(life)
-        now = 0
-        life.ticket_claimed(None, 0, now_ms=now)
-        while True:
-            step = life.next_step()
-            if isinstance(step, ReadRecord):
-                life.record_read(bound=True, ended=False, now_ms=now)
-            elif isinstance(step, WaitUntil):
-                now = step.at_ms
-                life.waited()
-            elif isinstance(step, ClaimTicket):
-                life.ticket_claimed(None, 0, now_ms=now)
-            elif isinstance(step, NudgeOldStream):
-                continue
-            else:
-                break
+        step, now = self._wait_for_a_holder(life, holder=None)
         assert step == Open() and now == DETACH_WAIT_MS and life.waited_ms is None
 
     @staticmethod
