@@ -762,7 +762,8 @@ class SimulatedCall:
             carrier = self.carrier
             if call is None or call.hangup is None:
                 self._violation("the engine failed the call, which was never hung up")
-            if carrier is None or carrier.first_played_at_ms is None:
+            hung_up_first = self.failed_at_ms is not None and self.plan.hangup_at_ms <= self.failed_at_ms  # the
+            if (carrier is None or carrier.first_played_at_ms is None) and not hung_up_first:  # stop not read yet
                 self._violation("the engine failed the call; the caller heard no failure tone")
             if outcome == "no_engine_tone_and_hang_up" and self.registry.ended_reason is None:
                 self._violation("no engine took the call's next stream; the registry does not know the call is over")
