@@ -317,7 +317,7 @@ class MediaStreamDriver:
                 return
             live = self._live_call(keeper.session, keeper.start)
             rotated = live.ticket.resume_token != keeper.written.ticket.resume_token
-            if live == keeper.written or (not rotated and _now_ms() - keeper.written_at_ms < interval_ms):
+            if live == keeper.written or (not rotated and _now_ms() - keeper.tried_at_ms < interval_ms):
                 continue
             if not await keeper.write():
                 self.log.info("live_ticket_released")  # taken over, or this stream is detaching: not ours to write
@@ -736,7 +736,8 @@ class _LiveTicketKeeper:
 
     def __init__(self, driver: MediaStreamDriver, session: DuplexSession, start: StreamStarted, written: LiveCall) -> None:
         self.driver, self.session, self.start = driver, session, start
-        self.written, self.written_at_ms = written, _now_ms()
+        self.written, self.tried_at_ms = written, _now_ms()
+        """The ticket the registry holds, and when it was last written or tried (the poll waits an interval on)."""
         self.released = False
         """This stream no longer holds the call in the registry (taken over, detached, ended): nothing more written."""
         self._lock = asyncio.Lock()
@@ -751,16 +752,17 @@ class _LiveTicketKeeper:
             try:
                 held = await self.driver.services.registry.checkpoint(self.start.call_id, live)
             except RegistryUnavailable as exc:
-                if not self._failing:  # once per outage: it is tried again at the next poll
+                if not self._failing:  # once per outage: tried again an interval on (a rotated token: at once)
                     self.driver.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
                 self._failing = True
+                self.tried_at_ms = _now_ms()
                 self.session.limit_acks(None)  # no ticket resumes from there meanwhile: the replay need not wait
                 return True
             self._failing = False
             if not held:
                 self.released = True
                 return False
-            self.written, self.written_at_ms = live, _now_ms()
+            self.written, self.tried_at_ms = live, _now_ms()
             self.session.limit_acks(live.ticket.last_event_seq)
             return True
 

@@ -22,7 +22,7 @@ registry. Events produced while detached are kept and delivered after resume.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -203,11 +203,16 @@ class ResumeTicket:
             resume_token=data.get("resume_token"),
             last_event_seq=int(data.get("last_event_seq", 0)),
             endpoint=data.get("endpoint"),
-            heard_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("heard_ms", ())),
-            told_ms=tuple((str(response_id), int(ms)) for response_id, ms in data.get("told_ms", ())),
+            heard_ms=_per_response(data.get("heard_ms", ())),
+            told_ms=_per_response(data.get("told_ms", ())),
             at_answer=bool(data.get("at_answer", False)),
             unheard=UnheardAudio.from_dict(data["unheard"]) if data.get("unheard") else None,
         )
+
+
+def _per_response(pairs: Iterable[Any]) -> tuple[tuple[str, int], ...]:
+    """(response id, ms) pairs as a ticket's JSON holds them (lists), typed."""
+    return tuple((str(response_id), int(ms)) for response_id, ms in pairs)
 
 
 class DuplexSession(abc.ABC):

@@ -373,7 +373,7 @@ class SimulatedCall:
         if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
             self._open_stream()
         if self._binding_at is not None and now >= self._binding_at[0]:
-            at_ms, life = self._binding_at
+            _, life = self._binding_at
             self._binding_at = None
             if life is self.life:  # not ended meanwhile
                 life.waited()
@@ -552,8 +552,7 @@ class SimulatedCall:
             self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
             told_ms=bind.told_ms,
         )
-        self._journal = []
-        self._write_live_ticket(call)
+        self._write_live_ticket(call)  # the replay after it: what this stream takes from now on
         replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
         for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket
             call.receive_engine_event(event, self.now_ms)
