@@ -25,11 +25,13 @@ __all__ = [
     "InputCommitted",
     "ItemCreated",
     "ItemTruncated",
+    "is_chunk_verdict",
     "OutputAudioCleared",
     "OverlapDecision",
     "PlaybackAcknowledged",
     "ResponseCreated",
     "ResponseDone",
+    "ResponseListen",
     "SessionClosed",
     "SessionCreated",
     "SessionExpired",
@@ -176,10 +178,24 @@ class OutputAudioCleared:
 
 @dataclass(frozen=True, slots=True)
 class OverlapDecision:
-    """The engine's verdict on caller speech during a response: ``barge_in``, ``listen`` or ``drop``."""
+    """The engine's verdict on each input chunk during a response: ``barge_in``, ``listen`` or ``drop``.
+
+    ``duration_ms``: the chunk's length (0 when the verdict came from the wire without it)."""
 
     action: str
     reason: str | None = None
+    epoch: int | None = None
+    duration_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseListen:
+    """An input chunk taken as silence or noise while no response is in progress: nothing will answer it.
+
+    vllm-omni's runner says so for each such chunk of a turn model (``response.listen``); the bridge acts
+    on none of them."""
+
+    reason: str
     epoch: int | None = None
 
 
@@ -251,6 +267,7 @@ EngineEvent = (
     | TranscriptDelta
     | OutputAudioCleared
     | OverlapDecision
+    | ResponseListen
     | PlaybackAcknowledged
     | ItemCreated
     | ItemTruncated
@@ -258,5 +275,11 @@ EngineEvent = (
     | HeartbeatAck
     | EngineErrorEvent
 )
+
+def is_chunk_verdict(event: EngineEvent) -> bool:
+    """The engine's answer to one quiet input chunk (``response.listen``; ``overlap.decision`` ``drop``): one per
+    chunk, nothing to act on."""
+    return isinstance(event, ResponseListen) or (isinstance(event, OverlapDecision) and event.action == "drop")
+
 
 TERMINAL_EVENTS: Final = (SessionClosed, SessionExpired, SessionReplaced)

@@ -42,6 +42,7 @@ from callbridge.engine.events import (
     PlaybackAcknowledged,
     ResponseCreated,
     ResponseDone,
+    ResponseListen,
     SessionClosed,
     SessionCreated,
     SessionExpired,
@@ -57,6 +58,15 @@ __all__ = ["WireProjection", "session_object"]
 
 _OVERLAP_POLICY: Final = "barge_in_on_speech"
 _FORMAT_TYPES: Final = {"g711_ulaw": "audio/g711_ulaw", "g711_alaw": "audio/g711_alaw", "pcm_f32le": "audio/pcm_f32le"}
+
+
+def _overlap_details(action: str, duration_ms: int) -> dict[str, Any]:
+    """The decision's own fields, as ``overlap_policy.decide`` of vllm-omni 0.30 returns them for a turn model."""
+    if action == "drop":
+        return {"duration_ms": duration_ms, "overlap_speech_ms": 0, "buffer_audio": False}
+    if action == "barge_in":
+        return {"cancel_reason": "turn_detected", "duration_ms": duration_ms, "overlap_speech_ms": duration_ms, "buffer_audio": True}
+    return {"duration_ms": duration_ms, "buffer_audio": True, "defer_runtime_append": False, "force_listen": True, "preserve_realtime_input": True}
 
 
 def _wire(event_type: str, **fields: Any) -> dict[str, Any]:
@@ -174,9 +184,13 @@ class WireProjection:
                 return self._response_done(response_id, status, reason, epoch)
             case OutputAudioCleared(response_id):
                 return [_wire("output_audio_buffer.cleared", response_id=response_id)]
-            case OverlapDecision(action, reason, epoch):
+            case OverlapDecision(action, reason, epoch, duration_ms):
                 fields = {"session_id": self.session_id, "epoch": epoch, "policy": _OVERLAP_POLICY, "action": action, "reason": reason}
-                return [_wire("overlap.decision", **fields, metadata={})]
+                return [_wire("overlap.decision", **fields, metadata={"type": "overlap.decision", **fields, **_overlap_details(action, duration_ms)})]
+            case ResponseListen(reason, epoch):
+                details = {"type": "response.listen", "session_id": self.session_id, "epoch": epoch, "reason": reason}
+                response = {"object": "realtime.response", "status": "listening", "metadata": details}
+                return [_wire("response.listen", session_id=self.session_id, epoch=epoch, response=response)]
             case PlaybackAcknowledged(response_id, played_ms):
                 item_id = f"item_{response_id}" if response_id else None
                 details = {"type": "playback.acknowledged", "session_id": self.session_id, "item_id": item_id, "played_ms": played_ms}

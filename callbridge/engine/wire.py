@@ -218,6 +218,13 @@ def _opt_int(value: Any, name: str) -> int | None:
     return None if value is None else _int(value, name)
 
 
+def _overlap_duration_ms(payload: Mapping[str, Any]) -> int:
+    """The chunk length of an ``overlap.decision``, which vllm-omni carries in its ``metadata`` only."""
+    metadata = payload.get("metadata")
+    duration = metadata.get("duration_ms") if isinstance(metadata, Mapping) else None
+    return _opt_int(duration, "metadata.duration_ms") or 0
+
+
 def _response_id(payload: Mapping[str, Any]) -> str:
     response = payload.get("response")
     rid = payload.get("response_id") or (response.get("id") if isinstance(response, Mapping) else None)
@@ -344,7 +351,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent | Non
     "response.output_audio.delta": _parse_audio_delta,
     "response.output_audio_transcript.delta": lambda p: TranscriptDelta(_str(p, "response_id"), _str(p, "delta")),
     "output_audio_buffer.cleared": lambda p: OutputAudioCleared(_opt_str(p, "response_id")),
-    "overlap.decision": lambda p: OverlapDecision(_str(p, "action"), _opt_str(p, "reason"), _opt_int(p.get("epoch"), "epoch")),
+    "overlap.decision": lambda p: OverlapDecision(_str(p, "action"), _opt_str(p, "reason"), _opt_int(p.get("epoch"), "epoch"), _overlap_duration_ms(p)),
     "playback.acknowledged": _parse_playback_ack,
     "response.output_item.done": _parse_output_item_done,
     "conversation.item.truncated": lambda p: ItemTruncated(_str(p, "item_id"), _int(p.get("audio_end_ms", 0), "audio_end_ms")),

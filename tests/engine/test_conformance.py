@@ -55,11 +55,13 @@ from callbridge.engine.events import (
     PlaybackAcknowledged,
     ResponseCreated,
     ResponseDone,
+    ResponseListen,
     SessionClosed,
     SessionCreated,
     SpeechStarted,
     SpeechStopped,
     TranscriptDelta,
+    is_chunk_verdict,
 )
 from callbridge.engine.local.agents import AGENTS
 from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore
@@ -183,8 +185,12 @@ class RealServer:
                 case OutputAudioCleared(response_id):  # audio.cancelled of a reply already generated: the clear alone
                     yield real.OutputAudioCleared(response_id=response_id)
                     self.epoch += 1
-                case OverlapDecision(action, reason, _):  # helpers.overlap_decision_event
-                    yield real.OverlapDecision(policy="barge_in_on_speech", action=action, reason=reason, details={})
+                case OverlapDecision(action, reason, epoch, duration_ms):  # runner._on_append: overlap_policy.decide, then helpers.overlap_decision_event
+                    decision = {"action": action, "reason": reason, "duration_ms": duration_ms}
+                    details = {"type": "overlap.decision", "session_id": SESSION_ID, "epoch": epoch, "policy": "barge_in_on_speech", **decision}
+                    yield real.OverlapDecision(policy="barge_in_on_speech", action=action, reason=reason, details=details)
+                case ResponseListen(reason, epoch):  # runner._on_append: a turn model's silent chunk, no response in progress
+                    yield from self._project({"type": "response.listen", "session_id": SESSION_ID, "epoch": epoch, "reason": reason})
                 case PlaybackAcknowledged(response_id, played_ms):  # playback_ledger
                     details = {"type": "playback.acknowledged", "item_id": f"item_{response_id}", "played_ms": played_ms}
                     yield real.PlaybackAcknowledged(details=details)
@@ -209,9 +215,14 @@ class RealServer:
 # ------------------------------------------------------------------ compare
 
 
-def ours(events: list[EngineEvent]) -> list[dict[str, Any]]:
+def ours_by_source(events: list[EngineEvent]) -> list[tuple[dict[str, Any], EngineEvent]]:
+    """Each wire frame ours sends, with the typed event it came from."""
     projection = WireProjection(SESSION_ID)
-    return [payload for event in events for payload in projection.project(event)]
+    return [(payload, event) for event in events for payload in projection.project(event)]
+
+
+def ours(events: list[EngineEvent]) -> list[dict[str, Any]]:
+    return [payload for payload, _ in ours_by_source(events)]
 
 
 def shape(payload: dict[str, Any]) -> tuple[str, frozenset[str], frozenset[str]]:
@@ -221,11 +232,13 @@ def shape(payload: dict[str, Any]) -> tuple[str, frozenset[str], frozenset[str]]
 
 
 def assert_same_wire(events: list[EngineEvent]) -> list[str]:
-    mine, theirs = ours(events), RealServer().wire(events)
+    """Ours and theirs frame for frame; the types of the frames, the verdicts on quiet chunks left out."""
+    by_source = ours_by_source(events)
+    mine, theirs = [payload for payload, _ in by_source], RealServer().wire(events)
     assert [p["type"] for p in mine] == [p["type"] for p in theirs]
     for m, t in zip(mine, theirs, strict=True):
         assert shape(m) == shape(t), (m["type"], sorted(shape(m)[1] ^ shape(t)[1]), sorted(shape(m)[2] ^ shape(t)[2]))
-    return [p["type"] for p in mine]
+    return [payload["type"] for payload, source in by_source if not is_chunk_verdict(source)]
 
 
 REPLY_OPENS = [

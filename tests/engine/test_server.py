@@ -36,7 +36,7 @@ async def test_echo_turn_is_journaled_in_sequence() -> None:
         events = await client.recv_until("rate_limits.updated")
         assert client.updated is not None and client.updated["server_event_seq"] == 1
         assert [e["server_event_seq"] for e in events] == list(range(2, len(events) + 2))
-        kinds = [e["type"] for e in events]
+        kinds = [e["type"] for e in events if e["type"] != "response.listen" and e.get("action") != "drop"]  # not the verdicts on quiet chunks
         assert kinds[:7] == [
             "input_audio_buffer.speech_started",
             "input_audio_buffer.speech_stopped",

@@ -36,6 +36,16 @@ def wheel_path() -> Path | None:
     return found[-1] if found else None
 
 
+def require_wheel() -> Path:
+    """The wheel's path; the calling test skips without it, unless CI requires it."""
+    wheel = wheel_path()
+    if wheel is None or not wheel.exists():
+        if os.environ.get("CALLBRIDGE_REQUIRE_VLLM_OMNI_WHEEL") == "1":
+            raise AssertionError("the vllm-omni 0.30.0 wheel is required here; see tests/engine/vllm_omni_wheel.py")
+        pytest.skip("vllm-omni 0.30.0 wheel not downloaded (pip download --no-deps vllm-omni==0.30.0 -d .cache/wheels)")
+    return wheel
+
+
 @functools.cache
 def _extract(wheel: Path) -> Path:
     target = Path(tempfile.mkdtemp(prefix="vllm_omni_0_30_"))
@@ -49,12 +59,7 @@ def load_vllm_omni() -> None:
     """Make ``vllm_omni.protocol`` and ``vllm_omni.engine.duplex.{commands,events,config}`` importable, or skip."""
     if "vllm_omni.engine.duplex.commands" in sys.modules:
         return
-    wheel = wheel_path()
-    if wheel is None or not wheel.exists():
-        if os.environ.get("CALLBRIDGE_REQUIRE_VLLM_OMNI_WHEEL") == "1":
-            raise AssertionError("the vllm-omni 0.30.0 wheel is required here; see tests/engine/vllm_omni_wheel.py")
-        pytest.skip("vllm-omni 0.30.0 wheel not downloaded (pip download --no-deps vllm-omni==0.30.0 -d .cache/wheels)")
-    root = _extract(wheel)
+    root = _extract(require_wheel())
     for name in _STUB_PACKAGES:
         module = types.ModuleType(name)
         module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]

@@ -72,6 +72,7 @@ from callbridge.engine.events import (
     PlaybackAcknowledged,
     ResponseCreated,
     ResponseDone,
+    ResponseListen,
     SessionClosed,
     SessionCreated,
     SessionExpired,
@@ -323,13 +324,18 @@ class LocalSessionCore:
         self._input_ms += len(pcm) * 500 // rate_hz
         if self._to_output_rate is not None:
             self._loop_back(self._to_output_rate.process(pcm), now_ms)
+        duration_ms = len(pcm) * 500 // rate_hz
         if self._vad is None:
             if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
                 self._keep_utterance(self._to_vad_rate.process(pcm))
-            if not self._speech_hint_sent and pcm16_rms(pcm) >= _SILENCE_RMS:
+            loud = pcm16_rms(pcm) >= _SILENCE_RMS
+            if not self._speech_hint_sent and loud:
                 self._speech_hint_sent = True
                 self._outbox.append(SpeechStarted(self._input_ms, self._new_input_item()))
+            if not loud:
+                self._judge_quiet_chunk(duration_ms)
             return
+        in_utterance = self._utterance_start_ms is not None
         audio = self._to_vad_rate.process(pcm)
         if self._utterance_start_ms is None:
             self._recent += audio
@@ -338,11 +344,26 @@ class LocalSessionCore:
                 del self._recent[: len(self._recent) - keep]
         else:
             self._keep_utterance(audio)
-        for boundary in self._vad.process(audio):
+        boundaries = self._vad.process(audio)
+        if not in_utterance and not any(b.started for b in boundaries):
+            self._judge_quiet_chunk(duration_ms)
+        elif in_utterance and self._response_in_progress():
+            self._outbox.append(OverlapDecision("listen", "server_vad_utterance_active", self.epoch, duration_ms))
+        for boundary in boundaries:
             if boundary.started:
-                self._on_speech_started(boundary.audio_ms)
+                self._on_speech_started(boundary.audio_ms, duration_ms)
             else:
                 self._on_speech_stopped(boundary.audio_ms, now_ms)
+
+    def _response_in_progress(self) -> bool:
+        return self._active is not None and self._active.playback_active()
+
+    def _judge_quiet_chunk(self, duration_ms: int) -> None:
+        """A chunk with no speech in it: dropped during a response, else nothing to answer (as vllm-omni's runner says)."""
+        if self._response_in_progress():
+            self._outbox.append(OverlapDecision("drop", "silence_or_noise", self.epoch, duration_ms))
+        else:
+            self._outbox.append(ResponseListen("silence_or_noise", self.epoch))
 
     def _keep_utterance(self, audio: bytes) -> None:
         """Add to the turn being spoken; past ``_MAX_UTTERANCE_MS`` its oldest second goes."""
@@ -350,13 +371,13 @@ class LocalSessionCore:
         if len(self._utterance) > VAD_RATE_HZ * 2 * _MAX_UTTERANCE_MS // 1000:
             del self._utterance[: VAD_RATE_HZ * 2]
 
-    def _on_speech_started(self, audio_start_ms: int) -> None:
+    def _on_speech_started(self, audio_start_ms: int, chunk_ms: int) -> None:
         self._utterance_start_ms = audio_start_ms
         self._utterance = self._recent
         self._recent = bytearray()
         self._outbox.append(SpeechStarted(audio_start_ms, self._new_input_item()))
         if self._active is not None and self._active.playback_active():
-            self._outbox.append(OverlapDecision("barge_in", "server_vad_speech_started", self.epoch))
+            self._outbox.append(OverlapDecision("barge_in", "server_vad_speech_started", self.epoch, chunk_ms))
             self._interrupt(self._active, "turn_detected")
 
     def _on_speech_stopped(self, audio_end_ms: int, now_ms: int) -> None:

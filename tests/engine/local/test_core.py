@@ -29,6 +29,7 @@ from callbridge.engine.events import (
     PlaybackAcknowledged,
     ResponseCreated,
     ResponseDone,
+    ResponseListen,
     SessionClosed,
     SessionCreated,
     SessionExpired,
@@ -36,6 +37,7 @@ from callbridge.engine.events import (
     SpeechStarted,
     SpeechStopped,
     TranscriptDelta,
+    is_chunk_verdict,
 )
 from callbridge.engine.local.agents import AGENTS
 from callbridge.engine.local.core import (
@@ -89,6 +91,11 @@ def of(events: list[EngineEvent], kind: type) -> list:  # type: ignore[type-arg]
     return [e for e in events if isinstance(e, kind)]
 
 
+def spoken(events: list[EngineEvent]) -> list[EngineEvent]:
+    """The events of the conversation, without the verdicts on quiet chunks."""
+    return [e for e in events if not is_chunk_verdict(e)]
+
+
 def test_open_announces_the_session() -> None:
     h = Harness()
     (created,) = h.events
@@ -102,7 +109,7 @@ class TestTurns:
     def test_echo_turn_end_to_end(self) -> None:
         h = Harness(chunk_ms=200, generation_speed=2.0)
         events = h.send(silence(400) + tone(640) + silence(600))
-        kinds = [type(e) for e in events]
+        kinds = [type(e) for e in spoken(events)]
         assert kinds[:5] == [SpeechStarted, SpeechStopped, InputCommitted, ResponseCreated, AudioDelta]
         start, stop = of(events, SpeechStarted)[0], of(events, SpeechStopped)[0]
         assert start.audio_start_ms == 400 - 300 + 0 or start.audio_start_ms == 384 - 300  # frame-aligned onset
@@ -155,12 +162,52 @@ class TestTurns:
         assert h.core.state is SessionState.LIVE
 
 
+class TestVerdictsOnQuietChunks:
+    """vllm-omni's runner answers every chunk with no speech in it: ``response.listen`` while no response is in
+    progress, ``overlap.decision`` ``drop`` during one; a chunk of an utterance spoken over a reply is heard
+    (``listen``). One verdict per chunk, as its runner emits them."""
+
+    def test_quiet_chunks_while_idle_are_listened_to(self) -> None:
+        h = Harness()
+        events = h.send(silence(100))
+        assert events == [ResponseListen("silence_or_noise", 0)] * 5
+
+    def test_quiet_chunks_during_a_reply_are_dropped(self) -> None:
+        h = Harness(chunk_ms=100, generation_speed=1.0)
+        assert of(h.turn(640), ResponseCreated)
+        events = [e for e in h.send(silence(60)) if not isinstance(e, AudioDelta | TranscriptDelta)]
+        assert events == [OverlapDecision("drop", "silence_or_noise", 0, 20)] * 3
+
+    def test_a_reply_heard_out_ends_the_drops(self) -> None:
+        h = Harness(generation_speed=float("inf"))
+        created = of(h.turn(640), ResponseCreated)[0]
+        generated_ms = sum(len(d.pcm) for d in of(h.events, AudioDelta)) // 48
+        assert of(h.send(silence(20)), OverlapDecision) == [OverlapDecision("drop", "silence_or_noise", 0, 20)]
+        h.submit(AckPlayback(created.response_id, generated_ms, f"item_{created.response_id}"))
+        assert h.send(silence(20)) == [ResponseListen("silence_or_noise", 0)]
+
+    def test_no_verdict_on_the_chunks_of_an_utterance(self) -> None:
+        h = Harness()
+        events = h.send(tone(640))
+        first_speech = events.index(of(events, SpeechStarted)[0])
+        assert not any(is_chunk_verdict(e) for e in events[first_speech:])
+
+    def test_an_utterance_under_way_when_a_reply_starts_is_listened_to_chunk_by_chunk(self) -> None:
+        h = Harness(chunk_ms=100, generation_speed=1.0)
+        h.turn(640)  # the first turn and its reply, heard out
+        h.submit(AckPlayback(of(h.events, ResponseCreated)[0].response_id, 10_000, None))
+        assert of(h.send(tone(300)), SpeechStarted)  # the caller is speaking again …
+        assert of(h.submit(CreateResponse()), ResponseCreated)  # … when the client asks for a reply
+        events = h.send(tone(60))
+        assert of(events, OverlapDecision) == [OverlapDecision("listen", "server_vad_utterance_active", h.core.epoch, 20)] * 3
+
+
 class TestBargeIn:
     def test_caller_speech_during_generation_cancels_it(self) -> None:
         h = Harness(chunk_ms=100, generation_speed=1.0)
         created = of(h.turn(640), ResponseCreated)[0]
         events = h.send(tone(300))
-        decision = of(events, OverlapDecision)[0]
+        decision = of(spoken(events), OverlapDecision)[0]
         assert decision.action == "barge_in" and decision.reason == "server_vad_speech_started" and decision.epoch == 0
         (done,) = of(events, ResponseDone)
         assert done.response_id == created.response_id and done.status == "cancelled" and done.reason == "turn_detected"
@@ -172,7 +219,7 @@ class TestBargeIn:
         h = Harness(generation_speed=float("inf"))
         created = of(h.turn(640), ResponseCreated)[0]
         events = h.send(tone(300))
-        assert of(events, OverlapDecision)[0].action == "barge_in"
+        assert of(spoken(events), OverlapDecision)[0].action == "barge_in"
         assert of(events, OutputAudioCleared) == [OutputAudioCleared(created.response_id)]
         assert of(events, ResponseDone) == []
 

@@ -1,0 +1,233 @@
+"""The same exchange, over a real websocket, against vllm-omni 0.30's own server and against ``callbridge engine-server``.
+
+vllm-omni's side is its whole serving stack from the wheel — websocket
+handler, ``DuplexOmni``, session manager, runner, lease, journal, Silero
+server VAD and the Qwen3-Omni plugin — on a stand-in model
+(``tests/engine/vllm_omni_stack.py``), in a process of its own. Ours is the
+real ``engine-server`` app (uvicorn, loopback) on the embedded engine.
+
+Each exchange is one script of client frames, each step waiting for a named
+event rather than a time. What is compared is the event types in order, each
+run of streamed deltas (audio and transcript, whose interleaving follows the
+model's timing) read as one ``<deltas>``, and, per type, the keys the event
+carries (issue #13 item 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import difflib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from callbridge.engine.local.core import LocalEngineOptions
+from tests.conftest import free_port
+from tests.engine.audio import caller_speech_16k, chunks, silence
+from tests.engine.serving import engine_server
+from tests.engine.vllm_omni_wheel import require_wheel
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+#: Keys that only an event shaped by the model's timing carries: a transcript delta of text that ran ahead
+#: of its audio (the stand-in's thinker text, like Qwen3-Omni's, comes before the first audio chunk) carries
+#: the reply's ``metadata``; one paired with an audio chunk does not. Our echo agent never runs text ahead.
+_MODEL_TIMING_KEYS = {"response.output_audio_transcript.delta": {"metadata"}}
+_DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delta", "response.output_text.delta"}
+
+
+@pytest.fixture(scope="module")
+def real_server() -> Iterator[str]:
+    """vllm-omni's serving stack on the stand-in model, as a process; its ``ws://`` address."""
+    require_wheel()
+    port = free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm_omni_stack_{port}.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, "-m", "tests.engine.vllm_omni_stack", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while True:
+        if process.poll() is not None:
+            raise AssertionError(f"vllm-omni's server exited with {process.returncode}; see {log.name}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"vllm-omni's server did not listen within 60 s; see {log.name}") from None
+            time.sleep(0.1)
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+class Peer:
+    """One websocket to a server: every event kept in arrival order, steps waiting on them."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.events: list[dict[str, Any]] = []
+        self._arrived = asyncio.Event()
+        self._cursor = 0
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(cls, url: str, query: str = "duplex=1&autostart=0") -> Peer:
+        return cls(await connect(f"{url}/v1/realtime?{query}", max_size=2**24))
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self.ws:
+                self.events.append(orjson.loads(frame))
+                self._arrived.set()
+        except ConnectionClosed:
+            pass
+        self.events.append({"type": "<closed>"})
+        self._arrived.set()
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        await self.ws.send(orjson.dumps(payload).decode())
+
+    async def until(self, event_type: str, timeout_s: float = 15.0) -> dict[str, Any]:
+        """The next event of ``event_type`` after the last one waited for."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            for index in range(self._cursor, len(self.events)):
+                if self.events[index]["type"] == event_type:
+                    self._cursor = index + 1
+                    return self.events[index]
+            self._arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or (self.events and self.events[-1]["type"] == "<closed>" and event_type != "<closed>"):
+                raise AssertionError(f"no {event_type} after {[e['type'] for e in self.events[self._cursor:]]}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+
+    async def speak_until(self, pcm: bytes, event_type: str, *, rate_hz: int = 16000) -> None:
+        """Append ``pcm`` in 20 ms frames, paced, stopping at the frame after which ``event_type`` arrives."""
+        start = len(self.events)
+        for frame in chunks(pcm, rate_hz):
+            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+            await asyncio.sleep(0.02)
+            if any(e["type"] == event_type for e in self.events[start:]):
+                return
+        raise AssertionError(f"no {event_type} while speaking")
+
+    async def send_silence(self, ms: int, rate_hz: int = 16000) -> None:
+        for frame in chunks(silence(ms, rate_hz), rate_hz):
+            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await self._reader
+
+
+def is_verdict(event: dict[str, Any]) -> bool:
+    """An answer to one quiet input chunk: ``response.listen`` while idle, ``overlap.decision`` ``drop`` during a reply."""
+    return event["type"] == "response.listen" or (event["type"] == "overlap.decision" and event.get("action") == "drop")
+
+
+def shape(events: list[dict[str, Any]]) -> list[str]:
+    """Event types in order, verdicts on quiet chunks left out: repeats of a type read once, a run of streamed
+    deltas as one ``<deltas>``.
+
+    ``response.speak`` (the first audio of a reply) is read at the start of the run of deltas it falls in:
+    Qwen3-Omni's thinker text can run ahead of its first audio chunk, by as much as the model's timing
+    says, so where the marker lands among the deltas is not part of the protocol.
+    """
+    out: list[str] = []
+    for event in events:
+        if is_verdict(event):
+            continue
+        kind = "<deltas>" if event["type"] in _DELTAS else event["type"]
+        if kind == "response.speak" and out and out[-1] == "<deltas>":
+            out[-1] = kind
+            kind = "<deltas>"
+        if not out or out[-1] != kind:
+            out.append(kind)
+    return out
+
+
+def verdicts(events: list[dict[str, Any]]) -> list[str]:
+    """The verdicts on quiet chunks in order, repeats read once: a stream of their own, one per chunk, which
+    interleaves with the reply's events as the chunks' arrival and the model's timing fall."""
+    out: list[str] = []
+    for event in filter(is_verdict, events):
+        kind = f"{event['type']}:{event.get('action') or event.get('response', {}).get('status')}"
+        if not out or out[-1] != kind:
+            out.append(kind)
+    return out
+
+
+def keys_by_type(events: list[dict[str, Any]]) -> dict[str, set[str]]:
+    keys: dict[str, set[str]] = {}
+    for event in events:
+        keys.setdefault(event["type"], set()).update(event)
+    return keys
+
+
+Exchange = Callable[[str], Awaitable[list[dict[str, Any]]]]
+PCM16_VAD = {"input_audio_format": "pcm16", "sample_rate_hz": 16000, "output_audio_format": "pcm16", "turn_detection": {"type": "server_vad"}}
+
+
+async def spoken_turn(url: str) -> list[dict[str, Any]]:
+    """Server VAD: a spoken turn, its reply played out and acknowledged, a heartbeat, the close."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": PCM16_VAD})
+    await peer.until("session.updated")
+    await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
+    created = await peer.until("response.created")
+    await peer.send_silence(200)  # during the reply: each chunk dropped
+    done = await peer.until("response.done")
+    response_id = created["response"]["id"]
+    played_ms = sum(len(base64.b64decode(e["delta"])) * 500 // e["sample_rate_hz"] for e in peer.events if e["type"] == "response.output_audio.delta")
+    await peer.send({"type": "playback.ack", "response_id": response_id, "played_ms": played_ms})
+    await peer.until("playback.acknowledged")
+    await peer.send_silence(200)  # the reply heard out: nothing to answer
+    await peer.until("response.listen")
+    await peer.send({"type": "session.heartbeat"})
+    await peer.until("session.heartbeat_ack")
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    assert done["response"]["status"] == "completed"
+    return peer.events
+
+
+EXCHANGES: dict[str, Exchange] = {"spoken_turn": spoken_turn}
+
+
+@pytest.fixture
+async def ours() -> AsyncIterator[str]:
+    async with engine_server(LocalEngineOptions(generation_speed=4.0, chunk_ms=80)) as running:
+        yield running.url
+
+
+@pytest.mark.parametrize("exchange", sorted(EXCHANGES))
+async def test_same_events_as_vllm_omni(exchange: str, real_server: str, ours: str) -> None:
+    theirs_events = await EXCHANGES[exchange](real_server)
+    ours_events = await EXCHANGES[exchange](ours)
+    theirs_shape, ours_shape = shape(theirs_events), shape(ours_events)
+    assert ours_shape == theirs_shape, "\n".join(difflib.unified_diff(theirs_shape, ours_shape, "vllm-omni", "callbridge", lineterm=""))
+    assert verdicts(ours_events) == verdicts(theirs_events)
+    theirs_keys, ours_keys = keys_by_type(theirs_events), keys_by_type(ours_events)
+    for event_type, keys in _MODEL_TIMING_KEYS.items():
+        theirs_keys.get(event_type, set()).difference_update(keys)
+    differing = {t: {"vllm-omni only": sorted(theirs_keys[t] - ours_keys[t]), "callbridge only": sorted(ours_keys[t] - theirs_keys[t])} for t in ours_keys if ours_keys[t] != theirs_keys[t]}
+    assert not differing, differing
