@@ -180,12 +180,16 @@ class OutputAudioCleared:
 class OverlapDecision:
     """The engine's verdict on each input chunk during a response: ``barge_in``, ``listen`` or ``drop``.
 
-    ``duration_ms``: the chunk's length (0 when the verdict came from the wire without it)."""
+    ``duration_ms``: the chunk's length (0 when the verdict came from the wire without it);
+    ``overlap_speech_ms``: the caller's speech over this response so far; ``policy``: the session's overlap
+    policy, ``barge_in_on_speech`` under server VAD, ``listen_only`` when the client commits turns."""
 
     action: str
     reason: str | None = None
     epoch: int | None = None
     duration_ms: int = 0
+    overlap_speech_ms: int = 0
+    policy: str = "barge_in_on_speech"
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +281,9 @@ EngineEvent = (
 )
 
 def is_chunk_verdict(event: EngineEvent) -> bool:
-    """The engine's answer to one quiet input chunk (``response.listen``; ``overlap.decision`` ``drop``): one per
-    chunk, nothing to act on."""
-    return isinstance(event, ResponseListen) or (isinstance(event, OverlapDecision) and event.action == "drop")
+    """The engine's answer to one input chunk that changes nothing: ``response.listen`` while idle, an
+    ``overlap.decision`` to ``drop`` or ``listen`` during a reply. One per chunk; only a ``barge_in`` is acted on."""
+    return isinstance(event, ResponseListen) or (isinstance(event, OverlapDecision) and event.action != "barge_in")
 
 
 TERMINAL_EVENTS: Final = (SessionClosed, SessionExpired, SessionReplaced)

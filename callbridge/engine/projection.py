@@ -56,17 +56,21 @@ from callbridge.engine.wire import b64_audio, error_to_wire, new_event_id
 
 __all__ = ["WireProjection", "session_object"]
 
-_OVERLAP_POLICY: Final = "barge_in_on_speech"
 _FORMAT_TYPES: Final = {"g711_ulaw": "audio/g711_ulaw", "g711_alaw": "audio/g711_alaw", "pcm_f32le": "audio/pcm_f32le"}
 
 
-def _overlap_details(action: str, duration_ms: int) -> dict[str, Any]:
+def _overlap_details(event: OverlapDecision) -> dict[str, Any]:
     """The decision's own fields, as ``overlap_policy.decide`` of vllm-omni 0.30 returns them for a turn model."""
-    if action == "drop":
-        return {"duration_ms": duration_ms, "overlap_speech_ms": 0, "buffer_audio": False}
-    if action == "barge_in":
-        return {"cancel_reason": "turn_detected", "duration_ms": duration_ms, "overlap_speech_ms": duration_ms, "buffer_audio": True}
-    return {"duration_ms": duration_ms, "buffer_audio": True, "defer_runtime_append": False, "force_listen": True, "preserve_realtime_input": True}
+    common = {"duration_ms": event.duration_ms, "overlap_speech_ms": event.overlap_speech_ms}
+    match event.action, event.reason:
+        case "drop", _:
+            return {**common, "buffer_audio": False}
+        case "barge_in", _:
+            return {"cancel_reason": "turn_detected", **common, "buffer_audio": True}
+        case "listen", "policy_listen_only":
+            return {**common, "buffer_audio": True, "defer_runtime_append": True}
+        case _:
+            return {**common, "buffer_audio": True, "defer_runtime_append": False, "force_listen": True, "preserve_realtime_input": True}
 
 
 def _wire(event_type: str, **fields: Any) -> dict[str, Any]:
@@ -82,10 +86,15 @@ def session_object(
     input_rate_hz: int,
     epoch: int = 0,
     state: str = "open",
+    engine_fields_only: bool = False,
+    model: str | None = None,
+    idle_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The public session object of ``session.created`` / ``.updated`` / ``.resumed``, in 0.30's shape: the
     engine session's own fields (``DuplexEngineSession.as_public_dict``), the client's session keys it does not
-    set itself, then the Realtime defaults (``realtime_session_payload``), ``audio.input.sample_rate_hz`` among them."""
+    set itself, then, unless ``engine_fields_only``, the Realtime defaults (``realtime_session_payload``),
+    ``audio.input.sample_rate_hz`` among them. ``session.resumed`` carries the engine's fields only: 0.30's
+    handler sends the handle's ``public_session`` as it is."""
     modalities = client_session.get("modalities") or ["text", "audio"]
     public: dict[str, Any] = {
         "id": session_id,
@@ -96,18 +105,18 @@ def session_object(
         "active_request_id": None,
         "active_response_id": None,
         "active_response_turn_id": None,
-        "model": client_session.get("model"),
+        "model": client_session.get("model") or model,
         "modalities": modalities,
         "instructions": client_session.get("instructions"),
         "voice": client_session.get("voice"),
-        "response_format": "pcm16",
+        "response_format": "pcm",  # duplex_response_format("pcm16"): the engine's own vocabulary
         "temperature": client_session.get("temperature"),
         "max_tokens": client_session.get("max_tokens"),
         "speed": client_session.get("speed"),
-        "idle_timeout_s": None,
-        "overlap_policy": _OVERLAP_POLICY,
-        "overlap_short_ack_ms": 0,
-        "overlap_barge_in_ms": 0,
+        "idle_timeout_s": idle_timeout_s,
+        "overlap_policy": "barge_in_on_speech" if client_session.get("turn_detection") else "listen_only",
+        "overlap_short_ack_ms": 700,  # DuplexSessionConfig's defaults
+        "overlap_barge_in_ms": 1200,
         "overlap_silence_rms": 0.003,
         "playback_commit_policy": "ack_only",
         "playback": {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0},
@@ -116,6 +125,8 @@ def session_object(
     for key, value in client_session.items():
         if key not in public and key not in ("id", "session_id", "type", "extra_body"):
             public[key] = value
+    if engine_fields_only:
+        return public
     public.setdefault("object", "realtime.session")
     public.setdefault("type", "realtime")
     public.setdefault("input_audio_format", input_format)
@@ -184,9 +195,9 @@ class WireProjection:
                 return self._response_done(response_id, status, reason, epoch)
             case OutputAudioCleared(response_id):
                 return [_wire("output_audio_buffer.cleared", response_id=response_id)]
-            case OverlapDecision(action, reason, epoch, duration_ms):
-                fields = {"session_id": self.session_id, "epoch": epoch, "policy": _OVERLAP_POLICY, "action": action, "reason": reason}
-                return [_wire("overlap.decision", **fields, metadata={"type": "overlap.decision", **fields, **_overlap_details(action, duration_ms)})]
+            case OverlapDecision(action, reason, epoch):
+                fields = {"session_id": self.session_id, "epoch": epoch, "policy": event.policy, "action": action, "reason": reason}
+                return [_wire("overlap.decision", **fields, metadata={"type": "overlap.decision", **fields, **_overlap_details(event)})]
             case ResponseListen(reason, epoch):
                 details = {"type": "response.listen", "session_id": self.session_id, "epoch": epoch, "reason": reason}
                 response = {"object": "realtime.response", "status": "listening", "metadata": details}

@@ -99,7 +99,7 @@ class _Entry:
             resampler = self.resamplers[command.rate_hz] = StreamResampler(command.rate_hz, VAD_RATE_HZ)
         return AppendAudio(resampler.process(command.pcm), VAD_RATE_HZ)
 
-    def public_session(self) -> dict[str, Any]:
+    def public_session(self, *, engine_fields_only: bool = False) -> dict[str, Any]:
         session = self.session
         return session_object(
             session.session_id,
@@ -109,6 +109,9 @@ class _Entry:
             input_rate_hz=self.input_format.rate_hz,
             epoch=session.epoch,
             state="closed" if session.closed else "open",
+            engine_fields_only=engine_fields_only,
+            model=session.model,
+            idle_timeout_s=session.idle_timeout_s,
         )
 
 
@@ -341,7 +344,7 @@ class EngineServer:
                 "type": "session.resumed",
                 "event_id": new_event_id(),
                 "session_id": session_id,
-                "session": entry.public_session(),
+                "session": entry.public_session(engine_fields_only=True),
                 "attachment_generation": entry.attachment_generation,
                 "resume_token": entry.token,
             }

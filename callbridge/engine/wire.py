@@ -218,11 +218,18 @@ def _opt_int(value: Any, name: str) -> int | None:
     return None if value is None else _int(value, name)
 
 
-def _overlap_duration_ms(payload: Mapping[str, Any]) -> int:
-    """The chunk length of an ``overlap.decision``, which vllm-omni carries in its ``metadata`` only."""
+def _overlap_decision(payload: Mapping[str, Any]) -> OverlapDecision:
+    """vllm-omni carries the decision's chunk length and the speech so far in its ``metadata`` only."""
     metadata = payload.get("metadata")
-    duration = metadata.get("duration_ms") if isinstance(metadata, Mapping) else None
-    return _opt_int(duration, "metadata.duration_ms") or 0
+    details: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
+    return OverlapDecision(
+        _str(payload, "action"),
+        _opt_str(payload, "reason"),
+        _opt_int(payload.get("epoch"), "epoch"),
+        _opt_int(details.get("duration_ms"), "metadata.duration_ms") or 0,
+        _opt_int(details.get("overlap_speech_ms"), "metadata.overlap_speech_ms") or 0,
+        _opt_str(payload, "policy") or "barge_in_on_speech",
+    )
 
 
 def _response_id(payload: Mapping[str, Any]) -> str:
@@ -351,7 +358,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent | Non
     "response.output_audio.delta": _parse_audio_delta,
     "response.output_audio_transcript.delta": lambda p: TranscriptDelta(_str(p, "response_id"), _str(p, "delta")),
     "output_audio_buffer.cleared": lambda p: OutputAudioCleared(_opt_str(p, "response_id")),
-    "overlap.decision": lambda p: OverlapDecision(_str(p, "action"), _opt_str(p, "reason"), _opt_int(p.get("epoch"), "epoch"), _overlap_duration_ms(p)),
+    "overlap.decision": lambda p: _overlap_decision(p),
     "playback.acknowledged": _parse_playback_ack,
     "response.output_item.done": _parse_output_item_done,
     "conversation.item.truncated": lambda p: ItemTruncated(_str(p, "item_id"), _int(p.get("audio_end_ms", 0), "audio_end_ms")),

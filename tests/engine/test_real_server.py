@@ -98,7 +98,7 @@ class Peer:
                 self._arrived.set()
         except ConnectionClosed:
             pass
-        self.events.append({"type": "<closed>"})
+        self.events.append({"type": "<closed>", "code": self.ws.close_code})
         self._arrived.set()
 
     async def send(self, payload: dict[str, Any]) -> None:
@@ -140,12 +140,13 @@ class Peer:
 
 
 def is_verdict(event: dict[str, Any]) -> bool:
-    """An answer to one quiet input chunk: ``response.listen`` while idle, ``overlap.decision`` ``drop`` during a reply."""
-    return event["type"] == "response.listen" or (event["type"] == "overlap.decision" and event.get("action") == "drop")
+    """An answer to one input chunk that changes nothing: ``response.listen`` while idle, an ``overlap.decision``
+    to ``drop`` or ``listen`` during a reply (a ``barge_in`` is part of the conversation)."""
+    return event["type"] == "response.listen" or (event["type"] == "overlap.decision" and event.get("action") != "barge_in")
 
 
 def shape(events: list[dict[str, Any]]) -> list[str]:
-    """Event types in order, verdicts on quiet chunks left out: repeats of a type read once, a run of streamed
+    """Event types in order, verdicts on chunks left out: repeats of a type read once, a run of streamed
     deltas as one ``<deltas>``.
 
     ``response.speak`` (the first audio of a reply) is read at the start of the run of deltas it falls in:
@@ -166,20 +167,44 @@ def shape(events: list[dict[str, Any]]) -> list[str]:
 
 
 def verdicts(events: list[dict[str, Any]]) -> list[str]:
-    """The verdicts on quiet chunks in order, repeats read once: a stream of their own, one per chunk, which
+    """The verdicts on chunks in order, repeats read once: a stream of their own, one per chunk, which
     interleaves with the reply's events as the chunks' arrival and the model's timing fall."""
     out: list[str] = []
     for event in filter(is_verdict, events):
-        kind = f"{event['type']}:{event.get('action') or event.get('response', {}).get('status')}"
+        kind = f"{event['type']}:{event.get('reason')}" if event["type"] == "overlap.decision" else event["type"]
         if not out or out[-1] != kind:
             out.append(kind)
     return out
 
 
+def facts(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """What a client decides on, in order: error codes, how responses end, barge-ins, the overlap policy
+    announced, and the websocket's close code."""
+    out: list[tuple[str, Any]] = []
+    for event in events:
+        match event["type"]:
+            case "error":
+                out.append(("error", event["error"]["code"]))
+            case "response.done":
+                out.append(("response.done", event["response"]["status"]))
+            case "overlap.decision" if event["action"] == "barge_in":
+                out.append(("barge_in", (event["policy"], event["reason"])))
+            case "session.created" | "session.updated" | "session.resumed":
+                out.append((event["type"], event["session"].get("overlap_policy")))
+            case "<closed>":
+                out.append(("<closed>", event["code"]))
+    return out
+
+
 def keys_by_type(events: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per event type, the keys its events carry, and those of the object each carries (``session.id`` …)."""
     keys: dict[str, set[str]] = {}
     for event in events:
-        keys.setdefault(event["type"], set()).update(event)
+        seen = keys.setdefault(event["type"], set())
+        seen.update(event)
+        for name in ("session", "response", "item", "part", "error"):
+            if isinstance(event.get(name), dict):
+                seen.update(f"{name}.{key}" for key in event[name])
     return keys
 
 
@@ -210,7 +235,119 @@ async def spoken_turn(url: str) -> list[dict[str, Any]]:
     return peer.events
 
 
-EXCHANGES: dict[str, Exchange] = {"spoken_turn": spoken_turn}
+async def barge_in(url: str) -> list[dict[str, Any]]:
+    """Server VAD: the caller talks over the reply while it is being played (nothing acknowledged), then the next reply."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": PCM16_VAD})
+    await peer.until("session.updated")
+    await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
+    await peer.until("response.output_audio.delta")
+    await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
+    await peer.until("response.done")
+    await peer.until("response.done")
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    return peer.events
+
+
+async def cancel_then_next_turn(url: str) -> list[dict[str, Any]]:
+    """Commit mode: a reply cancelled by the client mid-way, then the next committed turn is answered."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
+    await peer.until("session.updated")
+    for turn in range(2):
+        for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
+            await peer.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+        await peer.send({"type": "input_audio_buffer.commit"})
+        await peer.until("input_audio_buffer.committed")
+        await peer.send({"type": "response.create"})
+        await peer.until("response.output_audio.delta")
+        if turn == 0:
+            await peer.send({"type": "response.cancel"})
+        done = await peer.until("response.done")
+        assert done["response"]["status"] == ("cancelled" if turn == 0 else "completed")
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    return peer.events
+
+
+async def talk_over_in_commit_mode(url: str) -> list[dict[str, Any]]:
+    """Commit mode: the caller's audio keeps coming while the reply is generated (nothing acknowledged)."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
+    await peer.until("session.updated")
+    for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
+        await peer.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+    await peer.send({"type": "input_audio_buffer.commit"})
+    await peer.send({"type": "response.create"})
+    await peer.until("response.output_audio.delta")
+    await peer.speak_until(caller_speech_16k(), "response.done")
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    return peer.events
+
+
+async def text_item(url: str) -> list[dict[str, Any]]:
+    """A text message from the client, a heartbeat, a session.update mid-session, input cleared, the close."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
+    await peer.until("session.updated")
+    item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]}
+    await peer.send({"type": "conversation.item.create", "item": item})
+    await peer.until("conversation.item.done")
+    await peer.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+    await peer.until("session.updated")
+    await peer.send({"type": "input_audio_buffer.clear"})
+    await peer.until("input_audio_buffer.cleared")
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    return peer.events
+
+
+async def resume_after_drop(url: str) -> list[dict[str, Any]]:
+    """The socket drops mid-reply; a new one resumes the session and gets what it missed, then the close."""
+    first = await Peer.connect(url)
+    await first.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
+    created = await first.until("session.created")
+    await first.until("session.updated")
+    for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
+        await first.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+    await first.send({"type": "input_audio_buffer.commit"})
+    await first.send({"type": "response.create"})
+    delta = await first.until("response.output_audio.delta")
+    await first.close()
+    second = await Peer.connect(url)
+    resume = {"type": "session.resume", "session_id": created["session"]["id"], "resume_token": created["resume_token"], "last_received_server_event_seq": delta["server_event_seq"]}
+    await second.send(resume)
+    await second.until("session.resumed")
+    await second.until("response.done")
+    await second.send({"type": "session.close"})
+    await second.until("<closed>")
+    return [*first.events, *second.events]
+
+
+async def refused_handshakes(url: str) -> list[dict[str, Any]]:
+    """What a client sees when the handshake is refused: an audio format the server does not take, then a resume of no session."""
+    events: list[dict[str, Any]] = []
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "input_audio_format": "audio/pcmu"}})
+    await peer.until("<closed>")
+    events += peer.events
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.resume", "session_id": "duplex-0000", "resume_token": "x" * 43})
+    await peer.until("<closed>")
+    return [*events, *peer.events]
+
+
+EXCHANGES: dict[str, Exchange] = {
+    "spoken_turn": spoken_turn,
+    "barge_in": barge_in,
+    "cancel_then_next_turn": cancel_then_next_turn,
+    "text_item": text_item,
+    "talk_over_in_commit_mode": talk_over_in_commit_mode,
+    "resume_after_drop": resume_after_drop,
+    "refused_handshakes": refused_handshakes,
+}
 
 
 @pytest.fixture
@@ -226,6 +363,7 @@ async def test_same_events_as_vllm_omni(exchange: str, real_server: str, ours: s
     theirs_shape, ours_shape = shape(theirs_events), shape(ours_events)
     assert ours_shape == theirs_shape, "\n".join(difflib.unified_diff(theirs_shape, ours_shape, "vllm-omni", "callbridge", lineterm=""))
     assert verdicts(ours_events) == verdicts(theirs_events)
+    assert facts(ours_events) == facts(theirs_events)
     theirs_keys, ours_keys = keys_by_type(theirs_events), keys_by_type(ours_events)
     for event_type, keys in _MODEL_TIMING_KEYS.items():
         theirs_keys.get(event_type, set()).difference_update(keys)

@@ -34,7 +34,7 @@ import enum
 import json
 import secrets
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -87,6 +87,46 @@ from callbridge.engine.port import SessionConfig
 
 __all__ = ["LocalEngineOptions", "LocalSessionCore", "SessionState"]
 
+_TURN_MODEL_CAPABILITIES: Final[Mapping[str, object]] = {
+    # What vllm-omni 0.30's Qwen3-Omni plugin announces (``Qwen3OmniDuplexPlugin.capabilities``, a turn model
+    # like this one), every key of ``DuplexCapabilities.as_dict``; where the embedded engine differs, its own
+    # value: no image or video input, no text-only turn (a text item is not answered by itself).
+    "implementation_level": "turn_based_duplex",
+    "supports_session_adapter": True,
+    "supports_model_native_turn_policy": False,
+    "supports_external_turn_signal": True,
+    "supports_client_commit": True,
+    "supports_input_append": True,
+    "supports_replace_latest_chunk": False,
+    "supports_reencode_context": True,
+    "supports_rollback_to_checkpoint": False,
+    "supports_turn_commit_only": True,
+    "supports_kv_lease": False,
+    "supports_core_kv_lease": False,
+    "supports_model_internal_state": False,
+    "supports_stage_resumption": False,
+    "supports_scheduler_native_append": False,
+    "supports_core_resumable_request": False,
+    "supports_concurrent_turn_requests": False,
+    "required_input_modalities": ["audio"],
+    "optional_input_modalities": [],
+    "input_modes": ["append_audio_chunk"],
+    "supports_stage_connector_handoff": False,
+    "supports_independent_io_streams": True,
+    "supports_realtime_endpoint": True,
+    "supports_multi_session": True,
+    "supports_multi_session_same_replica": True,
+    "supports_session_lease": True,
+    "session_admission_mode": "engine_managed",
+    "supports_image_input": False,
+    "supports_text_only_turn": False,
+    "requires_model_runner_kv": False,
+    "requires_native_stage_role": False,
+    "adapter_patterns": ["turn_commit"],
+    "signal_sources": ["client_event", "server_policy"],
+    "stage_handoff_transport": "scheduler_data_plane",
+    "target_barge_in_latency_ms": None,
+}
 _SILENCE_RMS: Final = 98  # vllm-omni's overlap_silence_rms 0.003 of full scale, in PCM16 units
 _MAX_UTTERANCE_MS: Final = 60_000
 
@@ -152,7 +192,7 @@ class LocalSessionCore:
             supports_audio_truncate=True,
             supports_playback_ack=True,
             chunk_period_ms=options.chunk_ms,
-            raw={"implementation_level": "turn_based_duplex", "supports_session_lease": True},
+            raw=dict(_TURN_MODEL_CAPABILITIES),
         )
         self.state = SessionState.LIVE
         self.lease_generation = 0
@@ -178,6 +218,7 @@ class LocalSessionCore:
         self._utterance_start_ms: int | None = None
         self._input_item_id: str | None = None
         self._speech_hint_sent = False
+        self._overlap_speech_ms = 0  # the caller's speech over the response in progress (overlap.decision)
         self._commit_seq = 0
         self._last_utterance = b""
         self._responses: dict[str, _Response] = {}
@@ -334,6 +375,8 @@ class LocalSessionCore:
                 self._outbox.append(SpeechStarted(self._input_ms, self._new_input_item()))
             if not loud:
                 self._judge_quiet_chunk(duration_ms)
+            else:  # the client owns the turns: heard, never a barge-in
+                self._judge_speech_chunk("policy_listen_only", duration_ms)
             return
         in_utterance = self._utterance_start_ms is not None
         audio = self._to_vad_rate.process(pcm)
@@ -347,8 +390,8 @@ class LocalSessionCore:
         boundaries = self._vad.process(audio)
         if not in_utterance and not any(b.started for b in boundaries):
             self._judge_quiet_chunk(duration_ms)
-        elif in_utterance and self._response_in_progress():
-            self._outbox.append(OverlapDecision("listen", "server_vad_utterance_active", self.epoch, duration_ms))
+        elif in_utterance:
+            self._judge_speech_chunk("server_vad_utterance_active", duration_ms)
         for boundary in boundaries:
             if boundary.started:
                 self._on_speech_started(boundary.audio_ms, duration_ms)
@@ -359,11 +402,26 @@ class LocalSessionCore:
         return self._active is not None and self._active.playback_active()
 
     def _judge_quiet_chunk(self, duration_ms: int) -> None:
-        """A chunk with no speech in it: dropped during a response, else nothing to answer (as vllm-omni's runner says)."""
+        """A chunk with no speech in it: dropped during a response, else nothing to answer (as vllm-omni's runner
+        says of a turn model; an agent answering each chunk as it comes is its auto-response path, which does not)."""
+        if self.agent.streams_input:
+            return
         if self._response_in_progress():
-            self._outbox.append(OverlapDecision("drop", "silence_or_noise", self.epoch, duration_ms))
+            self._overlap_decision("drop", "silence_or_noise", duration_ms, speech=False)
         else:
             self._outbox.append(ResponseListen("silence_or_noise", self.epoch))
+
+    def _judge_speech_chunk(self, reason: str, duration_ms: int) -> None:
+        """A chunk of speech that starts nothing: heard over the response in progress, if one is."""
+        if self._response_in_progress() and not self.agent.streams_input:
+            self._overlap_decision("listen", reason, duration_ms, speech=True)
+
+    def _overlap_decision(self, action: str, reason: str, duration_ms: int, *, speech: bool) -> None:
+        """One verdict of ``overlap_policy.decide`` (vllm-omni 0.30): the caller's speech over the response adds up."""
+        if speech:
+            self._overlap_speech_ms += duration_ms
+        policy = "barge_in_on_speech" if self.config.turn_detection is not None else "listen_only"
+        self._outbox.append(OverlapDecision(action, reason, self.epoch, duration_ms, self._overlap_speech_ms, policy))
 
     def _keep_utterance(self, audio: bytes) -> None:
         """Add to the turn being spoken; past ``_MAX_UTTERANCE_MS`` its oldest second goes."""
@@ -377,7 +435,8 @@ class LocalSessionCore:
         self._recent = bytearray()
         self._outbox.append(SpeechStarted(audio_start_ms, self._new_input_item()))
         if self._active is not None and self._active.playback_active():
-            self._outbox.append(OverlapDecision("barge_in", "server_vad_speech_started", self.epoch, chunk_ms))
+            self._overlap_decision("barge_in", "server_vad_speech_started", chunk_ms, speech=True)
+            self._overlap_speech_ms = 0
             self._interrupt(self._active, "turn_detected")
 
     def _on_speech_stopped(self, audio_end_ms: int, now_ms: int) -> None:
@@ -448,6 +507,7 @@ class LocalSessionCore:
         response.chunks.extend(audio[i : i + chunk_bytes] for i in range(0, len(audio), chunk_bytes))
         response.next_chunk_ms = now_ms
         self._responses[response_id] = response
+        self._overlap_speech_ms = 0
         self._active = response
         self._outbox.append(ResponseCreated(response_id, self.epoch))
         self.tick(now_ms)

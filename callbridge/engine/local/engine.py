@@ -66,6 +66,16 @@ class LocalSession(DuplexSession):
     def epoch(self) -> int:
         return self._core.epoch
 
+    @property
+    def model(self) -> str:
+        """The name the session object gives a session whose client named no model: the agent serving it."""
+        return f"callbridge/{self._core.options.agent}"
+
+    @property
+    def idle_timeout_s(self) -> float | None:
+        ttl_ms = self._core.options.idle_ttl_ms
+        return None if ttl_ms is None else ttl_ms / 1000
+
     async def submit(self, command: EngineCommand) -> None:
         self._core.submit(command, self._engine.clock())
         self._pump()

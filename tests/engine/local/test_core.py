@@ -199,7 +199,21 @@ class TestVerdictsOnQuietChunks:
         assert of(h.send(tone(300)), SpeechStarted)  # the caller is speaking again …
         assert of(h.submit(CreateResponse()), ResponseCreated)  # … when the client asks for a reply
         events = h.send(tone(60))
-        assert of(events, OverlapDecision) == [OverlapDecision("listen", "server_vad_utterance_active", h.core.epoch, 20)] * 3
+        heard = [OverlapDecision("listen", "server_vad_utterance_active", h.core.epoch, 20, overlap_ms) for overlap_ms in (20, 40, 60)]
+        assert of(events, OverlapDecision) == heard  # the speech over the reply adds up
+
+    def test_in_commit_mode_speech_over_a_reply_is_heard_never_a_barge_in(self) -> None:
+        h = Harness(turn_detection=None, chunk_ms=100, generation_speed=1.0)
+        h.send(tone(300))
+        assert of(h.submit(Commit(create_response=True)), ResponseCreated)
+        events = h.send(tone(60) + silence(20))
+        heard = [OverlapDecision("listen", "policy_listen_only", 0, 20, overlap_ms, "listen_only") for overlap_ms in (20, 40, 60)]
+        assert of(events, OverlapDecision) == [*heard, OverlapDecision("drop", "silence_or_noise", 0, 20, 60, "listen_only")]
+        assert of(events, ResponseDone) == []
+
+    def test_an_agent_answering_each_chunk_gives_no_verdicts(self) -> None:
+        h = Harness(agent="loopback", turn_detection=None)
+        assert not any(is_chunk_verdict(e) for e in h.send(silence(60) + tone(60)))
 
 
 class TestBargeIn:
