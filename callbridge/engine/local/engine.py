@@ -71,6 +71,9 @@ class LocalSession(DuplexSession):
         """The name the session object gives a session whose client named no model: the agent serving it."""
         return f"callbridge/{self._core.options.agent}"
 
+    def turn_facts(self) -> dict[str, object]:
+        return self._core.turn_facts()
+
     @property
     def idle_timeout_s(self) -> float | None:
         ttl_ms = self._core.options.idle_ttl_ms

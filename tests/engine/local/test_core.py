@@ -401,3 +401,20 @@ class TestAgents:
         rid = of(h.events, ResponseCreated)[0].response_id
         h.submit(AckPlayback(rid, 10_000))
         assert of(h.turn(640), ResponseCreated) == []
+
+
+def test_the_turn_facts_follow_the_reply() -> None:
+    """The session object's turn fields (``session.resumed`` carries them mid-call, as vllm-omni's does)."""
+    h = Harness(chunk_ms=100, generation_speed=1.0)
+    assert h.core.turn_facts()["turn_state"] == "idle"
+    h.send(tone(200))
+    assert h.core.turn_facts()["turn_state"] == "user_speaking"
+    h.send(tone(440) + silence(600))
+    created = of(h.events, ResponseCreated)[0]
+    facts = h.core.turn_facts()
+    assert facts["turn_state"] == "assistant_playing" and facts["active_response_id"] == created.response_id
+    generated_ms = sum(len(d.pcm) for d in of(h.events, AudioDelta)) // 48
+    assert facts["playback"] == {"generated_ms": generated_ms, "sent_ms": generated_ms, "played_ms": 0, "committed_ms": 0}
+    h.advance(10_000)
+    h.submit(AckPlayback(created.response_id, 100_000, None))
+    assert h.core.turn_facts()["turn_state"] == "idle" and h.core.turn_facts()["active_response_id"] is None
