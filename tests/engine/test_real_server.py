@@ -184,7 +184,8 @@ def facts(events: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     for event in events:
         match event["type"]:
             case "error":
-                out.append(("error", event["error"]["code"]))
+                error = event["error"]
+                out.append(("error", error["code"] if isinstance(error, dict) else event.get("code")))
             case "response.done":
                 out.append(("response.done", event["response"]["status"]))
             case "overlap.decision" if event["action"] == "barge_in":
@@ -327,7 +328,9 @@ async def resume_after_drop(url: str) -> list[dict[str, Any]]:
 
 
 async def refused_handshakes(url: str) -> list[dict[str, Any]]:
-    """What a client sees when the handshake is refused: an audio format the server does not take, then a resume of no session."""
+    """What a client sees when the handshake is refused: an audio format the server does not take, a resume of no
+    session, and ``?duplex=0`` (answered by ``api_server.realtime_websocket``'s branch, as the stand-in's route
+    copies it: a duplex deployment has no ``openai_serving_realtime``)."""
     events: list[dict[str, Any]] = []
     peer = await Peer.connect(url)
     await peer.send({"type": "session.update", "session": {**PCM16_VAD, "input_audio_format": "audio/pcmu"}})
@@ -335,6 +338,9 @@ async def refused_handshakes(url: str) -> list[dict[str, Any]]:
     events += peer.events
     peer = await Peer.connect(url)
     await peer.send({"type": "session.resume", "session_id": "duplex-0000", "resume_token": "x" * 43})
+    await peer.until("<closed>")
+    events += peer.events
+    peer = await Peer.connect(url, "duplex=0")  # the non-duplex Realtime API, which a duplex deployment does not serve
     await peer.until("<closed>")
     return [*events, *peer.events]
 
