@@ -5,8 +5,10 @@ seed picks a call — what the caller says and when, the engine's speed — and 
 (the carrier reconnects after a delay), the engine server dying (the session lost after the wire client's
 reconnect budget), the bridge process dying (SIGKILL: no detach, no ticket; the carrier reconnects to another
 process, which has only the registry's live ticket, written at the bind, every second and at a barge-in, and the
-engine's replay of what followed it), the bridge reading late (a backlog arrives in a burst), mark echoes late,
-repeated or out of order. The
+engine's replay of what followed it), the bridge process draining (SIGTERM with a shared registry: the stream
+moves — what the caller heard to the engine, the session parked, the socket closed going away — and the
+carrier's reconnect lands on another process), the bridge reading late (a backlog arrives in a burst), mark
+echoes late, repeated or out of order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
 (Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
@@ -25,7 +27,8 @@ After every step the invariants are checked (``Violation`` names the first that 
   one still detached or live, nor after the bridge closed the live one; the registry never says a stream holds
   the session when none does (a stream that ended without parking it), unless that stream's process died;
 - a call whose bridge died is resumed on its next stream from the live ticket (the same session, never a new
-  one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start;
+  one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start; a call moved off a draining
+  bridge is resumed on its next stream (its parked session, while its server lives);
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
   call is hung up;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
@@ -154,6 +157,10 @@ class FaultPlan:
     bridge_crashes_at_ms: int | None = None
     """The bridge process serving the call dies (SIGKILL): no detach, no ticket; the carrier reconnects (to
     another process) after ``redirect_delay_ms``."""
+    bridge_drains_at_ms: int | None = None
+    """The bridge process serving the call drains (SIGTERM, a shared registry): the stream moves — what the
+    caller heard goes to the engine, the session is parked, the socket closes going away — and the carrier
+    reconnects (to another process) after ``redirect_delay_ms``."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -181,8 +188,9 @@ def plan_for(seed: int) -> FaultPlan:
         echo_delay_ms=rng.randrange(0, 120, 20),
         repeated_echoes=rng.random() < 0.3,
         reordered_echoes=rng.random() < 0.3,
-        bridge_crashes_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.25 else None,  # drawn last: the
-    )  # faults drawn before keep their values
+        bridge_crashes_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.25 else None,  # drawn late: the
+        bridge_drains_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,  # faults drawn before
+    )  # keep their values
 
 
 class _LoudnessScorer(FrameScorer):
@@ -329,6 +337,8 @@ class SimulatedCall:
         self._stream_started_at_ms = 0
         self._end_ms = self.plan.hangup_at_ms + 15_000
         self.crashed_at_ms: int | None = None
+        self.drained = False
+        self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
         self._taking_over = False
         """A stream after the crash is binding: it must resume the session from the live ticket."""
         self._binding_at: tuple[int, CallLifecycle] | None = None
@@ -387,6 +397,11 @@ class SimulatedCall:
             crash = plan.bridge_crashes_at_ms
             if crash is not None and now >= crash and self.crashed_at_ms is None:
                 self._crash()
+                return
+            drain = plan.bridge_drains_at_ms
+            if drain is not None and now >= drain and not self.drained:
+                self.drained = True
+                self._move_elsewhere(call)
                 return
             if self._checkpoint_at_ms is not None and now % CHECKPOINT_POLL_MS == 0 and now >= self._checkpoint_at_ms:
                 self._write_live_ticket(call)  # the driver's poll, once due
@@ -547,6 +562,10 @@ class SimulatedCall:
                 self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
             if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
                 self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
+        if self._resuming_moved:  # a drained process's call: the same session, unless its server died
+            self._resuming_moved = False
+            if not self.session_lost and not self.engine_dead and bind.source is not BindSource.RESUMED:
+                self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
         registry.bound = True
         call.engine_bound(
             self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
@@ -622,6 +641,23 @@ class SimulatedCall:
         call.transport_lost(self.now_ms)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # nothing reaches the carrier
         self._end_stream(call)
+        self._gone_until_next_stream()
+
+    def _move_elsewhere(self, call: CallSession) -> None:
+        """The process drains: the stream moves as ``MediaStreamDriver.move_elsewhere`` does it — what the caller
+        heard to the engine, the session parked under the stream's lock, then the socket closed going away; its
+        end finds the session parked already. The carrier's reconnect lands on another process."""
+        life = self.life
+        if life is None or not call.move_elsewhere(self.now_ms):
+            return
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])
+        life.moving_elsewhere(call.facts())
+        self._ending_steps(life)
+        self._end_stream(call)
+        self._gone_until_next_stream()
+        self._resuming_moved = True
+
+    def _gone_until_next_stream(self) -> None:
         self.call = self.carrier = None
         self._to_bridge.clear()
         self._held_echo = None
@@ -636,6 +672,10 @@ class SimulatedCall:
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
         life.stream_ended(call.facts(), session_closed=session_closed)
+        self._ending_steps(life)
+
+    def _ending_steps(self, life: CallLifecycle) -> None:
+        """A stream's ending steps (park, close, mark ended …), done against the registry model and the engine."""
         while (step := life.next_step()) is not None:
             match step:
                 case AskEnded():

@@ -47,6 +47,7 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.repeated_echoes for p in plans) > 200
     assert sum(p.reordered_echoes for p in plans) > 200
     assert sum(p.bridge_crashes_at_ms is not None for p in plans) > 150
+    assert sum(p.bridge_drains_at_ms is not None for p in plans) > 120
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
@@ -59,6 +60,17 @@ def test_a_crashed_bridges_call_is_resumed_from_its_live_ticket() -> None:
     assert len(taken_over) > 30
     assert all(run.sessions == 1 and run.streams >= 2 for run in taken_over)
     assert sum(run.outcome == "caller_hung_up" for run in taken_over) > 30
+
+
+def test_a_drained_bridges_call_resumes_on_the_next_stream() -> None:
+    """Seeds whose bridge drains mid-call with the engine alive: the stream moves (parked, socket closed going
+    away), the next one resumes the same session (checked in the run), and the call goes on to its end."""
+    seeds = [s for s in range(300) if plan_for(s).bridge_drains_at_ms is not None and plan_for(s).engine_dies_at_ms is None]
+    runs = [run_seed(seed) for seed in seeds]
+    moved = [run for run in runs if run.drained and run.crashed_at_ms is None and run.streams >= 2]
+    assert len(moved) > 20
+    assert all(run.sessions == 1 for run in moved)
+    assert sum(run.outcome == "caller_hung_up" for run in moved) > 20
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -128,6 +140,17 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallLifecycle, "record_read", blind)
         caught = first_violation(range(100)).what  # seen as it binds, or as it opens beside the detached session
         assert "not resumed from its live ticket" in caught or "second engine session while the call's first is still detached" in caught
+
+    def test_a_drain_that_closes_the_session_instead_of_parking_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A move off a draining process that ends the stream as if the call were over (its session closed): the
+        next stream has nothing to resume, and a conversation would restart on a new session."""
+
+        def closing(life: CallLifecycle, stream: StreamFacts) -> None:
+            life.stream_ended(replace(stream, detach=False), session_closed=False)
+
+        monkeypatch.setattr(CallLifecycle, "moving_elsewhere", closing)
+        caught = first_violation(range(300)).what
+        assert any(what in caught for what in ("moved off a draining bridge was bound", "whose live one the bridge closed", "without parking it")), caught
 
     def test_a_takeover_that_forgets_what_the_engine_was_told(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without the live ticket's ``told_ms``, a stream that took over re-acks a reply the dead one had cut lower."""
