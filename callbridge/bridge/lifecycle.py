@@ -40,6 +40,7 @@ __all__ = [
     "CloseEngineSession",
     "CloseLive",
     "CloseUnlessBack",
+    "CloseWaiting",
     "DiscardAnswerSession",
     "EndReason",
     "LifecycleError",
@@ -221,11 +222,20 @@ class CloseDetached:
 
 
 @dataclass(frozen=True, slots=True)
+class CloseWaiting:
+    """The call is over before this stream was bound, and a session may wait in the registry for it: parked by a
+    dropped stream this one had not claimed yet, or by a half-open one it told to detach. Claim that ticket and
+    close the session (resume it, then close) rather than leave it to the engine's grace. Nothing when none waits."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class CloseLive:
     """The call is over before this stream was bound, and its session is held by a stream that never detached
     (its process died): take that stream's live ticket and close the session (resume it, then close) rather than
-    leave it to the engine's grace. Nothing when the holder detached meanwhile (it closes it itself, the call
-    being over)."""
+    leave it to the engine's grace. Nothing when the holder detached meanwhile: it parked the session, and the
+    ``CloseWaiting`` that follows closes it."""
 
     holder: str
     reason: str
@@ -262,6 +272,7 @@ Step = (
     | Park
     | CloseEngineSession
     | CloseDetached
+    | CloseWaiting
     | CloseLive
     | CloseUnlessBack
     | DiscardAnswerSession
@@ -552,9 +563,12 @@ class CallLifecycle:
         if self._answer_sessions:
             self._steps.append(DiscardAnswerSession(stream.end_reason or "stream_ended"))
         if stream.call_over and not _says_nothing_about_the_call(stream.end_reason):
+            reason = stream.end_reason or EndReason.CALL_ENDED
             if self._live_holder is not None:  # the session a dead process held: nobody else will close it (first:
-                self._steps.append(CloseLive(self._live_holder, stream.end_reason or EndReason.CALL_ENDED))  # the end
-            self._steps.append(MarkEnded(stream.end_reason or "ended"))  # drops the live ticket) — over all the same
+                self._steps.append(CloseLive(self._live_holder, reason))  # the end drops the live ticket)
+            if self.bound is None:  # one parked for this stream (by a holder told to detach, too), not in hand yet
+                self._steps.append(CloseWaiting(reason))
+            self._steps.append(MarkEnded(stream.end_reason or "ended"))  # over all the same
 
     def _end_detached(self, *, known_ended: bool) -> None:
         ending = self._ending

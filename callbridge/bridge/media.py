@@ -52,6 +52,7 @@ from callbridge.bridge.lifecycle import (
     CloseEngineSession,
     CloseLive,
     CloseUnlessBack,
+    CloseWaiting,
     DiscardAnswerSession,
     EndReason,
     MarkEnded,
@@ -664,6 +665,9 @@ class MediaStreamDriver:
                     case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
                         if held.ticket is not None:
                             await services.close_parked(held.ticket, reason)
+                    case CloseWaiting(reason):
+                        if await services.close_detached(call_id, reason, mark_ended=False):
+                            self.log.info("engine_session_closed", reason=reason, parked=True)
                     case CloseLive(holder, reason):
                         live = await registry.claim_live(call_id, holder, self._holder(start))
                         if live is not None and await services.close_parked(live.ticket, reason):

@@ -2,7 +2,8 @@
 
 In the manner of FoundationDB's simulator and TigerBeetle's VOPR: no sockets, no asyncio, no wall clock. One
 seed picks a call — what the caller says and when, the engine's speed — and a fault schedule: media socket drops
-(the carrier reconnects after a delay), the engine server dying (the session lost after the wire client's
+(the carrier reconnects after a delay; in some seeds the bridge's side stays half-open, serving the dead stream
+until the new one tells it it is superseded), the engine server dying (the session lost after the wire client's
 reconnect budget), the bridge process dying (SIGKILL: no detach, no ticket; the carrier reconnects to another
 process, which has only the registry's live ticket, written at the bind, every second and at a barge-in, and the
 engine's replay of what followed it), the bridge process draining (SIGTERM with a shared registry: the stream
@@ -28,7 +29,8 @@ After every step the invariants are checked (``Violation`` names the first that 
   the session when none does (a stream that ended without parking it), unless that stream's process died;
 - a call whose bridge died is resumed on its next stream from the live ticket (the same session, never a new
   one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start; a call moved off a draining
-  bridge is resumed on its next stream (its parked session, while its server lives);
+  bridge is resumed on its next stream (its parked session, while its server lives), and so is the call of a
+  half-open stream, from what it parks once superseded;
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
   call is hung up;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
@@ -70,6 +72,7 @@ from callbridge.bridge.lifecycle import (
     ClaimTicket,
     CloseEngineSession,
     CloseLive,
+    CloseWaiting,
     DiscardAnswerSession,
     EndReason,
     MarkEnded,
@@ -157,6 +160,9 @@ class FaultPlan:
     bridge_crashes_at_ms: int | None = None
     """The bridge process serving the call dies (SIGKILL): no detach, no ticket; the carrier reconnects (to
     another process) after ``redirect_delay_ms``."""
+    half_open_drops: bool = False
+    """Each drop leaves the bridge's side of the socket half-open: the bridge goes on serving the dead stream (its
+    audio into the void, no echoes) until the carrier's next stream tells it it is superseded."""
     bridge_drains_at_ms: int | None = None
     """The bridge process serving the call drains (SIGTERM, a shared registry): the stream moves — what the
     caller heard goes to the engine, the session is parked, the socket closes going away — and the carrier
@@ -190,7 +196,8 @@ def plan_for(seed: int) -> FaultPlan:
         reordered_echoes=rng.random() < 0.3,
         bridge_crashes_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.25 else None,  # drawn late: the
         bridge_drains_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,  # faults drawn before
-    )  # keep their values
+        half_open_drops=rng.random() < 0.4,  # keep their values
+    )
 
 
 class _LoudnessScorer(FrameScorer):
@@ -339,6 +346,10 @@ class SimulatedCall:
         self.crashed_at_ms: int | None = None
         self.drained = False
         self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
+        self._half_open: tuple[CallSession, CallLifecycle] | None = None
+        """A dropped stream the bridge still serves (``half_open_drops``), and its lifecycle, until superseded."""
+        self._resuming_half_open = False  # the next stream resumes the session the superseded one parks
+        self._dead_holder: str | None = None  # the live ticket's holder when the bridge crashed
         self._taking_over = False
         """A stream after the crash is binding: it must resume the session from the live ticket."""
         self._binding_at: tuple[int, CallLifecycle] | None = None
@@ -390,6 +401,8 @@ class SimulatedCall:
                 self._bind_steps()
         if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
             self.engine_dead = True
+        if self._half_open is not None:
+            self._serve_half_open(*self._half_open)
         call, carrier = self.call, self.carrier
         if call is None or carrier is None:
             return
@@ -505,7 +518,8 @@ class SimulatedCall:
         call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
         self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
         life.stream_started()
-        self._taking_over = self.crashed_at_ms is not None and self.registry.live is not None
+        live = self.registry.live
+        self._taking_over = live is not None and live.holder == self._dead_holder  # its holder's process died
         self._bind_steps()
 
     def _bind_steps(self) -> None:
@@ -520,12 +534,12 @@ class SimulatedCall:
                     ticket, registry.ticket = registry.ticket, None
                     life.ticket_claimed(ticket, registry.input_ms, self.now_ms)
                 case ReadRecord():
-                    if registry.bound and self.crashed_at_ms is None:  # one stream at a time: the last ended unparked
+                    if registry.bound and self.crashed_at_ms is None and self._half_open is None:  # the last ended unparked
                         self._violation("the registry says a stream holds the session; the last one ended without parking it")
                     holder = registry.live.holder if registry.live is not None else None
                     life.record_read(bound=registry.bound, ended=registry.ended_reason is not None, now_ms=self.now_ms, live_holder=holder)
                 case NudgeOldStream():
-                    pass  # its process is dead: nobody answers
+                    self._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
                 case WaitUntil(at_ms):
                     self._binding_at = (at_ms, life)
                     return
@@ -562,6 +576,10 @@ class SimulatedCall:
                 self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
             if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
                 self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
+        if self._resuming_half_open:  # the superseded stream parked its session: this one resumes it
+            self._resuming_half_open = False
+            if not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and bind.source is not BindSource.RESUMED:
+                self._violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
         if self._resuming_moved:  # a drained process's call: the same session, unless its server died
             self._resuming_moved = False
             if not self.session_lost and not self.engine_dead and bind.source is not BindSource.RESUMED:
@@ -591,6 +609,8 @@ class SimulatedCall:
         """The bridge process dies (SIGKILL): nothing it had not sent goes out, nothing is parked; its sockets close
         with it (the engine keeps the session for its grace); the carrier reconnects after its delay."""
         self.crashed_at_ms = self.now_ms
+        self._dead_holder = self.registry.live.holder if self.registry.live is not None else None
+        self._half_open = None  # its process died with it
         if not self.engine_dead:
             self.engine.detach(self.now_ms)
         self._replay, self._journal = self._journal, []
@@ -638,10 +658,52 @@ class SimulatedCall:
         """The media socket drops (no stop): what was heard goes to the engine, then the stream's lifecycle parks
         the session with a ticket, as ``MediaStreamDriver._finish`` does; the carrier opens the next stream after
         its delay."""
+        if self.plan.half_open_drops and self.life is not None and call.state is CallState.LIVE:
+            self._half_open, self.life = (call, self.life), None  # the bridge does not know: it serves on
+            self._gone_until_next_stream()
+            self._resuming_half_open = True
+            return
         call.transport_lost(self.now_ms)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # nothing reaches the carrier
         self._end_stream(call)
         self._gone_until_next_stream()
+
+    def _serve_half_open(self, call: CallSession, life: CallLifecycle) -> None:
+        """The bridge serves a stream whose carrier is gone: its frames go into the void (no echo: nothing is heard),
+        the engine's events reach it, it tells the engine what it does (acks of nothing new), its live ticket is
+        kept; it ends by itself only past its own limits."""
+        now = self.now_ms
+        if not self.engine_dead:
+            deadline = self.engine.next_deadline_ms()
+            if deadline is not None and deadline <= now:
+                self.engine.tick(now)
+            if call.state is CallState.LIVE:
+                for event in self.engine.events_to_send():
+                    self._on_engine_event(event)
+                    self._journal.append(event)
+                    call.receive_engine_event(event, now)
+        deadline = call.next_deadline_ms()
+        if deadline is not None and deadline <= now:
+            call.tick(now)
+        if call.state is CallState.LIVE and self._checkpoint_at_ms is not None and now % CHECKPOINT_POLL_MS == 0 and now >= self._checkpoint_at_ms:
+            self._write_live_ticket(call)
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # the rest goes into the void
+        if call.state in (CallState.ENDED, CallState.DETACHED):  # past its limits
+            self._half_open = None
+            self._end_stream_of(call, life)
+
+    def _supersede_half_open(self) -> None:
+        """The carrier's new stream tells the bridge the old one is superseded (``LiveStream.superseded``): it ends
+        as a drop — what was heard to the engine, its session parked for the new stream."""
+        if self._half_open is None:
+            return  # nobody holds the call any more, or its process is dead: nobody answers
+        call, life = self._half_open
+        call.superseded(self.now_ms)
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])
+        if call.state is CallState.LIVE:  # it did not take the hint: served on, half-open
+            return
+        self._half_open = None
+        self._end_stream_of(call, life)
 
     def _move_elsewhere(self, call: CallSession) -> None:
         """The process drains: the stream moves as ``MediaStreamDriver.move_elsewhere`` does it — what the caller
@@ -669,6 +731,9 @@ class SimulatedCall:
         if life is None:
             return
         self.life = None
+        self._end_stream_of(call, life)
+
+    def _end_stream_of(self, call: CallSession, life: CallLifecycle) -> None:
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
         life.stream_ended(call.facts(), session_closed=session_closed)
@@ -695,6 +760,16 @@ class SimulatedCall:
                     self.registry.bound, self.registry.live = False, None
                 case DiscardAnswerSession():
                     pass  # the first stream's session was taken; nothing waits at the answer any more
+                case CloseWaiting(reason):  # the session parked for this stream, claimed to be closed
+                    waiting, self.registry.ticket = self.registry.ticket, None
+                    if waiting is not None:
+                        self.registry.bound = False
+                        if self.engine_dead:
+                            self.session_lost = True
+                        else:
+                            self.engine.resume(waiting.lease_generation, self.now_ms)
+                            self.engine.events_to_send()
+                            self._submit_all([CloseSession(reason)])
                 case CloseLive(holder, reason):  # the crashed bridge's session: resumed, then closed
                     live = self.registry.live
                     if live is not None and live.holder == holder:

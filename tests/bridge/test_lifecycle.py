@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from callbridge.bridge.lifecycle import (
+    DETACH_POLL_MS,
     DETACH_WAIT_MS,
     TAKEOVER_AFTER_MS,
     AskEnded,
@@ -16,7 +17,9 @@ from callbridge.bridge.lifecycle import (
     ClaimTicket,
     CloseDetached,
     CloseEngineSession,
+    CloseLive,
     CloseUnlessBack,
+    CloseWaiting,
     DiscardAnswerSession,
     EndReason,
     LifecycleError,
@@ -202,6 +205,20 @@ class TestBinding:
             else:
                 return step, now
 
+    def test_a_call_over_while_it_waits_for_the_holder_closes_what_the_holder_parks(self) -> None:
+        """The caller hangs up while this stream waits for a half-open holder it told to detach: that holder parks
+        the session meanwhile, and nobody would claim it but this stream. Its end takes the live ticket (a holder
+        that died) and whatever was parked, and closes the session rather than leave it to the engine's grace."""
+        life = started()
+        to_claim(life)
+        life.ticket_claimed(None, 0, now_ms=0)
+        assert steps(life) == [ReadRecord()]
+        life.record_read(bound=True, ended=False, now_ms=0, live_holder="proc-a:MZ1")
+        assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
+        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
+        expected = [CloseLive("proc-a:MZ1", "caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
+        assert steps(life) == expected
+
     def test_a_stream_that_never_detaches_is_taken_over_from_its_live_ticket(self) -> None:
         """Its process died (no detach will come): after the nudge goes unanswered for ``TAKEOVER_AFTER_MS``, the
         live ticket is claimed, and the session resumed from it where that stream's call stood."""
@@ -332,7 +349,7 @@ class TestEnding:
         life.token_checked(True)
         assert steps(life) == [AskEnded()]
         life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
-        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert life.next_step() is None
 
     def test_a_stream_ended_before_its_token_was_found_ours_says_nothing_of_the_call(self) -> None:
@@ -350,7 +367,7 @@ class TestEnding:
         life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up"), session_closed=True)  # check not begun
         assert steps(life) == [CheckToken()]
         life.token_checked(True)
-        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), MarkEnded("caller_hung_up")]
+        assert steps(life) == [DiscardAnswerSession("caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
 
     def test_a_drop_before_the_stream_bound_leaves_the_call_to_its_reconnect(self) -> None:
         life = started(answer=True)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from callbridge.bridge.call import CallSession
-from callbridge.bridge.lifecycle import CallLifecycle, StreamFacts
+from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
 from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import (
     SimulatedCall,
@@ -48,6 +48,7 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.reordered_echoes for p in plans) > 200
     assert sum(p.bridge_crashes_at_ms is not None for p in plans) > 150
     assert sum(p.bridge_drains_at_ms is not None for p in plans) > 120
+    assert sum(p.half_open_drops and bool(p.drops_at_ms) for p in plans) > 150
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
@@ -87,10 +88,11 @@ def test_the_command_line_runs_seeds_and_replays_one(capsys: pytest.CaptureFixtu
     assert "outcome:" in capsys.readouterr().out
 
 
-def first_violation(seeds: range) -> Violation:
+def first_violation(seeds: range, **plan_changes: Any) -> Violation:
+    """The first seed of ``seeds`` whose run (its plan changed by ``plan_changes``) breaks an invariant."""
     for seed in seeds:
         try:
-            run_seed(seed)
+            SimulatedCall(seed, plan=replace(plan_for(seed), **plan_changes)).run()
         except Violation as exc:
             return exc
     raise AssertionError(f"no seed in {seeds} caught the planted bug")
@@ -152,10 +154,29 @@ class TestPlantedBugsAreCaught:
         caught = first_violation(range(300)).what
         assert any(what in caught for what in ("moved off a draining bridge was bound", "whose live one the bridge closed", "without parking it")), caught
 
+    def test_a_half_open_stream_deaf_to_its_supersede(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A stream that does not end when told a newer one has come: the newer one waits, then takes the session
+        from its live ticket, instead of resuming what the old one would have parked."""
+        monkeypatch.setattr(CallSession, "superseded", lambda call, now_ms: None)
+        assert "not resumed from what it parked" in first_violation(range(300)).what
+
+    def test_a_call_over_before_its_stream_claimed_the_parked_session(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The leak the half-open drops found: the caller hangs up while the new stream waits for the superseded
+        one's ticket; without ``CloseWaiting`` the session it parked is left to the engine's grace."""
+        original = CallLifecycle.next_step
+
+        def skipping(life: CallLifecycle) -> Any:
+            step = original(life)
+            return original(life) if isinstance(step, CloseWaiting) else step
+
+        monkeypatch.setattr(CallLifecycle, "next_step", skipping)
+        assert "left detached" in first_violation(range(300)).what
+
     def test_a_takeover_that_forgets_what_the_engine_was_told(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without the live ticket's ``told_ms``, a stream that took over re-acks a reply the dead one had cut lower."""
         monkeypatch.setattr(CallSession, "told_so_far", property(lambda call: ()))
-        assert "went back" in first_violation(range(1000, 1100)).what
+        # drops that close both ends: a half-open old stream would be superseded and park, not be taken over
+        assert "went back" in first_violation(range(1000, 1100), half_open_drops=False).what
 
     def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
         """The failure as it was: the wire client waited the engine's 30 s disconnect grace before giving up."""
