@@ -25,10 +25,9 @@ from typing import Any
 import httpx
 import pytest
 
-from callbridge.config import Settings
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.runner import free_port, running_bridge
-from tests.bridge.test_engine_death_e2e import HANG_UP_AFTER_DEATH_MS, TONE_AFTER_DEATH_MS, failures, metric
+from tests.bridge.test_engine_death_e2e import HANG_UP_AFTER_DEATH_MS, TONE_AFTER_DEATH_MS, defaults, failures, metric
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.engine.vllm_omni_wheel import require_wheel
 
@@ -88,11 +87,6 @@ async def omni(tmp_path: Path) -> AsyncIterator[VllmOmniProcess]:
         if process.process is not None and process.process.poll() is None:
             os.kill(process.process.pid, signal.SIGCONT)
         process.kill()
-
-
-def defaults(url: str) -> Settings:
-    """The shipped configuration, but for the engine's address."""
-    return Settings.model_validate({"engine": {"kind": "realtime", "urls": [url]}})
 
 
 async def holds(omni: VllmOmniProcess, count: int) -> bool:

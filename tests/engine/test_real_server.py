@@ -213,11 +213,35 @@ Exchange = Callable[[str], Awaitable[list[dict[str, Any]]]]
 PCM16_VAD = {"input_audio_format": "pcm16", "sample_rate_hz": 16000, "output_audio_format": "pcm16", "turn_detection": {"type": "server_vad"}}
 
 
+COMMIT_MODE = {**PCM16_VAD, "turn_detection": None}
+
+
+async def opened(url: str, session: dict[str, Any] = PCM16_VAD) -> Peer:
+    """A connection whose session is open and configured (``session.updated`` read)."""
+    peer = await Peer.connect(url)
+    await peer.send({"type": "session.update", "session": session})
+    await peer.until("session.updated")
+    return peer
+
+
+async def commit_a_turn(peer: Peer) -> None:
+    """Commit mode: two seconds of the caller's speech, appended at once, committed, a reply asked for."""
+    for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
+        await peer.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+    await peer.send({"type": "input_audio_buffer.commit"})
+    await peer.send({"type": "response.create"})
+
+
+async def closed(peer: Peer) -> list[dict[str, Any]]:
+    """``session.close``, then every event until the socket closed."""
+    await peer.send({"type": "session.close"})
+    await peer.until("<closed>")
+    return peer.events
+
+
 async def spoken_turn(url: str) -> list[dict[str, Any]]:
     """Server VAD: a spoken turn, its reply played out and acknowledged, a heartbeat, the close."""
-    peer = await Peer.connect(url)
-    await peer.send({"type": "session.update", "session": PCM16_VAD})
-    await peer.until("session.updated")
+    peer = await opened(url)
     await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
     created = await peer.until("response.created")
     await peer.send_silence(200)  # during the reply: each chunk dropped
@@ -230,69 +254,47 @@ async def spoken_turn(url: str) -> list[dict[str, Any]]:
     await peer.until("response.listen")
     await peer.send({"type": "session.heartbeat"})
     await peer.until("session.heartbeat_ack")
-    await peer.send({"type": "session.close"})
-    await peer.until("<closed>")
     assert done["response"]["status"] == "completed"
-    return peer.events
+    return await closed(peer)
 
 
 async def barge_in(url: str) -> list[dict[str, Any]]:
     """Server VAD: the caller talks over the reply while it is being played (nothing acknowledged), then the next reply."""
-    peer = await Peer.connect(url)
-    await peer.send({"type": "session.update", "session": PCM16_VAD})
-    await peer.until("session.updated")
+    peer = await opened(url)
     await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
     await peer.until("response.output_audio.delta")
     await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
     await peer.until("response.done")
     await peer.until("response.done")
-    await peer.send({"type": "session.close"})
-    await peer.until("<closed>")
-    return peer.events
+    return await closed(peer)
 
 
 async def cancel_then_next_turn(url: str) -> list[dict[str, Any]]:
     """Commit mode: a reply cancelled by the client mid-way, then the next committed turn is answered."""
-    peer = await Peer.connect(url)
-    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
-    await peer.until("session.updated")
+    peer = await opened(url, COMMIT_MODE)
     for turn in range(2):
-        for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
-            await peer.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
-        await peer.send({"type": "input_audio_buffer.commit"})
+        await commit_a_turn(peer)
         await peer.until("input_audio_buffer.committed")
-        await peer.send({"type": "response.create"})
         await peer.until("response.output_audio.delta")
         if turn == 0:
             await peer.send({"type": "response.cancel"})
         done = await peer.until("response.done")
         assert done["response"]["status"] == ("cancelled" if turn == 0 else "completed")
-    await peer.send({"type": "session.close"})
-    await peer.until("<closed>")
-    return peer.events
+    return await closed(peer)
 
 
 async def talk_over_in_commit_mode(url: str) -> list[dict[str, Any]]:
     """Commit mode: the caller's audio keeps coming while the reply is generated (nothing acknowledged)."""
-    peer = await Peer.connect(url)
-    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
-    await peer.until("session.updated")
-    for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
-        await peer.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
-    await peer.send({"type": "input_audio_buffer.commit"})
-    await peer.send({"type": "response.create"})
+    peer = await opened(url, COMMIT_MODE)
+    await commit_a_turn(peer)
     await peer.until("response.output_audio.delta")
     await peer.speak_until(caller_speech_16k(), "response.done")
-    await peer.send({"type": "session.close"})
-    await peer.until("<closed>")
-    return peer.events
+    return await closed(peer)
 
 
 async def text_item(url: str) -> list[dict[str, Any]]:
     """A text message from the client, a heartbeat, a session.update mid-session, input cleared, the close."""
-    peer = await Peer.connect(url)
-    await peer.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
-    await peer.until("session.updated")
+    peer = await opened(url, COMMIT_MODE)
     item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello there"}]}
     await peer.send({"type": "conversation.item.create", "item": item})
     await peer.until("conversation.item.done")
@@ -300,21 +302,14 @@ async def text_item(url: str) -> list[dict[str, Any]]:
     await peer.until("session.updated")
     await peer.send({"type": "input_audio_buffer.clear"})
     await peer.until("input_audio_buffer.cleared")
-    await peer.send({"type": "session.close"})
-    await peer.until("<closed>")
-    return peer.events
+    return await closed(peer)
 
 
 async def resume_after_drop(url: str) -> list[dict[str, Any]]:
     """The socket drops mid-reply; a new one resumes the session and gets what it missed, then the close."""
-    first = await Peer.connect(url)
-    await first.send({"type": "session.update", "session": {**PCM16_VAD, "turn_detection": None}})
-    created = await first.until("session.created")
-    await first.until("session.updated")
-    for frame in chunks(caller_speech_16k()[: 16000 * 2 * 2]):
-        await first.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
-    await first.send({"type": "input_audio_buffer.commit"})
-    await first.send({"type": "response.create"})
+    first = await opened(url, COMMIT_MODE)
+    created = next(e for e in first.events if e["type"] == "session.created")
+    await commit_a_turn(first)
     delta = await first.until("response.output_audio.delta")
     await first.close()
     second = await Peer.connect(url)
@@ -322,9 +317,7 @@ async def resume_after_drop(url: str) -> list[dict[str, Any]]:
     await second.send(resume)
     await second.until("session.resumed")
     await second.until("response.done")
-    await second.send({"type": "session.close"})
-    await second.until("<closed>")
-    return [*first.events, *second.events]
+    return [*first.events, *await closed(second)]
 
 
 async def refused_handshakes(url: str) -> list[dict[str, Any]]:

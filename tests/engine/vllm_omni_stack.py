@@ -59,9 +59,6 @@ _HOLLOW_PACKAGES = (
     "vllm_omni.model_executor.models.qwen3_omni",
     "vllm_omni.utils",
 )
-#: vllm-omni modules replaced by the stand-ins below (their real code is the GPU engine).
-_REPLACED = ("vllm_omni.entrypoints.async_omni", "vllm_omni.engine.duplex_omni_engine")
-_SILERO_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
 
 
 class _InertMeta(type):
@@ -120,20 +117,18 @@ _loaded: dict[str, Any] = {}
 
 
 def load_stack(workdir: Path) -> dict[str, Any]:
-    """Import the real serving stack from the wheel (once per process); skip without the wheel."""
+    """Import the real serving stack from the wheel, extracted under ``workdir``, once. It takes over the
+    process's ``vllm_omni``, ``torch`` and ``vllm`` names: run it in a process of its own (``main``)."""
     if _loaded:
         return _loaded
-    wheel = require_wheel()
-    for name in list(sys.modules):
-        if name == "vllm_omni" or name.startswith("vllm_omni.") or name.split(".")[0] in _INERT_ROOTS:
-            del sys.modules[name]
-    root = _extract(wheel, workdir)
+    root = _extract(require_wheel(), workdir)
     sys.meta_path.insert(0, _InertFinder())
     for name in _HOLLOW_PACKAGES:
         module = types.ModuleType(name)
         module.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
         sys.modules[name] = module
     sys.modules["pybase64"] = base64
+    # replaced by the stand-ins below: their real code is the GPU engine and its orchestrator thread
     async_omni = types.ModuleType("vllm_omni.entrypoints.async_omni")
     async_omni.AsyncOmni = StandInAsyncOmni  # type: ignore[attr-defined]
     sys.modules["vllm_omni.entrypoints.async_omni"] = async_omni
