@@ -177,7 +177,8 @@ async def test_a_server_killed_mid_call_fails_that_call_and_new_calls_go_to_the_
     async with running_bridge(pool_settings(a.url, b.url)) as bridge:
         on_a = place(bridge, talks(9000, 300, 4000))
         await until(lambda: holds(a, 1), timeout_s=10)
-        on_b = place(bridge, talks(5000, 300, 3000))  # the least loaded: B
+        on_b = place(bridge, talks(10_000, 300, 3000))  # the least loaded: B; still up when the third call
+        # comes, however long A's call takes to fail (up to 8 s, below)
         await until(lambda: holds(b, 1), timeout_s=10)
         await asyncio.sleep(1.0)  # both mid-conversation
 
