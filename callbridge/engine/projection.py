@@ -92,10 +92,10 @@ def session_object(
     turn: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The public session object of ``session.created`` / ``.updated`` / ``.resumed``, in 0.30's shape: the
-    engine session's own fields (``DuplexEngineSession.as_public_dict``), the client's session keys it does not
-    set itself (``turn``: where the turn and its reply stand), then, unless ``engine_fields_only``, the Realtime defaults (``realtime_session_payload``),
-    ``audio.input.sample_rate_hz`` among them. ``session.resumed`` carries the engine's fields only: 0.30's
-    handler sends the handle's ``public_session`` as it is."""
+    engine session's own fields (``DuplexEngineSession.as_public_dict``; ``turn``: where the turn and its reply
+    stand), the client's session keys it does not set itself, then, unless ``engine_fields_only``, the Realtime
+    defaults (``realtime_session_payload``), ``audio.input.sample_rate_hz`` among them. ``session.resumed``
+    carries the engine's fields only: 0.30's handler sends the handle's ``public_session`` as it is."""
     modalities = client_session.get("modalities") or ["text", "audio"]
     public: dict[str, Any] = {
         "id": session_id,

@@ -219,16 +219,23 @@ def _opt_int(value: Any, name: str) -> int | None:
 
 
 def _overlap_decision(payload: Mapping[str, Any]) -> OverlapDecision:
-    """vllm-omni carries the decision's chunk length and the speech so far in its ``metadata`` only."""
+    """vllm-omni carries the decision's chunk length and the speech so far in its ``metadata`` only. They inform
+    and decide nothing: one that is not a whole number reads as 0 rather than failing the frame."""
     metadata = payload.get("metadata")
     details: Mapping[str, Any] = metadata if isinstance(metadata, Mapping) else {}
+
+    def whole(name: str) -> int:
+        value = details.get(name)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    policy = payload.get("policy")
     return OverlapDecision(
         _str(payload, "action"),
         _opt_str(payload, "reason"),
         _opt_int(payload.get("epoch"), "epoch"),
-        _opt_int(details.get("duration_ms"), "metadata.duration_ms") or 0,
-        _opt_int(details.get("overlap_speech_ms"), "metadata.overlap_speech_ms") or 0,
-        _opt_str(payload, "policy") or "barge_in_on_speech",
+        whole("duration_ms"),
+        whole("overlap_speech_ms"),
+        policy if isinstance(policy, str) else "barge_in_on_speech",
     )
 
 
@@ -358,7 +365,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent | Non
     "response.output_audio.delta": _parse_audio_delta,
     "response.output_audio_transcript.delta": lambda p: TranscriptDelta(_str(p, "response_id"), _str(p, "delta")),
     "output_audio_buffer.cleared": lambda p: OutputAudioCleared(_opt_str(p, "response_id")),
-    "overlap.decision": lambda p: _overlap_decision(p),
+    "overlap.decision": _overlap_decision,
     "playback.acknowledged": _parse_playback_ack,
     "response.output_item.done": _parse_output_item_done,
     "conversation.item.truncated": lambda p: ItemTruncated(_str(p, "item_id"), _int(p.get("audio_end_ms", 0), "audio_end_ms")),

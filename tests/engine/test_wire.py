@@ -136,3 +136,15 @@ def test_events_we_do_not_act_on_parse_to_none() -> None:
 
     for real in (e.Listen(session_id="s", epoch=0), e.RateLimitsUpdated(session_id="s"), e.SessionUpdated(session_id="s", session={})):
         assert parse_server_event(real.to_realtime()).event is None
+
+
+def test_an_overlap_decision_reads_its_chunk_and_speech_from_vllm_omnis_metadata() -> None:
+    from vllm_omni.engine.duplex.events import OverlapDecision
+
+    details = {"type": "overlap.decision", "policy": "listen_only", "action": "listen", "reason": "policy_listen_only", "duration_ms": 20, "overlap_speech_ms": 60}
+    real = OverlapDecision(session_id="s", epoch=2, policy="listen_only", action="listen", reason="policy_listen_only", details=details)
+    parsed = parse_server_event(real.to_realtime()).event
+    assert parsed == our_events.OverlapDecision("listen", "policy_listen_only", 2, 20, 60, "listen_only")
+    assert our_events.is_chunk_verdict(parsed)  # nothing the bridge acts on
+    odd = {**real.to_realtime(), "metadata": {"duration_ms": 20.5, "overlap_speech_ms": "x"}}
+    assert parse_server_event(odd).event == our_events.OverlapDecision("listen", "policy_listen_only", 2, 0, 0, "listen_only")

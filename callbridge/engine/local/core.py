@@ -17,6 +17,12 @@ Strategy and invariants (reference sections in brackets):
   Caller speech while the assistant speaks is a barge-in: ``overlap.decision
   barge_in``, ``response.done cancelled (turn_detected)``, epoch + 1 [§5.2];
   ``response.cancel`` does the same (reason ``client_cancelled``).
+- Every other chunk gets its verdict, as vllm-omni's runner gives a turn model
+  one: no speech in it, ``response.listen`` while no response is in progress
+  and ``overlap.decision drop`` during one; speech that starts nothing during
+  a response, ``overlap.decision listen`` (``listen_only`` in commit mode,
+  where speech never barges in). An agent answering each chunk as it comes
+  (``streams_input``) gets none, as auto-response models do not.
 - Acks for a response that predates a later commit are ``playback_ack_too_late``.
 - Client items (user text, function outputs) are announced (``ItemCreated``).
   A user text item the agent turns into a call of a declared tool is one
@@ -362,10 +368,10 @@ class LocalSessionCore:
             raise EngineError(ErrorCode.BAD_AUDIO, f"input rate changed from {self._in_rate_hz} to {rate_hz} Hz")
         if len(pcm) % 2:
             raise EngineError(ErrorCode.BAD_AUDIO, "PCM16 audio of odd byte length")
-        self._input_ms += len(pcm) * 500 // rate_hz
+        duration_ms = len(pcm) * 500 // rate_hz
+        self._input_ms += duration_ms
         if self._to_output_rate is not None:
             self._loop_back(self._to_output_rate.process(pcm), now_ms)
-        duration_ms = len(pcm) * 500 // rate_hz
         if self._vad is None:
             if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
                 self._keep_utterance(self._to_vad_rate.process(pcm))
