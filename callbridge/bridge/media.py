@@ -71,7 +71,7 @@ from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
 from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
@@ -379,6 +379,8 @@ class MediaStreamDriver:
         """Engine events that come on their own (the rest are taken by ``_flush`` as the commands cause them)."""
         try:
             async for event in session.events():
+                if is_chunk_verdict(event):  # one per input chunk, acted on by nobody: no lock, no flush for it
+                    continue
                 self._pump_holds_event = True  # set before any await: nobody may take later events meanwhile
                 async with self._lock:
                     self._pump_holds_event = False

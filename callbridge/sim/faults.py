@@ -416,17 +416,14 @@ class SimulatedCall:
                 self.drained = True
                 self._move_elsewhere(call)
                 return
-            if self._checkpoint_at_ms is not None and now % CHECKPOINT_POLL_MS == 0 and now >= self._checkpoint_at_ms:
-                self._write_live_ticket(call)  # the driver's poll, once due
+            self._checkpoint_if_due(call)
         if now % FRAME_MS == 0:
             self._carrier_tick(call, carrier)
         self._deliver_to_bridge(call)
         if self.call is None:
             return
         if not self.engine_dead:
-            deadline = self.engine.next_deadline_ms()
-            if deadline is not None and deadline <= now:
-                self.engine.tick(now)
+            self._tick_engine()
             self._engine_events(call)
         elif (
             not self.engine_lost_reported
@@ -674,19 +671,13 @@ class SimulatedCall:
         kept; it ends by itself only past its own limits."""
         now = self.now_ms
         if not self.engine_dead:
-            deadline = self.engine.next_deadline_ms()
-            if deadline is not None and deadline <= now:
-                self.engine.tick(now)
-            if call.state is CallState.LIVE:
-                for event in self.engine.events_to_send():
-                    self._on_engine_event(event)
-                    self._journal.append(event)
-                    call.receive_engine_event(event, now)
+            self._tick_engine()
+            self._engine_events(call)  # not the current stream's: its outputs go nowhere
         deadline = call.next_deadline_ms()
         if deadline is not None and deadline <= now:
             call.tick(now)
-        if call.state is CallState.LIVE and self._checkpoint_at_ms is not None and now % CHECKPOINT_POLL_MS == 0 and now >= self._checkpoint_at_ms:
-            self._write_live_ticket(call)
+        if call.state is CallState.LIVE:
+            self._checkpoint_if_due(call)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # the rest goes into the void
         if call.state in (CallState.ENDED, CallState.DETACHED):  # past its limits
             self._half_open = None
@@ -789,7 +780,19 @@ class SimulatedCall:
         self._drain(call, carrier)
         self._engine_events(call)
 
+    def _tick_engine(self) -> None:
+        deadline = self.engine.next_deadline_ms()
+        if deadline is not None and deadline <= self.now_ms:
+            self.engine.tick(self.now_ms)
+
+    def _checkpoint_if_due(self, call: CallSession) -> None:
+        """The driver's poll of the live ticket, written once due."""
+        if self._checkpoint_at_ms is not None and self.now_ms % CHECKPOINT_POLL_MS == 0 and self.now_ms >= self._checkpoint_at_ms:
+            self._write_live_ticket(call)
+
     def _engine_events(self, call: CallSession) -> None:
+        """The engine's events to ``call``, its outputs to the carrier after each batch while it is the current
+        stream (a half-open one's carrier is gone: its caller takes the outputs)."""
         if self.engine_dead or call.state is CallState.STARTING:  # not bound yet: the engine keeps them for the stream
             return
         while events := self.engine.events_to_send():
@@ -798,7 +801,7 @@ class SimulatedCall:
                 if call.state is CallState.LIVE:
                     call.receive_engine_event(event, self.now_ms)
                     self._journal.append(event)
-            if self.carrier is not None:
+            if call is self.call and self.carrier is not None:
                 self._drain(call, self.carrier)
 
     def _on_engine_event(self, event: EngineEvent) -> None:

@@ -13,68 +13,20 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.runner import free_port, running_bridge
 from tests.bridge.test_engine_death_e2e import assert_heard_then_hung_up, defaults, failures, metric
 from tests.bridge.twilio_e2e import short_speech, until
+from tests.engine.vllm_omni_stack import VllmOmniProcess
 from tests.engine.vllm_omni_wheel import require_wheel
 
 pytestmark = pytest.mark.timeout(120)
-ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-@dataclass
-class VllmOmniProcess:
-    """vllm-omni's serving stack on the stand-in model, as a child process."""
-
-    port: int
-    log_path: Path
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}"
-
-    def start(self) -> VllmOmniProcess:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "tests.engine.vllm_omni_stack", "--port", str(self.port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"vllm-omni's server exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError("vllm-omni's server did not listen within 60 s") from None
-                time.sleep(0.1)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    async def tally(self) -> dict[str, Any]:
-        """The stand-in's count of sessions held, ``session.close`` frames received, error codes sent."""
-        async with httpx.AsyncClient(timeout=5) as http:
-            tally: dict[str, Any] = (await http.get(f"http://127.0.0.1:{self.port}/stand-in/sessions")).json()
-            return tally
-
-    async def sessions(self) -> int:
-        return int((await self.tally())["sessions"])
 
 
 @pytest.fixture

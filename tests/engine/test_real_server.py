@@ -19,13 +19,7 @@ import asyncio
 import base64
 import contextlib
 import difflib
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -37,9 +31,9 @@ from callbridge.engine.local.core import LocalEngineOptions
 from tests.conftest import free_port
 from tests.engine.audio import caller_speech_16k, chunks, silence
 from tests.engine.serving import engine_server
+from tests.engine.vllm_omni_stack import VllmOmniProcess
 from tests.engine.vllm_omni_wheel import require_wheel
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 #: Keys that only an event shaped by the model's timing carries: a transcript delta of text that ran ahead
 #: of its audio (the stand-in's thinker text, like Qwen3-Omni's, comes before the first audio chunk) carries
 #: the reply's ``metadata``; one paired with an audio chunk does not. Our echo agent never runs text ahead.
@@ -48,33 +42,14 @@ _DELTAS = {"response.output_audio.delta", "response.output_audio_transcript.delt
 
 
 @pytest.fixture(scope="module")
-def real_server() -> Iterator[str]:
+def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """vllm-omni's serving stack on the stand-in model, as a process; its ``ws://`` address."""
     require_wheel()
-    port = free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm_omni_stack_{port}.log", "wb")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, "-m", "tests.engine.vllm_omni_stack", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while True:
-        if process.poll() is not None:
-            raise AssertionError(f"vllm-omni's server exited with {process.returncode}; see {log.name}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                process.kill()
-                raise AssertionError(f"vllm-omni's server did not listen within 60 s; see {log.name}") from None
-            time.sleep(0.1)
+    process = VllmOmniProcess(free_port(), tmp_path_factory.mktemp("vllm_omni") / "stack.log").start()
     try:
-        yield f"ws://127.0.0.1:{port}"
+        yield process.url
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        process.kill()
 
 
 class Peer:

@@ -26,21 +26,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import socket
+import subprocess
 import importlib.abc
 import importlib.machinery
 import logging
 import sys
+import time
 import types
 import uuid
 import zipfile
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+import orjson
 from fastapi import FastAPI, WebSocket
 
 from tests.engine.vllm_omni_wheel import require_wheel
+
+_ROOT = Path(__file__).resolve().parent.parent.parent
 
 #: Top-level packages the loaded modules import but whose code never runs here.
 _INERT_ROOTS = ("torch", "torchaudio", "vllm", "transformers", "janus", "omegaconf", "prettytable", "safetensors", "librosa", "soundfile")
@@ -396,8 +404,55 @@ class StandInOrchestrator:
         self._generations.pop(request_id, None)
 
 
+@dataclass
+class VllmOmniProcess:
+    """vllm-omni's serving stack on the stand-in model, as a child process."""
+
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self) -> VllmOmniProcess:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.engine.vllm_omni_stack", "--port", str(self.port)], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            if self.process.poll() is not None:
+                raise AssertionError(f"vllm-omni's server exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError("vllm-omni's server did not listen within 60 s") from None
+                time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    async def tally(self) -> dict[str, Any]:
+        """The stand-in's count of sessions held, ``session.close`` frames received, error codes sent."""
+        async with httpx.AsyncClient(timeout=5) as http:
+            tally: dict[str, Any] = (await http.get(f"http://127.0.0.1:{self.port}/stand-in/sessions")).json()
+            return tally
+
+    async def sessions(self) -> int:
+        return int((await self.tally())["sessions"])
+
+
 def _encode_audio(audio: Any, sample_rate_hz: int, response_format: str, speed: float | None) -> str | None:
-    """The injected encoder (``entrypoints/duplex/audio_encoding.py`` goes through the chat service's AudioMixin): PCM16 little-endian, base64."""
+    """The injected encoder (``entrypoints/duplex/audio_encoding.py`` goes through the chat service's AudioMixin):
+    PCM16 little-endian, base64, for ``pcm``, the format vllm-omni gives the model for every Realtime output
+    format (``duplex_response_format``). Any other (``wav`` …) it cannot write: None, as the real one answers a
+    failed encoding."""
+    if response_format != "pcm":
+        return None
     samples = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
     return base64.b64encode((samples * 32767.0).astype("<i2").tobytes()).decode("ascii")
 
@@ -414,8 +469,10 @@ class WireTally:
 
         async def counted_receive() -> str:
             text = await receive_text()
-            if '"session.close"' in text:
-                self.close_frames += 1
+            with contextlib.suppress(orjson.JSONDecodeError):
+                frame = orjson.loads(text)
+                if isinstance(frame, dict) and frame.get("type") == "session.close":
+                    self.close_frames += 1
             return text
 
         async def counted_send(data: Any, mode: str = "text") -> None:
