@@ -27,18 +27,23 @@ hypothesis_settings.register_profile(
 hypothesis_settings.register_profile("deep", max_examples=5_000, deadline=None, suppress_health_check=_FUZZ_CHECKS)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core"}
+PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core", "haproxy": "haproxy"}
 """Real peers some tests run (binary → Debian package). Missing locally: those tests skip, saying why."""
+
+
+def peer_binary(name: str) -> str | None:
+    """Where a peer's binary is: on ``PATH``, or in the sbin directories Debian puts daemons in (HAProxy)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In CI (``CALLBRIDGE_REQUIRE_PEERS=1``) a missing peer is an error, never a silent skip."""
     if os.environ.get("CALLBRIDGE_REQUIRE_PEERS") == "1":
-        missing = [f"{binary} (apt-get install {package})" for binary, package in PEERS.items() if shutil.which(binary) is None]
+        missing = [f"{binary} (apt-get install {package})" for binary, package in PEERS.items() if peer_binary(binary) is None]
         if missing:
             raise pytest.UsageError(f"CALLBRIDGE_REQUIRE_PEERS=1 but missing: {', '.join(missing)}")
 
-__all__ = ["ServedBridge", "free_port", "wait_http_ok"]
+__all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
 
 
 @dataclass

@@ -66,6 +66,10 @@ _GOODBYE_WAIT_S = 3.0
 """How long a drain that ran out waits for its calls' closing tones and hang-ups."""
 _ANSWER_ENGINE_WAIT_S = 2.0
 """How long an answer webhook waits to learn whether the engine takes the call (busy if it refuses)."""
+DRAIN_NEW_CALL_BOUNCES = 3
+"""How many times a new call that reached a draining process is sent back through the load balancer (each a
+carrier's pause and redirect, about a second) before it is refused busy (``BridgeServices.bounces_new_call``)."""
+_DRAIN_BOUNCES_KEPT_MS = 60_000
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
@@ -344,6 +348,9 @@ class BridgeServices:
                 return AnswerDecision(AnswerKind.HANG_UP)
             if retries and await self.moving_elsewhere(call_id):  # a reconnect that reached this draining process
                 log.info("call_redirected", call_id=call_id, provider=provider, reason="draining")
+                return AnswerDecision(AnswerKind.RETRY_ELSEWHERE)
+            if retries and await self.bounces_new_call(call_id):
+                log.info("call_redirected", call_id=call_id, provider=provider, reason="draining_new_call")
                 return AnswerDecision(AnswerKind.RETRY_ELSEWHERE)
             if not await self.admits(call_id):
                 reason = "draining" if self.draining else "capacity"
@@ -647,6 +654,17 @@ class BridgeServices:
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
             return False
+
+    async def bounces_new_call(self, call_id: str) -> bool:
+        """Draining in a fleet (the registry shared), a new call's answer webhook: True for its first
+        ``DRAIN_NEW_CALL_BOUNCES`` arrivals at draining processes, counted fleet-wide in the registry, so that it is
+        sent back through the load balancer (as a moving call is) rather than refused busy. The load balancer
+        takes a draining process out only at its next readiness check; calls answered meanwhile would otherwise be
+        refused during every deploy. Past the bound (every process draining, or no load balancer in front), busy.
+        Raises ``RegistryUnavailable``."""
+        if not self.draining or not self.registry_shared:
+            return False
+        return await self.registry.count(call_id, "drain_bounces", keep_ms=_DRAIN_BOUNCES_KEPT_MS) <= DRAIN_NEW_CALL_BOUNCES
 
     async def _known_and_not_over(self, call_id: str) -> bool:
         """The registry has the call, and not as ended (raises ``RegistryUnavailable``)."""

@@ -1,6 +1,6 @@
 """A draining bridge answers the webhook of a call that is only moving (its stream's reconnect after the drain
 moved it) with a short wait and a redirect back through the load balancer instead of a refusal, where another
-process can resume it (the shared Redis registry); a new call is still refused. Plivo here, on a real uvicorn
+process can resume it (the shared Redis registry); a new call too, a bounded number of times, then busy. Plivo here, on a real uvicorn
 bridge and a real ``redis-server``, Telnyx's stream restart and Vonage's new socket; Twilio across two real
 processes in ``test_fleet.py``. A lone process (the memory registry) moves nothing: ``test_drain_in_place.py``."""
 
@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from callbridge.bridge.registry import LiveCall
+from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.telnyx import TelnyxCalls
 from callbridge.engine.port import ResumeTicket
 from callbridge.sim.runner import running_bridge
@@ -50,10 +51,13 @@ async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(r
         assert record is not None and record.ticket is not None
 
         again = await post_signed(bridge, "/plivo/answer", call_params(stream.call_uuid))  # Plivo's <Redirect>
-        new_call = await post_signed(bridge, "/plivo/answer", call_params("c-new-during-drain"))
+        new_call = [await post_signed(bridge, "/plivo/answer", call_params("c-new-during-drain")) for _ in range(DRAIN_NEW_CALL_BOUNCES + 1)]
         after = await services.registry.get(stream.call_uuid)
-    assert again.status_code == 200 and new_call.status_code == 200
-    assert ET.fromstring(new_call.text)[0].attrib == {"reason": "busy"}
+    assert again.status_code == 200 and all(answer.status_code == 200 for answer in new_call)
+    # a new call: back through the load balancer (which has not taken this process out yet), a bounded number of
+    # times across the fleet, then busy
+    assert all(answer.text == again.text for answer in new_call[:-1])
+    assert ET.fromstring(new_call[-1].text)[0].attrib == {"reason": "busy"}
     wait, redirect = ET.fromstring(again.text)
     assert wait.tag == "Wait" and wait.attrib == {"length": "1"}
     assert redirect.tag == "Redirect" and redirect.attrib == {"method": "POST"}

@@ -12,6 +12,7 @@ call (its carrier cannot reconnect) served to its end — and the process exits 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -28,10 +29,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
 
+from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
 from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
 from callbridge.sim.exotel import SimulatedExotel
 from callbridge.sim.runner import free_port
-from callbridge.sim.twilio import SimulatedTwilio, answer_and_stream
+from callbridge.sim.twilio import SimulatedTwilio, TwimlRedirect, answer_and_stream
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import wait_http_ok
 from tests.redis_server import redis_url
@@ -120,6 +122,13 @@ async def _ready(bridge: Process, *, status_code: int = 200, active_calls: int |
 
 @pytest.fixture
 async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
+    async with running_fleet(redis_url, tmp_path) as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(redis_url: str, tmp_path: Path, *, server: dict[str, Any] | None = None) -> AsyncIterator[Fleet]:
+    """The engine server and bridges A and B on one configuration (``server`` adds to its ``[server]`` table)."""
     engine_port = free_port()
     twilio = SimulatedTwilio("http://unused", SECRET)
     rest_url = await twilio.start_rest(free_port())
@@ -136,6 +145,7 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
         f'redis_url = "{redis_url}"',
         "[server]",
         "drain_timeout_s = 20.0",
+        *(f"{key} = {json.dumps(value)}" for key, value in (server or {}).items()),
     ]
     for section, values in overrides.items():
         lines.append(f"[{section}]")
@@ -232,13 +242,15 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
     await until(lambda: _ready(fleet.a, status_code=503), timeout_s=2)
     assert await _ready(fleet.b)
 
-    # no new call on A: Twilio's answer webhook gets <Reject reason="busy"/>, Exotel's media upgrade is refused
+    # no new call on A: Twilio's answer webhook is sent back through the load balancer (which would have taken A
+    # out by its next readiness check) three times, then gets <Reject reason="busy"/>; Exotel's upgrade is refused
     validator = RequestValidator(SECRET)
     params = fleet.twilio.answer_params("CA" + "f" * 32, first=True)
     async with httpx.AsyncClient(timeout=5) as http:
-        refused = await answer_and_stream(http, validator, fleet.a.url, params)
+        answers = [await answer_and_stream(http, validator, fleet.a.url, params) for _ in range(DRAIN_NEW_CALL_BOUNCES + 1)]
         busy = await http.post(fleet.a.url + "/twilio/voice", data=params, headers={"X-Twilio-Signature": validator.compute_signature(fleet.a.url + "/twilio/voice", params)})
-    assert refused == "TwiML <Reject>: the call ends" and 'reason="busy"' in busy.text
+    assert all(isinstance(answer, TwimlRedirect) and answer.url == fleet.a.url + "/twilio/voice" for answer in answers[:-1]), answers
+    assert answers[-1] == "TwiML <Reject>: the call ends" and 'reason="busy"' in busy.text
     late = await SimulatedExotel(fleet.a.url, SECRET).place_call(CallerScript(hangup_at_ms=500))
     assert late.streams == [] and any("handshake failed" in e.what for e in late.timeline), late.render()
 
@@ -315,7 +327,7 @@ async def test_a_second_sigterm_stops_at_once(fleet: Fleet) -> None:
 async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_the_load_balancer(fleet: Fleet) -> None:
     """SIGTERM moves A's Twilio call; its ``<Redirect>`` webhook comes back to A, still draining (the load balancer
     has not taken it out yet): A answers ``<Pause>`` + ``<Redirect>`` rather than ``<Reject>``, the retry reaches
-    B, and the call goes on there on its engine session. A new call at A is still refused."""
+    B, and the call goes on there on its engine session."""
     speech = short_speech(1200)
     routed: list[str] = []
 

@@ -458,7 +458,12 @@ def _encode_audio(audio: Any, sample_rate_hz: int, response_format: str, speed: 
 
 
 class WireTally:
-    """Counts, on the connections it watches, the ``session.close`` frames received and the ``error`` events sent."""
+    """Counts, on the connections it watches, the ``session.close`` frames received and the ``error`` events sent.
+
+    An error counts once it is on the wire. When a client closes its socket while the server is sending, vllm-omni
+    detaches the session for resume and its read loop then fails with starlette's "not connected", for which it
+    tries an ``error`` (``realtime_input_failed``) on that closed socket: nobody receives it, and it is not counted.
+    """
 
     def __init__(self) -> None:
         self.close_frames = 0
@@ -476,10 +481,10 @@ class WireTally:
             return text
 
         async def counted_send(data: Any, mode: str = "text") -> None:
+            await send_json(data, mode)  # an error sent on a socket the client already closed reached nobody
             if isinstance(data, dict) and data.get("type") == "error":
                 error = data.get("error")
                 self.errors.append(str(error.get("code") if isinstance(error, dict) else data.get("code")))
-            await send_json(data, mode)
 
         websocket.receive_text = counted_receive  # type: ignore[method-assign]
         websocket.send_json = counted_send  # type: ignore[method-assign]

@@ -1,0 +1,177 @@
+"""The fleet of ``test_fleet.py`` behind a real load balancer: Debian's HAProxy running the shipped
+``deploy/haproxy/haproxy.cfg`` unchanged, which sends each webhook and media websocket to a bridge whose
+``/readyz`` says 200. Simulated Twilio knows only the load balancer's address (``server.public_url``), so every
+``<Redirect>`` and ``<Stream>`` goes back through it and lands wherever it picks.
+
+Proved here, on the default configuration otherwise: a bridge killed (SIGKILL) mid-call is taken out at the
+carrier's reconnect, which reaches the other bridge and resumes the same engine session; a bridge draining
+(SIGTERM) is taken out within a health check, its call moved, and new calls are answered by the other; with
+the registry gone every bridge is unready, and a new call still gets the carrier's busy from a bridge (not
+HAProxy's 503 page, an application error to Twilio), then is answered again once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.exotel import SimulatedExotel
+from callbridge.sim.runner import free_port
+from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _ready, _stream_started_at, running_fleet
+from tests.bridge.twilio_e2e import short_speech, until
+from tests.conftest import peer_binary
+from tests.redis_server import redis_server
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+@dataclass
+class Haproxy:
+    process: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def marked_down(self, server: str) -> bool:
+        """HAProxy logged ``server`` (``bridge-a``…) down."""
+        return f"Server bridges/{server} is DOWN" in self.log_path.read_text(errors="replace")
+
+    def marked_up(self, server: str) -> int:
+        return self.log_path.read_text(errors="replace").count(f"Server bridges/{server} is UP")
+
+
+@contextlib.contextmanager
+def running_haproxy(port: int, a: Process, b: Process, tmp_path: Path) -> Iterator[Haproxy]:
+    binary = peer_binary("haproxy")
+    if binary is None:
+        pytest.skip("haproxy is not installed (apt-get install haproxy; CI installs it)")
+    env = {
+        **os.environ,
+        "CALLBRIDGE_LB_BIND": f"127.0.0.1:{port}",
+        "CALLBRIDGE_BRIDGE_A": a.url.removeprefix("http://"),
+        "CALLBRIDGE_BRIDGE_B": b.url.removeprefix("http://"),
+    }
+    log_path = tmp_path / "haproxy.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([binary, "-db", "-f", str(CONFIG)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield Haproxy(process, f"http://127.0.0.1:{port}", log_path)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@dataclass
+class Balanced:
+    fleet: Fleet
+    lb: Haproxy
+    redis: subprocess.Popen[bytes]
+
+    async def one_call_up(self) -> bool:
+        return await _ready(self.fleet.a, active_calls=1) or await _ready(self.fleet.b, active_calls=1)
+
+    async def holder(self) -> tuple[Process, Process, str]:
+        """(the bridge holding the one call up, the other, the holder's HAProxy server name)."""
+        for bridge, other, name in ((self.fleet.a, self.fleet.b, "bridge-a"), (self.fleet.b, self.fleet.a, "bridge-b")):
+            if await _ready(bridge, active_calls=1):
+                return bridge, other, name
+        raise AssertionError("no bridge holds the call")
+
+
+@pytest.fixture
+async def balanced(tmp_path: Path) -> AsyncIterator[Balanced]:
+    """Redis of its own (a test stops it), the engine server, bridges A and B whose public URL is HAProxy's."""
+    lb_port = free_port()
+    with redis_server() as (redis_url, redis):
+        async with running_fleet(redis_url, tmp_path, server={"public_url": f"http://127.0.0.1:{lb_port}"}) as fleet:
+            with running_haproxy(lb_port, fleet.a, fleet.b, tmp_path) as lb:
+                fleet.twilio.bridge_url = lb.url
+                await until(lambda: _lb_ready(lb), timeout_s=10)
+                yield Balanced(fleet, lb, redis)
+
+
+async def _lb_ready(lb: Haproxy) -> bool:
+    try:
+        async with httpx.AsyncClient(timeout=2) as http:
+            return (await http.get(lb.url + "/readyz")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def test_a_killed_bridge_is_taken_out_at_the_reconnect_and_the_call_resumes_on_the_other(balanced: Balanced) -> None:
+    fleet = balanced.fleet
+    speech = short_speech(1200)
+    call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
+    await until(balanced.one_call_up, timeout_s=10)
+    holder, other, name = await balanced.holder()
+    await asyncio.sleep(2.5)  # the first reply played
+    holder.process.kill()
+    result = await call
+
+    assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+    (opened,) = holder.events("call_bridged", call_id=result.call_sid)
+    (resumed,) = other.events("call_bridged", call_id=result.call_sid)
+    assert resumed["engine"] == "taken_over" and resumed["session_id"] == opened["session_id"], other.call_log(result.call_sid)
+    assert resumed["bound_after_ms"] <= 500, resumed
+    assert len(fleet.engine.events("engine_session_opened")) == 1
+    assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
+    assert balanced.lb.marked_down(name)
+    await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_a_draining_bridge_is_taken_out_its_call_moves_and_new_calls_are_answered_by_the_other(balanced: Balanced) -> None:
+    """SIGTERM of the bridge holding a Twilio call, and an Exotel call that cannot move (placed at that bridge's
+    own address, so that the drain lasts): ``/readyz`` 503 takes it out at HAProxy's next check, the Twilio call
+    moves to the other bridge through the load balancer, and every new call from the signal on is answered there."""
+    fleet = balanced.fleet
+    speech = short_speech(1200)
+    first = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
+    await until(balanced.one_call_up, timeout_s=10)
+    holder, other, name = await balanced.holder()
+    held = asyncio.create_task(SimulatedExotel(holder.url, SECRET).place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=7000)))
+    await until(lambda: _ready(holder, active_calls=2), timeout_s=10)
+    await asyncio.sleep(1.5)
+    holder.process.send_signal(signal.SIGTERM)
+    new_calls = []
+    for _ in range(5):  # new calls from the signal on, before and after HAProxy's next check
+        new_calls.append(asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=3000))))
+        await asyncio.sleep(0.3)
+    await until(lambda: balanced.lb.marked_down(name), timeout_s=3)
+
+    moved, exotel, *answered = await asyncio.gather(first, held, *new_calls)
+    assert await asyncio.to_thread(holder.process.wait, 15) == 0
+    assert "Layer7 wrong status" in balanced.lb.log_path.read_text()  # out by its health check, while it drained
+    assert len(moved.streams) == 2 and moved.hung_up_by == "caller", moved.render()
+    assert other.events("call_bridged", call_id=moved.call_sid)[-1]["engine"] == "resumed"
+    assert _agent_heard_after(moved, _stream_started_at(moved, 1)), moved.render()
+    assert len(exotel.streams) == 1 and exotel.hung_up_by == "caller", exotel.render()
+    for result in answered:
+        assert result.hung_up_by == "caller" and result.agent_speech_ms > 0, result.render()
+        assert other.events("call_bridged", call_id=result.call_sid), result.render()
+    await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_with_the_registry_gone_a_new_call_is_busy_from_a_bridge_and_answered_once_it_is_back(balanced: Balanced) -> None:
+    fleet = balanced.fleet
+    speech = short_speech(800)
+    balanced.redis.kill()
+    balanced.redis.wait()
+    await until(lambda: balanced.lb.marked_down("bridge-a") and balanced.lb.marked_down("bridge-b"), timeout_s=10)
+    refused = await fleet.twilio.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=2000))
+    assert refused.streams == [] and any('<Reject>' in e.what for e in refused.timeline), refused.render()
+    assert any(e.get("reason") == "registry_unavailable" for e in fleet.a.events("call_refused") + fleet.b.events("call_refused"))
