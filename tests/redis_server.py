@@ -14,7 +14,7 @@ import pytest
 
 from callbridge.sim.runner import free_port
 
-__all__ = ["redis_server", "redis_url"]
+__all__ = ["redis_server", "redis_url", "start_redis"]
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
@@ -29,6 +29,19 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: floa
     raise AssertionError(f"redis-server not listening on {port} within {timeout_s} s")
 
 
+def start_redis(port: int) -> subprocess.Popen[bytes]:
+    """An empty ``redis-server`` on 127.0.0.1:``port``, listening (again, after a test killed the one there)."""
+    binary = shutil.which("redis-server")
+    assert binary is not None
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _wait_listening(port, process)
+    return process
+
+
 @contextmanager
 def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A ``redis-server`` of its own: (its URL, the process, for a test that stops it early); skips the test
@@ -37,13 +50,8 @@ def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     if binary is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server; CI installs it)")
     port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    process = start_redis(port)
     try:
-        _wait_listening(port, process)
         yield f"redis://127.0.0.1:{port}/0", process
     finally:
         if process.poll() is None:

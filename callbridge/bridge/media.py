@@ -756,7 +756,7 @@ class _LiveTicketKeeper:
                 return False
             live = self.driver._live_call(self.session, self.start)
             try:
-                held = await self.driver.services.registry.checkpoint(self.start.call_id, live)
+                held = await self.driver.services.registry.checkpoint(self.start.call_id, live, _BOUND_KEPT_MS)
             except RegistryUnavailable as exc:
                 if not self._failing:  # once per outage: tried again an interval on (a rotated token: at once)
                     self.driver.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)

@@ -160,9 +160,12 @@ class CallRegistry(abc.ABC):
         process that died lapses after ``keep_ms``); ``live`` is its live ticket (its holder the stream)."""
 
     @abc.abstractmethod
-    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+    async def checkpoint(self, call_id: str, live: LiveCall, keep_ms: int) -> bool:
         """Bring the call's live ticket up to date, only if ``live.holder`` still holds the call (bound, not
-        detached, ended or taken over since). False when it does not (nothing written)."""
+        detached, ended or taken over since). False when it does not (nothing written). A call the registry has
+        no record of at all was lost by it (Redis restarted empty, or failed over to a replica that never had
+        it; nobody can take a call over without its record): written anew as ``mark_bound`` would, kept
+        ``keep_ms``, so that the call is resumable from the registry again."""
 
     @abc.abstractmethod
     async def claim_live(self, call_id: str, holder: str, by: str) -> LiveCall | None:
@@ -328,9 +331,12 @@ class MemoryCallRegistry(CallRegistry):
         entry.record.bound, entry.record.live, entry.record.holder, entry.record.ticket = True, live, live.holder, None
         entry.expires_at_ms = max(entry.expires_at_ms, self._clock() + keep_ms)
 
-    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+    async def checkpoint(self, call_id: str, live: LiveCall, keep_ms: int) -> bool:
         entry = self._live(call_id)
-        if entry is None or not entry.record.bound or entry.record.holder != live.holder:
+        if entry is None:
+            await self.mark_bound(call_id, keep_ms, live)
+            return True
+        if not entry.record.bound or entry.record.holder != live.holder:
             return False
         entry.record.live = live
         return True

@@ -101,11 +101,17 @@ return 0
 """KEYS[1] the admitted calls; ARGV the hold (ms), then the calls kept."""
 
 _CHECKPOINT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'bound', '1', 'live', ARGV[2], 'holder', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 2
+end
 if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] or redis.call('HEXISTS', KEYS[1], 'bound') == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'live', ARGV[2])
 return 1
 """
-"""KEYS[1] the call's hash; ARGV[1] the holder, ARGV[2] its ``LiveCall`` JSON. Returns 1 when written."""
+"""KEYS[1] the call's hash; ARGV[1] the holder, ARGV[2] its ``LiveCall`` JSON, ARGV[3] how long a record written
+anew is kept (ms). Returns 1 when written, 2 when written anew (the record was lost), 0 when not the holder's."""
 
 _CLAIM_LIVE = """
 if redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then return '' end
@@ -202,9 +208,12 @@ class RedisCallRegistry(CallRegistry):
                 pipe.pexpire(key, max(1, keep_ms), nx=True)  # sets one where there was none
                 await pipe.execute()
 
-    async def checkpoint(self, call_id: str, live: LiveCall) -> bool:
+    async def checkpoint(self, call_id: str, live: LiveCall, keep_ms: int) -> bool:
         with _unavailable("checkpoint"):
-            return bool(await self._checkpoint(keys=[self._key(call_id)], args=[live.holder, _live_json(live)]))
+            written = int(await self._checkpoint(keys=[self._key(call_id)], args=[live.holder, _live_json(live), max(1, keep_ms)]))
+        if written == 2:
+            log.warning("registry_record_restored", call_id=call_id, holder=live.holder)
+        return written > 0
 
     async def claim_live(self, call_id: str, holder: str, by: str) -> LiveCall | None:
         with _unavailable("claim_live"):

@@ -27,10 +27,10 @@ import pytest
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.exotel import SimulatedExotel
 from callbridge.sim.runner import free_port
-from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _ready, _stream_started_at, running_fleet
+from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _get, _ready, _stream_started_at, running_fleet
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import peer_binary
-from tests.redis_server import redis_server
+from tests.redis_server import redis_server, start_redis
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,8 +47,9 @@ class Haproxy:
         """HAProxy logged ``server`` (``bridge-a``…) down."""
         return f"Server bridges/{server} is DOWN" in self.log_path.read_text(errors="replace")
 
-    def marked_up(self, server: str) -> int:
-        return self.log_path.read_text(errors="replace").count(f"Server bridges/{server} is UP")
+    def marked_up(self, server: str) -> bool:
+        """HAProxy logged ``server`` back up (after it was down)."""
+        return f"Server bridges/{server} is UP" in self.log_path.read_text(errors="replace")
 
 
 @contextlib.contextmanager
@@ -81,6 +82,11 @@ class Balanced:
     fleet: Fleet
     lb: Haproxy
     redis: subprocess.Popen[bytes]
+    redis_port: int
+
+    def restart_redis(self) -> None:
+        """A new, empty ``redis-server`` where the killed one was (stopped at the fixture's end)."""
+        self.redis = start_redis(self.redis_port)
 
     async def one_call_up(self) -> bool:
         return await _ready(self.fleet.a, active_calls=1) or await _ready(self.fleet.b, active_calls=1)
@@ -102,7 +108,13 @@ async def balanced(tmp_path: Path) -> AsyncIterator[Balanced]:
             with running_haproxy(lb_port, fleet.a, fleet.b, tmp_path) as lb:
                 fleet.twilio.bridge_url = lb.url
                 await until(lambda: _lb_ready(lb), timeout_s=10)
-                yield Balanced(fleet, lb, redis)
+                balanced = Balanced(fleet, lb, redis, int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+                try:
+                    yield balanced
+                finally:
+                    if balanced.redis is not redis and balanced.redis.poll() is None:
+                        balanced.redis.kill()
+                        balanced.redis.wait()
 
 
 async def _lb_ready(lb: Haproxy) -> bool:
@@ -167,11 +179,41 @@ async def test_a_draining_bridge_is_taken_out_its_call_moves_and_new_calls_are_a
 
 
 async def test_with_the_registry_gone_a_new_call_is_busy_from_a_bridge_and_answered_once_it_is_back(balanced: Balanced) -> None:
+    """Redis killed with a call up: both bridges' ``/readyz`` go 503 and HAProxy takes both out, yet a new call
+    still reaches a bridge (the backup servers) and gets Twilio's busy, not an HTTP 503 from HAProxy. The call up
+    carries on. Redis back, empty, on the same address: both bridges back in and a new call answered; the call
+    that lived through the outage has its record written anew by its holder, so that when that bridge is then
+    killed, the call resumes its same engine session on the other."""
     fleet = balanced.fleet
     speech = short_speech(800)
+    live = asyncio.create_task(
+        fleet.twilio.place_call(CallerScript(utterances=((300, speech), (6000, speech), (12_000, speech)), hangup_at_ms=14_000))
+    )
+    await until(balanced.one_call_up, timeout_s=10)
+    holder, other, _ = await balanced.holder()
     balanced.redis.kill()
     balanced.redis.wait()
     await until(lambda: balanced.lb.marked_down("bridge-a") and balanced.lb.marked_down("bridge-b"), timeout_s=10)
+    for bridge in (fleet.a, fleet.b):
+        assert (await _get(bridge.url + "/readyz")).json() == {"status": "registry_unavailable"}
     refused = await fleet.twilio.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=2000))
-    assert refused.streams == [] and any('<Reject>' in e.what for e in refused.timeline), refused.render()
-    assert any(e.get("reason") == "registry_unavailable" for e in fleet.a.events("call_refused") + fleet.b.events("call_refused"))
+    assert refused.streams == [] and refused.timeline[-1].what == "TwiML <Reject>: the call ends", refused.render()
+    (refusal,) = fleet.a.events("call_refused", call_id=refused.call_sid) + fleet.b.events("call_refused", call_id=refused.call_sid)
+    assert refusal["reason"] == "registry_unavailable" and refusal["level"] == "warning"
+
+    balanced.restart_redis()
+    await until(lambda: balanced.lb.marked_up("bridge-a") and balanced.lb.marked_up("bridge-b"), timeout_s=10)
+    answered = await fleet.twilio.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=3000))
+    assert answered.hung_up_by == "caller" and answered.agent_speech_ms > 0, answered.render()
+    await until(lambda: bool(holder.events("registry_record_restored")), timeout_s=5)
+    holder.process.kill()  # the registry had lost the call: only its restored record can resume it
+    through = await live
+    assert len(through.streams) == 2 and through.hung_up_by == "caller", through.render()
+    (opened,) = holder.events("call_bridged", call_id=through.call_sid)
+    (taken,) = other.events("call_bridged", call_id=through.call_sid)
+    assert taken["engine"] == "taken_over" and taken["session_id"] == opened["session_id"], other.call_log(through.call_sid)
+    assert _agent_heard_after(through, 12_000), through.render()  # its third reply, after all that
+    for bridge in (fleet.a, fleet.b):
+        log = bridge.log_path.read_text()
+        assert "Traceback" not in log and '"level": "error"' not in log, bridge.name
+    await until(fleet.no_engine_session_left, timeout_s=10)

@@ -280,14 +280,32 @@ async def test_a_live_ticket_is_kept_current_by_its_holder_only(backend: Backend
     b, _ = await backend.view()
     await a.mark_bound("CA-live", 60_000, LIVE)
     newer = replace(LIVE, ticket=replace(LIVE.ticket, resume_token="tok-b", last_event_seq=57), input_ms=4400)
-    assert await a.checkpoint("CA-live", newer)
-    assert await b.checkpoint("CA-live", replace(newer, holder="proc-b:MZ2")) is False  # not its holder: nothing written
+    assert await a.checkpoint("CA-live", newer, 60_000)
+    assert await b.checkpoint("CA-live", replace(newer, holder="proc-b:MZ2"), 60_000) is False  # not its holder: nothing written
     record = await b.get("CA-live")
     assert record is not None and record.live == newer
     await a.detach("CA-live", TICKET, 4400, grace_ms=60_000)
-    assert await a.checkpoint("CA-live", newer) is False  # a checkpoint after the detach does not re-mark the call
+    assert await a.checkpoint("CA-live", newer, 60_000) is False  # a checkpoint after the detach does not re-mark the call
     record = await b.get("CA-live")
     assert record is not None and not record.bound and record.live is None and record.ticket == TICKET
+
+
+async def test_a_live_ticket_the_registry_no_longer_has_is_written_anew_by_its_holder(backend: Backend) -> None:
+    """The registry lost the call's record (Redis restarted empty; here, its expiry lapsed): the holder's next
+    checkpoint writes it again, so that another process can take the call over from it, as before the loss."""
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    await a.mark_bound("CA-lost", 50, LIVE)
+    await backend.advance(200)
+    assert await b.get("CA-lost") is None
+    newer = replace(LIVE, input_ms=5400)
+    assert await a.checkpoint("CA-lost", newer, 60_000)
+    record = await b.get("CA-lost")
+    assert record is not None and record.bound and record.live == newer and record.holder == LIVE.holder
+    await backend.advance(200)
+    assert await b.get("CA-lost") is not None  # kept as long as a bound mark
+    assert await b.claim_live("CA-lost", LIVE.holder, by="proc-b:MZ2") == newer
+    assert await a.checkpoint("CA-lost", newer, 60_000) is False  # taken: not written again
 
 
 async def test_a_live_ticket_is_taken_once_from_the_holder_it_names(backend: Backend) -> None:
@@ -302,7 +320,7 @@ async def test_a_live_ticket_is_taken_once_from_the_holder_it_names(backend: Bac
     claims = await asyncio.gather(b.claim_live("CA-crash", LIVE.holder, by="proc-b:MZ2"), c.claim_live("CA-crash", LIVE.holder, by="proc-c:MZ3"))
     assert sorted(claims, key=lambda live: live is None) == [LIVE, None]
     winner = "proc-b:MZ2" if claims[0] is not None else "proc-c:MZ3"
-    assert await a.checkpoint("CA-crash", LIVE) is False
+    assert await a.checkpoint("CA-crash", LIVE, 60_000) is False
     assert await a.detach("CA-crash", TICKET, 3400, 60_000, holder=LIVE.holder) is False  # it woke up, too late
     record = await c.get("CA-crash")
     assert record is not None and not record.bound and record.live is None and record.ticket is None and record.holder == winner
