@@ -8,8 +8,10 @@ reconnect budget), the bridge process dying (SIGKILL: no detach, no ticket; the 
 process, which has only the registry's live ticket, written at the bind, every second and at a barge-in, and the
 engine's replay of what followed it), the bridge process draining (SIGTERM with a shared registry: the stream
 moves — what the caller heard to the engine, the session parked, the socket closed going away — and the
-carrier's reconnect lands on another process), the bridge reading late (a backlog arrives in a burst), mark
-echoes late, repeated or out of order. The
+carrier's reconnect lands on another process), the registry losing everything it held of the call (Redis
+restarted empty: a live stream's next checkpoint writes the record anew; a parked ticket is gone, its session
+left to the engine's grace), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated
+or out of order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
 (Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
@@ -27,6 +29,8 @@ After every step the invariants are checked (``Violation`` names the first that 
 - one engine session per call: a new one only once the last is lost (expired, its server gone), never beside
   one still detached or live, nor after the bridge closed the live one; the registry never says a stream holds
   the session when none does (a stream that ended without parking it), unless that stream's process died;
+- a live call the registry lost is written there anew within ``RESTORE_BOUND_MS`` (its stream's next checkpoint);
+  only a session the registry lost all trace of may have a new one opened beside it (left to the grace);
 - a call whose bridge died is resumed on its next stream from the live ticket (the same session, never a new
   one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start; a call moved off a draining
   bridge is resumed on its next stream (its parked session, while its server lives), and so is the call of a
@@ -124,6 +128,8 @@ CHECKPOINT_MS: Final = 1000
 """How often the live ticket is written (``registry.checkpoint_interval_s``, shipped 1 s)."""
 CHECKPOINT_POLL_MS: Final = 250
 """How often the driver looks whether it is due (and at a barge-in, before the engine is told of it)."""
+RESTORE_BOUND_MS: Final = CHECKPOINT_MS + CHECKPOINT_POLL_MS
+"""The registry lost a live call's record → its stream's checkpoint has written it anew."""
 TAKEOVER_BOUND_MS: Final = TAKEOVER_AFTER_MS + 100
 """A crashed bridge's call, resumed on the next stream: from that stream's start to its session in hand."""
 
@@ -167,6 +173,9 @@ class FaultPlan:
     """The bridge process serving the call drains (SIGTERM, a shared registry): the stream moves — what the
     caller heard goes to the engine, the session is parked, the socket closes going away — and the carrier
     reconnects (to another process) after ``redirect_delay_ms``."""
+    registry_lost_at_ms: int | None = None
+    """The registry loses everything it held of the call (Redis restarted empty, or failed over to a replica that
+    never had it): a live stream's next checkpoint writes its record anew; a parked ticket is gone for good."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -197,6 +206,7 @@ def plan_for(seed: int) -> FaultPlan:
         bridge_crashes_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.25 else None,  # drawn late: the
         bridge_drains_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,  # faults drawn before
         half_open_drops=rng.random() < 0.4,  # keep their values
+        registry_lost_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,
     )
 
 
@@ -271,6 +281,13 @@ class _RegistryModel:
     bound: bool = False
     live: LiveCall | None = None
 
+    def lose(self) -> None:
+        """Everything the registry held of the call is gone (the record object stays: the calls share the dict)."""
+        self.ticket, self.input_ms, self.ended_reason, self.bound, self.live = None, 0, None, False, None
+
+    def is_empty(self) -> bool:
+        return self.ticket is None and self.ended_reason is None and not self.bound and self.live is None
+
 
 @dataclass(slots=True)
 class _EngineServer:
@@ -280,9 +297,17 @@ class _EngineServer:
     capacity: int
     sessions: dict[str, tuple[str, LocalSessionCore]] = field(default_factory=dict)
     """session id → (the call that opened it, its core)."""
+    orphaned: set[str] = field(default_factory=set)
+    """Detached sessions no bridge can name any more (the registry lost their ticket): the engine's disconnect
+    grace ends them, not the bridge."""
 
     def in_use(self) -> int:
         return sum(core.state is not SessionState.CLOSED for _, core in self.sessions.values())
+
+    def open_unowned(self) -> list[str]:
+        """Sessions still open that some bridge should have closed (not those left to the grace by a loss)."""
+        open_ = [sid for sid, (_, core) in self.sessions.items() if core.state is not SessionState.CLOSED]
+        return [sid for sid in open_ if sid not in self.orphaned]
 
     def has_room(self) -> bool:
         return self.in_use() < self.capacity
@@ -350,6 +375,11 @@ class SimulatedCall:
         """A dropped stream the bridge still serves (``half_open_drops``), and its lifecycle, until superseded."""
         self._resuming_half_open = False  # the next stream resumes the session the superseded one parks
         self._dead_holder: str | None = None  # the live ticket's holder when the bridge crashed
+        self.registry_lost = False
+        self._orphaned_since_bind = False
+        self._unnamed_session: str | None = None
+        """The session the registry lost all trace of (a parked ticket, or a live ticket not yet written anew):
+        until a checkpoint writes it again, the next stream cannot find it and opens a new one beside it."""
         self._taking_over = False
         """A stream after the crash is binding: it must resume the session from the live ticket."""
         self._binding_at: tuple[int, CallLifecycle] | None = None
@@ -401,6 +431,9 @@ class SimulatedCall:
                 self._bind_steps()
         if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
             self.engine_dead = True
+        lost_at = plan.registry_lost_at_ms
+        if lost_at is not None and now >= lost_at and not self.registry_lost:
+            self._lose_registry()
         if self._half_open is not None:
             self._serve_half_open(*self._half_open)
         call, carrier = self.call, self.carrier
@@ -567,19 +600,22 @@ class SimulatedCall:
                     self._violation(f"a binding step the simulation does not know: {step!r}")
         bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
+        # the session to resume was lost by the registry: a new one beside it is no violation
+        unnamed, self._orphaned_since_bind = self._orphaned_since_bind, False
         if self._taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
             self._taking_over = False
-            if not self.session_lost and bind.source is not BindSource.TAKEN_OVER:
+            if not self.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
                 self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
             if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
                 self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
         if self._resuming_half_open:  # the superseded stream parked its session: this one resumes it
             self._resuming_half_open = False
-            if not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and bind.source is not BindSource.RESUMED:
+            resumable = not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and not unnamed
+            if resumable and bind.source is not BindSource.RESUMED:
                 self._violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
         if self._resuming_moved:  # a drained process's call: the same session, unless its server died
             self._resuming_moved = False
-            if not self.session_lost and not self.engine_dead and bind.source is not BindSource.RESUMED:
+            if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
                 self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
         registry.bound = True
         call.engine_bound(
@@ -599,6 +635,7 @@ class SimulatedCall:
         ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.heard_so_far(self.now_ms),
                               told_ms=call.told_so_far)  # fmt: skip
         self.registry.live = LiveCall(f"bridge:{call.codec.stream_id}", ticket, call.facts().input_ms)
+        self._named_again()
         self._journal = []
         self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
 
@@ -637,13 +674,18 @@ class SimulatedCall:
         if self.engine_dead:  # no other endpoint in this simulation: no engine takes the call
             life.open_failed("connection_failed")
             return
-        if self.engine.state is not SessionState.CLOSED:
+        beside = self.engine.state is not SessionState.CLOSED
+        if beside and self._unnamed_session != self.engine.session_id:
             self._violation(f"a second engine session while the call's first is still {self.engine.state.value}")
         if self.close_requested:
             self._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
-        if not self.server.has_room():  # the other calls' sessions fill the server
+        if not self.server.has_room():  # the other calls' sessions (or the one the registry lost) fill the server
             life.open_failed("resource_exhausted")
             return
+        if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
+            # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
+            self.server.orphaned.add(self.engine.session_id)  # (not followed further)
+            self._unnamed_session, self._orphaned_since_bind, self._half_open = None, True, None
         self.sessions += 1
         self.engine = self._new_engine(f"duplex-sim-{self.call_id[-4:]}-{self.sessions}")
         self.server.sessions[self.engine.session_id] = (self.call_id, self.engine)
@@ -743,6 +785,7 @@ class SimulatedCall:
                                           told_ms=told_ms)  # fmt: skip
                     self.registry.ticket, self.registry.input_ms, self.registry.bound = ticket, input_ms, False
                     self.registry.live = None
+                    self._named_again()
                     life.parked(True)
                 case CloseEngineSession(reason):
                     self._submit_all([CloseSession(reason)])
@@ -788,7 +831,35 @@ class SimulatedCall:
     def _checkpoint_if_due(self, call: CallSession) -> None:
         """The driver's poll of the live ticket, written once due."""
         if self._checkpoint_at_ms is not None and self.now_ms % CHECKPOINT_POLL_MS == 0 and self.now_ms >= self._checkpoint_at_ms:
-            self._write_live_ticket(call)
+            self._checkpoint(call)
+
+    def _checkpoint(self, call: CallSession) -> None:
+        """One write of the stream's live ticket (due, or at a barge-in), as ``CallRegistry.checkpoint`` writes it:
+        only while this stream holds the call (else the keeper stops: released); a record the registry lost, anew."""
+        registry, holder = self.registry, f"bridge:{call.codec.stream_id}"
+        if registry.is_empty():
+            registry.bound = True  # written anew (``_write_live_ticket``): a takeover finds it again
+        elif not registry.bound or registry.live is None or registry.live.holder != holder:
+            self._checkpoint_at_ms = None  # not this stream's to write any more
+            return
+        self._write_live_ticket(call)
+
+    def _named_again(self) -> None:
+        """The registry holds a ticket of the call's session again (a live ticket written, a ticket parked)."""
+        if self._unnamed_session == self.engine.session_id:
+            self._unnamed_session = None
+
+    def _lose_registry(self) -> None:
+        """The registry loses the call's record. A parked session (its ticket) or a live one (until a checkpoint
+        writes it anew) can no longer be found by a stream of the call: one opened beside it is no violation,
+        and the engine's grace ends the first."""
+        self.registry_lost = True
+        registry = self.registry
+        if registry.ended_reason is not None:
+            return  # the call is known over: losing that changes nothing the caller hears
+        if registry.ticket is not None or registry.live is not None:
+            self._unnamed_session = self.engine.session_id
+        registry.lose()
 
     def _engine_events(self, call: CallSession) -> None:
         """The engine's events to ``call``, its outputs to the carrier after each batch while it is the current
@@ -818,7 +889,7 @@ class SimulatedCall:
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])
             elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
-                self._write_live_ticket(call)  # as the driver: before what the engine is told of the cut reply
+                self._checkpoint(call)  # as the driver: before what the engine is told of the cut reply
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
             no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
@@ -860,8 +931,15 @@ class SimulatedCall:
         self.heard_told[response_id] = max(heard, told or 0)
 
     def _check(self) -> None:
-        """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone."""
-        died, call, carrier = self.plan.engine_dies_at_ms, self.call, self.carrier
+        """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
+        call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint)."""
+        lost_at, call = self.plan.registry_lost_at_ms, self.call
+        if (
+            lost_at is not None and self._unnamed_session == self.engine.session_id and call is not None
+            and call.state is CallState.LIVE and self.now_ms > lost_at + RESTORE_BOUND_MS
+        ):  # fmt: skip
+            self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
+        died, carrier = self.plan.engine_dies_at_ms, self.carrier
         if died is None or self.outcome is not None or self.now_ms <= died + TONE_BOUND_MS or call is None:
             return
         if call.state is CallState.LIVE:
@@ -871,6 +949,8 @@ class SimulatedCall:
 
     def _check_end(self) -> None:
         call, outcome = self.call, self.outcome
+        if self._unnamed_session == self.engine.session_id and self.engine.state is not SessionState.CLOSED:
+            self.server.orphaned.add(self.engine.session_id)  # no stream of the call found it again: left to the grace
         if outcome == "busy":
             if self.streams or self.engine.session_id in self.server.sessions:
                 self._violation("refused busy at the answer, yet a stream or a session was had")
@@ -889,12 +969,17 @@ class SimulatedCall:
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
         if call is None or call.state is not CallState.ENDED:
             self._violation("the caller hung up; the stream did not end")
+        unnamed = self._unnamed_session == self.engine.session_id  # the registry lost it; no stream found it again
         if not self.engine_dead:
             self.engine.events_to_send()
-            if self.engine.state is not SessionState.CLOSED:
+            # a session the registry lost is left to the engine's grace, or (a half-open stream still serving it,
+            # which no stream of the call could find to supersede) to that socket's keepalive
+            left_to = {SessionState.DETACHED, SessionState.LIVE} if self._half_open is not None else {SessionState.DETACHED}
+            if self.engine.state is not SessionState.CLOSED and not (unnamed and self.engine.state in left_to):
                 self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
-        lost = self.engine_lost_reported or self.session_lost  # a close sent before the loss was known is fine; one
-        if self.closes_sent > 1 or (not lost and self.closes_sent != 1):  # after it is caught as it is sent
+
+        lost = self.engine_lost_reported or self.session_lost or unnamed  # a close sent before the loss was known
+        if self.closes_sent > 1 or (not lost and self.closes_sent != 1):  # is fine; one after it is caught as sent
             self._violation(f"{self.closes_sent} session.close for one session")
         if self.registry.ended_reason is None or self.registry.ticket is not None or self.registry.live is not None:
             self._violation("the call is over; the registry does not know it (or still holds a ticket)")
@@ -966,7 +1051,7 @@ class SimulatedCalls:
                 raise Violation(self.seed, self.now_ms, f"{self.server.in_use()} sessions on a server with room for {plan.capacity}", calls=True)
             self.now_ms += FRAME_MS // 2
         dead = plan.engine_dies_at_ms is not None
-        left = [sid for sid, (_, core) in self.server.sessions.items() if core.state is not SessionState.CLOSED]
+        left = self.server.open_unowned()
         if left and not dead:
             raise Violation(self.seed, self.now_ms, f"every call is over; the server still holds {left}", calls=True)
         return self

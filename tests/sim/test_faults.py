@@ -16,6 +16,7 @@ from callbridge.sim.faults import (
     SimulatedCalls,
     Violation,
     _EngineServer,
+    _RegistryModel,
     calls_plan_for,
     main,
     plan_for,
@@ -49,6 +50,7 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.bridge_crashes_at_ms is not None for p in plans) > 150
     assert sum(p.bridge_drains_at_ms is not None for p in plans) > 120
     assert sum(p.half_open_drops and bool(p.drops_at_ms) for p in plans) > 150
+    assert sum(p.registry_lost_at_ms is not None for p in plans) > 120
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
@@ -72,6 +74,19 @@ def test_a_drained_bridges_call_resumes_on_the_next_stream() -> None:
     assert len(moved) > 20
     assert all(run.sessions == 1 for run in moved)
     assert sum(run.outcome == "caller_hung_up" for run in moved) > 20
+
+
+def test_a_call_the_registry_lost_is_resumable_from_it_again() -> None:
+    """The registry loses the call (Redis restarted empty) at 600 ms while it is live, and its bridge dies at 2.4 s
+    with the engine alive: the live stream's checkpoint wrote the record anew (within ``RESTORE_BOUND_MS``, checked
+    in the run), so the next stream takes the same session over rather than open a new one."""
+    lost_then_crashed = {"registry_lost_at_ms": 600, "bridge_crashes_at_ms": 2400, "engine_dies_at_ms": None, "drops_at_ms": (),
+                         "bridge_drains_at_ms": None}  # fmt: skip
+    runs = [SimulatedCall(seed, plan=replace(plan_for(seed), **lost_then_crashed)).run() for seed in range(100)]
+    taken_over = [run for run in runs if run.crashed_at_ms is not None and run.streams >= 2]
+    assert len(taken_over) > 30
+    assert all(run.sessions == 1 for run in taken_over)
+    assert sum(run.outcome == "caller_hung_up" for run in taken_over) > 30
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -177,6 +192,12 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallSession, "told_so_far", property(lambda call: ()))
         # drops that close both ends: a half-open old stream would be superseded and park, not be taken over
         assert "went back" in first_violation(range(1000, 1100), half_open_drops=False).what
+
+    def test_a_checkpoint_that_does_not_write_a_lost_record_anew(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The failure as it was: a live stream took the record the registry lost for a takeover, and stopped
+        writing it; a crash then gave the call a new session (the agent forgot it)."""
+        monkeypatch.setattr(_RegistryModel, "is_empty", lambda record: False)
+        assert "has not written it again" in first_violation(range(100), registry_lost_at_ms=600).what
 
     def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
         """The failure as it was: the wire client waited the engine's 30 s disconnect grace before giving up."""
