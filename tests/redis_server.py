@@ -14,7 +14,7 @@ import pytest
 
 from callbridge.sim.runner import free_port
 
-__all__ = ["redis_server", "redis_url", "start_redis"]
+__all__ = ["redis_server", "redis_url", "start_redis", "stop_process"]
 
 
 def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
@@ -54,13 +54,19 @@ def redis_server() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     try:
         yield f"redis://127.0.0.1:{port}/0", process
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process, timeout_s=10)
+
+
+def stop_process(process: subprocess.Popen[bytes], *, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ Proved here, on the default configuration otherwise: a bridge killed (SIGKILL) m
 carrier's reconnect, which reaches the other bridge and resumes the same engine session; a bridge draining
 (SIGTERM) is taken out within a health check, its call moved, and new calls are answered by the other; with
 the registry gone every bridge is unready, and a new call still gets the carrier's busy from a bridge (not
-HAProxy's 503 page, an application error to Twilio), then is answered again once Redis is back.
+HAProxy's 503 page, an application error to Twilio), then is answered again once Redis is back; and the call up
+through the outage, its record written anew by its bridge, resumes on the other when that bridge is killed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from callbridge.sim.runner import free_port
 from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _get, _ready, _stream_started_at, running_fleet
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import peer_binary
-from tests.redis_server import redis_server, start_redis
+from tests.redis_server import redis_server, start_redis, stop_process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,12 +70,7 @@ def running_haproxy(port: int, a: Process, b: Process, tmp_path: Path) -> Iterat
     try:
         yield Haproxy(process, f"http://127.0.0.1:{port}", log_path)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout_s=5)
 
 
 @dataclass
@@ -112,9 +108,8 @@ async def balanced(tmp_path: Path) -> AsyncIterator[Balanced]:
                 try:
                     yield balanced
                 finally:
-                    if balanced.redis is not redis and balanced.redis.poll() is None:
-                        balanced.redis.kill()
-                        balanced.redis.wait()
+                    if balanced.redis is not redis:
+                        stop_process(balanced.redis, timeout_s=5)
 
 
 async def _lb_ready(lb: Haproxy) -> bool:
