@@ -39,7 +39,9 @@ async def test_past_max_calls_a_new_call_is_refused_and_the_running_one_carries_
         await until(lambda: recorder.session_count == 0, timeout_s=6)
     assert late.agent_speech_ms == 0, late.render()
     if provider == "audiosocket":  # its refusal is the connection closed at once, before any audio; the dialplan gives up
-        assert all("closed_by_bridge" in e.what or "started on call" in e.what for e in late.timeline[:-1]), late.render()
+        # (the caller's script runs meanwhile: on a loaded machine its speech may begin before the dialplan gives up)
+        runs = [e for e in late.timeline[:-1] if e.who != "caller"]
+        assert all("closed_by_bridge" in e.what or "started on call" in e.what for e in runs), late.render()
         assert "dialplan hangs up" in late.timeline[-1].what
     else:
         assert late.streams == [], late.render()
