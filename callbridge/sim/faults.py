@@ -10,7 +10,8 @@ engine's replay of what followed it), the bridge process draining (SIGTERM with 
 moves — what the caller heard to the engine, the session parked, the socket closed going away — and the
 carrier's reconnect lands on another process), the registry losing everything it held of the call (Redis
 restarted empty: a live stream's next checkpoint writes the record anew; a parked ticket is gone, its session
-left to the engine's grace), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated
+left to the engine's grace), the registry stalling under the live ticket's writes (each times out, tried again a
+second on: a takeover meanwhile resumes from the last one written, the engine replaying the rest), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated
 or out of order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
@@ -173,6 +174,9 @@ class FaultPlan:
     """The bridge process serving the call drains (SIGTERM, a shared registry): the stream moves — what the
     caller heard goes to the engine, the session is parked, the socket closes going away — and the carrier
     reconnects (to another process) after ``redirect_delay_ms``."""
+    registry_stall: tuple[int, int] | None = None
+    """(from, length): the live ticket's writes time out meanwhile (a Redis that stalls); each is tried again an
+    interval later, the engine's replay after the last written ticket growing until one goes through."""
     registry_lost_at_ms: int | None = None
     """The registry loses everything it held of the call (Redis restarted empty, or failed over to a replica that
     never had it): a live stream's next checkpoint writes its record anew; a parked ticket is gone for good."""
@@ -207,6 +211,7 @@ def plan_for(seed: int) -> FaultPlan:
         bridge_drains_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,  # faults drawn before
         half_open_drops=rng.random() < 0.4,  # keep their values
         registry_lost_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,
+        registry_stall=(rng.randrange(300, hangup, 20), rng.randrange(200, 3000, 20)) if rng.random() < 0.2 else None,
     )
 
 
@@ -837,12 +842,19 @@ class SimulatedCall:
         """One write of the stream's live ticket (due, or at a barge-in), as ``CallRegistry.checkpoint`` writes it:
         only while this stream holds the call (else the keeper stops: released); a record the registry lost, anew."""
         registry, holder = self.registry, f"bridge:{call.codec.stream_id}"
+        if self._registry_stalled():  # timed out: tried again an interval on; the replay keeps what follows the last
+            self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
+            return
         if registry.is_empty():
             registry.bound = True  # written anew (``_write_live_ticket``): a takeover finds it again
         elif not registry.bound or registry.live is None or registry.live.holder != holder:
             self._checkpoint_at_ms = None  # not this stream's to write any more
             return
         self._write_live_ticket(call)
+
+    def _registry_stalled(self) -> bool:
+        stall = self.plan.registry_stall
+        return stall is not None and stall[0] <= self.now_ms < stall[0] + stall[1]
 
     def _named_again(self) -> None:
         """The registry holds a ticket of the call's session again (a live ticket written, a ticket parked)."""
@@ -933,10 +945,13 @@ class SimulatedCall:
     def _check(self) -> None:
         """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
         call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint)."""
-        lost_at, call = self.plan.registry_lost_at_ms, self.call
+        lost_at, stall, call = self.plan.registry_lost_at_ms, self.plan.registry_stall, self.call
+        writable_from = lost_at  # a stall that keeps the checkpoint from writing it again: from its end on
+        if lost_at is not None and stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
+            writable_from = sum(stall)
         if (
-            lost_at is not None and self._unnamed_session == self.engine.session_id and call is not None
-            and call.state is CallState.LIVE and self.now_ms > lost_at + RESTORE_BOUND_MS
+            lost_at is not None and writable_from is not None and self._unnamed_session == self.engine.session_id
+            and call is not None and call.state is CallState.LIVE and self.now_ms > writable_from + RESTORE_BOUND_MS
         ):  # fmt: skip
             self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
         died, carrier = self.plan.engine_dies_at_ms, self.carrier
