@@ -11,8 +11,8 @@ moves — what the caller heard to the engine, the session parked, the socket cl
 carrier's reconnect lands on another process), the registry losing everything it held of the call (Redis
 restarted empty: a live stream's next checkpoint writes the record anew; a parked ticket is gone, its session
 left to the engine's grace), the registry stalling under the live ticket's writes (each times out, tried again a
-second on: a takeover meanwhile resumes from the last one written, the engine replaying the rest), the bridge reading late (a backlog arrives in a burst), mark echoes late, repeated
-or out of order. The
+second on: a takeover meanwhile resumes from the last one written, the engine replaying the rest), the bridge
+reading late (a backlog arrives in a burst), mark echoes late, repeated or out of order. The
 parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
 (Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
@@ -303,8 +303,8 @@ class _EngineServer:
     sessions: dict[str, tuple[str, LocalSessionCore]] = field(default_factory=dict)
     """session id → (the call that opened it, its core)."""
     orphaned: set[str] = field(default_factory=set)
-    """Detached sessions no bridge can name any more (the registry lost their ticket): the engine's disconnect
-    grace ends them, not the bridge."""
+    """Sessions no bridge can name any more (the registry lost their ticket): the engine's disconnect grace ends
+    them (or, one a half-open stream still serves, that socket's keepalive), not the bridge."""
 
     def in_use(self) -> int:
         return sum(core.state is not SessionState.CLOSED for _, core in self.sessions.values())
@@ -945,14 +945,12 @@ class SimulatedCall:
     def _check(self) -> None:
         """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
         call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint)."""
-        lost_at, stall, call = self.plan.registry_lost_at_ms, self.plan.registry_stall, self.call
-        writable_from = lost_at  # a stall that keeps the checkpoint from writing it again: from its end on
-        if lost_at is not None and stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
-            writable_from = sum(stall)
+        call, restore_by = self.call, self._restored_by_ms()
         if (
-            lost_at is not None and writable_from is not None and self._unnamed_session == self.engine.session_id
-            and call is not None and call.state is CallState.LIVE and self.now_ms > writable_from + RESTORE_BOUND_MS
+            restore_by is not None and self.now_ms > restore_by and self._unnamed_session == self.engine.session_id
+            and call is not None and call.state is CallState.LIVE
         ):  # fmt: skip
+            lost_at = self.plan.registry_lost_at_ms
             self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
         died, carrier = self.plan.engine_dies_at_ms, self.carrier
         if died is None or self.outcome is not None or self.now_ms <= died + TONE_BOUND_MS or call is None:
@@ -962,10 +960,21 @@ class SimulatedCall:
         if call.state is CallState.ENDING and (carrier is None or carrier.first_played_at_ms is None):
             self._violation(f"engine died at {died} ms; no failure tone has played")
 
+    def _restored_by_ms(self) -> int | None:
+        """When a live call the registry lost must be written there again: a checkpoint after the loss, or after
+        the end of a stall that keeps that checkpoint from going through. None: no loss in this plan."""
+        lost_at, stall = self.plan.registry_lost_at_ms, self.plan.registry_stall
+        if lost_at is None:
+            return None
+        if stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
+            return sum(stall) + RESTORE_BOUND_MS
+        return lost_at + RESTORE_BOUND_MS
+
     def _check_end(self) -> None:
         call, outcome = self.call, self.outcome
-        if self._unnamed_session == self.engine.session_id and self.engine.state is not SessionState.CLOSED:
-            self.server.orphaned.add(self.engine.session_id)  # no stream of the call found it again: left to the grace
+        unnamed = self._unnamed_session == self.engine.session_id  # the registry lost it; no stream found it again
+        if unnamed and self.engine.state is not SessionState.CLOSED:
+            self.server.orphaned.add(self.engine.session_id)  # left to the grace
         if outcome == "busy":
             if self.streams or self.engine.session_id in self.server.sessions:
                 self._violation("refused busy at the answer, yet a stream or a session was had")
@@ -984,7 +993,6 @@ class SimulatedCall:
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
         if call is None or call.state is not CallState.ENDED:
             self._violation("the caller hung up; the stream did not end")
-        unnamed = self._unnamed_session == self.engine.session_id  # the registry lost it; no stream found it again
         if not self.engine_dead:
             self.engine.events_to_send()
             # a session the registry lost is left to the engine's grace, or (a half-open stream still serving it,
@@ -992,7 +1000,6 @@ class SimulatedCall:
             left_to = {SessionState.DETACHED, SessionState.LIVE} if self._half_open is not None else {SessionState.DETACHED}
             if self.engine.state is not SessionState.CLOSED and not (unnamed and self.engine.state in left_to):
                 self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
-
         lost = self.engine_lost_reported or self.session_lost or unnamed  # a close sent before the loss was known
         if self.closes_sent > 1 or (not lost and self.closes_sent != 1):  # is fine; one after it is caught as sent
             self._violation(f"{self.closes_sent} session.close for one session")

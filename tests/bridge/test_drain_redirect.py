@@ -1,8 +1,9 @@
 """A draining bridge answers the webhook of a call that is only moving (its stream's reconnect after the drain
 moved it) with a short wait and a redirect back through the load balancer instead of a refusal, where another
-process can resume it (the shared Redis registry); a new call too, a bounded number of times, then busy. Plivo here, on a real uvicorn
-bridge and a real ``redis-server``, Telnyx's stream restart and Vonage's new socket; Twilio across two real
-processes in ``test_fleet.py``. A lone process (the memory registry) moves nothing: ``test_drain_in_place.py``."""
+process can resume it (the shared Redis registry); a new call too, a bounded number of times, then busy. Plivo
+here, on a real uvicorn bridge and a real ``redis-server``, Telnyx's stream restart and Vonage's new socket;
+Twilio across two real processes in ``test_fleet.py``. A lone process (the memory registry) moves nothing:
+``test_drain_in_place.py``."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -84,15 +85,20 @@ class Balanced:
         """A new, empty ``redis-server`` where the killed one was (stopped at the fixture's end)."""
         self.redis = start_redis(self.redis_port)
 
-    async def one_call_up(self) -> bool:
-        return await _ready(self.fleet.a, active_calls=1) or await _ready(self.fleet.b, active_calls=1)
-
-    async def holder(self) -> tuple[Process, Process, str]:
-        """(the bridge holding the one call up, the other, the holder's HAProxy server name)."""
+    async def _holding(self) -> tuple[Process, Process, str] | None:
         for bridge, other, name in ((self.fleet.a, self.fleet.b, "bridge-a"), (self.fleet.b, self.fleet.a, "bridge-b")):
             if await _ready(bridge, active_calls=1):
                 return bridge, other, name
-        raise AssertionError("no bridge holds the call")
+        return None
+
+    async def one_call_up(self) -> bool:
+        return await self._holding() is not None
+
+    async def holder(self) -> tuple[Process, Process, str]:
+        """(the bridge holding the one call up, the other, the holder's HAProxy server name)."""
+        holding = await self._holding()
+        assert holding is not None, "no bridge holds the call"
+        return holding
 
 
 @pytest.fixture
@@ -104,7 +110,9 @@ async def balanced(tmp_path: Path) -> AsyncIterator[Balanced]:
             with running_haproxy(lb_port, fleet.a, fleet.b, tmp_path) as lb:
                 fleet.twilio.bridge_url = lb.url
                 await until(lambda: _lb_ready(lb), timeout_s=10)
-                balanced = Balanced(fleet, lb, redis, int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+                port = urlsplit(redis_url).port
+                assert port is not None
+                balanced = Balanced(fleet, lb, redis, port)
                 try:
                     yield balanced
                 finally:

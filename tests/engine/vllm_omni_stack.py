@@ -26,13 +26,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import socket
 import subprocess
 import importlib.abc
 import importlib.machinery
 import logging
 import sys
-import time
 import types
 import uuid
 import zipfile
@@ -417,19 +415,15 @@ class VllmOmniProcess:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self) -> VllmOmniProcess:
+        from tests.conftest import wait_http_ok  # here: the server process itself never imports pytest
+
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "tests.engine.vllm_omni_stack", "--port", str(self.port)], cwd=_ROOT, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"vllm-omni's server exited with {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError("vllm-omni's server did not listen within 60 s") from None
-                time.sleep(0.1)
+        try:
+            wait_http_ok(f"http://127.0.0.1:{self.port}/health", self.process, timeout_s=60)  # type: ignore[arg-type]
+        except AssertionError as exc:
+            raise AssertionError(f"vllm-omni's server: {exc}: {self.log_path.read_text()[-2000:]}") from None
+        return self
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

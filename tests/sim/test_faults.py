@@ -51,6 +51,7 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.bridge_drains_at_ms is not None for p in plans) > 120
     assert sum(p.half_open_drops and bool(p.drops_at_ms) for p in plans) > 150
     assert sum(p.registry_lost_at_ms is not None for p in plans) > 120
+    assert sum(p.registry_stall is not None for p in plans) > 120
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
