@@ -9,11 +9,18 @@ import random
 import socket
 from typing import Final
 
-__all__ = ["bound_socket", "free_port"]
+__all__ = ["RTP_PORTS", "bound_socket", "free_port"]
 
 _RANGE: Final = (20_000, 32_000)
 """Below Linux's ephemeral range (32768–60999): a port found free here is not taken by an outgoing connection
 before the server binds it, as one handed out by ``bind(0)`` can be when many tests run side by side."""
+
+
+RTP_PORTS: Final = {"rtp_port_min": 12_000, "rtp_port_max": 19_999}
+"""The RTP range of a bridge the simulators and tests run SIP calls on: apart from ``_RANGE``, where a peer's
+media ports are picked. SIPp plays a pcap from a raw socket and never binds the port its SDP names, so a bridge
+whose range held that port could bind it for another call and get the first call's RTP (a CI failure:
+180 packets from an unexpected source)."""
 
 
 def _ports() -> range:

@@ -60,7 +60,7 @@ from typing import Any, ClassVar, Final, cast
 
 from callbridge.config import Settings
 from callbridge.sim.carrier import FRAME_MS, CallResult, OpenReason, SimCall, SimStream, SimulatedCarrier
-from callbridge.sim.ports import free_port
+from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.sip_wire import (
     DTMF_PT,
     Address,
@@ -646,7 +646,7 @@ class SimulatedSip(SimulatedCarrier):
         return {
             "sip": {
                 "enabled": True, "host": "127.0.0.1", "port": free_port(), "allowed_ips": ["127.0.0.1/32", "::1/128"],
-                "username": cls.username, "password": secret, "rtp_port_min": 20000, "rtp_port_max": 29999,
+                "username": cls.username, "password": secret, **RTP_PORTS,
             }
         }  # fmt: skip
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from callbridge.engine.commands import AppendAudio
-from callbridge.sim.ports import free_port
+from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import engine, settings, until
 from tests.sip.test_sipp_e2e import listener
@@ -60,7 +60,7 @@ async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
         out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
     config = configure(tmp_path, caller_wav)
     recorder = engine()
-    sip_settings = settings(sip={"enabled": True, "port": free_port(), "rtp_port_min": 20000, "rtp_port_max": 29999})
+    sip_settings = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS})
     async with running_bridge(sip_settings, recorder, provider="twilio") as bridge:
         uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.port}"
         phone = await asyncio.create_subprocess_exec(

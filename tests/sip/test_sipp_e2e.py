@@ -21,7 +21,7 @@ from callbridge.engine.commands import (
     CreateTextItem,
     FunctionCallOutput,
 )
-from callbridge.sim.ports import free_port
+from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import SipResponse, parse_message
 from callbridge.sip.rtp import build_rtp
@@ -37,7 +37,7 @@ CONCURRENT = 50
 
 def sip_settings(**sip: Any) -> Any:
     # RTP ports below Linux's ephemeral range (32768+), where free_port() picks SIPp's ports: no collision
-    base = {"enabled": True, "port": free_port(), "rtp_port_min": 20000, "rtp_port_max": 29999}
+    base = {"enabled": True, "port": free_port(), **RTP_PORTS}
     base.update(sip)
     return settings(sip=base, server={"max_calls": 50})
 
