@@ -105,6 +105,7 @@ from callbridge.engine.events import (
     Capabilities,
     EngineEvent,
     FunctionCall,
+    ItemTruncated,
     OutputAudioCleared,
     OverlapDecision,
     PlaybackAcknowledged,
@@ -213,6 +214,12 @@ _CUT_REPLIES_KEPT: Final = 8
 _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _SEND_FAILED_READ_MS: Final = 1000
+TAKEOVER_TELLS_HELD_MS: Final = 200
+"""How long a stream that took the call over from a dead process holds what it would tell the engine of what the
+caller heard (acks, truncations). The engine's replay after the live ticket comes first on its socket, at once:
+it may hold a barge-in the dead stream lived through, then what that stream told of it (``playback.acknowledged``,
+``conversation.item.truncated``), which this stream's estimate from an older ticket falls short of. What is held
+goes once the replay is in, and only what the engine was not told already."""
 """After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
 may still be read before the stream is taken for dropped."""
 _NORMAL_CLOSURE: Final = 1000
@@ -394,6 +401,12 @@ class CallSession:
         """The most the engine was told the caller heard of each response (the newest few): by this stream, by the
         stream before (a live ticket's ``told_ms``), or as it acknowledges (``playback.acknowledged``, replayed to a
         stream that took the call over from a dead process). Nothing this stream tells it of a response goes lower."""
+        self._held_tells: dict[str, tuple[int, bool]] = {}
+        """A takeover's tells while its replay comes in (``TAKEOVER_TELLS_HELD_MS``): response id → the most heard
+        of it and whether to truncate it there."""
+        self._tells_held_until_ms: int | None = None
+        self._truncated_by_engine: set[str] = set()
+        """Responses whose truncation the engine has reported (``conversation.item.truncated``)."""
         self._cut_replies: dict[str, int] = {}
         """Replies a stream's end cut off while they were being generated (this stream's end or an earlier one's):
         response id → ms the caller heard of it on the streams before this one. Their audio here continues from
@@ -474,6 +487,7 @@ class CallSession:
         heard_ms: tuple[tuple[str, int], ...] = (),
         unheard: UnheardAudio | None = None,
         told_ms: tuple[tuple[str, int], ...] = (),
+        taken_over: bool = False,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -485,8 +499,12 @@ class CallSession:
         caller stopped hearing it (where this stream cannot play it, the model's turn is cut to what was heard).
         ``told_ms``: what the engine was told the caller heard of recent responses (the ticket's): this stream tells
         it no less of them.
+        ``taken_over``: resumed from a dead process's live ticket; what this stream would tell the engine of what
+        was heard waits for the engine's replay (``TAKEOVER_TELLS_HELD_MS``).
         """
         self._transition(_Trigger.ENGINE_BOUND)
+        if taken_over:
+            self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities
         for response_id, ms in heard_ms:
             self._cut_replies[response_id] = ms
@@ -509,8 +527,8 @@ class CallSession:
         same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._encoding.value, self._rate_hz, self.ledger.frame_ms)
         if not same:
             heard = self._cut_replies.get(response_id, 0)
-            if unheard.ended and heard > 0 and self.capabilities.supports_audio_truncate:
-                self._to_engine(TruncateItem(f"item_{response_id}", heard))
+            if unheard.ended and heard > 0:
+                self._tell(response_id, heard, truncate=True)
             return
         audio = base64.b64decode(unheard.audio)
         frame_bytes = self._rate_hz * self._encoding.sample_bytes * unheard.frame_ms // 1000
@@ -558,6 +576,10 @@ class CallSession:
                     self._end_by_engine(reason)
             case PlaybackAcknowledged(response_id, played_ms) if response_id is not None:
                 self._note_told(response_id, played_ms)
+            case ItemTruncated(item_id, audio_end_ms):
+                response_id = item_id.removeprefix("item_")
+                self._truncated_by_engine.add(response_id)
+                self._note_told(response_id, audio_end_ms)
             case FunctionCall():
                 self._on_function_call(event)
             case SessionReplaced():  # a newer stream took the session over (this one was taken for dead): it
@@ -726,6 +748,8 @@ class CallSession:
             return
         if self._limits_due_ms is not None and now_ms >= self._limits_due_ms:
             self._check_limits(now_ms)
+        if self._tells_held_until_ms is not None and now_ms >= self._tells_held_until_ms:
+            self._release_held_tells()
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
             self._drain_ledger()
@@ -833,9 +857,8 @@ class CallSession:
             return None if ended else self._send_failed_at_ms + _SEND_FAILED_READ_MS
         playout = self._playout_deadline_ms()
         limits = self._limits_due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
-        if limits is None or playout is None:
-            return playout if limits is None else limits
-        return min(playout, limits)
+        due = [deadline for deadline in (playout, limits, self._tells_held_until_ms) if deadline is not None]
+        return min(due) if due else None
 
     def _check_limits(self, now_ms: int) -> None:
         """The limits no message enforces: a connection that never starts its stream, a stream gone quiet (taken
@@ -1083,8 +1106,8 @@ class CallSession:
         if result.response_id is None or response_id not in (None, result.response_id):
             return
         heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
-        if heard > 0 and self.capabilities.supports_audio_truncate:
-            self._to_engine(TruncateItem(f"item_{result.response_id}", self._note_told(result.response_id, heard)))
+        if heard > 0:
+            self._tell(result.response_id, heard, truncate=True)
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)
@@ -1136,8 +1159,33 @@ class CallSession:
         if not to_engine:
             return  # nobody to tell (the session is gone)
         for update in updates:
-            heard = self._note_told(update.response_id, self._heard_on_call(update.response_id, update.heard_ms))
-            self._to_engine(AckPlayback(update.response_id, heard, f"item_{update.response_id}"))
+            self._tell(update.response_id, self._heard_on_call(update.response_id, update.heard_ms), truncate=False)
+
+    def _tell(self, response_id: str, heard_ms: int, *, truncate: bool) -> None:
+        """Tell the engine the caller heard ``heard_ms`` of ``response_id``: an ack, or a truncation there (where
+        the engine can truncate); never less than it was told before (``_note_told``). Held while a takeover's
+        replay comes in (``TAKEOVER_TELLS_HELD_MS``)."""
+        truncate = truncate and self.capabilities.supports_audio_truncate
+        if self._tells_held_until_ms is not None:
+            held, held_truncate = self._held_tells.pop(response_id, (0, False))
+            self._held_tells[response_id] = (max(held, heard_ms), held_truncate or truncate)
+            return
+        heard = self._note_told(response_id, heard_ms)
+        if truncate:
+            self._to_engine(TruncateItem(f"item_{response_id}", heard))
+        else:
+            self._to_engine(AckPlayback(response_id, heard, f"item_{response_id}"))
+
+    def _release_held_tells(self) -> None:
+        """A takeover's replay is in: tell the engine what it held back, where the engine was not told as much (by
+        the dead stream, in the replay) — a truncation the engine reported already is not made again."""
+        self._tells_held_until_ms = None
+        held, self._held_tells = self._held_tells, {}
+        for response_id, (heard, truncate) in held.items():
+            if truncate and response_id not in self._truncated_by_engine:
+                self._tell(response_id, heard, truncate=True)
+            elif heard > self._told.get(response_id, 0):
+                self._tell(response_id, heard, truncate=False)
 
     # ------------------------------------------------------------------- state
 
@@ -1155,6 +1203,11 @@ class CallSession:
                     stream_id=self.codec.stream_id,
                 ) from None
             raise CallStateError(f"{trigger.value} while {self.state.value}") from None
+        if self._tells_held_until_ms is not None and self.state is not CallState.LIVE:
+            if trigger is _Trigger.REPLACED:  # the session is another stream's now: nothing of it is this one's to tell
+                self._tells_held_until_ms, self._held_tells = None, {}
+            else:  # the stream ends before the replay is in: what it holds goes now or never
+                self._release_held_tells()
 
     def _fail(self, exc: RemoteProtocolError) -> None:
         bound = self.state is CallState.LIVE

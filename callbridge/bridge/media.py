@@ -270,7 +270,7 @@ class MediaStreamDriver:
             self.session = session
             self.call.engine_bound(
                 session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
-                told_ms=bind.told_ms,
+                told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER,
             )
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self

@@ -30,6 +30,9 @@ from typing import Any, cast
 
 import orjson
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from callbridge.bridge.registry import (
@@ -58,7 +61,10 @@ _LISTEN_POLL_S = 1.0
 """How long one wait for a signal blocks (below the client's socket timeout, which would end it as an error)."""
 _LISTEN_RETRY_S = 1.0
 _TIMEOUT_S = 2.0
-"""A registry call that takes longer fails (``RegistryUnavailable``) rather than hold up a call's start."""
+"""A registry call that takes longer fails (``RegistryUnavailable``) rather than hold up a call's start. A command
+is tried again once, at once, only where its connection was refused or closed (not where it timed out: that would
+double a stall): a pooled connection Redis closed as it restarted fails its next command, and the retry's fresh
+connection answers it (without, the first calls after Redis came back could be refused busy)."""
 
 _CLAIM = """
 local ticket = redis.call('HGET', KEYS[1], 'ticket')
@@ -325,5 +331,8 @@ def redis_registry(settings: Settings) -> tuple[RedisCallRegistry, RedisStreamTo
     """Both on one connection pool to ``registry.redis_url`` (connected lazily, on first use)."""
     url = settings.registry.redis_url
     assert url is not None, "RegistrySettings validates that redis has a URL"
-    client = aioredis.Redis.from_url(url.get_secret_value(), decode_responses=True, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+    client = aioredis.Redis.from_url(
+        url.get_secret_value(), decode_responses=True, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
     return RedisCallRegistry(client), RedisStreamTokens(client)

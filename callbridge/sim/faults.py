@@ -625,7 +625,7 @@ class SimulatedCall:
         registry.bound = True
         call.engine_bound(
             self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
-            told_ms=bind.told_ms,
+            told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER,
         )
         self._write_live_ticket(call)  # the replay after it: what this stream takes from now on
         replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 
 from callbridge.bridge.call import (
+    TAKEOVER_TELLS_HELD_MS,
     BargeInFlushed,
     CallOptions,
     CallOutput,
@@ -35,8 +37,10 @@ from callbridge.engine.commands import (
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
+    ItemTruncated,
     OutputAudioCleared,
     OverlapDecision,
+    PlaybackAcknowledged,
     ResponseCreated,
     ResponseDone,
     SessionClosed,
@@ -102,11 +106,11 @@ class Harness:
             self.drain()
         self.now_ms = end
 
-    def live(self, heard_ms: tuple[tuple[str, int], ...] = ()) -> Harness:
+    def live(self, heard_ms: tuple[tuple[str, int], ...] = (), **bound: Any) -> Harness:
         self.receive(CONNECTED)
         self.receive(START)
         assert self.call.start_request is not None and self.call.start_request.call_id == CALL
-        self.call.engine_bound(CAPS, self.now_ms, heard_ms=heard_ms)
+        self.call.engine_bound(CAPS, self.now_ms, heard_ms=heard_ms, **bound)
         self.drain()
         return self
 
@@ -605,6 +609,54 @@ class TestSendFailed:
         broken = Harness().live()
         broken.receive("{not json")
         assert broken.call.close_transport and broken.call.close_code == 1008
+
+
+class TestTakingOver:
+    """A stream that took the call over from a dead process: the engine's replay after the live ticket comes first,
+    and may hold a barge-in the dead stream lived through and what that stream told the engine of it."""
+
+    def taken_over(self) -> Harness:
+        """The ticket (written before a barge-in whose own write timed out): 500 ms of resp-1 heard, 400 told. The
+        replay: the rest of resp-1, then the caller's barge-in."""
+        h = Harness(lead_ms=200).live(heard_ms=(("resp-1", 500),), told_ms=(("resp-1", 400),), taken_over=True)
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
+        return h
+
+    def test_it_tells_nothing_the_dead_stream_told_more_of(self) -> None:
+        h = self.taken_over()
+        h.engine(PlaybackAcknowledged("resp-1", 1220))  # the dead stream's tells, replayed
+        h.engine(ItemTruncated("item_resp-1", 1220))
+        h.advance(TAKEOVER_TELLS_HELD_MS + 1000)
+        assert h.of(AckPlayback) == [] and h.of(TruncateItem) == []
+        assert dict(h.call.told_so_far)["resp-1"] == 1220  # for the next stream's ticket
+
+    def test_what_the_replay_does_not_hold_it_tells_once_the_replay_is_in(self) -> None:
+        h = self.taken_over()  # the dead process died before its tells went out
+        h.advance(TAKEOVER_TELLS_HELD_MS - 1)
+        assert h.of(AckPlayback) == [] and h.of(TruncateItem) == []
+        h.advance(1)
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", 500)]  # what the ticket knew was heard
+
+    def test_an_ack_the_replay_tells_more_of_is_not_sent(self) -> None:
+        h = self.taken_over()
+        h.engine(PlaybackAcknowledged("resp-1", 1220))  # acked, but not truncated (it died in between)
+        h.advance(TAKEOVER_TELLS_HELD_MS)
+        assert h.of(AckPlayback) == [] and h.of(TruncateItem) == [TruncateItem("item_resp-1", 1220)]
+
+    def test_a_stream_that_ends_before_the_replay_is_in_tells_what_it_holds(self) -> None:
+        h = self.taken_over()
+        h.call.transport_lost(h.now_ms)
+        h.drain()
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", 500)]
+
+    def test_a_stream_resumed_from_a_parked_ticket_tells_at_once(self) -> None:
+        h = Harness(lead_ms=200).live(heard_ms=(("resp-1", 500),), told_ms=(("resp-1", 400),))
+        h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(300)
+        h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
+        truncated = h.of(TruncateItem)
+        assert len(truncated) == 1 and truncated[0].audio_end_ms > 500
 
 
 class TestLeavingTheStream:

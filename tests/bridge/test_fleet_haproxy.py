@@ -207,7 +207,8 @@ async def test_with_the_registry_gone_a_new_call_is_busy_from_a_bridge_and_answe
     balanced.restart_redis()
     await until(lambda: balanced.lb.marked_up("bridge-a") and balanced.lb.marked_up("bridge-b"), timeout_s=10)
     answered = await fleet.twilio.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=3000))
-    assert answered.hung_up_by == "caller" and answered.agent_speech_ms > 0, answered.render()
+    answered_logs = [bridge.call_log(answered.call_sid) for bridge in (fleet.a, fleet.b)]
+    assert answered.hung_up_by == "caller" and answered.agent_speech_ms > 0, (answered.render(), answered_logs)
     await until(lambda: bool(holder.events("registry_record_restored")), timeout_s=5)
     holder.process.kill()  # the registry had lost the call: only its restored record can resume it
     through = await live

@@ -27,7 +27,7 @@ from callbridge.engine.port import ResumeTicket, UnheardAudio
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port, running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
-from tests.redis_server import redis_server, redis_url
+from tests.redis_server import redis_server, redis_url, start_redis, stop_process
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
@@ -352,3 +352,24 @@ async def test_the_fleet_admits_exactly_its_limit_at_once_and_lets_go_of_what_is
     await views[0].hold([second], GRACE_MS)
     await backend.advance(GRACE_MS + 200)  # neither is kept past its hold
     assert await views[2].admit("CA-fleet-a", 2, 60_000) and await views[2].admit("CA-fleet-b", 2, 60_000)
+
+
+async def test_every_pooled_connection_works_again_the_moment_redis_is_back() -> None:
+    """Redis restarted while the client's pool held several connections (calls answered at once) and nothing used
+    them meanwhile: the first operations after its return each succeed, none on a connection Redis closed. Before,
+    one of them failed (no retry): a call answered then was refused busy (a CI run's HAProxy fleet test)."""
+    with redis_server() as (url, process):
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        registry, tokens = build_registry(load_settings(None, {"registry": {"backend": "redis", "redis_url": url}}))
+        try:
+            minted = await asyncio.gather(*(tokens.mint(f"CA{i}") for i in range(8)))  # 8 connections in the pool
+            stop_process(process, timeout_s=10)
+            restarted = start_redis(port)
+            try:
+                found = await asyncio.gather(*(registry.ended_reason(f"CA{i}") for i in range(8)))
+                assert found == [None] * 8
+                assert not any(await asyncio.gather(*(tokens.consume(token, f"CA{i}") for i, token in enumerate(minted))))
+            finally:
+                stop_process(restarted, timeout_s=10)
+        finally:
+            await registry.aclose()

@@ -4,6 +4,7 @@ exactly, and bugs planted in the cores are each caught by some seed."""
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -104,7 +105,7 @@ def test_the_command_line_runs_seeds_and_replays_one(capsys: pytest.CaptureFixtu
     assert "outcome:" in capsys.readouterr().out
 
 
-def first_violation(seeds: range, **plan_changes: Any) -> Violation:
+def first_violation(seeds: Iterable[int], **plan_changes: Any) -> Violation:
     """The first seed of ``seeds`` whose run (its plan changed by ``plan_changes``) breaks an invariant."""
     for seed in seeds:
         try:
@@ -119,11 +120,23 @@ class TestPlantedBugsAreCaught:
         original = CallSession.engine_bound
 
         def forgetting(call: CallSession, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None,
-                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None, told_ms: Any = ()) -> None:  # fmt: skip
-            original(call, capabilities, now_ms, call_offset_ms, unheard=unheard)  # the ticket's heard positions are dropped
+                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None, told_ms: Any = (),
+                       taken_over: bool = False) -> None:  # fmt: skip
+            original(call, capabilities, now_ms, call_offset_ms, unheard=unheard, taken_over=taken_over)  # heard positions dropped
 
         monkeypatch.setattr(CallSession, "engine_bound", forgetting)
         assert "went back" in first_violation(range(400)).what
+
+    def test_a_takeover_telling_its_replayed_barge_in_at_once(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Seeds 2600 and 2805: a registry stall kept a barge-in off the live ticket, then the bridge died; what the
+        taking-over stream tells of the replayed barge-in, from the older ticket, falls short of what was told."""
+        original = CallSession.engine_bound
+
+        def not_holding(call: CallSession, *args: Any, taken_over: bool = False, **kwargs: Any) -> None:
+            original(call, *args, **kwargs)
+
+        monkeypatch.setattr(CallSession, "engine_bound", not_holding)
+        assert "went back" in first_violation([2600, 2805]).what
 
     def test_acks_past_the_audio_generated(self, monkeypatch: pytest.MonkeyPatch) -> None:
         unclamped = lambda call, response_id, heard_ms: heard_ms + call._cut_replies.get(response_id, 0)  # noqa: E731
