@@ -80,6 +80,7 @@ from callbridge.bridge.providers.base import (
     StreamConnected,
     StreamStarted,
     StreamStopped,
+    UnknownCarrierEvent,
 )
 from callbridge.codecs import (
     PCM16_SAMPLE_BYTES,
@@ -288,9 +289,10 @@ class CloseTransport:
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """The carrier reported something that changes nothing (for the log)."""
+    """The carrier reported something that changes nothing (for the log), or sent an event type nobody here knows
+    (for the log, once per type, and the count)."""
 
-    notice: CarrierNotice
+    notice: CarrierNotice | UnknownCarrierEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -978,7 +980,7 @@ class CallSession:
                 self._transition(_Trigger.CONNECTED)
             case PlaybackCleared():
                 self._transition(_Trigger.CARRIER_EVENT)
-            case CarrierNotice():
+            case CarrierNotice() | UnknownCarrierEvent():
                 self._out.append(Notice(event))
 
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:

@@ -66,7 +66,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.providers.base import ProviderCodec, StreamStarted
+from callbridge.bridge.providers.base import CarrierNotice, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.engine.commands import AppendAudio
@@ -479,7 +479,9 @@ class MediaStreamDriver:
                         self._closed = True
                         with suppress(Exception):
                             await self.transport.close(code)
-                case Notice(notice):
+                case Notice(UnknownCarrierEvent(event)):
+                    self.services.unknown_carrier_event(self.provider, event, self.log)
+                case Notice(CarrierNotice() as notice):
                     self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
                 case MarkLag(ms):
                     self.services.metrics.mark_lag_seconds.observe(ms / 1000)

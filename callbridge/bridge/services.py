@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from callbridge.bridge.actions import (
@@ -66,6 +68,9 @@ _GOODBYE_WAIT_S = 3.0
 """How long a drain that ran out waits for its calls' closing tones and hang-ups."""
 _ANSWER_ENGINE_WAIT_S = 2.0
 """How long an answer webhook waits to learn whether the engine takes the call (busy if it refuses)."""
+UNKNOWN_EVENT_NAMES: Final = 64
+"""Distinct (carrier, event type) pairs a process counts by name; any others count as ``other``."""
+_EVENT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 DRAIN_NEW_CALL_BOUNCES = 3
 """How many times a new call that reached a draining process is sent back through the load balancer (each a
 carrier's pause and redirect, about a second) before it is refused busy (``BridgeServices.bounces_new_call``)."""
@@ -169,6 +174,10 @@ class BridgeMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
+        self.unknown_events = Counter(
+            "callbridge_unknown_events_total", "Carrier messages of an event type no codec here knows, ignored (the call goes on)",
+            ["provider", "event"], registry=registry,
+        )  # fmt: skip
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )
@@ -301,17 +310,10 @@ class BridgeServices:
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
     action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
     """carrier → what transfers its calls and sends DTMF on them (its REST client, the SIP listener)."""
-
-    async def perform_action(self, provider: str, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
-        """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier has no way."""
-        performer = self.action_performers.get(provider)
-        if performer is None:
-            return ActionResult.unsupported(provider, "send DTMF" if isinstance(action, SendDtmf) else "be transferred")
-        return await performer.perform(call_id, account_id, action)
     pacing: PacingClock = field(default_factory=PacingClock)
+    """The one timer that wakes every call's pacer."""
     cpu: CpuMeter = field(default_factory=CpuMeter)
     """The process's CPU use (sampled by the app), for ``server.cpu_budget_percent``."""
-    """The one timer that wakes every call's pacer."""
     process_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     """Names this process in the signals it sends (``CallSignal.origin``)."""
     signal_handlers: dict[SignalKind, list[SignalHandler]] = field(default_factory=dict)
@@ -319,6 +321,29 @@ class BridgeServices:
     """Takes other processes' signals (``start_listening``), from the app's start to its shutdown."""
     answer_sessions: AnswerSessions | None = None
     """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
+    unknown_events: set[tuple[str, str]] = field(default_factory=set)
+    """(carrier, event type) pairs seen here that no codec knows, each logged once and counted by name (at most
+    ``UNKNOWN_EVENT_NAMES``)."""
+
+    async def perform_action(self, provider: str, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier has no way."""
+        performer = self.action_performers.get(provider)
+        if performer is None:
+            return ActionResult.unsupported(provider, "send DTMF" if isinstance(action, SendDtmf) else "be transferred")
+        return await performer.perform(call_id, account_id, action)
+
+    def unknown_carrier_event(self, provider: str, event: str, call_log: structlog.stdlib.BoundLogger) -> None:
+        """A carrier sent an event type no codec here knows (one it added since): the call goes on; the type is
+        counted (``callbridge_unknown_events_total``) and logged the first time this process sees it. The name
+        comes off the wire, unauthenticated: names past ``UNKNOWN_EVENT_NAMES``, or not name-like, count as
+        ``other`` (logged once too), so nobody can grow the metric's series or the log without bound."""
+        key = (provider, event)
+        if key not in self.unknown_events and (len(self.unknown_events) >= UNKNOWN_EVENT_NAMES or not _EVENT_NAME.fullmatch(event)):
+            key = (provider, "other")
+        if key not in self.unknown_events:
+            self.unknown_events.add(key)
+            call_log.warning("unknown_carrier_event", event_type=key[1], detail="ignored; the call goes on (logged once per type)")
+        self.metrics.unknown_events.labels(*key).inc()
 
     def __post_init__(self) -> None:
         engine = self.settings.engine

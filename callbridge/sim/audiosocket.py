@@ -228,12 +228,15 @@ class SimulatedAudioSocket(SimulatedCarrier):
             await stream.send(frame(self.kind, bytes(stream.frame_bytes)))  # the channel's first 20 ms
             return stream
 
+    def unknown_event(self, stream: SimStream) -> bytes:
+        return frame(0x20, b"\x01\x02\x03\x04")  # a kind Asterisk might add, control-sized
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, AudioSocketStream)
         other_kind = 0x12 if stream.kind != 0x12 else 0x10
         twelve_seconds = frame(stream.kind, bytes(stream.frame_bytes)) * 600
         return {
-            "unknown_kind": (frame(0x42, b"\x00\x00"), "unknown_event"),
+            "unknown_kind_too_long": (b"\x42\xff\xff", "unknown_event"),
             "garbage": (b"GET / HTTP/1.1\r\nHost: bridge\r\n\r\n", "unknown_event"),
             "second_uuid": (frame(Kind.UUID, uuid.uuid4().bytes), "out_of_order"),
             "audio_kind_change": (frame(other_kind, bytes(AUDIO_KINDS[other_kind] // 50 * 2)), "unsupported_format"),

@@ -89,6 +89,8 @@ class CallerScript:
     """Say the first utterance again this long after the agent starts speaking (a barge-in)."""
     redirect_delay_ms: int = 0
     """How long the carrier takes, after a connection drops, to open the next one."""
+    unknown_events_at_ms: tuple[int, ...] = ()
+    """The carrier sends an event type it added since (``SimulatedCarrier.unknown_event``) at these times."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +392,11 @@ class SimulatedCarrier(ABC):
         """What a broken or hostile peer could send on ``stream``: case → (message, the ``ProtocolErrorReason``
         value the bridge must end the call with)."""
 
+    def unknown_event(self, stream: SimStream) -> str | bytes | None:
+        """A well-formed message of an event type the carrier could add tomorrow, on ``stream``: the bridge must
+        ignore it (and count it), the call going on. None: the carrier's wire has no such thing (SIP)."""
+        return None
+
     @abstractmethod
     async def forged_requests_refused(self) -> bool:
         """Try to get a call bridged without the account's credentials (forged signatures, wrong credentials);
@@ -506,6 +513,10 @@ class SimulatedCarrier(ABC):
                     if at == t and not stream.dropped:
                         await stream.send_dtmf(digit)
                         result.log(now_ms(), "caller", f"presses {digit}")
+                unknown = self.unknown_event(stream) if t in script.unknown_events_at_ms and not stream.dropped else None
+                if unknown is not None:
+                    await stream.conn.send(unknown)
+                    result.log(now_ms(), self.provider, "sends an event type it added since")
                 if drops and t >= drops[0]:
                     drops.pop(0)
                     result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")

@@ -239,6 +239,9 @@ class SimulatedExotel(SimulatedCarrier):
         await ws.send(orjson.dumps({"event": "start", "sequence_number": "1", "stream_sid": stream_sid, "start": start}).decode())
         return self.stream_class(ExotelConnection(ws, call, self), stream_sid, call, int(rate))
 
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"event": "transcription", "stream_sid": stream.stream_id, "transcription": {"text": "hi"}}).decode()
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, ExotelStream)
         sid = stream.stream_id
@@ -257,7 +260,7 @@ class SimulatedExotel(SimulatedCarrier):
             "odd_pcm_length": (media(payload=base64.b64encode(bytes(3)).decode()), "bad_field"),
             "bad_timestamp": (media(timestamp="soon"), "bad_field"),
             "oversized_message": ('{"event":"media","pad":"' + "x" * 300_000 + '"}', "oversized"),
-            "unknown_event": (f'{{"event":"teleport","stream_sid":"{sid}"}}', "unknown_event"),
+            "event_not_a_name": (f'{{"event":7,"stream_sid":"{sid}"}}', "bad_field"),
             "second_start": (orjson.dumps({"event": "start", "stream_sid": sid, "start": start}).decode(), "out_of_order"),
         }
 

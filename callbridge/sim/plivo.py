@@ -328,6 +328,9 @@ class SimulatedPlivo(SimulatedCarrier):
 
     # -------------------------------------------------------------- hostile
 
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"event": "transcription", "streamId": stream.stream_id, "transcription": {"text": "hi"}}).decode()
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, PlivoStream)
         sid = stream.stream_id
@@ -343,7 +346,7 @@ class SimulatedPlivo(SimulatedCarrier):
             "wrong_stream_id": (media(stream_id=str(uuid.uuid4())), "wrong_stream"),
             "invalid_base64": (media(payload="%%%not-base64%%%"), "bad_base64"),
             "oversized_message": ('{"event":"media","pad":"' + "x" * 300_000 + '"}', "oversized"),
-            "unknown_event": (f'{{"event":"teleport","sequenceNumber":7,"streamId":"{sid}"}}', "unknown_event"),
+            "event_not_a_name": (f'{{"event":7,"sequenceNumber":7,"streamId":"{sid}"}}', "bad_field"),
             "second_start": (orjson.dumps({"event": "start", "sequenceNumber": 2, "start": start}).decode(), "out_of_order"),
             "bad_sequence_number": (media(sequence="seven"), "bad_field"),
             "bad_dtmf_digit": (orjson.dumps({"event": "dtmf", "sequenceNumber": 10**6, "streamId": sid, "dtmf": {"digit": "X"}}).decode(), "bad_field"),

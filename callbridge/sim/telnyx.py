@@ -404,6 +404,9 @@ class SimulatedTelnyx(SimulatedCarrier):
 
     # ------------------------------------------------------------ the matrix
 
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"event": "transcription", "stream_id": stream.stream_id, "transcription": {"text": "hi"}}).decode()
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, TelnyxStream)
         sid = stream.stream_id
@@ -424,7 +427,7 @@ class SimulatedTelnyx(SimulatedCarrier):
             "invalid_base64": (media(payload="%%%not-base64%%%"), "bad_base64"),
             "bad_sequence_number": (media(seq="next"), "bad_field"),
             "oversized_message": ('{"event":"media","pad":"' + "x" * 300_000 + '"}', "oversized"),
-            "unknown_event": (f'{{"event":"teleport","stream_id":"{sid}"}}', "unknown_event"),
+            "event_not_a_name": (f'{{"event":7,"stream_id":"{sid}"}}', "bad_field"),
             "second_start": (orjson.dumps(second_start).decode(), "out_of_order"),
         }
 

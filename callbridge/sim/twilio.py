@@ -305,6 +305,9 @@ class SimulatedTwilio(SimulatedCarrier):
             return None
         return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
 
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"event": "transcription", "streamSid": stream.stream_id, "transcription": {"text": "hi"}}).decode()
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, TwilioStream)
         sid = stream.stream_id
@@ -319,7 +322,7 @@ class SimulatedTwilio(SimulatedCarrier):
             "wrong_stream_id": (media(stream_sid="MZ" + "0" * 32), "wrong_stream"),
             "invalid_base64": (media(payload="%%%not-base64%%%"), "bad_base64"),
             "oversized_message": ('{"event":"media","pad":"' + "x" * 300_000 + '"}', "oversized"),
-            "unknown_event": (f'{{"event":"teleport","streamSid":"{sid}"}}', "unknown_event"),
+            "event_not_a_name": (f'{{"event":7,"streamSid":"{sid}"}}', "bad_field"),
             "second_start": (orjson.dumps({"event": "start", "start": {"streamSid": sid, "callSid": stream.call.call_id}, "streamSid": sid}).decode(), "out_of_order"),
         }
 

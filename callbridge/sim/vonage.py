@@ -392,6 +392,9 @@ class SimulatedVonage(SimulatedCarrier):
 
     # ------------------------------------------------------------ the matrix
 
+    def unknown_event(self, stream: SimStream) -> str:
+        return '{"event":"websocket:transcription","text":"hi"}'
+
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         assert isinstance(stream, VonageStream)
         leg = self.legs[stream.call.call_id]
@@ -402,7 +405,7 @@ class SimulatedVonage(SimulatedCarrier):
             "odd_sized_audio": (bytes(stream.frame_bytes + 1), "bad_field"),
             "oversized_audio": (bytes(stream.frame_bytes * 11), "oversized"),
             "oversized_text": ('{"event":"websocket:notify","pad":"' + "x" * 20_000 + '"}', "oversized"),
-            "unknown_event": ('{"event":"teleport"}', "unknown_event"),
+            "event_outside_vonage_namespace": ('{"event":"teleport"}', "unknown_event"),
             "event_missing": ('{"digit":"5"}', "missing_field"),
             "bad_dtmf_digit": ('{"event":"websocket:dtmf","digit":"Z"}', "bad_field"),
             "notify_without_payload": ('{"event":"websocket:notify"}', "missing_field"),

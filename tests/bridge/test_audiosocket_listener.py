@@ -324,7 +324,7 @@ BAD_INPUT = {
     "garbage_first": (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "unknown_event", False),
     "audio_before_uuid": (frame(0x10, bytes(320)), "out_of_order", False),
     "short_uuid": (b"\x01\x00\x04abcd", "bad_field", False),
-    "unknown_kind": (frame(0x42, b"xx"), "unknown_event", True),
+    "unknown_kind_too_long": (b"\x42\x01\x01", "unknown_event", True),
     "second_uuid": (frame(0x01, bytes(16)), "out_of_order", True),
     "kind_change": (frame(0x12, bytes(640)), "unsupported_format", True),
     "odd_pcm": (frame(0x10, bytes(321)), "bad_field", True),

@@ -19,12 +19,13 @@ from callbridge.bridge.call import (
     CallState,
     DtmfMode,
     HangUpCall,
+    Notice,
     PendingAction,
     Perform,
     ToCarrier,
     ToEngine,
 )
-from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason
+from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.bridge.providers.twilio import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
 from callbridge.engine.commands import (
@@ -474,7 +475,7 @@ class TestBadInput:
             (media(sid="MZwrong"), ProtocolErrorReason.WRONG_STREAM),
             (media().replace('"payload":"', '"payload":"%%'), ProtocolErrorReason.BAD_BASE64),
             ("x" * 300_000, ProtocolErrorReason.OVERSIZED),
-            ('{"event":"surprise"}', ProtocolErrorReason.UNKNOWN_EVENT),
+            ('{"event":42}', ProtocolErrorReason.BAD_FIELD),
         ],
     )
     def test_ends_the_call_cleanly(self, message: str | bytes, reason: ProtocolErrorReason) -> None:
@@ -485,6 +486,13 @@ class TestBadInput:
         assert h.call.hangup == HangUp(f"protocol_error:{reason.value}") and h.call.close_transport
         h.receive(media())  # ignored from now on
         assert len(h.of(CloseSession)) == 1
+
+    def test_an_event_type_added_since_changes_nothing(self) -> None:
+        h = Harness().live()
+        h.receive('{"event":"transcription","streamSid":"' + SID + '","text":"hi"}')
+        assert h.call.state is CallState.LIVE and h.outputs[-1] == Notice(UnknownCarrierEvent("transcription"))
+        h.receive(media())
+        assert h.of(AppendAudio)
 
     def test_media_before_start(self) -> None:
         h = Harness()

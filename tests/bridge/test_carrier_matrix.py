@@ -127,6 +127,29 @@ async def test_forged_credentials_are_refused(provider: str) -> None:
     assert recorder.opened == []
 
 
+UNKNOWN_EVENT_TYPES = {"vonage": "websocket:transcription", "audiosocket": "0x20"}
+"""The event type each simulator's ``unknown_event`` names (the JSON carriers: ``transcription``)."""
+
+
+@pytest.mark.parametrize("provider", CARRIERS)
+async def test_an_event_type_the_carrier_adds_is_ignored_and_counted(provider: str) -> None:
+    """Fail open on the unknown (issue #15): three messages of an event type the carrier might add tomorrow, on a
+    live call, before and while the caller speaks: the conversation goes on as if they were not there, each is
+    counted by its type, and the type is logged once."""
+    if provider == "sip":
+        pytest.skip("SIP answers an unknown method 501 and drops an unknown RTP payload type, counted: test_sip_bad_input_...")
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider=provider) as bridge:
+        script = CallerScript(utterances=((300, short_speech()),), unknown_events_at_ms=(200, 400, 600))
+        result = await bridge.carrier.place_call(script)
+        metrics = bridge.app.state.bridge.registry
+        labels = {"provider": provider, "event": UNKNOWN_EVENT_TYPES.get(provider, "transcription")}
+        await until(lambda: metrics.get_sample_value("callbridge_unknown_events_total", labels) == 3)
+    assert result.warnings == [] and result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
+    assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000, result.render()
+    assert recorder.session_count == 0 or not bridge.carrier.says_goodbye
+
+
 @pytest.mark.parametrize("provider", CARRIERS)
 async def test_bad_input_ends_only_its_own_call(provider: str) -> None:
     if provider == "sip":

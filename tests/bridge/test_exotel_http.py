@@ -302,7 +302,7 @@ BAD_INPUT = {
     "wrong_stream_sid": (lambda s: s.media(bytes(1600), 0).replace(s.sid, "MZ" + "0" * 32), "wrong_stream"),
     "invalid_base64": (lambda s: s.media(bytes(1600), 0).replace('"payload":"', '"payload":"%%'), "bad_base64"),
     "oversized_message": (lambda s: oversized(), "oversized"),
-    "unknown_event": (lambda s: s.message("teleport"), "unknown_event"),
+    "event_not_a_name": (lambda s: s.message("teleport").replace('"teleport"', "7"), "bad_field"),
     "odd_pcm_length": (lambda s: s.media(bytes(1601), 0), "bad_field"),
     "second_start": (lambda s: s.start_message(), "out_of_order"),
 }

@@ -290,7 +290,7 @@ async def test_an_upgrade_with_a_bad_signature_is_403() -> None:
         (lambda s: "{not json", "not_json"),
         (lambda s: s.media().replace(s.stream_id, "00000000-0000-4000-8000-000000000000"), "wrong_stream"),
         (lambda s: s.media().replace('"payload":"', '"payload":"%%'), "bad_base64"),
-        (lambda s: f'{{"event":"teleport","streamId":"{s.stream_id}"}}', "unknown_event"),
+        (lambda s: f'{{"event":7,"streamId":"{s.stream_id}"}}', "bad_field"),
     ],
 )
 async def test_bad_input_ends_only_that_call(message: Any, reason: str) -> None:

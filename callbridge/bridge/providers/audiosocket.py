@@ -62,6 +62,7 @@ from callbridge.bridge.providers.base import (
     StreamConnected,
     StreamStarted,
     StreamStopped,
+    UnknownCarrierEvent,
 )
 from callbridge.codecs import AudioEncoding
 
@@ -245,8 +246,11 @@ class AudioSocketCodec:
         elif kind in (Kind.HANGUP, Kind.ERROR, Kind.SILENCE):
             if length > _MAX_CONTROL_PAYLOAD:
                 raise self._error(ProtocolErrorReason.OVERSIZED, f"{length}-byte payload of kind 0x{kind:02x}")
-        else:
-            raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"kind 0x{kind:02x}")
+        elif self.call_id is None or length > _MAX_CONTROL_PAYLOAD:
+            # not a peer's first frame, or longer than any control frame: garbage (an HTTP request, a port scan),
+            # or a stream out of step — skipping that "payload" would swallow the call's audio
+            raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"kind 0x{kind:02x}, {length} bytes")
+        # else a kind Asterisk added since: its payload is skipped (``_frame``), the call goes on
         if self.call_id is None:
             raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"kind 0x{kind:02x} before the uuid frame")
 
@@ -284,7 +288,8 @@ class AudioSocketCodec:
                 self._stop(f"error {detail}", events)
             else:
                 events.append(CarrierNotice("error", detail))
-        # Kind.SILENCE: no audio, nothing to do
+        elif kind != Kind.SILENCE:  # a kind Asterisk added since (``_check_header``); silence: nothing to do
+            events.append(UnknownCarrierEvent(f"0x{kind:02x}"))
 
     def _start(self, kind: int, events: list[CarrierEvent]) -> None:
         assert self.call_id is not None and self.stream_id is not None

@@ -49,6 +49,7 @@ __all__ = [
     "StreamConnected",
     "StreamStarted",
     "StreamStopped",
+    "UnknownCarrierEvent",
 ]
 
 
@@ -103,12 +104,22 @@ class CarrierNotice:
 
 
 @dataclass(frozen=True, slots=True)
+class UnknownCarrierEvent:
+    """A well-formed message of an event type this codec does not know (one the carrier added since): ignored,
+    the call goes on. Fail open on the unknown, closed on the malformed: a known event that is malformed still ends
+    the stream. ``event``: the type, as the carrier named it (at most 64 characters)."""
+
+    event: str
+
+
+@dataclass(frozen=True, slots=True)
 class StreamStopped:
     """The carrier ended the stream (the call ended, or the stream was stopped)."""
 
 
 CarrierEvent = (
-    StreamConnected | StreamStarted | MediaReceived | DtmfReceived | MarkEchoed | PlaybackCleared | CarrierNotice | StreamStopped
+    StreamConnected | StreamStarted | MediaReceived | DtmfReceived | MarkEchoed | PlaybackCleared | CarrierNotice
+    | UnknownCarrierEvent | StreamStopped
 )
 
 

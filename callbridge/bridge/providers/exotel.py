@@ -171,9 +171,7 @@ class ExotelCodec(JsonCodec):
             if event == "mark":
                 return [MarkEchoed(self._string(body, "name", "mark"))]
             return [DtmfReceived(self._digit(body))]
-        if event is None:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
-        raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event!r}")
+        return self._unknown(event)
 
     def _start(self, payload: dict[str, Any]) -> StreamStarted:
         if self.stream_id is not None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from callbridge.bridge.providers.base import ProtocolErrorReason, RemoteProtocolError
+from callbridge.bridge.providers.base import CarrierEvent, ProtocolErrorReason, RemoteProtocolError, UnknownCarrierEvent
 
 __all__ = ["JsonCodec", "json_number", "parse_object"]
 
@@ -54,6 +54,15 @@ class JsonCodec:
         if not isinstance(value, str) or not value:
             raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
         return value
+
+    def _unknown(self, event: object) -> list[CarrierEvent]:
+        """A message whose ``event`` no branch knew: an event type the carrier added (ignored, counted by the
+        driver), or malformed (no event, or not a string: the stream ends)."""
+        if event is None:
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
+        if not isinstance(event, str):
+            raise self._error(ProtocolErrorReason.BAD_FIELD, f"event {str(event)[:64]!r}")
+        return [UnknownCarrierEvent(event[:64])]
 
     def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)

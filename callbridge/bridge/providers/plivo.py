@@ -191,9 +191,7 @@ class PlivoCodec(JsonCodec):
             self._check_stream(payload, event, required=False)
             self.stopped = True
             return [StreamStopped()]
-        if event is None:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
-        raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event!r}")
+        return self._unknown(event)
 
     def _start(self, payload: dict[str, Any]) -> StreamStarted:
         if self.stream_id is not None:

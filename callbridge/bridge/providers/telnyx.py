@@ -156,9 +156,7 @@ class TelnyxCodec(JsonCodec):
             if event == "stop":
                 return self._stop(payload)
             return [self._control(payload, event), *self._place(seq, None)]
-        if event is None:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
-        raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event!r}")
+        return self._unknown(event)
 
     def _start(self, payload: dict[str, Any]) -> StreamStarted:
         if self.stream_id is not None:

@@ -98,9 +98,7 @@ class TwilioCodec(JsonCodec):
             if digit not in _DTMF_DIGITS:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"dtmf digit {digit!r}")
             return [DtmfReceived(digit)]
-        if event is None:
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
-        raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event!r}")
+        return self._unknown(event)
 
     def _start(self, payload: dict[str, Any]) -> StreamStarted:
         if self.stream_id is not None:

@@ -41,6 +41,7 @@ from callbridge.bridge.providers.base import (
     SendMark,
     SendMedia,
     StreamStarted,
+    UnknownCarrierEvent,
 )
 from callbridge.bridge.providers.json_wire import parse_object
 from callbridge.codecs import AudioEncoding, frame_bytes
@@ -122,8 +123,8 @@ class VonageCodec:
             self._void_pending()
             return [PlaybackCleared()]
         if event.startswith("websocket:"):
-            # Vonage: "switch on event, ignore unknown ones" — a new event of Vonage's own is logged, not fatal.
-            return [CarrierNotice(event, message[:200])]
+            # Vonage: "switch on event, ignore unknown ones" — a new event of Vonage's own is counted, not fatal.
+            return [UnknownCarrierEvent(event[:64])]
         # Not Vonage's namespace at all (a Twilio-style "media", a typo): not a Vonage peer.
         raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event[:64]!r}")
 

@@ -29,6 +29,7 @@ from callbridge.bridge.providers.base import (
     StreamConnected,
     StreamStarted,
     StreamStopped,
+    UnknownCarrierEvent,
 )
 from callbridge.codecs import AudioEncoding
 
@@ -198,12 +199,17 @@ def test_uuid_string_instead_of_raw_bytes() -> None:
 
 
 @pytest.mark.parametrize("kind", [0x04, 0x05, 0x0F, 0x19, 0x20, 0x7F, 0xFE])
-def test_unknown_kinds(kind: int) -> None:
-    assert reason_of(started(), frame(kind, b"\x00\x00")) is ProtocolErrorReason.UNKNOWN_EVENT
+def test_a_kind_asterisk_added_since_is_skipped(kind: int) -> None:
+    """Fail open on the unknown: its payload is skipped, counted by the driver, and the call goes on."""
+    codec = started()
+    assert codec.receive_message(frame(kind, b"\x00\x00") + frame(0x10, bytes(320))) == [
+        UnknownCarrierEvent(f"0x{kind:02x}"), MediaReceived(bytes(320), None)
+    ]
 
 
-def test_unknown_kind_fails_at_its_header_before_its_payload() -> None:
-    assert reason_of(started(), b"\x42\xff\xff") is ProtocolErrorReason.UNKNOWN_EVENT
+def test_an_unknown_kind_before_the_uuid_or_too_long_for_a_control_frame_fails_at_its_header() -> None:
+    assert reason_of(AudioSocketCodec(), b"\x42\x00\x02") is ProtocolErrorReason.UNKNOWN_EVENT
+    assert reason_of(started(), b"\x42\x01\x01") is ProtocolErrorReason.UNKNOWN_EVENT  # 257 bytes: out of step
 
 
 def test_garbage_where_the_uuid_should_be() -> None:
@@ -244,7 +250,7 @@ def test_too_many_digits_before_any_audio() -> None:
 def test_errors_carry_the_call() -> None:
     codec = started()
     with pytest.raises(RemoteProtocolError) as exc:
-        codec.receive_message(frame(0x30, b""))
+        codec.receive_message(frame(0x03, b"x"))
     assert exc.value.call_id == str(CALL) and exc.value.stream_id == f"{CALL}#7"
 
 

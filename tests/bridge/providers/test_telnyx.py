@@ -287,7 +287,7 @@ def test_send_before_start_is_a_bug() -> None:
         ("not json", ProtocolErrorReason.NOT_JSON),
         ("[1]", ProtocolErrorReason.NOT_AN_OBJECT),
         ('{"no":"event"}', ProtocolErrorReason.MISSING_FIELD),
-        ('{"event":"wiggle","stream_id":"' + SID + '"}', ProtocolErrorReason.UNKNOWN_EVENT),
+        ('{"event":["media"],"stream_id":"' + SID + '"}', ProtocolErrorReason.BAD_FIELD),
         (media(sid="00000000-0000-0000-0000-000000000000"), ProtocolErrorReason.WRONG_STREAM),
         ('{"event":"media","sequence_number":"2","media":{"payload":""}}', ProtocolErrorReason.MISSING_FIELD),
         ('{"event":"media","stream_id":"' + SID + '","media":{}}', ProtocolErrorReason.MISSING_FIELD),

@@ -101,7 +101,7 @@ def test_outbound_messages_are_exactly_the_three_documented() -> None:
         ("not json", ProtocolErrorReason.NOT_JSON),
         ("[1]", ProtocolErrorReason.NOT_AN_OBJECT),
         ('{"no":"event"}', ProtocolErrorReason.MISSING_FIELD),
-        ('{"event":"wiggle","streamSid":"' + SID + '"}', ProtocolErrorReason.UNKNOWN_EVENT),
+        ('{"event":7,"streamSid":"' + SID + '"}', ProtocolErrorReason.BAD_FIELD),
         (media(sid="MZother"), ProtocolErrorReason.WRONG_STREAM),
         ('{"event":"media","media":{"payload":""}}', ProtocolErrorReason.MISSING_FIELD),
         (media().replace('"payload":"', '"payload":"!!'), ProtocolErrorReason.BAD_BASE64),

@@ -18,6 +18,7 @@ from callbridge.bridge.providers.base import (
     SendMark,
     SendMedia,
     StreamStarted,
+    UnknownCarrierEvent,
 )
 from callbridge.bridge.providers.vonage import (
     VONAGE_PROFILE,
@@ -206,9 +207,8 @@ def test_cleared_voids_pending_notifies_and_drops_their_late_echoes() -> None:
     assert codec.receive_message('{"event":"websocket:notify","payload":{"name":"r2@100"}}') == [MarkEchoed("r2@100")]
 
 
-def test_unknown_vonage_event_is_a_notice() -> None:
-    (event,) = started().receive_message('{"event":"websocket:something-new","x":1}')
-    assert isinstance(event, CarrierNotice) and event.name == "websocket:something-new"
+def test_unknown_vonage_event_is_ignored() -> None:
+    assert started().receive_message('{"event":"websocket:something-new","x":1}') == [UnknownCarrierEvent("websocket:something-new")]
 
 
 def test_event_outside_vonage_namespace_is_unknown() -> None:
