@@ -245,7 +245,7 @@ def _run_uvicorn(
     at once."""
     import uvicorn
 
-    from callbridge.bridge.ws_protocol import protocol_class
+    from callbridge.bridge.ws_protocol import websocket_options
     from callbridge.logging import configure_logging
 
     configure_logging(settings.log)
@@ -256,9 +256,7 @@ def _run_uvicorn(
             port=port,
             log_config=None,
             access_log=False,
-            ws=protocol_class(),
-            ws_max_size=16 * 1024 * 1024,
-            ws_per_message_deflate=False,  # audio does not compress; deflate only costs CPU per frame
+            **websocket_options(),
             lifespan="on",
         )
     )

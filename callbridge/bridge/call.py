@@ -661,6 +661,14 @@ class CallSession:
         self._on_carrier_event(StreamStopped(), now_ms)
         self.end_reason = reason
 
+    def message_refused(self, detail: str) -> None:
+        """The transport refused a carrier message before reading it (over the websocket's size limit, closed
+        1009): bad input, as if the codec had refused it — the stream ends, its call the carrier's way."""
+        if self.state in (CallState.ENDED, CallState.DETACHED):
+            return
+        codec = self.codec
+        self._fail(RemoteProtocolError(ProtocolErrorReason.OVERSIZED, detail, provider=codec.provider, stream_id=codec.stream_id))
+
     def transport_lost(self, now_ms: int) -> None:
         """The carrier's socket closed without ``stop``: keep the engine session for the next stream.
 

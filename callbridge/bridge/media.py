@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
@@ -69,6 +69,7 @@ from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.providers.base import CarrierNotice, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
+from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES, allow_messages_up_to
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
@@ -85,6 +86,7 @@ _ENGINE_CALL_TIMEOUT_S = 5.0
 _CHECKPOINT_POLL_S = 0.25
 """How often a live call's ticket is compared with what the registry holds (written only when it changed, a rotated
 token at once, the rest every ``registry.checkpoint_interval_s``)."""
+_MESSAGE_TOO_BIG = 1009
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ENGINE_CLOSE_WAIT_S = 0.05
@@ -110,6 +112,20 @@ class CarrierTransport(Protocol):
         ...
 
 
+@runtime_checkable
+class SizeLimitedTransport(Protocol):
+    """A carrier transport whose messages are limited in size before they are read (a websocket: ``ws_protocol``)."""
+
+    @property
+    def refused_too_large(self) -> bool:
+        """It ended because a message was over the limit (refused unread)."""
+        ...
+
+    async def authenticated(self, max_message_bytes: int) -> None:
+        """The stream is the carrier's: its messages may now be as large as ``max_message_bytes``."""
+        ...
+
+
 class WebSocketTransport:
     """A Starlette websocket, accepted, as a ``CarrierTransport``.
 
@@ -121,6 +137,8 @@ class WebSocketTransport:
         self.websocket = websocket
         self._receive = websocket._receive
         self._send = websocket._send
+        self.refused_too_large = False
+        """The connection ended because the protocol refused a message over its limit (``ws_protocol``): 1009."""
 
     async def receive(self) -> str | bytes | None:
         if self.websocket.client_state is not WebSocketState.CONNECTED:
@@ -131,6 +149,7 @@ class WebSocketTransport:
             return None
         if message["type"] != "websocket.receive":
             self.websocket.client_state = WebSocketState.DISCONNECTED
+            self.refused_too_large = message.get("code") == _MESSAGE_TOO_BIG
             return None
         text = message.get("text")
         return text if text is not None else message.get("bytes") or b""
@@ -143,6 +162,11 @@ class WebSocketTransport:
     async def close(self, code: int) -> None:
         if self.websocket.application_state is not WebSocketState.DISCONNECTED:
             await self.websocket.close(code)
+
+    async def authenticated(self, max_message_bytes: int) -> None:
+        """The stream is the carrier's: its messages may be as large as its codec accepts (``ws_protocol``)."""
+        if self.websocket.application_state is WebSocketState.CONNECTED:
+            await allow_messages_up_to(self.websocket, max_message_bytes)
 
 
 @dataclass(slots=True)
@@ -193,6 +217,8 @@ class MediaStreamDriver:
         """When the call accepted the carrier's ``start`` (the engine session was looked for from then)."""
         self._live_keeper: _LiveTicketKeeper | None = None
         """With a shared registry: what keeps the bound stream's live ticket current there."""
+        self._authenticated_stream = False
+        """The stream has shown it is the carrier's (its token, or its upgrade's credentials)."""
 
     @property
     def provider(self) -> str:
@@ -201,6 +227,8 @@ class MediaStreamDriver:
 
     async def run(self) -> None:
         self.call.connected(_now_ms())  # the core's limits (first message, idle, longest call) run from here
+        if not self.check_token:  # its credentials were checked before it was accepted
+            await self._authenticated()
         self._pacing.schedule(self.call.next_deadline_ms())
         self._tasks.append(asyncio.create_task(self._pace()))
         try:
@@ -218,6 +246,10 @@ class MediaStreamDriver:
             count += 1
             now_s = time.monotonic() if count % _TIMED_EVERY_MESSAGES == 0 else 0.0
             async with self._lock:
+                if message is None and isinstance(self.transport, SizeLimitedTransport) and self.transport.refused_too_large:
+                    self.call.message_refused(f"a message over {self._message_limit()} bytes, refused unread (1009)")
+                    await self._flush()
+                    return
                 if message is None:
                     self.call.transport_lost(_now_ms())
                     await self._flush()
@@ -696,7 +728,20 @@ class MediaStreamDriver:
         by the stream's end — a stream that ends while its check is under way waits for the same check."""
         if self._token_check is None:
             self._token_check = asyncio.ensure_future(self.services.tokens.consume(start.custom_parameters.get("token"), start.call_id))
+            if await asyncio.shield(self._token_check):
+                await self._authenticated()
         return await asyncio.shield(self._token_check)
+
+    def _message_limit(self) -> int:
+        return getattr(self.call.codec, "max_message_bytes", MAX_MESSAGE_BYTES) if self._authenticated_stream else PRE_AUTH_MAX_MESSAGE_BYTES
+
+    async def _authenticated(self) -> None:
+        """The stream is the carrier's: its messages may now be as large as its codec takes (until now, a few KiB:
+        ``ws_protocol.PRE_AUTH_MAX_MESSAGE_BYTES``)."""
+        self._authenticated_stream = True
+        if isinstance(self.transport, SizeLimitedTransport):
+            with suppress(Exception):  # a socket closing meanwhile: nothing more will be read anyway
+                await self.transport.authenticated(self._message_limit())
 
     async def _close_session(self, session: DuplexSession, reason: str) -> None:
         """Close the call's engine session; a server slow to confirm (stalled, far away) finishes it in the

@@ -206,6 +206,13 @@ class VonageTransport:
         with suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # wakes a receive() waiting on an empty queue
 
+    @property
+    def refused_too_large(self) -> bool:
+        return self._inner.refused_too_large
+
+    async def authenticated(self, max_message_bytes: int) -> None:
+        await self._inner.authenticated(max_message_bytes)
+
     async def receive(self) -> str | bytes | None:
         if self._lost:
             return None
@@ -218,8 +225,8 @@ class VonageTransport:
             message = await self._inner.receive()
             if message is None:
                 self._peer_gone = True
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(self._verdict.wait(), self.verdict_wait_s)
+                with suppress(TimeoutError):  # a message refused for its size ends the stream: no verdict to wait for
+                    await asyncio.wait_for(self._verdict.wait(), 0 if self.refused_too_large else self.verdict_wait_s)
                 self._lost = True
                 await self._queue.put(None)
                 return

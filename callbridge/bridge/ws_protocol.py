@@ -14,6 +14,12 @@ the protocol layer under the app was a fifth of the bridge's CPU (``bench/RESULT
 Parsing inbound frames stays websockets' own (its parser state is not ours to skip). Built on uvicorn's
 internals: ``protocol_class()`` checks that they are the ones this was written against and falls back to
 uvicorn's class, unchanged, when they are not.
+
+And nothing unauthenticated costs much: until the stream has shown it is the carrier's (its token, or the
+credentials of its upgrade), a message may be at most ``PRE_AUTH_MAX_MESSAGE_BYTES``; then at most what the
+carrier's codec accepts (``allow_messages_up_to``), never past ``MAX_MESSAGE_BYTES``. websockets checks the
+limit against each frame's header (and a fragmented message's running size) before it reads the payload, so a
+message over it is refused (close 1009) without being buffered.
 """
 
 from __future__ import annotations
@@ -23,10 +29,26 @@ from typing import Any, Final
 
 from callbridge.logging import get_logger
 
-__all__ = ["frame_header", "protocol_class"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "MESSAGE_LIMIT_EXTENSION",
+    "PRE_AUTH_MAX_MESSAGE_BYTES",
+    "allow_messages_up_to",
+    "frame_header",
+    "protocol_class",
+    "websocket_options",
+]
 
 log = get_logger(__name__)
 
+PRE_AUTH_MAX_MESSAGE_BYTES: Final = 16 * 1024
+"""The largest message a stream may send before it is known to be the carrier's: a carrier's first messages
+(Twilio's ``connected`` and ``start`` with its custom parameters, Vonage's ``websocket:connected`` with the
+call's headers) and the media that follows them while the token is checked take a few KiB at most."""
+MAX_MESSAGE_BYTES: Final = 256 * 1024
+"""The largest message any carrier's codec accepts (the JSON carriers'; Vonage's is 16 KiB)."""
+MESSAGE_LIMIT_EXTENSION: Final = "callbridge.message_limit"
+"""The ASGI extension (in the websocket's scope) and message type by which the app raises a connection's limit."""
 _PAUSE_AT: Final = 32
 """Messages waiting for the app before the socket's reading is paused."""
 _TEXT: Final = 0x81
@@ -45,6 +67,22 @@ def frame_header(first_byte: int, length: int) -> bytes:
     return _LONG.pack(first_byte, 127, length)
 
 
+def websocket_options() -> dict[str, Any]:
+    """The websocket settings of ``uvicorn.Config``, the same for ``callbridge serve`` and the simulators."""
+    return {
+        "ws": protocol_class(),
+        "ws_max_size": MAX_MESSAGE_BYTES,  # uvicorn's own protocol, where ours is off: one limit, authenticated or not
+        "ws_per_message_deflate": False,  # audio does not compress; deflate only costs CPU per frame
+    }
+
+
+async def allow_messages_up_to(websocket: Any, max_bytes: int) -> None:
+    """The stream ``websocket`` (a Starlette ``WebSocket``) is authenticated: its messages may be up to
+    ``max_bytes`` from now on (at most ``MAX_MESSAGE_BYTES``). Nothing where the protocol is uvicorn's own."""
+    if MESSAGE_LIMIT_EXTENSION in websocket.scope.get("extensions", {}):
+        await websocket._send({"type": MESSAGE_LIMIT_EXTENSION, "max_bytes": max_bytes})
+
+
 def protocol_class() -> Any:
     """The protocol class for ``uvicorn.Config(ws=...)``: the lighter one, or ``"websockets-sansio"`` (uvicorn's
     own) when the installed uvicorn is not the one it was written against."""
@@ -53,14 +91,39 @@ def protocol_class() -> Any:
         from websockets.protocol import State
     except ImportError:
         return "websockets-sansio"
-    if not all(callable(getattr(WebSocketsSansIOProtocol, name, None)) for name in ("send", "receive", "send_receive_event_to_app")):
+    expected = ("send", "receive", "send_receive_event_to_app", "handle_connect", "handle_events", "handle_parser_exception")
+    if not all(callable(getattr(WebSocketsSansIOProtocol, name, None)) for name in expected):
         log.warning("websocket_fast_path_off", detail="uvicorn's websockets-sansio protocol is not the expected one")
         return "websockets-sansio"
 
     class MediaWebSocketProtocol(WebSocketsSansIOProtocol):
-        """uvicorn's protocol; data frames written directly, reading paused only past ``_PAUSE_AT`` waiting."""
+        """uvicorn's protocol; data frames written directly, reading paused only past ``_PAUSE_AT`` waiting; a
+        message limit that starts at ``PRE_AUTH_MAX_MESSAGE_BYTES`` and is raised once the stream is the carrier's."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._max_bytes = min(self.config.ws_max_size, MAX_MESSAGE_BYTES)
+            self.conn.max_message_size = min(self._max_bytes, PRE_AUTH_MAX_MESSAGE_BYTES)
+
+        def data_received(self, data: bytes) -> None:
+            """As uvicorn's, but the messages parsed before a frame the parser refused (over the limit) reach the
+            app before the disconnect: uvicorn's drops them (a carrier's ``start`` and then a message too big
+            would end a stream whose call the app never learned of)."""
+            self.conn.receive_data(data)
+            self.handle_events()
+            if self.conn.parser_exc is not None:
+                self.handle_parser_exception()
+
+        def handle_connect(self, event: Any) -> None:
+            super().handle_connect(event)
+            scope = getattr(self, "scope", None)
+            if scope is not None:
+                scope["extensions"][MESSAGE_LIMIT_EXTENSION] = {}
 
         async def send(self, message: Any) -> None:
+            if message["type"] == MESSAGE_LIMIT_EXTENSION:
+                self.conn.max_message_size = max(PRE_AUTH_MAX_MESSAGE_BYTES, min(int(message["max_bytes"]), self._max_bytes))
+                return
             if message["type"] == "websocket.send" and self._open_for_data():
                 text = message.get("text")
                 if text is not None:

@@ -1,0 +1,124 @@
+"""Issue #15's first row, measured: unauthenticated websockets each announcing a 15 MiB message on
+``/telnyx/media``, against a ``callbridge serve`` process on its shipped defaults (the embedded engine), with one
+healthy Twilio call up throughout. Reports the server's RSS (before, peak during, 20 s after) and the healthy
+call's largest gap between two pieces of one reply's audio, quiet and under attack.
+
+    python bench/hostile.py [--sockets 20] [--rounds 3] [--source DIR]
+
+``--source``: run the bridge from another checkout's source tree (``git worktree add /tmp/old <rev>``), to
+compare with the same client and the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Coroutine
+
+import httpx
+
+from callbridge.sim.carrier import CallerScript, CallResult
+from callbridge.sim.hostile import MediaArrivals, oversized_message, rss_bytes
+from callbridge.sim.loadtest import bridge_env
+from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav
+from callbridge.sim.twilio import SimulatedTwilio
+
+SECRET = "probe-secret-0123456789abcdef"
+MIB = 1024 * 1024
+
+
+def wait_up(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+async def call_with(twilio: SimulatedTwilio, attack: asyncio.Future[object] | None) -> tuple[CallResult, float]:
+    """A call with three replies; returns it and its largest gap."""
+    speech = load_wav_8k(sample_caller_wav())[: 1500 * 16]
+    arrivals = MediaArrivals()
+    twilio.on_message = arrivals
+    script = CallerScript(utterances=((300, speech), (4500, speech), (8700, speech)), hangup_at_ms=13_000)
+    result = await twilio.place_call(script)
+    if attack is not None:
+        await attack
+    return result, arrivals.largest_gap_ms()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sockets", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--size-mib", type=int, default=15)
+    parser.add_argument("--source", help="run the bridge from this source tree")
+    args = parser.parse_args()
+    bridge_port, rest_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+    for line in bridge_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}").splitlines():
+        key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        env[key] = value
+    if args.source:
+        env["PYTHONPATH"] = args.source
+    command = [sys.executable, "-m", "callbridge", "serve", "--port", str(bridge_port), "--log-level", "warning"]
+    bridge = subprocess.Popen(command, env=env, cwd=args.source or None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_up(f"http://127.0.0.1:{bridge_port}/readyz")
+        twilio = SimulatedTwilio(f"http://127.0.0.1:{bridge_port}", SECRET)
+        await twilio.start_rest(rest_port)
+        quiet, quiet_gap = await call_with(twilio, None)
+        baseline = rss_bytes(bridge.pid)
+        peak = baseline
+        codes: dict[object, int] = {}
+
+        async def attack() -> None:
+            nonlocal peak
+            for _ in range(args.rounds):
+                rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB) for _ in range(args.sockets)]
+                for outcome in await asyncio.gather(*rounds, return_exceptions=True):
+                    code = outcome.close_code if not isinstance(outcome, BaseException) else type(outcome).__name__
+                    codes[code] = codes.get(code, 0) + 1
+                peak = max(peak, rss_bytes(bridge.pid))
+
+        async def sample() -> None:
+            nonlocal peak
+            while bridge.poll() is None:
+                peak = max(peak, rss_bytes(bridge.pid))
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        attacked = asyncio.ensure_future(_after(2.0, attack()))  # it starts as the call's first reply plays
+        under, under_gap = await call_with(twilio, attacked)
+        sampler.cancel()
+        await asyncio.sleep(20)
+        after = rss_bytes(bridge.pid)
+        await twilio.aclose()
+    finally:
+        bridge.kill()
+        bridge.wait()
+    print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}; bridge from {args.source or 'this tree'}")
+    print(f"attack: {args.rounds} rounds x {args.sockets} sockets x {args.size_mib} MiB on /telnyx/media; outcomes {codes}")
+    print(f"RSS: before {baseline / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB (+{(peak - baseline) / MIB:.1f}), "
+          f"20 s after {after / MIB:.1f} MiB (+{(after - baseline) / MIB:.1f})")  # fmt: skip
+    print(f"healthy call, quiet: largest gap {quiet_gap:.1f} ms, agent speech {quiet.agent_speech_ms} ms, hung up by {quiet.hung_up_by}")
+    print(f"healthy call, attacked: largest gap {under_gap:.1f} ms, agent speech {under.agent_speech_ms} ms, hung up by {under.hung_up_by}")
+
+
+async def _after(delay_s: float, work: Coroutine[object, object, None]) -> None:
+    await asyncio.sleep(delay_s)
+    await work
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,106 @@
+"""Hostile peers and the measures taken while they run (issue #15): the adversarial tests and ``bench/hostile.py``.
+
+An attacker here speaks raw websocket frames on a TCP socket, so it can announce a message of any size without
+holding it; the server's memory is read from ``/proc`` (Linux); the healthy call's audio is timed as it arrives.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["MediaArrivals", "Refusal", "oversized_message", "rss_bytes", "upgrade"]
+
+
+def rss_bytes(pid: int) -> int:
+    """The resident memory of process ``pid`` now (``VmRSS``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def upgrade(port: int, path: str, timeout_s: float = 5.0) -> socket.socket:
+    """A raw TCP socket to 127.0.0.1:``port``, upgraded to a websocket on ``path`` (the handshake done by hand)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(4096)
+        if not chunk:
+            sock.close()
+            raise ConnectionError("closed during the websocket handshake")
+        head += chunk
+    if not head.startswith(b"HTTP/1.1 101"):
+        sock.close()
+        raise ConnectionError(f"upgrade refused: {head[:120]!r}")
+    return sock
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """How the server dealt with one message: payload bytes it let in, its close code, seconds to the close."""
+
+    written: int
+    close_code: int | None
+    seconds: float
+
+
+def oversized_message(port: int, size: int, path: str = "/telnyx/media") -> Refusal:
+    """One unauthenticated text message of ``size`` bytes on ``path``: its frame header, then as much of its
+    payload as the server takes (64 KiB at a time) before it closes."""
+    sock = upgrade(port, path)
+    started = time.monotonic()
+    written = 0
+    try:
+        sock.sendall(struct.pack("!BBQ", 0x81, 0x80 | 127, size) + b"\x00\x00\x00\x00")  # masked with a zero key
+        chunk = bytes(64 * 1024)
+        sock.settimeout(0.2)
+        while written < size:
+            part = chunk[: size - written]
+            try:
+                sock.sendall(part)
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                break
+            written += len(part)
+        sock.settimeout(5)
+        received = b""
+        try:
+            while len(received) < 4:
+                data = sock.recv(4096)
+                if not data:
+                    break
+                received += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+        code = struct.unpack("!H", received[2:4])[0] if len(received) >= 4 and received[0] == 0x88 else None
+        return Refusal(written, code, time.monotonic() - started)
+    finally:
+        sock.close()
+
+
+@dataclass
+class MediaArrivals:
+    """When each message carrying agent audio arrived at the simulated carrier (set as its ``on_message``)."""
+
+    marker: str = '"event":"media"'
+    at_s: list[float] = field(default_factory=list)
+
+    def __call__(self, message: str | bytes) -> None:
+        if isinstance(message, bytes) or self.marker in message:
+            self.at_s.append(time.monotonic())
+
+    def largest_gap_ms(self, pause_ms: float = 500.0) -> float:
+        """The longest wait between two pieces of one reply's audio (waits over ``pause_ms`` are the pauses
+        between replies, not gaps)."""
+        gaps = [(b - a) * 1000 for a, b in zip(self.at_s, self.at_s[1:], strict=False) if (b - a) * 1000 <= pause_ms]
+        return max(gaps, default=0.0)

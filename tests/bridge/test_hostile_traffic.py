@@ -1,0 +1,101 @@
+"""Hostile traffic against a real ``callbridge serve`` process (issue #15), with a healthy call up throughout and
+the server's memory watched (``callbridge.sim.hostile``): what nobody has authenticated may not cost much.
+Loopback only, bounded counts and seconds; the timings (the healthy call's largest gap) are ``bench/hostile.py``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.hostile import oversized_message, rss_bytes
+from callbridge.sim.runner import free_port
+from callbridge.sim.twilio import SimulatedTwilio
+from tests.bridge.test_fleet import Process, _start
+from tests.bridge.twilio_e2e import short_speech
+from tests.conftest import wait_http_ok
+
+SECRET = "hostile-secret-0123456789abcdef"
+MIB = 1024 * 1024
+
+
+@dataclass
+class Served:
+    bridge: Process
+    twilio: SimulatedTwilio
+    port: int
+
+
+@asynccontextmanager
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    """``callbridge serve`` on its shipped defaults (the embedded engine), with Twilio configured for the healthy
+    call (Telnyx, the attacker's target, is left unconfigured: its media socket is open to anyone regardless)."""
+    twilio = SimulatedTwilio("http://unused", SECRET)
+    rest_url = await twilio.start_rest(free_port())
+    lines = [f"[{section}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
+             for section, values in SimulatedTwilio.bridge_settings(SECRET, rest_url).items()]  # fmt: skip
+    config = tmp_path / "callbridge.toml"
+    config.write_text("\n".join(lines) + "\n")
+    port = free_port()
+    bridge = _start("bridge", ["serve"], config, port, tmp_path)
+    try:
+        await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
+        twilio.bridge_url = bridge.url
+        yield Served(bridge, twilio, port)
+    finally:
+        bridge.stop()
+        await twilio.aclose()
+
+
+async def test_twenty_unauthenticated_sockets_announcing_15_mib_each_cost_the_server_nothing(tmp_path: Path) -> None:
+    """Issue #15's first row: 20 sockets on ``/telnyx/media`` (upgraded before any token is shown), each sending one
+    15 MiB message, twice over, while a Twilio call is up. Each is refused at its frame header (close 1009, the
+    limit being ``PRE_AUTH_MAX_MESSAGE_BYTES``), the server's RSS does not grow by more than 20 MB during the
+    attack nor keep more than 5 MB of it, and the call carries on to its end with all its agent speech."""
+    async with served(tmp_path) as server:
+        pid = server.bridge.process.pid
+        script = CallerScript(utterances=((300, short_speech()), (6000, short_speech())), hangup_at_ms=11_000)
+        call = asyncio.create_task(server.twilio.place_call(script))
+        await asyncio.sleep(1.0)
+        baseline = rss_bytes(pid)
+        peak = baseline
+        sampling = True
+
+        async def sample() -> None:
+            nonlocal peak
+            while sampling:
+                peak = max(peak, rss_bytes(pid))
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.create_task(sample())
+        outcomes = []
+        for _ in range(2):
+            outcomes += await asyncio.gather(*(asyncio.to_thread(oversized_message, server.port, 15 * MIB) for _ in range(20)))
+        sampling = False
+        await sampler
+        result = await call
+        await asyncio.sleep(2.0)
+        after = rss_bytes(pid)
+        log = server.bridge.log_path.read_text()
+    assert all(refusal.close_code == 1009 for refusal in outcomes), outcomes
+    assert all(refusal.seconds < 5 for refusal in outcomes), outcomes
+    assert peak - baseline <= 20 * MIB, (baseline, peak)
+    assert after - baseline <= 5 * MIB, (baseline, after)
+    assert result.hung_up_by == "caller" and result.warnings == [], result.render()
+    assert result.agent_speech_ms >= 2 * 1500, result.render()  # both replies, whole
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+async def test_the_pre_authentication_limit_refuses_a_message_unread_and_lets_one_below_it_reach_the_codec(tmp_path: Path) -> None:
+    """Before its token, over ``PRE_AUTH_MAX_MESSAGE_BYTES`` by one byte: refused at the header (1009), the
+    payload never read. At the limit: read, and the codec judges it (here not JSON: 1008)."""
+    async with served(tmp_path) as server:
+        over = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES + 1)
+        at = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES)
+    assert over.close_code == 1009 and at.close_code == 1008, (over, at)
