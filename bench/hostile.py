@@ -1,9 +1,10 @@
-"""Issue #15's first row, measured: unauthenticated websockets each announcing a 15 MiB message on
-``/telnyx/media``, against a ``callbridge serve`` process on its shipped defaults (the embedded engine), with one
-healthy Twilio call up throughout. Reports the server's RSS (before, peak during, 20 s after) and the healthy
-call's largest gap between two pieces of one reply's audio, quiet and under attack.
+"""Issue #15's first and third rows, measured against a ``callbridge serve`` process on its shipped defaults (the
+embedded engine), with one healthy Twilio call up throughout: unauthenticated websockets each announcing a 15 MiB
+message on ``/telnyx/media`` (``--attack websocket``), or unsigned 100 MiB POSTs to ``/telnyx/events``, half with
+their length declared, half chunked (``--attack webhook``). Reports the server's RSS (before, peak during, 20 s
+after) and the healthy call's largest gap between two pieces of one reply's audio, quiet and under attack.
 
-    python bench/hostile.py [--sockets 20] [--rounds 3] [--source DIR]
+    python bench/hostile.py [--attack websocket|webhook] [--sockets 20] [--rounds 3] [--source DIR]
 
 ``--source``: run the bridge from another checkout's source tree (``git worktree add /tmp/old <rev>``), to
 compare with the same client and the same run.
@@ -24,7 +25,7 @@ from collections.abc import Coroutine
 import httpx
 
 from callbridge.sim.carrier import CallerScript, CallResult
-from callbridge.sim.hostile import MediaArrivals, oversized_message, rss_bytes
+from callbridge.sim.hostile import MediaArrivals, oversized_body, oversized_message, rss_bytes
 from callbridge.sim.loadtest import bridge_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav
 from callbridge.sim.twilio import SimulatedTwilio
@@ -59,6 +60,7 @@ async def call_with(twilio: SimulatedTwilio, attack: asyncio.Future[object] | No
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--attack", choices=("websocket", "webhook"), default="websocket")
     parser.add_argument("--sockets", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size-mib", type=int, default=15)
@@ -85,9 +87,18 @@ async def main() -> None:
         async def attack() -> None:
             nonlocal peak
             for _ in range(args.rounds):
-                rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB) for _ in range(args.sockets)]
+                if args.attack == "websocket":
+                    rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB) for _ in range(args.sockets)]
+                else:
+                    rounds = [
+                        asyncio.to_thread(oversized_body, bridge_port, "/telnyx/events", args.size_mib * MIB, chunked=i % 2 == 1)
+                        for i in range(args.sockets)
+                    ]
                 for outcome in await asyncio.gather(*rounds, return_exceptions=True):
-                    code = outcome.close_code if not isinstance(outcome, BaseException) else type(outcome).__name__
+                    if isinstance(outcome, BaseException):
+                        code: object = type(outcome).__name__
+                    else:
+                        code = outcome.close_code if not isinstance(outcome, tuple) else outcome[0]
                     codes[code] = codes.get(code, 0) + 1
                 peak = max(peak, rss_bytes(bridge.pid))
 
@@ -108,7 +119,8 @@ async def main() -> None:
         bridge.kill()
         bridge.wait()
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}; bridge from {args.source or 'this tree'}")
-    print(f"attack: {args.rounds} rounds x {args.sockets} sockets x {args.size_mib} MiB on /telnyx/media; outcomes {codes}")
+    target = "messages on /telnyx/media" if args.attack == "websocket" else "POSTs to /telnyx/events"
+    print(f"attack: {args.rounds} rounds x {args.sockets} x {args.size_mib} MiB {target}; outcomes {codes}")
     print(f"RSS: before {baseline / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB (+{(peak - baseline) / MIB:.1f}), "
           f"20 s after {after / MIB:.1f} MiB (+{(after - baseline) / MIB:.1f})")  # fmt: skip
     print(f"healthy call, quiet: largest gap {quiet_gap:.1f} ms, agent speech {quiet.agent_speech_ms} ms, hung up by {quiet.hung_up_by}")

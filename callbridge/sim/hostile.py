@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MediaArrivals", "Refusal", "oversized_message", "rss_bytes", "upgrade"]
+__all__ = ["MediaArrivals", "Refusal", "oversized_body", "oversized_message", "post_head", "rss_bytes", "status_of", "upgrade"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -104,3 +104,47 @@ class MediaArrivals:
         between replies, not gaps)."""
         gaps = [(b - a) * 1000 for a, b in zip(self.at_s, self.at_s[1:], strict=False) if (b - a) * 1000 <= pause_ms]
         return max(gaps, default=0.0)
+
+
+def post_head(port: int, path: str, headers: dict[str, str]) -> socket.socket:
+    """A raw TCP socket to 127.0.0.1:``port`` with a POST's request head sent (its body left to the caller)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    lines = [f"POST {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in headers.items())]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    return sock
+
+
+def status_of(sock: socket.socket, timeout_s: float = 5.0) -> int | None:
+    """The status code of the response on ``sock`` (None: closed, or nothing within ``timeout_s``)."""
+    sock.settimeout(timeout_s)
+    head = b""
+    try:
+        while b"\r\n" not in head:
+            data = sock.recv(4096)
+            if not data:
+                return None
+            head += data
+    except (ConnectionResetError, TimeoutError):
+        return None
+    return int(head.split(b" ", 2)[1])
+
+
+def oversized_body(port: int, path: str, size: int, *, chunked: bool) -> tuple[int | None, int]:
+    """A POST of ``size`` bytes to ``path``, its body sent 64 KiB at a time; after each piece, a look for the
+    server's answer. Returns (its status, body bytes written before it came). ``chunked``: no length declared."""
+    framing = {"Transfer-Encoding": "chunked"} if chunked else {"Content-Length": str(size)}
+    sock = post_head(port, path, {"Content-Type": "application/json", **framing})
+    written = 0
+    piece = bytes(64 * 1024)
+    try:
+        status = status_of(sock, 0.05)
+        while status is None and written < size:
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            written += len(piece)
+            status = status_of(sock, 0.005)
+        return (status if status is not None else status_of(sock)), written
+    finally:
+        sock.close()

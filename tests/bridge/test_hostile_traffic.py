@@ -14,7 +14,7 @@ from pathlib import Path
 
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.hostile import oversized_message, rss_bytes
+from callbridge.sim.hostile import oversized_body, oversized_message, post_head, rss_bytes
 from callbridge.sim.runner import free_port
 from callbridge.sim.twilio import SimulatedTwilio
 from tests.bridge.test_fleet import Process, _start
@@ -99,3 +99,30 @@ async def test_the_pre_authentication_limit_refuses_a_message_unread_and_lets_on
         over = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES + 1)
         at = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES)
     assert over.close_code == 1009 and at.close_code == 1008, (over, at)
+
+
+async def test_an_unsigned_100_mib_webhook_body_is_refused_413_having_read_under_a_mib(tmp_path: Path) -> None:
+    """Issue #15's third row: one unsigned POST of 100 MiB to ``/telnyx/events`` and ``/vonage/answer`` — with its
+    length declared (refused before any of it is read), chunked (refused once ``MAX_BODY_BYTES`` are read) —
+    gets 413 while the client has written under 1 MiB; a client that abandons its body mid-way is logged at
+    info, with no traceback; the server's RSS does not grow by 5 MB; a healthy call goes on meanwhile."""
+    async with served(tmp_path) as server:
+        pid = server.bridge.process.pid
+        call = asyncio.create_task(server.twilio.place_call(CallerScript(utterances=((300, short_speech()),), hangup_at_ms=6000)))
+        await asyncio.sleep(1.0)
+        baseline = rss_bytes(pid)
+        refused = [
+            await asyncio.to_thread(oversized_body, server.port, path, 100 * MIB, chunked=chunked)
+            for path in ("/telnyx/events", "/vonage/answer") for chunked in (False, True)
+        ]  # fmt: skip
+        abandoned = post_head(server.port, "/telnyx/events", {"Content-Type": "application/json", "Content-Length": "10000"})
+        abandoned.sendall(b"{" * 1000)
+        abandoned.close()
+        result = await call
+        grown = rss_bytes(pid) - baseline
+        log = server.bridge.log_path.read_text()
+    assert all(status == 413 and written < MIB for status, written in refused), refused
+    assert grown <= 5 * MIB, grown
+    assert result.hung_up_by == "caller" and result.warnings == [] and result.agent_speech_ms >= 1500, result.render()
+    assert log.count('"request_refused"') == 4 and '"request_abandoned"' in log
+    assert "Traceback" not in log and '"level": "error"' not in log
