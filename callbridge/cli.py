@@ -245,7 +245,7 @@ def _run_uvicorn(
     at once."""
     import uvicorn
 
-    from callbridge.bridge.ws_protocol import websocket_options
+    from callbridge.bridge.http_protocol import serving_options
     from callbridge.logging import configure_logging
 
     configure_logging(settings.log)
@@ -256,7 +256,7 @@ def _run_uvicorn(
             port=port,
             log_config=None,
             access_log=False,
-            **websocket_options(),
+            **serving_options(),
             lifespan="on",
         )
     )

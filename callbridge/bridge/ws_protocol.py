@@ -78,7 +78,7 @@ def websocket_options() -> dict[str, Any]:
 
 async def allow_messages_up_to(websocket: Any, max_bytes: int) -> None:
     """The stream ``websocket`` (a Starlette ``WebSocket``) is authenticated: its messages may be up to
-    ``max_bytes`` from now on (at most ``MAX_MESSAGE_BYTES``). Nothing where the protocol is uvicorn's own."""
+    ``max_bytes`` from now on (at most uvicorn's ``ws_max_size``). Nothing where the protocol is uvicorn's own."""
     if MESSAGE_LIMIT_EXTENSION in websocket.scope.get("extensions", {}):
         await websocket._send({"type": MESSAGE_LIMIT_EXTENSION, "max_bytes": max_bytes})
 
@@ -102,7 +102,7 @@ def protocol_class() -> Any:
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._max_bytes = min(self.config.ws_max_size, MAX_MESSAGE_BYTES)
+            self._max_bytes = self.config.ws_max_size  # the ceiling (``websocket_options``: ``MAX_MESSAGE_BYTES``)
             self.conn.max_message_size = min(self._max_bytes, PRE_AUTH_MAX_MESSAGE_BYTES)
 
         def data_received(self, data: bytes) -> None:

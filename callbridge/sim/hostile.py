@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MediaArrivals", "Refusal", "oversized_body", "oversized_message", "post_head", "rss_bytes", "status_of", "upgrade"]
+__all__ = ["MediaArrivals", "Refusal", "oversized_body", "oversized_message", "post_head", "rss_bytes", "slow_head", "status_of", "upgrade"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -148,3 +148,11 @@ def oversized_body(port: int, path: str, size: int, *, chunked: bool) -> tuple[i
         return (status if status is not None else status_of(sock)), written
     finally:
         sock.close()
+
+
+def slow_head(port: int, source: str = "127.0.0.2") -> socket.socket:
+    """A connection from ``source`` (any 127/8 address is this host) that begins a request head and sends no
+    more of it (slowloris); the caller may trickle header lines."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+    sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
+    return sock

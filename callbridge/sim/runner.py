@@ -24,7 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from callbridge.bridge.app import create_app
-from callbridge.bridge.ws_protocol import websocket_options
+from callbridge.bridge.http_protocol import serving_options
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
@@ -112,7 +112,7 @@ async def serving(app: FastAPI, port: int | socket.socket) -> AsyncIterator[None
     sock = port if isinstance(port, socket.socket) else None
     number: int = port.getsockname()[1] if isinstance(port, socket.socket) else port
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=number, log_config=None, access_log=False, lifespan="on", **websocket_options()
+        app, host="127.0.0.1", port=number, log_config=None, access_log=False, lifespan="on", **serving_options()
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock] if sock is not None else None))

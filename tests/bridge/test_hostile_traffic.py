@@ -6,15 +6,20 @@ Loopback only, bounded counts and seconds; the timings (the healthy call's large
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import selectors
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from callbridge.bridge.http_protocol import MAX_PENDING_PER_SOURCE, REQUEST_HEAD_TIMEOUT_S
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.hostile import oversized_body, oversized_message, post_head, rss_bytes
+from callbridge.sim.hostile import oversized_body, oversized_message, post_head, rss_bytes, slow_head, status_of
 from callbridge.sim.runner import free_port
 from callbridge.sim.twilio import SimulatedTwilio
 from tests.bridge.test_fleet import Process, _start
@@ -126,3 +131,63 @@ async def test_an_unsigned_100_mib_webhook_body_is_refused_413_having_read_under
     assert result.hung_up_by == "caller" and result.warnings == [] and result.agent_speech_ms >= 1500, result.render()
     assert log.count('"request_refused"') == 4 and '"request_abandoned"' in log
     assert "Traceback" not in log and '"level": "error"' not in log
+
+
+async def test_slow_and_oversized_request_heads_are_cut_off_while_signed_webhooks_are_answered(tmp_path: Path) -> None:
+    """Issue #15's second and fourth rows: 100 connections from one address that begin a request head and then
+    trickle a header line a second (slowloris): ``MAX_PENDING_PER_SOURCE`` of them are held, the rest closed at
+    once, and the held ones answered 408 and closed at ``REQUEST_HEAD_TIMEOUT_S``; meanwhile a call from another
+    address goes through, its signed webhooks answered. A 64 KiB header and 5,000 headers are answered 431."""
+    async with served(tmp_path) as server:
+        started = time.monotonic()
+        slow = [await asyncio.to_thread(slow_head, server.port) for _ in range(100)]
+
+        async def trickle() -> None:
+            while time.monotonic() - started < REQUEST_HEAD_TIMEOUT_S + 3:
+                for sock in slow:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b"X-Slow: 1\r\n")
+                await asyncio.sleep(1.0)
+
+        trickling = asyncio.create_task(trickle())
+        watching = asyncio.create_task(asyncio.to_thread(_how_they_end, slow, started, REQUEST_HEAD_TIMEOUT_S + 5))
+        result = await server.twilio.place_call(CallerScript(utterances=((300, short_speech()),), hangup_at_ms=5000))
+        ends = await watching
+        trickling.cancel()
+        big_header = await asyncio.to_thread(_status_for_head, server.port, {"X-Big": "x" * 64 * 1024})
+        many_headers = await asyncio.to_thread(_status_for_head, server.port, {f"X-H{i}": "1" for i in range(5000)})
+        fine = await asyncio.to_thread(_status_for_head, server.port, {"X-Fine": "1"})
+        log = server.bridge.log_path.read_text()
+    assert result.hung_up_by == "caller" and result.agent_speech_ms >= 1500, result.render()
+    timed_out = [seconds for status, seconds in ends if status == 408]
+    cut = [seconds for status, seconds in ends if status is None]
+    assert len(timed_out) == MAX_PENDING_PER_SOURCE and len(cut) == 100 - MAX_PENDING_PER_SOURCE, ends
+    assert all(REQUEST_HEAD_TIMEOUT_S - 1 <= s <= REQUEST_HEAD_TIMEOUT_S + 2 for s in timed_out), timed_out
+    assert all(s < 2 for s in cut), cut
+    assert (big_header, many_headers, fine) == (431, 431, 200)
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+def _how_they_end(socks: list[socket.socket], opened: float, within_s: float) -> list[tuple[int | None, float]]:
+    """How each connection ended: the status the server answered (None: closed without one), and when, in seconds
+    after ``opened``; watched together (a selector), so each end is timed as it comes."""
+    ends: dict[socket.socket, tuple[int | None, float]] = {}
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        while len(ends) < len(socks) and time.monotonic() - opened < within_s:
+            for key, _ in selector.select(timeout=0.1):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                ends[sock] = (status_of(sock, 1.0), time.monotonic() - opened)
+                selector.unregister(sock)
+    for sock in socks:
+        sock.close()
+    return [ends.get(sock, (None, float("inf"))) for sock in socks]
+
+
+def _status_for_head(port: int, headers: dict[str, str]) -> int | None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        lines = ["GET /healthz HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in headers.items()), "Connection: close"]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        return status_of(sock)

@@ -14,7 +14,7 @@ import uvicorn
 from websockets.asyncio.client import connect
 from websockets.frames import Frame, Opcode
 
-from callbridge.bridge.ws_protocol import frame_header, protocol_class
+from callbridge.bridge.ws_protocol import MESSAGE_LIMIT_EXTENSION, PRE_AUTH_MAX_MESSAGE_BYTES, frame_header, protocol_class
 from callbridge.sim.ports import free_port
 
 
@@ -35,22 +35,34 @@ def test_the_installed_uvicorn_gets_the_lighter_protocol() -> None:
 
 
 @contextlib.asynccontextmanager
-async def _echo_server(read_delay_s: float = 0.0) -> AsyncIterator[str]:
-    """A raw ASGI websocket app that echoes every message, on uvicorn with the protocol ``callbridge serve`` uses."""
+async def _echo_server(
+    read_delay_s: float = 0.0, *, limit: int | None = 1 << 20, received: list[object] | None = None
+) -> AsyncIterator[str]:
+    """A raw ASGI websocket app that echoes every message, on uvicorn with the protocol ``callbridge serve`` uses;
+    ``limit``: the message limit it raises the connection to once accepted (None: left at the pre-auth one);
+    ``received``: where it notes each message the app receives."""
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             return
         await receive()
         await send({"type": "websocket.accept"})
+        if limit is not None:
+            assert MESSAGE_LIMIT_EXTENSION in scope["extensions"]
+            await send({"type": MESSAGE_LIMIT_EXTENSION, "max_bytes": limit})
         await asyncio.sleep(read_delay_s)
         while True:
             message = await receive()
+            if received is not None:
+                received.append(message.get("text") or message.get("code"))
             if message["type"] == "websocket.disconnect":
                 return
             echo = {"type": "websocket.send"}
             echo.update({"text": message["text"]} if message.get("text") is not None else {"bytes": message["bytes"]})
-            await send(echo)
+            try:
+                await send(echo)
+            except Exception:  # the connection is closing (a message refused): read on to its disconnect
+                continue
 
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, ws=protocol_class(), lifespan="off", ws_max_size=1 << 20)
@@ -72,6 +84,27 @@ async def test_every_length_form_round_trips_through_a_real_client() -> None:
             assert await ws.recv() == "é" * (length // 2)
             await ws.send(bytes(range(256)) * (length // 256))
             assert await ws.recv() == bytes(range(256)) * (length // 256)
+
+
+async def test_until_raised_a_message_over_the_pre_auth_limit_is_refused_1009_after_those_before_it() -> None:
+    """Before the app raises the limit: a message at it is taken, one over it closes the connection 1009 (checked at
+    its header, its payload never buffered), and what came before it in the same read reaches the app first."""
+    from websockets.exceptions import ConnectionClosed
+
+    received: list[object] = []
+    async with _echo_server(limit=None, received=received) as url, connect(url, compression=None, max_size=None) as ws:
+        await ws.send("a" * PRE_AUTH_MAX_MESSAGE_BYTES)
+        assert await ws.recv() == "a" * PRE_AUTH_MAX_MESSAGE_BYTES
+        await ws.send("before")
+        await ws.send("b" * (PRE_AUTH_MAX_MESSAGE_BYTES + 1))
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await asyncio.wait_for(ws.recv(), 5)
+        for _ in range(100):
+            if len(received) == 3:
+                break
+            await asyncio.sleep(0.01)
+    assert ws.close_code == 1009 and received[1:] == ["before", 1009]
 
 
 async def test_a_client_faster_than_the_app_loses_nothing() -> None:

@@ -25,6 +25,7 @@ from callbridge.bridge.providers.base import (
     StreamConnected,
     StreamStarted,
     StreamStopped,
+    UnknownCarrierEvent,
 )
 from callbridge.codecs import AudioEncoding, frame_bytes
 
@@ -38,6 +39,7 @@ _EVENTS = (
     MarkEchoed,
     PlaybackCleared,
     CarrierNotice,
+    UnknownCarrierEvent,
     StreamStopped,
 )
 _DIGITS = frozenset("0123456789*#ABCD")
@@ -76,6 +78,9 @@ class CodecRun:
         self.events.append(event)
         if isinstance(event, CarrierNotice):
             assert isinstance(event.name, str) and isinstance(event.detail, str)
+            return
+        if isinstance(event, UnknownCarrierEvent):  # ignored by the call, wherever it comes
+            assert isinstance(event.event, str) and 0 < len(event.event) <= 64, event
             return
         assert not self.stopped, f"{event!r} after the stream stopped"
         if isinstance(event, StreamConnected):

@@ -57,10 +57,10 @@ class JsonCodec:
 
     def _unknown(self, event: object) -> list[CarrierEvent]:
         """A message whose ``event`` no branch knew: an event type the carrier added (ignored, counted by the
-        driver), or malformed (no event, or not a string: the stream ends)."""
+        driver), or malformed (no event, or not a name: the stream ends)."""
         if event is None:
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "message without an event")
-        if not isinstance(event, str):
+        if not isinstance(event, str) or not event:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"event {str(event)[:64]!r}")
         return [UnknownCarrierEvent(event[:64])]
 
