@@ -4,7 +4,10 @@ message on ``/telnyx/media`` (``--attack websocket``), or unsigned 100 MiB POSTs
 their length declared, half chunked (``--attack webhook``). Reports the server's RSS (before, peak during, 20 s
 after) and the healthy call's largest gap between two pieces of one reply's audio, quiet and under attack.
 
-    python bench/hostile.py [--attack websocket|webhook] [--sockets 20] [--rounds 3] [--source DIR]
+``--attack slowloris``: ``--sockets`` connections from 127.0.0.2 that begin a request head and trickle a header
+line every 2 s for 15 s; how each ends (its status, when), with ``--nofile N`` the bridge's file descriptor limit.
+
+    python bench/hostile.py [--attack websocket|webhook|slowloris] [--sockets 20] [--rounds 3] [--nofile N] [--source DIR]
 
 ``--source``: run the bridge from another checkout's source tree (``git worktree add /tmp/old <rev>``), to
 compare with the same client and the same run.
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
+import resource
 import shlex
 import subprocess
 import sys
@@ -25,7 +30,7 @@ from collections.abc import Coroutine
 import httpx
 
 from callbridge.sim.carrier import CallerScript, CallResult
-from callbridge.sim.hostile import MediaArrivals, oversized_body, oversized_message, rss_bytes
+from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head
 from callbridge.sim.loadtest import bridge_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav
 from callbridge.sim.twilio import SimulatedTwilio
@@ -60,7 +65,8 @@ async def call_with(twilio: SimulatedTwilio, attack: asyncio.Future[object] | No
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--attack", choices=("websocket", "webhook"), default="websocket")
+    parser.add_argument("--attack", choices=("websocket", "webhook", "slowloris"), default="websocket")
+    parser.add_argument("--nofile", type=int, help="the bridge's RLIMIT_NOFILE")
     parser.add_argument("--sockets", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--size-mib", type=int, default=15)
@@ -74,7 +80,15 @@ async def main() -> None:
     if args.source:
         env["PYTHONPATH"] = args.source
     command = [sys.executable, "-m", "callbridge", "serve", "--port", str(bridge_port), "--log-level", "warning"]
-    bridge = subprocess.Popen(command, env=env, cwd=args.source or None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    limit = args.nofile
+
+    def limited() -> None:
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    bridge = subprocess.Popen(
+        command, env=env, cwd=args.source or None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limited
+    )
     try:
         wait_up(f"http://127.0.0.1:{bridge_port}/readyz")
         twilio = SimulatedTwilio(f"http://127.0.0.1:{bridge_port}", SECRET)
@@ -84,8 +98,31 @@ async def main() -> None:
         peak = baseline
         codes: dict[object, int] = {}
 
+        ends: list[tuple[int | None, float]] = []
+
+        async def slowloris() -> None:
+            opened = time.monotonic()
+            slow = []
+            for _ in range(args.sockets):
+                try:
+                    slow.append(await asyncio.to_thread(slow_head, bridge_port))
+                except OSError as exc:
+                    codes[type(exc).__name__] = codes.get(type(exc).__name__, 0) + 1
+            watching = asyncio.create_task(asyncio.to_thread(how_they_end, slow, opened, 20.0))
+            while not watching.done() and time.monotonic() - opened < 15:
+                for sock in slow:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(b"X-Slow: 1\r\n")
+                await asyncio.sleep(2.0)
+            ends.extend(await watching)
+            for status, _ in ends:
+                codes[status] = codes.get(status, 0) + 1
+
         async def attack() -> None:
             nonlocal peak
+            if args.attack == "slowloris":
+                await slowloris()
+                return
             for _ in range(args.rounds):
                 if args.attack == "websocket":
                     rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB) for _ in range(args.sockets)]
@@ -119,8 +156,13 @@ async def main() -> None:
         bridge.kill()
         bridge.wait()
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}; bridge from {args.source or 'this tree'}")
-    target = "messages on /telnyx/media" if args.attack == "websocket" else "POSTs to /telnyx/events"
-    print(f"attack: {args.rounds} rounds x {args.sockets} x {args.size_mib} MiB {target}; outcomes {codes}")
+    if args.attack == "slowloris":
+        closed = [seconds for _, seconds in ends if seconds != float("inf")]
+        print(f"attack: {args.sockets} slow request heads from 127.0.0.2 (RLIMIT_NOFILE {args.nofile or 'unchanged'}); ends {codes}; "
+              f"closed {len(closed)} of {len(ends)}, the last {max(closed, default=0):.1f} s after they opened")  # fmt: skip
+    else:
+        target = "messages on /telnyx/media" if args.attack == "websocket" else "POSTs to /telnyx/events"
+        print(f"attack: {args.rounds} rounds x {args.sockets} x {args.size_mib} MiB {target}; outcomes {codes}")
     print(f"RSS: before {baseline / MIB:.1f} MiB, peak {peak / MIB:.1f} MiB (+{(peak - baseline) / MIB:.1f}), "
           f"20 s after {after / MIB:.1f} MiB (+{(after - baseline) / MIB:.1f})")  # fmt: skip
     print(f"healthy call, quiet: largest gap {quiet_gap:.1f} ms, agent speech {quiet.agent_speech_ms} ms, hung up by {quiet.hung_up_by}")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import base64
 import os
+import selectors
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MediaArrivals", "Refusal", "oversized_body", "oversized_message", "post_head", "rss_bytes", "slow_head", "status_of", "upgrade"]
+__all__ = ["MediaArrivals", "Refusal", "how_they_end", "oversized_body", "oversized_message", "post_head", "rss_bytes", "slow_head", "status_of", "upgrade"]
 
 
 def rss_bytes(pid: int) -> int:
@@ -156,3 +157,21 @@ def slow_head(port: int, source: str = "127.0.0.2") -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
     sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n".encode())
     return sock
+
+
+def how_they_end(socks: list[socket.socket], opened: float, within_s: float) -> list[tuple[int | None, float]]:
+    """How each connection ended: the status the server answered (None: closed without one), and when, in seconds
+    after ``opened``; watched together (a selector), so each end is timed as it comes."""
+    ends: dict[socket.socket, tuple[int | None, float]] = {}
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        while len(ends) < len(socks) and time.monotonic() - opened < within_s:
+            for key, _ in selector.select(timeout=0.1):
+                ready = key.fileobj
+                assert isinstance(ready, socket.socket)
+                ends[ready] = (status_of(ready, 1.0), time.monotonic() - opened)
+                selector.unregister(ready)
+    for sock in socks:
+        sock.close()
+    return [ends.get(sock, (None, float("inf"))) for sock in socks]

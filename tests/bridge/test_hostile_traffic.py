@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import selectors
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from callbridge.bridge.http_protocol import MAX_PENDING_PER_SOURCE, REQUEST_HEAD_TIMEOUT_S
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.hostile import oversized_body, oversized_message, post_head, rss_bytes, slow_head, status_of
+from callbridge.sim.hostile import how_they_end, oversized_body, oversized_message, post_head, rss_bytes, slow_head, status_of
 from callbridge.sim.runner import free_port
 from callbridge.sim.twilio import SimulatedTwilio
 from tests.bridge.test_fleet import Process, _start
@@ -150,7 +149,7 @@ async def test_slow_and_oversized_request_heads_are_cut_off_while_signed_webhook
                 await asyncio.sleep(1.0)
 
         trickling = asyncio.create_task(trickle())
-        watching = asyncio.create_task(asyncio.to_thread(_how_they_end, slow, started, REQUEST_HEAD_TIMEOUT_S + 5))
+        watching = asyncio.create_task(asyncio.to_thread(how_they_end, slow, started, REQUEST_HEAD_TIMEOUT_S + 5))
         result = await server.twilio.place_call(CallerScript(utterances=((300, short_speech()),), hangup_at_ms=5000))
         ends = await watching
         trickling.cancel()
@@ -166,24 +165,6 @@ async def test_slow_and_oversized_request_heads_are_cut_off_while_signed_webhook
     assert all(s < 2 for s in cut), cut
     assert (big_header, many_headers, fine) == (431, 431, 200)
     assert "Traceback" not in log and '"level": "error"' not in log
-
-
-def _how_they_end(socks: list[socket.socket], opened: float, within_s: float) -> list[tuple[int | None, float]]:
-    """How each connection ended: the status the server answered (None: closed without one), and when, in seconds
-    after ``opened``; watched together (a selector), so each end is timed as it comes."""
-    ends: dict[socket.socket, tuple[int | None, float]] = {}
-    with selectors.DefaultSelector() as selector:
-        for sock in socks:
-            selector.register(sock, selectors.EVENT_READ)
-        while len(ends) < len(socks) and time.monotonic() - opened < within_s:
-            for key, _ in selector.select(timeout=0.1):
-                sock = key.fileobj
-                assert isinstance(sock, socket.socket)
-                ends[sock] = (status_of(sock, 1.0), time.monotonic() - opened)
-                selector.unregister(sock)
-    for sock in socks:
-        sock.close()
-    return [ends.get(sock, (None, float("inf"))) for sock in socks]
 
 
 def _status_for_head(port: int, headers: dict[str, str]) -> int | None:
