@@ -14,26 +14,12 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.loadtest import bridge_env
-from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav
+from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.twilio import SimulatedTwilio
 
 SECRET = "probe-secret-0123456789abcdef"
-
-
-def wait_up(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 async def one(how: str) -> float:
@@ -41,7 +27,7 @@ async def one(how: str) -> float:
     base = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     engine = subprocess.Popen([sys.executable, "-m", "callbridge", "engine-server", "--port", str(engine_port)], env=base, **quiet)
-    wait_up(f"http://127.0.0.1:{engine_port}/health")
+    wait_http_up(f"http://127.0.0.1:{engine_port}/health")
     env = dict(base)
     for line in bridge_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}").splitlines():
         key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
@@ -53,7 +39,7 @@ async def one(how: str) -> float:
     }
     args = [sys.executable, "-m", "callbridge", "serve", "--port", str(bridge_port), "--log-level", "warning"]
     bridge = subprocess.Popen(args, env=env, **quiet)
-    wait_up(f"http://127.0.0.1:{bridge_port}/healthz")
+    wait_http_up(f"http://127.0.0.1:{bridge_port}/healthz")
     twilio = SimulatedTwilio(f"http://127.0.0.1:{bridge_port}", SECRET)
     await twilio.start_rest(rest_port)
     speech = load_wav_8k(sample_caller_wav())[: 1500 * 16]

@@ -27,28 +27,14 @@ import sys
 import time
 from collections.abc import Coroutine
 
-import httpx
-
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head
 from callbridge.sim.loadtest import bridge_env
-from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav
+from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.twilio import SimulatedTwilio
 
 SECRET = "probe-secret-0123456789abcdef"
 MIB = 1024 * 1024
-
-
-def wait_up(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 async def call_with(twilio: SimulatedTwilio, attack: asyncio.Future[object] | None) -> tuple[CallResult, float]:
@@ -90,7 +76,7 @@ async def main() -> None:
         command, env=env, cwd=args.source or None, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=limited
     )
     try:
-        wait_up(f"http://127.0.0.1:{bridge_port}/readyz")
+        wait_http_up(f"http://127.0.0.1:{bridge_port}/readyz")
         twilio = SimulatedTwilio(f"http://127.0.0.1:{bridge_port}", SECRET)
         await twilio.start_rest(rest_port)
         quiet, quiet_gap = await call_with(twilio, None)

@@ -25,10 +25,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from callbridge.sim.ports import free_port
+from callbridge.sim.runner import wait_http_up
 
 PROVIDERS = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
 CALLBRIDGE = str(Path(sys.executable).parent / "callbridge")
@@ -55,18 +55,6 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
 
 
-def _wait_up(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url + "/healthz", timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, object]:
     port, rest_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
@@ -79,7 +67,7 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     if server_cpus:
         os.sched_setaffinity(server.pid, server_cpus)
     try:
-        _wait_up(url)
+        wait_http_up(url + "/healthz")
         time.sleep(1.0)  # let the server settle before measuring its CPU
         command = [
             CALLBRIDGE, "loadtest", "--url", url, "--provider", provider, "--rest-port", str(rest_port),

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
+import time
+import urllib.error
+import urllib.request
 import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,7 +34,33 @@ from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.ports import bound_socket, free_port
 
-__all__ = ["RunningBridge", "free_port", "load_wav_8k", "running_bridge", "sample_caller_wav", "serving", "simulate_call", "write_wav_8k"]
+__all__ = [
+    "RunningBridge",
+    "free_port",
+    "load_wav_8k",
+    "running_bridge",
+    "sample_caller_wav",
+    "serving",
+    "simulate_call",
+    "wait_http_up",
+    "write_wav_8k",
+]
+
+
+def wait_http_up(url: str, timeout_s: float = 60.0) -> None:
+    """Wait until ``url`` answers below 500 (a server process starting); ``TimeoutError`` past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up within {timeout_s} s")
 
 
 def sample_caller_wav() -> Path:

@@ -7,7 +7,6 @@ same process, was refused busy, and every call was hung up about 120 ms after th
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 from pathlib import Path
@@ -15,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.runner import free_port, running_bridge
-from callbridge.sim.twilio import SimulatedTwilio
-from tests.bridge.test_fleet import SECRET, _start
+from callbridge.sim.runner import running_bridge
+from tests.bridge.lone_bridge import served
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
-from tests.conftest import wait_http_ok
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -89,18 +86,8 @@ async def test_a_call_whose_socket_drops_during_the_drain_comes_back_to_it() -> 
 
 async def test_sigterm_to_a_lone_callbridge_serve_lets_its_three_calls_finish(tmp_path: Path) -> None:
     """The real process, shipped settings but the simulated Twilio's credentials: SIGTERM with three calls up."""
-    twilio = SimulatedTwilio("http://unused", SECRET)
-    rest_url = await twilio.start_rest(free_port())
-    config = tmp_path / "callbridge.toml"
-    lines = []
-    for section, values in SimulatedTwilio.bridge_settings(SECRET, rest_url).items():
-        lines += [f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in values.items())]
-    config.write_text("\n".join(lines) + "\n")
-    port = free_port()
-    bridge = _start("bridge", ["serve"], config, port, tmp_path)
-    try:
-        await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
-        twilio.bridge_url = bridge.url
+    async with served(tmp_path) as server:
+        bridge, twilio = server.bridge, server.twilio
         speech = short_speech(1200)
         calls = [
             asyncio.create_task(twilio.place_call(CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=6000 + 500 * i)))
@@ -110,9 +97,6 @@ async def test_sigterm_to_a_lone_callbridge_serve_lets_its_three_calls_finish(tm
         bridge.process.send_signal(signal.SIGTERM)
         results = await asyncio.gather(*calls)
         assert await asyncio.to_thread(bridge.process.wait, 30) == 0
-    finally:
-        bridge.stop()
-        await twilio.aclose()
     for result in results:
         assert result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
         assert result.agent_speech_ms > 1500, result.render()

@@ -7,54 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from callbridge.bridge.http_protocol import MAX_PENDING_PER_SOURCE, REQUEST_HEAD_TIMEOUT_S
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.hostile import how_they_end, oversized_body, oversized_message, post_head, rss_bytes, slow_head, status_of
-from callbridge.sim.runner import free_port
-from callbridge.sim.twilio import SimulatedTwilio
-from tests.bridge.test_fleet import Process, _start
+from tests.bridge.lone_bridge import served
 from tests.bridge.twilio_e2e import short_speech
-from tests.conftest import wait_http_ok
 
-SECRET = "hostile-secret-0123456789abcdef"
 MIB = 1024 * 1024
-
-
-@dataclass
-class Served:
-    bridge: Process
-    twilio: SimulatedTwilio
-    port: int
-
-
-@asynccontextmanager
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    """``callbridge serve`` on its shipped defaults (the embedded engine), with Twilio configured for the healthy
-    call (Telnyx, the attacker's target, is left unconfigured: its media socket is open to anyone regardless)."""
-    twilio = SimulatedTwilio("http://unused", SECRET)
-    rest_url = await twilio.start_rest(free_port())
-    lines = [f"[{section}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
-             for section, values in SimulatedTwilio.bridge_settings(SECRET, rest_url).items()]  # fmt: skip
-    config = tmp_path / "callbridge.toml"
-    config.write_text("\n".join(lines) + "\n")
-    port = free_port()
-    bridge = _start("bridge", ["serve"], config, port, tmp_path)
-    try:
-        await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
-        twilio.bridge_url = bridge.url
-        yield Served(bridge, twilio, port)
-    finally:
-        bridge.stop()
-        await twilio.aclose()
 
 
 async def test_twenty_unauthenticated_sockets_announcing_15_mib_each_cost_the_server_nothing(tmp_path: Path) -> None:
