@@ -9,9 +9,10 @@ Here, until a connection's request head is complete:
   next request) — then 408 and closed;
 - its head may be at most ``MAX_HEAD_BYTES`` (the request line and the headers) and ``MAX_HEADERS`` headers —
   then 431 and closed, before the app sees any of it;
-- it counts as pending: a source with ``MAX_PENDING_PER_SOURCE`` pending, or a process with
-  ``MAX_PENDING``, has a new connection closed at once, so that one source cannot hold every file
-  descriptor while carriers' signed requests wait.
+- it counts as pending: a source with ``MAX_PENDING_PER_SOURCE`` heads pending for over ``SLOW_HEAD_S``
+  (a burst of honest connections is read in well under that), or a process with ``MAX_PENDING`` pending,
+  has a new connection closed at once, so that one source cannot hold every file descriptor while carriers'
+  signed requests wait.
 
 A websocket upgrade is a request head like any other: the same budgets hold until it is upgraded.
 ``http_protocol_class()`` checks that uvicorn's class is the one this was written against and falls back to
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_PENDING",
     "MAX_PENDING_PER_SOURCE",
     "REQUEST_HEAD_TIMEOUT_S",
+    "SLOW_HEAD_S",
     "http_protocol_class",
     "serving_options",
 ]
@@ -44,9 +46,9 @@ MAX_HEAD_BYTES: Final = 32 * 1024
 """A carrier's webhook head (its signature, a JWT, forwarded-for headers) takes a few KiB."""
 MAX_HEADERS: Final = 100
 MAX_PENDING_PER_SOURCE: Final = 64
-"""Connections from one address whose request head is not yet in. Carriers send from many addresses, each a
-few requests at a time; behind a load balancer every request comes from it: raise it there (or let the load
-balancer hold these budgets)."""
+"""Connections from one address whose request head has been pending over ``SLOW_HEAD_S``. Carriers send from
+many addresses, each a few requests at a time, and a load balancer sends whole heads at once."""
+SLOW_HEAD_S: Final = 1.0
 MAX_PENDING: Final = 512
 _LOG_EVERY_S: Final = 1.0
 
@@ -87,8 +89,12 @@ def http_protocol_class() -> Any:
     if not all(callable(getattr(HttpToolsProtocol, name, None)) for name in needed):
         log.warning("http_budgets_off", detail="uvicorn's httptools protocol is not the expected one")
         return "auto"
-    pending: Counter[str] = Counter()
+    pending: dict[str, dict[object, float]] = {}
+    """source → its connections whose head is pending, and since when (``time.monotonic``)."""
     quiet = _Quiet()
+
+    def slow_from(source: str, now: float) -> int:
+        return sum(1 for since in pending.get(source, {}).values() if now - since > SLOW_HEAD_S)
 
     class BudgetedHttpProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, with a deadline, size limits and a pending count for request heads."""
@@ -101,8 +107,10 @@ def http_protocol_class() -> Any:
             self._head_bytes = 0
             self._head_headers = 0
             self._too_large = False
-            if sum(pending.values()) >= MAX_PENDING or pending[self._source] >= MAX_PENDING_PER_SOURCE:
-                quiet.warning("connection_refused", reason="too_many_pending_heads", peer=self._source, pending=pending[self._source])
+            now = time.monotonic()
+            slow = slow_from(self._source, now)
+            if sum(map(len, pending.values())) >= MAX_PENDING or slow >= MAX_PENDING_PER_SOURCE:
+                quiet.warning("connection_refused", reason="too_many_pending_heads", peer=self._source, slow_heads=slow)
                 transport.abort()
                 return
             self._begin_head()
@@ -110,7 +118,7 @@ def http_protocol_class() -> Any:
         def _begin_head(self) -> None:
             if not self._pending:
                 self._pending = True
-                pending[self._source] += 1
+                pending.setdefault(self._source, {})[self] = time.monotonic()
             self._head_bytes = self._head_headers = 0
             if self._head_timer is None:
                 self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
@@ -121,9 +129,10 @@ def http_protocol_class() -> Any:
                 self._head_timer = None
             if self._pending:
                 self._pending = False
-                pending[self._source] -= 1
-                if pending[self._source] <= 0:
-                    del pending[self._source]
+                waiting = pending.get(self._source, {})
+                waiting.pop(self, None)
+                if not waiting:
+                    pending.pop(self._source, None)
 
         def _head_timed_out(self) -> None:
             self._head_timer = None
