@@ -215,14 +215,14 @@ _CUT_REPLIES_KEPT: Final = 8
 _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _SEND_FAILED_READ_MS: Final = 1000
+"""After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
+may still be read before the stream is taken for dropped."""
 TAKEOVER_TELLS_HELD_MS: Final = 200
 """How long a stream that took the call over from a dead process holds what it would tell the engine of what the
 caller heard (acks, truncations). The engine's replay after the live ticket comes first on its socket, at once:
 it may hold a barge-in the dead stream lived through, then what that stream told of it (``playback.acknowledged``,
 ``conversation.item.truncated``), which this stream's estimate from an older ticket falls short of. What is held
 goes once the replay is in, and only what the engine was not told already."""
-"""After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
-may still be read before the stream is taken for dropped."""
 _NORMAL_CLOSURE: Final = 1000
 _GOING_AWAY: Final = 1001
 _POLICY_VIOLATION: Final = 1008
@@ -407,8 +407,8 @@ class CallSession:
         """A takeover's tells while its replay comes in (``TAKEOVER_TELLS_HELD_MS``): response id → the most heard
         of it and whether to truncate it there."""
         self._tells_held_until_ms: int | None = None
-        self._truncated_by_engine: set[str] = set()
-        """Responses whose truncation the engine has reported (``conversation.item.truncated``)."""
+        self._truncated_by_engine: dict[str, None] = {}
+        """Responses whose truncation the engine has reported (``conversation.item.truncated``), the newest few."""
         self._cut_replies: dict[str, int] = {}
         """Replies a stream's end cut off while they were being generated (this stream's end or an earlier one's):
         response id → ms the caller heard of it on the streams before this one. Their audio here continues from
@@ -580,7 +580,10 @@ class CallSession:
                 self._note_told(response_id, played_ms)
             case ItemTruncated(item_id, audio_end_ms):
                 response_id = item_id.removeprefix("item_")
-                self._truncated_by_engine.add(response_id)
+                truncated = self._truncated_by_engine
+                truncated[response_id] = None
+                if len(truncated) > _GENERATED_KEPT:
+                    del truncated[next(iter(truncated))]
                 self._note_told(response_id, audio_end_ms)
             case FunctionCall():
                 self._on_function_call(event)
