@@ -44,13 +44,13 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loadtest_carriers import CALLBRIDGE, _env_for, _wait_up
+from loadtest_carriers import CALLBRIDGE, _env_for
 
 from callbridge.config import load_settings
 from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier
 from callbridge.sim.carriers import SIMULATED
 from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call, _server_rss_mb
-from callbridge.sim.runner import load_wav_8k, sample_caller_wav
+from callbridge.sim.runner import load_wav_8k, sample_caller_wav, wait_http_up
 
 LEVEL_GAUGES = (
     "callbridge_live_streams",
@@ -511,7 +511,7 @@ def main() -> int:
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
-            _wait_up(url)
+            wait_http_up(url + "/healthz", 30)
             result = asyncio.run(_generate(args, env, url, server.pid, rest_ports))
         finally:
             server.kill()
