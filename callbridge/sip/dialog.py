@@ -67,6 +67,7 @@ from callbridge.bridge.sources import Network, source_allowed
 from callbridge.codecs import AudioEncoding
 from callbridge.sip.message import (
     SipParseError,
+    SipParseReason,
     SipRequest,
     SipResponse,
     header_param,
@@ -362,7 +363,10 @@ class SipUas:
             if exc.request is not None:
                 exc.request.transport = transport
             if exc.request is not None and exc.request.method != "ACK":
-                self._respond(exc.request, source, 400, now_ms, reason=f"Bad Request ({exc.reason.value})")
+                if exc.reason is SipParseReason.HEAD_TOO_LARGE:
+                    self._respond(exc.request, source, 513, now_ms, reason="Message Too Large")
+                else:
+                    self._respond(exc.request, source, 400, now_ms, reason=f"Bad Request ({exc.reason.value})")
             return
         if isinstance(message, SipResponse):
             self._on_response(message, source, now_ms)

@@ -36,6 +36,9 @@ __all__ = [
 ]
 
 MAX_MESSAGE_BYTES: Final = 65535
+MAX_HEAD_BYTES: Final = 16 * 1024
+"""A request's start line and headers: an INVITE through a few proxies (Via, Record-Route) takes 2-4 KiB."""
+MAX_HEADER_LINES: Final = 128
 
 _COMPACT: Final = {
     "i": "Call-ID",
@@ -78,6 +81,8 @@ class SipParseReason(enum.Enum):
     MISSING_HEADER = "missing_header"
     BAD_CSEQ = "bad_cseq"
     OVERSIZED = "oversized"
+    HEAD_TOO_LARGE = "head_too_large"
+    """Headers over ``MAX_HEAD_BYTES`` or ``MAX_HEADER_LINES``: answered 513 (Message Too Large) where it can be."""
 
 
 class SipParseError(Exception):
@@ -246,6 +251,8 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
         message = SipRequest(method=request.group(1).upper(), uri=request.group(2))
     else:
         raise SipParseError(SipParseReason.BAD_START_LINE, repr(start[:80]))
+    if end > MAX_HEAD_BYTES or len(lines) > MAX_HEADER_LINES + 1:
+        _raise_head_too_large(message, lines, f"{end} bytes, {len(lines) - 1} lines of headers")
     unfolded: list[str] = []
     for line in lines[1:]:
         if line[:1] in (" ", "\t"):
@@ -315,6 +322,22 @@ def split_stream(buffer: bytes) -> tuple[list[bytes], bytes]:
             return messages, buffer[pos:]
         messages.append(buffer[pos:total])
         pos = total
+
+
+def _raise_head_too_large(message: SipRequest | SipResponse, lines: list[str], detail: str) -> None:
+    """Refuse a head over its budget, with what a 513 needs of the request (its Via, From, To, Call-ID, CSeq:
+    read from the first lines that carry them) where they are there; the rest is not parsed."""
+    wanted = {"Via", "From", "To", "Call-ID", "CSeq"}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        canonical = _canonical(name.strip()) if colon and _TOKEN.match(name.strip()) else None
+        if canonical in wanted:
+            wanted.discard(canonical)
+            message.headers.append((canonical, split_list(value.strip())[0] if canonical == "Via" and value.strip() else value.strip()))
+        if not wanted:
+            break
+    answerable = _request(message) if "CSeq" not in wanted else None
+    raise SipParseError(SipParseReason.HEAD_TOO_LARGE, detail, answerable)
 
 
 def _request(message: SipRequest | SipResponse) -> SipRequest | None:

@@ -232,11 +232,18 @@ def test_methods_options_info_and_garbage() -> None:
     core.receive_datagram(request("OPTIONS", call_id="q", branch="z9hG4bKq").replace(b"CSeq: 1 OPTIONS", b"CSeq: x OPTIONS"), PEER, 0)
     (bad_cseq,) = core.datagrams_to_send()  # its CSeq is copied as it came: the response does not parse either
     assert bad_cseq.data.startswith(b"SIP/2.0 400 Bad Request (bad_cseq)") and b"CSeq: x OPTIONS" in bad_cseq.data
+    many = request("INVITE", call_id="big", branch="z9hG4bKbig", body=SDP).replace(b"\r\n\r\n", b"\r\n" + b"X-H: 1\r\n" * 5000 + b"\r\n", 1)
+    core.receive_datagram(many[:65535], PEER, 0)
+    (too_large,) = responses(core)
+    assert too_large.status == 513 and too_large.call_id == "big"  # 5,000 headers: answered, never parsed whole
     for garbage in (b"\x00\x01\x02", b"GET / HTTP/1.1\r\n\r\n", b"\r\n\r\n", b"SIP/2.0 200 OK\r\nVia: x\r\nFrom: a\r\nTo: b\r\nCall-ID: z\r\nCSeq: 1 BYE\r\n\r\n"):
         core.receive_datagram(garbage, PEER, 0)
     assert core.datagrams_to_send() == []
     dropped = [e for e in core.events() if isinstance(e, Dropped)]
-    assert [d.reason for d in dropped] == ["malformed:truncated_body", "malformed:bad_cseq", "malformed:no_headers_end", "malformed:bad_start_line", "stray_response"]
+    assert [d.reason for d in dropped] == [
+        "malformed:truncated_body", "malformed:bad_cseq", "malformed:head_too_large", "malformed:no_headers_end", "malformed:bad_start_line",
+        "stray_response",
+    ]  # fmt: skip
     tag = answered(core)
     core.receive_datagram(request("OPTIONS", cseq=2, branch="z9hG4bKo2", to_tag=tag), PEER, 0)
     assert statuses(core) == [200]

@@ -81,6 +81,9 @@ def test_serialize_round_trip_sets_content_length() -> None:
         (INVITE.replace(b"CSeq: 1 INVITE", b"CSeq: 1 BYE"), SipParseReason.BAD_CSEQ, True),
         (INVITE.replace(b"CSeq: 1 INVITE", b"CSeq: x INVITE"), SipParseReason.BAD_CSEQ, True),
         (b"X" * 70000, SipParseReason.OVERSIZED, False),
+        (INVITE.replace(b"l: 4", b"X-Big: " + b"x" * 60_000 + b"\r\nl: 4"), SipParseReason.HEAD_TOO_LARGE, True),
+        (INVITE.replace(b"l: 4", b"".join(b"X-H%d: 1\r\n" % i for i in range(5000)) + b"l: 4"), SipParseReason.HEAD_TOO_LARGE, True),
+        (b"OPTIONS sip:a SIP/2.0\r\n" + b"X-H: 1\r\n" * 200 + b"\r\n", SipParseReason.HEAD_TOO_LARGE, False),
     ],
 )
 def test_bad_input_is_a_typed_error(data: bytes, reason: SipParseReason, answerable: bool) -> None:
