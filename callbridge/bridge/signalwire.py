@@ -6,6 +6,12 @@ Differences from Twilio: the signature header is ``X-SignalWire-Signature``
 key); ``<Stream codec="L16@24000h">`` switches both directions to 16-bit PCM
 at 24 kHz (``signalwire.codec``); the REST API lives at
 ``https://<space>/api/laml`` with the project id and API token as basic auth.
+
+The media websocket's upgrade: SignalWire documents ``X-SignalWire-Signature`` on its HTTP webhooks only
+(signalwire.com/docs/server-sdks/reference/python/core/security), and its REST ``Create a Stream`` offers an
+``AuthorizationBearerToken`` for the websocket server instead; nothing documents a signed upgrade. So an
+unsigned upgrade is accepted, and the stream must carry the single-use token our answer minted (a signature
+that is there is still checked).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def signalwire_dialect(settings: Settings) -> TwilioDialect:
         validate_signatures=config.validate_signatures,
         codec=signalwire_codec,
         stream_attributes={"codec": config.codec} if config.codec != "PCMU" else {},
+        upgrade_signed=False,
     )
 
 

@@ -69,6 +69,10 @@ class TwilioDialect:
     codec: Callable[[], TwilioCodec]
     stream_attributes: dict[str, str] = field(default_factory=dict)
     """Extra ``<Stream>`` attributes (SignalWire's ``codec="L16@24000h"``)."""
+    upgrade_signed: bool = True
+    """The carrier signs its media websocket's upgrade (Twilio documents it). Where it does not (SignalWire
+    documents signatures on webhooks only), an unsigned upgrade is accepted and the stream must show its
+    single-use token, as Telnyx's and Plivo's do; a signature that is there must still be right."""
 
     @property
     def voice_path(self) -> str:
@@ -184,7 +188,8 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
     @router.websocket(dialect.media_path)
     async def media(websocket: WebSocket) -> None:
         base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
-        if not signatures.valid(ws_url(base) + dialect.media_path, {}, websocket.headers.get(header)):
+        signature = websocket.headers.get(header)
+        if (signature is not None or dialect.upgrade_signed) and not signatures.valid(ws_url(base) + dialect.media_path, {}, signature):
             log.warning("signature_invalid", provider=name, path=dialect.media_path)
             await websocket.close(code=1008)  # before accept: the upgrade is answered 403
             return

@@ -102,6 +102,7 @@ async def answer_and_stream(
     *,
     provider: str = "twilio",
     signature_header: str = "X-Twilio-Signature",
+    sign_upgrade: bool = True,
 ) -> MediaStream | TwimlRedirect | str:
     """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
     the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
@@ -124,8 +125,8 @@ async def answer_and_stream(
     l16 = provider == "signalwire" and stream_el.attrib.get("codec") == "L16@24000h"
     media_format = {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1} if l16 else _MULAW_FORMAT
     parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
-    signature = validator.compute_signature(stream_url, {})
-    ws = await connect(stream_url, additional_headers={signature_header: signature}, compression=None)
+    headers = {signature_header: validator.compute_signature(stream_url, {})} if sign_upgrade else {}
+    ws = await connect(stream_url, additional_headers=headers, compression=None)
     stream_sid = "MZ" + secrets.token_hex(16)
     start = {
         "streamSid": stream_sid,
@@ -218,6 +219,9 @@ class SimulatedTwilio(SimulatedCarrier):
 
     provider: ClassVar[str] = "twilio"
     signature_header: ClassVar[str] = "X-Twilio-Signature"
+    signs_upgrade: ClassVar[bool] = True
+    """Whether the media websocket's upgrade carries the signature (Twilio's does; SignalWire's, undocumented:
+    not here, so the bridge is tested on the token alone)."""
     rest_prefix: ClassVar[str] = ""
 
     def __init__(self, bridge_url: str, auth_token: str, *, account_sid: str | None = None) -> None:
@@ -286,7 +290,7 @@ class SimulatedTwilio(SimulatedCarrier):
         for _ in range(_MAX_REDIRECTS):
             opened = await answer_and_stream(
                 self._http, self._validator, bridge_url, params,
-                provider=self.provider, signature_header=self.signature_header,
+                provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
             )  # fmt: skip
             if not isinstance(opened, TwimlRedirect):
                 break
@@ -345,6 +349,7 @@ class SimulatedSignalWire(SimulatedTwilio):
 
     provider: ClassVar[str] = "signalwire"
     signature_header: ClassVar[str] = "X-SignalWire-Signature"
+    signs_upgrade: ClassVar[bool] = False
     rest_prefix: ClassVar[str] = "/api/laml"
 
     def __init__(self, bridge_url: str, secret: str) -> None:

@@ -320,3 +320,28 @@ async def test_a_calls_totals_reach_the_metrics_when_its_stream_ends() -> None:
     assert echoes >= len(result.marks_echoed) - 2  # every echo of a marker the bridge still tracked
     assert 4 <= timed_messages <= 7  # one inbound message in 50: 5 s of 20 ms frames, and the markers' echoes
     assert counted and corrections <= echoes  # counted as the stream ended; only an echo corrects the model
+
+
+async def test_a_signalwire_upgrade_needs_no_signature_but_its_stream_needs_the_token() -> None:
+    """SignalWire documents no signature on its media upgrade (``callbridge/bridge/signalwire.py``): an unsigned
+    upgrade is accepted and the stream must show the single-use token (a made-up one: closed 1008, nothing bound);
+    a forged signature is still refused 403, and Twilio's unsigned upgrade too."""
+    from websockets.exceptions import InvalidStatus
+
+    recorder = engine()
+    async with running_bridge(settings(), recorder, provider="signalwire") as bridge:
+        base = bridge.base_url.replace("http://", "ws://")
+        async with connect(base + "/signalwire/media") as ws:
+            stream = RawStream(ws, "MZ" + "1" * 32, "CA" + "2" * 32, "made-up", "project-1")
+            await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+            await ws.send(stream.start_message())
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:
+                    pass
+        assert ws.close_code == 1008 and streams_bound(bridge) == 0
+        for path, headers in (("/signalwire/media", {"X-SignalWire-Signature": "forged"}), ("/twilio/media", {})):
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(base + path, additional_headers=headers):
+                    pass
+            assert refused.value.response.status_code == 403, path
+    assert recorder.opened == []
