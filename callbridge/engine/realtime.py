@@ -258,6 +258,8 @@ class RealtimeSession(DuplexSession):
         self._closed = False
         self._detached = False
         self._close_sent = False
+        self._closing_socket: object | None = None
+        """The socket ``session.close`` went out on: its closing is the end asked for, not a loss to resume from."""
         """``session.close`` has gone to the server (once per session, whoever asked)."""
         self._backlog: deque[EngineCommand] = deque()
         """Commands submitted while the socket is being replaced, sent first on the new one."""
@@ -317,6 +319,9 @@ class RealtimeSession(DuplexSession):
             await self._ws.send(orjson.dumps(command_to_wire(command)).decode())
         except ConnectionClosed:  # the reader notices and resumes
             self._keep(command)
+            return
+        if isinstance(command, CloseSession):
+            self._closing_socket = self._ws
 
     def _keep(self, command: EngineCommand) -> None:
         """Hold a command for the socket that replaces the lost one: not audio (stale by then); a newer ack of a
@@ -377,6 +382,9 @@ class RealtimeSession(DuplexSession):
                 except ConnectionClosed:
                     pass
                 if self._closed or self._detached:
+                    break
+                if self._closing_socket is self._ws:  # closed by the server after our session.close, before its
+                    self._deliver(SessionClosed(self.session_id, "client_close"))  # session.closed: that end
                     break
                 self._connected.clear()
                 await self._reconnect()
@@ -481,6 +489,8 @@ class RealtimeSession(DuplexSession):
                 command = self._backlog[0]
                 await ws.send(orjson.dumps(command_to_wire(command)).decode())
                 self._backlog.popleft()
+                if isinstance(command, CloseSession):
+                    self._closing_socket = ws
         except ConnectionClosed:
             return  # lost again at once: the reader tries again, the rest still kept
         self._connected.set()
