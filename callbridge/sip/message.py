@@ -262,12 +262,10 @@ def parse_message(data: bytes) -> SipRequest | SipResponse:
         elif line:
             unfolded.append(line)
     for line in unfolded:
-        name, colon, value = line.partition(":")
-        name = name.strip()
-        if not colon or not _TOKEN.match(name):
+        header = _header_line(line)
+        if header is None:
             raise SipParseError(SipParseReason.BAD_HEADER, repr(line[:80]))
-        canonical = _canonical(name)
-        value = value.strip()
+        canonical, value = header
         if canonical in _LIST_HEADERS:
             message.headers.extend((canonical, part) for part in split_list(value))
         else:
@@ -329,15 +327,24 @@ def _raise_head_too_large(message: SipRequest | SipResponse, lines: list[str], d
     read from the first lines that carry them) where they are there; the rest is not parsed."""
     wanted = {"Via", "From", "To", "Call-ID", "CSeq"}
     for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        canonical = _canonical(name.strip()) if colon and _TOKEN.match(name.strip()) else None
-        if canonical in wanted:
+        header = _header_line(line)
+        if header is not None and header[0] in wanted:
+            canonical, value = header
             wanted.discard(canonical)
-            message.headers.append((canonical, split_list(value.strip())[0] if canonical == "Via" and value.strip() else value.strip()))
+            message.headers.append((canonical, split_list(value)[0] if canonical == "Via" and value else value))
         if not wanted:
             break
     answerable = _request(message) if "CSeq" not in wanted else None
     raise SipParseError(SipParseReason.HEAD_TOO_LARGE, detail, answerable)
+
+
+def _header_line(line: str) -> tuple[str, str] | None:
+    """One header line as (canonical name, value), or None where it is not ``token ":" value``."""
+    name, colon, value = line.partition(":")
+    name = name.strip()
+    if not colon or not _TOKEN.match(name):
+        return None
+    return _canonical(name), value.strip()
 
 
 def _request(message: SipRequest | SipResponse) -> SipRequest | None:
