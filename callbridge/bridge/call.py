@@ -426,6 +426,9 @@ class CallSession:
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
         self._actions_running: dict[str, CarrierCallAction] = {}
+        self._closing_after_transfer = False
+        """The carrier's ``stop`` came while a transfer was under way: the engine session is closed when its result
+        comes (``action_finished``), after the model is told it; or by the stream's end, if it never comes."""
         self.hang_up_after_playout: str | None = None
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
         self._connected_at_ms: int | None = None
@@ -917,6 +920,14 @@ class CallSession:
         succeeded ends the call (hung up the carrier's way — SIP's BYE after the REFER — unless the call has
         left the bridge with it). Then drain every output."""
         action = self._actions_running.pop(call_id, None)
+        if action is not None and self._closing_after_transfer and isinstance(action, TransferCall):
+            # The stream stopped while the transfer was under way: its result decides how the call ended.
+            self._closing_after_transfer = False
+            self._to_engine(FunctionCallOutput(call_id, result.output()))
+            if result.ok:
+                self.end_reason = "transferred"
+            self._to_engine(CloseSession(self.end_reason if result.ok else "call_ended"))
+            return
         if action is None or self.state is not CallState.LIVE:
             return  # the call ended meanwhile: nobody to tell
         self._to_engine(FunctionCallOutput(call_id, result.output()))
@@ -984,7 +995,10 @@ class CallSession:
                 bound = self.state is CallState.LIVE
                 self._transition(_Trigger.STOPPED)
                 self.end_reason = "caller_hung_up"
-                if bound:
+                transferring = bound and any(isinstance(a, TransferCall) for a in self._actions_running.values())
+                if transferring:  # most likely the transfer's own doing (Twilio stops the stream as its TwiML lands)
+                    self._closing_after_transfer = True  # the model hears its result first (``action_finished``)
+                elif bound:
                     self._to_engine(CloseSession("call_ended"))
                 self._close_transport()
             case StreamConnected():

@@ -91,6 +91,9 @@ _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
+_ACTION_RESULT_WAIT_S = 10.0
+"""How long a stream that has ended waits for the carrier work the agent asked for (a transfer whose TwiML ended
+the stream) to answer, so the model hears its result and the call's end says transferred; then it is cancelled."""
 _TIMED_EVERY_MESSAGES = 50
 """One inbound message in this many is timed for ``callbridge_carrier_message_seconds`` (about once a second)."""
 
@@ -200,6 +203,8 @@ class MediaStreamDriver:
         self._event_taken: tuple[float, str] | None = None
         """When the last engine event was handed to the call, and its kind (a barge-in it caused is timed from it)."""
         self._tasks: list[asyncio.Task[None]] = []
+        self._actions: set[asyncio.Task[None]] = set()
+        """The agent's carrier work under way (``_perform``): waited for, a while, when the stream ends."""
         self._background: set[asyncio.Task[None]] = set()
         self._hung_up = False
         self._closed = False
@@ -501,7 +506,10 @@ class MediaStreamDriver:
                 case CallerAudioBegan():
                     self._first_audio_read_at = time.perf_counter()
                 case Perform(pending):  # the agent's transfer / DTMF: the carrier does it meanwhile
-                    self._tasks.append(asyncio.create_task(self._perform(pending)))
+                    action = asyncio.create_task(self._perform(pending))
+                    self._tasks.append(action)
+                    self._actions.add(action)
+                    action.add_done_callback(self._actions.discard)
                 case HangUpCall(reason):
                     task = asyncio.create_task(self._hang_up(reason))
                     self._background.add(task)
@@ -577,6 +585,8 @@ class MediaStreamDriver:
         # Until none is left: a task may start another while it is being cancelled (a bind whose registry write
         # swallowed the cancellation starts the engine pump), and that one must not be left waiting forever.
         current = asyncio.current_task()
+        if self._actions:
+            await asyncio.wait(self._actions, timeout=_ACTION_RESULT_WAIT_S)
         while pending := [task for task in self._tasks if not task.done() and task is not current]:
             for task in pending:
                 task.cancel()

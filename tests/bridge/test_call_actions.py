@@ -27,6 +27,7 @@ from callbridge.bridge.telnyx import TelnyxCalls
 from callbridge.bridge.vonage import VonageRest
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.engine.events import AudioDelta, FunctionCall, ResponseDone
+from tests.bridge.providers.test_twilio import SID
 from tests.bridge.test_call import Harness, agent_audio
 from tests.bridge.twilio_e2e import engine
 
@@ -155,6 +156,25 @@ class TestCarrierActions:
         h.drain()
         assert outputs(h)["call_t"] == {"error": "transfer_failed", "detail": "486 Busy Here"}
         assert h.call.state is CallState.LIVE
+
+    @pytest.mark.parametrize("succeeded", [True, False])
+    def test_a_stop_while_the_transfer_is_under_way_waits_for_its_result(self, succeeded: bool) -> None:
+        # Twilio stops the stream as the transfer's TwiML lands, before or after the REST update's answer: either
+        # way the model hears the result before its session is closed, and the result says how the call ended.
+        h = actions_harness()
+        h.engine(FunctionCall("transfer_call", "call_t", {"target": "+15550100"}))
+        h.take_performed()
+        h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
+        h.drain()
+        assert h.call.state is CallState.ENDED and h.call.close_transport
+        assert h.of(CloseSession) == [] and h.of(FunctionCallOutput) == []  # not yet: the result decides
+        result = ActionResult.done() if succeeded else ActionResult.failed("transfer_failed", "busy")
+        h.call.action_finished("call_t", result, h.now_ms)
+        h.drain()
+        assert outputs(h) == {"call_t": json.loads(result.output())}
+        assert h.of(CloseSession) == [CloseSession("transferred" if succeeded else "call_ended")]
+        assert h.call.end_reason == ("transferred" if succeeded else "caller_hung_up")
+        assert h.call.hangup is None  # the stream is over: nothing to hang up
 
     def test_dtmf_result_is_reported(self) -> None:
         h = actions_harness()
