@@ -926,7 +926,7 @@ class CallSession:
             self._to_engine(FunctionCallOutput(call_id, result.output()))
             if result.ok:
                 self.end_reason = "transferred"
-            self._to_engine(CloseSession(self.end_reason if result.ok else "call_ended"))
+            self._to_engine(CloseSession("transferred" if result.ok else "call_ended"))
             return
         if action is None or self.state is not CallState.LIVE:
             return  # the call ended meanwhile: nobody to tell
