@@ -29,6 +29,7 @@ from callbridge.bridge.engine_admin import install_engine_pool, start_engine_poo
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.registry import MemoryCallRegistry, build_registry
+from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
     BridgeMetrics,
     BridgeServices,
@@ -137,6 +138,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
             await rest.aclose()
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(ReplayRelease, guard=state.services.replays)  # a failed answer's signature may come again
     app.add_middleware(BodyLimit)  # before any route reads a body it has not yet authenticated
     app.state.bridge = state
     for carrier in state.carriers:

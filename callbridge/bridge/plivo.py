@@ -243,6 +243,8 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         if not signatures.valid(request.method, (base + path + query,), signed, nonce, header):
             log.warning("signature_invalid", provider="plivo", path=path, call_id=_first(params, "CallUUID"))
             return None
+        if signatures.enabled and nonce is not None and not await services.replays.first_sight(request, "plivo", nonce):
+            return None  # the nonce is signed with the request: the same one again is a replay
         return params
 
     @router.api_route(ANSWER_PATH, methods=["GET", "POST"])

@@ -209,6 +209,16 @@ class CallRegistry(abc.ABC):
         admitted again. It is counted for ``hold_ms`` from now (``hold`` keeps it), or until ``release``."""
 
     @abc.abstractmethod
+    async def remember_once(self, key: str, keep_ms: int) -> bool:
+        """True, and ``key`` remembered ``keep_ms`` from now, if it is not remembered already (atomically: of two
+        processes that ask at once, one gets True); False while it is. What a signed webhook proves itself by
+        (``replay.ReplayGuard``), so a replay of it is refused on every process."""
+
+    @abc.abstractmethod
+    async def forget(self, key: str) -> None:
+        """``key`` is no longer remembered (``remember_once`` is True for it again)."""
+
+    @abc.abstractmethod
     async def hold(self, call_ids: list[str], hold_ms: int) -> None:
         """Keep the calls counted ``hold_ms`` more (a process's calls, now and then): the calls of a process that
         died lapse then."""
@@ -255,6 +265,9 @@ class MemoryCallRegistry(CallRegistry):
     _PRUNE_EVERY_MS = 10_000
     """Expired entries of calls nobody asks about again are dropped this often (amortized over writes), so the
     registry holds the calls of the last ``ENDED_KEPT_MS`` or so, not every call the process ever served."""
+    MAX_REMEMBERED = 200_000
+    """``remember_once`` keys held at most. Only signed requests are remembered, so this is the carriers' own
+    traffic: 200,000 in a replay window of an hour is 55 webhooks a second, far beyond one process's calls."""
 
     def __init__(self, *, clock: Callable[[], int] = _monotonic_ms) -> None:
         self._clock = clock
@@ -266,6 +279,8 @@ class MemoryCallRegistry(CallRegistry):
         self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
         self._admitted: dict[str, int] = {}
         """call id → until when it counts against the fleet's limit (``admit``)."""
+        self._remembered: dict[str, int] = {}
+        """``remember_once``'s keys → when each is forgotten; at most ``MAX_REMEMBERED`` (the oldest goes first)."""
 
     @property
     def entry_count(self) -> int:
@@ -285,6 +300,8 @@ class MemoryCallRegistry(CallRegistry):
         self._pruned_at_ms = now
         for call_id in [c for c, entry in self._entries.items() if now >= entry.expires_at_ms]:
             del self._entries[call_id]
+        for key in [k for k, until in self._remembered.items() if now >= until]:
+            del self._remembered[key]
 
     def _live(self, call_id: str) -> _Entry | None:
         entry = self._entries.get(call_id)
@@ -380,6 +397,21 @@ class MemoryCallRegistry(CallRegistry):
             return False
         admitted[call_id] = now + hold_ms
         return True
+
+    async def remember_once(self, key: str, keep_ms: int) -> bool:
+        self._prune()
+        now = self._clock()
+        until = self._remembered.get(key)
+        if until is not None and now < until:
+            return False
+        self._remembered.pop(key, None)  # re-inserted last: the dict stays in insertion order, oldest first
+        while len(self._remembered) >= self.MAX_REMEMBERED:
+            del self._remembered[next(iter(self._remembered))]
+        self._remembered[key] = now + keep_ms
+        return True
+
+    async def forget(self, key: str) -> None:
+        self._remembered.pop(key, None)
 
     async def hold(self, call_ids: list[str], hold_ms: int) -> None:
         until = self._clock() + hold_ms

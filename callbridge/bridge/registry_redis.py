@@ -253,6 +253,14 @@ class RedisCallRegistry(CallRegistry):
             fields = cast(dict[str, str], await self._redis.hgetall(f"{_PREFIX}counts:{call_id}"))
         return {name: int(value) for name, value in fields.items()}
 
+    async def remember_once(self, key: str, keep_ms: int) -> bool:
+        with _unavailable("remember_once"):
+            return bool(await self._redis.set(f"{_PREFIX}seen:{key}", "1", px=keep_ms, nx=True))
+
+    async def forget(self, key: str) -> None:
+        with _unavailable("forget"):
+            await self._redis.delete(f"{_PREFIX}seen:{key}")
+
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         with _unavailable("admit"):
             return bool(await self._admit(keys=[_ADMITTED], args=[call_id, limit, hold_ms]))

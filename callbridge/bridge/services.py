@@ -27,6 +27,7 @@ from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.pacing import PacingClock
+from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.bridge.registry import (
     CallRegistry,
     CallSignal,
@@ -178,6 +179,11 @@ class BridgeMetrics:
             "callbridge_unknown_events_total", "Carrier messages of an event type no codec here knows, ignored (the call goes on)",
             ["provider", "event"], registry=registry,
         )  # fmt: skip
+        self.webhook_replay_checks = Counter(
+            "callbridge_webhook_replay_checks_total",
+            "Signed webhooks checked for a replay: first (taken), replayed (refused 403), unchecked (registry away: taken)",
+            ["provider", "result"], registry=registry,
+        )  # fmt: skip
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )
@@ -321,6 +327,8 @@ class BridgeServices:
     """Takes other processes' signals (``start_listening``), from the app's start to its shutdown."""
     answer_sessions: AnswerSessions | None = None
     """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
+    replays: ReplayGuard = field(init=False)
+    """Which signed webhooks were taken already (fleet-wide with a shared registry): a replay is refused."""
     unknown_events: set[tuple[str, str]] = field(default_factory=set)
     """(carrier, event type) pairs seen here that no codec knows, each logged once and counted by name (at most
     ``UNKNOWN_EVENT_NAMES``)."""
@@ -346,6 +354,8 @@ class BridgeServices:
         self.metrics.unknown_events.labels(*key).inc()
 
     def __post_init__(self) -> None:
+        max_call_s = self.settings.server.max_call_duration_s
+        self.replays = ReplayGuard(self.registry, self.metrics.webhook_replay_checks, max_call_s or REPLAY_WINDOW_S)
         engine = self.settings.engine
         if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and self.settings.registry.backend == "memory"):
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -362,9 +363,14 @@ def telnyx_router(services: BridgeServices) -> APIRouter:
     @router.post(EVENTS_PATH)
     async def events(request: Request) -> Response:
         body = await request.body()
-        if not signatures.valid(body, request.headers.get(SIGNATURE_HEADER), request.headers.get(TIMESTAMP_HEADER)):
+        timestamp = request.headers.get(TIMESTAMP_HEADER)
+        if not signatures.valid(body, request.headers.get(SIGNATURE_HEADER), timestamp):
             log.warning("signature_invalid", provider="telnyx", path=EVENTS_PATH)
             return Response(status_code=_FORBIDDEN)
+        if signatures.enabled:  # what was signed, once: its timestamp is good for MAX_SIGNATURE_AGE_S either side
+            proof = f"{timestamp}|{hashlib.sha256(body).hexdigest()}"
+            if not await services.replays.first_sight(request, "telnyx", proof, 2 * MAX_SIGNATURE_AGE_S):
+                return Response(status_code=_FORBIDDEN)
         try:
             data = orjson.loads(body)["data"]
             event_type, payload = data["event_type"], data.get("payload") or {}

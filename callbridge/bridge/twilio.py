@@ -10,10 +10,16 @@ send to a ready process: ``twiml_retry``). ``X-Twilio-Signature`` is
 checked with Twilio's own ``RequestValidator`` against the configured public
 URL — ``wss://`` and no parameters for the upgrade — never against a URL
 rebuilt from proxied headers. A failed check is a 403 and nothing else.
+
+A signed webhook is taken once (``replay.ReplayGuard``): its signature, which covers its URL and parameters
+and nothing of when, is remembered, and the same signature again is a 403. Twilio's requests for one call's
+redirects would be alike (same URL, same parameters), so each ``<Redirect>`` URL carries a fresh
+``?redirect=`` nonce: every redirect Twilio runs is a request signed as no other.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,18 +102,22 @@ class TwilioDialect:
             f' statusCallback={quoteattr(base + self.status_path)} statusCallbackMethod="POST">'
             f'<Parameter name="token" value={quoteattr(token)}/>'
             "</Stream></Connect>"
-            f'<Redirect method="POST">{base + self.voice_path}</Redirect>'
+            f'<Redirect method="POST">{escape(self.redirect_url(base))}</Redirect>'
             "</Response>"
         )
 
-    def twiml_retry(self, url: str) -> str:
-        """A draining process's answer to a known call's reconnect: ``<Pause>``, then ``<Redirect>`` to ``url``
-        (the public answer URL), which the load balancer, its readiness probe failing here by then, sends to a
-        ready process. The call hears ``DRAIN_RETRY_PAUSE_S`` of silence instead of ending on ``<Reject>``."""
+    def twiml_retry(self, base: str) -> str:
+        """A draining process's answer to a known call's reconnect: ``<Pause>``, then ``<Redirect>`` to the public
+        answer URL, which the load balancer, its readiness probe failing here by then, sends to a ready process.
+        The call hears ``DRAIN_RETRY_PAUSE_S`` of silence instead of ending on ``<Reject>``."""
         return (
             '<?xml version="1.0" encoding="UTF-8"?>'
-            f'<Response><Pause length="{DRAIN_RETRY_PAUSE_S}"/><Redirect method="POST">{escape(url)}</Redirect></Response>'
+            f'<Response><Pause length="{DRAIN_RETRY_PAUSE_S}"/><Redirect method="POST">{escape(self.redirect_url(base))}</Redirect></Response>'
         )
+
+    def redirect_url(self, base: str) -> str:
+        """The answer URL, with a nonce that makes the request Twilio signs for this redirect unlike any other."""
+        return f"{base}{self.voice_path}?redirect={secrets.token_hex(8)}"
 
 
 def twilio_dialect(settings: Settings) -> TwilioDialect:
@@ -165,8 +175,11 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         form = {key: str(value) for key, value in (await request.form()).items()}
         base = public_base(settings, str(request.base_url))
         url = base + dialect.voice_path + (f"?{request.url.query}" if request.url.query else "")
-        if not signatures.valid(url, form, request.headers.get(header)):
+        signature = request.headers.get(header)
+        if not signatures.valid(url, form, signature):
             log.warning("signature_invalid", provider=name, path=dialect.voice_path, call_id=form.get("CallSid"))
+            return Response(status_code=_FORBIDDEN)
+        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
             return Response(status_code=_FORBIDDEN)
         call_id = form.get("CallSid")
         if not call_id:
@@ -176,7 +189,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP
             case AnswerKind.RETRY_ELSEWHERE:
-                twiml = dialect.twiml_retry(url)
+                twiml = dialect.twiml_retry(base)
             case AnswerKind.BUSY:
                 twiml = _BUSY
             case AnswerKind.ANSWER:
@@ -200,7 +213,10 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
     async def stream_status(request: Request) -> Response:
         form = {key: str(value) for key, value in (await request.form()).items()}
         base = public_base(settings, str(request.base_url))
-        if not signatures.valid(base + dialect.status_path, form, request.headers.get(header)):
+        signature = request.headers.get(header)
+        if not signatures.valid(base + dialect.status_path, form, signature):
+            return Response(status_code=_FORBIDDEN)
+        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
             return Response(status_code=_FORBIDDEN)
         event = form.get("StreamEvent", "unknown")
         services.metrics.stream_status.labels(name, event).inc()

@@ -144,27 +144,37 @@ class VonageSignatures:
         self._max_age_s = max_age_s
 
     def valid(self, authorization: str | None, body: bytes) -> bool:
-        if not self.enabled:
-            return True
+        return not self.enabled or self.claims(authorization, body) is not None
+
+    def claims(self, authorization: str | None, body: bytes) -> dict[str, Any] | None:
+        """The JWT's claims when the request is signed as above, else None."""
         if not self._secret or not authorization:
-            return False
+            return None
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return False
+            return None
         try:
             claims: dict[str, Any] = jwt.decode(token.strip(), self._secret, algorithms=["HS256"], leeway=60)
         except jwt.PyJWTError:
-            return False
+            return None
         payload_hash = claims.get("payload_hash")
         if body or payload_hash is not None:
             expected = hashlib.sha256(body).hexdigest()
             if not isinstance(payload_hash, str) or not hmac.compare_digest(payload_hash.lower(), expected):
-                return False
+                return None
         issued = claims.get("iat")
         if isinstance(issued, int | float) and time.time() - issued > self._max_age_s:
-            return False
+            return None
         app = claims.get("application_id")
-        return not (self._application_id and isinstance(app, str) and app != self._application_id)
+        return None if self._application_id and isinstance(app, str) and app != self._application_id else claims
+
+    def replay_proof(self, claims: dict[str, Any], authorization: str) -> tuple[str, float | None]:
+        """What a signed request is known again by, and how long it stays signed: its ``jti`` (else the token
+        itself), for ``max_age_s`` past its ``iat`` and the minute's leeway (no ``iat``: no end, None)."""
+        jti = claims.get("jti")
+        proof = f"jti:{jti}" if isinstance(jti, str) and jti else f"jwt:{authorization.partition(' ')[2].strip()}"
+        issued = claims.get("iat")
+        return proof, (self._max_age_s + 60 if isinstance(issued, int | float) else None)
 
 
 class VonageTransport:
@@ -331,9 +341,15 @@ def vonage_router(services: BridgeServices) -> APIRouter:
 
     async def checked(request: Request) -> tuple[dict[str, Any] | None, Response | None]:
         body = await request.body()
-        if not signatures.valid(request.headers.get("authorization"), body):
+        authorization = request.headers.get("authorization")
+        claims = signatures.claims(authorization, body) if signatures.enabled else None
+        if signatures.enabled and claims is None:
             log.warning("signature_invalid", provider="vonage", path=request.url.path)
             return None, Response(status_code=_FORBIDDEN)
+        if claims is not None and authorization is not None:
+            proof, keep_s = signatures.replay_proof(claims, authorization)
+            if not await services.replays.first_sight(request, "vonage", proof, keep_s):
+                return None, Response(status_code=_FORBIDDEN)
         params = await _params(request, body)
         if params is None:
             return None, Response("body is not a JSON object", status_code=400)

@@ -79,6 +79,8 @@ class MediaStream:
     stream_sid: str
     encoding: AudioEncoding = AudioEncoding.PCMU
     rate_hz: int = 8000
+    redirect_url: str | None = None
+    """The ``<Redirect>`` after ``<Connect>``: what Twilio POSTs when the stream ends without the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +105,15 @@ async def answer_and_stream(
     provider: str = "twilio",
     signature_header: str = "X-Twilio-Signature",
     sign_upgrade: bool = True,
+    url: str | None = None,
 ) -> MediaStream | TwimlRedirect | str:
     """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
     the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
     ``connected`` and ``start`` with the ``<Parameter>`` values. TwiML of ``<Pause>`` (optional) and ``<Redirect>``
     is returned as ``TwimlRedirect`` for the caller to follow. Returns why not otherwise (HTTP status, verb).
-    A SignalWire ``<Stream codec="L16@24000h">`` gets PCM16 24 kHz both ways."""
-    url = f"{bridge_url}/{provider}/voice"
+    A SignalWire ``<Stream codec="L16@24000h">`` gets PCM16 24 kHz both ways. ``url``: the URL a ``<Redirect>``
+    named (its query kept, signed with it), else the answer URL."""
+    url = url or f"{bridge_url}/{provider}/voice"
     response = await http.post(url, data=params, headers={signature_header: validator.compute_signature(url, params)})
     if response.status_code != 200:
         return f"answer webhook failed: HTTP {response.status_code}"
@@ -138,7 +142,8 @@ async def answer_and_stream(
     }
     await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
     await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
-    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, 24000 if l16 else 8000)
+    redirect = redirect_el.text.strip() if redirect_el is not None and redirect_el.text else None
+    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, 24000 if l16 else 8000, redirect)
 
 
 class TwilioStream(SimStream):
@@ -232,6 +237,8 @@ class SimulatedTwilio(SimulatedCarrier):
         self._http = webhook_client()
         self.call_updates: list[tuple[str, str]] = []
         """(CallSid, TwiML) of every REST update that replaced a call's instructions."""
+        self._redirects: dict[str, str] = {}
+        """CallSid → the ``<Redirect>`` its stream's TwiML named: POSTed when the stream ends without the call."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -267,6 +274,12 @@ class SimulatedTwilio(SimulatedCarrier):
         await self._http.aclose()
         await super().aclose()
 
+    def _redirect_target(self, bridge_url: str, redirect: str) -> str:
+        """A ``<Redirect>`` URL on the bridge this request goes to (the load balancer's pick, where there is one),
+        its path and query as the TwiML wrote them."""
+        path = redirect.split(f"/{self.provider}/voice", 1)[1] if f"/{self.provider}/voice" in redirect else ""
+        return f"{bridge_url}/{self.provider}/voice{path}"
+
     def answer_params(self, call_id: str, first: bool) -> dict[str, str]:
         return {
             "AccountSid": self.account_sid,
@@ -287,16 +300,19 @@ class SimulatedTwilio(SimulatedCarrier):
             result.log(call.clock(), self.provider, "the bridge closed the stream: following <Redirect>")
         params = self.answer_params(call.call_id, first=reason == "answer")
         bridge_url = self.bridge_url
+        redirect = None if reason == "answer" else self._redirects.get(call.call_id)
         for _ in range(_MAX_REDIRECTS):
             opened = await answer_and_stream(
                 self._http, self._validator, bridge_url, params,
                 provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
+                url=None if redirect is None else self._redirect_target(bridge_url, redirect),
             )  # fmt: skip
             if not isinstance(opened, TwimlRedirect):
                 break
             result.log(call.clock(), self.provider, f"TwiML <Pause> {opened.pause_s:g} s, then <Redirect>")
             await asyncio.sleep(opened.pause_s)
             params = self.answer_params(call.call_id, first=False)
+            redirect = opened.url
             if self.route is not None:  # the redirect URL is the load balancer's: it picks the bridge again
                 bridge_url = self.bridge_url = self.route("redirected").rstrip("/")
             else:
@@ -307,6 +323,8 @@ class SimulatedTwilio(SimulatedCarrier):
         if isinstance(opened, str):
             result.log(call.clock(), self.provider, opened)
             return None
+        if opened.redirect_url is not None:
+            self._redirects[call.call_id] = opened.redirect_url
         return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
 
     def unknown_event(self, stream: SimStream) -> str:

@@ -10,27 +10,21 @@ import base64
 import secrets
 import time
 
-import httpx
 import orjson
-from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.app import create_app
 from callbridge.config import Settings
 from callbridge.engine.commands import AppendAudio, CloseSession
 from callbridge.sim.runner import RunningBridge, running_bridge
-from tests.bridge.twilio_e2e import RawStream, detached, engine, settings, until
+from tests.bridge.twilio_e2e import RawStream, detached, engine, post_answer, settings, until
 from tests.redis_server import redis_url
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
 
-async def _answer(bridge: RunningBridge, call_sid: str) -> str:
-    """POST Twilio's signed answer webhook; the TwiML."""
-    validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
-    url = bridge.base_url + "/twilio/voice"
-    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
-    async with httpx.AsyncClient() as http:
-        response = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+async def _answer(bridge: RunningBridge, call_sid: str, *, again: bool = False) -> str:
+    """POST Twilio's signed answer webhook (``again``: as its ``<Redirect>``); the TwiML."""
+    response = await post_answer(bridge, call_sid, again=again)
     assert response.status_code == 200
     return response.text
 
@@ -125,7 +119,7 @@ async def test_calls_answered_and_not_yet_streaming_count_against_max_calls() ->
         first = "CA" + secrets.token_hex(16)
         assert "<Connect>" in await _answer(bridge, first)
         assert 'reason="busy"' in await _answer(bridge, "CA" + secrets.token_hex(16))
-        assert "<Connect>" in await _answer(bridge, first)
+        assert "<Connect>" in await _answer(bridge, first, again=True)
     assert len(recorder.opened) == 1
 
 

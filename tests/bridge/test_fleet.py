@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -247,9 +248,14 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
     validator = RequestValidator(SECRET)
     params = fleet.twilio.answer_params("CA" + "f" * 32, first=True)
     async with httpx.AsyncClient(timeout=5) as http:
-        answers = [await answer_and_stream(http, validator, fleet.a.url, params) for _ in range(DRAIN_NEW_CALL_BOUNCES + 1)]
-        busy = await http.post(fleet.a.url + "/twilio/voice", data=params, headers={"X-Twilio-Signature": validator.compute_signature(fleet.a.url + "/twilio/voice", params)})
-    assert all(isinstance(answer, TwimlRedirect) and answer.url == fleet.a.url + "/twilio/voice" for answer in answers[:-1]), answers
+        answers: list[object] = []
+        url = None  # each bounce follows the <Redirect> before it, as Twilio does
+        for _ in range(DRAIN_NEW_CALL_BOUNCES + 1):
+            answers.append(await answer_and_stream(http, validator, fleet.a.url, params, url=url))
+            url = answers[-1].url if isinstance(answers[-1], TwimlRedirect) else None
+        again = fleet.a.url + f"/twilio/voice?redirect={secrets.token_hex(8)}"  # one more bounce
+        busy = await http.post(again, data=params, headers={"X-Twilio-Signature": validator.compute_signature(again, params)})
+    assert all(isinstance(answer, TwimlRedirect) and answer.url.startswith(fleet.a.url + "/twilio/voice?redirect=") for answer in answers[:-1]), answers
     assert answers[-1] == "TwiML <Reject>: the call ends" and 'reason="busy"' in busy.text
     late = await SimulatedExotel(fleet.a.url, SECRET).place_call(CallerScript(hangup_at_ms=500))
     assert late.streams == [] and any("handshake failed" in e.what for e in late.timeline), late.render()

@@ -12,12 +12,11 @@ import time
 import httpx
 import pytest
 
-from twilio.request_validator import RequestValidator
 
 from callbridge.config import Settings
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.test_engine_pool_e2e import TOKEN, admin
-from tests.bridge.twilio_e2e import RawStream, bound, engine, settings, until
+from tests.bridge.twilio_e2e import RawStream, bound, engine, post_answer, settings, until
 from tests.redis_server import _wait_listening, redis_server
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,11 +109,7 @@ async def test_a_new_call_while_the_registry_is_down_gets_busy_not_an_applicatio
 
 async def answer(bridge: RunningBridge, call_sid: str) -> httpx.Response:
     """Twilio's signed answer webhook for a new call."""
-    validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
-    url = bridge.base_url + "/twilio/voice"
-    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
-    async with httpx.AsyncClient(timeout=10) as http:
-        return await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+    return await post_answer(bridge, call_sid, timeout_s=10)
 
 
 def _restart_redis(port: int) -> subprocess.Popen[bytes]:

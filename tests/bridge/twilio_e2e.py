@@ -76,6 +76,17 @@ def short_speech(ms: int = 1500) -> bytes:
     return load_wav_8k(sample_caller_wav())[: ms * 16]
 
 
+async def post_answer(bridge: RunningBridge, call_sid: str, *, again: bool = False, timeout_s: float = 5.0) -> httpx.Response:
+    """Twilio's signed answer webhook for ``call_sid``. ``again``: as the ``<Redirect>`` the bridge's TwiML names
+    (its URL carries a nonce of its own, so the request is signed as no other; the same request twice would be
+    a replay, refused 403)."""
+    validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
+    url = bridge.base_url + "/twilio/voice" + (f"?redirect={secrets.token_hex(8)}" if again else "")
+    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+    async with httpx.AsyncClient(timeout=timeout_s) as http:
+        return await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+
+
 class RawStream:
     """A signed Twilio media stream driven by hand."""
 
@@ -92,11 +103,9 @@ class RawStream:
     ) -> RawStream:
         """Answer a call (``call_sid``: again, as Twilio's ``<Redirect>`` does) and open its media websocket."""
         validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
+        again = call_sid is not None
         call_sid = call_sid or "CA" + secrets.token_hex(16)
-        url = bridge.base_url + "/twilio/voice"
-        params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
-        async with httpx.AsyncClient() as http:
-            answer = await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
+        answer = await post_answer(bridge, call_sid, again=again)
         minted = answer.text.split('name="token" value="')[1].split('"')[0]
         ws_url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
         sig = signature if signature is not None else validator.compute_signature(ws_url, {})
