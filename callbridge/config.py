@@ -356,6 +356,13 @@ class SipSettings(_Section):
     """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
     registrations: list[SipRegistrationSettings] = Field(default_factory=list)
     """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
+    source_requests_per_s: Annotated[float, Field(gt=0)] = 200.0
+    """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
+    requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
+    """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
+    receive_buffer_bytes: Annotated[int, Field(ge=65536)] = 4 * 1024 * 1024
+    """The SIP socket's receive buffer (``SO_RCVBUF``), so a burst waits in the kernel rather than being lost;
+    the kernel caps it at ``net.core.rmem_max`` unless the process may force it (logged at start)."""
 
     def model_post_init(self, context: Any) -> None:
         import ipaddress

@@ -15,7 +15,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MediaArrivals", "Refusal", "how_they_end", "oversized_body", "oversized_message", "post_head", "rss_bytes", "slow_head", "status_of", "upgrade"]
+__all__ = [
+    "MediaArrivals", "Refusal", "how_they_end", "options_flood", "oversized_body", "oversized_message", "post_head",
+    "rss_bytes", "slow_head", "status_of", "upgrade",
+]  # fmt: skip
 
 
 def rss_bytes(pid: int) -> int:
@@ -175,3 +178,45 @@ def how_they_end(socks: list[socket.socket], opened: float, within_s: float) -> 
     for sock in socks:
         sock.close()
     return [ends.get(sock, (None, float("inf"))) for sock in socks]
+
+
+def options_flood(target: tuple[str, int], rate_per_s: int, seconds: float, source: str = "127.0.0.2") -> tuple[int, int]:
+    """SIP OPTIONS from ``source`` to ``target`` over UDP at ``rate_per_s`` for ``seconds`` (each its own
+    transaction: a fresh Call-ID and branch, so none is a retransmission), sent in 10 ms batches; (sent, answered).
+    Blocking: run it in a process of its own, so the sender's own work does not slow the one measuring."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    port = sock.getsockname()[1]
+    sent = answered = 0
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < seconds:
+        for _ in range(int(elapsed * rate_per_s) - sent):
+            tag = os.urandom(6).hex()
+            request = (
+                f"OPTIONS sip:{target[0]}:{target[1]} SIP/2.0\r\n"
+                f"Via: SIP/2.0/UDP {source}:{port};branch=z9hG4bK{tag}\r\nMax-Forwards: 70\r\n"
+                f"From: <sip:flood@{source}>;tag={tag}\r\nTo: <sip:{target[0]}>\r\nCall-ID: {tag}@{source}\r\n"
+                "CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+            )
+            try:
+                sock.sendto(request.encode(), target)
+            except BlockingIOError:
+                pass
+            sent += 1
+        while True:
+            try:
+                sock.recv(65536)
+            except BlockingIOError:
+                break
+            answered += 1
+        time.sleep(0.01)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # the last answers
+        try:
+            sock.recv(65536)
+            answered += 1
+        except BlockingIOError:
+            time.sleep(0.01)
+    sock.close()
+    return sent, answered

@@ -75,6 +75,7 @@ from callbridge.sip.message import (
     split_params,
     uri_of,
 )
+from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
 
 __all__ = [
@@ -261,6 +262,10 @@ class UasConfig:
     password: str | None = None
     realm: str = "callbridge"
     user_agent: str = "callbridge"
+    source_requests_per_s: float = 200.0
+    """Datagrams a source may send a second (twice that in a burst) before the rest are dropped unread."""
+    requests_per_s: float = 2000.0
+    """Datagrams read a second from all sources together (twice that in a burst)."""
 
 
 @dataclass(slots=True)
@@ -320,11 +325,14 @@ class SipUas:
 
     def __init__(self, config: UasConfig) -> None:
         self.config = config
+        self._budgets = SourceBudgets(config.source_requests_per_s, config.requests_per_s)
         self.dialogs: dict[str, _Dialog] = {}
         self._out: list[Outgoing] = []
         self._events: list[SipEvent] = []
         self._cache: dict[tuple[str, str], tuple[Outgoing, int]] = {}
-        """(transaction key, method) → the last response sent and when it may be forgotten (retransmitted requests)."""
+        """(transaction key, method) → the last response sent and when it may be forgotten (retransmitted requests).
+        In the order they expire (each is kept ``TIMEOUT_MS`` from its response): the first is the next to go, so
+        neither the deadline nor the pruning reads more than the entries due (a flood fills it by thousands)."""
         self._invite_branches: dict[str, str] = {}
         """INVITE transaction key → call id (CANCEL matching, ACK of a non-2xx)."""
         self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
@@ -344,7 +352,8 @@ class SipUas:
     def next_deadline_ms(self) -> int | None:
         deadlines = [r.next_ms for d in self.dialogs.values() for r in d.retransmits]
         deadlines.extend(r.next_ms for r in self._final_retransmits.values())
-        deadlines.extend(until for _, until in self._cache.values())
+        if self._cache:
+            deadlines.append(next(iter(self._cache.values()))[1])
         deadlines.extend(d.ended_at_ms + TIMEOUT_MS for d in self.dialogs.values() if d.ended_at_ms is not None)
         deadlines.extend(d.transfer.deadline_ms for d in self.dialogs.values() if d.transfer is not None)
         return min(deadlines) if deadlines else None
@@ -354,6 +363,10 @@ class SipUas:
     def receive_datagram(self, data: bytes, source: Address, now_ms: int, *, transport: str = "UDP") -> None:
         """One UDP datagram (or one message cut from a TCP stream: ``transport="TCP"``) from ``source``. Drain
         ``datagrams_to_send`` and ``events`` next."""
+        refused = self._budgets.take(source[0], now_ms)
+        if refused is not None:  # a flood: dropped before it costs a parse (``rate_limit``)
+            self._events.append(Dropped(refused, source))
+            return
         if not data.strip(b"\r\n"):
             return  # keep-alive CRLF (RFC 5626 §3.5.1)
         try:
@@ -451,9 +464,11 @@ class SipUas:
 
     def tick(self, now_ms: int) -> None:
         """Retransmit what is due, give up on what timed out, forget old transactions."""
-        for key, (_, until) in list(self._cache.items()):
-            if until <= now_ms:
-                del self._cache[key]
+        while self._cache:
+            key, (_, until) = next(iter(self._cache.items()))
+            if until > now_ms:
+                break
+            del self._cache[key]
         for branch, retransmit in list(self._final_retransmits.items()):
             if retransmit.give_up_ms <= now_ms:
                 del self._final_retransmits[branch]
@@ -828,10 +843,10 @@ class SipUas:
         response.body = body
         sent = Outgoing(response.serialize(), destination, request.transport)
         self._out.append(sent)
-        if status >= 200 and request.method != "INVITE":
-            self._cache[(_tx(request), request.method)] = (sent, now_ms + TIMEOUT_MS)
-        elif request.method == "INVITE":
-            self._cache[(_tx(request), "INVITE")] = (sent, now_ms + TIMEOUT_MS)
+        if request.method == "INVITE" or status >= 200:
+            key = (_tx(request), request.method)
+            self._cache.pop(key, None)  # to the end: the cache stays in the order its entries expire
+            self._cache[key] = (sent, now_ms + TIMEOUT_MS)
         return sent
 
     def _contact(self, request: SipRequest) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import secrets
+import socket
 import time
 from collections import Counter, deque
 from collections.abc import Coroutine
@@ -102,6 +103,8 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.send_errors = 0
         self.timed_out = False
         self._last_sent_s = 0.0
+        self._silence_last = False
+        """The last packet sent was the cadence's silence (not the agent's audio, nor DTMF)."""
         self._cadence: asyncio.Task[None] | None = None
         self._rtcp_task: asyncio.Task[None] | None = None
         self.rtcp = _RtcpProtocol()
@@ -148,6 +151,7 @@ class RtpTransport(asyncio.DatagramProtocol):
             raise TypeError("RTP carries bytes only")
         self.transport.sendto(message, self.latch.peer)
         self._last_sent_s = asyncio.get_running_loop().time()
+        self._silence_last = False
 
     async def close(self, code: int = 1000) -> None:
         if self.closed:
@@ -180,19 +184,25 @@ class RtpTransport(asyncio.DatagramProtocol):
             self.queue.put_nowait(message)
 
     async def _keep_cadence(self) -> None:
+        """Silence between the agent's packets: after its last one, a packet and a half of nothing (it may only be
+        late) brings the first packet of silence, then one every 20 ms on that one's grid until the agent's next:
+        the peer's packets come 20 ms apart (30 once, where the agent stops), never two packet times apart."""
         loop = asyncio.get_running_loop()
         while not self.closed:
-            await asyncio.sleep(_CADENCE_S)
-            if self.transport is None or loop.time() - self._last_sent_s < 1.5 * _CADENCE_S:
-                continue
-            packet = self.codec.silence()
-            if packet is not None:
+            now = loop.time()
+            due = self._last_sent_s + (_CADENCE_S if self._silence_last else 1.5 * _CADENCE_S)
+            if now < due:
+                await asyncio.sleep(due - now)
+                continue  # the agent's audio may have been sent meanwhile: due again from it
+            packet = self.codec.silence() if self.transport is not None else None
+            if packet is not None and self.transport is not None:
                 try:
                     self.transport.sendto(packet, self.latch.peer)
                 except OSError:
                     self.send_errors += 1
-                self._last_sent_s = loop.time()
-
+            # the grid kept while the loop is on time; after a stall (or before anything was sent), from now
+            self._last_sent_s = due if now - due < _CADENCE_S else now
+            self._silence_last = True
 
     async def play_dtmf(self, digits: str) -> bool:
         """Send ``digits`` as RFC 4733 events on this stream, paced on the loop's clock; audio (the agent's and
@@ -216,6 +226,7 @@ class RtpTransport(asyncio.DatagramProtocol):
                 except OSError:
                     self.send_errors += 1
                 self._last_sent_s = loop.time()
+                self._silence_last = False
             await asyncio.sleep(max(0.0, started + total_ms / 1000 - loop.time()))
             return not self.closed
         finally:
@@ -301,6 +312,24 @@ class _Call:
     task: asyncio.Task[None] | None = None
 
 
+def _size_receive_buffer(sock: socket.socket, wanted: int) -> None:
+    """``SO_RCVBUF`` to ``wanted`` bytes (``SO_RCVBUFFORCE`` first: past ``net.core.rmem_max`` where the process
+    may); logs what it got, and how to get more when the kernel capped it."""
+    for option in (getattr(socket, "SO_RCVBUFFORCE", None), socket.SO_RCVBUF):
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, option, wanted)
+            break
+        except OSError:  # not permitted (no CAP_NET_ADMIN): the plain option, capped by the kernel
+            continue
+    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # Linux reports twice what it books
+    if got < wanted:
+        log.warning("sip_receive_buffer_capped", wanted=wanted, got=got, detail="raise net.core.rmem_max to allow it")
+    else:
+        log.info("sip_receive_buffer", bytes=got)
+
+
 class _SipProtocol(asyncio.DatagramProtocol):
     def __init__(self, listener: SipListener) -> None:
         self.listener = listener
@@ -328,6 +357,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 username=settings.username,
                 password=settings.password.get_secret_value() if settings.password is not None else None,
                 realm=settings.realm,
+                source_requests_per_s=settings.source_requests_per_s,
+                requests_per_s=settings.requests_per_s,
             )
         )
         self.registrations = RegistrationClients(
@@ -368,6 +399,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._transport, _ = await loop.create_datagram_endpoint(
             lambda: _SipProtocol(self), local_addr=(self.settings.host, self.settings.port)
         )
+        _size_receive_buffer(self._transport.get_extra_info("socket"), self.settings.receive_buffer_bytes)
         self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
         self._timer = asyncio.create_task(self._run_timers())
         self.registrations.start(self.address, self.port or self.settings.port)
