@@ -5,7 +5,8 @@ their length declared, half chunked (``--attack webhook``). Reports the server's
 after) and the healthy call's largest gap between two pieces of one reply's audio, quiet and under attack.
 
 ``--attack slowloris``: ``--sockets`` connections from 127.0.0.2 that begin a request head and trickle a header
-line every 2 s for 15 s; how each ends (its status, when), with ``--nofile N`` the bridge's file descriptor limit.
+line every 2 s for 15 s; how each ends (its status, when), with ``--nofile N`` the bridge's file descriptor limit;
+and a new call placed while they are open (its signed answer webhook must be answered).
 
     python bench/hostile.py [--attack websocket|webhook|slowloris] [--sockets 20] [--rounds 3] [--nofile N] [--source DIR]
 
@@ -85,6 +86,9 @@ async def main() -> None:
         codes: dict[object, int] = {}
 
         ends: list[tuple[int | None, float]] = []
+        mid_attack: list[CallResult | str] = []
+        mid_attack_s: list[float] = []
+        speech = load_wav_8k(sample_caller_wav())[: 1000 * 16]
 
         async def slowloris() -> None:
             opened = time.monotonic()
@@ -95,6 +99,15 @@ async def main() -> None:
                 except OSError as exc:
                     codes[type(exc).__name__] = codes.get(type(exc).__name__, 0) + 1
             watching = asyncio.create_task(asyncio.to_thread(how_they_end, slow, opened, 20.0))
+            # a carrier's signed answer webhook for a new call, while they hold their connections
+            newcomer = SimulatedTwilio(f"http://127.0.0.1:{bridge_port}", SECRET)
+            asked = time.monotonic()
+            try:
+                mid_attack.append(await newcomer.place_call(CallerScript(utterances=((300, speech),), hangup_at_ms=2500)))
+            except Exception as exc:  # the webhook failed (the connection refused or reset): the call is lost
+                mid_attack.append(repr(exc))
+            mid_attack_s.append(time.monotonic() - asked)
+            await newcomer.aclose()
             while not watching.done() and time.monotonic() - opened < 15:
                 for sock in slow:
                     with contextlib.suppress(OSError):
@@ -146,6 +159,12 @@ async def main() -> None:
         closed = [seconds for _, seconds in ends if seconds != float("inf")]
         print(f"attack: {args.sockets} slow request heads from 127.0.0.2 (RLIMIT_NOFILE {args.nofile or 'unchanged'}); ends {codes}; "
               f"closed {len(closed)} of {len(ends)}, the last {max(closed, default=0):.1f} s after they opened")  # fmt: skip
+        for late, took_s in zip(mid_attack, mid_attack_s, strict=True):
+            if isinstance(late, str):
+                print(f"a new call mid-attack (signed answer webhook): FAILED after {took_s:.1f} s: {late}")
+            else:
+                print(f"a new call mid-attack (signed answer webhook): {'answered' if late.streams else 'NOT answered'}, "
+                      f"agent speech {late.agent_speech_ms} ms, over in {took_s:.1f} s")  # fmt: skip
     else:
         target = "messages on /telnyx/media" if args.attack == "websocket" else "POSTs to /telnyx/events"
         print(f"attack: {args.rounds} rounds x {args.sockets} x {args.size_mib} MiB {target}; outcomes {codes}")

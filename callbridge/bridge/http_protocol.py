@@ -10,9 +10,11 @@ Here, until a connection's request head is complete:
 - its head may be at most ``MAX_HEAD_BYTES`` (the request line and the headers) and ``MAX_HEADERS`` headers —
   then 431 and closed, before the app sees any of it;
 - it counts as pending: a source with ``MAX_PENDING_PER_SOURCE`` heads pending for over ``SLOW_HEAD_S``
-  (a burst of honest connections is read in well under that), or a process with ``MAX_PENDING`` pending,
-  has a new connection closed at once, so that one source cannot hold every file descriptor while carriers'
-  signed requests wait.
+  (a burst of honest connections is read in well under that) has a new connection closed at once; and the
+  process holds at most ``MAX_PENDING`` pending heads, or a quarter of its file descriptor limit where that is
+  fewer: at the cap, the head pending longest is answered 408 and closed to make room for the new connection
+  (an honest head is read in milliseconds; the oldest is a slow one's). So slow connections, from one source
+  or many, never hold the file descriptors a carrier's signed request needs.
 
 A websocket upgrade is a request head like any other: the same budgets hold until it is upgraded.
 ``http_protocol_class()`` checks that uvicorn's class is the one this was written against and falls back to
@@ -21,6 +23,7 @@ uvicorn's choice ("auto") when it is not.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections import Counter
 from typing import Any, Final
@@ -36,6 +39,7 @@ __all__ = [
     "REQUEST_HEAD_TIMEOUT_S",
     "SLOW_HEAD_S",
     "http_protocol_class",
+    "pending_cap",
     "serving_options",
 ]
 
@@ -50,6 +54,7 @@ MAX_PENDING_PER_SOURCE: Final = 64
 many addresses, each a few requests at a time, and a load balancer sends whole heads at once."""
 SLOW_HEAD_S: Final = 1.0
 MAX_PENDING: Final = 512
+"""Pending request heads held at most (fewer with a file descriptor limit under four times as many)."""
 _LOG_EVERY_S: Final = 1.0
 
 
@@ -67,6 +72,12 @@ class _Quiet:
             return
         self._last[event] = now
         log.warning(event, left_out=self._left_out.pop(event, 0), **fields)
+
+
+def pending_cap() -> int:
+    """``MAX_PENDING``, or a quarter of the process's file descriptor limit where that is fewer (at least 8)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_PENDING if soft == resource.RLIM_INFINITY else max(8, min(MAX_PENDING, soft // 4))
 
 
 def serving_options() -> dict[str, Any]:
@@ -89,8 +100,9 @@ def http_protocol_class() -> Any:
     if not all(callable(getattr(HttpToolsProtocol, name, None)) for name in needed):
         log.warning("http_budgets_off", detail="uvicorn's httptools protocol is not the expected one")
         return "auto"
-    pending: dict[str, dict[object, float]] = {}
+    pending: dict[str, dict[Any, float]] = {}
     """source → its connections whose head is pending, and since when (``time.monotonic``)."""
+    cap = pending_cap()
     quiet = _Quiet()
 
     def slow_from(source: str, now: float) -> int:
@@ -109,10 +121,14 @@ def http_protocol_class() -> Any:
             self._too_large = False
             now = time.monotonic()
             slow = slow_from(self._source, now)
-            if sum(map(len, pending.values())) >= MAX_PENDING or slow >= MAX_PENDING_PER_SOURCE:
+            if slow >= MAX_PENDING_PER_SOURCE:
                 quiet.warning("connection_refused", reason="too_many_pending_heads", peer=self._source, slow_heads=slow)
                 transport.abort()
                 return
+            if sum(map(len, pending.values())) >= cap:  # room for this one: the longest pending goes
+                oldest = min((since, id(conn), conn) for heads in pending.values() for conn, since in heads.items())[2]
+                quiet.warning("request_refused", reason="pending_heads_full", peer=oldest._source, pending=cap)
+                oldest._refuse(408, b"request head not received in time\n")
             self._begin_head()
 
         def _begin_head(self) -> None:

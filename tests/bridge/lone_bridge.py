@@ -26,8 +26,9 @@ class Served:
 
 
 @asynccontextmanager
-async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    """``callbridge serve``, ready, with the simulated Twilio pointed at it; stopped (killed if still up) after."""
+async def served(tmp_path: Path, *, nofile: int | None = None) -> AsyncIterator[Served]:
+    """``callbridge serve``, ready, with the simulated Twilio pointed at it; stopped (killed if still up) after.
+    ``nofile``: its file descriptor limit."""
     twilio = SimulatedTwilio("http://unused", SECRET)
     rest_url = await twilio.start_rest(free_port())
     lines = [f"[{section}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in values.items())
@@ -35,7 +36,7 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
     config = tmp_path / "callbridge.toml"
     config.write_text("\n".join(lines) + "\n")
     port = free_port()
-    bridge = _start("bridge", ["serve"], config, port, tmp_path)
+    bridge = _start("bridge", ["serve"], config, port, tmp_path, nofile=nofile)
     try:
         await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
         twilio.bridge_url = bridge.url

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import secrets
 import signal
 import subprocess
@@ -84,15 +85,22 @@ class Process:
             self.process.wait(timeout=10)
 
 
-def _start(name: str, args: list[str], config: Path, port: int, tmp: Path) -> Process:
+def _start(name: str, args: list[str], config: Path, port: int, tmp: Path, *, nofile: int | None = None) -> Process:
+    """``nofile``: the process's file descriptor limit (``RLIMIT_NOFILE``), else this one's."""
     log_path = tmp / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+
+    def limited() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "callbridge", *args, "--config", str(config), "--port", str(port), "--log-format", "json"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=limited if nofile is not None else None,
         )
     return Process(name, process, f"http://127.0.0.1:{port}", log_path)
 

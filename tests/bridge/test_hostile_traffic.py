@@ -134,6 +134,25 @@ async def test_slow_and_oversized_request_heads_are_cut_off_while_signed_webhook
     assert "Traceback" not in log and '"level": "error"' not in log
 
 
+async def test_under_a_file_descriptor_limit_slow_heads_make_room_for_a_signed_webhook(tmp_path: Path) -> None:
+    """Issue #15's fd-limit case: with ``RLIMIT_NOFILE`` 128, 200 connections from one address open at once (too
+    fast for the per-source rule) and trickle their heads. Before, they held every descriptor and a call's signed
+    answer webhook was reset unanswered; now the process holds at most a quarter of its limit in pending heads,
+    the longest pending answered 408 to make room, so the call goes through and every slow one is closed within
+    the head deadline."""
+    async with served(tmp_path, nofile=128) as server:
+        started = time.monotonic()
+        slow = [await asyncio.to_thread(slow_head, server.port) for _ in range(200)]
+        watching = asyncio.create_task(asyncio.to_thread(how_they_end, slow, started, REQUEST_HEAD_TIMEOUT_S + 5))
+        result = await server.twilio.place_call(CallerScript(utterances=((300, short_speech()),), hangup_at_ms=4000))
+        ends = await watching
+        log = server.bridge.log_path.read_text()
+    assert result.streams and result.hung_up_by == "caller" and result.agent_speech_ms >= 1500, result.render()
+    assert all(status == 408 and s <= REQUEST_HEAD_TIMEOUT_S + 2 for status, s in ends), ends
+    assert '"pending_heads_full"' in log
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
 def _status_for_head(port: int, headers: dict[str, str]) -> int | None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         lines = ["GET /healthz HTTP/1.1", f"Host: 127.0.0.1:{port}", *(f"{k}: {v}" for k, v in headers.items()), "Connection: close"]
