@@ -378,6 +378,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         """Connections we opened to a registrar (``sip.registrations`` over TCP), read like accepted ones."""
         self._timer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._timer_due_ms: int | None = None
+        """When the timer task wakes next (the UAS's deadline when it went to sleep); None: not until woken."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._transfers: dict[str, asyncio.Future[TransferResult]] = {}
         self._answers: dict[str, asyncio.Future[MediaChoice | None]] = {}
@@ -525,8 +527,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                     log.debug("sip_dropped", provider=PROVIDER, reason=reason, peer=source[0])
                 case CallConfirmed():
                     pass
-        if wake_timer:
-            self._wake.set()
+        if wake_timer:  # only when something is due sooner than the timer sleeps for (not for every datagram)
+            due = self.uas.next_deadline_ms()
+            if due is not None and (self._timer_due_ms is None or due < self._timer_due_ms):
+                self._wake.set()
 
     async def _tcp_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One TCP connection: messages cut from the stream go to the UAS; its responses come back on it."""
@@ -560,7 +564,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
 
     async def _run_timers(self) -> None:
         while True:
-            deadline = self.uas.next_deadline_ms()
+            deadline = self._timer_due_ms = self.uas.next_deadline_ms()
             timeout = None if deadline is None else max(0.0, (deadline - _now_ms()) / 1000)
             with suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
