@@ -19,6 +19,9 @@ from typing import Final
 __all__ = ["MAX_SOURCES", "Budget", "SourceBudgets"]
 
 MAX_SOURCES: Final = 4096
+_REFILL_MS: Final = 2000
+"""How long an empty source bucket takes to be full again (its burst is twice its rate a second): one idle that
+long is the same as a new one, and is forgotten."""
 
 
 @dataclass(slots=True)
@@ -54,7 +57,6 @@ class SourceBudgets:
         self._total = Budget(total_rate_per_s, 2 * total_rate_per_s)
         self._sources: dict[str, Budget] = {}
         self._max_sources = max_sources
-        self._refill_ms = int(2 * 1000)  # a bucket idle this long is full again: the same as a new one
         self._pruned_at_ms = 0
 
     def take(self, source: str, now_ms: int) -> str | None:
@@ -74,11 +76,11 @@ class SourceBudgets:
         return len(self._sources)
 
     def _prune(self, now_ms: int) -> None:
-        """Before a new source is added: every ``_refill_ms``, drop the buckets idle that long (full again); at
+        """Before a new source is added: every ``_REFILL_MS``, drop the buckets idle that long (full again); at
         ``max_sources``, the oldest."""
-        if now_ms - self._pruned_at_ms >= self._refill_ms:
+        if now_ms - self._pruned_at_ms >= _REFILL_MS:
             self._pruned_at_ms = now_ms
-            for source in [s for s, b in self._sources.items() if now_ms - b.at_ms >= self._refill_ms]:
+            for source in [s for s, b in self._sources.items() if now_ms - b.at_ms >= _REFILL_MS]:
                 del self._sources[source]
         while len(self._sources) >= self._max_sources:
             del self._sources[next(iter(self._sources))]
