@@ -6,9 +6,11 @@ after) and the healthy call's largest gap between two pieces of one reply's audi
 
 ``--attack slowloris``: ``--sockets`` connections from 127.0.0.2 that begin a request head and trickle a header
 line every 2 s for 15 s; how each ends (its status, when), with ``--nofile N`` the bridge's file descriptor limit;
-and a new call placed while they are open (its signed answer webhook must be answered).
+and a new call placed while they are open (its signed answer webhook must be answered). ``--attack idle``: as
+slowloris, but each connection is a websocket upgraded on ``/telnyx/media`` (taken before any token) that then
+sends nothing.
 
-    python bench/hostile.py [--attack websocket|webhook|slowloris] [--sockets 20] [--rounds 3] [--nofile N] [--source DIR]
+    python bench/hostile.py [--attack websocket|webhook|slowloris|idle] [--sockets 20] [--rounds 3] [--nofile N] [--source DIR]
 
 ``--source``: run the bridge from another checkout's source tree (``git worktree add /tmp/old <rev>``), to
 compare with the same client and the same run.
@@ -29,7 +31,7 @@ import time
 from collections.abc import Coroutine
 
 from callbridge.sim.carrier import CallerScript, CallResult
-from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head
+from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head, upgrade
 from callbridge.sim.loadtest import bridge_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.twilio import SimulatedTwilio
@@ -52,7 +54,7 @@ async def call_with(twilio: SimulatedTwilio, attack: asyncio.Future[object] | No
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--attack", choices=("websocket", "webhook", "slowloris"), default="websocket")
+    parser.add_argument("--attack", choices=("websocket", "webhook", "slowloris", "idle"), default="websocket")
     parser.add_argument("--nofile", type=int, help="the bridge's RLIMIT_NOFILE")
     parser.add_argument("--sockets", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
@@ -95,7 +97,10 @@ async def main() -> None:
             slow = []
             for _ in range(args.sockets):
                 try:
-                    slow.append(await asyncio.to_thread(slow_head, bridge_port))
+                    if args.attack == "idle":
+                        slow.append(await asyncio.to_thread(upgrade, bridge_port, "/telnyx/media", 2.0))
+                    else:
+                        slow.append(await asyncio.to_thread(slow_head, bridge_port))
                 except OSError as exc:
                     codes[type(exc).__name__] = codes.get(type(exc).__name__, 0) + 1
             watching = asyncio.create_task(asyncio.to_thread(how_they_end, slow, opened, 20.0))
@@ -108,7 +113,7 @@ async def main() -> None:
                 mid_attack.append(repr(exc))
             mid_attack_s.append(time.monotonic() - asked)
             await newcomer.aclose()
-            while not watching.done() and time.monotonic() - opened < 15:
+            while args.attack == "slowloris" and not watching.done() and time.monotonic() - opened < 15:
                 for sock in slow:
                     with contextlib.suppress(OSError):
                         sock.sendall(b"X-Slow: 1\r\n")
@@ -119,7 +124,7 @@ async def main() -> None:
 
         async def attack() -> None:
             nonlocal peak
-            if args.attack == "slowloris":
+            if args.attack in ("slowloris", "idle"):
                 await slowloris()
                 return
             for _ in range(args.rounds):
@@ -155,10 +160,12 @@ async def main() -> None:
         bridge.kill()
         bridge.wait()
     print(f"machine: {platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}; bridge from {args.source or 'this tree'}")
-    if args.attack == "slowloris":
+    if args.attack in ("slowloris", "idle"):
         closed = [seconds for _, seconds in ends if seconds != float("inf")]
-        print(f"attack: {args.sockets} slow request heads from 127.0.0.2 (RLIMIT_NOFILE {args.nofile or 'unchanged'}); ends {codes}; "
-              f"closed {len(closed)} of {len(ends)}, the last {max(closed, default=0):.1f} s after they opened")  # fmt: skip
+        what = "slow request heads from 127.0.0.2" if args.attack == "slowloris" else "idle websockets on /telnyx/media"
+        print(f"attack: {args.sockets} {what} (RLIMIT_NOFILE {args.nofile or 'unchanged'}); ends {codes}; "
+              f"closed {len(closed)} of {len(ends)} ({sum(s < 5 for s in closed)} within 5 s), "
+              f"the last {max(closed, default=0):.1f} s after they opened")  # fmt: skip
         for late, took_s in zip(mid_attack, mid_attack_s, strict=True):
             if isinstance(late, str):
                 print(f"a new call mid-attack (signed answer webhook): FAILED after {took_s:.1f} s: {late}")

@@ -228,7 +228,9 @@ def serve_bridge(settings: Settings, sockets: list[Any] | None = None) -> int:
 def _engine_server(settings: Settings, _: argparse.Namespace) -> int:
     from callbridge.engine.server import create_engine_app
 
-    return _run_uvicorn(settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port)
+    return _run_uvicorn(
+        settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port, bridge=False
+    )
 
 
 def _run_uvicorn(
@@ -239,10 +241,11 @@ def _run_uvicorn(
     *,
     drain: Callable[[], Awaitable[None]] | None = None,
     sockets: list[Any] | None = None,
+    bridge: bool = True,
 ) -> int:
     """Serve ``app`` until SIGTERM/SIGINT. With ``drain``: the first signal runs it while the listener still
     serves (``/readyz`` answers 503, calls move away), then uvicorn's graceful shutdown; a second one stops
-    at once."""
+    at once. ``bridge``: False for an engine server (``serving_options``)."""
     import uvicorn
 
     from callbridge.bridge.http_protocol import serving_options
@@ -256,7 +259,7 @@ def _run_uvicorn(
             port=port,
             log_config=None,
             access_log=False,
-            **serving_options(),
+            **serving_options(bridge=bridge),
             lifespan="on",
         )
     )

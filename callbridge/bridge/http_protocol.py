@@ -23,12 +23,11 @@ uvicorn's choice ("auto") when it is not.
 
 from __future__ import annotations
 
-import resource
 import time
 from collections import Counter
 from typing import Any, Final
 
-from callbridge.bridge.ws_protocol import websocket_options
+from callbridge.bridge.ws_protocol import MAX_UNAUTHENTICATED, unauthenticated_cap, websocket_options
 from callbridge.logging import get_logger
 
 __all__ = [
@@ -39,7 +38,6 @@ __all__ = [
     "REQUEST_HEAD_TIMEOUT_S",
     "SLOW_HEAD_S",
     "http_protocol_class",
-    "pending_cap",
     "serving_options",
 ]
 
@@ -53,7 +51,7 @@ MAX_PENDING_PER_SOURCE: Final = 64
 """Connections from one address whose request head has been pending over ``SLOW_HEAD_S``. Carriers send from
 many addresses, each a few requests at a time, and a load balancer sends whole heads at once."""
 SLOW_HEAD_S: Final = 1.0
-MAX_PENDING: Final = 512
+MAX_PENDING: Final = MAX_UNAUTHENTICATED
 """Pending request heads held at most (fewer with a file descriptor limit under four times as many)."""
 _LOG_EVERY_S: Final = 1.0
 
@@ -74,15 +72,10 @@ class _Quiet:
         log.warning(event, left_out=self._left_out.pop(event, 0), **fields)
 
 
-def pending_cap() -> int:
-    """``MAX_PENDING``, or a quarter of the process's file descriptor limit where that is fewer (at least 8)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return MAX_PENDING if soft == resource.RLIM_INFINITY else max(8, min(MAX_PENDING, soft // 4))
-
-
-def serving_options() -> dict[str, Any]:
-    """The protocol settings of ``uvicorn.Config``, the same for ``callbridge serve`` and the simulators."""
-    return {"http": http_protocol_class(), **websocket_options()}
+def serving_options(*, bridge: bool = True) -> dict[str, Any]:
+    """The protocol settings of ``uvicorn.Config``, the same for ``callbridge serve`` and the simulators;
+    ``bridge``: False for an engine server (its sockets are the bridge's own sessions, not carriers' streams)."""
+    return {"http": http_protocol_class(), **websocket_options(bridge=bridge)}
 
 
 def http_protocol_class() -> Any:
@@ -102,7 +95,7 @@ def http_protocol_class() -> Any:
         return "auto"
     pending: dict[str, dict[Any, float]] = {}
     """source → its connections whose head is pending, and since when (``time.monotonic``)."""
-    cap = pending_cap()
+    cap = unauthenticated_cap()
     quiet = _Quiet()
 
     def slow_from(source: str, now: float) -> int:

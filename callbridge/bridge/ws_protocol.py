@@ -20,22 +20,32 @@ credentials of its upgrade), a message may be at most ``PRE_AUTH_MAX_MESSAGE_BYT
 carrier's codec accepts (``allow_messages_up_to``), never past ``MAX_MESSAGE_BYTES``. websockets checks the
 limit against each frame's header (and a fragmented message's running size) before it reads the payload, so a
 message over it is refused (close 1009) without being buffered.
+
+And a socket that is open but not yet the carrier's holds a file descriptor: a bridge's protocol
+(``websocket_options(bridge=True)``) counts them, from the handshake until the app raises the message limit,
+and holds at most ``unauthenticated_cap()``; at the cap the one waiting longest is cut (aborted: a hostile peer
+never answers a close) to make room, so a carrier's new stream always gets in. Each is also bounded in time,
+by the app's first-message deadline. An engine server's sockets (the bridge's own sessions) are not counted.
 """
 
 from __future__ import annotations
 
+import resource
 import struct
+import time
 from typing import Any, Final
 
 from callbridge.logging import get_logger
 
 __all__ = [
+    "CLOSE_REPLY_WAIT_S",
     "MAX_MESSAGE_BYTES",
     "MESSAGE_LIMIT_EXTENSION",
     "PRE_AUTH_MAX_MESSAGE_BYTES",
     "allow_messages_up_to",
     "frame_header",
     "protocol_class",
+    "unauthenticated_cap",
     "websocket_options",
 ]
 
@@ -67,10 +77,26 @@ def frame_header(first_byte: int, length: int) -> bytes:
     return _LONG.pack(first_byte, 127, length)
 
 
-def websocket_options() -> dict[str, Any]:
-    """The websocket settings of ``uvicorn.Config``, the same for ``callbridge serve`` and the simulators."""
+CLOSE_REPLY_WAIT_S: Final = 2.0
+"""How long a socket we closed waits for the peer's close before its TCP connection is closed anyway: a carrier
+answers in milliseconds; a hostile peer never does, and would hold the descriptor (uvicorn waits 10 s)."""
+MAX_UNAUTHENTICATED: Final = 512
+"""Connections not yet authenticated held at most, of each kind (request heads; open sockets): fewer with a file
+descriptor limit under four times as many (``unauthenticated_cap``)."""
+
+
+def unauthenticated_cap() -> int:
+    """``MAX_UNAUTHENTICATED``, or a quarter of the process's file descriptor limit where that is fewer (at least
+    8): the heads and the sockets not yet authenticated hold at most half of the descriptors between them."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_UNAUTHENTICATED if soft == resource.RLIM_INFINITY else max(8, min(MAX_UNAUTHENTICATED, soft // 4))
+
+
+def websocket_options(*, bridge: bool = True) -> dict[str, Any]:
+    """The websocket settings of ``uvicorn.Config``, the same for ``callbridge serve`` and the simulators;
+    ``bridge``: carriers' sockets, counted until they are authenticated (not an engine server's)."""
     return {
-        "ws": protocol_class(),
+        "ws": protocol_class(count_unauthenticated=bridge),
         "ws_max_size": MAX_MESSAGE_BYTES,  # uvicorn's own protocol, where ours is off: one limit, authenticated or not
         "ws_per_message_deflate": False,  # audio does not compress; deflate only costs CPU per frame
     }
@@ -83,7 +109,7 @@ async def allow_messages_up_to(websocket: Any, max_bytes: int) -> None:
         await websocket._send({"type": MESSAGE_LIMIT_EXTENSION, "max_bytes": max_bytes})
 
 
-def protocol_class() -> Any:
+def protocol_class(*, count_unauthenticated: bool = True) -> Any:
     """The protocol class for ``uvicorn.Config(ws=...)``: the lighter one, or ``"websockets-sansio"`` (uvicorn's
     own) when the installed uvicorn is not the one it was written against."""
     try:
@@ -96,14 +122,36 @@ def protocol_class() -> Any:
         log.warning("websocket_fast_path_off", detail="uvicorn's websockets-sansio protocol is not the expected one")
         return "websockets-sansio"
 
+    unauthenticated: dict[Any, float] = {}
+    """Open sockets not yet authenticated → since when (``time.monotonic``), oldest first."""
+    cap = unauthenticated_cap()
+    last_logged = [0.0]
+
     class MediaWebSocketProtocol(WebSocketsSansIOProtocol):
         """uvicorn's protocol; data frames written directly, reading paused only past ``_PAUSE_AT`` waiting; a
-        message limit that starts at ``PRE_AUTH_MAX_MESSAGE_BYTES`` and is raised once the stream is the carrier's."""
+        message limit that starts at ``PRE_AUTH_MAX_MESSAGE_BYTES`` and is raised once the stream is the carrier's;
+        at most ``cap`` open before that."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._max_bytes = self.config.ws_max_size  # the ceiling (``websocket_options``: ``MAX_MESSAGE_BYTES``)
             self.conn.max_message_size = min(self._max_bytes, PRE_AUTH_MAX_MESSAGE_BYTES)
+            self.close_timeout = CLOSE_REPLY_WAIT_S  # uvicorn's: 10 s
+
+        def _count_unauthenticated(self) -> None:
+            now = time.monotonic()
+            if len(unauthenticated) >= cap:  # room for this one: the one waiting longest is cut
+                oldest, since = next(iter(unauthenticated.items()))
+                del unauthenticated[oldest]
+                if now - last_logged[0] >= 1.0:  # one line a second at most
+                    last_logged[0] = now
+                    log.warning("websocket_cut", reason="unauthenticated_full", held=cap, waited_s=round(now - since, 3))
+                oldest.transport.abort()
+            unauthenticated[self] = now
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            unauthenticated.pop(self, None)
+            super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             """As uvicorn's, but the messages parsed before a frame the parser refused (over the limit) reach the
@@ -119,10 +167,13 @@ def protocol_class() -> Any:
             scope = getattr(self, "scope", None)
             if scope is not None:
                 scope["extensions"][MESSAGE_LIMIT_EXTENSION] = {}
+                if count_unauthenticated:
+                    self._count_unauthenticated()
 
         async def send(self, message: Any) -> None:
-            if message["type"] == MESSAGE_LIMIT_EXTENSION:
+            if message["type"] == MESSAGE_LIMIT_EXTENSION:  # the stream is the carrier's
                 self.conn.max_message_size = max(PRE_AUTH_MAX_MESSAGE_BYTES, min(int(message["max_bytes"]), self._max_bytes))
+                unauthenticated.pop(self, None)
                 return
             if message["type"] == "websocket.send" and self._open_for_data():
                 text = message.get("text")

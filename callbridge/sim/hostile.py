@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = [
-    "MediaArrivals", "Refusal", "how_they_end", "options_flood", "oversized_body", "oversized_message", "post_head",
-    "rss_bytes", "slow_head", "status_of", "upgrade",
+    "MediaArrivals", "Refusal", "closed_by_peer", "how_they_end", "options_flood", "oversized_body", "oversized_message",
+    "post_head", "rss_bytes", "slow_head", "status_of", "upgrade",
 ]  # fmt: skip
 
 
@@ -220,3 +220,14 @@ def options_flood(target: tuple[str, int], rate_per_s: int, seconds: float, sour
             time.sleep(0.01)
     sock.close()
     return sent, answered
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end has closed ``sock`` (or reset it) by now, without waiting."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True

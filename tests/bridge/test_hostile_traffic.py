@@ -14,7 +14,17 @@ from pathlib import Path
 from callbridge.bridge.http_protocol import MAX_PENDING_PER_SOURCE, REQUEST_HEAD_TIMEOUT_S, SLOW_HEAD_S
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.hostile import how_they_end, oversized_body, oversized_message, post_head, rss_bytes, slow_head, status_of
+from callbridge.sim.hostile import (
+    closed_by_peer,
+    how_they_end,
+    oversized_body,
+    oversized_message,
+    post_head,
+    rss_bytes,
+    slow_head,
+    status_of,
+    upgrade,
+)
 from tests.bridge.lone_bridge import served
 from tests.bridge.twilio_e2e import short_speech
 
@@ -150,6 +160,29 @@ async def test_under_a_file_descriptor_limit_slow_heads_make_room_for_a_signed_w
     assert result.streams and result.hung_up_by == "caller" and result.agent_speech_ms >= 1500, result.render()
     assert all(status == 408 and s <= REQUEST_HEAD_TIMEOUT_S + 2 for status, s in ends), ends
     assert '"pending_heads_full"' in log
+    assert "Traceback" not in log and '"level": "error"' not in log
+
+
+async def test_under_a_file_descriptor_limit_idle_websockets_make_room_for_a_new_call(tmp_path: Path) -> None:
+    """Sockets upgraded on ``/telnyx/media`` (its token comes only in the first message, so the upgrade is taken
+    first) that then send nothing: under ``RLIMIT_NOFILE`` 128 the bridge holds at most a quarter of it open
+    unauthenticated, cutting the one waiting longest for each new one, long before their first-message deadline;
+    a call then goes through."""
+    async with served(tmp_path, nofile=128) as server:
+        idle: list[socket.socket] = []
+        for _ in range(200):
+            try:
+                idle.append(await asyncio.to_thread(upgrade, server.port, "/telnyx/media", 2.0))
+            except OSError:  # no descriptor left for it: the bridge never answered the upgrade
+                break
+        cut = sum(closed_by_peer(sock) for sock in idle)
+        result = await server.twilio.place_call(CallerScript(utterances=((300, short_speech()),), hangup_at_ms=4000))
+        for sock in idle:
+            sock.close()
+        log = server.bridge.log_path.read_text()
+    assert len(idle) == 200 and cut >= 200 - 32 - 8, (len(idle), cut)  # 32 = 128 // 4 held; a few closing
+    assert result.streams and result.hung_up_by == "caller" and result.agent_speech_ms >= 1500, result.render()
+    assert '"websocket_cut"' in log
     assert "Traceback" not in log and '"level": "error"' not in log
 
 
