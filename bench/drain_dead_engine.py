@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
 import signal
 import subprocess
 import sys
 import time
 
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.loadtest import bridge_env
+from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.twilio import SimulatedTwilio
 
@@ -28,10 +27,7 @@ async def one(how: str) -> float:
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     engine = subprocess.Popen([sys.executable, "-m", "callbridge", "engine-server", "--port", str(engine_port)], env=base, **quiet)
     wait_http_up(f"http://127.0.0.1:{engine_port}/health")
-    env = dict(base)
-    for line in bridge_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}").splitlines():
-        key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
-        env[key] = value
+    env = bridge_process_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}")
     env |= {
         "CALLBRIDGE_ENGINE__KIND": "realtime",
         "CALLBRIDGE_ENGINE__URLS": f'["ws://127.0.0.1:{engine_port}"]',

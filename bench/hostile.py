@@ -24,7 +24,6 @@ import contextlib
 import os
 import platform
 import resource
-import shlex
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from collections.abc import Coroutine
 
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head, upgrade
-from callbridge.sim.loadtest import bridge_env
+from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.twilio import SimulatedTwilio
 
@@ -62,10 +61,7 @@ async def main() -> None:
     parser.add_argument("--source", help="run the bridge from this source tree")
     args = parser.parse_args()
     bridge_port, rest_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
-    for line in bridge_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}").splitlines():
-        key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
-        env[key] = value
+    env = bridge_process_env("twilio", SECRET, f"http://127.0.0.1:{rest_port}")
     if args.source:
         env["PYTHONPATH"] = args.source
     command = [sys.executable, "-m", "callbridge", "serve", "--port", str(bridge_port), "--log-level", "warning"]

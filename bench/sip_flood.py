@@ -18,14 +18,13 @@ import argparse
 import asyncio
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
 import time
 
 from callbridge.sim.carrier import CallerScript, CallResult
-from callbridge.sim.loadtest import bridge_env
+from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.sip import SimulatedSip
 
@@ -62,10 +61,7 @@ async def main() -> None:
     parser.add_argument("--no-budget", action="store_true", help="the SIP flood budgets out of reach (1e9 a second)")
     args = parser.parse_args()
     bridge_port, rest_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
-    for line in bridge_env("sip", SECRET, f"http://127.0.0.1:{rest_port}").splitlines():
-        key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
-        env[key] = value
+    env = bridge_process_env("sip", SECRET, f"http://127.0.0.1:{rest_port}")
     sip_port = int(env["CALLBRIDGE_SIP__PORT"])
     if args.no_budget:
         env["CALLBRIDGE_SIP__SOURCE_REQUESTS_PER_S"] = env["CALLBRIDGE_SIP__REQUESTS_PER_S"] = "1e9"

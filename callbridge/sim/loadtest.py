@@ -840,6 +840,16 @@ def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     return "".join(lines)
 
 
+def bridge_process_env(provider: str, secret: str, rest_url: str) -> dict[str, str]:
+    """The environment of a bridge process started apart (a bench's ``callbridge serve``): this one's, without
+    its ``CALLBRIDGE_`` variables, and ``bridge_env``'s for the simulated ``provider``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
+    for line in bridge_env(provider, secret, rest_url).splitlines():
+        key, value = shlex.split(line.removeprefix("export "))[0].split("=", 1)
+        env[key] = value
+    return env
+
+
 async def run_load_test(
     settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str
 ) -> LoadReport:
