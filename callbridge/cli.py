@@ -218,7 +218,9 @@ def serve_bridge(settings: Settings, sockets: list[Any] | None = None) -> int:
     """One bridge process until SIGTERM (drained) or SIGINT; on ``sockets`` already bound (a worker), else on
     ``server.host``:``server.port``."""
     from callbridge.bridge.app import create_app
+    from callbridge.logging import configure_logging
 
+    configure_logging(settings.log)  # before the app's first lines (``carrier_not_configured``): in their format and level
     app = create_app(settings)
     return _run_uvicorn(
         settings, app, settings.server.host, settings.server.port, drain=app.state.bridge.drain, sockets=sockets

@@ -289,10 +289,11 @@ class CloseTransport:
 
 @dataclass(frozen=True, slots=True)
 class Notice:
-    """The carrier reported something that changes nothing (for the log), or sent an event type nobody here knows
-    (for the log, once per type, and the count)."""
+    """The carrier reported something that changes nothing (for the log), sent an event type nobody here knows
+    (for the log, once per type, and the count), or a digit the caller pressed (for the log and the count, whatever
+    the model is told of it)."""
 
-    notice: CarrierNotice | UnknownCarrierEvent
+    notice: CarrierNotice | UnknownCarrierEvent | DtmfReceived
 
 
 @dataclass(frozen=True, slots=True)
@@ -983,6 +984,7 @@ class CallSession:
                 self._drain_ledger(to_engine=self.state is CallState.LIVE)  # not the failure tone's
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
+                self._out.append(Notice(event))
                 if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
                     self._to_engine(CreateTextItem(f"DTMF {digit}"))
             case StreamStarted():

@@ -66,7 +66,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.providers.base import CarrierNotice, ProviderCodec, StreamStarted, UnknownCarrierEvent
+from callbridge.bridge.providers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices, call_options, session_config
 from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES, allow_messages_up_to
@@ -521,6 +521,9 @@ class MediaStreamDriver:
                             await self.transport.close(code)
                 case Notice(UnknownCarrierEvent(event)):
                     self.services.unknown_carrier_event(self.provider, event, self.log)
+                case Notice(DtmfReceived()):
+                    self.services.metrics.dtmf_received.labels(self.provider).inc()
+                    self.log.info("dtmf_received")  # not the digit: callers key in PINs and card numbers
                 case Notice(CarrierNotice() as notice):
                     self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
                 case MarkLag(ms):

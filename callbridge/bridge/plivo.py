@@ -241,7 +241,7 @@ def plivo_router(services: BridgeServices) -> APIRouter:
             params = signed = _params(await request.form())
         nonce, header = request.headers.get(NONCE_HEADER), request.headers.get(SIGNATURE_HEADER)
         if not signatures.valid(request.method, (base + path + query,), signed, nonce, header):
-            log.warning("signature_invalid", provider="plivo", path=path, call_id=_first(params, "CallUUID"))
+            log.warning("signature_invalid", provider="plivo", path=path, call_id=_first(params, "CallUUID"), url_checked=base + path + query)
             return None
         if signatures.enabled and nonce is not None and not await services.replays.first_sight(request, "plivo", nonce):
             return None  # the nonce is signed with the request: the same one again is a replay
@@ -279,7 +279,7 @@ def plivo_router(services: BridgeServices) -> APIRouter:
             base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
             urls = (ws_url(base) + MEDIA_PATH, base + MEDIA_PATH)
             if not signatures.valid("GET", urls, {}, websocket.headers.get(NONCE_HEADER), header):
-                log.warning("signature_invalid", provider="plivo", path=MEDIA_PATH)
+                log.warning("signature_invalid", provider="plivo", path=MEDIA_PATH, url_checked=urls[0])
                 await websocket.close(code=1008)  # before accept: the upgrade is answered 403
                 return
         await websocket.accept()

@@ -179,6 +179,10 @@ class BridgeMetrics:
             "callbridge_unknown_events_total", "Carrier messages of an event type no codec here knows, ignored (the call goes on)",
             ["provider", "event"], registry=registry,
         )  # fmt: skip
+        self.dtmf_received = Counter(
+            "callbridge_dtmf_received_total", "Digits the caller pressed (RFC 4733, SIP INFO, carriers' dtmf events)", ["provider"],
+            registry=registry,
+        )  # fmt: skip
         self.webhook_replay_checks = Counter(
             "callbridge_webhook_replay_checks_total",
             "Signed webhooks checked for a replay: first (taken), replayed (refused 403), unchecked (registry away: taken)",

@@ -177,7 +177,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         url = base + dialect.voice_path + (f"?{request.url.query}" if request.url.query else "")
         signature = request.headers.get(header)
         if not signatures.valid(url, form, signature):
-            log.warning("signature_invalid", provider=name, path=dialect.voice_path, call_id=form.get("CallSid"))
+            log.warning("signature_invalid", provider=name, path=dialect.voice_path, call_id=form.get("CallSid"), url_checked=url)
             return Response(status_code=_FORBIDDEN)
         if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
             return Response(status_code=_FORBIDDEN)
@@ -202,8 +202,9 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
     async def media(websocket: WebSocket) -> None:
         base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
         signature = websocket.headers.get(header)
-        if (signature is not None or dialect.upgrade_signed) and not signatures.valid(ws_url(base) + dialect.media_path, {}, signature):
-            log.warning("signature_invalid", provider=name, path=dialect.media_path)
+        checked = ws_url(base) + dialect.media_path
+        if (signature is not None or dialect.upgrade_signed) and not signatures.valid(checked, {}, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.media_path, url_checked=checked)
             await websocket.close(code=1008)  # before accept: the upgrade is answered 403
             return
         await websocket.accept()
@@ -215,6 +216,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         base = public_base(settings, str(request.base_url))
         signature = request.headers.get(header)
         if not signatures.valid(base + dialect.status_path, form, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.status_path, url_checked=base + dialect.status_path)
             return Response(status_code=_FORBIDDEN)
         if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
             return Response(status_code=_FORBIDDEN)
