@@ -115,7 +115,9 @@ def _build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
     simulate.add_argument("--speak-at", metavar="S", type=float, default=0.5, help="when the caller starts talking")
     simulate.add_argument("--interrupt-after", metavar="S", type=float, help="talk over the agent S seconds into its reply")
-    simulate.add_argument("--dtmf", metavar="S:DIGIT", action="append", default=[], help="press DIGIT at S seconds")
+    simulate.add_argument(
+        "--dtmf", metavar="S:DIGIT", type=_key_press, action="append", default=[], help="press DIGIT (0-9 * # A-D) at S seconds"
+    )
     simulate.add_argument("--drop-at", metavar="S", type=float, action="append", default=[], help="drop the media socket at S seconds")
     simulate.add_argument("--hangup-at", metavar="S", type=float, help="hang up at S seconds (default: after the agent's reply)")
     simulate.set_defaults(handler=_simulate)
@@ -144,7 +146,7 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument(
         "--print-env", action="store_true", help="print the env a separate `callbridge serve` needs for --provider and --secret, then exit"
     )
-    loadtest.add_argument("--calls", type=int, default=10)
+    loadtest.add_argument("--calls", type=_at_least_one, default=10, help="how many calls (default: 10)")
     loadtest.add_argument("--ramp", metavar="S", type=float, default=5.0, help="seconds over which calls start")
     loadtest.add_argument("--duration", metavar="S", type=float, default=20.0, help="seconds each call lasts")
     loadtest.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
@@ -325,8 +327,34 @@ def _reconnects(provider: str) -> bool:
     return SIMULATED[provider].can_reconnect
 
 
+_DIGITS: Final = "0123456789*#ABCD"
+
+
+def _key_press(value: str) -> tuple[int, str]:
+    """``--dtmf S:DIGIT`` as (ms into the call, on the 20 ms grid; the digit)."""
+    at, sep, digit = value.partition(":")
+    try:
+        seconds = float(at)
+    except ValueError:
+        seconds = -1.0
+    if not sep or seconds < 0 or len(digit) != 1 or digit.upper() not in _DIGITS:
+        raise argparse.ArgumentTypeError(f"{value!r}: give S:DIGIT, S seconds into the call (0 or more), DIGIT one of {_DIGITS}")
+    return int(seconds * 1000) // 20 * 20, digit.upper()
+
+
+def _at_least_one(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a whole number, 1 or more")
+    return number
+
+
 def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
+    import wave
 
     from callbridge.logging import configure_logging
     from callbridge.sim.carrier import CallerScript
@@ -346,13 +374,16 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     audio_path = args.audio or sample_caller_wav()
     try:
         speech = load_wav_8k(audio_path)
-        dtmf = tuple((int(float(at) * 1000) // 20 * 20, digit) for at, _, digit in (item.partition(":") for item in args.dtmf))
-    except (OSError, ValueError, EOFError) as exc:
-        print(f"callbridge simulate: {exc}", file=sys.stderr)
+    except (OSError, ValueError, EOFError, wave.Error) as exc:
+        detail = str(exc).removeprefix(f"{audio_path}: ") or "empty or cut short"
+        print(f"callbridge simulate: --audio {audio_path}: {detail} (a 16-bit PCM WAV is needed)", file=sys.stderr)
+        return EXIT_USAGE
+    if not speech:
+        print(f"callbridge simulate: --audio {audio_path}: the WAV holds no audio", file=sys.stderr)
         return EXIT_USAGE
     script = CallerScript(
         utterances=((int(args.speak_at * 1000) // 20 * 20, speech),),
-        dtmf=dtmf,
+        dtmf=tuple(args.dtmf),
         drop_stream_at_ms=tuple(int(at * 1000) for at in args.drop_at),
         hangup_at_ms=int(args.hangup_at * 1000) if args.hangup_at is not None else None,
         interrupt_after_agent_ms=int(args.interrupt_after * 1000) // 20 * 20 if args.interrupt_after is not None else None,

@@ -122,6 +122,53 @@ def test_simulate_with_a_missing_audio_file(tmp_path: Path) -> None:
     assert result.returncode == 2 and "nope.wav" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["simulate", "--dtmf", "5"], "--dtmf"),  # no time
+        (["simulate", "--dtmf", "2:Z"], "--dtmf"),  # not a DTMF digit
+        (["simulate", "--dtmf", "-1:5"], "--dtmf"),
+        (["loadtest", "--calls", "0"], "--calls"),
+        (["loadtest", "--calls", "many"], "--calls"),
+    ],
+)
+def test_impossible_arguments_are_one_line_and_exit_2(args: list[str], names: str) -> None:
+    """Before, ``--dtmf 5`` and ``--dtmf 2:Z`` were sent and hung up the call, and ``--calls 0`` ran and exited 0."""
+    result = run_cli(*args)
+    assert result.returncode == 2 and names in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("callbridge ") and result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"", "empty or cut short"),
+        (b"this is not a wav file at all", "RIFF"),
+        (b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x07\x00\x01\x00@\x1f\x00\x00@\x1f\x00\x00\x01\x00\x08\x00data\x00\x00\x00\x00", "unknown format: 7"),
+    ],
+)
+def test_simulate_with_audio_that_is_not_pcm_wav(tmp_path: Path, content: bytes, says: str) -> None:
+    """Before: a ``wave.Error`` traceback (μ-law, not RIFF), or ``callbridge simulate: `` and nothing (empty)."""
+    audio = tmp_path / "caller.wav"
+    audio.write_bytes(content)
+    result = run_cli("simulate", "--audio", str(audio))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"--audio {audio}: " in result.stderr and says in result.stderr and "16-bit PCM WAV" in result.stderr
+
+
+def test_simulate_with_a_wav_that_holds_no_audio(tmp_path: Path) -> None:
+    """Before: a silent 30 s call, then exit 1."""
+    import wave
+
+    audio = tmp_path / "empty.wav"
+    with wave.open(str(audio), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(8000)
+    result = run_cli("simulate", "--audio", str(audio))
+    assert result.returncode == 2 and "holds no audio" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_simulate_offers_every_simulated_carrier() -> None:
     from callbridge.cli import SIMULATED_CARRIERS
     from callbridge.sim.carriers import SIMULATED
