@@ -408,12 +408,9 @@ def _processes(text: str) -> int | None:
     if text == "auto":
         return None
     try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number or auto, got {text!r}")
-    return count
+        return _at_least_one(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive number or auto, got {text!r}") from None
 
 
 def _loadtest(settings: Settings, args: argparse.Namespace) -> int:

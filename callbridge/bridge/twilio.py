@@ -214,9 +214,9 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
     async def stream_status(request: Request) -> Response:
         form = {key: str(value) for key, value in (await request.form()).items()}
         base = public_base(settings, str(request.base_url))
-        signature = request.headers.get(header)
-        if not signatures.valid(base + dialect.status_path, form, signature):
-            log.warning("signature_invalid", provider=name, path=dialect.status_path, url_checked=base + dialect.status_path)
+        signature, checked = request.headers.get(header), base + dialect.status_path
+        if not signatures.valid(checked, form, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.status_path, url_checked=checked)
             return Response(status_code=_FORBIDDEN)
         if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
             return Response(status_code=_FORBIDDEN)

@@ -258,9 +258,9 @@ class RealtimeSession(DuplexSession):
         self._closed = False
         self._detached = False
         self._close_sent = False
+        """``session.close`` has gone to the server (once per session, whoever asked)."""
         self._closing_socket: object | None = None
         """The socket ``session.close`` went out on: its closing is the end asked for, not a loss to resume from."""
-        """``session.close`` has gone to the server (once per session, whoever asked)."""
         self._backlog: deque[EngineCommand] = deque()
         """Commands submitted while the socket is being replaced, sent first on the new one."""
         self._heard_from_at = time.monotonic()

@@ -277,8 +277,9 @@ class SimulatedTwilio(SimulatedCarrier):
     def _redirect_target(self, bridge_url: str, redirect: str) -> str:
         """A ``<Redirect>`` URL on the bridge this request goes to (the load balancer's pick, where there is one),
         its path and query as the TwiML wrote them."""
-        path = redirect.split(f"/{self.provider}/voice", 1)[1] if f"/{self.provider}/voice" in redirect else ""
-        return f"{bridge_url}/{self.provider}/voice{path}"
+        voice = f"/{self.provider}/voice"
+        query = redirect.split(voice, 1)[1] if voice in redirect else ""
+        return f"{bridge_url}{voice}{query}"
 
     def answer_params(self, call_id: str, first: bool) -> dict[str, str]:
         return {

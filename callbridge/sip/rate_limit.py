@@ -13,7 +13,7 @@ ones. A source's bucket is forgotten once it has been idle long enough to be ful
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = ["MAX_SOURCES", "Budget", "SourceBudgets"]
@@ -30,12 +30,11 @@ class Budget:
 
     rate_per_s: float
     burst: float
-    tokens: float = -1.0
     at_ms: int = 0
+    tokens: float = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.tokens < 0:
-            self.tokens = self.burst
+        self.tokens = self.burst
 
     def take(self, now_ms: int) -> bool:
         """One token if there is one (False: none left, nothing taken)."""

@@ -32,6 +32,7 @@ import asyncio
 import ipaddress
 import secrets
 import socket
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Coroutine
@@ -194,10 +195,10 @@ class RtpTransport(asyncio.DatagramProtocol):
             if now < due:
                 await asyncio.sleep(due - now)
                 continue  # the agent's audio may have been sent meanwhile: due again from it
-            packet = self.codec.silence() if self.transport is not None else None
-            if packet is not None and self.transport is not None:
+            transport = self.transport
+            if transport is not None and (packet := self.codec.silence()) is not None:
                 try:
-                    self.transport.sendto(packet, self.latch.peer)
+                    transport.sendto(packet, self.latch.peer)
                 except OSError:
                     self.send_errors += 1
             # the grid kept while the loop is on time; after a stall (or before anything was sent), from now
@@ -323,7 +324,9 @@ def _size_receive_buffer(sock: socket.socket, wanted: int) -> None:
             break
         except OSError:  # not permitted (no CAP_NET_ADMIN): the plain option, capped by the kernel
             continue
-    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)  # Linux reports twice what it books
+    got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    if sys.platform == "linux":
+        got //= 2  # Linux books twice what was asked (its overhead) and reports that
     if got < wanted:
         log.warning("sip_receive_buffer_capped", wanted=wanted, got=got, detail="raise net.core.rmem_max to allow it")
     else:
