@@ -1,5 +1,15 @@
-# callbridge: one bridge process. Build: docker build -t callbridge .
-# Run:   docker run -p 8080:8080 -e CALLBRIDGE_TWILIO__AUTH_TOKEN=... callbridge
+# callbridge: one bridge process. Build: docker build -t callbridge:0.1.0 .
+# Run:   docker run --stop-timeout 45 -p 8080:8080 -e CALLBRIDGE_TWILIO__AUTH_TOKEN=... callbridge:0.1.0
+#
+# Stopping: SIGTERM drains (/readyz 503, calls move to other replicas or finish) for up to
+# server.drain_timeout_s (30 s) before the process exits. Docker's default stop timeout is 10 s, after which it
+# kills the process mid-call: give it more (docker run/stop --stop-timeout / -t 45; Compose: stop_grace_period: 45s;
+# Kubernetes: terminationGracePeriodSeconds, deploy/kubernetes/bridge-deployment.yaml).
+#
+# Listeners: 8080/tcp HTTP (webhooks, media websockets, /healthz /readyz /metrics) is always on. Enabled in the
+# configuration only: SIP 5060 (udp and tcp; [sip]), its RTP, one udp port per call (sip.rtp_port_min..max,
+# 20000-20999; publishing a range this wide needs --network host in practice), Asterisk AudioSocket 9092/tcp
+# ([audiosocket]). Each listener binds its `host` (127.0.0.1 by default): set it to 0.0.0.0 to reach it here.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -14,7 +24,10 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY callbridge ./callbridge
 COPY config ./config
-RUN pip install --no-cache-dir . \
+# The redis extra: the fleet (registry.backend = "redis", deploy/kubernetes/configmap.yaml) needs its client.
+# DL3013 asks for pinned versions; this installs the project itself, whose pyproject.toml bounds its dependencies.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[redis]" \
     && rm -rf /root/.cache
 
 USER 10001:10001
@@ -22,10 +35,11 @@ USER 10001:10001
 ENV CALLBRIDGE_SERVER__HOST=0.0.0.0 \
     CALLBRIDGE_SERVER__PORT=8080 \
     CALLBRIDGE_LOG__FORMAT=json
-EXPOSE 8080
+EXPOSE 8080/tcp 5060/udp 5060/tcp 9092/tcp 20000-20999/udp
 
+# Probes the port the server listens on: CALLBRIDGE_SERVER__PORT (env wins over a --config file's server.port).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=2).status == 200 else 1)"]
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('CALLBRIDGE_SERVER__PORT', '8080'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/healthz', timeout=2).status == 200 else 1)"]
 
 STOPSIGNAL SIGTERM
 CMD ["callbridge", "serve"]

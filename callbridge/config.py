@@ -14,6 +14,7 @@ silently falls back to a default. ``load_settings`` turns every problem into a
 from __future__ import annotations
 
 import enum
+import json
 import os
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -21,15 +22,20 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
+    EnvSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -43,6 +49,7 @@ __all__ = [
     "ConfigProblem",
     "LogFormat",
     "Settings",
+    "list_from_text",
     "load_settings",
     "parse_assignment",
 ]
@@ -50,6 +57,62 @@ __all__ = [
 CONFIG_FILE_ENV = "CALLBRIDGE_CONFIG"
 
 Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _whole_number(value: Any) -> Any:
+    """A whole number given as text (an env var, ``--set``) as the int it names, so that an integer ``Literal``
+    takes ``"8000"`` as TOML's ``8000``; anything else as it came (the Literal then refuses it)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
+
+
+def _url_check(*schemes: str) -> AfterValidator:
+    """A URL with one of ``schemes`` and a host (``ws://host:port``): refused at load, not at the first call."""
+
+    def check(value: Any) -> Any:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if text is None:
+            return value
+        from urllib.parse import urlsplit
+
+        try:
+            parts = urlsplit(text)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"not a URL ({exc})") from None
+        if parts.scheme not in schemes:
+            raise ValueError("needs a URL starting " + " or ".join(f"{scheme}://" for scheme in schemes))
+        if not parts.hostname and parts.scheme != "unix":
+            raise ValueError(f"needs a host ({schemes[0]}://host:port)")
+        return value
+
+    return AfterValidator(check)
+
+
+def _rsa_private_key_file(path: Path) -> Path:
+    """An unencrypted PEM RSA private key that can be read (a Vonage application's ``private.key``), checked at load:
+    otherwise the first hang-up would be the first to find out."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the private key file: {exc.strerror}") from None
+    from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(data, password=None)
+    except TypeError:
+        raise ValueError("the private key is encrypted: give the unencrypted PEM Vonage generated") from None
+    except ValueError:
+        raise ValueError("not a PEM private key (-----BEGIN PRIVATE KEY-----): give the one Vonage generated") from None
+    if not isinstance(key, RSAPrivateKey):
+        raise ValueError("not an RSA private key (Vonage signs with RS256)")
+    return path
+
+
+HttpUrl = Annotated[str, _url_check("https", "http")]
+"""An http(s) base URL, kept as the text given (a trailing slash or path is the user's)."""
 
 
 class _Section(BaseModel):
@@ -65,7 +128,7 @@ class LogFormat(enum.Enum):
 class ServerSettings(_Section):
     host: str = "127.0.0.1"
     port: Port = 8080
-    public_url: str | None = None
+    public_url: HttpUrl | None = None
     """The https URL carriers reach this bridge at; stream URLs and webhook signatures use it."""
     max_calls: Annotated[int, Field(ge=1)] = 100
     """Concurrent calls admitted by one process; beyond it new calls are refused."""
@@ -103,7 +166,7 @@ class LogSettings(_Section):
 
 
 class AudioSettings(_Section):
-    engine_input_rate_hz: Literal[8000, 16000, 24000] = 16000
+    engine_input_rate_hz: Annotated[Literal[8000, 16000, 24000], BeforeValidator(_whole_number)] = 16000
     resampler_quality: ResamplerQuality = ResamplerQuality.LD
     """LD: low-delay polyphase FIR (~3 ms); QQ…VHQ: soxr recipes, which hold 20–170 ms back per stream."""
     playout_lead_ms: Annotated[int, Field(ge=20, le=2000)] = 200
@@ -115,7 +178,7 @@ class AudioSettings(_Section):
 class EngineSettings(_Section):
     kind: Literal["local", "realtime", "inline"] = "local"
     """local: the embedded CPU engine; realtime: vllm-omni servers over websockets; inline: vllm-omni in process."""
-    urls: list[str] = Field(default_factory=list)
+    urls: list[Annotated[str, _url_check("ws", "wss")]] = Field(default_factory=list, validate_default=True)
     """vllm-omni servers (``ws://host:port``) for kind = realtime."""
     api_key: SecretStr | None = None
     model: str | None = None
@@ -155,6 +218,16 @@ class EngineSettings(_Section):
     process that answered, whatever the registry. off: the stream opens its session."""
     open_at_answer_ttl_s: Annotated[float, Field(gt=0, le=600)] = 15.0
     """A session opened at the answer that no stream takes within this is closed."""
+    heartbeat_interval_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """kind = realtime: how often a live session sends vllm-omni's ``session.heartbeat`` (with an ack), which keeps
+    the server from expiring a session whose events are quiet; keep it under the server's session timeout."""
+
+    @field_validator("urls", mode="after")
+    @classmethod
+    def _realtime_needs_urls(cls, urls: list[str], info: ValidationInfo) -> list[str]:
+        if info.data.get("kind") == "realtime" and not urls:
+            raise ValueError('engine.kind = "realtime" needs the vllm-omni servers here: urls = ["ws://host:port"]')
+        return urls
 
 
 class CallActionsSettings(_Section):
@@ -192,7 +265,7 @@ class EngineServerSettings(_Section):
 
 class RegistrySettings(_Section):
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: SecretStr | None = None
+    redis_url: Annotated[SecretStr, _url_check("redis", "rediss", "unix")] | None = None
     """``redis://[:password@]host:port/db``; masked in output since it may hold a password."""
     checkpoint_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     """With a shared registry: how often a live call's ticket (its engine session's resume state) is brought up to
@@ -210,7 +283,7 @@ class TwilioSettings(_Section):
     auth_token: SecretStr | None = None
     validate_signatures: bool = True
     """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
-    api_base_url: str = "https://api.twilio.com"
+    api_base_url: HttpUrl = "https://api.twilio.com"
     """Where the REST API (hang-up) is; a regional host, or a simulated Twilio in tests."""
 
 
@@ -223,7 +296,7 @@ class SignalWireSettings(_Section):
     validate_signatures: bool = True
     codec: Literal["PCMU", "L16@24000h"] = "PCMU"
     """The ``<Stream codec>``: μ-law 8 kHz, or PCM16 24 kHz both ways."""
-    api_base_url: str | None = None
+    api_base_url: HttpUrl | None = None
     """Overrides the REST base derived from ``space_url`` (tests point it at a simulated SignalWire)."""
 
 
@@ -234,7 +307,7 @@ class TelnyxSettings(_Section):
     """The account's ed25519 public key (base64 of the 32 raw bytes, as the portal shows it) for webhook signatures."""
     validate_signatures: bool = True
     """Check ``telnyx-signature-ed25519`` on the webhooks. Switch off only for local development."""
-    api_base_url: str = "https://api.telnyx.com"
+    api_base_url: HttpUrl = "https://api.telnyx.com"
     """Where the Call Control API is (``/v2/calls/…``); a simulated Telnyx in tests."""
     codec: Literal["PCMU", "PCMA"] = "PCMU"
     """The stream codec both ways (``stream_codec`` and ``stream_bidirectional_codec``): G.711 μ-law or A-law."""
@@ -246,7 +319,7 @@ class PlivoSettings(_Section):
     """REST hang-up (basic auth with ``auth_id``) and the key of X-Plivo-Signature-V3."""
     validate_signatures: bool = True
     """Check X-Plivo-Signature-V3 on the webhooks. Switch off only for local development."""
-    api_base_url: str = "https://api.plivo.com"
+    api_base_url: HttpUrl = "https://api.plivo.com"
     """Where the REST API (hang-up) is; a simulated Plivo in tests."""
     content_type: Literal["audio/x-mulaw;rate=8000", "audio/x-l16;rate=8000", "audio/x-l16;rate=16000"] = (
         "audio/x-mulaw;rate=8000"
@@ -271,15 +344,15 @@ class ExotelSettings(_Section):
 class VonageSettings(_Section):
     application_id: str | None = None
     """The Vonage application: claim of the REST hang-up JWT, and checked against signed webhooks' claim."""
-    private_key_path: Path | None = None
-    """The application's private key (PEM) that signs the REST hang-up JWT (RS256)."""
+    private_key_path: Annotated[Path, AfterValidator(_rsa_private_key_file)] | None = None
+    """The application's private key (PEM) that signs the REST hang-up JWT (RS256); read and parsed at load."""
     signature_secret: SecretStr | None = None
     """The account's signature secret: signed webhooks are HS256 JWTs over the body's SHA-256."""
-    audio_rate_hz: Literal[8000, 16000] = 16000
+    audio_rate_hz: Annotated[Literal[8000, 16000], BeforeValidator(_whole_number)] = 16000
     """The L16 rate of the websocket (``content-type: audio/l16;rate=…``), both directions."""
     validate_signatures: bool = True
     """Check the signed-webhook JWT on the answer and event webhooks. Switch off only for local development."""
-    api_base_url: str = "https://api.nexmo.com"
+    api_base_url: HttpUrl = "https://api.nexmo.com"
     """Where the Voice REST API (hang-up) is; a regional host, or a simulated Vonage in tests."""
 
 
@@ -452,9 +525,10 @@ def load_settings(
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
+            environment = _TomlFormEnvSource(settings_cls)
             if path is None:
-                return (init_settings, env_settings)
-            return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=path))
+                return (init_settings, environment)
+            return (init_settings, environment, TomlConfigSettingsSource(settings_cls, toml_file=path))
 
     try:
         loaded = _LoadedSettings(**dict(overrides or {}))
@@ -468,20 +542,52 @@ def load_settings(
 def parse_assignment(text: str) -> dict[str, Any]:
     """``"server.port=9000"`` → ``{"server": {"port": "9000"}}`` (pydantic converts the value).
 
-    A value in ``[...]`` is a comma-separated list. Raises ``ConfigError`` when
-    there is no ``=`` or no key.
+    A value in ``[...]`` is a list, read as TOML reads an array (``["ws://a", 'ws://b']``), or as bare
+    comma-separated items (``[ws://a, ws://b]``). Raises ``ConfigError`` when there is no ``=`` or no key.
     """
     key, sep, value = text.partition("=")
     parts = [p.strip() for p in key.strip().split(".")]
     if not sep or not all(parts):
         raise ConfigError([ConfigProblem(key=key.strip() or text, problem="expected section.key=value")])
     parsed: Any = value.strip()
-    if parsed.startswith("[") and parsed.endswith("]"):
-        parsed = [item.strip() for item in parsed[1:-1].split(",") if item.strip()]
+    listed = list_from_text(parsed)
+    if listed is not None:
+        parsed = listed
     nested: dict[str, Any] = {parts[-1]: parsed}
     for part in reversed(parts[:-1]):
         nested = {part: nested}
     return nested
+
+
+def list_from_text(text: str) -> list[Any] | None:
+    """A list written in an env var or ``--set``: JSON, TOML's array form, or ``[a, b]`` (bare items, each
+    stripped); None when ``text`` is not in brackets."""
+    text = text.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return None
+    for parse in (json.loads, lambda array: tomllib.loads(f"v = {array}")["v"]):
+        try:
+            parsed = parse(text)
+        except ValueError:  # json.JSONDecodeError and tomllib.TOMLDecodeError both are
+            continue
+        if isinstance(parsed, list):
+            return parsed
+    items = (item.strip() for item in text[1:-1].split(","))
+    return [item[1:-1] if len(item) > 1 and item[0] == item[-1] and item[0] in "'\"" else item for item in items if item]
+
+
+class _TomlFormEnvSource(EnvSettingsSource):
+    """``CALLBRIDGE_*`` env vars, whose lists may be written as in TOML or ``--set`` (``['ws://a']``, ``[a, b]``),
+    not only as JSON."""
+
+    def decode_complex_value(self, field_name: str, field: Any, value: Any) -> Any:
+        try:
+            return super().decode_complex_value(field_name, field, value)
+        except ValueError:
+            listed = list_from_text(value) if isinstance(value, str) else None
+            if listed is None:
+                raise
+            return listed
 
 
 def merge_overrides(*layers: Mapping[str, Any]) -> dict[str, Any]:
@@ -514,7 +620,7 @@ def _problems(exc: ValidationError) -> Iterator[ConfigProblem]:
         if error["type"] == "extra_forbidden":
             yield ConfigProblem(key=key, problem="unknown key")
             continue
-        problem = error["msg"]
+        problem = error["msg"].removeprefix("Value error, ")
         if key not in _SECRET_KEYS and not isinstance(error["input"], dict):
             problem += f" (got {error['input']!r})"
         yield ConfigProblem(key=key, problem=problem)

@@ -249,3 +249,49 @@ def test_engine_urls_name_the_engine_servers_one_by_one(monkeypatch: pytest.Monk
     }
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "vllm serve" in " ".join(container["args"]) and "--omni" in " ".join(container["args"])
+
+
+def test_images_are_release_tags_never_latest() -> None:
+    """``:latest`` with ``IfNotPresent`` runs whichever image a node pulled first; the bridge's tag is this release."""
+    from callbridge import __version__
+
+    for workload in (r for r in _resources() if r["kind"] in ("Deployment", "StatefulSet")):
+        for container in _containers(workload):
+            _, _, tag = container["image"].rpartition(":")
+            assert tag and tag != "latest" and "/" not in tag, container["image"]
+    assert _bridge()["image"].endswith(f":{__version__}")
+
+
+def test_sip_is_exposed_on_udp_and_tcp() -> None:
+    sip_ports = {(p["containerPort"], p["protocol"]) for p in _bridge()["ports"] if p["name"].startswith("sip")}
+    assert sip_ports == {(Settings().sip.port, "UDP"), (Settings().sip.port, "TCP")}
+
+
+def test_the_vonage_private_key_is_mounted_where_the_config_map_points(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The Secret's key is mounted as a file (optional: absent, the pod still starts), at the path the ConfigMap's
+    commented ``private_key_path`` names; with it uncommented and the key in place the settings load."""
+    import re
+
+    pod = _one("Deployment", BRIDGE)["spec"]["template"]["spec"]
+    (mount,) = [m for m in _bridge()["volumeMounts"] if m["name"] == "vonage-key"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "vonage-key"]
+    assert volume["secret"]["secretName"] == "callbridge-secrets" and volume["secret"]["optional"] is True
+    (item,) = volume["secret"]["items"]
+    assert item["key"] == "vonage-private-key.pem" and item["key"] in (ROOT / "deploy/kubernetes/secret.yaml").read_text()
+    toml = _one("ConfigMap", "callbridge-config")["data"]["callbridge.toml"]
+    (path,) = re.findall(r'^\s*# private_key_path = "([^"]+)"', toml, flags=re.MULTILINE)
+    assert path == f"{mount['mountPath']}/{item['path']}"
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key_file = tmp_path / "private.key"
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    _bridge_settings(monkeypatch, tmp_path)  # the pod's env
+    settings = load_settings(overrides={"vonage": {"private_key_path": str(key_file)}})
+    assert settings.vonage.private_key_path == key_file

@@ -7,6 +7,9 @@ itself is run against a real ``callbridge serve``.
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,7 +18,9 @@ from pathlib import Path
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.conftest import ServedBridge
+from callbridge.config import Settings
+from tests.conftest import ServedBridge, free_port, wait_http_ok
+from tests.redis_server import redis_url  # noqa: F401 - the fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,8 +48,16 @@ def test_runs_as_non_root_before_the_command(instructions: list[dict[str, str]])
     assert names.index("USER") < names.index("CMD")
 
 
-def test_installs_the_package_and_serves(instructions: list[dict[str, str]]) -> None:
-    assert any("pip install" in run and " ." in run for run in of(instructions, "RUN"))
+def pip_install_command(instructions: list[dict[str, str]]) -> list[str]:
+    """The image's ``pip install`` step, as arguments (the ``RUN`` that installs the package, up to its ``&&``)."""
+    (run,) = [run for run in of(instructions, "RUN") if "pip install" in run]
+    step = next(part for part in run.split("&&") if "pip install" in part)
+    return shlex.split(step.replace("\\\n", " "))
+
+
+def test_installs_the_package_with_the_fleets_extra_and_serves(instructions: list[dict[str, str]]) -> None:
+    command = pip_install_command(instructions)
+    assert command[:2] == ["pip", "install"] and ".[redis]" in command  # deploy/kubernetes: registry.backend = "redis"
     (cmd,) = of(instructions, "CMD")
     assert json.loads(cmd) == ["callbridge", "serve"]
     for copy in of(instructions, "COPY"):
@@ -52,11 +65,23 @@ def test_installs_the_package_and_serves(instructions: list[dict[str, str]]) -> 
             assert (ROOT / source).exists(), f"COPY source {source} missing"
 
 
-def test_exposes_the_port_it_listens_on(instructions: list[dict[str, str]]) -> None:
+def test_exposes_every_listener_the_configuration_can_enable(instructions: list[dict[str, str]]) -> None:
     env = " ".join(of(instructions, "ENV"))
     assert "CALLBRIDGE_SERVER__HOST=0.0.0.0" in env
-    (port,) = of(instructions, "EXPOSE")
-    assert f"CALLBRIDGE_SERVER__PORT={port}" in env
+    (expose,) = of(instructions, "EXPOSE")
+    exposed = set(expose.split())
+    defaults = Settings()
+    assert f"CALLBRIDGE_SERVER__PORT={defaults.server.port}" in env and f"{defaults.server.port}/tcp" in exposed
+    assert {f"{defaults.sip.port}/udp", f"{defaults.sip.port}/tcp"} <= exposed
+    assert f"{defaults.sip.rtp_port_min}-{defaults.sip.rtp_port_max}/udp" in exposed
+    assert f"{defaults.audiosocket.port}/tcp" in exposed
+
+
+def test_says_the_stop_timeout_the_drain_needs(instructions: list[dict[str, str]]) -> None:
+    """Docker's default 10 s stop timeout kills a draining bridge mid-call; the Dockerfile says what to give."""
+    text = (ROOT / "Dockerfile").read_text()
+    asked = [int(seconds) for seconds in re.findall(r"--stop-timeout (\d+)", text)]
+    assert asked and min(asked) > Settings().server.drain_timeout_s
 
 
 def healthcheck_command(instructions: list[dict[str, str]]) -> list[str]:
@@ -66,15 +91,71 @@ def healthcheck_command(instructions: list[dict[str, str]]) -> list[str]:
     return command
 
 
-def test_healthcheck_probes_healthz_and_works(instructions: list[dict[str, str]], served_bridge: ServedBridge) -> None:
+def test_healthcheck_probes_healthz_on_the_configured_port(
+    instructions: list[dict[str, str]], served_bridge: ServedBridge
+) -> None:
     command = healthcheck_command(instructions)
     assert "/healthz" in " ".join(command)
-    (port,) = of(instructions, "EXPOSE")
-    probe = [sys.executable if part == "python" else part.replace(f":{port}/", f":{served_bridge.port}/") for part in command]
-    assert subprocess.run(probe, timeout=20).returncode == 0
+    probe = [sys.executable if part == "python" else part for part in command]
+    env = {**os.environ, "CALLBRIDGE_SERVER__PORT": str(served_bridge.port)}
+    assert subprocess.run(probe, timeout=20, env=env).returncode == 0
     served_bridge.process.kill()
     served_bridge.process.wait(timeout=10)
-    assert subprocess.run(probe, timeout=20, capture_output=True).returncode != 0
+    assert subprocess.run(probe, timeout=20, capture_output=True, env=env).returncode != 0
+
+
+def test_the_images_install_step_serves_the_kubernetes_configmap(
+    instructions: list[dict[str, str]], tmp_path: Path, redis_url: str
+) -> None:
+    """The image's own ``pip install`` in a fresh venv (no Docker here), from a copy of what the image COPYs, then
+    ``callbridge serve`` on the ConfigMap's TOML with the image's env: the fleet as shipped starts (before, the
+    install lacked the redis client and ``serve`` died with ModuleNotFoundError)."""
+    import venv
+
+    import yaml
+
+    app = tmp_path / "app"
+    app.mkdir()
+    for copy in of(instructions, "COPY"):
+        for source in copy.split()[:-1]:
+            origin = ROOT / source
+            if origin.is_dir():
+                shutil.copytree(origin, app / source, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy(origin, app / source)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    command = pip_install_command(instructions)
+    installed = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", *command, "--quiet"], cwd=app, capture_output=True, text=True, timeout=900
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+
+    (configmap,) = [d for d in yaml.safe_load_all((ROOT / "deploy/kubernetes/configmap.yaml").read_text()) if d]
+    config = tmp_path / "callbridge.toml"
+    config.write_text(configmap["data"]["callbridge.toml"])
+    port = free_port()
+    image_env = dict(part.split("=", 1) for value in of(instructions, "ENV") for part in shlex.split(value))
+    env = {
+        "PATH": f"{env_dir / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        **image_env,
+        "CALLBRIDGE_CONFIG": str(config),
+        "CALLBRIDGE_SERVER__HOST": "127.0.0.1",
+        "CALLBRIDGE_SERVER__PORT": str(port),
+        "CALLBRIDGE_REGISTRY__REDIS_URL": redis_url,  # the Deployment's env, from the Secret
+    }
+    (cmd,) = of(instructions, "CMD")
+    process = subprocess.Popen(json.loads(cmd), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=60)
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "bridge_started" for line in lines), stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert process.returncode == 0
 
 
 def test_hadolint_clean() -> None:

@@ -759,6 +759,7 @@ def build_engine(settings: Settings) -> DuplexEngine:
             reconnect_budget_s=engine.reconnect_budget_s,
             liveness_interval_s=engine.liveness_interval_s,
             liveness_timeout_s=engine.liveness_timeout_s,
+            heartbeat_interval_s=engine.heartbeat_interval_s,
             eject_after_failures=engine.eject_after_failures,
             probe_interval_s=engine.probe_interval_s,
             probe_backoff_max_s=engine.probe_backoff_max_s,
