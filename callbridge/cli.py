@@ -4,7 +4,8 @@ Options shared by every subcommand (``--config``, ``--set``, ``--log-level``,
 ``--log-format``) may stand before or after the subcommand's name. Flags are
 passed to the configuration as strings, so a bad value gets the same message,
 naming the key, as a bad env var or TOML value. Exit codes: 0 done, 1 failed
-at run time, 2 invalid usage or configuration.
+at run time, 2 invalid usage or configuration (or an extra it needs is not
+installed), 3 a listener's address cannot be had (in use, not this machine's).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final, TextIO
+from typing import Any, Final, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from callbridge import __version__
@@ -37,6 +38,7 @@ __all__ = ["main", "run"]
 EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = 3
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,8 +62,15 @@ def run() -> None:
     sys.exit(main())
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (the usage is ``--help``'s), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--config", metavar="PATH", default=argparse.SUPPRESS, help="TOML configuration file (default: $CALLBRIDGE_CONFIG)"
     )
@@ -76,7 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
     common.add_argument("--log-level", default=argparse.SUPPRESS, help="debug, info, warning or error")
     common.add_argument("--log-format", default=argparse.SUPPRESS, help="auto, json or console")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="callbridge",
         description="Put phone calls on full-duplex speech-model sessions.",
         parents=[common],
@@ -113,13 +122,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
     simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
-    simulate.add_argument("--speak-at", metavar="S", type=float, default=0.5, help="when the caller starts talking")
-    simulate.add_argument("--interrupt-after", metavar="S", type=float, help="talk over the agent S seconds into its reply")
+    simulate.add_argument("--speak-at", metavar="S", type=_at_or_after_start, default=0.5, help="when the caller starts talking")
+    simulate.add_argument("--interrupt-after", metavar="S", type=_at_or_after_start, help="talk over the agent S seconds into its reply")
     simulate.add_argument(
         "--dtmf", metavar="S:DIGIT", type=_key_press, action="append", default=[], help="press DIGIT (0-9 * # A-D) at S seconds"
     )
-    simulate.add_argument("--drop-at", metavar="S", type=float, action="append", default=[], help="drop the media socket at S seconds")
-    simulate.add_argument("--hangup-at", metavar="S", type=float, help="hang up at S seconds (default: after the agent's reply)")
+    simulate.add_argument("--drop-at", metavar="S", type=_at_or_after_start, action="append", default=[], help="drop the media socket at S seconds")
+    simulate.add_argument("--hangup-at", metavar="S", type=_at_or_after_start, help="hang up at S seconds (default: after the agent's reply)")
     simulate.set_defaults(handler=_simulate)
 
     loadtest = commands.add_parser(
@@ -147,15 +156,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "--print-env", action="store_true", help="print the env a separate `callbridge serve` needs for --provider and --secret, then exit"
     )
     loadtest.add_argument("--calls", type=_at_least_one, default=10, help="how many calls (default: 10)")
-    loadtest.add_argument("--ramp", metavar="S", type=float, default=5.0, help="seconds over which calls start")
-    loadtest.add_argument("--duration", metavar="S", type=float, default=20.0, help="seconds each call lasts")
+    loadtest.add_argument("--ramp", metavar="S", type=_at_or_after_start, default=5.0, help="seconds over which calls start")
+    loadtest.add_argument("--duration", metavar="S", type=_seconds_above_zero, default=20.0, help="seconds each call lasts")
     loadtest.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
-    loadtest.add_argument("--click-every", metavar="S", type=float, default=1.0, help="a click to time every S seconds (default: 1)")
+    loadtest.add_argument("--click-every", metavar="S", type=_seconds_above_zero, default=1.0, help="a click to time every S seconds (default: 1)")
     loadtest.add_argument(
-        "--barge-in-every", metavar="S", type=float, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
+        "--barge-in-every", metavar="S", type=_seconds_above_zero, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
     )
-    loadtest.add_argument("--dtmf-every", metavar="S", type=float, help="each call presses a key every S seconds")
-    loadtest.add_argument("--drop-every", metavar="S", type=float, help="drop each call's media connection every S seconds")
+    loadtest.add_argument("--dtmf-every", metavar="S", type=_seconds_above_zero, help="each call presses a key every S seconds")
+    loadtest.add_argument("--drop-every", metavar="S", type=_seconds_above_zero, help="drop each call's media connection every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
     loadtest.add_argument(
         "--metrics-url", help="the bridge's base URL for /metrics (default: --url when it is http(s); 'none': not scraped)"
@@ -199,26 +208,60 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
-    print("callbridge: invalid configuration", file=stream)
+    """One line per problem, each naming its key (or file)."""
     for problem in exc.problems:
-        print(f"  {problem.key}: {problem.problem}", file=stream)
+        print(f"callbridge: invalid configuration: {problem.key}: {problem.problem}", file=stream)
 
 
-def _serve(settings: Settings, _: argparse.Namespace) -> int:
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.server.workers > 1 and settings.registry.backend != "redis":
+        problem = ConfigProblem(key="server.workers", problem='more than one worker needs registry.backend = "redis"')
+        _print_config_error(ConfigError([problem]), sys.stderr)
+        return EXIT_USAGE
+    return _with_listeners(settings, args, "server", _serve_on)
+
+
+def _serve_on(settings: Settings, sock: Any) -> int:
     if settings.server.workers > 1:
-        if settings.registry.backend != "redis":
-            problem = ConfigProblem(key="server.workers", problem='more than one worker needs registry.backend = "redis"')
-            _print_config_error(ConfigError([problem]), sys.stderr)
-            return EXIT_USAGE
         from callbridge.workers import serve_workers
 
-        return serve_workers(settings)
-    return serve_bridge(settings)
+        return serve_workers(settings, sock)
+    return serve_bridge(settings, [sock])
 
 
-def serve_bridge(settings: Settings, sockets: list[Any] | None = None) -> int:
-    """One bridge process until SIGTERM (drained) or SIGINT; on ``sockets`` already bound (a worker), else on
-    ``server.host``:``server.port``."""
+def _with_listeners(settings: Settings, args: argparse.Namespace, section: str, serve: Callable[[Settings, Any], int]) -> int:
+    """``serve`` on the HTTP socket of ``section`` (``server``, ``engine_server``), once nothing the settings need
+    is missing and every listener they enable can have its address; else one line for each problem, and the exit
+    code."""
+    from callbridge.preflight import ListenerUnavailable, bind_http, listener_problems, missing_extras
+
+    command = f"callbridge {args.command}"
+    missing = missing_extras(settings)
+    for sentence in missing:
+        print(f"{command}: {sentence}", file=sys.stderr)
+    if missing:
+        return EXIT_USAGE
+    listen = getattr(settings, section)
+    try:
+        sock = bind_http(f"{section}.port", listen.host, listen.port)
+    except ListenerUnavailable as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    problems = listener_problems(settings) if section == "server" else []
+    for problem in problems:
+        print(f"{command}: {problem}", file=sys.stderr)
+    if problems:
+        sock.close()
+        return EXIT_UNAVAILABLE
+    try:
+        return serve(settings, sock)
+    finally:
+        sock.close()
+
+
+def serve_bridge(settings: Settings, sockets: list[Any]) -> int:
+    """One bridge process on ``sockets`` (bound to ``server.host``:``server.port``) until SIGTERM (drained) or
+    SIGINT."""
     from callbridge.bridge.app import create_app
     from callbridge.logging import configure_logging
 
@@ -229,11 +272,15 @@ def serve_bridge(settings: Settings, sockets: list[Any] | None = None) -> int:
     )
 
 
-def _engine_server(settings: Settings, _: argparse.Namespace) -> int:
+def _engine_server(settings: Settings, args: argparse.Namespace) -> int:
+    return _with_listeners(settings, args, "engine_server", _serve_engine)
+
+
+def _serve_engine(settings: Settings, sock: Any) -> int:
     from callbridge.engine.server import create_engine_app
 
     return _run_uvicorn(
-        settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port, bridge=False
+        settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port, sockets=[sock], bridge=False
     )
 
 
@@ -319,6 +366,25 @@ def _metrics_url(given: str | None, url: str | None) -> str | None:
     return url if url is not None and urlsplit(url).scheme in ("http", "https") else None
 
 
+def _bridge_url_problem(url: str) -> tuple[str, int] | None:
+    """Why ``loadtest --url`` cannot be a bridge, and the exit code: not an http(s) base URL (usage), or nothing
+    accepts a connection there (failed; found in a second, not as every call failing)."""
+    import socket
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"not a URL ({exc})", EXIT_USAGE
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "give the bridge's base URL, http://host:port or https://host", EXIT_USAGE
+    try:
+        socket.create_connection((parts.hostname, port), timeout=3).close()
+    except OSError as exc:
+        return f"nothing answers at {parts.scheme}://{parts.netloc} ({exc.strerror or exc}): start the bridge, or fix --url", EXIT_FAILED
+    return None
+
+
 def _reconnects(provider: str) -> bool:
     """Whether the carrier opens a new media connection on the same call after a drop (SIP has no such thing: a
     call whose media is gone is over)."""
@@ -342,6 +408,26 @@ def _key_press(value: str) -> tuple[int, str]:
     return int(seconds * 1000) // 20 * 20, digit.upper()
 
 
+def _seconds(value: str, *, zero: bool) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not (seconds >= 0 if zero else seconds > 0) or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds, {'0 or more' if zero else 'more than 0'}")
+    return seconds
+
+
+def _at_or_after_start(value: str) -> float:
+    """A time into the call (or a ramp): seconds, 0 or more."""
+    return _seconds(value, zero=True)
+
+
+def _seconds_above_zero(value: str) -> float:
+    """A duration or period: seconds, more than 0."""
+    return _seconds(value, zero=False)
+
+
 def _at_least_one(value: str) -> int:
     try:
         number = int(value)
@@ -352,18 +438,52 @@ def _at_least_one(value: str) -> int:
     return number
 
 
+def _caller_audio(args: argparse.Namespace, path: Path) -> bytes | None:
+    """``--audio``'s speech as 8 kHz PCM16, or None after one line saying why it cannot be (not a 16-bit PCM WAV,
+    unreadable, no audio)."""
+    import wave
+
+    from callbridge.sim.runner import load_wav_8k
+
+    try:
+        speech = load_wav_8k(path)
+    except (OSError, ValueError, EOFError, wave.Error) as exc:
+        detail = str(exc).removeprefix(f"{path}: ") or "empty or cut short"
+        print(f"callbridge {args.command}: --audio {path}: {detail} (a 16-bit PCM WAV is needed)", file=sys.stderr)
+        return None
+    if not speech:
+        print(f"callbridge {args.command}: --audio {path}: the WAV holds no audio", file=sys.stderr)
+        return None
+    return speech
+
+
+def _can_write(args: argparse.Namespace, option: str) -> bool:
+    """Whether the file ``--option`` names can be written, checked before the run (not found out after it);
+    False after one line saying why not."""
+    import os
+
+    path: Path | None = getattr(args, option)
+    if path is None:
+        return True
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        problem = "is a directory: give a file name"
+    elif not folder.is_dir():
+        problem = f"the folder {folder} does not exist: create it, or give another path"
+    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        problem = "cannot be written here (permission denied): give another path"
+    else:
+        return True
+    print(f"callbridge {args.command}: --{option} {path}: {problem}", file=sys.stderr)
+    return False
+
+
 def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     import asyncio
-    import wave
 
     from callbridge.logging import configure_logging
     from callbridge.sim.carrier import CallerScript
-    from callbridge.sim.runner import (
-        load_wav_8k,
-        sample_caller_wav,
-        simulate_call,
-        write_wav_8k,
-    )
+    from callbridge.sim.runner import sample_caller_wav, simulate_call, write_wav_8k
 
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
@@ -371,15 +491,11 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     if args.drop_at and not _reconnects(args.provider):
         print(f"callbridge simulate: --drop-at: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE
-    audio_path = args.audio or sample_caller_wav()
-    try:
-        speech = load_wav_8k(audio_path)
-    except (OSError, ValueError, EOFError, wave.Error) as exc:
-        detail = str(exc).removeprefix(f"{audio_path}: ") or "empty or cut short"
-        print(f"callbridge simulate: --audio {audio_path}: {detail} (a 16-bit PCM WAV is needed)", file=sys.stderr)
+    if not _can_write(args, "out"):
         return EXIT_USAGE
-    if not speech:
-        print(f"callbridge simulate: --audio {audio_path}: the WAV holds no audio", file=sys.stderr)
+    audio_path = args.audio or sample_caller_wav()
+    speech = _caller_audio(args, audio_path)
+    if speech is None:
         return EXIT_USAGE
     script = CallerScript(
         utterances=((int(args.speak_at * 1000) // 20 * 20, speech),),
@@ -432,7 +548,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         write_png,
     )
     from callbridge.sim.loadtest_pool import processes_for, run_pooled
-    from callbridge.sim.runner import load_wav_8k, sample_caller_wav
+    from callbridge.sim.runner import sample_caller_wav
 
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
@@ -456,10 +572,10 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
         return EXIT_USAGE
     processes = processes_for(args.calls, args.processes) if args.url else 1
-    try:
-        audio = load_wav_8k(args.audio or sample_caller_wav())
-    except (OSError, ValueError, EOFError) as exc:
-        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+    if not (_can_write(args, "json") and _can_write(args, "png")):
+        return EXIT_USAGE
+    audio = _caller_audio(args, args.audio or sample_caller_wav())
+    if audio is None:
         return EXIT_USAGE
     if args.drop_every and not _reconnects(args.provider):
         print(f"callbridge loadtest: --drop-every: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
@@ -477,6 +593,12 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     if args.url and secret is None:
         print(f"callbridge loadtest: --secret is needed to sign {args.provider} requests (see --print-env)", file=sys.stderr)
         return EXIT_USAGE
+    if args.url:
+        found = _bridge_url_problem(args.url)
+        if found is not None:
+            problem, code = found
+            print(f"callbridge loadtest: --url {args.url}: {problem}", file=sys.stderr)
+            return code
     if not args.url:
         print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
     in_processes = f" in {processes} generator processes" if processes > 1 else ""

@@ -608,6 +608,8 @@ def _check_toml_file(path: Path) -> None:
             tomllib.load(handle)
     except FileNotFoundError as exc:
         raise ConfigError([ConfigProblem(key=str(path), problem="config file not found")]) from exc
+    except IsADirectoryError as exc:
+        raise ConfigError([ConfigProblem(key=str(path), problem="is a directory: give the TOML file's path")]) from exc
     except OSError as exc:
         raise ConfigError([ConfigProblem(key=str(path), problem=f"cannot read: {exc.strerror}")]) from exc
     except tomllib.TOMLDecodeError as exc:

@@ -40,16 +40,6 @@ _METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _ORPHAN_CHECK_S = 1.0
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
 def _watch_supervisor(supervisor_pid: int) -> None:
     """A worker whose supervisor died (SIGKILL, a crash) drains and exits instead of serving on unsupervised."""
     while os.getppid() == supervisor_pid:
@@ -74,13 +64,13 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str
     sys.exit(serve_bridge(settings, sockets=[sock]))
 
 
-def serve_workers(settings: Settings) -> int:
-    """Run ``server.workers`` bridge processes until SIGTERM/SIGINT; the exit code of the command."""
+def serve_workers(settings: Settings, sock: socket.socket) -> int:
+    """Run ``server.workers`` bridge processes on ``sock`` (bound to ``server.host``:``server.port``: the CLI's
+    ``bind_http``) until SIGTERM/SIGINT; the exit code of the command."""
     from callbridge.bridge.group_metrics import GroupMetricsDir
 
     configure_logging(settings.log)
     count = settings.server.workers
-    sock = _bind(settings.server.host, settings.server.port)
     metrics_dir = GroupMetricsDir.create()
     context = multiprocessing.get_context("spawn")
     settings_data = settings.model_dump()
