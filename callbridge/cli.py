@@ -642,24 +642,35 @@ def _config_check(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _to_toml(sections: dict[str, Any]) -> str:
-    """The two-level settings as TOML; unset keys become comments (TOML has no null)."""
-    lines: list[str] = []
+    """The settings as TOML (``tomli-w``) that ``--config`` reads back. TOML has no null: an unset key is a comment,
+    as is a secret (shown masked it would read back as the mask), both at their section's top."""
+    import tomli_w
+
+    parts = []
     for section, values in sections.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            if value is None:
-                lines.append(f"# {key} is unset")
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines)
+        notes: list[str] = []
+        kept = _shown(values, section, notes)
+        written = tomli_w.dumps({section: kept}).rstrip("\n").split("\n")
+        header = written.index(f"[{section}]") if f"[{section}]" in written else -1
+        parts.append("\n".join([*written[: header + 1], *notes, *written[header + 1 :]]) + "\n")
+    return "\n".join(parts)
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
+def _shown(value: Any, path: str, notes: list[str]) -> Any:
+    """``value`` without unset keys and secrets, each noted (``# sip.registrations[0].password is set …``)."""
+    from callbridge.config import MASK
+
     if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return json.dumps(str(value))
+        return [_shown(item, f"{path}[{index}]", notes) for index, item in enumerate(value)]
+    if not isinstance(value, dict):
+        return value
+    kept = {}
+    for key, item in value.items():
+        name = f"{path}.{key}" if "." in path or "[" in path else key
+        if item is None:
+            notes.append(f"# {name} is unset")
+        elif item == MASK:
+            notes.append(f"# {name} is set (a secret, not shown)")
+        else:
+            kept[key] = _shown(item, f"{path}.{key}", notes)
+    return kept

@@ -47,6 +47,7 @@ __all__ = [
     "CONFIG_FILE_ENV",
     "ConfigError",
     "ConfigProblem",
+    "MASK",
     "LogFormat",
     "Settings",
     "list_from_text",
@@ -643,12 +644,13 @@ def _secret_keys() -> frozenset[str]:
 _SECRET_KEYS: Final = _secret_keys()
 
 
-_MASK = "********"
+MASK: Final = "********"
+"""How ``public_dict`` shows a secret that is set."""
 
 
 def _masked(value: Any) -> Any:
     if isinstance(value, SecretStr):
-        return _MASK if value.get_secret_value() else ""
+        return MASK if value.get_secret_value() else ""
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, Path):
