@@ -20,7 +20,7 @@ from dockerfile_parse import DockerfileParser
 
 from callbridge.config import Settings
 from tests.conftest import ServedBridge, free_port, wait_http_ok
-from tests.redis_server import redis_url  # noqa: F401 - the fixture
+from tests.redis_server import redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -105,7 +105,7 @@ def test_healthcheck_probes_healthz_on_the_configured_port(
 
 
 def test_the_images_install_step_serves_the_kubernetes_configmap(
-    instructions: list[dict[str, str]], tmp_path: Path, redis_url: str
+    instructions: list[dict[str, str]], tmp_path: Path
 ) -> None:
     """The image's own ``pip install`` in a fresh venv (no Docker here), from a copy of what the image COPYs, then
     ``callbridge serve`` on the ConfigMap's TOML with the image's env: the fleet as shipped starts (before, the
@@ -143,15 +143,16 @@ def test_the_images_install_step_serves_the_kubernetes_configmap(
         "CALLBRIDGE_CONFIG": str(config),
         "CALLBRIDGE_SERVER__HOST": "127.0.0.1",
         "CALLBRIDGE_SERVER__PORT": str(port),
-        "CALLBRIDGE_REGISTRY__REDIS_URL": redis_url,  # the Deployment's env, from the Secret
     }
     (cmd,) = of(instructions, "CMD")
-    process = subprocess.Popen(json.loads(cmd), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
-    finally:
-        process.terminate()
-        _, stderr = process.communicate(timeout=60)
+    with redis_server() as (redis_url, _):
+        env["CALLBRIDGE_REGISTRY__REDIS_URL"] = redis_url  # the Deployment's env, from the Secret
+        process = subprocess.Popen(json.loads(cmd), cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_http_ok(f"http://127.0.0.1:{port}/healthz", process, timeout_s=60)
+        finally:
+            process.terminate()
+            _, stderr = process.communicate(timeout=60)
     lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert any(line.get("event") == "bridge_started" for line in lines), stderr[-3000:]
     assert "Traceback" not in stderr
