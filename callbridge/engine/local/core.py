@@ -209,10 +209,14 @@ class LocalSessionCore:
         self._outbox: list[EngineEvent] = []
         self._in_rate_hz = config.input_rate_hz
         self._to_vad_rate = StreamResampler(config.input_rate_hz, VAD_RATE_HZ)
-        # Loopback measures the bridge's latency: its resampler must hold nothing back (cubic, no block delay).
+        # Loopback measures the bridge's latency: it must add none of its own. soxr's QQ (cubic, no block delay)
+        # still holds 3 output samples back, so each 20 ms chunk would come out 3 samples short and every frame
+        # leave a chunk late (+20 ms on every loopback figure): the first output is primed with that many samples
+        # of silence (0.125 ms), after which each chunk comes out whole.
         self._to_output_rate = (
             StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ, ResamplerQuality.QQ) if agent.streams_input else None
         )
+        self._output_primed = False
         detection = config.turn_detection
         # loopback answers every chunk, not turns: no VAD to run (it is most of a loaded loopback's CPU)
         self._vad = StreamingVad(detection, scorer) if detection is not None and not agent.streams_input else None
@@ -371,7 +375,7 @@ class LocalSessionCore:
         duration_ms = len(pcm) * 500 // rate_hz
         self._input_ms += duration_ms
         if self._to_output_rate is not None:
-            self._loop_back(self._to_output_rate.process(pcm), now_ms)
+            self._loop_back(self._loop_back_pcm(pcm), now_ms)
         if self._vad is None:
             if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
                 self._keep_utterance(self._to_vad_rate.process(pcm))
@@ -549,6 +553,15 @@ class LocalSessionCore:
         # As vllm-omni 0.30: every audio delta is followed by one transcript delta, empty after the first.
         self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
         response.transcript = ""
+
+    def _loop_back_pcm(self, pcm: bytes) -> bytes:
+        """``pcm`` at the output rate, all of it now: the resampler's hold paid once, as silence, at the start."""
+        assert self._to_output_rate is not None
+        out = self._to_output_rate.process(pcm)
+        if not self._output_primed and out:
+            self._output_primed = True
+            out = bytes(int(self._to_output_rate.held_samples) * 2) + out
+        return out
 
     def _loop_back(self, pcm: bytes, now_ms: int) -> None:
         response = self._active

@@ -382,6 +382,14 @@ class TestAgents:
         assert len({d.response_id for d in audio}) == 1
         assert [type(e) for e in h.submit(AppendAudio(tone(20), 16000))] == [AudioDelta, TranscriptDelta]
 
+    def test_loopback_returns_each_chunk_whole_from_the_first(self) -> None:
+        """Each 20 ms in is 20 ms out at once, not 3 samples short (soxr QQ's hold): short, every outbound frame
+        completed a chunk late and added 20 ms to every loopback round trip."""
+        h = Harness(agent="loopback", turn_detection=None)
+        for _ in range(25):
+            audio = of(h.submit(AppendAudio(tone(20), 16000)), AudioDelta)
+            assert sum(len(d.pcm) for d in audio) == 480 * 2
+
     def test_loopback_keeps_no_audio_of_a_long_call(self) -> None:
         h = Harness(agent="loopback", turn_detection=None)
         h.send(tone(10_000))
