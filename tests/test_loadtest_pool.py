@@ -194,10 +194,13 @@ def test_several_processes_need_a_separate_bridge(capsys: pytest.CaptureFixture[
 
 
 def test_a_taken_rest_port_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as taken:
+    with socket.socket() as taken, socket.socket() as bridge:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        args = ["loadtest", "--provider", "telnyx", "--url", "http://127.0.0.1:1", "--secret", "s", "--rest-port", str(port)]
+        bridge.bind(("127.0.0.1", 0))
+        bridge.listen()  # something answers at --url (loadtest checks before it starts)
+        url = f"http://127.0.0.1:{bridge.getsockname()[1]}"
+        args = ["loadtest", "--provider", "telnyx", "--url", url, "--secret", "s", "--rest-port", str(port)]
         assert main([*args, "--calls", "2", "--processes", "2"]) == 1
     assert f"cannot listen on 127.0.0.1:{port} (--rest-port)" in capsys.readouterr().err
