@@ -409,11 +409,13 @@ def _key_press(value: str) -> tuple[int, str]:
 
 
 def _seconds(value: str, *, zero: bool) -> float:
+    import math
+
     try:
         seconds = float(value)
     except ValueError:
-        seconds = float("nan")
-    if not (seconds >= 0 if zero else seconds > 0) or seconds == float("inf"):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and (seconds >= 0 if zero else seconds > 0)):
         raise argparse.ArgumentTypeError(f"{value!r}: seconds, {'0 or more' if zero else 'more than 0'}")
     return seconds
 
@@ -649,28 +651,29 @@ def _to_toml(sections: dict[str, Any]) -> str:
     parts = []
     for section, values in sections.items():
         notes: list[str] = []
-        kept = _shown(values, section, notes)
+        kept = _shown(values, "", notes)
         written = tomli_w.dumps({section: kept}).rstrip("\n").split("\n")
         header = written.index(f"[{section}]") if f"[{section}]" in written else -1
         parts.append("\n".join([*written[: header + 1], *notes, *written[header + 1 :]]) + "\n")
     return "\n".join(parts)
 
 
-def _shown(value: Any, path: str, notes: list[str]) -> Any:
-    """``value`` without unset keys and secrets, each noted (``# sip.registrations[0].password is set …``)."""
+def _shown(value: Any, name: str, notes: list[str]) -> Any:
+    """``value`` (named ``name`` within its section) without unset keys and secrets, each noted
+    (``# registrations[0].password is set …``)."""
     from callbridge.config import MASK
 
     if isinstance(value, list):
-        return [_shown(item, f"{path}[{index}]", notes) for index, item in enumerate(value)]
+        return [_shown(item, f"{name}[{index}]", notes) for index, item in enumerate(value)]
     if not isinstance(value, dict):
         return value
     kept = {}
     for key, item in value.items():
-        name = f"{path}.{key}" if "." in path or "[" in path else key
+        child = f"{name}.{key}" if name else key
         if item is None:
-            notes.append(f"# {name} is unset")
+            notes.append(f"# {child} is unset")
         elif item == MASK:
-            notes.append(f"# {name} is set (a secret, not shown)")
+            notes.append(f"# {child} is set (a secret, not shown)")
         else:
-            kept[key] = _shown(item, f"{path}.{key}", notes)
+            kept[key] = _shown(item, child, notes)
     return kept

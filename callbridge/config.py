@@ -50,7 +50,6 @@ __all__ = [
     "MASK",
     "LogFormat",
     "Settings",
-    "list_from_text",
     "load_settings",
     "parse_assignment",
 ]
@@ -73,8 +72,6 @@ def _url_check(*schemes: str) -> AfterValidator:
 
     def check(value: Any) -> Any:
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
-        if text is None:
-            return value
         from urllib.parse import urlsplit
 
         try:
@@ -551,7 +548,7 @@ def parse_assignment(text: str) -> dict[str, Any]:
     if not sep or not all(parts):
         raise ConfigError([ConfigProblem(key=key.strip() or text, problem="expected section.key=value")])
     parsed: Any = value.strip()
-    listed = list_from_text(parsed)
+    listed = _list_from_text(parsed)
     if listed is not None:
         parsed = listed
     nested: dict[str, Any] = {parts[-1]: parsed}
@@ -560,7 +557,7 @@ def parse_assignment(text: str) -> dict[str, Any]:
     return nested
 
 
-def list_from_text(text: str) -> list[Any] | None:
+def _list_from_text(text: str) -> list[Any] | None:
     """A list written in an env var or ``--set``: JSON, TOML's array form, or ``[a, b]`` (bare items, each
     stripped); None when ``text`` is not in brackets."""
     text = text.strip()
@@ -585,7 +582,7 @@ class _TomlFormEnvSource(EnvSettingsSource):
         try:
             return super().decode_complex_value(field_name, field, value)
         except ValueError:
-            listed = list_from_text(value) if isinstance(value, str) else None
+            listed = _list_from_text(value) if isinstance(value, str) else None
             if listed is None:
                 raise
             return listed

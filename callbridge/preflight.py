@@ -99,12 +99,6 @@ def listener_problems(settings: Settings) -> list[ListenerProblem]:
     return [problem for problem in found if problem is not None]
 
 
-_EXTRAS: Final = {
-    "redis": ("redis", 'registry.backend = "redis"'),
-    "omni": ("vllm_omni", 'engine.kind = "inline"'),
-}
-
-
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -114,14 +108,13 @@ def _installed(module: str) -> bool:
 
 def missing_extras(settings: Settings) -> list[str]:
     """One sentence for each optional extra the settings need that is not installed (``pip install …[extra]``)."""
-    needed = []
+    needed: list[tuple[str, str, str]] = []  # (extra, its module, the setting that needs it)
     if settings.registry.backend == "redis":
-        needed.append("redis")
+        needed.append(("redis", "redis", 'registry.backend = "redis"'))
     if settings.engine.kind == "inline":
-        needed.append("omni")
-    missing = []
-    for extra in needed:
-        module, setting = _EXTRAS[extra]
-        if not _installed(module):
-            missing.append(f"{setting} needs the {module} package, which is not installed: pip install 'callbridge[{extra}]'")
-    return missing
+        needed.append(("omni", "vllm_omni", 'engine.kind = "inline"'))
+    return [
+        f"{setting} needs the {module} package, which is not installed: pip install 'callbridge[{extra}]'"
+        for extra, module, setting in needed
+        if not _installed(module)
+    ]

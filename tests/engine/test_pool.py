@@ -312,3 +312,18 @@ async def test_a_session_config_error_is_raised_at_once_and_is_no_servers_fault(
             assert [s.sessions for s in pool.status()] == [0, 0]
         finally:
             await pool.aclose()
+
+
+def test_the_engine_settings_reach_every_member_of_the_pool() -> None:
+    """``engine.heartbeat_interval_s`` (and the liveness keys beside it) configure each server's connection."""
+    from callbridge.bridge.services import build_engine
+    from callbridge.config import Settings
+
+    settings = Settings.model_validate(
+        {"engine": {"kind": "realtime", "urls": ["ws://a:8091", "ws://b:8091"], "heartbeat_interval_s": 7.5, "liveness_timeout_s": 2.5}}
+    )
+    pool = build_engine(settings)
+    assert isinstance(pool, EnginePool)
+    members = list(pool._members.values())
+    assert len(members) == 2
+    assert all(m.heartbeat_interval_s == 7.5 and m.liveness_timeout_s == 2.5 for m in members)
