@@ -6,6 +6,11 @@ on the inherited socket; the kernel spreads connections among them. A call's web
 and a later stream may each land on a different worker, so workers share call state in Redis (the CLI
 refuses ``workers > 1`` without it).
 
+Listeners that cannot be shared: SIP (its dialogs and RTP ports are one process's state) and AudioSocket are
+served by worker 0 alone; the others run with them disabled. A worker 0 that dies is replaced by a new worker 0,
+which binds them again (SIP calls in progress there end with it: SIP has no reconnect). Without this every
+worker bound them and all but one died at start, over and over.
+
 Signals: the workers run in their own process group, so a terminal's Ctrl+C reaches only the supervisor.
 The supervisor forwards SIGTERM/SIGINT to every worker once per signal it gets: the first drains each
 worker (``BridgeServices.drain``), a second stops them at once. A worker that dies while the supervisor is
@@ -26,7 +31,7 @@ import socket
 import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from callbridge.config import Settings
 from callbridge.logging import configure_logging, get_logger
@@ -38,6 +43,8 @@ log = get_logger(__name__)
 _POLL_S = 0.2
 _METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _ORPHAN_CHECK_S = 1.0
+_UNSHARED_LISTENERS: Final = ("sip", "audiosocket")
+"""Settings sections whose listener only worker 0 runs."""
 
 
 def _watch_supervisor(supervisor_pid: int) -> None:
@@ -64,6 +71,13 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str
     sys.exit(serve_bridge(settings, sockets=[sock]))
 
 
+def worker_settings(settings_data: dict[str, Any], index: int) -> dict[str, Any]:
+    """Worker ``index``'s settings: the group's, with the unshared listeners (SIP, AudioSocket) off but in worker 0."""
+    if index == 0:
+        return settings_data
+    return {**settings_data, **{section: {**settings_data[section], "enabled": False} for section in _UNSHARED_LISTENERS}}
+
+
 def serve_workers(settings: Settings, sock: socket.socket) -> int:
     """Run ``server.workers`` bridge processes on ``sock`` (bound to ``server.host``:``server.port``: the CLI's
     ``bind_http``) until SIGTERM/SIGINT; the exit code of the command."""
@@ -78,10 +92,12 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
     received: list[int] = []
     """Signals the supervisor got and has not forwarded yet (the handler only records them)."""
 
-    def start() -> BaseProcess:
-        process = context.Process(target=_worker, args=(settings_data, sock, str(metrics_dir.path)), name="callbridge-worker")
+    def start(index: int) -> BaseProcess:
+        data = worker_settings(settings_data, index)
+        process = context.Process(target=_worker, args=(data, sock, str(metrics_dir.path)), name=f"callbridge-worker-{index}")
         process.start()
-        log.info("worker_started", pid=process.pid)
+        listeners = [section for section in _UNSHARED_LISTENERS if data[section]["enabled"]]
+        log.info("worker_started", pid=process.pid, index=index, listeners=["http", *listeners])
         return process
 
     def record(signum: int, frame: FrameType | None) -> None:
@@ -90,7 +106,7 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, record)
     log.info("workers_starting", workers=count, host=settings.server.host, port=settings.server.port)
-    workers.extend(start() for _ in range(count))
+    workers.extend(start(index) for index in range(count))
     stopping = False
     while not (stopping and all(process.exitcode is not None for process in workers)):
         time.sleep(_POLL_S)
@@ -106,7 +122,7 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
                     log.warning("worker_died", pid=process.pid, exit_code=process.exitcode)
                     if process.pid is not None:
                         metrics_dir.worker_exited(process.pid)
-                    workers[index] = start()
+                    workers[index] = start(index)
     sock.close()
     metrics_dir.close()
     exit_codes = [process.exitcode for process in workers]

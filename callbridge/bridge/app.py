@@ -119,6 +119,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
             for carrier in state.carriers:
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
+            await state.services.engine.warm_up()  # before the first call, not on its audio's time
             log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
             state.services.spawn(_sample_load(state.services))
             start_engine_pool(state.services.engine)  # its health probes begin before the first call

@@ -310,4 +310,9 @@ class DuplexEngine(abc.ABC):
     async def aclose(self) -> None:
         """Close every session this engine holds and release its resources."""
 
+    async def warm_up(self) -> None:
+        """Ready, off the event loop, what the first session would otherwise load on it (a model, a runtime), so
+        that the first call's audio does not wait for it. Called once at start, before any call; by default
+        there is nothing to ready."""
+
 

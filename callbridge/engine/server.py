@@ -454,6 +454,7 @@ def create_engine_app(settings: Settings, engine: LocalEngine | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await engine.warm_up()
         log.info("engine_server_started", agent=engine.options.agent, version=__version__)
         yield
         await engine.aclose()

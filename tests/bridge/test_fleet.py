@@ -33,8 +33,10 @@ from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
 from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
+from callbridge.sim.audiosocket import SimulatedAudioSocket
 from callbridge.sim.exotel import SimulatedExotel
 from callbridge.sim.runner import free_port
+from callbridge.sim.sip import SimulatedSip
 from callbridge.sim.twilio import SimulatedTwilio, TwimlRedirect, answer_and_stream
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import wait_http_ok
@@ -313,6 +315,53 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     (stopped,) = served.events("workers_stopped")
     assert stopped["exit_codes"] == [0, 0]
     await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them_back_when_it_dies(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """SIP and AudioSocket cannot share their listeners across processes: worker 0 alone binds them (before, every
+    worker bound them and all but one died at start, replaced, died again, forever). A SIP and an AudioSocket call
+    go through; SIGKILL of worker 0 brings a new worker 0 that binds them again, and the next SIP call goes through."""
+    sip = SimulatedSip.bridge_settings(SECRET, "http://unused")
+    audiosocket = SimulatedAudioSocket.bridge_settings(SECRET, "http://unused")
+    lines = ["[registry]", 'backend = "redis"', f'redis_url = "{redis_url}"', "[local_engine]", 'agent = "echo"', "chunk_ms = 500"]
+    for section, values in {**sip, **audiosocket}.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    config = tmp_path / "workers.toml"
+    config.write_text("\n".join(lines) + "\n")
+    served = _start("workers", ["serve", "--workers", "3"], config, free_port(), tmp_path)
+    try:
+        await asyncio.to_thread(wait_http_ok, served.url + "/readyz", served.process, timeout_s=60)  # type: ignore[arg-type]
+        await until(lambda: len(served.events("bridge_started")) == 3, timeout_s=30)
+        trunk = SimulatedSip(served.url, SECRET)
+        trunk.host, trunk.port = "127.0.0.1", sip["sip"]["port"]
+        asterisk = SimulatedAudioSocket(served.url, SECRET)
+        asterisk.host, asterisk.port = "127.0.0.1", audiosocket["audiosocket"]["port"]
+        script = CallerScript(utterances=((300, short_speech(800)),), hangup_at_ms=3000)
+        sip_result, audiosocket_result = await asyncio.gather(trunk.place_call(script), asterisk.place_call(script))
+
+        for result in (sip_result, audiosocket_result):
+            assert result.warnings == [] and result.agent_speech_ms > 0 and result.hung_up_by == "caller", result.render()
+        started = served.events("worker_started")
+        assert [entry["listeners"] for entry in started] == [["http", "sip", "audiosocket"], ["http"], ["http"]]
+        assert len(served.events("sip_listening")) == 1 and not served.events("worker_died")
+
+        os.kill(started[0]["pid"], signal.SIGKILL)
+        await until(lambda: len(served.events("sip_listening")) == 2, timeout_s=30)
+        (died,) = served.events("worker_died")
+        assert died["pid"] == started[0]["pid"]
+        (replaced,) = served.events("worker_started")[3:]
+        assert replaced["index"] == 0 and replaced["listeners"] == ["http", "sip", "audiosocket"]
+        again = await trunk.place_call(script)
+        assert again.warnings == [] and again.agent_speech_ms > 0, again.render()
+        assert len(served.events("worker_died")) == 1  # nothing else died on the way
+
+        served.process.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(served.process.wait, 30) == 0
+    finally:
+        served.stop()
 
 
 def test_several_workers_need_the_redis_registry(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ from callbridge.engine.local.core import (
     LocalSessionCore,
     SessionState,
 )
-from callbridge.engine.local.vad import FrameScorer
+from callbridge.engine.local.vad import FrameScorer, warm_up_silero
 from callbridge.engine.port import (
     DuplexEngine,
     DuplexSession,
@@ -160,6 +160,12 @@ class LocalEngine(DuplexEngine):
     @property
     def session_count(self) -> int:
         return len(self._sessions)
+
+    async def warm_up(self) -> None:
+        """Silero loads in a worker thread (about 50-200 ms of CPU): before, the first session loaded it on the
+        event loop, a gap in every call's audio at that moment (seen as the first SIP call's RTP gap)."""
+        if self._scorer_factory is None:  # a session with turn detection scores with the shared Silero model
+            await asyncio.to_thread(warm_up_silero)
 
     def get_session(self, session_id: str) -> LocalSession | None:
         return self._sessions.get(session_id)

@@ -40,6 +40,7 @@ __all__ = [
     "FrameScorer",
     "SileroModel",
     "SileroScorer",
+    "warm_up_silero",
     "SpeechBoundary",
     "StreamingVad",
     "shared_silero_model",
@@ -85,6 +86,13 @@ class SileroModel:
 def shared_silero_model() -> SileroModel:
     """The process's Silero model, loaded on first use (about 50 ms)."""
     return SileroModel()
+
+
+def warm_up_silero() -> None:
+    """Load the process's Silero model and score one window of silence (onnxruntime's first run allocates its
+    arena): blocking, for a worker thread at start, so that no call's event loop pays for it."""
+    model = shared_silero_model()
+    model.run(np.zeros((1, CONTEXT_SAMPLES + FRAME_SAMPLES), dtype=np.float32), np.zeros((2, 1, 128), dtype=np.float32))
 
 
 class FrameScorer:
