@@ -87,6 +87,13 @@ _PT_NAMES: Final = {0: "PCMU", 8: "PCMA"}
 _SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}
 _SAMPLES_PER_FRAME: Final = 160
 MAX_AHEAD_MS: Final = 200
+CLOCK_RUN_GAP_S: Final = 0.1
+"""Packets further apart than this start a new run for the clock check (a pause, hold, or a stalled machine)."""
+CLOCK_CHECK_AFTER_S: Final = 2.0
+MIN_CLOCK_RATE: Final = 0.75
+"""Within a run of ``CLOCK_CHECK_AFTER_S`` or more, the media time the RTP timestamps cover must be at least this
+share of the wall time that passed: a sender slower than its own clock (the old 40 ms cadence of 20 ms packets:
+half) makes a phone's jitter buffer run dry."""
 """Beyond this, the bridge's RTP arrived so far ahead of real time that a phone's (adaptive) jitter buffer would
 overflow and drop audio. The bridge's lead is 60 ms (``bridge.providers.sip.PROFILE``); the margin above it
 absorbs this simulator reading a burst of packets late when a busy machine stalls its event loop (it shares one
@@ -281,6 +288,9 @@ class SipStream(SimStream):
         self.agent_digits: list[str] = []
         """The agent's digits, as RFC 4733 events reached the caller."""
         self._playout_end_s = 0.0
+        self._clock_run: tuple[float, int] | None = None
+        """The current run of contiguous packets for the clock check: (when its first arrived, its timestamp)."""
+        self._last_arrival_s = 0.0
         self._warned: set[str] = set()
         conn.on_warning = self.warn
 
@@ -539,6 +549,7 @@ class SipStream(SimStream):
         if payload_type != self.answer.payload_type:
             self.once(f"RTP payload type {payload_type}, negotiated {self.answer.payload_type}")
             return
+        self._check_clock(timestamp, contiguous=timestamp == (self._timestamp + self._payload_samples) & 0xFFFFFFFF)
         self._timestamp, self._payload_samples = timestamp, len(payload)
         if len(payload) != _SAMPLES_PER_FRAME:
             self.once(f"a {len(payload)}-sample RTP payload: the answer said ptime 20")
@@ -556,6 +567,24 @@ class SipStream(SimStream):
         if ahead_ms > MAX_AHEAD_MS:
             self.once(f"RTP arrived {ahead_ms:.0f} ms ahead of real time: a phone's jitter buffer overflows")
         self.enqueue_audio(decode(payload, 2))
+
+    def _check_clock(self, timestamp: int, *, contiguous: bool) -> None:
+        """The bridge's RTP clock against wall time, as a phone's playout sees it (the timestamps alone cannot show a
+        sender that is slow: each packet follows the last by its samples). Within a run of contiguous packets
+        arriving less than ``CLOCK_RUN_GAP_S`` apart, the media time must keep up with the wall time."""
+        now_s = time.monotonic()
+        if self._clock_run is None or not contiguous or now_s - self._last_arrival_s > CLOCK_RUN_GAP_S:
+            self._clock_run = (now_s, timestamp)
+        self._last_arrival_s = now_s
+        start_s, start_timestamp = self._clock_run
+        wall_s = now_s - start_s
+        media_s = ((timestamp - start_timestamp) & 0xFFFFFFFF) / 8000
+        if wall_s >= CLOCK_CHECK_AFTER_S and media_s < MIN_CLOCK_RATE * wall_s:
+            self.once(
+                f"the bridge's RTP covered {media_s * 1000:.0f} ms of media in {wall_s * 1000:.0f} ms of wall time: "
+                "it sends slower than its timestamps advance"
+            )
+            self._clock_run = (now_s, timestamp)
 
     def _telephone_event(self, timestamp: int, payload: bytes) -> None:
         """An RFC 4733 packet of the agent's digit (§2.3): every packet of an event carries its start timestamp;

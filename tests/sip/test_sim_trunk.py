@@ -181,3 +181,29 @@ async def test_an_event_without_end_packet_redundancy_is_a_warning() -> None:
     fake.stream.receive(sender.packet(0, SPEECH, 160))
     assert fake.stream.agent_digits == ["3"]
     assert len(fake.result.warnings) == 1 and "1 end packets" in fake.result.warnings[0], fake.result.warnings
+
+
+@pytest.mark.parametrize(("every_ms", "warned"), [(20, False), (24, False), (40, True)])
+async def test_rtp_slower_than_its_timestamps_is_a_warning(monkeypatch: pytest.MonkeyPatch, every_ms: int, warned: bool) -> None:
+    """Issue #16: the bridge's silence cadence sent a 20 ms packet every 40 ms, and the simulated trunk, which checked
+    timestamps against samples only, saw nothing. Now wall time is the reference: 3 s of 20 ms packets arriving
+    every ``every_ms`` (24 ms: a loaded machine's lateness, within the 75 % allowed)."""
+    now = [100.0]
+    monkeypatch.setattr("callbridge.sim.sip.time.monotonic", lambda: now[0])
+    fake = _Stream()
+    for _ in range(3000 // every_ms):
+        fake.rtp(b"\xff" * 160)
+        now[0] += every_ms / 1000
+    found = [warning for warning in fake.result.warnings if "wall time" in warning]
+    assert len(found) == (1 if warned else 0), fake.result.warnings
+
+
+async def test_a_pause_in_the_rtp_starts_the_clock_check_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold, a stalled machine: packets that stop for a while and go on from the next timestamp are not slow."""
+    now = [100.0]
+    monkeypatch.setattr("callbridge.sim.sip.time.monotonic", lambda: now[0])
+    fake = _Stream()
+    for index in range(200):
+        fake.rtp(b"\xff" * 160)
+        now[0] += 0.5 if index % 50 == 49 else 0.02
+    assert fake.result.warnings == []
