@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -111,6 +112,50 @@ def _rsa_private_key_file(path: Path) -> Path:
 
 HttpUrl = Annotated[str, _url_check("https", "http")]
 """An http(s) base URL, kept as the text given (a trailing slash or path is the user's)."""
+
+
+def _network(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError("not an IP address or CIDR (203.0.113.0/24, 2001:db8::/32)") from None
+    return value
+
+
+Network = Annotated[str, AfterValidator(_network)]
+"""An address or CIDR whose peers are admitted, checked at load (not when the listener starts)."""
+
+_HOSTNAME: Final = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def _host(value: str) -> str:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOSTNAME.match(value):
+            raise ValueError("neither an IP address nor a host name") from None
+    return value
+
+
+Host = Annotated[str, AfterValidator(_host)]
+"""An IP address or a DNS host name (RFC 1123), as SIP's Contact and SDP's ``c=`` carry it."""
+
+_PHONE_NUMBER: Final = re.compile(r"^\+?[0-9]{2,20}$")
+
+
+def _transfer_target(value: str) -> str:
+    if value.lower().startswith(("sip:", "sips:")) and len(value.split(":", 1)[1]) > 0:
+        return value
+    if _PHONE_NUMBER.match(value):
+        return value
+    raise ValueError("neither a phone number (+15550100) nor a SIP URI (sip:frontdesk@pbx.example.com)")
+
+
+TransferTarget = Annotated[str, AfterValidator(_transfer_target)]
 
 
 class _Section(BaseModel):
@@ -233,7 +278,7 @@ class CallActionsSettings(_Section):
 
     enabled: bool = False
     """Declare ``end_call``, ``send_dtmf`` and (with targets) ``transfer_call`` to the model and act on its calls."""
-    transfer_targets: list[str] = Field(default_factory=list)
+    transfer_targets: list[TransferTarget] = Field(default_factory=list)
     """Where ``transfer_call`` may send a call (E.164 numbers, SIP URIs): the model picks one of these, never
     another number. Empty: no transfer tool."""
 
@@ -333,7 +378,7 @@ class ExotelSettings(_Section):
     api_token: SecretStr | None = None
     validate_credentials: bool = True
     """Refuse a media upgrade whose ``Authorization: Basic`` is not ``api_key:api_token``."""
-    allowed_sources: list[Annotated[str, Field(pattern=r"^[0-9A-Fa-f:.]+(/[0-9]{1,3})?$")]] = Field(default_factory=list)
+    allowed_sources: list[Network] = Field(default_factory=list)
     """CIDRs (or addresses) Exotel connects from; empty: any. The peer address as the server sees it."""
     min_chunk_bytes: Annotated[int, Field(ge=320, le=99840, multiple_of=320)] = 3200
     """The smallest outbound media chunk (Exotel: 3.2 kB, a multiple of 320); frames are also ≥ 100 ms."""
@@ -360,21 +405,12 @@ class AudioSocketSettings(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
     port: Port = 9092
-    allowed_sources: list[str] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
+    allowed_sources: list[Network] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
     """CIDRs Asterisk may connect from; other peers are closed at once (AudioSocket has no credentials)."""
     first_frame_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
     """How long a new connection may take to send its uuid frame, and then its first audio frame."""
     idle_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms)."""
-
-    def model_post_init(self, context: Any) -> None:
-        import ipaddress
-
-        for source in self.allowed_sources:
-            try:
-                ipaddress.ip_network(source, strict=False)
-            except ValueError:
-                raise ValueError(f"allowed_sources: {source!r} is not an IP address or CIDR") from None
 
 
 class SipRegistrationSettings(_Section):
@@ -412,9 +448,9 @@ class SipSettings(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
     port: Port = 5060
-    public_address: str | None = None
+    public_address: Host | None = None
     """The address the trunk reaches us at (Contact, SDP ``c=``); None: ``host``."""
-    allowed_ips: list[str] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
+    allowed_ips: list[Network] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
     """CIDRs whose INVITEs are admitted without credentials."""
     username: str | None = None
     password: SecretStr | None = None
@@ -436,13 +472,6 @@ class SipSettings(_Section):
     the kernel caps it at ``net.core.rmem_max`` unless the process may force it (logged at start)."""
 
     def model_post_init(self, context: Any) -> None:
-        import ipaddress
-
-        for source in self.allowed_ips:
-            try:
-                ipaddress.ip_network(source, strict=False)
-            except ValueError:
-                raise ValueError(f"allowed_ips: {source!r} is not an IP address or CIDR") from None
         if self.rtp_port_max < self.rtp_port_min + 1:
             raise ValueError("rtp_port_max must be above rtp_port_min")
         if (self.username is None) != (self.password is None):

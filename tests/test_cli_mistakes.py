@@ -91,6 +91,14 @@ MISTAKES = [
         ("vonage.private_key_path", "not a PEM private key"), files={"garbage.key": b"not a key\n"},
     ),  # fmt: skip
     Mistake("workers without redis", ("serve", "--workers", "2"), 2, ("server.workers", "redis")),
+    # Found in session 14: each passed config check, then a traceback at serve (Exotel's CIDR) or broken calls.
+    Mistake("exotel source not a CIDR", ("serve", "--set", "exotel.allowed_sources=[1.2.3.4/99]"), 2, ("exotel.allowed_sources.0", "CIDR", "'1.2.3.4/99'")),
+    Mistake("SIP trusted address not an IP", ("config", "check", "--set", "sip.allowed_ips=[10.0.0.0/8,trunk]"), 2, ("sip.allowed_ips.1", "CIDR", "'trunk'")),
+    Mistake("SIP public address not a host", ("config", "check", "--set", "sip.public_address=my_sbc"), 2, ("sip.public_address", "host name", "'my_sbc'")),
+    Mistake(
+        "transfer target neither number nor URI", ("config", "check", "--set", "call_actions.transfer_targets=[front desk]"), 2,
+        ("call_actions.transfer_targets.0", "SIP URI", "'front desk'"),
+    ),  # fmt: skip
     # Extras the settings need.
     Mistake(
         "redis registry without the redis extra", ("serve", "--set", "registry.backend=redis", "--set", "registry.redis_url=redis://127.0.0.1:1"),
