@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import orjson
 
-from callbridge.bridge.providers.audiosocket import AudioSocketCodec, Kind, frame
-from callbridge.bridge.providers.base import ProviderCodec, SendMedia
-from callbridge.bridge.providers.exotel import ExotelCodec
-from callbridge.bridge.providers.plivo import PlivoCodec
-from callbridge.bridge.providers.telnyx import TelnyxCodec
-from callbridge.bridge.providers.twilio import TwilioCodec
-from callbridge.bridge.providers.vonage import VonageCodec
-from callbridge.bridge.signalwire import signalwire_codec
+from callbridge.carriers.audiosocket.wire import AudioSocketCodec, Kind, frame
+from callbridge.carriers.base import ProviderCodec, SendMedia
+from callbridge.carriers.exotel.wire import ExotelCodec
+from callbridge.carriers.plivo.wire import PlivoCodec
+from callbridge.carriers.telnyx.wire import TelnyxCodec
+from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.carriers.vonage.wire import VonageCodec
+from callbridge.carriers.signalwire.wire import signalwire_codec
 
 ULAW_20MS = bytes(range(96, 256)) * 1  # 160 bytes of varied μ-law
 L16_20MS_8K = bytes(range(256)) + bytes(range(64))  # 320 bytes

@@ -16,7 +16,7 @@ import time
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.sim.twilio import SimulatedTwilio
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 
 SECRET = "probe-secret-0123456789abcdef"
 

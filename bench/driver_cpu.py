@@ -24,7 +24,7 @@ from hot_path import CALLER_ULAW, CONNECTED, START, media  # noqa: E402
 
 from callbridge.bridge.app import create_app  # noqa: E402
 from callbridge.bridge.media import MediaStreamDriver  # noqa: E402
-from callbridge.bridge.providers.twilio import TwilioCodec  # noqa: E402
+from callbridge.carriers.twilio.wire import TwilioCodec  # noqa: E402
 from callbridge.config import Settings  # noqa: E402
 
 

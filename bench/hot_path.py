@@ -31,8 +31,8 @@ import orjson
 
 from callbridge.bridge.call import CallOptions, CallSession, ToCarrier, ToEngine
 from callbridge.bridge.playout import PlayoutLedger
-from callbridge.bridge.providers.base import SendMedia
-from callbridge.bridge.providers.twilio import TwilioCodec
+from callbridge.carriers.base import SendMedia
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import AudioEncoding, FrameAssembler, StreamResampler, pcm16_to_ulaw, ulaw_to_pcm16
 from callbridge.codecs.resample import ResamplerQuality
 from callbridge.engine.commands import AppendAudio

@@ -26,7 +26,7 @@ import time
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.sim.sip import SimulatedSip
+from callbridge.carriers.sip.sim import SimulatedSip
 
 SECRET = "probe-secret-0123456789abcdef"
 _FLOOD = "import sys; from callbridge.sim.hostile import options_flood; print(*options_flood(('127.0.0.1', {port}), {rate}, {seconds}))"

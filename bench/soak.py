@@ -48,9 +48,11 @@ from loadtest_carriers import CALLBRIDGE, _env_for
 
 from callbridge.config import load_settings
 from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call, _server_rss_mb
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav, wait_http_up
+
+SIMULATED = simulated()
 
 LEVEL_GAUGES = (
     "callbridge_live_streams",

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from callbridge import __version__
+from callbridge.carriers import carrier_spec, simulated_names
+from callbridge.serving import EXIT_FAILED, EXIT_OK
 from callbridge.config import (
     ConfigError,
     ConfigProblem,
@@ -30,13 +30,10 @@ from callbridge.config import (
     parse_assignment,
 )
 
-SIMULATED_CARRIERS: Final = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
-"""``callbridge.sim.carriers.SIMULATED``'s names, here so that ``--help`` imports nothing heavy (a test keeps them equal)."""
 
 __all__ = ["main", "run"]
 
-EXIT_OK: Final = 0
-EXIT_FAILED: Final = 1
+# 0 and 1: ``callbridge.serving``'s EXIT_OK, EXIT_FAILED
 EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
 
@@ -116,7 +113,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument(
         "--provider",
-        choices=SIMULATED_CARRIERS,
+        choices=simulated_names(),
         default="twilio",
         help="the carrier to simulate (its wire, answer flow and quirks; default: twilio)",
     )
@@ -140,7 +137,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "or the echo agent with --barge-in-every, and report what the bridge added. Against a separate bridge, "
         "--print-env gives the settings it needs for the simulated carrier.",
     )
-    loadtest.add_argument("--provider", choices=SIMULATED_CARRIERS, default="twilio", help="the carrier to simulate (default: twilio)")
+    loadtest.add_argument("--provider", choices=simulated_names(), default="twilio", help="the carrier to simulate (default: twilio)")
     loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
     loadtest.add_argument(
         "--secret",
@@ -226,6 +223,8 @@ def _serve_on(settings: Settings, sock: Any) -> int:
         from callbridge.workers import serve_workers
 
         return serve_workers(settings, sock)
+    from callbridge.serving import serve_bridge
+
     return serve_bridge(settings, [sock])
 
 
@@ -259,19 +258,6 @@ def _with_listeners(settings: Settings, args: argparse.Namespace, section: str, 
         sock.close()
 
 
-def serve_bridge(settings: Settings, sockets: list[Any]) -> int:
-    """One bridge process on ``sockets`` (bound to ``server.host``:``server.port``) until SIGTERM (drained) or
-    SIGINT."""
-    from callbridge.bridge.app import create_app
-    from callbridge.logging import configure_logging
-
-    configure_logging(settings.log)  # before the app's first lines (``carrier_not_configured``): in their format and level
-    app = create_app(settings)
-    return _run_uvicorn(
-        settings, app, settings.server.host, settings.server.port, drain=app.state.bridge.drain, sockets=sockets
-    )
-
-
 def _engine_server(settings: Settings, args: argparse.Namespace) -> int:
     return _with_listeners(settings, args, "engine_server", _serve_engine)
 
@@ -279,85 +265,11 @@ def _engine_server(settings: Settings, args: argparse.Namespace) -> int:
 def _serve_engine(settings: Settings, sock: Any) -> int:
     from callbridge.engine.server import create_engine_app
 
-    return _run_uvicorn(
+    from callbridge.serving import run_uvicorn
+
+    return run_uvicorn(
         settings, create_engine_app(settings), settings.engine_server.host, settings.engine_server.port, sockets=[sock], bridge=False
     )
-
-
-def _run_uvicorn(
-    settings: Settings,
-    app: Any,
-    host: str,
-    port: int,
-    *,
-    drain: Callable[[], Awaitable[None]] | None = None,
-    sockets: list[Any] | None = None,
-    bridge: bool = True,
-) -> int:
-    """Serve ``app`` until SIGTERM/SIGINT. With ``drain``: the first signal runs it while the listener still
-    serves (``/readyz`` answers 503, calls move away), then uvicorn's graceful shutdown; a second one stops
-    at once. ``bridge``: False for an engine server (``serving_options``)."""
-    import uvicorn
-
-    from callbridge.bridge.http_protocol import serving_options
-    from callbridge.logging import configure_logging
-
-    configure_logging(settings.log)
-    server = _draining_server(uvicorn, drain)(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_config=None,
-            access_log=False,
-            **serving_options(bridge=bridge),
-            lifespan="on",
-        )
-    )
-    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal
-    # to the handler that was installed before it ran. A no-op handler there
-    # makes a graceful stop exit 0 instead of dying by the signal.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _after_graceful_shutdown)
-    server.run(sockets=sockets)
-    return EXIT_OK if server.started else EXIT_FAILED
-
-
-def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
-    """The signal was handled by uvicorn's graceful shutdown; nothing is left to do."""
-
-
-def _draining_server(uvicorn: Any, drain: Callable[[], Awaitable[None]] | None) -> Callable[[Any], Any]:
-    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT runs ``drain`` on the event loop before the usual
-    shutdown (which stops listening at once, too early for a load balancer to read ``/readyz``)."""
-    if drain is None:
-        return uvicorn.Server  # type: ignore[no-any-return]
-    import asyncio
-    import concurrent.futures
-
-    run_drain = drain
-
-    class DrainingServer(uvicorn.Server):  # type: ignore[misc]
-        _loop: asyncio.AbstractEventLoop | None = None
-        _draining: concurrent.futures.Future[None] | None = None
-
-        async def serve(self, sockets: Any = None) -> None:
-            self._loop = asyncio.get_running_loop()
-            await super().serve(sockets)
-
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if self._draining is not None or self._loop is None or not self.started:
-                super().handle_exit(sig, frame)  # a second signal, or before startup: stop now
-                return
-            self._draining = asyncio.run_coroutine_threadsafe(self._drain_then_exit(), self._loop)
-
-        async def _drain_then_exit(self) -> None:
-            try:
-                await run_drain()
-            finally:
-                self.should_exit = True
-
-    return DrainingServer
 
 
 def _metrics_url(given: str | None, url: str | None) -> str | None:
@@ -388,9 +300,7 @@ def _bridge_url_problem(url: str) -> tuple[str, int] | None:
 def _reconnects(provider: str) -> bool:
     """Whether the carrier opens a new media connection on the same call after a drop (SIP has no such thing: a
     call whose media is gone is over)."""
-    from callbridge.sim.carriers import SIMULATED
-
-    return SIMULATED[provider].can_reconnect
+    return carrier_spec(provider).capabilities.reconnect
 
 
 _DIGITS: Final = "0123456789*#ABCD"

@@ -1,7 +1,7 @@
 """``callbridge serve --workers N``: N bridge processes on one listening socket, on one host.
 
 The supervisor binds ``server.host``:``server.port`` once and starts N workers (``multiprocessing`` spawn),
-each a whole bridge (``callbridge.cli.serve_bridge``: its app, engine client and Redis client) accepting
+each a whole bridge (``callbridge.serving.serve_bridge``: its app, engine client and Redis client) accepting
 on the inherited socket; the kernel spreads connections among them. A call's webhook, its media socket
 and a later stream may each land on a different worker, so workers share call state in Redis (the CLI
 refuses ``workers > 1`` without it).
@@ -61,7 +61,7 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str
 
     os.environ[_METRICS_DIR_ENV] = metrics_dir  # before prometheus_client is imported: it picks file values then
     from callbridge.bridge.group_metrics import group_metrics_dir
-    from callbridge.cli import serve_bridge
+    from callbridge.serving import serve_bridge
 
     if group_metrics_dir() != metrics_dir:
         log.error("metrics_dir_ignored", path=metrics_dir, detail="prometheus_client was imported before it was set")

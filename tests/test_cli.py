@@ -131,7 +131,20 @@ def test_simulate_places_a_call_and_writes_what_the_caller_heard(tmp_path: Path)
 
 
 def test_simulate_offers_every_simulated_carrier() -> None:
-    from callbridge.cli import SIMULATED_CARRIERS
-    from callbridge.sim.carriers import SIMULATED
+    """The registry's simulated carriers are what ``--provider`` offers, each its own simulator; reading the
+    registry for ``--help`` imports no carrier's HTTP side or simulator."""
+    script = (
+        "import sys; from callbridge.cli import _build_parser; _build_parser(); "
+        "print(sorted(m for m in sys.modules if m.startswith('callbridge.carriers.') and m.count('.') > 2))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", loaded  # only the packages' specs, no wire/http/sim module
+    from callbridge.carriers import simulated
+    from callbridge.cli import main
 
-    assert sorted(SIMULATED_CARRIERS) == sorted(SIMULATED)
+    for command in ("simulate", "loadtest"):
+        with pytest.raises(SystemExit):
+            main([command, "--provider", "nope"])
+    for name, simulator in simulated().items():
+        assert simulator.provider == name
+    assert sorted(simulated()) == ["audiosocket", "exotel", "plivo", "signalwire", "sip", "telnyx", "twilio", "vonage"]

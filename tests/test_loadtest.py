@@ -20,7 +20,7 @@ import pytest
 
 from callbridge.cli import main
 from callbridge.config import Settings, load_settings
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.loadtest import (
     LoadTest,
     LoadTestOptions,
@@ -33,6 +33,8 @@ from callbridge.sim.loadtest import (
 from callbridge.sim.ports import free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import until
+
+SIMULATED = simulated()
 
 SPEECH = load_wav_8k(sample_caller_wav())
 

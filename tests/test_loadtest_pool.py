@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from callbridge.cli import main
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.loadtest import (
     CallSamples,
     LoadSamples,
@@ -29,6 +29,8 @@ from callbridge.sim.loadtest import (
 from callbridge.sim.loadtest_plot import per_second, write_png
 from callbridge.sim.loadtest_pool import _RestRouter, processes_for, shareable_problem
 from callbridge.sim.ports import free_port
+
+SIMULATED = simulated()
 
 
 def _call(index: int, up_from_s: float, frames: int, clicks: int, *, failed: str | None = None) -> CallSamples:

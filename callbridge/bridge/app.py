@@ -24,11 +24,13 @@ from prometheus_client import (
 )
 
 from callbridge import __version__
-from callbridge.bridge.carriers import CarrierRest, carriers
+from callbridge.carriers import CARRIERS
+from callbridge.carriers.spec import CarrierRest
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
-from callbridge.bridge.registry import MemoryCallRegistry, build_registry
+from callbridge.bridge.registry import MemoryCallRegistry
+from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
     BridgeMetrics,
@@ -56,7 +58,7 @@ class BridgeState:
         self.build_info.info({"version": __version__})
         self.group: GroupPublisher | None = None
         """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
-        self.carriers = carriers()
+        self.carriers = tuple(spec.load_carrier() for spec in CARRIERS)
         self.rest: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         registry, tokens = build_registry(settings)
         self.services = BridgeServices(

@@ -63,7 +63,7 @@ from callbridge.bridge.actions import (
 )
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.playout import PlayoutLedger
-from callbridge.bridge.providers.base import (
+from callbridge.carriers.base import (
     DEFAULT_PROFILE,
     CarrierEvent,
     CarrierNotice,

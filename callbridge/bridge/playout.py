@@ -37,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
-from callbridge.bridge.providers.base import SendClear, SendMark, SendMedia
+from callbridge.carriers.base import SendClear, SendMark, SendMedia
 
 __all__ = ["FlushResult", "HeardUpdate", "PlayoutLedger", "Unplayed"]
 

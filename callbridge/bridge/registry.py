@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from callbridge.config import Settings
 from callbridge.engine.port import ResumeTicket
 
 __all__ = [
@@ -38,7 +37,6 @@ __all__ = [
     "RegistryUnavailable",
     "SignalKind",
     "StreamTokens",
-    "build_registry",
 ]
 
 ENDED_KEPT_MS = 600_000
@@ -463,13 +461,3 @@ class MemoryStreamTokens(StreamTokens):
         now = self._clock()
         for token in [t for t, (_, expires) in self._tokens.items() if expires <= now]:
             del self._tokens[token]
-
-
-def build_registry(settings: Settings) -> tuple[CallRegistry, StreamTokens]:
-    """The registry and tokens ``registry.backend`` names. Redis needs the ``redis`` extra and
-    ``registry.redis_url``; the tokens share the registry's connection pool (closed by ``registry.aclose()``)."""
-    if settings.registry.backend == "redis":
-        from callbridge.bridge.registry_redis import redis_registry
-
-        return redis_registry(settings)
-    return MemoryCallRegistry(), MemoryStreamTokens()

@@ -1,5 +1,5 @@
 """A simulated carrier for the demo, the tests and load tests: what every carrier shares, with each carrier's
-wire in a subclass (``callbridge.sim.twilio`` is the model; ``callbridge.sim.carriers`` lists them all).
+wire in a subclass (``callbridge.carriers.twilio.sim`` is the model; ``callbridge.carriers.CARRIERS`` names them all).
 
 Shared here (``SimulatedCarrier.place_call`` and ``SimStream``):
 - the caller's timeline at real time, one 20 ms tick anchored to the call's

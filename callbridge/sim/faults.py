@@ -91,7 +91,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.registry import LiveCall
-from callbridge.bridge.providers.twilio import TwilioCodec
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.errors import EngineError

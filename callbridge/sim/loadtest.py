@@ -1,7 +1,7 @@
 """``callbridge loadtest``: many simulated calls at real time against a bridge, on any carrier, and what the bridge
 did to them.
 
-The calls are placed by the carrier's simulator (``callbridge.sim.carriers``): its real answer flow, signatures,
+The calls are placed by the carrier's simulator (``callbridge.carriers``): its real answer flow, signatures,
 wire and quirks (``SimulatedCarrier.open_stream``), and its playback model with markers and flushes
 (``SimStream.play`` / ``receive``). Only the caller's timeline is the load tester's own, and it is lean: one timer
 ticks every 20 ms for all calls — per tick and call, ``stream.play()`` (20 ms of what the caller hears, markers
@@ -53,7 +53,7 @@ from callbridge.config import Settings
 from callbridge.engine.commands import EngineCommand, TruncateItem
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
-from callbridge.sim.audiosocket import SimulatedAudioSocket
+from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.sim.carrier import (
     CallResult,
     OpenReason,
@@ -61,7 +61,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
 )
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import carrier_spec
 
 __all__ = [
     "CallSamples",
@@ -801,31 +801,20 @@ def report_json(report: LoadReport) -> bytes:
     return orjson.dumps(data, option=orjson.OPT_INDENT_2)
 
 
-_SECRET_KEYS: Final = {
-    "twilio": ("twilio", "auth_token"),
-    "signalwire": ("signalwire", "signing_key"),
-    "telnyx": ("telnyx", "api_key"),
-    "plivo": ("plivo", "auth_token"),
-    "exotel": ("exotel", "api_token"),
-    "vonage": ("vonage", "signature_secret"),
-    "sip": ("sip", "password"),
-}
-"""Where a bridge configured by ``bridge_env`` keeps each simulated account's secret (AudioSocket has none)."""
-
-
 def secret_from_settings(provider: str, settings: Settings) -> str | None:
-    """The simulated account's secret as the configuration holds it (None: not set; "" for AudioSocket)."""
-    if provider not in _SECRET_KEYS:
+    """The simulated account's secret as the configuration holds it, where its carrier's spec says it is (None: not
+    set; "" for a carrier without one, AudioSocket)."""
+    spec = carrier_spec(provider)
+    if spec.section is None or spec.secret is None:
         return ""
-    section, key = _SECRET_KEYS[provider]
-    value = getattr(getattr(settings, section), key)
+    value = getattr(getattr(settings, spec.section), spec.secret)
     return value.get_secret_value() if value is not None else None
 
 
 def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     """``export`` lines that point a separately started bridge (and a load test started from the same shell) at
     the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``."""
-    overrides = SIMULATED[provider].bridge_settings(secret, rest_url)
+    overrides = carrier_spec(provider).simulator_class().bridge_settings(secret, rest_url)
     vonage = overrides.get("vonage", {})
     if "private_key_path" in vonage:  # keep the key out of the directory the simulator deletes when it closes
         kept = Path(tempfile.mkdtemp(prefix="callbridge-loadtest-vonage-")) / "private.key"
@@ -873,7 +862,7 @@ async def load_test_samples(
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
             in_process = replace(options, server_pid=os.getpid(), metrics_url=bridge.base_url)
             return await LoadTest(bridge.carrier, in_process, truncations).run_samples()
-    carrier = SIMULATED[provider](url, secret)
+    carrier = carrier_spec(provider).simulator_class()(url, secret)
     try:
         if carrier.rest_routes():
             port = urlsplit(rest_url).port

@@ -37,7 +37,7 @@ from starlette.routing import BaseRoute, Match, Route
 
 from callbridge.config import Settings
 from callbridge.sim.carrier import SimulatedCarrier, webhook_client
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import carrier_spec
 from callbridge.sim.loadtest import (
     FIRST_AUDIO_METRIC,
     LoadSamples,
@@ -123,7 +123,7 @@ def _child_main(job: _Job, conn: Connection) -> None:
 
 
 async def _child(job: _Job, conn: Connection) -> None:
-    carrier = SIMULATED[job.provider](job.url, job.secret)
+    carrier = carrier_spec(job.provider).simulator_class()(job.url, job.secret)
     try:
         port: int | None = None
         if carrier.rest_routes():
@@ -231,7 +231,7 @@ async def run_pooled(
     carrier's REST API served on ``rest_port``: the merged samples, with the server's CPU and RSS (given
     ``options.server_pid``). Raises ``ValueError`` for a carrier that cannot be shared (``shareable_problem``),
     ``RuntimeError`` when a process fails, ``OSError`` when the REST port is taken."""
-    probe = SIMULATED[provider](url, secret)
+    probe = carrier_spec(provider).simulator_class()(url, secret)
     try:
         problem, routes = shareable_problem(probe), probe.rest_routes()
     finally:

@@ -31,7 +31,7 @@ from callbridge.bridge.http_protocol import serving_options
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import carrier_spec
 from callbridge.sim.ports import bound_socket, free_port
 
 __all__ = [
@@ -118,7 +118,7 @@ async def running_bridge(
     port = listener.getsockname()[1]
     secret = secrets.token_hex(16)
     base_url = f"http://127.0.0.1:{port}"
-    carrier = SIMULATED[provider](base_url, secret)
+    carrier = carrier_spec(provider).simulator_class()(base_url, secret)
     rest_url = await carrier.start_rest(bound_socket())
     overrides = carrier.bridge_settings(secret, rest_url)
     overrides["server"] = {**overrides.get("server", {}), "host": "127.0.0.1", "port": port, "public_url": base_url}

@@ -63,7 +63,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from callbridge.bridge.sources import Network, source_allowed
+from callbridge.sources import Network, source_allowed
 from callbridge.codecs import AudioEncoding
 from callbridge.sip.message import (
     SipParseError,

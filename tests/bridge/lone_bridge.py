@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from callbridge.sim.runner import free_port
-from callbridge.sim.twilio import SimulatedTwilio
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from tests.bridge.test_fleet import SECRET, Process, _start
 from tests.conftest import wait_http_ok
 

@@ -13,11 +13,13 @@ import pytest
 
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_readiness import answer
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 from tests.redis_server import redis_url
+
+SIMULATED = simulated()
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 

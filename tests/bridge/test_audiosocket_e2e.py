@@ -1,4 +1,4 @@
-"""AudioSocket end to end through the simulated Asterisk (``callbridge.sim.audiosocket``): a bridge on uvicorn
+"""AudioSocket end to end through the simulated Asterisk (``callbridge.carriers.audiosocket.sim``): a bridge on uvicorn
 with its TCP listener, real loopback sockets and the embedded engine. The quirks the matrix does not cover:
 no flush and no markers on the wire, slin16, the in-band hang-up followed by the dialplan's loop, and a
 close that is not a goodbye."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from callbridge.bridge.providers.audiosocket import frame
+from callbridge.carriers.audiosocket.wire import frame
 from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
-from callbridge.sim.audiosocket import (
+from callbridge.carriers.audiosocket.sim import (
     MAX_AHEAD_MS,
     AudioSocketStream,
     SimulatedAudioSocket,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from callbridge.bridge.app import BridgeState
-from callbridge.bridge.audiosocket import AudioSocketListener, source_allowed
-from callbridge.bridge.carriers import carriers
-from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, PROFILE, frame
+from callbridge.carriers.audiosocket.listener import AudioSocketListener, source_allowed
+from callbridge.carriers import carrier_spec
+from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, PROFILE, frame
 from callbridge.bridge.services import BridgeServices
 from callbridge.engine.commands import AckPlayback, CloseSession, CreateTextItem
 from callbridge.sim.runner import free_port
@@ -164,7 +164,7 @@ async def bridge(recorder: RecordingEngine | None = None, *, max_calls: int = 10
 
 
 async def test_the_carrier_is_registered_with_a_listener_and_no_routes() -> None:
-    (carrier,) = [c for c in carriers() if c.name == "audiosocket"]
+    carrier = carrier_spec("audiosocket").load_carrier()
     assert carrier.listener is AudioSocketListener and carrier.router is None and carrier.rest is None
 
 

@@ -25,8 +25,8 @@ from callbridge.bridge.call import (
     ToCarrier,
     ToEngine,
 )
-from callbridge.bridge.providers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
-from callbridge.bridge.providers.twilio import TwilioCodec
+from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
 from callbridge.engine.commands import (
     AckPlayback,
@@ -48,7 +48,7 @@ from callbridge.engine.events import (
     SessionExpired,
     SessionReplaced,
 )
-from tests.bridge.providers.test_twilio import CALL, CONNECTED, SID, START, media
+from tests.carriers.test_twilio import CALL, CONNECTED, SID, START, media
 
 CAPS = Capabilities(supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True)
 
@@ -682,8 +682,8 @@ class TestLeavingTheStream:
         assert not h.call.move_elsewhere(h.now_ms)  # once
 
     def test_a_carrier_that_does_not_reconnect_stays(self) -> None:
-        from callbridge.bridge.providers.exotel import ExotelCodec
-        from tests.bridge.providers import test_exotel
+        from callbridge.carriers.exotel.wire import ExotelCodec
+        from tests.carriers import test_exotel
 
         call = CallSession(ExotelCodec(), CallOptions())
         call.receive_message(test_exotel.CONNECTED, 0)

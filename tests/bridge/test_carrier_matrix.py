@@ -24,11 +24,13 @@ from callbridge.engine.commands import (
     TruncateItem,
 )
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketConnection
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.runner import running_bridge
-from callbridge.sim.sip import SimulatedSip, SipStream
-from callbridge.sip.server import SipListener
+from callbridge.carriers.sip.sim import SimulatedSip, SipStream
+from callbridge.carriers.sip.listener import SipListener
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech, until
+
+SIMULATED = simulated()
 
 SPEECH_MS = 1500
 CARRIERS = sorted(SIMULATED)

@@ -27,8 +27,8 @@ from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, SimCall
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving, with_overrides
-from callbridge.sim.telnyx import SimulatedTelnyx
-from callbridge.sim.vonage import SimulatedVonage, sign_webhook
+from callbridge.carriers.telnyx.sim import SimulatedTelnyx
+from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from tests.bridge.test_registry import Backend, backend
 from tests.bridge.twilio_e2e import RawStream, RecordingEngine, bound, engine, settings, short_speech, until
 from tests.redis_server import redis_url

@@ -15,7 +15,7 @@ import pytest
 
 from callbridge.bridge.registry import LiveCall
 from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
-from callbridge.bridge.telnyx import TelnyxCalls
+from callbridge.carriers.telnyx.http import TelnyxCalls
 from callbridge.engine.port import ResumeTicket
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_plivo_http import (

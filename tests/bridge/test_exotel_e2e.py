@@ -1,4 +1,4 @@
-"""Exotel's quirks end to end, with the simulated Exotel (``callbridge.sim.exotel``) over loopback: the applet's
+"""Exotel's quirks end to end, with the simulated Exotel (``callbridge.carriers.exotel.sim``) over loopback: the applet's
 sample rates (100 ms in, chunks of ≥ 3.2 kB and ≥ 100 ms out), mark echoes on clear or not (undocumented), the
 handshake retry, and a resumed call at 16 kHz. The shared scenarios are in ``test_carrier_matrix.py``."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.exotel import ExotelStream, SimulatedExotel
+from callbridge.carriers.exotel.sim import ExotelStream, SimulatedExotel
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech
 

@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from callbridge.bridge.exotel import ExotelAdmission
+from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.config import ExotelSettings
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge

@@ -33,11 +33,11 @@ from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
 from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
-from callbridge.sim.audiosocket import SimulatedAudioSocket
-from callbridge.sim.exotel import SimulatedExotel
+from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
+from callbridge.carriers.exotel.sim import SimulatedExotel
 from callbridge.sim.runner import free_port
-from callbridge.sim.sip import SimulatedSip
-from callbridge.sim.twilio import SimulatedTwilio, TwimlRedirect, answer_and_stream
+from callbridge.carriers.sip.sim import SimulatedSip
+from callbridge.carriers.twilio.sim import SimulatedTwilio, TwimlRedirect, answer_and_stream
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import wait_http_ok
 from tests.redis_server import redis_url

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.exotel import SimulatedExotel
+from callbridge.carriers.exotel.sim import SimulatedExotel
 from callbridge.sim.runner import free_port
 from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _get, _ready, _stream_started_at, running_fleet
 from tests.bridge.twilio_e2e import short_speech, until

@@ -15,9 +15,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+
+SIMULATED = simulated()
 
 WEBSOCKET_CARRIERS = sorted(name for name in SIMULATED if name not in ("audiosocket", "sip"))
 SIGNATURE_HEADERS = ("X-Twilio-Signature", "X-SignalWire-Signature")
@@ -31,7 +33,8 @@ def generic_url(url: str) -> str:
 @pytest.mark.parametrize("provider", WEBSOCKET_CARRIERS)
 async def test_a_call_through_the_generic_media_url(provider: str, monkeypatch: pytest.MonkeyPatch) -> None:
     recorder = engine()
-    module = sys.modules[SIMULATED[provider].__module__]
+    # the module whose ``connect`` the simulator opens its streams with (SignalWire's is Twilio's, which it extends)
+    module = next(sys.modules[c.__module__] for c in SIMULATED[provider].__mro__ if hasattr(sys.modules[c.__module__], "connect"))
     original_connect = module.connect
     opened: list[str] = []
 

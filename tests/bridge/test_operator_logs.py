@@ -12,7 +12,7 @@ import httpx
 
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port
-from callbridge.sim.twilio import SimulatedTwilio
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from tests.bridge.lone_bridge import served
 from tests.bridge.test_fleet import SECRET, _start
 from tests.conftest import wait_http_ok

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from callbridge.bridge.playout import FlushResult, HeardUpdate, PlayoutLedger
-from callbridge.bridge.providers.base import SendClear, SendMark, SendMedia
+from callbridge.carriers.base import SendClear, SendMark, SendMedia
 
 FRAME = b"\xff" * 160
 

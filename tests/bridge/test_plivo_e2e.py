@@ -1,5 +1,5 @@
 """Plivo's quirks end to end: a bridge on uvicorn and the simulated Plivo over real loopback sockets
-(``callbridge.sim.plivo``) — L16 streams, the hang-up URL (Plivo says nothing on the socket), checkpoints
+(``callbridge.carriers.plivo.sim``) — L16 streams, the hang-up URL (Plivo says nothing on the socket), checkpoints
 voided by ``clearAudio`` — and the simulator's own faithfulness."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from callbridge.codecs import AudioEncoding
 from callbridge.engine.commands import AppendAudio, CloseSession, TruncateItem
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
-from callbridge.sim.plivo import PlivoStream, SimulatedPlivo, valid_extra_headers
+from callbridge.carriers.plivo.sim import PlivoStream, SimulatedPlivo, valid_extra_headers
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, detached, engine, settings, short_speech, until
 

@@ -22,13 +22,13 @@ from pydantic import SecretStr
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from callbridge.bridge.plivo import (
+from callbridge.carriers.plivo.http import (
     PlivoRest,
     plivo_signature_v3,
     stream_xml,
     valid_signature_v3,
 )
-from callbridge.bridge.providers.plivo import decode_stream_token, parse_extra_headers
+from callbridge.carriers.plivo.wire import decode_stream_token, parse_extra_headers
 from callbridge.engine.commands import AppendAudio, CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RecordingEngine, engine, known, settings, until

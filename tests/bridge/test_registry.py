@@ -18,8 +18,8 @@ from callbridge.bridge.registry import (
     MemoryStreamTokens,
     RegistryUnavailable,
     StreamTokens,
-    build_registry,
 )
+from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
 from callbridge.engine.commands import AppendAudio, CloseSession

@@ -1,5 +1,5 @@
 """The agent acts on a SIP call end to end, as the simulated trunk sees it: a bridge with its SIP listener, the
-simulated trunk (``callbridge.sim.sip``) over loopback UDP, and the embedded engine's ``actions`` agent, which
+simulated trunk (``callbridge.carriers.sip.sim``) over loopback UDP, and the embedded engine's ``actions`` agent, which
 calls the telephony tools when the caller presses keys (``0``: send DTMF 123, ``*``: transfer, ``#``: hang up)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
-from callbridge.sim.sip import SimulatedSip
+from callbridge.carriers.sip.sim import SimulatedSip
 from tests.bridge.twilio_e2e import engine, settings
 
 TARGET = "+15550100"

@@ -11,7 +11,7 @@ import asyncio
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.hostile import options_flood
 from callbridge.sim.runner import running_bridge
-from callbridge.sim.sip import SimulatedSip
+from callbridge.carriers.sip.sim import SimulatedSip
 from tests.bridge.twilio_e2e import engine, settings, short_speech
 
 

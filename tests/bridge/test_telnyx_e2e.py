@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import callbridge.bridge.telnyx as telnyx_bridge
-from callbridge.bridge.providers.telnyx import TelnyxCodec
+import callbridge.carriers.telnyx.http as telnyx_bridge
+from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.engine.commands import CloseSession
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
-from callbridge.sim.telnyx import SimulatedTelnyx, TelnyxStream
+from callbridge.carriers.telnyx.sim import SimulatedTelnyx, TelnyxStream
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 
 SPEECH_MS = 1500

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 
 from callbridge.bridge.app import create_app
 from callbridge.bridge.services import BridgeServices
-from callbridge.bridge.telnyx import (
+from callbridge.carriers.telnyx.http import (
     ANSWERED,
     MAX_STREAM_RESTARTS,
     RESTARTS,

@@ -323,7 +323,7 @@ async def test_a_calls_totals_reach_the_metrics_when_its_stream_ends() -> None:
 
 
 async def test_a_signalwire_upgrade_needs_no_signature_but_its_stream_needs_the_token() -> None:
-    """SignalWire documents no signature on its media upgrade (``callbridge/bridge/signalwire.py``): an unsigned
+    """SignalWire documents no signature on its media upgrade (``callbridge/carriers/signalwire/http.py``): an unsigned
     upgrade is accepted and the stream must show the single-use token (a made-up one: closed 1008, nothing bound);
     a forged signature is still refused 403, and Twilio's unsigned upgrade too."""
     from websockets.exceptions import InvalidStatus

@@ -1,4 +1,4 @@
-"""Vonage end to end: a bridge on uvicorn, the simulated Vonage (``callbridge.sim.vonage``) and raw Vonage
+"""Vonage end to end: a bridge on uvicorn, the simulated Vonage (``callbridge.carriers.vonage.sim``) and raw Vonage
 clients over real loopback sockets, with the embedded engine (telephony-protocols.md §2, §7)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from callbridge.bridge.vonage import (
+from callbridge.carriers.vonage.http import (
     VonageRest,
     VonageSignatures,
     VonageTransport,
@@ -31,10 +31,12 @@ from callbridge.engine.commands import (
     TruncateItem,
 )
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.carriers import SIMULATED
+from callbridge.carriers import simulated
 from callbridge.sim.runner import RunningBridge, running_bridge
-from callbridge.sim.vonage import SimulatedVonage, sign_webhook
+from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from tests.bridge.twilio_e2e import LoopStalls, bound, detached, engine, settings, short_speech, until
+
+SIMULATED = simulated()
 
 SPEECH_MS = 1500
 SECRET = "a-signature-secret-of-32-bytes-or-more"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from callbridge.bridge.providers.base import (
+from callbridge.carriers.base import (
     CarrierEvent,
     CarrierNotice,
     DtmfReceived,

@@ -8,7 +8,7 @@ import base64
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from callbridge.bridge.exotel import ExotelAdmission
+from callbridge.carriers.exotel.http import ExotelAdmission
 
 ADMISSION = ExotelAdmission(validate_credentials=True, credentials=(b"key", b"token"))
 _latin1 = st.binary(max_size=40).map(lambda b: b.decode("latin-1"))

@@ -9,8 +9,8 @@ import uuid
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from callbridge.bridge.providers.audiosocket import AUDIO_KINDS, AudioSocketCodec, frame
-from callbridge.bridge.providers.base import CarrierEvent, RemoteProtocolError
+from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, AudioSocketCodec, frame
+from callbridge.carriers.base import CarrierEvent, RemoteProtocolError
 from tests.fuzz.contract import CodecRun
 
 CALL = uuid.UUID("40325ec2-5efd-4bd3-805f-53576e581d13")

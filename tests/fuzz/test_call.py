@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.call import CallOptions, CallSession, CallState, Perform, ToCarrier
-from callbridge.bridge.providers.audiosocket import AudioSocketCodec
+from callbridge.carriers.audiosocket.wire import AudioSocketCodec
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import Capabilities
 from callbridge.engine.wire import parse_server_event

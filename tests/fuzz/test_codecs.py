@@ -14,22 +14,22 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from callbridge.bridge.providers.base import ProviderCodec
-from callbridge.bridge.providers.detect import DetectingCodec
-from callbridge.bridge.providers.exotel import ExotelCodec
-from callbridge.bridge.providers.plivo import PlivoCodec
-from callbridge.bridge.providers.telnyx import TelnyxCodec
-from callbridge.bridge.providers.twilio import TwilioCodec
-from callbridge.bridge.providers.vonage import VonageCodec
-from callbridge.bridge.signalwire import signalwire_codec
-from tests.bridge.providers import (
+from callbridge.carriers.base import ProviderCodec
+from callbridge.carriers.generic.wire import DetectingCodec
+from callbridge.carriers.exotel.wire import ExotelCodec
+from callbridge.carriers.plivo.wire import PlivoCodec
+from callbridge.carriers.telnyx.wire import TelnyxCodec
+from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.carriers.vonage.wire import VonageCodec
+from callbridge.carriers.signalwire.wire import signalwire_codec
+from tests.carriers import (
     test_exotel,
     test_plivo,
     test_telnyx,
     test_twilio,
     test_vonage,
 )
-from tests.bridge.providers.test_detect import FIRST_MESSAGES
+from tests.carriers.test_detect import FIRST_MESSAGES
 from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import json_text, messages, sequences
 

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from callbridge.bridge.providers.sip import SipRtpCodec
+from callbridge.carriers.sip.wire import SipRtpCodec
 from callbridge.sip.dialog import (
     CallEnded,
     CallOffered,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from callbridge.bridge.providers.base import SendMedia
-from callbridge.bridge.providers.sip import SipRtpCodec
+from callbridge.carriers.base import SendMedia
+from callbridge.carriers.sip.wire import SipRtpCodec
 from callbridge.sip.dtmf import DtmfReceiver, dtmf_train
 from callbridge.sip.rtp import RtpSender, parse_rtp
 from callbridge.sip.sdp import choose

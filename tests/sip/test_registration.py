@@ -436,7 +436,7 @@ class TestSettings:
     """``sip.registrations``: URIs checked at load, the target address read from them."""
 
     def test_targets(self) -> None:
-        from callbridge.sip.registrar_client import sip_target
+        from callbridge.carriers.sip.registrar import sip_target
 
         assert sip_target("sip:pbx.example.com") == ("pbx.example.com", 5060)
         assert sip_target("sip:1001@10.0.0.5:5080;transport=udp") == ("10.0.0.5", 5080)
@@ -457,7 +457,7 @@ class TestSettings:
         from prometheus_client import CollectorRegistry
 
         from callbridge.bridge.services import BridgeMetrics
-        from callbridge.sip.registrar_client import RegistrationClients
+        from callbridge.carriers.sip.registrar import RegistrationClients
 
         clients = RegistrationClients([], BridgeMetrics(CollectorRegistry()), lambda out: None, lambda: False)
         clients.start("0.0.0.0", 5070)

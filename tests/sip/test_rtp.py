@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from callbridge.bridge.providers.base import (
+from callbridge.carriers.base import (
     DtmfReceived,
     HangUpMode,
     MediaReceived,
@@ -15,7 +15,7 @@ from callbridge.bridge.providers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.bridge.providers.sip import PROFILE, SipRtpCodec
+from callbridge.carriers.sip.wire import PROFILE, SipRtpCodec
 from callbridge.codecs import AudioEncoding
 from callbridge.sip.dtmf import DtmfReceiver, dtmf_packets, event_payload
 from callbridge.sip.rtcp import (

@@ -1,4 +1,4 @@
-"""The simulated SIP trunk (``callbridge.sim.sip``) is strict: what a real trunk would reject in the bridge's SIP,
+"""The simulated SIP trunk (``callbridge.carriers.sip.sim``) is strict: what a real trunk would reject in the bridge's SIP,
 SDP and RTP becomes a protocol warning, and only the bridge's real audio counts as the agent speaking. Cores only:
 no sockets (the end-to-end runs are in ``tests/bridge/test_carrier_matrix.py``)."""
 
@@ -10,8 +10,8 @@ import audioop
 import pytest
 
 from callbridge.sim.carrier import CallResult, SimCall
-from callbridge.sim.sip import SipConnection, SipStream, _Datagrams, _Dialog
-from callbridge.sim.sip_wire import SdpAnswer, SipReply, digest_authorization, parse_sdp_answer, read_sip, uri_target
+from callbridge.carriers.sip.sim import SipConnection, SipStream, _Datagrams, _Dialog
+from callbridge.carriers.sip.sim_wire import SdpAnswer, SipReply, digest_authorization, parse_sdp_answer, read_sip, uri_target
 from callbridge.sip.dtmf import dtmf_train, event_payload
 from callbridge.sip.rtp import RtpSender, build_rtp
 
@@ -189,7 +189,7 @@ async def test_rtp_slower_than_its_timestamps_is_a_warning(monkeypatch: pytest.M
     timestamps against samples only, saw nothing. Now wall time is the reference: 3 s of 20 ms packets arriving
     every ``every_ms`` (24 ms: a loaded machine's lateness, within the 75 % allowed)."""
     now = [100.0]
-    monkeypatch.setattr("callbridge.sim.sip.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("callbridge.carriers.sip.sim.time.monotonic", lambda: now[0])
     fake = _Stream()
     for _ in range(3000 // every_ms):
         fake.rtp(b"\xff" * 160)
@@ -201,7 +201,7 @@ async def test_rtp_slower_than_its_timestamps_is_a_warning(monkeypatch: pytest.M
 async def test_a_pause_in_the_rtp_starts_the_clock_check_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hold, a stalled machine: packets that stop for a while and go on from the next timestamp are not slow."""
     now = [100.0]
-    monkeypatch.setattr("callbridge.sim.sip.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("callbridge.carriers.sip.sim.time.monotonic", lambda: now[0])
     fake = _Stream()
     for index in range(200):
         fake.rtp(b"\xff" * 160)

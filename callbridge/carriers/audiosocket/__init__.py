@@ -1,0 +1,15 @@
+"""Asterisk AudioSocket: a TCP listener, admission by source address."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="audiosocket",
+    package=__name__,
+    transport="tcp",
+    capabilities=Capabilities(marks=False, flush=False, reconnect=True, dtmf_out=False, transfer=False),
+    section="audiosocket",
+    secret=None,
+    carrier="listener:CARRIER",
+    codec=None,
+    simulator="sim:SimulatedAudioSocket",
+)

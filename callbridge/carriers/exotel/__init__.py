@@ -1,0 +1,15 @@
+"""Exotel's Voicebot applet: a websocket Exotel opens, Basic credentials on the upgrade."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="exotel",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=False, transfer=False),
+    section="exotel",
+    secret="api_token",
+    carrier="http:CARRIER",
+    codec="wire:ExotelCodec",
+    simulator="sim:SimulatedExotel",
+)

@@ -1,0 +1,15 @@
+"""Plivo Audio Streams (bidirectional), XML answer."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="plivo",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=True, transfer=True),
+    section="plivo",
+    secret="auth_token",
+    carrier="http:CARRIER",
+    codec="wire:PlivoCodec",
+    simulator="sim:SimulatedPlivo",
+)

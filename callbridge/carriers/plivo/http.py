@@ -1,0 +1,404 @@
+"""Plivo's HTTP side: the answer webhook (Plivo XML), the media websocket, the stream status and hang-up
+callbacks, V3 signature validation and the REST hang-up (telephony-protocols.md §3.2, §7).
+
+The answer webhook mints a single-use token for the call and answers
+``<Stream bidirectional="true" keepCallAlive="true">`` with it in
+``extraHeaders`` (hex: Plivo lets only letters and digits through), then
+``<Redirect>`` back to itself: with ``keepCallAlive`` the XML goes on once the
+stream ends, so a dropped stream brings the call back here and it gets a new
+stream, which resumes the same engine session (keyed by ``CallUUID``, which
+``start.callId`` carries). A call that has ended gets ``<Hangup/>``.
+
+``X-Plivo-Signature-V3`` is checked with the algorithm of Plivo's SDK
+(``plivo/utils/signature_v3.py``) against the configured public URL, never a
+URL rebuilt from proxied headers. A failed check is a 403 and nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping
+from typing import Final
+from urllib.parse import parse_qs, quote, urlencode, urlparse, urlunparse
+from xml.sax.saxutils import escape, quoteattr
+
+import httpx
+from fastapi import APIRouter, Request, Response, WebSocket
+from pydantic import SecretStr
+from starlette.datastructures import FormData
+
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
+from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.config import Settings
+from callbridge.logging import get_logger
+
+__all__ = [
+    "ANSWER_PATH",
+    "CARRIER",
+    "HANGUP_PATH",
+    "MEDIA_PATH",
+    "STATUS_PATH",
+    "TRANSFER_PATH",
+    "Params",
+    "PlivoRest",
+    "plivo_router",
+    "plivo_signature_v3",
+    "retry_xml",
+    "stream_xml",
+    "transfer_xml",
+    "valid_signature_v3",
+]
+
+log = get_logger(__name__)
+
+ANSWER_PATH: Final = "/plivo/answer"
+MEDIA_PATH: Final = "/plivo/media"
+STATUS_PATH: Final = "/plivo/stream-status"
+HANGUP_PATH: Final = "/plivo/hangup"
+TRANSFER_PATH: Final = "/plivo/transfer"
+"""Where a transferred call's new XML comes from (the Transfer API's ``aleg_url``, ``?target=…``)."""
+
+SIGNATURE_HEADER: Final = "x-plivo-signature-v3"
+NONCE_HEADER: Final = "x-plivo-signature-v3-nonce"
+
+_FORBIDDEN = 403
+_HANGUP: Final = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
+_BUSY: Final = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup reason="busy"/></Response>'
+_EVENT_LABEL: Final = re.compile(r"[A-Za-z_]{1,40}")
+
+Params = Mapping[str, str | list[str]]
+"""Request parameters as Plivo's SDK takes them: one value, or a list for a repeated name."""
+
+
+# ------------------------------------------------------------------ signatures
+
+
+def _latin1(data: bytes) -> str:
+    """The SDK's ``string_format`` of bytes: one character per byte."""
+    return data.decode("latin-1")
+
+
+def _sorted_query(params: Mapping[str, str | list[str]]) -> str:
+    """``get_sorted_query_string``: ``k=v`` pairs by sorted name (and sorted values), joined by ``&``."""
+    pieces = []
+    for key in sorted(params):
+        value = params[key]
+        if isinstance(value, list):
+            pieces.append("&".join(f"{key}={item}" for item in sorted(value)))
+        else:
+            pieces.append(f"{key}={value}")
+    return "&".join(pieces)
+
+
+def _sorted_params(params: Params) -> str:
+    """``get_sorted_params_string``: name and value run together, by sorted name (and sorted values)."""
+    pieces = []
+    for key in sorted(params):
+        value = params[key]
+        if isinstance(value, list):
+            pieces.append("".join(f"{key}{item}" for item in sorted(value)))
+        else:
+            pieces.append(f"{key}{value}")
+    return "".join(pieces)
+
+
+def _signed_url(method: str, url: str, params: Params) -> bytes:
+    """``construct_get_url`` / ``construct_post_url`` of the SDK. The URL's own query is parsed (as bytes, read
+    back one character per byte, as the SDK does) and re-serialised sorted; a POST appends its sorted
+    parameters after ``?`` (after ``?query.`` when the URL has a query)."""
+    parsed = urlparse(url.encode("utf-8"))
+    base = urlunparse((parsed.scheme.decode(), parsed.netloc.decode(), parsed.path.decode(), "", "", "")).encode()
+    # The SDK parses the query as bytes and reads keys and values back one character per byte (latin-1).
+    from_query: dict[str, str | list[str]] = {
+        key: values for key, values in parse_qs(parsed.query.decode("latin-1"), keep_blank_values=True, encoding="latin-1").items()
+    }
+    if method.upper() == "GET":
+        merged = {**params, **from_query}
+        query = _sorted_query(merged)
+        return base + ("?" + query).encode() if query else base
+    query = _sorted_query(from_query)
+    if query or params:
+        base += ("?" + query).encode()
+    if query and params:
+        base += b"."
+    return base + _sorted_params(params).encode()
+
+
+def plivo_signature_v3(auth_token: str, method: str, url: str, params: Params, nonce: str) -> str:
+    """Plivo's V3 signature: base64(HMAC-SHA256(auth token, signed URL + "." + nonce)), as plivo-python 4.63
+    computes it (the signed URL as UTF-8 text; the nonce, ASCII in practice, read one character per byte)."""
+    message = f"{_signed_url(method, url, params).decode()}.{_latin1(nonce.encode())}".encode()
+    digest = hmac.new(auth_token.encode(), message, hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def valid_signature_v3(
+    auth_token: str, method: str, url: str, params: Params, nonce: str | None, header: str | None
+) -> bool:
+    """Whether ``header`` (possibly several signatures, comma-separated) holds the request's signature."""
+    if not nonce or not header:
+        return False
+    expected = plivo_signature_v3(auth_token, method, url, params, nonce).encode()
+    return any(hmac.compare_digest(expected, candidate.strip().encode()) for candidate in header.split(","))
+
+
+class _Signatures:
+    def __init__(self, settings: Settings) -> None:
+        config = settings.plivo
+        self.enabled = config.validate_signatures
+        self._token = config.auth_token.get_secret_value() if config.auth_token else None
+
+    def valid(self, method: str, urls: tuple[str, ...], params: Params, nonce: str | None, header: str | None) -> bool:
+        if not self.enabled:
+            return True
+        if self._token is None:
+            return False
+        return any(valid_signature_v3(self._token, method, url, params, nonce, header) for url in urls)
+
+
+# ------------------------------------------------------------------------ XML
+
+
+def stream_xml(base: str, token: str, content_type: str) -> str:
+    """The answer: a bidirectional ``<Stream>`` carrying the call's token, then ``<Redirect>`` here for a new
+    stream once it ends (``keepCallAlive``: the XML goes on only after the stream)."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        "<Response>"
+        '<Stream bidirectional="true" keepCallAlive="true" audioTrack="inbound"'
+        f" contentType={quoteattr(content_type)}"
+        f' statusCallbackUrl={quoteattr(base + STATUS_PATH)} statusCallbackMethod="POST"'
+        f" extraHeaders={quoteattr(stream_token_header(token))}>"
+        f"{escape(ws_url(base) + MEDIA_PATH)}</Stream>"
+        f'<Redirect method="POST">{escape(base + ANSWER_PATH)}</Redirect>'
+        "</Response>"
+    )
+
+
+def retry_xml(base: str) -> str:
+    """A draining process's answer to a known call's reconnect: ``<Wait>``, then ``<Redirect>`` to the public
+    answer URL, which the load balancer sends to a ready process (as Twilio's ``twiml_retry``)."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        f'<Response><Wait length="{DRAIN_RETRY_PAUSE_S}"/>'
+        f'<Redirect method="POST">{escape(base + ANSWER_PATH)}</Redirect></Response>'
+    )
+
+
+def transfer_xml(target: str) -> str:
+    """A transfer's new instructions: ``<Dial>`` the number, or the SIP URI (``<User>``)."""
+    noun = f"<User>{escape(target)}</User>" if target.startswith(("sip:", "sips:")) else f"<Number>{escape(target.lstrip('+'))}</Number>"
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{noun}</Dial></Response>'
+
+
+# --------------------------------------------------------------------- router
+
+
+def _params(form: FormData | Mapping[str, str]) -> dict[str, str | list[str]]:
+    """Form or query parameters as the signature takes them (a list only for a repeated name)."""
+    if not isinstance(form, FormData):
+        return dict(form)
+    params: dict[str, str | list[str]] = {}
+    for key in form:
+        values = [value for value in form.getlist(key) if isinstance(value, str)]
+        if values:
+            params[key] = values[0] if len(values) == 1 else values
+    return params
+
+
+def _first(params: Params, key: str) -> str | None:
+    value = params.get(key)
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value or None
+
+
+def plivo_router(services: BridgeServices) -> APIRouter:
+    """Plivo's answer webhook, media websocket, stream status callback and hang-up callback."""
+    settings = services.settings
+    config = settings.plivo
+    signatures = _Signatures(settings)
+    if signatures.enabled and config.auth_token is None:
+        log.info("carrier_not_configured", provider="plivo", detail="no plivo.auth_token: every plivo request gets 403")
+    router = APIRouter()
+
+    async def _checked(request: Request, path: str) -> dict[str, str | list[str]] | None:
+        """The request's parameters when its signature holds, else None. A GET is signed over its URL (query
+        included), a POST over its URL and form."""
+        base = public_base(settings, str(request.base_url))
+        query = f"?{request.url.query}" if request.url.query else ""
+        if request.method == "GET":
+            params = _params(request.query_params)
+            signed: Params = {}
+        else:
+            params = signed = _params(await request.form())
+        nonce, header = request.headers.get(NONCE_HEADER), request.headers.get(SIGNATURE_HEADER)
+        if not signatures.valid(request.method, (base + path + query,), signed, nonce, header):
+            log.warning("signature_invalid", provider="plivo", path=path, call_id=_first(params, "CallUUID"), url_checked=base + path + query)
+            return None
+        if signatures.enabled and nonce is not None and not await services.replays.first_sight(request, "plivo", nonce):
+            return None  # the nonce is signed with the request: the same one again is a replay
+        return params
+
+    @router.api_route(ANSWER_PATH, methods=["GET", "POST"])
+    async def answer(request: Request) -> Response:
+        params = await _checked(request, ANSWER_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = _first(params, "CallUUID")
+        if not call_id:
+            return Response("CallUUID missing", status_code=400)
+        base = public_base(settings, str(request.base_url))
+        decision = await services.decide_answer(call_id, "plivo")
+        match decision.kind:
+            case AnswerKind.HANG_UP:
+                xml = _HANGUP
+            case AnswerKind.RETRY_ELSEWHERE:
+                xml = retry_xml(base)
+            case AnswerKind.BUSY:
+                xml = _BUSY
+            case AnswerKind.ANSWER:
+                assert decision.token is not None
+                log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
+                xml = stream_xml(base, decision.token, config.content_type)
+        return Response(xml, media_type="application/xml")
+
+    @router.websocket(MEDIA_PATH)
+    async def media(websocket: WebSocket) -> None:
+        # UNSURE whether Plivo signs the upgrade: when it carries a V3 signature, it must hold (over the wss URL
+        # as written in the XML, or its https twin); without one, the single-use token in ``start`` decides.
+        header = websocket.headers.get(SIGNATURE_HEADER)
+        if header is not None:
+            base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
+            urls = (ws_url(base) + MEDIA_PATH, base + MEDIA_PATH)
+            if not signatures.valid("GET", urls, {}, websocket.headers.get(NONCE_HEADER), header):
+                log.warning("signature_invalid", provider="plivo", path=MEDIA_PATH, url_checked=urls[0])
+                await websocket.close(code=1008)  # before accept: the upgrade is answered 403
+                return
+        await websocket.accept()
+        await MediaStreamDriver(websocket, PlivoCodec(), services).run()
+
+    @router.api_route(STATUS_PATH, methods=["GET", "POST"])
+    async def stream_status(request: Request) -> Response:
+        params = await _checked(request, STATUS_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        event = _first(params, "Event") or "unknown"
+        label = event if _EVENT_LABEL.fullmatch(event) else "other"
+        services.metrics.stream_status.labels("plivo", label).inc()
+        log_fn = log.warning if "drop" in event.lower() or "fail" in event.lower() else log.info
+        log_fn(
+            "stream_status",
+            provider="plivo",
+            call_id=_first(params, "CallUUID"),
+            stream_id=_first(params, "StreamID") or _first(params, "StreamId"),
+            stream_event=event,
+            error=_first(params, "Error") or _first(params, "ErrorMessage"),
+        )
+        return Response(status_code=204)
+
+    @router.api_route(TRANSFER_PATH, methods=["GET", "POST"])
+    async def transfer(request: Request) -> Response:
+        """The XML a call transferred by the agent runs (signed like every webhook; the target must still be one
+        of ``call_actions.transfer_targets``, whatever the URL says)."""
+        params = await _checked(request, TRANSFER_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        target = request.query_params.get("target")
+        if not settings.call_actions.enabled or target not in settings.call_actions.transfer_targets:
+            log.warning("transfer_refused", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
+            return Response(_HANGUP, media_type="application/xml")
+        log.info("call_transferred", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
+        return Response(transfer_xml(target), media_type="application/xml")
+
+    @router.api_route(HANGUP_PATH, methods=["GET", "POST"])
+    async def hangup(request: Request) -> Response:
+        """The application's Hangup URL (optional, recommended): the call is over. Its open stream here ends as
+        a hang-up (not a drop), a late stream or redirect is refused, and no engine session is kept."""
+        params = await _checked(request, HANGUP_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = _first(params, "CallUUID")
+        if not call_id:
+            return Response(status_code=204)
+        log.info("call_hangup_callback", provider="plivo", call_id=call_id, cause=_first(params, "HangupCause"))
+        await services.call_ended_by_carrier(call_id, "caller_hung_up")
+        return Response(status_code=204)
+
+    return router
+
+
+# ----------------------------------------------------------------------- REST
+
+
+class PlivoRest:
+    """The REST calls the bridge makes (basic auth): end a call (``DELETE …/Call/{uuid}/``), and the agent's
+    actions: send digits (``POST …/Call/{uuid}/DTMF/``), transfer (``POST …/Call/{uuid}/`` with ``aleg_url``
+    → our ``TRANSFER_PATH``, which answers ``<Dial>``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        auth_id: str | None,
+        auth_token: SecretStr | None,
+        *,
+        client: httpx.AsyncClient | None = None,
+        public_url: str | None = None,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._public_url = public_url.rstrip("/") if public_url else None
+        self._auth_id = auth_id
+        self._token = auth_token.get_secret_value() if auth_token else None
+        self._client = client or httpx.AsyncClient(timeout=10.0)
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """Hang up the call; one that has already ended (404) counts as done. Raises ``httpx.HTTPError``.
+
+        ``account_id`` (``start.accountId``) is only a fallback: the configured ``auth_id`` owns the API."""
+        auth_id = self._auth_id or account_id
+        if not auth_id or not self._token:
+            raise RuntimeError("hang-up needs plivo.auth_id and plivo.auth_token")
+        response = await self._client.delete(
+            f"{self._base}/v1/Account/{quote(auth_id, safe='')}/Call/{quote(call_id, safe='')}/",
+            auth=(auth_id, self._token),
+        )
+        if response.status_code == 404:
+            return  # already over
+        response.raise_for_status()
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        auth_id = self._auth_id or account_id
+        if not auth_id or not self._token:
+            return ActionResult.failed("not_configured", "plivo.auth_id and plivo.auth_token are needed")
+        call_url = f"{self._base}/v1/Account/{quote(auth_id, safe='')}/Call/{quote(call_id, safe='')}/"
+        if isinstance(action, SendDtmf):
+            response = await self._client.post(call_url + "DTMF/", json={"digits": action.digits, "legs": "aleg"}, auth=(auth_id, self._token))
+        else:
+            if self._public_url is None:
+                return ActionResult.failed("not_configured", "a transfer needs server.public_url (Plivo fetches its XML)")
+            aleg_url = f"{self._public_url}{TRANSFER_PATH}?{urlencode({'target': action.target})}"
+            body = {"legs": "aleg", "aleg_url": aleg_url, "aleg_method": "POST"}
+            response = await self._client.post(call_url, json=body, auth=(auth_id, self._token))
+        if response.status_code == 404:
+            return ActionResult.failed("call_ended", "HTTP 404")
+        if response.status_code >= 300:
+            return ActionResult.failed("carrier_error", f"HTTP {response.status_code}")
+        return ActionResult.done(call_left=not isinstance(action, SendDtmf))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def plivo_rest(settings: Settings) -> PlivoRest:
+    config = settings.plivo
+    return PlivoRest(config.api_base_url, config.auth_id, config.auth_token, public_url=settings.server.public_url)
+
+
+CARRIER: Final = Carrier(name="plivo", router=plivo_router, rest=plivo_rest)

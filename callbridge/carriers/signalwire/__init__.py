@@ -1,0 +1,15 @@
+"""SignalWire's Compatibility API (cXML): Twilio's wire under SignalWire's names."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="signalwire",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=False, transfer=True),
+    section="signalwire",
+    secret="signing_key",
+    carrier="http:CARRIER",
+    codec="wire:signalwire_codec",
+    simulator="sim:SimulatedSignalWire",
+)

@@ -1,0 +1,15 @@
+"""SIP trunks: the UAS listener over UDP/TCP with G.711 RTP (the protocol itself is ``callbridge.sip``)."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="sip",
+    package=__name__,
+    transport="sip",
+    capabilities=Capabilities(marks=False, flush=False, reconnect=False, dtmf_out=True, transfer=True),
+    section="sip",
+    secret="password",
+    carrier="listener:CARRIER",
+    codec=None,
+    simulator="sim:SimulatedSip",
+)

@@ -1,0 +1,211 @@
+"""The simulated SIP trunk's own strict reader of what the bridge sends (``callbridge.carriers.sip.sim``): SIP messages,
+the SDP answer, digest challenges — written apart from ``callbridge.sip`` so that the bridge's parser does not
+judge the bridge's output.
+
+``read_sip`` takes CRLF lines only, a start line, ``Name: value`` headers
+(compact forms expanded; no folding), the five headers every message carries
+plus ``Content-Length``, which must equal the body's length exactly, and a
+CSeq whose method matches a request's. ``parse_sdp_answer`` reads an answer to
+our one-stream offer as RFC 3264 §6 wants it: one ``m=audio`` line on a real
+port, exactly one of the offered codecs first, telephone-event only with its
+``rtpmap``, sendrecv, ptime 20. Each returns what it read, or a string that
+says what is wrong (the simulator's protocol warning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import secrets
+from dataclasses import dataclass, field
+from typing import Final
+
+__all__ = [
+    "DTMF_PT",
+    "Address",
+    "SdpAnswer",
+    "SipReply",
+    "digest_authorization",
+    "name_addr_uri",
+    "parse_sdp_answer",
+    "read_sip",
+    "tag_param",
+    "uri_target",
+]
+
+DTMF_PT: Final = 101
+"""The telephone-event payload type the simulated trunk offers."""
+_COMPACT: Final = {
+    "i": "call-id",
+    "v": "via",
+    "f": "from",
+    "t": "to",
+    "m": "contact",
+    "l": "content-length",
+    "c": "content-type",
+}
+_STATUS_LINE: Final = re.compile(r"^SIP/2\.0 ([1-6]\d\d) ([^\r\n]*)$")
+_REQUEST_LINE: Final = re.compile(r"^([A-Z]+) (sips?:\S+) SIP/2\.0$")
+_HOST_PORT: Final = re.compile(r"^sips?:(?:[^@;>]+@)?([0-9.]+|\[[0-9a-fA-F:]+\])(?::(\d+))?(?:;.*)?$")
+
+Address = tuple[str, int]
+
+
+@dataclass(slots=True)
+class SipReply:
+    """One SIP message from the bridge, as this strict reader saw it: a response (``status``) or a request
+    (``method``); header names lower-case, compact forms expanded."""
+
+    status: int = 0
+    method: str = ""
+    uri: str = ""
+    headers: dict[str, list[str]] = field(default_factory=dict)
+    body: bytes = b""
+
+    def get(self, name: str) -> str:
+        values = self.headers.get(name, [])
+        return values[0] if values else ""
+
+    @property
+    def cseq(self) -> tuple[int, str]:
+        number, _, method = self.get("cseq").partition(" ")
+        return (int(number) if number.isdigit() else -1), method.strip()
+
+
+def read_sip(data: bytes) -> SipReply | str:
+    """One SIP message, read strictly: a reply, or what is wrong with it (a protocol warning)."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return "no CRLF CRLF after the headers"
+    try:
+        head = data[:end].decode("utf-8")
+    except UnicodeDecodeError:
+        return "headers are not UTF-8"
+    lines = head.split("\r\n")
+    reply = SipReply()
+    if status := _STATUS_LINE.match(lines[0]):
+        reply.status = int(status.group(1))
+    elif request := _REQUEST_LINE.match(lines[0]):
+        reply.method, reply.uri = request.group(1), request.group(2)
+    else:
+        return f"bad start line {lines[0][:60]!r}"
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or line[:1] in (" ", "\t"):
+            return f"bad header line {line[:60]!r}"
+        key = _COMPACT.get(name.lower(), name.lower())
+        reply.headers.setdefault(key, []).append(value.strip())
+    for required in ("via", "from", "to", "call-id", "cseq", "content-length"):
+        if required not in reply.headers:
+            return f"no {required} header"
+    length = reply.get("content-length")
+    body = data[end + 4 :]
+    if not length.isdigit() or int(length) != len(body):
+        return f"Content-Length {length!r} for a {len(body)}-byte body"
+    reply.body = body
+    number, method = reply.cseq
+    if number < 0 or not method or (reply.method and method != reply.method):
+        return f"bad CSeq {reply.get('cseq')!r}"
+    return reply
+
+
+def tag_param(value: str) -> str | None:
+    for param in value[value.rfind(">") + 1 :].split(";")[1:]:
+        key, _, tag = param.strip().partition("=")
+        if key.lower() == "tag":
+            return tag
+    return None
+
+
+def name_addr_uri(value: str) -> str:
+    if "<" in value and ">" in value:
+        return value[value.index("<") + 1 : value.index(">")]
+    return value.split(";")[0].strip()
+
+
+def uri_target(uri: str) -> Address | None:
+    found = _HOST_PORT.match(uri)
+    if found is None:
+        return None
+    return found.group(1).strip("[]"), int(found.group(2) or 5060)
+
+
+@dataclass(frozen=True, slots=True)
+class SdpAnswer:
+    host: str
+    port: int
+    payload_type: int
+    dtmf_payload_type: int | None
+
+
+def parse_sdp_answer(body: bytes, offered: tuple[int, ...]) -> SdpAnswer | str:
+    """The bridge's answer to our one-stream offer (RFC 3264 §6), read strictly: the answer, or what is wrong."""
+    try:
+        text = body.decode("ascii")
+    except UnicodeDecodeError:
+        return "SDP is not ASCII"
+    if not text.endswith("\r\n"):
+        return "SDP lines must end with CRLF"
+    lines = text[:-2].split("\r\n")
+    if lines[0] != "v=0":
+        return "SDP does not start with v=0"
+    kinds = [line[:2] for line in lines]
+    for required in ("o=", "s=", "c=", "t=", "m="):
+        if required not in kinds:
+            return f"SDP without {required}"
+    if kinds.count("m=") != 1:
+        return f"{kinds.count('m=')} m= lines in the answer to a one-stream offer"
+    media = lines[kinds.index("m=")][2:].split()
+    connection = lines[kinds.index("c=")][2:].split()
+    if len(connection) != 3 or connection[:2] != ["IN", "IP4"]:
+        return f"c= {' '.join(connection)!r}"
+    try:
+        ipaddress.IPv4Address(connection[2])
+    except ValueError:
+        return f"c= address {connection[2]!r}"
+    if (
+        len(media) < 4
+        or media[0] != "audio"
+        or media[2] != "RTP/AVP"
+        or not media[1].isdigit()
+        or not 0 < int(media[1]) < 65536
+    ):
+        return f"m= {' '.join(media)!r}"
+    formats = [int(f) for f in media[3:] if f.isdigit()]
+    if len(formats) != len(media) - 3:
+        return f"m= formats {media[3:]}"
+    codecs = [f for f in formats if f != DTMF_PT]
+    if len(codecs) != 1 or codecs[0] not in offered or formats[0] != codecs[0]:
+        return f"answer formats {formats}: exactly one audio codec of {list(offered)} must come first"
+    attributes = [line[2:] for line in lines if line.startswith("a=")]
+    dtmf = DTMF_PT if DTMF_PT in formats else None
+    if dtmf is not None and f"rtpmap:{DTMF_PT} telephone-event/8000" not in attributes:
+        return "telephone-event without its rtpmap"
+    if any(a in ("sendonly", "recvonly", "inactive") for a in attributes):
+        return "the answer to a sendrecv offer is not sendrecv"
+    if any(a.startswith("ptime:") and a != "ptime:20" for a in attributes):
+        return "ptime other than 20"
+    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf)
+
+
+def _md5(text: str) -> str:
+    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
+
+
+def digest_authorization(challenge: str, method: str, uri: str, username: str, password: str) -> str | None:
+    """The ``Authorization`` answer to a ``WWW-Authenticate: Digest …`` challenge (RFC 2617, MD5, qop=auth)."""
+    scheme, _, rest = challenge.partition(" ")
+    if scheme.lower() != "digest":
+        return None
+    pairs = (part.partition("=") for part in re.split(r",(?=(?:[^\"]*\"[^\"]*\")*[^\"]*$)", rest))
+    params = {key.strip().lower(): value.strip().strip('"') for key, _, value in pairs}
+    realm, nonce = params.get("realm"), params.get("nonce")
+    if realm is None or nonce is None:
+        return None
+    cnonce, nc = secrets.token_hex(8), "00000001"
+    ha1, ha2 = _md5(f"{username}:{realm}:{password}"), _md5(f"{method}:{uri}")
+    if "auth" in params.get("qop", "").split(","):
+        response = _md5(f"{ha1}:{nonce}:{nc}:{cnonce}:auth:{ha2}")
+        return f'Digest username="{username}", realm="{realm}", nonce="{nonce}", uri="{uri}", response="{response}", algorithm=MD5, cnonce="{cnonce}", qop=auth, nc={nc}'
+    return f'Digest username="{username}", realm="{realm}", nonce="{nonce}", uri="{uri}", response="{_md5(f"{ha1}:{nonce}:{ha2}")}", algorithm=MD5'

@@ -1,0 +1,118 @@
+"""What a carrier is to the rest of callbridge: a ``CarrierSpec``, the one record the app, carrier detection, the
+CLI, the configuration and the simulators read (``callbridge.carriers.CARRIERS``), and the ``Carrier`` its HTTP
+side or listener brings.
+
+A ``Carrier`` brings what is its own and nothing else: routes (the answer
+webhook, the media websocket, status callbacks), the REST client that hangs
+a call up, and optionally a listener of its own (AudioSocket's TCP server),
+entered for the life of the app. The call logic is shared (``CallSession``,
+``MediaStreamDriver``).
+
+A spec names its package's modules by reference (``"http:CARRIER"``), imported when first asked for: reading
+the registry (``--help``, detection's list, the configuration's secrets) imports no carrier's HTTP side, and
+no carrier module imports the registry back.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from callbridge.bridge.services import BridgeServices
+    from callbridge.carriers.base import ProviderCodec
+    from callbridge.config import Settings
+    from callbridge.sim.carrier import SimulatedCarrier
+
+__all__ = ["Capabilities", "Carrier", "CarrierRest", "CarrierSpec", "Transport"]
+
+Transport = Literal["websocket", "tcp", "sip"]
+"""How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), AudioSocket's
+TCP stream, SIP and RTP."""
+
+
+class CarrierRest(Protocol):
+    """A carrier's REST API, as far as the bridge uses it."""
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """End the call; one that has already ended counts as done. Raises on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Carrier:
+    """A carrier's HTTP side or listener, entered by the app."""
+
+    name: str
+    router: Callable[[BridgeServices], APIRouter] | None = None
+    rest: Callable[[Settings], CarrierRest] | None = None
+    listener: Callable[[BridgeServices], AbstractAsyncContextManager[object]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What the carrier can do on a live call (the simulator and the codec's profile are checked against these)."""
+
+    marks: bool
+    """It plays what it is sent and echoes our marks as it plays them."""
+    flush: bool
+    """It empties its playback buffer when told (``clear``): a barge-in stops the agent at once."""
+    reconnect: bool
+    """A dropped media connection comes back on the same call, and the engine session resumes."""
+    dtmf_out: bool
+    """The agent can send digits on the call."""
+    transfer: bool
+    """The agent can transfer the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class CarrierSpec:
+    """One carrier, as everything outside its package knows it."""
+
+    name: str
+    """Its name in URLs, metrics, logs, ``--provider`` and the registry."""
+    package: str
+    """The package that holds everything of it (``callbridge.carriers.twilio``)."""
+    transport: Transport
+    capabilities: Capabilities
+    section: str | None
+    """Its settings section (``[twilio]``); None: it has none."""
+    secret: str | None
+    """The key of ``section`` that holds the account's secret: what a simulated account signs with."""
+    carrier: str
+    """Its ``Carrier`` (routes, REST, listener), ``"module:name"`` in ``package``."""
+    codec: str | None
+    """Where its media is a websocket: its codec's factory (no arguments), ``"module:name"``; the generic
+    ``/media`` URL recognises the carrier and takes this codec."""
+    simulator: str | None
+    """Its ``SimulatedCarrier`` class, ``"module:name"``; None: not simulated on its own."""
+
+    def _load(self, reference: str) -> Any:
+        module, _, name = reference.partition(":")
+        return getattr(importlib.import_module(f"{self.package}.{module}"), name)
+
+    def load_carrier(self) -> Carrier:
+        carrier = self._load(self.carrier)
+        if not isinstance(carrier, Carrier) or carrier.name != self.name:
+            raise TypeError(f"{self.package}.{self.carrier} is not {self.name}'s Carrier")
+        return carrier
+
+    def codec_factory(self) -> Callable[[], ProviderCodec]:
+        if self.codec is None:
+            raise LookupError(f"{self.name} has no codec of its own")
+        factory: Callable[[], ProviderCodec] = self._load(self.codec)
+        return factory
+
+    def simulator_class(self) -> type[SimulatedCarrier]:
+        if self.simulator is None:
+            raise LookupError(f"{self.name} has no simulator")
+        simulated: type[SimulatedCarrier] = self._load(self.simulator)
+        return simulated
+

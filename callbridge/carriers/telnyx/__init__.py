@@ -1,0 +1,15 @@
+"""Telnyx Call Control with bidirectional media streaming."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="telnyx",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=True, transfer=True),
+    section="telnyx",
+    secret="api_key",
+    carrier="http:CARRIER",
+    codec="wire:TelnyxCodec",
+    simulator="sim:SimulatedTelnyx",
+)

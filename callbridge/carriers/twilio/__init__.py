@@ -1,0 +1,15 @@
+"""Twilio Media Streams: TwiML answer, signed webhooks and upgrade, REST hang-up and transfer."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="twilio",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=False, transfer=True),
+    section="twilio",
+    secret="auth_token",
+    carrier="http:CARRIER",
+    codec="wire:TwilioCodec",
+    simulator="sim:SimulatedTwilio",
+)

@@ -1,0 +1,280 @@
+"""Twilio's HTTP side: the answer webhook (TwiML), the media websocket upgrade, the stream status callback,
+signature validation and the REST hang-up (telephony-protocols.md §1.1, §1.6, §1.7, §7).
+
+The answer webhook mints a single-use token for the call and answers
+``<Connect><Stream>`` with it as a ``<Parameter>``, then ``<Redirect>`` back to
+itself: if the stream drops, Twilio runs the redirect and the call gets a new
+stream, which resumes the same engine session (a draining process answers that
+redirect with ``<Pause>`` and ``<Redirect>`` again, for the load balancer to
+send to a ready process: ``twiml_retry``). ``X-Twilio-Signature`` is
+checked with Twilio's own ``RequestValidator`` against the configured public
+URL — ``wss://`` and no parameters for the upgrade — never against a URL
+rebuilt from proxied headers. A failed check is a 403 and nothing else.
+
+A signed webhook is taken once (``replay.ReplayGuard``): its signature, which covers its URL and parameters
+and nothing of when, is remembered, and the same signature again is a 403. Twilio's requests for one call's
+redirects would be alike (same URL, same parameters), so each ``<Redirect>`` URL carries a fresh
+``?redirect=`` nonce: every redirect Twilio runs is a request signed as no other.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+import httpx
+from fastapi import APIRouter, Request, Response, WebSocket
+from pydantic import SecretStr
+from twilio.request_validator import RequestValidator
+
+from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.config import Settings
+from callbridge.logging import get_logger
+
+__all__ = [
+    "CARRIER",
+    "TwilioDialect",
+    "TwilioRest",
+    "TwilioSignatures",
+    "public_base",
+    "twilio_compatible_router",
+    "twilio_dialect",
+    "twiml_connect",
+    "twiml_dial",
+]
+
+log = get_logger(__name__)
+
+_FORBIDDEN = 403
+
+
+@dataclass(frozen=True, slots=True)
+class TwilioDialect:
+    """A carrier that speaks Twilio's TwiML and Media Streams (Twilio itself, SignalWire's cXML)."""
+
+    name: str
+    signature_header: str
+    signing_key: SecretStr | None
+    validate_signatures: bool
+    codec: Callable[[], TwilioCodec]
+    stream_attributes: dict[str, str] = field(default_factory=dict)
+    """Extra ``<Stream>`` attributes (SignalWire's ``codec="L16@24000h"``)."""
+    upgrade_signed: bool = True
+    """The carrier signs its media websocket's upgrade (Twilio documents it). Where it does not (SignalWire
+    documents signatures on webhooks only), an unsigned upgrade is accepted and the stream must show its
+    single-use token, as Telnyx's and Plivo's do; a signature that is there must still be right."""
+
+    @property
+    def voice_path(self) -> str:
+        return f"/{self.name}/voice"
+
+    @property
+    def media_path(self) -> str:
+        return f"/{self.name}/media"
+
+    @property
+    def status_path(self) -> str:
+        return f"/{self.name}/stream-status"
+
+    def twiml_connect(self, base: str, token: str) -> str:
+        """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops."""
+        attributes = "".join(f" {name}={quoteattr(value)}" for name, value in self.stream_attributes.items())
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            "<Response><Connect>"
+            f"<Stream url={quoteattr(ws_url(base) + self.media_path)}{attributes}"
+            f' statusCallback={quoteattr(base + self.status_path)} statusCallbackMethod="POST">'
+            f'<Parameter name="token" value={quoteattr(token)}/>'
+            "</Stream></Connect>"
+            f'<Redirect method="POST">{escape(self.redirect_url(base))}</Redirect>'
+            "</Response>"
+        )
+
+    def twiml_retry(self, base: str) -> str:
+        """A draining process's answer to a known call's reconnect: ``<Pause>``, then ``<Redirect>`` to the public
+        answer URL, which the load balancer, its readiness probe failing here by then, sends to a ready process.
+        The call hears ``DRAIN_RETRY_PAUSE_S`` of silence instead of ending on ``<Reject>``."""
+        return (
+            '<?xml version="1.0" encoding="UTF-8"?>'
+            f'<Response><Pause length="{DRAIN_RETRY_PAUSE_S}"/><Redirect method="POST">{escape(self.redirect_url(base))}</Redirect></Response>'
+        )
+
+    def redirect_url(self, base: str) -> str:
+        """The answer URL, with a nonce that makes the request Twilio signs for this redirect unlike any other."""
+        return f"{base}{self.voice_path}?redirect={secrets.token_hex(8)}"
+
+
+def twilio_dialect(settings: Settings) -> TwilioDialect:
+    return TwilioDialect(
+        name="twilio",
+        signature_header="x-twilio-signature",
+        signing_key=settings.twilio.auth_token,
+        validate_signatures=settings.twilio.validate_signatures,
+        codec=TwilioCodec,
+    )
+
+
+def twiml_connect(base: str, token: str) -> str:
+    """Twilio's answer: ``<Connect><Stream>`` with the call's token, then ``<Redirect>``."""
+    return TwilioDialect("twilio", "", None, True, TwilioCodec).twiml_connect(base, token)
+
+
+def twiml_dial(target: str) -> str:
+    """A transfer: ``<Dial>`` the number, or ``<Dial><Sip>`` a SIP URI."""
+    noun = f"<Sip>{escape(target)}</Sip>" if target.startswith(("sip:", "sips:")) else escape(target)
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{noun}</Dial></Response>'
+
+
+_HANGUP = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
+_BUSY = '<?xml version="1.0" encoding="UTF-8"?><Response><Reject reason="busy"/></Response>'
+
+
+class TwilioSignatures:
+    """Twilio's HMAC signature check (``RequestValidator``) with a dialect's key; always valid when switched off."""
+
+    def __init__(self, dialect: TwilioDialect) -> None:
+        self.enabled = dialect.validate_signatures
+        key = dialect.signing_key
+        self._validator = RequestValidator(key.get_secret_value()) if key else None
+
+    def valid(self, url: str, params: dict[str, Any], signature: str | None) -> bool:
+        if not self.enabled:
+            return True
+        if self._validator is None or not signature:
+            return False
+        return bool(self._validator.validate(url, params, signature))
+
+
+def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -> APIRouter:
+    """The answer webhook, media websocket and stream status callback of a Twilio-compatible carrier."""
+    settings = services.settings
+    signatures = TwilioSignatures(dialect)
+    name, header = dialect.name, dialect.signature_header
+    if signatures.enabled and dialect.signing_key is None:
+        log.info("carrier_not_configured", provider=name, detail=f"no {name} signing key: every {name} request gets 403")
+    router = APIRouter()
+
+    @router.post(dialect.voice_path)
+    async def voice(request: Request) -> Response:
+        form = {key: str(value) for key, value in (await request.form()).items()}
+        base = public_base(settings, str(request.base_url))
+        url = base + dialect.voice_path + (f"?{request.url.query}" if request.url.query else "")
+        signature = request.headers.get(header)
+        if not signatures.valid(url, form, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.voice_path, call_id=form.get("CallSid"), url_checked=url)
+            return Response(status_code=_FORBIDDEN)
+        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
+            return Response(status_code=_FORBIDDEN)
+        call_id = form.get("CallSid")
+        if not call_id:
+            return Response("CallSid missing", status_code=400)
+        decision = await services.decide_answer(call_id, name)
+        match decision.kind:
+            case AnswerKind.HANG_UP:
+                twiml = _HANGUP
+            case AnswerKind.RETRY_ELSEWHERE:
+                twiml = dialect.twiml_retry(base)
+            case AnswerKind.BUSY:
+                twiml = _BUSY
+            case AnswerKind.ANSWER:
+                assert decision.token is not None
+                log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
+                twiml = dialect.twiml_connect(base, decision.token)
+        return Response(twiml, media_type="application/xml")
+
+    @router.websocket(dialect.media_path)
+    async def media(websocket: WebSocket) -> None:
+        base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
+        signature = websocket.headers.get(header)
+        checked = ws_url(base) + dialect.media_path
+        if (signature is not None or dialect.upgrade_signed) and not signatures.valid(checked, {}, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.media_path, url_checked=checked)
+            await websocket.close(code=1008)  # before accept: the upgrade is answered 403
+            return
+        await websocket.accept()
+        await MediaStreamDriver(websocket, dialect.codec(), services).run()
+
+    @router.post(dialect.status_path)
+    async def stream_status(request: Request) -> Response:
+        form = {key: str(value) for key, value in (await request.form()).items()}
+        base = public_base(settings, str(request.base_url))
+        signature, checked = request.headers.get(header), base + dialect.status_path
+        if not signatures.valid(checked, form, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.status_path, url_checked=checked)
+            return Response(status_code=_FORBIDDEN)
+        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
+            return Response(status_code=_FORBIDDEN)
+        event = form.get("StreamEvent", "unknown")
+        services.metrics.stream_status.labels(name, event).inc()
+        log_fn = log.warning if event == "stream-error" else log.info
+        log_fn("stream_status", provider=name, call_id=form.get("CallSid"), stream_id=form.get("StreamSid"), stream_event=event, error=form.get("StreamError"))
+        return Response(status_code=204)
+
+    return router
+
+
+class TwilioRest:
+    """The REST calls the bridge makes on Twilio's API or a compatible one: end a call (``Status=completed``),
+    transfer it (new ``Twiml`` with ``<Dial>``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: SecretStr | None,
+        *,
+        username: str | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._token = token.get_secret_value() if token else None
+        self._username = username
+        self._client = client or httpx.AsyncClient(timeout=10.0)
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """Complete the call; a call that has already ended counts as done. Raises ``httpx.HTTPError``."""
+        if not account_id or not self._token:
+            raise RuntimeError("hang-up needs the call's account id and the API token")
+        response = await self._client.post(
+            f"{self._base}/2010-04-01/Accounts/{account_id}/Calls/{call_id}.json",
+            data={"Status": "completed"},
+            auth=(self._username or account_id, self._token),
+        )
+        if response.status_code in (404, 409) or (response.status_code == 400 and "not in-progress" in response.text):
+            return  # already over
+        response.raise_for_status()
+
+    async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
+        """A transfer replaces the call's TwiML with ``<Dial>`` (the stream ends, the call leaves the bridge).
+        DTMF is unsupported: the only TwiML for it (``<Play digits>``) would end the stream too."""
+        if isinstance(action, SendDtmf):
+            return ActionResult.failed("unsupported", "DTMF cannot be sent while the media stream runs")
+        if not account_id or not self._token:
+            return ActionResult.failed("not_configured", "a transfer needs the call's account id and the API token")
+        response = await self._client.post(
+            f"{self._base}/2010-04-01/Accounts/{account_id}/Calls/{call_id}.json",
+            data={"Twiml": twiml_dial(action.target)},
+            auth=(self._username or account_id, self._token),
+        )
+        if response.status_code in (404, 409) or (response.status_code == 400 and "not in-progress" in response.text):
+            return ActionResult.failed("call_ended", f"HTTP {response.status_code}")
+        if response.status_code >= 300:
+            return ActionResult.failed("carrier_error", f"HTTP {response.status_code}")
+        return ActionResult.done(call_left=True)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+CARRIER = Carrier(
+    name="twilio",
+    router=lambda services: twilio_compatible_router(services, twilio_dialect(services.settings)),
+    rest=lambda settings: TwilioRest(settings.twilio.api_base_url, settings.twilio.auth_token),
+)

@@ -1,0 +1,362 @@
+"""A simulated Twilio, faithful to the wire (telephony-protocols.md §1), for the demo, the tests and load tests.
+
+It does what Twilio does for an inbound call on ``<Connect><Stream>``:
+- POSTs the signed answer webhook, parses the TwiML, follows ``<Redirect>``
+  when a stream ends without the call ending (and stops at ``<Hangup/>``);
+  TwiML of ``<Pause>`` and ``<Redirect>`` only (a draining bridge's) waits, then
+  POSTs the webhook again, to the bridge ``route`` picks (the load balancer);
+- opens the media websocket with ``X-Twilio-Signature`` over the ``wss`` URL,
+  sends ``connected`` and ``start`` (the ``<Parameter>`` values in
+  ``customParameters``), then a 20 ms μ-law ``media`` frame every 20 ms at real
+  time, with string ``sequenceNumber``, ``chunk`` and ``timestamp`` as Twilio
+  sends them; ``dtmf`` and ``stop``;
+- plays what the bridge sends (``callbridge.sim.carrier``): echoes each ``mark``
+  when playback reaches it and, on ``clear``, every pending one; anything but
+  ``media`` / ``mark`` / ``clear`` with the right ``streamSid`` and no extra
+  fields is recorded as a 31951 warning, a binary frame as 31950;
+- serves the REST hang-up (``POST …/Calls/{CallSid}.json`` ``Status=completed``,
+  basic auth): the call ends, the stream gets ``stop``; and the call update
+  with new ``Twiml`` (a transfer's ``<Dial>``): the TwiML is recorded in
+  ``call_updates``, the running ``<Connect><Stream>`` ends (``stop``), and
+  the call leaves the bridge.
+
+SignalWire (``SimulatedSignalWire``) is the same with its own paths, signature
+header, REST prefix, and optionally PCM16 24 kHz (``L16@24000h``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import audioop
+import base64
+import binascii
+import secrets
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from twilio.request_validator import RequestValidator
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
+from callbridge.sim.carrier import (
+    CallResult,
+    CallerScript,
+    OpenReason,
+    SimCall,
+    SimStream,
+    SimulatedCarrier,
+    WebSocketConnection,
+    webhook_client,
+)
+
+__all__ = [
+    "CallResult",
+    "CallerScript",
+    "MediaStream",
+    "SimulatedTwilio",
+    "TwilioStream",
+    "TwimlRedirect",
+    "answer_and_stream",
+]
+
+_OUTBOUND_KEYS = {"media": {"event", "streamSid", "media"}, "mark": {"event", "streamSid", "mark"}, "clear": {"event", "streamSid"}}
+_MULAW_FORMAT = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class MediaStream:
+    """A media websocket Twilio opened for a call, after ``connected`` and ``start``."""
+
+    ws: ClientConnection
+    stream_sid: str
+    encoding: AudioEncoding = AudioEncoding.PCMU
+    rate_hz: int = 8000
+    redirect_url: str | None = None
+    """The ``<Redirect>`` after ``<Connect>``: what Twilio POSTs when the stream ends without the call."""
+
+
+@dataclass(frozen=True, slots=True)
+class TwimlRedirect:
+    """TwiML that only waits and redirects: Twilio pauses ``pause_s``, then POSTs ``url``."""
+
+    pause_s: float
+    url: str
+
+
+_MAX_REDIRECTS = 10
+"""Redirects one webhook may chain before the simulated Twilio gives up on the call (Twilio's own limit is
+higher; a test that needs more has a loop)."""
+
+
+async def answer_and_stream(
+    http: httpx.AsyncClient,
+    validator: RequestValidator,
+    bridge_url: str,
+    params: dict[str, str],
+    *,
+    provider: str = "twilio",
+    signature_header: str = "X-Twilio-Signature",
+    sign_upgrade: bool = True,
+    url: str | None = None,
+) -> MediaStream | TwimlRedirect | str:
+    """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
+    the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
+    ``connected`` and ``start`` with the ``<Parameter>`` values. TwiML of ``<Pause>`` (optional) and ``<Redirect>``
+    is returned as ``TwimlRedirect`` for the caller to follow. Returns why not otherwise (HTTP status, verb).
+    A SignalWire ``<Stream codec="L16@24000h">`` gets PCM16 24 kHz both ways. ``url``: the URL a ``<Redirect>``
+    named (its query kept, signed with it), else the answer URL."""
+    url = url or f"{bridge_url}/{provider}/voice"
+    response = await http.post(url, data=params, headers={signature_header: validator.compute_signature(url, params)})
+    if response.status_code != 200:
+        return f"answer webhook failed: HTTP {response.status_code}"
+    root = ET.fromstring(response.text)
+    stream_el = root.find("./Connect/Stream")
+    redirect_el = root.find("Redirect")
+    if stream_el is None and redirect_el is not None and redirect_el.text and all(el.tag in ("Pause", "Redirect") for el in root):
+        pause_el = root.find("Pause")
+        return TwimlRedirect(float(pause_el.attrib.get("length", "1")) if pause_el is not None else 0.0, redirect_el.text.strip())
+    if stream_el is None:
+        return f"TwiML <{root[0].tag if len(root) else 'nothing'}>: the call ends"
+    stream_url = stream_el.attrib["url"]
+    l16 = provider == "signalwire" and stream_el.attrib.get("codec") == "L16@24000h"
+    media_format = {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1} if l16 else _MULAW_FORMAT
+    parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
+    headers = {signature_header: validator.compute_signature(stream_url, {})} if sign_upgrade else {}
+    ws = await connect(stream_url, additional_headers=headers, compression=None)
+    stream_sid = "MZ" + secrets.token_hex(16)
+    start = {
+        "streamSid": stream_sid,
+        "accountSid": params["AccountSid"],
+        "callSid": params["CallSid"],
+        "tracks": ["inbound"],
+        "customParameters": parameters,
+        "mediaFormat": media_format,
+    }
+    await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+    await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
+    redirect = redirect_el.text.strip() if redirect_el is not None and redirect_el.text else None
+    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, 24000 if l16 else 8000, redirect)
+
+
+class TwilioStream(SimStream):
+    """One Twilio media websocket: μ-law 8 kHz (or a compatible carrier's PCM16) JSON messages."""
+
+    def __init__(self, conn: WebSocketConnection, stream_sid: str, call: SimCall, account_sid: str, encoding: AudioEncoding, rate_hz: int) -> None:
+        super().__init__(conn, stream_sid, rate_hz, call)
+        self.account_sid = account_sid
+        self.encoding = encoding
+        self.sequence = 1  # start was message 1
+        self.chunk = 0
+        self.media_ms = 0
+        self._resample_state: Any = None
+
+    def _next_sequence(self) -> str:
+        self.sequence += 1
+        return str(self.sequence)
+
+    async def _send_json(self, payload: dict[str, Any]) -> None:
+        await self.send(orjson.dumps(payload).decode())
+
+    async def send_audio(self, pcm_8k: bytes) -> None:
+        if self.rate_hz != 8000:
+            pcm_8k, self._resample_state = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._resample_state)
+        payload = encode_from_pcm16(self.encoding, pcm_8k)
+        self.chunk += 1
+        media = {"track": "inbound", "chunk": str(self.chunk), "timestamp": str(self.media_ms), "payload": base64.b64encode(payload).decode()}
+        self.media_ms += 20
+        await self._send_json({"event": "media", "sequenceNumber": self._next_sequence(), "media": media, "streamSid": self.stream_id})
+
+    async def send_dtmf(self, digit: str) -> None:
+        await self._send_json({"event": "dtmf", "streamSid": self.stream_id, "sequenceNumber": self._next_sequence(), "dtmf": {"track": "inbound_track", "digit": digit}})
+
+    async def send_stop(self) -> None:
+        stop = {"accountSid": self.account_sid, "callSid": self.call.call_id}
+        await self._send_json({"event": "stop", "sequenceNumber": self._next_sequence(), "stop": stop, "streamSid": self.stream_id})
+        await self.conn.close()
+
+    def mark_message(self, name: str) -> str:
+        return orjson.dumps({"event": "mark", "sequenceNumber": self._next_sequence(), "streamSid": self.stream_id, "mark": {"name": name}}).decode()
+
+    def receive(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            self.warn("31950 binary frame")
+            return
+        try:
+            payload = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            self.warn("31951 not JSON")
+            return
+        event = payload.get("event") if isinstance(payload, dict) else None
+        if event not in _OUTBOUND_KEYS or set(payload) != _OUTBOUND_KEYS[event] or payload.get("streamSid") != self.stream_id:
+            self.warn(f"31951 invalid message {message[:80]}")
+            return
+        if event == "media":
+            media = payload["media"]
+            if not isinstance(media, dict) or set(media) != {"payload"}:
+                self.warn("31951 media with fields other than payload")
+                return
+            try:
+                audio = binascii.a2b_base64(media["payload"], strict_mode=True)
+            except (binascii.Error, TypeError):
+                self.warn("31951 media payload is not base64")
+                return
+            self.enqueue_audio(decode_to_pcm16(self.encoding, audio))
+        elif event == "mark":
+            name = payload["mark"].get("name") if isinstance(payload["mark"], dict) else None
+            if not isinstance(name, str):
+                self.warn("31951 mark without a name")
+            else:
+                self.add_mark(name)
+        else:
+            self.clear()
+
+
+class SimulatedTwilio(SimulatedCarrier):
+    """Twilio's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
+
+    provider: ClassVar[str] = "twilio"
+    signature_header: ClassVar[str] = "X-Twilio-Signature"
+    signs_upgrade: ClassVar[bool] = True
+    """Whether the media websocket's upgrade carries the signature (Twilio's does; SignalWire's, undocumented:
+    not here, so the bridge is tested on the token alone)."""
+    rest_prefix: ClassVar[str] = ""
+
+    def __init__(self, bridge_url: str, auth_token: str, *, account_sid: str | None = None) -> None:
+        super().__init__(bridge_url, auth_token)
+        self.auth_token = auth_token
+        self.account_sid = account_sid or "AC" + secrets.token_hex(16)
+        self._validator = RequestValidator(auth_token)
+        self._http = webhook_client()
+        self.call_updates: list[tuple[str, str]] = []
+        """(CallSid, TwiML) of every REST update that replaced a call's instructions."""
+        self._redirects: dict[str, str] = {}
+        """CallSid → the ``<Redirect>`` its stream's TwiML named: POSTed when the stream ends without the call."""
+
+    @classmethod
+    def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        return {"twilio": {"auth_token": secret, "api_base_url": rest_url, "validate_signatures": True}}
+
+    def rest_routes(self) -> list[BaseRoute]:
+        return [Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls/{call}.json", self._rest_call, methods=["POST"])]
+
+    async def _rest_call(self, request: Request) -> Response:
+        expected = "Basic " + base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode()
+        if request.headers.get("authorization") != expected or request.path_params["account"] != self.account_sid:
+            return JSONResponse({"code": 20003, "message": "Authenticate"}, status_code=401)
+        form = await request.form()
+        call = self.calls.get(request.path_params["call"])
+        if call is None or call.ended.is_set():
+            return JSONResponse({"code": 20404, "message": "not found"}, status_code=404)
+        twiml = form.get("Twiml")
+        if isinstance(twiml, str) and form.get("Status") is None:
+            try:
+                ET.fromstring(twiml)
+            except ET.ParseError:
+                return JSONResponse({"code": 12100, "message": "Document parse failure"}, status_code=400)
+            self.call_updates.append((call.call_id, twiml))
+            call.result.log(call.clock(), self.provider, f"call update: new TwiML {twiml}")
+            self.end_call(call.call_id)  # the new TwiML replaces <Connect><Stream>: the stream stops
+            return JSONResponse({"sid": call.call_id, "status": "in-progress"})
+        if form.get("Status") != "completed":
+            return JSONResponse({"code": 21220, "message": "Invalid call state"}, status_code=400)
+        self.end_call(call.call_id)
+        return JSONResponse({"sid": call.call_id, "status": "completed"})
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        await super().aclose()
+
+    def _redirect_target(self, bridge_url: str, redirect: str) -> str:
+        """A ``<Redirect>`` URL on the bridge this request goes to (the load balancer's pick, where there is one),
+        its path and query as the TwiML wrote them."""
+        voice = f"/{self.provider}/voice"
+        query = redirect.split(voice, 1)[1] if voice in redirect else ""
+        return f"{bridge_url}{voice}{query}"
+
+    def answer_params(self, call_id: str, first: bool) -> dict[str, str]:
+        return {
+            "AccountSid": self.account_sid,
+            "ApiVersion": "2010-04-01",
+            "CallSid": call_id,
+            "CallStatus": "ringing" if first else "in-progress",
+            "Direction": "inbound",
+            "From": "+15005550006",
+            "To": "+15005550001",
+            "Called": "+15005550001",
+            "Caller": "+15005550006",
+        }
+
+    async def open_stream(self, call: SimCall, reason: OpenReason) -> TwilioStream | None:
+        """POST the answer webhook (again after a drop: the ``<Redirect>``) and open the stream it names."""
+        result = call.result
+        if reason == "closed_by_bridge":
+            result.log(call.clock(), self.provider, "the bridge closed the stream: following <Redirect>")
+        params = self.answer_params(call.call_id, first=reason == "answer")
+        bridge_url = self.bridge_url
+        redirect = None if reason == "answer" else self._redirects.get(call.call_id)
+        for _ in range(_MAX_REDIRECTS):
+            opened = await answer_and_stream(
+                self._http, self._validator, bridge_url, params,
+                provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
+                url=None if redirect is None else self._redirect_target(bridge_url, redirect),
+            )  # fmt: skip
+            if not isinstance(opened, TwimlRedirect):
+                break
+            result.log(call.clock(), self.provider, f"TwiML <Pause> {opened.pause_s:g} s, then <Redirect>")
+            await asyncio.sleep(opened.pause_s)
+            params = self.answer_params(call.call_id, first=False)
+            redirect = opened.url
+            if self.route is not None:  # the redirect URL is the load balancer's: it picks the bridge again
+                bridge_url = self.bridge_url = self.route("redirected").rstrip("/")
+            else:
+                bridge_url = opened.url.split(f"/{self.provider}/voice")[0]
+        else:
+            result.log(call.clock(), self.provider, f"more than {_MAX_REDIRECTS} redirects: the call ends")
+            return None
+        if isinstance(opened, str):
+            result.log(call.clock(), self.provider, opened)
+            return None
+        if opened.redirect_url is not None:
+            self._redirects[call.call_id] = opened.redirect_url
+        return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
+
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"event": "transcription", "streamSid": stream.stream_id, "transcription": {"text": "hi"}}).decode()
+
+    def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
+        assert isinstance(stream, TwilioStream)
+        sid = stream.stream_id
+
+        def media(payload: str = "/////w==", stream_sid: str = sid) -> str:
+            body = {"track": "inbound", "chunk": "1", "timestamp": "0", "payload": payload}
+            return orjson.dumps({"event": "media", "sequenceNumber": "2", "media": body, "streamSid": stream_sid}).decode()
+
+        return {
+            "non_json_text": ("{this is not json", "not_json"),
+            "binary_frame": (b"\x00\x01\x02", "binary_frame"),
+            "wrong_stream_id": (media(stream_sid="MZ" + "0" * 32), "wrong_stream"),
+            "invalid_base64": (media(payload="%%%not-base64%%%"), "bad_base64"),
+            "oversized_message": ('{"event":"media","pad":"' + "x" * 300_000 + '"}', "oversized"),
+            "event_not_a_name": (f'{{"event":7,"streamSid":"{sid}"}}', "bad_field"),
+            "second_start": (orjson.dumps({"event": "start", "start": {"streamSid": sid, "callSid": stream.call.call_id}, "streamSid": sid}).decode(), "out_of_order"),
+        }
+
+    async def forged_requests_refused(self) -> bool:
+        url = f"{self.bridge_url}/{self.provider}/voice"
+        params = self.answer_params(self.new_call_id(), first=True)
+        forged = await self._http.post(url, data=params, headers={self.signature_header: "forged"})
+        unsigned = await self._http.post(url, data=params)
+        refused = forged.status_code == unsigned.status_code == 403
+        ws_url = url.replace("http", "ws", 1).removesuffix("/voice") + "/media"
+        try:
+            async with connect(ws_url, additional_headers={self.signature_header: "forged"}):
+                return False
+        except InvalidStatus as exc:
+            return refused and exc.response.status_code == 403

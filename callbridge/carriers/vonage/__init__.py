@@ -1,0 +1,15 @@
+"""Vonage Voice API websockets: NCCO answer, signed webhooks, JWT REST."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="vonage",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=True, transfer=True),
+    section="vonage",
+    secret="signature_secret",
+    carrier="http:CARRIER",
+    codec="wire:VonageCodec",
+    simulator="sim:SimulatedVonage",
+)

@@ -1,0 +1,75 @@
+"""The carrier registry (``callbridge.carriers.CARRIERS``) is the one list, and what each ``CarrierSpec`` says is
+what the carrier's own modules do: its routes load under its name, its capabilities are its codec's profile and
+its simulator's behaviour, its settings section and secret exist."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from callbridge.carriers import CARRIERS, carrier_spec, simulated, simulated_names
+from callbridge.carriers.base import CarrierProfile
+from callbridge.carriers.generic.wire import default_codecs
+from callbridge.carriers.spec import CarrierSpec
+from callbridge.config import Settings
+
+SPECS = {spec.name: spec for spec in CARRIERS}
+
+
+def _profile(spec: CarrierSpec) -> CarrierProfile:
+    if spec.codec is not None:
+        return spec.codec_factory()().profile
+    profile = importlib.import_module(f"{spec.package}.wire").PROFILE
+    assert isinstance(profile, CarrierProfile)
+    return profile
+
+
+def test_names_are_unique_and_each_package_is_its_own() -> None:
+    assert len(SPECS) == len(CARRIERS)
+    for spec in CARRIERS:
+        assert spec.package == f"callbridge.carriers.{spec.name}"
+        assert carrier_spec(spec.name) is spec
+    with pytest.raises(LookupError):
+        carrier_spec("nope")
+
+
+@pytest.mark.parametrize("spec", CARRIERS, ids=lambda spec: spec.name)
+def test_the_carrier_loads_under_its_name(spec: CarrierSpec) -> None:
+    carrier = spec.load_carrier()
+    assert carrier.name == spec.name
+    assert carrier.router is not None or carrier.listener is not None  # something of it is served
+
+
+@pytest.mark.parametrize("spec", [s for s in CARRIERS if s.name != "generic"], ids=lambda spec: spec.name)
+def test_capabilities_are_what_the_codec_and_the_simulator_do(spec: CarrierSpec) -> None:
+    profile = _profile(spec)
+    assert (profile.uses_marks, profile.flushes) == (spec.capabilities.marks, spec.capabilities.flush)
+    simulator = spec.simulator_class()
+    assert simulator.provider == spec.name
+    assert simulator.can_reconnect == spec.capabilities.reconnect
+    assert simulator.uses_marks == spec.capabilities.marks
+    carrier = spec.load_carrier()
+    if spec.capabilities.dtmf_out or spec.capabilities.transfer:  # a REST client that acts, or a listener that does
+        rest = carrier.rest(Settings()) if carrier.rest is not None else None
+        assert hasattr(rest, "perform") or spec.name in ("telnyx", "sip"), spec.name  # those two register at start
+
+
+@pytest.mark.parametrize("spec", [s for s in CARRIERS if s.section is not None], ids=lambda spec: spec.name)
+def test_the_settings_section_and_the_secret_exist(spec: CarrierSpec) -> None:
+    assert spec.section is not None
+    section = Settings.model_fields[spec.section].annotation
+    assert section is not None and hasattr(section, "model_fields")
+    if spec.secret is not None:
+        assert spec.secret in section.model_fields  # type: ignore[attr-defined]
+
+
+def test_the_generic_media_url_takes_every_websocket_carrier() -> None:
+    websocket = {spec.name for spec in CARRIERS if spec.transport == "websocket" and spec.name != "generic"}
+    assert set(default_codecs()) == websocket == {"twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage"}
+    for name, factory in default_codecs().items():
+        assert factory().provider == name
+
+
+def test_every_carrier_but_the_generic_url_is_simulated() -> None:
+    assert set(simulated_names()) == set(SPECS) - {"generic"} == set(simulated())

@@ -1,0 +1,88 @@
+"""The package layout holds: the import contracts in ``pyproject.toml`` (SIP a protocol library, the codecs and each
+carrier's wire codec free of I/O, the call logic blind to carriers, carriers out of each other's packages) are
+kept, and no module imports itself back through others, not even lazily inside a function."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_import_contracts_are_kept() -> None:
+    """In a process of its own: import-linter reconfigures the logging of the process it runs in."""
+    script = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 kept, 0 broken" in result.stdout, result.stdout
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            module, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
+                elif child in on_stack:
+                    low[module] = min(low[module], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[module])
+            if low[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle() -> None:
+    sys.path.insert(0, str(ROOT))
+    try:
+        graph = grimp.build_graph("callbridge", cache_dir=None)
+    finally:
+        sys.path.remove(str(ROOT))
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle(tmp_path: Path) -> None:
+    package = tmp_path / "circle"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from circle import b\n")
+    (package / "b.py").write_text("from circle import c\n")
+    (package / "c.py").write_text("import circle.a\n")
+    (package / "d.py").write_text("import circle.a\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        graph = grimp.build_graph("circle", cache_dir=None)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert _cycles(graph) == [["circle.a", "circle.b", "circle.c"]]  # a imports b lazily, inside a function
