@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -26,7 +25,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -42,7 +40,19 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.codecs import ResamplerQuality
+from callbridge.config_types import (
+    Host,
+    HttpUrl,
+    Network,
+    Port,
+    Section,
+    TransferTarget,
+    rsa_private_key_file,
+    url_check,
+    whole_number,
+)
 
 __all__ = [
     "CONFIG_FILE_ENV",
@@ -57,118 +67,13 @@ __all__ = [
 
 CONFIG_FILE_ENV = "CALLBRIDGE_CONFIG"
 
-Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-def _whole_number(value: Any) -> Any:
-    """A whole number given as text (an env var, ``--set``) as the int it names, so that an integer ``Literal``
-    takes ``"8000"`` as TOML's ``8000``; anything else as it came (the Literal then refuses it)."""
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return value
-
-
-def _url_check(*schemes: str) -> AfterValidator:
-    """A URL with one of ``schemes`` and a host (``ws://host:port``): refused at load, not at the first call."""
-
-    def check(value: Any) -> Any:
-        text = value.get_secret_value() if isinstance(value, SecretStr) else value
-        from urllib.parse import urlsplit
-
-        try:
-            parts = urlsplit(text)
-            parts.port  # noqa: B018 - raises on a port that is not a number
-        except ValueError as exc:
-            raise ValueError(f"not a URL ({exc})") from None
-        if parts.scheme not in schemes:
-            raise ValueError("needs a URL starting " + " or ".join(f"{scheme}://" for scheme in schemes))
-        if not parts.hostname and parts.scheme != "unix":
-            raise ValueError(f"needs a host ({schemes[0]}://host:port)")
-        return value
-
-    return AfterValidator(check)
-
-
-def _rsa_private_key_file(path: Path) -> Path:
-    """An unencrypted PEM RSA private key that can be read (a Vonage application's ``private.key``), checked at load:
-    otherwise the first hang-up would be the first to find out."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read the private key file: {exc.strerror}") from None
-    from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        key = load_pem_private_key(data, password=None)
-    except TypeError:
-        raise ValueError("the private key is encrypted: give the unencrypted PEM Vonage generated") from None
-    except ValueError:
-        raise ValueError("not a PEM private key (-----BEGIN PRIVATE KEY-----): give the one Vonage generated") from None
-    if not isinstance(key, RSAPrivateKey):
-        raise ValueError("not an RSA private key (Vonage signs with RS256)")
-    return path
-
-
-HttpUrl = Annotated[str, _url_check("https", "http")]
-"""An http(s) base URL, kept as the text given (a trailing slash or path is the user's)."""
-
-
-def _network(value: str) -> str:
-    import ipaddress
-
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise ValueError("not an IP address or CIDR (203.0.113.0/24, 2001:db8::/32)") from None
-    return value
-
-
-Network = Annotated[str, AfterValidator(_network)]
-"""An address or CIDR whose peers are admitted, checked at load (not when the listener starts)."""
-
-_HOSTNAME: Final = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
-
-
-def _host(value: str) -> str:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        if not _HOSTNAME.match(value):
-            raise ValueError("neither an IP address nor a host name") from None
-    return value
-
-
-Host = Annotated[str, AfterValidator(_host)]
-"""An IP address or a DNS host name (RFC 1123), as SIP's Contact and SDP's ``c=`` carry it."""
-
-_PHONE_NUMBER: Final = re.compile(r"^\+?[0-9]{2,20}$")
-
-
-def _transfer_target(value: str) -> str:
-    if value.lower().startswith(("sip:", "sips:")) and len(value.split(":", 1)[1]) > 0:
-        return value
-    if _PHONE_NUMBER.match(value):
-        return value
-    raise ValueError("neither a phone number (+15550100) nor a SIP URI (sip:frontdesk@pbx.example.com)")
-
-
-TransferTarget = Annotated[str, AfterValidator(_transfer_target)]
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 class LogFormat(enum.Enum):
     AUTO = "auto"  # console on a terminal, JSON lines otherwise
     JSON = "json"
     CONSOLE = "console"
 
 
-class ServerSettings(_Section):
+class ServerSettings(Section):
     host: str = "127.0.0.1"
     port: Port = 8080
     public_url: HttpUrl | None = None
@@ -203,13 +108,13 @@ class ServerSettings(_Section):
     """Bearer token for ``/admin/…`` (engine pool: list, drain, undrain); unset: those routes are off (404)."""
 
 
-class LogSettings(_Section):
+class LogSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: LogFormat = LogFormat.AUTO
 
 
-class AudioSettings(_Section):
-    engine_input_rate_hz: Annotated[Literal[8000, 16000, 24000], BeforeValidator(_whole_number)] = 16000
+class AudioSettings(Section):
+    engine_input_rate_hz: Annotated[Literal[8000, 16000, 24000], BeforeValidator(whole_number)] = 16000
     resampler_quality: ResamplerQuality = ResamplerQuality.LD
     """LD: low-delay polyphase FIR (~3 ms); QQ…VHQ: soxr recipes, which hold 20–170 ms back per stream."""
     playout_lead_ms: Annotated[int, Field(ge=20, le=2000)] = 200
@@ -218,10 +123,10 @@ class AudioSettings(_Section):
     """A playback marker every N 20 ms frames (carriers with markers)."""
 
 
-class EngineSettings(_Section):
+class EngineSettings(Section):
     kind: Literal["local", "realtime", "inline"] = "local"
     """local: the embedded CPU engine; realtime: vllm-omni servers over websockets; inline: vllm-omni in process."""
-    urls: list[Annotated[str, _url_check("ws", "wss")]] = Field(default_factory=list, validate_default=True)
+    urls: list[Annotated[str, url_check("ws", "wss")]] = Field(default_factory=list, validate_default=True)
     """vllm-omni servers (``ws://host:port``) for kind = realtime."""
     api_key: SecretStr | None = None
     model: str | None = None
@@ -273,7 +178,7 @@ class EngineSettings(_Section):
         return urls
 
 
-class CallActionsSettings(_Section):
+class CallActionsSettings(Section):
     """What the agent (the speech model) may do to the call: the telephony tools declared to it."""
 
     enabled: bool = False
@@ -283,7 +188,7 @@ class CallActionsSettings(_Section):
     another number. Empty: no transfer tool."""
 
 
-class LocalEngineSettings(_Section):
+class LocalEngineSettings(Section):
     """The embedded CPU engine (engine.kind = "local", and ``callbridge engine-server``)."""
 
     agent: Literal["echo", "loopback", "tone", "actions"] = "echo"
@@ -295,7 +200,7 @@ class LocalEngineSettings(_Section):
     idle_ttl_s: Annotated[float, Field(gt=0)] = 300.0
 
 
-class EngineServerSettings(_Section):
+class EngineServerSettings(Section):
     """``callbridge engine-server``: the embedded engine behind vllm-omni's duplex websocket protocol."""
 
     host: str = "127.0.0.1"
@@ -306,9 +211,9 @@ class EngineServerSettings(_Section):
     resume_replay_max_bytes: Annotated[int, Field(ge=1024)] = 8 * 1024 * 1024
 
 
-class RegistrySettings(_Section):
+class RegistrySettings(Section):
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: Annotated[SecretStr, _url_check("redis", "rediss", "unix")] | None = None
+    redis_url: Annotated[SecretStr, url_check("redis", "rediss", "unix")] | None = None
     """``redis://[:password@]host:port/db``; masked in output since it may hold a password."""
     checkpoint_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     """With a shared registry: how often a live call's ticket (its engine session's resume state) is brought up to
@@ -322,7 +227,7 @@ class RegistrySettings(_Section):
         return self
 
 
-class TwilioSettings(_Section):
+class TwilioSettings(Section):
     auth_token: SecretStr | None = None
     validate_signatures: bool = True
     """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
@@ -330,7 +235,7 @@ class TwilioSettings(_Section):
     """Where the REST API (hang-up) is; a regional host, or a simulated Twilio in tests."""
 
 
-class SignalWireSettings(_Section):
+class SignalWireSettings(Section):
     project_id: str | None = None
     api_token: SecretStr | None = None
     signing_key: SecretStr | None = None
@@ -343,7 +248,7 @@ class SignalWireSettings(_Section):
     """Overrides the REST base derived from ``space_url`` (tests point it at a simulated SignalWire)."""
 
 
-class TelnyxSettings(_Section):
+class TelnyxSettings(Section):
     api_key: SecretStr | None = None
     """Call Control REST (answer, streaming_start, hangup): ``Authorization: Bearer <api_key>``."""
     public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$")] | None = None
@@ -356,7 +261,7 @@ class TelnyxSettings(_Section):
     """The stream codec both ways (``stream_codec`` and ``stream_bidirectional_codec``): G.711 μ-law or A-law."""
 
 
-class PlivoSettings(_Section):
+class PlivoSettings(Section):
     auth_id: str | None = None
     auth_token: SecretStr | None = None
     """REST hang-up (basic auth with ``auth_id``) and the key of X-Plivo-Signature-V3."""
@@ -370,7 +275,7 @@ class PlivoSettings(_Section):
     """The ``<Stream contentType>``: the audio format of both directions."""
 
 
-class ExotelSettings(_Section):
+class ExotelSettings(Section):
     account_sid: str | None = None
     """For reference (logs); the bridge makes no Exotel REST call: closing the socket ends the bot segment."""
     api_key: str | None = None
@@ -384,14 +289,14 @@ class ExotelSettings(_Section):
     """The smallest outbound media chunk (Exotel: 3.2 kB, a multiple of 320); frames are also ≥ 100 ms."""
 
 
-class VonageSettings(_Section):
+class VonageSettings(Section):
     application_id: str | None = None
     """The Vonage application: claim of the REST hang-up JWT, and checked against signed webhooks' claim."""
-    private_key_path: Annotated[Path, AfterValidator(_rsa_private_key_file)] | None = None
+    private_key_path: Annotated[Path, AfterValidator(rsa_private_key_file)] | None = None
     """The application's private key (PEM) that signs the REST hang-up JWT (RS256); read and parsed at load."""
     signature_secret: SecretStr | None = None
     """The account's signature secret: signed webhooks are HS256 JWTs over the body's SHA-256."""
-    audio_rate_hz: Annotated[Literal[8000, 16000], BeforeValidator(_whole_number)] = 16000
+    audio_rate_hz: Annotated[Literal[8000, 16000], BeforeValidator(whole_number)] = 16000
     """The L16 rate of the websocket (``content-type: audio/l16;rate=…``), both directions."""
     validate_signatures: bool = True
     """Check the signed-webhook JWT on the answer and event webhooks. Switch off only for local development."""
@@ -399,7 +304,7 @@ class VonageSettings(_Section):
     """Where the Voice REST API (hang-up) is; a regional host, or a simulated Vonage in tests."""
 
 
-class AudioSocketSettings(_Section):
+class AudioSocketSettings(Section):
     """Asterisk AudioSocket: a TCP listener Asterisk connects to (``AudioSocket(<uuid>,host:port)``)."""
 
     enabled: bool = False
@@ -413,7 +318,7 @@ class AudioSocketSettings(_Section):
     """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms)."""
 
 
-class SipRegistrationSettings(_Section):
+class SipRegistrationSettings(Section):
     """One binding of the SIP listener at a registrar (a PBX or trunk that only sends calls to registered
     contacts): ``callbridge.sip.registration``."""
 
@@ -442,7 +347,7 @@ class SipRegistrationSettings(_Section):
             raise ValueError(f"aor: {self.aor!r} has no user part (sip:user@domain)")
 
 
-class SipSettings(_Section):
+class SipSettings(Section):
     """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
 
     enabled: bool = False
@@ -502,6 +407,7 @@ class Settings(BaseSettings):
     plivo: PlivoSettings = PlivoSettings()
     exotel: ExotelSettings = ExotelSettings()
     vonage: VonageSettings = VonageSettings()
+    bandwidth: BandwidthSettings = BandwidthSettings()
     audiosocket: AudioSocketSettings = AudioSocketSettings()
     sip: SipSettings = SipSettings()
 

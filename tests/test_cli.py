@@ -147,4 +147,4 @@ def test_simulate_offers_every_simulated_carrier() -> None:
             main([command, "--provider", "nope"])
     for name, simulator in simulated().items():
         assert simulator.provider == name
-    assert sorted(simulated()) == ["audiosocket", "exotel", "plivo", "signalwire", "sip", "telnyx", "twilio", "vonage"]
+    assert sorted(simulated()) == ["audiosocket", "bandwidth", "exotel", "plivo", "signalwire", "sip", "telnyx", "twilio", "vonage"]

@@ -21,7 +21,7 @@ DOCS = sorted(
         ROOT / "bench" / "RESULTS.md",
         ROOT / "config" / "callbridge.example.toml",
         ROOT / "Dockerfile",
-        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "docs").rglob("*.md"),
         *(ROOT / "deploy").rglob("*.yaml"),
         *(ROOT / "deploy").rglob("*.cfg"),
     ]

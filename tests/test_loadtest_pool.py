@@ -88,20 +88,23 @@ async def test_every_carrier_can_share_its_rest_api_across_processes(provider: s
     carrier = SIMULATED[provider]("http://127.0.0.1:1", "s3cret-0123456789abcdef")
     try:
         assert shareable_problem(carrier) is None
-        router = _RestRouter(carrier.rest_routes(), 3)
+        router = _RestRouter(carrier.rest_routes(), 3, carrier.stateless_rest_paths)
         paths = {
+            "bandwidth": "/api/v2/accounts/9900001/calls/{call}",
             "twilio": "/2010-04-01/Accounts/AC1/Calls/{call}.json",
             "signalwire": "/api/laml/2010-04-01/Accounts/AC1/Calls/{call}.json",
             "telnyx": "/v2/calls/{call}/actions/hangup",
             "plivo": "/v1/Account/MA1/Call/{call}/",
             "vonage": "/v1/calls/{call}",
         }
-        methods = {"twilio": "POST", "signalwire": "POST", "telnyx": "POST", "plivo": "DELETE", "vonage": "PUT"}
+        methods = {"twilio": "POST", "signalwire": "POST", "telnyx": "POST", "plivo": "DELETE", "vonage": "PUT", "bandwidth": "POST"}
         if provider in paths:
             for _ in range(20):
                 call_id = carrier.new_call_id()
                 assert router.shard_for(methods[provider], paths[provider].format(call=call_id)) == shard_of(call_id, 3)
             assert router.shard_for("GET", "/nothing/here") is None
+            for path in carrier.stateless_rest_paths:  # an OAuth token: any process answers it alike
+                assert router.shard_for("POST", path) == 0
         else:
             assert carrier.rest_routes() == []  # the bridge calls nothing back: nothing to share
         await router.aclose()

@@ -72,6 +72,7 @@ class BridgeState:
             ),
             hang_up=hang_up or self._hang_up,
         )
+        self.services.carrier_rests.update(self.rest)
         for name, rest in self.rest.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
                 self.services.action_performers[name] = rest  # type: ignore[assignment]

@@ -668,6 +668,12 @@ class CallSession:
         self._on_carrier_event(StreamStopped(), now_ms)
         self.end_reason = reason
 
+    def carrier_digit(self, digit: str, now_ms: int) -> None:
+        """The carrier said out of band (a webhook) that the caller pressed ``digit``: as its DTMF event would."""
+        if self.state is not CallState.LIVE:
+            return  # before the stream started, or after it ended: no call to hear it
+        self._on_carrier_event(DtmfReceived(digit), now_ms)
+
     def message_refused(self, detail: str) -> None:
         """The transport refused a carrier message before reading it (over the websocket's size limit, closed
         1009): bad input, as if the codec had refused it — the stream ends, its call the carrier's way."""

@@ -410,6 +410,12 @@ class MediaStreamDriver:
             self.call.carrier_ended(reason, _now_ms())
             await self._flush()
 
+    async def digit_by_carrier(self, digit: str) -> None:
+        """The carrier's webhook says the caller pressed ``digit``: as a digit on the wire."""
+        async with self._lock:
+            self.call.carrier_digit(digit, _now_ms())
+            await self._flush()
+
     # ---------------------------------------------------------------- engine
 
     async def _pump(self, session: DuplexSession) -> None:

@@ -110,6 +110,9 @@ class SignalKind(enum.Enum):
     """The carrier opened a new stream for the call (it reconnected) while a stream still holds the call's engine
     session: that stream's connection is half-open (the drop never reached it). It is ended as lost, so its
     detach hands the engine session to the new stream now rather than at its idle timeout."""
+    DTMF = "dtmf"
+    """A carrier's webhook says the caller pressed a key (Bandwidth ``dtmf``); ``detail`` is the digit. The call's
+    stream takes it as a digit on the wire."""
     STREAM_ENDED = "stream_ended"
     """A carrier's webhook says a media socket ended as the end of the call (Vonage ``completed`` for the websocket
     leg); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""

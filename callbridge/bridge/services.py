@@ -282,6 +282,10 @@ class LiveStream(Protocol):
         """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
         ...
 
+    async def digit_by_carrier(self, digit: str) -> None:
+        """The carrier said, out of band (a webhook), that the caller pressed ``digit``: as a digit on the wire."""
+        ...
+
     async def superseded(self) -> None:
         """The carrier opened a new stream for this call: this one's connection is gone, whether or not its drop
         reached us. End it as lost (its engine session detached for the new stream)."""
@@ -320,6 +324,8 @@ class BridgeServices:
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
     action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
     """carrier → what transfers its calls and sends DTMF on them (its REST client, the SIP listener)."""
+    carrier_rests: dict[str, object] = field(default_factory=dict)
+    """carrier → its REST client (the app's, one per process), for a carrier's webhooks that call its API."""
     pacing: PacingClock = field(default_factory=PacingClock)
     """The one timer that wakes every call's pacer."""
     cpu: CpuMeter = field(default_factory=CpuMeter)
@@ -492,6 +498,8 @@ class BridgeServices:
                         self.spawn(self._take(signal, stream.end_by_carrier(signal.detail)))
                     elif stream is not None and signal.kind is SignalKind.STREAM_SUPERSEDED:
                         self.spawn(self._take(signal, stream.superseded()))
+                    elif stream is not None and signal.kind is SignalKind.DTMF:
+                        self.spawn(self._take(signal, stream.digit_by_carrier(signal.detail)))
                     for handler in self.signal_handlers.get(signal.kind, ()):
                         self.spawn(self._take(signal, handler(signal)))
             except Exception as exc:  # noqa: BLE001 - the listener outlives any one failure; it listens again
@@ -513,6 +521,16 @@ class BridgeServices:
             await self.registry.signal(CallSignal(call_id, kind, detail, self.process_id))
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+
+    async def digit_from_carrier(self, call_id: str, digit: str) -> None:
+        """A carrier's webhook says the caller pressed ``digit`` (Bandwidth's ``<StartGather>``), where its media
+        socket carries no digits: the call's stream takes it as a digit on the wire, here or, by signal, on the
+        process that holds it."""
+        stream = self.live_streams.get(call_id)
+        if stream is not None:
+            await stream.digit_by_carrier(digit)
+        else:
+            await self.send_signal(call_id, SignalKind.DTMF, digit)
 
     async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
         """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from callbridge.carriers import audiosocket, exotel, generic, plivo, signalwire, sip, telnyx, twilio, vonage
+from callbridge.carriers import audiosocket, bandwidth, exotel, generic, plivo, signalwire, sip, telnyx, twilio, vonage
 from callbridge.carriers.spec import CarrierSpec
 
 if TYPE_CHECKING:
@@ -27,6 +27,7 @@ CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     telnyx.SPEC,
     plivo.SPEC,
     vonage.SPEC,
+    bandwidth.SPEC,
     audiosocket.SPEC,
     sip.SPEC,
     generic.SPEC,

@@ -341,6 +341,9 @@ class SimulatedCarrier(ABC):
     """A carrier's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str]
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset()
+    """REST routes that name no call and that any instance with the account's secret answers alike (an OAuth
+    token endpoint): a load test split across processes sends them to any one."""
     can_reconnect: ClassVar[bool] = True
     """After a network drop the carrier opens a new media connection on the same call."""
     says_goodbye: ClassVar[bool] = True

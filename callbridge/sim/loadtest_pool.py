@@ -84,7 +84,11 @@ def _call_param(route: BaseRoute) -> str | None:
 
 def shareable_problem(carrier: SimulatedCarrier) -> str | None:
     """Why ``carrier`` cannot be split across processes (None: it can)."""
-    unrouted = [getattr(route, "path", repr(route)) for route in carrier.rest_routes() if _call_param(route) is None]
+    unrouted = [
+        path
+        for route in carrier.rest_routes()
+        if _call_param(route) is None and (path := getattr(route, "path", repr(route))) not in carrier.stateless_rest_paths
+    ]
     if unrouted:
         return f"its REST routes {unrouted} name no call, so the processes cannot share --rest-port"
     return None
@@ -151,9 +155,10 @@ async def _child(job: _Job, conn: Connection) -> None:
 class _RestRouter:
     """The simulated carrier's REST API on ``--rest-port``: each request goes to the child that placed its call."""
 
-    def __init__(self, routes: list[BaseRoute], shards: int) -> None:
+    def __init__(self, routes: list[BaseRoute], shards: int, stateless: frozenset[str] = frozenset()) -> None:
         self.routes = routes
         self.shards = shards
+        self.stateless = stateless
         self.ports: dict[int, int] = {}
         self._http = webhook_client()
         methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -190,6 +195,8 @@ class _RestRouter:
             name = _call_param(route)
             if match is Match.FULL and name is not None:
                 return shard_of(str(child_scope["path_params"][name]), self.shards)
+            if match is Match.FULL and getattr(route, "path", None) in self.stateless:
+                return 0  # any process answers it alike
         return None
 
     async def _forward(self, request: Request) -> Response:
@@ -233,12 +240,12 @@ async def run_pooled(
     ``RuntimeError`` when a process fails, ``OSError`` when the REST port is taken."""
     probe = carrier_spec(provider).simulator_class()(url, secret)
     try:
-        problem, routes = shareable_problem(probe), probe.rest_routes()
+        problem, routes, stateless = shareable_problem(probe), probe.rest_routes(), probe.stateless_rest_paths
     finally:
         await probe.aclose()
     if problem is not None:
         raise ValueError(f"{provider} cannot run in several processes: {problem}")
-    router = _RestRouter(routes, processes) if routes else None
+    router = _RestRouter(routes, processes, stateless) if routes else None
     context = multiprocessing.get_context("spawn")
     children: list[_Child] = []
     try:

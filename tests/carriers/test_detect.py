@@ -58,6 +58,11 @@ FIRST_MESSAGES: dict[str, list[str]] = {
     "vonage": [
         dumps({"event": "websocket:connected", "content-type": "audio/l16;rate=16000", "call_uuid": "63f6-uuid", "token": "t"}),
     ],
+    "bandwidth": [
+        dumps({"eventType": "start", "metadata": {
+            "accountId": "9900001", "callId": "c-1-2", "streamId": "s-1", "streamName": "n",
+            "tracks": [{"name": "inbound", "mediaFormat": {"encoding": "audio/PCMU", "sampleRate": 8000}}]}, "streamParams": {"token": "t"}}),
+    ],
 }
 
 

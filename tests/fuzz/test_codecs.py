@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from callbridge.carriers.bandwidth.wire import BandwidthCodec
 from callbridge.carriers.base import ProviderCodec
 from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.carriers.exotel.wire import ExotelCodec
@@ -23,6 +24,7 @@ from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.carriers.vonage.wire import VonageCodec
 from callbridge.carriers.signalwire.wire import signalwire_codec
 from tests.carriers import (
+    test_bandwidth,
     test_exotel,
     test_plivo,
     test_telnyx,
@@ -119,7 +121,13 @@ VONAGE = [
     {"event": "websocket:cleared"},
     {"event": "websocket:media:update", "content-type": "audio/l16;rate=16000"},
 ]
-DETECT = [_j(m) for messages in FIRST_MESSAGES.values() for m in messages] + TWILIO + TELNYX + PLIVO + EXOTEL + VONAGE
+BANDWIDTH = [
+    test_bandwidth.START,
+    test_bandwidth.media(),
+    test_bandwidth.media(sequence=2, track="outbound"),
+    {"eventType": "stop", "metadata": test_bandwidth.METADATA},
+]
+DETECT = [_j(m) for messages in FIRST_MESSAGES.values() for m in messages] + TWILIO + TELNYX + PLIVO + EXOTEL + VONAGE + BANDWIDTH
 
 _pcm = st.binary(max_size=700)
 CODECS: dict[str, tuple[Callable[[], ProviderCodec], list[Any], st.SearchStrategy[bytes] | None]] = {
@@ -129,6 +137,7 @@ CODECS: dict[str, tuple[Callable[[], ProviderCodec], list[Any], st.SearchStrateg
     "plivo": (PlivoCodec, PLIVO, None),
     "exotel": (ExotelCodec, EXOTEL, None),
     "vonage": (VonageCodec, VONAGE, _pcm),
+    "bandwidth": (BandwidthCodec, BANDWIDTH, None),
     "detect": (DetectingCodec, DETECT, _pcm),
 }
 NAMES = sorted(CODECS)
@@ -137,7 +146,7 @@ NAMES = sorted(CODECS)
 def opening(name: str) -> list[str]:
     """The messages that start a stream on ``name``'s codec: its first templates, up to the start."""
     templates = CODECS[name][1]
-    return [orjson.dumps(m).decode() for m in templates[: 1 if name in ("plivo", "vonage") else 2]]
+    return [orjson.dumps(m).decode() for m in templates[: 1 if name in ("plivo", "vonage", "bandwidth") else 2]]
 
 
 @pytest.mark.parametrize("name", NAMES)

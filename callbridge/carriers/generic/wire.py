@@ -9,6 +9,7 @@ The first message that names its carrier decides (telephony-protocols.md §0):
 ``start`` with ``stream_id``  Telnyx
 ``start`` with ``stream_sid`` Exotel
 ``start`` with ``streamId``   Plivo (``start.callId``, integer ``sequenceNumber``)
+``eventType`` ``start``       Bandwidth (``metadata``)
 ============================  =============================================
 
 A ``connected`` that comes first (Twilio, Telnyx, Exotel send one) is held and
@@ -40,6 +41,8 @@ UNKNOWN: Final = "unknown"
 
 def recognise(payload: Mapping[str, Any]) -> str | None:
     """The carrier a first message (parsed JSON) comes from, or None when it does not say."""
+    if payload.get("eventType") == "start" and isinstance(payload.get("metadata"), dict):
+        return "bandwidth"
     event = payload.get("event")
     if event == "websocket:connected":
         return "vonage"

@@ -1,0 +1,15 @@
+"""Bandwidth Programmable Voice: BXML answer, bidirectional media streams, OAuth 2.0 Voice API."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="bandwidth",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=False, flush=True, reconnect=True, dtmf_out=False, transfer=False),
+    section="bandwidth",
+    secret="callback_password",
+    carrier="http:CARRIER",
+    codec="wire:BandwidthCodec",
+    simulator="sim:SimulatedBandwidth",
+)

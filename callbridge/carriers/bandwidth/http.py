@@ -1,0 +1,330 @@
+"""Bandwidth's HTTP side: the answer webhook (BXML), the media websocket, the call's status, stream-event and DTMF
+webhooks, callback credentials, and the Voice API (OAuth 2.0) that hangs a call up and restarts its stream
+(``docs/carriers/bandwidth.md``).
+
+    initiate / redirect   ──▶  BXML: <StartGather> (digits by webhook), <StartStream mode="bidirectional"> to
+                               /bandwidth/media with the call's single-use token as a <StreamParam>, then a
+                               <Pause> as long as the longest call (the stream runs beside the BXML, which
+                               must not end)
+    mediaStreamStopped    ──▶  the call is not over: POST …/calls/{id} {redirectUrl: /bandwidth/answer}; the
+                               redirect answers a new stream, which resumes the engine session (at most
+                               ``MAX_STREAM_RESTARTS``, else the call is hung up, not left silent)
+    dtmf                  ──▶  the digit reaches the call's stream, whichever process holds it
+    disconnect            ──▶  the call is over (its stream ends as on a stop; a late stream is refused)
+
+Every webhook must carry the application's callback credentials (``Authorization: Basic``); the BXML gives the
+same credentials to the URLs it names, which Bandwidth requires to be https. Bandwidth signs nothing: a webhook
+replayed with the credentials is taken again (no replay check is possible). The media upgrade carries no
+credentials of its own: a stream is bridged only with the token an answer minted for its call.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import time
+from typing import Any, Final
+from urllib.parse import quote
+from xml.sax.saxutils import quoteattr
+
+import httpx
+import orjson
+from fastapi import APIRouter, Request, Response, WebSocket
+from pydantic import SecretStr
+
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
+from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.carriers.bandwidth.settings import BandwidthSettings
+from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.config import Settings
+from callbridge.logging import get_logger
+
+__all__ = [
+    "ANSWER_PATH",
+    "CARRIER",
+    "DTMF_PATH",
+    "MAX_STREAM_RESTARTS",
+    "MEDIA_PATH",
+    "STATUS_PATH",
+    "STREAM_EVENTS_PATH",
+    "BandwidthRest",
+    "bandwidth_router",
+    "stream_bxml",
+]
+
+log = get_logger(__name__)
+
+ANSWER_PATH: Final = "/bandwidth/answer"
+MEDIA_PATH: Final = "/bandwidth/media"
+STATUS_PATH: Final = "/bandwidth/status"
+"""The application's disconnect (and other call status) callback."""
+STREAM_EVENTS_PATH: Final = "/bandwidth/stream-events"
+DTMF_PATH: Final = "/bandwidth/dtmf"
+MAX_STREAM_RESTARTS: Final = 5
+"""Streams restarted for one call before it is hung up instead (a stream that fails at once would loop)."""
+RESTARTS: Final = "bandwidth_restarts"
+"""Registry counter: streams restarted for the call."""
+TOKEN_EARLY_S: Final = 60.0
+"""A bearer token is renewed this long before Bandwidth says it expires."""
+
+_FORBIDDEN = 403
+_HANGUP: Final = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
+
+
+# ------------------------------------------------------------------------ BXML
+
+
+def _credentials(config: BandwidthSettings) -> str:
+    """``username``/``password`` attributes for the URLs a BXML names, so that their callbacks authenticate."""
+    if config.callback_username is None or config.callback_password is None:
+        return ""
+    return f" username={quoteattr(config.callback_username)} password={quoteattr(config.callback_password.get_secret_value())}"
+
+
+def stream_bxml(base: str, token: str, call_id: str, config: BandwidthSettings, max_call_s: float) -> str:
+    """The answer: digits by webhook, a bidirectional stream carrying the call's token, then a pause the length of
+    the longest call (``<StartStream>`` does not block: BXML that ends ends the call). Each stream of a call needs
+    its own name: the token's first characters."""
+    auth = _credentials(config)
+    pause_s = min(86_400.0, max(1.0, max_call_s or 86_400.0))
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><Response>'
+        f'<StartGather dtmfUrl={quoteattr(base + DTMF_PATH)} dtmfMethod="POST"{auth}/>'
+        f'<StartStream name={quoteattr("callbridge-" + token[:12])} mode="bidirectional" tracks="inbound"'
+        f" destination={quoteattr(ws_url(base) + MEDIA_PATH)}"
+        f' streamEventUrl={quoteattr(base + STREAM_EVENTS_PATH)} streamEventMethod="POST"{auth}>'
+        f"<StreamParam name={quoteattr(TOKEN_PARAM)} value={quoteattr(token)}/>"
+        "</StartStream>"
+        f'<Pause duration="{pause_s:g}"/>'
+        "</Response>"
+    )
+
+
+def retry_bxml(base: str, config: BandwidthSettings) -> str:
+    """A draining process's answer to a known call's redirect: a pause, then a redirect to the public answer URL,
+    which the load balancer sends to a ready process."""
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?><Response>'
+        f'<Pause duration="{DRAIN_RETRY_PAUSE_S}"/>'
+        f'<Redirect redirectUrl={quoteattr(base + ANSWER_PATH)} redirectMethod="POST"{_credentials(config)}/>'
+        "</Response>"
+    )
+
+
+# ------------------------------------------------------------------------ auth
+
+
+class _Callbacks:
+    """The application's callback credentials, checked on every webhook."""
+
+    def __init__(self, config: BandwidthSettings) -> None:
+        self.enabled = config.validate_credentials
+        self._expected: bytes | None = None
+        if config.callback_username is not None and config.callback_password is not None:
+            pair = f"{config.callback_username}:{config.callback_password.get_secret_value()}".encode()
+            self._expected = b"Basic " + base64.b64encode(pair)
+
+    def valid(self, header: str | None) -> bool:
+        if not self.enabled:
+            return True
+        if self._expected is None or header is None:
+            return False
+        return hmac.compare_digest(self._expected, header.strip().encode())
+
+
+async def _event(request: Request) -> dict[str, Any] | None:
+    """The webhook's JSON object, or None when it is not one."""
+    try:
+        payload = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+# --------------------------------------------------------------------- router
+
+
+def bandwidth_router(services: BridgeServices) -> APIRouter:
+    """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
+    settings = services.settings
+    config = settings.bandwidth
+    callbacks = _Callbacks(config)
+    if callbacks.enabled and callbacks._expected is None:
+        log.info("carrier_not_configured", provider="bandwidth", detail="no bandwidth.callback_username/password: every bandwidth webhook gets 403")
+    rest = services.carrier_rests.get("bandwidth")
+    if not isinstance(rest, BandwidthRest):  # an app without the carrier's REST client (a test's): a fresh one
+        rest = BandwidthRest(config)
+    kept_ms = int((settings.server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS
+    router = APIRouter()
+
+    async def _checked(request: Request, path: str) -> dict[str, Any] | None:
+        """The webhook's event, when its credentials hold; else None (answered 403). An event without a
+        ``callId`` is answered 400 by the caller."""
+        if not callbacks.valid(request.headers.get("authorization")):
+            log.warning("credentials_invalid", provider="bandwidth", path=path)
+            return None
+        return await _event(request)
+
+    @router.post(ANSWER_PATH)
+    async def answer(request: Request) -> Response:
+        event = await _checked(request, ANSWER_PATH)
+        if event is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = event.get("callId")
+        if not isinstance(call_id, str) or not call_id:
+            return Response("callId missing", status_code=400)
+        base = public_base(settings, str(request.base_url))
+        decision = await services.decide_answer(call_id, "bandwidth")
+        match decision.kind:
+            case AnswerKind.HANG_UP | AnswerKind.BUSY:
+                bxml = _HANGUP
+            case AnswerKind.RETRY_ELSEWHERE:
+                bxml = retry_bxml(base, config)
+            case AnswerKind.ANSWER:
+                assert decision.token is not None
+                log.info("call_answered", call_id=call_id, provider="bandwidth", event_type=event.get("eventType"))
+                bxml = stream_bxml(base, decision.token, call_id, config, settings.server.max_call_duration_s)
+        return Response(bxml, media_type="application/xml")
+
+    @router.websocket(MEDIA_PATH)
+    async def media(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await MediaStreamDriver(websocket, BandwidthCodec(), services).run()
+
+    @router.post(STATUS_PATH)
+    async def status(request: Request) -> Response:
+        event = await _checked(request, STATUS_PATH)
+        if event is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = event.get("callId")
+        if event.get("eventType") == "disconnect" and isinstance(call_id, str) and call_id:
+            log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=event.get("cause"))
+            await services.call_ended_by_carrier(call_id, f"caller_hung_up:{event.get('cause', 'unknown')}")
+        return Response(status_code=204)
+
+    @router.post(DTMF_PATH)
+    async def dtmf(request: Request) -> Response:
+        event = await _checked(request, DTMF_PATH)
+        if event is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id, digit = event.get("callId"), event.get("digit")
+        if not isinstance(call_id, str) or not isinstance(digit, str) or len(digit) != 1 or digit not in "0123456789*#ABCD":
+            return Response("callId and one digit needed", status_code=400)
+        await services.digit_from_carrier(call_id, digit)
+        return Response(status_code=204)
+
+    @router.post(STREAM_EVENTS_PATH)
+    async def stream_events(request: Request) -> Response:
+        event = await _checked(request, STREAM_EVENTS_PATH)
+        if event is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id, event_type = event.get("callId"), event.get("eventType")
+        if not isinstance(call_id, str) or not call_id or not isinstance(event_type, str):
+            return Response(status_code=204)
+        label = event_type if event_type in ("mediaStreamStarted", "mediaStreamStopped", "mediaStreamRejected") else "other"
+        services.metrics.stream_status.labels("bandwidth", label).inc()
+        if label in ("mediaStreamStopped", "mediaStreamRejected"):
+            await _stream_ended(call_id, label, event, public_base(settings, str(request.base_url)))
+        else:
+            log.info("stream_status", provider="bandwidth", call_id=call_id, stream_event=event_type)
+        return Response(status_code=204)
+
+    async def _stream_ended(call_id: str, event_type: str, event: dict[str, Any], base: str) -> None:
+        """A stream of a call stopped: where the call is not over, it gets a new one (a redirect to the answer
+        URL), at most ``MAX_STREAM_RESTARTS`` times; a call that cannot have one is hung up, never left silent."""
+        try:
+            ended = await services.registry.ended_reason(call_id)
+            log_fn = log.warning if event_type == "mediaStreamRejected" else log.info
+            log_fn("stream_status", provider="bandwidth", call_id=call_id, stream_event=event_type, cause=event.get("cause"), ended=ended)
+            if ended is not None:
+                return  # the call is over for the bridge: its hang-up (or the caller's) is on its way
+            restarts = await services.registry.count(call_id, RESTARTS, kept_ms)
+            admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
+            if restarts > MAX_STREAM_RESTARTS or not admitted:
+                reason = "stream_restarts_exhausted" if restarts > MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
+                await services.registry.mark_ended(call_id, reason)
+                await rest.hang_up(call_id, None)
+                log.warning("call_hung_up", provider="bandwidth", call_id=call_id, reason=reason)
+                return
+            await rest.redirect(call_id, base + ANSWER_PATH)
+            log.info("stream_restarted", provider="bandwidth", call_id=call_id, restarts=restarts)
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            log.warning("voice_api_failed", provider="bandwidth", call_id=call_id, error=repr(exc))
+
+    return router
+
+
+# ----------------------------------------------------------------------- REST
+
+
+class BandwidthRest:
+    """The Voice API calls the bridge makes, with an OAuth 2.0 bearer token (``client_credentials``, kept until a
+    minute before it expires): end a call (``{"state": "completed"}``) and restart its stream (``redirectUrl``)."""
+
+    def __init__(self, config: BandwidthSettings, *, client: httpx.AsyncClient | None = None) -> None:
+        self._base = config.api_base_url.rstrip("/")
+        self._token_url = config.token_url
+        self._account = config.account_id
+        self._client_id = config.client_id
+        self._secret: SecretStr | None = config.client_secret
+        self._config = config
+        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._token: tuple[str, float] | None = None
+        """The bearer token and when to stop using it (monotonic seconds)."""
+
+    async def _bearer(self) -> str:
+        if self._token is not None and time.monotonic() < self._token[1]:
+            return self._token[0]
+        if not self._client_id or self._secret is None:
+            raise RuntimeError("the Voice API needs bandwidth.client_id and bandwidth.client_secret")
+        response = await self._client.post(
+            self._token_url, data={"grant_type": "client_credentials"}, auth=(self._client_id, self._secret.get_secret_value())
+        )
+        response.raise_for_status()
+        body = response.json()
+        token, expires_in = body.get("access_token"), body.get("expires_in", 3600)
+        if not isinstance(token, str) or not token:
+            raise RuntimeError("Bandwidth's token response has no access_token")
+        lifetime = float(expires_in) if isinstance(expires_in, int | float) else 3600.0
+        self._token = (token, time.monotonic() + max(0.0, lifetime - TOKEN_EARLY_S))
+        return token
+
+    async def _update(self, call_id: str, account_id: str | None, body: dict[str, str]) -> bool:
+        """``POST …/accounts/{account}/calls/{call}``: False when the call is not live (404)."""
+        account = self._account or account_id
+        if not account:
+            raise RuntimeError("the Voice API needs bandwidth.account_id")
+        url = f"{self._base}/accounts/{quote(account, safe='')}/calls/{quote(call_id, safe='')}"
+        response = await self._client.post(url, json=body, headers={"Authorization": f"Bearer {await self._bearer()}"})
+        if response.status_code == 401:
+            self._token = None  # revoked or expired early: the next call fetches a new one
+        if response.status_code == 404:
+            return False
+        response.raise_for_status()
+        return True
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """End the call; one that has already ended (404) counts as done. Raises ``httpx.HTTPError``."""
+        await self._update(call_id, account_id, {"state": "completed"})
+
+    async def redirect(self, call_id: str, url: str) -> bool:
+        """Send the call to ``url`` for new BXML (a new stream); False when the call is not live."""
+        body = {"redirectUrl": url, "redirectMethod": "POST"}
+        if self._config.callback_username is not None and self._config.callback_password is not None:
+            body |= {"username": self._config.callback_username, "password": self._config.callback_password.get_secret_value()}
+        return await self._update(call_id, None, body)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def bandwidth_rest(settings: Settings) -> BandwidthRest:
+    return BandwidthRest(settings.bandwidth)
+
+
+CARRIER: Final = Carrier(name="bandwidth", router=bandwidth_router, rest=bandwidth_rest)

@@ -1,0 +1,27 @@
+"""``[bandwidth]``: Bandwidth Programmable Voice (``CALLBRIDGE_BANDWIDTH__…``)."""
+
+from __future__ import annotations
+
+from pydantic import SecretStr
+
+from callbridge.config_types import HttpUrl, Section
+
+__all__ = ["BandwidthSettings"]
+
+
+class BandwidthSettings(Section):
+    account_id: str | None = None
+    """The Bandwidth account whose Voice API the REST calls use (hang-up, stream restart)."""
+    client_id: str | None = None
+    """OAuth 2.0 client credentials for the Voice API (Bandwidth's identity provider issues a bearer token)."""
+    client_secret: SecretStr | None = None
+    callback_username: str | None = None
+    """The Voice application's callback credentials: Bandwidth sends them as ``Authorization: Basic`` on every
+    webhook, which is refused without them."""
+    callback_password: SecretStr | None = None
+    validate_credentials: bool = True
+    """Refuse a webhook without the callback credentials. Switch off only for local development."""
+    api_base_url: HttpUrl = "https://voice.bandwidth.com/api/v2"
+    """The Voice API (``…/accounts/{account}/calls/{call}``); a simulated Bandwidth in tests."""
+    token_url: HttpUrl = "https://api.bandwidth.com/api/v1/oauth2/token"
+    """Where the OAuth 2.0 ``client_credentials`` token comes from."""
