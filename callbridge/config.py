@@ -41,6 +41,7 @@ from pydantic_settings import (
 )
 
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
+from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.codecs import ResamplerQuality
 from callbridge.config_types import (
     Host,
@@ -408,6 +409,7 @@ class Settings(BaseSettings):
     exotel: ExotelSettings = ExotelSettings()
     vonage: VonageSettings = VonageSettings()
     bandwidth: BandwidthSettings = BandwidthSettings()
+    jambonz: JambonzSettings = JambonzSettings()
     audiosocket: AudioSocketSettings = AudioSocketSettings()
     sip: SipSettings = SipSettings()
 

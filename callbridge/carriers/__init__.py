@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from callbridge.carriers import audiosocket, bandwidth, exotel, generic, plivo, signalwire, sip, telnyx, twilio, vonage
+from callbridge.carriers import audiosocket, bandwidth, exotel, generic, jambonz, plivo, signalwire, sip, telnyx, twilio, vonage
 from callbridge.carriers.spec import CarrierSpec
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     plivo.SPEC,
     vonage.SPEC,
     bandwidth.SPEC,
+    jambonz.SPEC,
     audiosocket.SPEC,
     sip.SPEC,
     generic.SPEC,

@@ -130,7 +130,7 @@ async def test_forged_credentials_are_refused(provider: str) -> None:
     assert recorder.opened == []
 
 
-UNKNOWN_EVENT_TYPES = {"vonage": "websocket:transcription", "audiosocket": "0x20"}
+UNKNOWN_EVENT_TYPES = {"vonage": "websocket:transcription", "audiosocket": "0x20", "jambonz": "playDone"}
 """The event type each simulator's ``unknown_event`` names (the JSON carriers: ``transcription``)."""
 
 

@@ -58,6 +58,10 @@ FIRST_MESSAGES: dict[str, list[str]] = {
     "vonage": [
         dumps({"event": "websocket:connected", "content-type": "audio/l16;rate=16000", "call_uuid": "63f6-uuid", "token": "t"}),
     ],
+    "jambonz": [
+        dumps({"sampleRate": 16000, "mixType": "mono", "callSid": "9f1c-uuid", "direction": "inbound", "from": "+1", "to": "+2",
+               "accountSid": "a1", "callbridge_token": "t"}),
+    ],
     "bandwidth": [
         dumps({"eventType": "start", "metadata": {
             "accountId": "9900001", "callId": "c-1-2", "streamId": "s-1", "streamName": "n",

@@ -66,7 +66,7 @@ def test_the_settings_section_and_the_secret_exist(spec: CarrierSpec) -> None:
 
 def test_the_generic_media_url_takes_every_websocket_carrier() -> None:
     websocket = {spec.name for spec in CARRIERS if spec.transport == "websocket" and spec.name != "generic"}
-    assert set(default_codecs()) == websocket == {"twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "bandwidth"}
+    assert set(default_codecs()) == websocket == {"twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "bandwidth", "jambonz"}
     for name, factory in default_codecs().items():
         assert factory().provider == name
 

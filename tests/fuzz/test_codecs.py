@@ -15,6 +15,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from callbridge.carriers.bandwidth.wire import BandwidthCodec
+from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.base import ProviderCodec
 from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.carriers.exotel.wire import ExotelCodec
@@ -25,6 +26,7 @@ from callbridge.carriers.vonage.wire import VonageCodec
 from callbridge.carriers.signalwire.wire import signalwire_codec
 from tests.carriers import (
     test_bandwidth,
+    test_jambonz,
     test_exotel,
     test_plivo,
     test_telnyx,
@@ -127,6 +129,7 @@ BANDWIDTH = [
     test_bandwidth.media(sequence=2, track="outbound"),
     {"eventType": "stop", "metadata": test_bandwidth.METADATA},
 ]
+JAMBONZ = [test_jambonz.FIRST, {"event": "dtmf", "dtmf": "5", "duration": "800"}, {"type": "playDone", "data": {"id": "1"}}]
 DETECT = [_j(m) for messages in FIRST_MESSAGES.values() for m in messages] + TWILIO + TELNYX + PLIVO + EXOTEL + VONAGE + BANDWIDTH
 
 _pcm = st.binary(max_size=700)
@@ -138,6 +141,7 @@ CODECS: dict[str, tuple[Callable[[], ProviderCodec], list[Any], st.SearchStrateg
     "exotel": (ExotelCodec, EXOTEL, None),
     "vonage": (VonageCodec, VONAGE, _pcm),
     "bandwidth": (BandwidthCodec, BANDWIDTH, None),
+    "jambonz": (JambonzCodec, JAMBONZ, _pcm),
     "detect": (DetectingCodec, DETECT, _pcm),
 }
 NAMES = sorted(CODECS)
@@ -146,7 +150,7 @@ NAMES = sorted(CODECS)
 def opening(name: str) -> list[str]:
     """The messages that start a stream on ``name``'s codec: its first templates, up to the start."""
     templates = CODECS[name][1]
-    return [orjson.dumps(m).decode() for m in templates[: 1 if name in ("plivo", "vonage", "bandwidth") else 2]]
+    return [orjson.dumps(m).decode() for m in templates[: 1 if name in ("plivo", "vonage", "bandwidth", "jambonz") else 2]]
 
 
 @pytest.mark.parametrize("name", NAMES)

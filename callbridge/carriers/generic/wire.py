@@ -10,6 +10,7 @@ The first message that names its carrier decides (telephony-protocols.md §0):
 ``start`` with ``stream_sid`` Exotel
 ``start`` with ``streamId``   Plivo (``start.callId``, integer ``sequenceNumber``)
 ``eventType`` ``start``       Bandwidth (``metadata``)
+``callSid`` and ``mixType``   jambonz (its first text frame; binary L16 follows)
 ============================  =============================================
 
 A ``connected`` that comes first (Twilio, Telnyx, Exotel send one) is held and
@@ -43,6 +44,8 @@ def recognise(payload: Mapping[str, Any]) -> str | None:
     """The carrier a first message (parsed JSON) comes from, or None when it does not say."""
     if payload.get("eventType") == "start" and isinstance(payload.get("metadata"), dict):
         return "bandwidth"
+    if "callSid" in payload and "sampleRate" in payload and "mixType" in payload:
+        return "jambonz"
     event = payload.get("event")
     if event == "websocket:connected":
         return "vonage"

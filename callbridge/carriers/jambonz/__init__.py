@@ -1,0 +1,15 @@
+"""jambonz: the ``listen`` verb with bidirectional streaming audio, signed webhooks."""
+
+from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+SPEC = CarrierSpec(
+    name="jambonz",
+    package=__name__,
+    transport="websocket",
+    capabilities=Capabilities(marks=False, flush=True, reconnect=True, dtmf_out=False, transfer=False),
+    section="jambonz",
+    secret="webhook_secret",
+    carrier="http:CARRIER",
+    codec="wire:JambonzCodec",
+    simulator="sim:SimulatedJambonz",
+)

@@ -1,0 +1,202 @@
+"""jambonz's HTTP side: the call webhook (a ``listen`` verb), the ``listen``'s action hook, the call-status
+webhook, ``Jambonz-Signature`` checks, and the media websocket (``docs/carriers/jambonz.md``).
+
+    call webhook            ──▶  [listen: wss://…/jambonz/media, bidirectional streaming L16, passDtmf, the
+                                  call's single-use token in metadata, actionHook → /jambonz/action]
+    listen's actionHook     ──▶  the listen ended: the call is over for the bridge (its hang-up's ``disconnect``)
+                                  → [hangup]; its socket dropped while the call is up → a new listen (a new
+                                  token; the same engine session resumes)
+    call-status webhook     ──▶  ``completed`` / ``failed`` …: the call is over (jambonz says nothing on the
+                                  socket when the caller hangs up)
+
+Every webhook must carry a valid ``Jambonz-Signature`` (``t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">``,
+keyed with the account's webhook secret), at most 5 minutes old, and is taken once (replay). The media upgrade
+carries Basic auth when ``jambonz.ws_username`` is set (the verb's ``wsAuth``); the stream is bridged only with
+the token the answer minted.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import time
+from typing import Any, Final
+
+import orjson
+from fastapi import APIRouter, Request, Response, WebSocket
+
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.carriers.jambonz.settings import JambonzSettings
+from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.webhooks import public_base, ws_url
+from callbridge.logging import get_logger
+
+__all__ = [
+    "ACTION_PATH",
+    "ANSWER_PATH",
+    "CARRIER",
+    "MEDIA_PATH",
+    "JambonzUpgrade",
+    "SIGNATURE_TOLERANCE_S",
+    "STATUS_PATH",
+    "jambonz_router",
+    "jambonz_signature",
+    "listen_verbs",
+    "valid_signature",
+]
+
+log = get_logger(__name__)
+
+ANSWER_PATH: Final = "/jambonz/call"
+ACTION_PATH: Final = "/jambonz/action"
+STATUS_PATH: Final = "/jambonz/status"
+MEDIA_PATH: Final = "/jambonz/media"
+SIGNATURE_HEADER: Final = "jambonz-signature"
+SIGNATURE_TOLERANCE_S: Final = 300
+"""How old (or how far ahead) a signature's timestamp may be."""
+_ENDED_STATUSES: Final = frozenset({"completed", "failed", "busy", "no-answer"})
+_HANGUP: Final = '[{"verb":"hangup"}]'
+_FORBIDDEN = 403
+_POLICY_VIOLATION = 1008
+
+
+def jambonz_signature(secret: str, timestamp: int, body: bytes) -> str:
+    """The ``Jambonz-Signature`` header for ``body`` sent at ``timestamp``, as jambonz computes it."""
+    digest = hmac.new(secret.encode(), str(timestamp).encode() + b"." + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={digest}"
+
+
+def valid_signature(secret: str, header: str | None, body: bytes, now_s: float) -> bool:
+    """Whether ``header`` signs ``body`` with ``secret`` and a timestamp within ``SIGNATURE_TOLERANCE_S``."""
+    if not header:
+        return False
+    fields = dict(part.strip().partition("=")[::2] for part in header.split(","))
+    try:
+        timestamp = int(fields.get("t", ""))
+    except ValueError:
+        return False
+    if abs(now_s - timestamp) > SIGNATURE_TOLERANCE_S:
+        return False
+    expected = jambonz_signature(secret, timestamp, body).rpartition("v1=")[2]
+    return hmac.compare_digest(expected.encode(), fields.get("v1", "").encode())
+
+
+class JambonzUpgrade:
+    """The media upgrade's Basic credentials (the ``listen`` verb's ``wsAuth``), when configured."""
+
+    def __init__(self, config: JambonzSettings) -> None:
+        self.expected: bytes | None = None
+        if config.ws_username is not None and config.ws_password is not None:
+            self.expected = b"Basic " + base64.b64encode(f"{config.ws_username}:{config.ws_password.get_secret_value()}".encode())
+
+    def admits(self, header: str | None) -> bool:
+        """Whether ``header`` holds the credentials (True where none are configured)."""
+        if self.expected is None:
+            return True
+        return header is not None and hmac.compare_digest(self.expected, header.strip().encode())
+
+    def matches(self, header: str) -> bool:
+        """Whether ``header`` holds the configured credentials (False where none are)."""
+        return self.expected is not None and self.admits(header)
+
+
+def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
+    """The call's verbs: one bidirectional, streaming ``listen`` carrying the token in its metadata."""
+    listen: dict[str, Any] = {
+        "verb": "listen",
+        "url": ws_url(base) + MEDIA_PATH,
+        "mixType": "mono",
+        "sampleRate": config.sample_rate_hz,
+        "passDtmf": True,
+        "bidirectionalAudio": {"enabled": True, "streaming": True, "sampleRate": config.sample_rate_hz},
+        "metadata": {TOKEN_KEY: token},
+        "actionHook": base + ACTION_PATH,
+    }
+    if config.ws_username is not None and config.ws_password is not None:
+        listen["wsAuth"] = {"username": config.ws_username, "password": config.ws_password.get_secret_value()}
+    return orjson.dumps([listen])
+
+
+def jambonz_router(services: BridgeServices) -> APIRouter:
+    """jambonz's call webhook, listen action hook, call-status webhook and media websocket."""
+    settings = services.settings
+    config = settings.jambonz
+    secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
+    if config.validate_signatures and secret is None:
+        log.info("carrier_not_configured", provider="jambonz", detail="no jambonz.webhook_secret: every jambonz webhook gets 403")
+    upgrade = JambonzUpgrade(config)
+    router = APIRouter()
+
+    async def _checked(request: Request, path: str) -> dict[str, Any] | None:
+        """The webhook's JSON, when its signature holds and it was not seen before; else None (403)."""
+        body = await request.body()
+        header = request.headers.get(SIGNATURE_HEADER)
+        if config.validate_signatures:
+            if secret is None or not valid_signature(secret, header, body, time.time()):
+                log.warning("signature_invalid", provider="jambonz", path=path)
+                return None
+            assert header is not None
+            if not await services.replays.first_sight(request, "jambonz", header, keep_s=2 * SIGNATURE_TOLERANCE_S):
+                return None
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return {}
+        return payload if isinstance(payload, dict) else {}
+
+    async def _listen(request: Request, path: str) -> Response:
+        payload = await _checked(request, path)
+        if payload is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = payload.get("call_sid", payload.get("callSid"))
+        if not isinstance(call_id, str) or not call_id:
+            return Response("call_sid missing", status_code=400)
+        decision = await services.decide_answer(call_id, "jambonz", retries=False)
+        if decision.kind is not AnswerKind.ANSWER or decision.token is None:
+            return Response(_HANGUP, media_type="application/json")
+        if path == ANSWER_PATH:
+            log.info("call_answered", call_id=call_id, provider="jambonz", caller=payload.get("from"))
+        else:
+            log.info("stream_restarted", provider="jambonz", call_id=call_id)
+        base = public_base(settings, str(request.base_url))
+        return Response(listen_verbs(base, decision.token, config), media_type="application/json")
+
+    @router.post(ANSWER_PATH)
+    async def call(request: Request) -> Response:
+        return await _listen(request, ANSWER_PATH)
+
+    @router.post(ACTION_PATH)
+    async def action(request: Request) -> Response:
+        """The ``listen`` ended: over for the bridge (it disconnected to hang up, or the call is gone) → hang up;
+        its socket dropped while the call is up → a new ``listen`` on the same engine session."""
+        return await _listen(request, ACTION_PATH)
+
+    @router.post(STATUS_PATH)
+    async def status(request: Request) -> Response:
+        payload = await _checked(request, STATUS_PATH)
+        if payload is None:
+            return Response(status_code=_FORBIDDEN)
+        call_id = payload.get("call_sid", payload.get("callSid"))
+        call_status = payload.get("call_status", payload.get("callStatus"))
+        if isinstance(call_id, str) and call_id and call_status in _ENDED_STATUSES:
+            log.info("call_hangup_event", provider="jambonz", call_id=call_id, status=call_status)
+            await services.call_ended_by_carrier(call_id, f"caller_hung_up:{call_status}")
+        return Response(status_code=204)
+
+    @router.websocket(MEDIA_PATH)
+    async def media(websocket: WebSocket) -> None:
+        if not upgrade.admits(websocket.headers.get("authorization")):
+            log.warning("credentials_invalid", provider="jambonz", path=MEDIA_PATH)
+            await websocket.close(code=_POLICY_VIOLATION)  # before accept: the upgrade is answered 403
+            return
+        offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await MediaStreamDriver(websocket, JambonzCodec(), services).run()
+
+    return router
+
+
+CARRIER: Final = Carrier(name="jambonz", router=jambonz_router)

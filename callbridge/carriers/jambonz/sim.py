@@ -1,0 +1,264 @@
+"""A simulated jambonz, faithful to the wire (``docs/carriers/jambonz.md``), for the demo, the tests and load
+tests.
+
+What jambonz does for an inbound call, and what this does:
+- POSTs the application's calling webhook (``/jambonz/call``) the call's attributes, snake_case JSON
+  (``call_sid``, ``from``, ``to``, ``direction``, ``call_status`` …), signed with ``Jambonz-Signature``
+  (``t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">`` keyed with the account's webhook secret), and runs the
+  verbs it gets: a ``listen`` (which must be bidirectional and streaming, ``mono``, at 8000 or 16000 Hz with
+  ``bidirectionalAudio.sampleRate`` the same, with an ``actionHook``) or ``hangup``; anything else is a warning;
+- opens the listen's websocket with the ``audio.jambonz.org`` subprotocol (and its ``wsAuth`` as Basic auth),
+  sends one text frame (the call's attributes in camelCase, ``sampleRate``, ``mixType``, the verb's ``metadata``
+  merged in), then 20 ms binary frames of L16 at real time; with ``passDtmf`` a digit is ``{"event": "dtmf",
+  "dtmf": …, "duration": …}``;
+- plays what the bridge sends: binary L16 frames (whole samples), ``{"type": "killAudio"}`` (drops what is
+  queued), ``{"type": "disconnect"}`` (the listen ends: its ``actionHook`` is POSTed, signed, and its verbs run);
+  anything else is a warning;
+- when its socket drops mid-call, the listen ends too: the ``actionHook``'s verbs give the call its next listen;
+- when the caller hangs up: the socket closes (nothing said on it) and the call-status webhook (``/jambonz/status``)
+  gets ``call_status: completed``.
+"""
+
+from __future__ import annotations
+
+import audioop
+import base64
+import contextlib
+import secrets
+import time
+import uuid
+from typing import Any, ClassVar, Final
+
+import httpx
+import orjson
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from callbridge.carriers.jambonz.http import jambonz_signature
+from callbridge.carriers.jambonz.wire import SUBPROTOCOL
+from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
+
+__all__ = ["JambonzStream", "SimulatedJambonz"]
+
+ACCOUNT_SID: Final = "9351f46a-678c-43f5-b8a6-d4eb58d131af"
+APPLICATION_SID: Final = "0dddaabf-0a30-43e3-84e8-426873b1a78b"
+WS_USERNAME: Final = "jambonz"
+_RATES: Final = frozenset({8000, 16000})
+
+
+class JambonzStream(SimStream):
+    """One ``listen`` websocket: L16 binary frames both ways, ``killAudio``, ``disconnect``."""
+
+    marks_echoed_on_clear: ClassVar[bool] = False
+
+    def __init__(self, conn: WebSocketConnection, call: SimCall, carrier: SimulatedJambonz, rate_hz: int, action_hook: str) -> None:
+        super().__init__(conn, f"{call.call_id}~{secrets.token_hex(4)}", rate_hz, call)
+        self.carrier = carrier
+        self.action_hook = action_hook
+        self.disconnected = False
+        """The bridge sent ``disconnect``: the listen ended by the application's word."""
+        self._resample_state: Any = None
+
+    async def send_audio(self, pcm_8k: bytes) -> None:
+        if self.rate_hz != 8000:
+            pcm_8k, self._resample_state = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._resample_state)
+        await self.send(pcm_8k)
+
+    async def send_dtmf(self, digit: str) -> None:
+        await self.send(orjson.dumps({"event": "dtmf", "dtmf": digit, "duration": "800"}).decode())
+
+    async def send_stop(self) -> None:
+        """The caller hangs up: jambonz reports the call's end and closes the socket without a word on it (in
+        that order here; jambonz documents neither the order nor the timing: either way the session closes)."""
+        await self.carrier.post_status(self.call, "completed")
+        self.dropped = True
+        await self.conn.close()
+
+    def mark_message(self, name: str) -> None:
+        return None
+
+    def receive(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            if len(message) % 2:
+                self.warn(f"a {len(message)}-byte audio frame: not whole 16-bit samples")
+                return
+            self.enqueue_audio(message)
+            return
+        try:
+            payload = orjson.loads(message)
+        except orjson.JSONDecodeError:
+            self.warn("not JSON")
+            return
+        kind = payload.get("type") if isinstance(payload, dict) else None
+        if kind == "killAudio" and set(payload) <= {"type", "data"}:
+            self.clear()
+        elif kind == "disconnect" and set(payload) <= {"type", "data"}:
+            self.disconnected = True
+        else:
+            self.warn(f"unknown or malformed command {message[:80]}")
+
+
+class SimulatedJambonz(SimulatedCarrier):
+    """jambonz's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
+
+    provider: ClassVar[str] = "jambonz"
+    can_reconnect: ClassVar[bool] = True
+    says_goodbye: ClassVar[bool] = False
+    uses_marks: ClassVar[bool] = False
+
+    def __init__(self, bridge_url: str, secret: str) -> None:
+        super().__init__(bridge_url, secret)
+        self.secret = secret
+        self._http = webhook_client()
+        self._streams: dict[str, JambonzStream] = {}
+
+    @classmethod
+    def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        return {"jambonz": {"webhook_secret": secret, "ws_username": WS_USERNAME, "ws_password": secret, "validate_signatures": True}}
+
+    def new_call_id(self) -> str:
+        return str(uuid.uuid4())
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+        await super().aclose()
+
+    # ------------------------------------------------------------- webhooks
+
+    def attributes(self, call_id: str, status: str) -> dict[str, Any]:
+        """The call's attributes as jambonz keeps them (camelCase; webhooks send them snake_case)."""
+        return {
+            "callSid": call_id, "direction": "inbound", "from": "+15083728299", "to": "+15083871234",
+            "callId": f"{secrets.token_hex(8)}@192.168.1.10", "sipStatus": 200, "callStatus": status,
+            "callerId": "+15083728299", "accountSid": ACCOUNT_SID, "applicationSid": APPLICATION_SID,
+        }  # fmt: skip
+
+    @staticmethod
+    def _snake(attributes: dict[str, Any]) -> dict[str, Any]:
+        return {"".join(f"_{c.lower()}" if c.isupper() else c for c in key): value for key, value in attributes.items()}
+
+    async def _post(self, call: SimCall, url: str, payload: dict[str, Any]) -> httpx.Response | None:
+        body = orjson.dumps(payload)
+        headers = {"content-type": "application/json", "jambonz-signature": jambonz_signature(self.secret, int(time.time()), body)}
+        try:
+            response = await self._http.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            call.result.warnings.append(f"webhook {url} failed: {exc!r}")
+            return None
+        if response.status_code >= 300:
+            call.result.warnings.append(f"webhook {url} answered HTTP {response.status_code}")
+        return response
+
+    async def post_status(self, call: SimCall, status: str) -> None:
+        await self._post(call, f"{self.bridge_url}/jambonz/status", self._snake(self.attributes(call.call_id, status)))
+
+    # ------------------------------------------------------------------ call
+
+    async def open_stream(self, call: SimCall, reason: OpenReason) -> JambonzStream | None:
+        """The calling webhook; after a listen ends, its ``actionHook``: then the verbs they answer."""
+        result = call.result
+        old = self._streams.pop(call.call_id, None)
+        if reason == "answer" or old is None:
+            url = f"{self.bridge_url}/jambonz/call"
+        else:
+            why = "the bridge said disconnect" if old.disconnected else "its socket dropped" if reason == "network_drop" else "the bridge closed its socket"
+            result.log(call.clock(), self.provider, f"listen ended ({why}): its actionHook")
+            url = old.action_hook
+        response = await self._post(call, url, self._snake(self.attributes(call.call_id, "in-progress" if reason != "answer" else "trying")))
+        if response is None or response.status_code != 200:
+            return None
+        try:
+            verbs = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            result.warnings.append(f"the webhook's verbs are not JSON: {response.text[:80]}")
+            return None
+        if not isinstance(verbs, list) or not verbs or not all(isinstance(v, dict) for v in verbs):
+            result.warnings.append(f"the webhook's answer is not a list of verbs: {response.text[:80]}")
+            return None
+        verb = verbs[0]
+        if verb.get("verb") == "hangup":
+            result.log(call.clock(), self.provider, "verb hangup: the call ends")
+            if old is not None and old.disconnected:
+                self.end_call(call.call_id)
+            return None
+        if verb.get("verb") != "listen":
+            result.warnings.append(f"unexpected verb {verb.get('verb')!r}")
+            return None
+        return await self._listen(call, verb)
+
+    async def _listen(self, call: SimCall, verb: dict[str, Any]) -> JambonzStream | None:
+        rate = verb.get("sampleRate", 8000)
+        bidirectional = verb.get("bidirectionalAudio") or {}
+        if (
+            rate not in _RATES
+            or verb.get("mixType", "mono") != "mono"
+            or bidirectional.get("enabled", True) is not True
+            or bidirectional.get("streaming") is not True
+            or bidirectional.get("sampleRate") != rate
+            or not isinstance(verb.get("actionHook"), str)
+            or not str(verb.get("url", "")).startswith(("ws://", "wss://"))
+        ):
+            call.result.warnings.append(f"jambonz would not stream both ways with this listen: {verb}")
+            return None
+        headers: dict[str, str] = {}
+        auth = verb.get("wsAuth")
+        if isinstance(auth, dict):
+            pair = f"{auth.get('username')}:{auth.get('password')}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        ws = await connect(verb["url"], subprotocols=[SUBPROTOCOL], additional_headers=headers, compression=None)  # type: ignore[list-item]
+        if ws.subprotocol != SUBPROTOCOL:
+            call.result.warnings.append(f"the server took subprotocol {ws.subprotocol!r}, not {SUBPROTOCOL}")
+        given = verb.get("metadata")
+        metadata: dict[str, Any] = given if isinstance(given, dict) else {}
+        first = {"sampleRate": rate, "mixType": "mono", **self.attributes(call.call_id, "in-progress"), **metadata}
+        await ws.send(orjson.dumps(first).decode())
+        stream = JambonzStream(WebSocketConnection(ws), call, self, rate, verb["actionHook"])
+        self._streams[call.call_id] = stream
+        return stream
+
+    # -------------------------------------------------------------- hostile
+
+    def unknown_event(self, stream: SimStream) -> str:
+        return orjson.dumps({"type": "playDone", "data": {"id": "x"}}).decode()
+
+    def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
+        return {
+            "non_json_text": ("{this is not json", "not_json"),
+            "odd_audio_frame": (b"\x00\x01\x02", "bad_field"),
+            "oversized_audio_frame": (bytes(stream.rate_hz * 2), "oversized"),
+            "bad_dtmf_digit": (orjson.dumps({"event": "dtmf", "dtmf": "X"}).decode(), "bad_field"),
+            "event_not_a_name": ('{"event":7}', "bad_field"),
+            "oversized_message": ('{"event":"dtmf","pad":"' + "x" * 100_000 + '"}', "oversized"),
+        }
+
+    async def forged_requests_refused(self) -> bool:
+        url = f"{self.bridge_url}/jambonz/call"
+        body = orjson.dumps(self._snake(self.attributes(self.new_call_id(), "trying")))
+        now = int(time.time())
+        attempts = [
+            {},
+            {"jambonz-signature": jambonz_signature("not-the-secret", now, body)},
+            {"jambonz-signature": jambonz_signature(self.secret, now - 3600, body)},  # an old signature
+        ]
+        refused = True
+        for headers in attempts:
+            response = await self._http.post(url, content=body, headers={"content-type": "application/json", **headers})
+            refused = refused and response.status_code == 403
+        ws_url = url.replace("http", "ws", 1).removesuffix("/call") + "/media"
+        try:
+            wrong = {"Authorization": "Basic " + base64.b64encode(f"{WS_USERNAME}:forged".encode()).decode()}
+            async with connect(ws_url, subprotocols=[SUBPROTOCOL], additional_headers=wrong):  # type: ignore[list-item]
+                return False
+        except InvalidStatus as exc:
+            refused = refused and exc.response.status_code == 403
+        # the right upgrade credentials, but no token minted for the call: never bridged
+        good = {"Authorization": "Basic " + base64.b64encode(f"{WS_USERNAME}:{self.secret}".encode()).decode()}
+        async with connect(ws_url, subprotocols=[SUBPROTOCOL], additional_headers=good) as ws:  # type: ignore[list-item]
+            first = {"sampleRate": 8000, "mixType": "mono", **self.attributes(self.new_call_id(), "in-progress"), "callbridge_token": "ab" * 32}
+            await ws.send(orjson.dumps(first).decode())
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in ws:
+                    pass
+            return refused and ws.close_code == 1008
+
+
