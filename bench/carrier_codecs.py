@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import orjson
 
 from callbridge.carriers.audiosocket.wire import AudioSocketCodec, Kind, frame
+from callbridge.carriers.bandwidth.wire import BandwidthCodec
+from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.base import ProviderCodec, SendMedia
 from callbridge.carriers.exotel.wire import ExotelCodec
 from callbridge.carriers.plivo.wire import PlivoCodec
@@ -103,6 +105,14 @@ def cases() -> list[Case]:
         media = {"chunk": str(i), "timestamp": str(100 * i), "payload": chunk_100ms}
         return dumps({"event": "media", "sequence_number": str(i + 2), "stream_sid": "MZ3", "media": media})
 
+    bandwidth_start = dumps({"eventType": "start", "metadata": {"accountId": "9900001", "callId": "c-1", "streamId": "s-1",
+        "streamName": "n", "tracks": [{"name": "inbound", "mediaFormat": {"encoding": "audio/PCMU", "sampleRate": 8000}}]}})  # fmt: skip
+    ulaw_b64 = b64(ULAW_20MS)
+
+    def bandwidth_media(i: int) -> str:
+        return dumps({"eventType": "media", "track": "inbound", "sequenceNumber": i + 1, "payload": ulaw_b64})
+
+    jambonz_start = dumps({"sampleRate": 16000, "mixType": "mono", "callSid": "c-1", "from": "+1", "to": "+2"})
     vonage_start = dumps({"event": "websocket:connected", "content-type": "audio/l16;rate=16000", "call_uuid": "c-1"})
     call_uuid = uuid.UUID(int=7).bytes
     return [
@@ -112,6 +122,8 @@ def cases() -> list[Case]:
         Case("plivo (μ-law 8 kHz)", PlivoCodec, [plivo_start], plivo_media, ULAW_20MS),
         Case("exotel (L16 8 kHz, 100 ms in / 200 ms out)", ExotelCodec, [exotel_start], exotel_media, L16_20MS_8K * 10, 100, 200),
         Case("vonage (binary L16 16 kHz)", VonageCodec, [vonage_start], lambda i: L16_20MS_16K, L16_20MS_16K),
+        Case("bandwidth (μ-law 8 kHz)", BandwidthCodec, [bandwidth_start], bandwidth_media, ULAW_20MS),
+        Case("jambonz (binary L16 16 kHz)", JambonzCodec, [jambonz_start], lambda i: L16_20MS_16K, L16_20MS_16K),
         Case("audiosocket (TLV slin 8 kHz)", AudioSocketCodec, [frame(Kind.UUID, call_uuid)], lambda i: frame(Kind.SLIN, L16_20MS_8K), L16_20MS_8K),
     ]
 

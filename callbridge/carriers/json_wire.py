@@ -4,6 +4,7 @@ numbers may come as JSON numbers or as strings."""
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,27 @@ class JsonCodec:
         if not isinstance(value, str) or not value:
             raise self._error(ProtocolErrorReason.MISSING_FIELD, f"{where}.{key} missing")
         return value
+
+    def _audio(self, encoded: object) -> bytes:
+        """A media message's base64 payload, decoded strictly (a character outside base64 is an error)."""
+        if not isinstance(encoded, str):
+            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
+        try:
+            return binascii.a2b_base64(encoded, strict_mode=True)
+        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
+            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+
+    def _media_sequence(self, value: object, last: int) -> int:
+        """A media message's sequence number, which must be a number above ``last``: the new last (``last`` itself
+        where the message has none)."""
+        if value is None:
+            return last
+        number = json_number(value)
+        if number is None or number < 0:
+            raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.sequenceNumber {value!r}")
+        if number <= last:
+            raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"media {number} after {last}")
+        return number
 
     def _unknown(self, event: object) -> list[CarrierEvent]:
         """A message whose ``event`` no branch knew: an event type the carrier added (ignored, counted by the

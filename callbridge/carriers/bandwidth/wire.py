@@ -132,21 +132,9 @@ class BandwidthCodec(JsonCodec):
             raise self._error(ProtocolErrorReason.UNSUPPORTED_FORMAT, f"inbound mediaFormat {fmt!r}")
 
     def _media(self, payload: dict[str, Any]) -> list[CarrierEvent]:
-        sequence = payload.get("sequenceNumber")
-        if sequence is not None:
-            number = json_number(sequence)
-            if number is None or number < 0:
-                raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.sequenceNumber {sequence!r}")
-            if number <= self._last_sequence:
-                raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"media {number} after {self._last_sequence}")
-            self._last_sequence = number
+        self._last_sequence = self._media_sequence(payload.get("sequenceNumber"), self._last_sequence)
         encoded = payload.get("payload")
-        if not isinstance(encoded, str):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
-        try:
-            audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
-            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+        audio = self._audio(encoded)
         track = payload.get("track", "inbound")
         if track != "inbound":
             if track == "outbound":

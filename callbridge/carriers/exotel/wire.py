@@ -231,12 +231,7 @@ class ExotelCodec(JsonCodec):
         if not isinstance(media, dict):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a media object")
         encoded = media.get("payload")
-        if not isinstance(encoded, str):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
-        try:
-            audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
-            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+        audio = self._audio(encoded)
         if len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"{len(audio)} bytes of 16-bit PCM")
         return MediaReceived(audio, self._timestamp(media.get("timestamp")))

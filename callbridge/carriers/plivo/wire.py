@@ -252,21 +252,9 @@ class PlivoCodec(JsonCodec):
         media = payload.get("media")
         if not isinstance(media, dict):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a media object")
-        sequence = payload.get("sequenceNumber")
-        if sequence is not None:
-            number = json_number(sequence)
-            if number is None or number < 0:
-                raise self._error(ProtocolErrorReason.BAD_FIELD, f"media.sequenceNumber {sequence!r}")
-            if number <= self._last_media_sequence:
-                raise self._error(ProtocolErrorReason.OUT_OF_ORDER, f"media {number} after {self._last_media_sequence}")
-            self._last_media_sequence = number
+        self._last_media_sequence = self._media_sequence(payload.get("sequenceNumber"), self._last_media_sequence)
         encoded = media.get("payload")
-        if not isinstance(encoded, str):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
-        try:
-            audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
-            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+        audio = self._audio(encoded)
         if self.encoding is AudioEncoding.L16 and len(audio) % 2:
             raise self._error(ProtocolErrorReason.BAD_FIELD, f"{len(audio)}-byte L16 payload (odd length)")
         track = media.get("track", "inbound")

@@ -137,12 +137,7 @@ class TwilioCodec(JsonCodec):
         if not isinstance(media, dict):
             raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a media object")
         encoded = media.get("payload")
-        if not isinstance(encoded, str):
-            raise self._error(ProtocolErrorReason.MISSING_FIELD, "media without a payload")
-        try:
-            audio = binascii.a2b_base64(encoded, strict_mode=True)
-        except ValueError as exc:  # binascii.Error, or text that is not ASCII at all
-            raise self._error(ProtocolErrorReason.BAD_BASE64, str(exc)) from None
+        audio = self._audio(encoded)
         timestamp = media.get("timestamp")
         timestamp_ms = json_number(timestamp) if timestamp is not None else None
         if timestamp is not None and (timestamp_ms is None or timestamp_ms < 0):
