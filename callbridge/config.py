@@ -9,6 +9,9 @@ Every key, with its default, is documented in ``config/callbridge.example.toml``
 (a test keeps the two in step). Unknown keys are errors, so a typo never
 silently falls back to a default. ``load_settings`` turns every problem into a
 ``ConfigError`` that names the key.
+
+A carrier's section is defined in its package (``callbridge/carriers/<name>/settings.py``) from the value types
+of ``callbridge.config_types``; ``Settings`` composes them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     BeforeValidator,
     Field,
@@ -40,17 +42,22 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from callbridge.carriers.audiosocket.settings import AudioSocketSettings
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
+from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.jambonz.settings import JambonzSettings
+from callbridge.carriers.plivo.settings import PlivoSettings
+from callbridge.carriers.signalwire.settings import SignalWireSettings
+from callbridge.carriers.sip.settings import SipSettings
+from callbridge.carriers.telnyx.settings import TelnyxSettings
+from callbridge.carriers.twilio.settings import TwilioSettings
+from callbridge.carriers.vonage.settings import VonageSettings
 from callbridge.codecs import ResamplerQuality
 from callbridge.config_types import (
-    Host,
     HttpUrl,
-    Network,
     Port,
     Section,
     TransferTarget,
-    rsa_private_key_file,
     url_check,
     whole_number,
 )
@@ -226,162 +233,6 @@ class RegistrySettings(Section):
         if self.backend == "redis" and self.redis_url is None:
             raise ValueError("backend = redis needs redis_url")
         return self
-
-
-class TwilioSettings(Section):
-    auth_token: SecretStr | None = None
-    validate_signatures: bool = True
-    """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
-    api_base_url: HttpUrl = "https://api.twilio.com"
-    """Where the REST API (hang-up) is; a regional host, or a simulated Twilio in tests."""
-
-
-class SignalWireSettings(Section):
-    project_id: str | None = None
-    api_token: SecretStr | None = None
-    signing_key: SecretStr | None = None
-    space_url: str | None = None
-    """``example.signalwire.com``: the REST API is ``https://<space_url>/api/laml``."""
-    validate_signatures: bool = True
-    codec: Literal["PCMU", "L16@24000h"] = "PCMU"
-    """The ``<Stream codec>``: μ-law 8 kHz, or PCM16 24 kHz both ways."""
-    api_base_url: HttpUrl | None = None
-    """Overrides the REST base derived from ``space_url`` (tests point it at a simulated SignalWire)."""
-
-
-class TelnyxSettings(Section):
-    api_key: SecretStr | None = None
-    """Call Control REST (answer, streaming_start, hangup): ``Authorization: Bearer <api_key>``."""
-    public_key: Annotated[str, Field(pattern=r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$")] | None = None
-    """The account's ed25519 public key (base64 of the 32 raw bytes, as the portal shows it) for webhook signatures."""
-    validate_signatures: bool = True
-    """Check ``telnyx-signature-ed25519`` on the webhooks. Switch off only for local development."""
-    api_base_url: HttpUrl = "https://api.telnyx.com"
-    """Where the Call Control API is (``/v2/calls/…``); a simulated Telnyx in tests."""
-    codec: Literal["PCMU", "PCMA"] = "PCMU"
-    """The stream codec both ways (``stream_codec`` and ``stream_bidirectional_codec``): G.711 μ-law or A-law."""
-
-
-class PlivoSettings(Section):
-    auth_id: str | None = None
-    auth_token: SecretStr | None = None
-    """REST hang-up (basic auth with ``auth_id``) and the key of X-Plivo-Signature-V3."""
-    validate_signatures: bool = True
-    """Check X-Plivo-Signature-V3 on the webhooks. Switch off only for local development."""
-    api_base_url: HttpUrl = "https://api.plivo.com"
-    """Where the REST API (hang-up) is; a simulated Plivo in tests."""
-    content_type: Literal["audio/x-mulaw;rate=8000", "audio/x-l16;rate=8000", "audio/x-l16;rate=16000"] = (
-        "audio/x-mulaw;rate=8000"
-    )
-    """The ``<Stream contentType>``: the audio format of both directions."""
-
-
-class ExotelSettings(Section):
-    account_sid: str | None = None
-    """For reference (logs); the bridge makes no Exotel REST call: closing the socket ends the bot segment."""
-    api_key: str | None = None
-    """The user part of the Voicebot URL ``wss://API_KEY:API_TOKEN@host/exotel/media`` (sent as Basic auth)."""
-    api_token: SecretStr | None = None
-    validate_credentials: bool = True
-    """Refuse a media upgrade whose ``Authorization: Basic`` is not ``api_key:api_token``."""
-    allowed_sources: list[Network] = Field(default_factory=list)
-    """CIDRs (or addresses) Exotel connects from; empty: any. The peer address as the server sees it."""
-    min_chunk_bytes: Annotated[int, Field(ge=320, le=99840, multiple_of=320)] = 3200
-    """The smallest outbound media chunk (Exotel: 3.2 kB, a multiple of 320); frames are also ≥ 100 ms."""
-
-
-class VonageSettings(Section):
-    application_id: str | None = None
-    """The Vonage application: claim of the REST hang-up JWT, and checked against signed webhooks' claim."""
-    private_key_path: Annotated[Path, AfterValidator(rsa_private_key_file)] | None = None
-    """The application's private key (PEM) that signs the REST hang-up JWT (RS256); read and parsed at load."""
-    signature_secret: SecretStr | None = None
-    """The account's signature secret: signed webhooks are HS256 JWTs over the body's SHA-256."""
-    audio_rate_hz: Annotated[Literal[8000, 16000], BeforeValidator(whole_number)] = 16000
-    """The L16 rate of the websocket (``content-type: audio/l16;rate=…``), both directions."""
-    validate_signatures: bool = True
-    """Check the signed-webhook JWT on the answer and event webhooks. Switch off only for local development."""
-    api_base_url: HttpUrl = "https://api.nexmo.com"
-    """Where the Voice REST API (hang-up) is; a regional host, or a simulated Vonage in tests."""
-
-
-class AudioSocketSettings(Section):
-    """Asterisk AudioSocket: a TCP listener Asterisk connects to (``AudioSocket(<uuid>,host:port)``)."""
-
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: Port = 9092
-    allowed_sources: list[Network] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
-    """CIDRs Asterisk may connect from; other peers are closed at once (AudioSocket has no credentials)."""
-    first_frame_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
-    """How long a new connection may take to send its uuid frame, and then its first audio frame."""
-    idle_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms)."""
-
-
-class SipRegistrationSettings(Section):
-    """One binding of the SIP listener at a registrar (a PBX or trunk that only sends calls to registered
-    contacts): ``callbridge.sip.registration``."""
-
-    registrar: str
-    """The registrar's URI, ``sip:host[:port]`` (also where the REGISTERs go, without ``outbound_proxy``)."""
-    aor: str
-    """The address-of-record to bind, ``sip:user@domain``."""
-    auth_user: str | None = None
-    """The digest user name; None: the AOR's user."""
-    password: SecretStr | None = None
-    expires_s: Annotated[int, Field(ge=1, le=2**31 - 1)] = 3600
-    outbound_proxy: str | None = None
-    """A proxy to send the REGISTERs through (``sip:host[:port]``, put in Route)."""
-    transport: Literal["udp", "tcp"] = "udp"
-    """udp: from the listener's socket; tcp: over a connection to the registrar, which may send calls on it."""
-    retry_base_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
-    retry_max_s: Annotated[float, Field(gt=0, le=86400)] = 1800.0
-    """After a failure, the next try waits min(retry_max_s, retry_base_s · 2^(failures−1)), 50–100 % of it."""
-
-    def model_post_init(self, context: Any) -> None:
-        for key in ("registrar", "aor", "outbound_proxy"):
-            value = getattr(self, key)
-            if value is not None and not value.lower().startswith("sip:"):
-                raise ValueError(f"{key}: {value!r} is not a sip: URI")
-        if "@" not in self.aor:
-            raise ValueError(f"aor: {self.aor!r} has no user part (sip:user@domain)")
-
-
-class SipSettings(Section):
-    """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
-
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: Port = 5060
-    public_address: Host | None = None
-    """The address the trunk reaches us at (Contact, SDP ``c=``); None: ``host``."""
-    allowed_ips: list[Network] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
-    """CIDRs whose INVITEs are admitted without credentials."""
-    username: str | None = None
-    password: SecretStr | None = None
-    realm: str = "callbridge"
-    rtp_port_min: Port = 20000
-    rtp_port_max: Port = 20999
-    answer_delay_ms: Annotated[int, Field(ge=0, le=30000)] = 0
-    """Ring (180) this long before answering; 0: answer at once."""
-    rtp_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
-    """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
-    registrations: list[SipRegistrationSettings] = Field(default_factory=list)
-    """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
-    source_requests_per_s: Annotated[float, Field(gt=0)] = 200.0
-    """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
-    requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
-    """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
-    receive_buffer_bytes: Annotated[int, Field(ge=65536)] = 4 * 1024 * 1024
-    """The SIP socket's receive buffer (``SO_RCVBUF``), so a burst waits in the kernel rather than being lost;
-    the kernel caps it at ``net.core.rmem_max`` unless the process may force it (logged at start)."""
-
-    def model_post_init(self, context: Any) -> None:
-        if self.rtp_port_max < self.rtp_port_min + 1:
-            raise ValueError("rtp_port_max must be above rtp_port_min")
-        if (self.username is None) != (self.password is None):
-            raise ValueError("username and password go together")
 
 
 class Settings(BaseSettings):

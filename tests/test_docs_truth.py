@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from callbridge.config import Settings, SipRegistrationSettings
+from callbridge.carriers.sip.settings import SipRegistrationSettings
+from callbridge.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted(

@@ -445,7 +445,7 @@ class TestSettings:
     def test_uris_are_validated(self) -> None:
         from pydantic import ValidationError
 
-        from callbridge.config import SipRegistrationSettings
+        from callbridge.carriers.sip.settings import SipRegistrationSettings
 
         good = SipRegistrationSettings(registrar="sip:pbx", aor="sip:1001@pbx", password="x")  # type: ignore[arg-type]
         assert good.transport == "udp" and good.expires_s == 3600

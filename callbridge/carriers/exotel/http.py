@@ -41,7 +41,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.exotel.wire import ExotelCodec
 from callbridge.bridge.services import BridgeServices
 from callbridge.sources import Network, source_allowed
-from callbridge.config import ExotelSettings
+from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.logging import get_logger
 
 __all__ = ["CARRIER", "MEDIA_PATH", "ExotelAdmission", "exotel_router"]

@@ -27,7 +27,7 @@ from contextlib import suppress
 from typing import Final
 
 from callbridge.bridge.services import BridgeMetrics
-from callbridge.config import SipRegistrationSettings
+from callbridge.carriers.sip.settings import SipRegistrationSettings
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import Outgoing
 from callbridge.sip.message import SipParseError, SipResponse, parse_message, uri_of

@@ -1,0 +1,76 @@
+"""``[sip]``: the SIP trunk section of the settings (``CALLBRIDGE_SIP__…``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr
+
+from callbridge.config_types import Host, Network, Port, Section
+
+__all__ = ["SipRegistrationSettings", "SipSettings"]
+
+
+class SipRegistrationSettings(Section):
+    """One binding of the SIP listener at a registrar (a PBX or trunk that only sends calls to registered
+    contacts): ``callbridge.sip.registration``."""
+
+    registrar: str
+    """The registrar's URI, ``sip:host[:port]`` (also where the REGISTERs go, without ``outbound_proxy``)."""
+    aor: str
+    """The address-of-record to bind, ``sip:user@domain``."""
+    auth_user: str | None = None
+    """The digest user name; None: the AOR's user."""
+    password: SecretStr | None = None
+    expires_s: Annotated[int, Field(ge=1, le=2**31 - 1)] = 3600
+    outbound_proxy: str | None = None
+    """A proxy to send the REGISTERs through (``sip:host[:port]``, put in Route)."""
+    transport: Literal["udp", "tcp"] = "udp"
+    """udp: from the listener's socket; tcp: over a connection to the registrar, which may send calls on it."""
+    retry_base_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    retry_max_s: Annotated[float, Field(gt=0, le=86400)] = 1800.0
+    """After a failure, the next try waits min(retry_max_s, retry_base_s · 2^(failures−1)), 50–100 % of it."""
+
+    def model_post_init(self, context: Any) -> None:
+        for key in ("registrar", "aor", "outbound_proxy"):
+            value = getattr(self, key)
+            if value is not None and not value.lower().startswith("sip:"):
+                raise ValueError(f"{key}: {value!r} is not a sip: URI")
+        if "@" not in self.aor:
+            raise ValueError(f"aor: {self.aor!r} has no user part (sip:user@domain)")
+
+
+class SipSettings(Section):
+    """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Port = 5060
+    public_address: Host | None = None
+    """The address the trunk reaches us at (Contact, SDP ``c=``); None: ``host``."""
+    allowed_ips: list[Network] = Field(default_factory=lambda: ["127.0.0.1/32", "::1/128"])
+    """CIDRs whose INVITEs are admitted without credentials."""
+    username: str | None = None
+    password: SecretStr | None = None
+    realm: str = "callbridge"
+    rtp_port_min: Port = 20000
+    rtp_port_max: Port = 20999
+    answer_delay_ms: Annotated[int, Field(ge=0, le=30000)] = 0
+    """Ring (180) this long before answering; 0: answer at once."""
+    rtp_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
+    """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
+    registrations: list[SipRegistrationSettings] = Field(default_factory=list)
+    """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
+    source_requests_per_s: Annotated[float, Field(gt=0)] = 200.0
+    """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
+    requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
+    """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
+    receive_buffer_bytes: Annotated[int, Field(ge=65536)] = 4 * 1024 * 1024
+    """The SIP socket's receive buffer (``SO_RCVBUF``), so a burst waits in the kernel rather than being lost;
+    the kernel caps it at ``net.core.rmem_max`` unless the process may force it (logged at start)."""
+
+    def model_post_init(self, context: Any) -> None:
+        if self.rtp_port_max < self.rtp_port_min + 1:
+            raise ValueError("rtp_port_max must be above rtp_port_min")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together")
