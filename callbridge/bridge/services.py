@@ -4,7 +4,6 @@ stream tokens, metrics and the carriers' REST clients."""
 from __future__ import annotations
 
 import asyncio
-import enum
 import re
 import time
 import uuid
@@ -23,6 +22,7 @@ from callbridge.bridge.actions import (
     SendDtmf,
     telephony_tools,
 )
+from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.cpu import CpuMeter
@@ -257,24 +257,6 @@ class BridgeMetrics:
             self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 
-class AnswerKind(enum.Enum):
-    ANSWER = "answer"
-    """Answer with the carrier's stream verb and ``AnswerDecision.token``."""
-    HANG_UP = "hang_up"
-    """The call is over already (a late webhook, a reconnect after its end)."""
-    RETRY_ELSEWHERE = "retry_elsewhere"
-    """Draining, a call another process can resume: back through the load balancer after a pause."""
-    BUSY = "busy"
-    """The carrier's busy refusal (``AnswerDecision.reason`` says why)."""
-
-
-@dataclass(frozen=True, slots=True)
-class AnswerDecision:
-    kind: AnswerKind
-    token: str | None = None
-    reason: str | None = None
-
-
 class LiveStream(Protocol):
     """A call's media stream being served by this process (``MediaStreamDriver``)."""
 
@@ -383,32 +365,40 @@ class BridgeServices:
         return self.settings.engine.open_at_answer == "auto" and self.registry_shared
 
     async def decide_answer(self, call_id: str, provider: str, *, retries: bool = True) -> AnswerDecision:
-        """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers: over already →
-        hang up; draining, and another process can resume it (``retries``: the carrier can be sent back through
-        the load balancer) → retry elsewhere; not admitted, or no engine takes it → busy; else answer with a
-        fresh stream token. A registry that does not answer is a busy refusal too, logged as a warning: the
-        caller hears busy rather than the carrier's "application error"."""
+        """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
+        (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
+        (``retries``: the carrier can be sent back through the load balancer) → retry elsewhere; not admitted, or
+        no engine takes it → busy; else answer with a fresh stream token). This finds out each fact the policy
+        asks for. A registry that does not answer is a busy refusal too, logged as a warning: the caller hears
+        busy rather than the carrier's "application error"."""
+        facts: dict[AnswerFact, bool] = {}
         try:
-            if await self.registry.ended_reason(call_id) is not None:
-                return AnswerDecision(AnswerKind.HANG_UP)
-            if retries and await self.moving_elsewhere(call_id):  # a reconnect that reached this draining process
-                log.info("call_redirected", call_id=call_id, provider=provider, reason="draining")
-                return AnswerDecision(AnswerKind.RETRY_ELSEWHERE)
-            if retries and await self.bounces_new_call(call_id):
-                log.info("call_redirected", call_id=call_id, provider=provider, reason="draining_new_call")
-                return AnswerDecision(AnswerKind.RETRY_ELSEWHERE)
-            if not await self.admits(call_id):
-                reason = "draining" if self.draining else "capacity"
-            elif not await self.engine_takes(call_id):
-                reason = "engine_capacity"
-            else:
+            while isinstance(step := answer_step(facts, retries=retries, draining=self.draining), AnswerFact):
+                facts[step] = await self._answer_fact(step, call_id)
+            if step.kind is AnswerKind.ANSWER:
                 return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
-            reason = "registry_unavailable"
-        self.give_back_admission(call_id)  # refused after all: its slot goes back
-        log.warning("call_refused", call_id=call_id, provider=provider, reason=reason)
-        return AnswerDecision(AnswerKind.BUSY, reason=reason)
+            step = AnswerDecision(AnswerKind.BUSY, reason="registry_unavailable")
+        if step.kind is AnswerKind.RETRY_ELSEWHERE:
+            log.info("call_redirected", call_id=call_id, provider=provider, reason=step.reason)
+        elif step.kind is AnswerKind.BUSY:
+            self.give_back_admission(call_id)  # refused after all: its slot goes back
+            log.warning("call_refused", call_id=call_id, provider=provider, reason=step.reason)
+        return step
+
+    async def _answer_fact(self, fact: AnswerFact, call_id: str) -> bool:
+        match fact:
+            case AnswerFact.ENDED:
+                return await self.registry.ended_reason(call_id) is not None
+            case AnswerFact.MOVING_ELSEWHERE:
+                return await self.moving_elsewhere(call_id)
+            case AnswerFact.NEW_CALL_BOUNCES:
+                return await self.bounces_new_call(call_id)
+            case AnswerFact.ADMITTED:
+                return await self.admits(call_id)
+            case AnswerFact.ENGINE_TAKES:
+                return await self.engine_takes(call_id)
 
     async def engine_takes(self, call_id: str) -> bool:
         """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take

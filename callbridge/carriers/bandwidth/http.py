@@ -34,7 +34,8 @@ from pydantic import SecretStr
 
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
-from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.bridge.answer_policy import AnswerKind, restart_decision
+from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
 from callbridge.carriers.spec import Carrier
@@ -243,8 +244,10 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
                 return  # the call is over for the bridge: its hang-up (or the caller's) is on its way
             restarts = await services.registry.count(call_id, RESTARTS, kept_ms)
             admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
-            if restarts > MAX_STREAM_RESTARTS or not admitted:
-                reason = "stream_restarts_exhausted" if restarts > MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
+            decision = restart_decision(
+                restarts=restarts, max_restarts=MAX_STREAM_RESTARTS, admitted=admitted, draining=services.draining
+            )
+            if (reason := decision.hang_up_reason) is not None:
                 await services.registry.mark_ended(call_id, reason)
                 await rest.hang_up(call_id, None)
                 log.warning("call_hung_up", provider="bandwidth", call_id=call_id, reason=reason)

@@ -27,7 +27,8 @@ import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
 from callbridge.carriers.spec import Carrier

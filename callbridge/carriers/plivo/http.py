@@ -35,7 +35,8 @@ from callbridge.carriers.spec import Carrier
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
-from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 

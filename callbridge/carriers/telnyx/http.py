@@ -54,6 +54,7 @@ from callbridge.carriers.spec import Carrier
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.telnyx.wire import TelnyxCodec
+from callbridge.bridge.answer_policy import restart_decision
 from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
 from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
@@ -295,8 +296,10 @@ class TelnyxCalls:
             restarts = await self._count(call_id, RESTARTS)
             # draining, a call another process can resume still gets its new stream: it goes to the public URL
             admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
-            if restarts > MAX_STREAM_RESTARTS or not admitted:
-                reason = "stream_restarts_exhausted" if restarts > MAX_STREAM_RESTARTS else "draining" if services.draining else "capacity"
+            decision = restart_decision(
+                restarts=restarts, max_restarts=MAX_STREAM_RESTARTS, admitted=admitted, draining=services.draining
+            )
+            if (reason := decision.hang_up_reason) is not None:
                 await services.registry.mark_ended(call_id, reason)
                 await self._count(call_id, OVER)
                 await self.rest.hang_up(call_id, None)

@@ -72,7 +72,8 @@ from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
 from callbridge.carriers.vonage.wire import VonageCodec, content_type
 from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
-from callbridge.bridge.services import AnswerKind, BridgeServices
+from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.services import BridgeServices
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
