@@ -56,8 +56,6 @@ came from, with the Record-Route set as ``Route``.
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
@@ -65,6 +63,7 @@ from typing import Final
 
 from callbridge.sources import Network, source_allowed
 from callbridge.codecs import AudioEncoding
+from callbridge.sip import digest
 from callbridge.sip.message import (
     SipParseError,
     SipParseReason,
@@ -727,25 +726,15 @@ class SipUas:
             return None
         nonce = secrets.token_hex(16)
         self._nonces.append(nonce)
-        return 401, [("WWW-Authenticate", f'Digest realm="{config.realm}", nonce="{nonce}", algorithm=MD5, qop="auth"')]
+        return 401, [("WWW-Authenticate", challenge) for challenge in digest.challenges(config.realm, nonce)]
 
     def _digest_ok(self, request: SipRequest, credentials: str) -> bool:
-        scheme, _, rest = credentials.partition(" ")
-        if scheme.lower() != "digest":
-            return False
-        _, params = split_params(";" + ";".join(_split_commas(rest)))
         config = self.config
         assert config.username is not None and config.password is not None
-        if params.get("username") != config.username or params.get("realm") != config.realm or params.get("nonce") not in self._nonces:
-            return False
-        ha1 = _md5(f"{config.username}:{config.realm}:{config.password}")
-        ha2 = _md5(f"{request.method}:{params.get('uri', '')}")
-        nonce = params["nonce"]
-        if params.get("qop"):
-            expected = _md5(f"{ha1}:{nonce}:{params.get('nc', '')}:{params.get('cnonce', '')}:{params['qop']}:{ha2}")
-        else:
-            expected = _md5(f"{ha1}:{nonce}:{ha2}")
-        return hmac.compare_digest(expected, params.get("response", ""))
+        return digest.verify(
+            credentials, method=request.method, realm=config.realm, username=config.username, password=config.password,
+            nonce_valid=self._nonces.__contains__,
+        )  # fmt: skip
 
     # --------------------------------------------------------------- responses
 
@@ -985,19 +974,3 @@ def _set_param(value: str, name: str, param: str) -> str:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _split_commas(text: str) -> list[str]:
-    parts, quoted, start = [], False, 0
-    for i, ch in enumerate(text):
-        if ch == '"':
-            quoted = not quoted
-        elif ch == "," and not quoted:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    parts.append(text[start:].strip())
-    return parts
-
-
-def _md5(text: str) -> str:
-    return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()

@@ -1,6 +1,7 @@
-"""HTTP digest authentication as SIP uses it (RFC 3261 §22, RFC 2617, RFC 7616 algorithms per RFC 8760), the
-client side: read a ``WWW-Authenticate`` / ``Proxy-Authenticate`` challenge, build the ``Authorization`` /
-``Proxy-Authorization`` answer.
+"""HTTP digest authentication as SIP uses it (RFC 3261 §22, RFC 2617, RFC 7616 algorithms per RFC 8760), both
+sides: the client reads a ``WWW-Authenticate`` / ``Proxy-Authenticate`` challenge and builds the ``Authorization``
+/ ``Proxy-Authorization`` answer (REGISTER); the server challenges (``challenges``) and checks an answer
+(``verify``: INVITEs from outside the trusted networks).
 
 Algorithms: MD5, SHA-256 and SHA-512-256, each also ``-sess``. When a
 response carries several challenges (RFC 8760 §2.4: one per algorithm), the
@@ -12,14 +13,19 @@ fresh ``cnonce`` and the nonce count); a challenge that offers only
 from __future__ import annotations
 
 import hashlib
+import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["DigestChallenge", "authorization", "best_challenge", "parse_challenge"]
+__all__ = ["CHALLENGE_ALGORITHMS", "DigestChallenge", "authorization", "best_challenge", "challenges", "parse_challenge", "verify"]
 
 _HASHES: Final = {"MD5": "md5", "SHA-256": "sha256", "SHA-512-256": "sha512_256"}
 _STRENGTH: Final = ("MD5", "SHA-256", "SHA-512-256")
 """Weakest first: the last one offered wins."""
+CHALLENGE_ALGORITHMS: Final = ("MD5", "SHA-256")
+"""What a server challenge offers, one ``WWW-Authenticate`` each (RFC 8760 §2.4). MD5 comes first: many deployed
+UACs read only the first challenge and know only MD5; a UAC that reads them all answers the strongest it knows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,24 +98,66 @@ def best_challenge(headers: list[str]) -> DigestChallenge | None:
     return max(usable, key=lambda c: _STRENGTH.index(_base(c.algorithm)))
 
 
+def _response(
+    algorithm: str, *, username: str, realm: str, password: str, nonce: str, method: str, uri: str,
+    qop: str | None, cnonce: str, nc: str,
+) -> str:  # fmt: skip
+    """The ``response`` value (RFC 2617 §3.2.2.1, RFC 7616 §3.4.1), for either side to compute."""
+    ha1 = _hash(algorithm, f"{username}:{realm}:{password}")
+    if algorithm.upper().endswith("-SESS"):
+        ha1 = _hash(algorithm, f"{ha1}:{nonce}:{cnonce}")
+    ha2 = _hash(algorithm, f"{method}:{uri}")
+    if qop:
+        return _hash(algorithm, f"{ha1}:{nonce}:{nc}:{cnonce}:{qop}:{ha2}")
+    return _hash(algorithm, f"{ha1}:{nonce}:{ha2}")
+
+
 def authorization(
     challenge: DigestChallenge, *, method: str, uri: str, username: str, password: str, cnonce: str, nonce_count: int
 ) -> str:
     """The credentials answering ``challenge`` for a ``method`` request to ``uri`` (RFC 2617 §3.2.2, RFC 7616
     §3.4.1). ``nonce_count`` counts the requests answered with this nonce, from 1."""
     algorithm = challenge.algorithm
-    ha1 = _hash(algorithm, f"{username}:{challenge.realm}:{password}")
-    if algorithm.upper().endswith("-SESS"):
-        ha1 = _hash(algorithm, f"{ha1}:{challenge.nonce}:{cnonce}")
-    ha2 = _hash(algorithm, f"{method}:{uri}")
+    qop = "auth" if "auth" in challenge.qop else None
+    nc = f"{nonce_count:08x}"
+    response = _response(
+        algorithm, username=username, realm=challenge.realm, password=password, nonce=challenge.nonce, method=method,
+        uri=uri, qop=qop, cnonce=cnonce, nc=nc,
+    )  # fmt: skip
     fields = [f'username="{username}"', f'realm="{challenge.realm}"', f'nonce="{challenge.nonce}"', f'uri="{uri}"']
-    if "auth" in challenge.qop:
-        nc = f"{nonce_count:08x}"
-        response = _hash(algorithm, f"{ha1}:{challenge.nonce}:{nc}:{cnonce}:auth:{ha2}")
-        fields += [f'response="{response}"', f"algorithm={algorithm}", f'cnonce="{cnonce}"', "qop=auth", f"nc={nc}"]
-    else:
-        response = _hash(algorithm, f"{ha1}:{challenge.nonce}:{ha2}")
-        fields += [f'response="{response}"', f"algorithm={algorithm}"]
+    fields += [f'response="{response}"', f"algorithm={algorithm}"]
+    if qop is not None:
+        fields += [f'cnonce="{cnonce}"', "qop=auth", f"nc={nc}"]
     if challenge.opaque is not None:
         fields.append(f'opaque="{challenge.opaque}"')
     return "Digest " + ", ".join(fields)
+
+
+def challenges(realm: str, nonce: str) -> list[str]:
+    """The ``WWW-Authenticate`` values of a server's 401: one per ``CHALLENGE_ALGORITHMS``, ``qop="auth"``."""
+    return [f'Digest realm="{realm}", nonce="{nonce}", algorithm={algorithm}, qop="auth"' for algorithm in CHALLENGE_ALGORITHMS]
+
+
+def verify(header: str, *, method: str, realm: str, username: str, password: str, nonce_valid: Callable[[str], bool]) -> bool:
+    """Whether ``header`` (an ``Authorization`` value) answers one of our challenges: our realm and user, a nonce we
+    issued (``nonce_valid``), one of ``CHALLENGE_ALGORITHMS`` (``-sess`` too), ``qop`` ``auth`` or none, and the
+    right ``response``."""
+    scheme, _, rest = header.strip().partition(" ")
+    if scheme.lower() != "digest":
+        return False
+    params = _params(rest)
+    algorithm = params.get("algorithm", "MD5")
+    nonce, qop = params.get("nonce", ""), params.get("qop") or None
+    if (
+        params.get("username") != username
+        or params.get("realm") != realm
+        or not nonce_valid(nonce)
+        or _base(algorithm) not in CHALLENGE_ALGORITHMS
+        or qop not in (None, "auth")
+    ):
+        return False
+    expected = _response(
+        algorithm, username=username, realm=realm, password=password, nonce=nonce, method=method,
+        uri=params.get("uri", ""), qop=qop, cnonce=params.get("cnonce", ""), nc=params.get("nc", ""),
+    )  # fmt: skip
+    return hmac.compare_digest(expected, params.get("response", ""))

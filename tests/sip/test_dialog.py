@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 
+import pytest
+
 from callbridge.sip.dialog import (
     T1_MS,
     T2_MS,
@@ -20,6 +22,7 @@ from callbridge.sip.dialog import (
     SipUas,
     UasConfig,
 )
+from callbridge.sip.digest import DigestChallenge, authorization
 from callbridge.sip.message import SipRequest, SipResponse, header_param, parse_message
 from callbridge.sip.sdp import Direction
 
@@ -321,6 +324,47 @@ def test_digest_authentication() -> None:
     core.receive_datagram(request("INVITE", cseq=3, branch="z9hG4bKr", body=SDP, headers=(("Authorization", authorization("s3cret")),)), stranger, 20)
     assert parse_message(core.datagrams_to_send()[0].data).status == 100  # type: ignore[union-attr]
     assert isinstance(core.events()[0], CallOffered)
+
+
+@pytest.mark.parametrize("algorithm", ["SHA-256", "SHA-256-sess", "MD5-sess"])
+def test_digest_authentication_with_the_rfc_8760_algorithms(algorithm: str) -> None:
+    """The 401 offers MD5 and SHA-256, one challenge each (RFC 8760 §2.4, MD5 first for UACs that read only the
+    first); an answer with SHA-256 (or a ``-sess`` variant) is taken, computed here with hashlib alone."""
+    core = uas(allowed_networks=(), username="trunk", password="s3cret", realm="cb")
+    stranger = ("192.0.2.1", 5070)
+    core.receive_datagram(request("INVITE", body=SDP), stranger, 0)
+    message = parse_message(core.datagrams_to_send()[0].data)
+    assert isinstance(message, SipResponse) and message.status == 401
+    offered = message.headers_all("WWW-Authenticate")
+    assert [h.split("algorithm=")[1].split(",")[0] for h in offered] == ["MD5", "SHA-256"]
+    nonce = offered[1].split('nonce="')[1].split('"')[0]
+    uri = "sip:agent@127.0.0.1"
+    name = "sha256" if algorithm.startswith("SHA-256") else "md5"
+
+    def h(text: str) -> str:
+        return hashlib.new(name, text.encode()).hexdigest()
+
+    ha1 = h("trunk:cb:s3cret")
+    if algorithm.endswith("-sess"):
+        ha1 = h(f"{ha1}:{nonce}:c0ffee")
+    response = h(f"{ha1}:{nonce}:00000001:c0ffee:auth:{h(f'INVITE:{uri}')}")
+    answer = f'Digest username="trunk", realm="cb", nonce="{nonce}", uri="{uri}", response="{response}", algorithm={algorithm}, qop=auth, nc=00000001, cnonce="c0ffee"'
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKs", body=SDP, headers=(("Authorization", answer),)), stranger, 10)
+    assert parse_message(core.datagrams_to_send()[0].data).status == 100  # type: ignore[union-attr]
+    assert isinstance(core.events()[0], CallOffered)
+
+
+def test_a_digest_answer_with_an_algorithm_we_did_not_offer_is_refused() -> None:
+    core = uas(allowed_networks=(), username="trunk", password="s3cret", realm="cb")
+    stranger = ("192.0.2.1", 5070)
+    core.receive_datagram(request("INVITE", body=SDP), stranger, 0)
+    message = parse_message(core.datagrams_to_send()[0].data)
+    assert isinstance(message, SipResponse)
+    nonce = (message.header("WWW-Authenticate") or "").split('nonce="')[1].split('"')[0]
+    challenge = DigestChallenge(realm="cb", nonce=nonce, algorithm="SHA-512-256", qop=("auth",))
+    answer = authorization(challenge, method="INVITE", uri="sip:agent@127.0.0.1", username="trunk", password="s3cret", cnonce="c", nonce_count=1)
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKx", body=SDP, headers=(("Authorization", answer),)), stranger, 10)
+    assert parse_message(core.datagrams_to_send()[0].data).status == 401  # type: ignore[union-attr]
 
 
 def test_mutated_messages_never_raise() -> None:
