@@ -28,14 +28,14 @@ import orjson
 
 from callbridge.carriers.audiosocket.wire import AudioSocketCodec, Kind, frame
 from callbridge.carriers.bandwidth.wire import BandwidthCodec
-from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.base import ProviderCodec, SendMedia
 from callbridge.carriers.exotel.wire import ExotelCodec
+from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.plivo.wire import PlivoCodec
+from callbridge.carriers.signalwire.wire import signalwire_codec
 from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.carriers.vonage.wire import VonageCodec
-from callbridge.carriers.signalwire.wire import signalwire_codec
 
 ULAW_20MS = bytes(range(96, 256)) * 1  # 160 bytes of varied μ-law
 L16_20MS_8K = bytes(range(256)) + bytes(range(64))  # 320 bytes

@@ -13,10 +13,10 @@ import subprocess
 import sys
 import time
 
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.carriers.twilio.sim import SimulatedTwilio
 
 SECRET = "probe-secret-0123456789abcdef"
 

@@ -22,10 +22,10 @@ import sys
 
 from sip_flood import RtpArrivals
 
+from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.carriers.sip.sim import SimulatedSip
 
 SECRET = "probe-secret-0123456789abcdef"
 

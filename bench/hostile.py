@@ -29,11 +29,19 @@ import sys
 import time
 from collections.abc import Coroutine
 
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.sim.carrier import CallerScript, CallResult
-from callbridge.sim.hostile import MediaArrivals, how_they_end, oversized_body, oversized_message, rss_bytes, slow_head, upgrade
+from callbridge.sim.hostile import (
+    MediaArrivals,
+    how_they_end,
+    oversized_body,
+    oversized_message,
+    rss_bytes,
+    slow_head,
+    upgrade,
+)
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.carriers.twilio.sim import SimulatedTwilio
 
 SECRET = "probe-secret-0123456789abcdef"
 MIB = 1024 * 1024

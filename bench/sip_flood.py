@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 
+from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.loadtest import bridge_process_env
 from callbridge.sim.runner import free_port, load_wav_8k, sample_caller_wav, wait_http_up
-from callbridge.carriers.sip.sim import SimulatedSip
 
 SECRET = "probe-secret-0123456789abcdef"
 _FLOOD = "import sys; from callbridge.sim.hostile import options_flood; print(*options_flood(('127.0.0.1', {port}), {rate}, {seconds}))"

@@ -20,7 +20,6 @@ from urllib.parse import urlsplit
 
 from callbridge import __version__
 from callbridge.carriers import carrier_spec, simulated_names
-from callbridge.serving import EXIT_FAILED, EXIT_OK
 from callbridge.config import (
     ConfigError,
     ConfigProblem,
@@ -29,7 +28,7 @@ from callbridge.config import (
     merge_overrides,
     parse_assignment,
 )
-
+from callbridge.serving import EXIT_FAILED, EXIT_OK
 
 __all__ = ["main", "run"]
 
@@ -264,7 +263,6 @@ def _engine_server(settings: Settings, args: argparse.Namespace) -> int:
 
 def _serve_engine(settings: Settings, sock: Any) -> int:
     from callbridge.engine.server import create_engine_app
-
     from callbridge.serving import run_uvicorn
 
     return run_uvicorn(

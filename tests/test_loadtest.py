@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from callbridge.carriers import simulated
 from callbridge.cli import main
 from callbridge.config import Settings, load_settings
-from callbridge.carriers import simulated
 from callbridge.sim.loadtest import (
     LoadTest,
     LoadTestOptions,

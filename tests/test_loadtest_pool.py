@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from callbridge.cli import main
 from callbridge.carriers import simulated
+from callbridge.cli import main
 from callbridge.sim.loadtest import (
     CallSamples,
     LoadSamples,

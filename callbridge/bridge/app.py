@@ -24,8 +24,6 @@ from prometheus_client import (
 )
 
 from callbridge import __version__
-from callbridge.carriers import CARRIERS
-from callbridge.carriers.spec import CarrierRest
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
@@ -38,6 +36,8 @@ from callbridge.bridge.services import (
     HangUpFn,
     build_engine,
 )
+from callbridge.carriers import CARRIERS
+from callbridge.carriers.spec import CarrierRest
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger

@@ -27,7 +27,6 @@ from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.pacing import PacingClock
-from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.bridge.registry import (
     CallRegistry,
     CallSignal,
@@ -36,6 +35,7 @@ from callbridge.bridge.registry import (
     SignalKind,
     StreamTokens,
 )
+from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.pool import EnginePool

@@ -12,7 +12,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-from callbridge.carriers import audiosocket, bandwidth, exotel, generic, jambonz, plivo, signalwire, sip, telnyx, twilio, vonage
+from callbridge.carriers import (
+    audiosocket,
+    bandwidth,
+    exotel,
+    generic,
+    jambonz,
+    plivo,
+    signalwire,
+    sip,
+    telnyx,
+    twilio,
+    vonage,
+)
 from callbridge.carriers.spec import CarrierSpec
 
 if TYPE_CHECKING:

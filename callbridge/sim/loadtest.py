@@ -49,11 +49,12 @@ from urllib.parse import urlsplit
 import numpy as np
 import orjson
 
+from callbridge.carriers import carrier_spec
+from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.config import Settings
 from callbridge.engine.commands import EngineCommand, TruncateItem
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
-from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.sim.carrier import (
     CallResult,
     OpenReason,
@@ -61,7 +62,6 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
 )
-from callbridge.carriers import carrier_spec
 
 __all__ = [
     "CallSamples",

@@ -35,9 +35,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match, Route
 
+from callbridge.carriers import carrier_spec
 from callbridge.config import Settings
 from callbridge.sim.carrier import SimulatedCarrier, webhook_client
-from callbridge.carriers import carrier_spec
 from callbridge.sim.loadtest import (
     FIRST_AUDIO_METRIC,
     LoadSamples,

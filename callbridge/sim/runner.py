@@ -28,10 +28,10 @@ from fastapi import FastAPI
 
 from callbridge.bridge.app import create_app
 from callbridge.bridge.http_protocol import serving_options
+from callbridge.carriers import carrier_spec
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
-from callbridge.carriers import carrier_spec
 from callbridge.sim.ports import bound_socket, free_port
 
 __all__ = [

@@ -61,7 +61,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from callbridge.sources import Network, source_allowed
 from callbridge.codecs import AudioEncoding
 from callbridge.sip import digest
 from callbridge.sip.message import (
@@ -76,6 +75,7 @@ from callbridge.sip.message import (
 )
 from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
+from callbridge.sources import Network, source_allowed
 
 __all__ = [
     "ALLOW",

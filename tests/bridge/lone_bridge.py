@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from callbridge.sim.runner import free_port
 from callbridge.carriers.twilio.sim import SimulatedTwilio
+from callbridge.sim.runner import free_port
 from tests.bridge.test_fleet import SECRET, Process, _start
 from tests.conftest import wait_http_ok
 

@@ -12,8 +12,8 @@ import uuid
 import pytest
 
 from callbridge.bridge.cpu import CpuMeter
-from callbridge.sim.carrier import CallerScript
 from callbridge.carriers import simulated
+from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_readiness import answer
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from callbridge.carriers.audiosocket.wire import frame
-from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
 from callbridge.carriers.audiosocket.sim import (
     MAX_AHEAD_MS,
     AudioSocketStream,
     SimulatedAudioSocket,
 )
+from callbridge.carriers.audiosocket.wire import frame
+from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, engine, known, settings, short_speech, until

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from callbridge.bridge.app import BridgeState
-from callbridge.carriers.audiosocket.listener import AudioSocketListener, source_allowed
-from callbridge.carriers import carrier_spec
-from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, PROFILE, frame
 from callbridge.bridge.services import BridgeServices
+from callbridge.carriers import carrier_spec
+from callbridge.carriers.audiosocket.listener import AudioSocketListener, source_allowed
+from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, PROFILE, frame
 from callbridge.engine.commands import AckPlayback, CloseSession, CreateTextItem
 from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import (

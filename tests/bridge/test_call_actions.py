@@ -21,15 +21,15 @@ from callbridge.bridge.actions import (
     telephony_tools,
 )
 from callbridge.bridge.call import CallState, PendingAction
-from callbridge.carriers.plivo.http import PlivoRest
 from callbridge.carriers.base import HangUp
+from callbridge.carriers.plivo.http import PlivoRest
 from callbridge.carriers.telnyx.http import TelnyxCalls
 from callbridge.carriers.vonage.http import VonageRest
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.engine.events import AudioDelta, FunctionCall, ResponseDone
-from tests.carriers.test_twilio import SID
 from tests.bridge.test_call import Harness, agent_audio
 from tests.bridge.twilio_e2e import engine
+from tests.carriers.test_twilio import SID
 
 TARGETS = ("+15550100", "sip:desk@pbx.example.com")
 

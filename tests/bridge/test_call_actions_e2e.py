@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
-from callbridge.carriers.twilio.sim import SimulatedTwilio
 from tests.bridge.twilio_e2e import engine, settings
 
 TARGET = "+15550100"

@@ -17,6 +17,9 @@ import httpx
 import pytest
 
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
+from callbridge.carriers import simulated
+from callbridge.carriers.sip.listener import SipListener
+from callbridge.carriers.sip.sim import SimulatedSip, SipStream
 from callbridge.engine.commands import (
     AckPlayback,
     CloseSession,
@@ -24,10 +27,7 @@ from callbridge.engine.commands import (
     TruncateItem,
 )
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketConnection
-from callbridge.carriers import simulated
 from callbridge.sim.runner import running_bridge
-from callbridge.carriers.sip.sim import SimulatedSip, SipStream
-from callbridge.carriers.sip.listener import SipListener
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech, until
 
 SIMULATED = simulated()

@@ -23,12 +23,12 @@ import redis.asyncio as aioredis
 from callbridge.bridge.app import create_app
 from callbridge.bridge.registry import CallRegistry, CallSignal, SignalKind
 from callbridge.bridge.registry_redis import RedisCallRegistry
+from callbridge.carriers.telnyx.sim import SimulatedTelnyx
+from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, SimCall
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving, with_overrides
-from callbridge.carriers.telnyx.sim import SimulatedTelnyx
-from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from tests.bridge.test_registry import Backend, backend
 from tests.bridge.twilio_e2e import RawStream, RecordingEngine, bound, engine, settings, short_speech, until
 from tests.redis_server import redis_url

@@ -9,9 +9,9 @@ from typing import ClassVar
 
 import pytest
 
+from callbridge.carriers.exotel.sim import ExotelStream, SimulatedExotel
 from callbridge.engine.commands import AckPlayback, CloseSession, TruncateItem
 from callbridge.sim.carrier import CallerScript
-from callbridge.carriers.exotel.sim import ExotelStream, SimulatedExotel
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech
 

@@ -32,12 +32,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
-from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
 from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.carriers.exotel.sim import SimulatedExotel
-from callbridge.sim.runner import free_port
 from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.carriers.twilio.sim import SimulatedTwilio, TwimlRedirect, answer_and_stream
+from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
+from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import wait_http_ok
 from tests.redis_server import redis_url

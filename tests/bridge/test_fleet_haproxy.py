@@ -26,10 +26,19 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from callbridge.sim.carrier import CallerScript
 from callbridge.carriers.exotel.sim import SimulatedExotel
+from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port
-from tests.bridge.test_fleet import SECRET, Fleet, Process, _agent_heard_after, _get, _ready, _stream_started_at, running_fleet
+from tests.bridge.test_fleet import (
+    SECRET,
+    Fleet,
+    Process,
+    _agent_heard_after,
+    _get,
+    _ready,
+    _stream_started_at,
+    running_fleet,
+)
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import peer_binary
 from tests.redis_server import redis_server, start_redis, stop_process

@@ -14,8 +14,8 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from callbridge.sim.carrier import CallerScript
 from callbridge.carriers import simulated
+from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 

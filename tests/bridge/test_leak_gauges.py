@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from callbridge.bridge.app import BridgeState
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.bridge.registry import ENDED_KEPT_MS, MemoryCallRegistry
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.engine.port import ResumeTicket
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge

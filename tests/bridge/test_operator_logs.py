@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
+from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port
-from callbridge.carriers.twilio.sim import SimulatedTwilio
 from tests.bridge.lone_bridge import served
 from tests.bridge.test_fleet import SECRET, _start
 from tests.conftest import wait_http_ok

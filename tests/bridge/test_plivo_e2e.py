@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 import orjson
 import pytest
 
+from callbridge.carriers.plivo.sim import PlivoStream, SimulatedPlivo, valid_extra_headers
 from callbridge.codecs import AudioEncoding
 from callbridge.engine.commands import AppendAudio, CloseSession, TruncateItem
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
-from callbridge.carriers.plivo.sim import PlivoStream, SimulatedPlivo, valid_extra_headers
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, detached, engine, settings, short_speech, until
 

@@ -12,7 +12,6 @@ import time
 import httpx
 import pytest
 
-
 from callbridge.config import Settings
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.test_engine_pool_e2e import TOKEN, admin

@@ -19,11 +19,11 @@ from twilio.request_validator import RequestValidator
 
 from callbridge.bridge.registry import MemoryCallRegistry
 from callbridge.bridge.registry_redis import redis_registry
-from callbridge.config import load_settings
 from callbridge.carriers.plivo.sim import SimulatedPlivo
-from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.carriers.telnyx.sim import SimulatedTelnyx
 from callbridge.carriers.vonage.sim import application_id_for, sign_webhook
+from callbridge.config import load_settings
+from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import engine, settings
 from tests.redis_server import redis_url
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
-from callbridge.carriers.sip.sim import SimulatedSip
 from tests.bridge.twilio_e2e import engine, settings
 
 TARGET = "+15550100"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
+from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.hostile import options_flood
 from callbridge.sim.runner import running_bridge
-from callbridge.carriers.sip.sim import SimulatedSip
 from tests.bridge.twilio_e2e import engine, settings, short_speech
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import callbridge.carriers.telnyx.http as telnyx_bridge
+from callbridge.carriers.telnyx.sim import SimulatedTelnyx, TelnyxStream
 from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.engine.commands import CloseSession
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall
 from callbridge.sim.runner import running_bridge
-from callbridge.carriers.telnyx.sim import SimulatedTelnyx, TelnyxStream
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 
 SPEECH_MS = 1500

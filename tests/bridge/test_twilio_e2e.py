@@ -24,9 +24,9 @@ from callbridge.engine.port import SessionConfig
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import (
-    RecordingEngine,
     LoopStalls,
     RawStream,
+    RecordingEngine,
     bound,
     detached,
     engine,

@@ -17,13 +17,15 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
+from callbridge.carriers import simulated
 from callbridge.carriers.vonage.http import (
     VonageRest,
     VonageSignatures,
     VonageTransport,
     ncco_connect,
 )
-from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
+from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from callbridge.engine.commands import (
     AckPlayback,
     CloseSession,
@@ -31,9 +33,7 @@ from callbridge.engine.commands import (
     TruncateItem,
 )
 from callbridge.sim.carrier import CallerScript
-from callbridge.carriers import simulated
 from callbridge.sim.runner import RunningBridge, running_bridge
-from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from tests.bridge.twilio_e2e import LoopStalls, bound, detached, engine, settings, short_speech, until
 
 SIMULATED = simulated()

@@ -14,7 +14,12 @@ import uvicorn
 from websockets.asyncio.client import connect
 from websockets.frames import Frame, Opcode
 
-from callbridge.bridge.ws_protocol import MESSAGE_LIMIT_EXTENSION, PRE_AUTH_MAX_MESSAGE_BYTES, frame_header, protocol_class
+from callbridge.bridge.ws_protocol import (
+    MESSAGE_LIMIT_EXTENSION,
+    PRE_AUTH_MAX_MESSAGE_BYTES,
+    frame_header,
+    protocol_class,
+)
 from callbridge.sim.ports import free_port
 
 

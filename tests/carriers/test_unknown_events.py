@@ -8,7 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
-from callbridge.carriers.base import MediaReceived, ProtocolErrorReason, ProviderCodec, RemoteProtocolError, UnknownCarrierEvent
+from callbridge.carriers.base import (
+    MediaReceived,
+    ProtocolErrorReason,
+    ProviderCodec,
+    RemoteProtocolError,
+    UnknownCarrierEvent,
+)
 from tests.carriers import test_exotel, test_plivo, test_telnyx, test_twilio, test_vonage
 
 CARRIERS: dict[str, tuple[Callable[[], ProviderCodec], str, str, str | bytes]] = {

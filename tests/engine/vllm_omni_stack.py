@@ -26,10 +26,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import subprocess
 import importlib.abc
 import importlib.machinery
 import logging
+import subprocess
 import sys
 import types
 import uuid

@@ -15,19 +15,19 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from callbridge.carriers.bandwidth.wire import BandwidthCodec
-from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.base import ProviderCodec
-from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.carriers.exotel.wire import ExotelCodec
+from callbridge.carriers.generic.wire import DetectingCodec
+from callbridge.carriers.jambonz.wire import JambonzCodec
 from callbridge.carriers.plivo.wire import PlivoCodec
+from callbridge.carriers.signalwire.wire import signalwire_codec
 from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.carriers.vonage.wire import VonageCodec
-from callbridge.carriers.signalwire.wire import signalwire_codec
 from tests.carriers import (
     test_bandwidth,
-    test_jambonz,
     test_exotel,
+    test_jambonz,
     test_plivo,
     test_telnyx,
     test_twilio,

@@ -3,8 +3,8 @@ exactly, and bugs planted in the cores are each caught by some seed."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import pytest

@@ -9,9 +9,16 @@ import audioop
 
 import pytest
 
-from callbridge.sim.carrier import CallResult, SimCall
 from callbridge.carriers.sip.sim import SipConnection, SipStream, _Datagrams, _Dialog
-from callbridge.carriers.sip.sim_wire import SdpAnswer, SipReply, digest_authorization, parse_sdp_answer, read_sip, uri_target
+from callbridge.carriers.sip.sim_wire import (
+    SdpAnswer,
+    SipReply,
+    digest_authorization,
+    parse_sdp_answer,
+    read_sip,
+    uri_target,
+)
+from callbridge.sim.carrier import CallResult, SimCall
 from callbridge.sip.dtmf import dtmf_train, event_payload
 from callbridge.sip.rtp import RtpSender, build_rtp
 

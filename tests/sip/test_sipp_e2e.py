@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from callbridge.carriers.sip.listener import SipListener
 from callbridge.config import CallActionsSettings
 from callbridge.engine.commands import (
     AckPlayback,
@@ -25,7 +26,6 @@ from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import SipResponse, parse_message
 from callbridge.sip.rtp import build_rtp
-from callbridge.carriers.sip.listener import SipListener
 from tests.bridge.twilio_e2e import engine, settings, until
 
 pytestmark = pytest.mark.skipif(shutil.which("sipp") is None, reason="SIPp (Debian package sip-tester) is not installed")

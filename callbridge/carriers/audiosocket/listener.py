@@ -28,17 +28,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
-from callbridge.carriers.spec import Carrier
 from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.audiosocket.wire import (
     PROVIDER,
     AudioSocketCodec,
     first_frame_bytes,
     peek_call_id,
 )
-from callbridge.bridge.services import BridgeServices
-from callbridge.sources import Network, source_allowed
+from callbridge.carriers.spec import Carrier
 from callbridge.logging import get_logger
+from callbridge.sources import Network, source_allowed
 
 __all__ = ["CARRIER", "AudioSocketListener", "StreamTransport", "source_allowed"]
 

@@ -32,9 +32,9 @@ import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 
+from callbridge.bridge.answer_policy import AnswerKind, restart_decision
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
-from callbridge.bridge.answer_policy import AnswerKind, restart_decision
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec

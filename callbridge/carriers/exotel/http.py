@@ -36,13 +36,13 @@ from typing import Final
 
 from fastapi import APIRouter, WebSocket
 
-from callbridge.carriers.spec import Carrier
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.carriers.exotel.wire import ExotelCodec
 from callbridge.bridge.services import BridgeServices
-from callbridge.sources import Network, source_allowed
 from callbridge.carriers.exotel.settings import ExotelSettings
+from callbridge.carriers.exotel.wire import ExotelCodec
+from callbridge.carriers.spec import Carrier
 from callbridge.logging import get_logger
+from callbridge.sources import Network, source_allowed
 
 __all__ = ["CARRIER", "MEDIA_PATH", "ExotelAdmission", "exotel_router"]
 

@@ -17,16 +17,16 @@ from typing import Final
 
 from fastapi import APIRouter, WebSocket
 
-from callbridge.carriers.spec import Carrier
-from callbridge.carriers.webhooks import public_base, ws_url
-from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.bridge.media import MediaStreamDriver
+from callbridge.bridge.services import BridgeServices
+from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.carriers.jambonz.http import JambonzUpgrade
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL as JAMBONZ_SUBPROTOCOL
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.signalwire.http import signalwire_dialect
+from callbridge.carriers.spec import Carrier
 from callbridge.carriers.twilio.http import TwilioSignatures, twilio_dialect
+from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.logging import get_logger
 
 __all__ = ["CARRIER", "MEDIA_PATH", "generic_router"]

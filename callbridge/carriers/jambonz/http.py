@@ -26,8 +26,8 @@ from typing import Any, Final
 import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 
-from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec

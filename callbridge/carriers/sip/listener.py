@@ -44,10 +44,11 @@ from typing import Any, Final, Self, cast
 from prometheus_client import Counter as PromCounter
 
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
-from callbridge.carriers.spec import Carrier
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
 from callbridge.bridge.services import BridgeServices
+from callbridge.carriers.sip.registrar import RegistrationClients
+from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
+from callbridge.carriers.spec import Carrier
 from callbridge.logging import get_logger
 from callbridge.sip import rtcp
 from callbridge.sip.dialog import (
@@ -66,7 +67,6 @@ from callbridge.sip.dialog import (
 )
 from callbridge.sip.dtmf import dtmf_train
 from callbridge.sip.message import SipParseError, split_stream
-from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.sip.rtp import Latch
 from callbridge.sip.sdp import MediaChoice
 

@@ -58,9 +58,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, cast
 
-from callbridge.config import Settings
-from callbridge.sim.carrier import FRAME_MS, CallResult, OpenReason, SimCall, SimStream, SimulatedCarrier
-from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.carriers.sip.sim_wire import (
     DTMF_PT,
     Address,
@@ -73,6 +70,9 @@ from callbridge.carriers.sip.sim_wire import (
     tag_param,
     uri_target,
 )
+from callbridge.config import Settings
+from callbridge.sim.carrier import FRAME_MS, CallResult, OpenReason, SimCall, SimStream, SimulatedCarrier
+from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sip.dtmf import dtmf_packets, event_payload
 from callbridge.sip.message import SipRequest
 from callbridge.sip.rtp import RtpSender, build_rtp

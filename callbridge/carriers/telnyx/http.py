@@ -50,13 +50,13 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
-from callbridge.carriers.spec import Carrier
-from callbridge.carriers.webhooks import public_base, ws_url
-from callbridge.bridge.media import MediaStreamDriver
-from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.bridge.answer_policy import restart_decision
+from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
 from callbridge.bridge.services import BridgeServices
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.telnyx.wire import TelnyxCodec
+from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 

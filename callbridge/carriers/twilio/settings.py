@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from pydantic import SecretStr
 
 from callbridge.config_types import HttpUrl, Section

@@ -46,8 +46,8 @@ from websockets.exceptions import InvalidStatus
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
-    CallResult,
     CallerScript,
+    CallResult,
     OpenReason,
     SimCall,
     SimStream,

@@ -67,13 +67,13 @@ from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import SecretStr
 
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
-from callbridge.carriers.spec import Carrier
-from callbridge.carriers.webhooks import public_base, ws_url
-from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
-from callbridge.carriers.vonage.wire import VonageCodec, content_type
-from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
+from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
 from callbridge.bridge.services import BridgeServices
+from callbridge.carriers.spec import Carrier
+from callbridge.carriers.vonage.wire import VonageCodec, content_type
+from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
