@@ -33,11 +33,11 @@ from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
     BridgeMetrics,
     BridgeServices,
+    CarrierRest,
     HangUpFn,
     build_engine,
 )
 from callbridge.carriers import CARRIERS
-from callbridge.carriers.spec import CarrierRest
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger
@@ -59,7 +59,7 @@ class BridgeState:
         self.group: GroupPublisher | None = None
         """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
         self.carriers = tuple(spec.load_carrier() for spec in CARRIERS)
-        self.rest: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
+        rests: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         registry, tokens = build_registry(settings)
         self.services = BridgeServices(
             settings=settings,
@@ -71,9 +71,9 @@ class BridgeState:
                 local_engine=isinstance(getattr(engine, "session_count", None), int),
             ),
             hang_up=hang_up or self._hang_up,
+            carrier_rests=rests,
         )
-        self.services.carrier_rests.update(self.rest)
-        for name, rest in self.rest.items():
+        for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
                 self.services.action_performers[name] = rest  # type: ignore[assignment]
 
@@ -91,7 +91,7 @@ class BridgeState:
         await self.services.drain(self.settings.server.drain_timeout_s)
 
     async def _hang_up(self, provider: str, call_id: str, account_id: str | None, reason: str) -> None:
-        rest = self.rest.get(provider)
+        rest = self.services.carrier_rests.get(provider)
         if rest is None:
             raise LookupError(f"{provider} has no REST hang-up")
         await rest.hang_up(call_id, account_id)
@@ -138,7 +138,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
         await state.services.aclose_background()
         await state.services.engine.aclose()
         await state.services.registry.aclose()
-        for rest in state.rest.values():
+        for rest in state.services.carrier_rests.values():
             await rest.aclose()
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -27,6 +27,7 @@ from callbridge.engine.port import ResumeTicket
 
 __all__ = [
     "ENDED_KEPT_MS",
+    "LONGEST_CALL_FALLBACK_S",
     "TOKEN_TTL_MS",
     "CallRecord",
     "CallRegistry",
@@ -37,10 +38,21 @@ __all__ = [
     "RegistryUnavailable",
     "SignalKind",
     "StreamTokens",
+    "counters_kept_ms",
 ]
 
 ENDED_KEPT_MS = 600_000
 """How long an ended call is remembered, so that a late redirect or stream for it is refused."""
+LONGEST_CALL_FALLBACK_S = 86_400.0
+"""The longest call assumed where ``server.max_call_duration_s`` is 0 (no limit)."""
+
+
+def counters_kept_ms(max_call_duration_s: float) -> int:
+    """How long a call's counters (a carrier's answered / over / restarts) are kept after their last change: past
+    the longest call, and as long as an ended call is remembered after it."""
+    return int((max_call_duration_s or LONGEST_CALL_FALLBACK_S) * 1000) + ENDED_KEPT_MS
+
+
 TOKEN_TTL_MS = 120_000
 """How long a minted stream token stays valid (the carrier opens the stream within seconds)."""
 

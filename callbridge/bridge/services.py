@@ -50,6 +50,7 @@ from callbridge.logging import get_logger
 __all__ = [
     "BridgeMetrics",
     "BridgeServices",
+    "CarrierRest",
     "FLEET_HOLD_MS",
     "HangUpFn",
     "LiveStream",
@@ -257,6 +258,16 @@ class BridgeMetrics:
             self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 
+class CarrierRest(Protocol):
+    """A carrier's REST API, as far as the bridge uses it (each carrier's ``Carrier.rest`` builds one)."""
+
+    async def hang_up(self, call_id: str, account_id: str | None) -> None:
+        """End the call; one that has already ended counts as done. Raises on failure."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
 class LiveStream(Protocol):
     """A call's media stream being served by this process (``MediaStreamDriver``)."""
 
@@ -306,7 +317,7 @@ class BridgeServices:
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
     action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
     """carrier → what transfers its calls and sends DTMF on them (its REST client, the SIP listener)."""
-    carrier_rests: dict[str, object] = field(default_factory=dict)
+    carrier_rests: dict[str, CarrierRest] = field(default_factory=dict)
     """carrier → its REST client (the app's, one per process), for a carrier's webhooks that call its API."""
     pacing: PacingClock = field(default_factory=PacingClock)
     """The one timer that wakes every call's pacer."""

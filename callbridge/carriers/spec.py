@@ -19,31 +19,21 @@ import importlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
 
-    from callbridge.bridge.services import BridgeServices
+    from callbridge.bridge.services import BridgeServices, CarrierRest
     from callbridge.carriers.base import ProviderCodec
     from callbridge.config import Settings
     from callbridge.sim.carrier import SimulatedCarrier
 
-__all__ = ["Capabilities", "Carrier", "CarrierRest", "CarrierSpec", "Transport"]
+__all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport"]
 
 Transport = Literal["websocket", "tcp", "sip"]
 """How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), AudioSocket's
 TCP stream, SIP and RTP."""
-
-
-class CarrierRest(Protocol):
-    """A carrier's REST API, as far as the bridge uses it."""
-
-    async def hang_up(self, call_id: str, account_id: str | None) -> None:
-        """End the call; one that has already ended counts as done. Raises on failure."""
-        ...
-
-    async def aclose(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +67,7 @@ class CarrierSpec:
     """One carrier, as everything outside its package knows it."""
 
     name: str
-    """Its name in URLs, metrics, logs, ``--provider`` and the registry."""
-    package: str
-    """The package that holds everything of it (``callbridge.carriers.twilio``)."""
+    """Its name in URLs, metrics, logs, ``--provider`` and the registry; its package is ``callbridge.carriers.<name>``."""
     transport: Transport
     capabilities: Capabilities
     section: str | None
@@ -93,6 +81,11 @@ class CarrierSpec:
     ``/media`` URL recognises the carrier and takes this codec."""
     simulator: str | None
     """Its ``SimulatedCarrier`` class, ``"module:name"``; None: not simulated on its own."""
+
+    @property
+    def package(self) -> str:
+        """The package that holds everything of it (``callbridge.carriers.twilio``)."""
+        return f"callbridge.carriers.{self.name}"
 
     def _load(self, reference: str) -> Any:
         module, _, name = reference.partition(":")

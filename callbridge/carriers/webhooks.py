@@ -1,13 +1,17 @@
-"""What every carrier's HTTP side shares: the public URL it answers with, and the pause before a drained call's
-webhook is tried again."""
+"""What every carrier's HTTP side shares: the public URL it answers with, the pause before a drained call's
+webhook is tried again, and HTTP Basic credentials checked in constant time."""
 
 from __future__ import annotations
 
+import binascii
+import hmac
 from typing import Final
+
+from pydantic import SecretStr
 
 from callbridge.config import Settings
 
-__all__ = ["DRAIN_RETRY_PAUSE_S", "public_base", "ws_url"]
+__all__ = ["DRAIN_RETRY_PAUSE_S", "BasicCredentials", "public_base", "ws_url"]
 
 DRAIN_RETRY_PAUSE_S: Final = 1
 """How long a call whose reconnect reached a draining process waits before its webhook is tried again (TwiML's
@@ -26,3 +30,34 @@ def ws_url(http_url: str) -> str:
     if http_url.startswith("http://"):
         return "ws://" + http_url.removeprefix("http://")
     return http_url
+
+
+class BasicCredentials:
+    """A user name and password a carrier sends as ``Authorization: Basic`` (Exotel's upgrade, Bandwidth's
+    callbacks, jambonz's ``wsAuth``); ``configured`` False when either is unset."""
+
+    def __init__(self, user: str | None, password: SecretStr | None) -> None:
+        self._pair: tuple[bytes, bytes] | None = None
+        if user and password is not None and password.get_secret_value():
+            self._pair = (user.encode(), password.get_secret_value().encode())
+
+    @property
+    def configured(self) -> bool:
+        return self._pair is not None
+
+    def valid(self, authorization: str | None) -> bool:
+        """Whether ``authorization`` holds these credentials (False when none are configured)."""
+        if self._pair is None or not authorization:
+            return False
+        scheme, _, encoded = authorization.strip().partition(" ")
+        if scheme.lower() != "basic":
+            return False
+        try:
+            decoded = binascii.a2b_base64(encoded.strip(), strict_mode=True)
+        except ValueError:  # binascii.Error, or a header that is not ASCII (starlette decodes latin-1)
+            return False
+        user, sep, password = decoded.partition(b":")
+        # both compared, always: the time taken says nothing about which part was wrong
+        user_ok = hmac.compare_digest(user, self._pair[0])
+        password_ok = hmac.compare_digest(password, self._pair[1])
+        return bool(sep) and user_ok and password_ok

@@ -108,7 +108,7 @@ def test_what_breaks_the_protocol_ends_the_stream_with_its_reason(messages: list
 
 def test_the_answer_streams_with_the_token_and_keeps_the_call_up() -> None:
     config = BandwidthSettings(callback_username="bw", callback_password="pw")  # type: ignore[arg-type]
-    bxml = stream_bxml("https://bridge.example.com", "tok-1234567890abcdef", CALL, config, 14_400)
+    bxml = stream_bxml("https://bridge.example.com", "tok-1234567890abcdef", config, 14_400)
     assert '<StartGather dtmfUrl="https://bridge.example.com/bandwidth/dtmf" dtmfMethod="POST" username="bw" password="pw"/>' in bxml
     assert 'mode="bidirectional"' in bxml and 'destination="wss://bridge.example.com/bandwidth/media"' in bxml
     assert 'name="callbridge-tok-12345678"' in bxml and '<StreamParam name="token" value="tok-1234567890abcdef"/>' in bxml

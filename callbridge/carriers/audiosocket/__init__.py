@@ -4,7 +4,6 @@ from callbridge.carriers.spec import Capabilities, CarrierSpec
 
 SPEC = CarrierSpec(
     name="audiosocket",
-    package=__name__,
     transport="tcp",
     capabilities=Capabilities(marks=False, flush=False, reconnect=True, dtmf_out=False, transfer=False),
     section="audiosocket",

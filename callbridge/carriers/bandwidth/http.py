@@ -20,8 +20,6 @@ credentials of its own: a stream is bridged only with the token an answer minted
 
 from __future__ import annotations
 
-import base64
-import hmac
 import time
 from typing import Any, Final
 from urllib.parse import quote
@@ -30,16 +28,14 @@ from xml.sax.saxutils import quoteattr
 import httpx
 import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
-from pydantic import SecretStr
-
 from callbridge.bridge.answer_policy import AnswerKind, restart_decision
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
+from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
 from callbridge.carriers.spec import Carrier
-from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, BasicCredentials, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -68,6 +64,8 @@ MAX_STREAM_RESTARTS: Final = 5
 """Streams restarted for one call before it is hung up instead (a stream that fails at once would loop)."""
 RESTARTS: Final = "bandwidth_restarts"
 """Registry counter: streams restarted for the call."""
+MAX_PAUSE_S: Final = 86_400.0
+"""The longest ``<Pause>`` Bandwidth takes (0.1 to 86400 s)."""
 TOKEN_EARLY_S: Final = 60.0
 """A bearer token is renewed this long before Bandwidth says it expires."""
 
@@ -85,12 +83,12 @@ def _credentials(config: BandwidthSettings) -> str:
     return f" username={quoteattr(config.callback_username)} password={quoteattr(config.callback_password.get_secret_value())}"
 
 
-def stream_bxml(base: str, token: str, call_id: str, config: BandwidthSettings, max_call_s: float) -> str:
+def stream_bxml(base: str, token: str, config: BandwidthSettings, max_call_s: float) -> str:
     """The answer: digits by webhook, a bidirectional stream carrying the call's token, then a pause the length of
     the longest call (``<StartStream>`` does not block: BXML that ends ends the call). Each stream of a call needs
     its own name: the token's first characters."""
     auth = _credentials(config)
-    pause_s = min(86_400.0, max(1.0, max_call_s or 86_400.0))
+    pause_s = min(MAX_PAUSE_S, max(1.0, max_call_s or MAX_PAUSE_S))
     return (
         '<?xml version="1.0" encoding="UTF-8"?><Response>'
         f'<StartGather dtmfUrl={quoteattr(base + DTMF_PATH)} dtmfMethod="POST"{auth}/>'
@@ -115,34 +113,14 @@ def retry_bxml(base: str, config: BandwidthSettings) -> str:
     )
 
 
-# ------------------------------------------------------------------------ auth
-
-
-class _Callbacks:
-    """The application's callback credentials, checked on every webhook."""
-
-    def __init__(self, config: BandwidthSettings) -> None:
-        self.enabled = config.validate_credentials
-        self._expected: bytes | None = None
-        if config.callback_username is not None and config.callback_password is not None:
-            pair = f"{config.callback_username}:{config.callback_password.get_secret_value()}".encode()
-            self._expected = b"Basic " + base64.b64encode(pair)
-
-    def valid(self, header: str | None) -> bool:
-        if not self.enabled:
-            return True
-        if self._expected is None or header is None:
-            return False
-        return hmac.compare_digest(self._expected, header.strip().encode())
-
-
-async def _event(request: Request) -> dict[str, Any] | None:
-    """The webhook's JSON object, or None when it is not one."""
+async def _event(request: Request) -> dict[str, Any]:
+    """The webhook's JSON object; an empty one when the body is not a JSON object (its handler answers 400 for the
+    ``callId`` it lacks)."""
     try:
         payload = orjson.loads(await request.body())
     except orjson.JSONDecodeError:
-        return None
-    return payload if isinstance(payload, dict) else None
+        return {}
+    return payload if isinstance(payload, dict) else {}
 
 
 # --------------------------------------------------------------------- router
@@ -152,19 +130,18 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
     """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
     settings = services.settings
     config = settings.bandwidth
-    callbacks = _Callbacks(config)
-    if callbacks.enabled and callbacks._expected is None:
+    callbacks = BasicCredentials(config.callback_username, config.callback_password)
+    if config.validate_credentials and not callbacks.configured:
         log.info("carrier_not_configured", provider="bandwidth", detail="no bandwidth.callback_username/password: every bandwidth webhook gets 403")
     rest = services.carrier_rests.get("bandwidth")
     if not isinstance(rest, BandwidthRest):  # an app without the carrier's REST client (a test's): a fresh one
         rest = BandwidthRest(config)
-    kept_ms = int((settings.server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS
+    kept_ms = counters_kept_ms(settings.server.max_call_duration_s)
     router = APIRouter()
 
     async def _checked(request: Request, path: str) -> dict[str, Any] | None:
-        """The webhook's event, when its credentials hold; else None (answered 403). An event without a
-        ``callId`` is answered 400 by the caller."""
-        if not callbacks.valid(request.headers.get("authorization")):
+        """The webhook's event, when its credentials hold; else None (answered 403)."""
+        if config.validate_credentials and not callbacks.valid(request.headers.get("authorization")):
             log.warning("credentials_invalid", provider="bandwidth", path=path)
             return None
         return await _event(request)
@@ -187,7 +164,7 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider="bandwidth", event_type=event.get("eventType"))
-                bxml = stream_bxml(base, decision.token, call_id, config, settings.server.max_call_duration_s)
+                bxml = stream_bxml(base, decision.token, config, settings.server.max_call_duration_s)
         return Response(bxml, media_type="application/xml")
 
     @router.websocket(MEDIA_PATH)
@@ -252,8 +229,10 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
                 await rest.hang_up(call_id, None)
                 log.warning("call_hung_up", provider="bandwidth", call_id=call_id, reason=reason)
                 return
-            await rest.redirect(call_id, base + ANSWER_PATH)
-            log.info("stream_restarted", provider="bandwidth", call_id=call_id, restarts=restarts)
+            if await rest.redirect(call_id, base + ANSWER_PATH):
+                log.info("stream_restarted", provider="bandwidth", call_id=call_id, restarts=restarts)
+            else:  # the call is gone on Bandwidth's side (its disconnect may still be on its way)
+                await services.registry.mark_ended(call_id, "call_already_ended")
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
         except (httpx.HTTPError, RuntimeError) as exc:
@@ -271,10 +250,6 @@ class BandwidthRest:
 
     def __init__(self, config: BandwidthSettings, *, client: httpx.AsyncClient | None = None) -> None:
         self._base = config.api_base_url.rstrip("/")
-        self._token_url = config.token_url
-        self._account = config.account_id
-        self._client_id = config.client_id
-        self._secret: SecretStr | None = config.client_secret
         self._config = config
         self._client = client or httpx.AsyncClient(timeout=10.0)
         self._token: tuple[str, float] | None = None
@@ -283,10 +258,11 @@ class BandwidthRest:
     async def _bearer(self) -> str:
         if self._token is not None and time.monotonic() < self._token[1]:
             return self._token[0]
-        if not self._client_id or self._secret is None:
+        config = self._config
+        if not config.client_id or config.client_secret is None:
             raise RuntimeError("the Voice API needs bandwidth.client_id and bandwidth.client_secret")
         response = await self._client.post(
-            self._token_url, data={"grant_type": "client_credentials"}, auth=(self._client_id, self._secret.get_secret_value())
+            config.token_url, data={"grant_type": "client_credentials"}, auth=(config.client_id, config.client_secret.get_secret_value())
         )
         response.raise_for_status()
         body = response.json()
@@ -299,7 +275,7 @@ class BandwidthRest:
 
     async def _update(self, call_id: str, account_id: str | None, body: dict[str, str]) -> bool:
         """``POST …/accounts/{account}/calls/{call}``: False when the call is not live (404)."""
-        account = self._account or account_id
+        account = self._config.account_id or account_id
         if not account:
             raise RuntimeError("the Voice API needs bandwidth.account_id")
         url = f"{self._base}/accounts/{quote(account, safe='')}/calls/{quote(call_id, safe='')}"

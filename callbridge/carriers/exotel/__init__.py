@@ -4,7 +4,6 @@ from callbridge.carriers.spec import Capabilities, CarrierSpec
 
 SPEC = CarrierSpec(
     name="exotel",
-    package=__name__,
     transport="websocket",
     capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=False, transfer=False),
     section="exotel",

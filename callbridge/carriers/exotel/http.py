@@ -27,8 +27,6 @@ within ``engine.disconnect_grace_s``.
 
 from __future__ import annotations
 
-import binascii
-import hmac
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.exotel.wire import ExotelCodec
 from callbridge.carriers.spec import Carrier
+from callbridge.carriers.webhooks import BasicCredentials
 from callbridge.logging import get_logger
 from callbridge.sources import Network, source_allowed
 
@@ -59,42 +58,23 @@ class ExotelAdmission:
     """Who may open an Exotel media stream: Basic credentials and source networks (see the module docstring)."""
 
     validate_credentials: bool
-    credentials: tuple[bytes, bytes] | None
-    """``(api_key, api_token)`` as bytes; None when not configured (then every checked upgrade fails)."""
+    credentials: BasicCredentials
+    """``api_key:api_token``; when not configured every checked upgrade fails."""
     allowed_sources: tuple[IPNetwork, ...] = ()
 
     @classmethod
     def from_settings(cls, config: ExotelSettings) -> ExotelAdmission:
         """Raises ``ValueError`` for an ``allowed_sources`` entry that is not an address or a CIDR."""
-        credentials = None
-        if config.api_key and config.api_token and config.api_token.get_secret_value():
-            credentials = (config.api_key.encode(), config.api_token.get_secret_value().encode())
+        credentials = BasicCredentials(config.api_key, config.api_token)
         return cls(config.validate_credentials, credentials, _networks(config.allowed_sources))
 
     def refusal(self, authorization: str | None, peer: str | None) -> str | None:
         """Why this upgrade is refused, or None when it is admitted."""
         if self.allowed_sources and not source_allowed(peer, self.allowed_sources):
             return "source_not_allowed"
-        if self.validate_credentials and not self._credentials_valid(authorization):
+        if self.validate_credentials and not self.credentials.valid(authorization):
             return "bad_credentials"
         return None
-
-    def _credentials_valid(self, authorization: str | None) -> bool:
-        if self.credentials is None or not authorization:
-            return False
-        scheme, _, encoded = authorization.strip().partition(" ")
-        if scheme.lower() != "basic":
-            return False
-        try:
-            decoded = binascii.a2b_base64(encoded.strip(), strict_mode=True)
-        except ValueError:  # binascii.Error, or a header that is not ASCII (starlette decodes latin-1)
-            return False
-        user, sep, password = decoded.partition(b":")
-        key, token = self.credentials
-        # both compared, always: the time taken says nothing about which part was wrong
-        user_ok = hmac.compare_digest(user, key)
-        password_ok = hmac.compare_digest(password, token)
-        return bool(sep) and user_ok and password_ok
 
 
 
@@ -113,7 +93,7 @@ def exotel_router(services: BridgeServices) -> APIRouter:
     settings = services.settings
     config = settings.exotel
     admission = ExotelAdmission.from_settings(config)
-    if admission.validate_credentials and admission.credentials is None:
+    if admission.validate_credentials and not admission.credentials.configured:
         log.info("carrier_not_configured", provider="exotel", detail="no exotel.api_key/api_token: every Exotel stream gets 403")
     elif not admission.validate_credentials and not admission.allowed_sources:
         log.warning("exotel_unauthenticated", detail="exotel.validate_credentials is off and allowed_sources is empty")

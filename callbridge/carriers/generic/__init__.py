@@ -4,7 +4,6 @@ from callbridge.carriers.spec import Capabilities, CarrierSpec
 
 SPEC = CarrierSpec(
     name="generic",
-    package=__name__,
     transport="websocket",
     capabilities=Capabilities(marks=False, flush=False, reconnect=False, dtmf_out=False, transfer=False),
     section=None,

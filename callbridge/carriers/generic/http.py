@@ -21,8 +21,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.carriers.generic.wire import DetectingCodec
-from callbridge.carriers.jambonz.http import JambonzUpgrade
-from callbridge.carriers.jambonz.wire import SUBPROTOCOL as JAMBONZ_SUBPROTOCOL
+from callbridge.carriers.jambonz.http import accept_listen, upgrade_credentials
 from callbridge.carriers.signalwire.http import signalwire_dialect
 from callbridge.carriers.spec import Carrier
 from callbridge.carriers.twilio.http import TwilioSignatures, twilio_dialect
@@ -46,7 +45,7 @@ def generic_router(services: BridgeServices) -> APIRouter:
         signalwire.signature_header: TwilioSignatures(signalwire),
     }
     exotel = ExotelAdmission.from_settings(settings.exotel)
-    jambonz = JambonzUpgrade(settings.jambonz)  # its credentials admit the upgrade; its stream still needs the token
+    jambonz = upgrade_credentials(settings.jambonz)  # they admit the upgrade; its stream still needs the token
     router = APIRouter()
 
     @router.websocket(MEDIA_PATH)
@@ -61,7 +60,7 @@ def generic_router(services: BridgeServices) -> APIRouter:
             if signature is not None and not signatures.valid(url, {}, signature):
                 refusal = "bad_signature"
         authorization = headers.get("authorization")
-        if refusal is None and authorization is not None and authorization.lower().startswith("basic ") and not jambonz.matches(authorization):
+        if refusal is None and authorization is not None and authorization.lower().startswith("basic ") and not jambonz.valid(authorization):
             refusal = exotel.refusal(authorization, peer)
             check_token = check_token and refusal is not None  # Exotel's credentials admit a stream without a token
         if refusal is None and not await services.admits(""):
@@ -71,8 +70,7 @@ def generic_router(services: BridgeServices) -> APIRouter:
             log.warning("stream_refused", path=MEDIA_PATH, reason=refusal, peer=peer)
             await websocket.close(code=_POLICY_VIOLATION)  # before accept: the upgrade is answered 403
             return
-        offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
-        await websocket.accept(subprotocol=JAMBONZ_SUBPROTOCOL if JAMBONZ_SUBPROTOCOL in offered else None)  # jambonz asks for it
+        await accept_listen(websocket)  # jambonz's subprotocol, when asked for
         await MediaStreamDriver(websocket, DetectingCodec(), services, check_token=check_token).run()
 
     return router

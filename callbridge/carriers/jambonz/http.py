@@ -17,7 +17,6 @@ the token the answer minted.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import time
@@ -32,7 +31,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
 from callbridge.carriers.spec import Carrier
-from callbridge.carriers.webhooks import public_base, ws_url
+from callbridge.carriers.webhooks import BasicCredentials, public_base, ws_url
 from callbridge.logging import get_logger
 
 __all__ = [
@@ -40,12 +39,13 @@ __all__ = [
     "ANSWER_PATH",
     "CARRIER",
     "MEDIA_PATH",
-    "JambonzUpgrade",
     "SIGNATURE_TOLERANCE_S",
     "STATUS_PATH",
+    "accept_listen",
     "jambonz_router",
     "jambonz_signature",
     "listen_verbs",
+    "upgrade_credentials",
     "valid_signature",
 ]
 
@@ -85,23 +85,15 @@ def valid_signature(secret: str, header: str | None, body: bytes, now_s: float) 
     return hmac.compare_digest(expected.encode(), fields.get("v1", "").encode())
 
 
-class JambonzUpgrade:
-    """The media upgrade's Basic credentials (the ``listen`` verb's ``wsAuth``), when configured."""
+def upgrade_credentials(config: JambonzSettings) -> BasicCredentials:
+    """The media upgrade's Basic credentials: the ``listen`` verb's ``wsAuth`` (not configured: none asked for)."""
+    return BasicCredentials(config.ws_username, config.ws_password)
 
-    def __init__(self, config: JambonzSettings) -> None:
-        self.expected: bytes | None = None
-        if config.ws_username is not None and config.ws_password is not None:
-            self.expected = b"Basic " + base64.b64encode(f"{config.ws_username}:{config.ws_password.get_secret_value()}".encode())
 
-    def admits(self, header: str | None) -> bool:
-        """Whether ``header`` holds the credentials (True where none are configured)."""
-        if self.expected is None:
-            return True
-        return header is not None and hmac.compare_digest(self.expected, header.strip().encode())
-
-    def matches(self, header: str) -> bool:
-        """Whether ``header`` holds the configured credentials (False where none are)."""
-        return self.expected is not None and self.admits(header)
+async def accept_listen(websocket: WebSocket) -> None:
+    """Accept a media upgrade, with jambonz's subprotocol when the peer asks for it (jambonz does)."""
+    offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
 
 
 def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
@@ -116,7 +108,8 @@ def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
         "metadata": {TOKEN_KEY: token},
         "actionHook": base + ACTION_PATH,
     }
-    if config.ws_username is not None and config.ws_password is not None:
+    if upgrade_credentials(config).configured:
+        assert config.ws_username is not None and config.ws_password is not None
         listen["wsAuth"] = {"username": config.ws_username, "password": config.ws_password.get_secret_value()}
     return orjson.dumps([listen])
 
@@ -128,7 +121,7 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
     secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
     if config.validate_signatures and secret is None:
         log.info("carrier_not_configured", provider="jambonz", detail="no jambonz.webhook_secret: every jambonz webhook gets 403")
-    upgrade = JambonzUpgrade(config)
+    upgrade = upgrade_credentials(config)
     router = APIRouter()
 
     async def _checked(request: Request, path: str) -> dict[str, Any] | None:
@@ -189,12 +182,11 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
 
     @router.websocket(MEDIA_PATH)
     async def media(websocket: WebSocket) -> None:
-        if not upgrade.admits(websocket.headers.get("authorization")):
+        if upgrade.configured and not upgrade.valid(websocket.headers.get("authorization")):
             log.warning("credentials_invalid", provider="jambonz", path=MEDIA_PATH)
             await websocket.close(code=_POLICY_VIOLATION)  # before accept: the upgrade is answered 403
             return
-        offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
-        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        await accept_listen(websocket)
         await MediaStreamDriver(websocket, JambonzCodec(), services).run()
 
     return router

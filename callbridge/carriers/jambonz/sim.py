@@ -21,6 +21,7 @@ What jambonz does for an inbound call, and what this does:
 
 from __future__ import annotations
 
+import asyncio
 import audioop
 import base64
 import contextlib
@@ -51,13 +52,18 @@ class JambonzStream(SimStream):
 
     marks_echoed_on_clear: ClassVar[bool] = False
 
-    def __init__(self, conn: WebSocketConnection, call: SimCall, carrier: SimulatedJambonz, rate_hz: int, action_hook: str) -> None:
+    def __init__(
+        self, conn: WebSocketConnection, call: SimCall, carrier: SimulatedJambonz, rate_hz: int, action_hook: str, *, pass_dtmf: bool
+    ) -> None:
         super().__init__(conn, f"{call.call_id}~{secrets.token_hex(4)}", rate_hz, call)
         self.carrier = carrier
         self.action_hook = action_hook
+        self.pass_dtmf = pass_dtmf
+        """The listen asked for ``passDtmf``: without it jambonz keeps the caller's digits to itself."""
         self.disconnected = False
         """The bridge sent ``disconnect``: the listen ended by the application's word."""
         self._resample_state: Any = None
+        self._closing: asyncio.Task[None] | None = None
 
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.rate_hz != 8000:
@@ -65,6 +71,9 @@ class JambonzStream(SimStream):
         await self.send(pcm_8k)
 
     async def send_dtmf(self, digit: str) -> None:
+        if not self.pass_dtmf:
+            self.warn(f"digit {digit} pressed on a listen without passDtmf: nobody hears it")
+            return
         await self.send(orjson.dumps({"event": "dtmf", "dtmf": digit, "duration": "800"}).decode())
 
     async def send_stop(self) -> None:
@@ -73,6 +82,9 @@ class JambonzStream(SimStream):
         await self.carrier.post_status(self.call, "completed")
         self.dropped = True
         await self.conn.close()
+
+    def _close_soon(self) -> None:
+        self._closing = asyncio.get_running_loop().create_task(self.conn.close())
 
     def mark_message(self, name: str) -> None:
         return None
@@ -93,7 +105,8 @@ class JambonzStream(SimStream):
         if kind == "killAudio" and set(payload) <= {"type", "data"}:
             self.clear()
         elif kind == "disconnect" and set(payload) <= {"type", "data"}:
-            self.disconnected = True
+            self.disconnected = self.dropped = True  # the listen ends: jambonz closes its socket, then the actionHook
+            self._close_soon()
         else:
             self.warn(f"unknown or malformed command {message[:80]}")
 
@@ -212,7 +225,7 @@ class SimulatedJambonz(SimulatedCarrier):
         metadata: dict[str, Any] = given if isinstance(given, dict) else {}
         first = {"sampleRate": rate, "mixType": "mono", **self.attributes(call.call_id, "in-progress"), **metadata}
         await ws.send(orjson.dumps(first).decode())
-        stream = JambonzStream(WebSocketConnection(ws), call, self, rate, verb["actionHook"])
+        stream = JambonzStream(WebSocketConnection(ws), call, self, rate, verb["actionHook"], pass_dtmf=verb.get("passDtmf") is True)
         self._streams[call.call_id] = stream
         return stream
 

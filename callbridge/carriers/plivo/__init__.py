@@ -4,7 +4,6 @@ from callbridge.carriers.spec import Capabilities, CarrierSpec
 
 SPEC = CarrierSpec(
     name="plivo",
-    package=__name__,
     transport="websocket",
     capabilities=Capabilities(marks=True, flush=True, reconnect=True, dtmf_out=True, transfer=True),
     section="plivo",

@@ -4,7 +4,6 @@ from callbridge.carriers.spec import Capabilities, CarrierSpec
 
 SPEC = CarrierSpec(
     name="sip",
-    package=__name__,
     transport="sip",
     capabilities=Capabilities(marks=False, flush=False, reconnect=False, dtmf_out=True, transfer=True),
     section="sip",

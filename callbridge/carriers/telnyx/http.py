@@ -52,7 +52,7 @@ from pydantic import SecretStr
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import restart_decision
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.registry import ENDED_KEPT_MS, RegistryUnavailable
+from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import Carrier
 from callbridge.carriers.telnyx.wire import TelnyxCodec
@@ -198,7 +198,7 @@ class TelnyxCalls:
         self.codec = config.codec
         self.rest = rest or TelnyxRest(config.api_base_url, config.api_key)
         server = services.settings.server
-        self.kept_ms = int((server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS
+        self.kept_ms = counters_kept_ms(server.max_call_duration_s)
         """How long a call's counters are kept after their last change: past the longest call."""
 
     async def _count(self, call_id: str, counter: str, by: int = 1) -> int:

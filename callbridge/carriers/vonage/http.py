@@ -69,7 +69,7 @@ from pydantic import SecretStr
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
-from callbridge.bridge.registry import ENDED_KEPT_MS, CallSignal, SignalKind
+from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import Carrier
 from callbridge.carriers.vonage.wire import VonageCodec, content_type
@@ -325,7 +325,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
     calls = _Calls()
     router = APIRouter()
     server = settings.server
-    kept_ms = int((server.max_call_duration_s or 86_400.0) * 1000) + ENDED_KEPT_MS  # a reconnect count outlives the call
+    kept_ms = counters_kept_ms(server.max_call_duration_s)  # a reconnect count outlives the call
 
     async def dropped_elsewhere(signal: CallSignal) -> None:
         """Another process got the ``disconnected`` of a socket that is here."""
