@@ -7,10 +7,12 @@ import base64
 
 from hypothesis import example, given
 from hypothesis import strategies as st
+from pydantic import SecretStr
 
 from callbridge.carriers.exotel.http import ExotelAdmission
+from callbridge.carriers.webhooks import BasicCredentials
 
-ADMISSION = ExotelAdmission(validate_credentials=True, credentials=(b"key", b"token"))
+ADMISSION = ExotelAdmission(validate_credentials=True, credentials=BasicCredentials("key", SecretStr("token")))
 _latin1 = st.binary(max_size=40).map(lambda b: b.decode("latin-1"))
 _basic = st.builds(
     lambda user, password: "Basic " + base64.b64encode(user + b":" + password).decode(),

@@ -28,6 +28,7 @@ from xml.sax.saxutils import quoteattr
 import httpx
 import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
+
 from callbridge.bridge.answer_policy import AnswerKind, restart_decision
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
