@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -44,6 +45,28 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"CALLBRIDGE_REQUIRE_PEERS=1 but missing: {', '.join(missing)}")
 
 __all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
+
+_PROBE_CORE = os.environ.get("CALLBRIDGE_PROBE_CORE") == "1"
+"""Apply the core tier's guard to every test (to find the modules that could join the tier)."""
+
+
+@pytest.fixture(autouse=True)
+def _core_tests_touch_no_network_and_spawn_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core tier (``pytest -m core``) is pure: a test marked ``core`` that binds or connects a socket, or starts
+    a process, fails at that call. (Event loops' internal socket pairs are allowed: they are not the network.)"""
+    if not (_PROBE_CORE or request.node.get_closest_marker("core")):
+        return
+
+    def refuse(what: str) -> Callable[..., None]:
+        def refused(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"a core test may not {what}: mark it otherwise, or make it pure")
+
+        return refused
+
+    for method in ("bind", "connect", "connect_ex", "sendto"):
+        monkeypatch.setattr(socket.socket, method, refuse(f"{method} a socket"))
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    monkeypatch.setattr(os, "fork", refuse("fork"))
 
 
 @dataclass

@@ -18,6 +18,8 @@ from callbridge.config import (
     parse_assignment,
 )
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "config" / "callbridge.example.toml"
 

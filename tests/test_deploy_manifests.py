@@ -21,6 +21,8 @@ import yaml
 from callbridge.bridge.app import create_app
 from callbridge.config import CONFIG_FILE_ENV, Settings, load_settings
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.30"

@@ -15,6 +15,8 @@ from pydantic import BaseModel
 from callbridge.carriers.sip.settings import SipRegistrationSettings
 from callbridge.config import Settings
 
+pytestmark = pytest.mark.core
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted(
     [

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import callbridge
 import callbridge.codecs
 import callbridge.config
+
+pytestmark = pytest.mark.core
 
 
 def test_package() -> None:

@@ -12,6 +12,8 @@ import pytest
 from callbridge.config import LogFormat, LogSettings
 from callbridge.logging import call_logger, configure_logging, get_logger
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture(autouse=True)
 def restore_logging() -> Iterator[None]:

@@ -14,6 +14,8 @@ from callbridge.bridge.answer_policy import (
     restart_decision,
 )
 
+pytestmark = pytest.mark.core
+
 F = AnswerFact
 
 

@@ -141,7 +141,7 @@ async def test_every_bad_input_ends_only_its_own_call() -> None:
             await until(lambda n=before: recorder.session_count == n)
             expected[reason] = expected.get(reason, 0) + 1
             labels = {"provider": "audiosocket", "reason": reason}
-            await until(lambda n=expected[reason], l=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", l) == n)
+            await until(lambda n=expected[reason], by=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", by) == n)
         result = await good_call
     assert result.warnings == [] and result.hung_up_by == "caller", result.render()
     assert SPEECH_MS <= result.agent_speech_ms <= SPEECH_MS + 1000

@@ -50,6 +50,8 @@ from callbridge.engine.events import (
 )
 from tests.carriers.test_twilio import CALL, CONNECTED, SID, START, media
 
+pytestmark = pytest.mark.core
+
 CAPS = Capabilities(supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True)
 
 

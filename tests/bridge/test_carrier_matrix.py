@@ -195,7 +195,7 @@ async def test_bad_input_ends_only_its_own_call(provider: str) -> None:
             expected[reason] = expected.get(reason, 0) + 1
             labels = {"provider": provider, "reason": reason}
             count = expected[reason]
-            await until(lambda n=count, l=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", l) == n)
+            await until(lambda n=count, by=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", by) == n)
         async with httpx.AsyncClient() as http:
             assert (await http.get(bridge.base_url + "/healthz")).status_code == 200
         result = await good_call
@@ -256,7 +256,7 @@ async def test_sip_bad_input_is_answered_or_dropped_and_counted() -> None:
         metrics = bridge.app.state.bridge.registry
         for reason, count in dropped.items():  # every drop in Prometheus, by reason
             labels = {"reason": reason}
-            await until(lambda n=count, l=labels: metrics.get_sample_value("callbridge_sip_dropped_total", l) == n)
+            await until(lambda n=count, by=labels: metrics.get_sample_value("callbridge_sip_dropped_total", by) == n)
         async with httpx.AsyncClient() as http:
             assert (await http.get(bridge.base_url + "/healthz")).status_code == 200
         result = await good_call

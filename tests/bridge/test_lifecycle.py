@@ -37,6 +37,8 @@ from callbridge.bridge.lifecycle import (
 )
 from callbridge.engine.port import ResumeTicket
 
+pytestmark = pytest.mark.core
+
 TICKET = ResumeTicket("duplex-1", 1, "token", 7, "ws://gpu-a", heard_ms=(("resp-1", 1292),))
 
 

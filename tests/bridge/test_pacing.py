@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from callbridge.bridge.pacing import PacingClock, PacingSlot, monotonic_ms
+
+pytestmark = pytest.mark.core
 
 
 async def _wake_order(slots: dict[str, PacingSlot]) -> list[str]:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from callbridge.bridge.playout import FlushResult, HeardUpdate, PlayoutLedger
 from callbridge.carriers.base import SendClear, SendMark, SendMedia
+
+pytestmark = pytest.mark.core
 
 FRAME = b"\xff" * 160
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from callbridge.bridge.registry import MemoryCallRegistry, MemoryStreamTokens
@@ -12,6 +13,8 @@ from callbridge.bridge.services import UNKNOWN_EVENT_NAMES, BridgeMetrics, Bridg
 from callbridge.config import load_settings
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine
+
+pytestmark = pytest.mark.core
 
 
 class Log:

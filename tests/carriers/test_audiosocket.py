@@ -33,6 +33,8 @@ from callbridge.carriers.base import (
 )
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 CALL = uuid.UUID("40325ec2-5efd-4bd3-805f-53576e581d13")
 UUID_FRAME = b"\x01\x00\x10" + CALL.bytes
 PCM_20MS_8K = bytes(range(256)) + bytes(64)  # 320 bytes: 160 samples

@@ -26,6 +26,8 @@ from callbridge.carriers.base import (
 )
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 CALL = "c-15ac29a2-1331029c-2cb0-4a07-b215-b22865662d85"
 STREAM = "s-3a1e0a0c-7c4a-4c44-9a8f-0e3c9f0d2b11"
 METADATA = {

@@ -18,6 +18,8 @@ from callbridge.carriers.base import (
 from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 ULAW_20MS = base64.b64encode(b"\xff" * 160).decode()
 
 

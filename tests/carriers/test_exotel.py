@@ -29,6 +29,8 @@ from callbridge.carriers.exotel.wire import ExotelCodec, exotel_frame_ms
 from callbridge.codecs import AudioEncoding
 from callbridge.codecs.framing import frame_bytes
 
+pytestmark = pytest.mark.core
+
 SID = "MZ5a0c3f3f1e2d4b6a8c9d0e1f2a3b4c5d"
 CALL = "b6a1f0e3c2d94c7e8f1a2b3c4d5e6f70"
 CONNECTED = '{"event":"connected"}'

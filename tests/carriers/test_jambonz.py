@@ -27,6 +27,8 @@ from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import JAMBONZ_PROFILE, JambonzCodec
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 CALL = "9f1c6e2a-36bd-4c3c-9d2b-7d6c1a2b3c4d"
 FIRST: dict[str, Any] = {
     "sampleRate": 16000, "mixType": "mono", "callSid": CALL, "direction": "inbound", "from": "+15083728299",

@@ -29,6 +29,8 @@ from callbridge.carriers.plivo.wire import (
 )
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 STREAM = "87654321-4321-4321-4321-cba987654321"
 CALL = "12345678-1234-1234-1234-123456789abc"
 ACCOUNT = "MAXXXXXXXXXXXXXXXXXX"

@@ -15,6 +15,8 @@ from callbridge.carriers.generic.wire import default_codecs
 from callbridge.carriers.spec import CarrierSpec
 from callbridge.config import Settings
 
+pytestmark = pytest.mark.core
+
 SPECS = {spec.name: spec for spec in CARRIERS}
 
 

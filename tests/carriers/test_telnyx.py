@@ -27,6 +27,8 @@ from callbridge.carriers.base import (
 from callbridge.carriers.telnyx.wire import TelnyxCodec, telnyx_format
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 SID = "32de0dea-53cb-4b21-89a4-9e1819c043bc"
 CALL = "v3:T02llQxIyaRkhfRKxgAP8nY511EhFLizdvdUKJiSw8d6A9BborherQ"
 CONNECTED = '{"event":"connected","version":"1.0.0"}'

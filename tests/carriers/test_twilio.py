@@ -23,6 +23,8 @@ from callbridge.carriers.base import (
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 SID = "MZ18ad3ab5a668481ce02b83e7395059f0"
 CALL = "CA00000000000000000000000000000001"
 CONNECTED = '{"event":"connected","protocol":"Call","version":"1.0.0"}'

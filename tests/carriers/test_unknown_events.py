@@ -17,6 +17,8 @@ from callbridge.carriers.base import (
 )
 from tests.carriers import test_exotel, test_plivo, test_telnyx, test_twilio, test_vonage
 
+pytestmark = pytest.mark.core
+
 CARRIERS: dict[str, tuple[Callable[[], ProviderCodec], str, str, str | bytes]] = {
     # carrier: (a started codec, its stream field and id, a media message that must still parse after)
     "twilio": (test_twilio.started, "streamSid", test_twilio.SID, test_twilio.media()),

@@ -27,6 +27,8 @@ from callbridge.carriers.vonage.wire import (
 )
 from callbridge.codecs import AudioEncoding
 
+pytestmark = pytest.mark.core
+
 CALL = "aaaaaaaa-bbbb-cccc-dddd-0123456789ab"
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from callbridge.codecs import AudioEncoding, FrameAssembler, frame_bytes
 
+pytestmark = pytest.mark.core
+
 
 @pytest.mark.parametrize(
     ("rate_hz", "encoding", "expected"),

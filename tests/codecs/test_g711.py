@@ -16,6 +16,8 @@ from callbridge.codecs import (
 )
 from tests.codecs import g711_reference as ref
 
+pytestmark = pytest.mark.core
+
 ALL_CODES = bytes(range(256))
 ALL_SAMPLES = np.arange(-32768, 32768, dtype=np.int16)
 ULAW_TABLE = np.array([ref.ulaw_decode(c) for c in range(256)], dtype=np.int16)

@@ -8,6 +8,8 @@ import pytest
 from callbridge.codecs import ResamplerQuality, StreamResampler
 from callbridge.codecs.lowdelay import LowDelayResampler
 
+pytestmark = pytest.mark.core
+
 RATE_PAIRS = [(8000, 16000), (16000, 8000), (24000, 8000), (24000, 16000), (16000, 24000), (8000, 24000), (22050, 8000)]
 
 

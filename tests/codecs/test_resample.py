@@ -8,6 +8,8 @@ import soxr
 
 from callbridge.codecs import PCM16_SAMPLE_BYTES, ResamplerQuality, StreamResampler
 
+pytestmark = pytest.mark.core
+
 RATE_PAIRS = [(8000, 16000), (16000, 8000), (24000, 8000), (24000, 16000), (22050, 8000)]
 CHUNK_MS = 20
 

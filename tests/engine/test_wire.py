@@ -19,7 +19,7 @@ from callbridge.engine.wire import (
 )
 from tests.engine.vllm_omni_wheel import vllm_omni  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.usefixtures("vllm_omni")
+pytestmark = [pytest.mark.core, pytest.mark.usefixtures("vllm_omni")]
 
 
 @pytest.mark.parametrize(

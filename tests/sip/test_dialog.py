@@ -26,6 +26,8 @@ from callbridge.sip.digest import DigestChallenge, authorization
 from callbridge.sip.message import SipRequest, SipResponse, header_param, parse_message
 from callbridge.sip.sdp import Direction
 
+pytestmark = pytest.mark.core
+
 PEER = ("10.0.0.1", 5070)
 SDP = "v=0\r\no=- 1 1 IN IP4 10.0.0.1\r\ns=-\r\nc=IN IP4 10.0.0.1\r\nt=0 0\r\nm=audio 30000 RTP/AVP 0 101\r\na=rtpmap:101 telephone-event/8000\r\n"
 LOCAL = ipaddress.ip_network("10.0.0.0/8")

@@ -11,6 +11,8 @@ from callbridge.sip.rtp import RtpSender, parse_rtp
 from callbridge.sip.sdp import choose
 from tests.sip.test_dialog import SDP
 
+pytestmark = pytest.mark.core
+
 
 def test_each_digit_is_its_own_event_on_the_media_clock() -> None:
     sender = RtpSender(ssrc=7, sequence=65530, timestamp=0xFFFFFF00)

@@ -15,6 +15,8 @@ from callbridge.sip.message import (
     uri_of,
 )
 
+pytestmark = pytest.mark.core
+
 INVITE = (
     b"INVITE sip:agent@127.0.0.1:5060 SIP/2.0\r\n"
     b"v: SIP/2.0/UDP 10.0.0.1:5070;branch=z9hG4bK1;rport\r\n"

@@ -3,6 +3,8 @@ PRACK, RAck matching, the 504 when no PRACK comes."""
 
 from __future__ import annotations
 
+import pytest
+
 from callbridge.sip.dialog import (
     T1_MS,
     TIMEOUT_MS,
@@ -13,6 +15,8 @@ from callbridge.sip.dialog import (
 )
 from callbridge.sip.message import SipResponse, header_param
 from tests.sip.test_dialog import PEER, SDP, request, responses, statuses, uas
+
+pytestmark = pytest.mark.core
 
 REQUIRE_100REL = (("Require", "100rel"), ("Supported", "100rel"))
 

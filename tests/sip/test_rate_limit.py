@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from callbridge.sip.dialog import Dropped
 from callbridge.sip.rate_limit import Budget, SourceBudgets
 from tests.sip.test_dialog import PEER, request, statuses, uas
+
+pytestmark = pytest.mark.core
 
 
 def test_a_budget_refills_at_its_rate_up_to_its_burst() -> None:

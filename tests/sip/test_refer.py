@@ -9,6 +9,8 @@ from callbridge.sip.dialog import T1_MS, TIMEOUT_MS, CallEnded, SipUas, Transfer
 from callbridge.sip.message import SipRequest, SipResponse, parse_message
 from tests.sip.test_dialog import PEER, answered, request, uas
 
+pytestmark = pytest.mark.core
+
 
 def confirmed() -> tuple[SipUas, str]:
     core = uas()

@@ -37,6 +37,8 @@ from callbridge.sip.rtp import (
 )
 from callbridge.sip.sdp import Direction, choose
 
+pytestmark = pytest.mark.core
+
 OFFER = "v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP 8 101\r\na=rtpmap:101 telephone-event/8000\r\n"
 
 

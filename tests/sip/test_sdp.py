@@ -7,6 +7,8 @@ import pytest
 from callbridge.codecs import AudioEncoding
 from callbridge.sip.sdp import Direction, SdpError, answer, choose
 
+pytestmark = pytest.mark.core
+
 TRUNK_OFFER = """v=0
 o=- 1234 1 IN IP4 198.51.100.7
 s=-

@@ -22,6 +22,8 @@ from callbridge.sim.carrier import CallResult, SimCall
 from callbridge.sip.dtmf import dtmf_train, event_payload
 from callbridge.sip.rtp import RtpSender, build_rtp
 
+pytestmark = pytest.mark.core
+
 OK = (
     "SIP/2.0 200 OK\r\n"
     "Via: SIP/2.0/UDP 127.0.0.1:5070;branch=z9hG4bKabc;rport=5070\r\n"

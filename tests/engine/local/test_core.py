@@ -48,6 +48,8 @@ from callbridge.engine.local.core import (
 from callbridge.engine.port import SessionConfig, TurnDetection
 from tests.engine.audio import LoudnessScorer, chunks, silence, tone
 
+pytestmark = pytest.mark.core
+
 
 class Harness:
     """One core, a fake clock, and the events it emitted."""

@@ -27,6 +27,8 @@ from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
 from tests.engine.audio import caller_speech_16k, chunks, silence
 
+pytestmark = pytest.mark.core
+
 
 async def collect_until(session: LocalSession, kind: type, timeout_s: float = 5.0) -> list[EngineEvent]:
     events: list[EngineEvent] = []

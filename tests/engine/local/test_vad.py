@@ -16,6 +16,8 @@ from callbridge.engine.local.vad import (
 from callbridge.engine.port import TurnDetection
 from tests.engine.audio import LoudnessScorer, caller_speech_16k, chunks, silence, tone
 
+pytestmark = pytest.mark.core
+
 
 def run(vad: StreamingVad, pcm: bytes, chunk_ms: int = 20) -> list[SpeechBoundary]:
     return [b for chunk in chunks(pcm, chunk_ms=chunk_ms) for b in vad.process(chunk)]

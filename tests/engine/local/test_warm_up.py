@@ -17,6 +17,8 @@ from callbridge.engine.local.engine import LocalEngine
 from callbridge.engine.local.vad import SileroModel, shared_silero_model
 from callbridge.engine.server import create_engine_app
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture
 def loads() -> Iterator[list[bool]]:
