@@ -25,17 +25,16 @@ from prometheus_client import (
 
 from callbridge import __version__
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
+from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
-from callbridge.bridge.registry import MemoryCallRegistry
+from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
-    BridgeMetrics,
     BridgeServices,
     CarrierRest,
     HangUpFn,
-    build_engine,
 )
 from callbridge.carriers import CARRIERS
 from callbridge.config import Settings
@@ -67,8 +66,7 @@ class BridgeState:
             registry=registry,
             tokens=tokens,
             metrics=BridgeMetrics(
-                self.registry, memory_registry=isinstance(registry, MemoryCallRegistry),
-                local_engine=isinstance(getattr(engine, "session_count", None), int),
+                self.registry, memory_registry=registry.entry_count is not None, local_engine=engine.session_count is not None,
             ),
             hang_up=hang_up or self._hang_up,
             carrier_rests=rests,

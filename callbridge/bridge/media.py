@@ -41,6 +41,7 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
+from callbridge.bridge.call_config import call_options, session_config
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -67,7 +68,7 @@ from callbridge.bridge.lifecycle import (
 )
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
-from callbridge.bridge.services import BridgeServices, call_options, session_config
+from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES, allow_messages_up_to
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
@@ -609,7 +610,7 @@ class MediaStreamDriver:
         if start is not None and report.facts.call_over:
             services.call_over(start.call_id)
         if session is not None and start is not None:
-            services.active_calls.discard(start.call_id)
+            services.call_unbound(start.call_id)
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()

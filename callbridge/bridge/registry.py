@@ -21,7 +21,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from callbridge.engine.port import ResumeTicket
 
@@ -247,6 +247,22 @@ class CallRegistry(abc.ABC):
         """Whether the backend answers now (``/readyz``): a process that cannot reach it can take no new call."""
         return True
 
+    shared: ClassVar[bool] = True
+    """Other processes read and write this registry (Redis): they can resume this one's calls. False: one
+    process's alone (a drain then serves calls in place; the answer's session is kept in the process)."""
+
+    @property
+    def entry_count(self) -> int | None:
+        """Entries held, where the backend counts them without a round trip (the ``callbridge_registry_entries``
+        gauge); None: not known here (the gauge is not exported)."""
+        return None
+
+    @property
+    def detached_count(self) -> int | None:
+        """Calls whose engine session waits, detached, for the call's next stream, where counted without a round
+        trip; None: not known here."""
+        return None
+
 
 class StreamTokens(abc.ABC):
     """Single-use tokens minted by the answer webhook and checked in the stream's ``start``.
@@ -274,6 +290,8 @@ class _Entry:
 
 class MemoryCallRegistry(CallRegistry):
     """The registry of a single process; the clock (ms, monotonic) is injectable."""
+
+    shared: ClassVar[bool] = False
 
     _PRUNE_EVERY_MS = 10_000
     """Expired entries of calls nobody asks about again are dropped this often (amortized over writes), so the

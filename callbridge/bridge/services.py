@@ -6,66 +6,59 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from callbridge.bridge.actions import (
     ActionResult,
     CallActionPerformer,
     CarrierCallAction,
     SendDtmf,
-    telephony_tools,
 )
+from callbridge.bridge.admission import AdmissionBook, Refusal
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
 from callbridge.bridge.answer_sessions import AnswerSessions
-from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.call_config import session_config
 from callbridge.bridge.cpu import CpuMeter
+from callbridge.bridge.fleet import (
+    DRAIN_NEW_CALL_BOUNCES,
+    FLEET_HOLD_MS,
+    CallSignals,
+    LiveStream,
+    SignalHandler,
+    drain_streams,
+)
+from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.pacing import PacingClock
 from callbridge.bridge.registry import (
     CallRegistry,
-    CallSignal,
-    MemoryCallRegistry,
     RegistryUnavailable,
     SignalKind,
     StreamTokens,
 )
 from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.config import Settings
-from callbridge.engine.errors import EngineError, ErrorCode
+from callbridge.engine.errors import EngineError
 from callbridge.engine.pool import EnginePool
 from callbridge.engine.port import (
     DuplexEngine,
     ResumeTicket,
-    SessionConfig,
-    TurnDetection,
 )
 from callbridge.logging import get_logger
 
 __all__ = [
-    "BridgeMetrics",
     "BridgeServices",
     "CarrierRest",
-    "FLEET_HOLD_MS",
     "HangUpFn",
-    "LiveStream",
-    "SignalHandler",
-    "build_engine",
-    "call_options",
-    "session_config",
 ]
 
 log = get_logger(__name__)
 
 _ENGINE_CALL_TIMEOUT_S = 5.0
-FLEET_HOLD_MS = 30_000
-"""With ``server.max_calls_fleet``: how long a call counts in the fleet unless its process keeps it (every 10 s):
-the calls of a process that died are let go then."""
 _GOODBYE_WAIT_S = 3.0
 """How long a drain that ran out waits for its calls' closing tones and hang-ups."""
 _ANSWER_ENGINE_WAIT_S = 2.0
@@ -73,189 +66,10 @@ _ANSWER_ENGINE_WAIT_S = 2.0
 UNKNOWN_EVENT_NAMES: Final = 64
 """Distinct (carrier, event type) pairs a process counts by name; any others count as ``other``."""
 _EVENT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-DRAIN_NEW_CALL_BOUNCES = 3
-"""How many times a new call that reached a draining process is sent back through the load balancer (each a
-carrier's pause and redirect, about a second) before it is refused busy (``BridgeServices.bounces_new_call``)."""
 _DRAIN_BOUNCES_KEPT_MS = 60_000
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
-SignalHandler = Callable[[CallSignal], Awaitable[None]]
-"""What a carrier does here with another process's ``CallSignal`` (``BridgeServices.on_signal``)."""
-
-
-class BridgeMetrics:
-    """Prometheus metrics of one bridge process, in its own registry."""
-
-    def __init__(self, registry: CollectorRegistry, *, memory_registry: bool = True, local_engine: bool = True) -> None:
-        """``memory_registry``, ``local_engine``: the process's registry is its own (not Redis), its engine the
-        embedded one. A level gauge that only they can answer is not exported otherwise (it would read a constant
-        0 there, which is not the truth): the registry's detached sessions and entries, the engine's sessions."""
-        # ``multiprocess_mode``: how a gauge adds up over ``--workers`` processes (``group_metrics``); else unused
-        self.calls_active = Gauge(
-            "callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry, multiprocess_mode="livesum"
-        )
-        self.calls_total = Counter("callbridge_calls_total", "Media streams ended, by how", ["provider", "end"], registry=registry)
-        self.protocol_errors = Counter(
-            "callbridge_carrier_protocol_errors_total", "Calls ended by invalid carrier input", ["provider", "reason"], registry=registry
-        )
-        self.stream_refused = Counter("callbridge_streams_refused_total", "Media streams not bridged", ["provider", "reason"], registry=registry)
-        self.engine_sessions = Counter(
-            "callbridge_engine_sessions_total", "Engine sessions bound to streams", ["how"], registry=registry
-        )
-        self.hangups = Counter("callbridge_hangups_total", "Hang-ups through carrier REST APIs", ["provider", "result"], registry=registry)
-        self.stream_status = Counter(
-            "callbridge_stream_status_total", "Carrier stream status callbacks", ["provider", "event"], registry=registry
-        )
-        self.audio_seconds = Counter(
-            "callbridge_audio_seconds_total", "Audio bridged, counted as each stream ends", ["provider", "direction"],
-            registry=registry,
-        )  # fmt: skip
-        self.frames_flushed = Counter(
-            "callbridge_frames_flushed_total", "Agent frames dropped unsent by barge-in flushes", ["provider"], registry=registry
-        )
-        self.barge_ins = Counter("callbridge_barge_ins_total", "Barge-in flushes", ["provider"], registry=registry)
-        self.late_audio_dropped = Counter(
-            "callbridge_late_audio_dropped_total", "Engine audio deltas of an interrupted response, dropped", ["provider"],
-            registry=registry,
-        )  # fmt: skip
-        self.engine_errors = Counter("callbridge_engine_errors_total", "Engine error events, by code", ["code"], registry=registry)
-        self.sip_dropped = Counter(
-            "callbridge_sip_dropped_total",
-            "SIP datagrams and RTP packets dropped unanswered (garbage, strays, unexpected sources, late), by reason",
-            ["reason"], registry=registry,
-        )  # fmt: skip
-        self.sip_registration_state = Gauge(
-            "callbridge_sip_registration_state", "1 for each SIP registration's current state (sip.registrations)",
-            ["registration", "state"], registry=registry,
-        )  # fmt: skip
-        self.sip_registration_failures = Counter(
-            "callbridge_sip_registration_failures_total", "REGISTERs that ended without a binding, by reason",
-            ["registration", "reason"], registry=registry,
-        )  # fmt: skip
-        self.event_loop_lag_seconds = Histogram(
-            "callbridge_event_loop_lag_seconds",
-            "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
-            registry=registry,
-        )
-        self.engine_failures = Counter(
-            "callbridge_engine_failures_total",
-            "Calls whose engine session failed mid-call (failure tone, then hang-up), by why (connection_failed: the "
-            "server could not be reached within engine.reconnect_budget_s)",
-            ["provider", "reason"], registry=registry,
-        )  # fmt: skip
-        self.call_actions = Counter(
-            "callbridge_call_actions_total", "Carrier actions the agent asked for (transfer, DTMF), by result",
-            ["provider", "action", "result"], registry=registry,
-        )  # fmt: skip
-        self.heard_corrections = Counter(
-            "callbridge_heard_corrections_total", "Marker echoes that moved a call's playback model off the send clock",
-            ["provider"], registry=registry,
-        )  # fmt: skip
-        self.playout_underruns = Counter(
-            "callbridge_playout_underruns_total", "Agent audio that reached the carrier after its buffer ran dry mid-response",
-            ["provider"], registry=registry,
-        )  # fmt: skip
-        self.mark_lag_seconds = Histogram(
-            "callbridge_mark_lag_seconds",
-            "Marker echo arrival after the moment its audio would have played, had the carrier played it as sent",
-            buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0),
-            registry=registry,
-        )
-        self.message_seconds = Histogram(
-            "callbridge_carrier_message_seconds",
-            "Handling one inbound carrier message, sampled one in 50: parse, decode, resample, engine, what it sends",
-            buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
-            registry=registry,
-        )
-        self.first_audio_seconds = Histogram(
-            "callbridge_first_audio_to_engine_seconds",
-            "A stream's first caller audio: read from the carrier to handed to the engine session (the engine's "
-            "open or resume overlaps the reading; audio read before it is bound waits for it)",
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
-            registry=registry,
-        )
-        self.unknown_events = Counter(
-            "callbridge_unknown_events_total", "Carrier messages of an event type no codec here knows, ignored (the call goes on)",
-            ["provider", "event"], registry=registry,
-        )  # fmt: skip
-        self.dtmf_received = Counter(
-            "callbridge_dtmf_received_total", "Digits the caller pressed (RFC 4733, SIP INFO, carriers' dtmf events)", ["provider"],
-            registry=registry,
-        )  # fmt: skip
-        self.webhook_replay_checks = Counter(
-            "callbridge_webhook_replay_checks_total",
-            "Signed webhooks checked for a replay: first (taken), replayed (refused 403), unchecked (registry away: taken)",
-            ["provider", "result"], registry=registry,
-        )  # fmt: skip
-        self.admission_refused = Counter(
-            "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
-        )
-        self.cpu_utilization = Gauge(
-            "callbridge_cpu_utilization", "The process's CPU use as a share of one core, smoothed over 5 s", registry=registry,
-            multiprocess_mode="liveall",  # admission's budget is per process: one series per worker (``pid``)
-        )
-        self.barge_in_clear_seconds = Histogram(
-            "callbridge_barge_in_clear_seconds",
-            "Engine interruption signal to carrier flush sent",
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
-            registry=registry,
-        )
-        # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
-        # With ``--workers``, each worker copies them into its files every second (``group_metrics``), summed.
-        self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry, multiprocess_mode="livesum")
-        in_memory, in_engine = (registry if memory_registry else None), (registry if local_engine else None)
-        self.detached_sessions = Gauge(
-            "callbridge_detached_sessions", "Engine sessions detached, waiting for their call's next stream (memory registry)",
-            registry=in_memory, multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.engine_sessions_open = Gauge(
-            "callbridge_engine_sessions_open", "Engine sessions the bridge holds: live streams + detached (memory registry)",
-            registry=in_memory, multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.registry_entries = Gauge(
-            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=in_memory,
-            multiprocess_mode="livesum",
-        )
-        self.local_engine_sessions = Gauge(
-            "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)",
-            registry=in_engine, multiprocess_mode="livesum",
-        )  # fmt: skip
-        self.background_tasks = Gauge(
-            "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry,
-            multiprocess_mode="livesum",
-        )
-        self.asyncio_tasks = Gauge("callbridge_asyncio_tasks", "Tasks on the event loop", registry=registry, multiprocess_mode="livesum")
-        self.answer_sessions = Gauge(
-            "callbridge_answer_sessions", "Engine sessions opened at an answer webhook that no stream has taken yet",
-            registry=registry, multiprocess_mode="livesum",
-        )  # fmt: skip
-        memory_levels = (self.detached_sessions, self.engine_sessions_open, self.registry_entries) if memory_registry else ()
-        self.levels = (
-            self.live_streams, *memory_levels, *((self.local_engine_sessions,) if local_engine else ()),
-            self.background_tasks, self.asyncio_tasks, self.answer_sessions,
-        )  # fmt: skip
-        """The gauges read at scrape time (``watch``), those exported here."""
-
-    def watch(self, services: BridgeServices, loop: asyncio.AbstractEventLoop) -> None:
-        """Point the level gauges at ``services`` and ``loop``: each is computed when ``/metrics`` is scraped,
-        nothing per frame. Gauges the registry or engine cannot answer (Redis, a remote engine) are not exported."""
-        self.live_streams.set_function(lambda: len(services.live_streams))
-        self.background_tasks.set_function(lambda: len(services.background))
-        self.asyncio_tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
-        answering = services.answer_sessions
-        self.answer_sessions.set_function(lambda: len(answering) if answering is not None else 0)
-        registry = services.registry
-        if isinstance(registry, MemoryCallRegistry):
-            self.detached_sessions.set_function(lambda: registry.detached_count)
-            self.engine_sessions_open.set_function(
-                lambda: len(services.live_streams) + registry.detached_count + (len(answering) if answering is not None else 0)
-            )
-            self.registry_entries.set_function(lambda: registry.entry_count)
-        engine = services.engine
-        if isinstance(getattr(engine, "session_count", None), int):  # the embedded engine (``LocalEngine``)
-            self.local_engine_sessions.set_function(lambda: float(getattr(engine, "session_count", 0)))
 
 
 class CarrierRest(Protocol):
@@ -268,33 +82,6 @@ class CarrierRest(Protocol):
     async def aclose(self) -> None: ...
 
 
-class LiveStream(Protocol):
-    """A call's media stream being served by this process (``MediaStreamDriver``)."""
-
-    async def end_by_carrier(self, reason: str) -> None:
-        """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
-        ...
-
-    async def digit_by_carrier(self, digit: str) -> None:
-        """The carrier said, out of band (a webhook), that the caller pressed ``digit``: as a digit on the wire."""
-        ...
-
-    async def superseded(self) -> None:
-        """The carrier opened a new stream for this call: this one's connection is gone, whether or not its drop
-        reached us. End it as lost (its engine session detached for the new stream)."""
-        ...
-
-    async def move_elsewhere(self) -> bool:
-        """Draining: detach the engine session into the registry and close the carrier's socket without a
-        goodbye, so the carrier reconnects (to another process); False where the carrier would not."""
-        ...
-
-    async def shut_down(self) -> None:
-        """The process stops with the call still up (a lone process's drain ran out): the engine session is closed,
-        the caller hears the closing tone, then the carrier's hang-up."""
-        ...
-
-
 @dataclass
 class BridgeServices:
     settings: Settings
@@ -304,11 +91,8 @@ class BridgeServices:
     metrics: BridgeMetrics
     hang_up: HangUpFn
     draining: bool = False
-    active_calls: set[str] = field(default_factory=set)
-    admitted: dict[str, float] = field(default_factory=dict)
-    """Calls admitted here whose stream has not bound here yet: call id → when the slot lapses (``time.monotonic``,
-    ``engine.open_at_answer_ttl_s`` on). Counted against ``server.max_calls`` from the moment they are admitted,
-    so a burst of answers cannot all pass before any of them is counted."""
+    admission: AdmissionBook = field(init=False)
+    """The calls held here against ``server.max_calls``: bridged, and admitted whose stream is still to come."""
     live_streams: dict[str, LiveStream] = field(default_factory=dict)
     """call id → the stream serving it here, once bound to its engine session."""
     carrier_state: dict[str, object] = field(default_factory=dict)
@@ -323,11 +107,8 @@ class BridgeServices:
     """The one timer that wakes every call's pacer."""
     cpu: CpuMeter = field(default_factory=CpuMeter)
     """The process's CPU use (sampled by the app), for ``server.cpu_budget_percent``."""
-    process_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    """Names this process in the signals it sends (``CallSignal.origin``)."""
-    signal_handlers: dict[SignalKind, list[SignalHandler]] = field(default_factory=dict)
-    listener: asyncio.Task[None] | None = None
-    """Takes other processes' signals (``start_listening``), from the app's start to its shutdown."""
+    signals: CallSignals = field(init=False)
+    """Other processes' word on calls whose stream is here, and this one's to them."""
     answer_sessions: AnswerSessions | None = None
     """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
     replays: ReplayGuard = field(init=False)
@@ -357,6 +138,9 @@ class BridgeServices:
         self.metrics.unknown_events.labels(*key).inc()
 
     def __post_init__(self) -> None:
+        server = self.settings.server
+        self.signals = CallSignals(self.registry, self.live_streams, self.spawn)
+        self.admission = AdmissionBook(server.max_calls, server.cpu_budget_percent or 0.0, self.settings.engine.open_at_answer_ttl_s)
         max_call_s = self.settings.server.max_call_duration_s
         self.replays = ReplayGuard(self.registry, self.metrics.webhook_replay_checks, max_call_s or REPLAY_WINDOW_S)
         engine = self.settings.engine
@@ -364,10 +148,20 @@ class BridgeServices:
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
 
     @property
+    def process_id(self) -> str:
+        """Names this process in the signals it sends (``CallSignal.origin``)."""
+        return self.signals.process_id
+
+    @property
+    def active_calls(self) -> set[str]:
+        """Calls whose stream is bridged here."""
+        return self.admission.bridged
+
+    @property
     def registry_shared(self) -> bool:
         """The registry is shared with other processes (Redis), which can resume this one's calls; the memory
         registry is one process's alone."""
-        return not isinstance(self.registry, MemoryCallRegistry)
+        return self.registry.shared
 
     @property
     def parks_at_answer(self) -> bool:
@@ -433,7 +227,7 @@ class BridgeServices:
             refused = await self._open_parked(call_id)
         if refused is None:
             return True
-        self.metrics.admission_refused.labels("engine").inc()
+        self.metrics.admission_refused.labels(Refusal.ENGINE.value).inc()
         log.warning("admission_refused", reason="engine", call_id=call_id, code=refused.code, detail=refused.message)
         return False
 
@@ -473,55 +267,26 @@ class BridgeServices:
     async def aclose_background(self) -> None:
         if self.answer_sessions is not None:
             await self.answer_sessions.aclose()
-        listener, self.listener = self.listener, None
-        for task in [*self.background, *([listener] if listener is not None else [])]:
+        await self.signals.aclose()
+        for task in self.background:
             task.cancel()
-        await asyncio.gather(*self.background, *([listener] if listener is not None else []), return_exceptions=True)
+        await asyncio.gather(*self.background, return_exceptions=True)
 
     def on_signal(self, kind: SignalKind, handler: SignalHandler) -> None:
         """Have ``handler`` take the signals of ``kind`` other processes send (a carrier's router registers)."""
-        self.signal_handlers.setdefault(kind, []).append(handler)
+        self.signals.on(kind, handler)
 
     def start_listening(self) -> None:
         """Take the signals other processes send about calls whose stream is here (the app's lifespan); with a
         fleet limit, keep this process's calls counted there."""
-        if self.listener is None:
-            self.listener = asyncio.get_running_loop().create_task(self._listen())
+        if self.signals.listener is None:
+            self.signals.start()
             if self.settings.server.max_calls_fleet is not None:
                 self.spawn(self.hold_fleet_admissions())
 
-    async def _listen(self) -> None:
-        while True:
-            try:
-                async for signal in self.registry.listen(self.process_id):
-                    stream = self.live_streams.get(signal.call_id)
-                    if stream is not None and signal.kind is SignalKind.CALL_ENDED:
-                        self.spawn(self._take(signal, stream.end_by_carrier(signal.detail)))
-                    elif stream is not None and signal.kind is SignalKind.STREAM_SUPERSEDED:
-                        self.spawn(self._take(signal, stream.superseded()))
-                    elif stream is not None and signal.kind is SignalKind.DTMF:
-                        self.spawn(self._take(signal, stream.digit_by_carrier(signal.detail)))
-                    for handler in self.signal_handlers.get(signal.kind, ()):
-                        self.spawn(self._take(signal, handler(signal)))
-            except Exception as exc:  # noqa: BLE001 - the listener outlives any one failure; it listens again
-                log.error("call_signals_failed", error=repr(exc))
-            await asyncio.sleep(1.0)
-
-    async def _take(self, signal: CallSignal, work: Awaitable[None]) -> None:
-        try:
-            await work
-        except Exception as exc:  # noqa: BLE001 - one call's signal never stops the listener or another call
-            log.warning("call_signal_failed", call_id=signal.call_id, signal=signal.kind.value, error=repr(exc))
-        else:
-            log.info("call_signal_handled", call_id=signal.call_id, signal=signal.kind.value, origin=signal.origin)
-
     async def send_signal(self, call_id: str, kind: SignalKind, detail: str) -> None:
-        """Tell the other processes (whichever serves the call's stream) what a carrier's webhook said here. Best
-        effort: with the registry unreachable it is logged and dropped, never failing the webhook that sent it."""
-        try:
-            await self.registry.signal(CallSignal(call_id, kind, detail, self.process_id))
-        except RegistryUnavailable as exc:
-            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
+        """Tell the other processes what a carrier's webhook said here (``CallSignals.send``: best effort)."""
+        await self.signals.send(call_id, kind, detail)
 
     async def digit_from_carrier(self, call_id: str, digit: str) -> None:
         """A carrier's webhook says the caller pressed ``digit`` (Bandwidth's ``<StartGather>``), where its media
@@ -596,74 +361,43 @@ class BridgeServices:
         """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``); with a shared registry, move every
         running call whose carrier reconnects to another process (``LiveStream.move_elsewhere``); wait up to
         ``timeout_s`` for the others to end. A lone process (``drains_in_place``) keeps serving its calls, and
-        ends those still up at the timeout with the closing tone and the carrier's hang-up. Returns when no call
-        is left here, or at the timeout."""
+        ends those still up at the timeout with the closing tone and the carrier's hang-up
+        (``fleet.drain_streams``)."""
         self.draining = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
         log.info("bridge_draining", active_calls=len(self.active_calls), timeout_s=timeout_s, in_place=self.drains_in_place)
-        while self.active_calls or self.live_streams:
-            if not self.drains_in_place:
-                for stream in list(self.live_streams.values()):
-                    await stream.move_elsewhere()
-            if loop.time() >= deadline:
-                log.warning("drain_timeout", calls_left=len(self.active_calls))
-                if self.drains_in_place:
-                    await self._shut_down_calls(loop.time() + _GOODBYE_WAIT_S)
-                return
-            await asyncio.sleep(0.05)
-        log.info("bridge_drained")
-
-    async def _shut_down_calls(self, until: float) -> None:
-        """The drain ran out: each call still up hears the closing tone and is hung up; wait (until ``until``) for
-        them to end."""
-        for stream in list(self.live_streams.values()):
-            await stream.shut_down()
-        loop = asyncio.get_running_loop()
-        while self.live_streams and loop.time() < until:
-            await asyncio.sleep(0.05)
+        await drain_streams(
+            self.live_streams, lambda: len(self.active_calls),
+            in_place=self.drains_in_place, timeout_s=timeout_s, goodbye_s=_GOODBYE_WAIT_S,
+        )  # fmt: skip
 
     async def admits(self, call_id: str) -> bool:
-        """Whether a call may be answered now: not draining, and under ``server.max_calls`` — the calls bridged here
-        and those admitted here whose stream has not bound yet (``admitted``: a call admitted is held at once) —
-        unless the call is already known (a stream coming back, here or from another process)."""
+        """Whether a call may be answered now: not draining, and under ``server.max_calls`` (``AdmissionBook``: a
+        call admitted is held at once) and ``server.max_calls_fleet`` — unless the call is already known (a stream
+        coming back, here or from another process)."""
         if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self.drains_in_place and await self._serves(call_id)
-        server = self.settings.server
-        if call_id in self.active_calls or call_id in self.admitted:
-            return True
-        over_cpu = bool(server.cpu_budget_percent) and self.cpu.utilization * 100 > server.cpu_budget_percent
-        here = not over_cpu and self._calls_held() < server.max_calls
-        if here and call_id:  # checked and held with no await between
-            self.admitted[call_id] = time.monotonic() + self.settings.engine.open_at_answer_ttl_s
-        in_fleet = True
-        if here and call_id and server.max_calls_fleet is not None:
+        cpu_percent = self.cpu.utilization * 100
+        known_here = self.admission.knows(call_id)
+        refusal = self.admission.take(call_id, time.monotonic(), cpu_percent)
+        fleet_limit = self.settings.server.max_calls_fleet
+        if refusal is None and not known_here and call_id and fleet_limit is not None:
             try:
-                in_fleet = await self.registry.admit(call_id, server.max_calls_fleet, FLEET_HOLD_MS)
+                if not await self.registry.admit(call_id, fleet_limit, FLEET_HOLD_MS):
+                    refusal = Refusal.MAX_CALLS_FLEET
             except RegistryUnavailable:
-                self.admitted.pop(call_id, None)
+                self.admission.give_back(call_id)
                 raise
-        if here and in_fleet:
+        if refusal is None or await self.registry.get(call_id) is not None:  # a call coming back is never refused
             return True
-        if await self.registry.get(call_id) is not None:  # a call coming back is never refused for capacity
-            return True
-        self.admitted.pop(call_id, None)
-        reason = "cpu_budget" if over_cpu else "max_calls" if not here else "max_calls_fleet"
-        self.metrics.admission_refused.labels(reason).inc()
-        log.warning("admission_refused", reason=reason, cpu_percent=round(self.cpu.utilization * 100, 1), calls=len(self.active_calls))
+        self.admission.give_back(call_id)
+        self.metrics.admission_refused.labels(refusal.value).inc()
+        log.warning("admission_refused", reason=refusal.value, cpu_percent=round(cpu_percent, 1), calls=len(self.active_calls))
         return False
-
-    def _calls_held(self) -> int:
-        """Calls bridged here, and calls admitted here whose stream is still to come (lapsed ones let go)."""
-        now = time.monotonic()
-        for call_id in [c for c, until in self.admitted.items() if until <= now]:
-            del self.admitted[call_id]
-        return len(self.active_calls) + len(self.admitted)
 
     def give_back_admission(self, call_id: str) -> None:
         """A call admitted, then refused after all (no engine took it, the registry failed): its slot goes back,
         here and in the fleet's count."""
-        if self.admitted.pop(call_id, None) is not None and self.settings.server.max_calls_fleet is not None:
+        if self.admission.give_back(call_id) and self.settings.server.max_calls_fleet is not None:
             self.spawn(self._release(call_id))
 
     def call_over(self, call_id: str) -> None:
@@ -682,16 +416,18 @@ class BridgeServices:
         ``FLEET_HOLD_MS``), so that those of a process that died lapse."""
         while True:
             await asyncio.sleep(FLEET_HOLD_MS / 3000)
-            held = [*self.active_calls, *self.admitted]
             try:
-                await self.registry.hold(held, FLEET_HOLD_MS)
+                await self.registry.hold(self.admission.holding(), FLEET_HOLD_MS)
             except RegistryUnavailable as exc:
                 log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
     def call_bound(self, call_id: str) -> None:
         """A stream bound the call's engine session here: it counts as bridged (no longer as admitted)."""
-        self.active_calls.add(call_id)
-        self.admitted.pop(call_id, None)
+        self.admission.bound(call_id)
+
+    def call_unbound(self, call_id: str) -> None:
+        """The call's stream here ended: it no longer counts as bridged here (it may go on elsewhere)."""
+        self.admission.unbound(call_id)
 
     async def _serves(self, call_id: str) -> bool:
         """The call is this process's and not over (its stream is up, or its session waits for the next one)."""
@@ -728,62 +464,3 @@ class BridgeServices:
         """The registry has the call, and not as ended (raises ``RegistryUnavailable``)."""
         record = await self.registry.get(call_id)
         return record is not None and record.ended_reason is None
-
-
-def call_options(settings: Settings) -> CallOptions:
-    audio, server = settings.audio, settings.server
-    return CallOptions(
-        engine_rate_hz=audio.engine_input_rate_hz,
-        lead_ms=audio.playout_lead_ms,
-        mark_every_frames=audio.mark_interval_frames,
-        resampler_quality=audio.resampler_quality,
-        dtmf_mode=DtmfMode(settings.engine.dtmf),
-        failure_tone_ms=settings.engine.failure_tone_ms,
-        call_actions=settings.call_actions.enabled,
-        transfer_targets=tuple(settings.call_actions.transfer_targets),
-        first_message_timeout_ms=int(server.first_message_timeout_s * 1000),
-        idle_timeout_ms=int(server.idle_timeout_s * 1000),
-        max_call_ms=int(server.max_call_duration_s * 1000) if server.max_call_duration_s else None,
-    )
-
-
-def session_config(settings: Settings) -> SessionConfig:
-    """The duplex session every call opens: the engine detects turns and barge-in (server VAD)."""
-    engine = settings.engine
-    return SessionConfig(
-        model=engine.model,
-        instructions=engine.instructions or None,
-        voice=engine.voice,
-        turn_detection=TurnDetection(),
-        input_rate_hz=settings.audio.engine_input_rate_hz,
-        tools=telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else (),
-    )
-
-
-def build_engine(settings: Settings) -> DuplexEngine:
-    """The engine ``engine.kind`` names: embedded (default), vllm-omni over websockets, or in process."""
-    kind = settings.engine.kind
-    if kind == "local":
-        from callbridge.engine.local.engine import LocalEngine
-        from callbridge.engine.server import local_engine_options
-
-        return LocalEngine(local_engine_options(settings))
-    if kind == "realtime":  # one server or several: a pool (least loaded, failover, ejection, drain)
-        engine = settings.engine
-        if not engine.urls:
-            raise EngineError(ErrorCode.INVALID_SESSION_CONFIG, "engine.kind = realtime needs engine.urls")
-        return EnginePool(
-            engine.urls,
-            api_key=engine.api_key.get_secret_value() if engine.api_key else None,
-            reconnect_budget_s=engine.reconnect_budget_s,
-            liveness_interval_s=engine.liveness_interval_s,
-            liveness_timeout_s=engine.liveness_timeout_s,
-            heartbeat_interval_s=engine.heartbeat_interval_s,
-            eject_after_failures=engine.eject_after_failures,
-            probe_interval_s=engine.probe_interval_s,
-            probe_backoff_max_s=engine.probe_backoff_max_s,
-            probe_timeout_s=engine.probe_timeout_s,
-        )
-    from callbridge.engine.inline import InlineEngine
-
-    return InlineEngine.create(settings.engine.model or "")

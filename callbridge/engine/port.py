@@ -310,6 +310,12 @@ class DuplexEngine(abc.ABC):
     async def aclose(self) -> None:
         """Close every session this engine holds and release its resources."""
 
+    @property
+    def session_count(self) -> int | None:
+        """Sessions this engine holds in this process, where it holds them itself (the embedded engine); None
+        where they live elsewhere (a vllm-omni server counts its own)."""
+        return None
+
     async def warm_up(self) -> None:
         """Ready, off the event loop, what the first session would otherwise load on it (a model, a runtime), so
         that the first call's audio does not wait for it. Called once at start, before any call; by default

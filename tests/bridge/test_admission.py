@@ -103,7 +103,7 @@ async def test_a_burst_of_answers_admits_exactly_max_calls(backend: str, request
     recorder = engine()
     async with running_bridge(settings(server={"max_calls": 2}, registry=registry), recorder) as bridge:
         answers = await asyncio.gather(*(answer(bridge, f"CA{i:032x}") for i in range(8)))
-        held = len(bridge.app.state.bridge.services.admitted)
+        held = len(bridge.app.state.bridge.services.admission.admitted)
     connected = [a for a in answers if "<Connect>" in a.text]
     busy = [a for a in answers if 'reason="busy"' in a.text]
     assert all(a.status_code == 200 for a in answers)

@@ -13,8 +13,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.registry import LiveCall
-from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
 from callbridge.carriers.telnyx.http import TelnyxCalls
 from callbridge.engine.port import ResumeTicket
 from callbridge.sim.runner import running_bridge

@@ -31,7 +31,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
 
-from callbridge.bridge.services import DRAIN_NEW_CALL_BOUNCES
+from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.carriers.exotel.sim import SimulatedExotel
 from callbridge.carriers.sip.sim import SimulatedSip

@@ -316,7 +316,7 @@ async def test_a_session_config_error_is_raised_at_once_and_is_no_servers_fault(
 
 def test_the_engine_settings_reach_every_member_of_the_pool() -> None:
     """``engine.heartbeat_interval_s`` (and the liveness keys beside it) configure each server's connection."""
-    from callbridge.bridge.services import build_engine
+    from callbridge.bridge.engine_factory import build_engine
     from callbridge.config import Settings
 
     settings = Settings.model_validate(

@@ -456,7 +456,7 @@ class TestSettings:
     def test_a_wildcard_listener_registers_the_address_routed_to_the_registrar(self) -> None:
         from prometheus_client import CollectorRegistry
 
-        from callbridge.bridge.services import BridgeMetrics
+        from callbridge.bridge.metrics import BridgeMetrics
         from callbridge.carriers.sip.registrar import RegistrationClients
 
         clients = RegistrationClients([], BridgeMetrics(CollectorRegistry()), lambda out: None, lambda: False)

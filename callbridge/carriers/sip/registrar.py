@@ -26,7 +26,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Final
 
-from callbridge.bridge.services import BridgeMetrics
+from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.carriers.sip.settings import SipRegistrationSettings
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import Outgoing
