@@ -74,13 +74,13 @@ from callbridge.sip.message import (
     uri_of,
 )
 from callbridge.sip.rate_limit import SourceBudgets
+from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
 from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
+from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind
 from callbridge.sources import Network, source_allowed
 
 __all__ = [
     "ALLOW",
-    "T1_MS",
-    "T2_MS",
     "CallConfirmed",
     "CallEnded",
     "CallOffered",
@@ -89,16 +89,12 @@ __all__ = [
     "DtmfInfo",
     "MediaChanged",
     "OfferAnswered",
-    "Outgoing",
     "SipEvent",
     "SipUas",
     "TransferResult",
     "UasConfig",
 ]
 
-T1_MS: Final = 500
-T2_MS: Final = 4000
-TIMEOUT_MS: Final = 64 * T1_MS
 ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, PRACK"
 _KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "UPDATE", "REFER", "PUBLISH"})
 _SUPPORTED: Final[frozenset[str]] = frozenset({"100rel"})  # Require of anything else → 420
@@ -125,17 +121,6 @@ _REASONS: Final = {
     504: "Server Time-out",
 }
 _MAX_NONCES: Final = 1024
-
-Address = tuple[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    data: bytes = field(repr=False)
-    address: Address
-    transport: str = "UDP"
-    """UDP, or TCP: write it on the connection from ``address``."""
-
 
 @dataclass(frozen=True, slots=True)
 class CallOffered:
@@ -268,19 +253,6 @@ class UasConfig:
 
 
 @dataclass(slots=True)
-class _Retransmit:
-    data: bytes = field(repr=False)
-    address: Address
-    next_ms: int
-    interval_ms: int
-    give_up_ms: int
-    what: str
-    """``2xx`` (until ACK), ``final`` (non-2xx, until ACK), ``bye`` / ``refer`` (until a response)."""
-    cseq: int = 0
-    transport: str = "UDP"
-
-
-@dataclass(slots=True)
 class _Dialog:
     call_id: str
     state: DialogState
@@ -296,27 +268,18 @@ class _Dialog:
     session_id: int = 0
     sdp_version: int = 0
     sdp: str = ""
-    retransmits: list[_Retransmit] = field(default_factory=list)
+    retransmits: list[Retransmission] = field(default_factory=list)
     bye_after_ack: bool = False
     ended_at_ms: int | None = None
     delayed_offer: bool = False
     """Our 200 carries the offer; the ACK must carry the answer (RFC 3261 §13.2.1)."""
-    transfer: _Transfer | None = None
+    transfer: Transfer | None = None
     reliable_provisional: bool = False
     """The INVITE had ``Require: 100rel``: our 180 goes reliably (RFC 3262)."""
     rseq: int = 0
     """The RSeq of our last reliable provisional response (0: none sent)."""
     unacked_rseq: int | None = None
     """That response's RSeq until its PRACK comes."""
-
-
-@dataclass(slots=True)
-class _Transfer:
-    """Our REFER in a dialog: its CSeq, and when we stop waiting for the NOTIFY that says how it ended."""
-
-    cseq: int
-    deadline_ms: int
-    accepted: bool = False
 
 
 class SipUas:
@@ -335,7 +298,7 @@ class SipUas:
         self._invite_branches: dict[str, str] = {}
         """INVITE transaction key → call id (CANCEL matching, ACK of a non-2xx)."""
         self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
-        self._final_retransmits: dict[str, _Retransmit] = {}
+        self._final_retransmits: dict[str, Retransmission] = {}
         """INVITE transaction key → a non-2xx final response retransmitted until its ACK."""
 
     # ------------------------------------------------------------------ outputs
@@ -349,8 +312,8 @@ class SipUas:
         return events
 
     def next_deadline_ms(self) -> int | None:
-        deadlines = [r.next_ms for d in self.dialogs.values() for r in d.retransmits]
-        deadlines.extend(r.next_ms for r in self._final_retransmits.values())
+        deadlines = [r.deadline_ms for d in self.dialogs.values() for r in d.retransmits]
+        deadlines.extend(r.deadline_ms for r in self._final_retransmits.values())
         if self._cache:
             deadlines.append(next(iter(self._cache.values()))[1])
         deadlines.extend(d.ended_at_ms + TIMEOUT_MS for d in self.dialogs.values() if d.ended_at_ms is not None)
@@ -399,7 +362,7 @@ class SipUas:
             dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
         # RFC 3262 §3: our 180 has no SDP, so the 200 need not wait for its PRACK; the 180 stops, a late PRACK
         # still gets its 200
-        dialog.retransmits = [r for r in dialog.retransmits if r.what != "1xx"]
+        dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.RELIABLE_1XX]
         self._answer_invite(dialog, dialog.invite, now_ms)
 
     def ring(self, call_id: str, now_ms: int) -> None:
@@ -417,9 +380,7 @@ class SipUas:
             extra += [("Require", "100rel"), ("RSeq", str(dialog.rseq))]
         sent = self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
         if dialog.reliable_provisional:
-            dialog.retransmits.append(
-                _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "1xx", dialog.rseq, sent.transport)
-            )
+            dialog.retransmits.append(_retransmission(TxKind.RELIABLE_1XX, sent, now_ms, dialog.rseq))
 
     def reject(self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None) -> None:
         """Refuse an offered call (486 busy, 503 draining, 480 …)."""
@@ -451,15 +412,14 @@ class SipUas:
             why = "a transfer is in progress" if dialog is not None and dialog.transfer is not None else "the call is not established"
             self._events.append(TransferResult(call_id, False, 0, why))
             return
-        uri = target if target.startswith(("sip:", "sips:", "tel:")) else f"sip:{target}@{_host_port(*dialog.source)}"
         request = self._in_dialog_request(dialog, "REFER")
-        request.add("Refer-To", f"<{uri}>")
+        request.add("Refer-To", f"<{refer_to(target, _host_port(*dialog.source))}>")
         request.add("Referred-By", f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}>")
         request.add("Contact", self._contact(dialog.invite))
         sent = Outgoing(request.serialize(), dialog.source, dialog.invite.transport)
         self._out.append(sent)
-        dialog.transfer = _Transfer(dialog.local_cseq, now_ms + TIMEOUT_MS)
-        dialog.retransmits.append(_Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "refer", dialog.local_cseq, sent.transport))
+        dialog.transfer = Transfer(dialog.local_cseq, now_ms + TIMEOUT_MS)
+        dialog.retransmits.append(_retransmission(TxKind.REFER, sent, now_ms, dialog.local_cseq))
 
     def tick(self, now_ms: int) -> None:
         """Retransmit what is due, give up on what timed out, forget old transactions."""
@@ -469,23 +429,25 @@ class SipUas:
                 break
             del self._cache[key]
         for branch, retransmit in list(self._final_retransmits.items()):
-            if retransmit.give_up_ms <= now_ms:
+            due = retransmit.due(now_ms)
+            if due is Due.GIVE_UP:
                 del self._final_retransmits[branch]
                 self._invite_branches.pop(branch, None)
-            elif retransmit.next_ms <= now_ms:
+            elif due is Due.RESEND:
                 self._resend(retransmit, now_ms)
         for dialog in list(self.dialogs.values()):
             if dialog.ended_at_ms is not None and dialog.ended_at_ms + TIMEOUT_MS <= now_ms:
                 del self.dialogs[dialog.call_id]
                 self._invite_branches.pop(dialog.invite_branch, None)
                 continue
-            if dialog.transfer is not None and dialog.transfer.accepted and dialog.transfer.deadline_ms <= now_ms:
-                self._transfer_ended(dialog, False, 408, "no final NOTIFY for the REFER")
+            if dialog.transfer is not None and (outcome := dialog.transfer.expired(now_ms)) is not None:
+                self._transfer_ended(dialog, outcome)
             for retransmit in list(dialog.retransmits):
-                if retransmit.give_up_ms <= now_ms:
+                due = retransmit.due(now_ms)
+                if due is Due.GIVE_UP:
                     dialog.retransmits.remove(retransmit)
                     self._gave_up(dialog, retransmit, now_ms)
-                elif retransmit.next_ms <= now_ms:
+                elif due is Due.RESEND:
                     self._resend(retransmit, now_ms)
 
     # ---------------------------------------------------------------- requests
@@ -614,7 +576,7 @@ class SipUas:
         if dialog is None:
             return
         cseq = request.cseq[0]
-        acked = [r for r in dialog.retransmits if r.what == "2xx" and r.cseq == cseq]
+        acked = [r for r in dialog.retransmits if r.kind is TxKind.INVITE_2XX and r.cseq == cseq]
         for r in acked:
             dialog.retransmits.remove(r)
         if dialog.state is DialogState.ANSWERED:
@@ -686,7 +648,7 @@ class SipUas:
             self._respond(request, source, 481, now_ms)
             return
         dialog.unacked_rseq = None
-        dialog.retransmits = [r for r in dialog.retransmits if r.what != "1xx"]
+        dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.RELIABLE_1XX]
         self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
 
     def _on_notify(self, request: SipRequest, source: Address, now_ms: int) -> None:
@@ -695,24 +657,19 @@ class SipUas:
         if dialog is None or dialog.state is DialogState.ENDED:
             self._respond(request, source, 481, now_ms)
             return
-        event = (request.header("Event") or request.header("o") or "").split(";")[0].strip().lower()
-        if event != "refer":
-            self._respond(request, source, 489, now_ms, to_tag=dialog.local_tag)
-            return
-        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        status = notify_status(request.header("Event") or request.header("o") or "")
+        self._respond(request, source, status, now_ms, to_tag=dialog.local_tag)
         transfer = dialog.transfer
-        if transfer is None:
-            return  # a late NOTIFY of a transfer already decided
-        status, reason = _sipfrag_status(request.body)
-        if status is not None and status >= 200:
-            self._transfer_ended(dialog, 200 <= status < 300, status, reason)
-        elif (request.header("Subscription-State") or "").strip().lower().startswith("terminated"):
-            self._transfer_ended(dialog, False, status or 0, "subscription terminated without a final status")
+        if status != 200 or transfer is None:
+            return  # not about a REFER, or a late NOTIFY of a transfer already decided
+        outcome = transfer.on_notify(request.body, request.header("Subscription-State") or "")
+        if outcome is not None:
+            self._transfer_ended(dialog, outcome)
 
-    def _transfer_ended(self, dialog: _Dialog, ok: bool, status: int, reason: str) -> None:
+    def _transfer_ended(self, dialog: _Dialog, outcome: TransferOutcome) -> None:
         dialog.transfer = None
-        dialog.retransmits = [r for r in dialog.retransmits if r.what != "refer"]
-        self._events.append(TransferResult(dialog.call_id, ok, status, reason))
+        dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.REFER]
+        self._events.append(TransferResult(dialog.call_id, outcome.ok, outcome.status, outcome.reason))
 
     def _admission(self, request: SipRequest, source: Address) -> tuple[int, list[tuple[str, str]]] | None:
         """None: admitted; else the refusal (401 with a challenge, or 403)."""
@@ -749,21 +706,19 @@ class SipUas:
             return
         if response.status < 200:
             return
-        for retransmit in [r for r in dialog.retransmits if r.what == "bye" and r.cseq == number]:
+        for retransmit in [r for r in dialog.retransmits if r.kind is TxKind.BYE and r.cseq == number]:
             dialog.retransmits.remove(retransmit)
         if dialog.state is DialogState.ENDING:
             self._transition(dialog, _Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
 
     def _on_refer_response(self, dialog: _Dialog, response: SipResponse) -> None:
-        if response.status < 200:
-            return
-        dialog.retransmits = [r for r in dialog.retransmits if r.what != "refer"]
         assert dialog.transfer is not None
-        if response.status < 300:
-            dialog.transfer.accepted = True  # 202: the outcome comes in a NOTIFY
-        else:
-            self._transfer_ended(dialog, False, response.status, response.reason)
+        if response.status >= 200:
+            dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.REFER]
+        outcome = dialog.transfer.on_response(response.status, response.reason)  # 202: the outcome comes in a NOTIFY
+        if outcome is not None:
+            self._transfer_ended(dialog, outcome)
 
     def _answer_invite(self, dialog: _Dialog, request: SipRequest, now_ms: int) -> None:
         extra = [("Contact", self._contact(request))]
@@ -771,9 +726,7 @@ class SipUas:
         extra.extend(self._capabilities())
         extra.append(("Content-Type", "application/sdp"))
         sent = self._respond(request, dialog.source, 200, now_ms, to_tag=dialog.local_tag, extra=extra, body=dialog.sdp.encode())
-        dialog.retransmits.append(
-            _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "2xx", request.cseq[0], sent.transport)
-        )
+        dialog.retransmits.append(_retransmission(TxKind.INVITE_2XX, sent, now_ms, request.cseq[0]))
 
     def _final(
         self,
@@ -789,7 +742,7 @@ class SipUas:
         """A non-2xx final response to an INVITE: retransmitted until its ACK (Timer G/H)."""
         sent = self._respond(request, source, status, now_ms, to_tag=to_tag or secrets.token_hex(6), extra=extra, reason=reason)
         self._invite_branches[_tx(request)] = request.call_id
-        self._final_retransmits[_tx(request)] = _Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "final", 0, sent.transport)
+        self._final_retransmits[_tx(request)] = _retransmission(TxKind.INVITE_FINAL, sent, now_ms)
 
     def _respond(
         self,
@@ -874,34 +827,29 @@ class SipUas:
         sent = Outgoing(request.serialize(), dialog.source, invite.transport)
         self._out.append(sent)
         if dialog.transfer is not None:
-            self._transfer_ended(dialog, False, 0, "the call ended")
-        dialog.retransmits = [r for r in dialog.retransmits if r.what != "2xx"]
-        dialog.retransmits.append(_Retransmit(sent.data, sent.address, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, "bye", dialog.local_cseq, sent.transport))
+            self._transfer_ended(dialog, TransferOutcome(False, 0, "the call ended"))
+        dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.INVITE_2XX]
+        dialog.retransmits.append(_retransmission(TxKind.BYE, sent, now_ms, dialog.local_cseq))
         if dialog.state is DialogState.CONFIRMED:
             self._transition(dialog, _Trigger.BYE_SENT)
         self._events.append(CallEnded(dialog.call_id, reason))
 
     # ------------------------------------------------------------------ timers
 
-    def _resend(self, retransmit: _Retransmit, now_ms: int) -> None:
-        """Timers G and E retransmit over UDP only; the 2xx (§13.3.1.4) and a reliable 1xx (RFC 3262 §3) go again
-        over any transport, the 1xx at intervals doubling without the T2 cap."""
-        if retransmit.transport == "UDP" or retransmit.what in ("2xx", "1xx"):
+    def _resend(self, retransmit: Retransmission, now_ms: int) -> None:
+        if retransmit.resend(now_ms):  # ``transaction.Retransmission``: which kinds go again over TCP
             self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
-        doubled = retransmit.interval_ms * 2
-        retransmit.interval_ms = doubled if retransmit.what == "1xx" else min(doubled, T2_MS)
-        retransmit.next_ms = now_ms + retransmit.interval_ms
 
-    def _gave_up(self, dialog: _Dialog, retransmit: _Retransmit, now_ms: int) -> None:
-        if retransmit.what == "2xx" and dialog.state is DialogState.ANSWERED:
+    def _gave_up(self, dialog: _Dialog, retransmit: Retransmission, now_ms: int) -> None:
+        if retransmit.kind is TxKind.INVITE_2XX and dialog.state is DialogState.ANSWERED:
             self._transition(dialog, _Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
             self._send_bye(dialog, now_ms, "no_ack")
-        elif retransmit.what == "1xx" and dialog.state is DialogState.OFFERED:
+        elif retransmit.kind is TxKind.RELIABLE_1XX and dialog.state is DialogState.OFFERED:
             self.reject(dialog.call_id, 504, now_ms)  # RFC 3262 §3: no PRACK in 64·T1 → a 5xx
             self._events.append(CallEnded(dialog.call_id, "no_prack"))
-        elif retransmit.what == "refer" and dialog.transfer is not None:
-            self._transfer_ended(dialog, False, 408, "no answer to the REFER")
-        elif retransmit.what == "bye" and dialog.state is DialogState.ENDING:
+        elif retransmit.kind is TxKind.REFER and dialog.transfer is not None:
+            self._transfer_ended(dialog, TransferOutcome(False, 408, "no answer to the REFER"))
+        elif retransmit.kind is TxKind.BYE and dialog.state is DialogState.ENDING:
             self._transition(dialog, _Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
 
@@ -919,9 +867,9 @@ class SipUas:
         return dialog
 
     def _end(self, dialog: _Dialog, reason: str, now_ms: int, *, announce: bool = True) -> None:
-        dialog.retransmits = [r for r in dialog.retransmits if r.what == "bye"]
+        dialog.retransmits = [r for r in dialog.retransmits if r.kind is TxKind.BYE]
         if dialog.transfer is not None:
-            self._transfer_ended(dialog, False, 0, "the call ended")
+            self._transfer_ended(dialog, TransferOutcome(False, 0, "the call ended"))
         dialog.ended_at_ms = now_ms
         if announce:
             self._events.append(CallEnded(dialog.call_id, reason))
@@ -956,16 +904,6 @@ def _sent_by(sent_by: str) -> tuple[str, int]:
     return host, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535 else 5060
 
 
-def _sipfrag_status(body: bytes) -> tuple[int | None, str]:
-    """The status line of a ``message/sipfrag`` body (RFC 3420): ``SIP/2.0 200 OK`` → (200, "OK")."""
-    first = body.decode("utf-8", "replace").strip().split("\n", 1)[0].strip()
-    version, _, rest = first.partition(" ")
-    code, _, reason = rest.partition(" ")
-    if not version.upper().startswith("SIP/") or not (code.isascii() and code.isdigit() and len(code) == 3):
-        return None, first[:100]
-    return int(code), reason.strip()
-
-
 def _set_param(value: str, name: str, param: str) -> str:
     head, params = split_params(value)
     params[name] = param
@@ -974,3 +912,7 @@ def _set_param(value: str, name: str, param: str) -> str:
 
 def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _retransmission(kind: TxKind, sent: Outgoing, now_ms: int, cseq: int = 0) -> Retransmission:
+    return Retransmission.start(kind, sent.data, sent.address, sent.transport, now_ms, cseq=cseq)

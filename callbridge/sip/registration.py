@@ -46,9 +46,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from callbridge.sip.dialog import ALLOW, T1_MS, T2_MS, TIMEOUT_MS, Outgoing
+from callbridge.sip.dialog import ALLOW
 from callbridge.sip.digest import DigestChallenge, authorization, best_challenge
 from callbridge.sip.message import SipRequest, SipResponse, split_list, split_params, uri_of
+from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind
 
 __all__ = [
     "TRANSITIONS",
@@ -62,8 +63,6 @@ __all__ = [
     "Unregistered",
     "refresh_delay_ms",
 ]
-
-Address = tuple[str, int]
 
 _REFRESH_MARGIN_MS: Final = TIMEOUT_MS
 _TRIED_NONCES: Final = 16
@@ -187,13 +186,15 @@ def refresh_delay_ms(expires_s: int) -> int:
 
 
 @dataclass(slots=True)
-class _Transaction:
-    cseq: int
-    data: bytes
-    next_ms: int
-    interval_ms: int
-    give_up_ms: int
+class _Register:
+    """Our REGISTER in flight: its retransmission, and the expiry it asked for."""
+
+    sent: Retransmission
     expires_s: int
+
+    @property
+    def cseq(self) -> int:
+        return self.sent.cseq
 
 
 class SipRegistration:
@@ -211,7 +212,7 @@ class SipRegistration:
         self.failures = 0
         """Consecutive failed REGISTERs (the backoff's exponent); 0 once registered."""
         self._rand = rand
-        self._tx: _Transaction | None = None
+        self._tx: _Register | None = None
         self._refresh_at_ms: int | None = None
         self._retry_at_ms: int | None = None
         self._challenges: dict[str, tuple[DigestChallenge, int]] = {}
@@ -243,7 +244,7 @@ class SipRegistration:
     def next_deadline_ms(self) -> int | None:
         deadlines = [d for d in (self._refresh_at_ms, self._retry_at_ms) if d is not None]
         if self._tx is not None:
-            deadlines.append(min(self._tx.next_ms, self._tx.give_up_ms))
+            deadlines.append(self._tx.sent.deadline_ms)
         return min(deadlines) if deadlines else None
 
     # ------------------------------------------------------------------- inputs
@@ -280,8 +281,7 @@ class SipRegistration:
             return True
         status = response.status
         if status < 200:
-            tx.interval_ms = T2_MS  # a provisional answer: the request arrived (§17.1.2.2)
-            tx.next_ms = now_ms + T2_MS
+            tx.sent.provisional_received(now_ms)
             return True
         self._tx = None
         if self.state is RegistrationState.UNREGISTERING and not self._removal_sent:
@@ -301,19 +301,17 @@ class SipRegistration:
     def tick(self, now_ms: int) -> None:
         """Retransmit, give up, refresh or retry, whatever is due. Drain next."""
         tx = self._tx
+        due = tx.sent.due(now_ms) if tx is not None else Due.WAIT
         if tx is not None:
-            if tx.give_up_ms <= now_ms:
+            if due is Due.GIVE_UP:
                 self._tx = None
                 self._may_be_bound = True  # it may have arrived, and only its answer been lost
                 if self.state is RegistrationState.UNREGISTERING and not self._removal_sent:
                     self._send_removal(now_ms)
                 else:
                     self._failed(now_ms, 408, "timeout", None)
-            elif tx.next_ms <= now_ms:
-                if self.config.transport == "UDP":
-                    self._out.append(Outgoing(tx.data, self.config.destination, self.config.transport))
-                tx.interval_ms = min(tx.interval_ms * 2, T2_MS)
-                tx.next_ms = now_ms + tx.interval_ms
+            elif due is Due.RESEND and tx.sent.resend(now_ms):  # over UDP only (Timer E)
+                self._out.append(Outgoing(tx.sent.data, tx.sent.address, tx.sent.transport))
         if self._refresh_at_ms is not None and self._refresh_at_ms <= now_ms:
             self._refresh_at_ms = None
             self._transition(_Trigger.SEND, "refresh")
@@ -325,7 +323,7 @@ class SipRegistration:
 
     # ---------------------------------------------------------------- responses
 
-    def _accepted(self, response: SipResponse, tx: _Transaction, now_ms: int) -> None:
+    def _accepted(self, response: SipResponse, tx: _Register, now_ms: int) -> None:
         if self.state is RegistrationState.UNREGISTERING:
             self._unregistered(response.status)
             return
@@ -341,7 +339,7 @@ class SipRegistration:
         self._refresh_at_ms = now_ms + delay_ms
         self._events.append(Registered(self.config.aor, granted, delay_ms))
 
-    def _challenged(self, response: SipResponse, tx: _Transaction, now_ms: int) -> None:
+    def _challenged(self, response: SipResponse, tx: _Register, now_ms: int) -> None:
         refusal = self._take_challenge(response)
         if refusal is None:
             self._send(now_ms, tx.expires_s)
@@ -362,7 +360,7 @@ class SipRegistration:
         self._challenges["Proxy-Authorization" if proxy else "Authorization"] = (challenge, 0)
         return None
 
-    def _too_brief(self, response: SipResponse, tx: _Transaction, now_ms: int) -> None:
+    def _too_brief(self, response: SipResponse, tx: _Register, now_ms: int) -> None:
         minimum = (response.header("Min-Expires") or "").strip()
         if self.state is RegistrationState.UNREGISTERING:
             self._unregistered(response.status)  # not for an Expires: 0, but nothing else to do
@@ -447,7 +445,7 @@ class SipRegistration:
                 ),
             )  # fmt: skip
         data = request.serialize()
-        self._tx = _Transaction(self.cseq, data, now_ms + T1_MS, T1_MS, now_ms + TIMEOUT_MS, expires_s)
+        self._tx = _Register(Retransmission.start(TxKind.REGISTER, data, config.destination, config.transport, now_ms, cseq=self.cseq), expires_s)
         self._out.append(Outgoing(data, config.destination, config.transport))
 
     def _transition(self, trigger: _Trigger, why: str) -> None:

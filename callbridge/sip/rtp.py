@@ -22,6 +22,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Final
 
+from callbridge.reorder import Missing, Placed, Reorder
+
 __all__ = ["JitterBuffer", "Latch", "RtpError", "RtpPacket", "RtpSender", "build_rtp", "parse_rtp"]
 
 HEADER_BYTES: Final = 12
@@ -111,13 +113,9 @@ class RtpSender:
         return data
 
 
-def _seq_delta(a: int, b: int) -> int:
-    """``a - b`` in 16-bit sequence space, in [-32768, 32767]."""
-    return ((a - b + 0x8000) & 0xFFFF) - 0x8000
-
-
 class JitterBuffer:
-    """Re-order by sequence number; conceal losses with silence; drop and count late packets (module docstring).
+    """Re-order by sequence number; conceal losses with silence; drop and count late packets (module docstring;
+    the ordering is ``callbridge.reorder.Reorder``'s, with ``depth`` as its reach).
 
     ``push`` returns the payloads now due, in order (a lost packet as ``silence`` of the last payload's
     size). ``drain`` releases what is held (the stream ended).
@@ -129,59 +127,51 @@ class JitterBuffer:
         self.max_gap = max_gap
         """A jump of more packets than this is a restart of the sequence, not a loss."""
         self.ssrc: int | None = None
-        self.next_sequence: int | None = None
-        self.held: dict[int, bytes] = {}
+        self._order: Reorder[bytes] = Reorder(depth, modulus=0x10000)
         self.last_size = 160
         self.late = 0
         self.duplicates = 0
         self.concealed = 0
         self.received = 0
 
+    @property
+    def next_sequence(self) -> int | None:
+        return self._order.next
+
+    @property
+    def held(self) -> dict[int, bytes]:
+        return self._order.held
+
     def push(self, packet: RtpPacket) -> list[bytes]:
         self.received += 1
         out: list[bytes] = []
+        order = self._order
         if packet.ssrc != self.ssrc:
             out.extend(self.drain())
-            self.ssrc, self.next_sequence = packet.ssrc, packet.sequence
-        assert self.next_sequence is not None
-        delta = _seq_delta(packet.sequence, self.next_sequence)
+            self.ssrc = packet.ssrc
+            order.restart(packet.sequence)
+        delta = order.distance(packet.sequence)
         if delta < -self.max_gap or delta > self.max_gap + self.depth:  # the peer restarted its numbering
             out.extend(self.drain())
-            self.next_sequence = packet.sequence
-        elif delta < 0:
+            order.restart(packet.sequence)
+        placed, due = order.push(packet.sequence, packet.payload)
+        if placed is Placed.BEHIND:
             self.late += 1
-            return out
-        if packet.sequence in self.held:
+        elif placed is Placed.DUPLICATE:
             self.duplicates += 1
-            return out
-        self.held[packet.sequence] = packet.payload
-        while self.held:
-            if self.next_sequence in self.held:
-                out.append(self._release(self.held.pop(self.next_sequence)))
-                continue
-            newest = max(_seq_delta(s, self.next_sequence) for s in self.held)
-            if newest < self.depth:
-                break
-            out.append(bytes((self.silence_byte,)) * self.last_size)  # lost: silence of the usual size
-            self.concealed += 1
-            self.next_sequence = (self.next_sequence + 1) & 0xFFFF
+        for payload in due:
+            if isinstance(payload, Missing):  # lost: silence of the usual size
+                out.extend([bytes((self.silence_byte,)) * self.last_size] * payload.count)
+                self.concealed += payload.count
+            else:
+                if payload:
+                    self.last_size = len(payload)
+                out.append(payload)
         return out
-
-    def _release(self, payload: bytes) -> bytes:
-        assert self.next_sequence is not None
-        self.next_sequence = (self.next_sequence + 1) & 0xFFFF
-        if payload:
-            self.last_size = len(payload)
-        return payload
 
     def drain(self) -> list[bytes]:
         """Everything held, in order, with the gaps left out (the stream ended or restarted)."""
-        if self.next_sequence is None:
-            return []
-        base = self.next_sequence
-        out = [self.held[s] for s in sorted(self.held, key=lambda s: _seq_delta(s, base))]
-        self.held.clear()
-        return out
+        return self._order.flush()
 
 
 class Latch:

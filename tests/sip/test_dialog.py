@@ -8,9 +8,6 @@ import ipaddress
 import pytest
 
 from callbridge.sip.dialog import (
-    T1_MS,
-    T2_MS,
-    TIMEOUT_MS,
     CallConfirmed,
     CallEnded,
     CallOffered,
@@ -25,6 +22,7 @@ from callbridge.sip.dialog import (
 from callbridge.sip.digest import DigestChallenge, authorization
 from callbridge.sip.message import SipRequest, SipResponse, header_param, parse_message
 from callbridge.sip.sdp import Direction
+from callbridge.sip.transaction import T1_MS, T2_MS, TIMEOUT_MS
 
 pytestmark = pytest.mark.core
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 
 from callbridge.sip.dialog import (
-    T1_MS,
-    TIMEOUT_MS,
     CallEnded,
     CallOffered,
     DialogState,
     SipUas,
 )
 from callbridge.sip.message import SipResponse, header_param
+from callbridge.sip.transaction import T1_MS, TIMEOUT_MS
 from tests.sip.test_dialog import PEER, SDP, request, responses, statuses, uas
 
 pytestmark = pytest.mark.core

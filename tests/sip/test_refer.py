@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from callbridge.sip.dialog import T1_MS, TIMEOUT_MS, CallEnded, SipUas, TransferResult
+from callbridge.sip.dialog import CallEnded, SipUas, TransferResult
 from callbridge.sip.message import SipRequest, SipResponse, parse_message
+from callbridge.sip.transaction import T1_MS, TIMEOUT_MS
 from tests.sip.test_dialog import PEER, answered, request, uas
 
 pytestmark = pytest.mark.core

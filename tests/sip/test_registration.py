@@ -6,7 +6,6 @@ import hashlib
 
 import pytest
 
-from callbridge.sip.dialog import T1_MS, T2_MS, TIMEOUT_MS
 from callbridge.sip.digest import (
     DigestChallenge,
     authorization,
@@ -30,6 +29,7 @@ from callbridge.sip.registration import (
     Unregistered,
     refresh_delay_ms,
 )
+from callbridge.sip.transaction import T1_MS, T2_MS, TIMEOUT_MS
 
 REGISTRAR = ("192.0.2.10", 5060)
 PASSWORD = "s3cret"

@@ -60,7 +60,6 @@ from callbridge.sip.dialog import (
     DtmfInfo,
     MediaChanged,
     OfferAnswered,
-    Outgoing,
     SipUas,
     TransferResult,
     UasConfig,
@@ -69,6 +68,7 @@ from callbridge.sip.dtmf import dtmf_train
 from callbridge.sip.message import SipParseError, split_stream
 from callbridge.sip.rtp import Latch
 from callbridge.sip.sdp import MediaChoice
+from callbridge.sip.transaction import Outgoing
 
 __all__ = ["CARRIER", "RtpTransport", "SipListener"]
 

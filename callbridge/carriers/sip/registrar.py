@@ -29,7 +29,6 @@ from typing import Final
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.carriers.sip.settings import SipRegistrationSettings
 from callbridge.logging import get_logger
-from callbridge.sip.dialog import Outgoing
 from callbridge.sip.message import SipParseError, SipResponse, parse_message, uri_of
 from callbridge.sip.registration import (
     Registered,
@@ -39,6 +38,7 @@ from callbridge.sip.registration import (
     SipRegistration,
     Unregistered,
 )
+from callbridge.sip.transaction import Outgoing
 
 __all__ = ["RegistrationClients", "sip_target"]
 

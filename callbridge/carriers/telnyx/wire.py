@@ -16,9 +16,11 @@ Decisions on the points the reference leaves open:
   pipecat's Telnyx serializer byte-swaps L16 both ways): L16 is big-endian here.
 - **Order**: Telnyx does not guarantee the order of media frames. They are put
   back in ``sequence_number`` order in a window of ``reorder_window`` frames:
-  a frame that arrives early waits for the ones before it; a gap still open
-  when the window is full is given up (the frames after it go on, and the call
-  fills the gap with silence from ``media.timestamp``, stream-relative ms);
+  a frame that arrives early waits for the ones before it; a missing frame is
+  given up once a frame ``reorder_window + 1`` numbers past it has come, so no
+  frame waits longer than the window (the frames after it go on, and the call
+  fills the gap with silence from ``media.timestamp``, stream-relative ms;
+  ``callbridge.reorder`` does the ordering, as for RTP);
   a duplicate, or a frame older than what was already released, is dropped and
   counted. ``sequence_number`` counts every message of the stream, so a
   ``dtmf``/``error`` (or an outbound-track frame) takes a number too and fills
@@ -63,6 +65,7 @@ from callbridge.carriers.base import (
 )
 from callbridge.carriers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
+from callbridge.reorder import Missing, Placed, Reorder
 
 __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_REORDER_WINDOW", "TELNYX_PROFILE", "TelnyxCodec", "telnyx_format"]
 
@@ -120,10 +123,9 @@ class TelnyxCodec(JsonCodec):
         self.call_id: str | None = None
         self.encoding: AudioEncoding | None = None
         self.stopped = False
-        self._next_seq: int | None = None
-        """The sequence number the next released frame should have (None: not known yet)."""
-        self._held: dict[int, MediaReceived | None] = {}
-        """Early arrivals by sequence number; None marks a slot taken by a message that is not inbound audio."""
+        self._order: Reorder[MediaReceived | None] = Reorder(reorder_window + 1)
+        """Frames by ``sequence_number`` (``callbridge.reorder``: a gap is given up once ``reorder_window`` frames
+        wait behind it); None marks a slot taken by a message that is not inbound audio."""
         self.reordered = 0
         """Frames that arrived early and were put back in place."""
         self.duplicates_dropped = 0
@@ -133,6 +135,7 @@ class TelnyxCodec(JsonCodec):
         """Gaps given up (frames never received in the window)."""
         self._given_up: set[int] = set()
         """Sequence numbers given up, so that one arriving later counts as late, not as a duplicate."""
+        self._last_given_up: int | None = None
 
     # ------------------------------------------------------------------ in
 
@@ -179,7 +182,7 @@ class TelnyxCodec(JsonCodec):
             number = json_number(seq)
             if number is None or number < 0:
                 raise self._error(ProtocolErrorReason.BAD_FIELD, f"sequence_number {seq!r}")
-            self._next_seq = number + 1
+            self._order.restart(number + 1)
         account = start.get("user_id")
         self.stream_id, self.call_id, self.encoding = stream_id, call_id, announced[0]
         return StreamStarted(
@@ -267,50 +270,41 @@ class TelnyxCodec(JsonCodec):
         at once); return the frames now due."""
         if seq is None:  # unnumbered: nothing to order by, pass it on as it comes
             return [frame] if frame is not None else []
-        if seq == self._next_seq and not self._held:  # in order, nothing held: the common case, no bookkeeping
-            self._next_seq = seq + 1
-            return [frame] if frame is not None else []
-        if self._next_seq is None:
-            self._next_seq = seq
-        if seq < self._next_seq or seq in self._held:
+        early = self._order.distance(seq) > 0
+        placed, due = self._order.push(seq, frame)
+        if placed is not Placed.TAKEN:
             if frame is None:
                 return []  # a control message behind the window fills nothing
-            if seq in self._given_up:
+            if placed is Placed.BEHIND and seq in self._given_up:
                 self._given_up.discard(seq)
                 self.late_dropped += 1
                 return [CarrierNotice("media_dropped", f"sequence_number {seq} came after its gap was given up")]
             self.duplicates_dropped += 1
             return [CarrierNotice("media_dropped", f"duplicate sequence_number {seq}")]
-        if seq != self._next_seq and frame is not None:
+        if early and frame is not None:
             self.reordered += 1
-        self._held[seq] = frame
-        return self._release()
+        events: list[CarrierEvent] = []
+        for item in due:
+            if isinstance(item, Missing):
+                self._gave_up(item)
+            elif item is not None:
+                events.append(item)
+        return events
 
-    def _release(self) -> list[CarrierEvent]:
-        due: list[CarrierEvent] = []
-        assert self._next_seq is not None
-        while True:
-            while self._next_seq in self._held:
-                frame = self._held.pop(self._next_seq)
-                self._next_seq += 1
-                if frame is not None:
-                    due.append(frame)
-            if len(self._held) <= self.reorder_window:
-                return due
-            resume = min(self._held)  # the window is full: give up the missing frames
+    def _gave_up(self, missing: Missing) -> None:
+        """Frames that never came in the window; numbers given up in a row are one gap. Those of a short gap are
+        remembered (a bounded few), so that one arriving later counts as late, not as a duplicate."""
+        if self._last_given_up != missing.sequence - 1:
             self.gaps += 1
-            if len(self._given_up) > _GIVEN_UP_KEPT:  # forget gaps long past (rare: this runs once per gap)
-                self._given_up = {s for s in self._given_up if s >= self._next_seq - _GIVEN_UP_KEPT}
-            if resume - self._next_seq <= _GIVEN_UP_KEPT:
-                self._given_up.update(range(self._next_seq, resume))
-            self._next_seq = resume
+        last = missing.sequence + missing.count - 1
+        self._last_given_up = last
+        if len(self._given_up) > _GIVEN_UP_KEPT:  # forget gaps long past (rare: this runs once per gap)
+            self._given_up = {s for s in self._given_up if s > last - _GIVEN_UP_KEPT}
+        if missing.count <= _GIVEN_UP_KEPT:
+            self._given_up.update(range(missing.sequence, last + 1))
 
     def _release_all(self) -> list[CarrierEvent]:
-        due: list[CarrierEvent] = [frame for _, frame in sorted(self._held.items()) if frame is not None]
-        if self._held:
-            self._next_seq = max(self._held) + 1
-            self._held.clear()
-        return due
+        return [frame for frame in self._order.flush() if frame is not None]
 
     # ---------------------------------------------------------- validation
 
