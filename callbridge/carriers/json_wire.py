@@ -5,14 +5,14 @@ numbers may come as JSON numbers or as strings."""
 from __future__ import annotations
 
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
 from callbridge.carriers.base import CarrierEvent, ProtocolErrorReason, RemoteProtocolError, UnknownCarrierEvent
 
-__all__ = ["JsonCodec", "json_number", "parse_object"]
+__all__ = ["JsonCodec", "json_number", "parse_object", "start_body"]
 
 
 class JsonCodec:
@@ -122,3 +122,12 @@ def json_number(value: Any) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def start_body(first: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A first message that is ``{"event": "start", …}``: its ``start`` object (empty when it has none); else None
+    (for the carriers' ``recognises``)."""
+    if first.get("event") != "start":
+        return None
+    start = first.get("start")
+    return start if isinstance(start, dict) else {}

@@ -16,7 +16,7 @@ no carrier module imports the registry back.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,11 +29,27 @@ if TYPE_CHECKING:
     from callbridge.config import Settings
     from callbridge.sim.carrier import SimulatedCarrier
 
-__all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport"]
+__all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport", "UpgradeCheck", "UpgradeProof"]
 
 Transport = Literal["websocket", "tcp", "sip"]
 """How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), AudioSocket's
 TCP stream, SIP and RTP."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpgradeProof:
+    """What a carrier's own proof on a media upgrade (a signature, credentials) says, at the generic ``/media``
+    URL, where the carrier is not known yet."""
+
+    refusal: str | None = None
+    """The proof is there and wrong (``bad_signature``, ``bad_credentials``…); None: it admits the upgrade."""
+    token_needed: bool = True
+    """Admitted, the stream must still carry a token our answer minted (a signature over a URL without parameters
+    is the same for every call); False where the proof is the carrier's own admission (configured credentials)."""
+
+
+UpgradeCheck = Callable[[str, "Mapping[str, str]", "str | None"], "UpgradeProof | None"]
+"""``(url, headers, peer)`` → what this carrier's proof on the upgrade says; None: the request carries none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +60,10 @@ class Carrier:
     router: Callable[[BridgeServices], APIRouter] | None = None
     rest: Callable[[Settings], CarrierRest] | None = None
     listener: Callable[[BridgeServices], AbstractAsyncContextManager[object]] | None = None
+    generic_upgrade: Callable[[Settings], UpgradeCheck] | None = None
+    """How the generic ``/media`` URL checks this carrier's proof on an upgrade; None: it sends none."""
+    subprotocol: str | None = None
+    """The websocket subprotocol its media upgrade asks for (accepted at the generic ``/media`` URL too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +101,10 @@ class CarrierSpec:
     ``/media`` URL recognises the carrier and takes this codec."""
     simulator: str | None
     """Its ``SimulatedCarrier`` class, ``"module:name"``; None: not simulated on its own."""
+    recognises: str | None = None
+    """Where its media is a websocket: ``"module:name"`` of a predicate that says whether a first message (parsed
+    JSON) is this carrier's (``generic.wire.Recognises``), for the generic ``/media`` URL; None: not recognised
+    there."""
 
     @property
     def package(self) -> str:
@@ -102,6 +126,12 @@ class CarrierSpec:
             raise LookupError(f"{self.name} has no codec of its own")
         factory: Callable[[], ProviderCodec] = self._load(self.codec)
         return factory
+
+    def recogniser(self) -> Callable[[Mapping[str, Any]], bool]:
+        if self.recognises is None:
+            raise LookupError(f"{self.name} is not recognised on the generic media URL")
+        recognises: Callable[[Mapping[str, Any]], bool] = self._load(self.recognises)
+        return recognises
 
     def simulator_class(self) -> type[SimulatedCarrier]:
         if self.simulator is None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import importlib
 
+import orjson
 import pytest
 
 from callbridge.carriers import CARRIERS, carrier_spec, simulated, simulated_names
 from callbridge.carriers.base import CarrierProfile
-from callbridge.carriers.generic.wire import default_codecs
+from callbridge.carriers.generic.wire import default_candidates, recognise
 from callbridge.carriers.spec import CarrierSpec
 from callbridge.config import Settings
 
@@ -71,9 +72,23 @@ def test_the_settings_section_and_the_secret_exist(spec: CarrierSpec) -> None:
 
 def test_the_generic_media_url_takes_every_websocket_carrier() -> None:
     websocket = {spec.name for spec in CARRIERS if spec.transport == "websocket" and spec.name != "generic"}
-    assert set(default_codecs()) == websocket == {"twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "bandwidth", "jambonz"}
-    for name, factory in default_codecs().items():
-        assert factory().provider == name
+    candidates = default_candidates()
+    assert {c.name for c in candidates} == websocket == {"twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "bandwidth", "jambonz"}
+    for candidate in candidates:
+        assert candidate.codec().provider == candidate.name
+
+
+def test_each_carrier_recognises_only_its_own_first_message() -> None:
+    """The generic URL asks the carriers in the registry's order; each first message is recognised by its own
+    carrier alone, so the order decides nothing (tests/carriers/test_detect.py holds the messages)."""
+    from tests.carriers.test_detect import FIRST_MESSAGES
+
+    candidates = default_candidates()
+    for name, messages in FIRST_MESSAGES.items():
+        first = orjson.loads(messages[-1])
+        assert [c.name for c in candidates if c.recognises(first)] == [name]
+        assert (found := recognise(first, candidates)) is not None and found.name == name
+    assert recognise({"event": "start", "start": {}}, candidates) is None
 
 
 def test_every_carrier_but_the_generic_url_is_simulated() -> None:

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:BandwidthCodec",
     simulator="sim:SimulatedBandwidth",
+    recognises="wire:recognises",
 )

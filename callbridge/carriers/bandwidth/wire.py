@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 from callbridge.carriers.base import (
@@ -35,7 +36,7 @@ from callbridge.carriers.base import (
 from callbridge.carriers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["BANDWIDTH_PROFILE", "DEFAULT_MAX_MESSAGE_BYTES", "TOKEN_PARAM", "BandwidthCodec"]
+__all__ = ["BANDWIDTH_PROFILE", "DEFAULT_MAX_MESSAGE_BYTES", "TOKEN_PARAM", "BandwidthCodec", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 BANDWIDTH_PROFILE: Final = CarrierProfile(frame_ms=20, uses_marks=False, marks_echoed_on_clear=False)
@@ -154,3 +155,8 @@ class BandwidthCodec(JsonCodec):
         if isinstance(action, SendClear):
             return _CLEAR
         return None
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Bandwidth's: ``eventType`` ``start`` with ``metadata``."""
+    return first.get("eventType") == "start" and isinstance(first.get("metadata"), dict)

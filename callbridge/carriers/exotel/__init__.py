@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:ExotelCodec",
     simulator="sim:SimulatedExotel",
+    recognises="wire:recognises",
 )

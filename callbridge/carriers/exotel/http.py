@@ -28,7 +28,7 @@ within ``engine.disconnect_grace_s``.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -38,8 +38,9 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.exotel.wire import ExotelCodec
-from callbridge.carriers.spec import Carrier
+from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import BasicCredentials
+from callbridge.config import Settings
 from callbridge.logging import get_logger
 from callbridge.sources import Network, source_allowed
 
@@ -117,4 +118,19 @@ def exotel_router(services: BridgeServices) -> APIRouter:
     return router
 
 
-CARRIER: Final = Carrier(name="exotel", router=exotel_router)
+def exotel_upgrade(settings: Settings) -> UpgradeCheck:
+    """At the generic ``/media`` URL: ``Authorization: Basic`` is checked as Exotel's (``exotel.*``); credentials
+    that pass admit the stream without our token, as on Exotel's own URL (Exotel's applet URL is fixed)."""
+    admission = ExotelAdmission.from_settings(settings.exotel)
+
+    def check(url: str, headers: Mapping[str, str], peer: str | None) -> UpgradeProof | None:
+        authorization = headers.get("authorization")
+        if authorization is None or not authorization.lower().startswith("basic "):
+            return None
+        refusal = admission.refusal(authorization, peer)
+        return UpgradeProof(refusal) if refusal is not None else UpgradeProof(token_needed=False)
+
+    return check
+
+
+CARRIER: Final = Carrier(name="exotel", router=exotel_router, generic_upgrade=exotel_upgrade)

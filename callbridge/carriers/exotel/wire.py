@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
@@ -60,17 +61,10 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.carriers.json_wire import JsonCodec, json_number
+from callbridge.carriers.json_wire import JsonCodec, json_number, start_body
 from callbridge.codecs import AudioEncoding
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "DEFAULT_MIN_CHUNK_BYTES",
-    "EXOTEL_RATES",
-    "MAX_CHUNK_BYTES",
-    "ExotelCodec",
-    "exotel_frame_ms",
-]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_MIN_CHUNK_BYTES", "EXOTEL_RATES", "MAX_CHUNK_BYTES", "ExotelCodec", "exotel_frame_ms", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 100 ms chunk at 24 kHz is about 6.5 kB of JSON; Exotel's 100 kB chunk limit, base64, stays below this."""
@@ -295,3 +289,9 @@ class ExotelCodec(JsonCodec):
         if isinstance(action, SendClear):
             return f'{{"event":"clear","stream_sid":"{self.stream_id}"}}'
         return None
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Exotel's: a ``start`` with ``stream_sid``."""
+    start = start_body(first)
+    return start is not None and ("stream_sid" in first or "stream_sid" in start)

@@ -1,14 +1,13 @@
 """One media URL for every websocket carrier, ``/media``: the carrier is recognised from its first messages
-(``providers.detect``), for deployments that point several carriers at one URL.
+(``generic.wire``), for deployments that point several carriers at one URL.
 
-Who may open it, decided at the upgrade by what the request carries:
-- a Twilio or SignalWire signature header: it must be valid for this URL;
-- ``Authorization: Basic …``: Exotel's credentials (``exotel.*``);
-- and the stream must carry a single-use token our answer webhook minted for
-  its call, as on the carrier's own media URL (a carrier signature over a
-  URL without parameters is the same for every call, and Telnyx, Plivo and
-  Vonage sign nothing on the upgrade) — unless Exotel's credentials admitted
-  it, or ``server.generic_media_requires_token`` is off.
+Who may open it, decided at the upgrade by what the request carries, as each carrier of the registry checks its
+own proof (``Carrier.generic_upgrade``: a signature header, ``Authorization: Basic`` credentials): refused when
+a proof it carries is wrong and none is right. The stream must then carry a single-use token our answer webhook
+minted for its call, as on the carrier's own media URL (a signature over a URL without parameters is the same
+for every call, and most carriers sign nothing on the upgrade) — unless the proof that admitted it is the
+carrier's own admission (configured credentials on a fixed URL), or ``server.generic_media_requires_token`` is
+off. A subprotocol a carrier asks for (``Carrier.subprotocol``) is accepted.
 """
 
 from __future__ import annotations
@@ -19,12 +18,8 @@ from fastapi import APIRouter, WebSocket
 
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
-from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.carriers.generic.wire import DetectingCodec
-from callbridge.carriers.jambonz.http import accept_listen, upgrade_credentials
-from callbridge.carriers.signalwire.http import signalwire_dialect
-from callbridge.carriers.spec import Carrier
-from callbridge.carriers.twilio.http import TwilioSignatures, twilio_dialect
+from callbridge.carriers.spec import Carrier, UpgradeProof
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.logging import get_logger
 
@@ -37,32 +32,20 @@ _POLICY_VIOLATION: Final = 1008
 
 
 def generic_router(services: BridgeServices) -> APIRouter:
+    from callbridge.carriers import CARRIERS  # the registry: every carrier whose media may come here
+
     settings = services.settings
-    twilio = twilio_dialect(settings)
-    signalwire = signalwire_dialect(settings)
-    signed_by = {
-        twilio.signature_header: TwilioSignatures(twilio),
-        signalwire.signature_header: TwilioSignatures(signalwire),
-    }
-    exotel = ExotelAdmission.from_settings(settings.exotel)
-    jambonz = upgrade_credentials(settings.jambonz)  # they admit the upgrade; its stream still needs the token
+    carriers = [spec.load_carrier() for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None]
+    checks = [carrier.generic_upgrade(settings) for carrier in carriers if carrier.generic_upgrade is not None]
+    subprotocols = {carrier.subprotocol for carrier in carriers if carrier.subprotocol is not None}
     router = APIRouter()
 
     @router.websocket(MEDIA_PATH)
     async def media(websocket: WebSocket) -> None:
         url = ws_url(public_base(settings, str(websocket.base_url).replace("ws", "http", 1))) + MEDIA_PATH
-        headers = websocket.headers
         peer = websocket.client.host if websocket.client else None
-        check_token = settings.server.generic_media_requires_token
-        refusal: str | None = None
-        for header, signatures in signed_by.items():
-            signature = headers.get(header)
-            if signature is not None and not signatures.valid(url, {}, signature):
-                refusal = "bad_signature"
-        authorization = headers.get("authorization")
-        if refusal is None and authorization is not None and authorization.lower().startswith("basic ") and not jambonz.valid(authorization):
-            refusal = exotel.refusal(authorization, peer)
-            check_token = check_token and refusal is not None  # Exotel's credentials admit a stream without a token
+        proofs = [proof for check in checks if (proof := check(url, websocket.headers, peer)) is not None]
+        refusal, check_token = judge(proofs, requires_token=settings.server.generic_media_requires_token)
         if refusal is None and not await services.admits(""):
             refusal = "draining" if services.draining else "capacity"
         if refusal is not None:
@@ -70,10 +53,22 @@ def generic_router(services: BridgeServices) -> APIRouter:
             log.warning("stream_refused", path=MEDIA_PATH, reason=refusal, peer=peer)
             await websocket.close(code=_POLICY_VIOLATION)  # before accept: the upgrade is answered 403
             return
-        await accept_listen(websocket)  # jambonz's subprotocol, when asked for
+        offered = [p.strip() for p in websocket.headers.get("sec-websocket-protocol", "").split(",")]
+        await websocket.accept(subprotocol=next((p for p in offered if p in subprotocols), None))
         await MediaStreamDriver(websocket, DetectingCodec(), services, check_token=check_token).run()
 
     return router
+
+
+def judge(proofs: list[UpgradeProof], *, requires_token: bool) -> tuple[str | None, bool]:
+    """The carriers' proofs on one upgrade → (why it is refused, or None; whether its stream needs our token).
+    A wrong proof refuses unless another is right (two carriers read one ``Authorization`` header)."""
+    admitting = [proof for proof in proofs if proof.refusal is None]
+    if not admitting:
+        refused = [proof.refusal for proof in proofs if proof.refusal is not None]
+        if refused:
+            return refused[0], True
+    return None, requires_token and all(proof.token_needed for proof in admitting)
 
 
 CARRIER: Final = Carrier(name="generic", router=generic_router)

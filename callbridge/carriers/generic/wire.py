@@ -1,26 +1,17 @@
 """A codec that recognises the carrier from its first messages, then is that carrier's codec: for one media
 URL that several carriers point at.
 
-The first message that names its carrier decides (telephony-protocols.md §0):
-
-============================  =============================================
-``websocket:connected``       Vonage
-``start`` with ``streamSid``  Twilio (``accountSid`` ``AC…``) or SignalWire (a project UUID)
-``start`` with ``stream_id``  Telnyx
-``start`` with ``stream_sid`` Exotel
-``start`` with ``streamId``   Plivo (``start.callId``, integer ``sequenceNumber``)
-``eventType`` ``start``       Bandwidth (``metadata``)
-``callSid`` and ``mixType``   jambonz (its first text frame; binary L16 follows)
-============================  =============================================
-
-A ``connected`` that comes first (Twilio, Telnyx, Exotel send one) is held and
-replayed to the codec chosen. Anything else before the carrier is known is an
-error, like any codec's; AudioSocket is TCP and has its own listener.
+The first message that names its carrier decides (telephony-protocols.md §0): each websocket carrier says what
+its first message looks like (``recognises`` in its ``wire.py``, named by its ``CarrierSpec``), asked in the
+registry's order. A ``connected`` that comes first (several carriers send one) is held and replayed to the codec
+chosen. Anything else before the carrier is known is an error, like any codec's; carriers whose media is not a
+websocket have listeners of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 from callbridge.carriers.base import (
@@ -33,55 +24,49 @@ from callbridge.carriers.base import (
     RemoteProtocolError,
 )
 from callbridge.carriers.json_wire import parse_object
-from callbridge.carriers.twilio.wire import DEFAULT_MAX_MESSAGE_BYTES
 
-__all__ = ["DetectingCodec", "default_codecs", "recognise"]
+__all__ = ["Candidate", "DetectingCodec", "Recognises", "default_candidates", "recognise"]
 
 UNKNOWN: Final = "unknown"
+DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
+"""The largest first message read before the carrier is known (every carrier's own codec bounds the rest)."""
 
 
-def recognise(payload: Mapping[str, Any]) -> str | None:
-    """The carrier a first message (parsed JSON) comes from, or None when it does not say."""
-    if payload.get("eventType") == "start" and isinstance(payload.get("metadata"), dict):
-        return "bandwidth"
-    if "callSid" in payload and "sampleRate" in payload and "mixType" in payload:
-        return "jambonz"
-    event = payload.get("event")
-    if event == "websocket:connected":
-        return "vonage"
-    if event != "start":
-        return None
-    start = payload.get("start")
-    start = start if isinstance(start, dict) else {}
-    if "streamSid" in payload or "streamSid" in start:
-        account = start.get("accountSid")
-        return "twilio" if isinstance(account, str) and account.startswith("AC") else "signalwire"
-    if "stream_id" in payload:
-        return "telnyx"
-    if "stream_sid" in payload or "stream_sid" in start:
-        return "exotel"
-    if "streamId" in payload or "streamId" in start or "callId" in start:
-        return "plivo"
-    return None
+Recognises = Callable[[Mapping[str, Any]], bool]
+"""Whether a first message (parsed JSON) is this carrier's."""
 
 
-def default_codecs() -> dict[str, Callable[[], ProviderCodec]]:
-    """A codec factory for every websocket carrier of the registry."""
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    recognises: Recognises
+    codec: Callable[[], ProviderCodec]
+
+
+def default_candidates() -> tuple[Candidate, ...]:
+    """Every websocket carrier of the registry that can be recognised, in the registry's order."""
     from callbridge.carriers import CARRIERS
 
-    return {spec.name: spec.codec_factory() for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None}
+    return tuple(
+        Candidate(spec.name, spec.recogniser(), spec.codec_factory())
+        for spec in CARRIERS
+        if spec.transport == "websocket" and spec.codec is not None and spec.recognises is not None
+    )
+
+
+def recognise(payload: Mapping[str, Any], candidates: Sequence[Candidate] | None = None) -> Candidate | None:
+    """The carrier a first message comes from, or None when it does not say."""
+    for candidate in candidates if candidates is not None else default_candidates():
+        if candidate.recognises(payload):
+            return candidate
+    return None
 
 
 class DetectingCodec:
     """Recognise the carrier, then delegate every message to its codec (see the module docstring)."""
 
-    def __init__(
-        self,
-        codecs: Mapping[str, Callable[[], ProviderCodec]] | None = None,
-        *,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
-        self._codecs = codecs if codecs is not None else default_codecs()
+    def __init__(self, candidates: Sequence[Candidate] | None = None, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self._candidates = candidates if candidates is not None else default_candidates()
         self.max_message_bytes = max_message_bytes
         self.inner: ProviderCodec | None = None
         self._held: str | None = None
@@ -105,10 +90,10 @@ class DetectingCodec:
         if payload.get("event") == "connected" and self._held is None and isinstance(message, str):
             self._held = message
             return []
-        name = recognise(payload)
-        if name is None or name not in self._codecs:
+        carrier = recognise(payload, self._candidates)
+        if carrier is None:
             raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"cannot tell the carrier from event {payload.get('event')!r}")
-        self.inner = self._codecs[name]()
+        self.inner = carrier.codec()
         events: list[CarrierEvent] = []
         if self._held is not None:
             events += self.inner.receive_message(self._held)

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:JambonzCodec",
     simulator="sim:SimulatedJambonz",
+    recognises="wire:recognises",
 )

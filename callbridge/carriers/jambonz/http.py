@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -30,8 +31,9 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
-from callbridge.carriers.spec import Carrier
+from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import BasicCredentials, public_base, ws_url
+from callbridge.config import Settings
 from callbridge.logging import get_logger
 
 __all__ = [
@@ -192,4 +194,15 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
     return router
 
 
-CARRIER: Final = Carrier(name="jambonz", router=jambonz_router)
+def jambonz_upgrade(settings: Settings) -> UpgradeCheck:
+    """At the generic ``/media`` URL: the ``listen`` verb's ``wsAuth``, when configured and sent, admits the
+    upgrade (its stream still needs our token)."""
+    credentials = upgrade_credentials(settings.jambonz)
+
+    def check(url: str, headers: Mapping[str, str], peer: str | None) -> UpgradeProof | None:
+        return UpgradeProof() if credentials.valid(headers.get("authorization")) else None
+
+    return check
+
+
+CARRIER: Final = Carrier(name="jambonz", router=jambonz_router, generic_upgrade=jambonz_upgrade, subprotocol=SUBPROTOCOL)

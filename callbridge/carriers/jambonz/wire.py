@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Mapping
 from typing import Any, Final
 
 from callbridge.carriers.base import (
@@ -39,7 +40,7 @@ from callbridge.carriers.base import (
 from callbridge.carriers.json_wire import json_number, parse_object
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "JAMBONZ_PROFILE", "SUBPROTOCOL", "TOKEN_KEY", "JambonzCodec"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "JAMBONZ_PROFILE", "SUBPROTOCOL", "TOKEN_KEY", "JambonzCodec", "recognises"]
 
 SUBPROTOCOL: Final = "audio.jambonz.org"
 DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024
@@ -143,3 +144,9 @@ class JambonzCodec:
 
     def _error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.provider, stream_id=self.stream_id, call_id=self.call_id)
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is jambonz's: its first text frame, with ``callSid``,
+    ``sampleRate`` and ``mixType``."""
+    return "callSid" in first and "sampleRate" in first and "mixType" in first

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:PlivoCodec",
     simulator="sim:SimulatedPlivo",
+    recognises="wire:recognises",
 )

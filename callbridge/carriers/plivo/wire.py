@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -53,20 +54,10 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.carriers.json_wire import JsonCodec, json_number
+from callbridge.carriers.json_wire import JsonCodec, json_number, start_body
 from callbridge.codecs import AudioEncoding
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "PLIVO_FORMATS",
-    "PLIVO_PROFILE",
-    "TIMESTAMP_JITTER_MS",
-    "PlivoCodec",
-    "decode_stream_token",
-    "encode_stream_token",
-    "parse_extra_headers",
-    "stream_token_header",
-]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PLIVO_FORMATS", "PLIVO_PROFILE", "TIMESTAMP_JITTER_MS", "PlivoCodec", "decode_stream_token", "encode_stream_token", "parse_extra_headers", "recognises", "stream_token_header"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms L16 16 kHz frame is about 900 bytes of JSON; a second of audio in one message stays far below this."""
@@ -297,3 +288,9 @@ class PlivoCodec(JsonCodec):
         if isinstance(action, SendClear):
             return f'{{"event":"clearAudio","streamId":"{self.stream_id}"}}'
         return None
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Plivo's: a ``start`` with ``streamId`` or ``start.callId``."""
+    start = start_body(first)
+    return start is not None and ("streamId" in first or "streamId" in start or "callId" in start)

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:signalwire_codec",
     simulator="sim:SimulatedSignalWire",
+    recognises="wire:recognises",
 )

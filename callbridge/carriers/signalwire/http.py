@@ -20,7 +20,7 @@ from typing import Final
 
 from callbridge.carriers.signalwire.wire import signalwire_codec
 from callbridge.carriers.spec import Carrier
-from callbridge.carriers.twilio.http import TwilioDialect, TwilioRest, twilio_compatible_router
+from callbridge.carriers.twilio.http import TwilioDialect, TwilioRest, signature_upgrade, twilio_compatible_router
 from callbridge.config import Settings
 
 __all__ = ["CARRIER", "signalwire_dialect"]
@@ -48,4 +48,5 @@ CARRIER: Final = Carrier(
     name="signalwire",
     router=lambda services: twilio_compatible_router(services, signalwire_dialect(services.settings)),
     rest=signalwire_rest,
+    generic_upgrade=lambda settings: signature_upgrade(signalwire_dialect(settings)),
 )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
+from callbridge.carriers.json_wire import start_body
 from callbridge.carriers.twilio.wire import MULAW_8K, TwilioCodec
+from callbridge.carriers.twilio.wire import recognises as twilio_recognises
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["SIGNALWIRE_FORMATS", "signalwire_codec"]
+__all__ = ["SIGNALWIRE_FORMATS", "recognises", "signalwire_codec"]
 
 SIGNALWIRE_FORMATS: Final = {
     **MULAW_8K,
@@ -20,3 +23,10 @@ SIGNALWIRE_FORMATS: Final = {
 
 def signalwire_codec() -> TwilioCodec:
     return TwilioCodec(provider="signalwire", formats=SIGNALWIRE_FORMATS)
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is SignalWire's: Twilio's ``start`` with ``streamSid``, from
+    an account that is not Twilio's ``AC…`` (a project UUID)."""
+    start = start_body(first)
+    return start is not None and ("streamSid" in first or "streamSid" in start) and not twilio_recognises(first)

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:TelnyxCodec",
     simulator="sim:SimulatedTelnyx",
+    recognises="wire:recognises",
 )

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -63,11 +64,11 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.carriers.json_wire import JsonCodec, json_number
+from callbridge.carriers.json_wire import JsonCodec, json_number, start_body
 from callbridge.codecs import AudioEncoding
 from callbridge.reorder import Missing, Placed, Reorder
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_REORDER_WINDOW", "TELNYX_PROFILE", "TelnyxCodec", "telnyx_format"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_REORDER_WINDOW", "TELNYX_PROFILE", "TelnyxCodec", "recognises", "telnyx_format"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms frame is a few hundred bytes; even a second of 48 kHz L16 in one message stays below this."""
@@ -343,3 +344,8 @@ def _client_state_token(client_state: str) -> str | None:
         return None
     token = state.get("token") if isinstance(state, dict) else None
     return token if isinstance(token, str) else None
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Telnyx's: a ``start`` with ``stream_id`` at the top."""
+    return start_body(first) is not None and "stream_id" in first

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:TwilioCodec",
     simulator="sim:SimulatedTwilio",
+    recognises="wire:recognises",
 )

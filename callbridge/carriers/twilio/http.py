@@ -20,7 +20,7 @@ redirects would be alike (same URL, same parameters), so each ``<Redirect>`` URL
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -34,7 +34,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
-from callbridge.carriers.spec import Carrier
+from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
 from callbridge.config import Settings
@@ -152,6 +152,20 @@ class TwilioSignatures:
         if self._validator is None or not signature:
             return False
         return bool(self._validator.validate(url, params, signature))
+
+
+def signature_upgrade(dialect: TwilioDialect) -> UpgradeCheck:
+    """At the generic ``/media`` URL: an upgrade that carries this dialect's signature header must be signed for
+    that URL (its stream still needs our token: the signature is the same for every call)."""
+    signatures = TwilioSignatures(dialect)
+
+    def check(url: str, headers: Mapping[str, str], peer: str | None) -> UpgradeProof | None:
+        signature = headers.get(dialect.signature_header)
+        if signature is None:
+            return None
+        return UpgradeProof() if signatures.valid(url, {}, signature) else UpgradeProof("bad_signature")
+
+    return check
 
 
 def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -> APIRouter:
@@ -278,4 +292,5 @@ CARRIER = Carrier(
     name="twilio",
     router=lambda services: twilio_compatible_router(services, twilio_dialect(services.settings)),
     rest=lambda settings: TwilioRest(settings.twilio.api_base_url, settings.twilio.auth_token),
+    generic_upgrade=lambda settings: signature_upgrade(twilio_dialect(settings)),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import binascii
 import re
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -33,10 +34,10 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.carriers.json_wire import JsonCodec, json_number
+from callbridge.carriers.json_wire import JsonCodec, json_number, start_body
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec"]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms frame is about 300 bytes; even a second of audio in one message stays far below this."""
@@ -160,3 +161,13 @@ class TwilioCodec(JsonCodec):
         if isinstance(action, SendClear):
             return f'{{"event":"clear","streamSid":"{self.stream_id}"}}'
         return None
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Twilio's: a ``start`` with ``streamSid`` and an account
+    ``AC…`` (a SignalWire project is a UUID)."""
+    start = start_body(first)
+    if start is None or not ("streamSid" in first or "streamSid" in start):
+        return False
+    account = start.get("accountSid")
+    return isinstance(account, str) and account.startswith("AC")

@@ -11,4 +11,5 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:VonageCodec",
     simulator="sim:SimulatedVonage",
+    recognises="wire:recognises",
 )

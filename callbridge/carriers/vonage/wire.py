@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Final
 
 import orjson
@@ -46,13 +47,7 @@ from callbridge.carriers.base import (
 from callbridge.carriers.json_wire import parse_object
 from callbridge.codecs import AudioEncoding, frame_bytes
 
-__all__ = [
-    "DEFAULT_MAX_MESSAGE_BYTES",
-    "SUPPORTED_RATES",
-    "VONAGE_PROFILE",
-    "VonageCodec",
-    "content_type",
-]
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "SUPPORTED_RATES", "VONAGE_PROFILE", "VonageCodec", "content_type", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 16 * 1024
 """Text events are a few hundred bytes (the connected message carries our headers, under 512 bytes)."""
@@ -241,3 +236,8 @@ def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return orjson.dumps(value).decode()
+
+
+def recognises(first: Mapping[str, Any]) -> bool:
+    """A first message on the generic ``/media`` URL is Vonage's: ``websocket:connected``."""
+    return first.get("event") == "websocket:connected"
