@@ -42,16 +42,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from callbridge.carriers.audiosocket.settings import AudioSocketSettings
-from callbridge.carriers.bandwidth.settings import BandwidthSettings
-from callbridge.carriers.exotel.settings import ExotelSettings
-from callbridge.carriers.jambonz.settings import JambonzSettings
-from callbridge.carriers.plivo.settings import PlivoSettings
-from callbridge.carriers.signalwire.settings import SignalWireSettings
-from callbridge.carriers.sip.settings import SipSettings
-from callbridge.carriers.telnyx.settings import TelnyxSettings
-from callbridge.carriers.twilio.settings import TwilioSettings
-from callbridge.carriers.vonage.settings import VonageSettings
+from callbridge.carriers import CarrierSections
 from callbridge.codecs import ResamplerQuality
 from callbridge.config_types import (
     HttpUrl,
@@ -235,8 +226,8 @@ class RegistrySettings(Section):
         return self
 
 
-class Settings(BaseSettings):
-    """The whole configuration of one callbridge process."""
+class _BridgeSections(BaseSettings):
+    """The sections that are callbridge's own (first when the settings are shown)."""
 
     model_config = SettingsConfigDict(
         env_prefix="CALLBRIDGE_",
@@ -253,16 +244,13 @@ class Settings(BaseSettings):
     local_engine: LocalEngineSettings = LocalEngineSettings()
     engine_server: EngineServerSettings = EngineServerSettings()
     registry: RegistrySettings = RegistrySettings()
-    twilio: TwilioSettings = TwilioSettings()
-    signalwire: SignalWireSettings = SignalWireSettings()
-    telnyx: TelnyxSettings = TelnyxSettings()
-    plivo: PlivoSettings = PlivoSettings()
-    exotel: ExotelSettings = ExotelSettings()
-    vonage: VonageSettings = VonageSettings()
-    bandwidth: BandwidthSettings = BandwidthSettings()
-    jambonz: JambonzSettings = JambonzSettings()
-    audiosocket: AudioSocketSettings = AudioSocketSettings()
-    sip: SipSettings = SipSettings()
+
+
+class Settings(CarrierSections, _BridgeSections):
+    """The whole configuration of one callbridge process: its own sections, then every carrier's
+    (``callbridge.carriers.CarrierSections``, one per carrier of the registry)."""
+
+    model_config = _BridgeSections.model_config
 
     def public_dict(self) -> dict[str, Any]:
         """Plain values for display: enums as their values, secrets masked, unset secrets ``None``."""

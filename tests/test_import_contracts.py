@@ -64,9 +64,13 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 
 def test_no_import_circle() -> None:
+    """No module imports itself back at run time, at module level or lazily (inside a function). Imports under
+    ``if TYPE_CHECKING:`` are left out, as ``lint-imports`` leaves them out (``exclude_type_checking_imports``):
+    they never run, and they are how a record like ``CarrierSpec`` names the bridge it is handed without
+    importing it (the settings read the carrier registry, whose specs annotate with ``Settings``)."""
     sys.path.insert(0, str(ROOT))
     try:
-        graph = grimp.build_graph("callbridge", cache_dir=None)
+        graph = grimp.build_graph("callbridge", cache_dir=None, exclude_type_checking_imports=True)
     finally:
         sys.path.remove(str(ROOT))
     assert _cycles(graph) == []

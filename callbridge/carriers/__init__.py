@@ -2,7 +2,8 @@
 ``listener.py`` (answer documents, signatures, REST calls, reconnect), ``sim.py`` (its simulator), and its
 ``CarrierSpec`` in ``__init__.py``. ``CARRIERS`` below is the one list: the app mounts it, the generic ``/media``
 URL detects among it, the CLI offers it, the load tester and the simulators read it. Adding a carrier is one
-package and one line here.
+package and its lines here: its import, its ``SPEC`` in ``CARRIERS``, and its settings section in
+``CarrierSections``.
 
 Shared by them: ``base.py`` (typed carrier events and actions, ``RemoteProtocolError``, ``CarrierProfile``) and
 ``json_wire.py``.
@@ -11,6 +12,8 @@ Shared by them: ``base.py`` (typed carrier events and actions, ``RemoteProtocolE
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
+
+from pydantic import BaseModel
 
 from callbridge.carriers import (
     audiosocket,
@@ -25,12 +28,22 @@ from callbridge.carriers import (
     twilio,
     vonage,
 )
+from callbridge.carriers.audiosocket import AudioSocketSettings
+from callbridge.carriers.bandwidth import BandwidthSettings
+from callbridge.carriers.exotel import ExotelSettings
+from callbridge.carriers.jambonz import JambonzSettings
+from callbridge.carriers.plivo import PlivoSettings
+from callbridge.carriers.signalwire import SignalWireSettings
+from callbridge.carriers.sip import SipSettings
 from callbridge.carriers.spec import CarrierSpec
+from callbridge.carriers.telnyx import TelnyxSettings
+from callbridge.carriers.twilio import TwilioSettings
+from callbridge.carriers.vonage import VonageSettings
 
 if TYPE_CHECKING:
     from callbridge.sim.carrier import SimulatedCarrier
 
-__all__ = ["CARRIERS", "carrier_spec", "simulated", "simulated_names"]
+__all__ = ["CARRIERS", "CarrierSections", "carrier_spec", "simulated", "simulated_names"]
 
 CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     twilio.SPEC,
@@ -46,6 +59,22 @@ CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     generic.SPEC,
 )
 """In the order their routes are mounted (the generic ``/media`` last)."""
+
+
+class CarrierSections(BaseModel):
+    """Every carrier's section of the settings (``[twilio]``, ``CALLBRIDGE_TWILIO__…``), by its spec's ``section``:
+    ``callbridge.config.Settings`` has these beside its own."""
+
+    twilio: TwilioSettings = TwilioSettings()
+    signalwire: SignalWireSettings = SignalWireSettings()
+    telnyx: TelnyxSettings = TelnyxSettings()
+    plivo: PlivoSettings = PlivoSettings()
+    exotel: ExotelSettings = ExotelSettings()
+    vonage: VonageSettings = VonageSettings()
+    bandwidth: BandwidthSettings = BandwidthSettings()
+    jambonz: JambonzSettings = JambonzSettings()
+    audiosocket: AudioSocketSettings = AudioSocketSettings()
+    sip: SipSettings = SipSettings()
 
 
 def carrier_spec(name: str) -> CarrierSpec:

@@ -1,6 +1,9 @@
 """Asterisk AudioSocket: a TCP listener, admission by source address."""
 
+from callbridge.carriers.audiosocket.settings import AudioSocketSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "AudioSocketSettings"]
 
 SPEC = CarrierSpec(
     name="audiosocket",

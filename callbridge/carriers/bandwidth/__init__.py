@@ -1,6 +1,9 @@
 """Bandwidth Programmable Voice: BXML answer, bidirectional media streams, OAuth 2.0 Voice API."""
 
+from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "BandwidthSettings"]
 
 SPEC = CarrierSpec(
     name="bandwidth",

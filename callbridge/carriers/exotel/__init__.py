@@ -1,6 +1,9 @@
 """Exotel's Voicebot applet: a websocket Exotel opens, Basic credentials on the upgrade."""
 
+from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "ExotelSettings"]
 
 SPEC = CarrierSpec(
     name="exotel",

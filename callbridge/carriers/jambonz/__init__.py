@@ -1,6 +1,9 @@
 """jambonz: the ``listen`` verb with bidirectional streaming audio, signed webhooks."""
 
+from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "JambonzSettings"]
 
 SPEC = CarrierSpec(
     name="jambonz",

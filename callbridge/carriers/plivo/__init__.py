@@ -1,6 +1,9 @@
 """Plivo Audio Streams (bidirectional), XML answer."""
 
+from callbridge.carriers.plivo.settings import PlivoSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "PlivoSettings"]
 
 SPEC = CarrierSpec(
     name="plivo",

@@ -1,6 +1,9 @@
 """SignalWire's Compatibility API (cXML): Twilio's wire under SignalWire's names."""
 
+from callbridge.carriers.signalwire.settings import SignalWireSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "SignalWireSettings"]
 
 SPEC = CarrierSpec(
     name="signalwire",

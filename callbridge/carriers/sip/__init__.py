@@ -1,6 +1,9 @@
 """SIP trunks: the UAS listener over UDP/TCP with G.711 RTP (the protocol itself is ``callbridge.sip``)."""
 
+from callbridge.carriers.sip.settings import SipSettings
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+
+__all__ = ["SPEC", "SipSettings"]
 
 SPEC = CarrierSpec(
     name="sip",

@@ -1,6 +1,9 @@
 """Telnyx Call Control with bidirectional media streaming."""
 
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+from callbridge.carriers.telnyx.settings import TelnyxSettings
+
+__all__ = ["SPEC", "TelnyxSettings"]
 
 SPEC = CarrierSpec(
     name="telnyx",

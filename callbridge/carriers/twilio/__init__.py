@@ -1,6 +1,9 @@
 """Twilio Media Streams: TwiML answer, signed webhooks and upgrade, REST hang-up and transfer."""
 
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+from callbridge.carriers.twilio.settings import TwilioSettings
+
+__all__ = ["SPEC", "TwilioSettings"]
 
 SPEC = CarrierSpec(
     name="twilio",

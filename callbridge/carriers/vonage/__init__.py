@@ -1,6 +1,9 @@
 """Vonage Voice API websockets: NCCO answer, signed webhooks, JWT REST."""
 
 from callbridge.carriers.spec import Capabilities, CarrierSpec
+from callbridge.carriers.vonage.settings import VonageSettings
+
+__all__ = ["SPEC", "VonageSettings"]
 
 SPEC = CarrierSpec(
     name="vonage",
