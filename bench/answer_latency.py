@@ -39,7 +39,7 @@ async def median_answer_ms(redis_url: str, mode: str, answers: int) -> float:
         host, port = bridge.base_url.removeprefix("http://").split(":")
         took = []
         for _ in range(answers):
-            params = {"CallSid": "CA" + secrets.token_hex(16), "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+            params = {"CallSid": "CA" + secrets.token_hex(16), "AccountSid": bridge.carrier.account_sid, "From": "+1", "To": "+2"}
             body = urllib.parse.urlencode(params).encode()
             head = (
                 f"POST /twilio/voice HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/x-www-form-urlencoded\r\n"

@@ -132,17 +132,17 @@ async def run(calls: int) -> None:
     errors: list[int] = []
     rng = random.Random(7)
     async with running_bridge(Settings(), engine) as bridge:
-        bridge.twilio.on_media_sent = PROBE.media_sent
-        bridge.twilio.on_message = on_message
+        bridge.carrier.on_media_sent = PROBE.media_sent
+        bridge.carrier.on_message = on_message
         clicks = np.zeros(8000 * 6, dtype="<i2")
         for start in range(2400, len(clicks) - 160, 2400):  # a 20 ms burst every 300 ms
             clicks[start : start + 160] = 20000
-        await bridge.twilio.place_call(CallerScript(utterances=((200, clicks.tobytes()),), hangup_at_ms=6400))
+        await bridge.carrier.place_call(CallerScript(utterances=((200, clicks.tobytes()),), hangup_at_ms=6400))
         PROBE.measuring_clicks = False
         for _ in range(calls):
             interrupt = rng.randrange(400, 1500, 20)
             before = len(PROBE.truncates)
-            result = await bridge.twilio.place_call(
+            result = await bridge.carrier.place_call(
                 CallerScript(utterances=((300, speech),), interrupt_after_agent_ms=interrupt, hangup_at_ms=4500)
             )
             if result.played_ms_at_clear and len(PROBE.truncates) > before:

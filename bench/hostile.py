@@ -133,7 +133,7 @@ async def main() -> None:
                 return
             for _ in range(args.rounds):
                 if args.attack == "websocket":
-                    rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB) for _ in range(args.sockets)]
+                    rounds = [asyncio.to_thread(oversized_message, bridge_port, args.size_mib * MIB, "/telnyx/media") for _ in range(args.sockets)]
                 else:
                     rounds = [
                         asyncio.to_thread(oversized_body, bridge_port, "/telnyx/events", args.size_mib * MIB, chunked=i % 2 == 1)

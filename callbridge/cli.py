@@ -19,7 +19,7 @@ from typing import Any, Final, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from callbridge import __version__
-from callbridge.carriers import carrier_spec, simulated_names
+from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec, simulated_names
 from callbridge.config import (
     ConfigError,
     ConfigProblem,
@@ -107,14 +107,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "simulate",
         parents=[common],
         help="one simulated call through an in-process bridge and engine",
-        description="Place one simulated phone call (a faithful simulated Twilio) through a bridge and the "
+        description="Place one simulated phone call (a faithful simulated carrier) through a bridge and the "
         "configured engine, both started in this process; print the call's timeline and write what the caller heard.",
     )
     simulate.add_argument(
         "--provider",
         choices=simulated_names(),
-        default="twilio",
-        help="the carrier to simulate (its wire, answer flow and quirks; default: twilio)",
+        default=DEFAULT_SIMULATED,
+        help=f"the carrier to simulate (its wire, answer flow and quirks; default: {DEFAULT_SIMULATED})",
     )
     simulate.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
     simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
@@ -136,17 +136,17 @@ def _build_parser() -> argparse.ArgumentParser:
         "or the echo agent with --barge-in-every, and report what the bridge added. Against a separate bridge, "
         "--print-env gives the settings it needs for the simulated carrier.",
     )
-    loadtest.add_argument("--provider", choices=simulated_names(), default="twilio", help="the carrier to simulate (default: twilio)")
+    loadtest.add_argument("--provider", choices=simulated_names(), default=DEFAULT_SIMULATED, help=f"the carrier to simulate (default: {DEFAULT_SIMULATED})")
     loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
     loadtest.add_argument(
         "--secret",
         "--auth-token",
         dest="secret",
         help="the simulated account's secret, which the bridge's settings must match (see --print-env; default: "
-        "the provider's key from the configuration, e.g. twilio.auth_token)",
+        "the provider's secret from the configuration, the key its spec names)",
     )
     loadtest.add_argument(
-        "--rest-port", type=int, default=8098, help="port of the simulated carrier's REST API (hang-up; Telnyx: Call Control) (default: 8098)"
+        "--rest-port", type=int, default=8098, help="port of the simulated carrier's REST API (hang-ups, call control) (default: 8098)"
     )
     loadtest.add_argument(
         "--print-env", action="store_true", help="print the env a separate `callbridge serve` needs for --provider and --secret, then exit"

@@ -5,7 +5,6 @@ carrier's package defines its own section with them (``callbridge/carriers/<name
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
@@ -17,7 +16,6 @@ __all__ = [
     "Port",
     "Section",
     "TransferTarget",
-    "rsa_private_key_file",
     "url_check",
     "whole_number",
 ]
@@ -52,27 +50,6 @@ def url_check(*schemes: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
-
-
-def rsa_private_key_file(path: Path) -> Path:
-    """An unencrypted PEM RSA private key that can be read (a Vonage application's ``private.key``), checked at load:
-    otherwise the first hang-up would be the first to find out."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read the private key file: {exc.strerror}") from None
-    from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    try:
-        key = load_pem_private_key(data, password=None)
-    except TypeError:
-        raise ValueError("the private key is encrypted: give the unencrypted PEM Vonage generated") from None
-    except ValueError:
-        raise ValueError("not a PEM private key (-----BEGIN PRIVATE KEY-----): give the one Vonage generated") from None
-    if not isinstance(key, RSAPrivateKey):
-        raise ValueError("not an RSA private key (Vonage signs with RS256)")
-    return path
 
 
 HttpUrl = Annotated[str, url_check("https", "http")]

@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from callbridge.carriers import CARRIERS
 from callbridge.config import Settings
 
 __all__ = ["ListenerProblem", "ListenerUnavailable", "bind_http", "listener_problems", "missing_extras"]
@@ -89,12 +90,13 @@ def _try_bind(key: str, host: str, port: int, transport: Transport) -> ListenerP
 
 
 def listener_problems(settings: Settings) -> list[ListenerProblem]:
-    """Each enabled listener besides HTTP (SIP on UDP and TCP, AudioSocket) whose address cannot be bound now."""
+    """Each enabled listener besides HTTP (a carrier's own: ``CarrierSpec.sockets``) whose address cannot be bound
+    now."""
     wanted: list[tuple[str, str, int, Transport]] = []
-    if settings.sip.enabled:
-        wanted += [("sip.port", settings.sip.host, settings.sip.port, "udp"), ("sip.port", settings.sip.host, settings.sip.port, "tcp")]
-    if settings.audiosocket.enabled:
-        wanted.append(("audiosocket.port", settings.audiosocket.host, settings.audiosocket.port, "tcp"))
+    for spec in CARRIERS:
+        section = getattr(settings, spec.section) if spec.section is not None and spec.sockets else None
+        if section is not None and section.enabled:
+            wanted += [(f"{spec.section}.port", section.host, section.port, transport) for transport in spec.sockets]
     found = (_try_bind(*listener) for listener in wanted)
     return [problem for problem in found if problem is not None]
 

@@ -6,8 +6,9 @@ on the inherited socket; the kernel spreads connections among them. A call's web
 and a later stream may each land on a different worker, so workers share call state in Redis (the CLI
 refuses ``workers > 1`` without it).
 
-Listeners that cannot be shared: SIP (its dialogs and RTP ports are one process's state) and AudioSocket are
-served by worker 0 alone; the others run with them disabled. A worker 0 that dies is replaced by a new worker 0,
+Listeners that cannot be shared — a carrier's own sockets (``CarrierSpec.sockets``: SIP's dialogs and RTP ports
+are one process's state, as is a raw TCP listener's port) — are served by worker 0 alone; the others run with
+them disabled. A worker 0 that dies is replaced by a new worker 0,
 which binds them again (SIP calls in progress there end with it: SIP has no reconnect). Without this every
 worker bound them and all but one died at start, over and over.
 
@@ -33,6 +34,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any, Final
 
+from callbridge.carriers import CARRIERS
 from callbridge.config import Settings
 from callbridge.logging import configure_logging, get_logger
 
@@ -43,8 +45,8 @@ log = get_logger(__name__)
 _POLL_S = 0.2
 _METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _ORPHAN_CHECK_S = 1.0
-_UNSHARED_LISTENERS: Final = ("sip", "audiosocket")
-"""Settings sections whose listener only worker 0 runs."""
+_UNSHARED_LISTENERS: Final = tuple(spec.section for spec in CARRIERS if spec.sockets and spec.section is not None)
+"""Settings sections whose listener only worker 0 runs (a carrier's own sockets: its dialogs, its ports)."""
 
 
 def _watch_supervisor(supervisor_pid: int) -> None:
@@ -72,7 +74,7 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str
 
 
 def worker_settings(settings_data: dict[str, Any], index: int) -> dict[str, Any]:
-    """Worker ``index``'s settings: the group's, with the unshared listeners (SIP, AudioSocket) off but in worker 0."""
+    """Worker ``index``'s settings: the group's, with the carriers' own listeners off but in worker 0."""
     if index == 0:
         return settings_data
     return {**settings_data, **{section: {**settings_data[section], "enabled": False} for section in _UNSHARED_LISTENERS}}

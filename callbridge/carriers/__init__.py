@@ -43,7 +43,7 @@ from callbridge.carriers.vonage import VonageSettings
 if TYPE_CHECKING:
     from callbridge.sim.carrier import SimulatedCarrier
 
-__all__ = ["CARRIERS", "CarrierSections", "carrier_spec", "simulated", "simulated_names"]
+__all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "simulated", "simulated_names"]
 
 CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     twilio.SPEC,
@@ -59,6 +59,10 @@ CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     generic.SPEC,
 )
 """In the order their routes are mounted (the generic ``/media`` last)."""
+
+
+DEFAULT_SIMULATED: Final = next(spec.name for spec in CARRIERS if spec.simulator is not None)
+"""The carrier ``simulate`` and ``loadtest`` place calls on unless told: the first simulated one of the list."""
 
 
 class CarrierSections(BaseModel):

@@ -101,6 +101,10 @@ class CarrierSpec:
     ``/media`` URL recognises the carrier and takes this codec."""
     simulator: str | None
     """Its ``SimulatedCarrier`` class, ``"module:name"``; None: not simulated on its own."""
+    sockets: tuple[Literal["udp", "tcp"], ...] = ()
+    """Where the carrier has a listener of its own beside the HTTP server: the transports it binds on its section's
+    ``host`` and ``port`` when the section's ``enabled`` is on (checked before start by ``preflight``; run by
+    worker 0 alone under ``--workers``)."""
     recognises: str | None = None
     """Where its media is a websocket: ``"module:name"`` of a predicate that says whether a first message (parsed
     JSON) is this carrier's (``generic.wire.Recognises``), for the generic ``/media`` URL; None: not recognised

@@ -375,6 +375,16 @@ class SimulatedCarrier(ABC):
         """Settings overrides that point a bridge at this simulated account (secrets, REST base URL)."""
         return {}
 
+    @classmethod
+    def exported_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        """``bridge_settings`` for a bridge started separately (``loadtest --print-env``): whatever they point at
+        must outlive this simulator."""
+        return cls.bridge_settings(secret, rest_url)
+
+    def reconnect_after_every_drop(self) -> None:
+        """The load test drops media connections on purpose (``--drop-every-ms``): where the carrier gives up
+        reconnecting after a few drops, it keeps reconnecting here."""
+
     def configure(self, settings: Settings) -> None:
         """The bridge's final settings (ports of listeners), before the first call."""
 

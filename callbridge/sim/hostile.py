@@ -59,7 +59,7 @@ class Refusal:
     seconds: float
 
 
-def oversized_message(port: int, size: int, path: str = "/telnyx/media") -> Refusal:
+def oversized_message(port: int, size: int, path: str) -> Refusal:
     """One unauthenticated text message of ``size`` bytes on ``path``: its frame header, then as much of its
     payload as the server takes (64 KiB at a time) before it closes."""
     sock = upgrade(port, path)

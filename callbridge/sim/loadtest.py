@@ -34,9 +34,7 @@ import math
 import os
 import resource
 import shlex
-import shutil
 import statistics
-import tempfile
 import time
 import zlib
 from collections import deque
@@ -50,7 +48,6 @@ import numpy as np
 import orjson
 
 from callbridge.carriers import carrier_spec
-from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.config import Settings
 from callbridge.engine.commands import EngineCommand, TruncateItem
 from callbridge.engine.local.engine import LocalEngine, LocalSession
@@ -501,8 +498,8 @@ class LoadTest:
         """Called about once a second with the calls up, the frames sent so far, and the click round trips and
         barge-in → flush latencies measured since the last call (a generator process reports to its parent so)."""
         self._background: set[asyncio.Task[Any]] = set()
-        if options.drop_every_ms and isinstance(carrier, SimulatedAudioSocket):
-            carrier.dialplan_attempts = 1_000_000  # a dialplan that loops back into AudioSocket() for every drop
+        if options.drop_every_ms:
+            carrier.reconnect_after_every_drop()
 
     async def run(self) -> LoadReport:
         return (await self.run_samples()).report()
@@ -803,7 +800,7 @@ def report_json(report: LoadReport) -> bytes:
 
 def secret_from_settings(provider: str, settings: Settings) -> str | None:
     """The simulated account's secret as the configuration holds it, where its carrier's spec says it is (None: not
-    set; "" for a carrier without one, AudioSocket)."""
+    set; "" for a carrier without one)."""
     spec = carrier_spec(provider)
     if spec.section is None or spec.secret is None:
         return ""
@@ -814,13 +811,7 @@ def secret_from_settings(provider: str, settings: Settings) -> str | None:
 def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     """``export`` lines that point a separately started bridge (and a load test started from the same shell) at
     the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``."""
-    overrides = carrier_spec(provider).simulator_class().bridge_settings(secret, rest_url)
-    vonage = overrides.get("vonage", {})
-    if "private_key_path" in vonage:  # keep the key out of the directory the simulator deletes when it closes
-        kept = Path(tempfile.mkdtemp(prefix="callbridge-loadtest-vonage-")) / "private.key"
-        shutil.move(vonage["private_key_path"], kept)
-        shutil.rmtree(Path(vonage["private_key_path"]).parent, ignore_errors=True)
-        vonage["private_key_path"] = str(kept)
+    overrides = carrier_spec(provider).simulator_class().exported_settings(secret, rest_url)
     lines = []
     for section, values in overrides.items():
         for key, value in values.items():

@@ -28,7 +28,7 @@ from fastapi import FastAPI
 
 from callbridge.bridge.app import create_app
 from callbridge.bridge.http_protocol import serving_options
-from callbridge.carriers import carrier_spec
+from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
@@ -96,11 +96,6 @@ class RunningBridge:
     base_url: str
     carrier: SimulatedCarrier
 
-    @property
-    def twilio(self) -> Any:
-        """The simulated carrier (named for the default one)."""
-        return self.carrier
-
 
 def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> Settings:
     data = settings.model_dump()
@@ -111,7 +106,7 @@ def with_overrides(settings: Settings, overrides: dict[str, dict[str, Any]]) -> 
 
 @asynccontextmanager
 async def running_bridge(
-    settings: Settings, engine: DuplexEngine | None = None, *, provider: str = "twilio"
+    settings: Settings, engine: DuplexEngine | None = None, *, provider: str = DEFAULT_SIMULATED
 ) -> AsyncIterator[RunningBridge]:
     """``callbridge serve`` on a free loopback port with a simulated ``provider`` wired to it."""
     listener = bound_socket()
@@ -156,7 +151,7 @@ async def serving(app: FastAPI, port: int | socket.socket) -> AsyncIterator[None
         await asyncio.wait_for(task, 15)
 
 
-async def simulate_call(settings: Settings, script: CallerScript, provider: str = "twilio") -> CallResult:
+async def simulate_call(settings: Settings, script: CallerScript, provider: str = DEFAULT_SIMULATED) -> CallResult:
     """One simulated call through an in-process bridge."""
     async with running_bridge(settings, provider=provider) as bridge:
         return await bridge.carrier.place_call(script)

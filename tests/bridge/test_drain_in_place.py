@@ -28,13 +28,13 @@ async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
         state = bridge.app.state.bridge
         speech = short_speech(1200)
         scripts = [CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=6000 + 500 * i) for i in range(3)]
-        calls = [asyncio.create_task(bridge.twilio.place_call(script)) for script in scripts]
+        calls = [asyncio.create_task(bridge.carrier.place_call(script)) for script in scripts]
         await until(lambda: len(state.services.active_calls) == 3)
         await asyncio.sleep(1.0)
         drained = asyncio.create_task(state.drain())  # SIGTERM's first step in ``callbridge serve``
         began = time.monotonic()
         await until(lambda: state.services.draining)
-        late = await bridge.twilio.place_call(CallerScript(hangup_at_ms=500))  # a new call: busy
+        late = await bridge.carrier.place_call(CallerScript(hangup_at_ms=500))  # a new call: busy
         results = await asyncio.gather(*calls)
         await asyncio.wait_for(drained, 10)
         took_s = time.monotonic() - began
@@ -51,7 +51,7 @@ async def test_a_call_still_up_when_the_drain_runs_out_hears_the_tone_then_is_hu
     recorder = engine()
     async with running_bridge(settings(), recorder) as bridge:
         state = bridge.app.state.bridge
-        call = asyncio.create_task(bridge.twilio.place_call(CallerScript(utterances=((300, short_speech(1200)),), hangup_at_ms=40_000)))
+        call = asyncio.create_task(bridge.carrier.place_call(CallerScript(utterances=((300, short_speech(1200)),), hangup_at_ms=40_000)))
         await until(lambda: len(state.services.active_calls) == 1)
         await asyncio.sleep(0.5)
         began = time.monotonic()
@@ -74,7 +74,7 @@ async def test_a_call_whose_socket_drops_during_the_drain_comes_back_to_it() -> 
         state = bridge.app.state.bridge
         script = CallerScript(utterances=((300, short_speech(1200)), (3500, short_speech(1200))), drop_stream_at_ms=(2500,),
                               redirect_delay_ms=200, hangup_at_ms=7000)  # fmt: skip
-        call = asyncio.create_task(bridge.twilio.place_call(script))
+        call = asyncio.create_task(bridge.carrier.place_call(script))
         await until(lambda: len(state.services.active_calls) == 1)
         await asyncio.sleep(1.0)
         drained = asyncio.create_task(state.drain())

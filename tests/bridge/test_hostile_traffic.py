@@ -54,7 +54,7 @@ async def test_twenty_unauthenticated_sockets_announcing_15_mib_each_cost_the_se
         sampler = asyncio.create_task(sample())
         outcomes = []
         for _ in range(2):
-            outcomes += await asyncio.gather(*(asyncio.to_thread(oversized_message, server.port, 15 * MIB) for _ in range(20)))
+            outcomes += await asyncio.gather(*(asyncio.to_thread(oversized_message, server.port, 15 * MIB, "/telnyx/media") for _ in range(20)))
         sampling = False
         await sampler
         result = await call
@@ -74,8 +74,8 @@ async def test_the_pre_authentication_limit_refuses_a_message_unread_and_lets_on
     """Before its token, over ``PRE_AUTH_MAX_MESSAGE_BYTES`` by one byte: refused at the header (1009), the
     payload never read. At the limit: read, and the codec judges it (here not JSON: 1008)."""
     async with served(tmp_path) as server:
-        over = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES + 1)
-        at = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES)
+        over = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES + 1, "/telnyx/media")
+        at = await asyncio.to_thread(oversized_message, server.port, PRE_AUTH_MAX_MESSAGE_BYTES, "/telnyx/media")
     assert over.close_code == 1009 and at.close_code == 1008, (over, at)
 
 

@@ -42,11 +42,11 @@ def _twilio_form(bridge: RunningBridge, path: str, header: str, params: dict[str
 
 
 def twilio_answer(bridge: RunningBridge) -> Request:
-    return _twilio_form(bridge, "/twilio/voice", "X-Twilio-Signature", bridge.twilio.answer_params("CA" + secrets.token_hex(16), first=True))
+    return _twilio_form(bridge, "/twilio/voice", "X-Twilio-Signature", bridge.carrier.answer_params("CA" + secrets.token_hex(16), first=True))
 
 
 def twilio_status(bridge: RunningBridge) -> Request:
-    params = {"AccountSid": bridge.twilio.account_sid, "CallSid": "CA" + secrets.token_hex(16), "StreamSid": "MZ" + secrets.token_hex(16),
+    params = {"AccountSid": bridge.carrier.account_sid, "CallSid": "CA" + secrets.token_hex(16), "StreamSid": "MZ" + secrets.token_hex(16),
               "StreamEvent": "stream-started", "Timestamp": "2026-12-02T06:00:00.000Z"}  # fmt: skip
     return _twilio_form(bridge, "/twilio/stream-status", "X-Twilio-Signature", params)
 

@@ -42,7 +42,7 @@ async def test_drop_past_the_grace_gets_a_new_session() -> None:
     recorder = engine(disconnect_grace_ms=200)
     async with running_bridge(settings(engine={"disconnect_grace_s": 0.2}), recorder) as bridge:
         script = CallerScript(drop_stream_at_ms=(500,), redirect_delay_ms=600, hangup_at_ms=1800)
-        result = await bridge.twilio.place_call(script)
+        result = await bridge.carrier.place_call(script)
     assert len(result.streams) == 2
     assert len(recorder.opened) == 2 and recorder.resumed == []
 
@@ -57,7 +57,7 @@ async def test_heard_positions_of_a_reply_cut_by_a_drop_continue_on_the_next_str
         script = CallerScript(
             utterances=((300, short_speech(3000)),), drop_stream_at_ms=(4700,), redirect_delay_ms=200, hangup_at_ms=11_000
         )
-        result = await bridge.twilio.place_call(script)
+        result = await bridge.carrier.place_call(script)
     assert len(result.streams) == 2 and len(recorder.opened) == 1 and len(recorder.resumed) == 1, result.render()
     acks = recorder.of(AckPlayback)
     reply = acks[0].response_id
@@ -81,7 +81,7 @@ async def test_a_drop_while_the_stream_waits_for_its_engine_is_not_the_end_of_th
     recorder = SlowToOpen(LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=4.0))
     async with running_bridge(settings(engine={"open_at_answer": "off"}), recorder) as bridge:  # the stream opens it
         script = CallerScript(utterances=((1500, short_speech()),), drop_stream_at_ms=(200,), redirect_delay_ms=100, hangup_at_ms=5000)
-        result = await bridge.twilio.place_call(script)
+        result = await bridge.carrier.place_call(script)
         assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
         assert result.agent_speech_ms > 500, result.render()  # the echo came back on the second stream
         assert len(recorder.opened) == 1, recorder.opened  # one session for the call
@@ -97,7 +97,7 @@ async def test_a_reply_the_caller_had_not_heard_all_of_at_a_drop_plays_on_from_t
     recorder = engine()  # generation_speed 4: all generated long before it is played
     async with running_bridge(settings(), recorder) as bridge:
         script = CallerScript(utterances=((300, short_speech(3000)),), drop_stream_at_ms=(4700,), redirect_delay_ms=200, hangup_at_ms=11_000)
-        result = await bridge.twilio.place_call(script)
+        result = await bridge.carrier.place_call(script)
     assert len(result.streams) == 2 and len(recorder.opened) == 1 and len(recorder.resumed) == 1, result.render()
     acks = recorder.of(AckPlayback)
     reply = acks[0].response_id

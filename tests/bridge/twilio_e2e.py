@@ -82,7 +82,7 @@ async def post_answer(bridge: RunningBridge, call_sid: str, *, again: bool = Fal
     a replay, refused 403)."""
     validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
     url = bridge.base_url + "/twilio/voice" + (f"?redirect={secrets.token_hex(8)}" if again else "")
-    params = {"CallSid": call_sid, "AccountSid": bridge.twilio.account_sid, "From": "+1", "To": "+2"}
+    params = {"CallSid": call_sid, "AccountSid": bridge.carrier.account_sid, "From": "+1", "To": "+2"}
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         return await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
 
@@ -110,7 +110,7 @@ class RawStream:
         ws_url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
         sig = signature if signature is not None else validator.compute_signature(ws_url, {})
         ws = await connect(ws_url, additional_headers={"X-Twilio-Signature": sig})
-        return cls(ws, "MZ" + secrets.token_hex(16), call_sid, token if token is not None else minted, bridge.twilio.account_sid)
+        return cls(ws, "MZ" + secrets.token_hex(16), call_sid, token if token is not None else minted, bridge.carrier.account_sid)
 
     def start_message(self) -> str:
         start = {

@@ -14,4 +14,5 @@ SPEC = CarrierSpec(
     carrier="listener:CARRIER",
     codec=None,
     simulator="sim:SimulatedAudioSocket",
+    sockets=("tcp",),
 )

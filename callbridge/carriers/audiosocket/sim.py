@@ -198,6 +198,9 @@ class SimulatedAudioSocket(SimulatedCarrier):
         self.attempts: dict[str, int] = {}
         """Per call: how many times the dialplan has run ``AudioSocket()``."""
 
+    def reconnect_after_every_drop(self) -> None:
+        self.dialplan_attempts = 1_000_000  # a dialplan that loops back into AudioSocket() for every drop
+
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
         return {"audiosocket": {"enabled": True, "host": "127.0.0.1", "port": free_port(), "allowed_sources": ["127.0.0.1/32", "::1/128"]}}

@@ -7,9 +7,30 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BeforeValidator, SecretStr
 
-from callbridge.config_types import HttpUrl, Section, rsa_private_key_file, whole_number
+from callbridge.config_types import HttpUrl, Section, whole_number
 
 __all__ = ["VonageSettings"]
+
+
+def rsa_private_key_file(path: Path) -> Path:
+    """An unencrypted PEM RSA private key that can be read (a Vonage application's ``private.key``), checked at load:
+    otherwise the first hang-up would be the first to find out."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read the private key file: {exc.strerror}") from None
+    from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(data, password=None)
+    except TypeError:
+        raise ValueError("the private key is encrypted: give the unencrypted PEM Vonage generated") from None
+    except ValueError:
+        raise ValueError("not a PEM private key (-----BEGIN PRIVATE KEY-----): give the one Vonage generated") from None
+    if not isinstance(key, RSAPrivateKey):
+        raise ValueError("not an RSA private key (Vonage signs with RS256)")
+    return path
 
 
 class VonageSettings(Section):

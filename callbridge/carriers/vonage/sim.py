@@ -222,6 +222,17 @@ class SimulatedVonage(SimulatedCarrier):
             }
         }
 
+    @classmethod
+    def exported_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        """The private key moves out of the directory the simulator deletes when it closes."""
+        overrides = cls.bridge_settings(secret, rest_url)
+        path = Path(overrides["vonage"]["private_key_path"])
+        kept = Path(tempfile.mkdtemp(prefix="callbridge-loadtest-vonage-")) / "private.key"
+        shutil.move(path, kept)
+        shutil.rmtree(path.parent, ignore_errors=True)
+        overrides["vonage"]["private_key_path"] = str(kept)
+        return overrides
+
     def configure(self, settings: Settings) -> None:
         path = settings.vonage.private_key_path
         if path is None:
