@@ -88,8 +88,8 @@ class ServerSettings(Section):
     past it every call on the process would fall behind real time. Calls coming back are still admitted.
     0: no CPU budget."""
     generic_media_requires_token: bool = True
-    """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless Exotel
-    credentials admit them. Switch off only where the network admits nothing but your carriers."""
+    """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless a
+    carrier's own credentials admit them (``Carrier.generic_upgrade``). Switch off only where the network admits nothing but your carriers."""
     workers: Annotated[int, Field(ge=1, le=256)] = 1
     """Bridge processes on the one listening socket (``serve --workers``); more than one needs the Redis
     registry, since a call's webhook and its streams may reach different workers."""

@@ -1,5 +1,5 @@
 """Putting numbered arrivals back in order, once, for RTP's jitter buffer (``sip/rtp.py``, 16-bit numbers that
-wrap) and the media streams of carriers that do not guarantee order (Telnyx's ``sequence_number``).
+wrap) and the media streams of carriers that do not guarantee order (a carrier's ``sequence_number``).
 
 An item ahead of the next number expected is held until the numbers before it arrive, or until an item ``reach``
 or more numbers past the missing one has arrived: the missing numbers are then given up (``Missing``, a run of

@@ -1,7 +1,7 @@
 """How every carrier's answer (and every stream restart) is decided, sans-I/O: the facts it needs are asked for
 one at a time, in the order that makes each side effect happen only when it must (admission reserves a slot,
 the engine's consent opens a session), and the decision is a value each carrier renders in its own dialect
-(TwiML, Plivo XML, NCCO, Call Control commands, BXML, jambonz verbs).
+(an XML document, a JSON call-control object, REST commands: whatever its webhook answers with).
 
     decision = answer_step(facts, retries=…, draining=…)     # an ``AnswerFact`` to find out, or the decision
     while isinstance(decision, AnswerFact):
@@ -79,8 +79,8 @@ def answer_step(facts: Mapping[AnswerFact, bool], *, retries: bool, draining: bo
 
 @dataclass(frozen=True, slots=True)
 class RestartDecision:
-    """What to do when the stream of a call that is not over stopped and the carrier can start another (Telnyx
-    ``streaming_start``, Bandwidth's redirect): ``restart``, or hang the call up for ``hang_up_reason``."""
+    """What to do when the stream of a call that is not over stopped and the carrier can start another (a REST
+    command or a redirect of its own): ``restart``, or hang the call up for ``hang_up_reason``."""
 
     restart: bool = False
     hang_up_reason: str | None = None

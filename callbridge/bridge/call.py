@@ -215,7 +215,7 @@ _CUT_REPLIES_KEPT: Final = 8
 _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _SEND_FAILED_READ_MS: Final = 1000
-"""After a send to the carrier fails, how long the carrier's last messages (Twilio's ``stop`` before it closed)
+"""After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
 may still be read before the stream is taken for dropped."""
 TAKEOVER_TELLS_HELD_MS: Final = 200
 """How long a stream that took the call over from a dead process holds what it would tell the engine of what the
@@ -752,8 +752,8 @@ class CallSession:
         self._close_transport()
 
     def move_elsewhere(self, now_ms: int) -> bool:
-        """The process is draining: end this stream as a network drop would, so the carrier's reconnect (Twilio's
-        ``<Redirect>``) resumes the call on another process; what the caller heard goes to the engine first, and
+        """The process is draining: end this stream as a network drop would, so the carrier's reconnect (its
+        redirect) resumes the call on another process; what the caller heard goes to the engine first, and
         the socket is closed going away (no ``stop``). False, and nothing done, for a stream not live or a carrier
         that does not reconnect (``HangUpMode.CLOSE``: closing its socket would end the call; it runs to its end)."""
         if self.codec.profile.hang_up is HangUpMode.CLOSE or self.state is not CallState.LIVE:
@@ -1004,7 +1004,7 @@ class CallSession:
                 self._transition(_Trigger.STOPPED)
                 self.end_reason = "caller_hung_up"
                 transferring = bound and any(isinstance(a, TransferCall) for a in self._actions_running.values())
-                if transferring:  # most likely the transfer's own doing (Twilio stops the stream as its TwiML lands)
+                if transferring:  # most likely the transfer's own doing (a carrier stops the stream as the transfer lands)
                     self._closing_after_transfer = True  # the model hears its result first (``action_finished``)
                 elif bound:
                     self._to_engine(CloseSession("call_ended"))

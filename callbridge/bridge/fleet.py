@@ -59,7 +59,7 @@ class LiveStream(Protocol):
 class CallSignals:
     """Signals about calls between the processes sharing a registry. A signal for a call whose stream is here goes
     to that stream (the call ended, its stream was superseded, a digit); every signal also goes to the handlers
-    registered for its kind (a carrier's own, e.g. Vonage-style stream events)."""
+    registered for its kind (a carrier's own, e.g. stream events its webhooks report)."""
 
     def __init__(
         self, registry: CallRegistry, streams: Mapping[str, LiveStream], spawn: Callable[[Coroutine[Any, Any, None]], None]

@@ -1,6 +1,6 @@
 """What one carrier stream does with its call's engine session, across the call's streams, sans-I/O.
 
-A call can have several streams in its life (Twilio's ``<Redirect>`` after a
+A call can have several streams in its life (the carrier's redirect after a
 dropped socket, a stream moved off a draining process, a half-open socket a
 reconnect supersedes) and one engine session that outlives each of them. For
 one stream, ``CallLifecycle`` decides everything about that session: whether

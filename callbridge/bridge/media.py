@@ -1,5 +1,5 @@
 """The asyncio driver of one carrier media stream: it moves bytes and time between the carrier's connection
-(a websocket, or AudioSocket's TCP stream: a ``CarrierTransport``), a ``CallSession`` and the call's engine
+(a websocket, or a carrier's raw TCP stream: a ``CarrierTransport``), a ``CallSession`` and the call's engine
 session, and decides nothing.
 
 Three tasks per stream: the reader (carrier messages → ``receive_message``),
@@ -185,7 +185,7 @@ class MediaStreamDriver:
     """Serve one carrier media connection (already accepted) until the stream ends.
 
     ``check_token``: the stream must carry a token our answer webhook minted for its call (carriers whose
-    calls we answer); carriers configured with a fixed URL (Exotel, AudioSocket) are admitted before this,
+    calls we answer); carriers configured with a fixed URL (no answer webhook of ours) are admitted before this,
     by their own credentials or source address.
     """
 
@@ -492,7 +492,7 @@ class MediaStreamDriver:
                     try:
                         await self.transport.send(message)
                     except Exception:
-                        # The carrier closed its side; what it sent before (Twilio's ``stop`` on a hang-up) may still
+                        # The carrier closed its side; what it sent before (a ``stop`` on a hang-up) may still
                         # wait in the reader's buffer. The call decides how long to read for it.
                         call.send_failed(_now_ms())
                         carrier_gone = True

@@ -14,7 +14,7 @@ Plan:
   (``_Segment``: from wall time ``start_ms``, response audio ``from_ms``
   onwards, ``length_ms`` long); a new run starts only after an underrun, so
   nothing is allocated per frame. "Heard" at time t is the run position at t.
-- Carriers without markers (AudioSocket, RTP) get heard positions from the model
+- Carriers without markers (raw TCP audio, RTP) get heard positions from the model
   alone, reported every ``mark_every_frames`` frames and at a response's end:
   ``next_deadline_ms`` includes when playback reaches the next one.
 - Markers (carriers that echo them): one every ``mark_every_frames`` frames and
@@ -26,7 +26,7 @@ Plan:
 - ``flush`` (barge-in) drops the unsent frames, queues the carrier's clear
   when anything may still be playing, and returns what was heard. Markers
   still outstanding at that moment are echoed by the carrier on clear
-  (Twilio does; ``marks_echoed_on_clear``): those echoes mean "flushed", not
+  (where its profile says ``marks_echoed_on_clear``): those echoes mean "flushed", not
   "played", and are ignored.
 Like LiveKit's ``on_playback_finished(playback_position, interrupted)``, in integer ms.
 """

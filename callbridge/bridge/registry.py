@@ -116,18 +116,18 @@ class SignalKind(enum.Enum):
     CALL_ENDED = "call_ended"
     """A carrier's webhook says the call is over; ``detail`` is the reason. Its live stream ends as on a stop."""
     STREAM_DROPPED = "stream_dropped"
-    """A carrier's webhook says a media socket dropped (Vonage ``disconnected``); ``detail`` is the stream's token,
+    """A carrier's webhook says a media socket dropped (a ``disconnected`` event); ``detail`` is the stream's token,
     empty for every stream of the call. The stream is ended as lost (its engine session detached for the next)."""
     STREAM_SUPERSEDED = "stream_superseded"
     """The carrier opened a new stream for the call (it reconnected) while a stream still holds the call's engine
     session: that stream's connection is half-open (the drop never reached it). It is ended as lost, so its
     detach hands the engine session to the new stream now rather than at its idle timeout."""
     DTMF = "dtmf"
-    """A carrier's webhook says the caller pressed a key (Bandwidth ``dtmf``); ``detail`` is the digit. The call's
+    """A carrier's webhook says the caller pressed a key (where its media socket carries no digits); ``detail`` is the digit. The call's
     stream takes it as a digit on the wire."""
     STREAM_ENDED = "stream_ended"
-    """A carrier's webhook says a media socket ended as the end of the call (Vonage ``completed`` for the websocket
-    leg); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""
+    """A carrier's webhook says a media socket ended as the end of the call (the websocket leg
+    ``completed``); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""
 
 
 @dataclass(frozen=True, slots=True)

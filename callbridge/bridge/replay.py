@@ -4,15 +4,15 @@ fleet (the proofs are kept in the call registry: Redis for a fleet).
 A carrier's signature proves who sent a request, not that it is new: anyone who saw one (a log, a proxy, a
 leaked capture) could send it again, and a replayed answer webhook mints a fresh stream token for a live call,
 which lets a stranger's socket take that call's engine session over. So once a request's signature has been
-checked, what proves it (the signature, Plivo's nonce, Vonage's JWT ``jti``) is remembered for as long as the
-carrier's signature would stay valid: Telnyx's timestamp is taken 5 minutes either side, Vonage's ``iat`` 5
-minutes back; Twilio's, SignalWire's and Plivo's signatures carry no time, so they are kept as long as a call
+checked, what proves it (the signature, a nonce, a JWT's ``jti``) is remembered for as long as the carrier's
+signature would stay valid (``ReplayGuard.first_sight``'s ``valid_s``: a signed timestamp taken 5 minutes either
+side, a JWT's ``iat`` 5 minutes back); signatures that carry no time are kept as long as a call
 may last (``server.max_call_duration_s``; with no limit, ``REPLAY_WINDOW_S``): no replay reaches a live call.
 
 Only signed requests are remembered (an unsigned one is refused before), so what is kept is the carriers' own
 traffic. A carrier's retry of a request whose answer it did not get is the same request: if the bridge answered
 it with an error (5xx, or the handler raised), the proof is forgotten (``ReplayRelease``), so the retry is taken;
-if it answered it, the retry is a replay. Media upgrades are not remembered: Twilio signs every upgrade of a
+if it answered it, the retry is a replay. Media upgrades are not remembered: a carrier that signs them signs every upgrade of a
 number alike (its URL, no parameters), and what admits a stream is its single-use token.
 
 The registry unreachable, the request is taken unchecked (logged, counted): refusing every webhook while Redis
@@ -36,7 +36,7 @@ __all__ = ["REPLAY_WINDOW_S", "ReplayGuard", "ReplayRelease"]
 log = get_logger(__name__)
 
 REPLAY_WINDOW_S: Final = 4 * 3600.0
-"""How long a proof with no time in it (Twilio's, SignalWire's, Plivo's) is remembered when calls have no
+"""How long a proof with no time in it (a signature over the URL and parameters alone) is remembered when calls have no
 ``server.max_call_duration_s`` (the default limit is four hours too)."""
 
 _SCOPE_KEY: Final = "callbridge.replay_keys"

@@ -96,7 +96,7 @@ class BridgeServices:
     live_streams: dict[str, LiveStream] = field(default_factory=dict)
     """call id → the stream serving it here, once bound to its engine session."""
     carrier_state: dict[str, object] = field(default_factory=dict)
-    """What a carrier keeps per bridge process beside its routes (Telnyx's Call Control state), by carrier."""
+    """What a carrier keeps per bridge process beside its routes (a call-control client's state), by carrier."""
     background: set[asyncio.Task[None]] = field(default_factory=set)
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
     action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
@@ -289,7 +289,7 @@ class BridgeServices:
         await self.signals.send(call_id, kind, detail)
 
     async def digit_from_carrier(self, call_id: str, digit: str) -> None:
-        """A carrier's webhook says the caller pressed ``digit`` (Bandwidth's ``<StartGather>``), where its media
+        """A carrier's webhook says the caller pressed ``digit`` (a gather callback), where its media
         socket carries no digits: the call's stream takes it as a digit on the wire, here or, by signal, on the
         process that holds it."""
         stream = self.live_streams.get(call_id)
@@ -299,8 +299,8 @@ class BridgeServices:
             await self.send_signal(call_id, SignalKind.DTMF, digit)
 
     async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
-        """A carrier's webhook says the call is over (Plivo's hangup URL, Vonage ``completed``, Telnyx
-        ``call.hangup``), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
+        """A carrier's webhook says the call is over (a hang-up callback, a
+        ``completed`` event), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
         session closes, not kept for a resume), and a later stream or redirect for the call is refused."""
         if self.answer_sessions is not None:  # hung up while it rang: the session opened at its answer goes too
             self.answer_sessions.discard(call_id, "call_ended")
@@ -437,9 +437,8 @@ class BridgeServices:
         """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off
         this process or another (``drain``): True where another process can resume it (the registry is shared),
         so the webhook's answer keeps the call going rather than refuse it, which would end a call that is only
-        moving. Twilio-like carriers get a short pause and a redirect back through the load balancer
-        (``twiml_retry``); Telnyx and Vonage, whose webhook is their only reconnect, a new stream to the public
-        URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
+        moving. Carriers that can be redirected get a short pause and a redirect back through the load
+        balancer; those whose webhook is their only reconnect, a new stream to the public URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
         and when the registry cannot be reached."""
         if not self.draining or not self.registry_shared:
             return False

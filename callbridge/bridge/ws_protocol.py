@@ -53,10 +53,10 @@ log = get_logger(__name__)
 
 PRE_AUTH_MAX_MESSAGE_BYTES: Final = 16 * 1024
 """The largest message a stream may send before it is known to be the carrier's: a carrier's first messages
-(Twilio's ``connected`` and ``start`` with its custom parameters, Vonage's ``websocket:connected`` with the
+(a ``connected`` and a ``start`` with its custom parameters, or one ``connected`` with the
 call's headers) and the media that follows them while the token is checked take a few KiB at most."""
 MAX_MESSAGE_BYTES: Final = 256 * 1024
-"""The largest message any carrier's codec accepts (the JSON carriers'; Vonage's is 16 KiB)."""
+"""The largest message any carrier's codec accepts (the JSON carriers'; binary-audio carriers' are smaller)."""
 MESSAGE_LIMIT_EXTENSION: Final = "callbridge.message_limit"
 """The ASGI extension (in the websocket's scope) and message type by which the app raises a connection's limit."""
 _PAUSE_AT: Final = 32

@@ -55,7 +55,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class StreamConnected:
-    """The carrier opened the media connection (Twilio ``connected``); nothing about the call yet."""
+    """The carrier opened the media connection (a ``connected`` event); nothing about the call yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +92,12 @@ class MarkEchoed:
 
 @dataclass(frozen=True, slots=True)
 class PlaybackCleared:
-    """The carrier confirms a flush (Plivo ``clearedAudio``, Vonage ``websocket:cleared``)."""
+    """The carrier confirms a flush (a ``cleared`` event)."""
 
 
 @dataclass(frozen=True, slots=True)
 class CarrierNotice:
-    """Something the carrier reports that does not change the call (Telnyx ``error``, an ignored event): logged."""
+    """Something the carrier reports that does not change the call (an ``error`` event, an ignored one): logged."""
 
     name: str
     detail: str = ""
@@ -154,9 +154,9 @@ class HangUpMode(enum.Enum):
     REST = "rest"
     """The driver ends the call through the carrier's REST API (``BridgeServices.hang_up``)."""
     IN_BAND = "in_band"
-    """``send(HangUp)`` is the message that ends the call (AudioSocket's kind 0x00); then the socket closes."""
+    """``send(HangUp)`` is the message that ends the call (a hang-up message of a raw TCP protocol); then the socket closes."""
     CLOSE = "close"
-    """Closing the media socket ends our part of the call (Exotel: the flow moves to its next applet)."""
+    """Closing the media socket ends our part of the call (the carrier's call flow moves on to its next step)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,21 +164,21 @@ class CarrierProfile:
     """How a carrier plays what we send; the call logic follows it (see the module docstring)."""
 
     frame_ms: int = 20
-    """Outbound audio goes in frames of this length (Exotel wants 100 ms chunks)."""
+    """Outbound audio goes in frames of this length (some carriers want 100 ms chunks)."""
     uses_marks: bool = True
     """The carrier echoes playback markers (``SendMark``) when playback reaches them."""
     marks_echoed_on_clear: bool = True
-    """A flush makes the carrier echo every pending marker (Twilio does; Plivo does not)."""
+    """A flush makes the carrier echo every pending marker (some do, some do not: each profile says)."""
     lead_ms: int | None = None
     """How far ahead of playback the carrier may be fed; None: ``audio.playout_lead_ms``. Carriers with no
-    buffer of their own (AudioSocket, RTP) play what they get at once: their lead is a frame or two."""
+    buffer of their own (raw TCP audio, RTP) play what they get at once: their lead is a frame or two."""
     hang_up: HangUpMode = HangUpMode.REST
     flushes: bool = True
-    """The carrier can drop audio it holds (``clear`` and equivalents). Without it (AudioSocket, RTP) a barge-in
+    """The carrier can drop audio it holds (``clear`` and equivalents). Without it (raw TCP audio, RTP) a barge-in
     just stops sending, and everything already sent will be heard: the heard position is what was sent."""
     reconnect_window_ms: int | None = None
-    """For carriers that never say goodbye on the wire but reconnect at once if they do (AudioSocket's
-    dialplan loop): a dropped connection not back within this window is a call that ended, and its engine
+    """For carriers that never say goodbye on the wire but reconnect at once if they do (a
+    dialplan that loops back into the stream): a dropped connection not back within this window is a call that ended, and its engine
     session is closed rather than held for the whole disconnect grace. None: held for the grace."""
 
 

@@ -1,5 +1,4 @@
-"""What every JSON-over-websocket carrier codec does the same way (Twilio, SignalWire, Telnyx, Plivo, Exotel):
-one text message is one JSON object, checked before anything reads it; fields are read with typed errors;
+"""What every JSON-over-websocket carrier codec does the same way: one text message is one JSON object, checked before anything reads it; fields are read with typed errors;
 numbers may come as JSON numbers or as strings."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ side or listener brings.
 
 A ``Carrier`` brings what is its own and nothing else: routes (the answer
 webhook, the media websocket, status callbacks), the REST client that hangs
-a call up, and optionally a listener of its own (AudioSocket's TCP server),
+a call up, and optionally a listener of its own (a raw TCP server),
 entered for the life of the app. The call logic is shared (``CallSession``,
 ``MediaStreamDriver``).
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport", "UpgradeCheck", "UpgradeProof"]
 
 Transport = Literal["websocket", "tcp", "sip"]
-"""How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), AudioSocket's
+"""How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), a raw
 TCP stream, SIP and RTP."""
 
 
@@ -91,7 +91,7 @@ class CarrierSpec:
     transport: Transport
     capabilities: Capabilities
     section: str | None
-    """Its settings section (``[twilio]``); None: it has none."""
+    """Its settings section (``[<name>]``); None: it has none."""
     secret: str | None
     """The key of ``section`` that holds the account's secret: what a simulated account signs with."""
     carrier: str
@@ -112,7 +112,7 @@ class CarrierSpec:
 
     @property
     def package(self) -> str:
-        """The package that holds everything of it (``callbridge.carriers.twilio``)."""
+        """The package that holds everything of it (``callbridge.carriers.<name>``)."""
         return f"callbridge.carriers.{self.name}"
 
     def _load(self, reference: str) -> Any:

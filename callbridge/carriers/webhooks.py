@@ -33,8 +33,8 @@ def ws_url(http_url: str) -> str:
 
 
 class BasicCredentials:
-    """A user name and password a carrier sends as ``Authorization: Basic`` (Exotel's upgrade, Bandwidth's
-    callbacks, jambonz's ``wsAuth``); ``configured`` False when either is unset."""
+    """A user name and password a carrier sends as ``Authorization: Basic`` (on a media upgrade, on
+    callbacks); ``configured`` False when either is unset."""
 
     def __init__(self, user: str | None, password: SecretStr | None) -> None:
         self._pair: tuple[bytes, bytes] | None = None

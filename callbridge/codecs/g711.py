@@ -52,7 +52,7 @@ class AudioEncoding(enum.Enum):
 
     PCMU = "pcmu"  # G.711 μ-law, 1 byte/sample
     PCMA = "pcma"  # G.711 A-law, 1 byte/sample
-    L16 = "l16"  # signed 16-bit little-endian (Vonage, Exotel, AudioSocket, Plivo, SignalWire)
+    L16 = "l16"  # signed 16-bit little-endian (most carriers' PCM)
     L16_BE = "l16-be"  # signed 16-bit big-endian (RFC 3551 L16 over RTP)
 
     @property

@@ -1,5 +1,5 @@
 """A simulated carrier for the demo, the tests and load tests: what every carrier shares, with each carrier's
-wire in a subclass (``callbridge.carriers.twilio.sim`` is the model; ``callbridge.carriers.CARRIERS`` names them all).
+wire in a subclass (each carrier's ``sim.py``; ``callbridge.carriers.CARRIERS`` names them all).
 
 Shared here (``SimulatedCarrier.place_call`` and ``SimStream``):
 - the caller's timeline at real time, one 20 ms tick anchored to the call's
@@ -215,7 +215,7 @@ class SimStream(ABC):
     """One media connection of a call: the shared playback model; the subclass speaks the carrier's wire."""
 
     marks_echoed_on_clear: ClassVar[bool] = True
-    """A flush echoes the pending markers (Twilio); otherwise they are void."""
+    """A flush echoes the pending markers (where the carrier does); otherwise they are void."""
 
     def __init__(self, conn: SimConnection, stream_id: str, rate_hz: int, call: SimCall) -> None:
         self.conn = conn
@@ -347,7 +347,7 @@ class SimulatedCarrier(ABC):
     can_reconnect: ClassVar[bool] = True
     """After a network drop the carrier opens a new media connection on the same call."""
     says_goodbye: ClassVar[bool] = True
-    """The carrier tells the bridge on the media connection when the caller hangs up (Twilio's ``stop``);
+    """The carrier tells the bridge on the media connection when the caller hangs up (a ``stop``);
     without it the bridge cannot tell a hang-up from a drop and keeps the engine session for the grace."""
     uses_marks: ClassVar[bool] = True
     """The carrier echoes playback markers."""

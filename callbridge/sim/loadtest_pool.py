@@ -8,7 +8,7 @@ frames sent and the latencies measured since the last report (the parent's live 
 its raw ``LoadSamples``. The parent merges them (``merge_samples``: every percentile over all the samples, never an
 average of the children's) and measures the server's CPU and RSS once, over the whole run.
 
-Carriers whose bridge calls a REST API back (hang-ups; Telnyx's Call Control answers every call) see one
+Carriers whose bridge calls a REST API back (hang-ups; call control that answers every call) see one
 ``api_base_url``: the parent serves ``--rest-port`` and forwards each request to the child that placed the call
 named in its path (each child picks call ids ``shard_of`` maps to it, so the route is a hash, with no table to
 keep in step). A carrier whose REST routes name no call cannot be shared: ``shareable_problem`` says why.
@@ -64,7 +64,7 @@ _READY_TIMEOUT_S: Final = 120.0
 """Spawning a child imports numpy, the carriers and their crypto: seconds on a busy machine."""
 _START_DELAY_S: Final = 0.3
 _EXIT_TIMEOUT_S: Final = 15.0
-"""After its report, a process closes its carrier (Telnyx: the last webhooks) and exits."""
+"""After its report, a process closes its carrier (the last webhooks) and exits."""
 _HOP_HEADERS: Final = frozenset({"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"})
 
 ProgressPrinter = Callable[[str], None]

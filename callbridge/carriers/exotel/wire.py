@@ -18,7 +18,7 @@ the shortest multiple of 20 ms that is ≥ 100 ms and ≥ ``min_chunk_bytes``
 
 UNSURE points and what this codec does about them:
 - mark echoes on ``clear``: not documented. The profile says they are echoed
-  (as Twilio, whose protocol Exotel's mirrors). That is the safe choice either
+  (as the protocol Exotel's mirrors does). That is the safe choice either
   way: the ledger ignores echoes of flushed marks, and a mark that is never
   echoed costs nothing.
 - an inbound ``clear`` (one third-party list of Exotel's events has it): taken

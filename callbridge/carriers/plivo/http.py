@@ -185,7 +185,7 @@ def stream_xml(base: str, token: str, content_type: str) -> str:
 
 def retry_xml(base: str) -> str:
     """A draining process's answer to a known call's reconnect: ``<Wait>``, then ``<Redirect>`` to the public
-    answer URL, which the load balancer sends to a ready process (as Twilio's ``twiml_retry``)."""
+    answer URL, which the load balancer sends to a ready process (as other redirectable carriers are)."""
     return (
         '<?xml version="1.0" encoding="UTF-8"?>'
         f'<Response><Wait length="{DRAIN_RETRY_PAUSE_S}"/>'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from callbridge.carriers.twilio.sim import SimulatedTwilio
@@ -17,6 +18,9 @@ class SimulatedSignalWire(SimulatedTwilio):
     signature_header: ClassVar[str] = "X-SignalWire-Signature"
     signs_upgrade: ClassVar[bool] = False
     rest_prefix: ClassVar[str] = "/api/laml"
+    stream_codecs: ClassVar[Mapping[str, Mapping[str, object]]] = {
+        "L16@24000h": {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1},
+    }
 
     def __init__(self, bridge_url: str, secret: str) -> None:
         super().__init__(bridge_url, secret, account_sid=secrets.token_hex(4) + "-project")

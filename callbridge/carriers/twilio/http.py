@@ -59,7 +59,7 @@ _FORBIDDEN = 403
 
 @dataclass(frozen=True, slots=True)
 class TwilioDialect:
-    """A carrier that speaks Twilio's TwiML and Media Streams (Twilio itself, SignalWire's cXML)."""
+    """A carrier that speaks Twilio's TwiML and Media Streams (Twilio itself, and dialects of it)."""
 
     name: str
     signature_header: str
@@ -67,11 +67,11 @@ class TwilioDialect:
     validate_signatures: bool
     codec: Callable[[], TwilioCodec]
     stream_attributes: dict[str, str] = field(default_factory=dict)
-    """Extra ``<Stream>`` attributes (SignalWire's ``codec="L16@24000h"``)."""
+    """Extra ``<Stream>`` attributes (a dialect's ``codec="…"``)."""
     upgrade_signed: bool = True
-    """The carrier signs its media websocket's upgrade (Twilio documents it). Where it does not (SignalWire
+    """The carrier signs its media websocket's upgrade (Twilio documents it). Where it does not (a dialect
     documents signatures on webhooks only), an unsigned upgrade is accepted and the stream must show its
-    single-use token, as Telnyx's and Plivo's do; a signature that is there must still be right."""
+    single-use token, as most carriers' do; a signature that is there must still be right."""
 
     @property
     def voice_path(self) -> str:

@@ -20,7 +20,7 @@ It does what Twilio does for an inbound call on ``<Connect><Stream>``:
   ``call_updates``, the running ``<Connect><Stream>`` ends (``stop``), and
   the call leaves the bridge.
 
-SignalWire (``SimulatedSignalWire``) is the same with its own paths, signature
+A dialect of Twilio's is the same in a subclass, with its own paths, signature
 header, REST prefix, and optionally PCM16 24 kHz (``L16@24000h``).
 """
 
@@ -32,6 +32,7 @@ import base64
 import binascii
 import secrets
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 _OUTBOUND_KEYS = {"media": {"event", "streamSid", "media"}, "mark": {"event", "streamSid", "mark"}, "clear": {"event", "streamSid"}}
-_MULAW_FORMAT = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
+_MULAW_FORMAT: Mapping[str, object] = {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,13 +106,15 @@ async def answer_and_stream(
     signature_header: str = "X-Twilio-Signature",
     sign_upgrade: bool = True,
     url: str | None = None,
+    stream_codecs: Mapping[str, Mapping[str, object]] | None = None,
 ) -> MediaStream | TwimlRedirect | str:
     """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
     the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
     ``connected`` and ``start`` with the ``<Parameter>`` values. TwiML of ``<Pause>`` (optional) and ``<Redirect>``
     is returned as ``TwimlRedirect`` for the caller to follow. Returns why not otherwise (HTTP status, verb).
-    A SignalWire ``<Stream codec="L16@24000h">`` gets PCM16 24 kHz both ways. ``url``: the URL a ``<Redirect>``
-    named (its query kept, signed with it), else the answer URL."""
+    ``stream_codecs``: the dialect's ``<Stream codec="…">`` values and the ``mediaFormat`` each gets both ways (none
+    on Twilio's own). ``url``: the URL a ``<Redirect>`` named (its query kept, signed with it), else the answer
+    URL."""
     url = url or f"{bridge_url}/{provider}/voice"
     response = await http.post(url, data=params, headers={signature_header: validator.compute_signature(url, params)})
     if response.status_code != 200:
@@ -125,8 +128,7 @@ async def answer_and_stream(
     if stream_el is None:
         return f"TwiML <{root[0].tag if len(root) else 'nothing'}>: the call ends"
     stream_url = stream_el.attrib["url"]
-    l16 = provider == "signalwire" and stream_el.attrib.get("codec") == "L16@24000h"
-    media_format = {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1} if l16 else _MULAW_FORMAT
+    media_format = (stream_codecs or {}).get(stream_el.attrib.get("codec", ""), _MULAW_FORMAT)
     parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
     headers = {signature_header: validator.compute_signature(stream_url, {})} if sign_upgrade else {}
     ws = await connect(stream_url, additional_headers=headers, compression=None)
@@ -142,7 +144,10 @@ async def answer_and_stream(
     await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
     await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
     redirect = redirect_el.text.strip() if redirect_el is not None and redirect_el.text else None
-    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, 24000 if l16 else 8000, redirect)
+    l16 = media_format["encoding"] == "audio/x-l16"
+    rate = media_format["sampleRate"]
+    assert isinstance(rate, int)
+    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, rate, redirect)
 
 
 class TwilioStream(SimStream):
@@ -224,8 +229,10 @@ class SimulatedTwilio(SimulatedCarrier):
     provider: ClassVar[str] = "twilio"
     signature_header: ClassVar[str] = "X-Twilio-Signature"
     signs_upgrade: ClassVar[bool] = True
-    """Whether the media websocket's upgrade carries the signature (Twilio's does; SignalWire's, undocumented:
-    not here, so the bridge is tested on the token alone)."""
+    """Whether the media websocket's upgrade carries the signature (Twilio's does; a dialect that does not document
+    it sends none, so the bridge is tested on the token alone)."""
+    stream_codecs: ClassVar[Mapping[str, Mapping[str, object]]] = {}
+    """``<Stream codec="…">`` values the dialect takes, and the ``mediaFormat`` each gets."""
     rest_prefix: ClassVar[str] = ""
 
     def __init__(self, bridge_url: str, auth_token: str, *, account_sid: str | None = None) -> None:
@@ -305,6 +312,7 @@ class SimulatedTwilio(SimulatedCarrier):
             opened = await answer_and_stream(
                 self._http, self._validator, bridge_url, params,
                 provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
+                stream_codecs=self.stream_codecs,
                 url=None if redirect is None else self._redirect_target(bridge_url, redirect),
             )  # fmt: skip
             if not isinstance(opened, TwimlRedirect):

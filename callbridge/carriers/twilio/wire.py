@@ -52,7 +52,7 @@ MULAW_8K: Final = {("audio/x-mulaw", 8000): AudioEncoding.PCMU}
 
 
 class TwilioCodec(JsonCodec):
-    """One Twilio media stream, message by message. A Twilio-compatible carrier (SignalWire) is this codec with
+    """One Twilio media stream, message by message. A Twilio-compatible carrier is this codec with
     its own ``provider`` name and the media formats it adds."""
 
     stream_key = "streamSid"
@@ -165,7 +165,7 @@ class TwilioCodec(JsonCodec):
 
 def recognises(first: Mapping[str, Any]) -> bool:
     """A first message on the generic ``/media`` URL is Twilio's: a ``start`` with ``streamSid`` and an account
-    ``AC…`` (a SignalWire project is a UUID)."""
+    ``AC…`` (a dialect's project is a UUID)."""
     start = start_body(first)
     if start is None or not ("streamSid" in first or "streamSid" in start):
         return False

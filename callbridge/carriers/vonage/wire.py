@@ -120,7 +120,7 @@ class VonageCodec:
         if event.startswith("websocket:"):
             # Vonage: "switch on event, ignore unknown ones" — a new event of Vonage's own is counted, not fatal.
             return [UnknownCarrierEvent(event[:64])]
-        # Not Vonage's namespace at all (a Twilio-style "media", a typo): not a Vonage peer.
+        # Not Vonage's namespace at all (another carrier's "media", a typo): not a Vonage peer.
         raise self._error(ProtocolErrorReason.UNKNOWN_EVENT, f"event {event[:64]!r}")
 
     def _media(self, message: bytes | bytearray | memoryview) -> list[CarrierEvent]:
