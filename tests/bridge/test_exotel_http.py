@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from callbridge.carriers.exotel.http import ExotelAdmission
-from callbridge.config import ExotelSettings
+from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RecordingEngine, engine, known, settings, until
