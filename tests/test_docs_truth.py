@@ -132,3 +132,27 @@ def test_every_command_line_shown_takes_its_options(doc: Path) -> None:
             continue
         wrong += [f"callbridge {command} {word}" for word in words if re.fullmatch(r"--[a-z-]+", word) and word not in commands[command]]
     assert wrong == [], f"{_named(doc)} shows options its commands do not take: {sorted(set(wrong))}"
+
+
+def _block_after(text: str, marker: str, language: str) -> str:
+    start = text.index(marker)
+    opening = text.index(f"```{language}\n", start) + len(f"```{language}\n")
+    return text[opening : text.index("```", opening)]
+
+
+def test_the_readmes_adding_a_carrier_example_is_the_code() -> None:
+    """The README's jambonz example: each added line of its registry diff is in the registry, and its SPEC is the
+    package's (comments aside)."""
+    readme = (ROOT / "README.md").read_text()
+    registry = (ROOT / "callbridge/carriers/__init__.py").read_text()
+    added = [line[1:] for line in _block_after(readme, "#### Adding a carrier", "diff").splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added and all(line in registry.splitlines() for line in added), added
+    shown = _block_after(readme, "Its `SPEC` is the record", "python")
+    package = (ROOT / "callbridge/carriers/jambonz/__init__.py").read_text()
+    code = package[package.index("SPEC = CarrierSpec(") :]
+    code = code[: code.index("\n)\n") + 3]
+
+    def bare(text: str) -> list[str]:
+        return [line.split("  #")[0].rstrip() for line in text.strip().splitlines()]
+
+    assert bare(shown) == bare(code)

@@ -101,6 +101,9 @@ class CarrierSpec:
     ``/media`` URL recognises the carrier and takes this codec."""
     simulator: str | None
     """Its ``SimulatedCarrier`` class, ``"module:name"``; None: not simulated on its own."""
+    builds_on: str | None = None
+    """The one other carrier whose package this one's may import (a dialect of it); None: none
+    (``tests/test_import_contracts.py`` holds every other carrier's package out of this one's)."""
     sockets: tuple[Literal["udp", "tcp"], ...] = ()
     """Where the carrier has a listener of its own beside the HTTP server: the transports it binds on its section's
     ``host`` and ``port`` when the section's ``enabled`` is on (checked before start by ``preflight``; run by

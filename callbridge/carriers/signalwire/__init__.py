@@ -14,5 +14,6 @@ SPEC = CarrierSpec(
     carrier="http:CARRIER",
     codec="wire:signalwire_codec",
     simulator="sim:SimulatedSignalWire",
+    builds_on="twilio",
     recognises="wire:recognises",
 )
