@@ -70,6 +70,7 @@ class BridgeState:
             ),
             hang_up=hang_up or self._hang_up,
             carrier_rests=rests,
+            carrier_capabilities={spec.name: spec.capabilities for spec in CARRIERS},
         )
         for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF

@@ -41,6 +41,7 @@ from callbridge.bridge.registry import (
     StreamTokens,
 )
 from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
+from callbridge.carriers.spec import Capabilities
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
 from callbridge.engine.pool import EnginePool
@@ -101,6 +102,8 @@ class BridgeServices:
     """Tasks that outlive the stream that started them (closing a session nobody came back for)."""
     action_performers: dict[str, CallActionPerformer] = field(default_factory=dict)
     """carrier → what transfers its calls and sends DTMF on them (its REST client, the SIP listener)."""
+    carrier_capabilities: dict[str, Capabilities] = field(default_factory=dict)
+    """carrier → what its spec says it can do on a live call (the agent's actions are offered by these)."""
     carrier_rests: dict[str, CarrierRest] = field(default_factory=dict)
     """carrier → its REST client (the app's, one per process), for a carrier's webhooks that call its API."""
     pacing: PacingClock = field(default_factory=PacingClock)
@@ -118,10 +121,13 @@ class BridgeServices:
     ``UNKNOWN_EVENT_NAMES``)."""
 
     async def perform_action(self, provider: str, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
-        """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier has no way."""
+        """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier's spec says it
+        has no way (``Capabilities.dtmf_out`` / ``transfer``) or nothing here performs it."""
+        dtmf = isinstance(action, SendDtmf)
+        able = self.carrier_capabilities.get(provider)
         performer = self.action_performers.get(provider)
-        if performer is None:
-            return ActionResult.unsupported(provider, "send DTMF" if isinstance(action, SendDtmf) else "be transferred")
+        if performer is None or able is None or not (able.dtmf_out if dtmf else able.transfer):
+            return ActionResult.unsupported(provider, "send DTMF" if dtmf else "be transferred")
         return await performer.perform(call_id, account_id, action)
 
     def unknown_carrier_event(self, provider: str, event: str, call_log: structlog.stdlib.BoundLogger) -> None:

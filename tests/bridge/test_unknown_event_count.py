@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry import MemoryCallRegistry, MemoryStreamTokens
-from callbridge.bridge.services import UNKNOWN_EVENT_NAMES, BridgeMetrics, BridgeServices
+from callbridge.bridge.services import UNKNOWN_EVENT_NAMES, BridgeServices
 from callbridge.config import load_settings
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine
