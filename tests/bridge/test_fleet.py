@@ -345,7 +345,7 @@ async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them
         for result in (sip_result, audiosocket_result):
             assert result.warnings == [] and result.agent_speech_ms > 0 and result.hung_up_by == "caller", result.render()
         started = served.events("worker_started")
-        assert [entry["listeners"] for entry in started] == [["http", "sip", "audiosocket"], ["http"], ["http"]]
+        assert [entry["listeners"] for entry in started] == [["http", "audiosocket", "sip"], ["http"], ["http"]]
         assert len(served.events("sip_listening")) == 1 and not served.events("worker_died")
 
         os.kill(started[0]["pid"], signal.SIGKILL)
@@ -353,7 +353,7 @@ async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them
         (died,) = served.events("worker_died")
         assert died["pid"] == started[0]["pid"]
         (replaced,) = served.events("worker_started")[3:]
-        assert replaced["index"] == 0 and replaced["listeners"] == ["http", "sip", "audiosocket"]
+        assert replaced["index"] == 0 and replaced["listeners"] == ["http", "audiosocket", "sip"]
         again = await trunk.place_call(script)
         assert again.warnings == [] and again.agent_speech_ms > 0, again.render()
         assert len(served.events("worker_died")) == 1  # nothing else died on the way
