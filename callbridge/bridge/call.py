@@ -388,6 +388,9 @@ class CallSession:
         self._stream_media_ms = 0
         self._encoding = AudioEncoding.PCMU
         self._rate_hz = 8000
+        self._out_encoding = AudioEncoding.PCMU
+        self._out_rate_hz = 8000
+        """What the agent's audio is sent in: the stream's own format unless its start says otherwise."""
         self._inbound: StreamResampler | None = None
         self._starting_buffer: deque[bytes] = deque()
         self._starting_buffer_ms = 0
@@ -530,14 +533,14 @@ class CallSession:
         """The last stream's unheard rest of a reply, first: its frames as they were, when this stream carries the
         same audio; its later audio (if the engine was still generating it) follows on the same response."""
         response_id = unheard.response_id
-        same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._encoding.value, self._rate_hz, self.ledger.frame_ms)
+        same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
         if not same:
             heard = self._cut_replies.get(response_id, 0)
             if unheard.ended and heard > 0:
                 self._tell(response_id, heard, truncate=True)
             return
         audio = base64.b64decode(unheard.audio)
-        frame_bytes = self._rate_hz * self._encoding.sample_bytes * unheard.frame_ms // 1000
+        frame_bytes = self._out_rate_hz * self._out_encoding.sample_bytes * unheard.frame_ms // 1000
         for i in range(0, len(audio), frame_bytes):
             self.ledger.enqueue(response_id, audio[i : i + frame_bytes], now_ms)
         self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + unheard.generated_ms
@@ -638,8 +641,8 @@ class CallSession:
         self.end_reason = reason
         self._out_response = self._out_resampler = self._out_frames = None
         if self.options.failure_tone_ms > 0:
-            frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
-            tone = encode_from_pcm16(self._encoding, _failure_tone(self._rate_hz, self.options.failure_tone_ms))
+            frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
+            tone = encode_from_pcm16(self._out_encoding, _failure_tone(self._out_rate_hz, self.options.failure_tone_ms))
             for frame in [*frames.push(tone), frames.flush()]:
                 if frame is not None:
                     self.ledger.enqueue(_FALLBACK_RESPONSE, frame, now_ms)
@@ -703,7 +706,7 @@ class CallSession:
             generated = self._generated_ms.get(cut)  # the frames' last one is padded: no more than was generated
             generated_ms = frames_ms if generated is None else min(frames_ms, int(generated) - unplayed.from_ms)
             audio = base64.b64encode(b"".join(unplayed.frames)).decode()
-            encoding = (self._encoding.value, self._rate_hz, self.ledger.frame_ms)
+            encoding = (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
             self._unheard = UnheardAudio(cut, *encoding, audio, unplayed.ended, generated_ms)
         elif bound and self._out_response is not None:  # still being generated: the next stream plays the rest
             cut = self._out_response
@@ -998,6 +1001,8 @@ class CallSession:
                 self.start_request = event
                 self.ledger = self._ledger_for(self.codec.profile)
                 self._encoding, self._rate_hz = event.encoding, event.rate_hz
+                self._out_encoding = event.out_encoding or event.encoding
+                self._out_rate_hz = event.out_rate_hz or event.rate_hz
                 self._inbound = StreamResampler(event.rate_hz, self.options.engine_rate_hz, self.options.resampler_quality)
             case StreamStopped():
                 bound = self.state is CallState.LIVE
@@ -1086,8 +1091,8 @@ class CallSession:
             if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
             self._out_response = delta.response_id
-            self._out_resampler = StreamResampler(delta.rate_hz, self._rate_hz, self.options.resampler_quality)
-            self._out_frames = FrameAssembler(self._rate_hz, self._encoding, self.ledger.frame_ms)
+            self._out_resampler = StreamResampler(delta.rate_hz, self._out_rate_hz, self.options.resampler_quality)
+            self._out_frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             generated = self._generated_ms
             if len(generated) >= _GENERATED_KEPT:
                 del generated[next(iter(generated))]
@@ -1098,7 +1103,7 @@ class CallSession:
     def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
         assert self._out_frames is not None and self._out_response is not None
         if pcm:
-            for frame in self._out_frames.push(encode_from_pcm16(self._encoding, pcm)):
+            for frame in self._out_frames.push(encode_from_pcm16(self._out_encoding, pcm)):
                 self.ledger.enqueue(self._out_response, frame, now_ms)
         self._drain_ledger()
 

@@ -68,6 +68,9 @@ class StreamStarted:
     encoding: AudioEncoding
     rate_hz: int
     custom_parameters: dict[str, str] = field(default_factory=dict)
+    out_encoding: AudioEncoding | None = None
+    """What the agent's audio goes back in, where the carrier takes another format than it sends; None: the same."""
+    out_rate_hz: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

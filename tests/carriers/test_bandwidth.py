@@ -140,3 +140,24 @@ async def test_the_voice_api_takes_one_oauth_token_until_it_nears_expiry_and_han
     paths = [request.url.path for request in requests]
     assert paths == ["/token", f"/api/v2/accounts/9900001/calls/{CALL}", f"/api/v2/accounts/9900001/calls/{CALL}"]
     assert orjson.loads(requests[1].content) == {"state": "completed"}
+
+
+@pytest.mark.parametrize("rate", [8000, 16000, 24000])
+def test_pcm_playback_announces_wideband_out_and_writes_its_content_type(rate: int) -> None:
+    codec = BandwidthCodec(pcm_out_rate_hz=rate)
+    (start,) = codec.receive_message(j(START))
+    assert isinstance(start, StreamStarted)
+    assert (start.encoding, start.rate_hz, start.out_encoding, start.out_rate_hz) == (AudioEncoding.PCMU, 8000, AudioEncoding.L16, rate)
+    sent = orjson.loads(codec.send(SendMedia(b"\x01\x00" * 4)) or "")
+    assert sent == {"eventType": "playAudio", "media": {
+        "contentType": f"audio/pcm;rate={rate};channels=1;bit-depth=16;endian=little;encoding=signed",
+        "payload": base64.b64encode(b"\x01\x00" * 4).decode()}}  # fmt: skip
+
+
+def test_pcm_playback_takes_only_bandwidths_rates_and_settings_name_them() -> None:
+    with pytest.raises(ValueError):
+        BandwidthCodec(pcm_out_rate_hz=48000)
+    assert BandwidthSettings().pcm_out_rate_hz is None
+    assert BandwidthSettings(playback="pcm16k").pcm_out_rate_hz == 16000
+    (start,) = BandwidthCodec().receive_message(j(START))
+    assert isinstance(start, StreamStarted) and start.out_encoding is None and start.out_rate_hz is None

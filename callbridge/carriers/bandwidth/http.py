@@ -171,7 +171,7 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
     @router.websocket(MEDIA_PATH)
     async def media(websocket: WebSocket) -> None:
         await websocket.accept()
-        await MediaStreamDriver(websocket, BandwidthCodec(), services).run()
+        await MediaStreamDriver(websocket, BandwidthCodec(pcm_out_rate_hz=config.pcm_out_rate_hz), services).run()
 
     @router.post(STATUS_PATH)
     async def status(request: Request) -> Response:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import SecretStr
 
 from callbridge.config_types import HttpUrl, Section
@@ -25,3 +27,10 @@ class BandwidthSettings(Section):
     """The Voice API (``…/accounts/{account}/calls/{call}``); a simulated Bandwidth in tests."""
     token_url: HttpUrl = "https://api.bandwidth.com/api/v1/oauth2/token"
     """Where the OAuth 2.0 ``client_credentials`` token comes from."""
+    playback: Literal["pcmu", "pcm8k", "pcm16k", "pcm24k"] = "pcmu"
+    """What the agent's audio goes to Bandwidth in (``playAudio``): μ-law at 8 kHz, or 16-bit PCM at 8, 16 or
+    24 kHz (less lossy; wideband where the caller's leg carries it). The caller's audio comes as μ-law either way."""
+
+    @property
+    def pcm_out_rate_hz(self) -> int | None:
+        return None if self.playback == "pcmu" else int(self.playback[3:-1]) * 1000

@@ -11,8 +11,9 @@ What Bandwidth does for an inbound call, and what this does:
 - opens the websocket at the destination and sends ``start`` (``metadata`` with the account, call and stream
   ids, the stream's name and the inbound track's ``audio/PCMU`` 8000 Hz format; ``streamParams``), then a 20 ms
   ``media`` message every 20 ms (``track``, ``sequenceNumber``, base64 μ-law ``payload``);
-- plays what the bridge sends: ``playAudio`` (its ``contentType`` must be ``audio/pcmu``) and ``clear``; it
-  echoes nothing; anything else (unknown event, extra fields, bad base64, binary frame) is a warning;
+- plays what the bridge sends: ``playAudio`` (its ``contentType`` ``audio/pcmu``, or
+  ``audio/pcm;rate=8000|16000|24000;channels=1;bit-depth=16;endian=little;encoding=signed``, resampled to the
+  caller's 8 kHz leg; one content type per stream) and ``clear``; it echoes nothing; anything else (unknown event, extra fields, bad base64, binary frame) is a warning;
 - when the caller hangs up: ``stop`` on the socket, the socket closed, then ``mediaStreamStopped`` (cause
   ``closed``) to the stream's event URL and ``disconnect`` to the application's status URL; after a network drop
   (or the bridge closing the socket while the call is up): ``mediaStreamStopped`` (``connection-error``), and the
@@ -57,6 +58,11 @@ _REDIRECT_TIMEOUT_S: Final = 5.0
 """How long a call whose stream stopped waits for the bridge to redirect it before it is given up (hung up)."""
 _MAX_STREAM_PARAMS: Final = 12
 _STREAM_ATTRIBUTES: Final = frozenset({"name", "mode", "tracks", "destination", "streamEventUrl", "streamEventMethod", "username", "password"})
+_PLAYBACK_RATES: Final[dict[str, int | None]] = {
+    "audio/pcmu": None,
+    **{f"audio/pcm;rate={rate};channels=1;bit-depth=16;endian=little;encoding=signed": rate for rate in (8000, 16000, 24000)},
+}
+"""``playAudio`` content types → the PCM rate (None: μ-law 8 kHz)."""
 _OUTBOUND_KEYS: Final = {"playAudio": {"eventType", "media"}, "clear": {"eventType"}}
 
 
@@ -65,7 +71,8 @@ def _basic(user: str, password: str) -> str:
 
 
 class BandwidthStream(SimStream):
-    """One Bandwidth media stream: ``eventType`` JSON, μ-law 8 kHz both ways, no markers, ``clear``."""
+    """One Bandwidth media stream: ``eventType`` JSON, μ-law 8 kHz in, μ-law or 16-bit PCM out, no markers,
+    ``clear``."""
 
     marks_echoed_on_clear: ClassVar[bool] = False
 
@@ -76,6 +83,10 @@ class BandwidthStream(SimStream):
         self.sequence = 0
         self.event_url: str | None = None
         self.event_auth: dict[str, str] = {}
+        self.content_type: str | None = None
+        """The ``playAudio`` content type the bridge sends (one per stream)."""
+        self._downsample: Any = None
+        """``audioop.ratecv``'s state: wideband PCM played on the caller's 8 kHz leg."""
 
     async def send_audio(self, pcm_8k: bytes) -> None:
         self.sequence += 1
@@ -115,15 +126,30 @@ class BandwidthStream(SimStream):
             self.clear()
             return
         media = payload["media"]
-        if not isinstance(media, dict) or set(media) != {"contentType", "payload"} or media["contentType"] != "audio/pcmu":
+        content_type = media.get("contentType") if isinstance(media, dict) else None
+        if not isinstance(media, dict) or set(media) != {"contentType", "payload"} or content_type not in _PLAYBACK_RATES:
             self.warn(f"playAudio media {str(media)[:80]}")
             return
+        if self.content_type not in (None, content_type):
+            self.warn(f"playAudio changed its contentType from {self.content_type} to {content_type}")
+            return
+        if self.content_type is None:
+            self.carrier.content_types.append(content_type)
+        self.content_type = content_type
         try:
             audio = binascii.a2b_base64(media["payload"], strict_mode=True)
         except (binascii.Error, TypeError):
             self.warn("playAudio payload is not base64")
             return
-        self.enqueue_audio(audioop.ulaw2lin(audio, 2))
+        rate = _PLAYBACK_RATES[content_type]
+        if rate is None:
+            self.enqueue_audio(audioop.ulaw2lin(audio, 2))
+            return
+        if len(audio) % 2:
+            self.warn("playAudio PCM payload of an odd number of bytes")
+            return
+        narrow, self._downsample = audioop.ratecv(audio, 2, 1, rate, 8000, self._downsample)
+        self.enqueue_audio(narrow)
 
 
 class SimulatedBandwidth(SimulatedCarrier):
@@ -138,6 +164,8 @@ class SimulatedBandwidth(SimulatedCarrier):
     def __init__(self, bridge_url: str, secret: str) -> None:
         super().__init__(bridge_url, secret)
         self.secret = secret
+        self.content_types: list[str] = []
+        """The ``playAudio`` content type of each stream, as the bridge first sent it."""
         self._http = webhook_client()
         self._redirects: dict[str, asyncio.Future[str | None]] = {}
         """call → the redirect URL the bridge's Voice API request names (None: the call was hung up)."""

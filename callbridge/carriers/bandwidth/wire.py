@@ -36,7 +36,7 @@ from callbridge.carriers.base import (
 from callbridge.carriers.json_wire import JsonCodec, json_number
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["BANDWIDTH_PROFILE", "DEFAULT_MAX_MESSAGE_BYTES", "TOKEN_PARAM", "BandwidthCodec", "recognises"]
+__all__ = ["BANDWIDTH_PROFILE", "DEFAULT_MAX_MESSAGE_BYTES", "PLAYBACK_RATES", "TOKEN_PARAM", "BandwidthCodec", "playback_content_type", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 BANDWIDTH_PROFILE: Final = CarrierProfile(frame_ms=20, uses_marks=False, marks_echoed_on_clear=False)
@@ -47,7 +47,15 @@ TOKEN_PARAM: Final = "token"
 _ID: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 """Call ids look like ``c-15ac29a2-1331029c-…``; this also keeps them safe to log and splice."""
 _CLEAR: Final = '{"eventType":"clear"}'
-_MEDIA_HEAD: Final = '{"eventType":"playAudio","media":{"contentType":"audio/pcmu","payload":"'
+PLAYBACK_RATES: Final = frozenset({8000, 16000, 24000})
+"""The rates of 16-bit PCM ``playAudio`` takes (besides μ-law at 8 kHz)."""
+
+
+def playback_content_type(pcm_rate_hz: int | None) -> str:
+    """``playAudio``'s ``contentType``: μ-law (None), or little-endian signed 16-bit PCM at ``pcm_rate_hz``."""
+    if pcm_rate_hz is None:
+        return "audio/pcmu"
+    return f"audio/pcm;rate={pcm_rate_hz};channels=1;bit-depth=16;endian=little;encoding=signed"
 
 
 class BandwidthCodec(JsonCodec):
@@ -57,8 +65,14 @@ class BandwidthCodec(JsonCodec):
     stream_key = "streamId"
     profile: Final = BANDWIDTH_PROFILE
 
-    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, *, pcm_out_rate_hz: int | None = None) -> None:
+        """``pcm_out_rate_hz``: send the agent's audio as 16-bit PCM at this rate (8, 16 or 24 kHz: wideband the
+        caller's leg may carry), not μ-law at 8 kHz; the caller's audio still comes as μ-law."""
+        if pcm_out_rate_hz is not None and pcm_out_rate_hz not in PLAYBACK_RATES:
+            raise ValueError(f"pcm_out_rate_hz must be one of {sorted(PLAYBACK_RATES)}")
         self.max_message_bytes = max_message_bytes
+        self.pcm_out_rate_hz = pcm_out_rate_hz
+        self._media_head = '{"eventType":"playAudio","media":{"contentType":"%s","payload":"' % playback_content_type(pcm_out_rate_hz)
         self.stream_id: str | None = None
         self.call_id: str | None = None
         self.stopped = False
@@ -117,6 +131,8 @@ class BandwidthCodec(JsonCodec):
             encoding=AudioEncoding.PCMU,
             rate_hz=8000,
             custom_parameters=dict(params),
+            out_encoding=AudioEncoding.L16 if self.pcm_out_rate_hz else None,
+            out_rate_hz=self.pcm_out_rate_hz,
         )
 
     def _inbound_format(self, tracks: object) -> None:
@@ -151,7 +167,7 @@ class BandwidthCodec(JsonCodec):
         if self.stream_id is None:
             raise RuntimeError("BandwidthCodec.send() before start")  # a bug in the caller, not the peer
         if isinstance(action, SendMedia):
-            return _MEDIA_HEAD + binascii.b2a_base64(action.payload, newline=False).decode("ascii") + '"}}'
+            return self._media_head + binascii.b2a_base64(action.payload, newline=False).decode("ascii") + '"}}'
         if isinstance(action, SendClear):
             return _CLEAR
         return None
