@@ -3,9 +3,9 @@ wrap) and the media streams of carriers that do not guarantee order (a carrier's
 
 An item ahead of the next number expected is held until the numbers before it arrive, or until an item ``reach``
 or more numbers past the missing one has arrived: the missing numbers are then given up (``Missing``, a run of
-them at once however long: the caller conceals or counts them) and the items after them go on. So no item waits longer than ``reach`` items' time. An
-item whose number was released or given up already is *behind*; one whose number is held already, a
-*duplicate*; neither is taken. Sans-I/O and clockless: only arrivals move it.
+them at once however long: the caller conceals or counts them) and the items after them go on. So no item waits
+longer than ``reach`` items' time. An item whose number was released or given up already is *behind*; one whose
+number is held already, a *duplicate*; neither is taken. Sans-I/O and clockless: only arrivals move it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ T = TypeVar("T")
 
 class Placed(enum.Enum):
     TAKEN = "taken"
-    """Held, or released at once."""
+    """The next number expected: released at once (with what it unblocks)."""
+    AHEAD = "ahead"
+    """Ahead of the next number expected: held until the numbers before it come or are given up."""
     DUPLICATE = "duplicate"
     """Its number is held already."""
     BEHIND = "behind"
@@ -70,7 +72,7 @@ class Reorder(Generic[T]):
             self.next = self._after(sequence)
             return Placed.TAKEN, [item]
         self.held[sequence] = item
-        return Placed.TAKEN, self._due()
+        return (Placed.AHEAD if ahead else Placed.TAKEN), self._due()
 
     def flush(self) -> list[T]:
         """Everything held, in order, the gaps left out (the stream ended or restarts); the next number expected is

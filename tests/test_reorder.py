@@ -14,17 +14,17 @@ pytestmark = pytest.mark.core
 def test_early_items_wait_for_the_ones_before_them() -> None:
     order: Reorder[str] = Reorder(3)
     assert order.push(10, "a") == (Placed.TAKEN, ["a"])
-    assert order.push(12, "c") == (Placed.TAKEN, [])
+    assert order.push(12, "c") == (Placed.AHEAD, [])
     assert order.push(11, "b") == (Placed.TAKEN, ["b", "c"])
     assert order.push(11, "b") == (Placed.BEHIND, [])
-    assert order.push(14, "e") == (Placed.TAKEN, []) and order.push(14, "e") == (Placed.DUPLICATE, [])
+    assert order.push(14, "e") == (Placed.AHEAD, []) and order.push(14, "e") == (Placed.DUPLICATE, [])
 
 
 def test_a_gap_is_given_up_once_an_item_reach_numbers_past_it_arrives() -> None:
     order: Reorder[int] = Reorder(2)
     order.push(1, 1)
-    assert order.push(3, 3) == (Placed.TAKEN, [])  # 2 missing; 3 is one past it
-    assert order.push(4, 4) == (Placed.TAKEN, [Missing(2), 3, 4])
+    assert order.push(3, 3) == (Placed.AHEAD, [])  # 2 missing; 3 is one past it
+    assert order.push(4, 4) == (Placed.AHEAD, [Missing(2), 3, 4])
     assert order.push(2, 2) == (Placed.BEHIND, [])
 
 
@@ -33,16 +33,16 @@ def test_a_long_gap_is_given_up_as_one_run_not_number_by_number() -> None:
     only for the ``reach - 1`` numbers just before it."""
     order: Reorder[int] = Reorder(4)
     order.push(1, 1)
-    assert order.push(10**12, 7) == (Placed.TAKEN, [Missing(2, 10**12 - 5)])
+    assert order.push(10**12, 7) == (Placed.AHEAD, [Missing(2, 10**12 - 5)])
     assert order.next == 10**12 - 3 and list(order.held) == [10**12]
-    assert order.push(10**12 + 1, 8) == (Placed.TAKEN, [Missing(10**12 - 3)])  # one more behind it gives one up
+    assert order.push(10**12 + 1, 8) == (Placed.AHEAD, [Missing(10**12 - 3)])  # one more behind it gives one up
 
 
 def test_numbers_wrap_with_a_modulus() -> None:
     order: Reorder[int] = Reorder(2, modulus=0x10000)
     order.push(65534, 0)
-    assert order.push(0, 2) == (Placed.TAKEN, [])  # 65535 missing
-    assert order.push(1, 3) == (Placed.TAKEN, [Missing(65535), 2, 3])
+    assert order.push(0, 2) == (Placed.AHEAD, [])  # 65535 missing
+    assert order.push(1, 3) == (Placed.AHEAD, [Missing(65535), 2, 3])
     assert order.distance(65535) == -3 and order.next == 2
 
 

@@ -8,8 +8,7 @@ import base64
 import pytest
 from pydantic import SecretStr
 
-from callbridge.carriers import CARRIERS
-from callbridge.carriers.generic.http import judge
+from callbridge.carriers.generic.http import judge, upgrade_checks, websocket_carriers
 from callbridge.carriers.spec import UpgradeProof
 from callbridge.config import Settings
 
@@ -23,7 +22,7 @@ def basic(user: str, password: str) -> str:
 
 
 def proofs(settings: Settings, headers: dict[str, str]) -> list[UpgradeProof]:
-    checks = [c.generic_upgrade(settings) for c in (s.load_carrier() for s in CARRIERS) if c.generic_upgrade is not None]
+    checks = upgrade_checks(settings, websocket_carriers())
     return [proof for check in checks if (proof := check(URL, headers, "203.0.113.9")) is not None]
 
 

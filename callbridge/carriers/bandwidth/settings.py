@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import SecretStr
 
 from callbridge.config_types import HttpUrl, Section
 
 __all__ = ["BandwidthSettings"]
+
+_PCM_RATES_HZ: Final = {"pcm8k": 8000, "pcm16k": 16000, "pcm24k": 24000}
 
 
 class BandwidthSettings(Section):
@@ -33,4 +35,4 @@ class BandwidthSettings(Section):
 
     @property
     def pcm_out_rate_hz(self) -> int | None:
-        return None if self.playback == "pcmu" else int(self.playback[3:-1]) * 1000
+        return _PCM_RATES_HZ.get(self.playback)

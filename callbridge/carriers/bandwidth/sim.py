@@ -46,6 +46,7 @@ from starlette.routing import BaseRoute, Route
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from callbridge.carriers.bandwidth.wire import PLAYBACK_RATES, playback_content_type
 from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
 
 __all__ = ["ACCOUNT_ID", "BandwidthStream", "SimulatedBandwidth"]
@@ -58,10 +59,7 @@ _REDIRECT_TIMEOUT_S: Final = 5.0
 """How long a call whose stream stopped waits for the bridge to redirect it before it is given up (hung up)."""
 _MAX_STREAM_PARAMS: Final = 12
 _STREAM_ATTRIBUTES: Final = frozenset({"name", "mode", "tracks", "destination", "streamEventUrl", "streamEventMethod", "username", "password"})
-_PLAYBACK_RATES: Final[dict[str, int | None]] = {
-    "audio/pcmu": None,
-    **{f"audio/pcm;rate={rate};channels=1;bit-depth=16;endian=little;encoding=signed": rate for rate in (8000, 16000, 24000)},
-}
+_PLAYBACK_RATES: Final[dict[str, int | None]] = {playback_content_type(rate): rate for rate in (None, *sorted(PLAYBACK_RATES))}
 """``playAudio`` content types → the PCM rate (None: μ-law 8 kHz)."""
 _OUTBOUND_KEYS: Final = {"playAudio": {"eventType", "media"}, "clear": {"eventType"}}
 

@@ -19,11 +19,12 @@ from fastapi import APIRouter, WebSocket
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.generic.wire import DetectingCodec
-from callbridge.carriers.spec import Carrier, UpgradeProof
+from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import public_base, ws_url
+from callbridge.config import Settings
 from callbridge.logging import get_logger
 
-__all__ = ["CARRIER", "MEDIA_PATH", "generic_router"]
+__all__ = ["CARRIER", "MEDIA_PATH", "generic_router", "judge", "upgrade_checks", "websocket_carriers"]
 
 log = get_logger(__name__)
 
@@ -31,12 +32,22 @@ MEDIA_PATH: Final = "/media"
 _POLICY_VIOLATION: Final = 1008
 
 
-def generic_router(services: BridgeServices) -> APIRouter:
-    from callbridge.carriers import CARRIERS  # the registry: every carrier whose media may come here
+def websocket_carriers() -> list[Carrier]:
+    """Every carrier of the registry whose media may come to the generic URL."""
+    from callbridge.carriers import CARRIERS
 
+    return [spec.load_carrier() for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None]
+
+
+def upgrade_checks(settings: Settings, carriers: list[Carrier]) -> list[UpgradeCheck]:
+    """Each carrier's check of its own proof on an upgrade, with these settings."""
+    return [carrier.generic_upgrade(settings) for carrier in carriers if carrier.generic_upgrade is not None]
+
+
+def generic_router(services: BridgeServices) -> APIRouter:
     settings = services.settings
-    carriers = [spec.load_carrier() for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None]
-    checks = [carrier.generic_upgrade(settings) for carrier in carriers if carrier.generic_upgrade is not None]
+    carriers = websocket_carriers()
+    checks = upgrade_checks(settings, carriers)
     subprotocols = {carrier.subprotocol for carrier in carriers if carrier.subprotocol is not None}
     router = APIRouter()
 

@@ -271,9 +271,8 @@ class TelnyxCodec(JsonCodec):
         at once); return the frames now due."""
         if seq is None:  # unnumbered: nothing to order by, pass it on as it comes
             return [frame] if frame is not None else []
-        early = self._order.distance(seq) > 0
         placed, due = self._order.push(seq, frame)
-        if placed is not Placed.TAKEN:
+        if placed is Placed.BEHIND or placed is Placed.DUPLICATE:
             if frame is None:
                 return []  # a control message behind the window fills nothing
             if placed is Placed.BEHIND and seq in self._given_up:
@@ -282,7 +281,7 @@ class TelnyxCodec(JsonCodec):
                 return [CarrierNotice("media_dropped", f"sequence_number {seq} came after its gap was given up")]
             self.duplicates_dropped += 1
             return [CarrierNotice("media_dropped", f"duplicate sequence_number {seq}")]
-        if early and frame is not None:
+        if placed is Placed.AHEAD and frame is not None:
             self.reordered += 1
         events: list[CarrierEvent] = []
         for item in due:
