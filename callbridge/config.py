@@ -96,6 +96,13 @@ class ServerSettings(Section):
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """On SIGTERM: how long calls that cannot move to another process (their carrier does not reconnect) may
     run on before the process exits anyway."""
+    drain_lb_checks: Annotated[int, Field(ge=1)] = 1
+    """On SIGTERM with a shared registry: calls move to other processes once ``/readyz`` has answered this many
+    load-balancer checks with 503 (those that take a process out: HAProxy's ``fall``, the shipped config's 1), so
+    that a moved call's reconnect is not routed back here."""
+    drain_lb_wait_s: Annotated[float, Field(ge=0)] = 5.0
+    """…or once this long has passed since the SIGTERM, where fewer checks came (nothing probes ``/readyz``, or
+    Kubernetes' preStop took the pod out before the signal). The calls go on here meanwhile."""
     first_message_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     """A media connection that has not started its stream by then is closed."""
     idle_timeout_s: Annotated[float, Field(gt=0)] = 10.0

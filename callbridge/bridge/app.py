@@ -163,6 +163,7 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
         """Readiness: 200 while new calls can be taken; 503 with the reason (``draining``,
         ``registry_unavailable``, ``no_engine``) while not."""
         reason = await state.services.unready_because()
+        state.services.readiness_answered(reason)
         if reason is not None:
             return JSONResponse({"status": reason}, status_code=503)
         return JSONResponse({"status": "ready", "active_calls": len(state.services.active_calls)})

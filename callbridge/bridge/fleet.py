@@ -7,12 +7,22 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from callbridge.bridge.registry import CallRegistry, CallSignal, RegistryUnavailable, SignalKind
 from callbridge.logging import get_logger
 
-__all__ = ["DRAIN_NEW_CALL_BOUNCES", "FLEET_HOLD_MS", "CallSignals", "LiveStream", "SignalHandler", "drain_streams"]
+__all__ = [
+    "DRAIN_NEW_CALL_BOUNCES",
+    "FLEET_HOLD_MS",
+    "LB_ACTS_S",
+    "CallSignals",
+    "LiveStream",
+    "LoadBalancerGate",
+    "SignalHandler",
+    "drain_streams",
+]
 
 log = get_logger(__name__)
 
@@ -25,6 +35,9 @@ the calls of a process that died are let go then."""
 DRAIN_NEW_CALL_BOUNCES = 3
 """How many times a new call that reached a draining process is sent back through the load balancer (each a
 carrier's pause and redirect, about a second) before it is refused busy (``BridgeServices.bounces_new_call``)."""
+LB_ACTS_S = 0.25
+"""After the readiness answer that takes a draining process out (``LoadBalancerGate``): the load balancer's time to
+act on it (HAProxy marks the server down as the check's response arrives) before calls are moved."""
 _LISTEN_AGAIN_S = 1.0
 """After the registry's signal stream fails, how long before listening again."""
 
@@ -54,6 +67,39 @@ class LiveStream(Protocol):
         """The process stops with the call still up (a lone process's drain ran out): the engine session is closed,
         the caller hears the closing tone, then the carrier's hang-up."""
         ...
+
+
+@dataclass
+class LoadBalancerGate:
+    """When a draining process may move its calls: once the load balancer has taken it out, so that a moved call's
+    reconnect reaches another process. Moved earlier, the reconnect (a webhook, then a stream to the public URL) can
+    be routed back here by a load balancer that has not yet read ``/readyz`` 503, and moved again, each time a gap
+    the caller hears. The load balancer's own readiness checks say when: moving waits for ``checks`` answers of
+    503 since the drain began (HAProxy's ``fall``) and ``LB_ACTS_S`` after the last, or ``wait_s`` where fewer come
+    (nothing probes ``/readyz``, or Kubernetes' preStop took the pod out before SIGTERM). Pure, clocked from
+    outside (seconds, monotonic)."""
+
+    began_s: float
+    checks: int
+    wait_s: float
+    unready_answers: int = 0
+    last_answer_s: float | None = None
+
+    def answered_unready(self, now_s: float) -> None:
+        """``/readyz`` answered 503 (draining) to a readiness check."""
+        self.unready_answers += 1
+        self.last_answer_s = now_s
+
+    def taken_out(self, now_s: float) -> bool:
+        """Whether moving calls may begin now."""
+        if now_s - self.began_s >= self.wait_s:
+            return True
+        return self.unready_answers >= self.checks and self.last_answer_s is not None and now_s - self.last_answer_s >= LB_ACTS_S
+
+    @property
+    def reason(self) -> str:
+        """Why moving began (logged): ``readiness_checked`` or ``waited``."""
+        return "readiness_checked" if self.unready_answers >= self.checks else "waited"
 
 
 class CallSignals:
@@ -130,16 +176,22 @@ class CallSignals:
 
 
 async def drain_streams(
-    streams: Mapping[str, LiveStream], calls_left: Callable[[], int], *, in_place: bool, timeout_s: float, goodbye_s: float
+    streams: Mapping[str, LiveStream],
+    calls_left: Callable[[], int],
+    *,
+    in_place: bool,
+    timeout_s: float,
+    goodbye_s: float,
+    may_move: Callable[[], bool] = lambda: True,
 ) -> None:
     """SIGTERM, once new calls are refused: unless ``in_place``, move every running call whose carrier reconnects to
-    another process (``LiveStream.move_elsewhere``, again as streams arrive); wait up to ``timeout_s`` for the
-    others to end. In place (a lone process), the calls are served on, and those still up at the timeout hear the
+    another process (``LiveStream.move_elsewhere``, again as streams arrive) from when ``may_move`` says the load
+    balancer has taken this process out (``LoadBalancerGate``); wait up to ``timeout_s`` for the others to end. In place (a lone process), the calls are served on, and those still up at the timeout hear the
     closing tone and are hung up (waited for up to ``goodbye_s``). Returns when no call is left, or at the timeout."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while calls_left() or streams:
-        if not in_place:
+        if not in_place and may_move():
             for stream in list(streams.values()):
                 await stream.move_elsewhere()
         if loop.time() >= deadline:

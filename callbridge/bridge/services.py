@@ -29,6 +29,7 @@ from callbridge.bridge.fleet import (
     FLEET_HOLD_MS,
     CallSignals,
     LiveStream,
+    LoadBalancerGate,
     SignalHandler,
     drain_streams,
 )
@@ -92,6 +93,10 @@ class BridgeServices:
     metrics: BridgeMetrics
     hang_up: HangUpFn
     draining: bool = False
+    lb_gate: LoadBalancerGate | None = None
+    """Draining: when the load balancer has taken this process out, so that its calls may move (``drain``)."""
+    moving_calls: bool = False
+    """Draining: the gate opened, calls are being moved."""
     admission: AdmissionBook = field(init=False)
     """The calls held here against ``server.max_calls``: bridged, and admitted whose stream is still to come."""
     live_streams: dict[str, LiveStream] = field(default_factory=dict)
@@ -369,12 +374,29 @@ class BridgeServices:
         ``timeout_s`` for the others to end. A lone process (``drains_in_place``) keeps serving its calls, and
         ends those still up at the timeout with the closing tone and the carrier's hang-up
         (``fleet.drain_streams``)."""
+        server = self.settings.server
+        self.lb_gate = LoadBalancerGate(time.monotonic(), server.drain_lb_checks, server.drain_lb_wait_s)
         self.draining = True
         log.info("bridge_draining", active_calls=len(self.active_calls), timeout_s=timeout_s, in_place=self.drains_in_place)
         await drain_streams(
             self.live_streams, lambda: len(self.active_calls),
-            in_place=self.drains_in_place, timeout_s=timeout_s, goodbye_s=_GOODBYE_WAIT_S,
+            in_place=self.drains_in_place, timeout_s=timeout_s, goodbye_s=_GOODBYE_WAIT_S, may_move=self._may_move,
         )  # fmt: skip
+
+    def _may_move(self) -> bool:
+        """Draining: whether the load balancer has taken this process out (``LoadBalancerGate``), logged once."""
+        gate = self.lb_gate
+        if gate is None or self.moving_calls:
+            return self.moving_calls
+        self.moving_calls = gate.taken_out(time.monotonic())
+        if self.moving_calls:
+            log.info("drain_moving_calls", because=gate.reason, readiness_answers=gate.unready_answers, calls=len(self.live_streams))
+        return self.moving_calls
+
+    def readiness_answered(self, reason: str | None) -> None:
+        """``/readyz`` answered a check: draining, that answer is what takes this process out of the load balancer."""
+        if reason == "draining" and self.lb_gate is not None:
+            self.lb_gate.answered_unready(time.monotonic())
 
     async def admits(self, call_id: str) -> bool:
         """Whether a call may be answered now: not draining, and under ``server.max_calls`` (``AdmissionBook``: a

@@ -11,6 +11,7 @@ import asyncio
 import uuid
 import xml.etree.ElementTree as ET
 
+import httpx
 import pytest
 
 from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
@@ -46,6 +47,9 @@ async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(r
         await stream.ws.send(stream.media())
 
         drain = asyncio.create_task(services.drain(5.0))
+        await until(lambda: services.draining)
+        async with httpx.AsyncClient(timeout=5) as http:  # the load balancer's check: moving begins
+            assert (await http.get(bridge.base_url + "/readyz")).status_code == 503
         assert await stream.closed() == 1001  # moved: the engine session is parked for the next stream
         await drain
         record = await services.registry.get(stream.call_uuid)

@@ -285,6 +285,8 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
     assert exotel_result.agent_speech_ms > 0 and exited_after_s < 15
     assert fleet.a.events("bridge_draining") and fleet.a.events("bridge_drained") and not fleet.a.events("drain_timeout")
     assert len(fleet.a.events("stream_moved", call_id=twilio_result.call_sid)) == 1
+    (moving,) = fleet.a.events("drain_moving_calls")
+    assert moving["because"] == "readiness_checked" and moving["readiness_answers"] >= 1, moving
     await until(fleet.no_engine_session_left, timeout_s=10)  # nothing leaked: both calls closed theirs
 
 
@@ -388,8 +390,8 @@ async def test_a_second_sigterm_stops_at_once(fleet: Fleet) -> None:
 
 
 async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_the_load_balancer(fleet: Fleet) -> None:
-    """SIGTERM moves A's Twilio call; its ``<Redirect>`` webhook comes back to A, still draining (the load balancer
-    has not taken it out yet): A answers ``<Pause>`` + ``<Redirect>`` rather than ``<Reject>``, the retry reaches
+    """SIGTERM moves A's Twilio call once one load balancer's check has read A's ``/readyz`` 503; its ``<Redirect>``
+    webhook comes back to A, still draining (another load balancer has not taken it out yet): A answers ``<Pause>`` + ``<Redirect>`` rather than ``<Reject>``, the retry reaches
     B, and the call goes on there on its engine session."""
     speech = short_speech(1200)
     routed: list[str] = []
@@ -406,6 +408,7 @@ async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_t
     await until(lambda: _ready(fleet.a, active_calls=2), timeout_s=10)  # the Exotel call holds A in its drain
     await asyncio.sleep(1.5)
     fleet.a.process.send_signal(signal.SIGTERM)
+    await until(lambda: _ready(fleet.a, status_code=503), timeout_s=2)  # one load balancer's check: A moves its calls
 
     twilio_result, exotel_result = await asyncio.gather(twilio_call, exotel_call)
     assert await asyncio.to_thread(fleet.a.process.wait, 15) == 0
@@ -436,6 +439,7 @@ async def test_a_call_moved_mid_reply_by_a_drain_hears_the_rest_of_it_on_the_oth
     call = asyncio.create_task(fleet.twilio.place_call(script))
     await asyncio.sleep((speaking_at + 800) / 1000)  # about 800 ms into the reply
     fleet.a.process.send_signal(signal.SIGTERM)
+    await until(lambda: _ready(fleet.a, status_code=503), timeout_s=2)  # the load balancer's check: A moves its call
     moved = await call
     assert len(moved.streams) == 2 and moved.hung_up_by == "caller", moved.render()
     assert _stream_started_at(moved, 1) > speaking_at, moved.render()  # it moved mid-reply

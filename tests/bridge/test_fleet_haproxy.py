@@ -160,8 +160,10 @@ async def test_a_killed_bridge_is_taken_out_at_the_reconnect_and_the_call_resume
 
 async def test_a_draining_bridge_is_taken_out_its_call_moves_and_new_calls_are_answered_by_the_other(balanced: Balanced) -> None:
     """SIGTERM of the bridge holding a Twilio call, and an Exotel call that cannot move (placed at that bridge's
-    own address, so that the drain lasts): ``/readyz`` 503 takes it out at HAProxy's next check, the Twilio call
-    moves to the other bridge through the load balancer, and every new call from the signal on is answered there."""
+    own address, so that the drain lasts): ``/readyz`` 503 takes it out at HAProxy's next check, and only then
+    (``LoadBalancerGate``) the Twilio call moves, in one step, to the other bridge through the load balancer; every
+    new call from the signal on is answered there. (Moved at the signal, its reconnect could land on the draining
+    bridge before HAProxy's check and be moved again, up to four times, each a gap the caller heard.)"""
     fleet = balanced.fleet
     speech = short_speech(1200)
     first = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
@@ -180,6 +182,8 @@ async def test_a_draining_bridge_is_taken_out_its_call_moves_and_new_calls_are_a
     moved, exotel, *answered = await asyncio.gather(first, held, *new_calls)
     assert await asyncio.to_thread(holder.process.wait, 15) == 0
     assert "Layer7 wrong status" in balanced.lb.log_path.read_text()  # out by its health check, while it drained
+    (moving,) = holder.events("drain_moving_calls")  # only then was the call moved: its reconnect reached the other
+    assert moving["because"] == "readiness_checked", moving
     assert len(moved.streams) == 2 and moved.hung_up_by == "caller", moved.render()
     assert other.events("call_bridged", call_id=moved.call_sid)[-1]["engine"] == "resumed"
     assert _agent_heard_after(moved, _stream_started_at(moved, 1)), moved.render()
