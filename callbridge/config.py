@@ -233,6 +233,39 @@ class RegistrySettings(Section):
         return self
 
 
+class AppSettings(Section):
+    """The voice agent's application: who is asked for each call's assistant (``callbridge.application``)."""
+
+    webhook_url: HttpUrl | None = None
+    """POSTed ``{"type": "assistant-request", "call": CallContext}`` for each new call (signed with
+    ``webhook_secret``: the ``Callbridge-Signature`` header); answers ``AssistantReply``'s JSON."""
+    webhook_secret: SecretStr | None = None
+    """The shared secret of ``webhook_url``'s signatures (required with it)."""
+    module: str | None = None
+    """A Python application instead of a webhook: ``"myagent:app"``, an object (or class) with
+    ``async def assistant(self, call) -> AssistantReply | AssistantConfig``."""
+    assistant_timeout_s: Annotated[float, Field(gt=0, le=10)] = 1.5
+    """How long a call waits for its assistant: well within a carrier's answer budget (Twilio waits 15 s, but the
+    caller hears ringing all along). Past it, ``on_failure``."""
+    on_failure: Literal["fallback", "busy"] = "fallback"
+    """When the application is slow, down or answers nonsense: ``fallback``, the assistant configured here
+    (``[engine]``'s instructions and voice, ``greeting``); ``busy``, the carrier's busy refusal."""
+    greeting: str = ""
+    """The agent speaks first: what the model is told to say as each call starts (an application's assistant
+    may set its own). Empty: the agent waits for the caller."""
+    context_parameters: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
+    """Which of a call's own parameters reach the application in ``CallContext.parameters``: custom parameters,
+    client state, extra headers, SIP ``X-`` headers, by name (case-insensitive). Empty: none."""
+
+    @model_validator(mode="after")
+    def _one_application(self) -> AppSettings:
+        if self.webhook_url is not None and self.module is not None:
+            raise ValueError("webhook_url or module, not both")
+        if self.webhook_url is not None and self.webhook_secret is None:
+            raise ValueError("webhook_url needs webhook_secret (callbridge signs what it sends the application)")
+        return self
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -251,6 +284,7 @@ class _BridgeSections(BaseSettings):
     local_engine: LocalEngineSettings = LocalEngineSettings()
     engine_server: EngineServerSettings = EngineServerSettings()
     registry: RegistrySettings = RegistrySettings()
+    app: AppSettings = AppSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -49,13 +49,21 @@ class AnswerFact(enum.Enum):
     """A new call reaching this draining process that the load balancer can send to another."""
     ADMITTED = "admitted"
     """Admission took the call (it reserves a slot: asked only when the answer may be yes)."""
+    APPLICATION_ANSWERS = "application_answers"
+    """With an application (``[app]``): it chose an assistant for the call, rather than refuse it. Asked once the
+    call is admitted, before the engine session opens (with that assistant)."""
+    APPLICATION_HANGS_UP = "application_hangs_up"
+    """The application refused the call with a hang-up, not busy."""
     ENGINE_TAKES = "engine_takes"
     """The engine took the call's session (it opens one: asked last)."""
 
 
-def answer_step(facts: Mapping[AnswerFact, bool], *, retries: bool, draining: bool) -> AnswerFact | AnswerDecision:
+def answer_step(
+    facts: Mapping[AnswerFact, bool], *, retries: bool, draining: bool, asks_application: bool = False
+) -> AnswerFact | AnswerDecision:
     """The next fact to find out, or the decision. ``retries``: the carrier can be sent back through the load
-    balancer (a redirect with a pause). An ``ANSWER`` decision carries no token yet: the caller mints it."""
+    balancer (a redirect with a pause). ``asks_application``: an application chooses each new call's assistant.
+    An ``ANSWER`` decision carries no token yet: the caller mints it."""
     if (ended := facts.get(AnswerFact.ENDED)) is None:
         return AnswerFact.ENDED
     if ended:
@@ -70,6 +78,13 @@ def answer_step(facts: Mapping[AnswerFact, bool], *, retries: bool, draining: bo
         return AnswerFact.ADMITTED
     if not admitted:
         return AnswerDecision(AnswerKind.BUSY, reason="draining" if draining else "capacity")
+    if asks_application:
+        if (answers := facts.get(AnswerFact.APPLICATION_ANSWERS)) is None:
+            return AnswerFact.APPLICATION_ANSWERS
+        if not answers:
+            if (hangs_up := facts.get(AnswerFact.APPLICATION_HANGS_UP)) is None:
+                return AnswerFact.APPLICATION_HANGS_UP
+            return AnswerDecision(AnswerKind.HANG_UP if hangs_up else AnswerKind.BUSY, reason="application_rejected")
     if (takes := facts.get(AnswerFact.ENGINE_TAKES)) is None:
         return AnswerFact.ENGINE_TAKES
     if not takes:

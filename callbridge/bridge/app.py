@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from callbridge import __version__
+from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
@@ -71,6 +72,7 @@ class BridgeState:
             hang_up=hang_up or self._hang_up,
             carrier_rests=rests,
             carrier_capabilities={spec.name: spec.capabilities for spec in CARRIERS},
+            assistants=assistant_source(settings),
         )
         for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
@@ -139,6 +141,8 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
         await state.services.registry.aclose()
         for rest in state.services.carrier_rests.values():
             await rest.aclose()
+        if state.services.assistants is not None:
+            await state.services.assistants.aclose()
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(ReplayRelease, guard=state.services.replays)  # a failed answer's signature may come again

@@ -95,6 +95,7 @@ from callbridge.engine.commands import (
     AckPlayback,
     AppendAudio,
     CloseSession,
+    CreateResponse,
     CreateTextItem,
     EngineCommand,
     FunctionCallOutput,
@@ -497,8 +498,12 @@ class CallSession:
         unheard: UnheardAudio | None = None,
         told_ms: tuple[tuple[str, int], ...] = (),
         taken_over: bool = False,
+        greeting: str | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
+
+        ``greeting``: the session is new (the call's first stream): the agent speaks first, told this as a text turn
+        with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other.
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
@@ -525,6 +530,9 @@ class CallSession:
         while self._starting_buffer:
             self._to_engine(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
         self._starting_buffer_ms = 0
+        if greeting:
+            self._to_engine(CreateTextItem(greeting))
+            self._to_engine(CreateResponse())
         if unheard is not None:
             self._play_unheard(unheard, now_ms)
         self.tick(now_ms)

@@ -3,12 +3,14 @@ it opens (``SessionConfig``)."""
 
 from __future__ import annotations
 
+from callbridge.application import AssistantConfig
+from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.config import Settings
 from callbridge.engine.port import SessionConfig, TurnDetection
 
-__all__ = ["call_options", "session_config"]
+__all__ = ["assistant_source", "call_options", "greeting", "session_config"]
 
 
 def call_options(settings: Settings) -> CallOptions:
@@ -28,14 +30,37 @@ def call_options(settings: Settings) -> CallOptions:
     )
 
 
-def session_config(settings: Settings) -> SessionConfig:
-    """The duplex session every call opens: the engine detects turns and barge-in (server VAD)."""
+def session_config(settings: Settings, assistant: AssistantConfig | None = None) -> SessionConfig:
+    """The duplex session a call opens: the engine detects turns and barge-in (server VAD). ``assistant``: what the
+    call's application chose (``[app]``); each field it leaves out is the configured one."""
     engine = settings.engine
+    chosen = assistant or AssistantConfig()
     return SessionConfig(
         model=engine.model,
-        instructions=engine.instructions or None,
-        voice=engine.voice,
+        instructions=chosen.instructions if chosen.instructions is not None else engine.instructions or None,
+        voice=chosen.voice if chosen.voice is not None else engine.voice,
+        temperature=chosen.temperature,
         turn_detection=TurnDetection(),
         input_rate_hz=settings.audio.engine_input_rate_hz,
         tools=telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else (),
     )
+
+
+def greeting(settings: Settings, assistant: AssistantConfig | None = None) -> str | None:
+    """What the agent is told to say first on a new call (the assistant's, else ``app.greeting``); None: it waits."""
+    text = assistant.greeting if assistant is not None and assistant.greeting is not None else settings.app.greeting
+    return text or None
+
+
+def assistant_source(settings: Settings) -> AssistantSource | None:
+    """The application ``[app]`` names (its webhook, or its Python module, imported now: a module that does not
+    load stops the start with ``ValueError``), under its deadline; None where none is configured."""
+    app = settings.app
+    if app.webhook_url is not None:
+        assert app.webhook_secret is not None, "AppSettings validates that a webhook has a secret"
+        application: Application = WebhookApplication(app.webhook_url, app.webhook_secret.get_secret_value())
+    elif app.module is not None:
+        application = load_module(app.module)
+    else:
+        return None
+    return AssistantSource(application, deadline_s=app.assistant_timeout_s, on_failure=app.on_failure)

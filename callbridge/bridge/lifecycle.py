@@ -480,6 +480,14 @@ class CallLifecycle:
         self._steps.append(MarkEnded(reason))
         self._refuse(Refuse(reason, no_engine=True))
 
+    def rejected_by_application(self, reject: str) -> None:
+        """Asked for the call's assistant as its stream opens the session (no answer webhook asked it), the
+        application refused the call: it is over, marked so, and the stream ends unbridged (no tone)."""
+        self._answered(Open)
+        reason = f"application_rejected:{reject}"
+        self._steps.append(MarkEnded(reason))
+        self._refuse(Refuse(reason))
+
     def registry_failed(self) -> None:
         """The registry could not be asked. Binding: the stream is refused (it cannot know the call). Ending: the
         call is not known to be over; its session is kept for a resume."""

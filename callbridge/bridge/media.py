@@ -20,10 +20,12 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
+from callbridge.application import CallContext
+from callbridge.application.context import allowed_parameters, e164
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.call import (
     BargeInFlushed,
@@ -41,7 +43,8 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
-from callbridge.bridge.call_config import call_options, session_config
+from callbridge.bridge.call_config import call_options, greeting, session_config
+from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -212,6 +215,8 @@ class MediaStreamDriver:
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
+        self._setup_read: CallSetup | None = None
+        """The call's setup as this stream read (or chose) it (``_setup``)."""
         """The one check of the stream's single-use token (``_token_is_ours``)."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
@@ -295,6 +300,7 @@ class MediaStreamDriver:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
         self.log = self.log.bind(session_id=session.session_id)
+        greets = await self._greeting(start, bind.source)
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
@@ -308,7 +314,7 @@ class MediaStreamDriver:
             self.session = session
             self.call.engine_bound(
                 session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
-                told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER,
+                told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER, greeting=greets,
             )
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
@@ -689,8 +695,12 @@ class MediaStreamDriver:
                             self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
                             life.resume_failed(exc.code)
                     case Open():
+                        setup = await self._setup(start, choose=True)
+                        if isinstance(setup, str):
+                            life.rejected_by_application(setup)
+                            continue
                         try:
-                            held.session = await services.engine.open(session_config(services.settings))
+                            held.session = await services.engine.open(session_config(services.settings, setup.assistant if setup else None))
                             life.opened()
                         except EngineError as exc:
                             self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
@@ -742,6 +752,46 @@ class MediaStreamDriver:
             except RegistryUnavailable as exc:
                 self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
                 life.registry_failed()
+
+    async def _setup(self, start: StreamStarted, *, choose: bool) -> CallSetup | Literal["busy", "hang_up"] | None:
+        """The call's setup (``BridgeServices.choose_assistant``), with an application configured: the one kept
+        where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
+        (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
+        application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
+        services = self.services
+        if services.assistants is None:
+            return None
+        if self._setup_read is None:
+            self._setup_read = await services.call_setup(start.call_id)
+        if self._setup_read is None and choose:
+            chosen = await services.choose_assistant(self._context(start))
+            if not isinstance(chosen, CallSetup):
+                return chosen
+            self._setup_read = chosen
+        return self._setup_read
+
+    async def _greeting(self, start: StreamStarted, source: BindSource) -> str | None:
+        """What the agent says first, where this stream is the call's first (its session new: opened here or at
+        the answer); None on a resumed call, and where nothing is configured."""
+        if source not in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER):
+            return None
+        try:
+            setup = await self._setup(start, choose=False)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            setup = None
+        return greeting(self.services.settings, setup.assistant if isinstance(setup, CallSetup) else None)
+
+    def _context(self, start: StreamStarted) -> CallContext:
+        """What the stream's start says of the call (carriers with no answer webhook build the context here)."""
+        return CallContext(
+            call_id=start.call_id,
+            carrier=self.provider,
+            account_id=start.account_id,
+            caller_number=e164(start.caller),
+            called_number=e164(start.called),
+            parameters=allowed_parameters(start.custom_parameters, self.services.settings.app.context_parameters),
+        )
 
     async def _token_is_ours(self, start: StreamStarted) -> bool:
         """The stream's token checked (it is single-use): once, however often the lifecycle asks, and not cut short

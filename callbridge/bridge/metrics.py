@@ -135,6 +135,11 @@ class BridgeMetrics:
             "Signed webhooks checked for a replay: first (taken), replayed (refused 403), unchecked (registry away: taken)",
             ["provider", "result"], registry=registry,
         )  # fmt: skip
+        self.assistant_requests = Counter(
+            "callbridge_assistant_requests_total",
+            "Assistant requests to the application, by outcome (application, fallback, rejected) and failure",
+            ["outcome", "failure"], registry=registry,
+        )  # fmt: skip
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )

@@ -9,10 +9,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import structlog
 
+from callbridge.application import AssistantConfig, CallContext
+from callbridge.application.hooks import AssistantSource
 from callbridge.bridge.actions import (
     ActionResult,
     CallActionPerformer,
@@ -23,6 +25,7 @@ from callbridge.bridge.admission import AdmissionBook, Refusal
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.call_config import session_config
+from callbridge.bridge.call_setup import CallSetup, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.fleet import (
     DRAIN_NEW_CALL_BOUNCES,
@@ -121,6 +124,8 @@ class BridgeServices:
     """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
     replays: ReplayGuard = field(init=False)
     """Which signed webhooks were taken already (fleet-wide with a shared registry): a replay is refused."""
+    assistants: AssistantSource | None = None
+    """The application that chooses each new call's assistant (``[app]``); None: every call gets the configured one."""
     unknown_events: set[tuple[str, str]] = field(default_factory=set)
     """(carrier, event type) pairs seen here that no codec knows, each logged once and counted by name (at most
     ``UNKNOWN_EVENT_NAMES``)."""
@@ -180,17 +185,29 @@ class BridgeServices:
         registry (detached, with its ticket), so the call's stream resumes it on whichever process it reaches."""
         return self.settings.engine.open_at_answer == "auto" and self.registry_shared
 
-    async def decide_answer(self, call_id: str, provider: str, *, retries: bool = True) -> AnswerDecision:
+    async def decide_answer(
+        self, call_id: str, provider: str, *, retries: bool = True, context: CallContext | None = None
+    ) -> AnswerDecision:
         """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
         (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
         (``retries``: the carrier can be sent back through the load balancer) → retry elsewhere; not admitted, or
         no engine takes it → busy; else answer with a fresh stream token). This finds out each fact the policy
         asks for. A registry that does not answer is a busy refusal too, logged as a warning: the caller hears
-        busy rather than the carrier's "application error"."""
+        busy rather than the carrier's "application error". With an application (``[app]``), a new call admitted is
+        its to answer or refuse (``choose_assistant``, from ``context``: what the carrier's webhook said), and its
+        engine session opens with the assistant chosen."""
         facts: dict[AnswerFact, bool] = {}
+        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider))
+        asks_application = self.assistants is not None
         try:
-            while isinstance(step := answer_step(facts, retries=retries, draining=self.draining), AnswerFact):
-                facts[step] = await self._answer_fact(step, call_id)
+            while isinstance(
+                step := answer_step(facts, retries=retries, draining=self.draining, asks_application=asks_application), AnswerFact
+            ):
+                facts[step] = await self._answer_fact(step, call_id, asked)
+            if step.reason == "application_rejected":
+                self.give_back_admission(call_id)
+                log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=step.kind.value)
+                return step
             if step.kind is AnswerKind.ANSWER:
                 return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
         except RegistryUnavailable as exc:
@@ -203,8 +220,17 @@ class BridgeServices:
             log.warning("call_refused", call_id=call_id, provider=provider, reason=step.reason)
         return step
 
-    async def _answer_fact(self, fact: AnswerFact, call_id: str) -> bool:
+    async def _answer_fact(self, fact: AnswerFact, call_id: str, asked: _Asked) -> bool:
         match fact:
+            case AnswerFact.APPLICATION_ANSWERS:
+                chosen = await self.choose_assistant(asked.context)
+                if isinstance(chosen, CallSetup):
+                    asked.setup = chosen
+                    return True
+                asked.rejected = chosen
+                return False
+            case AnswerFact.APPLICATION_HANGS_UP:
+                return asked.rejected == "hang_up"
             case AnswerFact.ENDED:
                 return await self.registry.ended_reason(call_id) is not None
             case AnswerFact.MOVING_ELSEWHERE:
@@ -214,9 +240,41 @@ class BridgeServices:
             case AnswerFact.ADMITTED:
                 return await self.admits(call_id)
             case AnswerFact.ENGINE_TAKES:
-                return await self.engine_takes(call_id)
+                return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
 
-    async def engine_takes(self, call_id: str) -> bool:
+    async def choose_assistant(self, context: CallContext) -> CallSetup | Literal["busy", "hang_up"]:
+        """Ask the application for the call's assistant (``AssistantSource``: under ``app.assistant_timeout_s``,
+        standing in for a slow or failing one); keep the setup in the registry for the call's streams. Else how the
+        application refused the call. Logged with the call's context (its first log line), and counted."""
+        assert self.assistants is not None
+        outcome = await self.assistants.request(context)
+        reply = outcome.reply
+        label = "rejected" if reply.reject is not None else outcome.source
+        self.metrics.assistant_requests.labels(label, outcome.failure or "").inc()
+        fields = dict(context.log_fields(), source=outcome.source, elapsed_ms=outcome.elapsed_ms)
+        if outcome.failure is not None:
+            log.warning("assistant_fallback", call_id=context.call_id, failure=outcome.failure, detail=outcome.detail[:300],
+                        on_failure=self.assistants.on_failure, **fields)  # fmt: skip
+        else:
+            log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, **fields)
+        if reply.assistant is None:
+            return reply.reject or "busy"
+        setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source)
+        try:
+            await self.registry.keep_setup(context.call_id, setup.model_dump_json(), setup_kept_ms(self.settings.server.max_call_duration_s))
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=context.call_id)
+        return setup
+
+    async def call_setup(self, call_id: str) -> CallSetup | None:
+        """The setup kept for the call where it was answered (``choose_assistant``), or None (none kept: no
+        application, or the registry lost it). Raises ``RegistryUnavailable``."""
+        if self.assistants is None:
+            return None
+        kept = await self.registry.setup(call_id)
+        return CallSetup.model_validate_json(kept) if kept is not None else None
+
+    async def engine_takes(self, call_id: str, assistant: AssistantConfig | None = None) -> bool:
         """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
         (``engine.open_at_answer``), and say whether the engine took it. False when the engine refused it
         (``resource_exhausted`` from every endpoint, none reachable): the carrier gets its busy refusal rather than
@@ -232,22 +290,22 @@ class BridgeServices:
         except RegistryUnavailable:
             return True
         if self.answer_sessions is not None:
-            self.answer_sessions.open(call_id, session_config(self.settings))
+            self.answer_sessions.open(call_id, session_config(self.settings, assistant))
             refused = await self.answer_sessions.refusal(call_id, _ANSWER_ENGINE_WAIT_S)
         else:
-            refused = await self._open_parked(call_id)
+            refused = await self._open_parked(call_id, assistant)
         if refused is None:
             return True
         self.metrics.admission_refused.labels(Refusal.ENGINE.value).inc()
         log.warning("admission_refused", reason="engine", call_id=call_id, code=refused.code, detail=refused.message)
         return False
 
-    async def _open_parked(self, call_id: str) -> EngineError | None:
+    async def _open_parked(self, call_id: str, assistant: AssistantConfig | None) -> EngineError | None:
         """Open the call's session and park it in the shared registry for its stream; the engine's refusal, else
         None (parked, or slow: the stream then opens its own). A parked session no stream claims within
         ``engine.open_at_answer_ttl_s`` is closed."""
         try:
-            session = await asyncio.wait_for(self.engine.open(session_config(self.settings)), _ANSWER_ENGINE_WAIT_S)
+            session = await asyncio.wait_for(self.engine.open(session_config(self.settings, assistant)), _ANSWER_ENGINE_WAIT_S)
         except EngineError as refused:
             return refused
         except TimeoutError:
@@ -491,3 +549,12 @@ class BridgeServices:
         """The registry has the call, and not as ended (raises ``RegistryUnavailable``)."""
         record = await self.registry.get(call_id)
         return record is not None and record.ended_reason is None
+
+
+@dataclass(slots=True)
+class _Asked:
+    """What one answer's decision learnt of the application (``decide_answer``)."""
+
+    context: CallContext
+    setup: CallSetup | None = None
+    rejected: Literal["busy", "hang_up"] | None = None

@@ -71,6 +71,9 @@ class StreamStarted:
     out_encoding: AudioEncoding | None = None
     """What the agent's audio goes back in, where the carrier takes another format than it sends; None: the same."""
     out_rate_hz: int | None = None
+    caller: str | None = None
+    """The caller's number (or URI), where the stream's start says it (carriers with no answer webhook)."""
+    called: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

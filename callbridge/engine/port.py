@@ -102,6 +102,7 @@ class SessionConfig:
     instructions: str | None = None
     voice: str | None = None
     ref_audio: str | None = None
+    temperature: float | None = None
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     input_rate_hz: int = 16000
     extra_body: Mapping[str, Any] = field(default_factory=dict)
@@ -121,7 +122,7 @@ class SessionConfig:
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.input_rate_hz}}},
             "turn_detection": self.turn_detection.to_wire() if self.turn_detection else None,
         }
-        for key in ("model", "instructions", "voice", "ref_audio"):
+        for key in ("model", "instructions", "voice", "ref_audio", "temperature"):
             value = getattr(self, key)
             if value is not None:
                 session[key] = value

@@ -45,6 +45,11 @@ class Agent:
         """Audio and transcript answering ``utterance`` (PCM16 16 kHz), or None to stay silent."""
         return None
 
+    def say(self, text: str) -> tuple[bytes, str]:
+        """Audio and transcript for a text turn the bridge asked a response to (the greeting): the embedded engine
+        has no voice, so a chime as long as the text would take to say (60 ms a character, 0.3 to 3 s)."""
+        return spoken_stand_in(len(text)), text
+
     def call_for_text(self, text: str, tools: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
         """The tool call (name, arguments) a user text item makes, among the declared ``tools`` (by name), or None."""
         return None
@@ -90,6 +95,12 @@ class ToneAgent(Agent):
 
     def greeting(self) -> tuple[bytes, str] | None:
         return two_note_chime(), "(greeting chime)"
+
+
+def spoken_stand_in(characters: int) -> bytes:
+    """``Agent.say``'s audio: the two-note chime stretched to 60 ms a character (0.3 to 3 s), PCM16 at 24 kHz."""
+    note_ms = max(150, min(1500, characters * 30))
+    return two_note_chime(note_ms=note_ms, gap_ms=0)
 
 
 def two_note_chime(note_ms: int = 300, gap_ms: int = 60) -> bytes:

@@ -231,6 +231,8 @@ class LocalSessionCore:
         self._overlap_speech_ms = 0  # the caller's speech over the response in progress (overlap.decision)
         self._commit_seq = 0
         self._last_utterance = b""
+        self._text_turn: str | None = None
+        """The last user text item not yet answered: a ``response.create`` now answers it (``Agent.say``)."""
         self._responses: dict[str, _Response] = {}
         self._active: _Response | None = None
         self._tools = {str(tool["name"]): tool for tool in config.tools}
@@ -352,6 +354,7 @@ class LocalSessionCore:
             case CreateTextItem(text):
                 content = [{"type": "input_text", "text": text}]
                 self._item_created({"type": "message", "role": "user", "content": content})
+                self._text_turn = text
                 call = self.agent.call_for_text(text, self._tools)
                 if call is not None and call[0] in self._tools:
                     self._call_function(*call)
@@ -476,6 +479,7 @@ class LocalSessionCore:
             self._outbox.append(SpeechStopped(0, self._input_item_id))
         self._outbox.append(InputCommitted(self._input_item_id or self._new_input_item()))
         self._commit_seq += 1
+        self._text_turn = None  # the caller spoke since: the response answers that
         self._utterance.clear()
         self._input_item_id = None
         self._speech_hint_sent = False
@@ -486,6 +490,10 @@ class LocalSessionCore:
     def _create_response(self, now_ms: int) -> None:
         if self._active is not None and self._active.playback_active():
             raise EngineError(ErrorCode.RESPONSE_ALREADY_ACTIVE, f"response {self._active.response_id} is active")
+        text, self._text_turn = self._text_turn, None
+        if text is not None:  # a text turn (vllm-omni: Qwen3-Omni answers text-only turns): said, not echoed
+            self._start_response(*self.agent.say(text), now_ms=now_ms)
+            return
         if self._commit_seq == 0:
             raise EngineError(ErrorCode.RESPONSE_CREATE_WITHOUT_INPUT, "no committed input to respond to")
         reply = self.agent.reply(self._last_utterance)

@@ -1,0 +1,184 @@
+"""The application, reached one of two ways: a webhook (``app.webhook_url``) or a Python module
+(``app.module = "myagent:app"``), and the deadline every request to it runs under.
+
+A Python application is an object with ``async def assistant(self, call: CallContext) -> AssistantReply |
+AssistantConfig``; the webhook receives ``{"type": "assistant-request", "call": CallContext}`` (signed:
+``signing.py``) and answers ``AssistantReply``'s JSON. A slow or failing application never leaves a caller in
+silence: past ``app.assistant_timeout_s``, or on any error or an answer that does not parse, the call gets
+``app.on_failure`` (the bridge's configured assistant, or busy), logged and counted (``AssistantOutcome.failure``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import httpx
+from pydantic import ValidationError
+
+from callbridge.application.assistant import AssistantConfig, AssistantReply
+from callbridge.application.context import CallContext
+from callbridge.application.signing import SIGNATURE_HEADER, sign
+
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "Application",
+    "ApplicationFailed",
+    "AssistantOutcome",
+    "AssistantSource",
+    "ModuleApplication",
+    "WebhookApplication",
+    "load_module",
+]
+
+MAX_REPLY_BYTES = 256 * 1024
+"""An application's answer larger than this is a failure (read no further): instructions and tools fit well within."""
+
+
+class ApplicationFailed(Exception):
+    """The application did not answer usably; ``reason`` (``status_500``, ``invalid``, ``too_large``…) is logged."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@runtime_checkable
+class Application(Protocol):
+    """What a Python application provides (the module's object) and what the webhook client stands for."""
+
+    async def assistant(self, call: CallContext) -> AssistantReply | AssistantConfig: ...
+
+
+class ModuleApplication:
+    """A Python application loaded from ``module:attribute`` (an object with the hooks, or a class to instantiate)."""
+
+    def __init__(self, target: object) -> None:
+        self.target = target
+
+    async def assistant(self, call: CallContext) -> AssistantReply | AssistantConfig:
+        hook = getattr(self.target, "assistant", None)
+        if hook is None:
+            return AssistantReply.answer()
+        reply = await hook(call)
+        if not isinstance(reply, AssistantReply | AssistantConfig):
+            raise ApplicationFailed("invalid", f"assistant() returned {type(reply).__name__}")
+        return reply
+
+
+def load_module(spec: str) -> ModuleApplication:
+    """``module:attribute`` imported (``ValueError`` with what is wrong: checked as the configuration loads). A
+    class is instantiated with no arguments."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"app.module {spec!r}: expected 'module:attribute'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"app.module {spec!r}: {exc}") from exc
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise ValueError(f"app.module {spec!r}: {module_name} has no {attribute}")
+    if isinstance(target, type):
+        target = target()
+    if not callable(getattr(target, "assistant", None)):
+        raise ValueError(f"app.module {spec!r}: no async assistant(call) hook")
+    return ModuleApplication(target)
+
+
+class WebhookApplication:
+    """The application behind ``app.webhook_url``: each request a signed JSON POST on one connection pool."""
+
+    def __init__(self, url: str, secret: str, *, client: httpx.AsyncClient | None = None) -> None:
+        self.url = url
+        self.secret = secret
+        self.client = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+
+    async def post(self, payload: dict[str, object], timeout_s: float) -> bytes:
+        """POST ``payload`` signed; the answer's body (2xx, at most ``MAX_REPLY_BYTES``), else ``ApplicationFailed``."""
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json", SIGNATURE_HEADER: sign(self.secret, body)}
+        try:
+            async with self.client.stream("POST", self.url, content=body, headers=headers, timeout=timeout_s) as response:
+                if not 200 <= response.status_code < 300:
+                    raise ApplicationFailed(f"status_{response.status_code}")
+                chunks: list[bytes] = []
+                size = 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_REPLY_BYTES:
+                        raise ApplicationFailed("too_large", f"over {MAX_REPLY_BYTES} bytes")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except httpx.TimeoutException as exc:
+            raise ApplicationFailed("timeout", type(exc).__name__) from exc
+        except httpx.HTTPError as exc:
+            raise ApplicationFailed("unreachable", repr(exc)) from exc
+
+    async def assistant(self, call: CallContext) -> AssistantReply | AssistantConfig:
+        body = await self.post({"type": "assistant-request", "call": call.model_dump(mode="json")}, timeout_s=30.0)
+        try:
+            return AssistantReply.model_validate_json(body)
+        except ValidationError as exc:
+            raise ApplicationFailed("invalid", str(exc.errors(include_url=False)[:3])) from exc
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantOutcome:
+    """What a call got from its ``assistant-request``: the reply it goes on with, where from, and why not the
+    application's where it is not."""
+
+    reply: AssistantReply
+    source: Literal["application", "fallback"]
+    failure: str | None
+    """``timeout``, ``status_503``, ``invalid``, ``unreachable``, ``error``…; None when the application answered."""
+    elapsed_ms: int
+    detail: str = ""
+
+
+class AssistantSource:
+    """Asks the application for each call's assistant under the deadline (``app.assistant_timeout_s``), and stands
+    in for it (``on_failure``: the configured assistant, or busy) when it is slow, down, or answers nonsense."""
+
+    def __init__(
+        self, application: Application, *, deadline_s: float, on_failure: Literal["fallback", "busy"]
+    ) -> None:
+        self.application = application
+        self.deadline_s = deadline_s
+        self.on_failure = on_failure
+
+    def fallback(self) -> AssistantReply:
+        return AssistantReply(reject="busy") if self.on_failure == "busy" else AssistantReply.answer()
+
+    async def request(self, call: CallContext) -> AssistantOutcome:
+        started = time.monotonic()
+
+        def elapsed_ms() -> int:
+            return int((time.monotonic() - started) * 1000)
+
+        try:
+            reply = await asyncio.wait_for(self.application.assistant(call), self.deadline_s)
+        except TimeoutError:
+            return AssistantOutcome(self.fallback(), "fallback", "timeout", elapsed_ms())
+        except ApplicationFailed as exc:
+            return AssistantOutcome(self.fallback(), "fallback", exc.reason, elapsed_ms(), exc.detail)
+        except ValidationError as exc:
+            return AssistantOutcome(self.fallback(), "fallback", "invalid", elapsed_ms(), str(exc.errors(include_url=False)[:3]))
+        except Exception as exc:  # noqa: BLE001 - the application's own bug: the call goes on with the fallback
+            return AssistantOutcome(self.fallback(), "fallback", "error", elapsed_ms(), repr(exc))
+        if isinstance(reply, AssistantConfig):
+            reply = AssistantReply.answer(reply)
+        return AssistantOutcome(reply, "application", None, elapsed_ms())
+
+    async def aclose(self) -> None:
+        close = getattr(self.application, "aclose", None)
+        if close is not None:
+            await close()

@@ -1,0 +1,30 @@
+"""A call's setup: its context and the assistant its application chose, decided once where the call is answered
+(``BridgeServices.choose_assistant``) and kept in the registry for the call's streams, on whichever process they
+reach: the stream that opens or first binds the call's engine session reads the greeting there."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from callbridge.application import AssistantConfig, CallContext
+
+__all__ = ["CallSetup", "setup_kept_ms"]
+
+_KEPT_PAST_CALL_MS = 60_000
+_KEPT_UNLIMITED_MS = 4 * 3600 * 1000 + _KEPT_PAST_CALL_MS
+
+
+class CallSetup(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    context: CallContext
+    assistant: AssistantConfig
+    source: Literal["application", "fallback"]
+    """Whether the application chose the assistant, or the call went on with ``app.on_failure``'s."""
+
+
+def setup_kept_ms(max_call_duration_s: float) -> int:
+    """How long the registry keeps a call's setup: the longest call, and a minute (four hours with no limit)."""
+    return int(max_call_duration_s * 1000) + _KEPT_PAST_CALL_MS if max_call_duration_s else _KEPT_UNLIMITED_MS
