@@ -36,6 +36,8 @@ class RecordingEngine(LocalEngine):
         self.resumed: list[str] = []
         self.commands: dict[str, list[EngineCommand]] = defaultdict(list)
         self.sessions: dict[str, LocalSession] = {}
+        self.configs: dict[str, SessionConfig] = {}
+        """session id → the config it was opened with."""
         self.truncated_at_s: list[float] = []
         """When each ``TruncateItem`` was submitted (``time.monotonic()``): the moment the bridge decided."""
 
@@ -43,6 +45,7 @@ class RecordingEngine(LocalEngine):
         session = await super().open(config)
         self.opened.append(session.session_id)
         self.sessions[session.session_id] = session
+        self.configs[session.session_id] = config
         original = session.submit
 
         async def submit(command: EngineCommand) -> None:

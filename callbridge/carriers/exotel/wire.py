@@ -194,6 +194,8 @@ class ExotelCodec(JsonCodec):
             encoding=AudioEncoding.L16,
             rate_hz=rate,
             custom_parameters=params,
+            caller=_number(start.get("from")),
+            called=_number(start.get("to")),
         )
 
     def _format(self, fmt: Any) -> int:
@@ -295,3 +297,8 @@ def recognises(first: Mapping[str, Any]) -> bool:
     """A first message on the generic ``/media`` URL is Exotel's: a ``start`` with ``stream_sid``."""
     start = start_body(first)
     return start is not None and ("stream_sid" in first or "stream_sid" in start)
+
+
+def _number(value: object) -> str | None:
+    """A ``from``/``to`` of the start as given (at most 64 characters: a number or a SIP user), or None."""
+    return value[:64] if isinstance(value, str) and value else None

@@ -1,0 +1,44 @@
+"""Python applications (``app.module``) for the end-to-end tests: each records the calls it was asked about."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+from callbridge.application import AssistantConfig, AssistantReply, CallContext
+
+INSTRUCTIONS = "You are Acme's receptionist."
+GREETING = "Greet the caller by the number they called from and ask how you can help."
+
+
+class Greeter:
+    """Greets each caller; its instructions name the number called."""
+
+    calls: ClassVar[list[CallContext]] = []
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        Greeter.calls.append(call)
+        return AssistantConfig(instructions=f"{INSTRUCTIONS} The caller dialled {call.called_number}.", greeting=GREETING)
+
+
+class Slow:
+    """Answers after 5 s: well past the deadline."""
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        await asyncio.sleep(5)
+        return AssistantConfig(instructions="too late")
+
+
+class Failing:
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        raise RuntimeError("the order database is down")
+
+
+class Busy:
+    async def assistant(self, call: CallContext) -> AssistantReply:
+        return AssistantReply(reject="busy")
+
+
+class HangsUp:
+    async def assistant(self, call: CallContext) -> AssistantReply:
+        return AssistantReply(reject="hang_up")

@@ -1,0 +1,121 @@
+"""The application chooses each call's assistant (``[app]``), end to end through the real server and the simulated
+carriers: what it learns of the call, the greeting the caller hears first (and can talk over), and what a caller
+gets when the application is slow, failing or says no — on the shipped deadline (``app.assistant_timeout_s``)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from callbridge.application import CallContext
+from callbridge.engine.commands import CreateResponse, CreateTextItem
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.runner import RunningBridge, running_bridge
+from tests.bridge import agent_app
+from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech
+
+MODULE = "tests.bridge.agent_app:"
+
+
+def _requests(bridge: RunningBridge, outcome: str, failure: str = "") -> float:
+    value = bridge.app.state.bridge.registry.get_sample_value(
+        "callbridge_assistant_requests_total", {"outcome": outcome, "failure": failure}
+    )
+    return value or 0.0
+
+
+def _first_agent_audio_ms(timeline: Any) -> int:
+    return next(e.at_ms for e in timeline if e.who == "agent" and e.what.startswith("starts speaking"))
+
+
+async def test_the_application_learns_who_calls_and_the_agent_greets_first() -> None:
+    """A Twilio call: the application gets the caller's and the called number, the account and the call id from
+    the answer webhook; the session opens with its instructions; the caller hears the greeting before saying a word."""
+    recorder = engine()
+    agent_app.Greeter.calls.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder) as bridge:
+        script = CallerScript(utterances=((4000, short_speech(1000)),), hangup_at_ms=6500)
+        result = await bridge.carrier.place_call(script)
+        assert _requests(bridge, "application") == 1
+
+    (call,) = agent_app.Greeter.calls
+    assert call == CallContext(
+        call_id=result.call_sid, carrier="twilio", direction="inbound", caller_number="+15005550006",
+        called_number="+15005550001", account_id=bridge.carrier.account_sid,
+    )  # fmt: skip
+    (session_id,) = recorder.opened
+    assert recorder.configs[session_id].instructions == f"{agent_app.INSTRUCTIONS} The caller dialled +15005550001."
+    commands = recorder.commands[session_id]
+    greeting_at = commands.index(CreateTextItem(agent_app.GREETING))
+    assert commands[greeting_at + 1] == CreateResponse()
+    assert _first_agent_audio_ms(result.timeline) < 4000, result.render()  # before the caller spoke
+    assert len(result.agent_runs_ms) == 2 and result.hung_up_by == "caller", result.render()  # greeting, then echo
+
+
+async def test_the_caller_can_talk_over_the_greeting() -> None:
+    recorder = engine()
+    async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder) as bridge:
+        started = time.monotonic()
+        script = CallerScript(utterances=((700, short_speech(1200)),), hangup_at_ms=5000)
+        result = await bridge.carrier.place_call(script)
+    assert result.clears, result.render()  # the carrier's buffer flushed as the caller spoke over the greeting
+    greeting_heard_ms = result.agent_runs_ms[0]
+    assert greeting_heard_ms < 3000, (result.agent_runs_ms, result.render())  # cut short of its 3 s
+    assert time.monotonic() - started < 10
+
+
+async def test_a_slow_application_gets_the_fallback_within_the_deadline() -> None:
+    """The application answers after 5 s; the shipped deadline is 1.5 s: the answer webhook is answered with the
+    configured assistant once the deadline passes, long before the application would have, and the call goes on."""
+    recorder = engine()
+    config = settings(app={"module": MODULE + "Slow", "greeting": "Say hello."}, engine={"instructions": "configured"})
+    async with running_bridge(config, recorder) as bridge:
+        deadline_s = bridge.settings.app.assistant_timeout_s
+        started = time.monotonic()
+        answered = await post_answer(bridge, "CA" + "5" * 32, timeout_s=10)
+        elapsed_s = time.monotonic() - started
+        assert "<Connect>" in answered.text, answered.text
+        assert deadline_s <= elapsed_s < 5.0, elapsed_s
+        assert _requests(bridge, "fallback", "timeout") == 1
+        result = await bridge.carrier.place_call(CallerScript(utterances=((3000, short_speech(800)),), hangup_at_ms=5000))
+    assert _first_agent_audio_ms(result.timeline) < 3000, result.render()  # the configured greeting
+    assert [config.instructions for config in recorder.configs.values()] == ["configured"] * len(recorder.opened)
+
+
+async def test_a_failing_application_gets_the_fallback_or_busy_as_configured() -> None:
+    async with running_bridge(settings(app={"module": MODULE + "Failing"}), engine()) as bridge:
+        answered = await post_answer(bridge, "CA" + "6" * 32)
+        assert "<Connect>" in answered.text and _requests(bridge, "fallback", "error") == 1
+    async with running_bridge(settings(app={"module": MODULE + "Failing", "on_failure": "busy"}), engine()) as bridge:
+        refused = await post_answer(bridge, "CA" + "7" * 32)
+        assert 'reason="busy"' in refused.text and _requests(bridge, "rejected", "error") == 1
+
+
+async def test_the_application_can_refuse_a_call_busy_or_with_a_hang_up() -> None:
+    recorder = engine()
+    async with running_bridge(settings(app={"module": MODULE + "Busy"}), recorder) as bridge:
+        busy = await post_answer(bridge, "CA" + "8" * 32)
+        assert _requests(bridge, "rejected") == 1
+    async with running_bridge(settings(app={"module": MODULE + "HangsUp"}), recorder) as bridge:
+        hung_up = await post_answer(bridge, "CA" + "9" * 32)
+    assert 'reason="busy"' in busy.text and "<Hangup/>" in hung_up.text
+    assert recorder.opened == []  # no engine session for a call refused
+
+
+async def test_a_carrier_with_no_answer_webhook_asks_as_its_stream_starts() -> None:
+    """Exotel's stream is the call's first word to the bridge: the context comes from its ``start``."""
+    recorder = engine()
+    agent_app.Greeter.calls.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder, provider="exotel") as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((4000, short_speech(800)),), hangup_at_ms=6000))
+    (call,) = agent_app.Greeter.calls
+    assert (call.call_id, call.carrier, call.caller_number, call.called_number) == (
+        result.call_sid, "exotel", "+919800000001", "+918000000002",
+    )  # fmt: skip
+    assert _first_agent_audio_ms(result.timeline) < 4000, result.render()
+
+
+async def test_with_no_application_a_configured_greeting_plays_on_every_call() -> None:
+    async with running_bridge(settings(app={"greeting": "Say hello."}), engine()) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((3000, short_speech(800)),), hangup_at_ms=5000))
+    assert _first_agent_audio_ms(result.timeline) < 3000, result.render()
