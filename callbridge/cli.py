@@ -125,6 +125,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--drop-at", metavar="S", type=_at_or_after_start, action="append", default=[], help="drop the media socket at S seconds")
     simulate.add_argument("--hangup-at", metavar="S", type=_at_or_after_start, help="hang up at S seconds (default: after the agent's reply)")
+    simulate.add_argument(
+        "--app", metavar="MODULE:ATTR", help="the voice agent's application (app.module): it chooses the call's assistant"
+    )
     simulate.set_defaults(handler=_simulate)
 
     loadtest = commands.add_parser(
@@ -178,6 +181,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     loadtest.set_defaults(handler=_loadtest)
 
+    app_schema = commands.add_parser(
+        "app-schema", parents=[common], help="print the JSON Schema of the application's webhook (assistant-request)"
+    )
+    app_schema.set_defaults(handler=_app_schema)
+
     config = commands.add_parser("config", parents=[common], help="inspect the configuration")
     config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
     check = config_commands.add_parser(
@@ -198,6 +206,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         (listener, "port"): getattr(args, "port", None),
         ("server", "workers"): getattr(args, "workers", None),
         ("local_engine", "agent"): getattr(args, "agent", None),
+        ("app", "module"): getattr(args, "app", None),
     }
     layers += [{section: {key: value}} for (section, key), value in flags.items() if value is not None]
     return merge_overrides(*layers)
@@ -209,7 +218,30 @@ def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
         print(f"callbridge: invalid configuration: {problem.key}: {problem.problem}", file=stream)
 
 
+def _app_loads(settings: Settings) -> bool:
+    """``app.module`` imports and has its hook (checked before anything starts); else one line naming it."""
+    if settings.app.module is None:
+        return True
+    from callbridge.application.hooks import load_module
+
+    try:
+        load_module(settings.app.module)
+    except ValueError as exc:
+        _print_config_error(ConfigError([ConfigProblem(key="app.module", problem=str(exc))]), sys.stderr)
+        return False
+    return True
+
+
+def _app_schema(settings: Settings, args: argparse.Namespace) -> int:
+    from callbridge.application.schema import application_schema
+
+    print(json.dumps(application_schema(), indent=2))
+    return 0
+
+
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    if not _app_loads(settings):
+        return EXIT_USAGE
     if settings.server.workers > 1 and settings.registry.backend != "redis":
         problem = ConfigProblem(key="server.workers", problem='more than one worker needs registry.backend = "redis"')
         _print_config_error(ConfigError([problem]), sys.stderr)
@@ -398,6 +430,8 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     if getattr(args, "log_level", None) is None:
         settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
     configure_logging(settings.log)
+    if not _app_loads(settings):
+        return EXIT_USAGE
     if args.drop_at and not _reconnects(args.provider):
         print(f"callbridge simulate: --drop-at: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -77,6 +79,8 @@ def load_module(spec: str) -> ModuleApplication:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"app.module {spec!r}: expected 'module:attribute'")
+    if os.getcwd() not in sys.path:  # as uvicorn's --app-dir: the application beside where callbridge runs
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -4,13 +4,20 @@ gets when the application is slow, failing or says no — on the shipped deadlin
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
 from callbridge.engine.commands import CreateResponse, CreateTextItem
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.runner import RunningBridge, running_bridge
+from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge import agent_app
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech
 
@@ -119,3 +126,61 @@ async def test_with_no_application_a_configured_greeting_plays_on_every_call() -
     async with running_bridge(settings(app={"greeting": "Say hello."}), engine()) as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((3000, short_speech(800)),), hangup_at_ms=5000))
     assert _first_agent_audio_ms(result.timeline) < 3000, result.render()
+
+
+@asynccontextmanager
+async def _webhook(app: FastAPI) -> AsyncIterator[str]:
+    """``app`` served by uvicorn on loopback; its URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/callbridge"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def test_the_example_webhook_greets_a_known_caller_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``examples/agent_webhook.py`` behind real uvicorn: callbridge's request is signed (the example refuses it
+    otherwise), carries the call's context, and the assistant it answers opens the call's session."""
+    from examples import agent_webhook
+
+    monkeypatch.setenv("CALLBRIDGE_APP_SECRET", "app-secret")
+    recorder = engine()
+    async with _webhook(agent_webhook.api) as url:
+        async with running_bridge(settings(app={"webhook_url": url, "webhook_secret": "app-secret"}), recorder) as bridge:
+            result = await bridge.carrier.place_call(CallerScript(utterances=((3500, short_speech(800)),), hangup_at_ms=5000))
+            assert _requests(bridge, "application") == 1
+        async with running_bridge(settings(app={"webhook_url": url, "webhook_secret": "wrong"}), recorder) as bridge:
+            answered = await post_answer(bridge, "CA" + "4" * 32)  # refused 401 by the example: the fallback
+            assert "<Connect>" in answered.text and _requests(bridge, "fallback", "status_401") == 1
+    first = recorder.opened[0]
+    assert "The caller is Ada, a customer." in (recorder.configs[first].instructions or "")
+    assert CreateTextItem("Greet Ada by name and ask how you can help.") in recorder.commands[first]
+    assert _first_agent_audio_ms(result.timeline) < 3500, result.render()
+
+
+async def test_a_webhook_that_answers_slowly_or_with_nonsense_is_stood_in_for() -> None:
+    api = FastAPI()
+
+    @api.post("/callbridge")
+    async def slow_or_nonsense(request: Request) -> Response:
+        call = (await request.json())["call"]
+        if call["call_id"].endswith("1"):
+            await asyncio.sleep(5)
+        return Response('{"assistant": {"instructions": 5}}', media_type="application/json")
+
+    async with _webhook(api) as url:
+        async with running_bridge(settings(app={"webhook_url": url, "webhook_secret": "s"}), engine()) as bridge:
+            started = time.monotonic()
+            slow = await post_answer(bridge, "CA" + "1" * 32, timeout_s=10)
+            slow_s = time.monotonic() - started
+            nonsense = await post_answer(bridge, "CA" + "2" * 32)
+            assert _requests(bridge, "fallback", "timeout") == 1 and _requests(bridge, "fallback", "invalid") == 1
+    assert "<Connect>" in slow.text and "<Connect>" in nonsense.text
+    assert bridge.settings.app.assistant_timeout_s <= slow_s < 5.0

@@ -1,0 +1,129 @@
+"""The application surface's pure parts: the context's numbers and parameters, the reply's schema, signatures, and
+how the deadline stands in for an application that is slow, failing or answers nonsense."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from callbridge.application import AssistantConfig, AssistantReply, CallContext, sign, verify_signature
+from callbridge.application.context import allowed_parameters, e164
+from callbridge.application.hooks import ApplicationFailed, AssistantSource, load_module
+from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
+
+pytestmark = pytest.mark.core
+
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "application-schema.json"
+CALL = CallContext(call_id="CA1", carrier="twilio")
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("+15551234567", "+15551234567"),
+        ("+1 (555) 123-4567", "+15551234567"),
+        ("15551234567", "+15551234567"),
+        ("sip:+4930123456@trunk.example.com;user=phone", "+4930123456"),
+        ("tel:+4930123456", "+4930123456"),
+        ("anonymous", "anonymous"),
+        ("  ", None),
+        (None, None),
+    ],
+)
+def test_numbers_are_e164_where_they_are_numbers(given: str | None, expected: str | None) -> None:
+    assert e164(given) == expected
+
+
+def test_only_allowed_parameters_pass_cut_and_counted() -> None:
+    given = {"X-Customer-Id": "42", "x-secret": "no", "SipHeader_X-Tier": "gold" * 200}
+    kept = allowed_parameters(given, ["x-customer-id", "sipheader_x-tier"])
+    assert kept == {"X-Customer-Id": "42", "SipHeader_X-Tier": ("gold" * 200)[:512]}
+    many = {f"p{i}": "v" for i in range(100)}
+    assert len(allowed_parameters(many, list(many))) == 32
+
+
+def test_a_reply_is_an_assistant_or_a_refusal_never_both_or_neither() -> None:
+    assert AssistantReply.model_validate({"assistant": {"instructions": "hi"}}).assistant == AssistantConfig(instructions="hi")
+    assert AssistantReply.model_validate({"reject": "hang_up"}).reject == "hang_up"
+    for bad in ({}, {"assistant": {}, "reject": "busy"}, {"reject": "maybe"}, {"assistant": {"instructions": "x", "tempo": 1}}):
+        with pytest.raises(ValidationError):
+            AssistantReply.model_validate(bad)
+
+
+def test_the_published_schema_is_the_models() -> None:
+    """``docs/application-schema.json`` is what the code validates (regenerate: ``callbridge app-schema``)."""
+    from callbridge.application.schema import application_schema
+
+    assert json.loads(SCHEMA.read_text()) == application_schema()
+
+
+def test_a_signature_verifies_and_anything_else_does_not() -> None:
+    body = b'{"type":"assistant-request"}'
+    header = sign("s3cret", body, now_s=1_800_000_000)
+    assert verify_signature("s3cret", header, body, now_s=1_800_000_100)
+    assert not verify_signature("s3cret", header, body + b" ", now_s=1_800_000_100)  # the body changed
+    assert not verify_signature("other", header, body, now_s=1_800_000_100)
+    assert not verify_signature("s3cret", header, body, now_s=1_800_000_000 + 301)  # too old: a replay
+    assert not verify_signature("s3cret", None, body) and not verify_signature("s3cret", "t=1,v1=", body)
+    rotated = header + ",v1=" + sign("new", body, now_s=1_800_000_000).split("v1=")[1]
+    assert verify_signature("new", rotated, body, now_s=1_800_000_000)  # signed with both during a rotation
+
+
+class _App:
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+
+    async def assistant(self, call: CallContext) -> AssistantReply | AssistantConfig:
+        match self.behaviour:
+            case "slow":
+                await asyncio.sleep(3600)
+            case "raises":
+                raise RuntimeError("down")
+            case "fails":
+                raise ApplicationFailed("status_503")
+            case "nonsense":
+                return AssistantReply.model_validate({"assistant": {"voice": 7}})
+        return AssistantConfig(instructions="chosen")
+
+
+@pytest.mark.parametrize(("behaviour", "failure"), [("slow", "timeout"), ("raises", "error"), ("fails", "status_503"), ("nonsense", "invalid")])
+@pytest.mark.parametrize("on_failure", ["fallback", "busy"])
+async def test_the_deadline_stands_in_for_the_application(behaviour: str, failure: str, on_failure: str) -> None:
+    source = AssistantSource(_App(behaviour), deadline_s=0.05, on_failure=on_failure)  # type: ignore[arg-type]
+    outcome = await source.request(CALL)
+    assert outcome.source == "fallback" and outcome.failure == failure
+    assert outcome.reply == (AssistantReply(reject="busy") if on_failure == "busy" else AssistantReply.answer())
+
+
+async def test_an_assistant_config_alone_is_an_answer() -> None:
+    outcome = await AssistantSource(_App("ok"), deadline_s=1, on_failure="busy").request(CALL)
+    assert outcome.source == "application" and outcome.reply == AssistantReply.answer(AssistantConfig(instructions="chosen"))
+
+
+def test_a_module_that_cannot_serve_is_refused_at_start() -> None:
+    for spec, says in (("nomodule", "expected 'module:attribute'"), ("no_such_module_x:app", "No module"),
+                       ("callbridge.application:nothing", "has no nothing"), ("json:dumps", "no async assistant")):  # fmt: skip
+        with pytest.raises(ValueError, match=says):
+            load_module(spec)
+    assert load_module("tests.bridge.agent_app:Greeter").target.__class__.__name__ == "Greeter"
+
+
+def test_the_answer_asks_the_application_after_admission_and_before_the_engine() -> None:
+    facts: dict[AnswerFact, bool] = {AnswerFact.ENDED: False, AnswerFact.MOVING_ELSEWHERE: False, AnswerFact.NEW_CALL_BOUNCES: False}
+    assert answer_step(facts, retries=True, draining=False, asks_application=True) is AnswerFact.ADMITTED
+    facts[AnswerFact.ADMITTED] = False  # refused by admission: the application is not asked
+    assert answer_step(facts, retries=True, draining=False, asks_application=True) == AnswerDecision(AnswerKind.BUSY, reason="capacity")
+    facts[AnswerFact.ADMITTED] = True
+    assert answer_step(facts, retries=True, draining=False, asks_application=True) is AnswerFact.APPLICATION_ANSWERS
+    assert answer_step(facts, retries=True, draining=False) is AnswerFact.ENGINE_TAKES  # no application
+    answered = {**facts, AnswerFact.APPLICATION_ANSWERS: True}
+    assert answer_step(answered, retries=True, draining=False, asks_application=True) is AnswerFact.ENGINE_TAKES
+    refused = {**facts, AnswerFact.APPLICATION_ANSWERS: False}
+    assert answer_step(refused, retries=True, draining=False, asks_application=True) is AnswerFact.APPLICATION_HANGS_UP
+    for hangs_up, kind in ((True, AnswerKind.HANG_UP), (False, AnswerKind.BUSY)):
+        decided = answer_step({**refused, AnswerFact.APPLICATION_HANGS_UP: hangs_up}, retries=True, draining=False, asks_application=True)
+        assert decided == AnswerDecision(kind, reason="application_rejected")
