@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CallContext", "allowed_parameters", "e164"]
+__all__ = ["CallContext", "allowed_parameters", "call_context", "e164"]
 
 _E164 = re.compile(r"^\+[1-9][0-9]{6,14}$")
 _MAX_PARAMETERS = 32
@@ -54,9 +54,10 @@ class CallContext(BaseModel):
         }
 
 
-def e164(number: str | None) -> str | None:
+def e164(number: str | None, *, plus_implied: bool = False) -> str | None:
     """``number`` in E.164 where it is one (spaces, dashes, dots and brackets dropped; a ``tel:`` or ``sip:``
-    user part taken), else as given, trimmed; None for nothing."""
+    user part taken), else as given, trimmed; None for nothing. ``plus_implied``: the carrier writes E.164
+    without its ``+`` (Plivo, Vonage: ``14155550100``)."""
     if number is None:
         return None
     raw = number.strip()
@@ -67,11 +68,9 @@ def e164(number: str | None) -> str | None:
         if user.lower().startswith(scheme):
             user = user[len(scheme) :].split("@", 1)[0].split(";", 1)[0]
     digits = re.sub(r"[\s\-.()]", "", user)
-    if _E164.match(digits):
-        return digits
-    if digits.isdigit() and len(digits) == 11 and digits.startswith("1"):  # NANP written without its plus
-        return "+" + digits
-    return raw[:256]
+    if plus_implied and digits.isdigit():
+        digits = "+" + digits
+    return digits if _E164.match(digits) else raw[:256]
 
 
 def allowed_parameters(given: Mapping[str, str] | Iterable[tuple[str, str]], allowed: Iterable[str]) -> dict[str, str]:
@@ -84,3 +83,39 @@ def allowed_parameters(given: Mapping[str, str] | Iterable[tuple[str, str]], all
         if name.lower() in wanted and len(kept) < _MAX_PARAMETERS:
             kept[name] = str(value)[:_MAX_VALUE_CHARS]
     return kept
+
+
+def _text(value: object) -> str | None:
+    return value[:256] or None if isinstance(value, str) else None
+
+
+def call_context(
+    *,
+    call_id: str,
+    carrier: str,
+    caller: object = None,
+    called: object = None,
+    caller_name: object = None,
+    forwarded_from: object = None,
+    account_id: object = None,
+    outbound: bool = False,
+    plus_implied: bool = False,
+    carrier_call_id: object = None,
+    parameters: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+    allowed: Iterable[str] = (),
+) -> CallContext:
+    """A carrier's webhook fields made a ``CallContext``: numbers in E.164 where they are, text cut to its bounds,
+    anything not a string dropped, only the ``allowed`` parameters kept. The fields come from a signed webhook,
+    but are the caller's to choose (a caller name, a SIP header): a call is never refused over them."""
+    return CallContext(
+        call_id=call_id[:128],
+        carrier=carrier,
+        carrier_call_id=_text(carrier_call_id),
+        direction="outbound" if outbound else "inbound",
+        caller_number=e164(_text(caller), plus_implied=plus_implied),
+        called_number=e164(_text(called), plus_implied=plus_implied),
+        caller_name=_text(caller_name),
+        forwarded_from=e164(_text(forwarded_from), plus_implied=plus_implied),
+        account_id=_text(account_id),
+        parameters=allowed_parameters(parameters, allowed),
+    )

@@ -223,7 +223,8 @@ class BridgeServices:
     async def _answer_fact(self, fact: AnswerFact, call_id: str, asked: _Asked) -> bool:
         match fact:
             case AnswerFact.APPLICATION_ANSWERS:
-                chosen = await self.choose_assistant(asked.context)
+                kept = await self.call_setup(call_id)  # a call coming back (a reconnect): chosen once, at its answer
+                chosen = kept if kept is not None else await self.choose_assistant(asked.context)
                 if isinstance(chosen, CallSetup):
                     asked.setup = chosen
                     return True

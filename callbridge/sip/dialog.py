@@ -68,6 +68,7 @@ from callbridge.sip.message import (
     SipParseReason,
     SipRequest,
     SipResponse,
+    display_name_of,
     header_param,
     parse_message,
     split_params,
@@ -132,6 +133,10 @@ class CallOffered:
     caller: str
     callee: str
     delayed_offer: bool = False
+    caller_name: str = ""
+    """The From header's display name (``"Ada" <sip:…>``), where it has one."""
+    extension_headers: tuple[tuple[str, str], ...] = ()
+    """The INVITE's ``X-`` headers, as sent (the trunk's or the PBX's own: a customer id, a routing tag)."""
     """The INVITE had no SDP: ``accept`` sends our offer, the answer comes in the ACK (``OfferAnswered``); until
     then ``choice`` is a placeholder (PCMU, nowhere to send)."""
 
@@ -532,8 +537,12 @@ class SipUas:
         self.dialogs[dialog.call_id] = dialog
         self._invite_branches[_tx(request)] = dialog.call_id
         self._respond(request, source, 100, now_ms)
-        caller, callee = uri_of(request.header("From") or ""), uri_of(request.header("To") or "")
-        self._events.append(CallOffered(dialog.call_id, source, choice, caller, callee, dialog.delayed_offer))
+        sender = request.header("From") or ""
+        caller, callee = uri_of(sender), uri_of(request.header("To") or "")
+        extension = tuple((name, value) for name, value in request.headers if name.lower().startswith("x-"))
+        self._events.append(
+            CallOffered(dialog.call_id, source, choice, caller, callee, dialog.delayed_offer, display_name_of(sender), extension)
+        )
 
     def _on_reinvite(self, dialog: _Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
         cseq = request.cseq[0]

@@ -224,6 +224,15 @@ def uri_of(value: str) -> str:
     return head
 
 
+def display_name_of(value: str) -> str:
+    """The display name of a name-addr (``"Bob Smith" <sip:bob@x>`` → ``Bob Smith``); empty where none."""
+    head, _ = split_params(value)
+    if "<" not in head:
+        return ""
+    name = head[: head.index("<")].strip()
+    return name[1:-1].replace('\\"', '"') if len(name) >= 2 and name[0] == name[-1] == '"' else name
+
+
 def parse_message(data: bytes) -> SipRequest | SipResponse:
     """One SIP message from one datagram. Raises ``SipParseError``."""
     if len(data) > MAX_MESSAGE_BYTES:

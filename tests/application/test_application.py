@@ -26,7 +26,7 @@ CALL = CallContext(call_id="CA1", carrier="twilio")
     [
         ("+15551234567", "+15551234567"),
         ("+1 (555) 123-4567", "+15551234567"),
-        ("15551234567", "+15551234567"),
+        ("15551234567", "15551234567"),  # not E.164 as written: as given
         ("sip:+4930123456@trunk.example.com;user=phone", "+4930123456"),
         ("tel:+4930123456", "+4930123456"),
         ("anonymous", "anonymous"),
@@ -36,6 +36,11 @@ CALL = CallContext(call_id="CA1", carrier="twilio")
 )
 def test_numbers_are_e164_where_they_are_numbers(given: str | None, expected: str | None) -> None:
     assert e164(given) == expected
+
+
+def test_a_carrier_that_drops_the_plus_has_it_put_back() -> None:
+    assert e164("447700900001", plus_implied=True) == "+447700900001"
+    assert e164("anonymous", plus_implied=True) == "anonymous"
 
 
 def test_only_allowed_parameters_pass_cut_and_counted() -> None:

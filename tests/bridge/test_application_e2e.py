@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
+from callbridge.carriers import simulated
 from callbridge.engine.commands import CreateResponse, CreateTextItem
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
@@ -57,6 +58,20 @@ async def test_the_application_learns_who_calls_and_the_agent_greets_first() -> 
     assert commands[greeting_at + 1] == CreateResponse()
     assert _first_agent_audio_ms(result.timeline) < 4000, result.render()  # before the caller spoke
     assert len(result.agent_runs_ms) == 2 and result.hung_up_by == "caller", result.render()  # greeting, then echo
+
+
+async def test_a_call_that_comes_back_is_not_asked_about_again_nor_greeted_again() -> None:
+    """The stream drops and Twilio's ``<Redirect>`` answers again: the same assistant, no second request, the
+    session resumed (not a new greeting)."""
+    recorder = engine()
+    agent_app.Greeter.calls.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder) as bridge:
+        script = CallerScript(utterances=((4000, short_speech(800)),), drop_stream_at_ms=(2500,), hangup_at_ms=6500)
+        result = await bridge.carrier.place_call(script)
+        assert _requests(bridge, "application") == 1
+    assert len(result.streams) == 2 and len(agent_app.Greeter.calls) == 1, result.render()
+    assert len(recorder.opened) == 1 and len(recorder.resumed) == 1
+    assert recorder.of(CreateTextItem) == [CreateTextItem(agent_app.GREETING)]
 
 
 async def test_the_caller_can_talk_over_the_greeting() -> None:
@@ -184,3 +199,28 @@ async def test_a_webhook_that_answers_slowly_or_with_nonsense_is_stood_in_for() 
             assert _requests(bridge, "fallback", "timeout") == 1 and _requests(bridge, "fallback", "invalid") == 1
     assert "<Connect>" in slow.text and "<Connect>" in nonsense.text
     assert bridge.settings.app.assistant_timeout_s <= slow_s < 5.0
+
+
+CALLER_KNOWN = {"audiosocket": False, "generic": False}
+"""Carriers whose call reaches the bridge saying who calls (all but AudioSocket, whose stream is a UUID, and the
+generic ``/media``, whose start carries only the stream's own parameters)."""
+
+
+@pytest.mark.parametrize("provider", sorted(simulated()))
+async def test_every_carrier_tells_the_application_who_calls_and_greets_first(provider: str) -> None:
+    recorder = engine()
+    agent_app.Greeter.calls.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder, provider=provider) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((4000, short_speech(800)),), hangup_at_ms=6500))
+    (call,) = agent_app.Greeter.calls
+    assert call.carrier == provider and call.call_id == result.call_sid, call
+    if CALLER_KNOWN.get(provider, True):
+        assert call.caller_number and call.called_number, call
+    assert result.warnings == [] and _first_agent_audio_ms(result.timeline) < 4000, result.render()
+    (session_id,) = recorder.opened
+    assert recorder.configs[session_id].instructions == f"{agent_app.INSTRUCTIONS} The caller dialled {call.called_number}."
+    commands = recorder.commands[session_id]
+    greeting_at = commands.index(CreateTextItem(agent_app.GREETING))
+    assert commands[greeting_at + 1] == CreateResponse()
+    numbers = [call.caller_number, call.called_number] if provider != "sip" else [call.caller_number]  # To: sip:agent@…
+    assert all(number is not None and number.startswith("+") for number in numbers if CALLER_KNOWN.get(provider, True)), call

@@ -29,6 +29,7 @@ import httpx
 import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 
+from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind, restart_decision
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
@@ -156,7 +157,15 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
         if not isinstance(call_id, str) or not call_id:
             return Response("callId missing", status_code=400)
         base = public_base(settings, str(request.base_url))
-        decision = await services.decide_answer(call_id, "bandwidth")
+        diversion = event.get("diversion")
+        context = call_context(
+            call_id=call_id, carrier="bandwidth", caller=event.get("from"), called=event.get("to"),
+            forwarded_from=diversion.get("origTo") if isinstance(diversion, dict) else None,
+            account_id=event.get("accountId"), outbound=event.get("direction") == "outbound",
+            parameters=[(key, value) for key, value in event.items() if isinstance(value, str)],
+            allowed=settings.app.context_parameters,
+        )  # fmt: skip
+        decision = await services.decide_answer(call_id, "bandwidth", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP

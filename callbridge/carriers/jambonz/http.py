@@ -26,6 +26,7 @@ from typing import Any, Final
 import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 
+from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
@@ -150,7 +151,18 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
         call_id = payload.get("call_sid", payload.get("callSid"))
         if not isinstance(call_id, str) or not call_id:
             return Response("call_sid missing", status_code=400)
-        decision = await services.decide_answer(call_id, "jambonz", retries=False)
+        sip = payload.get("sip")
+        headers = sip.get("headers") if isinstance(sip, dict) else None
+        context = call_context(
+            call_id=call_id, carrier="jambonz", caller=payload.get("from"), called=payload.get("to"),
+            caller_name=payload.get("caller_name", payload.get("callerName")),
+            account_id=payload.get("account_sid", payload.get("accountSid")),
+            carrier_call_id=payload.get("call_id", payload.get("callId")),
+            outbound=payload.get("direction") == "outbound",
+            parameters=[(key, value) for key, value in headers.items() if isinstance(value, str)] if isinstance(headers, dict) else (),
+            allowed=settings.app.context_parameters,
+        )  # fmt: skip
+        decision = await services.decide_answer(call_id, "jambonz", retries=False, context=context)
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
             return Response(_HANGUP, media_type="application/json")
         if path == ANSWER_PATH:

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 from starlette.datastructures import FormData
 
+from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver
@@ -257,7 +258,14 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         if not call_id:
             return Response("CallUUID missing", status_code=400)
         base = public_base(settings, str(request.base_url))
-        decision = await services.decide_answer(call_id, "plivo")
+        context = call_context(
+            call_id=call_id, carrier="plivo", caller=_first(params, "From"), called=_first(params, "To"),
+            caller_name=_first(params, "CallerName"), forwarded_from=_first(params, "ForwardedFrom"),
+            outbound=_first(params, "Direction") == "outbound", account_id=_first(params, "ParentAuthID"), plus_implied=True,
+            parameters=[(key, value) for key in params if (value := _first(params, key)) is not None],
+            allowed=settings.app.context_parameters,
+        )  # fmt: skip; SIP headers are X-PH-… parameters
+        decision = await services.decide_answer(call_id, "plivo", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP:
                 xml = _HANGUP

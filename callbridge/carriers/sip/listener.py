@@ -43,6 +43,8 @@ from typing import Any, Final, Self, cast
 
 from prometheus_client import Counter as PromCounter
 
+from callbridge.application import CallContext
+from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
@@ -586,6 +588,14 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             self.uas.reject(call_id, 503 if draining else 486, _now_ms())
             self._drain()
             return
+        if self.services.assistants is not None:  # the application chooses the call's assistant, or refuses it
+            chosen = await self.services.choose_assistant(sip_context(offer, self.services.settings.app.context_parameters))
+            if isinstance(chosen, str):
+                self.services.give_back_admission(call_id)
+                self._refuse("application_rejected", call_id, offer.source[0])
+                self.uas.reject(call_id, 486 if chosen == "busy" else 603, _now_ms())  # busy here / decline
+                self._drain()
+                return
         if self.settings.answer_delay_ms:
             self.uas.ring(call_id, _now_ms())
             self._drain()
@@ -701,3 +711,11 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
 
 
 CARRIER = Carrier(name=PROVIDER, listener=SipListener)
+
+
+def sip_context(offer: CallOffered, allowed: list[str]) -> CallContext:
+    """The call as its INVITE describes it: From's user (and display name), To's user, its ``X-`` headers."""
+    return call_context(
+        call_id=offer.call_id, carrier=PROVIDER, caller=offer.caller, called=offer.callee, caller_name=offer.caller_name,
+        parameters=offer.extension_headers, allowed=allowed,
+    )

@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Final
+from typing import Any, Final, Literal
 from urllib.parse import quote
 
 import httpx
@@ -49,8 +49,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from fastapi import APIRouter, Request, Response, WebSocket
 from pydantic import SecretStr
 
+from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import restart_decision
+from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
@@ -244,7 +246,15 @@ class TelnyxCalls:
         settled = False
         try:
             admitted = await services.admits(call_id)
-            if not admitted or not await services.engine_takes(call_id):
+            chosen = await self._assistant(call_id, payload) if admitted else None
+            if isinstance(chosen, str):  # the application refused the call
+                log.info("call_rejected_by_application", call_id=call_id, provider="telnyx", reject=chosen)
+                services.give_back_admission(call_id)
+                await self.rest.reject(call_id, "USER_BUSY" if chosen == "busy" else "CALL_REJECTED")
+                settled = True
+                await self._count(call_id, OVER)
+                return
+            if not admitted or not await services.engine_takes(call_id, chosen.assistant if chosen is not None else None):
                 reason = "engine_capacity" if admitted else "draining" if services.draining else "capacity"
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
                 services.give_back_admission(call_id)  # refused after all: its slot goes back
@@ -268,6 +278,24 @@ class TelnyxCalls:
             if not settled:  # neither answered nor rejected (Call Control failed): Telnyx's retry answers
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
+
+    async def _assistant(self, call_id: str, payload: dict[str, Any]) -> CallSetup | Literal["busy", "hang_up"] | None:
+        """With an application, the call's assistant it chose from ``call.initiated`` (or how it refused the call);
+        None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64."""
+        services = self.services
+        if services.assistants is None:
+            return None
+        headers = payload.get("custom_headers")
+        parameters = [(h["name"], h["value"]) for h in headers if isinstance(h, dict) and isinstance(h.get("name"), str)
+                      and isinstance(h.get("value"), str)] if isinstance(headers, list) else []  # fmt: skip
+        if isinstance(state := payload.get("client_state"), str):
+            parameters.append(("client_state", state))
+        context = call_context(
+            call_id=call_id, carrier="telnyx", caller=payload.get("from"), called=payload.get("to"),
+            caller_name=payload.get("caller_id_name"), carrier_call_id=payload.get("call_session_id"),
+            account_id=payload.get("connection_id"), parameters=parameters, allowed=services.settings.app.context_parameters,
+        )  # fmt: skip
+        return await services.choose_assistant(context)
 
     async def _refuse_busy(self, call_id: str, exc: RegistryUnavailable) -> None:
         """The registry does not answer: the call is rejected busy (logged, no traceback), not left to a 500."""

@@ -31,7 +31,7 @@ from pydantic import SecretStr
 from twilio.request_validator import RequestValidator
 
 from callbridge.application import CallContext
-from callbridge.application.context import allowed_parameters, e164
+from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver
@@ -193,7 +193,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
-        decision = await services.decide_answer(call_id, name, context=call_context(name, form, settings.app.context_parameters))
+        decision = await services.decide_answer(call_id, name, context=twilio_context(name, form, settings.app.context_parameters))
         match decision.kind:
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP
@@ -298,18 +298,12 @@ CARRIER = Carrier(
 )
 
 
-def call_context(carrier: str, form: Mapping[str, str], allowed: list[str]) -> CallContext:
-    """The call as Twilio's (or SignalWire's) voice webhook describes it. ``allowed`` names the parameters passed
-    on: a SIP trunk's headers come as ``SipHeader_X-…`` fields, named so here too."""
-    direction = form.get("Direction", "inbound")
-    return CallContext(
-        call_id=form["CallSid"],
-        carrier=carrier,
-        direction="inbound" if direction == "inbound" else "outbound",
-        caller_number=e164(form.get("From") or form.get("Caller")),
-        called_number=e164(form.get("To") or form.get("Called")),
-        caller_name=form.get("CallerName", "")[:256] or None,
-        forwarded_from=e164(form.get("ForwardedFrom")),
-        account_id=form.get("AccountSid", "")[:256] or None,
-        parameters=allowed_parameters(form, allowed),
-    )
+def twilio_context(carrier: str, form: Mapping[str, str], allowed: list[str]) -> CallContext:
+    """The call as Twilio's (or SignalWire's) voice webhook describes it; a SIP trunk's headers come as
+    ``SipHeader_X-…`` fields, named so in ``app.context_parameters`` too."""
+    return call_context(
+        call_id=form["CallSid"], carrier=carrier, caller=form.get("From") or form.get("Caller"),
+        called=form.get("To") or form.get("Called"), caller_name=form.get("CallerName"),
+        forwarded_from=form.get("ForwardedFrom"), account_id=form.get("AccountSid"),
+        outbound=form.get("Direction", "inbound") != "inbound", parameters=form, allowed=allowed,
+    )  # fmt: skip

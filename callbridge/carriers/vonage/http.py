@@ -66,6 +66,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from fastapi import APIRouter, Request, Response, WebSocket, WebSocketDisconnect
 from pydantic import SecretStr
 
+from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
@@ -364,7 +365,13 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         call_id = params.get("uuid")
         if not isinstance(call_id, str) or not _CALL_ID.fullmatch(call_id):
             return Response("uuid missing or invalid", status_code=400)
-        decision = await services.decide_answer(call_id, "vonage", retries=False)
+        context = call_context(
+            call_id=call_id, carrier="vonage", caller=params.get("from"), called=params.get("to"),
+            carrier_call_id=params.get("conversation_uuid"), plus_implied=True,
+            parameters=[(key, str(value)) for key, value in params.items() if isinstance(value, str | int | float)],
+            allowed=settings.app.context_parameters,
+        )  # fmt: skip; SIP headers are SipHeader_X-… fields
+        decision = await services.decide_answer(call_id, "vonage", retries=False, context=context)
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
             return _ncco([])  # an empty NCCO: the call ends (over already, or refused)
         conversation = params.get("conversation_uuid")
