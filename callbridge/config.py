@@ -253,6 +253,13 @@ class AppSettings(Section):
     greeting: str = ""
     """The agent speaks first: what the model is told to say as each call starts (an application's assistant
     may set its own). Empty: the agent waits for the caller."""
+    tool_timeout_s: Annotated[float, Field(gt=0, le=120)] = 10.0
+    """How long the model's call of an application tool may take; past it the model hears an error it can speak
+    to ("the tool did not answer in time"), and the call goes on."""
+    tool_filler: str = ""
+    """Said while a tool is slow (``tool_filler_after_s``), as the greeting is: "Tell the caller you are looking
+    it up." (an assistant may set its own). Empty: silence until the result."""
+    tool_filler_after_s: Annotated[float, Field(ge=0, le=60)] = 1.0
     context_parameters: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(default_factory=list)
     """Which of a call's own parameters reach the application in ``CallContext.parameters``: custom parameters,
     client state, extra headers, SIP ``X-`` headers, by name (case-insensitive). Empty: none."""

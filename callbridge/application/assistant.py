@@ -4,11 +4,45 @@ value (``AssistantReply.model_json_schema()``, published as ``docs/application-s
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["AssistantConfig", "AssistantReply"]
+__all__ = ["BRIDGE_TOOLS", "AssistantConfig", "AssistantReply", "Tool", "ToolResult"]
+
+BRIDGE_TOOLS = frozenset({"end_call", "transfer_call", "send_dtmf"})
+"""The bridge's own tools' names (``call_actions``): an application's tool may not take one."""
+
+
+class Tool(BaseModel):
+    """A function of the application's that the model may call (Realtime's ``{"type": "function", …}``). Its calls
+    go to the application (``tool-call``); what it answers goes back to the model, which speaks to it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = Field(default="", max_length=2048)
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    """The arguments' JSON Schema."""
+
+    def to_realtime(self) -> dict[str, Any]:
+        return {"type": "function", "name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+class ToolResult(BaseModel):
+    """The answer to a ``tool-call``: ``output`` (text the model reads: JSON, or a sentence) or ``error`` (said to
+    the model as an error it can speak to: "I could not look that up")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: str | None = Field(default=None, max_length=16_384)
+    error: str | None = Field(default=None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _one(self) -> ToolResult:
+        if (self.output is None) == (self.error is None):
+            raise ValueError("exactly one of output, error")
+        return self
 
 
 class AssistantConfig(BaseModel):
@@ -23,6 +57,20 @@ class AssistantConfig(BaseModel):
     greeting: str | None = Field(default=None, max_length=4096)
     """The agent speaks first: what the model is told as the call starts, a text turn it answers at once (write
     it as an instruction, "Greet the caller and ask how you can help"); ``""``: it waits for the caller."""
+    tools: tuple[Tool, ...] = Field(default=(), max_length=64)
+    """The application's own tools, beside the bridge's (``call_actions``): their calls come to the application."""
+    tool_filler: str | None = Field(default=None, max_length=1024)
+    """Said (as the greeting is) when a tool has not answered within ``app.tool_filler_after_s``: "Tell the caller
+    you are looking it up." None: ``app.tool_filler``."""
+
+    @model_validator(mode="after")
+    def _tool_names(self) -> AssistantConfig:
+        names = [tool.name for tool in self.tools]
+        if len(names) != len(set(names)):
+            raise ValueError("tools: each name once")
+        if taken := sorted(BRIDGE_TOOLS.intersection(names)):
+            raise ValueError(f"tools: {', '.join(taken)} is the bridge's own")
+        return self
 
 
 class AssistantReply(BaseModel):

@@ -2,8 +2,11 @@
 (``app.module = "myagent:app"``), and the deadline every request to it runs under.
 
 A Python application is an object with ``async def assistant(self, call: CallContext) -> AssistantReply |
-AssistantConfig``; the webhook receives ``{"type": "assistant-request", "call": CallContext}`` (signed:
-``signing.py``) and answers ``AssistantReply``'s JSON. A slow or failing application never leaves a caller in
+AssistantConfig`` and, for the tools its assistants declare, ``async def tool(self, call, name, arguments) -> str |
+ToolResult``; the webhook receives ``{"type": "assistant-request", "call": CallContext}`` and answers
+``AssistantReply``'s JSON, and ``{"type": "tool-call", "call": …, "name": …, "arguments": {…}}`` answered with
+``ToolResult``'s (each signed: ``signing.py``). A tool that fails or runs past ``app.tool_timeout_s`` answers the
+model an error it can speak to, never a call left waiting. A slow or failing application never leaves a caller in
 silence: past ``app.assistant_timeout_s``, or on any error or an answer that does not parse, the call gets
 ``app.on_failure`` (the bridge's configured assistant, or busy), logged and counted (``AssistantOutcome.failure``).
 """
@@ -17,12 +20,12 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 from pydantic import ValidationError
 
-from callbridge.application.assistant import AssistantConfig, AssistantReply
+from callbridge.application.assistant import AssistantConfig, AssistantReply, ToolResult
 from callbridge.application.context import CallContext
 from callbridge.application.signing import SIGNATURE_HEADER, sign
 
@@ -32,6 +35,7 @@ __all__ = [
     "ApplicationFailed",
     "AssistantOutcome",
     "AssistantSource",
+    "ToolOutcome",
     "ModuleApplication",
     "WebhookApplication",
     "load_module",
@@ -56,6 +60,8 @@ class Application(Protocol):
 
     async def assistant(self, call: CallContext) -> AssistantReply | AssistantConfig: ...
 
+    async def tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolResult | str: ...
+
 
 class ModuleApplication:
     """A Python application loaded from ``module:attribute`` (an object with the hooks, or a class to instantiate)."""
@@ -71,6 +77,15 @@ class ModuleApplication:
         if not isinstance(reply, AssistantReply | AssistantConfig):
             raise ApplicationFailed("invalid", f"assistant() returned {type(reply).__name__}")
         return reply
+
+    async def tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolResult | str:
+        hook = getattr(self.target, "tool", None)
+        if hook is None:
+            raise ApplicationFailed("no_tool_hook", "the application has no tool(call, name, arguments) hook")
+        result = await hook(call, name, arguments)
+        if not isinstance(result, ToolResult | str):
+            raise ApplicationFailed("invalid", f"tool() returned {type(result).__name__}")
+        return result
 
 
 def load_module(spec: str) -> ModuleApplication:
@@ -131,6 +146,14 @@ class WebhookApplication:
         except ValidationError as exc:
             raise ApplicationFailed("invalid", str(exc.errors(include_url=False)[:3])) from exc
 
+    async def tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolResult | str:
+        payload: dict[str, object] = {"type": "tool-call", "call": call.model_dump(mode="json"), "name": name, "arguments": arguments}
+        body = await self.post(payload, timeout_s=60.0)
+        try:
+            return ToolResult.model_validate_json(body)
+        except ValidationError as exc:
+            raise ApplicationFailed("invalid", str(exc.errors(include_url=False)[:3])) from exc
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -148,16 +171,32 @@ class AssistantOutcome:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What the model hears back from a tool call (``result``), and why it is an error where the application failed."""
+
+    result: ToolResult
+    failure: str | None
+    elapsed_ms: int
+    detail: str = ""
+
+
 class AssistantSource:
     """Asks the application for each call's assistant under the deadline (``app.assistant_timeout_s``), and stands
     in for it (``on_failure``: the configured assistant, or busy) when it is slow, down, or answers nonsense."""
 
     def __init__(
-        self, application: Application, *, deadline_s: float, on_failure: Literal["fallback", "busy"]
+        self,
+        application: Application,
+        *,
+        deadline_s: float,
+        on_failure: Literal["fallback", "busy"],
+        tool_deadline_s: float = 10.0,
     ) -> None:
         self.application = application
         self.deadline_s = deadline_s
         self.on_failure = on_failure
+        self.tool_deadline_s = tool_deadline_s
 
     def fallback(self) -> AssistantReply:
         return AssistantReply(reject="busy") if self.on_failure == "busy" else AssistantReply.answer()
@@ -181,6 +220,29 @@ class AssistantSource:
         if isinstance(reply, AssistantConfig):
             reply = AssistantReply.answer(reply)
         return AssistantOutcome(reply, "application", None, elapsed_ms())
+
+    async def run_tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+        """The application's answer to the model's call of its tool ``name``, under ``tool_deadline_s``; an error
+        result the model can speak to where it fails, answers nonsense or runs out of time."""
+        started = time.monotonic()
+
+        def failed(failure: str, detail: str = "") -> ToolOutcome:
+            said = "the tool did not answer in time" if failure == "timeout" else "the tool failed"
+            return ToolOutcome(ToolResult(error=said), failure, int((time.monotonic() - started) * 1000), detail)
+
+        try:
+            result = await asyncio.wait_for(self.application.tool(call, name, arguments), self.tool_deadline_s)
+        except TimeoutError:
+            return failed("timeout")
+        except ApplicationFailed as exc:
+            return failed(exc.reason, exc.detail)
+        except ValidationError as exc:
+            return failed("invalid", str(exc.errors(include_url=False)[:3]))
+        except Exception as exc:  # noqa: BLE001 - the application's own bug: the model hears an error, the call goes on
+            return failed("error", repr(exc))
+        if isinstance(result, str):
+            result = ToolResult(output=result[:16_384])
+        return ToolOutcome(result, None, int((time.monotonic() - started) * 1000))
 
     async def aclose(self) -> None:
         close = getattr(self.application, "aclose", None)

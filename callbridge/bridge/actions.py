@@ -34,6 +34,7 @@ __all__ = [
     "TRANSFER_CALL",
     "ActionResult",
     "AgentAction",
+    "ApplicationToolCall",
     "CallActionPerformer",
     "CarrierCallAction",
     "EndCall",
@@ -109,8 +110,16 @@ class SendDtmf:
     digits: str
 
 
+@dataclass(frozen=True, slots=True)
+class ApplicationToolCall:
+    """The model called one of the application's tools (``AssistantConfig.tools``): the application answers."""
+
+    name: str
+    arguments: Mapping[str, Any]
+
+
 CarrierCallAction = TransferCall | SendDtmf
-AgentAction = EndCall | CarrierCallAction
+AgentAction = EndCall | CarrierCallAction | ApplicationToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +134,13 @@ class ActionResult:
     error: str | None = None
     detail: str | None = None
     call_left: bool = False
+    text: str | None = None
+    """An application tool's own output, given to the model as it is."""
+
+    @classmethod
+    def answered(cls, text: str) -> ActionResult:
+        """An application tool's output."""
+        return cls(True, text=text)
 
     @classmethod
     def done(cls, *, call_left: bool = False, detail: str | None = None) -> ActionResult:
@@ -139,7 +155,10 @@ class ActionResult:
         return cls(False, "unsupported", f"{provider} calls cannot {what} from the bridge")
 
     def output(self) -> str:
-        """The ``function_call_output`` text: ``{"ok": true}`` or ``{"error": …, "detail": …}``."""
+        """The ``function_call_output`` text: ``{"ok": true}`` or ``{"error": …, "detail": …}``; an application
+        tool's output as it answered it."""
+        if self.text is not None:
+            return self.text
         body: dict[str, Any] = {"ok": True} if self.ok else {"error": self.error or "failed"}
         if self.detail:
             body["detail"] = self.detail

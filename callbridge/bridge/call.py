@@ -56,6 +56,7 @@ import numpy as np
 
 from callbridge.bridge.actions import (
     ActionResult,
+    ApplicationToolCall,
     CarrierCallAction,
     EndCall,
     TransferCall,
@@ -215,6 +216,9 @@ _CUT_REPLIES_KEPT: Final = 8
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
+_TOLD_WAIT_MS: Final = 1000
+"""How long after its playout a tool's result waits for the engine to be told the last response was heard, before
+the model is asked to answer it anyway."""
 _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
 may still be read before the stream is taken for dropped."""
@@ -351,7 +355,7 @@ class PendingAction:
 
     call_id: str
     """The model's function call id (the output answers it)."""
-    action: CarrierCallAction
+    action: CarrierCallAction | ApplicationToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -430,7 +434,17 @@ class CallSession:
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
-        self._actions_running: dict[str, CarrierCallAction] = {}
+        self._actions_running: dict[str, CarrierCallAction | ApplicationToolCall] = {}
+        self._application_tools: frozenset[str] = frozenset()
+        self._tool_filler: str | None = None
+        self._fillers_said: set[str] = set()
+        """Application tool calls whose filler the agent was told to say."""
+        self._respond_after_response = False
+        """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
+        self._respond_checked_ms = -1
+        """When ``_respond_when_silent`` last looked (its deadlines are the ones after)."""
+        self._last_response: str | None = None
+        """The response whose audio came last (``_respond_when_silent`` waits until the engine was told all of it)."""
         self._closing_after_transfer = False
         """The carrier's ``stop`` came while a transfer was under way: the engine session is closed when its result
         comes (``action_finished``), after the model is told it; or by the stream's end, if it never comes."""
@@ -499,11 +513,15 @@ class CallSession:
         told_ms: tuple[tuple[str, int], ...] = (),
         taken_over: bool = False,
         greeting: str | None = None,
+        application_tools: frozenset[str] = frozenset(),
+        tool_filler: str | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
         ``greeting``: the session is new (the call's first stream): the agent speaks first, told this as a text turn
         with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other.
+        ``application_tools``: the names of the call's application tools (their calls go to the application:
+        ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
@@ -517,6 +535,7 @@ class CallSession:
         was heard waits for the engine's replay (``TAKEOVER_TELLS_HELD_MS``).
         """
         self._transition(_Trigger.ENGINE_BOUND)
+        self._application_tools, self._tool_filler = application_tools, tool_filler
         if taken_over:
             self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities
@@ -579,6 +598,7 @@ class CallSession:
             case ResponseDone(response_id, status, _, _):
                 if status == "cancelled":
                     self._interrupt(response_id, now_ms)
+                    self._respond_after_response = False  # the caller took the turn: its response hears the result
                 elif response_id == self._out_response:
                     self._finish_response(now_ms)
             case OverlapDecision(action, _, _) if action == "barge_in":
@@ -612,6 +632,7 @@ class CallSession:
                 pass  # an engine error (the driver logs it) does not end the call
         if self.hang_up_after_playout is not None:
             self._end_for_agent_when_played(now_ms)
+        self._respond_when_silent(now_ms)
 
     def engine_failed(self, reason: str, now_ms: int) -> None:
         """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
@@ -789,6 +810,7 @@ class CallSession:
             self._drain_ledger()
             if self.hang_up_after_playout is not None:
                 self._end_for_agent_when_played(now_ms)
+            self._respond_when_silent(now_ms)
         elif self.state is CallState.ENDING:
             self.ledger.tick(now_ms)
             self._drain_ledger(to_engine=False)
@@ -929,6 +951,11 @@ class CallSession:
         if self.hang_up_after_playout is not None and self._out_response is None:  # hang up once it has played
             deadlines = [d for d in (self.ledger.next_deadline_ms(), self.ledger.playing_until_ms) if d is not None]
             return min(deadlines) if deadlines else None
+        if self._respond_after_response and self._out_response is None:  # a tool's result: answered once played
+            until = self.ledger.playing_until_ms
+            due = (until, until + _TOLD_WAIT_MS)
+            deadlines = [d for d in (self.ledger.next_deadline_ms(), *due) if d is not None and d > self._respond_checked_ms]
+            return min(deadlines) if deadlines else None
         return self.ledger.next_deadline_ms()
 
     # ------------------------------------------------------------ agent actions
@@ -949,11 +976,57 @@ class CallSession:
         if action is None or self.state is not CallState.LIVE:
             return  # the call ended meanwhile: nobody to tell
         self._to_engine(FunctionCallOutput(call_id, result.output()))
+        if isinstance(action, ApplicationToolCall):  # the model speaks to the result: now, or after what it is saying
+            self._fillers_said.discard(call_id)
+            if self._responding(now_ms):
+                self._respond_after_response = True
+            else:
+                self._to_engine(CreateResponse())
         if isinstance(action, TransferCall) and result.ok:
             self._end_by_agent("transferred", hang_up=not result.call_left)
 
+    def tool_slow(self, call_id: str, now_ms: int) -> None:
+        """The application's tool ``call_id`` has not answered yet (``app.tool_filler_after_s``): where a filler is
+        configured and the agent is silent, it is told to say it (once per tool call). Then drain every output."""
+        if (
+            self._tool_filler is None or self.state is not CallState.LIVE or call_id not in self._actions_running
+            or call_id in self._fillers_said or self._responding(now_ms)
+        ):  # fmt: skip
+            return
+        self._fillers_said.add(call_id)
+        self._to_engine(CreateTextItem(self._tool_filler))
+        self._to_engine(CreateResponse())
+
+    def _respond_when_silent(self, now_ms: int) -> None:
+        """A tool's result reached the model while the agent spoke: once that has played out and the engine was
+        told so (it refuses a response while it counts the last one as playing: ``response_already_active``), the
+        model answers it; at most ``_TOLD_WAIT_MS`` after the playout, told or not (a carrier's last mark lost)."""
+        if not self._respond_after_response or self.state is not CallState.LIVE:
+            return
+        self._respond_checked_ms = now_ms
+        if self._responding(now_ms):
+            return
+        last = self._last_response
+        told = last is None or self._told.get(last, 0) >= int(self._generated_ms.get(last, 0.0)) - self.ledger.frame_ms
+        if told or now_ms >= self.ledger.playing_until_ms + _TOLD_WAIT_MS:
+            self._respond_after_response = False
+            self._to_engine(CreateResponse())
+
+    def _responding(self, now_ms: int) -> bool:
+        """The agent's reply is arriving or playing."""
+        return self._out_response is not None or self.ledger.is_playing(now_ms)
+
     def _on_function_call(self, call: FunctionCall) -> None:
         options = self.options
+        if call.name in self._application_tools:
+            if self.hang_up_after_playout is not None or any(isinstance(a, TransferCall) for a in self._actions_running.values()):
+                busy = "the call is ending" if self.hang_up_after_playout is not None else "a transfer is in progress"
+                self._to_engine(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
+                return
+            tool = ApplicationToolCall(call.name, dict(call.arguments))
+            self._actions_running[call.call_id] = tool
+            self._out.append(Perform(PendingAction(call.call_id, tool)))
+            return
         action = (
             parse_call(call, options.transfer_targets)
             if options.call_actions
@@ -999,6 +1072,7 @@ class CallSession:
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
                 self.ledger.mark_echoed(name, now_ms - self._read_lag_ms)
                 self._drain_ledger(to_engine=self.state is CallState.LIVE)  # not the failure tone's
+                self._respond_when_silent(now_ms)
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
                 self._out.append(Notice(event))
@@ -1098,7 +1172,7 @@ class CallSession:
         if delta.response_id != self._out_response or self._out_resampler is None:
             if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
-            self._out_response = delta.response_id
+            self._out_response = self._last_response = delta.response_id
             self._out_resampler = StreamResampler(delta.rate_hz, self._out_rate_hz, self.options.resampler_quality)
             self._out_frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             generated = self._generated_ms

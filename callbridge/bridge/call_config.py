@@ -10,7 +10,7 @@ from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.config import Settings
 from callbridge.engine.port import SessionConfig, TurnDetection
 
-__all__ = ["assistant_source", "call_options", "greeting", "session_config"]
+__all__ = ["assistant_source", "call_options", "greeting", "session_config", "tool_filler"]
 
 
 def call_options(settings: Settings) -> CallOptions:
@@ -42,13 +42,20 @@ def session_config(settings: Settings, assistant: AssistantConfig | None = None)
         temperature=chosen.temperature,
         turn_detection=TurnDetection(),
         input_rate_hz=settings.audio.engine_input_rate_hz,
-        tools=telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else (),
+        tools=(telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else ())
+        + tuple(tool.to_realtime() for tool in chosen.tools),
     )
 
 
 def greeting(settings: Settings, assistant: AssistantConfig | None = None) -> str | None:
     """What the agent is told to say first on a new call (the assistant's, else ``app.greeting``); None: it waits."""
     text = assistant.greeting if assistant is not None and assistant.greeting is not None else settings.app.greeting
+    return text or None
+
+
+def tool_filler(settings: Settings, assistant: AssistantConfig | None = None) -> str | None:
+    """What the agent says while a tool is slow (the assistant's, else ``app.tool_filler``); None: nothing."""
+    text = assistant.tool_filler if assistant is not None and assistant.tool_filler is not None else settings.app.tool_filler
     return text or None
 
 
@@ -63,4 +70,6 @@ def assistant_source(settings: Settings) -> AssistantSource | None:
         application = load_module(app.module)
     else:
         return None
-    return AssistantSource(application, deadline_s=app.assistant_timeout_s, on_failure=app.on_failure)
+    return AssistantSource(
+        application, deadline_s=app.assistant_timeout_s, on_failure=app.on_failure, tool_deadline_s=app.tool_timeout_s
+    )

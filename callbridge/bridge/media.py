@@ -26,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketState
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
-from callbridge.bridge.actions import ActionResult
+from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.call import (
     BargeInFlushed,
     BindEngine,
@@ -43,7 +43,7 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
-from callbridge.bridge.call_config import call_options, greeting, session_config
+from callbridge.bridge.call_config import call_options, greeting, session_config, tool_filler
 from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.lifecycle import (
     AskEnded,
@@ -300,7 +300,10 @@ class MediaStreamDriver:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
         self.log = self.log.bind(session_id=session.session_id)
-        greets = await self._greeting(start, bind.source)
+        setup = await self._bound_setup(start)
+        assistant = setup.assistant if setup is not None else None
+        first_stream = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
+        greets = greeting(services.settings, assistant) if first_stream else None
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
@@ -315,6 +318,8 @@ class MediaStreamDriver:
             self.call.engine_bound(
                 session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
                 told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER, greeting=greets,
+                application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
+                tool_filler=tool_filler(services.settings, assistant),
             )
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
@@ -566,6 +571,9 @@ class MediaStreamDriver:
         """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""
         start = self._start
         assert start is not None
+        if isinstance(pending.action, ApplicationToolCall):
+            await self._run_tool(pending.call_id, pending.action)
+            return
         action = type(pending.action).__name__
         try:
             result = await self.services.perform_action(self.provider, start.call_id, start.account_id, pending.action)
@@ -577,6 +585,30 @@ class MediaStreamDriver:
         self.log.info("call_action", action=action, result=outcome, detail=result.detail)
         async with self._lock:
             self.call.action_finished(pending.call_id, result, _now_ms())
+            await self._flush()
+
+    async def _run_tool(self, call_id: str, tool: ApplicationToolCall) -> None:
+        """The application answers the model's call of its tool (``AssistantSource.run_tool``, under
+        ``app.tool_timeout_s``); past ``app.tool_filler_after_s`` the call is told it is slow (its filler)."""
+        services, setup = self.services, self._setup_read
+        assert services.assistants is not None and setup is not None, "application tools come with a setup"
+        running = asyncio.ensure_future(services.assistants.run_tool(setup.context, tool.name, dict(tool.arguments)))
+        try:
+            done, _ = await asyncio.wait({running}, timeout=services.settings.app.tool_filler_after_s)
+            if not done:
+                async with self._lock:
+                    self.call.tool_slow(call_id, _now_ms())
+                    await self._flush()
+            outcome = await running
+        finally:
+            running.cancel()
+        result = outcome.result
+        failure = outcome.failure or ("tool_error" if result.error is not None else None)
+        services.metrics.call_actions.labels(self.provider, "ApplicationTool", failure or "ok").inc()
+        self.log.info("application_tool", tool=tool.name, elapsed_ms=outcome.elapsed_ms, failure=failure, detail=outcome.detail[:300] or None)
+        answer = ActionResult.answered(result.output) if result.output is not None else ActionResult.failed("tool_failed", result.error)
+        async with self._lock:
+            self.call.action_finished(call_id, answer, _now_ms())
             await self._flush()
 
     async def _hang_up(self, reason: str) -> None:
@@ -770,17 +802,15 @@ class MediaStreamDriver:
             self._setup_read = chosen
         return self._setup_read
 
-    async def _greeting(self, start: StreamStarted, source: BindSource) -> str | None:
-        """What the agent says first, where this stream is the call's first (its session new: opened here or at
-        the answer); None on a resumed call, and where nothing is configured."""
-        if source not in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER):
-            return None
+    async def _bound_setup(self, start: StreamStarted) -> CallSetup | None:
+        """The call's setup as its session binds (its greeting, its tools): None without an application, or where
+        the registry has none (the configured assistant then)."""
         try:
             setup = await self._setup(start, choose=False)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-            setup = None
-        return greeting(self.services.settings, setup.assistant if isinstance(setup, CallSetup) else None)
+            return None
+        return setup if isinstance(setup, CallSetup) else None
 
     def _context(self, start: StreamStarted) -> CallContext:
         """What the stream's start says of the call (carriers with no answer webhook build the context here)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from callbridge.application import AssistantConfig, AssistantReply, CallContext
+from callbridge.application import AssistantConfig, AssistantReply, CallContext, Tool
 
 INSTRUCTIONS = "You are Acme's receptionist."
 GREETING = "Greet the caller by the number they called from and ask how you can help."
@@ -42,3 +42,25 @@ class Busy:
 class HangsUp:
     async def assistant(self, call: CallContext) -> AssistantReply:
         return AssistantReply(reject="hang_up")
+
+
+ORDER_TOOL = "look_up_order"
+
+
+class Orders:
+    """An assistant with one tool of its own; the tool answers at once, slowly, or fails, by the call's digit."""
+
+    calls: ClassVar[list[tuple[str, dict[str, object]]]] = []
+    delay_s: ClassVar[float] = 0.0
+    fails: ClassVar[bool] = False
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        tool = Tool(name=ORDER_TOOL, description="Look up the caller's order", parameters={"type": "object", "properties": {}})
+        return AssistantConfig(tools=(tool,), tool_filler="Say you are looking it up.")
+
+    async def tool(self, call: CallContext, name: str, arguments: dict[str, object]) -> str:
+        Orders.calls.append((name, arguments))
+        await asyncio.sleep(Orders.delay_s)
+        if Orders.fails:
+            raise RuntimeError("orders database down")
+        return '{"order": "A-17", "status": "shipped"}'

@@ -16,13 +16,16 @@ from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
 from callbridge.carriers import simulated
-from callbridge.engine.commands import CreateResponse, CreateTextItem
+from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
+from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge import agent_app
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech
 
 MODULE = "tests.bridge.agent_app:"
+OUTPUT = '{"order": "A-17", "status": "shipped"}'
+"""What ``agent_app.Orders``' tool answers."""
 
 
 def _requests(bridge: RunningBridge, outcome: str, failure: str = "") -> float:
@@ -224,3 +227,52 @@ async def test_every_carrier_tells_the_application_who_calls_and_greets_first(pr
     assert commands[greeting_at + 1] == CreateResponse()
     numbers = [call.caller_number, call.called_number] if provider != "sip" else [call.caller_number]  # To: sip:agent@…
     assert all(number is not None and number.startswith("+") for number in numbers if CALLER_KNOWN.get(provider, True)), call
+
+
+def _said(recorder: Any, session_id: str) -> list[str]:
+    """The text turns the bridge gave the engine (greeting, filler) and the tool outputs, in order."""
+    out: list[str] = []
+    for command in recorder.commands[session_id]:
+        if isinstance(command, CreateTextItem) and not command.text.startswith("DTMF"):
+            out.append(f"text: {command.text}")
+        elif isinstance(command, FunctionCallOutput):
+            out.append(f"output: {command.output}")
+    return out
+
+
+async def test_a_tool_of_the_application_is_called_and_its_result_spoken() -> None:
+    """The model calls the application's tool (the embedded ``actions`` agent does on the caller's key 1): the
+    application answers, the output goes back to the model and a response is asked for, which the caller hears."""
+    recorder = engine("actions")
+    agent_app.Orders.calls.clear()
+    agent_app.Orders.delay_s, agent_app.Orders.fails = 0.0, False
+    async with running_bridge(settings(app={"module": MODULE + "Orders"}), recorder) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(dtmf=((1000, "1"),), hangup_at_ms=4500))
+    (session_id,) = recorder.opened
+    tools = [tool["name"] for tool in recorder.configs[session_id].tools]
+    assert tools == [agent_app.ORDER_TOOL]
+    assert agent_app.Orders.calls == [(agent_app.ORDER_TOOL, {"digit": "1"})]
+    assert _said(recorder, session_id) == ['output: {"order": "A-17", "status": "shipped"}']
+    commands = recorder.commands[session_id]
+    output_at = next(i for i, c in enumerate(commands) if isinstance(c, FunctionCallOutput))
+    assert CreateResponse() in commands[output_at + 1 :]
+    assert result.agent_speech_ms > 0 and _first_agent_audio_ms(result.timeline) > 1000, result.render()  # the result
+
+
+async def test_a_slow_tool_gets_its_filler_and_a_failing_one_an_error_the_model_speaks_to() -> None:
+    recorder = engine("actions")
+    agent_app.Orders.delay_s, agent_app.Orders.fails = 2.5, False
+    config = settings(app={"module": MODULE + "Orders"})
+    async with running_bridge(config, recorder) as bridge:
+        slow = await bridge.carrier.place_call(CallerScript(dtmf=((500, "1"),), hangup_at_ms=6000))
+    agent_app.Orders.delay_s, agent_app.Orders.fails = 0.0, True
+    async with running_bridge(config, recorder) as bridge:
+        await bridge.carrier.place_call(CallerScript(dtmf=((500, "1"),), hangup_at_ms=3000))
+    slow_session, failing_session = recorder.opened
+    assert _said(recorder, slow_session) == ["text: Say you are looking it up.", f"output: {OUTPUT}"]
+    commands = recorder.commands[slow_session]
+    output_at = next(i for i, c in enumerate(commands) if isinstance(c, FunctionCallOutput))
+    assert CreateResponse() in commands[output_at + 1 :]  # asked once the filler had played out
+    filler_ms, result_ms = (len(spoken_stand_in(len(text))) // 48 for text in ("Say you are looking it up.", OUTPUT))
+    assert abs(slow.agent_speech_ms - (filler_ms + result_ms)) <= 100, (slow.render(), commands[output_at - 3 :])  # both heard
+    assert _said(recorder, failing_session) == ['output: {"error":"tool_failed","detail":"the tool failed"}']

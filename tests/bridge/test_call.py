@@ -10,6 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
+from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.call import (
     TAKEOVER_TELLS_HELD_MS,
     BargeInFlushed,
@@ -32,12 +33,15 @@ from callbridge.engine.commands import (
     AckPlayback,
     AppendAudio,
     CloseSession,
+    CreateResponse,
     CreateTextItem,
+    FunctionCallOutput,
     TruncateItem,
 )
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
+    FunctionCall,
     ItemTruncated,
     OutputAudioCleared,
     OverlapDecision,
@@ -693,3 +697,70 @@ class TestLeavingTheStream:
         call.engine_bound(CAPS, 0)
         assert call.state is CallState.LIVE
         assert not call.move_elsewhere(0) and call.state is CallState.LIVE  # closing Exotel's socket ends its call
+
+
+class TestApplicationSurface:
+    """The greeting and the application's tools, on the call core (``CallSession``)."""
+
+    def test_a_new_session_greets_first(self) -> None:
+        h = Harness().live(greeting="Greet the caller.")
+        assert h.commands[-2:] == [CreateTextItem("Greet the caller."), CreateResponse()]
+
+    def test_a_tool_of_the_application_is_performed_and_its_result_answered(self) -> None:
+        h = Harness().live(application_tools=frozenset({"look_up"}))
+        h.engine(FunctionCall("look_up", "call_1", {"order": "A-17"}, '{"order":"A-17"}', "resp-0"))
+        (pending,) = h.take_performed()
+        assert pending == PendingAction("call_1", ApplicationToolCall("look_up", {"order": "A-17"}))
+        h.call.action_finished("call_1", ActionResult.answered("shipped"), h.now_ms)
+        h.drain()
+        assert h.commands[-2:] == [FunctionCallOutput("call_1", "shipped"), CreateResponse()]  # the agent is silent
+
+    def test_a_result_that_comes_while_the_agent_speaks_is_answered_once_the_engine_was_told_it_was_heard(self) -> None:
+        """The engine refuses a response while it counts the last one as playing (``response_already_active``): the
+        response for the tool's result is asked for once the final mark's ack is sent, not when the bridge's
+        clock says the audio has played."""
+        h = Harness(lead_ms=200, mark_every_frames=5).live(application_tools=frozenset({"look_up"}))
+        h.engine(FunctionCall("look_up", "call_1", {}, "{}", "resp-0"))
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(600), 24000, "resp-1", "item_resp-1", 0))  # a filler, say
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        h.call.action_finished("call_1", ActionResult.answered("shipped"), h.now_ms)
+        h.drain()
+        assert h.commands[-1] == FunctionCallOutput("call_1", "shipped")
+        h.advance(900)  # played out by the bridge's clock; Twilio has echoed no mark yet
+        assert CreateResponse() not in h.commands
+        for message in h.events("mark"):  # the echoes arrive
+            h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{mark_name(message)}"}}}}')
+        told = h.of(AckPlayback)[-1]
+        assert told.played_ms >= 600 - 20 and h.commands[-1] == CreateResponse()
+
+    def test_with_no_echo_the_result_is_answered_a_second_after_the_playout(self) -> None:
+        h = Harness(lead_ms=200, mark_every_frames=5).live(application_tools=frozenset({"look_up"}))
+        h.engine(FunctionCall("look_up", "call_1", {}, "{}", "resp-0"))
+        h.engine(AudioDelta(agent_audio(600), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        h.call.action_finished("call_1", ActionResult.answered("shipped"), h.now_ms)
+        h.drain()
+        h.advance(1500)
+        assert CreateResponse() not in h.commands
+        h.advance(200)
+        assert h.commands[-1] == CreateResponse()
+
+    def test_a_slow_tool_gets_its_filler_once_and_never_over_the_agent(self) -> None:
+        h = Harness().live(application_tools=frozenset({"look_up"}), tool_filler="Say one moment.")
+        h.engine(FunctionCall("look_up", "call_1", {}, "{}", "resp-0"))
+        h.call.tool_slow("call_1", h.now_ms)
+        h.call.tool_slow("call_1", h.now_ms)
+        h.drain()
+        assert h.of(CreateTextItem) == [CreateTextItem("Say one moment.")] and h.of(CreateResponse) == [CreateResponse()]
+        h.engine(FunctionCall("look_up", "call_2", {}, "{}", "resp-2"))
+        h.engine(AudioDelta(agent_audio(600), 24000, "resp-3", "item_resp-3", 0))  # the agent speaks
+        h.call.tool_slow("call_2", h.now_ms)
+        h.drain()
+        assert h.of(CreateTextItem) == [CreateTextItem("Say one moment.")]
+
+    def test_a_tool_the_call_did_not_declare_is_refused_as_before(self) -> None:
+        h = Harness().live(application_tools=frozenset({"look_up"}))
+        h.engine(FunctionCall("book", "call_1", {}, "{}", "resp-0"))
+        assert h.take_performed() == [] and isinstance(h.commands[-1], FunctionCallOutput)
+        assert "unknown_tool" in h.commands[-1].output

@@ -68,7 +68,9 @@ def started(rate: object = "8000") -> ExotelCodec:
 def test_start_announces_the_call_the_stream_and_the_format() -> None:
     codec = ExotelCodec()
     (event,) = codec.receive_message(START)
-    assert event == StreamStarted(CALL, SID, "exotel1", AudioEncoding.L16, 8000, {"key1": "value1"})
+    assert event == StreamStarted(
+        CALL, SID, "exotel1", AudioEncoding.L16, 8000, {"key1": "value1"}, caller="+919800000001", called="+918000000002"
+    )  # who calls: the application's context (no answer webhook)
     assert codec.stream_id == SID and codec.call_id == CALL
 
 

@@ -13,7 +13,9 @@ speak at), or streams input straight back. The session core does the rest
   agent's call actions: the caller's keys (the bridge's ``DTMF <d>`` text
   items) call the telephony tools the session declared — ``#`` → ``end_call``,
   ``*`` → ``transfer_call`` to the first target its schema allows, ``0`` →
-  ``send_dtmf`` ``"123"``. A tool the session did not declare is not called.
+  ``send_dtmf`` ``"123"``, ``1`` → the first other tool declared (an
+  application's: ``{"digit": "1"}``). A tool the session did not declare is
+  not called. A tool's output, once a response is asked for, is said.
 """
 
 from __future__ import annotations
@@ -77,6 +79,9 @@ class ActionsAgent(EchoAgent):
             return "end_call", {}
         if key == "0" and "send_dtmf" in tools:
             return "send_dtmf", {"digits": "123"}
+        if key == "1":
+            other = [name for name in tools if name not in ("end_call", "send_dtmf", "transfer_call")]
+            return (other[0], {"digit": "1"}) if other else None
         if key == "*" and "transfer_call" in tools:
             parameters = tools["transfer_call"].get("parameters") or {}
             target = (parameters.get("properties") or {}).get("target") or {}

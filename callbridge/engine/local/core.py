@@ -365,6 +365,7 @@ class LocalSessionCore:
                     raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output already exists for call_id {call_id}")
                 self.function_outputs[call_id] = output
                 self._item_created({"type": "function_call_output", "call_id": call_id, "output": output})
+                self._text_turn = output  # a response asked for now speaks to it
             case Heartbeat():
                 self._outbox.append(HeartbeatAck())
             case CloseSession(reason):
