@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from callbridge.application.assistant import AssistantConfig, AssistantReply, ToolResult
 from callbridge.application.context import CallContext
+from callbridge.application.events import CallEvent
 from callbridge.application.signing import SIGNATURE_HEADER, sign
 
 __all__ = [
@@ -77,6 +78,11 @@ class ModuleApplication:
         if not isinstance(reply, AssistantReply | AssistantConfig):
             raise ApplicationFailed("invalid", f"assistant() returned {type(reply).__name__}")
         return reply
+
+    async def event(self, call: CallContext, event: CallEvent) -> None:
+        hook = getattr(self.target, "event", None)
+        if hook is not None:
+            await hook(call, event)
 
     async def tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolResult | str:
         hook = getattr(self.target, "tool", None)

@@ -24,6 +24,7 @@ from prometheus_client import (
 )
 
 from callbridge import __version__
+from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
@@ -74,6 +75,8 @@ class BridgeState:
             carrier_capabilities={spec.name: spec.capabilities for spec in CARRIERS},
             assistants=assistant_source(settings),
         )
+        if self.services.assistants is not None:
+            self.services.events = event_delivery(self.services.assistants.application, self.services.metrics)
         for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
                 self.services.action_performers[name] = rest  # type: ignore[assignment]
@@ -141,6 +144,8 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
         await state.services.registry.aclose()
         for rest in state.services.carrier_rests.values():
             await rest.aclose()
+        if state.services.events is not None:
+            await state.services.events.aclose()
         if state.services.assistants is not None:
             await state.services.assistants.aclose()
 

@@ -116,6 +116,7 @@ from callbridge.engine.events import (
     SessionClosed,
     SessionExpired,
     SessionReplaced,
+    SpeechStopped,
 )
 from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
@@ -124,6 +125,7 @@ __all__ = [
     "TRANSITIONS",
     "BargeInFlushed",
     "BindEngine",
+    "Observed",
     "CallOptions",
     "CallOutput",
     "CallSession",
@@ -216,6 +218,8 @@ _CUT_REPLIES_KEPT: Final = 8
 """Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
 _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
+_TURN_BEHIND_MAX_MS: Final = 5000
+"""A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
 _TOLD_WAIT_MS: Final = 1000
 """How long after its playout a tool's result waits for the engine to be told the last response was heard, before
 the model is asked to answer it anyway."""
@@ -262,6 +266,9 @@ class CallOptions:
     """A started stream that sends nothing this long is taken for dropped (the session waits for the next one)."""
     max_call_ms: int | None = 14_400_000
     """A stream is ended this long after ``connected`` (None: no limit)."""
+    turn_silence_ms: int = 500
+    """The session's ``server_vad`` silence: a ``SpeechStopped``'s ``audio_end_ms`` includes it (as OpenAI's Realtime
+    and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +313,19 @@ class MarkLag:
     """A marker's echo came this long after the playback model expected it (for the metrics)."""
 
     ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the call core saw of the conversation, for the application's events and the end-of-call report:
+    ``turn`` (``ms``: the caller stopped speaking → the agent's reply on its way to the caller), ``barge-in``
+    (``ms`` of the reply ``response_id`` the caller heard, of ``of_ms`` generated), ``dtmf`` (``detail``)."""
+
+    kind: str
+    ms: int = 0
+    of_ms: int | None = None
+    response_id: str | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +387,7 @@ class Perform:
 
 CallOutput = (
     ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | BindEngine | CallerAudioBegan | Notice | MarkLag | BargeInFlushed
+    | Observed
 )
 """What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""
 
@@ -441,6 +462,8 @@ class CallSession:
         """Application tool calls whose filler the agent was told to say."""
         self._respond_after_response = False
         """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
+        self._caller_stopped_ms: int | None = None
+        """When the caller last stopped speaking (the engine's ``SpeechStopped``), until the reply's audio comes."""
         self._respond_checked_ms = -1
         """When ``_respond_when_silent`` last looked (its deadlines are the ones after)."""
         self._last_response: str | None = None
@@ -595,6 +618,10 @@ class CallSession:
         match event:
             case AudioDelta():
                 self._on_audio(event, now_ms)
+            case SpeechStopped(audio_end_ms, _):  # when the caller stopped, on this stream's clock
+                behind_ms = self.input_ms - audio_end_ms
+                detected_ms = now_ms - behind_ms if 0 <= behind_ms <= _TURN_BEHIND_MAX_MS else now_ms
+                self._caller_stopped_ms = detected_ms - self.options.turn_silence_ms
             case ResponseDone(response_id, status, _, _):
                 if status == "cancelled":
                     self._interrupt(response_id, now_ms)
@@ -1076,6 +1103,7 @@ class CallSession:
             case DtmfReceived(digit):
                 self._transition(_Trigger.CARRIER_EVENT)
                 self._out.append(Notice(event))
+                self._out.append(Observed("dtmf", detail=digit))
                 if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
                     self._to_engine(CreateTextItem(f"DTMF {digit}"))
             case StreamStarted():
@@ -1173,6 +1201,9 @@ class CallSession:
             if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
             self._out_response = self._last_response = delta.response_id
+            if self._caller_stopped_ms is not None:  # the reply to the caller's turn: its first audio goes out now
+                self._out.append(Observed("turn", max(0, now_ms - self._caller_stopped_ms), response_id=delta.response_id))
+                self._caller_stopped_ms = None
             self._out_resampler = StreamResampler(delta.rate_hz, self._out_rate_hz, self.options.resampler_quality)
             self._out_frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             generated = self._generated_ms
@@ -1230,6 +1261,9 @@ class CallSession:
         heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0:
             self._tell(result.response_id, heard, truncate=True)
+        if barge_in:
+            generated = self._generated_ms.get(result.response_id)
+            self._out.append(Observed("barge-in", heard, round(generated) if generated is not None else None, result.response_id))
 
     def _end_by_engine(self, reason: str) -> None:
         self._transition(_Trigger.ENGINE_ENDED)

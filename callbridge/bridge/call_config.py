@@ -27,6 +27,7 @@ def call_options(settings: Settings) -> CallOptions:
         first_message_timeout_ms=int(server.first_message_timeout_s * 1000),
         idle_timeout_ms=int(server.idle_timeout_s * 1000),
         max_call_ms=int(server.max_call_duration_s * 1000) if server.max_call_duration_s else None,
+        turn_silence_ms=TurnDetection().silence_duration_ms,  # the session's (``session_config``)
     )
 
 

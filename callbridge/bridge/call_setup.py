@@ -10,7 +10,10 @@ from pydantic import BaseModel, ConfigDict
 
 from callbridge.application import AssistantConfig, CallContext
 
-__all__ = ["CallSetup", "setup_kept_ms"]
+__all__ = ["SETUP_NOTE", "CallSetup", "setup_kept_ms"]
+
+SETUP_NOTE = "setup"
+"""The registry note (``CallRegistry.keep_note``) a call's setup is kept under."""
 
 _KEPT_PAST_CALL_MS = 60_000
 _KEPT_UNLIMITED_MS = 4 * 3600 * 1000 + _KEPT_PAST_CALL_MS

@@ -20,13 +20,14 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
-from callbridge.bridge.actions import ActionResult, ApplicationToolCall
+from callbridge.application.events import CallEvent, EventType
+from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.call import (
     BargeInFlushed,
     BindEngine,
@@ -36,6 +37,7 @@ from callbridge.bridge.call import (
     HangUpCall,
     MarkLag,
     Notice,
+    Observed,
     PendingAction,
     Perform,
     StreamReport,
@@ -44,6 +46,7 @@ from callbridge.bridge.call import (
     engine_failure_kind,
 )
 from callbridge.bridge.call_config import call_options, greeting, session_config, tool_filler
+from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.lifecycle import (
     AskEnded,
@@ -76,7 +79,7 @@ from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAG
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, TranscriptDelta, is_chunk_verdict
 from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
@@ -96,6 +99,8 @@ _URGENT_CHECKPOINT_WAIT_S = 0.05
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
 _ACTION_RESULT_WAIT_S = 10.0
+_REPORT_KEPT_MS = 3_600_000
+"""How long a call's report so far waits in the registry for its next stream."""
 """How long a stream that has ended waits for the carrier work the agent asked for (a transfer whose TwiML ended
 the stream) to answer, so the model hears its result and the call's end says transferred; then it is cancelled."""
 _TIMED_EVERY_MESSAGES = 50
@@ -215,6 +220,8 @@ class MediaStreamDriver:
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
+        self._report: CallReportBuilder | None = None
+        """The call's report as this stream builds it (with an application that takes events)."""
         self._setup_read: CallSetup | None = None
         """The call's setup as this stream read (or chose) it (``_setup``)."""
         """The one check of the stream's single-use token (``_token_is_ours``)."""
@@ -304,6 +311,8 @@ class MediaStreamDriver:
         assistant = setup.assistant if setup is not None else None
         first_stream = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
         greets = greeting(services.settings, assistant) if first_stream else None
+        if setup is not None and services.events is not None:
+            await self._begin_report(start, first_stream)
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
@@ -467,6 +476,8 @@ class MediaStreamDriver:
             self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
+        if isinstance(event, TranscriptDelta) and self._report is not None:
+            self._report.transcribed(event.response_id, event.delta)
         self._event_taken = (time.perf_counter(), type(event).__name__)
         self.call.receive_engine_event(event, _now_ms())
         return True
@@ -544,6 +555,8 @@ class MediaStreamDriver:
                     self.log.info("dtmf_received")  # not the digit: callers key in PINs and card numbers
                 case Notice(CarrierNotice() as notice):
                     self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
+                case Observed() as seen:
+                    self._observed(seen)
                 case MarkLag(ms):
                     self.services.metrics.mark_lag_seconds.observe(ms / 1000)
                 case BargeInFlushed():  # its clear has been sent: time it from the engine event that caused it
@@ -582,6 +595,8 @@ class MediaStreamDriver:
             result = ActionResult.failed("carrier_error", type(exc).__name__)
         outcome = "ok" if result.ok else result.error or "failed"
         self.services.metrics.call_actions.labels(self.provider, action, outcome).inc()
+        if isinstance(pending.action, TransferCall):
+            self._emit("transfer", target=pending.action.target, ok=result.ok)
         self.log.info("call_action", action=action, result=outcome, detail=result.detail)
         async with self._lock:
             self.call.action_finished(pending.call_id, result, _now_ms())
@@ -605,6 +620,9 @@ class MediaStreamDriver:
         result = outcome.result
         failure = outcome.failure or ("tool_error" if result.error is not None else None)
         services.metrics.call_actions.labels(self.provider, "ApplicationTool", failure or "ok").inc()
+        if self._report is not None:
+            self._report.tools += 1
+        self._emit("tool", name=tool.name, ok=failure is None, elapsed_ms=outcome.elapsed_ms)
         self.log.info("application_tool", tool=tool.name, elapsed_ms=outcome.elapsed_ms, failure=failure, detail=outcome.detail[:300] or None)
         answer = ActionResult.answered(result.output) if result.output is not None else ActionResult.failed("tool_failed", result.error)
         async with self._lock:
@@ -652,6 +670,8 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
+        if start is not None:
+            await self._end_report(start, report)
         if life is not None:
             assert start is not None
             life.stream_ended(report.facts, session_closed=session is None or session.closed)
@@ -801,6 +821,57 @@ class MediaStreamDriver:
                 return chosen
             self._setup_read = chosen
         return self._setup_read
+
+    async def _begin_report(self, start: StreamStarted, first_stream: bool) -> None:
+        """The call's report: begun here (its first stream: ``call.started``), or the one the last stream handed on."""
+        kept = None
+        if not first_stream:
+            try:
+                kept = await self.services.registry.note(start.call_id, REPORT_NOTE)
+            except RegistryUnavailable as exc:
+                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+        self._report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
+        self._report.streams += 1
+        if first_stream:
+            self._emit("call.started")
+
+    def _emit(self, kind: EventType, **data: Any) -> None:
+        """A call event to the application (``app_events``: queued, never waited for)."""
+        events, report, setup = self.services.events, self._report, self._setup_read
+        if events is None or report is None or setup is None:
+            return
+        events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
+
+    def _observed(self, seen: Observed) -> None:
+        if self._report is None:
+            return
+        self._report.observe(seen)
+        match seen.kind:
+            case "turn":
+                self._emit("turn", latency_ms=seen.ms, response_id=seen.response_id)
+            case "barge-in":
+                self._emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id)
+            case "dtmf":
+                self._emit("dtmf", digit=seen.detail)
+
+    async def _end_report(self, start: StreamStarted, report: StreamReport) -> None:
+        """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else
+        on to the call's next stream (the registry's note, written before the session is parked for it)."""
+        builder, setup = self._report, self._setup_read
+        if builder is None or setup is None:
+            return
+        builder.agent_audio_ms += report.output_ms
+        if report.facts.call_over:
+            call_report = builder.report(
+                setup.context, ended_at=time.time(), end_reason=report.facts.end_reason or "unknown",
+                engine_session_id=self.session.session_id if self.session is not None else None,
+            )  # fmt: skip
+            self._emit("call.ended", report=call_report.model_dump(mode="json"))
+            return
+        try:
+            await self.services.registry.keep_note(start.call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
     async def _bound_setup(self, start: StreamStarted) -> CallSetup | None:
         """The call's setup as its session binds (its greeting, its tools): None without an application, or where

@@ -140,6 +140,10 @@ class BridgeMetrics:
             "Assistant requests to the application, by outcome (application, fallback, rejected) and failure",
             ["outcome", "failure"], registry=registry,
         )  # fmt: skip
+        self.app_events = Counter(
+            "callbridge_app_events_total", "Call events to the application, by type and outcome (delivered, dropped_…)",
+            ["type", "outcome"], registry=registry,
+        )  # fmt: skip
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )

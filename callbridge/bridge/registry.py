@@ -206,13 +206,14 @@ class CallRegistry(abc.ABC):
         """The call's counters (empty when none, or expired)."""
 
     @abc.abstractmethod
-    async def keep_setup(self, call_id: str, setup: str, keep_ms: int) -> None:
-        """Keep the call's setup (its context and the assistant its application chose, as JSON: ``CallSetup``),
-        written where the call was answered, for its streams on any process; kept ``keep_ms`` from now."""
+    async def keep_note(self, call_id: str, kind: str, text: str, keep_ms: int) -> None:
+        """Keep a note of the call's for its streams on any process, ``keep_ms`` from now, replacing the one of
+        ``kind`` before: its setup (``CallSetup``: the context and the assistant its application chose, where the
+        call was answered), its report so far (``CallReportBuilder``, as a stream hands the call on)."""
 
     @abc.abstractmethod
-    async def setup(self, call_id: str) -> str | None:
-        """The call's setup (``keep_setup``), or None: none kept, or expired."""
+    async def note(self, call_id: str, kind: str) -> str | None:
+        """The call's note of ``kind`` (``keep_note``), or None: none kept, or expired."""
 
     @abc.abstractmethod
     async def signal(self, signal: CallSignal) -> None:
@@ -316,8 +317,8 @@ class MemoryCallRegistry(CallRegistry):
         self._counters: dict[str, tuple[dict[str, int], int]] = {}
         """call id → (its counters, when they expire)."""
         self._counters_pruned_at_ms = clock()
-        self._setups: dict[str, tuple[str, int]] = {}
-        self._setups_pruned_at_ms = clock()
+        self._notes: dict[tuple[str, str], tuple[str, int]] = {}
+        self._notes_pruned_at_ms = clock()
         self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
         self._admitted: dict[str, int] = {}
         """call id → until when it counts against the fleet's limit (``admit``)."""
@@ -430,16 +431,16 @@ class MemoryCallRegistry(CallRegistry):
         held = self._counters.get(call_id)
         return dict(held[0]) if held is not None and self._clock() < held[1] else {}
 
-    async def keep_setup(self, call_id: str, setup: str, keep_ms: int) -> None:
+    async def keep_note(self, call_id: str, kind: str, text: str, keep_ms: int) -> None:
         now = self._clock()
-        if now - self._setups_pruned_at_ms >= self._PRUNE_EVERY_MS:
-            self._setups_pruned_at_ms = now
-            for expired in [c for c, (_, expires_at_ms) in self._setups.items() if now >= expires_at_ms]:
-                del self._setups[expired]
-        self._setups[call_id] = (setup, now + keep_ms)
+        if now - self._notes_pruned_at_ms >= self._PRUNE_EVERY_MS:
+            self._notes_pruned_at_ms = now
+            for expired in [key for key, (_, expires_at_ms) in self._notes.items() if now >= expires_at_ms]:
+                del self._notes[expired]
+        self._notes[(call_id, kind)] = (text, now + keep_ms)
 
-    async def setup(self, call_id: str) -> str | None:
-        held = self._setups.get(call_id)
+    async def note(self, call_id: str, kind: str) -> str | None:
+        held = self._notes.get((call_id, kind))
         return held[0] if held is not None and self._clock() < held[1] else None
 
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:

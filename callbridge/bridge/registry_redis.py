@@ -253,13 +253,13 @@ class RedisCallRegistry(CallRegistry):
             fields = cast(dict[str, str], await self._redis.hgetall(f"{_PREFIX}counts:{call_id}"))
         return {name: int(value) for name, value in fields.items()}
 
-    async def keep_setup(self, call_id: str, setup: str, keep_ms: int) -> None:
-        with _unavailable("keep_setup"):
-            await self._redis.set(f"{_PREFIX}setup:{call_id}", setup, px=max(1, keep_ms))
+    async def keep_note(self, call_id: str, kind: str, text: str, keep_ms: int) -> None:
+        with _unavailable("keep_note"):
+            await self._redis.set(f"{_PREFIX}note:{kind}:{call_id}", text, px=max(1, keep_ms))
 
-    async def setup(self, call_id: str) -> str | None:
-        with _unavailable("setup"):
-            return cast(str | None, await self._redis.get(f"{_PREFIX}setup:{call_id}"))
+    async def note(self, call_id: str, kind: str) -> str | None:
+        with _unavailable("note"):
+            return cast(str | None, await self._redis.get(f"{_PREFIX}note:{kind}:{call_id}"))
 
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         with _unavailable("remember_once"):

@@ -24,8 +24,9 @@ from callbridge.bridge.actions import (
 from callbridge.bridge.admission import AdmissionBook, Refusal
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
 from callbridge.bridge.answer_sessions import AnswerSessions
+from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_config import session_config
-from callbridge.bridge.call_setup import CallSetup, setup_kept_ms
+from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.fleet import (
     DRAIN_NEW_CALL_BOUNCES,
@@ -124,6 +125,8 @@ class BridgeServices:
     """Engine sessions opened at the answer webhook (``engine.open_at_answer``); None: each stream opens its own."""
     replays: ReplayGuard = field(init=False)
     """Which signed webhooks were taken already (fleet-wide with a shared registry): a replay is refused."""
+    events: EventDelivery | None = None
+    """Call events to the application (an application that takes them); None: none are built."""
     assistants: AssistantSource | None = None
     """The application that chooses each new call's assistant (``[app]``); None: every call gets the configured one."""
     unknown_events: set[tuple[str, str]] = field(default_factory=set)
@@ -262,7 +265,9 @@ class BridgeServices:
             return reply.reject or "busy"
         setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source)
         try:
-            await self.registry.keep_setup(context.call_id, setup.model_dump_json(), setup_kept_ms(self.settings.server.max_call_duration_s))
+            await self.registry.keep_note(
+                context.call_id, SETUP_NOTE, setup.model_dump_json(), setup_kept_ms(self.settings.server.max_call_duration_s)
+            )
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=context.call_id)
         return setup
@@ -272,7 +277,7 @@ class BridgeServices:
         application, or the registry lost it). Raises ``RegistryUnavailable``."""
         if self.assistants is None:
             return None
-        kept = await self.registry.setup(call_id)
+        kept = await self.registry.note(call_id, SETUP_NOTE)
         return CallSetup.model_validate_json(kept) if kept is not None else None
 
     async def engine_takes(self, call_id: str, assistant: AssistantConfig | None = None) -> bool:

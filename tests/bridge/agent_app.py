@@ -6,6 +6,7 @@ import asyncio
 from typing import ClassVar
 
 from callbridge.application import AssistantConfig, AssistantReply, CallContext, Tool
+from callbridge.application.events import CallEvent
 
 INSTRUCTIONS = "You are Acme's receptionist."
 GREETING = "Greet the caller by the number they called from and ask how you can help."
@@ -64,3 +65,12 @@ class Orders:
         if Orders.fails:
             raise RuntimeError("orders database down")
         return '{"order": "A-17", "status": "shipped"}'
+
+
+class Recorder(Greeter):
+    """``Greeter``, and every call event it is sent."""
+
+    events: ClassVar[list[CallEvent]] = []
+
+    async def event(self, call: CallContext, event: CallEvent) -> None:
+        Recorder.events.append(event)

@@ -15,13 +15,14 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
+from callbridge.application.events import CallReport
 from callbridge.carriers import simulated
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge import agent_app
-from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech
+from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
 
 MODULE = "tests.bridge.agent_app:"
 OUTPUT = '{"order": "A-17", "status": "shipped"}'
@@ -33,6 +34,10 @@ def _requests(bridge: RunningBridge, outcome: str, failure: str = "") -> float:
         "callbridge_assistant_requests_total", {"outcome": outcome, "failure": failure}
     )
     return value or 0.0
+
+
+def _agent_starts(result: Any) -> list[int]:
+    return [e.at_ms for e in result.timeline if e.who == "agent" and e.what.startswith("starts speaking")]
 
 
 def _first_agent_audio_ms(timeline: Any) -> int:
@@ -276,3 +281,47 @@ async def test_a_slow_tool_gets_its_filler_and_a_failing_one_an_error_the_model_
     filler_ms, result_ms = (len(spoken_stand_in(len(text))) // 48 for text in ("Say you are looking it up.", OUTPUT))
     assert abs(slow.agent_speech_ms - (filler_ms + result_ms)) <= 100, (slow.render(), commands[output_at - 3 :])  # both heard
     assert _said(recorder, failing_session) == ['output: {"error":"tool_failed","detail":"the tool failed"}']
+
+
+def _caller_stops(result: Any) -> list[int]:
+    ends = []
+    for event in result.timeline:
+        if event.who == "caller" and event.what.startswith("speaks ("):
+            ends.append(event.at_ms + int(event.what.split("(")[1].split(" ")[0]))
+    return ends
+
+
+async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report() -> None:
+    """Events in order — started, the turn, the barge-in, the digit, ended — and a report whose figures are what
+    the simulated caller measured: the turn's latency (the caller stopped → the agent heard), what was heard of
+    the reply cut off, the call's length."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    script = CallerScript(
+        utterances=((3500, short_speech(1000)), (5500, short_speech(600))), interrupt_after_agent_ms=None,
+        dtmf=((8000, "5"),), hangup_at_ms=9000,
+    )  # fmt: skip
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder) as bridge:
+        result = await bridge.carrier.place_call(script)
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+        delivered = bridge.app.state.bridge.registry.get_sample_value("callbridge_app_events_total", {"type": "call.ended", "outcome": "delivered"})
+    events = agent_app.Recorder.events
+    kinds = [e.type for e in events]
+    assert kinds[0] == "call.started" and kinds[-1] == "call.ended" and delivered == 1, kinds
+    assert [e.seq for e in events] == sorted(e.seq for e in events)  # delivered by several senders: compare as a set
+    assert "dtmf" in kinds and next(e for e in events if e.type == "dtmf").data["digit"] == "5"
+    report = CallReport.model_validate(events[-1].data["report"])
+    assert report.call.call_id == result.call_sid and report.ended_by == "caller" and report.streams == 1
+    assert report.engine_session_id == recorder.opened[0] and report.dtmf == 1
+    # the caller hears the agent's first reply (an echo) after they stop; the report times the same turn
+    stops, starts = _caller_stops(result), _agent_starts(result)
+    heard_latency = next(start for start in starts if start > stops[0]) - stops[0]
+    turns = [e.data["latency_ms"] for e in events if e.type == "turn"]
+    assert report.turns == len(turns) >= 1 and report.turn_latency is not None
+    assert abs(turns[0] - heard_latency) <= 150, (turns, heard_latency, result.render())
+    assert report.barge_ins == len(result.clears) and len(report.barged_heard_ms) == report.barge_ins
+    for heard_ms, played_ms in zip(report.barged_heard_ms, result.agent_runs_ms[1:], strict=False):
+        assert abs(heard_ms - played_ms) <= 100, (report.barged_heard_ms, result.agent_runs_ms)
+    call_ms = result.timeline[-1].at_ms - result.timeline[0].at_ms
+    assert abs(report.duration_ms - call_ms) <= 300, (report.duration_ms, call_ms)
+    assert report.transcript and report.transcript[0].text == agent_app.GREETING  # the stand-in says its text

@@ -21,6 +21,7 @@ from callbridge.bridge.call import (
     DtmfMode,
     HangUpCall,
     Notice,
+    Observed,
     PendingAction,
     Perform,
     ToCarrier,
@@ -246,7 +247,7 @@ class TestBargeIn:
 
     def test_a_barge_in_comes_out_in_the_order_it_happened(self) -> None:
         """One queue, in the order produced: the carrier's clear, the flush reported done (the driver times the
-        barge-in there), the engine told what was heard, the truncation."""
+        barge-in there), the engine told what was heard, the truncation, then the application's note of it."""
         h = Harness(lead_ms=200).live()
         h.engine(ResponseCreated("resp-1", 0))
         h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
@@ -254,7 +255,8 @@ class TestBargeIn:
         start = len(h.outputs)
         h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
         kinds = [type(o.command) if isinstance(o, ToEngine) else type(o) for o in h.outputs[start:]]
-        assert kinds == [ToCarrier, BargeInFlushed, AckPlayback, TruncateItem]
+        assert kinds == [ToCarrier, BargeInFlushed, AckPlayback, TruncateItem, Observed]
+        assert h.outputs[-1] == Observed("barge-in", h.of(TruncateItem)[0].audio_end_ms, 2000, "resp-1")
         assert h.outputs[start] == ToCarrier(orjson.dumps({"event": "clear", "streamSid": SID}).decode())
 
     def test_barge_in_before_anything_played_truncates_nothing(self) -> None:

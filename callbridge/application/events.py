@@ -1,0 +1,85 @@
+"""What callbridge tells the application about its calls as they happen (``CallEvent``), and the end-of-call report
+(``CallReport``) the last event carries. Delivered off the media path, with retries, from a bounded queue: a slow or
+absent application never slows a call (``callbridge.bridge.app_events``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from callbridge.application.context import CallContext
+
+__all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
+
+EventType = Literal["call.started", "turn", "barge-in", "dtmf", "tool", "transfer", "call.ended"]
+
+
+class CallEvent(BaseModel):
+    """One thing that happened on a call. ``data`` by type: ``turn`` ``{"latency_ms"}`` (the caller stopped
+    speaking → the agent's reply on its way to them); ``barge-in`` ``{"heard_ms", "generated_ms"}``; ``dtmf``
+    ``{"digit"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``
+    ``{"report": CallReport}``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: EventType
+    call_id: str
+    at: float
+    """Unix time (s) it happened, as the bridge saw it."""
+    seq: int = 0
+    """Its order among the events one stream of the call sent (a reconnected call's next stream counts on)."""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class Latency(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    count: int
+    p50_ms: int
+    max_ms: int
+
+
+class SpokenLine(BaseModel):
+    """A reply of the agent's, as the engine transcribed it (its output transcript), and how much was heard."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["agent"] = "agent"
+    text: str
+    response_id: str
+    heard_ms: int | None = None
+    """Where the caller cut it off (a barge-in); None: heard to its end, as far as the bridge knows."""
+
+
+class CallReport(BaseModel):
+    """The end-of-call report: how the call went, over all its streams (a call that reconnected, or moved to
+    another bridge process, is one call)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call: CallContext
+    started_at: float
+    ended_at: float
+    duration_ms: int
+    end_reason: str
+    ended_by: Literal["caller", "agent", "bridge", "engine", "carrier"]
+    streams: int
+    """Media streams the call had: more than one after a reconnect or a move between bridge processes."""
+    turns: int
+    turn_latency: Latency | None
+    """The caller stopped speaking → the agent's reply on its way to them, over the call's turns."""
+    barge_ins: int
+    barged_heard_ms: list[int] = Field(default_factory=list)
+    """For each barge-in, how much of the reply the caller heard before cutting in."""
+    agent_audio_ms: int
+    """Agent audio the bridge sent to the caller's carrier (what played, but for what a flush dropped)."""
+    dtmf: int
+    tools: int
+    engine_session_id: str | None
+    transcript: list[SpokenLine] = Field(default_factory=list)
+    """The agent's replies where the engine transcribes its output (in order); the caller's side is not
+    transcribed by the bridge."""
+    recording: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """The assistant's ``metadata``, as the application gave it."""

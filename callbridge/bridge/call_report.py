@@ -1,0 +1,118 @@
+"""A call's end-of-call report as its streams build it: each stream adds what it saw (turns, barge-ins, digits,
+tools, the agent's transcript, audio sent) and, where the call goes on in another stream (a reconnect, a move to
+another process), hands the report so far on in the registry (``REPORT_NOTE``); the stream that ends the call
+makes the ``CallReport``. Pure: the driver feeds it and stores it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+import orjson
+
+from callbridge.application import CallContext
+from callbridge.application.events import CallReport, Latency, SpokenLine
+from callbridge.bridge.call import Observed
+
+__all__ = ["REPORT_NOTE", "CallReportBuilder", "ended_by"]
+
+REPORT_NOTE: Final = "report"
+"""The registry note (``CallRegistry.keep_note``) a call's report so far is handed on under."""
+_MAX_ITEMS: Final = 500
+"""Turns, barge-ins and transcript lines kept: a report stays small however long the call."""
+_MAX_LINE_CHARS: Final = 4000
+
+
+@dataclass(slots=True)
+class CallReportBuilder:
+    started_at: float
+    """Unix time (s) the call's first stream bound its engine session."""
+    streams: int = 0
+    latencies_ms: list[int] = field(default_factory=list)
+    barged_heard_ms: list[int] = field(default_factory=list)
+    agent_audio_ms: int = 0
+    dtmf: int = 0
+    tools: int = 0
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+    """``{"response_id", "text", "heard_ms"}``, in the order the replies came."""
+    seq: int = 0
+    """Events sent for the call so far (``CallEvent.seq``)."""
+
+    def observe(self, observed: Observed) -> None:
+        match observed.kind:
+            case "turn" if len(self.latencies_ms) < _MAX_ITEMS:
+                self.latencies_ms.append(observed.ms)
+            case "barge-in" if len(self.barged_heard_ms) < _MAX_ITEMS:
+                self.barged_heard_ms.append(observed.ms)
+                for line in reversed(self.transcript):
+                    if line["response_id"] == observed.response_id:
+                        line["heard_ms"] = observed.ms
+                        break
+            case "dtmf":
+                self.dtmf += 1
+
+    def transcribed(self, response_id: str, delta: str) -> None:
+        """A piece of the agent's output transcript."""
+        if self.transcript and self.transcript[-1]["response_id"] == response_id:
+            line = self.transcript[-1]
+            line["text"] = (line["text"] + delta)[:_MAX_LINE_CHARS]
+        elif len(self.transcript) < _MAX_ITEMS:
+            self.transcript.append({"response_id": response_id, "text": delta[:_MAX_LINE_CHARS], "heard_ms": None})
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def to_json(self) -> str:
+        return orjson.dumps(asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, text: str) -> CallReportBuilder:
+        return cls(**orjson.loads(text))
+
+    def report(
+        self,
+        call: CallContext,
+        *,
+        ended_at: float,
+        end_reason: str,
+        engine_session_id: str | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> CallReport:
+        latencies = self.latencies_ms
+        return CallReport(
+            call=call,
+            started_at=self.started_at,
+            ended_at=ended_at,
+            duration_ms=max(0, round((ended_at - self.started_at) * 1000)),
+            end_reason=end_reason,
+            ended_by=ended_by(end_reason),
+            streams=self.streams,
+            turns=len(latencies),
+            turn_latency=Latency(count=len(latencies), p50_ms=round(statistics.median(latencies)), max_ms=max(latencies))
+            if latencies
+            else None,
+            barge_ins=len(self.barged_heard_ms),
+            barged_heard_ms=list(self.barged_heard_ms),
+            agent_audio_ms=self.agent_audio_ms,
+            dtmf=self.dtmf,
+            tools=self.tools,
+            engine_session_id=engine_session_id,
+            transcript=[SpokenLine(text=line["text"], response_id=line["response_id"], heard_ms=line["heard_ms"]) for line in self.transcript],
+            metadata=metadata or {},
+        )
+
+
+def ended_by(end_reason: str) -> Literal["caller", "agent", "bridge", "engine", "carrier"]:
+    """Who ended the call, from how its last stream ended."""
+    reason = end_reason.split(":", 1)[0]
+    if reason.startswith("caller") or reason == "stream_stopped":
+        return "caller"
+    if reason.startswith("agent") or reason == "transferred":
+        return "agent"
+    if reason.startswith("engine"):
+        return "engine"
+    if reason.startswith("carrier") or reason.startswith("protocol"):
+        return "carrier"
+    return "bridge"
