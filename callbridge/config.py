@@ -273,6 +273,20 @@ class AppSettings(Section):
         return self
 
 
+class SilenceSettings(Section):
+    """A caller who says nothing: prompted, then said goodbye to and hung up on (each off at 0; a call's assistant
+    may set its own times)."""
+
+    reprompt_after_s: Annotated[float, Field(ge=0, le=3600)] = 0.0
+    """After this long with neither the caller nor the agent speaking, the model is told ``reprompt`` (once, until
+    the caller speaks again). 0: never."""
+    reprompt: str = "The caller has said nothing for a while. Ask, briefly, whether they are still there."
+    hangup_after_s: Annotated[float, Field(ge=0, le=14_400)] = 0.0
+    """After this long with neither the caller nor the agent speaking (a prompted caller has this long to answer),
+    the model is told ``goodbye`` and the call is hung up once it has been said. 0: never."""
+    goodbye: str = "The line has been silent for a while. Say a short goodbye; the call then ends."
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -292,6 +306,7 @@ class _BridgeSections(BaseSettings):
     engine_server: EngineServerSettings = EngineServerSettings()
     registry: RegistrySettings = RegistrySettings()
     app: AppSettings = AppSettings()
+    silence: SilenceSettings = SilenceSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -12,13 +12,13 @@ from callbridge.application.context import CallContext
 
 __all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
 
-EventType = Literal["call.started", "turn", "barge-in", "dtmf", "tool", "transfer", "call.ended"]
+EventType = Literal["call.started", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended"]
 
 
 class CallEvent(BaseModel):
     """One thing that happened on a call. ``data`` by type: ``turn`` ``{"latency_ms"}`` (the caller stopped
     speaking → the agent's reply on its way to them); ``barge-in`` ``{"heard_ms", "generated_ms"}``; ``dtmf``
-    ``{"digit"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``
+    ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" | "hang_up"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``
     ``{"report": CallReport}``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -116,6 +116,7 @@ from callbridge.engine.events import (
     SessionClosed,
     SessionExpired,
     SessionReplaced,
+    SpeechStarted,
     SpeechStopped,
 )
 from callbridge.engine.late_audio import LateAudioFilter
@@ -126,6 +127,7 @@ __all__ = [
     "BargeInFlushed",
     "BindEngine",
     "Observed",
+    "SilencePolicy",
     "CallOptions",
     "CallOutput",
     "CallSession",
@@ -220,6 +222,9 @@ _GENERATED_KEPT: Final = 16
 """Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _TURN_BEHIND_MAX_MS: Final = 5000
 """A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
+_SILENCE_RECHECK_MS: Final = 100
+_GOODBYE_WAIT_MS: Final = 5000
+"""How long a silent caller's hang-up waits for the goodbye's reply to start; then it goes ahead without it."""
 _TOLD_WAIT_MS: Final = 1000
 """How long after its playout a tool's result waits for the engine to be told the last response was heard, before
 the model is asked to answer it anyway."""
@@ -269,6 +274,20 @@ class CallOptions:
     turn_silence_ms: int = 500
     """The session's ``server_vad`` silence: a ``SpeechStopped``'s ``audio_end_ms`` includes it (as OpenAI's Realtime
     and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SilencePolicy:
+    """A caller who says nothing (``[silence]``, or the call's assistant). Silence is the line's: neither the caller
+    nor the agent speaking, counted from whichever spoke last (or from the session's start). After ``reprompt_ms``
+    of it the model is told ``reprompt`` — once, until the caller speaks again; after ``hangup_ms`` it is told
+    ``goodbye`` and the call is hung up once that has played (so a prompted caller has ``hangup_ms`` to answer).
+    0: off."""
+
+    reprompt_ms: int = 0
+    reprompt: str = ""
+    hangup_ms: int = 0
+    goodbye: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -462,6 +481,16 @@ class CallSession:
         """Application tool calls whose filler the agent was told to say."""
         self._respond_after_response = False
         """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
+        self._silence: SilencePolicy | None = None
+        self._goodbye_due_ms: int | None = None
+        """A silent caller's goodbye was asked for: the hang-up waits for its reply until then."""
+        self._caller_speaking = False
+        self._caller_active_ms = 0
+        """When the caller last started or stopped speaking (or the session bound): silence counts from there."""
+        self._reprompted = False
+        self._silence_checked_ms = -1
+        self._hang_up_checked_ms = -1
+        """When a hang-up after playout was last looked at (a deadline at or before it is spent)."""
         self._caller_stopped_ms: int | None = None
         """When the caller last stopped speaking (the engine's ``SpeechStopped``), until the reply's audio comes."""
         self._respond_checked_ms = -1
@@ -538,6 +567,7 @@ class CallSession:
         greeting: str | None = None,
         application_tools: frozenset[str] = frozenset(),
         tool_filler: str | None = None,
+        silence: SilencePolicy | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -545,6 +575,7 @@ class CallSession:
         with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other.
         ``application_tools``: the names of the call's application tools (their calls go to the application:
         ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
+        ``silence``: what to do with a caller who says nothing (``SilencePolicy``); None: nothing.
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
@@ -559,6 +590,7 @@ class CallSession:
         """
         self._transition(_Trigger.ENGINE_BOUND)
         self._application_tools, self._tool_filler = application_tools, tool_filler
+        self._silence, self._caller_active_ms = silence, now_ms
         if taken_over:
             self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities
@@ -622,6 +654,9 @@ class CallSession:
                 behind_ms = self.input_ms - audio_end_ms
                 detected_ms = now_ms - behind_ms if 0 <= behind_ms <= _TURN_BEHIND_MAX_MS else now_ms
                 self._caller_stopped_ms = detected_ms - self.options.turn_silence_ms
+                self._caller_speaking, self._caller_active_ms, self._reprompted = False, now_ms, False
+            case SpeechStarted():
+                self._caller_speaking, self._caller_active_ms, self._reprompted = True, now_ms, False
             case ResponseDone(response_id, status, _, _):
                 if status == "cancelled":
                     self._interrupt(response_id, now_ms)
@@ -838,6 +873,7 @@ class CallSession:
             if self.hang_up_after_playout is not None:
                 self._end_for_agent_when_played(now_ms)
             self._respond_when_silent(now_ms)
+            self._check_silence(now_ms)
         elif self.state is CallState.ENDING:
             self.ledger.tick(now_ms)
             self._drain_ledger(to_engine=False)
@@ -940,7 +976,8 @@ class CallSession:
             return None if ended else self._send_failed_at_ms + _SEND_FAILED_READ_MS
         playout = self._playout_deadline_ms()
         limits = self._limits_due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
-        due = [deadline for deadline in (playout, limits, self._tells_held_until_ms) if deadline is not None]
+        silence = self._silence_due_ms()
+        due = [deadline for deadline in (playout, limits, self._tells_held_until_ms, silence) if deadline is not None]
         return min(due) if due else None
 
     def _check_limits(self, now_ms: int) -> None:
@@ -976,7 +1013,9 @@ class CallSession:
         if self.state is not CallState.LIVE:
             return None
         if self.hang_up_after_playout is not None and self._out_response is None:  # hang up once it has played
-            deadlines = [d for d in (self.ledger.next_deadline_ms(), self.ledger.playing_until_ms) if d is not None]
+            # once looked at, the end of playout (or the goodbye's wait) stays in the past: no busy loop on it
+            ends = [d for d in (self.ledger.playing_until_ms, self._goodbye_due_ms) if d is not None and d > self._hang_up_checked_ms]
+            deadlines = [d for d in (self.ledger.next_deadline_ms(), *ends) if d is not None]
             return min(deadlines) if deadlines else None
         if self._respond_after_response and self._out_response is None:  # a tool's result: answered once played
             until = self.ledger.playing_until_ms
@@ -1023,6 +1062,45 @@ class CallSession:
         self._fillers_said.add(call_id)
         self._to_engine(CreateTextItem(self._tool_filler))
         self._to_engine(CreateResponse())
+
+    def _silence_due_ms(self) -> int | None:
+        """When the caller's silence next calls for something (``SilencePolicy``), or None."""
+        policy = self._silence
+        if policy is None or self.state is not CallState.LIVE or self._caller_speaking or self.hang_up_after_playout is not None:
+            return None
+        quiet_since, due = self._line_quiet_since_ms(), []
+        if policy.hangup_ms:
+            due.append(quiet_since + policy.hangup_ms)
+        if policy.reprompt_ms and not self._reprompted:
+            due.append(quiet_since + policy.reprompt_ms)
+        # held back (the agent replying, a tool running): looked at again a little later, not at every tick
+        return max(min(due), self._silence_checked_ms + _SILENCE_RECHECK_MS) if due else None
+
+    def _check_silence(self, now_ms: int) -> None:
+        """The caller has said nothing for long enough: the model is told to prompt them, or to say goodbye (and the
+        call is hung up once that has played). Never while the agent is speaking or a reply is coming."""
+        policy = self._silence
+        if policy is None or self._caller_speaking or self.hang_up_after_playout is not None:
+            return
+        self._silence_checked_ms = now_ms
+        if self._responding(now_ms) or self._actions_running:
+            return
+        quiet_ms = now_ms - self._line_quiet_since_ms()
+        if policy.hangup_ms and quiet_ms >= policy.hangup_ms:
+            self._to_engine(CreateTextItem(policy.goodbye))
+            self._to_engine(CreateResponse())
+            self.hang_up_after_playout = "caller_silent"
+            self._goodbye_due_ms = now_ms + _GOODBYE_WAIT_MS  # its reply plays first (if it comes)
+            self._out.append(Observed("silence", quiet_ms, detail="hang_up"))
+        elif policy.reprompt_ms and not self._reprompted and quiet_ms >= policy.reprompt_ms:
+            self._reprompted = True
+            self._to_engine(CreateTextItem(policy.reprompt))
+            self._to_engine(CreateResponse())
+            self._out.append(Observed("silence", quiet_ms, detail="reprompt"))
+
+    def _line_quiet_since_ms(self) -> int:
+        """Since when neither the caller nor the agent has spoken (the session's start at the earliest)."""
+        return max(self._caller_active_ms, self.ledger.playing_until_ms)
 
     def _respond_when_silent(self, now_ms: int) -> None:
         """A tool's result reached the model while the agent spoke: once that has played out and the engine was
@@ -1074,8 +1152,11 @@ class CallSession:
     def _end_for_agent_when_played(self, now_ms: int) -> None:
         """``end_call``: once the response being received has ended and its audio has played, hang up."""
         reason = self.hang_up_after_playout
+        self._hang_up_checked_ms = now_ms
         if reason is None or self.state is not CallState.LIVE or self._out_response is not None or self.ledger.is_playing(now_ms):
             return
+        if self._goodbye_due_ms is not None and now_ms < self._goodbye_due_ms:
+            return  # the goodbye asked for has not come yet
         self._end_by_agent(reason, hang_up=True)
 
     def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
@@ -1201,6 +1282,7 @@ class CallSession:
             if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
             self._out_response = self._last_response = delta.response_id
+            self._goodbye_due_ms = None  # a goodbye asked for is this reply: it plays, then the hang-up
             if self._caller_stopped_ms is not None:  # the reply to the caller's turn: its first audio goes out now
                 self._out.append(Observed("turn", max(0, now_ms - self._caller_stopped_ms), response_id=delta.response_id))
                 self._caller_stopped_ms = None

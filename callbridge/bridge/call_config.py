@@ -6,11 +6,11 @@ from __future__ import annotations
 from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
-from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.call import CallOptions, DtmfMode, SilencePolicy
 from callbridge.config import Settings
 from callbridge.engine.port import SessionConfig, TurnDetection
 
-__all__ = ["assistant_source", "call_options", "greeting", "session_config", "tool_filler"]
+__all__ = ["assistant_source", "call_options", "greeting", "session_config", "silence_policy", "tool_filler"]
 
 
 def call_options(settings: Settings) -> CallOptions:
@@ -52,6 +52,16 @@ def greeting(settings: Settings, assistant: AssistantConfig | None = None) -> st
     """What the agent is told to say first on a new call (the assistant's, else ``app.greeting``); None: it waits."""
     text = assistant.greeting if assistant is not None and assistant.greeting is not None else settings.app.greeting
     return text or None
+
+
+def silence_policy(settings: Settings, assistant: AssistantConfig | None = None) -> SilencePolicy | None:
+    """What to do with a caller who says nothing (``[silence]``, the assistant's times first); None: nothing."""
+    silence = settings.silence
+    reprompt_s = assistant.silence_reprompt_after_s if assistant and assistant.silence_reprompt_after_s is not None else silence.reprompt_after_s
+    hangup_s = assistant.silence_hangup_after_s if assistant and assistant.silence_hangup_after_s is not None else silence.hangup_after_s
+    if not reprompt_s and not hangup_s:
+        return None
+    return SilencePolicy(int(reprompt_s * 1000), silence.reprompt, int(hangup_s * 1000), silence.goodbye)
 
 
 def tool_filler(settings: Settings, assistant: AssistantConfig | None = None) -> str | None:

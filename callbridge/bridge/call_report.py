@@ -107,6 +107,8 @@ class CallReportBuilder:
 def ended_by(end_reason: str) -> Literal["caller", "agent", "bridge", "engine", "carrier"]:
     """Who ended the call, from how its last stream ended."""
     reason = end_reason.split(":", 1)[0]
+    if reason == "caller_silent":  # the agent said goodbye to a caller who said nothing
+        return "agent"
     if reason.startswith("caller") or reason == "stream_stopped":
         return "caller"
     if reason.startswith("agent") or reason == "transferred":

@@ -45,7 +45,7 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
-from callbridge.bridge.call_config import call_options, greeting, session_config, tool_filler
+from callbridge.bridge.call_config import call_options, greeting, session_config, silence_policy, tool_filler
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.lifecycle import (
@@ -328,7 +328,7 @@ class MediaStreamDriver:
                 session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
                 told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER, greeting=greets,
                 application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
-                tool_filler=tool_filler(services.settings, assistant),
+                tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
             )
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
@@ -853,6 +853,8 @@ class MediaStreamDriver:
                 self._emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id)
             case "dtmf":
                 self._emit("dtmf", digit=seen.detail)
+            case "silence":
+                self._emit("silence", silent_ms=seen.ms, action=seen.detail)
 
     async def _end_report(self, start: StreamStarted, report: StreamReport) -> None:
         """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else

@@ -14,6 +14,9 @@ from callbridge.application import AssistantConfig, AssistantReply, CallContext,
 from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.hooks import ApplicationFailed, AssistantSource, load_module
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
+from callbridge.bridge.call import SilencePolicy
+from callbridge.bridge.call_config import silence_policy
+from callbridge.config import Settings
 
 pytestmark = pytest.mark.core
 
@@ -132,3 +135,14 @@ def test_the_answer_asks_the_application_after_admission_and_before_the_engine()
     for hangs_up, kind in ((True, AnswerKind.HANG_UP), (False, AnswerKind.BUSY)):
         decided = answer_step({**refused, AnswerFact.APPLICATION_HANGS_UP: hangs_up}, retries=True, draining=False, asks_application=True)
         assert decided == AnswerDecision(kind, reason="application_rejected")
+
+
+def test_a_calls_assistant_sets_its_own_silence_times_over_the_configured() -> None:
+    configured = Settings.model_validate({"silence": {"reprompt_after_s": 5, "hangup_after_s": 20}})
+    assert silence_policy(Settings()) is None  # shipped: off
+    policy = silence_policy(configured)
+    assert policy is not None and (policy.reprompt_ms, policy.hangup_ms) == (5000, 20_000)
+    own = AssistantConfig(silence_reprompt_after_s=0, silence_hangup_after_s=12.5)
+    assert silence_policy(configured, own) == SilencePolicy(0, configured.silence.reprompt, 12_500, configured.silence.goodbye)
+    assert silence_policy(configured, AssistantConfig(silence_reprompt_after_s=0, silence_hangup_after_s=0)) is None
+    assert silence_policy(Settings(), AssistantConfig(silence_hangup_after_s=30)) is not None  # on for this call only

@@ -325,3 +325,31 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     call_ms = result.timeline[-1].at_ms - result.timeline[0].at_ms
     assert abs(report.duration_ms - call_ms) <= 300, (report.duration_ms, call_ms)
     assert report.transcript and report.transcript[0].text == agent_app.GREETING  # the stand-in says its text
+
+
+async def test_a_silent_caller_is_prompted_then_said_goodbye_to_and_hung_up_on() -> None:
+    """``[silence]``: a caller who says nothing hears the agent ask whether they are there after
+    ``reprompt_after_s`` of silence on the line, then a goodbye after ``hangup_after_s`` more, and the bridge
+    hangs up once it has played; the application hears both (``silence``) and the report says the agent ended
+    the call."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    silence = {"reprompt_after_s": 2, "hangup_after_s": 4}
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}, silence=silence), recorder) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=(), hangup_at_ms=30_000))
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    (session_id,) = recorder.opened
+    assert result.hung_up_by == "bridge", result.render()
+    texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
+    assert texts == [agent_app.GREETING, bridge.settings.silence.reprompt, bridge.settings.silence.goodbye]
+    # the greeting (3 s), 2 s of silence, the prompt (3 s), 4 s of silence, the goodbye (3 s), the hang-up
+    starts, stops = _agent_starts(result), [e.at_ms for e in result.timeline if e.what == "stops speaking"]
+    assert len(starts) == 3 and len(stops) == 2, result.render()  # the goodbye's end: the hang-up
+    assert abs(starts[1] - stops[0] - 2000) < 300 and abs(starts[2] - stops[1] - 4000) < 300, result.render()
+    goodbye_ms = len(spoken_stand_in(len(bridge.settings.silence.goodbye))) // 48
+    hung_up_ms = result.timeline[-1].at_ms
+    assert starts[2] + goodbye_ms <= hung_up_ms < starts[2] + goodbye_ms + 500, result.render()  # once it had played
+    events = agent_app.Recorder.events
+    assert [e.data["action"] for e in events if e.type == "silence"] == ["reprompt", "hang_up"]
+    report = CallReport.model_validate(events[-1].data["report"])
+    assert report.ended_by == "agent" and report.end_reason == "caller_silent", report

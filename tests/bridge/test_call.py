@@ -24,6 +24,7 @@ from callbridge.bridge.call import (
     Observed,
     PendingAction,
     Perform,
+    SilencePolicy,
     ToCarrier,
     ToEngine,
 )
@@ -52,6 +53,8 @@ from callbridge.engine.events import (
     SessionClosed,
     SessionExpired,
     SessionReplaced,
+    SpeechStarted,
+    SpeechStopped,
 )
 from tests.carriers.test_twilio import CALL, CONNECTED, SID, START, media
 
@@ -766,3 +769,53 @@ class TestApplicationSurface:
         h.engine(FunctionCall("book", "call_1", {}, "{}", "resp-0"))
         assert h.take_performed() == [] and isinstance(h.commands[-1], FunctionCallOutput)
         assert "unknown_tool" in h.commands[-1].output
+
+
+class TestSilence:
+    """A caller who says nothing (``SilencePolicy``), on the call core's clock."""
+
+    POLICY = SilencePolicy(reprompt_ms=4000, reprompt="Ask if they are there.", hangup_ms=10_000, goodbye="Say goodbye.")
+
+    def test_prompted_once_then_said_goodbye_to_and_hung_up(self) -> None:
+        h = Harness().live(silence=self.POLICY)
+        h.advance(3990)
+        assert h.of(CreateTextItem) == []
+        h.advance(20)
+        assert h.of(CreateTextItem) == [CreateTextItem("Ask if they are there.")] and h.of(CreateResponse) == [CreateResponse()]
+        h.advance(5000)  # still nothing from the caller: no second prompt
+        assert len(h.of(CreateTextItem)) == 1
+        h.advance(1000)  # 10 s since the call began
+        assert h.of(CreateTextItem)[-1] == CreateTextItem("Say goodbye.")
+        assert not any(isinstance(o, HangUpCall) for o in h.outputs)  # not before the goodbye has been said
+        h.engine(AudioDelta(agent_audio(800), 24000, "resp-9", "item_resp-9", 0))
+        h.engine(ResponseDone("resp-9", "completed", None, 0))
+        h.advance(2000)
+        assert any(isinstance(o, HangUpCall) for o in h.outputs) and h.call.end_reason == "caller_silent"
+
+    def test_a_goodbye_that_never_comes_still_ends_the_call(self) -> None:
+        h = Harness().live(silence=replace(self.POLICY, reprompt_ms=0))
+        h.advance(10_000 + 4_990)
+        assert not any(isinstance(o, HangUpCall) for o in h.outputs)
+        h.advance(20)
+        assert any(isinstance(o, HangUpCall) for o in h.outputs)
+
+    def test_the_caller_speaking_starts_the_silence_over(self) -> None:
+        h = Harness().live(silence=self.POLICY)
+        h.advance(3000)
+        h.engine(SpeechStarted(2900))
+        h.advance(5000)  # speaking all along: no prompt
+        h.engine(SpeechStopped(7900))
+        h.advance(3900)
+        assert h.of(CreateTextItem) == []
+        h.advance(200)
+        assert h.of(CreateTextItem) == [CreateTextItem("Ask if they are there.")]
+
+    def test_never_over_the_agent(self) -> None:
+        h = Harness().live(silence=replace(self.POLICY, hangup_ms=0))
+        h.advance(3000)
+        h.engine(AudioDelta(agent_audio(3000), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        h.advance(5000)  # the agent spoke until about 6 s: quiet since then, 4 s not yet
+        assert h.of(CreateTextItem) == []
+        h.advance(2500)
+        assert h.of(CreateTextItem) == [CreateTextItem("Ask if they are there.")]
