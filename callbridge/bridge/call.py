@@ -64,6 +64,7 @@ from callbridge.bridge.actions import (
 )
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.playout import PlayoutLedger
+from callbridge.bridge.recording import StereoRecorder
 from callbridge.carriers.base import (
     DEFAULT_PROFILE,
     CarrierEvent,
@@ -127,6 +128,7 @@ __all__ = [
     "BargeInFlushed",
     "BindEngine",
     "Observed",
+    "RecordingChunk",
     "SilencePolicy",
     "CallOptions",
     "CallOutput",
@@ -348,6 +350,14 @@ class Observed:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordingChunk:
+    """The call's recording up to now (``StereoRecorder``): interleaved stereo PCM16 for the file, about a second
+    of it."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class BargeInFlushed:
     """The carrier's playback was flushed (its clear is queued before this): the barge-in's reaction is done."""
 
@@ -406,7 +416,7 @@ class Perform:
 
 CallOutput = (
     ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | BindEngine | CallerAudioBegan | Notice | MarkLag | BargeInFlushed
-    | Observed
+    | Observed | RecordingChunk
 )
 """What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""
 
@@ -482,6 +492,8 @@ class CallSession:
         self._respond_after_response = False
         """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
         self._silence: SilencePolicy | None = None
+        self.recorder: StereoRecorder | None = None
+        """The stream's recording, where the call is recorded: the driver takes its last chunk as the stream ends."""
         self._goodbye_due_ms: int | None = None
         """A silent caller's goodbye was asked for: the hang-up waits for its reply until then."""
         self._caller_speaking = False
@@ -568,6 +580,7 @@ class CallSession:
         application_tools: frozenset[str] = frozenset(),
         tool_filler: str | None = None,
         silence: SilencePolicy | None = None,
+        record: bool = False,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -576,6 +589,7 @@ class CallSession:
         ``application_tools``: the names of the call's application tools (their calls go to the application:
         ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
         ``silence``: what to do with a caller who says nothing (``SilencePolicy``); None: nothing.
+        ``record``: the stream is recorded from now (``recorder``; its chunks come out as ``RecordingChunk``).
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
@@ -591,6 +605,11 @@ class CallSession:
         self._transition(_Trigger.ENGINE_BOUND)
         self._application_tools, self._tool_filler = application_tools, tool_filler
         self._silence, self._caller_active_ms = silence, now_ms
+        if record:
+            self.recorder = self.ledger.recorder = StereoRecorder(
+                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
+                frame_ms=self.ledger.frame_ms, started_ms=now_ms,
+            )  # fmt: skip
         if taken_over:
             self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities
@@ -1236,6 +1255,12 @@ class CallSession:
         assert self._inbound is not None
         audio = self._inbound.process(pcm)
         self.input_ms += payload_ms
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.caller(pcm)
+            chunk = recorder.take(now_ms)
+            if chunk is not None:
+                self._out.append(RecordingChunk(chunk))
         if not audio:
             return
         if self.state is CallState.LIVE:

@@ -37,6 +37,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
+from callbridge.bridge.recording import StereoRecorder
 from callbridge.carriers.base import SendClear, SendMark, SendMedia
 
 __all__ = ["FlushResult", "HeardUpdate", "PlayoutLedger", "Unplayed"]
@@ -143,6 +144,8 @@ class PlayoutLedger:
         """Times the carrier's buffer ran dry mid-response (a frame sent after the previous one had played)."""
         self.mark_lags_ms: list[int] = []
         """Per marker echo: how much later than sent-and-played-at-once it came (drained by the driver)."""
+        self.recorder: StereoRecorder | None = None
+        """The call's recording: each frame sent goes to it with when it starts to play; a flush cuts it."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -210,6 +213,8 @@ class PlayoutLedger:
         self._outstanding.clear()
         if self.flushes:
             self._buffer_end_ms = now_ms  # else what was sent still plays out first
+            if self.recorder is not None:
+                self.recorder.cut(now_ms)
         self._clear_segments()
         result = FlushResult(current.response_id if current else None, heard, sent, dropped, cleared)
         if current is not None:
@@ -305,6 +310,8 @@ class PlayoutLedger:
             self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
         self._buffer_end_ms = start + self.frame_ms
         self._sent.append(frame)
+        if self.recorder is not None:
+            self.recorder.agent_frames.append((start, frame))
         response.sent_ms += self.frame_ms
         self.frames_sent += 1
         self._actions.append(SendMedia(frame))

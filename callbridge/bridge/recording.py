@@ -1,0 +1,143 @@
+"""A call's stereo recording as the caller lived it: left the caller as received, right the agent as the caller
+heard it — each frame where the playout model says it played (``PlayoutLedger``), what a barge-in's clear dropped
+never, the frame playing at the clear cut there.
+
+Sans-I/O: the call appends the caller's decoded audio (``caller``) and the ledger the frames it sends with the
+time each starts to play (``agent_frames``); ``take(now_ms)`` hands out, about once a ``chunk_ms``, interleaved
+PCM16 for the file up to where both channels are final (the caller's audio received, the agent's played). Per
+frame only a buffered append; decoding, mixing and resampling happen once per chunk."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import numpy as np
+
+from callbridge.codecs.g711 import PCM16_SAMPLE_BYTES, AudioEncoding, Buffer, decode_to_pcm16
+from callbridge.codecs.resample import ResamplerQuality, StreamResampler
+
+__all__ = ["CHANNELS", "StereoRecorder"]
+
+CHANNELS: Final = 2
+_CHUNK_MS: Final = 1000
+"""How often the file is written: a crash loses at most this much."""
+_MAX_CALLER_AHEAD_MS: Final = 5000
+"""Caller audio kept ahead of the clock (a backlog read at once): beyond it the oldest is written regardless."""
+
+
+class StereoRecorder:
+    """See the module docstring. ``rate_hz``: the recording's (the caller's audio, as received); the agent's frames
+    are ``agent_encoding`` at ``agent_rate_hz``, resampled where that differs. ``started_ms``: the clock at the
+    recording's first sample (the caller's audio is taken to arrive in real time from then on)."""
+
+    def __init__(
+        self,
+        *,
+        rate_hz: int,
+        agent_rate_hz: int,
+        agent_encoding: AudioEncoding,
+        frame_ms: int,
+        started_ms: int,
+        chunk_ms: int = _CHUNK_MS,
+    ) -> None:
+        self.rate_hz = rate_hz
+        self.agent_rate_hz = agent_rate_hz
+        self.agent_encoding = agent_encoding
+        self.frame_ms = frame_ms
+        self.started_ms = started_ms
+        self.chunk_ms = chunk_ms
+        self.agent_frames: deque[tuple[int, bytes]] = deque()
+        """(when it starts playing, the encoded frame), in send order: the ledger appends, a flush cuts."""
+        self._caller = bytearray()
+        self._written_at_ms = started_ms
+        self._agent_out = bytearray()
+        """The agent's channel at ``rate_hz``, resampled and not yet written."""
+        self._agent_samples = 0
+        """Agent samples (at ``agent_rate_hz``) handed to the resampler: the channel's position."""
+        self._resampler = (
+            StreamResampler(agent_rate_hz, rate_hz, ResamplerQuality.HQ) if agent_rate_hz != rate_hz else None
+        )
+        self.samples_written = 0
+        """Sample frames (one per channel) handed out so far."""
+
+    @property
+    def duration_ms(self) -> int:
+        return self.samples_written * 1000 // self.rate_hz
+
+    def caller(self, pcm: Buffer) -> None:
+        """The caller's audio as received (PCM16 at ``rate_hz``, gaps filled): a buffered append."""
+        self._caller += pcm
+
+    def cut(self, now_ms: int) -> None:
+        """The carrier's buffer was cleared at ``now_ms``: frames not yet playing are never heard, the one playing
+        is heard up to now."""
+        frames = self.agent_frames
+        while frames and frames[-1][0] >= now_ms:
+            frames.pop()
+        if frames:
+            start, frame = frames[-1]
+            if start + self.frame_ms > now_ms:
+                samples = (now_ms - start) * len(frame) // (self.frame_ms * self.agent_encoding.sample_bytes)
+                frames[-1] = (start, frame[: samples * self.agent_encoding.sample_bytes])
+
+    def take(self, now_ms: int, *, final: bool = False) -> bytes | None:
+        """Interleaved stereo PCM16 for the file, once a chunk is due (``final``: everything up to ``now_ms``, the
+        call's end), else None."""
+        if not final and now_ms - self._written_at_ms < self.chunk_ms:
+            return None
+        self._written_at_ms = now_ms
+        clock_ms = now_ms - self.started_ms
+        caller_ms = (self.samples_written + len(self._caller) // PCM16_SAMPLE_BYTES) * 1000 // self.rate_hz
+        if final:
+            until_ms = max(clock_ms, caller_ms)
+        else:  # both channels final: the caller's audio received, the agent's played (a backlog not waited on)
+            until_ms = min(clock_ms, caller_ms) if caller_ms - clock_ms <= _MAX_CALLER_AHEAD_MS else caller_ms
+        if until_ms * self.rate_hz // 1000 <= self.samples_written:
+            return None
+        return self._mix(until_ms, final=final)
+
+    def _mix(self, until_ms: int, *, final: bool) -> bytes | None:
+        target = until_ms * self.rate_hz // 1000 - self.samples_written
+        out = self._agent_out
+        self._place_agent(until_ms, final=final)
+        # a resampler holds a little back: the chunk ends where the agent's channel does (at the end, silence)
+        samples = target if final else min(target, len(out) // PCM16_SAMPLE_BYTES)
+        if samples <= 0:
+            return None
+        stereo = np.zeros(samples * CHANNELS, dtype=np.int16)
+        for channel, buffer in enumerate((self._caller, out)):
+            have = min(samples, len(buffer) // PCM16_SAMPLE_BYTES)
+            stereo[channel : have * CHANNELS : CHANNELS] = np.frombuffer(buffer, dtype=np.int16, count=have)
+            del buffer[: have * PCM16_SAMPLE_BYTES]
+        self.samples_written += samples
+        return stereo.tobytes()
+
+    def _place_agent(self, until_ms: int, *, final: bool) -> None:
+        """The agent's channel up to ``until_ms`` onto ``_agent_out``: the frames played by then at their places,
+        silence between."""
+        rate = self.agent_rate_hz
+        begin, end = self._agent_samples, until_ms * rate // 1000
+        span = np.zeros(max(0, end - begin), dtype=np.int16)
+        frames = self.agent_frames
+        kept: list[tuple[int, bytes]] = []
+        while frames:
+            start, frame = frames[0]
+            first = (start - self.started_ms) * rate // 1000
+            if first >= end:
+                break
+            frames.popleft()
+            pcm = np.frombuffer(decode_to_pcm16(self.agent_encoding, frame), dtype=np.int16)
+            lo, hi = max(first, begin), min(first + len(pcm), end)
+            if hi > lo:
+                span[lo - begin : hi - begin] = pcm[lo - first : hi - first]
+            if first + len(pcm) > end:  # playing on past this chunk: the rest goes in the next
+                kept.append((start, frame))
+        frames.extendleft(reversed(kept))
+        self._agent_samples = max(begin, end)
+        if self._resampler is None:
+            self._agent_out += span.tobytes()
+        else:
+            self._agent_out += self._resampler.process(span.tobytes())
+            if final:
+                self._agent_out += self._resampler.flush()
