@@ -287,6 +287,25 @@ class SilenceSettings(Section):
     goodbye: str = "The line has been silent for a while. Say a short goodbye; the call then ends."
 
 
+class RecordingSettings(Section):
+    """Each call's stereo WAV (left: the caller as received; right: the agent as the caller heard it), written
+    as the call goes; a call's assistant may switch it on or off and name where to upload it."""
+
+    enabled: bool = False
+    """Record every call (an application's assistant may say otherwise per call: ``recording``)."""
+    directory: Path = Path("recordings")
+    """Where ``<call id>.wav`` is written (created if missing). A call that reconnects to this process goes on in
+    the same file."""
+    announcement: str = ""
+    """Said before the greeting on every recorded call, as the greeting is (an instruction to the model): "Tell
+    the caller this call is recorded." Empty: none."""
+    max_pending_mb: Annotated[int, Field(ge=1, le=4096)] = 64
+    """Recording data waiting for the disk, over all calls: past it, chunks are dropped (logged, counted) rather
+    than held in memory."""
+    upload_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 120.0
+    """The HTTP PUT of a recording to the URL a call's assistant gave (``recording_upload_url``)."""
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -307,6 +326,7 @@ class _BridgeSections(BaseSettings):
     registry: RegistrySettings = RegistrySettings()
     app: AppSettings = AppSettings()
     silence: SilenceSettings = SilenceSettings()
+    recording: RecordingSettings = RecordingSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
 __all__ = ["BRIDGE_TOOLS", "AssistantConfig", "AssistantReply", "Tool", "ToolResult"]
 
@@ -66,9 +66,18 @@ class AssistantConfig(BaseModel):
     tool_filler: str | None = Field(default=None, max_length=1024)
     """Said (as the greeting is) when a tool has not answered within ``app.tool_filler_after_s``: "Tell the caller
     you are looking it up." None: ``app.tool_filler``."""
+    recording: bool | None = None
+    """Record this call (a stereo WAV: ``[recording]``); None: ``recording.enabled``."""
+    recording_upload_url: HttpUrl | None = None
+    """Where the recording is PUT when the call is over (a presigned URL: ``audio/wav``); the report then names
+    it without its query. None: it stays in ``recording.directory``."""
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=32)
+    """The application's own, handed back in the end-of-call report."""
 
     @model_validator(mode="after")
     def _tool_names(self) -> AssistantConfig:
+        if any(len(key) > 128 or (isinstance(value, str) and len(value) > 1024) for key, value in self.metadata.items()):
+            raise ValueError("metadata: keys up to 128 characters, values up to 1024")
         names = [tool.name for tool in self.tools]
         if len(names) != len(set(names)):
             raise ValueError("tools: each name once")

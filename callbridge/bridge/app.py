@@ -31,6 +31,7 @@ from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.metrics import BridgeMetrics
+from callbridge.bridge.recording_store import RecordingStore
 from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
@@ -77,6 +78,11 @@ class BridgeState:
         )
         if self.services.assistants is not None:
             self.services.events = event_delivery(self.services.assistants.application, self.services.metrics)
+        recording = settings.recording
+        self.services.recordings = RecordingStore(
+            recording.directory, self.services.metrics,
+            max_pending_bytes=recording.max_pending_mb * 1024 * 1024, upload_timeout_s=recording.upload_timeout_s,
+        )  # fmt: skip
         for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
                 self.services.action_performers[name] = rest  # type: ignore[assignment]
@@ -146,6 +152,8 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
             await rest.aclose()
         if state.services.events is not None:
             await state.services.events.aclose()
+        if state.services.recordings is not None:
+            await state.services.recordings.aclose()
         if state.services.assistants is not None:
             await state.services.assistants.aclose()
 

@@ -48,10 +48,12 @@ def session_config(settings: Settings, assistant: AssistantConfig | None = None)
     )
 
 
-def greeting(settings: Settings, assistant: AssistantConfig | None = None) -> str | None:
-    """What the agent is told to say first on a new call (the assistant's, else ``app.greeting``); None: it waits."""
+def greeting(settings: Settings, assistant: AssistantConfig | None = None, *, recorded: bool = False) -> str | None:
+    """What the agent is told to say first on a new call (the assistant's, else ``app.greeting``), after the
+    recording's announcement where the call is ``recorded``; None: it waits."""
     text = assistant.greeting if assistant is not None and assistant.greeting is not None else settings.app.greeting
-    return text or None
+    announcement = settings.recording.announcement if recorded else ""
+    return " ".join(part for part in (announcement, text) if part) or None
 
 
 def silence_policy(settings: Settings, assistant: AssistantConfig | None = None) -> SilencePolicy | None:

@@ -38,6 +38,8 @@ class CallReportBuilder:
     """``{"response_id", "text", "heard_ms"}``, in the order the replies came."""
     seq: int = 0
     """Events sent for the call so far (``CallEvent.seq``)."""
+    recording: str | None = None
+    """The call's recording file, once a stream has written to it."""
 
     def observe(self, observed: Observed) -> None:
         match observed.kind:
@@ -100,6 +102,7 @@ class CallReportBuilder:
             tools=self.tools,
             engine_session_id=engine_session_id,
             transcript=[SpokenLine(text=line["text"], response_id=line["response_id"], heard_ms=line["heard_ms"]) for line in self.transcript],
+            recording=self.recording,
             metadata=metadata or {},
         )
 

@@ -20,13 +20,14 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
-from callbridge.application.events import CallEvent, EventType
+from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.call import (
     BargeInFlushed,
@@ -40,6 +41,7 @@ from callbridge.bridge.call import (
     Observed,
     PendingAction,
     Perform,
+    RecordingChunk,
     StreamReport,
     ToCarrier,
     ToEngine,
@@ -73,6 +75,7 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.pacing import monotonic_ms
+from callbridge.bridge.recording_store import CallRecording, public_url
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES, allow_messages_up_to
@@ -220,11 +223,13 @@ class MediaStreamDriver:
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
+        """The one check of the stream's single-use token (``_token_is_ours``)."""
         self._report: CallReportBuilder | None = None
         """The call's report as this stream builds it (with an application that takes events)."""
         self._setup_read: CallSetup | None = None
         """The call's setup as this stream read (or chose) it (``_setup``)."""
-        """The one check of the stream's single-use token (``_token_is_ours``)."""
+        self._recording: CallRecording | None = None
+        """The stream's share of the call's recording, where it is recorded."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
@@ -310,7 +315,8 @@ class MediaStreamDriver:
         setup = await self._bound_setup(start)
         assistant = setup.assistant if setup is not None else None
         first_stream = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
-        greets = greeting(services.settings, assistant) if first_stream else None
+        records = assistant.recording if assistant is not None and assistant.recording is not None else services.settings.recording.enabled
+        greets = greeting(services.settings, assistant, recorded=records) if first_stream else None
         if setup is not None and services.events is not None:
             await self._begin_report(start, first_stream)
         try:
@@ -329,7 +335,10 @@ class MediaStreamDriver:
                 told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER, greeting=greets,
                 application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
                 tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
+                record=records and services.recordings is not None,
             )
+            if self.call.recorder is not None and services.recordings is not None:
+                self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
@@ -557,6 +566,9 @@ class MediaStreamDriver:
                     self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
                 case Observed() as seen:
                     self._observed(seen)
+                case RecordingChunk(data):
+                    if self._recording is not None and self.services.recordings is not None:
+                        self.services.recordings.write(self._recording, data)
                 case MarkLag(ms):
                     self.services.metrics.mark_lag_seconds.observe(ms / 1000)
                 case BargeInFlushed():  # its clear has been sent: time it from the engine event that caused it
@@ -670,6 +682,8 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
+        if self._recording is not None:
+            await self._close_recording()
         if start is not None:
             await self._end_report(start, report)
         if life is not None:
@@ -864,16 +878,43 @@ class MediaStreamDriver:
             return
         builder.agent_audio_ms += report.output_ms
         if report.facts.call_over:
+            assistant = setup.assistant
             call_report = builder.report(
                 setup.context, ended_at=time.time(), end_reason=report.facts.end_reason or "unknown",
                 engine_session_id=self.session.session_id if self.session is not None else None,
+                metadata=assistant.metadata if assistant is not None else None,
             )  # fmt: skip
-            self._emit("call.ended", report=call_report.model_dump(mode="json"))
+            upload_to = assistant.recording_upload_url if assistant is not None else None
+            if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
+                # the report waits for the upload (it names where the recording went), the stream does not
+                self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
+            else:
+                self._emit("call.ended", report=call_report.model_dump(mode="json"))
             return
         try:
             await self.services.registry.keep_note(start.call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+
+    async def _close_recording(self) -> None:
+        """The stream's last chunk of the recording written and the file closed; its path goes in the report."""
+        recording, recorder, store = self._recording, self.call.recorder, self.services.recordings
+        if recording is None or recorder is None or store is None:
+            return
+        path = await store.close(recording, recorder.take(_now_ms(), final=True))
+        if path is None:
+            self.log.warning("recording_not_written", reason=recording.failed or "nothing to write")
+            return
+        self.log.info("recording_written", path=str(path), stream_ms=recorder.duration_ms, dropped_chunks=recording.dropped_chunks)
+        if self._report is not None:
+            self._report.recording = str(path)
+
+    async def _upload_then_report(self, path: Path, url: str, call_report: CallReport) -> None:
+        assert self.services.recordings is not None
+        uploaded = await self.services.recordings.upload(path, url, call_report.call.call_id)
+        if uploaded:
+            call_report = call_report.model_copy(update={"recording": public_url(url)})
+        self._emit("call.ended", report=call_report.model_dump(mode="json"))
 
     async def _bound_setup(self, start: StreamStarted) -> CallSetup | None:
         """The call's setup as its session binds (its greeting, its tools): None without an application, or where

@@ -144,6 +144,11 @@ class BridgeMetrics:
             "callbridge_app_events_total", "Call events to the application, by type and outcome (delivered, dropped_…)",
             ["type", "outcome"], registry=registry,
         )  # fmt: skip
+        self.recordings = Counter(
+            "callbridge_recordings_total",
+            "Call recordings: streams written, chunks dropped (the disk behind), writes failed, uploads and their failures",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
         self.admission_refused = Counter(
             "callbridge_admission_refused_total", "New calls refused by admission control, by limit", ["reason"], registry=registry
         )

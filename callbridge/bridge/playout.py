@@ -311,7 +311,7 @@ class PlayoutLedger:
         self._buffer_end_ms = start + self.frame_ms
         self._sent.append(frame)
         if self.recorder is not None:
-            self.recorder.agent_frames.append((start, frame))
+            self.recorder.agent(start, frame)
         response.sent_ms += self.frame_ms
         self.frames_sent += 1
         self._actions.append(SendMedia(frame))
@@ -389,6 +389,8 @@ class PlayoutLedger:
 
     def _shift(self, delay_ms: int) -> None:
         self._shifted_ms += delay_ms
+        if self.recorder is not None:
+            self.recorder.shift(delay_ms)
         for segment in self._segments:
             segment.start_ms += delay_ms
         self._buffer_end_ms += delay_ms

@@ -3,9 +3,10 @@ heard it — each frame where the playout model says it played (``PlayoutLedger`
 never, the frame playing at the clear cut there.
 
 Sans-I/O: the call appends the caller's decoded audio (``caller``) and the ledger the frames it sends with the
-time each starts to play (``agent_frames``); ``take(now_ms)`` hands out, about once a ``chunk_ms``, interleaved
-PCM16 for the file up to where both channels are final (the caller's audio received, the agent's played). Per
-frame only a buffered append; decoding, mixing and resampling happen once per chunk."""
+time each starts to play (``agent``) and how its markers' echoes moved that (``shift``); ``take(now_ms)`` hands
+out, about once a ``chunk_ms``, interleaved PCM16 for the file up to where both channels are final (the caller's
+audio received, the agent's played and placed). Per frame only a buffered append; decoding, mixing and
+resampling happen once per chunk."""
 
 from __future__ import annotations
 
@@ -20,8 +21,13 @@ from callbridge.codecs.resample import ResamplerQuality, StreamResampler
 __all__ = ["CHANNELS", "StereoRecorder"]
 
 CHANNELS: Final = 2
-_CHUNK_MS: Final = 1000
-"""How often the file is written: a crash loses at most this much."""
+_CHUNK_MS: Final = 500
+"""How often the file is written: a crash loses at most this and ``_SETTLE_MS``."""
+_SETTLE_MS: Final = 500
+"""How far behind the clock the file is written: a run of agent audio is placed by the first markers' echoes
+(``shift``), which come within this."""
+_RUN_TOLERANCE_MS: Final = 5
+"""A frame this close to the end of the last (before or after it) continues its run."""
 _MAX_CALLER_AHEAD_MS: Final = 5000
 """Caller audio kept ahead of the clock (a backlog read at once): beyond it the oldest is written regardless."""
 
@@ -48,7 +54,12 @@ class StereoRecorder:
         self.started_ms = started_ms
         self.chunk_ms = chunk_ms
         self.agent_frames: deque[tuple[int, bytes]] = deque()
-        """(when it starts playing, the encoded frame), in send order: the ledger appends, a flush cuts."""
+        """(the sample at ``agent_rate_hz`` it starts playing at, the encoded frame), in send order (``agent``)."""
+        self._agent_next: int | None = None
+        """Where the last frame placed ends: the next frame of the same run plays from there."""
+        self._run_start: int | None = None
+        """Where the run of frames playing (back to back since the last gap) starts."""
+        self._agent_tolerance = agent_rate_hz * _RUN_TOLERANCE_MS // 1000
         self._caller = bytearray()
         self._written_at_ms = started_ms
         self._agent_out = bytearray()
@@ -69,17 +80,46 @@ class StereoRecorder:
         """The caller's audio as received (PCM16 at ``rate_hz``, gaps filled): a buffered append."""
         self._caller += pcm
 
+    def agent(self, start_ms: int, frame: bytes) -> None:
+        """A frame sent to the carrier, to start playing at ``start_ms`` (the playout model's clock): a buffered
+        append. A frame that follows the last within ``_RUN_TOLERANCE_MS`` plays right after it (the carrier plays
+        its buffer back to back; the model only moves when a marker's echo corrects it), else where it starts."""
+        at = (start_ms - self.started_ms) * self.agent_rate_hz // 1000
+        following = self._agent_next
+        if following is not None and at - following < self._agent_tolerance:
+            at = following
+        else:
+            self._run_start = at
+        self._agent_next = at + len(frame) // self.agent_encoding.sample_bytes
+        self.agent_frames.append((at, frame))
+
+    def shift(self, delay_ms: int) -> None:
+        """A marker's echo moved the playout model by ``delay_ms`` (the carrier plays the run later, or earlier,
+        than it was sent): the run playing moves with it while none of it is written yet (the first echoes come
+        within ``_SETTLE_MS``); after that its frames stay back to back."""
+        run = self._run_start
+        if run is None or run < self._agent_samples or self._agent_next is None:
+            return
+        delay = delay_ms * self.agent_rate_hz // 1000
+        delay = max(delay, self._agent_samples - run)  # never back into what is written
+        frames = self.agent_frames
+        for i, (at, frame) in enumerate(frames):
+            if at >= run:
+                frames[i] = (at + delay, frame)
+        self._run_start, self._agent_next = run + delay, self._agent_next + delay
+
     def cut(self, now_ms: int) -> None:
         """The carrier's buffer was cleared at ``now_ms``: frames not yet playing are never heard, the one playing
         is heard up to now."""
-        frames = self.agent_frames
-        while frames and frames[-1][0] >= now_ms:
+        now = (now_ms - self.started_ms) * self.agent_rate_hz // 1000
+        frames, width = self.agent_frames, self.agent_encoding.sample_bytes
+        while frames and frames[-1][0] >= now:
             frames.pop()
+        self._agent_next = self._run_start = None
         if frames:
-            start, frame = frames[-1]
-            if start + self.frame_ms > now_ms:
-                samples = (now_ms - start) * len(frame) // (self.frame_ms * self.agent_encoding.sample_bytes)
-                frames[-1] = (start, frame[: samples * self.agent_encoding.sample_bytes])
+            at, frame = frames[-1]
+            if at + len(frame) // width > now:
+                frames[-1] = (at, frame[: (now - at) * width])
 
     def take(self, now_ms: int, *, final: bool = False) -> bytes | None:
         """Interleaved stereo PCM16 for the file, once a chunk is due (``final``: everything up to ``now_ms``, the
@@ -91,8 +131,9 @@ class StereoRecorder:
         caller_ms = (self.samples_written + len(self._caller) // PCM16_SAMPLE_BYTES) * 1000 // self.rate_hz
         if final:
             until_ms = max(clock_ms, caller_ms)
-        else:  # both channels final: the caller's audio received, the agent's played (a backlog not waited on)
-            until_ms = min(clock_ms, caller_ms) if caller_ms - clock_ms <= _MAX_CALLER_AHEAD_MS else caller_ms
+        else:  # both channels final: the caller's audio received, the agent's played and settled (a backlog not waited on)
+            settled_ms = clock_ms - _SETTLE_MS
+            until_ms = min(settled_ms, caller_ms) if caller_ms - settled_ms <= _MAX_CALLER_AHEAD_MS else caller_ms
         if until_ms * self.rate_hz // 1000 <= self.samples_written:
             return None
         return self._mix(until_ms, final=final)
@@ -122,8 +163,7 @@ class StereoRecorder:
         frames = self.agent_frames
         kept: list[tuple[int, bytes]] = []
         while frames:
-            start, frame = frames[0]
-            first = (start - self.started_ms) * rate // 1000
+            first, frame = frames[0]
             if first >= end:
                 break
             frames.popleft()
@@ -132,7 +172,7 @@ class StereoRecorder:
             if hi > lo:
                 span[lo - begin : hi - begin] = pcm[lo - first : hi - first]
             if first + len(pcm) > end:  # playing on past this chunk: the rest goes in the next
-                kept.append((start, frame))
+                kept.append((first, frame))
         frames.extendleft(reversed(kept))
         self._agent_samples = max(begin, end)
         if self._resampler is None:

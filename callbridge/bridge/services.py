@@ -39,6 +39,7 @@ from callbridge.bridge.fleet import (
 )
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.pacing import PacingClock
+from callbridge.bridge.recording_store import RecordingStore
 from callbridge.bridge.registry import (
     CallRegistry,
     RegistryUnavailable,
@@ -127,6 +128,8 @@ class BridgeServices:
     """Which signed webhooks were taken already (fleet-wide with a shared registry): a replay is refused."""
     events: EventDelivery | None = None
     """Call events to the application (an application that takes them); None: none are built."""
+    recordings: RecordingStore | None = None
+    """Where recorded calls are written (``[recording]``; built by the app)."""
     assistants: AssistantSource | None = None
     """The application that chooses each new call's assistant (``[app]``); None: every call gets the configured one."""
     unknown_events: set[tuple[str, str]] = field(default_factory=set)

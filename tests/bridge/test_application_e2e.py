@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -17,6 +20,7 @@ from fastapi import FastAPI, Request, Response
 from callbridge.application import CallContext
 from callbridge.application.events import CallReport
 from callbridge.carriers import simulated
+from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.sim.carrier import CallerScript
@@ -353,3 +357,76 @@ async def test_a_silent_caller_is_prompted_then_said_goodbye_to_and_hung_up_on()
     assert [e.data["action"] for e in events if e.type == "silence"] == ["reprompt", "hang_up"]
     report = CallReport.model_validate(events[-1].data["report"])
     assert report.ended_by == "agent" and report.end_reason == "caller_silent", report
+
+
+def _best_lag(recorded: np.ndarray, heard: np.ndarray, max_lag: int) -> tuple[int, float]:
+    """The shift of ``recorded`` against ``heard`` (samples: ``recorded[i + lag] ≈ heard[i]``) where they match
+    best, and their correlation there."""
+    best = (0, -1.0)
+    for lag in range(-max_lag, max_lag + 1):
+        a, b = recorded[max(0, lag) :], heard[max(0, -lag) :]
+        n = min(len(a), len(b))
+        if n and a[:n].any() and b[:n].any():
+            best = max(best, (lag, float(np.corrcoef(a[:n], b[:n])[0, 1])), key=lambda x: x[1])
+    return best
+
+
+def _runs(pcm: np.ndarray, gap: int = 1600) -> list[tuple[int, int]]:
+    """The runs of sound in ``pcm`` (8 kHz), split where it is silent for ``gap`` samples."""
+    loud = np.flatnonzero(np.abs(pcm) > 0)
+    if not len(loud):
+        return []
+    breaks = np.flatnonzero(np.diff(loud) > gap)
+    starts, ends = np.r_[loud[0], loud[breaks + 1]], np.r_[loud[breaks], loud[-1]] + 1
+    return list(zip(starts.tolist(), ends.tolist(), strict=True))
+
+
+def _same_as_heard(recorded: np.ndarray, heard: np.ndarray, offset: int) -> None:
+    """Each run of agent audio the caller heard is in ``recorded`` sample for sample (correlation ≥ 0.99), within a
+    frame and a half of where it was heard (past ``offset``, the two clocks' origins); nothing else is."""
+    runs = _runs(heard)
+    assert runs
+    covered = np.zeros(len(recorded), dtype=bool)
+    for start, end in runs:
+        best = (0, -1.0)
+        for shift in range(-320, 321):  # ±40 ms
+            at = start + offset + shift
+            segment = recorded[max(0, at) : at + end - start]
+            if len(segment) == end - start and segment.any():
+                best = max(best, (shift, float(np.corrcoef(segment, heard[start:end])[0, 1])), key=lambda x: x[1])
+        shift, correlation = best
+        assert correlation >= 0.99 and abs(shift) <= 240, (start / 8, end / 8, shift, correlation)
+        covered[max(0, start + offset + shift) : end + offset + shift] = True
+    assert not recorded[~covered].any(), np.flatnonzero(~covered & (recorded != 0))[:10] / 8  # only what was heard
+
+
+async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_it(tmp_path: Path) -> None:
+    """``[recording]``: the call's stereo WAV (8 kHz, as Twilio's audio) — the left channel what the caller sent,
+    the right what the simulated caller heard, barge-in included (the greeting cut where the caller spoke);
+    the report names the file."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    recording = {"enabled": True, "directory": str(tmp_path)}
+    speech = short_speech(1200)
+    script = CallerScript(utterances=((1500, speech),), hangup_at_ms=6000)
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}, recording=recording), recorder) as bridge:
+        result = await bridge.carrier.place_call(script)
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    assert result.clears, result.render()  # the greeting was cut
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    assert report.recording == str(tmp_path / f"{result.call_sid}.wav")
+    with wave.open(report.recording, "rb") as wav:
+        assert (wav.getnchannels(), wav.getframerate(), wav.getsampwidth()) == (2, 8000, 2)
+        stereo = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, 2).astype(np.float64)
+    call_ms = result.timeline[-1].at_ms - result.timeline[0].at_ms
+    assert abs(len(stereo) / 8 - call_ms) <= 300, (len(stereo) / 8, call_ms)
+    heard = np.frombuffer(bytes(result.heard), dtype="<i2").astype(np.float64)
+    offset, _ = _best_lag(stereo[:, 1], heard, max_lag=2400)  # the two clocks' origins: the call's start, the bind
+    assert abs(offset) <= 1600, offset
+    _same_as_heard(stereo[:, 1], heard, offset)
+    sent = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, encode_from_pcm16(AudioEncoding.PCMU, speech)), dtype="<i2")
+    caller = np.zeros(len(stereo))
+    at = 1500 * 8
+    caller[at : at + len(sent)] = sent[: len(caller) - at]
+    lag, correlation = _best_lag(stereo[:, 0], caller, max_lag=2400)
+    assert correlation >= 0.99 and abs(lag) <= 1600, (lag, correlation)

@@ -9,6 +9,7 @@ import pytest
 
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.recording import StereoRecorder
+from callbridge.carriers.base import SendMark
 from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 
 pytestmark = pytest.mark.core
@@ -82,11 +83,31 @@ def test_left_is_the_caller_as_received_and_right_the_agent_where_it_played() ->
     assert np.array_equal(heard[ms(500) : ms(1500)], played)
 
 
-def test_written_about_once_a_second_so_a_crash_loses_at_most_that() -> None:
+def test_written_as_it_goes_so_a_crash_loses_at_most_a_second() -> None:
     call = Call()
-    call.run(5000)
-    assert len(call.chunks) == 5 and all(len(chunk) == ms(1000) * 4 for chunk in call.chunks)  # one a second
+    for _ in range(250):  # 5 s
+        call.run(20)
+        assert call.recorder.duration_ms >= call.now - call.recorder.started_ms - 1000
+    assert len(call.chunks) == 9 and {len(chunk) for chunk in call.chunks} == {ms(500) * 4}
     assert len(call.end()) == ms(5000)
+
+
+def test_a_run_goes_where_the_markers_echoes_say_it_played() -> None:
+    """The carrier plays the reply 15 ms later than it was sent (its own 20 ms clock): the first marker's echo
+    says so, and the whole run moves there, back to back."""
+    call = Call()
+    call.run(400)
+    reply = tone(1000, 440)
+    call.say(reply)  # sent at 400 ms
+    call.run(100)
+    first_mark = next(action.name for action in call.ledger.actions_to_send() if isinstance(action, SendMark))
+    call.now += 15
+    call.ledger.mark_echoed(first_mark, call.now)  # 100 ms of it played by 515 ms: it began at 415
+    call.run(1500)
+    heard = call.end()[:, 1]
+    assert not heard[: ms(415)].any()
+    played = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, encode_from_pcm16(AudioEncoding.PCMU, reply.tobytes())), np.int16)
+    assert np.array_equal(heard[ms(415) : ms(1415)], played)
 
 
 def test_what_the_clear_dropped_is_never_in_it_and_the_frame_playing_is_cut_there() -> None:
