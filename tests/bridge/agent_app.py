@@ -74,3 +74,14 @@ class Recorder(Greeter):
 
     async def event(self, call: CallContext, event: CallEvent) -> None:
         Recorder.events.append(event)
+
+
+class RecordsAndUploads(Recorder):
+    """``Recorder``, recording each call and naming where it goes (``upload_url``) and what comes back."""
+
+    upload_url: ClassVar[str] = ""
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        chosen = await super().assistant(call)
+        mine = {"recording": True, "recording_upload_url": self.upload_url, "metadata": {"crm_id": 42}}
+        return AssistantConfig.model_validate({**chosen.model_dump(exclude_unset=True), **mine})

@@ -26,6 +26,7 @@ from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge import agent_app
+from tests.bridge.test_recording_store import bucket
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
 
 MODULE = "tests.bridge.agent_app:"
@@ -430,3 +431,23 @@ async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_
     caller[at : at + len(sent)] = sent[: len(caller) - at]
     lag, correlation = _best_lag(stereo[:, 0], caller, max_lag=2400)
     assert correlation >= 0.99 and abs(lag) <= 1600, (lag, correlation)
+
+
+async def test_the_application_records_a_call_and_gets_it_uploaded(tmp_path: Path) -> None:
+    """Recording off in the settings, on for this call by its assistant, with an announcement said first; the
+    finished WAV is PUT to the assistant's presigned URL and the report names it (without its signature) and
+    hands back the assistant's metadata."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    recording = {"directory": str(tmp_path), "announcement": "Tell the caller this call is recorded."}
+    async with bucket([]) as (base, stored):
+        agent_app.RecordsAndUploads.upload_url = f"{base}/calls/rec.wav?X-Amz-Signature=s3cr3t"
+        async with running_bridge(settings(app={"module": MODULE + "RecordsAndUploads"}, recording=recording), recorder) as bridge:
+            result = await bridge.carrier.place_call(CallerScript(utterances=(), hangup_at_ms=2000))
+            await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=10)
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    assert report.recording == f"{base}/calls/rec.wav" and report.metadata == {"crm_id": 42}
+    assert stored["calls/rec.wav"] == (tmp_path / f"{result.call_sid}.wav").read_bytes()
+    (session_id,) = recorder.opened
+    texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
+    assert texts == [f"Tell the caller this call is recorded. {agent_app.GREETING}"]
