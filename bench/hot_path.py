@@ -15,6 +15,7 @@ Steps, as the bridge takes them:
   (its own 16 → 24 kHz resampler included; in production this runs on the engine's GPU server)
 - resample out (24 → 8 kHz), G.711 encode, frame (20 ms frames), pace (the playout ledger: enqueue, lead,
   markers), serialize (the outbound ``media`` JSON)
+- the whole call again with its recording on: the per-frame appends, and every 500 ms the chunk's mixing
 """
 
 from __future__ import annotations
@@ -125,12 +126,13 @@ def steps() -> list[tuple[str, Callable[[int], object]]]:
     ]
 
 
-def whole_call() -> Callable[[int], object]:
-    """One frame through the sans-I/O call and the loopback engine core, as the asyncio layer drives it."""
+def whole_call(*, record: bool = False) -> Callable[[int], object]:
+    """One frame through the sans-I/O call and the loopback engine core, as the asyncio layer drives it.
+    ``record``: the call is recorded (``StereoRecorder``: its chunks are made, once per 500 ms, not written)."""
     call = CallSession(TwilioCodec(), CallOptions())
     call.receive_message(CONNECTED, 0)
     call.receive_message(START, 0)
-    call.engine_bound(CAPS, 0)
+    call.engine_bound(CAPS, 0, record=record)
     core = loopback_core()
     core.events_to_send()
     messages = [media(CALLER_ULAW, i) for i in range(1 << 16)]
@@ -181,6 +183,8 @@ def main() -> None:
     print(f"| **sum of the steps** | **{total_median:.1f}** | **{total_mean:.1f}** |")
     median, mean = timed(whole_call(), frames)
     print(f"| **whole sans-I/O call per frame, in + out (CallSession + loopback core)** | **{median:.1f}** | **{mean:.1f}** |")
+    median, mean = timed(whole_call(record=True), frames)
+    print(f"| **the same, the call recorded (stereo chunks made, not written)** | **{median:.1f}** | **{mean:.1f}** |")
 
 
 if __name__ == "__main__":

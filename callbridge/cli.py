@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from callbridge import __version__
@@ -29,6 +29,9 @@ from callbridge.config import (
     parse_assignment,
 )
 from callbridge.serving import EXIT_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from callbridge.application.events import CallEvent
 
 __all__ = ["main", "run"]
 
@@ -450,8 +453,11 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
           f"({len(speech) // 16} ms); engine: {settings.engine.kind}")
-    result = asyncio.run(simulate_call(settings, script, provider=args.provider))
+    events: list[CallEvent] = []
+    result = asyncio.run(simulate_call(settings, script, provider=args.provider, events=events))
     print(result.render())
+    if events:
+        print("\n" + _application_view(events))
     write_wav_8k(args.out, bytes(result.heard))
     print(
         f"\ncaller heard {result.agent_speech_ms} ms of agent audio in a {len(result.heard) // 16} ms call "
@@ -461,6 +467,23 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"  warning {warning}")
     return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
+
+
+def _application_view(events: list[CallEvent]) -> str:
+    """What the application was told of the simulated call: its events, and the report's summary."""
+    from callbridge.application.events import CallReport
+
+    lines = ["the application heard: " + ", ".join(event.type for event in events)]
+    ended = next((event for event in events if event.type == "call.ended"), None)
+    if ended is not None:
+        report = CallReport.model_validate(ended.data["report"])
+        latency = f", turn latency p50 {report.turn_latency.p50_ms} ms max {report.turn_latency.max_ms} ms" if report.turn_latency else ""
+        lines.append(
+            f"report: {report.duration_ms} ms, ended by {report.ended_by} ({report.end_reason}), {report.turns} turns{latency}, "
+            f"barge-ins {report.barge_ins} (heard {report.barged_heard_ms} ms), tools {report.tools}"
+        )
+        lines.append(f"recording: {report.recording or 'none'}")
+    return "\n".join(lines)
 
 
 def _processes(text: str) -> int | None:

@@ -9,7 +9,15 @@ import os
 
 from fastapi import FastAPI, Request, Response
 
-from callbridge.application import SIGNATURE_HEADER, AssistantConfig, AssistantReply, CallContext, verify_signature
+from callbridge.application import (
+    SIGNATURE_HEADER,
+    AssistantConfig,
+    AssistantReply,
+    CallContext,
+    ToolResult,
+    verify_signature,
+)
+from callbridge.application.events import CallEvent
 from examples.agent import Agent
 
 api = FastAPI()
@@ -22,9 +30,16 @@ async def callbridge(request: Request) -> Response:
     if not verify_signature(os.environ["CALLBRIDGE_APP_SECRET"], request.headers.get(SIGNATURE_HEADER), body):
         return Response(status_code=401)
     message = await request.json()
-    if message.get("type") != "assistant-request":
-        return Response(status_code=204)
-    reply = await agent.assistant(CallContext.model_validate(message["call"]))
-    if isinstance(reply, AssistantConfig):
-        reply = AssistantReply.answer(reply)
-    return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+    call = CallContext.model_validate(message["call"])
+    match message["type"]:
+        case "assistant-request":
+            reply = await agent.assistant(call)
+            if isinstance(reply, AssistantConfig):
+                reply = AssistantReply.answer(reply)
+            return Response(reply.model_dump_json(exclude_none=True), media_type="application/json")
+        case "tool-call":
+            result = ToolResult(output=await agent.tool(call, message["name"], message["arguments"]))
+            return Response(result.model_dump_json(exclude_none=True), media_type="application/json")
+        case "call-event":
+            await agent.event(call, CallEvent.model_validate(message["event"]))
+    return Response(status_code=204)

@@ -10,6 +10,7 @@ is awaited the same way (an exception is a failed attempt)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Final
 
 from callbridge.application import CallContext
@@ -39,9 +40,13 @@ class EventDelivery:
         self.metrics = metrics
         self.queue: asyncio.Queue[tuple[CallContext, CallEvent]] = asyncio.Queue(max_queued)
         self.senders: list[asyncio.Task[None]] = []
+        self.observers: list[Callable[[CallContext, CallEvent], None]] = []
+        """Called with each event as it is emitted, in this process (``callbridge simulate`` shows them)."""
 
     def emit(self, call: CallContext, event: CallEvent) -> None:
         """Hand ``event`` over for delivery; never waits. Full: dropped and counted."""
+        for observer in self.observers:
+            observer(call, event)
         try:
             self.queue.put_nowait((call, event))
         except asyncio.QueueFull:

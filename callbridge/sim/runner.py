@@ -19,13 +19,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import soxr
 import uvicorn
 from fastapi import FastAPI
 
+from callbridge.application.events import CallEvent
 from callbridge.bridge.app import create_app
 from callbridge.bridge.http_protocol import serving_options
 from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec
@@ -33,6 +34,9 @@ from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.ports import bound_socket, free_port
+
+_REPORT_WAIT_S: Final = 5.0
+"""How long ``simulate_call`` waits for the call's ``call.ended`` after the caller hung up."""
 
 __all__ = [
     "RunningBridge",
@@ -151,7 +155,18 @@ async def serving(app: FastAPI, port: int | socket.socket) -> AsyncIterator[None
         await asyncio.wait_for(task, 15)
 
 
-async def simulate_call(settings: Settings, script: CallerScript, provider: str = DEFAULT_SIMULATED) -> CallResult:
-    """One simulated call through an in-process bridge."""
+async def simulate_call(
+    settings: Settings, script: CallerScript, provider: str = DEFAULT_SIMULATED, *, events: list[CallEvent] | None = None
+) -> CallResult:
+    """One simulated call through an in-process bridge. ``events``: the call events the application is sent are
+    added to it (with an application that takes them), up to its ``call.ended`` (waited for a while)."""
     async with running_bridge(settings, provider=provider) as bridge:
-        return await bridge.carrier.place_call(script)
+        delivery = bridge.app.state.bridge.services.events
+        if events is not None and delivery is not None:
+            delivery.observers.append(lambda _call, event: events.append(event))
+        result = await bridge.carrier.place_call(script)
+        if events is not None and delivery is not None:
+            deadline = time.monotonic() + _REPORT_WAIT_S
+            while not any(event.type == "call.ended" for event in events) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        return result

@@ -173,24 +173,37 @@ async def _webhook(app: FastAPI) -> AsyncIterator[str]:
         await asyncio.wait_for(task, 10)
 
 
-async def test_the_example_webhook_greets_a_known_caller_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``examples/agent_webhook.py`` behind real uvicorn: callbridge's request is signed (the example refuses it
-    otherwise), carries the call's context, and the assistant it answers opens the call's session."""
+async def test_the_example_webhook_greets_a_known_caller_by_name_answers_a_tool_and_gets_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``examples/agent_webhook.py`` behind real uvicorn: callbridge's requests are signed (the example refuses them
+    otherwise) and carry the call's context; the assistant it answers opens the call's session and greets the
+    caller by name; the model's order look-up (the embedded ``actions`` agent calls it on key 1) goes to the
+    webhook and its answer is spoken; the call is recorded and the example logs its report."""
     from examples import agent_webhook
 
     monkeypatch.setenv("CALLBRIDGE_APP_SECRET", "app-secret")
-    recorder = engine()
+    caplog.set_level("INFO", logger="agent")
+    recorder = engine("actions")
+    recording = {"directory": str(tmp_path)}
     async with _webhook(agent_webhook.api) as url:
-        async with running_bridge(settings(app={"webhook_url": url, "webhook_secret": "app-secret"}), recorder) as bridge:
-            result = await bridge.carrier.place_call(CallerScript(utterances=((3500, short_speech(800)),), hangup_at_ms=5000))
+        app = {"webhook_url": url, "webhook_secret": "app-secret"}
+        async with running_bridge(settings(app=app, recording=recording), recorder) as bridge:
+            script = CallerScript(dtmf=((3500, "1"),), hangup_at_ms=9000)
+            result = await bridge.carrier.place_call(script)
             assert _requests(bridge, "application") == 1
-        async with running_bridge(settings(app={"webhook_url": url, "webhook_secret": "wrong"}), recorder) as bridge:
+            await until(lambda: "ended by caller" in caplog.text, timeout_s=10)
+        async with running_bridge(settings(app={**app, "webhook_secret": "wrong"}, recording=recording), recorder) as bridge:
             answered = await post_answer(bridge, "CA" + "4" * 32)  # refused 401 by the example: the fallback
             assert "<Connect>" in answered.text and _requests(bridge, "fallback", "status_401") == 1
     first = recorder.opened[0]
     assert "The caller is Ada, a customer." in (recorder.configs[first].instructions or "")
-    assert CreateTextItem("Greet Ada by name and ask how you can help.") in recorder.commands[first]
     assert _first_agent_audio_ms(result.timeline) < 3500, result.render()
+    assert _said(recorder, first) == [
+        "text: Greet Ada by name and ask how you can help.",
+        'output: {"order": "A-17", "status": "shipped, arriving Thursday"}',
+    ]
+    assert f"recording {tmp_path / result.call_sid}.wav" in caplog.text, caplog.text
 
 
 async def test_a_webhook_that_answers_slowly_or_with_nonsense_is_stood_in_for() -> None:
