@@ -136,6 +136,11 @@ class EngineSettings(Section):
     """vllm-omni servers (``ws://host:port``) for kind = realtime."""
     api_key: SecretStr | None = None
     model: str | None = None
+    tools: Literal["auto", "yes", "no"] = "auto"
+    """Whether the engine's model calls function tools (``call_actions``, an application's own tools). ``auto``: no
+    for a ``model`` named Qwen3-Omni (vllm-omni 0.30's plugin refuses a session that declares tools: "Qwen duplex
+    tool calls are not implemented"), yes otherwise. Where it cannot, ``call_actions`` is refused here and an
+    application's tools are left out of its calls' sessions (logged), rather than each call failing as it opens."""
     instructions: str = ""
     voice: str | None = None
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
@@ -335,10 +340,27 @@ class Settings(CarrierSections, _BridgeSections):
 
     model_config = _BridgeSections.model_config
 
+    @model_validator(mode="after")
+    def _tools_the_model_can_call(self) -> Settings:
+        if self.call_actions.enabled and not model_calls_tools(self.engine):
+            raise ValueError(
+                f"call_actions.enabled: the engine's model ({self.engine.model}) cannot call tools (vllm-omni 0.30's "
+                "Qwen3-Omni refuses a session that declares any): switch call_actions off, or set engine.tools = \"yes\""
+            )
+        return self
+
     def public_dict(self) -> dict[str, Any]:
         """Plain values for display: enums as their values, secrets masked, unset secrets ``None``."""
         shown: dict[str, Any] = _masked(self.model_dump(mode="python"))
         return shown
+
+
+def model_calls_tools(engine: EngineSettings) -> bool:
+    """``engine.tools``, ``auto`` decided by the model's name (see there)."""
+    if engine.tools != "auto":
+        return engine.tools == "yes"
+    name = (engine.model or "").lower().replace("-", "").replace("_", "")
+    return not (engine.kind != "local" and "qwen3omni" in name)
 
 
 class ConfigProblem(BaseModel):

@@ -7,7 +7,7 @@ from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.call import CallOptions, DtmfMode, SilencePolicy
-from callbridge.config import Settings
+from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
 
 __all__ = ["assistant_source", "call_options", "greeting", "session_config", "silence_policy", "tool_filler"]
@@ -44,7 +44,7 @@ def session_config(settings: Settings, assistant: AssistantConfig | None = None)
         turn_detection=TurnDetection(),
         input_rate_hz=settings.audio.engine_input_rate_hz,
         tools=(telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else ())
-        + tuple(tool.to_realtime() for tool in chosen.tools),
+        + (tuple(tool.to_realtime() for tool in chosen.tools) if model_calls_tools(engine) else ()),
     )
 
 

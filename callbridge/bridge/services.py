@@ -48,7 +48,7 @@ from callbridge.bridge.registry import (
 )
 from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.carriers.spec import Capabilities
-from callbridge.config import Settings
+from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.errors import EngineError
 from callbridge.engine.pool import EnginePool
 from callbridge.engine.port import (
@@ -266,6 +266,9 @@ class BridgeServices:
             log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, **fields)
         if reply.assistant is None:
             return reply.reject or "busy"
+        if reply.assistant.tools and not model_calls_tools(self.settings.engine):
+            log.warning("assistant_tools_left_out", call_id=context.call_id, tools=[tool.name for tool in reply.assistant.tools],
+                        reason="the engine's model cannot call tools (engine.tools)")  # fmt: skip
         setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source)
         try:
             await self.registry.keep_note(

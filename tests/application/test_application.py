@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from callbridge.application import AssistantConfig, AssistantReply, CallContext, sign, verify_signature
+from callbridge.application import AssistantConfig, AssistantReply, CallContext, Tool, sign, verify_signature
 from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.hooks import ApplicationFailed, AssistantSource, load_module
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
 from callbridge.bridge.call import SilencePolicy
-from callbridge.bridge.call_config import silence_policy
+from callbridge.bridge.call_config import session_config, silence_policy
 from callbridge.config import Settings
 
 pytestmark = pytest.mark.core
@@ -146,3 +146,17 @@ def test_a_calls_assistant_sets_its_own_silence_times_over_the_configured() -> N
     assert silence_policy(configured, own) == SilencePolicy(0, configured.silence.reprompt, 12_500, configured.silence.goodbye)
     assert silence_policy(configured, AssistantConfig(silence_reprompt_after_s=0, silence_hangup_after_s=0)) is None
     assert silence_policy(Settings(), AssistantConfig(silence_hangup_after_s=30)) is not None  # on for this call only
+
+
+QWEN = {"kind": "realtime", "urls": ["ws://gpu:8091"], "model": "Qwen/Qwen3-Omni-30B-A3B-Instruct"}
+
+
+def test_a_model_that_cannot_call_tools_is_said_so_at_config_time_not_mid_call() -> None:
+    with pytest.raises(ValidationError, match="call_actions.enabled: the engine's model .* cannot call tools"):
+        Settings.model_validate({"engine": QWEN, "call_actions": {"enabled": True}})
+    assert Settings.model_validate({"engine": {**QWEN, "tools": "yes"}, "call_actions": {"enabled": True}})  # the operator knows better
+    tool = Tool(name="look_up_order", description="", parameters={"type": "object", "properties": {}})
+    assistant = AssistantConfig(tools=(tool,))
+    assert session_config(Settings.model_validate({"engine": QWEN}), assistant).tools == ()  # left out, logged at the answer
+    minicpm = {**QWEN, "model": "openbmb/MiniCPM-o-4_5"}
+    assert [t["name"] for t in session_config(Settings.model_validate({"engine": minicpm}), assistant).tools] == ["look_up_order"]
