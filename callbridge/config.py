@@ -258,6 +258,9 @@ class AppSettings(Section):
     greeting: str = ""
     """The agent speaks first: what the model is told to say as each call starts (an application's assistant
     may set its own). Empty: the agent waits for the caller."""
+    greeting_interruptible: bool = True
+    """The caller may talk over the greeting (barge-in, as over any reply). False: until it has played, the model
+    hears silence in place of the caller (what they said meanwhile is not heard; it is in a recording)."""
     tool_timeout_s: Annotated[float, Field(gt=0, le=120)] = 10.0
     """How long the model's call of an application tool may take; past it the model hears an error it can speak
     to ("the tool did not answer in time"), and the call goes on."""

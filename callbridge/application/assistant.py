@@ -57,6 +57,8 @@ class AssistantConfig(BaseModel):
     greeting: str | None = Field(default=None, max_length=4096)
     """The agent speaks first: what the model is told as the call starts, a text turn it answers at once (write
     it as an instruction, "Greet the caller and ask how you can help"); ``""``: it waits for the caller."""
+    greeting_interruptible: bool | None = None
+    """Whether the caller may talk over the greeting; None: ``app.greeting_interruptible``."""
     silence_reprompt_after_s: float | None = Field(default=None, ge=0, le=3600)
     """This call's ``silence.reprompt_after_s`` (0: never); None: the configured one."""
     silence_hangup_after_s: float | None = Field(default=None, ge=0, le=14_400)

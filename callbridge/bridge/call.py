@@ -225,6 +225,8 @@ _GENERATED_KEPT: Final = 16
 _TURN_BEHIND_MAX_MS: Final = 5000
 """A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
 _SILENCE_RECHECK_MS: Final = 100
+_GREETING_WAIT_MS: Final = 5000
+"""How long a greeting that may not be cut keeps the caller from the engine while its reply has not begun."""
 _GOODBYE_WAIT_MS: Final = 5000
 """How long a silent caller's hang-up waits for the goodbye's reply to start; then it goes ahead without it."""
 _TOLD_WAIT_MS: Final = 1000
@@ -492,6 +494,10 @@ class CallSession:
         self._respond_after_response = False
         """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
         self._silence: SilencePolicy | None = None
+        self._greeting_muted_until_ms: int | None = None
+        """A greeting that may not be cut: the engine hears silence for the caller until it has played (or, where
+        its reply has not begun, until then)."""
+        self._greeting_response: str | None = None
         self.recorder: StereoRecorder | None = None
         """The stream's recording, where the call is recorded: the driver takes its last chunk as the stream ends."""
         self._goodbye_due_ms: int | None = None
@@ -581,11 +587,14 @@ class CallSession:
         tool_filler: str | None = None,
         silence: SilencePolicy | None = None,
         record: bool = False,
+        greeting_interruptible: bool = True,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
         ``greeting``: the session is new (the call's first stream): the agent speaks first, told this as a text turn
-        with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other.
+        with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other — but
+        for ``greeting_interruptible`` False: until it has played the engine hears silence in place of the caller
+        (vllm-omni cancels any response its VAD hears speech over, so nothing else keeps it from being cut).
         ``application_tools``: the names of the call's application tools (their calls go to the application:
         ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
         ``silence``: what to do with a caller who says nothing (``SilencePolicy``); None: nothing.
@@ -626,6 +635,8 @@ class CallSession:
         if greeting:
             self._to_engine(CreateTextItem(greeting))
             self._to_engine(CreateResponse())
+            if not greeting_interruptible:
+                self._greeting_muted_until_ms = now_ms + _GREETING_WAIT_MS
         if unheard is not None:
             self._play_unheard(unheard, now_ms)
         self.tick(now_ms)
@@ -1082,6 +1093,17 @@ class CallSession:
         self._to_engine(CreateTextItem(self._tool_filler))
         self._to_engine(CreateResponse())
 
+    def _greeting_plays(self, now_ms: int) -> bool:
+        """A greeting that may not be cut is still to come or playing (then, for good, False)."""
+        assert self._greeting_muted_until_ms is not None
+        if self._greeting_response is None:
+            plays = now_ms < self._greeting_muted_until_ms  # its reply has not begun: not waited for forever
+        else:
+            plays = self._out_response == self._greeting_response or self.ledger.is_playing(now_ms)
+        if not plays:
+            self._greeting_muted_until_ms = None
+        return plays
+
     def _silence_due_ms(self) -> int | None:
         """When the caller's silence next calls for something (``SilencePolicy``), or None."""
         policy = self._silence
@@ -1264,6 +1286,8 @@ class CallSession:
         if not audio:
             return
         if self.state is CallState.LIVE:
+            if self._greeting_muted_until_ms is not None and self._greeting_plays(now_ms):
+                audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
             return
         self._starting_buffer.append(audio)
@@ -1307,6 +1331,8 @@ class CallSession:
             if self._out_response is not None and self._out_response != delta.response_id:
                 self._finish_response(now_ms)
             self._out_response = self._last_response = delta.response_id
+            if self._greeting_muted_until_ms is not None and self._greeting_response is None:
+                self._greeting_response = delta.response_id  # the first reply of a new session: the greeting
             self._goodbye_due_ms = None  # a goodbye asked for is this reply: it plays, then the hang-up
             if self._caller_stopped_ms is not None:  # the reply to the caller's turn: its first audio goes out now
                 self._out.append(Observed("turn", max(0, now_ms - self._caller_stopped_ms), response_id=delta.response_id))

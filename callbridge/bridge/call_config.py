@@ -10,7 +10,15 @@ from callbridge.bridge.call import CallOptions, DtmfMode, SilencePolicy
 from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
 
-__all__ = ["assistant_source", "call_options", "greeting", "session_config", "silence_policy", "tool_filler"]
+__all__ = [
+    "assistant_source",
+    "call_options",
+    "greeting",
+    "greeting_interruptible",
+    "session_config",
+    "silence_policy",
+    "tool_filler",
+]
 
 
 def call_options(settings: Settings) -> CallOptions:
@@ -54,6 +62,12 @@ def greeting(settings: Settings, assistant: AssistantConfig | None = None, *, re
     text = assistant.greeting if assistant is not None and assistant.greeting is not None else settings.app.greeting
     announcement = settings.recording.announcement if recorded else ""
     return " ".join(part for part in (announcement, text) if part) or None
+
+
+def greeting_interruptible(settings: Settings, assistant: AssistantConfig | None = None) -> bool:
+    """Whether the caller may talk over the greeting (the assistant's say, else ``app.greeting_interruptible``)."""
+    chosen = assistant.greeting_interruptible if assistant is not None else None
+    return settings.app.greeting_interruptible if chosen is None else chosen
 
 
 def silence_policy(settings: Settings, assistant: AssistantConfig | None = None) -> SilencePolicy | None:

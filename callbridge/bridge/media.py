@@ -47,7 +47,14 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
-from callbridge.bridge.call_config import call_options, greeting, session_config, silence_policy, tool_filler
+from callbridge.bridge.call_config import (
+    call_options,
+    greeting,
+    greeting_interruptible,
+    session_config,
+    silence_policy,
+    tool_filler,
+)
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.lifecycle import (
@@ -336,6 +343,7 @@ class MediaStreamDriver:
                 application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
                 tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
                 record=records and services.recordings is not None,
+                greeting_interruptible=greeting_interruptible(services.settings, assistant),
             )
             if self.call.recorder is not None and services.recordings is not None:
                 self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)

@@ -99,6 +99,18 @@ async def test_the_caller_can_talk_over_the_greeting() -> None:
     assert time.monotonic() - started < 10
 
 
+async def test_a_greeting_that_may_not_be_cut_plays_whole_over_the_caller() -> None:
+    """``app.greeting_interruptible = false``: the caller speaks 0.7 s into the greeting; nothing is flushed, the
+    greeting is heard whole (the stand-in says it in 3 s), and the caller's later words are answered as ever."""
+    recorder = engine()
+    app = {"module": MODULE + "Greeter", "greeting_interruptible": False}
+    async with running_bridge(settings(app=app), recorder) as bridge:
+        script = CallerScript(utterances=((700, short_speech(1200)), (4000, short_speech(1000))), hangup_at_ms=7500)
+        result = await bridge.carrier.place_call(script)
+    assert not result.clears, result.render()
+    assert result.agent_runs_ms[0] >= 3000 and len(result.agent_runs_ms) == 2, (result.agent_runs_ms, result.render())
+
+
 async def test_a_slow_application_gets_the_fallback_within_the_deadline() -> None:
     """The application answers after 5 s; the shipped deadline is 1.5 s: the answer webhook is answered with the
     configured assistant once the deadline passes, long before the application would have, and the call goes on."""

@@ -711,6 +711,40 @@ class TestApplicationSurface:
         h = Harness().live(greeting="Greet the caller.")
         assert h.commands[-2:] == [CreateTextItem("Greet the caller."), CreateResponse()]
 
+    def test_a_greeting_that_may_not_be_cut_keeps_the_caller_from_the_engine_until_it_has_played(self) -> None:
+        """``greeting_interruptible`` False: vllm-omni cuts any reply its VAD hears speech over, so the caller's
+        audio reaches the engine as silence while the greeting is coming and playing; then as it is."""
+        loud = b"\x10" * 160  # μ-law, far from silence
+
+        def heard_by_engine(h: Harness) -> bytes:
+            h.commands.clear()
+            h.now_ms += 20
+            h.receive(media(loud, timestamp=str(h.now_ms)))
+            return b"".join(c.pcm for c in h.of(AppendAudio))
+
+        h = Harness().live(greeting="Greet the caller.", greeting_interruptible=False)
+        assert not any(heard_by_engine(h))  # the greeting asked for, its reply not yet begun
+        h.engine(AudioDelta(agent_audio(600), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        assert not any(heard_by_engine(h))  # playing
+        h.advance(700)
+        assert any(heard_by_engine(h))  # played: the caller is heard again, for good
+        h.engine(AudioDelta(agent_audio(600), 24000, "resp-2", "item_resp-2", 0))
+        assert any(heard_by_engine(h))  # a later reply is interruptible as ever
+        cut = Harness().live(greeting="Greet the caller.")
+        cut.engine(AudioDelta(agent_audio(600), 24000, "resp-1", "item_resp-1", 0))
+        assert any(heard_by_engine(cut))  # interruptible (the default): the caller is heard over it
+
+    def test_a_greeting_whose_reply_never_comes_mutes_the_caller_no_longer_than_its_wait(self) -> None:
+        h = Harness().live(greeting="Greet the caller.", greeting_interruptible=False)
+        h.advance(4980)
+        h.receive(media(b"\x10" * 160, timestamp="5000"))
+        assert not any(b"".join(c.pcm for c in h.of(AppendAudio)))
+        h.commands.clear()
+        h.advance(40)
+        h.receive(media(b"\x10" * 160, timestamp="5040"))
+        assert any(b"".join(c.pcm for c in h.of(AppendAudio)))
+
     def test_a_tool_of_the_application_is_performed_and_its_result_answered(self) -> None:
         h = Harness().live(application_tools=frozenset({"look_up"}))
         h.engine(FunctionCall("look_up", "call_1", {"order": "A-17"}, '{"order":"A-17"}', "resp-0"))
