@@ -1,12 +1,16 @@
 """The bridge without its websocket server: CPU per call-second of N Twilio calls through ``MediaStreamDriver``.
 
-    python bench/driver_cpu.py [--calls 100] [--seconds 10]
+    python bench/driver_cpu.py [--calls 100] [--seconds 10] [--app MODULE:ATTR] [--record DIR]
 
 Each call is a real ``MediaStreamDriver`` (the call state machine, codecs, resamplers, playout ledger, pacing)
 on the embedded loopback engine, fed one Twilio ``media`` message per 20 ms through an in-memory transport that
 echoes the markers back at once, as Twilio does when the audio before them has played. What a loaded
 ``callbridge serve`` spends beyond this is its websocket server (``bench/ws_floor.py``) and the sockets. The
 process's own CPU is measured, so run it pinned (``taskset -c 0``) on a quiet machine.
+
+``--app``: each call is answered by that application first (``app.module``; its assistant chosen as at the
+answer webhook), so its call events flow through the bridge's queue to the application's ``event`` hook.
+``--record DIR``: every call is recorded there (``[recording]``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hot_path import CALLER_ULAW, CONNECTED, START, media  # noqa: E402
 
+from callbridge.application import CallContext  # noqa: E402
 from callbridge.bridge.app import create_app  # noqa: E402
 from callbridge.bridge.media import MediaStreamDriver  # noqa: E402
 from callbridge.carriers.twilio.wire import TwilioCodec  # noqa: E402
@@ -47,13 +52,20 @@ class MemoryTransport:
         self.inbox.put_nowait(None)
 
 
-async def run(calls: int, seconds: float) -> tuple[float, float]:
-    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}})
-    services = create_app(settings).state.bridge.services
+async def run(calls: int, seconds: float, app: str | None = None, record: Path | None = None) -> tuple[float, float]:
+    sections: dict[str, object] = {"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}}
+    if app is not None:
+        sections["app"] = {"module": app}
+    if record is not None:
+        sections["recording"] = {"enabled": True, "directory": str(record)}
+    services = create_app(Settings.model_validate(sections)).state.bridge.services
     transports = [MemoryTransport() for _ in range(calls)]
     for index, transport in enumerate(transports):
+        call_id = f"CA{index:032x}"
+        if services.assistants is not None:
+            await services.choose_assistant(CallContext(call_id=call_id, carrier="twilio", caller_number="+15005550006"))
         transport.inbox.put_nowait(CONNECTED)
-        transport.inbox.put_nowait(START.replace("CA" + "2" * 32, f"CA{index:032x}"))
+        transport.inbox.put_nowait(START.replace("CA" + "2" * 32, call_id))
     drivers = [asyncio.create_task(MediaStreamDriver(t, TwilioCodec(), services, check_token=False).run()) for t in transports]
     await asyncio.sleep(0.5)
     started, frames = time.monotonic(), 0
@@ -77,6 +89,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--app", metavar="MODULE:ATTR", help="answer each call with this application (app.module)")
+    parser.add_argument("--record", metavar="DIR", type=Path, help="record every call there")
     args = parser.parse_args()
     import uvloop
 
@@ -84,7 +98,7 @@ def main() -> None:
     from callbridge.logging import configure_logging
 
     configure_logging(LogSettings(level="warning"))
-    per_call_second, sent = uvloop.run(run(args.calls, args.seconds))
+    per_call_second, sent = uvloop.run(run(args.calls, args.seconds, args.app, args.record))
     print(f"{args.calls} calls, {args.seconds:g} s: {per_call_second:.2f} CPU-ms per call-second ({sent:.2f} messages out per frame)")
 
 
