@@ -111,7 +111,7 @@ async def bucket(answers: list[int]) -> AsyncIterator[tuple[str, dict[str, bytes
         return Response(status_code=status)
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
