@@ -88,20 +88,26 @@ class AssistantConfig(BaseModel):
         return self
 
 
+TRANSFER_TARGET = r"^(\+[1-9][0-9]{6,14}|(sip|sips):[^\s<>\"']{3,250})$"
+"""An E.164 number, or a SIP URI."""
+
+
 class AssistantReply(BaseModel):
-    """The answer to an ``assistant-request``: exactly one of ``assistant`` (answer the call with it) or ``reject``
-    (refuse it: ``busy``, or ``hang_up``)."""
+    """The answer to an ``assistant-request``: exactly one of ``assistant`` (answer the call with it), ``reject``
+    (refuse it: ``busy``, or ``hang_up``) or ``transfer`` (send it on, unanswered by the agent, to a number or a SIP
+    URI: the carrier's own transfer — ``<Dial>``, ``connect``, a SIP ``302``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     assistant: AssistantConfig | None = None
     reject: Literal["busy", "hang_up"] | None = None
+    transfer: str | None = Field(default=None, pattern=TRANSFER_TARGET)
 
     @model_validator(mode="after")
     def _one_answer(self) -> AssistantReply:
-        given = [name for name in ("assistant", "reject") if getattr(self, name) is not None]
+        given = [name for name in ("assistant", "reject", "transfer") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise ValueError(f"exactly one of assistant, reject (given: {', '.join(given) or 'none'})")
+            raise ValueError(f"exactly one of assistant, reject, transfer (given: {', '.join(given) or 'none'})")
         return self
 
     @classmethod

@@ -29,6 +29,8 @@ class AnswerKind(enum.Enum):
     """Draining, a call another process can resume: back through the load balancer after a pause."""
     BUSY = "busy"
     """The carrier's busy refusal (``AnswerDecision.reason`` says why)."""
+    TRANSFER = "transfer"
+    """The application sends the call on (``AnswerDecision.target``): the carrier's transfer, no stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class AnswerDecision:
     kind: AnswerKind
     token: str | None = None
     reason: str | None = None
+    target: str | None = None
+    """``TRANSFER``: an E.164 number or a SIP URI."""
 
 
 class AnswerFact(enum.Enum):
@@ -52,6 +56,8 @@ class AnswerFact(enum.Enum):
     APPLICATION_ANSWERS = "application_answers"
     """With an application (``[app]``): it chose an assistant for the call, rather than refuse it. Asked once the
     call is admitted, before the engine session opens (with that assistant)."""
+    APPLICATION_TRANSFERS = "application_transfers"
+    """The application sends the call on (a transfer) rather than refuse it."""
     APPLICATION_HANGS_UP = "application_hangs_up"
     """The application refused the call with a hang-up, not busy."""
     ENGINE_TAKES = "engine_takes"
@@ -82,6 +88,10 @@ def answer_step(
         if (answers := facts.get(AnswerFact.APPLICATION_ANSWERS)) is None:
             return AnswerFact.APPLICATION_ANSWERS
         if not answers:
+            if (transfers := facts.get(AnswerFact.APPLICATION_TRANSFERS)) is None:
+                return AnswerFact.APPLICATION_TRANSFERS
+            if transfers:
+                return AnswerDecision(AnswerKind.TRANSFER, reason="application_transferred")
             if (hangs_up := facts.get(AnswerFact.APPLICATION_HANGS_UP)) is None:
                 return AnswerFact.APPLICATION_HANGS_UP
             return AnswerDecision(AnswerKind.HANG_UP if hangs_up else AnswerKind.BUSY, reason="application_rejected")

@@ -4,13 +4,14 @@ reach: the stream that opens or first binds the call's engine session reads the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from callbridge.application import AssistantConfig, CallContext
 
-__all__ = ["SETUP_NOTE", "CallSetup", "setup_kept_ms"]
+__all__ = ["SETUP_NOTE", "CallSetup", "Chosen", "Rejection", "TransferTo", "setup_kept_ms"]
 
 SETUP_NOTE = "setup"
 """The registry note (``CallRegistry.keep_note``) a call's setup is kept under."""
@@ -26,6 +27,18 @@ class CallSetup(BaseModel):
     assistant: AssistantConfig
     source: Literal["application", "fallback"]
     """Whether the application chose the assistant, or the call went on with ``app.on_failure``'s."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferTo:
+    """The application sends the call on, unanswered by the agent: to an E.164 number or a SIP URI."""
+
+    target: str
+
+
+Rejection = Literal["busy", "hang_up"]
+Chosen = CallSetup | Rejection | TransferTo
+"""What the application made of a new call (``BridgeServices.choose_assistant``)."""
 
 
 def setup_kept_ms(max_call_duration_s: float) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
@@ -56,7 +56,7 @@ from callbridge.bridge.call_config import (
     tool_filler,
 )
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
-from callbridge.bridge.call_setup import CallSetup
+from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -827,7 +827,7 @@ class MediaStreamDriver:
                 self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
                 life.registry_failed()
 
-    async def _setup(self, start: StreamStarted, *, choose: bool) -> CallSetup | Literal["busy", "hang_up"] | None:
+    async def _setup(self, start: StreamStarted, *, choose: bool) -> CallSetup | Rejection | None:
         """The call's setup (``BridgeServices.choose_assistant``), with an application configured: the one kept
         where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
         (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
@@ -839,6 +839,9 @@ class MediaStreamDriver:
             self._setup_read = await services.call_setup(start.call_id)
         if self._setup_read is None and choose:
             chosen = await services.choose_assistant(self._context(start))
+            if isinstance(chosen, TransferTo):  # a stream is answered already: nothing the carrier can send on
+                self.log.warning("transfer_unsupported", target=chosen.target, detail="the configured assistant takes the call")
+                return None
             if not isinstance(chosen, CallSetup):
                 return chosen
             self._setup_read = chosen

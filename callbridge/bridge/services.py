@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -26,7 +26,7 @@ from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKi
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_config import session_config
-from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, setup_kept_ms
+from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, Chosen, Rejection, TransferTo, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.fleet import (
     DRAIN_NEW_CALL_BOUNCES,
@@ -214,6 +214,10 @@ class BridgeServices:
                 self.give_back_admission(call_id)
                 log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=step.kind.value)
                 return step
+            if step.kind is AnswerKind.TRANSFER:
+                self.give_back_admission(call_id)  # the call leaves without a stream
+                log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=asked.transfer_to)
+                return replace(step, target=asked.transfer_to)
             if step.kind is AnswerKind.ANSWER:
                 return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
         except RegistryUnavailable as exc:
@@ -234,8 +238,13 @@ class BridgeServices:
                 if isinstance(chosen, CallSetup):
                     asked.setup = chosen
                     return True
-                asked.rejected = chosen
+                if isinstance(chosen, TransferTo):
+                    asked.transfer_to = chosen.target
+                else:
+                    asked.rejected = chosen
                 return False
+            case AnswerFact.APPLICATION_TRANSFERS:
+                return asked.transfer_to is not None
             case AnswerFact.APPLICATION_HANGS_UP:
                 return asked.rejected == "hang_up"
             case AnswerFact.ENDED:
@@ -249,21 +258,23 @@ class BridgeServices:
             case AnswerFact.ENGINE_TAKES:
                 return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
 
-    async def choose_assistant(self, context: CallContext) -> CallSetup | Literal["busy", "hang_up"]:
+    async def choose_assistant(self, context: CallContext) -> Chosen:
         """Ask the application for the call's assistant (``AssistantSource``: under ``app.assistant_timeout_s``,
         standing in for a slow or failing one); keep the setup in the registry for the call's streams. Else how the
         application refused the call. Logged with the call's context (its first log line), and counted."""
         assert self.assistants is not None
         outcome = await self.assistants.request(context)
         reply = outcome.reply
-        label = "rejected" if reply.reject is not None else outcome.source
+        label = "rejected" if reply.reject is not None else "transferred" if reply.transfer is not None else outcome.source
         self.metrics.assistant_requests.labels(label, outcome.failure or "").inc()
         fields = dict(context.log_fields(), source=outcome.source, elapsed_ms=outcome.elapsed_ms)
         if outcome.failure is not None:
             log.warning("assistant_fallback", call_id=context.call_id, failure=outcome.failure, detail=outcome.detail[:300],
                         on_failure=self.assistants.on_failure, **fields)  # fmt: skip
         else:
-            log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, **fields)
+            log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, transfer=reply.transfer, **fields)
+        if reply.transfer is not None:
+            return TransferTo(reply.transfer)
         if reply.assistant is None:
             return reply.reject or "busy"
         if reply.assistant.tools and not model_calls_tools(self.settings.engine):
@@ -569,4 +580,5 @@ class _Asked:
 
     context: CallContext
     setup: CallSetup | None = None
-    rejected: Literal["busy", "hang_up"] | None = None
+    rejected: Rejection | None = None
+    transfer_to: str | None = None

@@ -117,6 +117,8 @@ class CallResult:
     cleared_at_s: list[float] = field(default_factory=list)
     """At each flush: when it arrived (``time.monotonic()``), to set against when the bridge decided it."""
     hung_up_by: str | None = None
+    transferred_to: str | None = None
+    """Where the bridge sent the call on at its answer (the carrier's own transfer: ``<Dial>``, ``connect``, 302…)."""
     agent_speech_ms: int = 0
     agent_runs_ms: list[int] = field(default_factory=list)
     """The agent's speech as the caller heard it, in runs (a gap of more than 200 ms starts a new one): a

@@ -397,6 +397,16 @@ class SipUas:
         self._final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
         self._end(dialog, "rejected", now_ms, announce=False)
 
+    def redirect(self, call_id: str, target: str, now_ms: int) -> None:
+        """Send an offered call on: ``302 Moved Temporarily`` with ``target`` as the Contact (a bare number at the
+        trunk, as a REFER's)."""
+        dialog = self.dialogs.get(call_id)
+        if dialog is None or dialog.state is not DialogState.OFFERED:
+            return
+        self._transition(dialog, _Trigger.REJECT)
+        self._final(dialog.invite, dialog.source, 302, now_ms, to_tag=dialog.local_tag, extra=[("Contact", f"<{refer_to(target, _host_port(*dialog.source))}>")])
+        self._end(dialog, "redirected", now_ms, announce=False)
+
     def hang_up(self, call_id: str, now_ms: int) -> None:
         """End the call from our side: BYE (after the ACK if it has not come yet); 480 if not answered yet."""
         dialog = self.dialogs.get(call_id)

@@ -54,10 +54,14 @@ def test_only_allowed_parameters_pass_cut_and_counted() -> None:
     assert len(allowed_parameters(many, list(many))) == 32
 
 
-def test_a_reply_is_an_assistant_or_a_refusal_never_both_or_neither() -> None:
+def test_a_reply_is_an_assistant_a_refusal_or_a_transfer_never_two_nor_none() -> None:
     assert AssistantReply.model_validate({"assistant": {"instructions": "hi"}}).assistant == AssistantConfig(instructions="hi")
     assert AssistantReply.model_validate({"reject": "hang_up"}).reject == "hang_up"
-    for bad in ({}, {"assistant": {}, "reject": "busy"}, {"reject": "maybe"}, {"assistant": {"instructions": "x", "tempo": 1}}):
+    for target in ("+15550100", "sip:frontdesk@pbx.example.com", "sips:+4930123456@trunk.example.com;user=phone"):
+        assert AssistantReply.model_validate({"transfer": target}).transfer == target
+    for bad in ({}, {"assistant": {}, "reject": "busy"}, {"reject": "maybe"}, {"assistant": {"instructions": "x", "tempo": 1}},
+                {"transfer": "+15550100", "reject": "busy"}, {"transfer": "5550100"}, {"transfer": "tel:+15550100"},
+                {"transfer": "sip:a b@c"}, {"transfer": "http://example.com"}, {"transfer": "sip:<x>"}):  # fmt: skip
         with pytest.raises(ValidationError):
             AssistantReply.model_validate(bad)
 
@@ -131,6 +135,12 @@ def test_the_answer_asks_the_application_after_admission_and_before_the_engine()
     answered = {**facts, AnswerFact.APPLICATION_ANSWERS: True}
     assert answer_step(answered, retries=True, draining=False, asks_application=True) is AnswerFact.ENGINE_TAKES
     refused = {**facts, AnswerFact.APPLICATION_ANSWERS: False}
+    assert answer_step(refused, retries=True, draining=False, asks_application=True) is AnswerFact.APPLICATION_TRANSFERS
+    transferred = {**refused, AnswerFact.APPLICATION_TRANSFERS: True}  # sent on: no engine session is opened
+    assert answer_step(transferred, retries=True, draining=False, asks_application=True) == AnswerDecision(
+        AnswerKind.TRANSFER, reason="application_transferred"
+    )
+    refused[AnswerFact.APPLICATION_TRANSFERS] = False
     assert answer_step(refused, retries=True, draining=False, asks_application=True) is AnswerFact.APPLICATION_HANGS_UP
     for hangs_up, kind in ((True, AnswerKind.HANG_UP), (False, AnswerKind.BUSY)):
         decided = answer_step({**refused, AnswerFact.APPLICATION_HANGS_UP: hangs_up}, retries=True, draining=False, asks_application=True)

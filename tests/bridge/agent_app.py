@@ -85,3 +85,12 @@ class RecordsAndUploads(Recorder):
         chosen = await super().assistant(call)
         mine = {"recording": True, "recording_upload_url": self.upload_url, "metadata": {"crm_id": 42}}
         return AssistantConfig.model_validate({**chosen.model_dump(exclude_unset=True), **mine})
+
+
+class Transfers:
+    """Sends every call on to the front desk."""
+
+    target: ClassVar[str] = "+15550100"
+
+    async def assistant(self, call: CallContext) -> AssistantReply:
+        return AssistantReply(transfer=self.target)

@@ -476,3 +476,33 @@ async def test_the_application_records_a_call_and_gets_it_uploaded(tmp_path: Pat
     (session_id,) = recorder.opened
     texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
     assert texts == [f"Tell the caller this call is recorded. {agent_app.GREETING}"]
+
+
+ANSWERING = sorted(set(simulated()) - {"exotel", "audiosocket"})
+"""The carriers that ask the bridge how to answer (a webhook, Call Control, an INVITE): they can send a call on."""
+
+
+@pytest.mark.parametrize("provider", ANSWERING)
+async def test_every_carrier_sends_the_call_on_when_the_application_transfers_it(provider: str) -> None:
+    """``{"transfer": "+15550100"}``: the carrier's own transfer at the answer — TwiML ``<Dial>``, Plivo ``<Dial>``,
+    BXML ``<Transfer>``, an NCCO ``connect``, jambonz ``dial``, Telnyx's ``transfer`` command, SIP ``302`` —
+    checked by each simulator as its carrier would; no stream, no engine session, the admission slot back."""
+    recorder = engine()
+    agent_app.Transfers.target = "+15550100"
+    async with running_bridge(settings(app={"module": MODULE + "Transfers"}), recorder, provider=provider) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=2000))
+        assert _requests(bridge, "transferred") == 1
+        assert bridge.app.state.bridge.services.admission.holding() == []
+    assert result.transferred_to == "+15550100" and not result.streams and not result.warnings, (result.warnings, result.render())
+    assert recorder.opened == []
+
+
+async def test_a_sip_uri_is_dialled_as_a_uri_and_a_stream_only_carrier_keeps_the_call() -> None:
+    agent_app.Transfers.target = "sip:frontdesk@pbx.example.com"
+    async with running_bridge(settings(app={"module": MODULE + "Transfers"}), engine(), provider="twilio") as bridge:
+        result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=2000))
+    assert result.transferred_to == "sip:frontdesk@pbx.example.com", result.render()
+    recorder = engine()  # Exotel's stream is answered before the application is asked: nothing to send on
+    async with running_bridge(settings(app={"module": MODULE + "Transfers"}), recorder, provider="exotel") as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((500, short_speech(800)),), hangup_at_ms=3500))
+    assert result.transferred_to is None and len(recorder.opened) == 1 and result.agent_speech_ms > 0, result.render()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 from urllib.parse import quote
-from xml.sax.saxutils import quoteattr
+from xml.sax.saxutils import escape, quoteattr
 
 import httpx
 import orjson
@@ -83,6 +83,12 @@ def _credentials(config: BandwidthSettings) -> str:
     if config.callback_username is None or config.callback_password is None:
         return ""
     return f" username={quoteattr(config.callback_username)} password={quoteattr(config.callback_password.get_secret_value())}"
+
+
+def transfer_bxml(target: str) -> str:
+    """The call sent on: ``<Transfer>`` to the number (``<PhoneNumber>``) or the SIP URI (``<SipUri>``)."""
+    noun = f"<SipUri>{escape(target)}</SipUri>" if target.startswith(("sip:", "sips:")) else f"<PhoneNumber>{escape(target)}</PhoneNumber>"
+    return f'<?xml version="1.0" encoding="UTF-8"?><Response><Transfer>{noun}</Transfer></Response>'
 
 
 def stream_bxml(base: str, token: str, config: BandwidthSettings, max_call_s: float) -> str:
@@ -169,6 +175,9 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP
+            case AnswerKind.TRANSFER:
+                assert decision.target is not None
+                bxml = transfer_bxml(decision.target)
             case AnswerKind.RETRY_ELSEWHERE:
                 bxml = retry_bxml(base, config)
             case AnswerKind.ANSWER:

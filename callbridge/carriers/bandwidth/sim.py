@@ -48,6 +48,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.carriers.bandwidth.wire import PLAYBACK_RATES, playback_content_type
 from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
+from callbridge.sim.transfer import sent_on
 
 __all__ = ["ACCOUNT_ID", "BandwidthStream", "SimulatedBandwidth"]
 
@@ -364,6 +365,10 @@ class SimulatedBandwidth(SimulatedCarrier):
                 return verb.attrib.get("redirectUrl"), stream
             elif verb.tag == "Hangup":
                 result.log(call.clock(), self.provider, "BXML <Hangup/>: the call ends")
+                return None, None
+            elif verb.tag == "Transfer":
+                nouns = [(child.text or "").strip() for child in verb if child.tag in ("PhoneNumber", "SipUri")]
+                sent_on(result, call.clock(), self.provider, "BXML <Transfer>", nouns[0] if len(nouns) == 1 else nouns)
                 return None, None
             else:
                 result.warnings.append(f"unexpected BXML verb <{verb.tag}>")

@@ -99,6 +99,12 @@ async def accept_listen(websocket: WebSocket) -> None:
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
 
 
+def dial_verbs(target: str) -> bytes:
+    """The call sent on: jambonz's ``dial`` verb to the number or the SIP URI."""
+    dialled = {"type": "sip", "sipUri": target} if target.startswith(("sip:", "sips:")) else {"type": "phone", "number": target}
+    return orjson.dumps([{"verb": "dial", "target": [dialled]}])
+
+
 def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
     """The call's verbs: one bidirectional, streaming ``listen`` carrying the token in its metadata."""
     listen: dict[str, Any] = {
@@ -163,6 +169,8 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
             allowed=settings.app.context_parameters,
         )  # fmt: skip
         decision = await services.decide_answer(call_id, "jambonz", retries=False, context=context)
+        if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
+            return Response(dial_verbs(decision.target), media_type="application/json")
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
             return Response(_HANGUP, media_type="application/json")
         if path == ANSWER_PATH:

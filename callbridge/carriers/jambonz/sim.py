@@ -38,6 +38,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from callbridge.carriers.jambonz.http import jambonz_signature
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL
 from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
+from callbridge.sim.transfer import sent_on
 
 __all__ = ["JambonzStream", "SimulatedJambonz"]
 
@@ -193,6 +194,12 @@ class SimulatedJambonz(SimulatedCarrier):
             result.log(call.clock(), self.provider, "verb hangup: the call ends")
             if old is not None and old.disconnected:
                 self.end_call(call.call_id)
+            return None
+        if verb.get("verb") == "dial":
+            targets = verb.get("target")
+            dialled = targets[0] if isinstance(targets, list) and len(targets) == 1 and isinstance(targets[0], dict) else {}
+            target = dialled.get("sipUri") if dialled.get("type") == "sip" else dialled.get("number") if dialled.get("type") == "phone" else None
+            sent_on(result, call.clock(), self.provider, "verb dial", target)
             return None
         if verb.get("verb") != "listen":
             result.warnings.append(f"unexpected verb {verb.get('verb')!r}")

@@ -273,6 +273,9 @@ def plivo_router(services: BridgeServices) -> APIRouter:
                 xml = retry_xml(base)
             case AnswerKind.BUSY:
                 xml = _BUSY
+            case AnswerKind.TRANSFER:
+                assert decision.target is not None
+                xml = transfer_xml(decision.target)
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))

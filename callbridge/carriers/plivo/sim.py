@@ -62,6 +62,7 @@ from callbridge.sim.carrier import (
     WebSocketConnection,
     webhook_client,
 )
+from callbridge.sim.transfer import sent_on
 
 __all__ = ["PlivoStream", "SimulatedPlivo", "auth_id_for", "valid_extra_headers"]
 
@@ -273,6 +274,13 @@ class SimulatedPlivo(SimulatedCarrier):
             return None
         root = ET.fromstring(response.text)
         stream_el = root.find("Stream")
+        dial_el = root.find("Dial")
+        if stream_el is None and dial_el is not None:
+            number, user = dial_el.find("Number"), dial_el.find("User")
+            digits = (number.text or "").strip() if number is not None else ""  # Plivo's numbers: E.164 without the +
+            target = f"+{digits}" if digits.isdigit() else (user.text or "").strip() if user is not None else None
+            sent_on(result, call.clock(), self.provider, "XML <Dial>", target)
+            return None
         if stream_el is None:
             result.log(call.clock(), self.provider, f"XML <{root[0].tag if len(root) else 'nothing'}>: the call ends")
             return None

@@ -46,6 +46,7 @@ from prometheus_client import Counter as PromCounter
 from callbridge.application import CallContext
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
+from callbridge.bridge.call_setup import TransferTo
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.sip.registrar import RegistrationClients
@@ -590,6 +591,12 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             return
         if self.services.assistants is not None:  # the application chooses the call's assistant, or refuses it
             chosen = await self.services.choose_assistant(sip_context(offer, self.services.settings.app.context_parameters))
+            if isinstance(chosen, TransferTo):  # sent on: 302 Moved Temporarily, the target as the Contact
+                self.services.give_back_admission(call_id)
+                log.info("call_transferred_by_application", call_id=call_id, provider="sip", target=chosen.target)
+                self.uas.redirect(call_id, chosen.target, _now_ms())
+                self._drain()
+                return
             if isinstance(chosen, str):
                 self.services.give_back_admission(call_id)
                 self._refuse("application_rejected", call_id, offer.source[0])

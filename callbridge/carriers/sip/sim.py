@@ -73,6 +73,7 @@ from callbridge.carriers.sip.sim_wire import (
 from callbridge.config import Settings
 from callbridge.sim.carrier import FRAME_MS, CallResult, OpenReason, SimCall, SimStream, SimulatedCarrier
 from callbridge.sim.ports import RTP_PORTS, free_port
+from callbridge.sim.transfer import sent_on
 from callbridge.sip.dtmf import dtmf_packets, event_payload
 from callbridge.sip.message import SipRequest
 from callbridge.sip.rtp import RtpSender, build_rtp
@@ -838,6 +839,11 @@ class SimulatedSip(SimulatedCarrier):
                     authorization = digest_authorization(challenge, "INVITE", invite.uri, self.username, self.secret)
                     if authorization is not None:
                         continue
+                if final.status == 302:  # Moved Temporarily: the trunk sends the call to the Contact
+                    contact = (final.get("contact") or "").strip().strip("<>")
+                    user = contact.split(":", 1)[-1].split("@", 1)[0] if contact.startswith("sip:") else ""
+                    sent_on(result, call.clock(), "sip", "302 Moved Temporarily", user if user.startswith("+") else contact)
+                    return None
                 result.log(call.clock(), "sip", f"the bridge refused the call: {final.status}")
                 await conn.close()
                 return None

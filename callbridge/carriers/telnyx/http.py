@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from typing import Any, Final, Literal
+from typing import Any, Final
 from urllib.parse import quote
 
 import httpx
@@ -52,7 +52,7 @@ from pydantic import SecretStr
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import restart_decision
-from callbridge.bridge.call_setup import CallSetup
+from callbridge.bridge.call_setup import Chosen, TransferTo
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
@@ -247,6 +247,13 @@ class TelnyxCalls:
         try:
             admitted = await services.admits(call_id)
             chosen = await self._assistant(call_id, payload) if admitted else None
+            if isinstance(chosen, TransferTo):  # sent on: Telnyx dials the target (UNSURE: on a parked call unanswered)
+                log.info("call_transferred_by_application", call_id=call_id, provider="telnyx", target=chosen.target)
+                services.give_back_admission(call_id)
+                await self.rest.command(call_id, "transfer", {"to": chosen.target})
+                settled = True
+                await self._count(call_id, OVER)
+                return
             if isinstance(chosen, str):  # the application refused the call
                 log.info("call_rejected_by_application", call_id=call_id, provider="telnyx", reject=chosen)
                 services.give_back_admission(call_id)
@@ -279,7 +286,7 @@ class TelnyxCalls:
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
 
-    async def _assistant(self, call_id: str, payload: dict[str, Any]) -> CallSetup | Literal["busy", "hang_up"] | None:
+    async def _assistant(self, call_id: str, payload: dict[str, Any]) -> Chosen | None:
         """With an application, the call's assistant it chose from ``call.initiated`` (or how it refused the call);
         None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64."""
         services = self.services

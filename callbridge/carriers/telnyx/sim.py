@@ -61,6 +61,7 @@ from callbridge.sim.carrier import (
     WebSocketConnection,
     webhook_client,
 )
+from callbridge.sim.transfer import sent_on
 
 __all__ = ["SimulatedTelnyx", "TelnyxStream", "signing_key"]
 
@@ -302,6 +303,11 @@ class SimulatedTelnyx(SimulatedCarrier):
         elif action == "reject":
             call.result.log(call.clock(), self.provider, f"call rejected ({body.get('cause')})")
             self.end_call(call_id)
+        elif action == "transfer":  # Telnyx dials ``to`` and bridges the caller to it: the call leaves us
+            if "to" not in body:
+                return _error_body("10015", "Missing required parameter 'to'", 422)
+            sent_on(call.result, call.clock(), self.provider, "Call Control transfer", body["to"])
+            self.end_call(call_id)
         else:
             return _error_body("10005", "Resource not found", 404)
         self._resolve(call_id, action, body)
@@ -349,7 +355,8 @@ class SimulatedTelnyx(SimulatedCarrier):
             return None
         action, body = command
         if action not in ("answer", "streaming_start"):
-            result.log(call.clock(), self.provider, f"{action}: the call ends")
+            if action != "transfer":
+                result.log(call.clock(), self.provider, f"{action}: the call ends")
             return None
         encoding = _CODECS[body.get("stream_codec", "PCMU")]
         ws = await connect(body["stream_url"], compression=None)

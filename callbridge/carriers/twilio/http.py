@@ -201,6 +201,9 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
                 twiml = dialect.twiml_retry(base)
             case AnswerKind.BUSY:
                 twiml = _BUSY
+            case AnswerKind.TRANSFER:
+                assert decision.target is not None
+                twiml = twiml_dial(decision.target)
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))

@@ -56,6 +56,7 @@ from callbridge.sim.carrier import (
     WebSocketConnection,
     webhook_client,
 )
+from callbridge.sim.transfer import sent_on
 
 __all__ = [
     "CallResult",
@@ -84,6 +85,13 @@ class MediaStream:
 
 
 @dataclass(frozen=True, slots=True)
+class TwimlDial:
+    """TwiML that sends the call on: ``<Dial>`` a number (or ``<Sip>`` a URI)."""
+
+    target: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class TwimlRedirect:
     """TwiML that only waits and redirects: Twilio pauses ``pause_s``, then POSTs ``url``."""
 
@@ -107,7 +115,7 @@ async def answer_and_stream(
     sign_upgrade: bool = True,
     url: str | None = None,
     stream_codecs: Mapping[str, Mapping[str, object]] | None = None,
-) -> MediaStream | TwimlRedirect | str:
+) -> MediaStream | TwimlRedirect | TwimlDial | str:
     """What Twilio does when a call comes in (or a ``<Redirect>`` runs): POST the signed answer webhook, and if
     the TwiML says ``<Connect><Stream>``, open that websocket (signed over its URL, no parameters) and send
     ``connected`` and ``start`` with the ``<Parameter>`` values. TwiML of ``<Pause>`` (optional) and ``<Redirect>``
@@ -125,6 +133,10 @@ async def answer_and_stream(
     if stream_el is None and redirect_el is not None and redirect_el.text and all(el.tag in ("Pause", "Redirect") for el in root):
         pause_el = root.find("Pause")
         return TwimlRedirect(float(pause_el.attrib.get("length", "1")) if pause_el is not None else 0.0, redirect_el.text.strip())
+    dial_el = root.find("Dial")
+    if stream_el is None and dial_el is not None:
+        sip_el = dial_el.find("Sip")
+        return TwimlDial(((sip_el.text if sip_el is not None else dial_el.text) or "").strip() or None)
     if stream_el is None:
         return f"TwiML <{root[0].tag if len(root) else 'nothing'}>: the call ends"
     stream_url = stream_el.attrib["url"]
@@ -327,6 +339,9 @@ class SimulatedTwilio(SimulatedCarrier):
                 bridge_url = opened.url.split(f"/{self.provider}/voice")[0]
         else:
             result.log(call.clock(), self.provider, f"more than {_MAX_REDIRECTS} redirects: the call ends")
+            return None
+        if isinstance(opened, TwimlDial):
+            sent_on(result, call.clock(), self.provider, "TwiML <Dial>", opened.target)
             return None
         if isinstance(opened, str):
             result.log(call.clock(), self.provider, opened)

@@ -312,6 +312,12 @@ async def _params(request: Request, body: bytes) -> dict[str, Any] | None:
     return params
 
 
+def connect_ncco(target: str) -> list[dict[str, Any]]:
+    """An NCCO that connects the call to ``target``: a phone number (Vonage's, without the ``+``) or a SIP URI."""
+    endpoint = {"type": "sip", "uri": target} if target.startswith(("sip:", "sips:")) else {"type": "phone", "number": target.lstrip("+")}
+    return [{"action": "connect", "endpoint": [endpoint]}]
+
+
 def _ncco(body: list[dict[str, Any]]) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
@@ -372,6 +378,8 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             allowed=settings.app.context_parameters,
         )  # fmt: skip; SIP headers are SipHeader_X-… fields
         decision = await services.decide_answer(call_id, "vonage", retries=False, context=context)
+        if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
+            return _ncco(connect_ncco(decision.target))
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
             return _ncco([])  # an empty NCCO: the call ends (over already, or refused)
         conversation = params.get("conversation_uuid")
@@ -511,9 +519,7 @@ class VonageRest:
         if isinstance(action, SendDtmf):
             url, body = f"{self._base}/v1/calls/{call_id}/dtmf", {"digits": action.digits}
         else:
-            target = action.target
-            endpoint = {"type": "sip", "uri": target} if target.startswith(("sip:", "sips:")) else {"type": "phone", "number": target.lstrip("+")}
-            ncco = [{"action": "connect", "endpoint": [endpoint]}]
+            ncco = connect_ncco(action.target)
             url, body = f"{self._base}/v1/calls/{call_id}", {"action": "transfer", "destination": {"type": "ncco", "ncco": ncco}}
         response = await self._client.put(url, json=body, headers={"Authorization": f"Bearer {self.token()}"})
         if response.status_code == 404 or (response.status_code in (400, 409) and "complete" in response.text.lower()):

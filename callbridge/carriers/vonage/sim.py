@@ -67,6 +67,7 @@ from callbridge.sim.carrier import (
     WebSocketConnection,
     webhook_client,
 )
+from callbridge.sim.transfer import sent_on
 
 __all__ = ["SimulatedVonage", "VonageConnection", "VonageStream", "sign_webhook"]
 
@@ -370,6 +371,12 @@ class SimulatedVonage(SimulatedCarrier):
             return None
         action = ncco[0]
         endpoint = (action.get("endpoint") or [{}])[0] if isinstance(action, dict) else {}
+        if isinstance(action, dict) and action.get("action") == "connect" and endpoint.get("type") in ("phone", "sip"):
+            number = endpoint.get("number")  # Vonage's numbers are E.164 without the +
+            target = endpoint.get("uri") if endpoint.get("type") == "sip" else f"+{number}" if isinstance(number, str) else None
+            sent_on(result, call.clock(), self.provider, f"NCCO connect {endpoint['type']}", target)
+            await self.report_completed(call)
+            return None
         if not isinstance(action, dict) or action.get("action") != "connect" or endpoint.get("type") != "websocket":
             result.warnings.append(f"NCCO the simulator does not run: {response.text[:120]}")
             await self.report_completed(call)
