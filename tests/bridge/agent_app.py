@@ -94,3 +94,16 @@ class Transfers:
 
     async def assistant(self, call: CallContext) -> AssistantReply:
         return AssistantReply(transfer=self.target)
+
+
+class Listens:
+    """Answers with the configured assistant and takes every call event (the benchmarks' event load: nothing about
+    the call changes)."""
+
+    events: ClassVar[int] = 0
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        return AssistantConfig()
+
+    async def event(self, call: CallContext, event: CallEvent) -> None:
+        Listens.events += 1
