@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
@@ -24,7 +23,7 @@ from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_p
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.sim.carrier import CallerScript
-from callbridge.sim.runner import RunningBridge, free_port, running_bridge
+from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving
 from tests.bridge import agent_app
 from tests.bridge.test_recording_store import bucket
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
@@ -172,17 +171,8 @@ async def test_with_no_application_a_configured_greeting_plays_on_every_call() -
 async def _webhook(app: FastAPI) -> AsyncIterator[str]:
     """``app`` served by uvicorn on loopback; its URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.01)
-    try:
+    async with serving(app, port):
         yield f"http://127.0.0.1:{port}/callbridge"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 async def test_the_example_webhook_greets_a_known_caller_by_name_answers_a_tool_and_gets_the_report(

@@ -4,20 +4,18 @@ application's presigned URL (real HTTP over loopback)."""
 
 from __future__ import annotations
 
-import asyncio
 import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
-import uvicorn
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CollectorRegistry
 
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.recording_store import RecordingStore, WavAppender, public_url
-from callbridge.sim.runner import free_port
+from callbridge.sim.runner import free_port, serving
 
 MB = 1024 * 1024
 
@@ -111,15 +109,8 @@ async def bucket(answers: list[int]) -> AsyncIterator[tuple[str, dict[str, bytes
         return Response(status_code=status)
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
+    async with serving(app, port):
         yield f"http://127.0.0.1:{port}", stored
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def test_a_finished_recording_is_put_to_the_presigned_url_retried_once_when_it_fails(tmp_path: Path) -> None:
