@@ -68,6 +68,9 @@ class AssistantConfig(BaseModel):
     tool_filler: str | None = Field(default=None, max_length=1024)
     """Said (as the greeting is) when a tool has not answered within ``app.tool_filler_after_s``: "Tell the caller
     you are looking it up." None: ``app.tool_filler``."""
+    max_duration_s: float | None = Field(default=None, gt=0, le=14_400)
+    """This call's longest duration from its answer: past it the bridge hangs up (within
+    ``server.max_call_duration_s``, which holds for every call). None: only that."""
     recording: bool | None = None
     """Record this call (a stereo WAV: ``[recording]``); None: ``recording.enabled``."""
     recording_upload_url: HttpUrl | None = None

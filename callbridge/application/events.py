@@ -12,11 +12,12 @@ from callbridge.application.context import CallContext
 
 __all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
 
-EventType = Literal["call.started", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended"]
+EventType = Literal["call.started", "call.answered", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended"]
 
 
 class CallEvent(BaseModel):
-    """One thing that happened on a call. ``data`` by type: ``turn`` ``{"latency_ms"}`` (the caller stopped
+    """One thing that happened on a call. ``call.started``: the application chose the call's assistant (the carrier
+    is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn`` ``{"latency_ms"}`` (the caller stopped
     speaking → the agent's reply on its way to them); ``barge-in`` ``{"heard_ms", "generated_ms"}``; ``dtmf``
     ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" | "hang_up"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``
     ``{"report": CallReport}``."""
@@ -72,6 +73,9 @@ class CallReport(BaseModel):
     barge_ins: int
     barged_heard_ms: list[int] = Field(default_factory=list)
     """For each barge-in, how much of the reply the caller heard before cutting in."""
+    barged_generated_ms: list[int | None] = Field(default_factory=list)
+    """For each barge-in, how much of that reply the engine had generated (None: not known), beside
+    ``barged_heard_ms``: the share of it heard."""
     agent_audio_ms: int
     """Agent audio the bridge sent to the caller's carrier (what played, but for what a flush dropped)."""
     dtmf: int

@@ -523,6 +523,8 @@ class CallSession:
         self._connected_at_ms: int | None = None
         self._last_message_ms = 0
         self._limits_due_ms: int | None = None
+        self._call_ends_at_ms: int | None = None
+        """The call's own limit (``engine_bound``), where its assistant set one."""
         """When ``tick`` next checks the limits (it moves only then, not with every message)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
@@ -588,6 +590,7 @@ class CallSession:
         silence: SilencePolicy | None = None,
         record: bool = False,
         greeting_interruptible: bool = True,
+        call_ends_at_ms: int | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -598,6 +601,8 @@ class CallSession:
         ``application_tools``: the names of the call's application tools (their calls go to the application:
         ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
         ``silence``: what to do with a caller who says nothing (``SilencePolicy``); None: nothing.
+        ``call_ends_at_ms``: the call's own limit (its assistant's ``max_duration_s``, on this clock): then it is ended
+        as at ``max_call_ms``.
         ``record``: the stream is recorded from now (``recorder``; its chunks come out as ``RecordingChunk``).
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
@@ -614,6 +619,10 @@ class CallSession:
         self._transition(_Trigger.ENGINE_BOUND)
         self._application_tools, self._tool_filler = application_tools, tool_filler
         self._silence, self._caller_active_ms = silence, now_ms
+        if call_ends_at_ms is not None:
+            self._call_ends_at_ms = call_ends_at_ms
+            due = self._limits_due_ms
+            self._limits_due_ms = call_ends_at_ms if due is None else min(due, call_ends_at_ms)
         if record:
             self.recorder = self.ledger.recorder = StereoRecorder(
                 rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
@@ -1021,6 +1030,10 @@ class CallSession:
             self.limit_reached = "max_call_duration"
             self.end_call(self.limit_reached, now_ms)
             return
+        if self._call_ends_at_ms is not None and now_ms >= self._call_ends_at_ms:
+            self.limit_reached = "assistant_max_duration"
+            self.end_call(self.limit_reached, now_ms)
+            return
         if self.start_request is None:
             due = connected + options.first_message_timeout_ms
             if now_ms >= due:
@@ -1035,7 +1048,8 @@ class CallSession:
                 self.end_reason = self.limit_reached
                 self._close_transport()  # the socket may still be open (half-open): close it
                 return
-        self._limits_due_ms = due if options.max_call_ms is None else min(due, connected + options.max_call_ms)
+        limits = (due, connected + options.max_call_ms if options.max_call_ms is not None else None, self._call_ends_at_ms)
+        self._limits_due_ms = min(limit for limit in limits if limit is not None)
 
     def _playout_deadline_ms(self) -> int | None:
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out

@@ -31,6 +31,7 @@ class CallReportBuilder:
     streams: int = 0
     latencies_ms: list[int] = field(default_factory=list)
     barged_heard_ms: list[int] = field(default_factory=list)
+    barged_generated_ms: list[int | None] = field(default_factory=list)
     agent_audio_ms: int = 0
     dtmf: int = 0
     tools: int = 0
@@ -47,6 +48,7 @@ class CallReportBuilder:
                 self.latencies_ms.append(observed.ms)
             case "barge-in" if len(self.barged_heard_ms) < _MAX_ITEMS:
                 self.barged_heard_ms.append(observed.ms)
+                self.barged_generated_ms.append(observed.of_ms)
                 for line in reversed(self.transcript):
                     if line["response_id"] == observed.response_id:
                         line["heard_ms"] = observed.ms
@@ -97,6 +99,7 @@ class CallReportBuilder:
             else None,
             barge_ins=len(self.barged_heard_ms),
             barged_heard_ms=list(self.barged_heard_ms),
+            barged_generated_ms=list(self.barged_generated_ms),
             agent_audio_ms=self.agent_audio_ms,
             dtmf=self.dtmf,
             tools=self.tools,

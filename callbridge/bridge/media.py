@@ -120,6 +120,15 @@ _TIMED_EVERY_MESSAGES = 50
 _now_ms = monotonic_ms
 
 
+def _call_ends_at_ms(setup: CallSetup | None) -> int | None:
+    """When the call's assistant's ``max_duration_s`` runs out, on the call's clock (counted from its answer)."""
+    limit_s = setup.assistant.max_duration_s if setup is not None else None
+    if limit_s is None or setup is None:
+        return None
+    started = setup.chosen_at or time.time()
+    return _now_ms() + max(0, int((started + limit_s - time.time()) * 1000))
+
+
 class CarrierTransport(Protocol):
     """The carrier's media connection, already accepted."""
 
@@ -344,6 +353,7 @@ class MediaStreamDriver:
                 tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
                 record=records and services.recordings is not None,
                 greeting_interruptible=greeting_interruptible(services.settings, assistant),
+                call_ends_at_ms=_call_ends_at_ms(setup),
             )
             if self.call.recorder is not None and services.recordings is not None:
                 self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)
@@ -858,7 +868,7 @@ class MediaStreamDriver:
         self._report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
         self._report.streams += 1
         if first_stream:
-            self._emit("call.started")
+            self._emit("call.answered")
 
     def _emit(self, kind: EventType, **data: Any) -> None:
         """A call event to the application (``app_events``: queued, never waited for)."""

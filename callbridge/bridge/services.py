@@ -14,6 +14,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from callbridge.application import AssistantConfig, CallContext
+from callbridge.application.events import CallEvent
 from callbridge.application.hooks import AssistantSource
 from callbridge.bridge.actions import (
     ActionResult,
@@ -280,7 +281,9 @@ class BridgeServices:
         if reply.assistant.tools and not model_calls_tools(self.settings.engine):
             log.warning("assistant_tools_left_out", call_id=context.call_id, tools=[tool.name for tool in reply.assistant.tools],
                         reason="the engine's model cannot call tools (engine.tools)")  # fmt: skip
-        setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source)
+        setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source, chosen_at=time.time())
+        if self.events is not None:  # the application hears of the call before its media flows (``call.answered``)
+            self.events.emit(context, CallEvent(type="call.started", call_id=context.call_id, at=setup.chosen_at, seq=0))
         try:
             await self.registry.keep_note(
                 context.call_id, SETUP_NOTE, setup.model_dump_json(), setup_kept_ms(self.settings.server.max_call_duration_s)

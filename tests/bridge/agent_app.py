@@ -107,3 +107,11 @@ class Listens:
 
     async def event(self, call: CallContext, event: CallEvent) -> None:
         Listens.events += 1
+
+
+class Brief(Recorder):
+    """``Recorder``, with calls of at most two seconds."""
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        chosen = await super().assistant(call)
+        return AssistantConfig.model_validate({**chosen.model_dump(exclude_unset=True), "max_duration_s": 2.0})

@@ -327,7 +327,7 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
         delivered = bridge.app.state.bridge.registry.get_sample_value("callbridge_app_events_total", {"type": "call.ended", "outcome": "delivered"})
     events = agent_app.Recorder.events
     kinds = [e.type for e in events]
-    assert kinds[0] == "call.started" and kinds[-1] == "call.ended" and delivered == 1, kinds
+    assert kinds[:2] == ["call.started", "call.answered"] and kinds[-1] == "call.ended" and delivered == 1, kinds
     assert [e.seq for e in events] == sorted(e.seq for e in events)  # delivered by several senders: compare as a set
     assert "dtmf" in kinds and next(e for e in events if e.type == "dtmf").data["digit"] == "5"
     report = CallReport.model_validate(events[-1].data["report"])
@@ -496,3 +496,15 @@ async def test_a_sip_uri_is_dialled_as_a_uri_and_a_stream_only_carrier_keeps_the
     async with running_bridge(settings(app={"module": MODULE + "Transfers"}), recorder, provider="exotel") as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((500, short_speech(800)),), hangup_at_ms=3500))
     assert result.transferred_to is None and len(recorder.opened) == 1 and result.agent_speech_ms > 0, result.render()
+
+
+async def test_the_assistant_can_limit_its_calls_length() -> None:
+    """``max_duration_s`` 2: the bridge hangs up two seconds after the answer; the report says the bridge ended it,
+    why, and how long the caller heard of what was cut off (the greeting, three seconds long)."""
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Brief"}), engine()) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=6000))
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    assert result.hung_up_by == "bridge" and 1900 <= result.timeline[-1].at_ms <= 2400, result.render()
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    assert report.ended_by == "bridge" and report.end_reason == "assistant_max_duration", report

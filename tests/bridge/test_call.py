@@ -805,6 +805,18 @@ class TestApplicationSurface:
         assert "unknown_tool" in h.commands[-1].output
 
 
+class TestCallLimit:
+    def test_the_calls_own_limit_ends_it_as_the_servers_does(self) -> None:
+        h = Harness()
+        h.call.connected(0)  # the limits run from the connection, as the driver's
+        h.live(call_ends_at_ms=5000)
+        h.advance(4990)
+        assert h.call.state is CallState.LIVE
+        h.advance(20)
+        assert h.call.limit_reached == "assistant_max_duration" and any(isinstance(o, HangUpCall) for o in h.outputs)
+        assert CloseSession("assistant_max_duration") in h.commands
+
+
 class TestSilence:
     """A caller who says nothing (``SilencePolicy``), on the call core's clock."""
 
