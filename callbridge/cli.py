@@ -145,6 +145,11 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--provider", choices=simulated_names(), default=DEFAULT_SIMULATED, help=f"the carrier to simulate (default: {DEFAULT_SIMULATED})")
     loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
     loadtest.add_argument(
+        "--ws-url",
+        help="instead of a bridge, any server that speaks Twilio Media Streams at this websocket URL (a voice bot: "
+        "connected, start, then media; no voice webhook, no signatures)",
+    )
+    loadtest.add_argument(
         "--secret",
         "--auth-token",
         dest="secret",
@@ -535,6 +540,13 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         except PlotUnavailable as exc:
             print(f"callbridge loadtest: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    if args.ws_url is not None:
+        wrong = [flag for flag, given in (("--url", args.url), ("--drop-every", args.drop_every), ("--processes", (args.processes or 2) > 1))
+                 if given] + ([] if args.provider == "twilio" else ["--provider"])  # fmt: skip
+        if not args.ws_url.startswith(("ws://", "wss://")) or wrong:
+            problem = f"not with {', '.join(wrong)}" if wrong else "expected a ws:// or wss:// URL"
+            print(f"callbridge loadtest: --ws-url {args.ws_url}: {problem} (Twilio's protocol, one process)", file=sys.stderr)
+            return EXIT_USAGE
     if args.processes is not None and args.processes > 1 and not args.url:
         print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
         return EXIT_USAGE
@@ -566,7 +578,9 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             problem, code = found
             print(f"callbridge loadtest: --url {args.url}: {problem}", file=sys.stderr)
             return code
-    if not args.url:
+    if args.ws_url:
+        print(f"callbridge loadtest: straight onto {args.ws_url} (Twilio Media Streams, no webhook)")
+    elif not args.url:
         print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
     in_processes = f" in {processes} generator processes" if processes > 1 else ""
     print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each{in_processes}")
@@ -576,7 +590,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             print_progress=lambda line: print(line, flush=True),
         )  # fmt: skip
     else:
-        run = load_test_samples(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url)
+        run = load_test_samples(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url, ws_url=args.ws_url)
     run_loop: Callable[[Any], LoadSamples] = asyncio.run
     with contextlib.suppress(ImportError):
         import uvloop

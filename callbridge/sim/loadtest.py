@@ -838,11 +838,21 @@ async def run_load_test(
 
 
 async def load_test_samples(
-    settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str
+    settings: Settings, provider: str, options: LoadTestOptions, *, url: str | None, secret: str, rest_url: str,
+    ws_url: str | None = None,
 ) -> LoadSamples:
     """Against the bridge at ``url`` (its simulated carrier's REST API served at ``rest_url``, configured from
     ``settings`` as ``bridge_env`` printed them), or without ``url`` against a bridge started in this process
-    (the ``loopback`` agent, or ``echo`` for barge-ins) — its CPU then includes the generator's."""
+    (the ``loopback`` agent, or ``echo`` for barge-ins) — its CPU then includes the generator's. ``ws_url``: no
+    bridge, but any server that speaks Twilio Media Streams there (``DirectTwilioStreams``: no webhook)."""
+    if ws_url is not None:
+        from callbridge.carriers.twilio.sim import DirectTwilioStreams
+
+        direct = DirectTwilioStreams(ws_url)
+        try:
+            return await LoadTest(direct, options).run_samples()
+        finally:
+            await direct.aclose()
     if url is None:
         from callbridge.engine.server import local_engine_options
         from callbridge.sim.runner import running_bridge, with_overrides

@@ -43,7 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import InvalidHandshake, InvalidStatus
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
@@ -61,11 +61,13 @@ from callbridge.sim.transfer import sent_on
 __all__ = [
     "CallResult",
     "CallerScript",
+    "DirectTwilioStreams",
     "MediaStream",
     "SimulatedTwilio",
     "TwilioStream",
     "TwimlRedirect",
     "answer_and_stream",
+    "open_media_stream",
 ]
 
 _OUTBOUND_KEYS = {"media": {"event", "streamSid", "media"}, "mark": {"event", "streamSid", "mark"}, "clear": {"event", "streamSid"}}
@@ -143,19 +145,36 @@ async def answer_and_stream(
     media_format = (stream_codecs or {}).get(stream_el.attrib.get("codec", ""), _MULAW_FORMAT)
     parameters = {p.attrib["name"]: p.attrib["value"] for p in stream_el.findall("Parameter")}
     headers = {signature_header: validator.compute_signature(stream_url, {})} if sign_upgrade else {}
-    ws = await connect(stream_url, additional_headers=headers, compression=None)
+    redirect = redirect_el.text.strip() if redirect_el is not None and redirect_el.text else None
+    return await open_media_stream(
+        stream_url, params["AccountSid"], params["CallSid"], headers=headers, parameters=parameters, media_format=media_format,
+        redirect=redirect,
+    )  # fmt: skip
+
+
+async def open_media_stream(
+    stream_url: str,
+    account_sid: str,
+    call_sid: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    parameters: Mapping[str, str] | None = None,
+    media_format: Mapping[str, object] = _MULAW_FORMAT,
+    redirect: str | None = None,
+) -> MediaStream:
+    """Open a Twilio media websocket at ``stream_url`` and send ``connected`` and ``start``, as Twilio does."""
+    ws = await connect(stream_url, additional_headers=dict(headers or {}), compression=None)
     stream_sid = "MZ" + secrets.token_hex(16)
     start = {
         "streamSid": stream_sid,
-        "accountSid": params["AccountSid"],
-        "callSid": params["CallSid"],
+        "accountSid": account_sid,
+        "callSid": call_sid,
         "tracks": ["inbound"],
-        "customParameters": parameters,
-        "mediaFormat": media_format,
+        "customParameters": dict(parameters or {}),
+        "mediaFormat": dict(media_format),
     }
     await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
     await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
-    redirect = redirect_el.text.strip() if redirect_el is not None and redirect_el.text else None
     l16 = media_format["encoding"] == "audio/x-l16"
     rate = media_format["sampleRate"]
     assert isinstance(rate, int)
@@ -383,3 +402,29 @@ class SimulatedTwilio(SimulatedCarrier):
                 return False
         except InvalidStatus as exc:
             return refused and exc.response.status_code == 403
+
+
+class DirectTwilioStreams(SimulatedTwilio):
+    """Calls straight onto a server that speaks Twilio Media Streams at ``ws_url`` — any voice bot's (pipecat's
+    Twilio transport, your own) — with no voice webhook, no signatures and no REST: each call opens the websocket,
+    sends ``connected`` and ``start`` (μ-law 8 kHz) and then its media, and plays what comes back as Twilio would
+    (``media``; ``mark`` echoed, ``clear`` honoured where the server sends them). A closed connection ends the
+    call: Twilio opens a new one only where TwiML says so."""
+
+    def __init__(self, ws_url: str) -> None:
+        super().__init__(ws_url, "direct")
+        self.ws_url = ws_url
+
+    def rest_routes(self) -> list[BaseRoute]:
+        return []
+
+    async def open_stream(self, call: SimCall, reason: OpenReason) -> TwilioStream | None:
+        if reason != "answer":
+            call.result.log(call.clock(), self.provider, "the media connection closed: the call ends")
+            return None
+        try:
+            opened = await open_media_stream(self.ws_url, self.account_sid, call.call_id)
+        except (OSError, InvalidHandshake) as exc:
+            call.result.log(call.clock(), self.provider, f"cannot open {self.ws_url}: {exc}")
+            return None
+        return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
