@@ -1,0 +1,113 @@
+"""Issue #19's measure: pipecat's Twilio loopback (``../shared/peers/pipecat_loopback.py``) and ``callbridge serve``
+with its loopback agent, back to back at each load, by the same generator, on the same machine — one table with
+the ratios.
+
+    python bench/side_by_side.py --calls 1,30 [--duration 20] [--ramp 5] [--pipecat-python ../pipecat-venv/bin/python]
+
+Each level: a fresh pipecat server, ``callbridge loadtest --ws-url`` onto it (Twilio Media Streams straight on:
+``connected``, ``start``, ``media`` every 20 ms, clicks timed back); then a fresh ``callbridge serve`` and
+``callbridge loadtest --url`` (the simulated Twilio's signed webhook and stream, ``bench/loadtest_carriers.py``).
+With two or more CPUs each server runs on the first and the generator on the others (Linux affinity). CPU is the
+server process's own, per call-second; round trip is a click's, sent by the caller → back at the carrier.
+Install pipecat's venv first (``../shared/peers/README.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import loadtest_carriers  # noqa: E402
+
+from callbridge.sim.ports import free_port  # noqa: E402
+from callbridge.sim.runner import wait_http_up  # noqa: E402
+
+CALLBRIDGE = loadtest_carriers.CALLBRIDGE
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_pipecat(calls: int, args: argparse.Namespace) -> dict[str, object]:
+    """One level against a fresh pipecat loopback; the load test's JSON report."""
+    port = free_port()
+    out = args.out / f"pipecat-{calls}.json"
+    cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
+    server = subprocess.Popen([args.pipecat_python, str(args.peer), "--port", str(port)], env=loadtest_carriers._clean_env())
+    if cpus:
+        os.sched_setaffinity(server.pid, {cpus[0]})
+    try:
+        wait_http_up(f"http://127.0.0.1:{port}/")
+        time.sleep(1.0)  # let the server settle before measuring its CPU
+        command = [
+            CALLBRIDGE, "loadtest", "--ws-url", f"ws://127.0.0.1:{port}/ws", "--calls", str(calls), "--ramp", str(args.ramp),
+            "--duration", str(args.duration), "--server-pid", str(server.pid), "--json", str(out),
+        ]  # fmt: skip
+        print("$", " ".join(command), flush=True)
+        generator = subprocess.Popen(command, env=loadtest_carriers._clean_env())
+        if cpus:
+            os.sched_setaffinity(generator.pid, set(cpus[1:]) or {cpus[0]})
+        try:
+            generator.wait(timeout=args.ramp + args.duration + 120)
+        finally:
+            generator.kill()
+    finally:
+        server.kill()
+        server.wait(10)
+    report: dict[str, object] = json.loads(out.read_text())
+    return report
+
+
+def _stats(report: dict[str, object], key: str) -> dict[str, float]:
+    stats = report[key]
+    assert isinstance(stats, dict)
+    return stats
+
+
+def row(calls: int, peer: dict[str, object], ours: dict[str, object]) -> str:
+    peer_rt, ours_rt = _stats(peer, "round_trip_ms"), _stats(ours, "round_trip_ms")
+    peer_cpu, ours_cpu = peer["server_cpu_ms_per_call_second"], ours["server_cpu_ms_per_call_second"]
+    assert isinstance(peer_cpu, float) and isinstance(ours_cpu, float)
+    return (
+        f"| {calls} | {peer_rt['p50']:.1f} / {peer_rt['p99']:.1f} | {peer_cpu:.2f} | {peer['failed_calls']} "
+        f"| {ours_rt['p50']:.1f} / {ours_rt['p99']:.1f} | {ours_cpu:.2f} | {ours['failed_calls']} "
+        f"| **{ours_cpu / peer_cpu:.2f}×** | **{ours_rt['p50'] / peer_rt['p50']:.3f}×** |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", default="1,30", help="calls at once, a list: a row per level")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--ramp", type=float, default=5.0)
+    parser.add_argument("--pipecat-python", default=str(ROOT.parent / "pipecat-venv" / "bin" / "python"))
+    parser.add_argument("--peer", type=Path, default=ROOT.parent / "shared" / "peers" / "pipecat_loopback.py")
+    parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
+    args = parser.parse_args()
+    args.pin = len(os.sched_getaffinity(0)) >= 2
+    args.cpu_budget = 0.0
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="callbridge-side-by-side-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for calls in (int(level) for level in args.calls.split(",")):
+        peer = run_pipecat(calls, args)
+        ours = loadtest_carriers.run_one("twilio", calls, args)
+        rows.append(row(calls, peer, ours))
+    print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"{args.duration:g} s calls, {args.ramp:g} s ramp; server pinned: {args.pin}; reports in {args.out}\n")  # fmt: skip
+    print("| calls | pipecat p50 / p99 ms | pipecat CPU-ms per call-s | failed | callbridge p50 / p99 ms "
+          "| callbridge CPU-ms per call-s | failed | CPU ratio | p50 ratio |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for line in rows:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
