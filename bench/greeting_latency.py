@@ -7,8 +7,9 @@ Each call is a simulated Twilio call (real loopback sockets, the signed answer w
 real time) through an in-process bridge whose application (``app.module``) answers with a greeting at once
 (``fast``) or after 5 s (``slow``: the configured greeting stands in at the deadline). Measured at the simulated
 caller: from the moment it POSTs the answer webhook to the first 20 ms of agent audio it hears (its playout ticks
-every 20 ms: a frame is heard at the tick after it arrives). The embedded engine's "speech" is a chime it starts
-at once: with vllm-omni, add the model's own time to first audio.
+every 20 ms: a frame is heard at the tick after it arrives). The embedded engine runs with its shipped settings
+(``[local_engine]``: the echo agent, 1 s chunks generated at 4× real time); its "speech" for a text turn is a
+chime: with vllm-omni, add the model's own time to first audio.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from callbridge.sim.carrier import CallerScript  # noqa: E402
 from callbridge.sim.runner import running_bridge  # noqa: E402
-from tests.bridge.twilio_e2e import engine, settings  # noqa: E402
+from tests.bridge.twilio_e2e import settings  # noqa: E402
 
 APPS = {"fast": "tests.bridge.agent_app:Greeter", "slow": "tests.bridge.agent_app:Slow"}
 
@@ -33,7 +34,7 @@ async def heard_after_ms(app: str, calls: int) -> list[int]:
     """Per call: ms from the answer webhook to the first agent audio the caller hears."""
     sections = {"app": {"module": app, "greeting": "Greet the caller."}}  # ``slow``: the fallback's greeting
     heard: list[int] = []
-    async with running_bridge(settings(**sections), engine()) as bridge:
+    async with running_bridge(settings(**sections)) as bridge:  # the embedded engine as shipped
         for _ in range(calls):
             result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=2500 if app.endswith("Greeter") else 4500))
             first = next((e.at_ms for e in result.timeline if e.who == "agent" and e.what.startswith("starts speaking")), None)

@@ -60,24 +60,38 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     url = f"http://127.0.0.1:{port}"
     env = _env_for(provider, secrets.token_hex(16), rest_port, port)
     env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
-    out = args.out / f"{provider}-{calls}.json"
-    cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
-    server_cpus, generator_cpus = ({cpus[0]}, set(cpus[1:]) or {cpus[0]}) if cpus else (None, None)
-    server = subprocess.Popen([CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], env=env)
-    if server_cpus:
-        os.sched_setaffinity(server.pid, server_cpus)
     try:
-        wait_http_up(url + "/healthz")
+        return measure(
+            [CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], url + "/healthz",
+            ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / f"{provider}-{calls}.json",
+            calls, args,
+        )  # fmt: skip
+    finally:
+        key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
+        if key:  # the key pair --print-env made for this run
+            shutil.rmtree(Path(key).parent, ignore_errors=True)
+
+
+def measure(
+    server_command: list[str], up_url: str, target: list[str], env: dict[str, str], out: Path, calls: int, args: argparse.Namespace
+) -> dict[str, object]:
+    """Start a server (``--pin``: on the first CPU), wait until ``up_url`` answers, place ``calls`` with ``callbridge
+    loadtest`` and ``target``'s flags (``--pin``: on the other CPUs), kill the server; the load test's JSON report."""
+    cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
+    server = subprocess.Popen(server_command, env=env)
+    if cpus:
+        os.sched_setaffinity(server.pid, {cpus[0]})
+    try:
+        wait_http_up(up_url)
         time.sleep(1.0)  # let the server settle before measuring its CPU
         command = [
-            CALLBRIDGE, "loadtest", "--url", url, "--provider", provider, "--rest-port", str(rest_port),
-            "--calls", str(calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
+            CALLBRIDGE, "loadtest", *target, "--calls", str(calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
             "--server-pid", str(server.pid), "--json", str(out),
         ]  # fmt: skip
         print("$", " ".join(command), flush=True)
         generator = subprocess.Popen(command, env=env)
-        if generator_cpus:
-            os.sched_setaffinity(generator.pid, generator_cpus)
+        if cpus:
+            os.sched_setaffinity(generator.pid, set(cpus[1:]) or {cpus[0]})
         try:
             generator.wait(timeout=args.ramp + args.duration + 120)
         finally:
@@ -85,9 +99,6 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     finally:
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         server.wait(10)
-        key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
-        if key:  # the key pair --print-env made for this run
-            shutil.rmtree(Path(key).parent, ignore_errors=True)
     report: dict[str, object] = json.loads(out.read_text())
     return report
 

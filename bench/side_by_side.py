@@ -6,7 +6,8 @@ the ratios.
 
 Each level: a fresh pipecat server, ``callbridge loadtest --ws-url`` onto it (Twilio Media Streams straight on:
 ``connected``, ``start``, ``media`` every 20 ms, clicks timed back); then a fresh ``callbridge serve`` and
-``callbridge loadtest --url`` (the simulated Twilio's signed webhook and stream, ``bench/loadtest_carriers.py``).
+``callbridge loadtest --url`` (the simulated Twilio's signed webhook and stream, ``bench/loadtest_carriers.py``;
+the server's shipped defaults but for its loopback agent and ``max_calls`` 1000, neither limit reached here).
 With two or more CPUs each server runs on the first and the generator on the others (Linux affinity). CPU is the
 server process's own, per call-second; round trip is a click's, sent by the caller → back at the carrier.
 Install pipecat's venv first (``../shared/peers/README.md``).
@@ -15,54 +16,29 @@ Install pipecat's venv first (``../shared/peers/README.md``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import loadtest_carriers  # noqa: E402
 
+from callbridge.config import ServerSettings  # noqa: E402
 from callbridge.sim.ports import free_port  # noqa: E402
-from callbridge.sim.runner import wait_http_up  # noqa: E402
 
-CALLBRIDGE = loadtest_carriers.CALLBRIDGE
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_pipecat(calls: int, args: argparse.Namespace) -> dict[str, object]:
     """One level against a fresh pipecat loopback; the load test's JSON report."""
     port = free_port()
-    out = args.out / f"pipecat-{calls}.json"
-    cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
-    server = subprocess.Popen([args.pipecat_python, str(args.peer), "--port", str(port)], env=loadtest_carriers._clean_env())
-    if cpus:
-        os.sched_setaffinity(server.pid, {cpus[0]})
-    try:
-        wait_http_up(f"http://127.0.0.1:{port}/")
-        time.sleep(1.0)  # let the server settle before measuring its CPU
-        command = [
-            CALLBRIDGE, "loadtest", "--ws-url", f"ws://127.0.0.1:{port}/ws", "--calls", str(calls), "--ramp", str(args.ramp),
-            "--duration", str(args.duration), "--server-pid", str(server.pid), "--json", str(out),
-        ]  # fmt: skip
-        print("$", " ".join(command), flush=True)
-        generator = subprocess.Popen(command, env=loadtest_carriers._clean_env())
-        if cpus:
-            os.sched_setaffinity(generator.pid, set(cpus[1:]) or {cpus[0]})
-        try:
-            generator.wait(timeout=args.ramp + args.duration + 120)
-        finally:
-            generator.kill()
-    finally:
-        server.kill()
-        server.wait(10)
-    report: dict[str, object] = json.loads(out.read_text())
-    return report
+    return loadtest_carriers.measure(
+        [args.pipecat_python, str(args.peer), "--port", str(port)], f"http://127.0.0.1:{port}/",
+        ["--ws-url", f"ws://127.0.0.1:{port}/ws"], loadtest_carriers._clean_env(), args.out / f"pipecat-{calls}.json", calls, args,
+    )  # fmt: skip
 
 
 def _stats(report: dict[str, object], key: str) -> dict[str, float]:
@@ -92,7 +68,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
     args = parser.parse_args()
     args.pin = len(os.sched_getaffinity(0)) >= 2
-    args.cpu_budget = 0.0
+    args.cpu_budget = ServerSettings().cpu_budget_percent  # callbridge as shipped (never reached at these loads)
     args.out = args.out or Path(tempfile.mkdtemp(prefix="callbridge-side-by-side-"))
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

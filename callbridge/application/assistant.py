@@ -80,9 +80,13 @@ class AssistantConfig(BaseModel):
     """The application's own, handed back in the end-of-call report."""
 
     @model_validator(mode="after")
-    def _tool_names(self) -> AssistantConfig:
+    def _metadata_sizes(self) -> AssistantConfig:
         if any(len(key) > 128 or (isinstance(value, str) and len(value) > 1024) for key, value in self.metadata.items()):
             raise ValueError("metadata: keys up to 128 characters, values up to 1024")
+        return self
+
+    @model_validator(mode="after")
+    def _tool_names(self) -> AssistantConfig:
         names = [tool.name for tool in self.tools]
         if len(names) != len(set(names)):
             raise ValueError("tools: each name once")

@@ -225,6 +225,7 @@ _GENERATED_KEPT: Final = 16
 _TURN_BEHIND_MAX_MS: Final = 5000
 """A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
 _SILENCE_RECHECK_MS: Final = 100
+"""A silence deadline held back (the agent replying, a tool running) is looked at again this much later."""
 _GREETING_WAIT_MS: Final = 5000
 """How long a greeting that may not be cut keeps the caller from the engine while its reply has not begun."""
 _GOODBYE_WAIT_MS: Final = 5000
@@ -353,8 +354,8 @@ class Observed:
 
 @dataclass(frozen=True, slots=True)
 class RecordingChunk:
-    """The call's recording up to now (``StereoRecorder``): interleaved stereo PCM16 for the file, about a second
-    of it."""
+    """The call's recording up to now (``StereoRecorder``): interleaved stereo PCM16 for the file, about half a
+    second of it."""
 
     data: bytes
 
@@ -506,7 +507,9 @@ class CallSession:
         self._caller_active_ms = 0
         """When the caller last started or stopped speaking (or the session bound): silence counts from there."""
         self._reprompted = False
+        """The caller was prompted since they last spoke (once only)."""
         self._silence_checked_ms = -1
+        """When the silence was last looked at (``_SILENCE_RECHECK_MS`` from it, at the earliest, again)."""
         self._hang_up_checked_ms = -1
         """When a hang-up after playout was last looked at (a deadline at or before it is spent)."""
         self._caller_stopped_ms: int | None = None
@@ -523,9 +526,9 @@ class CallSession:
         self._connected_at_ms: int | None = None
         self._last_message_ms = 0
         self._limits_due_ms: int | None = None
+        """When ``tick`` next checks the limits (it moves only then, not with every message)."""
         self._call_ends_at_ms: int | None = None
         """The call's own limit (``engine_bound``), where its assistant set one."""
-        """When ``tick`` next checks the limits (it moves only then, not with every message)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
         self._send_failed_at_ms: int | None = None
@@ -625,9 +628,8 @@ class CallSession:
             self._limits_due_ms = call_ends_at_ms if due is None else min(due, call_ends_at_ms)
         if record:
             self.recorder = self.ledger.recorder = StereoRecorder(
-                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
-                frame_ms=self.ledger.frame_ms, started_ms=now_ms,
-            )  # fmt: skip
+                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding, started_ms=now_ms
+            )
         if taken_over:
             self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities

@@ -122,11 +122,10 @@ _now_ms = monotonic_ms
 
 def _call_ends_at_ms(setup: CallSetup | None) -> int | None:
     """When the call's assistant's ``max_duration_s`` runs out, on the call's clock (counted from its answer)."""
-    limit_s = setup.assistant.max_duration_s if setup is not None else None
-    if limit_s is None or setup is None:
+    if setup is None or setup.assistant.max_duration_s is None:
         return None
     started = setup.chosen_at or time.time()
-    return _now_ms() + max(0, int((started + limit_s - time.time()) * 1000))
+    return _now_ms() + max(0, int((started + setup.assistant.max_duration_s - time.time()) * 1000))
 
 
 class CarrierTransport(Protocol):

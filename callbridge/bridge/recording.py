@@ -43,14 +43,12 @@ class StereoRecorder:
         rate_hz: int,
         agent_rate_hz: int,
         agent_encoding: AudioEncoding,
-        frame_ms: int,
         started_ms: int,
         chunk_ms: int = _CHUNK_MS,
     ) -> None:
         self.rate_hz = rate_hz
         self.agent_rate_hz = agent_rate_hz
         self.agent_encoding = agent_encoding
-        self.frame_ms = frame_ms
         self.started_ms = started_ms
         self.chunk_ms = chunk_ms
         self.agent_frames: deque[tuple[int, bytes]] = deque()

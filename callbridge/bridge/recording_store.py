@@ -10,9 +10,10 @@ import asyncio
 import hashlib
 import re
 import struct
+import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -41,6 +42,7 @@ class WavAppender:
 
     def __init__(self, path: Path, rate_hz: int, channels: int = CHANNELS) -> None:
         self.path = path
+        self.rate_hz = rate_hz
         self._header = (rate_hz, channels)
         existing = path.stat().st_size if path.exists() else 0
         if existing and not self._same_format(path):
@@ -93,8 +95,6 @@ class CallRecording:
     failed: str | None = None
     """Why writing stopped (the disk said no), if it did."""
     dropped_chunks: int = 0
-    last: Future[None] | None = field(default=None, repr=False)
-    """The last write handed to the thread: ``close`` waits for it."""
 
 
 class RecordingStore:
@@ -106,7 +106,12 @@ class RecordingStore:
         self.max_pending_bytes = max_pending_bytes
         self.upload_timeout_s = upload_timeout_s
         self.pending_bytes = 0
+        """Handed to the writer and not yet written (the loop adds, the writer thread takes off: ``_pending_lock``)."""
+        self._pending_lock = threading.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recording")
+        self._files: dict[Path, tuple[WavAppender, int]] = {}
+        """Open files and how many streams write to each (the writer thread's alone): a call's new stream that
+        binds before its old one has closed goes on in the same file, not a second handle on it."""
 
     def open(self, call_id: str, rate_hz: int) -> CallRecording:
         """A stream's recording of ``call_id`` (nothing touches the disk here: the thread opens the file)."""
@@ -117,43 +122,52 @@ class RecordingStore:
         """Hand a chunk to the writer; never waits. Past ``max_pending_bytes`` waiting: dropped and counted."""
         if recording.failed is not None:
             return
-        if self.pending_bytes + len(data) > self.max_pending_bytes:
+        size = len(data)
+        with self._pending_lock:
+            taken = self.pending_bytes + size <= self.max_pending_bytes
+            if taken:
+                self.pending_bytes += size
+        if not taken:
             recording.dropped_chunks += 1
             self.metrics.recordings.labels("chunk_dropped").inc()
             if recording.dropped_chunks == 1:
                 log.warning("recording_chunk_dropped", call_id=recording.call_id, pending_bytes=self.pending_bytes)
             return
-        self.pending_bytes += len(data)
-        written = self._writer.submit(self._append, recording, data)
-        written.add_done_callback(lambda _: self._written(len(data)))
-        recording.last = written
-
-    def _written(self, size: int) -> None:
-        self.pending_bytes -= size
+        self._writer.submit(self._append, recording, data)
 
     def _append(self, recording: CallRecording, data: bytes) -> None:
         """In the writer thread."""
-        if recording.failed is not None:
-            return
         try:
-            if recording.file is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                recording.file = self._appender(recording)
-            recording.file.append(data)
+            if recording.failed is None:
+                if recording.file is None:
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    recording.file = self._open_file(recording)
+                recording.file.append(data)
         except OSError as exc:
             recording.failed = f"{type(exc).__name__}: {exc.strerror or exc}"
             self.metrics.recordings.labels("write_failed").inc()
             log.warning("recording_write_failed", call_id=recording.call_id, path=str(recording.path), error=recording.failed)
+        finally:
+            with self._pending_lock:
+                self.pending_bytes -= len(data)
 
-    @staticmethod
-    def _appender(recording: CallRecording) -> WavAppender:
-        """The call's file, gone on with; where a stream of another rate wrote it, ``<call id>.<n>.wav``."""
+    def _open_file(self, recording: CallRecording) -> WavAppender:
+        """In the writer thread: the call's file, gone on with (open already for another of its streams, or on
+        disk); where a stream of another rate wrote it, ``<call id>.<n>.wav``."""
         base = recording.path
-        for n in range(1, 100):
-            try:
-                return WavAppender(recording.path, recording.rate_hz)
-            except FileExistsError:
-                recording.path = base.with_name(f"{base.stem}.{n}.wav")
+        for n in range(100):
+            path = base if n == 0 else base.with_name(f"{base.stem}.{n}.wav")
+            shared = self._files.get(path)
+            if shared is not None and shared[0].rate_hz != recording.rate_hz:
+                continue
+            if shared is None:
+                try:
+                    shared = (WavAppender(path, recording.rate_hz), 0)
+                except FileExistsError:
+                    continue
+            self._files[path] = (shared[0], shared[1] + 1)
+            recording.path = path
+            return shared[0]
         raise FileExistsError(f"{base}: too many recordings of other formats")
 
     async def close(self, recording: CallRecording, last: bytes | None) -> Path | None:
@@ -167,10 +181,16 @@ class RecordingStore:
             return recording.path
         return None
 
-    @staticmethod
-    def _close(recording: CallRecording) -> None:
-        if recording.file is not None:
-            recording.file.close()
+    def _close(self, recording: CallRecording) -> None:
+        """In the writer thread: the stream is done with its file; closed when no other stream writes to it."""
+        shared = self._files.get(recording.path)
+        if recording.file is None or shared is None or shared[0] is not recording.file:
+            return
+        if shared[1] > 1:
+            self._files[recording.path] = (shared[0], shared[1] - 1)
+            return
+        del self._files[recording.path]
+        recording.file.close()
 
     async def upload(self, path: Path, url: str, call_id: str) -> bool:
         """PUT the finished recording to ``url``, with retries (``RETRY_DELAYS_S``); whether it went."""

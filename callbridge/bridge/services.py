@@ -215,10 +215,11 @@ class BridgeServices:
                 self.give_back_admission(call_id)
                 log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=step.kind.value)
                 return step
-            if step.kind is AnswerKind.TRANSFER:
-                self.give_back_admission(call_id)  # the call leaves without a stream
-                log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=asked.transfer_to)
-                return replace(step, target=asked.transfer_to)
+            if step.kind is AnswerKind.TRANSFER and isinstance(asked.refused, TransferTo):  # it leaves without a stream
+                self.give_back_admission(call_id)
+                target = asked.refused.target
+                log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=target)
+                return replace(step, target=target)
             if step.kind is AnswerKind.ANSWER:
                 return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
         except RegistryUnavailable as exc:
@@ -239,15 +240,12 @@ class BridgeServices:
                 if isinstance(chosen, CallSetup):
                     asked.setup = chosen
                     return True
-                if isinstance(chosen, TransferTo):
-                    asked.transfer_to = chosen.target
-                else:
-                    asked.rejected = chosen
+                asked.refused = chosen
                 return False
             case AnswerFact.APPLICATION_TRANSFERS:
-                return asked.transfer_to is not None
+                return isinstance(asked.refused, TransferTo)
             case AnswerFact.APPLICATION_HANGS_UP:
-                return asked.rejected == "hang_up"
+                return asked.refused == "hang_up"
             case AnswerFact.ENDED:
                 return await self.registry.ended_reason(call_id) is not None
             case AnswerFact.MOVING_ELSEWHERE:
@@ -583,5 +581,5 @@ class _Asked:
 
     context: CallContext
     setup: CallSetup | None = None
-    rejected: Rejection | None = None
-    transfer_to: str | None = None
+    refused: Rejection | TransferTo | None = None
+    """What the application made of the call where it did not answer it: a refusal, or where to send it."""

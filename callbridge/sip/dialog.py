@@ -387,25 +387,20 @@ class SipUas:
         if dialog.reliable_provisional:
             dialog.retransmits.append(_retransmission(TxKind.RELIABLE_1XX, sent, now_ms, dialog.rseq))
 
-    def reject(self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None) -> None:
-        """Refuse an offered call (486 busy, 503 draining, 480 …)."""
+    def reject(
+        self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None, redirect_to: str | None = None
+    ) -> None:
+        """Refuse an offered call (486 busy, 503 draining, 480 …), or send it on (``redirect_to``: ``302 Moved
+        Temporarily`` with it as the Contact; a bare number at the trunk, as a REFER's)."""
         dialog = self.dialogs.get(call_id)
         if dialog is None or dialog.state is not DialogState.OFFERED:
             return
         self._transition(dialog, _Trigger.REJECT)
         extra = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
+        if redirect_to is not None:
+            extra.append(("Contact", f"<{refer_to(redirect_to, _host_port(*dialog.source))}>"))
         self._final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
-        self._end(dialog, "rejected", now_ms, announce=False)
-
-    def redirect(self, call_id: str, target: str, now_ms: int) -> None:
-        """Send an offered call on: ``302 Moved Temporarily`` with ``target`` as the Contact (a bare number at the
-        trunk, as a REFER's)."""
-        dialog = self.dialogs.get(call_id)
-        if dialog is None or dialog.state is not DialogState.OFFERED:
-            return
-        self._transition(dialog, _Trigger.REJECT)
-        self._final(dialog.invite, dialog.source, 302, now_ms, to_tag=dialog.local_tag, extra=[("Contact", f"<{refer_to(target, _host_port(*dialog.source))}>")])
-        self._end(dialog, "redirected", now_ms, announce=False)
+        self._end(dialog, "redirected" if redirect_to is not None else "rejected", now_ms, announce=False)
 
     def hang_up(self, call_id: str, now_ms: int) -> None:
         """End the call from our side: BYE (after the ACK if it has not come yet); 480 if not answered yet."""

@@ -31,7 +31,7 @@ class Call:
         self.now = 1_000
         self.ledger = PlayoutLedger(frame_ms=FRAME_MS, lead_ms=200)
         self.recorder = self.ledger.recorder = StereoRecorder(
-            rate_hz=RATE, agent_rate_hz=agent_rate, agent_encoding=agent_encoding, frame_ms=FRAME_MS, started_ms=self.now
+            rate_hz=RATE, agent_rate_hz=agent_rate, agent_encoding=agent_encoding, started_ms=self.now
         )
         self.agent_rate, self.agent_encoding = agent_rate, agent_encoding
         self.chunks: list[bytes] = []

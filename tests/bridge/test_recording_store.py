@@ -59,6 +59,22 @@ async def test_a_calls_next_stream_goes_on_in_its_file_and_another_rate_gets_its
     await recordings.aclose()
 
 
+async def test_two_streams_of_a_call_at_once_write_one_file(tmp_path: Path) -> None:
+    """A reconnect's stream binds before the dropped one has closed: both go on in the same file (one handle, its
+    header counting both), and it closes with the last of them."""
+    recordings, _ = store(tmp_path)
+    old, new = recordings.open("CA7", 8000), recordings.open("CA7", 8000)
+    recordings.write(old, stereo(1, 1))
+    recordings.write(new, stereo(1, 2))
+    assert await recordings.close(old, stereo(0.5, 1)) == tmp_path / "CA7.wav"
+    assert new.file is not None and not new.file._file.closed  # still the new stream's
+    assert await recordings.close(new, stereo(0.5, 2)) == tmp_path / "CA7.wav"
+    assert old.file is new.file and new.file._file.closed
+    _, samples = read(tmp_path / "CA7.wav")
+    assert len(samples) == 3 * 8000 and list(samples[::4000, 0]) == [1, 1, 2, 2, 1, 2]
+    await recordings.aclose()
+
+
 async def test_a_call_id_is_never_a_path(tmp_path: Path) -> None:
     recordings, _ = store(tmp_path / "recordings")
     recording = recordings.open("../../etc/passwd", 8000)

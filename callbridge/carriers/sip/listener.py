@@ -594,7 +594,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             if isinstance(chosen, TransferTo):  # sent on: 302 Moved Temporarily, the target as the Contact
                 self.services.give_back_admission(call_id)
                 log.info("call_transferred_by_application", call_id=call_id, provider="sip", target=chosen.target)
-                self.uas.redirect(call_id, chosen.target, _now_ms())
+                self.uas.reject(call_id, 302, _now_ms(), redirect_to=chosen.target)
                 self._drain()
                 return
             if isinstance(chosen, str):

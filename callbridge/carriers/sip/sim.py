@@ -843,8 +843,8 @@ class SimulatedSip(SimulatedCarrier):
                     contact = (final.get("contact") or "").strip().strip("<>")
                     user = contact.split(":", 1)[-1].split("@", 1)[0] if contact.startswith("sip:") else ""
                     sent_on(result, call.clock(), "sip", "302 Moved Temporarily", user if user.startswith("+") else contact)
-                    return None
-                result.log(call.clock(), "sip", f"the bridge refused the call: {final.status}")
+                else:
+                    result.log(call.clock(), "sip", f"the bridge refused the call: {final.status}")
                 await conn.close()
                 return None
         except BaseException:
