@@ -4,6 +4,7 @@ application's presigned URL (real HTTP over loopback)."""
 
 from __future__ import annotations
 
+import threading
 import wave
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -97,10 +98,13 @@ async def test_a_disk_that_says_no_is_logged_and_costs_the_call_nothing(tmp_path
 
 async def test_what_waits_for_the_disk_is_bounded_over_all_calls(tmp_path: Path) -> None:
     recordings, registry = store(tmp_path, max_pending_bytes=100_000)
+    disk = threading.Event()
+    recordings._writer.submit(disk.wait)  # a disk that has fallen behind: nothing is written meanwhile
     calls = [recordings.open(f"CA{i}", 8000) for i in range(4)]
     for recording in calls:  # 4 × 32 KB at once: the fourth finds the bound taken
         recordings.write(recording, stereo(1, 1))
     assert recordings.pending_bytes <= 100_000
+    disk.set()
     assert sum(recording.dropped_chunks for recording in calls) >= 1
     assert (registry.get_sample_value("callbridge_recordings_total", {"outcome": "chunk_dropped"}) or 0) >= 1
     for recording in calls:
