@@ -143,12 +143,21 @@ MISTAKES = [
 
 @pytest.fixture
 def held_ports() -> Iterator[tuple[int, int]]:
-    """A TCP port with a listener on it and a UDP port bound, both on 127.0.0.1, held for the test."""
+    """A TCP port with a listener on it and a UDP port bound, both on 127.0.0.1, held for the test. The UDP port's
+    TCP twin is free when it is chosen (the kernel picks a UDP port regardless of TCP's: a twin another test's socket
+    holds would make SIP's check fail twice, /udp and /tcp)."""
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     tcp.bind(("127.0.0.1", 0))
     tcp.listen()
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
+    while True:
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as twin:
+                twin.bind(("127.0.0.1", udp.getsockname()[1]))
+            break
+        except OSError:
+            udp.close()
     try:
         yield tcp.getsockname()[1], udp.getsockname()[1]
     finally:
