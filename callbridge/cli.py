@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
 from urllib.parse import urlsplit
 
 from callbridge import __version__
-from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec, simulated_names
+from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec, direct_names, simulated_names
 from callbridge.config import (
     ConfigError,
     ConfigProblem,
@@ -146,8 +146,8 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--url", help="the bridge's public base URL (default: a bridge started in this process)")
     loadtest.add_argument(
         "--ws-url",
-        help="instead of a bridge, any server that speaks Twilio Media Streams at this websocket URL (a voice bot: "
-        "connected, start, then media; no voice webhook, no signatures)",
+        help="instead of a bridge, any server that speaks the carrier's media websocket at this URL (a voice bot: "
+        f"the stream's opening messages, then media; no answer webhook, no signatures; carriers: {', '.join(direct_names())})",
     )
     loadtest.add_argument(
         "--secret",
@@ -540,12 +540,14 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         except PlotUnavailable as exc:
             print(f"callbridge loadtest: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    direct_protocol = carrier_spec(args.provider).direct_protocol
     if args.ws_url is not None:
         wrong = [flag for flag, given in (("--url", args.url), ("--drop-every", args.drop_every), ("--processes", (args.processes or 2) > 1))
-                 if given] + ([] if args.provider == "twilio" else ["--provider"])  # fmt: skip
+                 if given] + ([] if direct_protocol else [f"--provider {args.provider}"])  # fmt: skip
         if not args.ws_url.startswith(("ws://", "wss://")) or wrong:
             problem = f"not with {', '.join(wrong)}" if wrong else "expected a ws:// or wss:// URL"
-            print(f"callbridge loadtest: --ws-url {args.ws_url}: {problem} (Twilio's protocol, one process)", file=sys.stderr)
+            print(f"callbridge loadtest: --ws-url {args.ws_url}: {problem} (a carrier with a direct mode: "
+                  f"{', '.join(direct_names())}; one process)", file=sys.stderr)  # fmt: skip
             return EXIT_USAGE
     if args.processes is not None and args.processes > 1 and not args.url:
         print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
@@ -579,7 +581,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             print(f"callbridge loadtest: --url {args.url}: {problem}", file=sys.stderr)
             return code
     if args.ws_url:
-        print(f"callbridge loadtest: straight onto {args.ws_url} (Twilio Media Streams, no webhook)")
+        print(f"callbridge loadtest: straight onto {args.ws_url} ({direct_protocol}, no webhook)")
     elif not args.url:
         print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
     in_processes = f" in {processes} generator processes" if processes > 1 else ""

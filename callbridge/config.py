@@ -250,8 +250,8 @@ class AppSettings(Section):
     """A Python application instead of a webhook: ``"myagent:app"``, an object (or class) with
     ``async def assistant(self, call) -> AssistantReply | AssistantConfig``."""
     assistant_timeout_s: Annotated[float, Field(gt=0, le=10)] = 1.5
-    """How long a call waits for its assistant: well within a carrier's answer budget (Twilio waits 15 s, but the
-    caller hears ringing all along). Past it, ``on_failure``."""
+    """How long a call waits for its assistant: well within a carrier's answer budget (carriers wait about 15 s
+    for an answer document, and the caller hears ringing all along). Past it, ``on_failure``."""
     on_failure: Literal["fallback", "busy"] = "fallback"
     """When the application is slow, down or answers nonsense: ``fallback``, the assistant configured here
     (``[engine]``'s instructions and voice, ``greeting``); ``busy``, the carrier's busy refusal."""

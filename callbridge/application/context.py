@@ -28,9 +28,9 @@ class CallContext(BaseModel):
     call_id: str = Field(max_length=128)
     """The bridge's id of the call: its logs, registry and events use it (the carrier's call id)."""
     carrier: str = Field(max_length=32)
-    """The carrier's name in callbridge (``twilio``, ``telnyx``, ``sip``…)."""
+    """The carrier's name in callbridge: its ``CarrierSpec.name`` (``sip`` for a SIP trunk)."""
     carrier_call_id: str | None = Field(default=None, max_length=256)
-    """The carrier's own id where it differs from ``call_id`` (Telnyx's call_session_id, SIP's Call-ID)."""
+    """The carrier's own id where it differs from ``call_id`` (a call-session id beside the leg's, SIP's Call-ID)."""
     direction: Literal["inbound", "outbound"] = "inbound"
     caller_number: str | None = Field(default=None, max_length=256)
     called_number: str | None = Field(default=None, max_length=256)
@@ -57,7 +57,7 @@ class CallContext(BaseModel):
 def e164(number: str | None, *, plus_implied: bool = False) -> str | None:
     """``number`` in E.164 where it is one (spaces, dashes, dots and brackets dropped; a ``tel:`` or ``sip:``
     user part taken), else as given, trimmed; None for nothing. ``plus_implied``: the carrier writes E.164
-    without its ``+`` (Plivo, Vonage: ``14155550100``)."""
+    without its ``+`` (``14155550100``)."""
     if number is None:
         return None
     raw = number.strip()

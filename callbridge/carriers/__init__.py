@@ -43,7 +43,7 @@ from callbridge.carriers.vonage import VonageSettings
 if TYPE_CHECKING:
     from callbridge.sim.carrier import SimulatedCarrier
 
-__all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "simulated", "simulated_names"]
+__all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "direct_names", "simulated", "simulated_names"]
 
 CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     twilio.SPEC,
@@ -91,6 +91,11 @@ def carrier_spec(name: str) -> CarrierSpec:
 def simulated_names() -> tuple[str, ...]:
     """The carriers with a simulator (``simulate --provider``, ``loadtest --provider``), without importing one."""
     return tuple(spec.name for spec in CARRIERS if spec.simulator is not None)
+
+
+def direct_names() -> tuple[str, ...]:
+    """The carriers whose simulator can call a media websocket straight (``loadtest --ws-url``)."""
+    return tuple(spec.name for spec in CARRIERS if spec.direct_protocol is not None)
 
 
 def simulated() -> dict[str, type[SimulatedCarrier]]:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from callbridge.carriers.base import ProviderCodec
     from callbridge.config import Settings
     from callbridge.sim.carrier import SimulatedCarrier
+    from callbridge.sim.faults import FarEnd
 
 __all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport", "UpgradeCheck", "UpgradeProof"]
 
@@ -112,6 +113,12 @@ class CarrierSpec:
     """Where its media is a websocket: ``"module:name"`` of a predicate that says whether a first message (parsed
     JSON) is this carrier's (``generic.wire.Recognises``), for the generic ``/media`` URL; None: not recognised
     there."""
+    far_end: str | None = None
+    """Where the carrier plays what it is sent and echoes marks: ``"module:name"`` of its side of a media stream as
+    pure messages (``callbridge.sim.faults.FarEnd``), for the deterministic fault simulator; None: none."""
+    direct_protocol: str | None = None
+    """Where its simulator can call straight onto any server that speaks its media websocket (a voice bot, no
+    answer webhook: ``loadtest --ws-url``, ``SimulatedCarrier.direct``), that protocol's name; None: it cannot."""
 
     @property
     def package(self) -> str:
@@ -139,6 +146,12 @@ class CarrierSpec:
             raise LookupError(f"{self.name} is not recognised on the generic media URL")
         recognises: Callable[[Mapping[str, Any]], bool] = self._load(self.recognises)
         return recognises
+
+    def far_end_wire(self) -> FarEnd:
+        if self.far_end is None:
+            raise LookupError(f"{self.name} has no far end for the fault simulator")
+        far_end: FarEnd = self._load(self.far_end)
+        return far_end
 
     def simulator_class(self) -> type[SimulatedCarrier]:
         if self.simulator is None:

@@ -383,6 +383,12 @@ class SimulatedCarrier(ABC):
         must outlive this simulator."""
         return cls.bridge_settings(secret, rest_url)
 
+    @classmethod
+    def direct(cls, ws_url: str) -> SimulatedCarrier:
+        """A simulator of this carrier that opens each call's media websocket straight at ``ws_url``, with no
+        answer webhook, signatures or REST (where its spec's ``direct_protocol`` says it can)."""
+        raise LookupError(f"the simulated {cls.provider} cannot call a media websocket directly")
+
     def reconnect_after_every_drop(self) -> None:
         """The load test drops media connections on purpose (``--drop-every-ms``): where the carrier gives up
         reconnecting after a few drops, it keeps reconnecting here."""

@@ -13,9 +13,10 @@ restarted empty: a live stream's next checkpoint writes the record anew; a parke
 left to the engine's grace), the registry stalling under the live ticket's writes (each times out, tried again a
 second on: a takeover meanwhile resumes from the last one written, the engine replaying the rest), the bridge
 reading late (a backlog arrives in a burst), mark echoes late, repeated or out of order. The
-parts that run are the real cores: Twilio's wire codec, ``CallSession`` with its ``PlayoutLedger``, and the
-embedded engine's ``LocalSessionCore``; around them a carrier that plays frames at real time and echoes marks
-(Twilio's rules: a mark is echoed once the audio before it has played, every pending mark at a clear), and
+parts that run are the real cores: a marking carrier's wire codec (the registry's first carrier that echoes marks
+and flushes, whose spec names its ``far_end``), ``CallSession`` with its ``PlayoutLedger``, and the
+embedded engine's ``LocalSessionCore``; around them that carrier, playing frames at real time and echoing marks
+(a mark is echoed once the audio before it has played, every pending mark at a clear), and
 each stream's ``CallLifecycle`` (``bridge/lifecycle.py``, the core ``bridge/media.py`` runs), whose steps are
 done here against a model of the call's registry record and the engine core: the first stream takes the
 session opened at the answer; a drop parks it with a ticket; the next stream resumes it, or — the engine gone —
@@ -57,15 +58,13 @@ N`` one of several calls), ``--seeds 100000`` runs many.
 from __future__ import annotations
 
 import argparse
-import base64
 import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, Literal, Protocol
 
 import numpy as np
-import orjson
 
 from callbridge.bridge.call import BargeInFlushed, CallOptions, CallSession, CallState, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
@@ -91,7 +90,8 @@ from callbridge.bridge.lifecycle import (
     WaitUntil,
 )
 from callbridge.bridge.registry import LiveCall
-from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.carriers import CARRIERS
+from callbridge.carriers.base import ProviderCodec
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.errors import EngineError
@@ -236,9 +236,49 @@ _SPEECH: Final = _speech_frames()
 _SILENCE: Final = b"\xff" * 160
 
 
+FarEndMessage = tuple[Literal["media"], bytes] | tuple[Literal["mark"], str] | tuple[Literal["clear"], None]
+
+
+class FarEnd(Protocol):
+    """A marking carrier's side of one media stream as messages on its wire, pure: what the carrier sends (its
+    stream's opening, μ-law 8 kHz media, a mark's echo, the stop) and what it reads of what the bridge sends.
+    A carrier's ``sim.py`` writes it; its spec names it (``CarrierSpec.far_end``)."""
+
+    def codec(self) -> ProviderCodec:
+        """The bridge's codec for this carrier's stream."""
+
+    def opening(self, stream_number: int, call_id: str) -> list[str | bytes]:
+        """The call's ``stream_number``-th stream's first messages, up to and with the one that starts the media."""
+
+    def media(self, stream_id: str, ulaw: bytes, media_ms: int) -> str | bytes:
+        """20 ms of caller audio, ``media_ms`` into the stream."""
+
+    def mark_echo(self, stream_id: str, name: str) -> str | bytes:
+        """The mark ``name`` has played."""
+
+    def stop(self, stream_id: str) -> str | bytes:
+        """The caller hung up."""
+
+    def read(self, message: str | bytes) -> FarEndMessage | None:
+        """What the carrier makes of a message from the bridge: audio to play, a mark, a clear; None: nothing
+        it plays."""
+
+
+def marking_far_end() -> FarEnd:
+    """The far end of the registry's first carrier that plays what it is sent, echoes marks and flushes."""
+    spec = next(spec for spec in CARRIERS if spec.far_end is not None and spec.capabilities.marks and spec.capabilities.flush)
+    return spec.far_end_wire()
+
+
+def _stream_id(call: CallSession) -> str:
+    stream_id = call.codec.stream_id
+    assert stream_id is not None, "the stream has started"
+    return stream_id
+
+
 @dataclass(slots=True)
 class _Carrier:
-    """Twilio's side of one stream: plays media frames at real time, echoes marks in order once played."""
+    """The carrier's side of one stream: plays media frames at real time, echoes marks in order once played."""
 
     queue: deque[tuple[str, bytes | str]] = field(default_factory=deque)
     played_since_ms: int | None = None
@@ -246,16 +286,17 @@ class _Carrier:
     first_played_at_ms: int | None = None
     """When the first frame played since ``played_since_ms``: the tone was heard."""
 
-    def receive(self, message: str) -> list[str]:
-        """A message from the bridge; returns the marks echoed at once (a clear echoes every pending one)."""
-        data = orjson.loads(message)
-        event = data["event"]
-        if event == "media":
-            self.queue.append(("media", base64.b64decode(data["media"]["payload"])))
-        elif event == "mark":
-            self.queue.append(("mark", data["mark"]["name"]))
+    def receive(self, read: FarEndMessage | None) -> list[str]:
+        """A message from the bridge, as the far end read it; returns the marks echoed at once (a clear echoes
+        every pending one)."""
+        if read is None:
+            return []
+        if read[0] == "media":
+            self.queue.append(read)
+        elif read[0] == "mark":
+            self.queue.append(read)
             return self._echo_head()
-        elif event == "clear":
+        else:
             echoed = [str(name) for kind, name in self.queue if kind == "mark"]
             self.queue.clear()
             return echoed
@@ -364,11 +405,12 @@ class SimulatedCall:
         self.failed_at_ms: int | None = None
         self.streams = 0
         self.call: CallSession | None = None
+        self.far_end = marking_far_end()
         self.carrier: _Carrier | None = None
-        self._to_bridge: list[tuple[int, int, str]] = []
+        self._to_bridge: list[tuple[int, int, str | bytes]] = []
         """(deliver at, order, message) from the carrier to the bridge."""
         self._order = 0
-        self._held_echo: tuple[str, int] | None = None
+        self._held_echo: tuple[str | bytes, int] | None = None
         """A mark echo held back (``reordered_echoes``), and since when."""
         self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
@@ -481,7 +523,7 @@ class SimulatedCall:
     def _carrier_tick(self, call: CallSession, carrier: _Carrier) -> None:
         now, plan = self.now_ms, self.plan
         if now >= plan.hangup_at_ms and call.state is not CallState.ENDED:
-            self._send(orjson.dumps({"event": "stop", "streamSid": call.codec.stream_id, "stop": {}}).decode(), 0)
+            self._send(self.far_end.stop(_stream_id(call)), 0)
             return
         if any(now == at for at in plan.drops_at_ms) and call.state is CallState.LIVE:
             self._drop(call)
@@ -491,12 +533,10 @@ class SimulatedCall:
         self._release_held_echo()
         speaking = any(start <= now < start + length for start, length in plan.utterances)
         frame = _SPEECH[now // FRAME_MS % len(_SPEECH)] if speaking else _SILENCE
-        media_ms = now - self._stream_started_at_ms
-        body = {"track": "inbound", "chunk": "1", "timestamp": str(media_ms), "payload": base64.b64encode(frame).decode()}
-        self._send(orjson.dumps({"event": "media", "sequenceNumber": "2", "media": body, "streamSid": call.codec.stream_id}).decode(), 0)
+        self._send(self.far_end.media(_stream_id(call), frame, now - self._stream_started_at_ms), 0)
 
     def _echo(self, call: CallSession, mark: str) -> None:
-        message = orjson.dumps({"event": "mark", "streamSid": call.codec.stream_id, "mark": {"name": mark}}).decode()
+        message = self.far_end.mark_echo(_stream_id(call), mark)
         delay = self.plan.echo_delay_ms
         if self.plan.reordered_echoes:
             if self._held_echo is None:
@@ -515,7 +555,7 @@ class SimulatedCall:
             (held, _), self._held_echo = self._held_echo, None
             self._send(held, self.plan.echo_delay_ms)
 
-    def _send(self, message: str, delay_ms: int) -> None:
+    def _send(self, message: str | bytes, delay_ms: int) -> None:
         at = self.now_ms + delay_ms
         stall = self.plan.read_stall
         if stall is not None and stall[0] <= at < stall[0] + stall[1]:
@@ -541,16 +581,11 @@ class SimulatedCall:
         the registry model and the engine core, as ``MediaStreamDriver._bind`` does them."""
         self._next_stream_at_ms = None
         self.streams += 1
-        stream_sid = f"MZ{self.streams:032x}"
-        self.call = call = CallSession(TwilioCodec(), CallOptions(failure_tone_ms=600))
+        self.call = call = CallSession(self.far_end.codec(), CallOptions(failure_tone_ms=600))
         self.carrier = _Carrier()
         self._stream_started_at_ms = self.now_ms
-        call.receive_message('{"event":"connected","protocol":"Call","version":"1.0.0"}', self.now_ms)
-        start = {
-            "streamSid": stream_sid, "accountSid": "AC0", "callSid": self.call_id, "tracks": ["inbound"],
-            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-        }  # fmt: skip
-        call.receive_message(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(), self.now_ms)
+        for message in self.far_end.opening(self.streams, self.call_id):
+            call.receive_message(message, self.now_ms)
         self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
         life.stream_started()
         live = self.registry.live
@@ -895,8 +930,7 @@ class SimulatedCall:
         """The call's outputs, in its order, as the driver does them: to the carrier, to the engine."""
         for output in call.outputs():
             if isinstance(output, ToCarrier):
-                assert isinstance(output.message, str)
-                for mark in carrier.receive(output.message):
+                for mark in carrier.receive(self.far_end.read(output.message)):
                     self._echo(call, mark)
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])

@@ -844,11 +844,10 @@ async def load_test_samples(
     """Against the bridge at ``url`` (its simulated carrier's REST API served at ``rest_url``, configured from
     ``settings`` as ``bridge_env`` printed them), or without ``url`` against a bridge started in this process
     (the ``loopback`` agent, or ``echo`` for barge-ins) — its CPU then includes the generator's. ``ws_url``: no
-    bridge, but any server that speaks Twilio Media Streams there (``DirectTwilioStreams``: no webhook)."""
+    bridge, but any server that speaks the carrier's media websocket there (``SimulatedCarrier.direct``: no
+    webhook)."""
     if ws_url is not None:
-        from callbridge.carriers.twilio.sim import DirectTwilioStreams
-
-        direct = DirectTwilioStreams(ws_url)
+        direct = carrier_spec(provider).simulator_class().direct(ws_url)
         try:
             return await LoadTest(direct, options).run_samples()
         finally:

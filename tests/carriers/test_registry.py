@@ -10,7 +10,7 @@ import importlib
 import orjson
 import pytest
 
-from callbridge.carriers import CARRIERS, carrier_spec, simulated, simulated_names
+from callbridge.carriers import CARRIERS, carrier_spec, direct_names, simulated, simulated_names
 from callbridge.carriers.base import CarrierProfile
 from callbridge.carriers.generic.wire import default_candidates, recognise
 from callbridge.carriers.spec import CarrierSpec
@@ -93,3 +93,17 @@ def test_each_carrier_recognises_only_its_own_first_message() -> None:
 
 def test_every_carrier_but_the_generic_url_is_simulated() -> None:
     assert set(simulated_names()) == set(SPECS) - {"generic"} == set(simulated())
+
+
+@pytest.mark.parametrize("spec", [spec for spec in CARRIERS if spec.simulator is not None], ids=lambda spec: spec.name)
+def test_a_direct_mode_is_where_the_spec_says(spec: CarrierSpec) -> None:
+    """``loadtest --ws-url`` offers what the specs say; each such simulator calls the URL it is given."""
+    simulator = spec.simulator_class()
+    if spec.direct_protocol is None:
+        with pytest.raises(LookupError):
+            simulator.direct("ws://127.0.0.1:9/media")
+    else:
+        direct = simulator.direct("ws://127.0.0.1:9/media")
+        assert direct.provider == spec.name and direct.rest_routes() == []
+        asyncio.run(direct.aclose())
+    assert (spec.name in direct_names()) == (spec.direct_protocol is not None)

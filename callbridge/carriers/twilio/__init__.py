@@ -15,4 +15,6 @@ SPEC = CarrierSpec(
     codec="wire:TwilioCodec",
     simulator="sim:SimulatedTwilio",
     recognises="wire:recognises",
+    far_end="sim:FAR_END",
+    direct_protocol="Twilio Media Streams",
 )

@@ -302,7 +302,7 @@ CARRIER = Carrier(
 
 
 def twilio_context(carrier: str, form: Mapping[str, str], allowed: list[str]) -> CallContext:
-    """The call as Twilio's (or SignalWire's) voice webhook describes it; a SIP trunk's headers come as
+    """The call as Twilio's voice webhook (or a dialect's) describes it; a SIP trunk's headers come as
     ``SipHeader_X-…`` fields, named so in ``app.context_parameters`` too."""
     return call_context(
         call_id=form["CallSid"], carrier=carrier, caller=form.get("From") or form.get("Caller"),

@@ -34,7 +34,7 @@ import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import httpx
 import orjson
@@ -45,6 +45,7 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
     CallerScript,
@@ -58,12 +59,17 @@ from callbridge.sim.carrier import (
 )
 from callbridge.sim.transfer import sent_on
 
+if TYPE_CHECKING:
+    from callbridge.sim.faults import FarEndMessage
+
 __all__ = [
     "CallResult",
     "CallerScript",
     "DirectTwilioStreams",
+    "FAR_END",
     "MediaStream",
     "SimulatedTwilio",
+    "TwilioFarEnd",
     "TwilioStream",
     "TwimlRedirect",
     "answer_and_stream",
@@ -311,6 +317,12 @@ class SimulatedTwilio(SimulatedCarrier):
         await self._http.aclose()
         await super().aclose()
 
+    @classmethod
+    def direct(cls, ws_url: str) -> SimulatedCarrier:
+        if cls is not SimulatedTwilio:  # a dialect's streams are its own
+            return super().direct(ws_url)
+        return DirectTwilioStreams(ws_url)
+
     def _redirect_target(self, bridge_url: str, redirect: str) -> str:
         """A ``<Redirect>`` URL on the bridge this request goes to (the load balancer's pick, where there is one),
         its path and query as the TwiML wrote them."""
@@ -428,3 +440,46 @@ class DirectTwilioStreams(SimulatedTwilio):
             call.result.log(call.clock(), self.provider, f"cannot open {self.ws_url}: {exc}")
             return None
         return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
+
+
+class TwilioFarEnd:
+    """Twilio's side of a media stream as pure messages (``callbridge.sim.faults.FarEnd``): the deterministic fault
+    simulator's carrier."""
+
+    def codec(self) -> TwilioCodec:
+        return TwilioCodec()
+
+    def opening(self, stream_number: int, call_id: str) -> list[str | bytes]:
+        stream_sid = f"MZ{stream_number:032x}"
+        start = {
+            "streamSid": stream_sid, "accountSid": "AC0", "callSid": call_id, "tracks": ["inbound"],
+            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+        }  # fmt: skip
+        return [
+            '{"event":"connected","protocol":"Call","version":"1.0.0"}',
+            orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(),
+        ]
+
+    def media(self, stream_id: str, ulaw: bytes, media_ms: int) -> str:
+        body = {"track": "inbound", "chunk": "1", "timestamp": str(media_ms), "payload": base64.b64encode(ulaw).decode()}
+        return orjson.dumps({"event": "media", "sequenceNumber": "2", "media": body, "streamSid": stream_id}).decode()
+
+    def mark_echo(self, stream_id: str, name: str) -> str:
+        return orjson.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}}).decode()
+
+    def stop(self, stream_id: str) -> str:
+        return orjson.dumps({"event": "stop", "streamSid": stream_id, "stop": {}}).decode()
+
+    def read(self, message: str | bytes) -> FarEndMessage | None:
+        data = orjson.loads(message)
+        event = data["event"]
+        if event == "media":
+            return ("media", base64.b64decode(data["media"]["payload"]))
+        if event == "mark":
+            return ("mark", str(data["mark"]["name"]))
+        if event == "clear":
+            return ("clear", None)
+        return None
+
+
+FAR_END: Final = TwilioFarEnd()
