@@ -134,3 +134,20 @@ def test_the_cycle_finder_finds_a_circle(tmp_path: Path) -> None:
     finally:
         sys.path.remove(str(tmp_path))
     assert _cycles(graph) == [["circle.a", "circle.b", "circle.c"]]  # a imports b lazily, inside a function
+
+
+def test_only_a_carriers_own_package_names_it() -> None:
+    """Issue 17's rule, kept: ``git grep -il <carrier> -- callbridge`` lists the carrier's package and the registry
+    (and the package of a carrier that builds on it); shared code reads what it needs from the spec."""
+    sources = {path: path.read_text(encoding="utf-8").lower() for path in (ROOT / "callbridge").rglob("*.py")}
+    registry = ROOT / "callbridge" / "carriers" / "__init__.py"
+    strays: dict[str, list[str]] = {}
+    for spec in CARRIERS:
+        if spec.name in ("generic", "sip"):  # words every module may use: the generic URL; SIP, the protocol
+            continue
+        allowed = [ROOT / "callbridge" / "carriers" / other.name for other in CARRIERS if other is spec or other.builds_on == spec.name]
+        strays[spec.name] = sorted(
+            str(path.relative_to(ROOT)) for path, text in sources.items()
+            if spec.name in text and path != registry and not any(folder in path.parents for folder in allowed)
+        )  # fmt: skip
+    assert strays == {name: [] for name in strays}
