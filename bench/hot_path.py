@@ -105,7 +105,7 @@ def steps() -> list[tuple[str, Callable[[int], object]]]:
         return core.events_to_send()
 
     def pace(i: int) -> object:
-        ledger.enqueue("r1", ulaw_frame, 20 * i)
+        ledger.enqueue("r1", [ulaw_frame], 20 * i)
         ledger.tick(20 * i)
         if i % 5 == 0:
             for action in ledger.actions_to_send():

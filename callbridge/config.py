@@ -126,7 +126,13 @@ class AudioSettings(Section):
     playout_lead_ms: Annotated[int, Field(ge=20, le=2000)] = 200
     """How far audio sent to the carrier may run ahead of what the caller has heard."""
     mark_interval_frames: Annotated[int, Field(ge=1, le=500)] = 5
-    """A playback marker every N 20 ms frames (carriers with markers)."""
+    """A playback marker every N 20 ms frames (carriers with markers); a reply's first comes 100 ms in whatever N
+    (its echo pins where the carrier started playing the reply; the playout clock carries the position between
+    markers, which only correct it for drift). Without markers, how often the heard position is reported."""
+    media_message_ms: Annotated[int, Field(ge=20, le=2000)] = 100
+    """The most agent audio one media message carries, for carriers that play a message of any length (their
+    profile's ``joins_frames``): where the engine is ahead of real time, up to this much goes in one message, sent once the playout
+    lead has room for all of it; audio at real time still goes frame by frame. Capped by ``playout_lead_ms``."""
 
 
 class EngineSettings(Section):

@@ -138,6 +138,7 @@ __all__ = [
     "CallerAudioBegan",
     "CloseTransport",
     "DtmfMode",
+    "FIRST_MARK_FRAMES",
     "HangUpCall",
     "MarkLag",
     "Notice",
@@ -148,6 +149,12 @@ __all__ = [
     "ToEngine",
     "engine_failure_kind",
 ]
+
+
+FIRST_MARK_FRAMES: Final = 5
+"""A response's first marker goes this many 20 ms frames in: its echo pins where the carrier started playing the
+response (the network's and the carrier's delay), so the heard position is exact from then on; later markers, every
+``mark_every_frames``, only correct it for drift."""
 
 
 class CallState(enum.Enum):
@@ -261,7 +268,10 @@ class CallOptions:
     engine_rate_hz: int = 16000
     lead_ms: int = 200
     mark_every_frames: int = 5
-    """A marker every this many 20 ms of audio (fewer, longer frames count as their 20 ms)."""
+    """A marker every this many 20 ms of audio (fewer, longer frames count as their 20 ms), after a response's first
+    (``FIRST_MARK_FRAMES`` in, or sooner at this interval)."""
+    media_message_ms: int = 100
+    """The most agent audio one media message carries, where the carrier joins frames (its profile says)."""
     uses_marks: bool = True
     resampler_quality: ResamplerQuality = ResamplerQuality.LD
     dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
@@ -540,11 +550,13 @@ class CallSession:
         """The playout ledger for the carrier's way of playing (known once its stream has started)."""
         options = self.options
         frame_ms = profile.frame_ms
-        lead_ms = profile.lead_ms if profile.lead_ms is not None else options.lead_ms
+        lead_ms = max(profile.lead_ms if profile.lead_ms is not None else options.lead_ms, frame_ms)
         return PlayoutLedger(
             frame_ms=frame_ms,
-            lead_ms=max(lead_ms, frame_ms),
+            lead_ms=lead_ms,
             mark_every_frames=max(1, options.mark_every_frames * 20 // frame_ms),
+            first_mark_frames=max(1, min(FIRST_MARK_FRAMES, options.mark_every_frames) * 20 // frame_ms),
+            frames_per_message=max(1, min(options.media_message_ms, lead_ms) // frame_ms) if profile.joins_frames else 1,
             uses_marks=options.uses_marks and profile.uses_marks,
             marks_echoed_on_clear=profile.marks_echoed_on_clear,
             flushes=profile.flushes,
@@ -664,8 +676,7 @@ class CallSession:
             return
         audio = base64.b64decode(unheard.audio)
         frame_bytes = self._out_rate_hz * self._out_encoding.sample_bytes * unheard.frame_ms // 1000
-        for i in range(0, len(audio), frame_bytes):
-            self.ledger.enqueue(response_id, audio[i : i + frame_bytes], now_ms)
+        self.ledger.enqueue(response_id, [audio[i : i + frame_bytes] for i in range(0, len(audio), frame_bytes)], now_ms)
         self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + unheard.generated_ms
         if unheard.ended:
             self.ledger.end_response(response_id, now_ms)
@@ -775,9 +786,8 @@ class CallSession:
         if self.options.failure_tone_ms > 0:
             frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             tone = encode_from_pcm16(self._out_encoding, _failure_tone(self._out_rate_hz, self.options.failure_tone_ms))
-            for frame in [*frames.push(tone), frames.flush()]:
-                if frame is not None:
-                    self.ledger.enqueue(_FALLBACK_RESPONSE, frame, now_ms)
+            tail = frames.flush()
+            self.ledger.enqueue(_FALLBACK_RESPONSE, [*frames.push(tone), *([tail] if tail is not None else [])], now_ms)
             self.ledger.end_response(_FALLBACK_RESPONSE, now_ms)
         self._drain_ledger(to_engine=False)
         self.tick(now_ms)
@@ -1365,8 +1375,7 @@ class CallSession:
     def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
         assert self._out_frames is not None and self._out_response is not None
         if pcm:
-            for frame in self._out_frames.push(encode_from_pcm16(self._out_encoding, pcm)):
-                self.ledger.enqueue(self._out_response, frame, now_ms)
+            self.ledger.enqueue(self._out_response, self._out_frames.push(encode_from_pcm16(self._out_encoding, pcm)), now_ms)
         self._drain_ledger()
 
     def _finish_response(self, now_ms: int) -> None:
@@ -1381,7 +1390,7 @@ class CallSession:
         self._enqueue_pcm(self._out_resampler.flush(), now_ms)
         tail = self._out_frames.flush()
         if tail is not None:
-            self.ledger.enqueue(self._out_response, tail, now_ms)
+            self.ledger.enqueue(self._out_response, [tail], now_ms)
         self.ledger.end_response(self._out_response, now_ms)
         self._out_response = self._out_resampler = self._out_frames = None
         self._drain_ledger()

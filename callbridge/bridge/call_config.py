@@ -27,6 +27,7 @@ def call_options(settings: Settings) -> CallOptions:
         engine_rate_hz=audio.engine_input_rate_hz,
         lead_ms=audio.playout_lead_ms,
         mark_every_frames=audio.mark_interval_frames,
+        media_message_ms=audio.media_message_ms,
         resampler_quality=audio.resampler_quality,
         dtmf_mode=DtmfMode(settings.engine.dtmf),
         failure_tone_ms=settings.engine.failure_tone_ms,

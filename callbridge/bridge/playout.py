@@ -17,8 +17,17 @@ Plan:
 - Carriers without markers (raw TCP audio, RTP) get heard positions from the model
   alone, reported every ``mark_every_frames`` frames and at a response's end:
   ``next_deadline_ms`` includes when playback reaches the next one.
-- Markers (carriers that echo them): one every ``mark_every_frames`` frames and
-  one after each response's last frame, named ``<response_id>@<ms>``. An echo
+- Frames go out joined, up to ``frames_per_message`` in one message (carriers that
+  play a message of any length): once that many are queued, they wait until
+  the lead has room for all of them, so the carrier's buffer swings between
+  ``lead_ms`` and ``lead_ms`` less a message, never runs lower for it, and a
+  source at real time (one frame queued at a time) still goes out frame by
+  frame, with no delay. The model stays per frame.
+- Markers (carriers that echo them): one after the message that reaches a
+  response's first ``first_mark_frames`` frames — its echo pins where the
+  carrier started playing the response (the network, the carrier's buffer) —,
+  then after each further ``mark_every_frames``, and one after its last frame,
+  named ``<response_id>@<ms>``. An echo
   says playback reached that point: if it comes later than the model
   predicted (the network, the carrier's jitter buffer), the model is shifted
   by the difference, so the heard position stays within about a frame.
@@ -34,6 +43,7 @@ Like LiveKit's ``on_playback_finished(playback_position, interrupted)``, in inte
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -94,6 +104,8 @@ class _Response:
     queued_frames: int = 0
     ended: bool = False
     final_mark_sent: bool = False
+    marked_ms: int = 0
+    """Where its last marker was put (or, without markers, its start)."""
 
 
 class PlayoutLedger:
@@ -108,12 +120,18 @@ class PlayoutLedger:
         uses_marks: bool = True,
         marks_echoed_on_clear: bool = True,
         flushes: bool = True,
+        frames_per_message: int = 1,
+        first_mark_frames: int | None = None,
     ) -> None:
         if lead_ms < frame_ms:
             raise ValueError(f"lead_ms {lead_ms} is shorter than one frame ({frame_ms} ms)")
+        if not 1 <= frames_per_message <= lead_ms // frame_ms:
+            raise ValueError(f"frames_per_message {frames_per_message} is not 1 … the lead's {lead_ms // frame_ms} frames")
         self.frame_ms = frame_ms
         self.lead_ms = lead_ms
+        self.frames_per_message = frames_per_message
         self.mark_every_frames = mark_every_frames
+        self.first_mark_frames = mark_every_frames if first_mark_frames is None else first_mark_frames
         self.uses_marks = uses_marks
         self.marks_echoed_on_clear = marks_echoed_on_clear
         self.flushes = flushes
@@ -149,13 +167,14 @@ class PlayoutLedger:
 
     # ------------------------------------------------------------------ inputs
 
-    def enqueue(self, response_id: str, frame: bytes, now_ms: int) -> None:
-        """Queue one frame of ``response_id``; frames go out in order, paced. Drain ``actions_to_send()``."""
+    def enqueue(self, response_id: str, frames: Sequence[bytes], now_ms: int) -> None:
+        """Queue ``frames`` of ``response_id``; frames go out in order, paced (all that came at once may go in one
+        message). Drain ``actions_to_send()``."""
         response = self._responses.get(response_id)
         if response is None:
             response = self._responses[response_id] = _Response(response_id)
-        response.queued_frames += 1
-        self._queue.append((response, frame))
+        response.queued_frames += len(frames)
+        self._queue.extend((response, frame) for frame in frames)
         self.tick(now_ms)
 
     def end_response(self, response_id: str, now_ms: int) -> None:
@@ -169,12 +188,20 @@ class PlayoutLedger:
 
     def tick(self, now_ms: int) -> None:
         """Send the frames the lead allows now (and, without markers, report how far playback has got)."""
-        while self._queue and self._buffer_end_ms - now_ms + self.frame_ms <= self.lead_ms:
-            response, frame = self._queue.popleft()
-            response.queued_frames -= 1
-            self._send_frame(response, frame, now_ms)
+        queue = self._queue
+        while queue and self._buffer_end_ms - now_ms + self._next_message_frames() * self.frame_ms <= self.lead_ms:
+            response = queue[0][0]
+            frames: list[bytes] = []
+            while queue and queue[0][0] is response and len(frames) < self.frames_per_message:
+                frames.append(queue.popleft()[1])
+            response.queued_frames -= len(frames)
+            self._send_frames(response, frames, now_ms)
         if not self.uses_marks:
             self._report_heard(now_ms)
+
+    def _next_message_frames(self) -> int:
+        """The frames the next message waits to carry: every frame queued, up to a message's worth."""
+        return min(len(self._queue), self.frames_per_message)
 
     def mark_echoed(self, name: str, now_ms: int) -> None:
         """The carrier echoed marker ``name``. Drain ``heard_updates()`` next."""
@@ -256,7 +283,7 @@ class PlayoutLedger:
     def next_deadline_ms(self) -> int | None:
         """When the lead next allows a frame to go, if any is waiting; without markers, also when playback
         reaches the next position to report."""
-        deadline = self._buffer_end_ms + self.frame_ms - self.lead_ms if self._queue else None
+        deadline = self._buffer_end_ms + self._next_message_frames() * self.frame_ms - self.lead_ms if self._queue else None
         if not self.uses_marks:
             target = self._next_report_ms()
             report_at = self._time_of(target) if target is not None else None
@@ -291,15 +318,17 @@ class PlayoutLedger:
 
     # ----------------------------------------------------------------- internals
 
-    def _send_frame(self, response: _Response, frame: bytes, now_ms: int) -> None:
+    def _send_frames(self, response: _Response, frames: list[bytes], now_ms: int) -> None:
+        """One message of ``response``'s next ``frames``, then a marker if it reached the next one's place."""
         if self._current is not response:
             self._current = response
             self._clear_segments()
             self._sent.clear()
+        length_ms = self.frame_ms * len(frames)
         start = max(now_ms, self._buffer_end_ms)
         last = self._segments[-1] if self._segments else None
         if last is not None and last.start_ms + last.length_ms == start:
-            last.length_ms += self.frame_ms
+            last.length_ms += length_ms
         else:
             # a new run (after an underrun): runs that finished playing before now are done with
             if last is not None:
@@ -307,15 +336,17 @@ class PlayoutLedger:
             while self._segments and self._segments[0].start_ms + self._segments[0].length_ms <= now_ms:
                 done = self._segments.popleft()
                 self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
-            self._segments.append(_Segment(start, response.sent_ms, self.frame_ms))
-        self._buffer_end_ms = start + self.frame_ms
-        self._sent.append(frame)
+            self._segments.append(_Segment(start, response.sent_ms, length_ms))
+        self._buffer_end_ms = start + length_ms
+        self._sent.extend(frames)
         if self.recorder is not None:
-            self.recorder.agent(start, frame)
-        response.sent_ms += self.frame_ms
-        self.frames_sent += 1
-        self._actions.append(SendMedia(frame))
-        if self.uses_marks and (response.sent_ms // self.frame_ms) % self.mark_every_frames == 0:
+            for offset, frame in enumerate(frames):
+                self.recorder.agent(start + offset * self.frame_ms, frame)
+        response.sent_ms += length_ms
+        self.frames_sent += len(frames)
+        self._actions.append(SendMedia(frames[0] if len(frames) == 1 else b"".join(frames)))
+        step = self.mark_every_frames if response.marked_ms else self.first_mark_frames
+        if self.uses_marks and response.sent_ms - response.marked_ms >= step * self.frame_ms:
             self._send_mark(response, response.sent_ms)
         self._maybe_final_mark(response)
 
@@ -341,10 +372,11 @@ class PlayoutLedger:
     def _maybe_final_mark(self, response: _Response) -> None:
         if response.ended and not response.final_mark_sent and response.queued_frames == 0:
             response.final_mark_sent = True
-            if self.uses_marks and response.sent_ms % (self.frame_ms * self.mark_every_frames):
+            if self.uses_marks and response.sent_ms != response.marked_ms:
                 self._send_mark(response, response.sent_ms)
 
     def _send_mark(self, response: _Response, ms: int) -> None:
+        response.marked_ms = ms
         name = f"{response.response_id}{_MARK_SEPARATOR}{ms}"
         self._outstanding.append((name, response.response_id, ms))
         self._actions.append(SendMark(name))

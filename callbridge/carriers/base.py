@@ -131,7 +131,7 @@ CarrierEvent = (
 
 @dataclass(frozen=True, slots=True)
 class SendMedia:
-    """One frame of agent audio, already in the stream's encoding."""
+    """Agent audio in the stream's encoding: one frame, or several joined where the profile says ``joins_frames``."""
 
     payload: bytes = field(repr=False)
 
@@ -171,6 +171,9 @@ class CarrierProfile:
 
     frame_ms: int = 20
     """Outbound audio goes in frames of this length (some carriers want 100 ms chunks)."""
+    joins_frames: bool = False
+    """The carrier plays a media message of any whole number of frames, buffered: the agent's audio may go several
+    frames to a message (``audio.media_message_ms``) where it is ahead of real time."""
     uses_marks: bool = True
     """The carrier echoes playback markers (``SendMark``) when playback reaches them."""
     marks_echoed_on_clear: bool = True

@@ -234,6 +234,7 @@ _SPEECH: Final = _speech_frames()
 
 
 _SILENCE: Final = b"\xff" * 160
+"""20 ms of μ-law 8 kHz silence: the far end's frame."""
 
 
 FarEndMessage = tuple[Literal["media"], bytes] | tuple[Literal["mark"], str] | tuple[Literal["clear"], None]
@@ -291,8 +292,9 @@ class _Carrier:
         every pending one)."""
         if read is None:
             return []
-        if read[0] == "media":
-            self.queue.append(read)
+        if read[0] == "media":  # a message may join several frames: each plays its 20 ms
+            audio = read[1]
+            self.queue.extend(("media", audio[i : i + len(_SILENCE)]) for i in range(0, len(audio), len(_SILENCE)))
         elif read[0] == "mark":
             self.queue.append(read)
             return self._echo_head()

@@ -166,6 +166,8 @@ class _Call:
     receiver: asyncio.Task[None] | None = None
     frames_sent: int = 0
     audio_bytes_received: int = 0
+    messages_received: int = 0
+    """Messages the bridge sent the carrier on the call's streams (media, marks, clears…)."""
     bytes_per_frame: int = _FRAME_BYTES
     started_at: float = 0.0
     first_audio_at: float | None = None
@@ -222,6 +224,8 @@ class LoadReport:
     failures: list[str]
     warnings: list[str]
     generator_processes: int = 1
+    bridge_messages_per_call_second: float = 0.0
+    """Messages the bridge sent the carrier (media, marks, clears…), per second of call."""
     first_audio_to_engine_ms: dict[str, float] = field(default_factory=dict)
     """From the bridge's metrics: streams, and the bucket bounds (ms) under which half and 99 % of them handed
     their first caller audio to the engine, and the share within 5 ms (%)."""
@@ -241,7 +245,10 @@ class LoadReport:
         else:
             lines.append(f"barge-ins: {self.barge_ins}; barge-in → flush (ms): {q(self.barge_in_flush_ms)}")
             lines.append(f"heard-position error, the bridge's truncation − heard at the flush (ms): {q(self.heard_position_error_ms)}")
-        lines.append(f"reconnects: {self.reconnects}; protocol warnings: {self.protocol_warnings}")
+        lines.append(
+            f"reconnects: {self.reconnects}; protocol warnings: {self.protocol_warnings}; "
+            f"bridge → carrier: {self.bridge_messages_per_call_second:.1f} messages per call-second"
+        )
         lines.append(
             f"generator: tick lag (ms) {q(self.generator_tick_lag_ms)}; CPU {self.generator_cpu_ms_per_call_second:.2f} ms per call-second"
             + (f" ({self.generator_processes} processes)" if self.generator_processes > 1 else "")
@@ -277,6 +284,8 @@ class CallSamples:
     first_audio_ms: float | None
     failed: str | None
     warnings: tuple[str, ...]
+    messages_received: int = 0
+    """Messages from the bridge on its streams."""
 
 
 @dataclass
@@ -337,6 +346,7 @@ class LoadSamples:
             generator_cpu_ms_per_call_second=self.generator_cpu_ms / call_seconds,
             server_cpu_ms_per_call_second=None if self.server_cpu_ms is None else self.server_cpu_ms / call_seconds,
             server_rss_mb=self.server_rss_mb,
+            bridge_messages_per_call_second=sum(c.messages_received for c in self.calls) / call_seconds,
             failures=[f"call {c.index}: {c.failed}" for c in self.calls if c.failed],
             warnings=warnings,
             generator_processes=self.processes,
@@ -535,6 +545,7 @@ class LoadTest:
                 up_until_s=None if up_from is None else up_from + c.frames_sent * FRAME_MS / 1000,
                 frames_sent=c.frames_sent,
                 frames_received=c.audio_bytes_received // c.bytes_per_frame,
+                messages_received=c.messages_received,
                 clicks_sent=c.clicks_returned + len(c.clicks_sent),
                 clicks_returned=c.clicks_returned,
                 reconnects=c.reconnects,
@@ -600,12 +611,13 @@ class LoadTest:
         call.bytes_per_frame = stream.frame_bytes
         stream.on_audio = lambda pcm: self._on_audio(call, stream, pcm)
         stream.on_clear = lambda: self._on_flush(call)
-        call.receiver = asyncio.create_task(self._receive(stream))
+        call.receiver = asyncio.create_task(self._receive(call, stream))
         call.reconnecting = False
 
     @staticmethod
-    async def _receive(stream: SimStream) -> None:
+    async def _receive(call: _Call, stream: SimStream) -> None:
         async for message in stream.conn.messages():
+            call.messages_received += 1
             stream.receive(message)
         stream.dropped = True  # closed (by the bridge, unless it was our drop or hang-up)
 

@@ -131,6 +131,12 @@ class Harness:
     def events(self, name: str) -> list[dict[str, object]]:
         return [m for m in self.sent if m["event"] == name]
 
+    def media_frames(self) -> list[bytes]:
+        """The agent's audio sent, in 20 ms μ-law frames (a message may carry several: ``media_message_ms``)."""
+        payloads = [base64.b64decode(str(m["media"]["payload"])) for m in self.events("media")]  # type: ignore[index]
+        assert all(len(payload) % 160 == 0 for payload in payloads), "whole frames only"
+        return [payload[i : i + 160] for payload in payloads for i in range(0, len(payload), 160)]
+
 
 def mark_name(message: dict[str, object]) -> str:
     return message["mark"]["name"]  # type: ignore[index,return-value]
@@ -179,11 +185,10 @@ class TestOutbound:
         h = Harness(lead_ms=200, mark_every_frames=5).live()
         h.engine(ResponseCreated("resp-1", 0))
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
-        assert len(h.events("media")) == 10  # the lead: 200 ms ahead, no more
+        assert len(h.media_frames()) == 10  # the lead: 200 ms ahead, no more
         h.engine(ResponseDone("resp-1", "completed", None, 0))
         h.advance(2000)
-        frames = [base64.b64decode(m["media"]["payload"]) for m in h.events("media")]  # type: ignore[index]
-        assert all(len(f) == 160 for f in frames)
+        frames = h.media_frames()
         assert len(frames) == 51  # 1000 ms and the resampler's ~3 ms tail, the last frame padded
         assert [mark_name(m) for m in h.events("mark")][-1] == "resp-1@1020"
         assert all(m["streamSid"] == SID for m in h.sent)
@@ -235,7 +240,7 @@ class TestBargeIn:
         h.engine(ResponseCreated("resp-1", 0))
         h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(500)
-        sent_before = len(h.events("media"))
+        sent_before = len(h.media_frames())
         h.engine(signal)
         assert h.sent[-1] == {"event": "clear", "streamSid": SID}
         ack = h.of(AckPlayback)[-1]
@@ -244,7 +249,7 @@ class TestBargeIn:
         h.engine(AudioDelta(agent_audio(500), 24000, "resp-1", "item_resp-1", 0))  # late audio
         h.engine(ResponseDone("resp-1", "cancelled", "turn_detected", 0))  # the second signal
         h.advance(1000)
-        assert len(h.events("media")) == sent_before
+        assert len(h.media_frames()) == sent_before
         assert len(h.events("clear")) == 1 and len(h.of(TruncateItem)) == 1
         assert h.call.late_deltas_dropped == 1
 
@@ -279,9 +284,9 @@ class TestBargeIn:
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(300)
         h.engine(ResponseDone("resp-1", "cancelled", "barge_in", 0))
-        before = len(h.events("media"))
+        before = len(h.media_frames())
         h.engine(AudioDelta(agent_audio(100), 24000, "resp-2", "item_resp-2", 1))
-        assert len(h.events("media")) > before
+        assert len(h.media_frames()) > before
 
 
 class TestEnding:
@@ -302,16 +307,16 @@ class TestEnding:
         h = Harness(failure_tone_ms=600).live()
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(100)
-        commands_before, media_before = len(h.commands), len(h.events("media"))
+        commands_before, media_before = len(h.commands), len(h.media_frames())
         h.engine(SessionExpired("duplex-1", "disconnect_grace_expired"))
         assert h.call.state is CallState.ENDING and h.call.hangup is None and not h.call.close_transport
         assert h.events("clear")  # the agent's stale audio is dropped at the carrier first
         h.receive(f'{{"event":"dtmf","streamSid":"{SID}","dtmf":{{"digit":"5"}}}}')
         h.receive(media(caller_frame(), timestamp="120"))
         h.advance(2000)
-        tone = h.events("media")[media_before:]
+        tone = h.media_frames()[media_before:]
         assert len(tone) == 30  # 600 ms of 20 ms frames, paced out
-        heard = np.frombuffer(ulaw_to_pcm16(base64.b64decode(str(tone[5]["media"]["payload"]))), dtype="<i2")  # type: ignore[index]
+        heard = np.frombuffer(ulaw_to_pcm16(tone[5]), dtype="<i2")
         assert np.abs(heard).max() > 2000  # a tone, not silence
         assert len(h.commands) == commands_before  # nothing more for an engine that is gone
         assert h.call.state is CallState.ENDED and h.call.close_transport
@@ -326,7 +331,7 @@ class TestEnding:
         h.call.no_engine("engine_unavailable:connection_failed", h.now_ms)
         assert h.call.state is CallState.ENDING and h.commands == []
         h.advance(2000)
-        assert 500 <= len(h.events("media")) * 20 <= 700  # the 600 ms tone
+        assert 500 <= len(h.media_frames()) * 20 <= 700  # the 600 ms tone
         assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("engine_unavailable:connection_failed")
         assert h.call.failures_by_engine is None  # a refused stream, counted as such (not an engine failure mid-call)
 
@@ -378,7 +383,7 @@ class TestEnding:
         h = Harness(lead_ms=200).live()
         h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(700)
-        sent_before = len(h.events("media"))
+        sent_before = len(h.media_frames())
         h.call.shut_down(h.now_ms)
         h.drain()
         (truncate,) = h.of(TruncateItem)
@@ -386,7 +391,7 @@ class TestEnding:
         assert h.events("clear") and h.call.flushes == 0  # cleared, not counted as a barge-in
         assert not any(isinstance(o, HangUpCall) for o in h.outputs)
         h.advance(1000)  # the tone plays out
-        tone_frames = len(h.events("media")) - sent_before
+        tone_frames = len(h.media_frames()) - sent_before
         assert 600 // 20 <= tone_frames <= 600 // 20 + 1
         assert [o.reason for o in h.outputs if isinstance(o, HangUpCall)] == ["bridge_shutdown"]
         assert h.call.state is CallState.ENDED and h.call.report().facts.call_over
@@ -426,7 +431,7 @@ class TestEnding:
         h.call.engine_bound(CAPS, h.now_ms, heard_ms=cut, unheard=unheard)
         h.drain()
         h.advance(2000)
-        assert unheard is not None and len(h.events("media")) * 160 == len(base64.b64decode(unheard.audio))
+        assert unheard is not None and len(h.media_frames()) * 160 == len(base64.b64decode(unheard.audio))
         for mark in h.events("mark"):
             h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"{mark_name(mark)}"}}}}')
         acks = [a.played_ms for a in h.of(AckPlayback)]
@@ -450,7 +455,7 @@ class TestEnding:
         h = Harness(lead_ms=200).live(heard_ms=(("resp-1", 700),))
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
         h.advance(400)
-        assert len(h.events("media")) == 30  # played: 400 ms, and the lead
+        assert len(h.media_frames()) == 30  # played: 400 ms, and the lead
         h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))  # the caller talks over it
         (truncate,) = h.of(TruncateItem)
         assert 1080 <= truncate.audio_end_ms <= 1120, truncate  # 700 before the drop + 400 here

@@ -22,7 +22,7 @@ def marks(actions: list[object]) -> list[str]:
 
 def fill(ledger: PlayoutLedger, response_id: str, frames: int, now_ms: int = 0) -> list[object]:
     for _ in range(frames):
-        ledger.enqueue(response_id, FRAME, now_ms)
+        ledger.enqueue(response_id, [FRAME], now_ms)
     return list(ledger.actions_to_send())
 
 
@@ -53,7 +53,72 @@ class TestPacing:
         assert ledger.next_deadline_ms() is None
 
 
+class TestJoinedFrames:
+    """``frames_per_message``: audio ahead of real time goes several frames to a message, once the lead has room
+    for all of them; audio at real time goes frame by frame; the model (heard, marks' places) is the same."""
+
+    @staticmethod
+    def message_frames(actions: list[object]) -> list[int]:
+        return [len(a.payload) // len(FRAME) for a in actions if isinstance(a, SendMedia)]
+
+    def test_a_burst_goes_in_full_messages_and_the_lead_swings_by_one_message(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200, frames_per_message=5, mark_every_frames=5)
+        ledger.enqueue("r", [FRAME] * 50, 0)
+        first = ledger.actions_to_send()
+        assert self.message_frames(first) == [5, 5] and ledger.lead_at(0) == 200
+        assert ledger.next_deadline_ms() == 100  # room for a whole message, not for one frame
+        sizes, leads = [], []
+        for now in range(1, 2000):
+            ledger.tick(now)
+            sizes += self.message_frames(ledger.actions_to_send())
+            leads.append(ledger.lead_at(now))
+        assert sizes == [5] * 8 and ledger.frames_sent == 50
+        assert max(leads) <= 200 and min(leads[:900]) >= 100  # while audio waits, never under a message short
+
+    def test_audio_at_real_time_goes_frame_by_frame_at_once(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200, frames_per_message=5)
+        for i in range(20):
+            ledger.enqueue("r", [FRAME], 20 * i)
+            assert self.message_frames(ledger.actions_to_send()) == [1]  # sent as it came: nothing held back
+
+    def test_a_marker_follows_the_message_that_reaches_its_place(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200, frames_per_message=3, mark_every_frames=5)
+        ledger.enqueue("r", [FRAME] * 9, 0)
+        ledger.end_response("r", 0)
+        actions = ledger.actions_to_send()
+        kinds = ["media" if isinstance(a, SendMedia) else a.name for a in actions if isinstance(a, SendMedia | SendMark)]
+        assert kinds == ["media", "media", "r@120", "media", "r@180"]  # 6 frames in: past the 5th; then the end
+
+    def test_a_message_holds_one_response(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200, frames_per_message=5, uses_marks=False)
+        ledger.enqueue("a", [FRAME] * 2, 0)
+        ledger.enqueue("b", [FRAME] * 6, 0)
+        assert self.message_frames(ledger.actions_to_send()) == [2, 5, 1]
+
+    def test_heard_positions_and_flush_are_those_of_one_frame_a_message(self) -> None:
+        single, joined = PlayoutLedger(lead_ms=200), PlayoutLedger(lead_ms=200, frames_per_message=5)
+        for ledger in (single, joined):
+            ledger.enqueue("r", [FRAME] * 40, 0)
+        for now in range(0, 700, 7):
+            for ledger in (single, joined):
+                ledger.tick(now)
+            assert single.heard_ms("r", now) == joined.heard_ms("r", now)
+        flushed = [ledger.flush(700) for ledger in (single, joined)]
+        assert flushed[0].heard_ms == flushed[1].heard_ms == 700 and all(f.cleared for f in flushed)
+        assert single.queued_frames == joined.queued_frames == 0
+
+    def test_more_frames_to_a_message_than_the_lead_holds_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="frames_per_message"):
+            PlayoutLedger(lead_ms=100, frames_per_message=6)
+
+
 class TestMarks:
+    def test_the_first_marker_comes_early_then_one_every_interval(self) -> None:
+        ledger = PlayoutLedger(lead_ms=2000, mark_every_frames=25, first_mark_frames=5)
+        ledger.enqueue("r", [FRAME] * 90, 0)
+        ledger.end_response("r", 0)
+        assert marks(ledger.actions_to_send()) == ["r@100", "r@600", "r@1100", "r@1600", "r@1800"]
+
     def test_an_unknown_echo_leaves_the_outstanding_markers_alone(self) -> None:
         ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
         fill(ledger, "r", 10)
@@ -190,7 +255,7 @@ class TestHeardModel:
         """Loopback audio arrives a little late for every frame: a new run each time, none of them kept long."""
         ledger = PlayoutLedger(lead_ms=200, uses_marks=False)
         for i in range(2000):
-            ledger.enqueue("r", FRAME, now_ms=21 * i)
+            ledger.enqueue("r", [FRAME], now_ms=21 * i)
             assert len(ledger._segments) <= 2
         assert ledger.heard_ms("r", 21 * 1999 + 10) == 1999 * 20 + 10
 

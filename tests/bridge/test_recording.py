@@ -41,7 +41,7 @@ class Call:
         """The agent's reply, all queued at once (the engine runs ahead of real time)."""
         frame = self.agent_rate * FRAME_MS // 1000
         for i in range(0, len(pcm), frame):
-            self.ledger.enqueue("resp-1", encode_from_pcm16(self.agent_encoding, pcm[i : i + frame].tobytes()), self.now)
+            self.ledger.enqueue("resp-1", [encode_from_pcm16(self.agent_encoding, pcm[i : i + frame].tobytes())], self.now)
 
     def run(self, ms: int, caller: np.ndarray | None = None) -> None:
         """``ms`` of the call: a caller frame (silence unless given) every 20 ms, the ledger ticking."""

@@ -134,6 +134,7 @@ class ExotelCodec(JsonCodec):
         lead_ms = max(self.lead_ms or 0, 2 * frame_ms)
         return CarrierProfile(
             frame_ms=frame_ms,
+            joins_frames=True,  # any multiple of 320 bytes up to 100 kB, as a frame is
             uses_marks=True,
             marks_echoed_on_clear=True,  # UNSURE (module docstring): safe either way
             lead_ms=lead_ms,

@@ -62,7 +62,7 @@ __all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "PLIVO_FORMATS", "PLIVO_PROFILE", "TIMES
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms L16 16 kHz frame is about 900 bytes of JSON; a second of audio in one message stays far below this."""
 
-PLIVO_PROFILE: Final = CarrierProfile(marks_echoed_on_clear=False)
+PLIVO_PROFILE: Final = CarrierProfile(joins_frames=True, marks_echoed_on_clear=False)
 """20 ms frames, checkpoints echoed as ``playedStream``, none echoed after ``clearAudio``, REST hang-up."""
 
 PLIVO_FORMATS: Final = {

@@ -75,7 +75,7 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 DEFAULT_REORDER_WINDOW: Final = 4
 """Frames held while waiting for a missing one: 80 ms of 20 ms frames, the most a gap may delay the caller."""
 
-TELNYX_PROFILE: Final = CarrierProfile(frame_ms=20, uses_marks=True, marks_echoed_on_clear=True, hang_up=HangUpMode.REST)
+TELNYX_PROFILE: Final = CarrierProfile(frame_ms=20, joins_frames=True, uses_marks=True, marks_echoed_on_clear=True, hang_up=HangUpMode.REST)
 """Frames of 20 ms (rtp mode takes 20 ms to 30 s a message), marks echoed as played and on clear, REST hang-up."""
 
 _GIVEN_UP_KEPT: Final = 256

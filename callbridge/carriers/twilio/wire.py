@@ -20,9 +20,9 @@ from typing import Any, Final
 import orjson
 
 from callbridge.carriers.base import (
-    DEFAULT_PROFILE,
     CarrierAction,
     CarrierEvent,
+    CarrierProfile,
     DtmfReceived,
     MarkEchoed,
     MediaReceived,
@@ -51,12 +51,16 @@ MULAW_8K: Final = {("audio/x-mulaw", 8000): AudioEncoding.PCMU}
 """Twilio's only media format."""
 
 
+TWILIO_PROFILE: Final = CarrierProfile(joins_frames=True)
+"""Outbound media "can be of any size", queued and played in order; marks echoed as played and on clear."""
+
+
 class TwilioCodec(JsonCodec):
     """One Twilio media stream, message by message. A Twilio-compatible carrier is this codec with
     its own ``provider`` name and the media formats it adds."""
 
     stream_key = "streamSid"
-    profile: Final = DEFAULT_PROFILE
+    profile: Final = TWILIO_PROFILE
 
     def __init__(
         self,
