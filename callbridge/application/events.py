@@ -82,6 +82,12 @@ class CallReport(BaseModel):
     dtmf: int
     tools: int
     engine_session_id: str | None
+    engine_endpoint: str | None = None
+    """The engine server the call's session was last on (its URL, without a query); None: the embedded engine."""
+    engine_sessions: int = 0
+    """Engine sessions the call opened: more than one where its engine was lost and a new session took the call."""
+    engine_resumes: int = 0
+    """Streams that resumed the call's session (a reconnect, a move to another bridge process, a takeover)."""
     transcript: list[SpokenLine] = Field(default_factory=list)
     """The agent's replies where the engine transcribes its output (in order); the caller's side is not
     transcribed by the bridge."""

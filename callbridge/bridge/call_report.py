@@ -41,6 +41,17 @@ class CallReportBuilder:
     """Events sent for the call so far (``CallEvent.seq``)."""
     recording: str | None = None
     """The call's recording file, once a stream has written to it."""
+    engine_endpoint: str | None = None
+    engine_sessions: int = 0
+    engine_resumes: int = 0
+
+    def bound(self, resumed: bool, endpoint: str | None) -> None:
+        """A stream bound the call's engine session: a new one, or resumed; on ``endpoint`` (None: embedded)."""
+        if resumed:
+            self.engine_resumes += 1
+        else:
+            self.engine_sessions += 1
+        self.engine_endpoint = endpoint
 
     def observe(self, observed: Observed) -> None:
         match observed.kind:
@@ -104,6 +115,9 @@ class CallReportBuilder:
             dtmf=self.dtmf,
             tools=self.tools,
             engine_session_id=engine_session_id,
+            engine_endpoint=self.engine_endpoint,
+            engine_sessions=self.engine_sessions,
+            engine_resumes=self.engine_resumes,
             transcript=[SpokenLine(text=line["text"], response_id=line["response_id"], heard_ms=line["heard_ms"]) for line in self.transcript],
             recording=self.recording,
             metadata=metadata or {},

@@ -333,7 +333,8 @@ class MediaStreamDriver:
         records = assistant.recording if assistant is not None and assistant.recording is not None else services.settings.recording.enabled
         greets = greeting(services.settings, assistant, recorded=records) if first_stream else None
         if setup is not None and services.events is not None:
-            await self._begin_report(start, first_stream)
+            await self._begin_report(start)
+            self._report_bound(session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
@@ -856,18 +857,27 @@ class MediaStreamDriver:
             self._setup_read = chosen
         return self._setup_read
 
-    async def _begin_report(self, start: StreamStarted, first_stream: bool) -> None:
-        """The call's report: begun here (its first stream: ``call.started``), or the one the last stream handed on."""
+    async def _begin_report(self, start: StreamStarted) -> None:
+        """The call's report: the one its last stream handed on, or begun here (its first stream:
+        ``call.answered``). Looked for on a stream with a new session too: the engine may have been lost mid-call."""
         kept = None
-        if not first_stream:
-            try:
-                kept = await self.services.registry.note(start.call_id, REPORT_NOTE)
-            except RegistryUnavailable as exc:
-                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+        try:
+            kept = await self.services.registry.note(start.call_id, REPORT_NOTE)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
         self._report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
         self._report.streams += 1
-        if first_stream:
+        if kept is None:
             self._emit("call.answered")
+
+    def _report_bound(self, session: DuplexSession, *, resumed: bool) -> None:
+        if self._report is None:
+            return
+        try:
+            endpoint = session.resume_ticket().endpoint
+        except Exception:  # a session gone this instant: where it was is not worth failing the stream for
+            endpoint = None
+        self._report.bound(resumed, public_url(endpoint) if endpoint else None)
 
     def _emit(self, kind: EventType, **data: Any) -> None:
         """A call event to the application (``app_events``: queued, never waited for)."""

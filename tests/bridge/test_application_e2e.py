@@ -86,6 +86,20 @@ async def test_a_call_that_comes_back_is_not_asked_about_again_nor_greeted_again
     assert recorder.of(CreateTextItem) == [CreateTextItem(agent_app.GREETING)]
 
 
+async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_that_came_back() -> None:
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder) as bridge:
+        script = CallerScript(utterances=((3000, short_speech(600)),), drop_stream_at_ms=(1500,), hangup_at_ms=5000)
+        result = await bridge.carrier.place_call(script)
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    events = agent_app.Recorder.events
+    assert [e.type for e in events].count("call.answered") == 1  # the second stream is the same call
+    report = CallReport.model_validate(events[-1].data["report"])
+    assert len(result.streams) == 2 and report.streams == 2, result.render()
+    assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]
+
+
 async def test_the_caller_can_talk_over_the_greeting() -> None:
     recorder = engine()
     async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder) as bridge:
@@ -333,6 +347,7 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     report = CallReport.model_validate(events[-1].data["report"])
     assert report.call.call_id == result.call_sid and report.ended_by == "caller" and report.streams == 1
     assert report.engine_session_id == recorder.opened[0] and report.dtmf == 1
+    assert (report.engine_sessions, report.engine_resumes, report.engine_endpoint) == (1, 0, None)  # embedded
     # the caller hears the agent's first reply (an echo) after they stop; the report times the same turn
     stops, starts = _caller_stops(result), _agent_starts(result)
     heard_latency = next(start for start in starts if start > stops[0]) - stops[0]
