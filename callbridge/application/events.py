@@ -43,15 +43,19 @@ class Latency(BaseModel):
 
 
 class SpokenLine(BaseModel):
-    """A reply of the agent's, as the engine transcribed it (its output transcript), and how much was heard."""
+    """A line of the call: a reply of the agent's, as the engine transcribed it (its output transcript), and how
+    much was heard; or what the caller said, where the model transcribes its input (``role`` caller)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    role: Literal["agent"] = "agent"
+    role: Literal["agent", "caller"] = "agent"
     text: str
-    response_id: str
+    response_id: str | None = None
+    """The agent's reply (None on a caller's line)."""
+    item_id: str | None = None
+    """The caller's input item (a caller's line, where the engine names it)."""
     heard_ms: int | None = None
-    """Where the caller cut it off (a barge-in); None: heard to its end, as far as the bridge knows."""
+    """Where the caller cut the reply off (a barge-in); None: heard to its end, as far as the bridge knows."""
 
 
 class CallReport(BaseModel):
@@ -89,8 +93,8 @@ class CallReport(BaseModel):
     engine_resumes: int = 0
     """Streams that resumed the call's session (a reconnect, a move to another bridge process, a takeover)."""
     transcript: list[SpokenLine] = Field(default_factory=list)
-    """The agent's replies where the engine transcribes its output (in order); the caller's side is not
-    transcribed by the bridge."""
+    """The call's lines in order: the agent's replies where the engine transcribes its output, the caller's where
+    the model transcribes its input (``role`` caller); the bridge transcribes nothing itself."""
     recording: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     """The assistant's ``metadata``, as the application gave it."""

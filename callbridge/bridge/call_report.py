@@ -36,7 +36,8 @@ class CallReportBuilder:
     dtmf: int = 0
     tools: int = 0
     transcript: list[dict[str, Any]] = field(default_factory=list)
-    """``{"response_id", "text", "heard_ms"}``, in the order the replies came."""
+    """``{"response_id", "text", "heard_ms"}`` for the agent's replies, ``{"role": "caller", "item_id", "text"}``
+    for what the caller said (where the engine transcribes it), in the order they came."""
     seq: int = 0
     """Events sent for the call so far (``CallEvent.seq``)."""
     recording: str | None = None
@@ -74,6 +75,11 @@ class CallReportBuilder:
             line["text"] = (line["text"] + delta)[:_MAX_LINE_CHARS]
         elif len(self.transcript) < _MAX_ITEMS:
             self.transcript.append({"response_id": response_id, "text": delta[:_MAX_LINE_CHARS], "heard_ms": None})
+
+    def caller_said(self, item_id: str | None, text: str) -> None:
+        """The engine's transcript of an input item of the caller's."""
+        if len(self.transcript) < _MAX_ITEMS:
+            self.transcript.append({"role": "caller", "item_id": item_id, "text": text[:_MAX_LINE_CHARS], "response_id": None, "heard_ms": None})
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -118,7 +124,10 @@ class CallReportBuilder:
             engine_endpoint=self.engine_endpoint,
             engine_sessions=self.engine_sessions,
             engine_resumes=self.engine_resumes,
-            transcript=[SpokenLine(text=line["text"], response_id=line["response_id"], heard_ms=line["heard_ms"]) for line in self.transcript],
+            transcript=[
+                SpokenLine(role=line.get("role", "agent"), text=line["text"], response_id=line["response_id"], item_id=line.get("item_id"), heard_ms=line["heard_ms"])
+                for line in self.transcript
+            ],
             recording=self.recording,
             metadata=metadata or {},
         )

@@ -89,7 +89,7 @@ from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAG
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent, TranscriptDelta, is_chunk_verdict
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, InputTranscript, TranscriptDelta, is_chunk_verdict
 from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
@@ -505,6 +505,8 @@ class MediaStreamDriver:
             return False
         if isinstance(event, TranscriptDelta) and self._report is not None:
             self._report.transcribed(event.response_id, event.delta)
+        elif isinstance(event, InputTranscript) and self._report is not None:
+            self._report.caller_said(event.item_id, event.transcript)
         self._event_taken = (time.perf_counter(), type(event).__name__)
         self.call.receive_engine_event(event, _now_ms())
         return True

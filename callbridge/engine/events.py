@@ -23,6 +23,7 @@ __all__ = [
     "HeartbeatAck",
     "InputCleared",
     "InputCommitted",
+    "InputTranscript",
     "ItemCreated",
     "ItemTruncated",
     "is_chunk_verdict",
@@ -132,6 +133,16 @@ class SpeechStopped:
 @dataclass(frozen=True, slots=True)
 class InputCommitted:
     item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InputTranscript:
+    """What the caller said in an input item, as the model transcribed it
+    (``conversation.item.input_audio_transcription.completed``; vllm-omni 0.30 sends it where the model's plugin
+    surfaces its ASR text, as AURA-Omni's does; Qwen3-Omni's does not)."""
+
+    item_id: str | None
+    transcript: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +275,7 @@ EngineEvent = (
     | SpeechStarted
     | SpeechStopped
     | InputCommitted
+    | InputTranscript
     | InputCleared
     | ResponseCreated
     | ResponseDone

@@ -35,6 +35,7 @@ from callbridge.engine.events import (
     HeartbeatAck,
     InputCleared,
     InputCommitted,
+    InputTranscript,
     ItemCreated,
     ItemTruncated,
     OutputAudioCleared,
@@ -179,6 +180,8 @@ class WireProjection:
                 return self._committed(item_id or f"item_{secrets.token_hex(16)}")
             case InputCleared():
                 return [_wire("input_audio_buffer.cleared")]
+            case InputTranscript(item_id, transcript):
+                return [_wire("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0, transcript=transcript)]
             case ResponseCreated(response_id, epoch):
                 return self._response_created(response_id, epoch)
             case AudioDelta(pcm, rate_hz, response_id, item_id, epoch):

@@ -48,6 +48,7 @@ from callbridge.engine.events import (
     FunctionCall,
     HeartbeatAck,
     InputCommitted,
+    InputTranscript,
     ItemTruncated,
     OutputAudioCleared,
     OverlapDecision,
@@ -358,6 +359,7 @@ _SERVER_PARSERS: Final[dict[str, Callable[[Mapping[str, Any]], EngineEvent | Non
         _int(p.get("audio_end_ms", 0), "audio_end_ms"), _opt_str(p, "item_id")
     ),
     "input_audio_buffer.committed": lambda p: InputCommitted(_opt_str(p, "item_id")),
+    "conversation.item.input_audio_transcription.completed": lambda p: InputTranscript(_opt_str(p, "item_id"), _str(p, "transcript")),
     "response.created": lambda p: ResponseCreated(
         _response_id(p), _opt_int((p.get("response", {}).get("metadata") or {}).get("epoch"), "epoch")
     ),

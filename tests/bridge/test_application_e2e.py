@@ -21,7 +21,9 @@ from callbridge.application.events import CallReport
 from callbridge.carriers import simulated
 from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
+from callbridge.engine.events import InputCommitted, InputTranscript
 from callbridge.engine.local.agents import spoken_stand_in
+from callbridge.engine.local.core import LocalSessionCore
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving
 from tests.bridge import agent_app
@@ -98,6 +100,30 @@ async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_t
     report = CallReport.model_validate(events[-1].data["report"])
     assert len(result.streams) == 2 and report.streams == 2, result.render()
     assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]
+
+
+async def test_the_report_has_what_the_caller_said_where_the_model_transcribes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model whose plugin surfaces its ASR text (vllm-omni 0.30: AURA-Omni) sends the caller's words after each
+    committed input: they join the report's transcript as caller lines, in order with the agent's replies."""
+    committed = LocalSessionCore._commit
+
+    def transcribing(core: LocalSessionCore, create_response: bool, now_ms: int) -> None:
+        committed(core, create_response, now_ms)
+        outbox = core._outbox
+        at, commit = next((i, event) for i, event in enumerate(outbox) if isinstance(event, InputCommitted))
+        outbox.insert(at + 1, InputTranscript(commit.item_id, "where is my order"))  # Stage0's ASR, once committed
+
+    monkeypatch.setattr(LocalSessionCore, "_commit", transcribing)
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder) as bridge:
+        await bridge.carrier.place_call(CallerScript(utterances=((1000, short_speech(800)),), hangup_at_ms=5000))
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    roles = [line.role for line in report.transcript]
+    assert roles == ["agent", "caller", "agent"], report.transcript  # the greeting, what they said, the echo of it
+    said = report.transcript[1]
+    assert said.text == "where is my order" and said.item_id is not None and said.response_id is None
 
 
 async def test_the_caller_can_talk_over_the_greeting() -> None:

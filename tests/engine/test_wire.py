@@ -11,6 +11,7 @@ import pytest
 from callbridge.engine import commands as ours
 from callbridge.engine import events as our_events
 from callbridge.engine.port import ResumeTicket, SessionConfig, TurnDetection
+from callbridge.engine.projection import WireProjection
 from callbridge.engine.wire import (
     command_to_wire,
     parse_server_event,
@@ -98,6 +99,7 @@ def _real_events() -> list[tuple[Any, Any]]:
         (e.SpeechStarted(session_id="s", audio_start_ms=640, item_id="item_a"), our_events.SpeechStarted(640, "item_a")),
         (e.SpeechStopped(session_id="s", audio_end_ms=2200, item_id="item_a"), our_events.SpeechStopped(2200, "item_a")),
         (e.InputCommitted(session_id="s", item_id="item_a"), our_events.InputCommitted("item_a")),
+        (e.InputTranscriptionCompleted(session_id="s", item_id="item_a", transcript="my order"), our_events.InputTranscript("item_a", "my order")),
         (e.ResponseCreated(session_id="s", response={"id": "resp-1", "metadata": {"epoch": 3}}, response_id="resp-1"), our_events.ResponseCreated("resp-1", 3)),
         (
             e.ResponseDone(session_id="s", response={"id": "resp-1", "status": "cancelled", "status_details": {"reason": "turn_detected"}}, response_id="resp-1"),
@@ -148,3 +150,15 @@ def test_an_overlap_decision_reads_its_chunk_and_speech_from_vllm_omnis_metadata
     assert our_events.is_chunk_verdict(parsed)  # nothing the bridge acts on
     odd = {**real.to_realtime(), "metadata": {"duration_ms": 20.5, "overlap_speech_ms": "x"}}
     assert parse_server_event(odd).event == our_events.OverlapDecision("listen", "policy_listen_only", 2, 0, 0, "listen_only")
+
+
+def test_the_callers_transcript_is_projected_as_vllm_omni_sends_it() -> None:
+    """The engine server (``WireProjection``) sends a caller's transcript with vllm-omni's keys; it parses back."""
+    from vllm_omni.engine.duplex import events as e
+
+    real = e.InputTranscriptionCompleted(session_id="s", item_id="item_a", transcript="my order").to_realtime()
+    (ours,) = WireProjection("duplex-1").project(our_events.InputTranscript("item_a", "my order"))
+    assert set(ours) == set(real) and {k: ours[k] for k in ("type", "item_id", "content_index", "transcript")} == {
+        k: real[k] for k in ("type", "item_id", "content_index", "transcript")
+    }
+    assert parse_server_event(ours).event == our_events.InputTranscript("item_a", "my order")

@@ -1,0 +1,40 @@
+"""The end-of-call report as streams build it (``CallReportBuilder``): handed on between streams as JSON, the
+lines of both sides in order, the engine sessions and resumes counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.application import CallContext
+from callbridge.bridge.call import Observed
+from callbridge.bridge.call_report import CallReportBuilder
+
+pytestmark = pytest.mark.core
+
+CALL = CallContext(call_id="CA1", carrier="twilio")
+
+
+def test_both_sides_lines_and_the_engine_sessions_survive_the_hand_on_between_streams() -> None:
+    first = CallReportBuilder(started_at=100.0, streams=1)
+    first.bound(resumed=False, endpoint="ws://gpu-1:8091/v1/duplex")
+    first.transcribed("resp-1", "Hello, ")
+    first.transcribed("resp-1", "how can I help?")
+    first.caller_said("item_1", "where is my order")
+    second = CallReportBuilder.from_json(first.to_json())  # the next stream takes it from the registry
+    second.streams += 1
+    second.bound(resumed=True, endpoint="ws://gpu-2:8091/v1/duplex")
+    second.transcribed("resp-2", "It ships today.")
+    second.observe(Observed("barge-in", 700, of_ms=1200, response_id="resp-2"))
+    report = second.report(CALL, ended_at=110.0, end_reason="caller_hung_up", engine_session_id="duplex-1")
+    assert [(line.role, line.text) for line in report.transcript] == [
+        ("agent", "Hello, how can I help?"), ("caller", "where is my order"), ("agent", "It ships today."),
+    ]  # fmt: skip
+    assert report.transcript[1].item_id == "item_1" and report.transcript[2].heard_ms == 700
+    assert (report.streams, report.engine_sessions, report.engine_resumes) == (2, 1, 1)
+    assert report.engine_endpoint == "ws://gpu-2:8091/v1/duplex" and report.duration_ms == 10_000
+
+
+def test_a_report_handed_on_before_callers_lines_existed_reads_as_the_agents() -> None:
+    old = '{"started_at": 1.0, "transcript": [{"response_id": "r", "text": "hi", "heard_ms": null}]}'
+    report = CallReportBuilder.from_json(old).report(CALL, ended_at=2.0, end_reason="caller_hung_up", engine_session_id=None)
+    assert report.transcript[0].role == "agent" and (report.engine_sessions, report.engine_resumes) == (0, 0)
