@@ -786,8 +786,9 @@ class CallSession:
         if self.options.failure_tone_ms > 0:
             frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             tone = encode_from_pcm16(self._out_encoding, _failure_tone(self._out_rate_hz, self.options.failure_tone_ms))
-            tail = frames.flush()
-            self.ledger.enqueue(_FALLBACK_RESPONSE, [*frames.push(tone), *([tail] if tail is not None else [])], now_ms)
+            whole = frames.push(tone)
+            tail = frames.flush()  # the tone's last, short frame, padded
+            self.ledger.enqueue(_FALLBACK_RESPONSE, whole if tail is None else [*whole, tail], now_ms)
             self.ledger.end_response(_FALLBACK_RESPONSE, now_ms)
         self._drain_ledger(to_engine=False)
         self.tick(now_ms)

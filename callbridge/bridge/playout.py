@@ -105,7 +105,7 @@ class _Response:
     ended: bool = False
     final_mark_sent: bool = False
     marked_ms: int = 0
-    """Where its last marker was put (or, without markers, its start)."""
+    """Where its last marker was put (0: none yet)."""
 
 
 class PlayoutLedger:

@@ -303,6 +303,14 @@ class TestEnding:
         assert h.call.state is CallState.ENDED and h.call.failures_by_engine is None
         assert h.call.hangup == HangUp("engine_SessionClosed:agent_ended_the_call") and h.call.close_transport
 
+    def test_a_tone_not_a_whole_number_of_frames_plays_whole_its_last_frame_padded(self) -> None:
+        h = Harness(failure_tone_ms=610).live()
+        media_before = len(h.media_frames())
+        h.engine(SessionExpired("duplex-1", "disconnect_grace_expired"))
+        h.advance(2000)
+        tone = h.media_frames()[media_before:]
+        assert len(tone) == 31 and h.call.state is CallState.ENDED  # 610 ms: 30 frames and a padded 31st
+
     def test_an_engine_failure_plays_the_fallback_tone_then_hangs_up(self) -> None:
         h = Harness(failure_tone_ms=600).live()
         h.engine(AudioDelta(agent_audio(1000), 24000, "resp-1", "item_resp-1", 0))
