@@ -131,8 +131,9 @@ class AudioSettings(Section):
     markers, which only correct it for drift). Without markers, how often the heard position is reported."""
     media_message_ms: Annotated[int, Field(ge=20, le=2000)] = 100
     """The most agent audio one media message carries, for carriers that play a message of any length (their
-    profile's ``joins_frames``): where the engine is ahead of real time, up to this much goes in one message, sent once the playout
-    lead has room for all of it; audio at real time still goes frame by frame. Capped by ``playout_lead_ms``."""
+    profile's ``joins_frames``): where the engine is ahead of real time, up to this much goes in one message,
+    sent once the playout lead has room for all of it; audio at real time still goes frame by frame. Capped by
+    ``playout_lead_ms``."""
 
 
 class EngineSettings(Section):
