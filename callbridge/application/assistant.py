@@ -45,6 +45,21 @@ class ToolResult(BaseModel):
         return self
 
 
+class TurnTaking(BaseModel):
+    """How the engine's voice activity detection takes the caller's turns on this call (vllm-omni's ``server_vad``).
+    A field left out keeps the engine's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    silence_duration_ms: int | None = Field(default=None, ge=100, le=5000)
+    """How long the caller must be quiet before their turn ends (default 500): longer for callers who pause
+    mid-sentence (reading out a number), shorter for snappy replies."""
+    threshold: float | None = Field(default=None, gt=0, lt=1)
+    """How sure the VAD must be that it hears speech (default 0.5): higher on noisy lines."""
+    prefix_padding_ms: int | None = Field(default=None, ge=0, le=2000)
+    """Audio kept from before the speech was detected (default 300)."""
+
+
 class AssistantConfig(BaseModel):
     """The call's assistant. A field left out keeps the bridge's configured value (``[engine]``, ``[app]``)."""
 
@@ -54,6 +69,8 @@ class AssistantConfig(BaseModel):
     """The model's instructions for this call (the system prompt)."""
     voice: str | None = Field(default=None, max_length=128)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    turn_taking: TurnTaking | None = None
+    """How the caller's turns are detected on this call; None: the engine's defaults."""
     greeting: str | None = Field(default=None, max_length=4096)
     """The agent speaks first: what the model is told as the call starts, a text turn it answers at once (write
     it as an instruction, "Greet the caller and ask how you can help"); ``""``: it waits for the caller."""

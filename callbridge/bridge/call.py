@@ -440,6 +440,8 @@ class CallSession:
     def __init__(self, codec: ProviderCodec, options: CallOptions) -> None:
         self.codec = codec
         self.options = options
+        self._turn_silence_ms = options.turn_silence_ms
+        """The session's ``server_vad`` silence (the call's assistant may set its own: ``engine_bound``)."""
         self.state = CallState.AWAITING_START
         self.start_request: StreamStarted | None = None
         self.hangup: HangUp | None = None
@@ -606,6 +608,7 @@ class CallSession:
         record: bool = False,
         greeting_interruptible: bool = True,
         call_ends_at_ms: int | None = None,
+        turn_silence_ms: int | None = None,
     ) -> None:
         """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
 
@@ -619,6 +622,7 @@ class CallSession:
         ``call_ends_at_ms``: the call's own limit (its assistant's ``max_duration_s``, on this clock): then it is ended
         as at ``max_call_ms``.
         ``record``: the stream is recorded from now (``recorder``; its chunks come out as ``RecordingChunk``).
+        ``turn_silence_ms``: the session's ``server_vad`` silence where the call's assistant set its own.
 
         ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
         ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
@@ -634,6 +638,8 @@ class CallSession:
         self._transition(_Trigger.ENGINE_BOUND)
         self._application_tools, self._tool_filler = application_tools, tool_filler
         self._silence, self._caller_active_ms = silence, now_ms
+        if turn_silence_ms is not None:
+            self._turn_silence_ms = turn_silence_ms
         if call_ends_at_ms is not None:
             self._call_ends_at_ms = call_ends_at_ms
             due = self._limits_due_ms
@@ -705,7 +711,7 @@ class CallSession:
             case SpeechStopped(audio_end_ms, _):  # when the caller stopped, on this stream's clock
                 behind_ms = self.input_ms - audio_end_ms
                 detected_ms = now_ms - behind_ms if 0 <= behind_ms <= _TURN_BEHIND_MAX_MS else now_ms
-                self._caller_stopped_ms = detected_ms - self.options.turn_silence_ms
+                self._caller_stopped_ms = detected_ms - self._turn_silence_ms
                 self._caller_speaking, self._caller_active_ms, self._reprompted = False, now_ms, False
             case SpeechStarted():
                 self._caller_speaking, self._caller_active_ms, self._reprompted = True, now_ms, False

@@ -3,6 +3,8 @@ it opens (``SessionConfig``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
@@ -18,6 +20,7 @@ __all__ = [
     "session_config",
     "silence_policy",
     "tool_filler",
+    "turn_detection",
 ]
 
 
@@ -50,11 +53,19 @@ def session_config(settings: Settings, assistant: AssistantConfig | None = None)
         instructions=chosen.instructions if chosen.instructions is not None else engine.instructions or None,
         voice=chosen.voice if chosen.voice is not None else engine.voice,
         temperature=chosen.temperature,
-        turn_detection=TurnDetection(),
+        turn_detection=turn_detection(chosen),
         input_rate_hz=settings.audio.engine_input_rate_hz,
         tools=(telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else ())
         + (tuple(tool.to_realtime() for tool in chosen.tools) if model_calls_tools(engine) else ()),
     )
+
+
+def turn_detection(assistant: AssistantConfig | None) -> TurnDetection:
+    """The session's ``server_vad``: the engine's defaults, but for what the call's assistant set."""
+    taking = assistant.turn_taking if assistant is not None else None
+    if taking is None:
+        return TurnDetection()
+    return replace(TurnDetection(), **{name: value for name, value in taking.model_dump().items() if value is not None})
 
 
 def greeting(settings: Settings, assistant: AssistantConfig | None = None, *, recorded: bool = False) -> str | None:

@@ -54,6 +54,7 @@ from callbridge.bridge.call_config import (
     session_config,
     silence_policy,
     tool_filler,
+    turn_detection,
 )
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
@@ -353,7 +354,7 @@ class MediaStreamDriver:
                 tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
                 record=records and services.recordings is not None,
                 greeting_interruptible=greeting_interruptible(services.settings, assistant),
-                call_ends_at_ms=_call_ends_at_ms(setup),
+                call_ends_at_ms=_call_ends_at_ms(setup), turn_silence_ms=turn_detection(assistant).silence_duration_ms,
             )
             if self.call.recorder is not None and services.recordings is not None:
                 self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)

@@ -170,3 +170,13 @@ def test_a_model_that_cannot_call_tools_is_said_so_at_config_time_not_mid_call()
     assert session_config(Settings.model_validate({"engine": QWEN}), assistant).tools == ()  # left out, logged at the answer
     minicpm = {**QWEN, "model": "openbmb/MiniCPM-o-4_5"}
     assert [t["name"] for t in session_config(Settings.model_validate({"engine": minicpm}), assistant).tools] == ["look_up_order"]
+
+
+def test_the_assistant_sets_its_calls_turn_taking_field_by_field() -> None:
+    assistant = AssistantConfig.model_validate({"turn_taking": {"silence_duration_ms": 1200, "threshold": 0.7}})
+    detection = session_config(Settings(), assistant).turn_detection
+    assert detection is not None and (detection.silence_duration_ms, detection.threshold, detection.prefix_padding_ms) == (1200, 0.7, 300)
+    assert session_config(Settings(), AssistantConfig()).turn_detection == session_config(Settings()).turn_detection
+    for wrong in ({"silence_duration_ms": 50}, {"threshold": 1.0}, {"prefix_padding_ms": -1}, {"eagerness": "high"}):
+        with pytest.raises(ValidationError):
+            AssistantConfig.model_validate({"turn_taking": wrong})

@@ -115,3 +115,11 @@ class Brief(Recorder):
     async def assistant(self, call: CallContext) -> AssistantConfig:
         chosen = await super().assistant(call)
         return AssistantConfig.model_validate({**chosen.model_dump(exclude_unset=True), "max_duration_s": 2.0})
+
+
+class Patient(Recorder):
+    """Waits 1.2 s of silence before the caller's turn ends (callers who read out numbers); no greeting; every
+    call event recorded (``Recorder.events``)."""
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        return AssistantConfig.model_validate({"greeting": "", "turn_taking": {"silence_duration_ms": 1200}})

@@ -126,6 +126,22 @@ async def test_the_report_has_what_the_caller_said_where_the_model_transcribes_i
     assert said.text == "where is my order" and said.item_id is not None and said.response_id is None
 
 
+async def test_the_assistants_turn_taking_reaches_the_engine_and_times_its_turns() -> None:
+    """1.2 s of silence ends a turn on this call: the session is opened so, the agent answers that much later, and
+    the report's turn latency still starts from when the caller stopped (the VAD's silence taken off)."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Patient"}), recorder) as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((1000, short_speech(800)),), hangup_at_ms=6000))
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    detection = recorder.configs[recorder.opened[0]].turn_detection
+    assert detection is not None and detection.silence_duration_ms == 1200
+    stops, starts = _caller_stops(result), _agent_starts(result)
+    heard_latency = next(start for start in starts if start > stops[0]) - stops[0]
+    turns = [e.data["latency_ms"] for e in agent_app.Recorder.events if e.type == "turn"]
+    assert heard_latency >= 1200 and turns and abs(turns[0] - heard_latency) <= 150, (turns, heard_latency, result.render())
+
+
 async def test_the_caller_can_talk_over_the_greeting() -> None:
     recorder = engine()
     async with running_bridge(settings(app={"module": MODULE + "Greeter"}), recorder) as bridge:
