@@ -62,7 +62,7 @@ import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, Protocol
+from typing import Final, Literal, NoReturn, Protocol
 
 import numpy as np
 
@@ -260,9 +260,9 @@ class FarEnd(Protocol):
     def stop(self, stream_id: str) -> str | bytes:
         """The caller hung up."""
 
-    def read(self, message: str | bytes) -> FarEndMessage | None:
-        """What the carrier makes of a message from the bridge: audio to play, a mark, a clear; None: nothing
-        it plays."""
+    def read(self, stream_id: str, message: str | bytes) -> FarEndMessage | str:
+        """What the carrier makes of a message from the bridge on stream ``stream_id``: audio to play, a mark, a
+        clear; a str: the warning the carrier raises instead (the message breaks its protocol)."""
 
 
 def marking_far_end() -> FarEnd:
@@ -287,11 +287,9 @@ class _Carrier:
     first_played_at_ms: int | None = None
     """When the first frame played since ``played_since_ms``: the tone was heard."""
 
-    def receive(self, read: FarEndMessage | None) -> list[str]:
+    def receive(self, read: FarEndMessage) -> list[str]:
         """A message from the bridge, as the far end read it; returns the marks echoed at once (a clear echoes
         every pending one)."""
-        if read is None:
-            return []
         if read[0] == "media":  # a message may join several frames: each plays its 20 ms
             audio = read[1]
             self.queue.extend(("media", audio[i : i + len(_SILENCE)]) for i in range(0, len(audio), len(_SILENCE)))
@@ -932,7 +930,10 @@ class SimulatedCall:
         """The call's outputs, in its order, as the driver does them: to the carrier, to the engine."""
         for output in call.outputs():
             if isinstance(output, ToCarrier):
-                for mark in carrier.receive(self.far_end.read(output.message)):
+                read = self.far_end.read(_stream_id(call), output.message)
+                if isinstance(read, str):
+                    self._violation(f"the carrier refused a message from the bridge: {read}")
+                for mark in carrier.receive(read):
                     self._echo(call, mark)
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])
@@ -1042,7 +1043,7 @@ class SimulatedCall:
         if self.registry.ended_reason is None or self.registry.ticket is not None or self.registry.live is not None:
             self._violation("the call is over; the registry does not know it (or still holds a ticket)")
 
-    def _violation(self, what: str) -> None:
+    def _violation(self, what: str) -> NoReturn:
         raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self._in_fleet else what, calls=self._in_fleet)
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from callbridge.bridge.call import CallSession
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
+from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import (
     SimulatedCall,
@@ -116,6 +117,18 @@ def first_violation(seeds: Iterable[int], **plan_changes: Any) -> Violation:
 
 
 class TestPlantedBugsAreCaught:
+    def test_a_message_the_carrier_would_refuse(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The far end is the carrier's own reading (``read_outbound``): a mark with a key Twilio does not know
+        raises its 31951 warning, and the simulation stops there."""
+        original = TwilioCodec.send
+
+        def chatty(codec: TwilioCodec, action: Any) -> str | None:
+            message = original(codec, action)
+            return message.replace('"mark":{', '"extra":1,"mark":{') if message is not None and '"event":"mark"' in message else message
+
+        monkeypatch.setattr(TwilioCodec, "send", chatty)
+        assert "the carrier refused a message from the bridge: 31951 invalid message" in first_violation(range(20)).what
+
     def test_heard_positions_restarting_on_the_next_stream(self, monkeypatch: pytest.MonkeyPatch) -> None:
         original = CallSession.engine_bound
 

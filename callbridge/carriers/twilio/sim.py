@@ -171,20 +171,67 @@ async def open_media_stream(
     """Open a Twilio media websocket at ``stream_url`` and send ``connected`` and ``start``, as Twilio does."""
     ws = await connect(stream_url, additional_headers=dict(headers or {}), compression=None)
     stream_sid = "MZ" + secrets.token_hex(16)
+    for message in stream_opening(stream_sid, account_sid, call_sid, parameters or {}, media_format):
+        await ws.send(message)
+    l16 = media_format["encoding"] == "audio/x-l16"
+    rate = media_format["sampleRate"]
+    assert isinstance(rate, int)
+    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, rate, redirect)
+
+
+def stream_opening(
+    stream_sid: str, account_sid: str, call_sid: str, parameters: Mapping[str, str], media_format: Mapping[str, object]
+) -> tuple[str, str]:
+    """A stream's first two messages, as Twilio sends them: ``connected``, then ``start``."""
     start = {
         "streamSid": stream_sid,
         "accountSid": account_sid,
         "callSid": call_sid,
         "tracks": ["inbound"],
-        "customParameters": dict(parameters or {}),
+        "customParameters": dict(parameters),
         "mediaFormat": dict(media_format),
     }
-    await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
-    await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode())
-    l16 = media_format["encoding"] == "audio/x-l16"
-    rate = media_format["sampleRate"]
-    assert isinstance(rate, int)
-    return MediaStream(ws, stream_sid, AudioEncoding.L16 if l16 else AudioEncoding.PCMU, rate, redirect)
+    return (
+        '{"event":"connected","protocol":"Call","version":"1.0.0"}',
+        orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(),
+    )
+
+
+def inbound_media(stream_sid: str, payload: bytes | bytearray | memoryview, sequence: int, chunk: int, timestamp_ms: int) -> str:
+    """Caller audio (already in the stream's encoding) as Twilio sends it."""
+    media = {"track": "inbound", "chunk": str(chunk), "timestamp": str(timestamp_ms), "payload": base64.b64encode(payload).decode()}
+    return orjson.dumps({"event": "media", "sequenceNumber": str(sequence), "media": media, "streamSid": stream_sid}).decode()
+
+
+def mark_echo(stream_sid: str, name: str, sequence: int) -> str:
+    """Twilio's echo of the bridge's mark ``name``: the audio before it has played."""
+    return orjson.dumps({"event": "mark", "sequenceNumber": str(sequence), "streamSid": stream_sid, "mark": {"name": name}}).decode()
+
+
+def read_outbound(message: str | bytes, stream_sid: str | None) -> FarEndMessage | str:
+    """What Twilio makes of a message from the bridge: audio to play (the payload's bytes), a mark, a clear — or, a
+    str, the warning it raises instead (31950, 31951), as it would for anything but those three, exactly keyed."""
+    if isinstance(message, bytes):
+        return "31950 binary frame"
+    try:
+        payload = orjson.loads(message)
+    except orjson.JSONDecodeError:
+        return "31951 not JSON"
+    event = payload.get("event") if isinstance(payload, dict) else None
+    if event not in _OUTBOUND_KEYS or set(payload) != _OUTBOUND_KEYS[event] or payload.get("streamSid") != stream_sid:
+        return f"31951 invalid message {message[:80]}"
+    if event == "media":
+        media = payload["media"]
+        if not isinstance(media, dict) or set(media) != {"payload"}:
+            return "31951 media with fields other than payload"
+        try:
+            return ("media", binascii.a2b_base64(media["payload"], strict_mode=True))
+        except (binascii.Error, TypeError):
+            return "31951 media payload is not base64"
+    if event == "mark":
+        name = payload["mark"].get("name") if isinstance(payload["mark"], dict) else None
+        return ("mark", name) if isinstance(name, str) else "31951 mark without a name"
+    return ("clear", None)
 
 
 class TwilioStream(SimStream):
@@ -199,9 +246,9 @@ class TwilioStream(SimStream):
         self.media_ms = 0
         self._resample_state: Any = None
 
-    def _next_sequence(self) -> str:
+    def _next_sequence(self) -> int:
         self.sequence += 1
-        return str(self.sequence)
+        return self.sequence
 
     async def _send_json(self, payload: dict[str, Any]) -> None:
         await self.send(orjson.dumps(payload).decode())
@@ -209,53 +256,29 @@ class TwilioStream(SimStream):
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.rate_hz != 8000:
             pcm_8k, self._resample_state = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._resample_state)
-        payload = encode_from_pcm16(self.encoding, pcm_8k)
         self.chunk += 1
-        media = {"track": "inbound", "chunk": str(self.chunk), "timestamp": str(self.media_ms), "payload": base64.b64encode(payload).decode()}
+        await self.send(inbound_media(self.stream_id, encode_from_pcm16(self.encoding, pcm_8k), self._next_sequence(), self.chunk, self.media_ms))
         self.media_ms += 20
-        await self._send_json({"event": "media", "sequenceNumber": self._next_sequence(), "media": media, "streamSid": self.stream_id})
 
     async def send_dtmf(self, digit: str) -> None:
-        await self._send_json({"event": "dtmf", "streamSid": self.stream_id, "sequenceNumber": self._next_sequence(), "dtmf": {"track": "inbound_track", "digit": digit}})
+        await self._send_json({"event": "dtmf", "streamSid": self.stream_id, "sequenceNumber": str(self._next_sequence()), "dtmf": {"track": "inbound_track", "digit": digit}})
 
     async def send_stop(self) -> None:
         stop = {"accountSid": self.account_sid, "callSid": self.call.call_id}
-        await self._send_json({"event": "stop", "sequenceNumber": self._next_sequence(), "stop": stop, "streamSid": self.stream_id})
+        await self._send_json({"event": "stop", "sequenceNumber": str(self._next_sequence()), "stop": stop, "streamSid": self.stream_id})
         await self.conn.close()
 
     def mark_message(self, name: str) -> str:
-        return orjson.dumps({"event": "mark", "sequenceNumber": self._next_sequence(), "streamSid": self.stream_id, "mark": {"name": name}}).decode()
+        return mark_echo(self.stream_id, name, self._next_sequence())
 
     def receive(self, message: str | bytes) -> None:
-        if isinstance(message, bytes):
-            self.warn("31950 binary frame")
-            return
-        try:
-            payload = orjson.loads(message)
-        except orjson.JSONDecodeError:
-            self.warn("31951 not JSON")
-            return
-        event = payload.get("event") if isinstance(payload, dict) else None
-        if event not in _OUTBOUND_KEYS or set(payload) != _OUTBOUND_KEYS[event] or payload.get("streamSid") != self.stream_id:
-            self.warn(f"31951 invalid message {message[:80]}")
-            return
-        if event == "media":
-            media = payload["media"]
-            if not isinstance(media, dict) or set(media) != {"payload"}:
-                self.warn("31951 media with fields other than payload")
-                return
-            try:
-                audio = binascii.a2b_base64(media["payload"], strict_mode=True)
-            except (binascii.Error, TypeError):
-                self.warn("31951 media payload is not base64")
-                return
-            self.enqueue_audio(decode_to_pcm16(self.encoding, audio))
-        elif event == "mark":
-            name = payload["mark"].get("name") if isinstance(payload["mark"], dict) else None
-            if not isinstance(name, str):
-                self.warn("31951 mark without a name")
-            else:
-                self.add_mark(name)
+        read = read_outbound(message, self.stream_id)
+        if isinstance(read, str):
+            self.warn(read)
+        elif read[0] == "media":
+            self.enqueue_audio(decode_to_pcm16(self.encoding, read[1]))
+        elif read[0] == "mark":
+            self.add_mark(read[1])
         else:
             self.clear()
 
@@ -450,36 +473,19 @@ class TwilioFarEnd:
         return TwilioCodec()
 
     def opening(self, stream_number: int, call_id: str) -> list[str | bytes]:
-        stream_sid = f"MZ{stream_number:032x}"
-        start = {
-            "streamSid": stream_sid, "accountSid": "AC0", "callSid": call_id, "tracks": ["inbound"],
-            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
-        }  # fmt: skip
-        return [
-            '{"event":"connected","protocol":"Call","version":"1.0.0"}',
-            orjson.dumps({"event": "start", "sequenceNumber": "1", "start": start, "streamSid": stream_sid}).decode(),
-        ]
+        return list(stream_opening(f"MZ{stream_number:032x}", "AC0", call_id, {}, _MULAW_FORMAT))
 
     def media(self, stream_id: str, ulaw: bytes, media_ms: int) -> str:
-        body = {"track": "inbound", "chunk": "1", "timestamp": str(media_ms), "payload": base64.b64encode(ulaw).decode()}
-        return orjson.dumps({"event": "media", "sequenceNumber": "2", "media": body, "streamSid": stream_id}).decode()
+        return inbound_media(stream_id, ulaw, 2, 1, media_ms)
 
     def mark_echo(self, stream_id: str, name: str) -> str:
-        return orjson.dumps({"event": "mark", "streamSid": stream_id, "mark": {"name": name}}).decode()
+        return mark_echo(stream_id, name, 2)
 
     def stop(self, stream_id: str) -> str:
         return orjson.dumps({"event": "stop", "streamSid": stream_id, "stop": {}}).decode()
 
-    def read(self, message: str | bytes) -> FarEndMessage | None:
-        data = orjson.loads(message)
-        event = data["event"]
-        if event == "media":
-            return ("media", base64.b64decode(data["media"]["payload"]))
-        if event == "mark":
-            return ("mark", str(data["mark"]["name"]))
-        if event == "clear":
-            return ("clear", None)
-        return None
+    def read(self, stream_id: str, message: str | bytes) -> FarEndMessage | str:
+        return read_outbound(message, stream_id)
 
 
 FAR_END: Final = TwilioFarEnd()
