@@ -211,15 +211,9 @@ class BridgeServices:
                 step := answer_step(facts, retries=retries, draining=self.draining, asks_application=asks_application), AnswerFact
             ):
                 facts[step] = await self._answer_fact(step, call_id, asked)
-            if step.reason == "application_rejected":
-                self.give_back_admission(call_id)
-                log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=step.kind.value)
-                return step
-            if step.kind is AnswerKind.TRANSFER and isinstance(asked.refused, TransferTo):  # it leaves without a stream
-                self.give_back_admission(call_id)
-                target = asked.refused.target
-                log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=target)
-                return replace(step, target=target)
+            if asked.refused is not None:  # refused, or sent on (it leaves without a stream)
+                self.not_answered_by_application(call_id, provider, asked.refused)
+                return replace(step, target=asked.refused.target) if isinstance(asked.refused, TransferTo) else step
             if step.kind is AnswerKind.ANSWER:
                 return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
         except RegistryUnavailable as exc:
@@ -503,6 +497,14 @@ class BridgeServices:
         self.metrics.admission_refused.labels(refusal.value).inc()
         log.warning("admission_refused", reason=refusal.value, cpu_percent=round(cpu_percent, 1), calls=len(self.active_calls))
         return False
+
+    def not_answered_by_application(self, call_id: str, provider: str, refused: Rejection | TransferTo) -> None:
+        """The application refused the call, or sent it on: its admission slot goes back; logged."""
+        self.give_back_admission(call_id)
+        if isinstance(refused, TransferTo):
+            log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=refused.target)
+        else:
+            log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=refused)
 
     def give_back_admission(self, call_id: str) -> None:
         """A call admitted, then refused after all (no engine took it, the registry failed): its slot goes back,

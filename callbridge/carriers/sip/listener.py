@@ -592,8 +592,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         if self.services.assistants is not None:  # the application chooses the call's assistant, or refuses it
             chosen = await self.services.choose_assistant(sip_context(offer, self.services.settings.app.context_parameters))
             if isinstance(chosen, TransferTo):  # sent on: 302 Moved Temporarily, the target as the Contact
-                self.services.give_back_admission(call_id)
-                log.info("call_transferred_by_application", call_id=call_id, provider="sip", target=chosen.target)
+                self.services.not_answered_by_application(call_id, "sip", chosen)
                 self.uas.reject(call_id, 302, _now_ms(), redirect_to=chosen.target)
                 self._drain()
                 return

@@ -248,15 +248,13 @@ class TelnyxCalls:
             admitted = await services.admits(call_id)
             chosen = await self._assistant(call_id, payload) if admitted else None
             if isinstance(chosen, TransferTo):  # sent on: Telnyx dials the target (UNSURE: on a parked call unanswered)
-                log.info("call_transferred_by_application", call_id=call_id, provider="telnyx", target=chosen.target)
-                services.give_back_admission(call_id)
+                services.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.command(call_id, "transfer", {"to": chosen.target})
                 settled = True
                 await self._count(call_id, OVER)
                 return
             if isinstance(chosen, str):  # the application refused the call
-                log.info("call_rejected_by_application", call_id=call_id, provider="telnyx", reject=chosen)
-                services.give_back_admission(call_id)
+                services.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.reject(call_id, "USER_BUSY" if chosen == "busy" else "CALL_REJECTED")
                 settled = True
                 await self._count(call_id, OVER)
