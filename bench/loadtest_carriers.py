@@ -117,18 +117,28 @@ def row(report: dict[str, object]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", default="50", help="calls at once; a list (1,50,100) gives a row per count")
-    parser.add_argument("--pin", action="store_true", help="server on the first CPU, the generator on the others")
-    parser.add_argument("--cpu-budget", type=float, default=0.0, help="the server's server.cpu_budget_percent (0: off)")
+def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
+    """The flags every load run takes: ``--calls`` (a list: a row per level), ``--duration``, ``--ramp``, ``--out``."""
+    parser.add_argument("--calls", default=calls, help="calls at once; a list (1,50,100) gives a row per count")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--ramp", type=float, default=5.0)
-    parser.add_argument("--providers", default=",".join(PROVIDERS))
     parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
-    args = parser.parse_args()
-    args.out = args.out or Path(tempfile.mkdtemp(prefix="callbridge-loadtest-"))
+
+
+def reports_directory(args: argparse.Namespace, prefix: str) -> None:
+    """``args.out``, made (a temporary directory where none was given)."""
+    args.out = args.out or Path(tempfile.mkdtemp(prefix=prefix))
     args.out.mkdir(parents=True, exist_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser, calls="50")
+    parser.add_argument("--pin", action="store_true", help="server on the first CPU, the generator on the others")
+    parser.add_argument("--cpu-budget", type=float, default=0.0, help="the server's server.cpu_budget_percent (0: off)")
+    parser.add_argument("--providers", default=",".join(PROVIDERS))
+    args = parser.parse_args()
+    reports_directory(args, "callbridge-loadtest-")
     counts = [int(n) for n in args.calls.split(",")]
     rows = [row(run_one(provider, calls, args)) for provider in args.providers.split(",") for calls in counts]
     print(

@@ -19,7 +19,6 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -60,17 +59,13 @@ def row(calls: int, peer: dict[str, object], ours: dict[str, object]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--calls", default="1,30", help="calls at once, a list: a row per level")
-    parser.add_argument("--duration", type=float, default=20.0)
-    parser.add_argument("--ramp", type=float, default=5.0)
+    loadtest_carriers.add_run_arguments(parser, calls="1,30")
     parser.add_argument("--pipecat-python", default=str(ROOT.parent / "pipecat-venv" / "bin" / "python"))
     parser.add_argument("--peer", type=Path, default=ROOT.parent / "shared" / "peers" / "pipecat_loopback.py")
-    parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
     args = parser.parse_args()
     args.pin = len(os.sched_getaffinity(0)) >= 2
     args.cpu_budget = ServerSettings().cpu_budget_percent  # callbridge as shipped (never reached at these loads)
-    args.out = args.out or Path(tempfile.mkdtemp(prefix="callbridge-side-by-side-"))
-    args.out.mkdir(parents=True, exist_ok=True)
+    loadtest_carriers.reports_directory(args, "callbridge-side-by-side-")
     rows = []
     for calls in (int(level) for level in args.calls.split(",")):
         peer = run_pipecat(calls, args)
