@@ -85,6 +85,8 @@ async def test_calls_go_straight_onto_a_twilio_protocol_bot() -> None:
     # a click waits for its 100 ms chunk to fill: 0–80 ms in the bot, plus the loopback sockets
     assert 0 <= report.round_trip_ms["p50"] <= 100 + report.generator_tick_lag_ms["max"], report.render()
     assert loopback.marks_echoed >= 3 * (150 // CHUNK_FRAMES) - 3 * 3  # the simulated Twilio echoed the bot's marks
+    # what the server sent, counted: a media message and a mark every 100 ms (the last, short chunk never sent)
+    assert 2 * (1000 // (20 * CHUNK_FRAMES)) - 3 <= report.bridge_messages_per_call_second <= 2 * (1000 // (20 * CHUNK_FRAMES))
 
 
 @pytest.mark.parametrize(
