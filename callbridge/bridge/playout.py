@@ -174,7 +174,7 @@ class PlayoutLedger:
         if response is None:
             response = self._responses[response_id] = _Response(response_id)
         response.queued_frames += len(frames)
-        self._queue.extend((response, frame) for frame in frames)
+        self._queue.extend([(response, frame) for frame in frames])
         self.tick(now_ms)
 
     def end_response(self, response_id: str, now_ms: int) -> None:
@@ -188,11 +188,11 @@ class PlayoutLedger:
 
     def tick(self, now_ms: int) -> None:
         """Send the frames the lead allows now (and, without markers, report how far playback has got)."""
-        queue = self._queue
+        queue, per_message = self._queue, self.frames_per_message
         while queue and self._buffer_end_ms - now_ms + self._next_message_frames() * self.frame_ms <= self.lead_ms:
-            response = queue[0][0]
-            frames: list[bytes] = []
-            while queue and queue[0][0] is response and len(frames) < self.frames_per_message:
+            response, frame = queue.popleft()
+            frames = [frame]
+            while queue and len(frames) < per_message and queue[0][0] is response:
                 frames.append(queue.popleft()[1])
             response.queued_frames -= len(frames)
             self._send_frames(response, frames, now_ms)
