@@ -456,7 +456,9 @@ def _runs(pcm: np.ndarray, gap: int = 1600) -> list[tuple[int, int]]:
 
 def _same_as_heard(recorded: np.ndarray, heard: np.ndarray, offset: int) -> None:
     """Each run of agent audio the caller heard is in ``recorded`` sample for sample (correlation ≥ 0.99), within a
-    frame and a half of where it was heard (past ``offset``, the two clocks' origins); nothing else is."""
+    frame and a half of where it was heard (past ``offset``, the two clocks' origins); nothing else is, but for at
+    most a frame after a run: at a clear the recording keeps the frame playing up to the clear's millisecond,
+    where the simulated carrier plays whole 20 ms frames at its ticks (a real one stops mid-frame)."""
     runs = _runs(heard)
     assert runs
     covered = np.zeros(len(recorded), dtype=bool)
@@ -469,7 +471,7 @@ def _same_as_heard(recorded: np.ndarray, heard: np.ndarray, offset: int) -> None
                 best = max(best, (shift, float(np.corrcoef(segment, heard[start:end])[0, 1])), key=lambda x: x[1])
         shift, correlation = best
         assert correlation >= 0.99 and abs(shift) <= 240, (start / 8, end / 8, shift, correlation)
-        covered[max(0, start + offset + shift) : end + offset + shift] = True
+        covered[max(0, start + offset + shift) : end + offset + shift + 160] = True
     assert not recorded[~covered].any(), np.flatnonzero(~covered & (recorded != 0))[:10] / 8  # only what was heard
 
 
