@@ -28,6 +28,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     Field,
+    JsonValue,
     SecretStr,
     ValidationError,
     ValidationInfo,
@@ -42,6 +43,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from callbridge.application.assistant import bridge_owned_options
 from callbridge.carriers import CarrierSections
 from callbridge.codecs import ResamplerQuality
 from callbridge.config_types import (
@@ -150,6 +152,14 @@ class EngineSettings(Section):
     application's tools are left out of its calls' sessions (logged), rather than each call failing as it opens."""
     instructions: str = ""
     voice: str | None = None
+    extra_body: dict[str, JsonValue] = Field(default_factory=dict)
+    """Options of the engine's model for every call: the session's ``extra_body`` in vllm-omni 0.30, which each
+    model's plugin reads its own from (AURA-Omni: ``tts_language``, ``tts_speaker``; MiniCPM-o: ``ref_audio``). Not
+    the keys the bridge relies on (``overlap_policy``, ``playback_commit_policy``, ``realtime_*``). A call's
+    assistant may set its own over these (``engine_options``)."""
+    language_option: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_]{1,64}$")
+    """The ``extra_body`` key the model takes a call's language in, where it has one (AURA-Omni: ``tts_language``);
+    an assistant's ``language`` is then set there as well as told in the instructions."""
     disconnect_grace_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     """How long a call's session is kept for its next stream after a stream drops (the engine server holds it as
     long: vllm-omni's disconnect grace)."""
@@ -187,6 +197,20 @@ class EngineSettings(Section):
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     """kind = realtime: how often a live session sends vllm-omni's ``session.heartbeat`` (with an ack), which keeps
     the server from expiring a session whose events are quiet; keep it under the server's session timeout."""
+
+    @field_validator("extra_body", mode="after")
+    @classmethod
+    def _not_the_bridges_options(cls, extra_body: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        if taken := bridge_owned_options(extra_body):
+            raise ValueError(f"{', '.join(taken)} is the bridge's own")
+        return extra_body
+
+    @field_validator("language_option", mode="after")
+    @classmethod
+    def _not_the_bridges_option(cls, key: str | None) -> str | None:
+        if key is not None and bridge_owned_options({key: None}):
+            raise ValueError(f"{key} is the bridge's own")
+        return key
 
     @field_validator("urls", mode="after")
     @classmethod

@@ -4,14 +4,36 @@ value (``AssistantReply.model_json_schema()``, published as ``docs/application-s
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, JsonValue, model_validator
 
-__all__ = ["BRIDGE_TOOLS", "AssistantConfig", "AssistantReply", "Tool", "ToolResult"]
+__all__ = [
+    "BRIDGE_SESSION_OPTIONS",
+    "BRIDGE_TOOLS",
+    "ENGINE_OPTIONS_MAX_BYTES",
+    "AssistantConfig",
+    "AssistantReply",
+    "Tool",
+    "ToolResult",
+    "bridge_owned_options",
+]
 
 BRIDGE_TOOLS = frozenset({"end_call", "transfer_call", "send_dtmf"})
 """The bridge's own tools' names (``call_actions``): an application's tool may not take one."""
+
+BRIDGE_SESSION_OPTIONS: Final = frozenset({"overlap_policy", "playback_commit_policy"})
+"""Keys of a session's ``extra_body`` that the bridge's barge-in and playback accounting rely on (vllm-omni 0.30:
+barge in on the caller's speech, commit what was played from ``playback.ack``), with vllm-omni's own
+``realtime_*`` keys (the tools and turn detection it derives from the session): never the application's."""
+ENGINE_OPTIONS_MAX_BYTES: Final = 16 * 1024
+"""The most an assistant's ``engine_options`` may take as JSON."""
+
+
+def bridge_owned_options(options: dict[str, Any]) -> list[str]:
+    """The keys of ``options`` (a session's ``extra_body``) that are the bridge's or vllm-omni's to set."""
+    return sorted(key for key in options if key in BRIDGE_SESSION_OPTIONS or key.startswith("realtime_"))
 
 
 class Tool(BaseModel):
@@ -69,6 +91,16 @@ class AssistantConfig(BaseModel):
     """The model's instructions for this call (the system prompt)."""
     voice: str | None = Field(default=None, max_length=128)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    language: str | None = Field(default=None, max_length=64, pattern=r"^[A-Za-z][A-Za-z0-9 ()-]{1,63}$")
+    """The language of this call, a name ("Spanish") or a tag ("es-MX"). vllm-omni 0.30's session has no language
+    field: the model is told it after its instructions ("Speak Spanish on this call."), and where
+    ``engine.language_option`` names the model's own option (AURA-Omni's ``tts_language``, which takes names:
+    "English") it is set there too. None: as configured."""
+    engine_options: dict[str, JsonValue] = Field(default_factory=dict, max_length=32)
+    """Options of the engine's model for this call: the session's ``extra_body`` in vllm-omni 0.30, over
+    ``engine.extra_body`` key by key (AURA-Omni: ``tts_speaker``, ``tts_instruct``; MiniCPM-o: ``ref_audio``).
+    At most 16 KiB of JSON; not the keys the bridge relies on (``overlap_policy``, ``playback_commit_policy``,
+    ``realtime_*``)."""
     turn_taking: TurnTaking | None = None
     """How the caller's turns are detected on this call; None: the engine's defaults."""
     greeting: str | None = Field(default=None, max_length=4096)
@@ -100,6 +132,14 @@ class AssistantConfig(BaseModel):
     def _metadata_sizes(self) -> AssistantConfig:
         if any(len(key) > 128 or (isinstance(value, str) and len(value) > 1024) for key, value in self.metadata.items()):
             raise ValueError("metadata: keys up to 128 characters, values up to 1024")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_options(self) -> AssistantConfig:
+        if taken := bridge_owned_options(self.engine_options):
+            raise ValueError(f"engine_options: {', '.join(taken)} is the bridge's own")
+        if len(json.dumps(self.engine_options)) > ENGINE_OPTIONS_MAX_BYTES:
+            raise ValueError(f"engine_options: at most {ENGINE_OPTIONS_MAX_BYTES} bytes of JSON")
         return self
 
     @model_validator(mode="after")

@@ -48,13 +48,21 @@ def session_config(settings: Settings, assistant: AssistantConfig | None = None)
     call's application chose (``[app]``); each field it leaves out is the configured one."""
     engine = settings.engine
     chosen = assistant or AssistantConfig()
+    instructions = chosen.instructions if chosen.instructions is not None else engine.instructions or None
+    extra_body = {**engine.extra_body, **chosen.engine_options}
+    if chosen.language is not None:
+        said = f"Speak {chosen.language} on this call."
+        instructions = f"{instructions}\n\n{said}" if instructions else said
+        if engine.language_option is not None:
+            extra_body[engine.language_option] = chosen.language
     return SessionConfig(
         model=engine.model,
-        instructions=chosen.instructions if chosen.instructions is not None else engine.instructions or None,
+        instructions=instructions,
         voice=chosen.voice if chosen.voice is not None else engine.voice,
         temperature=chosen.temperature,
         turn_detection=turn_detection(chosen),
         input_rate_hz=settings.audio.engine_input_rate_hz,
+        extra_body=extra_body,
         tools=(telephony_tools(settings.call_actions.transfer_targets) if settings.call_actions.enabled else ())
         + (tuple(tool.to_realtime() for tool in chosen.tools) if model_calls_tools(engine) else ()),
     )

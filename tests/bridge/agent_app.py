@@ -118,8 +118,10 @@ class Brief(Recorder):
 
 
 class Patient(Recorder):
-    """Waits 1.2 s of silence before the caller's turn ends (callers who read out numbers); no greeting; every
-    call event recorded (``Recorder.events``)."""
+    """Waits 1.2 s of silence before the caller's turn ends (callers who read out numbers); no greeting; in Spanish,
+    a voice of the model's own; every call event recorded (``Recorder.events``)."""
 
     async def assistant(self, call: CallContext) -> AssistantConfig:
-        return AssistantConfig.model_validate({"greeting": "", "turn_taking": {"silence_duration_ms": 1200}})
+        return AssistantConfig.model_validate(
+            {"greeting": "", "turn_taking": {"silence_duration_ms": 1200}, "language": "Spanish", "engine_options": {"tts_speaker": "Ryan"}}
+        )

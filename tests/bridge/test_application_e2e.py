@@ -127,15 +127,19 @@ async def test_the_report_has_what_the_caller_said_where_the_model_transcribes_i
 
 
 async def test_the_assistants_turn_taking_reaches_the_engine_and_times_its_turns() -> None:
-    """1.2 s of silence ends a turn on this call: the session is opened so, the agent answers that much later, and
-    the report's turn latency still starts from when the caller stopped (the VAD's silence taken off)."""
+    """1.2 s of silence ends a turn on this call: the session is opened so (with the call's language and the
+    model's options), the agent answers that much later, and the report's turn latency still starts from when the
+    caller stopped (the VAD's silence taken off)."""
     recorder = engine()
     agent_app.Recorder.events.clear()
     async with running_bridge(settings(app={"module": MODULE + "Patient"}), recorder) as bridge:
         result = await bridge.carrier.place_call(CallerScript(utterances=((1000, short_speech(800)),), hangup_at_ms=6000))
         await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
-    detection = recorder.configs[recorder.opened[0]].turn_detection
+    opened = recorder.configs[recorder.opened[0]]
+    detection = opened.turn_detection
     assert detection is not None and detection.silence_duration_ms == 1200
+    assert opened.instructions is not None and opened.instructions.endswith("Speak Spanish on this call.")  # its language
+    assert opened.extra_body["tts_speaker"] == "Ryan"
     stops, starts = _caller_stops(result), _agent_starts(result)
     heard_latency = next(start for start in starts if start > stops[0]) - stops[0]
     turns = [e.data["latency_ms"] for e in agent_app.Recorder.events if e.type == "turn"]

@@ -67,6 +67,17 @@ def test_session_update_passes_vllm_omnis_validation() -> None:
     assert no_vad.overlap_policy == "listen_only"
 
 
+def test_a_calls_engine_options_reach_vllm_omnis_session_as_its_extra_body() -> None:
+    """What a model's plugin reads its own options from (AURA-Omni's ``prepare_runtime_config``: ``tts_language``,
+    ``tts_speaker`` from ``config.extra_body``), beside what vllm-omni derives itself."""
+    from vllm_omni.engine.duplex.config import DuplexSessionConfig
+
+    config = SessionConfig(model="AURA-Omni", extra_body={"tts_language": "English", "tts_speaker": "Ryan"})
+    resolved = DuplexSessionConfig.from_realtime(session_update(config)["session"])
+    assert resolved.extra_body["tts_language"] == "English" and resolved.extra_body["tts_speaker"] == "Ryan"
+    assert resolved.overlap_policy == "barge_in_on_speech" and "realtime_turn_detection" in resolved.extra_body
+
+
 def test_session_resume_shape() -> None:
     assert session_resume(ResumeTicket("duplex-1", 3, "tok", 42)) == {
         "type": "session.resume",
