@@ -21,12 +21,14 @@ import signal
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
@@ -138,8 +140,11 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
 
 
 @contextlib.asynccontextmanager
-async def running_fleet(redis_url: str, tmp_path: Path, *, server: dict[str, Any] | None = None) -> AsyncIterator[Fleet]:
-    """The engine server and bridges A and B on one configuration (``server`` adds to its ``[server]`` table)."""
+async def running_fleet(
+    redis_url: str, tmp_path: Path, *, server: dict[str, Any] | None = None, recording: dict[str, Any] | None = None
+) -> AsyncIterator[Fleet]:
+    """The engine server and bridges A and B on one configuration (``server`` adds to its ``[server]`` table,
+    ``recording`` is its ``[recording]``)."""
     engine_port = free_port()
     twilio = SimulatedTwilio("http://unused", SECRET)
     rest_url = await twilio.start_rest(free_port())
@@ -157,6 +162,8 @@ async def running_fleet(redis_url: str, tmp_path: Path, *, server: dict[str, Any
         "[server]",
         "drain_timeout_s = 20.0",
         *(f"{key} = {json.dumps(value)}" for key, value in (server or {}).items()),
+        "[recording]",
+        *(f"{key} = {json.dumps(value)}" for key, value in (recording or {}).items()),
     ]
     for section, values in overrides.items():
         lines.append(f"[{section}]")
@@ -447,9 +454,18 @@ async def test_a_call_moved_mid_reply_by_a_drain_hears_the_rest_of_it_on_the_oth
     assert fleet.b.events("call_bridged", call_id=moved.call_sid)[0]["engine"] == "resumed"
 
 
-async def test_a_bridge_killed_mid_call_is_resumed_on_the_other_on_the_same_engine_session(fleet: Fleet) -> None:
+async def test_a_bridge_killed_mid_call_is_resumed_on_the_other_on_the_same_engine_session(redis_url: str, tmp_path: Path) -> None:
     """SIGKILL of the bridge holding a live call: Twilio's ``<Redirect>`` reaches B, which resumes the call's engine
-    session from the registry's live ticket (A never detached it) without waiting for A, and the call goes on."""
+    session from the registry's live ticket (A never detached it) without waiting for A, and the call goes on. The
+    call is recorded into a directory both bridges share: B goes on in the file A was writing."""
+    recordings = tmp_path / "recordings"
+    async with running_fleet(redis_url, tmp_path, recording={"enabled": True, "directory": str(recordings)}) as fleet:
+        result, killed_after_ms = await _kill_a_mid_call(fleet)
+    _recording_goes_on_in_the_same_file(recordings / f"{result.call_sid}.wav", result, killed_after_ms)
+
+
+async def _kill_a_mid_call(fleet: Fleet) -> tuple[CallResult, int]:
+    """The call, and how long after its first stream started A was killed (at the least)."""
     speech = short_speech(1200)
     fleet.twilio.route = _first_then(fleet.a.url, fleet.b.url)
     call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
@@ -466,6 +482,30 @@ async def test_a_bridge_killed_mid_call_is_resumed_on_the_other_on_the_same_engi
     assert len(fleet.engine.events("engine_session_opened")) == 1
     assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
     await until(fleet.no_engine_session_left, timeout_s=10)  # B closed it on the caller's stop: nothing orphaned
+    return result, 2500
+
+
+def _recording_goes_on_in_the_same_file(path: Path, result: CallResult, killed_after_ms: int) -> None:
+    """One WAV for the call: A's part up to its last append before the kill (it appends about every half second,
+    so at most that and the frames in flight are lost), then B's. The caller's two utterances are on the left,
+    one from each part, and the agent's answer to the second (played on B) on the right."""
+    with wave.open(str(path), "rb") as wav:
+        assert (wav.getnchannels(), wav.getframerate()) == (2, 8000)
+        stereo = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, 2).astype(np.float64)
+    on_b_ms = 8000 - _stream_started_at(result, 1)
+    assert len(stereo) // 8 >= killed_after_ms - 1000 + on_b_ms - 200, (len(stereo) // 8, on_b_ms, result.render())
+    caller, agent = _loud_frames(stereo[:, 0]), _loud_frames(stereo[:, 1])
+    said = _loud_frames(np.frombuffer(short_speech(1200), dtype="<i2").astype(np.float64))
+    assert abs(len(caller) - 2 * len(said)) <= 4, (len(caller), len(said))  # both utterances whole
+    (second,) = caller[1:][np.diff(caller) > 50]  # the one pause over a second: between the two
+    assert second * 20 >= killed_after_ms - 1000, second * 20  # the second on B's part, after A's
+    assert np.count_nonzero(agent > second) * 20 >= 800, agent * 20  # and the agent's echo of it, from B
+
+
+def _loud_frames(samples: np.ndarray) -> np.ndarray:
+    """The 20 ms frames (at 8 kHz) of ``samples`` louder than 300 RMS: their indices."""
+    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160)
+    return np.flatnonzero(np.sqrt(np.mean(frames**2, axis=1)) > 300)
 
 
 async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_stream_quietly(fleet: Fleet) -> None:
