@@ -72,6 +72,20 @@ async def test_a_short_load_run(provider: str) -> None:
     assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render() and "handed to the engine" in report.render()
 
 
+async def test_calls_past_the_bridges_capacity_are_counted_refused_with_the_time_of_the_no() -> None:
+    """Admission past ``server.max_calls``: the load test tells the calls the bridge refused at the answer (busy) from
+    those it answered, with how long each answer took; the answered ones run whole."""
+    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "server": {"max_calls": 2}})
+    async with running_bridge(settings) as bridge:
+        options = LoadTestOptions(calls=4, ramp_s=0.3, duration_s=2.0, click_every_ms=500, audio=SPEECH, progress=False)
+        report = await LoadTest(bridge.carrier, options).run()
+    assert report.refused_calls == 2 and report.failed_calls == 2, report.render()
+    assert all("<Reject>" in failure for failure in report.failures), report.failures
+    assert report.frames_sent == 2 * 100 and report.clicks_returned >= 6, report.render()  # the two answered run whole
+    assert 0 < report.refused_answer_ms["max"] < 5000 and 0 < report.answer_ms["p50"] < 5000, report.render()
+    assert "2 of them refused at the answer" in report.render() and "the bridge's no" in report.render()
+
+
 @pytest.mark.parametrize("provider", ["twilio", "audiosocket", "sip"])
 async def test_barge_ins_are_flushed(provider: str) -> None:
     """The echo agent says each utterance back; the caller talks over it, and the carrier's queue is flushed

@@ -178,6 +178,10 @@ class _Call:
     reconnecting: bool = False
     failed: str | None = None
     done: bool = False
+    answer_ms: float | None = None
+    """The answer: from the carrier's first request (its webhook, or the socket) to the stream, or to no."""
+    refused: bool = False
+    """The answer was no stream, without an error: busy, rejected, sent elsewhere (admission past capacity)."""
     # barge-in mode
     talking_from: int | None = None
     """The frame at which the caller's current utterance started (None: listening)."""
@@ -199,6 +203,7 @@ class LoadReport:
     provider: str
     calls: int
     failed_calls: int
+    """Calls that did not last: refused at the answer, or broken off (``refused_calls`` of them refused)."""
     duration_s: float
     round_trip_ms: dict[str, float]
     """A click sent → back at the carrier."""
@@ -229,12 +234,22 @@ class LoadReport:
     first_audio_to_engine_ms: dict[str, float] = field(default_factory=dict)
     """From the bridge's metrics: streams, and the bucket bounds (ms) under which half and 99 % of them handed
     their first caller audio to the engine, and the share within 5 ms (%)."""
+    refused_calls: int = 0
+    """Calls the bridge said no to at the answer (busy, rejected): its admission past capacity."""
+    answer_ms: dict[str, float] = field(default_factory=dict)
+    """Answered calls: the carrier's first request (the answer webhook) → the stream started."""
+    refused_answer_ms: dict[str, float] = field(default_factory=dict)
+    """Refused calls: the carrier's first request → the bridge's no."""
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
             return " ".join(f"{k} {v:.1f}" for k, v in stats.items()) if stats else "n/a"
 
-        lines = [f"{self.provider}: {self.calls} calls ({self.failed_calls} failed), {self.duration_s:.1f} s"]
+        refused = f", {self.refused_calls} of them refused at the answer" if self.refused_calls else ""
+        lines = [f"{self.provider}: {self.calls} calls ({self.failed_calls} failed{refused}), {self.duration_s:.1f} s"]
+        lines.append(f"answer, the carrier's first request → the stream (ms): {q(self.answer_ms)}")
+        if self.refused_calls:
+            lines.append(f"refused, the carrier's first request → the bridge's no (ms): {q(self.refused_answer_ms)}")
         if self.clicks_sent:
             lines += [
                 f"round trip, click sent → back at the carrier (ms): {q(self.round_trip_ms)}",
@@ -286,6 +301,10 @@ class CallSamples:
     warnings: tuple[str, ...]
     messages_received: int = 0
     """Messages from the bridge on its streams."""
+    answer_ms: float | None = None
+    """The call's answer, from the carrier's first request to its stream (or to the refusal)."""
+    refused: bool = False
+    """Refused at the answer (busy, rejected): counted in ``failed`` too."""
 
 
 @dataclass
@@ -351,6 +370,9 @@ class LoadSamples:
             warnings=warnings,
             generator_processes=self.processes,
             first_audio_to_engine_ms=_bucket_summary(self.first_audio_buckets) if self.first_audio_buckets else {},
+            refused_calls=sum(c.refused for c in self.calls),
+            answer_ms=_quantiles([c.answer_ms for c in self.calls if c.answer_ms is not None and not c.refused]),
+            refused_answer_ms=_quantiles([c.answer_ms for c in self.calls if c.answer_ms is not None and c.refused]),
         )
 
 
@@ -553,6 +575,8 @@ class LoadTest:
                 first_audio_ms=(c.first_audio_at - c.started_at) * 1000 if c.first_audio_at and c.started_at else None,
                 failed=c.failed,
                 warnings=tuple(c.sim.result.warnings),
+                answer_ms=c.answer_ms,
+                refused=c.refused,
             )
 
         first_audio = await first_audio_since(options.metrics_url, first_audio_before) if options.metrics_url else None
@@ -597,7 +621,11 @@ class LoadTest:
         try:
             if self.carrier.route is not None:  # several bridges behind a balancer: each connection picks one
                 self.carrier.bridge_url = self.carrier.route(reason).rstrip("/")
+            asked_at = time.monotonic()
             stream = await self.carrier.open_stream(call.sim, reason)
+            if reason == "answer":
+                call.answer_ms = (time.monotonic() - asked_at) * 1000
+                call.refused = stream is None
         except Exception as exc:  # noqa: BLE001 - any failure to connect ends this call only, with its reason
             stream = None
             call.sim.result.log(call.sim.clock(), "loadtest", f"open failed: {exc!r}")

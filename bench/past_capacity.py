@@ -1,0 +1,75 @@
+"""Admission past capacity: ``callbridge serve`` as shipped (``server.max_calls`` 100, ``server.cpu_budget_percent``
+85; only its agent is the loopback), offered more calls than it takes — how fast it says no, and whether the calls
+it took still sound as they did.
+
+    python bench/past_capacity.py [--calls 100,200] [--duration 20] [--ramp 5] [--out DIR]
+
+Each level: a fresh server (pinned to the first CPU, the generator to the others, as ``bench/side_by_side.py``),
+``callbridge loadtest --url`` placing that many simulated Twilio calls over the ramp. One row each: calls answered
+and refused (TwiML ``<Reject reason="busy">``: the carrier plays the caller a busy tone), how long the answer
+webhook took to say no and to say yes (the carrier's POST → its TwiML, plus the stream's opening for a yes), the
+answered calls' click round trip, and calls broken off after their answer. Run the shipped capacity first (100),
+then past it: the answered calls' round trip should not move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import loadtest_carriers  # noqa: E402
+
+from callbridge.sim.ports import free_port  # noqa: E402
+
+
+def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
+    """One level against a fresh ``callbridge serve`` on its shipped admission limits; the load test's JSON report."""
+    port, rest_port = free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = loadtest_carriers._env_for("twilio", secrets.token_hex(16), rest_port, port)
+    del env["CALLBRIDGE_SERVER__MAX_CALLS"]  # as shipped
+    return loadtest_carriers.measure(
+        [loadtest_carriers.CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], url + "/healthz",
+        ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], env, args.out / f"offered-{calls}.json",
+        calls, args,
+    )  # fmt: skip
+
+
+def row(report: dict[str, object]) -> str:
+    def q(key: str, *names: str) -> str:
+        stats = report[key]
+        assert isinstance(stats, dict)
+        return " / ".join(f"{stats[n]:.1f}" for n in names) if stats else "n/a"
+
+    calls, refused, failed = report["calls"], report["refused_calls"], report["failed_calls"]
+    assert isinstance(calls, int) and isinstance(refused, int) and isinstance(failed, int)
+    return (
+        f"| {calls} | {calls - refused} | {refused} | {q('refused_answer_ms', 'p50', 'p99', 'max')} "
+        f"| {q('answer_ms', 'p50', 'p99', 'max')} | {q('round_trip_ms', 'p50', 'p99', 'max')} "
+        f"| {report['clicks_returned']}/{report['clicks_sent']} | {failed - refused} | {report['server_cpu_ms_per_call_second']:.2f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    loadtest_carriers.add_run_arguments(parser, calls="100,200")
+    args = parser.parse_args()
+    args.pin = len(os.sched_getaffinity(0)) >= 2
+    loadtest_carriers.reports_directory(args, "callbridge-past-capacity-")
+    rows = [row(run_level(int(level), args)) for level in args.calls.split(",")]
+    print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+          f"{args.duration:g} s calls, {args.ramp:g} s ramp; server pinned: {args.pin}; reports in {args.out}\n")  # fmt: skip
+    print("| offered | answered | refused | refused: no in p50 / p99 / max ms | answered: yes in p50 / p99 / max ms "
+          "| answered: round trip p50 / p99 / max ms | clicks back | broken off | server CPU-ms per call-s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
