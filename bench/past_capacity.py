@@ -2,14 +2,15 @@
 85; only its agent is the loopback), offered more calls than it takes — how fast it says no, and whether the calls
 it took still sound as they did.
 
-    python bench/past_capacity.py [--calls 100,200] [--duration 20] [--ramp 5] [--out DIR]
+    python bench/past_capacity.py [--calls 100,200] [--duration 20] [--ramp 5] [--max-calls N] [--out DIR]
 
 Each level: a fresh server (pinned to the first CPU, the generator to the others, as ``bench/side_by_side.py``),
 ``callbridge loadtest --url`` placing that many simulated Twilio calls over the ramp. One row each: calls answered
 and refused (TwiML ``<Reject reason="busy">``: the carrier plays the caller a busy tone), how long the answer
 webhook took to say no and to say yes (the carrier's POST → its TwiML, plus the stream's opening for a yes), the
 answered calls' click round trip, and calls broken off after their answer. Run the shipped capacity first (100),
-then past it: the answered calls' round trip should not move.
+then past it: the answered calls' round trip should not move. ``--max-calls 1000``: only the CPU budget refuses
+(a machine slower than the one ``max_calls`` was sized for).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
     port, rest_port = free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     env = loadtest_carriers._env_for("twilio", secrets.token_hex(16), rest_port, port)
-    del env["CALLBRIDGE_SERVER__MAX_CALLS"]  # as shipped
+    if args.max_calls is None:
+        del env["CALLBRIDGE_SERVER__MAX_CALLS"]  # as shipped
+    else:
+        env["CALLBRIDGE_SERVER__MAX_CALLS"] = str(args.max_calls)
     return loadtest_carriers.measure(
         [loadtest_carriers.CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], url + "/healthz",
         ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], env, args.out / f"offered-{calls}.json",
@@ -59,6 +63,7 @@ def row(report: dict[str, object]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     loadtest_carriers.add_run_arguments(parser, calls="100,200")
+    parser.add_argument("--max-calls", type=int, help="the server's server.max_calls (default: as shipped)")
     args = parser.parse_args()
     args.pin = len(os.sched_getaffinity(0)) >= 2
     loadtest_carriers.reports_directory(args, "callbridge-past-capacity-")

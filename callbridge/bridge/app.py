@@ -117,7 +117,7 @@ async def _sample_load(services: BridgeServices, every_s: float = 0.5) -> None:
         due = loop.time() + every_s
         await asyncio.sleep(every_s)
         metrics.event_loop_lag_seconds.observe(max(0.0, loop.time() - due))
-        cpu.sample(time.monotonic(), time.process_time())
+        cpu.sample(time.monotonic(), time.process_time(), len(services.admission.bridged))
         metrics.cpu_utilization.set(cpu.utilization)
 
 

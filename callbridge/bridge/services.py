@@ -480,9 +480,13 @@ class BridgeServices:
         coming back, here or from another process)."""
         if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self.drains_in_place and await self._serves(call_id)
-        cpu_percent = self.cpu.utilization * 100
+        server, now = self.settings.server, time.monotonic()
+        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``); until it has
+        # measured its calls, a call is guessed to cost what ``max_calls`` sized it at
+        guess = server.cpu_budget_percent / 100 / server.max_calls
+        cpu_percent = self.cpu.projected(self.admission.held(now) + 1, guess) * 100
         known_here = self.admission.knows(call_id)
-        refusal = self.admission.take(call_id, time.monotonic(), cpu_percent)
+        refusal = self.admission.take(call_id, now, cpu_percent)
         fleet_limit = self.settings.server.max_calls_fleet
         if refusal is None and not known_here and call_id and fleet_limit is not None:
             try:
@@ -495,7 +499,13 @@ class BridgeServices:
             return True
         self.admission.give_back(call_id)
         self.metrics.admission_refused.labels(refusal.value).inc()
-        log.warning("admission_refused", reason=refusal.value, cpu_percent=round(cpu_percent, 1), calls=len(self.active_calls))
+        log.warning(
+            "admission_refused",
+            reason=refusal.value,
+            cpu_percent=round(self.cpu.utilization * 100, 1),
+            projected_cpu_percent=round(cpu_percent, 1),
+            calls=len(self.active_calls),
+        )
         return False
 
     def not_answered_by_application(self, call_id: str, provider: str, refused: Rejection | TransferTo) -> None:

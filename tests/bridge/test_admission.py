@@ -58,7 +58,7 @@ async def test_past_max_calls_a_new_call_is_refused_and_the_running_one_carries_
 class _PinnedCpu(CpuMeter):
     """The process's CPU use as the test sets it (the admission path is the real one)."""
 
-    def sample(self, wall_s: float, cpu_s: float) -> None:
+    def sample(self, wall_s: float, cpu_s: float, calls: int = 0) -> None:
         pass
 
 
