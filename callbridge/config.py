@@ -86,9 +86,10 @@ class ServerSettings(Section):
     admission at the answer to its end), besides each one's ``max_calls``; beyond it new calls are refused busy.
     None: no fleet-wide limit. With the memory registry it is one more per-process limit."""
     cpu_budget_percent: Annotated[float, Field(ge=0, le=400)] = 85.0
-    """New calls are refused while the process uses more than this share of one core (smoothed over 5 s):
-    past it every call on the process would fall behind real time. Calls coming back are still admitted.
-    0: no CPU budget."""
+    """A new call is refused when the process, carrying every call it holds and that one, would use more than this
+    share of one core: past it every call on the process would fall behind real time. A carried call's cost is
+    measured (the use over the calls carried, both smoothed over 5 s); while few calls have been, it leans on a guess,
+    ``cpu_budget_percent / max_calls``. Calls coming back are still admitted. 0: no CPU budget."""
     generic_media_requires_token: bool = True
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless a
     carrier's own credentials admit them (``Carrier.generic_upgrade``). Switch off only where the network admits nothing but your carriers."""
