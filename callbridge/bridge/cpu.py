@@ -37,6 +37,8 @@ class CpuMeter:
         self._last: tuple[float, float] | None = None
         self._carried = 0
         """The calls carried at the last sample."""
+        self.idle = 0.0
+        """What the process uses carrying no call (its own work: metrics, probes, timers), as last seen."""
 
     def sample(self, wall_s: float, cpu_s: float, calls: int = 0) -> None:
         last, self._last = self._last, (wall_s, cpu_s)
@@ -52,14 +54,17 @@ class CpuMeter:
         self.utilization += weight * (current - self.utilization)
         # the use is the interval's mean: so is the count (a ramp's count at the end would make a call look cheaper)
         self.calls += weight * ((calls + self._carried) / 2 - self.calls)
+        if not calls and not self._carried:
+            self.idle = self.utilization
         self._carried = calls
 
     def per_call(self, guess: float) -> float:
-        """The share of a core one carried call costs: what was measured (the use over the calls carried), leaning
-        on ``guess`` (the configuration's) while few calls have been."""
-        return (self.utilization + guess * _PRIOR_WEIGHT_CALLS) / (self.calls + _PRIOR_WEIGHT_CALLS)
+        """The share of a core one carried call costs: what was measured (the use beyond the process's own, over the
+        calls carried), leaning on ``guess`` (the configuration's) while few calls have been."""
+        carrying = max(0.0, self.utilization - self.idle)
+        return (carrying + guess * _PRIOR_WEIGHT_CALLS) / (self.calls + _PRIOR_WEIGHT_CALLS)
 
     def projected(self, calls: int, guess: float) -> float:
         """The share of a core the process uses once it carries ``calls`` (those it holds, answered or streaming,
         and the one asked about): never less than it uses now."""
-        return max(self.utilization, self.per_call(guess) * calls)
+        return max(self.utilization, self.idle + self.per_call(guess) * calls)
