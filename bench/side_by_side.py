@@ -46,13 +46,19 @@ def _stats(report: dict[str, object], key: str) -> dict[str, float]:
     return stats
 
 
+def _failed(report: dict[str, object]) -> str:
+    """Calls that failed, and of them those refused busy at the answer (admission: past what the core carries)."""
+    refused = report.get("refused_calls", 0)
+    return f"{report['failed_calls']} ({refused} busy)" if refused else str(report["failed_calls"])
+
+
 def row(calls: int, peer: dict[str, object], ours: dict[str, object]) -> str:
     peer_rt, ours_rt = _stats(peer, "round_trip_ms"), _stats(ours, "round_trip_ms")
     peer_cpu, ours_cpu = peer["server_cpu_ms_per_call_second"], ours["server_cpu_ms_per_call_second"]
     assert isinstance(peer_cpu, float) and isinstance(ours_cpu, float)
     return (
         f"| {calls} | {peer_rt['p50']:.1f} / {peer_rt['p99']:.1f} | {peer_cpu:.2f} | {peer['failed_calls']} "
-        f"| {ours_rt['p50']:.1f} / {ours_rt['p99']:.1f} | {ours_cpu:.2f} | {ours['failed_calls']} "
+        f"| {ours_rt['p50']:.1f} / {ours_rt['p99']:.1f} | {ours_cpu:.2f} | {_failed(ours)} "
         f"| **{ours_cpu / peer_cpu:.2f}×** | **{ours_rt['p50'] / peer_rt['p50']:.3f}×** |"
     )
 
