@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import secrets
 import shlex
 import shutil
@@ -123,6 +124,26 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--ramp", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
+
+
+def pinned_run(parser: argparse.ArgumentParser, prefix: str) -> argparse.Namespace:
+    """The parsed flags of a run whose server is pinned to the first CPU and its generator to the others, where
+    there are two or more (``pin``), its reports in ``out`` (a temporary directory named ``prefix``… by default)."""
+    args = parser.parse_args()
+    args.pin = len(os.sched_getaffinity(0)) >= 2
+    reports_directory(args, prefix)
+    return args
+
+
+def print_table(args: argparse.Namespace, columns: list[str], rows: list[str]) -> None:
+    """A Markdown table of ``pinned_run``'s rows, under the machine, the run's shape and where its reports are."""
+    print(
+        f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+        f"{args.duration:g} s calls, {args.ramp:g} s ramp; server pinned: {args.pin}; reports in {args.out}\n"
+    )
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    print("\n".join(rows))
 
 
 def reports_directory(args: argparse.Namespace, prefix: str) -> None:

@@ -16,8 +16,6 @@ then past it: the answered calls' round trip should not move. ``--max-calls 1000
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import secrets
 import sys
 from pathlib import Path
@@ -64,16 +62,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     loadtest_carriers.add_run_arguments(parser, calls="100,200")
     parser.add_argument("--max-calls", type=int, help="the server's server.max_calls (default: as shipped)")
-    args = parser.parse_args()
-    args.pin = len(os.sched_getaffinity(0)) >= 2
-    loadtest_carriers.reports_directory(args, "callbridge-past-capacity-")
+    args = loadtest_carriers.pinned_run(parser, "callbridge-past-capacity-")
     rows = [row(run_level(int(level), args)) for level in args.calls.split(",")]
-    print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{args.duration:g} s calls, {args.ramp:g} s ramp; server pinned: {args.pin}; reports in {args.out}\n")  # fmt: skip
-    print("| offered | answered | refused | refused: no in p50 / p99 / max ms | answered: yes in p50 / p99 / max ms "
-          "| answered: round trip p50 / p99 / max ms | clicks back | broken off | server CPU-ms per call-s |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    columns = ["offered", "answered", "refused", "refused: no in p50 / p99 / max ms", "answered: yes in p50 / p99 / max ms",
+               "answered: round trip p50 / p99 / max ms", "clicks back", "broken off", "server CPU-ms per call-s"]  # fmt: skip
+    loadtest_carriers.print_table(args, columns, rows)
 
 
 if __name__ == "__main__":

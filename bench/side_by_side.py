@@ -16,8 +16,6 @@ Install pipecat's venv first (``../shared/peers/README.md``).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -68,22 +66,16 @@ def main() -> None:
     loadtest_carriers.add_run_arguments(parser, calls="1,30")
     parser.add_argument("--pipecat-python", default=str(ROOT.parent / "pipecat-venv" / "bin" / "python"))
     parser.add_argument("--peer", type=Path, default=ROOT.parent / "shared" / "peers" / "pipecat_loopback.py")
-    args = parser.parse_args()
-    args.pin = len(os.sched_getaffinity(0)) >= 2
-    args.cpu_budget = ServerSettings().cpu_budget_percent  # callbridge as shipped (never reached at these loads)
-    loadtest_carriers.reports_directory(args, "callbridge-side-by-side-")
+    args = loadtest_carriers.pinned_run(parser, "callbridge-side-by-side-")
+    args.cpu_budget = ServerSettings().cpu_budget_percent  # callbridge as shipped (past the knee it refuses calls busy)
     rows = []
     for calls in (int(level) for level in args.calls.split(",")):
         peer = run_pipecat(calls, args)
         ours = loadtest_carriers.run_one("twilio", calls, args)
         rows.append(row(calls, peer, ours))
-    print(f"\nMachine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-          f"{args.duration:g} s calls, {args.ramp:g} s ramp; server pinned: {args.pin}; reports in {args.out}\n")  # fmt: skip
-    print("| calls | pipecat p50 / p99 ms | pipecat CPU-ms per call-s | failed | callbridge p50 / p99 ms "
-          "| callbridge CPU-ms per call-s | failed | CPU ratio | p50 ratio |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for line in rows:
-        print(line)
+    columns = ["calls", "pipecat p50 / p99 ms", "pipecat CPU-ms per call-s", "failed", "callbridge p50 / p99 ms",
+               "callbridge CPU-ms per call-s", "failed", "CPU ratio", "p50 ratio"]  # fmt: skip
+    loadtest_carriers.print_table(args, columns, rows)
 
 
 if __name__ == "__main__":
