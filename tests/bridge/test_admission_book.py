@@ -119,7 +119,7 @@ def test_a_burst_onto_a_process_carrying_calls_steadily_fills_what_is_left() -> 
 def test_a_fast_ramp_into_an_idle_process_is_refused_early_by_its_own_setups() -> None:
     """The price of erring low: 100 calls at 40 a second into an idle process sized for 100, when answering one
     costs 3 ms of CPU, are charged their setups while the ramp lasts — about a fifth are refused that fit (on
-    this machine ``bench/past_capacity.py`` answered 86 of 100)."""
+    this machine ``bench/past_capacity.py`` answered 72–86 of 100)."""
     assert 75 <= _offer(100, 40, max_calls=100, cost=0.007, setup_s=0.003) < 100
 
 
