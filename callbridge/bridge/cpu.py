@@ -7,7 +7,7 @@ core used, smoothed over ``window_s``. One event loop runs on one core, so 1.0 i
 (threads of onnxruntime count too).
 
 Why ``projected``: the smoothed use lags what was just answered by seconds, and a call answered costs nothing until
-its stream starts, so a burst of answers (40 a second, on a core that carries 120 calls) all passed a check of
+its stream starts, so a burst of answers (40 a second, on a core that carries about 110 calls) all passed a check of
 ``utilization`` alone, and every call on the process then fell seconds behind (``bench/past_capacity.py``). What
 a carried call costs is measured the same way as the use (the use over the calls carried, both smoothed alike, so
 a ramp biases neither), and a new call is admitted only if the process can carry every call it holds, that one

@@ -481,8 +481,8 @@ class BridgeServices:
         if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self.drains_in_place and await self._serves(call_id)
         server, now = self.settings.server, time.monotonic()
-        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``); until it has
-        # measured its calls, a call is guessed to cost what ``max_calls`` sized it at
+        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``); while it has
+        # measured few calls, a call is taken to cost about what ``max_calls`` sized it at
         guess = server.cpu_budget_percent / 100 / server.max_calls
         cpu_percent = self.cpu.projected(self.admission.held(now) + 1, guess) * 100
         known_here = self.admission.knows(call_id)
