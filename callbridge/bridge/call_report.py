@@ -144,6 +144,6 @@ def ended_by(end_reason: str) -> Literal["caller", "agent", "bridge", "engine", 
         return "agent"
     if reason.startswith("engine"):
         return "engine"
-    if reason.startswith("carrier") or reason.startswith("protocol"):
+    if reason.startswith("carrier") or reason.startswith("protocol") or reason == "no_reconnect":  # its stream ended
         return "carrier"
     return "bridge"

@@ -244,6 +244,8 @@ class MediaStreamDriver:
         """The call's report as this stream builds it (with an application that takes events)."""
         self._setup_read: CallSetup | None = None
         """The call's setup as this stream read (or chose) it (``_setup``)."""
+        self._stream_ended_at: float | None = None
+        """When the stream ended (``time.time()``): the call's end, if it does not come back."""
         self._recording: CallRecording | None = None
         """The stream's share of the call's recording, where it is recorded."""
         self._life: CallLifecycle | None = None
@@ -910,24 +912,33 @@ class MediaStreamDriver:
         if builder is None or setup is None:
             return
         builder.agent_audio_ms += report.output_ms
+        self._stream_ended_at = time.time()
         if report.facts.call_over:
-            assistant = setup.assistant
-            call_report = builder.report(
-                setup.context, ended_at=time.time(), end_reason=report.facts.end_reason or "unknown",
-                engine_session_id=self.session.session_id if self.session is not None else None,
-                metadata=assistant.metadata if assistant is not None else None,
-            )  # fmt: skip
-            upload_to = assistant.recording_upload_url if assistant is not None else None
-            if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
-                # the report waits for the upload (it names where the recording went), the stream does not
-                self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
-            else:
-                self._emit("call.ended", report=call_report.model_dump(mode="json"))
+            self._call_over(report.facts.end_reason or "unknown")
             return
         try:
             await self.services.registry.keep_note(start.call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+
+    def _call_over(self, end_reason: str) -> None:
+        """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
+        its assistant asked for that. Its end is when its last stream ended."""
+        builder, setup = self._report, self._setup_read
+        if builder is None or setup is None:
+            return
+        assistant = setup.assistant
+        call_report = builder.report(
+            setup.context, ended_at=self._stream_ended_at or time.time(), end_reason=end_reason,
+            engine_session_id=self.session.session_id if self.session is not None else None,
+            metadata=assistant.metadata if assistant is not None else None,
+        )  # fmt: skip
+        upload_to = assistant.recording_upload_url if assistant is not None else None
+        if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
+            # the report waits for the upload (it names where the recording went), the stream does not
+            self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
+        else:
+            self._emit("call.ended", report=call_report.model_dump(mode="json"))
 
     async def _close_recording(self) -> None:
         """The stream's last chunk of the recording written and the file closed; its path goes in the report."""
@@ -999,9 +1010,12 @@ class MediaStreamDriver:
             self.services.spawn(_awaited(closing))
 
     async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
+        """A carrier whose stream comes back within ``window_ms`` if it comes back at all (AudioSocket: a hang-up is
+        its socket closing, as a drop is): when none has, the call is over — its session closed, its report sent."""
         await asyncio.sleep(window_ms / 1000)
         if await self.services.close_detached(call_id, EndReason.NO_RECONNECT, ticket):
             self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
+            self._call_over(EndReason.NO_RECONNECT.value)
 
     # --------------------------------------------------------------- registry
 

@@ -7,7 +7,7 @@ import pytest
 
 from callbridge.application import CallContext
 from callbridge.bridge.call import Observed
-from callbridge.bridge.call_report import CallReportBuilder
+from callbridge.bridge.call_report import CallReportBuilder, ended_by
 
 pytestmark = pytest.mark.core
 
@@ -38,3 +38,20 @@ def test_a_report_handed_on_before_callers_lines_existed_reads_as_the_agents() -
     old = '{"started_at": 1.0, "transcript": [{"response_id": "r", "text": "hi", "heard_ms": null}]}'
     report = CallReportBuilder.from_json(old).report(CALL, ended_at=2.0, end_reason="caller_hung_up", engine_session_id=None)
     assert report.transcript[0].role == "agent" and (report.engine_sessions, report.engine_resumes) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("end_reason", "who"),
+    [
+        ("caller_hung_up", "caller"),
+        ("stream_stopped", "caller"),
+        ("caller_silent", "agent"),
+        ("agent_hung_up", "agent"),
+        ("engine_failed", "engine"),
+        ("protocol_error:bad_json", "carrier"),
+        ("no_reconnect", "carrier"),  # its stream closed and did not come back (AudioSocket's hang-up)
+        ("max_duration", "bridge"),
+    ],
+)
+def test_who_ended_the_call_is_read_from_how_its_last_stream_ended(end_reason: str, who: str) -> None:
+    assert ended_by(end_reason) == who
