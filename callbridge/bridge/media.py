@@ -1010,8 +1010,8 @@ class MediaStreamDriver:
             self.services.spawn(_awaited(closing))
 
     async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
-        """A carrier whose stream comes back within ``window_ms`` if it comes back at all (AudioSocket: a hang-up is
-        its socket closing, as a drop is): when none has, the call is over — its session closed, its report sent."""
+        """A carrier whose stream comes back within ``window_ms`` if it comes back at all (one whose hang-up is its
+        socket closing, as a drop is): when none has, the call is over — its session closed, its report sent."""
         await asyncio.sleep(window_ms / 1000)
         if await self.services.close_detached(call_id, EndReason.NO_RECONNECT, ticket):
             self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)

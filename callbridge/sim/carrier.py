@@ -406,7 +406,8 @@ class SimulatedCarrier(ABC):
     @abstractmethod
     async def open_stream(self, call: SimCall, reason: OpenReason) -> SimStream | None:
         """Answer the call (or run the carrier's reconnect flow) and open its media connection, with the carrier's
-        first messages sent; None when the call ends instead (logged on ``call.result``)."""
+        first messages sent; None when the bridge's answer ends the call instead (logged on ``call.result``). A
+        connection that cannot be made at all may raise."""
 
     @abstractmethod
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:

@@ -181,7 +181,8 @@ class _Call:
     answer_ms: float | None = None
     """The answer: from the carrier's first request (its webhook, or the socket) to the stream, or to no."""
     refused: bool = False
-    """The answer was no stream, without an error: busy, rejected, sent elsewhere (admission past capacity)."""
+    """The bridge answered with no stream: busy, rejected, an HTTP error, sent elsewhere (admission past capacity);
+    not a connection that failed (the simulator raises for those)."""
     # barge-in mode
     talking_from: int | None = None
     """The frame at which the caller's current utterance started (None: listening)."""

@@ -459,9 +459,9 @@ class DirectTwilioStreams(SimulatedTwilio):
             return None
         try:
             opened = await open_media_stream(self.ws_url, self.account_sid, call.call_id)
-        except (OSError, InvalidHandshake) as exc:
+        except (OSError, InvalidHandshake) as exc:  # no server's answer: raised (None is a server's no)
             call.result.log(call.clock(), self.provider, f"cannot open {self.ws_url}: {exc}")
-            return None
+            raise
         return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
 
 
