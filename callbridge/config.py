@@ -209,7 +209,7 @@ class EngineSettings(Section):
     @field_validator("language_option", mode="after")
     @classmethod
     def _not_the_bridges_option(cls, key: str | None) -> str | None:
-        if key is not None and bridge_owned_options({key: None}):
+        if key is not None and bridge_owned_options([key]):
             raise ValueError(f"{key} is the bridge's own")
         return key
 

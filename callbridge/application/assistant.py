@@ -5,6 +5,7 @@ value (``AssistantReply.model_json_schema()``, published as ``docs/application-s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, JsonValue, model_validator
@@ -31,9 +32,9 @@ ENGINE_OPTIONS_MAX_BYTES: Final = 16 * 1024
 """The most an assistant's ``engine_options`` may take as JSON."""
 
 
-def bridge_owned_options(options: dict[str, Any]) -> list[str]:
-    """The keys of ``options`` (a session's ``extra_body``) that are the bridge's or vllm-omni's to set."""
-    return sorted(key for key in options if key in BRIDGE_SESSION_OPTIONS or key.startswith("realtime_"))
+def bridge_owned_options(keys: Iterable[str]) -> list[str]:
+    """Those of ``keys`` (of a session's ``extra_body``) that are the bridge's or vllm-omni's to set."""
+    return sorted(key for key in keys if key in BRIDGE_SESSION_OPTIONS or key.startswith("realtime_"))
 
 
 class Tool(BaseModel):
