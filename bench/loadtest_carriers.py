@@ -63,7 +63,7 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
     try:
         return measure(
-            [CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], url + "/healthz",
+            serve_command(port, args), url + "/healthz",
             ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / f"{provider}-{calls}.json",
             calls, args,
         )  # fmt: skip
@@ -71,6 +71,12 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
         key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
         if key:  # the key pair --print-env made for this run
             shutil.rmtree(Path(key).parent, ignore_errors=True)
+
+
+def serve_command(port: int, args: argparse.Namespace) -> list[str]:
+    """``callbridge serve`` on ``port``; from ``--compiled``'s tree where given (the server's path alone)."""
+    compiled = ["env", f"PYTHONPATH={args.compiled}"] if args.compiled else []
+    return [*compiled, CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"]
 
 
 def measure(
@@ -124,6 +130,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--ramp", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
+    parser.add_argument("--compiled", type=Path, metavar="DIR", help="run callbridge serve from this compiled tree (bench/compiled_tree.py)")
 
 
 def pinned_run(parser: argparse.ArgumentParser, prefix: str) -> argparse.Namespace:

@@ -37,7 +37,7 @@ def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
     else:
         env["CALLBRIDGE_SERVER__MAX_CALLS"] = str(args.max_calls)
     return loadtest_carriers.measure(
-        [loadtest_carriers.CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"], url + "/healthz",
+        loadtest_carriers.serve_command(port, args), url + "/healthz",
         ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], env, args.out / f"offered-{calls}.json",
         calls, args,
     )  # fmt: skip

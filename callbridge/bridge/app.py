@@ -40,6 +40,7 @@ from callbridge.bridge.services import (
     HangUpFn,
 )
 from callbridge.carriers import CARRIERS
+from callbridge.compiled import COMPILED_MODULES, compiled_modules, stale_modules
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger
@@ -56,8 +57,8 @@ class BridgeState:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.process_metrics = ProcessCollector(registry=self.registry)
-        self.build_info = Info("callbridge_build", "callbridge version", registry=self.registry)
-        self.build_info.info({"version": __version__})
+        self.build_info = Info("callbridge_build", "callbridge version; compiled: its per-frame modules are (CALLBRIDGE_COMPILE=1)", registry=self.registry)
+        self.build_info.info({"version": __version__, "compiled": "true" if compiled_modules() else "false"})
         self.group: GroupPublisher | None = None
         """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
         self.carriers = tuple(spec.load_carrier() for spec in CARRIERS)
@@ -133,7 +134,13 @@ def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: 
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
             await state.services.engine.warm_up()  # before the first call, not on its audio's time
-            log.info("bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__)
+            log.info(
+                "bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__,
+                compiled=f"{len(compiled_modules())}/{len(COMPILED_MODULES)}",
+            )  # fmt: skip
+            stale = stale_modules()
+            if stale:
+                log.warning("compiled_modules_stale", modules=stale, detail="edited since the build: the built code runs; rebuild them")
             state.services.spawn(_sample_load(state.services))
             start_engine_pool(state.services.engine)  # its health probes begin before the first call
             state.services.start_listening()  # other processes' word on calls whose stream is here

@@ -21,9 +21,9 @@ from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from starlette.websockets import WebSocket, WebSocketState
+from starlette.websockets import WebSocket
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
@@ -58,6 +58,7 @@ from callbridge.bridge.call_config import (
 )
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
+from callbridge.bridge.carrier_transport import CarrierTransport, SizeLimitedTransport, WebSocketTransport
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -86,7 +87,7 @@ from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.recording_store import CallRecording, public_url
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.services import BridgeServices
-from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES, allow_messages_up_to
+from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
@@ -94,7 +95,7 @@ from callbridge.engine.events import EngineErrorEvent, EngineEvent, InputTranscr
 from callbridge.engine.port import DuplexSession, ResumeTicket
 from callbridge.logging import get_logger
 
-__all__ = ["CarrierTransport", "MediaStreamDriver", "WebSocketTransport"]
+__all__ = ["MediaStreamDriver"]
 
 log = get_logger("callbridge.call")
 
@@ -104,7 +105,6 @@ _ENGINE_CALL_TIMEOUT_S = 5.0
 _CHECKPOINT_POLL_S = 0.25
 """How often a live call's ticket is compared with what the registry holds (written only when it changed, a rotated
 token at once, the rest every ``registry.checkpoint_interval_s``)."""
-_MESSAGE_TOO_BIG = 1009
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ENGINE_CLOSE_WAIT_S = 0.05
@@ -127,77 +127,6 @@ def _call_ends_at_ms(setup: CallSetup | None) -> int | None:
         return None
     started = setup.chosen_at or time.time()
     return _now_ms() + max(0, int((started + setup.assistant.max_duration_s - time.time()) * 1000))
-
-
-class CarrierTransport(Protocol):
-    """The carrier's media connection, already accepted."""
-
-    async def receive(self) -> str | bytes | None:
-        """The next message (text or binary; a chunk of the stream for TCP); None once the peer has gone."""
-        ...
-
-    async def send(self, message: str | bytes) -> None: ...
-
-    async def close(self, code: int) -> None:
-        """Close (idempotent); ``code`` is the websocket close code where there is one."""
-        ...
-
-
-@runtime_checkable
-class SizeLimitedTransport(Protocol):
-    """A carrier transport whose messages are limited in size before they are read (a websocket: ``ws_protocol``)."""
-
-    @property
-    def refused_too_large(self) -> bool:
-        """It ended because a message was over the limit (refused unread)."""
-        ...
-
-    async def authenticated(self, max_message_bytes: int) -> None:
-        """The stream is the carrier's: its messages may now be as large as ``max_message_bytes``."""
-        ...
-
-
-class WebSocketTransport:
-    """A Starlette websocket, accepted, as a ``CarrierTransport``.
-
-    Messages go straight to the ASGI ``receive``/``send`` the websocket was given: Starlette's per-message state
-    checks cost more than the message's own handling. Its state is kept where it changes: a disconnect read here,
-    and the close (which goes through the websocket)."""
-
-    def __init__(self, websocket: WebSocket) -> None:
-        self.websocket = websocket
-        self._receive = websocket._receive
-        self._send = websocket._send
-        self.refused_too_large = False
-        """The connection ended because the protocol refused a message over its limit (``ws_protocol``): 1009."""
-
-    async def receive(self) -> str | bytes | None:
-        if self.websocket.client_state is not WebSocketState.CONNECTED:
-            return None
-        try:
-            message = await self._receive()
-        except (OSError, RuntimeError):
-            return None
-        if message["type"] != "websocket.receive":
-            self.websocket.client_state = WebSocketState.DISCONNECTED
-            self.refused_too_large = message.get("code") == _MESSAGE_TOO_BIG
-            return None
-        text = message.get("text")
-        return text if text is not None else message.get("bytes") or b""
-
-    async def send(self, message: str | bytes) -> None:
-        if self.websocket.application_state is not WebSocketState.CONNECTED:
-            raise RuntimeError("the websocket is closed")
-        await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
-
-    async def close(self, code: int) -> None:
-        if self.websocket.application_state is not WebSocketState.DISCONNECTED:
-            await self.websocket.close(code)
-
-    async def authenticated(self, max_message_bytes: int) -> None:
-        """The stream is the carrier's: its messages may be as large as its codec accepts (``ws_protocol``)."""
-        if self.websocket.application_state is WebSocketState.CONNECTED:
-            await allow_messages_up_to(self.websocket, max_message_bytes)
 
 
 @dataclass(slots=True)

@@ -30,6 +30,7 @@ from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serv
 from tests.bridge import agent_app
 from tests.bridge.test_recording_store import bucket
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
+from tests.conftest import PATCHES_A_COMPILED_METHOD
 
 MODULE = "tests.bridge.agent_app:"
 OUTPUT = '{"order": "A-17", "status": "shipped"}'
@@ -103,6 +104,7 @@ async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_t
     assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]
 
 
+@PATCHES_A_COMPILED_METHOD
 async def test_the_report_has_what_the_caller_said_where_the_model_transcribes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose plugin surfaces its ASR text (vllm-omni 0.30: AURA-Omni) sends the caller's words after each
     committed input: they join the report's transcript as caller lines, in order with the agent's replies."""

@@ -26,6 +26,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
 
+from callbridge.compiled import compiled_modules
 from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import until
 from tests.conftest import wait_http_ok
@@ -162,7 +163,8 @@ async def test_a_scrape_of_the_shared_port_answers_for_every_worker(workers: Wor
         assert _pids(scraped, "process_start_time_seconds") == worker_pids
         assert _total(scraped, "callbridge_asyncio_tasks") > 0  # a scrape-time gauge, copied by every worker
         assert _total(scraped, "callbridge_event_loop_lag_seconds_count") > 0  # histograms summed
-        assert scraped[("callbridge_build_info", (("version", _version()),))] == 1
+        compiled = "true" if compiled_modules() else "false"
+        assert scraped[("callbridge_build_info", (("compiled", compiled), ("version", _version())))] == 1
 
 
 async def test_a_dead_workers_counts_stay_and_its_live_series_leave(workers: Workers) -> None:

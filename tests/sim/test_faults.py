@@ -25,6 +25,7 @@ from callbridge.sim.faults import (
     run_calls_seed,
     run_seed,
 )
+from tests.conftest import PATCHES_A_COMPILED_METHOD
 
 SEEDS_PER_TEST = 100
 
@@ -151,6 +152,7 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallSession, "engine_bound", not_holding)
         assert "went back" in first_violation([2600, 2805]).what
 
+    @PATCHES_A_COMPILED_METHOD
     def test_acks_past_the_audio_generated(self, monkeypatch: pytest.MonkeyPatch) -> None:
         unclamped = lambda call, response_id, heard_ms: heard_ms + call._cut_replies.get(response_id, 0)  # noqa: E731
         monkeypatch.setattr(CallSession, "_heard_on_call", unclamped)
@@ -214,6 +216,7 @@ class TestPlantedBugsAreCaught:
         monkeypatch.setattr(CallLifecycle, "next_step", skipping)
         assert "left detached" in first_violation(range(300)).what
 
+    @PATCHES_A_COMPILED_METHOD
     def test_a_takeover_that_forgets_what_the_engine_was_told(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without the live ticket's ``told_ms``, a stream that took over re-acks a reply the dead one had cut lower."""
         monkeypatch.setattr(CallSession, "told_so_far", property(lambda call: ()))

@@ -69,7 +69,8 @@ from pydantic import SecretStr
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
-from callbridge.bridge.media import MediaStreamDriver, WebSocketTransport
+from callbridge.bridge.carrier_transport import WebSocketTransport
+from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import Carrier

@@ -97,7 +97,7 @@ class VonageCodec:
 
     # ------------------------------------------------------------------ in
 
-    def receive_message(self, message: str | bytes) -> list[CarrierEvent]:
+    def receive_message(self, message: str | bytes | bytearray | memoryview) -> list[CarrierEvent]:
         """Parse one websocket message into carrier events. Raises ``RemoteProtocolError``."""
         if isinstance(message, bytes | bytearray | memoryview):  # the hot path first: 20 ms of audio
             return self._media(message)

@@ -1,0 +1,85 @@
+"""The carrier's media connection as the driver (``media.py``) reads and writes it: a websocket, an RTP socket or
+an AudioSocket TCP stream, already accepted."""
+
+from __future__ import annotations
+
+from typing import Final, Protocol, runtime_checkable
+
+from starlette.websockets import WebSocket, WebSocketState
+
+from callbridge.bridge.ws_protocol import allow_messages_up_to
+
+__all__ = ["CarrierTransport", "SizeLimitedTransport", "WebSocketTransport"]
+
+_MESSAGE_TOO_BIG: Final = 1009
+
+
+class CarrierTransport(Protocol):
+    """The carrier's media connection, already accepted."""
+
+    async def receive(self) -> str | bytes | None:
+        """The next message (text or binary; a chunk of the stream for TCP); None once the peer has gone."""
+        ...
+
+    async def send(self, message: str | bytes) -> None: ...
+
+    async def close(self, code: int) -> None:
+        """Close (idempotent); ``code`` is the websocket close code where there is one."""
+        ...
+
+
+@runtime_checkable
+class SizeLimitedTransport(Protocol):
+    """A carrier transport whose messages are limited in size before they are read (a websocket: ``ws_protocol``)."""
+
+    @property
+    def refused_too_large(self) -> bool:
+        """It ended because a message was over the limit (refused unread)."""
+        ...
+
+    async def authenticated(self, max_message_bytes: int) -> None:
+        """The stream is the carrier's: its messages may now be as large as ``max_message_bytes``."""
+        ...
+
+
+class WebSocketTransport:
+    """A Starlette websocket, accepted, as a ``CarrierTransport``.
+
+    Messages go straight to the ASGI ``receive``/``send`` the websocket was given: Starlette's per-message state
+    checks cost more than the message's own handling. Its state is kept where it changes: a disconnect read here,
+    and the close (which goes through the websocket)."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self._receive = websocket._receive
+        self._send = websocket._send
+        self.refused_too_large = False
+        """The connection ended because the protocol refused a message over its limit (``ws_protocol``): 1009."""
+
+    async def receive(self) -> str | bytes | None:
+        if self.websocket.client_state is not WebSocketState.CONNECTED:
+            return None
+        try:
+            message = await self._receive()
+        except (OSError, RuntimeError):
+            return None
+        if message["type"] != "websocket.receive":
+            self.websocket.client_state = WebSocketState.DISCONNECTED
+            self.refused_too_large = message.get("code") == _MESSAGE_TOO_BIG
+            return None
+        text = message.get("text")
+        return text if text is not None else message.get("bytes") or b""
+
+    async def send(self, message: str | bytes) -> None:
+        if self.websocket.application_state is not WebSocketState.CONNECTED:
+            raise RuntimeError("the websocket is closed")
+        await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
+
+    async def close(self, code: int) -> None:
+        if self.websocket.application_state is not WebSocketState.DISCONNECTED:
+            await self.websocket.close(code)
+
+    async def authenticated(self, max_message_bytes: int) -> None:
+        """The stream is the carrier's: its messages may be as large as its codec accepts (``ws_protocol``)."""
+        if self.websocket.application_state is WebSocketState.CONNECTED:
+            await allow_messages_up_to(self.websocket, max_message_bytes)
