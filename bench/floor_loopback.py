@@ -2,6 +2,7 @@
 by side with pipecat's loopback and ``callbridge serve``, in one run, by the same generator.
 
     python bench/floor_loopback.py --calls 30 [--duration 20] [--ramp 5] [--servers pipecat,raw,asgi,callbridge]
+        [--compiled DIR]
 
 ``raw`` and ``asgi`` are not bridges. For each ``media`` message they do only what a loopback call's audio must
 go through, with callbridge's own steps: base64 and μ-law decode, 8 → 16 kHz (``LowDelayResampler``, the
@@ -39,6 +40,7 @@ from callbridge.config import ServerSettings  # noqa: E402
 from callbridge.sim.ports import free_port  # noqa: E402
 
 SERVERS = ("pipecat", "raw", "asgi", "callbridge")
+"""With ``--compiled DIR`` also ``compiled``: ``callbridge serve`` from that compiled tree (``bench/compiled_tree.py``)."""
 _FRAME_BYTES = 160
 """20 ms of μ-law at 8 kHz."""
 
@@ -168,15 +170,16 @@ def main() -> None:
     parser.add_argument("--peer", type=Path, default=side_by_side.ROOT.parent / "shared" / "peers" / "pipecat_loopback.py")
     args = loadtest_carriers.pinned_run(parser, "callbridge-floor-")
     args.cpu_budget = ServerSettings().cpu_budget_percent
-    kinds = args.servers.split(",")
+    kinds = args.servers.split(",") + (["compiled"] if args.compiled else [])
     rows = []
     for calls in (int(level) for level in args.calls.split(",")):
         reports: dict[str, dict[str, object]] = {}
         for kind in kinds:
             if kind == "pipecat":
                 reports[kind] = side_by_side.run_pipecat(calls, args)
-            elif kind == "callbridge":
-                reports[kind] = loadtest_carriers.run_one("twilio", calls, args)
+            elif kind in ("callbridge", "compiled"):
+                tree = args.compiled if kind == "compiled" else None
+                reports[kind] = loadtest_carriers.run_one("twilio", calls, argparse.Namespace(**{**vars(args), "compiled": tree}))
             else:
                 reports[kind] = run_floor(kind, calls, args)
         reference = reports.get("pipecat", {}).get("server_cpu_ms_per_call_second")
@@ -185,8 +188,11 @@ def main() -> None:
             trip = side_by_side._stats(report, "round_trip_ms")
             assert isinstance(cpu, float)
             ratio = f"**{cpu / reference:.2f}×**" if isinstance(reference, float) else "n/a"
-            rows.append(f"| {calls} | {kind} | {trip['p50']:.1f} / {trip['p99']:.1f} | {report['failed_calls']} | {cpu:.2f} | {ratio} |")
-    columns = ["calls", "server", "round trip p50 / p99 ms", "failed", "CPU-ms per call-s", "CPU ÷ pipecat's"]
+            rows.append(
+                f"| {calls} | {kind} | {trip['p50']:.1f} / {trip['p99']:.1f} | {report['frames_received']} / {report['frames_sent']} "
+                f"| {side_by_side._failed(report)} | {cpu:.2f} | {report['server_rss_mb']:.1f} | {ratio} |"
+            )
+    columns = ["calls", "server", "round trip p50 / p99 ms", "frames back", "failed", "CPU-ms per call-s", "RSS MB", "CPU ÷ pipecat's"]
     loadtest_carriers.print_table(args, columns, rows)
 
 

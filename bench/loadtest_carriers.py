@@ -64,7 +64,7 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     try:
         return measure(
             serve_command(port, args), url + "/healthz",
-            ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / f"{provider}-{calls}.json",
+            ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / f"{provider}{'-compiled' if args.compiled else ''}-{calls}.json",
             calls, args,
         )  # fmt: skip
     finally:

@@ -37,12 +37,13 @@ COMPILED_FILES: tuple[str, ...] = (
     "callbridge/engine/events.py",
     "callbridge/engine/late_audio.py",
     "callbridge/engine/local/core.py",
-    "callbridge/engine/local/engine.py",
+    "callbridge/engine/wire.py",
 )
 """The per-frame modules' files, from the directory that holds the package: the call core and its driver, the
 ledger and the pacing clock, every carrier's codec (they subclass each other's bases, and a compiled class cannot
-have an interpreted subclass) with the events they make, the audio codecs, the engine's commands and events, and
-the embedded engine. Not ``engine/event_stream.py``: mypyc does not compile async generators."""
+have an interpreted subclass) with the events they make, the audio codecs, the engine's commands and events, the
+engine wire's codec (vllm-omni's protocol) and the embedded engine's core. Not ``engine/event_stream.py`` (mypyc
+does not compile async generators), nor the embedded engine's session wrapper (tests subclass it)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 """The directory that holds the ``callbridge`` package (a checkout, or site-packages)."""

@@ -30,7 +30,8 @@ def test_setup_compiles_the_files_of_the_listed_modules() -> None:
     # the whole way of a frame: the call, its ledger, a carrier's codec and its base, the resamplers, the engine core
     for name in ("bridge.call", "bridge.playout", "carriers.twilio.wire", "carriers.json_wire", "codecs.lowdelay", "engine.local.core"):
         assert f"callbridge.{name}" in COMPILED_MODULES
-    assert sum(name.endswith(".wire") for name in COMPILED_MODULES) == len(list((ROOT / "callbridge" / "carriers").glob("*/wire.py")))
+    carriers = [name for name in COMPILED_MODULES if name.startswith("callbridge.carriers.") and name.endswith(".wire")]
+    assert len(carriers) == len(list((ROOT / "callbridge" / "carriers").glob("*/wire.py")))
 
 
 def test_the_build_is_compiled_whole_or_not_at_all() -> None:

@@ -1,5 +1,5 @@
-"""The carrier's media connection as the driver (``media.py``) reads and writes it: a websocket, an RTP socket or
-an AudioSocket TCP stream, already accepted."""
+"""The carrier's media connection as the driver (``media.py``) reads and writes it, already accepted: a websocket,
+a call's RTP socket, a TCP stream of frames."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from tests.bridge.twilio_e2e import (
     short_speech,
     until,
 )
+from tests.conftest import PATCHES_A_COMPILED_METHOD
 
 SPEECH_MS = 1500
 
@@ -234,6 +235,7 @@ async def test_an_engine_failure_mid_call_plays_the_fallback_then_hangs_up() -> 
     assert result.heard_ms < 3000 and failures == 1 and hangups == 1
 
 
+@PATCHES_A_COMPILED_METHOD
 async def test_an_engine_event_the_call_cannot_take_plays_the_fallback_then_hangs_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in handling an engine event (here: every audio delta raises) ends that call the engine-failure way,
     whether the event came with a command (the embedded engine answers at once) or on its own."""
