@@ -13,7 +13,7 @@ Everything else (metadata, dependencies, packages) is in ``pyproject.toml``.
 
 from __future__ import annotations
 
-import ast
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,13 @@ ROOT = Path(__file__).parent
 
 
 def compiled_module_files() -> list[str]:
-    """``COMPILED_FILES`` of ``callbridge/compiled.py``, expanded: read without importing the package."""
-    tree = ast.parse((ROOT / "callbridge" / "compiled.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "COMPILED_FILES":
-            patterns = ast.literal_eval(node.value) if node.value is not None else ()
-            return sorted({str(path.relative_to(ROOT)) for pattern in patterns for path in ROOT.glob(pattern)})
-    raise RuntimeError("callbridge/compiled.py has no COMPILED_FILES")
+    """The files ``callbridge/compiled.py`` lists, loaded from its file (the package is not importable yet)."""
+    spec = importlib.util.spec_from_file_location("callbridge_compiled_list", ROOT / "callbridge" / "compiled.py")
+    assert spec is not None and spec.loader is not None
+    listed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(listed)
+    files: list[str] = listed.compiled_files(ROOT)
+    return files
 
 
 def ext_modules() -> list[Any]:

@@ -10,7 +10,7 @@ Python, so the quick start needs no C compiler and an edited module is always th
 module whose source has changed since it was built would run the old code: ``stale_modules`` names them, and the
 bridge warns at start-up.
 
-Kept free of the package's imports: ``setup.py`` reads ``COMPILED_FILES`` before anything is installed.
+Kept free of the package's imports: ``setup.py`` loads this file on its own, before anything is installed.
 """
 
 from __future__ import annotations
