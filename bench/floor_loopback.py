@@ -49,12 +49,15 @@ class LoopbackPipeline:
     """One call's audio path, caller → engine → caller: what each ``media`` message costs at the least."""
 
     def __init__(self) -> None:
+        import audioop  # noqa: PLC0415 — audioop-lts on 3.13
+
         import numpy as np
+        import orjson
         import soxr
 
         from callbridge.codecs.lowdelay import LowDelayResampler
 
-        self._np = np
+        self._audioop, self._orjson, self._np = audioop, orjson, np
         self._in = LowDelayResampler(8000, 16000)
         self._agent = soxr.ResampleStream(16000, 24000, 1, dtype="int16", quality="QQ")
         self._out = LowDelayResampler(24000, 8000)
@@ -63,10 +66,7 @@ class LoopbackPipeline:
 
     def on_text(self, text: bytes | str) -> list[bytes]:
         """The replies (UTF-8 JSON) to one Twilio message."""
-        import audioop  # noqa: PLC0415 — audioop-lts on 3.13
-
-        import orjson
-
+        audioop, orjson = self._audioop, self._orjson  # imported once per call, not per message
         message = orjson.loads(text)
         event = message.get("event")
         if event == "start":
