@@ -462,7 +462,9 @@ class CallSession:
         self._out_rate_hz = 8000
         """What the agent's audio is sent in: the stream's own format unless its start says otherwise."""
         self._inbound: StreamResampler | None = None
-        self._starting_buffer: deque[bytes] = deque()
+        self._starting_buffer: deque[tuple[bytes, bytes]] = deque()
+        """The caller's audio before the engine is bound, each frame at the engine's rate and as received (PCM16 at
+        the stream's rate: the recording's, from the stream's first audio, not from the bind)."""
         self._starting_buffer_ms = 0
         self._out: list[CallOutput] = []
         self._out_response: str | None = None
@@ -644,10 +646,14 @@ class CallSession:
             self._call_ends_at_ms = call_ends_at_ms
             due = self._limits_due_ms
             self._limits_due_ms = call_ends_at_ms if due is None else min(due, call_ends_at_ms)
-        if record:
+        if record:  # from the caller's first audio kept: it came in real time, up to now
+            held = sum(len(pcm) for _, pcm in self._starting_buffer) // PCM16_SAMPLE_BYTES
             self.recorder = self.ledger.recorder = StereoRecorder(
-                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding, started_ms=now_ms
+                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
+                started_ms=now_ms - held * 1000 // self._rate_hz,
             )
+            for _, pcm in self._starting_buffer:
+                self.recorder.caller(pcm)
         if taken_over:
             self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
         self.capabilities = capabilities
@@ -659,7 +665,9 @@ class CallSession:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
         while self._starting_buffer:
-            self._to_engine(AppendAudio(self._starting_buffer.popleft(), self.options.engine_rate_hz))
+            audio, _ = self._starting_buffer.popleft()
+            if audio:
+                self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
         self._starting_buffer_ms = 0
         if greeting:
             self._to_engine(CreateTextItem(greeting))
@@ -1316,17 +1324,17 @@ class CallSession:
             chunk = recorder.take(now_ms)
             if chunk is not None:
                 self._out.append(RecordingChunk(chunk))
-        if not audio:
-            return
         if self.state is CallState.LIVE:
+            if not audio:
+                return
             if self._greeting_muted_until_ms is not None and self._greeting_plays(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
             return
-        self._starting_buffer.append(audio)
+        self._starting_buffer.append((audio, bytes(pcm)))  # L16's ``pcm`` is the received buffer itself
         self._starting_buffer_ms += len(audio) * 500 // self.options.engine_rate_hz
         while self._starting_buffer_ms > _MAX_STARTING_BUFFER_MS:
-            dropped = self._starting_buffer.popleft()
+            dropped, _ = self._starting_buffer.popleft()
             self._starting_buffer_ms -= len(dropped) * 500 // self.options.engine_rate_hz
 
     def _track_read_lag(self, now_ms: int, payload_ms: int) -> None:

@@ -508,17 +508,9 @@ def _same_as_heard(
     assert not recorded[0][~covered].any(), np.flatnonzero(~covered & (recorded[0] != 0))[:10] / 8  # only what was heard
 
 
-_JAMBONZ_UNDER_LOAD = pytest.mark.xfail(
-    reason="open: on a loaded machine (CI's xdist workers; 4 busy loops on 2 cores) jambonz's recorded caller channel "
-    "correlates 0.937 with what the caller sent, the same on e848146: a bug in the bridge or its simulator, not yet "
-    "found (session 20's note)",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     "provider",
-    [pytest.param(name, marks=_JAMBONZ_UNDER_LOAD) if name == "jambonz" else name for name in sorted(simulated()) if name != "vonage"],
+    [name for name in sorted(simulated()) if name != "vonage"],
 )
 async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_it(tmp_path: Path, provider: str) -> None:
     """``[recording]``: the call's stereo WAV at the carrier's rate — the left channel what the caller sent (as the
@@ -564,7 +556,7 @@ async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_
     caller = np.zeros(len(stereo))
     caller[: len(sent)] = sent[: len(caller)]
     lag, correlation = _best_lag(stereo[:, 0], caller, max_lag=2400)
-    assert correlation >= 0.99 and abs(lag) <= 1600, (lag, correlation)
+    assert correlation >= 0.99 and abs(lag) <= 1, (lag, correlation)  # from the first frame: what came before the bind too
 
 
 async def test_the_application_records_a_call_and_gets_it_uploaded(tmp_path: Path) -> None:

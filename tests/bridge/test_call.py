@@ -24,6 +24,7 @@ from callbridge.bridge.call import (
     Observed,
     PendingAction,
     Perform,
+    RecordingChunk,
     SilencePolicy,
     ToCarrier,
     ToEngine,
@@ -164,6 +165,29 @@ class TestInbound:
         h.call.engine_bound(CAPS, 0)
         h.drain()
         assert sum(len(c.pcm) for c in h.of(AppendAudio)) // 32 >= 500 - 120
+
+    def test_the_recording_holds_what_the_caller_said_before_the_engine_was_bound(self) -> None:
+        """The caller's first words wait for the engine in the starting buffer; the recording has them too, from
+        the stream's first frame, and its clock starts there (the agent's channel stays where it played)."""
+        h = Harness()
+        h.receive(CONNECTED)
+        h.receive(START)
+        frames = [caller_frame(i) for i in range(60)]
+        for i, frame in enumerate(frames[:10]):  # 200 ms before the bind
+            h.now_ms += 20
+            h.receive(media(frame, timestamp=str(20 * i)))
+        h.call.engine_bound(CAPS, h.now_ms, record=True)
+        h.drain()
+        assert h.call.recorder is not None and h.call.recorder.started_ms == h.now_ms - 200
+        for i, frame in enumerate(frames[10:], start=10):
+            h.now_ms += 20
+            h.receive(media(frame, timestamp=str(20 * i)))
+        h.drain()
+        chunks = b"".join(o.data for o in h.outputs if isinstance(o, RecordingChunk))
+        chunks += h.call.recorder.take(h.now_ms, final=True) or b""
+        left = np.frombuffer(chunks, dtype="<i2")[0::2]
+        received = np.frombuffer(ulaw_to_pcm16(b"".join(frames)), dtype="<i2")
+        assert len(left) == len(received) and np.array_equal(left, received)
 
     def test_timestamp_gap_is_filled_with_silence(self) -> None:
         h = Harness().live()

@@ -229,6 +229,8 @@ class SimulatedAudioSocket(SimulatedCarrier):
             stream = AudioSocketStream(TcpConnection(reader, writer), f"{call.call_id}#{attempt + 1}", call, self, self.kind)
             await stream.send(frame(Kind.UUID, uuid.UUID(call.call_id).bytes))
             await stream.send(frame(self.kind, bytes(stream.frame_bytes)))  # the channel's first 20 ms
+            if self.on_media_sent is not None:  # caller audio too (silence), before the script's first frame
+                self.on_media_sent(bytes(320))
             return stream
 
     def unknown_event(self, stream: SimStream) -> bytes:
