@@ -57,6 +57,12 @@ class StereoRecorder:
         """Where the last frame placed ends: the next frame of the same run plays from there."""
         self._run_start: int | None = None
         """Where the run of frames playing (back to back since the last gap) starts."""
+        self._unplaced = 0
+        """Samples of echo corrections the run playing did not take (it was partly written): the ledger's times for
+        its next frames include them, so a frame they move is still the run's next (not a new run after a gap)."""
+        self._run_floor = 0
+        """Where what came before the run ends (the last run's last frame; a clear's moment): the run plays after
+        it, whatever an echo says (the carrier plays its buffer in order)."""
         self._agent_tolerance = agent_rate_hz * _RUN_TOLERANCE_MS // 1000
         self._caller = bytearray()
         self._written_at_ms = started_ms
@@ -84,22 +90,28 @@ class StereoRecorder:
         its buffer back to back; the model only moves when a marker's echo corrects it), else where it starts."""
         at = (start_ms - self.started_ms) * self.agent_rate_hz // 1000
         following = self._agent_next
-        if following is not None and at - following < self._agent_tolerance:
+        if following is not None and at - self._unplaced - following < self._agent_tolerance:
             at = following
         else:
-            self._run_start = at
+            self._run_start, self._unplaced = at, 0
+            if following is not None:
+                self._run_floor = following
         self._agent_next = at + len(frame) // self.agent_encoding.sample_bytes
         self.agent_frames.append((at, frame))
 
     def shift(self, delay_ms: int) -> None:
         """A marker's echo moved the playout model by ``delay_ms`` (the carrier plays the run later, or earlier,
         than it was sent): the run playing moves with it while none of it is written yet (the first echoes come
-        within ``_SETTLE_MS``); after that its frames stay back to back."""
+        within ``_SETTLE_MS``); after that its frames stay back to back, the later ones too, which the ledger now
+        times by the moved model (``_unplaced``): a correction of a few ms is the echo's jitter as often as the
+        carrier's, and a run the carrier plays does not break where an echo came late."""
         run = self._run_start
+        asked = delay_ms * self.agent_rate_hz // 1000
         if run is None or run < self._agent_samples or self._agent_next is None:
+            self._unplaced += asked
             return
-        delay = delay_ms * self.agent_rate_hz // 1000
-        delay = max(delay, self._agent_samples - run)  # never back into what is written
+        delay = max(asked, self._agent_samples - run, self._run_floor - run)  # never back into what is written or played before
+        self._unplaced += asked - delay
         frames = self.agent_frames
         for i, (at, frame) in enumerate(frames):
             if at >= run:
@@ -114,6 +126,7 @@ class StereoRecorder:
         while frames and frames[-1][0] >= now:
             frames.pop()
         self._agent_next = self._run_start = None
+        self._run_floor, self._unplaced = now, 0
         if frames:
             at, frame = frames[-1]
             if at + len(frame) // width > now:
