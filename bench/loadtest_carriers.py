@@ -103,11 +103,29 @@ def measure(
             generator.wait(timeout=args.ramp + args.duration + 120)
         finally:
             generator.kill()
+        loop_lag = server_loop_lag(up_url)
     finally:
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         server.wait(10)
     report: dict[str, object] = json.loads(out.read_text())
+    if loop_lag:
+        report["server_loop_lag_buckets"] = loop_lag
     return report
+
+
+def server_loop_lag(up_url: str) -> dict[str, int]:
+    """callbridge's ``callbridge_event_loop_lag_seconds`` histogram (a timer's lateness, sampled twice a second) as
+    ``{"le": count at or below}``, from the server's ``/metrics`` at the run's end; empty where there is none."""
+    import urllib.request
+
+    url = up_url.rsplit("/", 1)[0] + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return {}
+    prefix = 'callbridge_event_loop_lag_seconds_bucket{le="'
+    return {line[len(prefix) :].split('"')[0]: int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(prefix)}
 
 
 def row(report: dict[str, object]) -> str:

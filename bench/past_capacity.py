@@ -54,8 +54,17 @@ def row(report: dict[str, object]) -> str:
     return (
         f"| {calls} | {calls - refused} | {refused} | {q('refused_answer_ms', 'p50', 'p99', 'max')} "
         f"| {q('answer_ms', 'p50', 'p99', 'max')} | {q('round_trip_ms', 'p50', 'p99', 'max')} "
-        f"| {report['clicks_returned']}/{report['clicks_sent']} | {failed - refused} | {report['server_cpu_ms_per_call_second']:.2f} |"
+        f"| {report['clicks_returned']}/{report['clicks_sent']} | {failed - refused} | {report['server_cpu_ms_per_call_second']:.2f} "
+        f"| {late(report, '0.02')} / {late(report, '0.05')} | {q('generator_tick_lag_ms', 'p99')} |"
     )
+
+
+def late(report: dict[str, object], seconds: str) -> str:
+    """The server's event-loop samples later than ``seconds``, of all (``server_loop_lag_buckets``)."""
+    buckets = report.get("server_loop_lag_buckets")
+    if not isinstance(buckets, dict) or "+Inf" not in buckets:
+        return "n/a"
+    return f"{buckets['+Inf'] - buckets[seconds]}/{buckets['+Inf']}"
 
 
 def main() -> None:
@@ -65,7 +74,8 @@ def main() -> None:
     args = loadtest_carriers.pinned_run(parser, "callbridge-past-capacity-")
     rows = [row(run_level(int(level), args)) for level in args.calls.split(",")]
     columns = ["offered", "answered", "refused", "refused: no in p50 / p99 / max ms", "answered: yes in p50 / p99 / max ms",
-               "answered: round trip p50 / p99 / max ms", "clicks back", "broken off", "server CPU-ms per call-s"]  # fmt: skip
+               "answered: round trip p50 / p99 / max ms", "clicks back", "broken off", "server CPU-ms per call-s",
+               "server loop late > 20 / > 50 ms (samples)", "generator tick lag p99 ms"]  # fmt: skip
     loadtest_carriers.print_table(args, columns, rows)
 
 

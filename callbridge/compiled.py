@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 from pathlib import Path
+from typing import Final
 
 __all__ = ["COMPILED_FILES", "COMPILED_MODULES", "compiled_files", "compiled_modules", "stale_modules"]
 
@@ -71,12 +72,18 @@ def compiled_modules(names: tuple[str, ...] = COMPILED_MODULES) -> list[str]:
     return [name for name in names if _origin(name).endswith(_EXTENSION_SUFFIXES)]
 
 
+_INSTALLED: Final = frozenset({"site-packages", "dist-packages"})
+
+
 def stale_modules(names: tuple[str, ...] = COMPILED_MODULES) -> list[str]:
     """Compiled modules whose source file beside them is newer than the extension: an edit since the build, which
-    does not run."""
+    does not run. Not where pip installed them: it writes a wheel's files in any order, each as it goes (the
+    sources beside a compiled install — the Docker image — are newer than their extensions by milliseconds)."""
     stale = []
     for name in compiled_modules(names):
         extension = Path(_origin(name))
+        if _INSTALLED.intersection(extension.parts):
+            continue
         source = extension.with_name(extension.name.split(".", 1)[0] + ".py")
         if source.exists() and source.stat().st_mtime > extension.stat().st_mtime:
             stale.append(name)

@@ -36,8 +36,9 @@ PATCHES_A_COMPILED_METHOD = pytest.mark.skipif(
 """For the few tests that plant behaviour inside a core by patching its class: on the compiled build (CI's second
 pass) the core's calls to its own methods do not go through the class attribute."""
 
-PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core", "haproxy": "haproxy"}
-"""Real peers some tests run (binary → Debian package). Missing locally: those tests skip, saying why."""
+PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core", "haproxy": "haproxy", "gcc": "gcc"}
+"""Real peers some tests run (binary → Debian package; gcc: the Docker image's compiled build). Missing locally: those
+tests skip, saying why."""
 
 
 def peer_binary(name: str) -> str | None:

@@ -72,3 +72,21 @@ def test_a_compiled_module_edited_since_its_build_is_stale(package: Path) -> Non
     names = ("fakepkg.built", "fakepkg.edited", "fakepkg.plain", "fakepkg.missing")
     assert compiled_modules(names) == ["fakepkg.built", "fakepkg.edited"]
     assert stale_modules(names) == ["fakepkg.edited"]
+
+
+def test_a_compiled_install_is_never_stale(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip writes an installed wheel's files as it goes: a source beside its extension can be the newer by a few
+    ms (the Docker image's was). Only a tree one builds in place can be edited since its build."""
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    root = tmp_path / "lib" / "python3" / "site-packages" / "fakeinstalled"
+    root.mkdir(parents=True)
+    for name in ("__init__.py", f"mod{suffix}", "mod.py"):
+        (root / name).write_bytes(b"")
+    os.utime(root / f"mod{suffix}", (1_700_000_000, 1_700_000_000))
+    monkeypatch.syspath_prepend(str(root.parent))
+    try:
+        assert compiled_modules(("fakeinstalled.mod",)) == ["fakeinstalled.mod"]
+        assert stale_modules(("fakeinstalled.mod",)) == []
+    finally:
+        for name in [name for name in sys.modules if name.startswith("fakeinstalled")]:
+            del sys.modules[name]
