@@ -32,7 +32,7 @@ from tests.redis_server import redis_server, redis_url, start_redis, stop_proces
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
 GRACE_MS = 300
-TOKEN_TTL_MS = 300
+TOKEN_TTL_MS = 2000
 TICKET = ResumeTicket(
     "sess-1", lease_generation=3, resume_token="tok-a", last_event_seq=41, endpoint="ws://engine-2:8091/v1/realtime",
     heard_ms=(("resp-1", 1292),),  # the bridge's note of a reply a drop cut off: kept as written, both backends
