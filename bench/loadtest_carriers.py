@@ -118,14 +118,20 @@ def server_loop_lag(up_url: str) -> dict[str, int]:
     ``{"le": count at or below}``, from the server's ``/metrics`` at the run's end; empty where there is none."""
     import urllib.request
 
-    url = up_url.rsplit("/", 1)[0] + "/metrics"
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with urllib.request.urlopen(up_url.rsplit("/", 1)[0] + "/metrics", timeout=5) as response:
             text = response.read().decode()
     except OSError:
         return {}
-    prefix = 'callbridge_event_loop_lag_seconds_bucket{le="'
-    return {line[len(prefix) :].split('"')[0]: int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith(prefix)}
+    return {
+        sample.labels["le"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "callbridge_event_loop_lag_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_bucket")
+    }
 
 
 def row(report: dict[str, object]) -> str:

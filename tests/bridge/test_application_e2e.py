@@ -508,14 +508,10 @@ def _same_as_heard(
     assert not recorded[0][~covered].any(), np.flatnonzero(~covered & (recorded[0] != 0))[:10] / 8  # only what was heard
 
 
-@pytest.mark.parametrize(
-    "provider",
-    [name for name in sorted(simulated()) if name != "vonage"],
-)
+@pytest.mark.parametrize("provider", [name for name in sorted(simulated()) if name != "vonage"])
 async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_it(tmp_path: Path, provider: str) -> None:
-    """``[recording]``: the call's stereo WAV at the carrier's rate — the left channel what the caller sent (as the
-    simulated caller sent it: on a loaded machine its talking over the greeting moves with the greeting), the right
-    what the simulated caller heard, barge-in included (the greeting cut where the caller spoke: flushed, or no
+    """``[recording]``: the call's stereo WAV at the carrier's rate — the left channel what the caller sent, from its
+    first frame (what came before the engine was bound too), the right what the simulated caller heard, barge-in included (the greeting cut where the caller spoke: flushed, or no
     longer sent); the report names the file. On every carrier but Vonage, whose greeting, cut by the caller, is found
     14 ms off at correlation 0.978 only: either this comparison (its 16 kHz stream reaches the simulated caller's ears
     through ``audioop.ratecv`` frame by frame) or the cut's place (its ``clear`` echoes no pending ``notify``, so the

@@ -64,6 +64,11 @@ class Call:
         return np.frombuffer(b"".join(self.chunks), dtype=np.int16).reshape(-1, 2)
 
 
+def pcmu_frames(pcm: np.ndarray) -> list[bytes]:
+    """``pcm`` as the ledger sends it: 20 ms μ-law frames."""
+    return [encode_from_pcm16(AudioEncoding.PCMU, pcm[i : i + FRAME].tobytes()) for i in range(0, len(pcm), FRAME)]
+
+
 def ms(at_ms: int) -> int:
     return at_ms * RATE // 1000
 
@@ -115,23 +120,19 @@ def test_an_early_echo_never_moves_a_run_over_the_one_before() -> None:
     30 ms early moved it back: the carrier played the two back to back, so the second starts where the first ended
     — not over its last 20 ms (seen on a loaded machine as 1 ms of the greeting missing from the recording)."""
     recorder = StereoRecorder(rate_hz=RATE, agent_rate_hz=RATE, agent_encoding=AudioEncoding.PCMU, started_ms=0)
-    first, second = tone(200, 440), tone(200, 300)
-
-    def frames(pcm: np.ndarray) -> list[bytes]:
-        return [encode_from_pcm16(AudioEncoding.PCMU, pcm[i : i + FRAME].tobytes()) for i in range(0, len(pcm), FRAME)]
-
-    for i, frame in enumerate(frames(first)):
+    first, second = pcmu_frames(tone(200, 440)), pcmu_frames(tone(200, 300))
+    for i, frame in enumerate(first):
         recorder.agent(i * FRAME_MS, frame)
     recorder.caller(bytes(ms(100) * 2))
     written = recorder.take(600)  # the first run's first 100 ms
     assert written is not None and len(written) == ms(100) * 4
-    for i, frame in enumerate(frames(second)):
+    for i, frame in enumerate(second):
         recorder.agent(210 + i * FRAME_MS, frame)
     recorder.shift(-30)
     recorder.caller(bytes(ms(500) * 2))
     written += recorder.take(600, final=True) or b""
     channel = np.frombuffer(written, np.int16)[1::2]
-    played = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, b"".join(frames(first) + frames(second))), np.int16)
+    played = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, b"".join(first + second)), np.int16)
     assert len(channel) == ms(600) and np.array_equal(channel[: ms(400)], played) and not channel[ms(400) :].any()
 
 
@@ -139,8 +140,7 @@ def test_a_late_echo_after_the_run_is_written_leaves_it_whole() -> None:
     """An echo 6 ms late once part of the run is written: the run stays as written, and its next frames — which
     the ledger now times 6 ms later — follow it back to back, not after a 6 ms gap (seen on a loaded machine)."""
     recorder = StereoRecorder(rate_hz=RATE, agent_rate_hz=RATE, agent_encoding=AudioEncoding.PCMU, started_ms=0)
-    reply = tone(800, 440)
-    frames = [encode_from_pcm16(AudioEncoding.PCMU, reply[i : i + FRAME].tobytes()) for i in range(0, len(reply), FRAME)]
+    frames = pcmu_frames(tone(800, 440))
     for i, frame in enumerate(frames[:20]):
         recorder.agent(i * FRAME_MS, frame)
     recorder.caller(bytes(ms(100) * 2))
