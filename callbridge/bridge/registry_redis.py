@@ -309,7 +309,7 @@ class RedisCallRegistry(CallRegistry):
                 lost = True
             finally:
                 with suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
             await asyncio.sleep(_LISTEN_RETRY_S)
 
     async def aclose(self) -> None:

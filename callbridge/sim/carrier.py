@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import audioop
+import math
 import secrets
 import socket
 import time
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
@@ -213,6 +215,14 @@ class WebSocketConnection:
         return self.ws.close_code
 
 
+@dataclass(slots=True)
+class _Arrival:
+    """A piece of agent audio as it reached the carrier: its bytes still queued, when it came (monotonic s)."""
+
+    left: int
+    at_s: float
+
+
 class SimStream(ABC):
     """One media connection of a call: the shared playback model; the subclass speaks the carrier's wire."""
 
@@ -227,6 +237,8 @@ class SimStream(ABC):
         self.frame_bytes = rate_hz * FRAME_MS // 1000 * 2
         self.queue = bytearray()
         """Agent audio (PCM16 at ``rate_hz``) received and not played yet."""
+        self._arrivals: deque[_Arrival] = deque()
+        """``queue`` in the pieces it came in, oldest first."""
         self.pending_marks: list[tuple[int, str]] = []
         """(byte position in ``queue`` where the marker falls, name)."""
         self.played_bytes = 0
@@ -271,6 +283,7 @@ class SimStream(ABC):
         if self.on_audio is not None:
             self.on_audio(pcm)
         self.queue += pcm
+        self._arrivals.append(_Arrival(len(pcm), time.monotonic()))
 
     def add_mark(self, name: str) -> None:
         if not self.queue:
@@ -288,6 +301,7 @@ class SimStream(ABC):
         result.cleared_at_s.append(time.monotonic())
         result.log(self.call.clock(), "bridge", f"flush: {len(self.queue) // bytes_per_ms} ms of queued agent audio dropped")
         self.queue.clear()
+        self._arrivals.clear()
         pending, self.pending_marks = self.pending_marks, []
         if self.marks_echoed_on_clear:
             for _, name in pending:
@@ -299,16 +313,31 @@ class SimStream(ABC):
     def warn(self, text: str) -> None:
         self.call.result.warnings.append(text)
 
-    def play(self) -> tuple[bytes, bool]:
+    def play(self, until_s: float = math.inf) -> tuple[bytes, bool]:
         """The next 20 ms the caller hears, as PCM16 8 kHz, and whether it was agent audio; echoes the markers
-        it passes."""
+        it passes. ``until_s``: the latest arrival (monotonic s) this frame may play — a tick that runs late,
+        catching up, plays what was queued by its time, not audio that came after it (a carrier plays in real time:
+        what it did not have yet is silence then, and plays later)."""
         size = self.frame_bytes
-        if self.queue:
-            frame = bytes(self.queue[:size]).ljust(size, b"\x00")
-            consumed = min(size, len(self.queue))
-            del self.queue[:size]
+        playable, arrivals = 0, self._arrivals
+        for piece in arrivals:
+            if playable >= size or piece.at_s > until_s:
+                break
+            playable += piece.left
+        consumed = min(size, playable)
+        if consumed:
+            frame = bytes(self.queue[:consumed]).ljust(size, b"\x00")
+            del self.queue[:consumed]
+            left = consumed
+            while left:
+                piece = arrivals[0]
+                taken = min(left, piece.left)
+                piece.left -= taken
+                left -= taken
+                if not piece.left:
+                    arrivals.popleft()
         else:
-            frame, consumed = b"", 0
+            frame = b""
         self.played_bytes += consumed
         reached = [name for position, name in self.pending_marks if position <= consumed]
         self.pending_marks = [(position - consumed, name) for position, name in self.pending_marks if position > consumed]
@@ -504,7 +533,7 @@ class SimulatedCarrier(ABC):
                 await asyncio.sleep(max(0.0, target - time.monotonic()))
                 t = frame_index * FRAME_MS
                 frame_index += 1
-                heard, agent = stream.play()
+                heard, agent = stream.play(target + FRAME_MS / 1000)  # a late tick plays what had come by its end
                 if agent:
                     if agent_started_at is None or (agent_last_heard_at is not None and t - agent_last_heard_at > 200):
                         agent_started_at = t

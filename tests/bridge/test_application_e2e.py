@@ -25,7 +25,7 @@ from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionC
 from callbridge.engine.events import InputCommitted, InputTranscript
 from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.engine.local.core import LocalSessionCore
-from callbridge.sim.carrier import CallerScript
+from callbridge.sim.carrier import FRAME_MS, CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving
 from tests.bridge import agent_app
 from tests.bridge.test_recording_store import bucket
@@ -471,6 +471,10 @@ def _at_8k(pcm: np.ndarray, rate_hz: int) -> np.ndarray:
     return np.frombuffer(converted, dtype="<i2").astype(np.float64)
 
 
+FRAME_SAMPLES = 8 * FRAME_MS
+"""A carrier frame at 8 kHz."""
+
+
 def _runs(pcm: np.ndarray, gap: int = 1600) -> list[tuple[int, int]]:
     """The runs of sound in ``pcm`` (8 kHz), split where it is silent for ``gap`` samples."""
     loud = np.flatnonzero(np.abs(pcm) > 0)
@@ -485,26 +489,38 @@ def _same_as_heard(
     recorded: list[np.ndarray], heard: np.ndarray, offset: int, *, within_ms: int = 30, correlation_at_least: float = 0.99
 ) -> None:
     """Each run of agent audio the caller heard is in the recording sample for sample (``correlation_at_least``),
-    within ``within_ms`` of where it was heard (past ``offset``, the two clocks' origins); nothing else is, but for
-    at most a frame after a run: at a clear the recording keeps the frame playing up to the clear's millisecond,
-    where the simulated carrier plays whole 20 ms frames at its ticks (a real one stops mid-frame). ``recorded``:
-    the right channel at 8 kHz, in one or more versions (a 16 kHz recording halved from either phase), the best
-    taken run by run."""
-    runs = _runs(heard)
+    within ``within_ms`` of where it was heard (past ``offset``, the two clocks' origins); nothing else is. The
+    simulated carrier plays whole 20 ms frames at its ticks where a real one stops mid-frame at a clear, and the
+    recording keeps the frame playing up to the clear's millisecond: so a run's last frame may be in the recording
+    in part only, or not at all, and at most a frame after a run may be. ``recorded``: the right channel at 8 kHz,
+    in one or more versions (a 16 kHz recording halved from either phase), the best taken run by run.
+
+    A run the caller heard with a frame or more of silence in it (an underrun: the process stalled) is matched piece
+    by piece, each where the caller heard it, less a frame at each edge, and the pieces' lengths must add up (within
+    a frame and ``within_ms``: where the cut falls): when the process that runs both the bridge and the simulated carrier stalls, the simulator
+    reads after the stall what the bridge sent before it, and may play a frame after the gap that a real carrier
+    (not stalled) played before it, as the recording has it."""
+    runs, pieces = _runs(heard), _runs(heard, gap=FRAME_SAMPLES)
     assert runs
     covered = np.zeros(len(recorded[0]), dtype=bool)
     search = (within_ms + 10) * 8
-    for start, end in runs:
+    for start, end in pieces:
+        first = start if any(start == run_start for run_start, _ in runs) else start + FRAME_SAMPLES
+        compared = heard[first : end - FRAME_SAMPLES if end - FRAME_SAMPLES - first >= FRAME_SAMPLES else end]
         best = (0, -1.0)
         for version in recorded:
             for shift in range(-search, search + 1):
-                at = start + offset + shift
-                segment = version[max(0, at) : at + end - start]
-                if len(segment) == end - start and segment.any():
-                    best = max(best, (shift, float(np.corrcoef(segment, heard[start:end])[0, 1])), key=lambda x: x[1])
+                at = first + offset + shift
+                segment = version[max(0, at) : at + len(compared)]
+                if len(segment) == len(compared) and segment.any():
+                    best = max(best, (shift, float(np.corrcoef(segment, compared)[0, 1])), key=lambda x: x[1])
         shift, correlation = best
         assert correlation >= correlation_at_least and abs(shift) <= within_ms * 8, (start / 8, end / 8, shift / 8, correlation)
-        covered[max(0, start + offset + shift) : end + offset + shift + 160] = True
+        covered[max(0, start + offset + shift - FRAME_SAMPLES) : end + offset + shift + FRAME_SAMPLES] = True
+    for run_start, run_end in runs:  # nothing lost or doubled at a piece's edge: as long but for where the cut falls
+        window = recorded[0][max(0, run_start + offset - search) : run_end + offset + search + FRAME_SAMPLES]
+        lengths = [sum(e - s for s, e in _runs(part, gap=FRAME_SAMPLES)) for part in (heard[run_start:run_end], window)]
+        assert abs(lengths[0] - lengths[1]) <= FRAME_SAMPLES + within_ms * 8, (run_start / 8, run_end / 8, lengths)
     assert not recorded[0][~covered].any(), np.flatnonzero(~covered & (recorded[0] != 0))[:10] / 8  # only what was heard
 
 
@@ -516,6 +532,18 @@ async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_
     14 ms off at correlation 0.978 only: either this comparison (its 16 kHz stream reaches the simulated caller's ears
     through ``audioop.ratecv`` frame by frame) or the cut's place (its ``clear`` echoes no pending ``notify``, so the
     heard position at a clear is the ledger's estimate) — not resolved."""
+    await _records_as_heard(tmp_path, provider)
+
+
+@pytest.mark.parametrize("provider", ["twilio", "jambonz"])  # a carrier that echoes marks, one that echoes none
+async def test_the_recording_holds_what_the_caller_heard_when_the_process_stalls(tmp_path: Path, provider: str) -> None:
+    """The process stalls twice for 300 ms in the greeting (a long GC pause, a starved VM): longer than the audio the
+    bridge keeps ahead at the carrier, so the caller hears it underrun; the recording holds the greeting as heard,
+    gaps included, each piece where the caller heard it — and the caller's side whole."""
+    await _records_as_heard(tmp_path, provider, stalls_at_s=(0.8, 1.2))
+
+
+async def _records_as_heard(tmp_path: Path, provider: str, stalls_at_s: tuple[float, ...] = ()) -> None:
     recorder = engine()
     agent_app.Recorder.events.clear()
     recording = {"enabled": True, "directory": str(tmp_path)}
@@ -524,6 +552,8 @@ async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_
     sent_frames: list[bytes] = []  # what the simulated caller sent, frame by frame (a loaded machine sends it late, not early)
     async with running_bridge(settings(app={"module": MODULE + "Recorder"}, recording=recording), recorder, provider=provider) as bridge:
         bridge.carrier.on_media_sent = sent_frames.append
+        for at_s in stalls_at_s:  # the whole process: the bridge and the simulated carrier both
+            asyncio.get_running_loop().call_later(at_s, time.sleep, 0.3)
         result = await bridge.carrier.place_call(script)
         await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
     if carrier_spec(provider).capabilities.flush:

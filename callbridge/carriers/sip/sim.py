@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import audioop
 import contextlib
+import math
 import re
 import secrets
 import socket
@@ -616,9 +617,9 @@ class SipStream(SimStream):
             self.once(f"telephone-event {code} ended with {ends} end packets: 3 expected (RFC 4733 §2.5.1.4)")
         self._event = None
 
-    def play(self) -> tuple[bytes, bool]:
+    def play(self, until_s: float = math.inf) -> tuple[bytes, bool]:
         """As ``SimStream.play``; a frame of digital silence (the bridge's cadence) is not the agent speaking."""
-        frame, agent = super().play()
+        frame, agent = super().play(until_s)
         return frame, agent and frame.count(0) != len(frame)
 
     def once(self, text: str) -> None:
