@@ -22,11 +22,16 @@ import platform
 import secrets
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import psutil
 
 from callbridge.sim.ports import free_port
 from callbridge.sim.runner import wait_http_up
@@ -61,12 +66,14 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     url = f"http://127.0.0.1:{port}"
     env = _env_for(provider, secrets.token_hex(16), rest_port, port)
     env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
+    name = f"{provider}{'-compiled' if args.compiled else ''}{f'-workers{args.workers}' if args.workers > 1 else ''}-{calls}.json"
     try:
-        return measure(
-            serve_command(port, args), url + "/healthz",
-            ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / f"{provider}{'-compiled' if args.compiled else ''}-{calls}.json",
-            calls, args,
-        )  # fmt: skip
+        with shared_registry(args.workers) as registry:
+            return measure(
+                serve_command(port, args), url + "/healthz",
+                ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], {**env, **registry}, args.out / name,
+                calls, args, server_cpus=args.workers,
+            )  # fmt: skip
     finally:
         key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
         if key:  # the key pair --print-env made for this run
@@ -74,22 +81,54 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
 
 
 def serve_command(port: int, args: argparse.Namespace) -> list[str]:
-    """``callbridge serve`` on ``port``; from ``--compiled``'s tree where given (the server's path alone)."""
+    """``callbridge serve`` on ``port``; from ``--compiled``'s tree where given (the server's path alone); ``--workers``."""
     compiled = ["env", f"PYTHONPATH={args.compiled}"] if args.compiled else []
-    return [*compiled, CALLBRIDGE, "serve", "--port", str(port), "--log-level", "warning"]
+    return [*compiled, CALLBRIDGE, "serve", "--port", str(port), "--workers", str(args.workers), "--log-level", "warning"]
+
+
+@contextmanager
+def shared_registry(workers: int) -> Iterator[dict[str, str]]:
+    """The env of the Redis registry that more than one worker needs: a ``redis-server`` of the run's own on a free
+    port, no persistence, stopped after it (nothing for one worker, whose registry is in memory)."""
+    if workers <= 1:
+        yield {}
+        return
+    port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield {"CALLBRIDGE_REGISTRY__BACKEND": "redis", "CALLBRIDGE_REGISTRY__REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    finally:
+        redis.kill()
+        redis.wait(10)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def measure(
-    server_command: list[str], up_url: str, target: list[str], env: dict[str, str], out: Path, calls: int, args: argparse.Namespace
+    server_command: list[str], up_url: str, target: list[str], env: dict[str, str], out: Path, calls: int, args: argparse.Namespace,
+    server_cpus: int = 1,
 ) -> dict[str, object]:
-    """Start a server (``--pin``: on the first CPU), wait until ``up_url`` answers, place ``calls`` with ``callbridge
-    loadtest`` and ``target``'s flags (``--pin``: on the other CPUs), kill the server; the load test's JSON report."""
+    """Start a server (``--pin``: on the first ``server_cpus`` CPUs, its processes all), wait until ``up_url`` answers,
+    place ``calls`` with ``callbridge loadtest`` and ``target``'s flags (``--pin``: on the other CPUs, or all of them
+    where the server has every one), kill the server; the load test's JSON report."""
     cpus = sorted(os.sched_getaffinity(0)) if args.pin else []
+    ours, theirs = set(cpus[:server_cpus]), set(cpus[server_cpus:]) or set(cpus)
     server = subprocess.Popen(server_command, env=env)
     if cpus:
-        os.sched_setaffinity(server.pid, {cpus[0]})
+        os.sched_setaffinity(server.pid, ours)
     try:
         wait_http_up(up_url)
+        if cpus:  # the workers too, whether they started before the supervisor's pinning or after
+            for process in psutil.Process(server.pid).children(recursive=True):
+                process.cpu_affinity(sorted(ours))
         time.sleep(1.0)  # let the server settle before measuring its CPU
         command = [
             CALLBRIDGE, "loadtest", *target, "--calls", str(calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
@@ -98,7 +137,7 @@ def measure(
         print("$", " ".join(command), flush=True)
         generator = subprocess.Popen(command, env=env)
         if cpus:
-            os.sched_setaffinity(generator.pid, set(cpus[1:]) or {cpus[0]})
+            os.sched_setaffinity(generator.pid, theirs)
         try:
             generator.wait(timeout=args.ramp + args.duration + 120)
         finally:
@@ -155,6 +194,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
     parser.add_argument("--ramp", type=float, default=5.0)
     parser.add_argument("--out", type=Path, help="where the JSON reports go (default: a temporary directory)")
     parser.add_argument("--compiled", type=Path, metavar="DIR", help="run callbridge serve from this compiled tree (bench/compiled_tree.py)")
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="callbridge serve --workers N: N processes on the port, a Redis registry of the run's own, pinned to the first N CPUs",
+    )  # fmt: skip
 
 
 def pinned_run(parser: argparse.ArgumentParser, prefix: str) -> argparse.Namespace:

@@ -36,11 +36,12 @@ def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
         del env["CALLBRIDGE_SERVER__MAX_CALLS"]  # as shipped
     else:
         env["CALLBRIDGE_SERVER__MAX_CALLS"] = str(args.max_calls)
-    return loadtest_carriers.measure(
-        loadtest_carriers.serve_command(port, args), url + "/healthz",
-        ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], env, args.out / f"offered-{calls}.json",
-        calls, args,
-    )  # fmt: skip
+    with loadtest_carriers.shared_registry(args.workers) as registry:
+        return loadtest_carriers.measure(
+            loadtest_carriers.serve_command(port, args), url + "/healthz",
+            ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], {**env, **registry},
+            args.out / f"offered-{calls}.json", calls, args, server_cpus=args.workers,
+        )  # fmt: skip
 
 
 def row(report: dict[str, object]) -> str:

@@ -172,7 +172,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     loadtest.add_argument("--dtmf-every", metavar="S", type=_seconds_above_zero, help="each call presses a key every S seconds")
     loadtest.add_argument("--drop-every", metavar="S", type=_seconds_above_zero, help="drop each call's media connection every S seconds")
-    loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's)")
+    loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's), its child processes' too (--workers)")
     loadtest.add_argument(
         "--metrics-url", help="the bridge's base URL for /metrics (default: --url when it is http(s); 'none': not scraped)"
     )

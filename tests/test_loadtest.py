@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import audioop
+import contextlib
 import os
 import shlex
 import shutil
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from callbridge.carriers import simulated
@@ -33,6 +35,7 @@ from callbridge.sim.loadtest import (
 from callbridge.sim.ports import free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import until
+from tests.redis_server import redis_server
 
 SIMULATED = simulated()
 
@@ -125,8 +128,20 @@ def test_caller_audio_is_kept_below_the_click_level() -> None:
     assert caller_frames(None) == [bytes(320)]
 
 
-async def test_against_a_separate_callbridge_serve(tmp_path: Path) -> None:
-    """``callbridge serve`` configured only by the env ``--print-env`` gives, and a Telnyx load test against it."""
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_against_a_separate_callbridge_serve(tmp_path: Path, workers: int) -> None:
+    """``callbridge serve`` configured only by the env ``--print-env`` gives, and a Telnyx load test against it; with
+    ``--workers 2`` (a real Redis registry) the server's CPU and memory are its workers' too, not the supervisor's
+    alone (which only watches them)."""
+    with contextlib.ExitStack() as stack:
+        registry: dict[str, str] = {}
+        if workers > 1:
+            url, _ = stack.enter_context(redis_server())
+            registry = {"CALLBRIDGE_REGISTRY__BACKEND": "redis", "CALLBRIDGE_REGISTRY__REDIS_URL": url}
+        await _load_test_a_separate_serve(tmp_path, workers, registry)
+
+
+async def _load_test_a_separate_serve(tmp_path: Path, workers: int, registry: dict[str, str]) -> None:
     port, rest_port = free_port(), free_port()
     url, rest_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{rest_port}"
     secret = "loadtest-secret-0123456789"
@@ -139,11 +154,14 @@ async def test_against_a_separate_callbridge_serve(tmp_path: Path) -> None:
         **exported,
         "CALLBRIDGE_LOCAL_ENGINE__AGENT": "loopback",
         "CALLBRIDGE_SERVER__PUBLIC_URL": url,
+        **registry,
     }
     log = (tmp_path / "serve.log").open("wb")
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "callbridge", "serve", "--port", str(port), "--log-level", "warning", env=env, stdout=log, stderr=log
-    )
+        sys.executable, "-m", "callbridge", "serve", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
+        env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    supervisor = psutil.Process(server.pid)
     try:
         async with httpx.AsyncClient() as http:
 
@@ -156,7 +174,10 @@ async def test_against_a_separate_callbridge_serve(tmp_path: Path) -> None:
             await until(up, timeout_s=30)
         settings = Settings.model_validate({"telnyx": {"api_key": secret}})
         options = LoadTestOptions(calls=2, ramp_s=0.2, duration_s=2.0, click_every_ms=500, server_pid=server.pid, progress=False)
+        own_before = sum(supervisor.cpu_times()[:2])
         report = await run_load_test(settings, "telnyx", options, url=url, secret=secret, rest_url=rest_url)
+        own_ms = (sum(supervisor.cpu_times()[:2]) - own_before) * 1000
+        processes = len(supervisor.children(recursive=True))
     finally:
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         await asyncio.wait_for(server.wait(), 10)
@@ -164,6 +185,11 @@ async def test_against_a_separate_callbridge_serve(tmp_path: Path) -> None:
     assert report.failed_calls == 0 and report.protocol_warnings == 0, (report.render(), (tmp_path / "serve.log").read_text())
     assert report.clicks_returned >= 6 and report.round_trip_ms["p50"] < 500, report.render()
     assert report.server_cpu_ms_per_call_second is not None and report.server_rss_mb is not None and report.server_rss_mb > 10
+    if workers > 1:  # the two workers carried the calls: their CPU and memory are counted, beside the supervisor's
+        assert processes >= workers, processes
+        server_ms = report.server_cpu_ms_per_call_second * report.frames_sent * 20 / 1000
+        assert server_ms > 2 * own_ms + 10, (server_ms, own_ms)
+        assert report.server_rss_mb > workers * 40, report.server_rss_mb
 
 
 @pytest.mark.parametrize("provider", sorted(SIMULATED))

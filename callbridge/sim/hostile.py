@@ -13,7 +13,8 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+
+import psutil
 
 __all__ = [
     "MediaArrivals", "Refusal", "closed_by_peer", "how_they_end", "options_flood", "oversized_body", "oversized_message",
@@ -22,11 +23,8 @@ __all__ = [
 
 
 def rss_bytes(pid: int) -> int:
-    """The resident memory of process ``pid`` now (``VmRSS``)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    """The resident memory of process ``pid`` now."""
+    return int(psutil.Process(pid).memory_info().rss)
 
 
 def upgrade(port: int, path: str, timeout_s: float = 5.0) -> socket.socket:

@@ -40,12 +40,12 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 import numpy as np
 import orjson
+import psutil
 
 from callbridge.carriers import carrier_spec
 from callbridge.config import Settings
@@ -494,16 +494,29 @@ def _bucket_summary(buckets: dict[float, float]) -> dict[str, float]:
     return {"streams": total, "p50_le": le(0.5), "p99_le": le(0.99), "within_5ms_pct": 100 * within / total}
 
 
+def _server_processes(pid: int) -> list[psutil.Process]:
+    """The server and every process under it (``serve --workers N``: the supervisor and its workers)."""
+    server = psutil.Process(pid)
+    return [server, *server.children(recursive=True)]
+
+
 def _server_cpu_ms(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+    """The CPU (user + system) the server's processes have used so far; a worker that exited since is not counted."""
+    total = 0.0
+    for process in _server_processes(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = process.cpu_times()
+            total += (times.user + times.system) * 1000
+    return total
 
 
 def _server_rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """The resident memory of the server's processes, summed (pages they share counted in each)."""
+    total = 0
+    for process in _server_processes(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += process.memory_info().rss
+    return total / 2**20
 
 
 class LoadTest:
