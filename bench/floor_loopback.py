@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--peer", type=Path, default=side_by_side.ROOT.parent / "shared" / "peers" / "pipecat_loopback.py")
     args = loadtest_carriers.pinned_run(parser, "callbridge-floor-")
     args.cpu_budget = ServerSettings().cpu_budget_percent
-    kinds = args.servers.split(",") + (["compiled"] if args.compiled else [])
+    kinds = list(dict.fromkeys(args.servers.split(",") + (["compiled"] if args.compiled else [])))  # each once
     rows = []
     for calls in (int(level) for level in args.calls.split(",")):
         reports: dict[str, dict[str, object]] = {}

@@ -16,6 +16,7 @@ looks for the knee, not for where admission would stop it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -144,8 +145,13 @@ def measure(
             generator.kill()
         loop_lag = server_loop_lag(up_url)
     finally:
+        workers = psutil.Process(server.pid).children(recursive=True) if server.poll() is None else []
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         server.wait(10)
+        for worker in workers:  # ``--workers``: in their own process group; not left draining into the next level
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        psutil.wait_procs(workers, timeout=10)
     report: dict[str, object] = json.loads(out.read_text())
     if loop_lag:
         report["server_loop_lag_buckets"] = loop_lag
