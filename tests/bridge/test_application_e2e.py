@@ -497,9 +497,9 @@ def _same_as_heard(
 
     A run the caller heard with a frame or more of silence in it (an underrun: the process stalled) is matched piece
     by piece, each where the caller heard it, less a frame at each edge, and the pieces' lengths must add up (within
-    a frame and ``within_ms``: where the cut falls): when the process that runs both the bridge and the simulated carrier stalls, the simulator
-    reads after the stall what the bridge sent before it, and may play a frame after the gap that a real carrier
-    (not stalled) played before it, as the recording has it."""
+    a frame and ``within_ms``: where the cut falls): when the process that runs both the bridge and the simulated
+    carrier stalls, the simulator reads after the stall what the bridge sent before it, and may play a frame after
+    the gap that a real carrier (not stalled) played before it, as the recording has it."""
     runs, pieces = _runs(heard), _runs(heard, gap=FRAME_SAMPLES)
     assert runs
     covered = np.zeros(len(recorded[0]), dtype=bool)
@@ -566,6 +566,8 @@ async def _records_as_heard(tmp_path: Path, provider: str, stalls_at_s: tuple[fl
         assert (wav.getnchannels(), wav.getsampwidth()) == (2, 2) and rate in (8000, 16000), rate
         stereo = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, 2).astype(np.float64)
     heard = np.frombuffer(bytes(result.heard), dtype="<i2").astype(np.float64)
+    if stalls_at_s:  # the stalls were heard: the greeting underran
+        assert len(_runs(heard, gap=FRAME_SAMPLES)) > len(_runs(heard)), (_runs(heard, gap=FRAME_SAMPLES), result.render())
     agent = [stereo[:, 1]]
     if rate != 8000:  # as the simulated caller hears a 16 kHz carrier: at 8 kHz (``audioop.ratecv`` frame by frame)
         agent = [_at_8k(stereo[first:, 1], rate) for first in (0, 1)]
