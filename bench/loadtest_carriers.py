@@ -23,7 +23,6 @@ import platform
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 import psutil
 
 from callbridge.sim.ports import free_port
+from callbridge.sim.redis_server import registry_env, start_redis
 from callbridge.sim.runner import wait_http_up
 
 PROVIDERS = ("twilio", "signalwire", "telnyx", "plivo", "exotel", "vonage", "audiosocket", "sip")
@@ -90,27 +90,17 @@ def serve_command(port: int, args: argparse.Namespace) -> list[str]:
 @contextmanager
 def shared_registry(workers: int) -> Iterator[dict[str, str]]:
     """The env of the Redis registry that more than one worker needs: a ``redis-server`` of the run's own on a free
-    port, no persistence, stopped after it (nothing for one worker, whose registry is in memory)."""
+    port, stopped after it (nothing for one worker, whose registry is in memory)."""
     if workers <= 1:
         yield {}
         return
     port = free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"]
-    )
+    redis = start_redis(port)
     try:
-        deadline = time.monotonic() + 10
-        while not _listening(port) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        yield {"CALLBRIDGE_REGISTRY__BACKEND": "redis", "CALLBRIDGE_REGISTRY__REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+        yield registry_env(f"redis://127.0.0.1:{port}/0")
     finally:
         redis.kill()
         redis.wait(10)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as probe:
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def measure(

@@ -4,42 +4,16 @@ of the shared call registry. No persistence: each test session gets an empty ser
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from callbridge.sim.redis_server import start_redis
 from callbridge.sim.runner import free_port
 
 __all__ = ["redis_server", "redis_url", "start_redis", "stop_process"]
-
-
-def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"redis-server exited with {process.returncode}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise AssertionError(f"redis-server not listening on {port} within {timeout_s} s")
-
-
-def start_redis(port: int) -> subprocess.Popen[bytes]:
-    """An empty ``redis-server`` on 127.0.0.1:``port``, listening (again, after a test killed the one there)."""
-    binary = shutil.which("redis-server")
-    assert binary is not None
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_listening(port, process)
-    return process
 
 
 @contextmanager

@@ -33,6 +33,7 @@ from callbridge.sim.loadtest import (
     secret_from_settings,
 )
 from callbridge.sim.ports import free_port
+from callbridge.sim.redis_server import registry_env
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import until
 from tests.redis_server import redis_server
@@ -137,7 +138,7 @@ async def test_against_a_separate_callbridge_serve(tmp_path: Path, workers: int)
         registry: dict[str, str] = {}
         if workers > 1:
             url, _ = stack.enter_context(redis_server())
-            registry = {"CALLBRIDGE_REGISTRY__BACKEND": "redis", "CALLBRIDGE_REGISTRY__REDIS_URL": url}
+            registry = registry_env(url)
         await _load_test_a_separate_serve(tmp_path, workers, registry)
 
 

@@ -5,8 +5,6 @@ nothing restarted. Real uvicorn, real ``redis-server``, shipped settings but for
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 
 import httpx
@@ -16,7 +14,7 @@ from callbridge.config import Settings
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.test_engine_pool_e2e import TOKEN, admin
 from tests.bridge.twilio_e2e import RawStream, bound, engine, post_answer, settings, until
-from tests.redis_server import _wait_listening, redis_server
+from tests.redis_server import redis_server, start_redis
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,7 +61,7 @@ async def test_a_registry_that_does_not_answer_is_not_ready_then_ready_again_whe
             process.kill()
             process.wait()
             await until(lambda: _is(bridge.base_url, (503, "registry_unavailable")), timeout_s=10)
-            again = _restart_redis(port)
+            again = start_redis(port)
             try:
                 await until(lambda: _is(bridge.base_url, (200, "ready")), timeout_s=10)
             finally:
@@ -95,7 +93,7 @@ async def test_a_new_call_while_the_registry_is_down_gets_busy_not_an_applicatio
             assert not [r for r in caplog.records if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
             await live.ws.send(live.media())  # the call already up is not touched
             assert live.ws.close_code is None and recorder.session_count == 1
-            again = _restart_redis(port)
+            again = start_redis(port)
             try:
                 await until(lambda: _is(bridge.base_url, (200, "ready")), timeout_s=10)
                 answered = await answer(bridge, "CA" + "d" * 32)
@@ -109,15 +107,3 @@ async def test_a_new_call_while_the_registry_is_down_gets_busy_not_an_applicatio
 async def answer(bridge: RunningBridge, call_sid: str) -> httpx.Response:
     """Twilio's signed answer webhook for a new call."""
     return await post_answer(bridge, call_sid, timeout_s=10)
-
-
-def _restart_redis(port: int) -> subprocess.Popen[bytes]:
-    binary = shutil.which("redis-server")
-    assert binary is not None
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    _wait_listening(port, process)
-    return process
