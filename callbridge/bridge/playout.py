@@ -389,6 +389,8 @@ class PlayoutLedger:
             predicted = self._time_of(ms)
             if predicted is not None:  # against the send clock, before any correction; an early echo is no lag
                 self.mark_lags_ms.append(max(0, now_ms - predicted + self._shifted_ms))
+            if predicted is not None and self.recorder is not None:
+                self.recorder.echoed(now_ms - predicted, now_ms)
             if predicted is not None and now_ms != predicted:
                 self.corrections += 1
                 self._shift(now_ms - predicted)
@@ -421,8 +423,6 @@ class PlayoutLedger:
 
     def _shift(self, delay_ms: int) -> None:
         self._shifted_ms += delay_ms
-        if self.recorder is not None:
-            self.recorder.shift(delay_ms)
         for segment in self._segments:
             segment.start_ms += delay_ms
         self._buffer_end_ms += delay_ms

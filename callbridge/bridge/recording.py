@@ -3,7 +3,7 @@ heard it — each frame where the playout model says it played (``PlayoutLedger`
 never, the frame playing at the clear cut there.
 
 Sans-I/O: the call appends the caller's decoded audio (``caller``) and the ledger the frames it sends with the
-time each starts to play (``agent``) and how its markers' echoes moved that (``shift``); ``take(now_ms)`` hands
+time each starts to play (``agent``) and what each of its markers' echoes said of that (``echoed``); ``take(now_ms)`` hands
 out, about once a ``chunk_ms``, interleaved PCM16 for the file up to where both channels are final (the caller's
 audio received, the agent's played and placed). Per frame only a buffered append; decoding, mixing and
 resampling happen once per chunk."""
@@ -25,9 +25,14 @@ _CHUNK_MS: Final = 500
 """How often the file is written: a crash loses at most this and ``_SETTLE_MS``."""
 _SETTLE_MS: Final = 500
 """How far behind the clock the file is written: a run of agent audio is placed by the first markers' echoes
-(``shift``), which come within this."""
+(``echoed``), which come within this."""
 _RUN_TOLERANCE_MS: Final = 5
 """A frame this close to the end of the last (before or after it) continues its run."""
+_HOLD_MS: Final = 250
+"""How long the recording waits before it follows an echo that moved the model later: it follows the earliest the
+echoes of the last ``_HOLD_MS`` put the run at. An echo read late (the bridge's own stall, which also sends the
+model on) looks the same as a carrier playing later; the next echo, read on time, takes it back. A carrier that
+plays later for good is followed once this has passed (well within ``_SETTLE_MS``)."""
 _MAX_CALLER_AHEAD_MS: Final = 5000
 """Caller audio kept ahead of the clock (a backlog read at once): beyond it the oldest is written regardless."""
 
@@ -60,6 +65,13 @@ class StereoRecorder:
         self._unplaced = 0
         """Samples of echo corrections the run playing did not take (it was partly written): the ledger's times for
         its next frames include them, so a frame they move is still the run's next (not a new run after a gap)."""
+        self._model_shift = 0
+        """Samples the markers' echoes have moved the ledger's model by (``echoed``), all told."""
+        self._followed = 0
+        """How much of ``_model_shift`` the recording follows: the rest is held (``_HOLD_MS``); the ledger's times
+        for the frames sent since include it."""
+        self._echoes: deque[tuple[int, int]] = deque([(started_ms, 0)])
+        """(when, ``_model_shift`` after it) for the echoes of the last ``_HOLD_MS``, the latest always kept."""
         self._run_floor = 0
         """Where what came before the run ends (the last run's last frame; a clear's moment): the run plays after
         it, whatever an echo says (the carrier plays its buffer in order)."""
@@ -90,33 +102,61 @@ class StereoRecorder:
         its buffer back to back; the model only moves when a marker's echo corrects it), else where it starts."""
         at = (start_ms - self.started_ms) * self.agent_rate_hz // 1000
         following = self._agent_next
-        if following is not None and at - self._unplaced - following < self._agent_tolerance:
+        if following is not None and at - self._unplaced - self._held - following < self._agent_tolerance:
             at = following
-        else:
+        else:  # a new run, where the model says it plays: nothing held for it
             self._run_start, self._unplaced = at, 0
+            self._restart_echoes(start_ms)
             if following is not None:
                 self._run_floor = following
         self._agent_next = at + len(frame) // self.agent_encoding.sample_bytes
         self.agent_frames.append((at, frame))
 
-    def shift(self, delay_ms: int) -> None:
-        """A marker's echo moved the playout model by ``delay_ms`` (the carrier plays the run later, or earlier,
-        than it was sent): the run playing moves with it while none of it is written yet (the first echoes come
-        within ``_SETTLE_MS``); after that its frames stay back to back, the later ones too, which the ledger now
-        times by the moved model (``_unplaced``): a correction of a few ms is the echo's jitter as often as the
-        carrier's, and a run the carrier plays does not break where an echo came late."""
+    @property
+    def _held(self) -> int:
+        return self._model_shift - self._followed
+
+    def echoed(self, delay_ms: int, now_ms: int) -> None:
+        """A marker's echo of the run playing came ``delay_ms`` after (or, negative, before) the playout model said,
+        and the ledger moved the model by that. The run follows the earliest place the last ``_HOLD_MS`` of echoes
+        gave it: earlier at once, later once no echo since has taken it back (an echo is never early, but the
+        bridge can read it late)."""
+        self._model_shift += delay_ms * self.agent_rate_hz // 1000
+        self._echoes.append((now_ms, self._model_shift))
+        self._follow(now_ms)
+
+    def _follow(self, now_ms: int) -> None:
+        echoes = self._echoes
+        while len(echoes) > 1 and echoes[1][0] <= now_ms - _HOLD_MS:  # the one in effect then stays
+            echoes.popleft()
+        target = min(shift for _, shift in echoes)
+        if target != self._followed:
+            self._move(target - self._followed)
+            self._followed = target
+
+    def _restart_echoes(self, now_ms: int) -> None:
+        """A new run (or a clear): placed by the model as it stands, nothing held over."""
+        self._followed = self._model_shift
+        self._echoes.clear()
+        self._echoes.append((now_ms, self._model_shift))
+
+    def _move(self, delay: int) -> None:
+        """The run playing plays ``delay`` samples later (or earlier) than placed: it moves with it while none of
+        it is written yet (the first echoes come within ``_SETTLE_MS``); after that its frames stay back to back,
+        the later ones too, which the ledger now times by the moved model (``_unplaced``): a correction of a few ms
+        is the echo's jitter as often as the carrier's, and a run the carrier plays does not break where an echo
+        came late."""
         run = self._run_start
-        asked = delay_ms * self.agent_rate_hz // 1000
         if run is None or run < self._agent_samples or self._agent_next is None:
-            self._unplaced += asked
+            self._unplaced += delay
             return
-        delay = max(asked, self._agent_samples - run, self._run_floor - run)  # never back into what is written or played before
-        self._unplaced += asked - delay
+        moved = max(delay, self._agent_samples - run, self._run_floor - run)  # never back into what is written or played before
+        self._unplaced += delay - moved
         frames = self.agent_frames
         for i, (at, frame) in enumerate(frames):
             if at >= run:
-                frames[i] = (at + delay, frame)
-        self._run_start, self._agent_next = run + delay, self._agent_next + delay
+                frames[i] = (at + moved, frame)
+        self._run_start, self._agent_next = run + moved, self._agent_next + moved
 
     def cut(self, now_ms: int) -> None:
         """The carrier's buffer was cleared at ``now_ms``: frames not yet playing are never heard, the one playing
@@ -127,6 +167,7 @@ class StereoRecorder:
             frames.pop()
         self._agent_next = self._run_start = None
         self._run_floor, self._unplaced = now, 0
+        self._restart_echoes(now_ms)
         if frames:
             at, frame = frames[-1]
             if at + len(frame) // width > now:
@@ -138,6 +179,7 @@ class StereoRecorder:
         if not final and now_ms - self._written_at_ms < self.chunk_ms:
             return None
         self._written_at_ms = now_ms
+        self._follow(now_ms)
         clock_ms = now_ms - self.started_ms
         caller_ms = (self.samples_written + len(self._caller) // PCM16_SAMPLE_BYTES) * 1000 // self.rate_hz
         if final:

@@ -128,7 +128,7 @@ def test_an_early_echo_never_moves_a_run_over_the_one_before() -> None:
     assert written is not None and len(written) == ms(100) * 4
     for i, frame in enumerate(second):
         recorder.agent(210 + i * FRAME_MS, frame)
-    recorder.shift(-30)
+    recorder.echoed(-30, 600)
     recorder.caller(bytes(ms(500) * 2))
     written += recorder.take(600, final=True) or b""
     channel = np.frombuffer(written, np.int16)[1::2]
@@ -145,7 +145,7 @@ def test_a_late_echo_after_the_run_is_written_leaves_it_whole() -> None:
         recorder.agent(i * FRAME_MS, frame)
     recorder.caller(bytes(ms(100) * 2))
     written = recorder.take(600) or b""
-    recorder.shift(6)
+    recorder.echoed(6, 600)
     for i, frame in enumerate(frames[20:], start=20):
         recorder.agent(i * FRAME_MS + 6, frame)
     recorder.caller(bytes(ms(900) * 2))
