@@ -341,7 +341,7 @@ class PlayoutLedger:
         self._sent.extend(frames)
         if self.recorder is not None:
             for offset, frame in enumerate(frames):
-                self.recorder.agent(start + offset * self.frame_ms, frame)
+                self.recorder.agent(start + offset * self.frame_ms, frame, now_ms)
         response.sent_ms += length_ms
         self.frames_sent += len(frames)
         self._actions.append(SendMedia(frames[0] if len(frames) == 1 else b"".join(frames)))

@@ -29,10 +29,11 @@ _SETTLE_MS: Final = 500
 _RUN_TOLERANCE_MS: Final = 5
 """A frame this close to the end of the last (before or after it) continues its run."""
 _HOLD_MS: Final = 250
-"""How long the recording waits before it follows an echo that moved the model later: it follows the earliest the
-echoes of the last ``_HOLD_MS`` put the run at. An echo read late (the bridge's own stall, which also sends the
-model on) looks the same as a carrier playing later; the next echo, read on time, takes it back. A carrier that
-plays later for good is followed once this has passed (well within ``_SETTLE_MS``)."""
+"""How long the recording waits before it follows an echo that moved the model later: it follows the earliest place
+that the echoes of the last ``_HOLD_MS``, and the run's last two echoes, put the run at. An echo read late (the
+bridge's own stall, which also sends the model on) looks the same as a carrier playing later; the next echo, read on
+time, takes it back. A carrier that plays later for good is followed once a second echo says so and this has
+passed (well within ``_SETTLE_MS``); a run's first echo (where the carrier started it) once this has passed."""
 _MAX_CALLER_AHEAD_MS: Final = 5000
 """Caller audio kept ahead of the clock (a backlog read at once): beyond it the oldest is written regardless."""
 
@@ -70,8 +71,9 @@ class StereoRecorder:
         self._followed = 0
         """How much of ``_model_shift`` the recording follows: the rest is held (``_HOLD_MS``); the ledger's times
         for the frames sent since include it."""
-        self._echoes: deque[tuple[int, int]] = deque([(started_ms, 0)])
-        """(when, ``_model_shift`` after it) for the echoes of the last ``_HOLD_MS``, the latest always kept."""
+        self._echoes: deque[tuple[int, int, bool]] = deque([(started_ms, 0, False)])
+        """(when, ``_model_shift`` then, whether an echo) since the run started (not an echo), as ``_HOLD_MS``
+        keeps them."""
         self._run_floor = 0
         """Where what came before the run ends (the last run's last frame; a clear's moment): the run plays after
         it, whatever an echo says (the carrier plays its buffer in order)."""
@@ -96,13 +98,20 @@ class StereoRecorder:
         """The caller's audio as received (PCM16 at ``rate_hz``, gaps filled): a buffered append."""
         self._caller += pcm
 
-    def agent(self, start_ms: int, frame: bytes) -> None:
-        """A frame sent to the carrier, to start playing at ``start_ms`` (the playout model's clock): a buffered
-        append. A frame that follows the last within ``_RUN_TOLERANCE_MS`` plays right after it (the carrier plays
-        its buffer back to back; the model only moves when a marker's echo corrects it), else where it starts."""
+    def agent(self, start_ms: int, frame: bytes, sent_ms: int) -> None:
+        """A frame sent to the carrier at ``sent_ms``, to start playing at ``start_ms`` (the playout model's clock):
+        a buffered append. A frame that follows the last within ``_RUN_TOLERANCE_MS`` plays right after it (the
+        carrier plays its buffer back to back; the model only moves when a marker's echo corrects it), else where it
+        starts — as it does where the run placed so far had played out before it was sent (the bridge stalled
+        longer than the carrier's buffer: the echoes it then read late moved the model on to it, held here)."""
         at = (start_ms - self.started_ms) * self.agent_rate_hz // 1000
         following = self._agent_next
-        if following is not None and at - self._unplaced - self._held - following < self._agent_tolerance:
+        sent = (sent_ms - self.started_ms) * self.agent_rate_hz // 1000
+        if (
+            following is not None
+            and at - self._unplaced - self._held - following < self._agent_tolerance
+            and sent - following < self._agent_tolerance
+        ):
             at = following
         else:  # a new run, where the model says it plays: nothing held for it
             self._run_start, self._unplaced = at, 0
@@ -118,18 +127,22 @@ class StereoRecorder:
 
     def echoed(self, delay_ms: int, now_ms: int) -> None:
         """A marker's echo of the run playing came ``delay_ms`` after (or, negative, before) the playout model said,
-        and the ledger moved the model by that. The run follows the earliest place the last ``_HOLD_MS`` of echoes
+        and the ledger moved the model by that. The run follows the earliest place the echoes kept (``_HOLD_MS``)
         gave it: earlier at once, later once no echo since has taken it back (an echo is never early, but the
         bridge can read it late)."""
         self._model_shift += delay_ms * self.agent_rate_hz // 1000
-        self._echoes.append((now_ms, self._model_shift))
+        echoes = self._echoes
+        if echoes[-1][0] == now_ms and echoes[-1][2]:  # read together (after a stall): the last says the most
+            echoes.pop()
+        echoes.append((now_ms, self._model_shift, True))
         self._follow(now_ms)
 
     def _follow(self, now_ms: int) -> None:
         echoes = self._echoes
-        while len(echoes) > 1 and echoes[1][0] <= now_ms - _HOLD_MS:  # the one in effect then stays
+        # the one in effect ``_HOLD_MS`` ago stays, and the latest echo's last before it
+        while len(echoes) > 1 and echoes[1][0] <= now_ms - _HOLD_MS and not (len(echoes) == 2 and echoes[0][2]):
             echoes.popleft()
-        target = min(shift for _, shift in echoes)
+        target = min(shift for _, shift, _ in echoes)
         if target != self._followed:
             self._move(target - self._followed)
             self._followed = target
@@ -138,7 +151,7 @@ class StereoRecorder:
         """A new run (or a clear): placed by the model as it stands, nothing held over."""
         self._followed = self._model_shift
         self._echoes.clear()
-        self._echoes.append((now_ms, self._model_shift))
+        self._echoes.append((now_ms, self._model_shift, False))
 
     def _move(self, delay: int) -> None:
         """The run playing plays ``delay`` samples later (or earlier) than placed: it moves with it while none of

@@ -122,12 +122,12 @@ def test_an_early_echo_never_moves_a_run_over_the_one_before() -> None:
     recorder = StereoRecorder(rate_hz=RATE, agent_rate_hz=RATE, agent_encoding=AudioEncoding.PCMU, started_ms=0)
     first, second = pcmu_frames(tone(200, 440)), pcmu_frames(tone(200, 300))
     for i, frame in enumerate(first):
-        recorder.agent(i * FRAME_MS, frame)
+        recorder.agent(i * FRAME_MS, frame, sent_ms=0)
     recorder.caller(bytes(ms(100) * 2))
     written = recorder.take(600)  # the first run's first 100 ms
     assert written is not None and len(written) == ms(100) * 4
     for i, frame in enumerate(second):
-        recorder.agent(210 + i * FRAME_MS, frame)
+        recorder.agent(210 + i * FRAME_MS, frame, sent_ms=190)
     recorder.echoed(-30, 600)
     recorder.caller(bytes(ms(500) * 2))
     written += recorder.take(600, final=True) or b""
@@ -140,19 +140,19 @@ def test_a_late_echo_after_the_run_is_written_leaves_it_whole() -> None:
     """An echo 6 ms late once part of the run is written: the run stays as written, and its next frames — which
     the ledger now times 6 ms later — follow it back to back, not after a 6 ms gap (seen on a loaded machine)."""
     recorder = StereoRecorder(rate_hz=RATE, agent_rate_hz=RATE, agent_encoding=AudioEncoding.PCMU, started_ms=0)
-    frames = pcmu_frames(tone(800, 440))
-    for i, frame in enumerate(frames[:20]):
-        recorder.agent(i * FRAME_MS, frame)
+    frames = pcmu_frames(tone(1200, 440))
+    for i, frame in enumerate(frames[:40]):  # sent a lead (200 ms) ahead
+        recorder.agent(i * FRAME_MS, frame, sent_ms=max(0, i * FRAME_MS - 200))
     recorder.caller(bytes(ms(100) * 2))
     written = recorder.take(600) or b""
     recorder.echoed(6, 600)
-    for i, frame in enumerate(frames[20:], start=20):
-        recorder.agent(i * FRAME_MS + 6, frame)
-    recorder.caller(bytes(ms(900) * 2))
-    written += recorder.take(1000, final=True) or b""
+    for i, frame in enumerate(frames[40:], start=40):
+        recorder.agent(i * FRAME_MS + 6, frame, sent_ms=i * FRAME_MS - 200)
+    recorder.caller(bytes(ms(1300) * 2))
+    written += recorder.take(1400, final=True) or b""
     channel = np.frombuffer(written, np.int16)[1::2]
     played = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, b"".join(frames)), np.int16)
-    assert len(channel) == ms(1000) and np.array_equal(channel[: ms(800)], played) and not channel[ms(800) :].any()
+    assert len(channel) == ms(1400) and np.array_equal(channel[: ms(1200)], played) and not channel[ms(1200) :].any()
 
 
 def test_what_the_clear_dropped_is_never_in_it_and_the_frame_playing_is_cut_there() -> None:
