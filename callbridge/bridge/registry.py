@@ -125,6 +125,11 @@ class SignalKind(enum.Enum):
     DTMF = "dtmf"
     """A carrier's webhook says the caller pressed a key (where its media socket carries no digits); ``detail`` is the digit. The call's
     stream takes it as a digit on the wire."""
+    STREAM_BOUND = "stream_bound"
+    """The call's stream bound its engine session on the process that sends it, which counts the call now: a
+    process that admitted the call's answer lets that slot go (held until ``engine.open_at_answer_ttl_s``, it counted
+    the call a second time against its ``server.max_calls`` and CPU budget: ``serve --workers N`` refused calls at
+    about half their capacity). Sent only by a process that had not admitted the call itself."""
     STREAM_ENDED = "stream_ended"
     """A carrier's webhook says a media socket ended as the end of the call (the websocket leg
     ``completed``); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""

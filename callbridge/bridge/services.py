@@ -43,6 +43,7 @@ from callbridge.bridge.pacing import PacingClock
 from callbridge.bridge.recording_store import RecordingStore
 from callbridge.bridge.registry import (
     CallRegistry,
+    CallSignal,
     RegistryUnavailable,
     SignalKind,
     StreamTokens,
@@ -163,6 +164,7 @@ class BridgeServices:
     def __post_init__(self) -> None:
         server = self.settings.server
         self.signals = CallSignals(self.registry, self.live_streams, self.spawn)
+        self.signals.on(SignalKind.STREAM_BOUND, self._bound_elsewhere)
         self.admission = AdmissionBook(server.max_calls, server.cpu_budget_percent or 0.0, self.settings.engine.open_at_answer_ttl_s)
         max_call_s = self.settings.server.max_call_duration_s
         self.replays = ReplayGuard(self.registry, self.metrics.webhook_replay_checks, max_call_s or REPLAY_WINDOW_S)
@@ -544,8 +546,16 @@ class BridgeServices:
                 log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
     def call_bound(self, call_id: str) -> None:
-        """A stream bound the call's engine session here: it counts as bridged (no longer as admitted)."""
+        """A stream bound the call's engine session here: it counts as bridged (no longer as admitted). A call this
+        process did not admit was answered by another, which still holds a slot for it: told to let it go."""
+        if not self.admission.knows(call_id):
+            self.spawn(self.signals.send(call_id, SignalKind.STREAM_BOUND, ""))
         self.admission.bound(call_id)
+
+    async def _bound_elsewhere(self, signal: CallSignal) -> None:
+        """Another process bound the stream of a call admitted here: the slot it held goes (not the fleet's count,
+        which that process keeps)."""
+        self.admission.give_back(signal.call_id)
 
     def call_unbound(self, call_id: str) -> None:
         """The call's stream here ended: it no longer counts as bridged here (it may go on elsewhere)."""

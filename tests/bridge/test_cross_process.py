@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +32,16 @@ from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, SimCall
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving, with_overrides
 from tests.bridge.test_registry import Backend, backend
-from tests.bridge.twilio_e2e import RawStream, RecordingEngine, bound, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import (
+    RawStream,
+    RecordingEngine,
+    bound,
+    engine,
+    post_answer,
+    settings,
+    short_speech,
+    until,
+)
 from tests.redis_server import redis_url
 
 __all__ = ["backend", "redis_url"]  # the fixtures, imported for pytest
@@ -203,6 +214,26 @@ async def test_a_twilio_reconnect_on_b_supersedes_the_half_open_stream_on_a(redi
         assert len(recorder.opened) == 1 and recorder.session_count == 1
         await until(lambda: _metric(a, "callbridge_calls_total", provider="twilio", end="transport_lost") == 1)
         await new.ws.close()
+
+
+async def test_a_call_answered_on_a_and_bridged_on_b_is_counted_on_b_alone(redis_url: str) -> None:
+    """The answer webhook reaches A, which admits the call and holds a slot for its stream; the media socket reaches
+    B. Once B binds it, A lets the slot go at once (a ``stream_bound`` signal) — not at ``engine.open_at_answer_ttl_s``
+    (15 s), counting the call against its ``server.max_calls`` and CPU budget all that while: ``serve --workers 2``
+    refused calls at about half their capacity. With ``max_calls`` 1, A then answers the next call."""
+    recorder = engine()
+    # max_calls alone (no CPU budget: with max_calls 1 its guess of a call's cost is the whole budget)
+    config = settings(registry={"backend": "redis", "redis_url": redis_url}, server={"max_calls": 1, "cpu_budget_percent": 0})
+    async with running_bridge(config, recorder) as a, another_bridge(a, recorder) as b:
+        book_a, book_b = (bridge.app.state.bridge.services.admission for bridge in (a, b))
+        assert config.engine.open_at_answer_ttl_s == 15  # the shipped hold, not shortened here
+        stream = await RawStream.open(a, streams_to=b)
+        assert book_a.held(time.monotonic()) == 1 and "<Reject reason=\"busy\"/>" in (await post_answer(a, "CA" + secrets.token_hex(16))).text
+        await stream.start()
+        await until(lambda: book_b.bridged == {stream.call_sid})
+        await until(lambda: book_a.held(time.monotonic()) == 0, timeout_s=2)
+        assert "<Stream" in (await post_answer(a, "CA" + secrets.token_hex(16))).text
+        await stream.ws.close()
 
 
 class TwoVonageBridges:

@@ -102,15 +102,22 @@ class RawStream:
 
     @classmethod
     async def open(
-        cls, bridge: RunningBridge, *, token: str | None = None, signature: str | None = None, call_sid: str | None = None
+        cls,
+        bridge: RunningBridge,
+        *,
+        token: str | None = None,
+        signature: str | None = None,
+        call_sid: str | None = None,
+        streams_to: RunningBridge | None = None,
     ) -> RawStream:
-        """Answer a call (``call_sid``: again, as Twilio's ``<Redirect>`` does) and open its media websocket."""
+        """Answer a call (``call_sid``: again, as Twilio's ``<Redirect>`` does) and open its media websocket — on
+        ``streams_to`` where given (a load balancer sent it to another process)."""
         validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
         again = call_sid is not None
         call_sid = call_sid or "CA" + secrets.token_hex(16)
         answer = await post_answer(bridge, call_sid, again=again)
         minted = answer.text.split('name="token" value="')[1].split('"')[0]
-        ws_url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
+        ws_url = (streams_to or bridge).base_url.replace("http://", "ws://") + "/twilio/media"
         sig = signature if signature is not None else validator.compute_signature(ws_url, {})
         ws = await connect(ws_url, additional_headers={"X-Twilio-Signature": sig})
         return cls(ws, "MZ" + secrets.token_hex(16), call_sid, token if token is not None else minted, bridge.carrier.account_sid)
