@@ -8,7 +8,7 @@ import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from callbridge.bridge.registry import CallRegistry, CallSignal, RegistryUnavailable, SignalKind
 from callbridge.logging import get_logger
@@ -40,6 +40,11 @@ LB_ACTS_S = 0.25
 act on it (HAProxy marks the server down as the check's response arrives) before calls are moved."""
 _LISTEN_AGAIN_S = 1.0
 """After the registry's signal stream fails, how long before listening again."""
+
+
+_BOOKKEEPING: Final = frozenset({SignalKind.STREAM_BOUND})
+"""Signals every other process gets for a call as a matter of course (one per call whose stream binds off the process
+that answered it): handled without a log line each."""
 
 
 class LiveStream(Protocol):
@@ -172,7 +177,8 @@ class CallSignals:
         except Exception as exc:  # noqa: BLE001 - one call's signal never stops the listener or another call
             log.warning("call_signal_failed", call_id=signal.call_id, signal=signal.kind.value, error=repr(exc))
         else:
-            log.info("call_signal_handled", call_id=signal.call_id, signal=signal.kind.value, origin=signal.origin)
+            if signal.kind not in _BOOKKEEPING:
+                log.info("call_signal_handled", call_id=signal.call_id, signal=signal.kind.value, origin=signal.origin)
 
 
 async def drain_streams(
