@@ -2,7 +2,8 @@
 85; only its agent is the loopback), offered more calls than it takes — how fast it says no, and whether the calls
 it took still sound as they did.
 
-    python bench/past_capacity.py [--calls 100,200] [--duration 20] [--ramp 5] [--max-calls N] [--out DIR]
+    python bench/past_capacity.py [--calls 100,200] [--duration 20] [--ramp 5] [--max-calls N] [--cpu-budget P]
+        [--out DIR]
 
 Each level: a fresh server (pinned to the first CPU, the generator to the others, as ``bench/side_by_side.py``),
 ``callbridge loadtest --url`` placing that many simulated Twilio calls over the ramp. One row each: calls answered
@@ -36,6 +37,8 @@ def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
         del env["CALLBRIDGE_SERVER__MAX_CALLS"]  # as shipped
     else:
         env["CALLBRIDGE_SERVER__MAX_CALLS"] = str(args.max_calls)
+    if args.cpu_budget is not None:
+        env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
     with loadtest_carriers.shared_registry(args.workers) as registry:
         return loadtest_carriers.measure(
             loadtest_carriers.serve_command(port, args), url + "/healthz",
@@ -72,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     loadtest_carriers.add_run_arguments(parser, calls="100,200")
     parser.add_argument("--max-calls", type=int, help="the server's server.max_calls (default: as shipped)")
+    parser.add_argument("--cpu-budget", type=float, help="the server's server.cpu_budget_percent (default: as shipped)")
     args = loadtest_carriers.pinned_run(parser, "callbridge-past-capacity-")
     rows = [row(run_level(int(level), args)) for level in args.calls.split(",")]
     columns = ["offered", "answered", "refused", "refused: no in p50 / p99 / max ms", "answered: yes in p50 / p99 / max ms",
