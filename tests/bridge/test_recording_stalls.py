@@ -5,8 +5,9 @@ played, the network's delay each way, and stalls of the bridge in which it reads
 
 The invariant: each run of agent audio the caller heard is in the recording sample for sample, back to back, where
 the caller heard it — later by exactly the echo's way back (``back_ms``, which the first echo counts as the carrier's
-delay and nothing can tell apart) — and nothing else is in it. A barge-in's clear reaches the carrier ``out_ms``
-after the bridge cuts the recording: what played meanwhile and the frame playing are not in it."""
+delay and nothing can tell apart) — and nothing else is in it. A barge-in cuts the recording where the bridge
+flushed, on the recording's clock: what the caller heard in the ``out_ms + back_ms`` before the clear reached the
+carrier is not in it."""
 
 from __future__ import annotations
 
@@ -141,37 +142,26 @@ class Outcome:
         )
 
 
-def simulate(
-    seed: int,
-    *,
-    stalls: list[tuple[int, int]] | None = None,
-    stall_ms: tuple[int, ...] = (5, 10, 15, 25, 40, 60),
-    barge_in_ms: int | None = None,
-    out_ms: int | None = None,
-    back_ms: int | None = None,
-    phase: int | None = None,
-    frames_per_message: int | None = None,
-) -> Outcome:
+def simulate(seed: int, *, stall_ms: tuple[int, ...] = (5, 10, 15, 25, 40, 60), barge_in_ms: int | None = None) -> Outcome:
     """A 1.8 s greeting (noise, so that a run matches in one place only) in a 4 s call; the engine hands the bridge
-    its first second at once and the rest later, as the embedded engine does. ``stalls``: (from, ms) on the call's
-    clock, else seeded ones of ``stall_ms``."""
+    its first second at once and the rest later, as the embedded engine does. Seeded: the network's delay each way
+    (0–15 ms), the carrier's clock, one frame or five a message, and stalls of ``stall_ms`` every 50–600 ms."""
     rng = random.Random(seed)
-    out_ms = rng.randint(0, 15) if out_ms is None else out_ms
-    back_ms = rng.randint(0, 15) if back_ms is None else back_ms
-    carrier = RealTimeCarrier(phase=rng.randrange(FRAME_MS) if phase is None else phase)
-    ledger = PlayoutLedger(frame_ms=FRAME_MS, lead_ms=200, frames_per_message=frames_per_message or rng.choice([1, 5]))
+    out_ms, back_ms = rng.randint(0, 15), rng.randint(0, 15)
+    carrier = RealTimeCarrier(phase=rng.randrange(FRAME_MS))
+    ledger = PlayoutLedger(frame_ms=FRAME_MS, lead_ms=200, frames_per_message=rng.choice([1, 5]))
     recorder = ledger.recorder = StereoRecorder(
         rate_hz=8000, agent_rate_hz=8000, agent_encoding=AudioEncoding.PCMU, started_ms=START_MS
     )
     greeting = (np.random.default_rng(seed).standard_normal(8 * 1800) * 3000).astype(np.int16)
     frames = [bytes(encode_from_pcm16(AudioEncoding.PCMU, greeting[i : i + FRAME].tobytes())) for i in range(0, len(greeting), FRAME)]
     from_engine = deque([(START_MS, frames[:50]), (START_MS + rng.randint(300, 900), frames[50:])])
-    if stalls is None:
-        stalls, at = [], 50
-        while at < CALL_MS - 500:
-            at += rng.randint(50, 600)
-            stalls.append((at, rng.choice(stall_ms)))
-            at += stalls[-1][1]
+    stalls: list[tuple[int, int]] = []  # (from, ms) on the call's clock
+    at = 50
+    while at < CALL_MS - 500:
+        at += rng.randint(50, 600)
+        stalls.append((at, rng.choice(stall_ms)))
+        at += stalls[-1][1]
     stalled = {START_MS + at + i for at, ms in stalls for i in range(ms)}
     to_carrier: deque[tuple[int, SendMedia | SendMark | SendClear]] = deque()
     to_bridge: deque[tuple[int, str]] = deque()
