@@ -515,13 +515,34 @@ def _same_as_heard(
                 if len(segment) == len(compared) and segment.any():
                     best = max(best, (shift, float(np.corrcoef(segment, compared)[0, 1])), key=lambda x: x[1])
         shift, correlation = best
-        assert correlation >= correlation_at_least and abs(shift) <= within_ms * 8, (start / 8, end / 8, shift / 8, correlation)
+        assert correlation >= correlation_at_least and abs(shift) <= within_ms * 8, (
+            start / 8, end / 8, shift / 8, correlation, _local_shifts(recorded[0], compared, first + offset)
+        )  # fmt: skip
         covered[max(0, start + offset + shift - FRAME_SAMPLES) : end + offset + shift + FRAME_SAMPLES] = True
     for run_start, run_end in runs:  # nothing lost or doubled at a piece's edge: as long but for where the cut falls
         window = recorded[0][max(0, run_start + offset - search) : run_end + offset + search + FRAME_SAMPLES]
         lengths = [sum(e - s for s, e in _runs(part, gap=FRAME_SAMPLES)) for part in (heard[run_start:run_end], window)]
         assert abs(lengths[0] - lengths[1]) <= FRAME_SAMPLES + within_ms * 8, (run_start / 8, run_end / 8, lengths)
     assert not recorded[0][~covered].any(), np.flatnonzero(~covered & (recorded[0] != 0))[:10] / 8  # only what was heard
+
+
+def _local_shifts(recorded: np.ndarray, heard: np.ndarray, at: int, block: int = 800) -> str:
+    """Where a run the caller heard sits in the recording, 100 ms at a time (for a failure's message): each block's
+    closest shift (ms) within 40 ms, exact where the error is 0, as ranges of the run (ms) that share one."""
+    ranges: list[tuple[int, int, str]] = []
+    for i in range(0, len(heard) - block + 1, block):
+        piece = heard[i : i + block]
+        if not piece.any():
+            continue
+        tried = [(float(np.abs(recorded[at + i + d : at + i + d + block] - piece).mean()), abs(d), d) for d in range(-320, 321)
+                 if at + i + d >= 0 and len(recorded[at + i + d : at + i + d + block]) == block]  # fmt: skip
+        error, _, d = min(tried) if tried else (float("nan"), 0, 0)
+        label = f"{d / 8:+.1f}" + ("" if error == 0 else f" (error {error:.0f})")
+        if ranges and ranges[-1][2] == label and ranges[-1][1] == i:
+            ranges[-1] = (ranges[-1][0], i + block, label)
+        else:
+            ranges.append((i, i + block, label))
+    return "; ".join(f"{lo // 8}–{hi // 8} ms: {label}" for lo, hi, label in ranges)
 
 
 @pytest.mark.parametrize("provider", [name for name in sorted(simulated()) if name != "vonage"])
