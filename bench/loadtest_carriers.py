@@ -28,7 +28,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -69,12 +68,7 @@ def run_one(provider: str, calls: int, args: argparse.Namespace) -> dict[str, ob
     env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
     name = f"{provider}{'-compiled' if args.compiled else ''}{f'-workers{args.workers}' if args.workers > 1 else ''}-{calls}.json"
     try:
-        with shared_registry(args.workers) as registry:
-            return measure(
-                serve_command(port, args), url + "/healthz",
-                ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], {**env, **registry}, args.out / name,
-                calls, args, server_cpus=args.workers,
-            )  # fmt: skip
+        return measure_serve(port, ["--url", url, "--provider", provider, "--rest-port", str(rest_port)], env, args.out / name, calls, args)
     finally:
         key = env.get("CALLBRIDGE_VONAGE__PRIVATE_KEY_PATH")
         if key:  # the key pair --print-env made for this run
@@ -87,7 +81,17 @@ def serve_command(port: int, args: argparse.Namespace) -> list[str]:
     return [*compiled, CALLBRIDGE, "serve", "--port", str(port), "--workers", str(args.workers), "--log-level", "warning"]
 
 
-@contextmanager
+def measure_serve(port: int, target: list[str], env: dict[str, str], out: Path, calls: int, args: argparse.Namespace) -> dict[str, object]:
+    """``measure`` against ``callbridge serve`` on ``port`` (``serve_command``): with ``--workers N``, a Redis
+    registry of its own and the first N CPUs."""
+    with shared_registry(args.workers) as registry:
+        return measure(
+            serve_command(port, args), f"http://127.0.0.1:{port}/healthz", target, {**env, **registry}, out, calls, args,
+            server_cpus=args.workers,
+        )  # fmt: skip
+
+
+@contextlib.contextmanager
 def shared_registry(workers: int) -> Iterator[dict[str, str]]:
     """The env of the Redis registry that more than one worker needs: a ``redis-server`` of the run's own on a free
     port, stopped after it (nothing for one worker, whose registry is in memory)."""

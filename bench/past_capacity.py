@@ -39,12 +39,8 @@ def run_level(calls: int, args: argparse.Namespace) -> dict[str, object]:
         env["CALLBRIDGE_SERVER__MAX_CALLS"] = str(args.max_calls)
     if args.cpu_budget is not None:
         env["CALLBRIDGE_SERVER__CPU_BUDGET_PERCENT"] = str(args.cpu_budget)
-    with loadtest_carriers.shared_registry(args.workers) as registry:
-        return loadtest_carriers.measure(
-            loadtest_carriers.serve_command(port, args), url + "/healthz",
-            ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)], {**env, **registry},
-            args.out / f"offered-{calls}.json", calls, args, server_cpus=args.workers,
-        )  # fmt: skip
+    target = ["--url", url, "--provider", "twilio", "--rest-port", str(rest_port)]
+    return loadtest_carriers.measure_serve(port, target, env, args.out / f"offered-{calls}.json", calls, args)
 
 
 def row(report: dict[str, object]) -> str:

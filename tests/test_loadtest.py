@@ -180,8 +180,13 @@ async def _load_test_a_separate_serve(tmp_path: Path, workers: int, registry: di
         own_ms = (sum(supervisor.cpu_times()[:2]) - own_before) * 1000
         processes = len(supervisor.children(recursive=True))
     finally:
+        children = supervisor.children(recursive=True)  # the workers, in their own process group: not killed with it
         server.kill()  # uvicorn may sit out a plain SIGTERM while connections close
         await asyncio.wait_for(server.wait(), 10)
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+        psutil.wait_procs(children, timeout=10)
         log.close()
     assert report.failed_calls == 0 and report.protocol_warnings == 0, (report.render(), (tmp_path / "serve.log").read_text())
     assert report.clicks_returned >= 6 and report.round_trip_ms["p50"] < 500, report.render()

@@ -387,13 +387,14 @@ class PlayoutLedger:
             # than the model: the carrier plays behind it. Earlier: an earlier echo was late on our side (the
             # bridge stalled reading it), and the model moves back rather than keep that stall for the call.
             predicted = self._time_of(ms)
-            if predicted is not None:  # against the send clock, before any correction; an early echo is no lag
+            if predicted is not None:
+                # against the send clock, before any correction; an early echo is no lag
                 self.mark_lags_ms.append(max(0, now_ms - predicted + self._shifted_ms))
-            if predicted is not None and self.recorder is not None:
-                self.recorder.echoed(now_ms - predicted, now_ms)
-            if predicted is not None and now_ms != predicted:
-                self.corrections += 1
-                self._shift(now_ms - predicted)
+                if self.recorder is not None:
+                    self.recorder.echoed(now_ms - predicted, now_ms)
+                if now_ms != predicted:
+                    self.corrections += 1
+                    self._shift(now_ms - predicted)
         self._note_heard(response_id, ms)
 
     def _note_heard(self, response_id: str, heard_ms: int) -> None:
