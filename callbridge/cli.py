@@ -250,10 +250,6 @@ def _app_schema(settings: Settings, args: argparse.Namespace) -> int:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if not _app_loads(settings):
         return EXIT_USAGE
-    if settings.server.workers > 1 and settings.registry.backend != "redis":
-        problem = ConfigProblem(key="server.workers", problem='more than one worker needs registry.backend = "redis"')
-        _print_config_error(ConfigError([problem]), sys.stderr)
-        return EXIT_USAGE
     return _with_listeners(settings, args, "server", _serve_on)
 
 

@@ -94,8 +94,9 @@ class ServerSettings(Section):
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless a
     carrier's own credentials admit them (``Carrier.generic_upgrade``). Switch off only where the network admits nothing but your carriers."""
     workers: Annotated[int, Field(ge=1, le=256)] = 1
-    """Bridge processes on the one listening socket (``serve --workers``); more than one needs the Redis
-    registry, since a call's webhook and its streams may reach different workers."""
+    """Bridge processes on the one listening socket (``serve --workers``). A call's webhook and its streams may
+    reach different workers, so they share one registry: the supervisor's, in memory (``registry.backend`` memory),
+    or Redis."""
     drain_timeout_s: Annotated[float, Field(ge=0)] = 30.0
     """On SIGTERM: how long calls that cannot move to another process (their carrier does not reconnect) may
     run on before the process exits anyway."""

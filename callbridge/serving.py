@@ -7,9 +7,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Awaitable, Callable
 from types import FrameType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from callbridge.config import Settings
+
+if TYPE_CHECKING:
+    from callbridge.bridge.registry_host import HostAddress
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "run_uvicorn", "serve_bridge"]
 
@@ -17,14 +20,14 @@ EXIT_OK: Final = 0
 EXIT_FAILED: Final = 1
 
 
-def serve_bridge(settings: Settings, sockets: list[Any]) -> int:
+def serve_bridge(settings: Settings, sockets: list[Any], registry_host: HostAddress | None = None) -> int:
     """One bridge process on ``sockets`` (bound to ``server.host``:``server.port``) until SIGTERM (drained) or
-    SIGINT."""
+    SIGINT. ``registry_host``: a ``serve --workers`` worker's group registry, held by the supervisor."""
     from callbridge.bridge.app import create_app
     from callbridge.logging import configure_logging
 
     configure_logging(settings.log)  # before the app's first lines (``carrier_not_configured``): in their format and level
-    app = create_app(settings)
+    app = create_app(settings, registry_host=registry_host)
     return run_uvicorn(
         settings, app, settings.server.host, settings.server.port, drain=app.state.bridge.drain, sockets=sockets
     )

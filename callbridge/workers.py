@@ -1,10 +1,11 @@
 """``callbridge serve --workers N``: N bridge processes on one listening socket, on one host.
 
 The supervisor binds ``server.host``:``server.port`` once and starts N workers (``multiprocessing`` spawn),
-each a whole bridge (``callbridge.serving.serve_bridge``: its app, engine client and Redis client) accepting
+each a whole bridge (``callbridge.serving.serve_bridge``: its app, engine client and registry client) accepting
 on the inherited socket; the kernel spreads connections among them. A call's webhook, its media socket
-and a later stream may each land on a different worker, so workers share call state in Redis (the CLI
-refuses ``workers > 1`` without it).
+and a later stream may each land on a different worker, so workers share call state: in Redis where
+``registry.backend`` is redis (a fleet of hosts), else in the supervisor's memory (``registry_host``: the
+supervisor serves one memory registry to its workers over a Unix socket; it lives as long as the supervisor).
 
 Listeners that cannot be shared — a carrier's own sockets (``CarrierSpec.sockets``: SIP's dialogs and RTP ports
 are one process's state, as is a raw TCP listener's port) — are served by worker 0 alone; the others run with
@@ -34,6 +35,7 @@ from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any, Final
 
+from callbridge.bridge.registry_host import HostAddress, RegistryHost
 from callbridge.carriers import CARRIERS
 from callbridge.config import Settings
 from callbridge.logging import configure_logging, get_logger
@@ -56,10 +58,17 @@ def _watch_supervisor(supervisor_pid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str) -> None:
-    """A worker's main: its own process group (terminal signals go to the supervisor), then one bridge."""
+def _worker(
+    index: int, settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str, registry_host: HostAddress | None
+) -> None:
+    """A worker's main: its own process group (terminal signals go to the supervisor), then one bridge. Its log
+    lines say which worker wrote them (``worker``, the index ``worker_started`` gives with its pid)."""
     import sys
     import threading
+
+    import structlog
+
+    structlog.contextvars.bind_contextvars(worker=index)  # every task of the bridge copies it
 
     os.environ[_METRICS_DIR_ENV] = metrics_dir  # before prometheus_client is imported: it picks file values then
     from callbridge.bridge.group_metrics import group_metrics_dir
@@ -70,7 +79,7 @@ def _worker(settings_data: dict[str, Any], sock: socket.socket, metrics_dir: str
     os.setpgrp()
     threading.Thread(target=_watch_supervisor, args=(os.getppid(),), name="supervisor-watch", daemon=True).start()
     settings = Settings.model_validate(settings_data)
-    sys.exit(serve_bridge(settings, sockets=[sock]))
+    sys.exit(serve_bridge(settings, sockets=[sock], registry_host=registry_host))
 
 
 def worker_settings(settings_data: dict[str, Any], index: int) -> dict[str, Any]:
@@ -88,6 +97,9 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
     configure_logging(settings.log)
     count = settings.server.workers
     metrics_dir = GroupMetricsDir.create()
+    host = RegistryHost() if settings.registry.backend == "memory" else None
+    if host is not None:
+        host.start()
     context = multiprocessing.get_context("spawn")
     settings_data = settings.model_dump()
     workers: list[BaseProcess] = []
@@ -96,7 +108,8 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
 
     def start(index: int) -> BaseProcess:
         data = worker_settings(settings_data, index)
-        process = context.Process(target=_worker, args=(data, sock, str(metrics_dir.path)), name=f"callbridge-worker-{index}")
+        address = host.address if host is not None else None
+        process = context.Process(target=_worker, args=(index, data, sock, str(metrics_dir.path), address), name=f"callbridge-worker-{index}")
         process.start()
         listeners = [section for section in _UNSHARED_LISTENERS if data[section]["enabled"]]
         log.info("worker_started", pid=process.pid, index=index, listeners=["http", *listeners])
@@ -127,6 +140,8 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
                     workers[index] = start(index)
     sock.close()
     metrics_dir.close()
+    if host is not None:
+        host.close()
     exit_codes = [process.exitcode for process in workers]
     log.info("workers_stopped", exit_codes=exit_codes)
     return 0 if all(code == 0 for code in exit_codes) else 1

@@ -90,7 +90,7 @@ MISTAKES = [
         "vonage key not a key", ("config", "check", "--set", "vonage.private_key_path={tmp}/garbage.key"), 2,
         ("vonage.private_key_path", "not a PEM private key"), files={"garbage.key": b"not a key\n"},
     ),  # fmt: skip
-    Mistake("workers without redis", ("serve", "--workers", "2"), 2, ("server.workers", "redis")),
+    Mistake("no workers", ("serve", "--workers", "0"), 2, ("server.workers", "greater than or equal to 1")),
     # Found in session 14: each passed config check, then a traceback at serve (Exotel's CIDR) or broken calls.
     Mistake("exotel source not a CIDR", ("serve", "--set", "exotel.allowed_sources=[1.2.3.4/99]"), 2, ("exotel.allowed_sources.0", "CIDR", "'1.2.3.4/99'")),
     Mistake("SIP trusted address not an IP", ("config", "check", "--set", "sip.allowed_ips=[10.0.0.0/8,trunk]"), 2, ("sip.allowed_ips.1", "CIDR", "'trunk'")),

@@ -33,6 +33,7 @@ from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.recording_store import RecordingStore
 from callbridge.bridge.registry_backend import build_registry
+from callbridge.bridge.registry_host import HostAddress
 from callbridge.bridge.replay import ReplayRelease
 from callbridge.bridge.services import (
     BridgeServices,
@@ -53,7 +54,9 @@ log = get_logger(__name__)
 class BridgeState:
     """Process-wide state the HTTP handlers read: the services, readiness and the metrics registry."""
 
-    def __init__(self, settings: Settings, engine: DuplexEngine, hang_up: HangUpFn | None) -> None:
+    def __init__(
+        self, settings: Settings, engine: DuplexEngine, hang_up: HangUpFn | None, registry_host: HostAddress | None = None
+    ) -> None:
         self.settings = settings
         self.registry = CollectorRegistry()
         self.process_metrics = ProcessCollector(registry=self.registry)
@@ -63,7 +66,7 @@ class BridgeState:
         """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
         self.carriers = tuple(spec.load_carrier() for spec in CARRIERS)
         rests: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
-        registry, tokens = build_registry(settings)
+        registry, tokens = build_registry(settings, registry_host)
         self.services = BridgeServices(
             settings=settings,
             engine=engine,
@@ -122,10 +125,12 @@ async def _sample_load(services: BridgeServices, every_s: float = 0.5) -> None:
         metrics.cpu_utilization.set(cpu.utilization)
 
 
-def create_app(settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None, *, registry_host: HostAddress | None = None
+) -> FastAPI:
     """Build the ASGI app for ``settings`` (the engine ``engine.kind`` names unless given); its state lives in
-    ``app.state.bridge``."""
-    state = BridgeState(settings, engine or build_engine(settings), hang_up)
+    ``app.state.bridge``. ``registry_host``: a ``serve --workers`` worker's group registry (``registry_host``)."""
+    state = BridgeState(settings, engine or build_engine(settings), hang_up, registry_host)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

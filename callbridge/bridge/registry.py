@@ -263,8 +263,12 @@ class CallRegistry(abc.ABC):
         return True
 
     shared: ClassVar[bool] = True
-    """Other processes read and write this registry (Redis): they can resume this one's calls. False: one
-    process's alone (a drain then serves calls in place; the answer's session is kept in the process)."""
+    """Other processes read and write this registry (Redis, or a ``serve --workers`` group's host): they can resume
+    this one's calls. False: one process's alone (the answer's session is kept in the process)."""
+    spans_hosts: ClassVar[bool] = True
+    """Processes of other hosts share it too (Redis: a fleet behind a load balancer), so a draining process can move
+    its calls to them. False (one process, or one ``serve --workers`` group, which drains as a whole): a drain
+    serves calls in place."""
 
     @property
     def entry_count(self) -> int | None:
@@ -307,6 +311,7 @@ class MemoryCallRegistry(CallRegistry):
     """The registry of a single process; the clock (ms, monotonic) is injectable."""
 
     shared: ClassVar[bool] = False
+    spans_hosts: ClassVar[bool] = False
 
     _PRUNE_EVERY_MS = 10_000
     """Expired entries of calls nobody asks about again are dropped this often (amortized over writes), so the

@@ -441,10 +441,11 @@ class BridgeServices:
 
     @property
     def drains_in_place(self) -> bool:
-        """A drain moves calls only where another process can resume them (a shared registry). A lone process
-        (the memory registry: the quick start, one container) serves its calls on to their end instead: moved,
-        their carrier's reconnect would only come back here and be refused."""
-        return not self.registry_shared
+        """A drain moves calls only where a process of another host can resume them (Redis: a fleet). A lone
+        process (the memory registry: the quick start, one container) and a ``serve --workers`` group without Redis
+        (which drains as a whole) serve their calls on to their end instead: moved, their carrier's reconnect
+        would only come back here and be refused."""
+        return not self.registry.spans_hosts
 
     async def drain(self, timeout_s: float) -> None:
         """SIGTERM: admit no new call (``/readyz`` turns 503 with ``draining``); with a shared registry, move every
@@ -567,12 +568,12 @@ class BridgeServices:
 
     async def moving_elsewhere(self, call_id: str) -> bool:
         """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off
-        this process or another (``drain``): True where another process can resume it (the registry is shared),
+        this process or another (``drain``): True where another host's process can resume it (``drains_in_place``),
         so the webhook's answer keeps the call going rather than refuse it, which would end a call that is only
         moving. Carriers that can be redirected get a short pause and a redirect back through the load
         balancer; those whose webhook is their only reconnect, a new stream to the public URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
         and when the registry cannot be reached."""
-        if not self.draining or not self.registry_shared:
+        if not self.draining or self.drains_in_place:
             return False
         try:
             return await self._known_and_not_over(call_id)
@@ -581,13 +582,13 @@ class BridgeServices:
             return False
 
     async def bounces_new_call(self, call_id: str) -> bool:
-        """Draining in a fleet (the registry shared), a new call's answer webhook: True for its first
+        """Draining in a fleet (the registry spans hosts), a new call's answer webhook: True for its first
         ``DRAIN_NEW_CALL_BOUNCES`` arrivals at draining processes, counted fleet-wide in the registry, so that it is
         sent back through the load balancer (as a moving call is) rather than refused busy. The load balancer
         takes a draining process out only at its next readiness check; calls answered meanwhile would otherwise be
         refused during every deploy. Past the bound (every process draining, or no load balancer in front), busy.
         Raises ``RegistryUnavailable``."""
-        if not self.draining or not self.registry_shared:
+        if not self.draining or self.drains_in_place:
             return False
         return await self.registry.count(call_id, "drain_bounces", keep_ms=_DRAIN_BOUNCES_KEPT_MS) <= DRAIN_NEW_CALL_BOUNCES
 

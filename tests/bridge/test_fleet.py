@@ -297,9 +297,13 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
     await until(fleet.no_engine_session_left, timeout_s=10)  # nothing leaked: both calls closed theirs
 
 
-async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet: Fleet) -> None:
+@pytest.mark.parametrize("backend", ["redis", "memory"])
+async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet: Fleet, backend: str) -> None:
+    """Three streams of one call, each on whichever worker the kernel gives it, on one engine session; then SIGTERM
+    drains both. ``memory``: no Redis — the supervisor holds the workers' registry (``registry_host``)."""
     port = free_port()
-    served = await asyncio.to_thread(fleet.spawn, "workers", ["serve", "--workers", "2"], port, "/readyz")
+    args = ["serve", "--workers", "2", "--set", f"registry.backend={backend}"]
+    served = await asyncio.to_thread(fleet.spawn, "workers", args, port, "/readyz")
     speech = short_speech(800)
     fleet.twilio.route = lambda reason: served.url
     script = CallerScript(utterances=((300, speech), (2800, speech), (5300, speech)), drop_stream_at_ms=(2200, 4700), hangup_at_ms=7200)
@@ -324,6 +328,37 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     (stopped,) = served.events("workers_stopped")
     assert stopped["exit_codes"] == [0, 0]
     await until(fleet.no_engine_session_left, timeout_s=10)
+
+
+async def test_a_worker_killed_mid_call_has_its_call_taken_over_by_another_without_redis(fleet: Fleet) -> None:
+    """``serve --workers 2`` on the memory registry (the supervisor's): SIGKILL of the worker holding a live Twilio
+    call. The call's reconnect reaches a worker of the group, which takes the call's engine session over from the live
+    ticket in the supervisor's registry — the conversation goes on, as across a Redis fleet — and the supervisor
+    replaces the dead worker."""
+    port = free_port()
+    args = ["serve", "--workers", "2", "--set", "registry.backend=memory"]
+    served = await asyncio.to_thread(fleet.spawn, "workers", args, port, "/readyz")
+    fleet.twilio.route = lambda reason: served.url
+    speech = short_speech(1200)
+    call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (4500, speech)), hangup_at_ms=8000)))
+    await until(lambda: bool(served.events("call_bridged")), timeout_s=10)
+    await asyncio.sleep(2.5)  # the first reply played
+    (bridged,) = served.events("call_bridged")
+    pids = {entry["index"]: entry["pid"] for entry in served.events("worker_started")}
+    os.kill(pids[bridged["worker"]], signal.SIGKILL)
+    result = await call
+
+    assert len(result.streams) == 2 and result.hung_up_by == "caller", result.render()
+    opened, taken = served.events("call_bridged", call_id=result.call_sid)
+    assert (opened["engine"], taken["engine"]) == ("opened_at_answer", "taken_over"), served.call_log(result.call_sid)
+    assert taken["session_id"] == opened["session_id"] and taken["bound_after_ms"] <= 500, taken
+    assert len(fleet.engine.events("engine_session_opened")) == 1
+    assert _agent_heard_after(result, _stream_started_at(result, 1)), result.render()
+    (died,) = served.events("worker_died")
+    assert died["pid"] == pids[bridged["worker"]]
+    await until(fleet.no_engine_session_left, timeout_s=10)  # the call's end closed it: nothing orphaned
+    served.process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(served.process.wait, 15) == 0
 
 
 async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them_back_when_it_dies(
@@ -371,13 +406,6 @@ async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them
         assert await asyncio.to_thread(served.process.wait, 30) == 0
     finally:
         served.stop()
-
-
-def test_several_workers_need_the_redis_registry(capsys: pytest.CaptureFixture[str]) -> None:
-    from callbridge.cli import main
-
-    assert main(["serve", "--workers", "2", "--set", "registry.backend=memory"]) == 2
-    assert 'server.workers: more than one worker needs registry.backend = "redis"' in capsys.readouterr().err
 
 
 async def test_a_second_sigterm_stops_at_once(fleet: Fleet) -> None:

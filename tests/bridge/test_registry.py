@@ -1,5 +1,7 @@
-"""The call registry and stream tokens: one body of tests, run on the in-memory backend (a fake clock) and on a
-real ``redis-server`` (real TTLs, kept short; two clients stand for two bridge processes)."""
+"""The call registry and stream tokens: one body of tests, run on the in-memory backend (a fake clock), on
+``serve --workers``' group registry (the memory registry held by a ``RegistryHost``, each view a worker's link to it
+over its Unix socket) and on a real ``redis-server`` (real TTLs, kept short; two clients stand for two bridge
+processes)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from callbridge.bridge.registry import (
     StreamTokens,
 )
 from callbridge.bridge.registry_backend import build_registry
+from callbridge.bridge.registry_host import RegistryHost, hosted_registry
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
 from callbridge.engine.commands import AppendAudio, CloseSession
@@ -56,20 +59,36 @@ class Backend:
         return opened
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "hosted", "redis"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    if request.param == "memory":
+    if request.param in ("memory", "hosted"):
         now = [1_000_000]
 
         async def advance_clock(ms: int) -> None:
             now[0] += ms
 
         registry, tokens = MemoryCallRegistry(clock=lambda: now[0]), MemoryStreamTokens(ttl_ms=TOKEN_TTL_MS, clock=lambda: now[0])
+        if request.param == "memory":
 
-        async def same_process() -> tuple[CallRegistry, StreamTokens]:
-            return registry, tokens
+            async def same_process() -> tuple[CallRegistry, StreamTokens]:
+                return registry, tokens
 
-        yield Backend("memory", same_process, advance_clock)
+            yield Backend("memory", same_process, advance_clock)
+            return
+        # ``serve --workers``' group registry: the supervisor holds the memory registry, each view is a worker's
+        host = RegistryHost(registry, tokens)
+        host.start()
+
+        async def new_worker() -> tuple[CallRegistry, StreamTokens]:
+            return hosted_registry(host.address)
+
+        backend = Backend("hosted", new_worker, advance_clock)
+        try:
+            yield backend
+        finally:
+            for view, _ in backend.views:
+                await view.aclose()
+            host.close()
         return
     url: str = request.getfixturevalue("redis_url")
     admin = aioredis.Redis.from_url(url)
