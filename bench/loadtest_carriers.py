@@ -82,9 +82,9 @@ def serve_command(port: int, args: argparse.Namespace) -> list[str]:
 
 
 def measure_serve(port: int, target: list[str], env: dict[str, str], out: Path, calls: int, args: argparse.Namespace) -> dict[str, object]:
-    """``measure`` against ``callbridge serve`` on ``port`` (``serve_command``): with ``--workers N``, a Redis
-    registry of its own and the first N CPUs."""
-    with shared_registry(args.workers) as registry:
+    """``measure`` against ``callbridge serve`` on ``port`` (``serve_command``): with ``--workers N``, the first N
+    CPUs (and with ``--registry redis``, a Redis registry of its own)."""
+    with shared_registry(args.workers if args.registry == "redis" else 1) as registry:
         return measure(
             serve_command(port, args), f"http://127.0.0.1:{port}/healthz", target, {**env, **registry}, out, calls, args,
             server_cpus=args.workers,
@@ -93,8 +93,8 @@ def measure_serve(port: int, target: list[str], env: dict[str, str], out: Path, 
 
 @contextlib.contextmanager
 def shared_registry(workers: int) -> Iterator[dict[str, str]]:
-    """The env of the Redis registry that more than one worker needs: a ``redis-server`` of the run's own on a free
-    port, stopped after it (nothing for one worker, whose registry is in memory)."""
+    """The env of a Redis registry for ``workers`` processes: a ``redis-server`` of the run's own on a free port,
+    stopped after it (nothing for one, whose registry is in memory)."""
     if workers <= 1:
         yield {}
         return
@@ -196,7 +196,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
     parser.add_argument("--compiled", type=Path, metavar="DIR", help="run callbridge serve from this compiled tree (bench/compiled_tree.py)")
     parser.add_argument(
         "--workers", type=int, default=1,
-        help="callbridge serve --workers N: N processes on the port, a Redis registry of the run's own, pinned to the first N CPUs",
+        help="callbridge serve --workers N: N processes on the port, pinned to the first N CPUs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--registry", choices=("memory", "redis"), default="memory",
+        help="with --workers: the supervisor's registry (shipped default) or a redis-server of the run's own",
     )  # fmt: skip
 
 

@@ -191,9 +191,10 @@ class EngineSettings(Section):
     open_at_answer: Literal["auto", "on", "off"] = "auto"
     """Open a call's engine session when its answer webhook is answered, so that its stream finds it ready (the
     engine's handshake off the call's start) and a call no engine takes is refused busy, never answered. auto:
-    with the memory registry the session waits in the process that answered; with Redis it is parked there
-    (detached, with its ticket) and the stream resumes it on whichever process it reaches. on: kept in the
-    process that answered, whatever the registry. off: the stream opens its session."""
+    one process (the memory registry) keeps the session where it answered; a shared registry (Redis, or a
+    ``serve --workers`` group's) parks it there (detached, with its ticket) and the stream resumes it on whichever
+    process it reaches (the embedded engine's sessions are its process's own: a stream on another worker opens
+    its own). on: kept in the process that answered, whatever the registry. off: the stream opens its session."""
     open_at_answer_ttl_s: Annotated[float, Field(gt=0, le=600)] = 15.0
     """A session opened at the answer that no stream takes within this is closed."""
     heartbeat_interval_s: Annotated[float, Field(gt=0, le=3600)] = 30.0

@@ -33,10 +33,8 @@ from callbridge.sim.loadtest import (
     secret_from_settings,
 )
 from callbridge.sim.ports import free_port
-from callbridge.sim.redis_server import registry_env
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import until
-from tests.redis_server import redis_server
 
 SIMULATED = simulated()
 
@@ -132,17 +130,12 @@ def test_caller_audio_is_kept_below_the_click_level() -> None:
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_against_a_separate_callbridge_serve(tmp_path: Path, workers: int) -> None:
     """``callbridge serve`` configured only by the env ``--print-env`` gives, and a Telnyx load test against it; with
-    ``--workers 2`` (a real Redis registry) the server's CPU and memory are its workers' too, not the supervisor's
-    alone (which only watches them)."""
-    with contextlib.ExitStack() as stack:
-        registry: dict[str, str] = {}
-        if workers > 1:
-            url, _ = stack.enter_context(redis_server())
-            registry = registry_env(url)
-        await _load_test_a_separate_serve(tmp_path, workers, registry)
+    ``--workers 2`` (the supervisor's registry, the shipped default) the server's CPU and memory are its workers' too,
+    not the supervisor's alone (which only watches them)."""
+    await _load_test_a_separate_serve(tmp_path, workers)
 
 
-async def _load_test_a_separate_serve(tmp_path: Path, workers: int, registry: dict[str, str]) -> None:
+async def _load_test_a_separate_serve(tmp_path: Path, workers: int) -> None:
     port, rest_port = free_port(), free_port()
     url, rest_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{rest_port}"
     secret = "loadtest-secret-0123456789"
@@ -155,7 +148,6 @@ async def _load_test_a_separate_serve(tmp_path: Path, workers: int, registry: di
         **exported,
         "CALLBRIDGE_LOCAL_ENGINE__AGENT": "loopback",
         "CALLBRIDGE_SERVER__PUBLIC_URL": url,
-        **registry,
     }
     log = (tmp_path / "serve.log").open("wb")
     server = await asyncio.create_subprocess_exec(

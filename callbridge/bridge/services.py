@@ -169,7 +169,7 @@ class BridgeServices:
         max_call_s = self.settings.server.max_call_duration_s
         self.replays = ReplayGuard(self.registry, self.metrics.webhook_replay_checks, max_call_s or REPLAY_WINDOW_S)
         engine = self.settings.engine
-        if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and self.settings.registry.backend == "memory"):
+        if engine.open_at_answer == "on" or (engine.open_at_answer == "auto" and not self.registry.shared):
             self.answer_sessions = AnswerSessions(self.engine, engine.open_at_answer_ttl_s)
 
     @property

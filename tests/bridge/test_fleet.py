@@ -361,6 +361,28 @@ async def test_a_worker_killed_mid_call_has_its_call_taken_over_by_another_witho
     assert await asyncio.to_thread(served.process.wait, 15) == 0
 
 
+async def test_a_group_without_redis_drains_in_place(fleet: Fleet) -> None:
+    """SIGTERM to a ``serve --workers 2`` group on the memory registry: nowhere to move a call (the registry is the
+    supervisor's), so each worker serves its calls on to their end, refusing new ones, then the group exits 0."""
+    port = free_port()
+    served = await asyncio.to_thread(fleet.spawn, "workers", ["serve", "--workers", "2", "--set", "registry.backend=memory"], port, "/readyz")
+    fleet.twilio.route = lambda reason: served.url
+    speech = short_speech(800)
+    call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (3500, speech)), hangup_at_ms=6000)))
+    await until(lambda: bool(served.events("call_bridged")), timeout_s=10)
+    await asyncio.sleep(1.5)
+    served.process.send_signal(signal.SIGTERM)
+    result = await call
+    assert await asyncio.to_thread(served.process.wait, 15) == 0
+
+    assert len(result.streams) == 1 and result.hung_up_by == "caller" and result.warnings == [], result.render()
+    assert _agent_heard_after(result, 3500), result.render()  # the reply to what was said after the SIGTERM
+    draining = served.events("bridge_draining")
+    assert len(draining) == 2 and all(entry["in_place"] for entry in draining), draining
+    assert not served.events("stream_moved") and len(served.events("bridge_drained")) == 2
+    await until(fleet.no_engine_session_left, timeout_s=10)
+
+
 async def test_workers_serve_sip_and_audiosocket_from_worker_zero_and_bring_them_back_when_it_dies(
     redis_url: str, tmp_path: Path
 ) -> None:
