@@ -127,7 +127,7 @@ def measure(
         time.sleep(1.0)  # let the server settle before measuring its CPU
         command = [
             CALLBRIDGE, "loadtest", *target, "--calls", str(calls), "--ramp", str(args.ramp), "--duration", str(args.duration),
-            "--server-pid", str(server.pid), "--json", str(out),
+            "--server-pid", str(server.pid), "--json", str(out), "--phases", str(args.phases),
         ]  # fmt: skip
         print("$", " ".join(command), flush=True)
         generator = subprocess.Popen(command, env=env)
@@ -198,6 +198,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
         "--workers", type=int, default=1,
         help="callbridge serve --workers N: N processes on the port, pinned to the first N CPUs",
     )  # fmt: skip
+    parser.add_argument(
+        "--phases", type=int, default=1,
+        help="callbridge loadtest --phases N: the calls' 20 ms clocks over N instants (1: all in step, the worst burst)",
+    )
     parser.add_argument(
         "--registry", choices=("memory", "redis"), default="memory",
         help="with --workers: the supervisor's registry (shipped default) or a redis-server of the run's own",

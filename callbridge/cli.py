@@ -168,6 +168,11 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
     loadtest.add_argument("--click-every", metavar="S", type=_seconds_above_zero, default=1.0, help="a click to time every S seconds (default: 1)")
     loadtest.add_argument(
+        "--phases", metavar="N", type=int, choices=range(1, 21), default=1,
+        help="the calls' 20 ms clocks spread over N instants 20/N ms apart, as independent calls' are "
+        "(default: 1, every call's frame at the same instant: the worst burst)",
+    )  # fmt: skip
+    loadtest.add_argument(
         "--barge-in-every", metavar="S", type=_seconds_above_zero, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
     )
     loadtest.add_argument("--dtmf-every", metavar="S", type=_seconds_above_zero, help="each call presses a key every S seconds")
@@ -564,7 +569,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     options = LoadTestOptions(
         calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=ms(args.click_every) or 1000, audio=audio,
         barge_in_every_ms=ms(args.barge_in_every), dtmf_every_ms=ms(args.dtmf_every), drop_every_ms=ms(args.drop_every),
-        server_pid=args.server_pid, metrics_url=_metrics_url(args.metrics_url, args.url),
+        server_pid=args.server_pid, metrics_url=_metrics_url(args.metrics_url, args.url), phases=args.phases,
     )  # fmt: skip
     secret = args.secret or secret_from_settings(args.provider, settings)
     if args.url and secret is None:

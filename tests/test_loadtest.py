@@ -74,6 +74,19 @@ async def test_a_short_load_run(provider: str) -> None:
     assert b'"round_trip_ms"' in report_json(report) and "clicks:" in report.render() and "handed to the engine" in report.render()
 
 
+async def test_phases_spread_the_calls_clocks_and_keep_each_call_at_20_ms() -> None:
+    """``--phases 4``: the calls' frames go out on four instants 5 ms apart (calls 0..3 one each), not all at once;
+    each call still sends one frame every 20 ms."""
+    async with running_bridge(_settings(), provider="twilio") as bridge:
+        options = LoadTestOptions(calls=4, ramp_s=0.2, duration_s=2.0, click_every_ms=200, progress=False, phases=4)
+        samples = await LoadTest(bridge.carrier, options).run_samples()
+    report = samples.report()
+    assert report.failed_calls == 0 and report.frames_sent == 4 * 100, report.render()
+    assert report.clicks_returned >= report.clicks_sent - 4, report.render()
+    slots = {int(at_s * 1000 % 20 // 5) for at_s in samples.click_at_s}  # where in its 20 ms each click went out
+    assert len(slots) >= 3, sorted(at_s * 1000 % 20 for at_s in samples.click_at_s)
+
+
 async def test_calls_past_the_bridges_capacity_are_counted_refused_with_the_time_of_the_no() -> None:
     """Admission past ``server.max_calls``: the load test tells the calls the bridge refused at the answer (busy) from
     those it answered, with how long each answer took; the answered ones run whole."""

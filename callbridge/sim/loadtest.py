@@ -156,6 +156,10 @@ class LoadTestOptions:
     bridge's REST requests about a call by its id)."""
     start_at: float | None = None
     """When the run starts (``time.monotonic()``, the same clock in every process of this machine); None: now."""
+    phases: int = 1
+    """The calls' 20 ms clocks: 1, all in step (every call's frame sent at the same instant, a burst of one message per
+    call every 20 ms: the worst case for the bridge's tail latency); N, spread over N instants ``20 / N`` ms apart
+    (call ``i`` on instant ``i % N``), as independent calls' clocks are — each call still one frame every 20 ms."""
 
 
 @dataclass
@@ -749,7 +753,8 @@ class LoadTest:
     # --------------------------------------------------------------- timer
 
     async def _tick_forever(self, started: float, connecting: list[asyncio.Task[None]]) -> None:
-        """One 20 ms timer for every call: play 20 ms, send 20 ms, key presses, drops, hang-ups."""
+        """One timer for every call, every 20 ms (``phases``: every ``20 / phases`` ms, each time for the calls of that
+        instant): play 20 ms, send 20 ms, key presses, drops, hang-ups."""
         options = self.options
         dtmf_every = options.dtmf_every_ms // FRAME_MS if options.dtmf_every_ms else 0
         drop_every = options.drop_every_ms // FRAME_MS if options.drop_every_ms and self.carrier.can_reconnect else 0
@@ -759,6 +764,8 @@ class LoadTest:
         reported = (0, 0)
         """How many round trips and barge-ins ``on_progress`` has been given."""
         ticks_from = started + options.shard * FRAME_MS / 1000 / options.shards  # processes' ticks interleave
+        phases = options.phases
+        tick_s = FRAME_MS / 1000 / phases
         end_at = started + options.ramp_s + options.duration_s + 1.0
         while True:
             now = time.monotonic()
@@ -770,13 +777,14 @@ class LoadTest:
                         call.failed, call.done = "still not over long after its end", True
                 break
             tick += 1
-            target = ticks_from + tick * FRAME_MS / 1000
+            target = ticks_from + tick * tick_s
             await asyncio.sleep(max(0.0, target - time.monotonic()))
             now = time.monotonic()
             self._lags_ms.append((now - target) * 1000)
+            phase = tick % phases
             for call in self._calls:
                 stream = call.stream
-                if call.done or stream is None or call.reconnecting:
+                if call.done or stream is None or call.reconnecting or call.index // options.shards % phases != phase:
                     continue
                 if call.sim.ended.is_set() or (stream.dropped and not stream.network_drop):
                     call.failed = "the bridge hung up" if call.sim.ended.is_set() else "the bridge closed the stream"
