@@ -99,7 +99,13 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
     metrics_dir = GroupMetricsDir.create()
     host = RegistryHost() if settings.registry.backend == "memory" else None
     if host is not None:
-        host.start()
+        try:
+            host.start()
+        except OSError as exc:
+            log.error("registry_host_failed", detail=repr(exc), path=host.address.path)
+            host.close()
+            metrics_dir.close()
+            return 1
     context = multiprocessing.get_context("spawn")
     settings_data = settings.model_dump()
     workers: list[BaseProcess] = []

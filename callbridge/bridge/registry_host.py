@@ -66,6 +66,7 @@ MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 """The largest message either side reads: a resume ticket carries at most 256 KiB of unheard reply (base64: ~350 KB)."""
 _LENGTH: Final = struct.Struct("!I")
 _KEY_BYTES: Final = 32
+_LONGEST_PARENT: Final = 64
 _AUTH_TIMEOUT_S: Final = 2.0
 """How long the host waits for a new connection's key."""
 _TIMEOUT_S: Final = 2.0
@@ -94,6 +95,12 @@ class HostAddress:
     key: bytes
 
 
+def _socket_parent() -> str | None:
+    """Where the socket's directory goes: the temporary directory (``TMPDIR``), unless its path is too long for a Unix
+    socket's (108 bytes on Linux, the socket's own name included): then ``/tmp``."""
+    return None if len(tempfile.gettempdir()) <= _LONGEST_PARENT else "/tmp"  # noqa: S108  # a 0700 directory of our own
+
+
 def _message(value: object) -> bytes:
     payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     return _LENGTH.pack(len(payload)) + payload
@@ -114,7 +121,7 @@ class RegistryHost:
     """The registry of one ``serve --workers N`` group, served from the supervisor (``start`` … ``close``)."""
 
     def __init__(self, registry: MemoryCallRegistry | None = None, tokens: MemoryStreamTokens | None = None) -> None:
-        self._directory = Path(tempfile.mkdtemp(prefix="callbridge-registry-"))  # mode 0700: this user's alone
+        self._directory = Path(tempfile.mkdtemp(prefix="callbridge-registry-", dir=_socket_parent()))  # mode 0700: this user's alone
         self.address = HostAddress(str(self._directory / "registry.sock"), secrets.token_bytes(_KEY_BYTES))
         self.registry = registry or MemoryCallRegistry()
         self.tokens = tokens or MemoryStreamTokens()

@@ -53,6 +53,24 @@ async def test_the_socket_is_this_users_alone(host: RegistryHost) -> None:
     assert stat.S_IMODE(os.stat(host.address.path).st_mode) == 0o600
 
 
+async def test_a_temporary_directory_too_deep_for_a_unix_socket_puts_the_socket_under_tmp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    host = RegistryHost()
+    host.start()
+    try:
+        assert host.address.path.startswith("/tmp/callbridge-registry-")
+        registry, _ = hosted_registry(host.address)
+        assert await registry.reachable()
+        await registry.aclose()
+    finally:
+        host.close()
+    assert not Path(host.address.path).parent.exists()  # removed with the host
+
+
 async def test_a_gone_host_is_registry_unavailable_at_once_for_every_operation(host: RegistryHost) -> None:
     """The supervisor gone (its worker then drains: ``workers._watch_supervisor``): each call fails as
     unavailable without waiting out the timeout, as Redis refusing connections does."""
