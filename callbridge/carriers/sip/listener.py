@@ -107,6 +107,9 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.send_errors = 0
         self.timed_out = False
         self._last_sent_s = 0.0
+        self._playout_end_s = 0.0
+        """When the far end has played what was sent (loop time): each audio packet is 20 ms more, from when it was
+        sent or from the end of what came before it, whichever is later."""
         self._silence_last = False
         """The last packet sent was the cadence's silence (not the agent's audio, nor DTMF)."""
         self._cadence: asyncio.Task[None] | None = None
@@ -154,7 +157,8 @@ class RtpTransport(asyncio.DatagramProtocol):
         if isinstance(message, str):
             raise TypeError("RTP carries bytes only")
         self.transport.sendto(message, self.latch.peer)
-        self._last_sent_s = asyncio.get_running_loop().time()
+        now = self._last_sent_s = asyncio.get_running_loop().time()
+        self._playout_end_s = max(now, self._playout_end_s) + _CADENCE_S
         self._silence_last = False
 
     async def close(self, code: int = 1000) -> None:
@@ -188,13 +192,17 @@ class RtpTransport(asyncio.DatagramProtocol):
             self.queue.put_nowait(message)
 
     async def _keep_cadence(self) -> None:
-        """Silence between the agent's packets: after its last one, a packet and a half of nothing (it may only be
-        late) brings the first packet of silence, then one every 20 ms on that one's grid until the agent's next:
-        the peer's packets come 20 ms apart (30 once, where the agent stops), never two packet times apart."""
+        """Silence between the agent's packets: after its last one, once the far end has played what was sent (and a
+        packet and a half of nothing at the least: it may only be late) the first packet of silence, then one every
+        20 ms on that one's grid until the agent's next. Not sooner: the agent's audio goes out up to the carrier's
+        lead (60 ms) ahead, and silence sent behind it while that plays would keep the far end that much behind for
+        good — every later reply heard that much later than sent, and than the playout ledger (the heard position
+        of a barge-in, the recording) takes it to be: the far end holds at most one packet of silence when the
+        agent speaks again."""
         loop = asyncio.get_running_loop()
         while not self.closed:
             now = loop.time()
-            due = self._last_sent_s + (_CADENCE_S if self._silence_last else 1.5 * _CADENCE_S)
+            due = self._last_sent_s + _CADENCE_S if self._silence_last else max(self._last_sent_s + 1.5 * _CADENCE_S, self._playout_end_s)
             if now < due:
                 await asyncio.sleep(due - now)
                 continue  # the agent's audio may have been sent meanwhile: due again from it
@@ -206,6 +214,7 @@ class RtpTransport(asyncio.DatagramProtocol):
                     self.send_errors += 1
             # the grid kept while the loop is on time; after a stall (or before anything was sent), from now
             self._last_sent_s = due if now - due < _CADENCE_S else now
+            self._playout_end_s = max(self._last_sent_s, self._playout_end_s) + _CADENCE_S
             self._silence_last = True
 
     async def play_dtmf(self, digits: str) -> bool:
