@@ -33,12 +33,14 @@ import socket
 import time
 from multiprocessing.process import BaseProcess
 from types import FrameType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from callbridge.bridge.registry_host import HostAddress, RegistryHost
 from callbridge.carriers import CARRIERS
 from callbridge.config import Settings
 from callbridge.logging import configure_logging, get_logger
+
+if TYPE_CHECKING:
+    from callbridge.bridge.registry_host import HostAddress
 
 __all__ = ["serve_workers"]
 
@@ -93,6 +95,7 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
     """Run ``server.workers`` bridge processes on ``sock`` (bound to ``server.host``:``server.port``: the CLI's
     ``bind_http``) until SIGTERM/SIGINT; the exit code of the command."""
     from callbridge.bridge.group_metrics import GroupMetricsDir
+    from callbridge.bridge.registry_host import RegistryHost
 
     configure_logging(settings.log)
     count = settings.server.workers

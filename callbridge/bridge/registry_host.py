@@ -15,8 +15,8 @@ tickets. What they do not: another host. The registry lives and dies with the su
 group drains at once) serves calls in place, as a lone process does (``CallRegistry.spans_hosts``).
 
 The wire: each message is a 4-byte length and a pickle of a tuple. Pickle is read only from a peer that has shown
-the group's key (32 random bytes, handed to each worker as it is spawned, never in its environment or arguments)
-as its first bytes; the socket sits in a directory only this user may open; a message is at most
+the group's key (32 random bytes, handed to each worker as it is spawned, through multiprocessing's pipe: never on
+a command line or in an environment) as its first bytes; the socket sits in a directory only this user may open; a message is at most
 ``MAX_MESSAGE_BYTES``. Requests are ``(id, target, method, args)`` — ``target`` the registry or the tokens, ``method``
 one of theirs (``_METHODS``); replies ``(id, ok, value)``. A connection that asks to ``listen`` gets its signals, one
 message each, for as long as it is open.

@@ -159,7 +159,8 @@ class LoadTestOptions:
     phases: int = 1
     """The calls' 20 ms clocks: 1, all in step (every call's frame sent at the same instant, a burst of one message per
     call every 20 ms: the worst case for the bridge's tail latency); N, spread over N instants ``20 / N`` ms apart
-    (call ``i`` on instant ``i % N``), as independent calls' clocks are — each call still one frame every 20 ms."""
+    (a generator process's calls on them in turn), as independent calls' clocks are — each call still one frame every
+    20 ms."""
 
 
 @dataclass
