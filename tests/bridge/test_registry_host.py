@@ -90,7 +90,7 @@ async def test_a_gone_host_is_registry_unavailable_at_once_for_every_operation(h
             began = loop.time()
             with pytest.raises(RegistryUnavailable) as caught:
                 await call
-            assert caught.value.operation == operation and loop.time() - began < 1.0
+            assert caught.value.operation == operation and loop.time() - began < 1.9  # not the 2 s timeout: refused
         assert not await registry.reachable()
     finally:
         await registry.aclose()
@@ -145,7 +145,7 @@ async def test_a_host_that_never_answers_is_unavailable_after_the_shipped_timeou
             began = loop.time()
             with pytest.raises(RegistryUnavailable, match="did not answer within 2 s"):
                 await tokens.mint("CA-s")
-            assert 1.9 <= loop.time() - began < 3.0
+            assert 1.9 <= loop.time() - began < 6.0  # the shipped 2 s (a loaded machine may wake it late)
         finally:
             await registry.aclose()
             for writer in accepted:
