@@ -58,6 +58,10 @@ class Backend:
         self.views.append(opened)
         return opened
 
+    async def close_views(self) -> None:
+        for registry, _ in self.views:
+            await registry.aclose()
+
 
 @pytest.fixture(params=["memory", "hosted", "redis"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
@@ -86,8 +90,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         try:
             yield backend
         finally:
-            for view, _ in backend.views:
-                await view.aclose()
+            await backend.close_views()
             host.close()
         return
     url: str = request.getfixturevalue("redis_url")
@@ -105,8 +108,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     try:
         yield backend
     finally:
-        for registry, _ in backend.views:
-            await registry.aclose()
+        await backend.close_views()
         await admin.aclose()
 
 
