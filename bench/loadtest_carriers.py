@@ -200,7 +200,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, calls: str) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--phases", type=int, default=1,
-        help="callbridge loadtest --phases N: the calls' 20 ms clocks over N instants (1: all in step, the worst burst)",
+        help="callbridge loadtest --phases N: the calls' 20 ms clocks over N instants (1: all in step, one burst)",
     )
     parser.add_argument(
         "--registry", choices=("memory", "redis"), default="memory",

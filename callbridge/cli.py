@@ -170,7 +170,7 @@ def _build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument(
         "--phases", metavar="N", type=int, choices=range(1, 21), default=1,
         help="the calls' 20 ms clocks spread over N instants 20/N ms apart, as independent calls' are "
-        "(default: 1, every call's frame at the same instant: the worst burst)",
+        "(default: 1, every call's frame at the same instant: one burst)",
     )  # fmt: skip
     loadtest.add_argument(
         "--barge-in-every", metavar="S", type=_seconds_above_zero, help="talk over the agent at most every S seconds (the echo agent; no clicks)"

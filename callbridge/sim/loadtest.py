@@ -157,10 +157,11 @@ class LoadTestOptions:
     start_at: float | None = None
     """When the run starts (``time.monotonic()``, the same clock in every process of this machine); None: now."""
     phases: int = 1
-    """The calls' 20 ms clocks: 1, all in step (every call's frame sent at the same instant, a burst of one message per
-    call every 20 ms: the worst case for the bridge's tail latency); N, spread over N instants ``20 / N`` ms apart
-    (a generator process's calls on them in turn), as independent calls' clocks are — each call still one frame every
-    20 ms."""
+    """The calls' 20 ms clocks: 1, all in step (every call's frame sent at the same instant: a burst of one message per
+    call every 20 ms, which queues behind itself — the longest waits at moderate load — but reaches a server in few
+    wake-ups, its cheapest CPU); N, spread over N instants ``20 / N`` ms apart (a generator process's calls on them in
+    turn), as independent calls' clocks are — each call still one frame every 20 ms. ``bench/RESULTS.md`` (session
+    25) measures both."""
 
 
 @dataclass
