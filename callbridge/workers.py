@@ -99,7 +99,6 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
 
     configure_logging(settings.log)
     count = settings.server.workers
-    metrics_dir = GroupMetricsDir.create()
     host = RegistryHost() if settings.registry.backend == "memory" else None
     if host is not None:
         try:
@@ -107,8 +106,8 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
         except OSError as exc:
             log.error("registry_host_failed", detail=repr(exc), path=host.address.path)
             host.close()
-            metrics_dir.close()
             return 1
+    metrics_dir = GroupMetricsDir.create()
     context = multiprocessing.get_context("spawn")
     settings_data = settings.model_dump()
     workers: list[BaseProcess] = []

@@ -240,7 +240,7 @@ class _HostLink:
     """One connection to the host, opened on first use and again after it broke; replies matched by id."""
 
     def __init__(self, address: HostAddress) -> None:
-        self._address = address
+        self.address = address
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
         self._opening = asyncio.Lock()
@@ -271,7 +271,7 @@ class _HostLink:
     async def _open(self) -> asyncio.StreamWriter:
         async with self._opening:
             if self._writer is None or self._writer.is_closing():
-                reader, self._writer = await open_host(self._address)
+                reader, self._writer = await open_host(self.address)
                 self._reading = asyncio.create_task(self._read(reader, self._writer), name="registry-host-replies")
             return self._writer
 
@@ -313,9 +313,8 @@ class HostedCallRegistry(CallRegistry):
     shared: ClassVar[bool] = True
     spans_hosts: ClassVar[bool] = False
 
-    def __init__(self, link: _HostLink, address: HostAddress) -> None:
+    def __init__(self, link: _HostLink) -> None:
         self._link = link
-        self._address = address
 
     async def _call(self, method: str, *args: object) -> Any:
         return await self._link.call(_REGISTRY, method, *args)
@@ -383,7 +382,7 @@ class HostedCallRegistry(CallRegistry):
         while True:
             writer: asyncio.StreamWriter | None = None
             try:
-                reader, writer = await open_host(self._address)
+                reader, writer = await open_host(self._link.address)
                 writer.write(_message((0, _REGISTRY, _LISTEN, (process_id,))))
                 if lost:
                     log.info("registry_signals_restored")
@@ -428,4 +427,4 @@ class HostedStreamTokens(StreamTokens):
 def hosted_registry(address: HostAddress) -> tuple[HostedCallRegistry, HostedStreamTokens]:
     """Both on one connection to the host (opened on first use)."""
     link = _HostLink(address)
-    return HostedCallRegistry(link, address), HostedStreamTokens(link)
+    return HostedCallRegistry(link), HostedStreamTokens(link)
