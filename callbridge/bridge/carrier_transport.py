@@ -3,13 +3,14 @@ a call's RTP socket, a TCP stream of frames."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, Protocol, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from callbridge.bridge.ws_protocol import allow_messages_up_to
+from callbridge.bridge.ws_protocol import DATA_FRAMES_EXTENSION, DataFramesWriter, allow_messages_up_to
 
-__all__ = ["CarrierTransport", "SizeLimitedTransport", "WebSocketTransport"]
+__all__ = ["BatchingTransport", "CarrierTransport", "SizeLimitedTransport", "WebSocketTransport"]
 
 _MESSAGE_TOO_BIG: Final = 1009
 
@@ -25,6 +26,16 @@ class CarrierTransport(Protocol):
 
     async def close(self, code: int) -> None:
         """Close (idempotent); ``code`` is the websocket close code where there is one."""
+        ...
+
+
+@runtime_checkable
+class BatchingTransport(Protocol):
+    """A carrier transport that can write several messages at once (a websocket: one system call for a reply's
+    audio and the marker after it, where ``send`` makes one each)."""
+
+    async def send_many(self, messages: Sequence[str | bytes]) -> None:
+        """``messages``, in order, as ``send`` would send each."""
         ...
 
 
@@ -47,12 +58,16 @@ class WebSocketTransport:
 
     Messages go straight to the ASGI ``receive``/``send`` the websocket was given: Starlette's per-message state
     checks cost more than the message's own handling. Its state is kept where it changes: a disconnect read here,
-    and the close (which goes through the websocket)."""
+    and the close (which goes through the websocket). Under ``ws_protocol``'s protocol what is sent is written
+    to the socket directly, several messages in one write (``DATA_FRAMES_EXTENSION``), while the connection is
+    open for data; otherwise (closing, a full write buffer, another server) it goes the ASGI way."""
 
     def __init__(self, websocket: WebSocket) -> None:
         self.websocket = websocket
         self._receive = websocket._receive
         self._send = websocket._send
+        frames = websocket.scope.get("extensions", {}).get(DATA_FRAMES_EXTENSION)
+        self._write_now: DataFramesWriter | None = frames["write"] if frames else None
         self.refused_too_large = False
         """The connection ended because the protocol refused a message over its limit (``ws_protocol``): 1009."""
 
@@ -73,6 +88,17 @@ class WebSocketTransport:
     async def send(self, message: str | bytes) -> None:
         if self.websocket.application_state is not WebSocketState.CONNECTED:
             raise RuntimeError("the websocket is closed")
+        if self._write_now is None or not self._write_now((message,)):
+            await self._send_asgi(message)
+
+    async def send_many(self, messages: Sequence[str | bytes]) -> None:
+        if self.websocket.application_state is not WebSocketState.CONNECTED:
+            raise RuntimeError("the websocket is closed")
+        if self._write_now is None or not self._write_now(messages):
+            for message in messages:
+                await self._send_asgi(message)
+
+    async def _send_asgi(self, message: str | bytes) -> None:
         await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
 
     async def close(self, code: int) -> None:

@@ -58,7 +58,12 @@ from callbridge.bridge.call_config import (
 )
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
-from callbridge.bridge.carrier_transport import CarrierTransport, SizeLimitedTransport, WebSocketTransport
+from callbridge.bridge.carrier_transport import (
+    BatchingTransport,
+    CarrierTransport,
+    SizeLimitedTransport,
+    WebSocketTransport,
+)
 from callbridge.bridge.lifecycle import (
     AskEnded,
     BindSource,
@@ -149,6 +154,7 @@ class MediaStreamDriver:
         self, transport: CarrierTransport | WebSocket, codec: ProviderCodec, services: BridgeServices, *, check_token: bool = True
     ) -> None:
         self.transport = WebSocketTransport(transport) if isinstance(transport, WebSocket) else transport
+        self._send_many = self.transport.send_many if isinstance(self.transport, BatchingTransport) else None
         self.check_token = check_token
         self.services = services
         self.call = CallSession(codec, call_options(services.settings))
@@ -467,18 +473,16 @@ class MediaStreamDriver:
         work and hang-up it asks for, the close; what only reports goes to the log and the metrics."""
         call = self.call
         carrier_gone = engine_gone = False
+        to_carrier: list[str | bytes] = []  # the carrier's messages in a row, sent together (audio and its marker)
         for output in call.outputs():
+            if isinstance(output, ToCarrier):
+                if not (self._closed or carrier_gone):
+                    to_carrier.append(output.message)
+                continue
+            if to_carrier:
+                carrier_gone = not await self._to_carrier(to_carrier)
+                to_carrier = []
             match output:
-                case ToCarrier(message):
-                    if self._closed or carrier_gone:
-                        continue
-                    try:
-                        await self.transport.send(message)
-                    except Exception:
-                        # The carrier closed its side; what it sent before (a ``stop`` on a hang-up) may still
-                        # wait in the reader's buffer. The call decides how long to read for it.
-                        call.send_failed(_now_ms())
-                        carrier_gone = True
                 case ToEngine(command):
                     session = self.session
                     if session is None or engine_gone:
@@ -537,6 +541,25 @@ class MediaStreamDriver:
                         done, _ = await asyncio.wait({writing}, timeout=_URGENT_CHECKPOINT_WAIT_S)
                         if not done:
                             self.services.spawn(_awaited(writing))
+        if to_carrier:
+            await self._to_carrier(to_carrier)
+
+    async def _to_carrier(self, messages: list[str | bytes]) -> bool:
+        """Send ``messages`` to the carrier, in one write where the transport can; False if its side has closed."""
+        try:
+            if len(messages) == 1:
+                await self.transport.send(messages[0])
+            elif self._send_many is not None:
+                await self._send_many(messages)
+            else:
+                for message in messages:
+                    await self.transport.send(message)
+        except Exception:
+            # The carrier closed its side; what it sent before (a ``stop`` on a hang-up) may still wait in the
+            # reader's buffer. The call decides how long to read for it.
+            self.call.send_failed(_now_ms())
+            return False
+        return True
 
     def _first_audio_sent(self) -> None:
         assert self._first_audio_read_at is not None

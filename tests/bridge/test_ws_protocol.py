@@ -1,6 +1,7 @@
 """The media websockets' protocol (``callbridge.bridge.ws_protocol``): frames it writes itself are the frames
-websockets would write, every payload length form reaches a real client intact, and a client that sends faster
-than the app reads loses nothing (reading pauses past a queue and resumes)."""
+websockets would write, every payload length form reaches a real client intact, several messages the app writes
+at once go in one write and arrive in order, and a client that sends faster than the app reads loses nothing
+(reading pauses past a queue and resumes)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from websockets.asyncio.client import connect
 from websockets.frames import Frame, Opcode
 
 from callbridge.bridge.ws_protocol import (
+    DATA_FRAMES_EXTENSION,
     MESSAGE_LIMIT_EXTENSION,
     PRE_AUTH_MAX_MESSAGE_BYTES,
     frame_header,
@@ -69,6 +71,13 @@ async def _echo_server(
             except Exception:  # the connection is closing (a message refused): read on to its disconnect
                 continue
 
+    async with _serving(app) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Any) -> AsyncIterator[str]:
+    """The raw ASGI ``app`` on uvicorn with the protocol ``callbridge serve`` uses; its websocket URL."""
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, ws=protocol_class(), lifespan="off", ws_max_size=1 << 20)
     server = uvicorn.Server(config)
@@ -131,3 +140,64 @@ async def test_a_text_frame_that_is_not_utf8_closes_with_1007() -> None:
         with pytest.raises(ConnectionClosed):
             await asyncio.wait_for(ws.recv(), 5)
         assert ws.close_code == 1007
+
+
+class _CountedWrites:
+    """A socket transport that counts ``write`` calls and passes everything through."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+async def test_several_messages_the_app_writes_at_once_go_in_one_write_and_arrive_in_order() -> None:
+    outcome: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        write = scope["extensions"][DATA_FRAMES_EXTENSION]["write"]
+        counted = write.__self__.transport = _CountedWrites(write.__self__.transport)
+        await receive()  # the client's go
+        outcome["wrote"] = write(["media", b"\x00\x01\x02", "mark", "é" * 200])
+        outcome["writes"] = counted.writes
+        await receive()  # the client's close
+
+    async with _serving(app) as url, connect(url, compression=None) as ws:
+        await ws.send("go")
+        received = [await asyncio.wait_for(ws.recv(), 5) for _ in range(4)]
+    assert received == ["media", b"\x00\x01\x02", "mark", "é" * 200]  # text stays text, bytes binary
+    assert outcome == {"wrote": True, "writes": 1}
+
+
+async def test_once_the_app_has_closed_the_writer_writes_nothing_and_says_so() -> None:
+    """Past the close (or on a full write buffer) what the app sends must go the ASGI way: ``write`` says False."""
+    outcome: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return
+        await receive()
+        await send({"type": "websocket.accept"})
+        write = scope["extensions"][DATA_FRAMES_EXTENSION]["write"]
+        counted = write.__self__.transport = _CountedWrites(write.__self__.transport)
+        await send({"type": "websocket.close", "code": 1000})
+        writes_by_close = counted.writes
+        outcome["wrote"] = write(["late"])
+        outcome["writes_after_close"] = counted.writes - writes_by_close
+
+    async with _serving(app) as url, connect(url, compression=None) as ws:
+        from websockets.exceptions import ConnectionClosedOK
+
+        with pytest.raises(ConnectionClosedOK):
+            await asyncio.wait_for(ws.recv(), 5)
+    assert outcome == {"wrote": False, "writes_after_close": 0}

@@ -54,6 +54,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
@@ -246,10 +247,13 @@ class VonageTransport:
             await self._queue.put(message)
 
     async def send(self, message: str | bytes) -> None:
+        await self.send_many((message,))
+
+    async def send_many(self, messages: Sequence[str | bytes]) -> None:
         if self._peer_gone:
             return
         try:
-            await self._inner.send(message)
+            await self._inner.send_many(messages)
         except (WebSocketDisconnect, RuntimeError, OSError):  # the peer has gone: the reader sees it, awaits the verdict
             self._peer_gone = True
 
