@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
@@ -28,10 +28,11 @@ from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
-from callbridge.bridge.group_metrics import GroupPublisher, group_metrics_dir
+from callbridge.bridge.group_metrics import PUBLISH_EVERY_S, GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.recording_store import RecordingStore
+from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
 from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.registry_host import HostAddress
 from callbridge.bridge.replay import ReplayRelease
@@ -74,6 +75,7 @@ class BridgeState:
             tokens=tokens,
             metrics=BridgeMetrics(
                 self.registry, memory_registry=registry.entry_count is not None, local_engine=engine.session_count is not None,
+                group_registry=registry.levels_fetched,
             ),
             hang_up=hang_up or self._hang_up,
             carrier_rests=rests,
@@ -125,6 +127,15 @@ async def _sample_load(services: BridgeServices, every_s: float = 0.5) -> None:
         metrics.cpu_utilization.set(cpu.utilization)
 
 
+async def _fetch_registry_levels(registry: CallRegistry, every_s: float = PUBLISH_EVERY_S) -> None:
+    """The group registry's counts for the level gauges (``CallRegistry.levels_fetched``), fetched as often as a
+    worker publishes its levels; a host that does not answer leaves the last counts until it does."""
+    while True:
+        with suppress(RegistryUnavailable):
+            await registry.refresh_levels()
+        await asyncio.sleep(every_s)
+
+
 def create_app(
     settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None, *, registry_host: HostAddress | None = None
 ) -> FastAPI:
@@ -152,6 +163,8 @@ def create_app(
             state.services.metrics.watch(state.services, asyncio.get_running_loop())
             if state.group is not None:
                 state.services.spawn(state.group.run())  # the other workers' scrapes see this one's levels
+            if state.services.registry.levels_fetched:
+                state.services.spawn(_fetch_registry_levels(state.services.registry))
             try:
                 yield
             finally:

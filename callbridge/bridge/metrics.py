@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sized
-from typing import Protocol
+from typing import Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -33,10 +33,15 @@ class Watched(Protocol):
 class BridgeMetrics:
     """Prometheus metrics of one bridge process, in its own registry."""
 
-    def __init__(self, registry: CollectorRegistry, *, memory_registry: bool = True, local_engine: bool = True) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, *, memory_registry: bool = True, local_engine: bool = True, group_registry: bool = False
+    ) -> None:
         """``memory_registry``, ``local_engine``: the process's registry is its own (not Redis), its engine the
-        embedded one. A level gauge that only they can answer is not exported otherwise (it would read a constant
-        0 there, which is not the truth): the registry's detached sessions and entries, the engine's sessions."""
+        embedded one. A level gauge that only they can answer does not exist otherwise (it would read a constant 0
+        there, which is not the truth): the registry's detached sessions and entries, the engine's sessions.
+        ``group_registry``: the registry is a ``serve --workers`` group's, in memory in its supervisor: every worker
+        reports the group's entries and detached sessions (the largest is exported, not the sum), and the sessions
+        held (this worker's streams and the group's detached ones) are not exported."""
         # ``multiprocess_mode``: how a gauge adds up over ``--workers`` processes (``group_metrics``); else unused
         self.calls_active = Gauge(
             "callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry, multiprocess_mode="livesum"
@@ -163,25 +168,31 @@ class BridgeMetrics:
             registry=registry,
         )
         # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
-        # With ``--workers``, each worker copies them into its files every second (``group_metrics``), summed.
+        # With ``--workers``, each worker copies them into its files every second (``group_metrics``): summed, but
+        # for the group registry's counts, which every worker reports alike (the largest is read).
         self.live_streams = Gauge("callbridge_live_streams", "Media streams bound to an engine session here", registry=registry, multiprocess_mode="livesum")
-        in_memory, in_engine = (registry if memory_registry else None), (registry if local_engine else None)
-        self.detached_sessions = Gauge(
+        registry_mode: Literal["livesum", "livemax"] = "livemax" if group_registry else "livesum"
+
+        def level(name: str, documentation: str, known: bool, mode: Literal["livesum", "livemax"] = "livesum") -> Gauge | None:
+            """A level this process can tell (``known``), else None: not even created, since with ``--workers``
+            a gauge created has its file, and would be exported reading 0."""
+            return Gauge(name, documentation, registry=registry, multiprocess_mode=mode) if known else None
+
+        self.detached_sessions = level(
             "callbridge_detached_sessions", "Engine sessions detached, waiting for their call's next stream (memory registry)",
-            registry=in_memory, multiprocess_mode="livesum",
+            memory_registry, registry_mode,
         )  # fmt: skip
-        self.engine_sessions_open = Gauge(
+        self.engine_sessions_open = level(
             "callbridge_engine_sessions_open", "Engine sessions the bridge holds: live streams + detached (memory registry)",
-            registry=in_memory, multiprocess_mode="livesum",
+            memory_registry and not group_registry,
         )  # fmt: skip
-        self.registry_entries = Gauge(
-            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", registry=in_memory,
-            multiprocess_mode="livesum",
+        self.registry_entries = level(
+            "callbridge_registry_entries", "Calls the memory registry holds (live, detached, or recently ended)", memory_registry,
+            registry_mode,
+        )  # fmt: skip
+        self.local_engine_sessions = level(
+            "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)", local_engine
         )
-        self.local_engine_sessions = Gauge(
-            "callbridge_local_engine_sessions", "Sessions the embedded engine holds (open or in their disconnect grace)",
-            registry=in_engine, multiprocess_mode="livesum",
-        )  # fmt: skip
         self.background_tasks = Gauge(
             "callbridge_background_tasks", "Tasks that outlive their stream (closing sessions nobody came back for)", registry=registry,
             multiprocess_mode="livesum",
@@ -191,29 +202,32 @@ class BridgeMetrics:
             "callbridge_answer_sessions", "Engine sessions opened at an answer webhook that no stream has taken yet",
             registry=registry, multiprocess_mode="livesum",
         )  # fmt: skip
-        memory_levels = (self.detached_sessions, self.engine_sessions_open, self.registry_entries) if memory_registry else ()
-        self.levels = (
-            self.live_streams, *memory_levels, *((self.local_engine_sessions,) if local_engine else ()),
-            self.background_tasks, self.asyncio_tasks, self.answer_sessions,
+        self.levels = tuple(
+            gauge for gauge in (
+                self.live_streams, self.detached_sessions, self.engine_sessions_open, self.registry_entries,
+                self.local_engine_sessions, self.background_tasks, self.asyncio_tasks, self.answer_sessions,
+            ) if gauge is not None
         )  # fmt: skip
         """The gauges read at scrape time (``watch``), those exported here."""
 
     def watch(self, bridge: Watched, loop: asyncio.AbstractEventLoop) -> None:
         """Point the level gauges at ``bridge`` and ``loop``: each is computed when ``/metrics`` is scraped,
         nothing per frame. Gauges the registry or engine cannot answer (Redis, a remote engine: their counts are
-        None) are not exported."""
+        None) do not exist (``__init__``)."""
         self.live_streams.set_function(lambda: len(bridge.live_streams))
         self.background_tasks.set_function(lambda: len(bridge.background))
         self.asyncio_tasks.set_function(lambda: len(asyncio.all_tasks(loop)))
         answering = bridge.answer_sessions
         self.answer_sessions.set_function(lambda: len(answering) if answering is not None else 0)
         registry = bridge.registry
-        if registry.detached_count is not None:
+        if self.detached_sessions is not None:
             self.detached_sessions.set_function(lambda: registry.detached_count or 0)
+        if self.engine_sessions_open is not None:
             self.engine_sessions_open.set_function(
                 lambda: len(bridge.live_streams) + (registry.detached_count or 0) + (len(answering) if answering is not None else 0)
             )
+        if self.registry_entries is not None:
             self.registry_entries.set_function(lambda: registry.entry_count or 0)
         engine = bridge.engine
-        if engine.session_count is not None:  # the embedded engine (``LocalEngine``)
+        if self.local_engine_sessions is not None:  # the embedded engine (``LocalEngine``)
             self.local_engine_sessions.set_function(lambda: float(engine.session_count or 0))

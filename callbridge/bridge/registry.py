@@ -270,6 +270,10 @@ class CallRegistry(abc.ABC):
     its calls to them. False (one process, or one ``serve --workers`` group, which drains as a whole): a drain
     serves calls in place."""
 
+    levels_fetched: ClassVar[bool] = False
+    """``entry_count`` and ``detached_count`` are another process's, the whole group's, as last fetched by
+    ``refresh_levels`` (a ``serve --workers`` group's host): every worker reports the same counts."""
+
     @property
     def entry_count(self) -> int | None:
         """Entries held, where the backend counts them without a round trip (the ``callbridge_registry_entries``
@@ -281,6 +285,10 @@ class CallRegistry(abc.ABC):
         """Calls whose engine session waits, detached, for the call's next stream, where counted without a round
         trip; None: not known here."""
         return None
+
+    async def refresh_levels(self) -> None:
+        """Fetch ``entry_count`` and ``detached_count`` where they are another process's (``levels_fetched``);
+        nothing where they are counted here or not at all. Raises ``RegistryUnavailable``."""
 
 
 class StreamTokens(abc.ABC):

@@ -19,7 +19,8 @@ the group's key (32 random bytes, handed to each worker as it is spawned, throug
 a command line or in an environment) as its first bytes; the socket sits in a directory only this user may open; a message is at most
 ``MAX_MESSAGE_BYTES``. Requests are ``(id, target, method, args)`` — ``target`` the registry or the tokens, ``method``
 one of theirs (``_METHODS``); replies ``(id, ok, value)``. A connection that asks to ``listen`` gets its signals, one
-message each, for as long as it is open.
+message each, for as long as it is open. Besides them, ``ping`` and ``levels`` (the registry's counts for the level
+gauges, which every worker fetches each second: ``HostedCallRegistry.refresh_levels``).
 
 What the caller hears when it fails: the supervisor gone, a worker drains and exits (``workers._watch_supervisor``);
 a call to a host that does not answer within ``_TIMEOUT_S`` (or whose connection broke) raises
@@ -76,6 +77,8 @@ _LISTEN_RETRY_S: Final = 1.0
 _REGISTRY: Final = "registry"
 _TOKENS: Final = "tokens"
 _PING: Final = "ping"
+_LEVELS: Final = "levels"
+"""The host's counts for the level gauges: its registry's entries and detached sessions (``refresh_levels``)."""
 _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
@@ -201,6 +204,8 @@ class RegistryHost:
     async def _answer(self, target: str, method: str, args: tuple[Any, ...]) -> tuple[bool, Any]:
         if method == _PING:
             return True, True
+        if method == _LEVELS and target == _REGISTRY:
+            return True, (self.registry.entry_count, self.registry.detached_count)
         if method not in _METHODS.get(target, ()):
             return False, f"no method {target}.{method}"
         bound: Callable[..., Awaitable[Any]] = getattr(self.registry if target == _REGISTRY else self.tokens, method)
@@ -312,12 +317,29 @@ class HostedCallRegistry(CallRegistry):
 
     shared: ClassVar[bool] = True
     spans_hosts: ClassVar[bool] = False
+    levels_fetched: ClassVar[bool] = True
 
     def __init__(self, link: _HostLink) -> None:
         self._link = link
+        self._levels = (0, 0)
+        """The host's entries and detached sessions, as last fetched (``refresh_levels``)."""
 
     async def _call(self, method: str, *args: object) -> Any:
         return await self._link.call(_REGISTRY, method, *args)
+
+    @property
+    def entry_count(self) -> int:
+        """The group's registry's entries, as of the last ``refresh_levels`` (0 before it)."""
+        return self._levels[0]
+
+    @property
+    def detached_count(self) -> int:
+        """The group's detached sessions, as of the last ``refresh_levels`` (0 before it)."""
+        return self._levels[1]
+
+    async def refresh_levels(self) -> None:
+        entries, detached = await self._link.call(_REGISTRY, _LEVELS)
+        self._levels = (int(entries), int(detached))
 
     async def get(self, call_id: str) -> CallRecord | None:
         record: CallRecord | None = await self._call("get", call_id)

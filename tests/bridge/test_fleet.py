@@ -128,6 +128,14 @@ async def _get(url: str) -> httpx.Response:
         return await http.get(url)
 
 
+async def _metric_names(bridge: Process) -> set[str]:
+    return {family.name for family in text_string_to_metric_families((await _get(bridge.url + "/metrics")).text)}
+
+
+async def _reads(bridge: Process, name: str, value: float) -> bool:
+    return await bridge.metric(name) == value
+
+
 async def _ready(bridge: Process, *, status_code: int = 200, active_calls: int | None = None) -> bool:
     response = await _get(bridge.url + "/readyz")
     return response.status_code == status_code and (active_calls is None or response.json().get("active_calls") == active_calls)
@@ -300,7 +308,9 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
 @pytest.mark.parametrize("backend", ["redis", "memory"])
 async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet: Fleet, backend: str) -> None:
     """Three streams of one call, each on whichever worker the kernel gives it, on one engine session; then SIGTERM
-    drains both. ``memory``: no Redis — the supervisor holds the workers' registry (``registry_host``)."""
+    drains both. ``memory``: no Redis — the supervisor holds the workers' registry (``registry_host``), and every
+    worker reports its entries and detached sessions (once, not summed); on Redis the workers export neither (they
+    cannot know them), rather than a constant 0."""
     port = free_port()
     args = ["serve", "--workers", "2", "--set", f"registry.backend={backend}"]
     served = await asyncio.to_thread(fleet.spawn, "workers", args, port, "/readyz")
@@ -321,6 +331,15 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
         assert await served.metric("callbridge_engine_sessions_total", how="opened") == 1
         assert await served.metric("callbridge_engine_sessions_total", how="resumed") == 2
         assert await served.metric("callbridge_engine_endpoint_state", state="healthy") == 2  # both see it healthy
+    registry_levels = {"callbridge_registry_entries", "callbridge_detached_sessions", "callbridge_engine_sessions_open"}
+    if backend == "memory":  # the supervisor's counts, which each worker fetches and reports: not summed over them
+        await until(lambda: _reads(served, "callbridge_registry_entries", 1.0), timeout_s=10)
+        for _ in range(3):
+            assert await served.metric("callbridge_registry_entries") == 1  # the call, ended (kept a while)
+            assert await served.metric("callbridge_detached_sessions") == 0
+            assert "callbridge_engine_sessions_open" not in await _metric_names(served)  # streams here + the group's
+    else:  # Redis's counts are not the workers' to read
+        assert registry_levels.isdisjoint(await _metric_names(served))
 
     served.process.send_signal(signal.SIGTERM)
     assert await asyncio.to_thread(served.process.wait, 15) == 0

@@ -1,7 +1,8 @@
 """``serve --workers N``' group registry when something is wrong: the host gone, a stranger on its socket, a
-message too large or naming what is not the registry's, a host that never answers, a link that broke. What the
-registry does when all is well is ``test_registry.py``'s and ``test_cross_process.py``'s (the ``hosted`` backend);
-a whole group on it is in ``test_fleet.py``."""
+message too large or naming what is not the registry's, a host that never answers, a link that broke; and the
+counts a worker fetches from it for its level gauges. What the registry does when all is well is
+``test_registry.py``'s and ``test_cross_process.py``'s (the ``hosted`` backend); a whole group on it is in
+``test_fleet.py``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from callbridge.bridge.registry_host import (
     hosted_registry,
     open_host,
 )
+from callbridge.engine.port import ResumeTicket
 from tests.bridge.twilio_e2e import until
 
 
@@ -193,3 +195,25 @@ async def test_signals_reach_the_other_workers_and_a_listener_that_lost_the_host
         await a.aclose()
         await b.aclose()
     assert set(heard) == {signal}
+
+
+async def test_a_worker_fetches_the_hosts_counts_for_its_level_gauges(
+    host: RegistryHost, worker: tuple[HostedCallRegistry, HostedStreamTokens]
+) -> None:
+    """Every worker reports the group's entries and detached sessions: the host's own counts, as of the last
+    fetch (``refresh_levels``), whichever worker wrote them; a host gone leaves the last counts."""
+    registry, _ = worker
+    other, _ = hosted_registry(host.address)
+    ticket = ResumeTicket("sess-1", lease_generation=1, resume_token="tok", last_event_seq=0, endpoint="ws://engine")
+    assert (registry.entry_count, registry.detached_count) == (0, 0)  # nothing fetched yet
+    await other.detach("CA-detached", ticket, 0, 60_000)
+    await other.mark_ended("CA-ended", "stop")
+    assert (registry.entry_count, registry.detached_count) == (0, 0)  # as of the last fetch
+    await registry.refresh_levels()
+    assert (registry.entry_count, registry.detached_count) == (2, 1)
+    assert (registry.entry_count, registry.detached_count) == (host.registry.entry_count, host.registry.detached_count)
+    await other.aclose()
+    host.close()
+    with pytest.raises(RegistryUnavailable):
+        await registry.refresh_levels()
+    assert (registry.entry_count, registry.detached_count) == (2, 1)
