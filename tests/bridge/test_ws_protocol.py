@@ -157,16 +157,22 @@ class _CountedWrites:
         return getattr(self._transport, name)
 
 
+async def _accept_counting_writes(scope: dict[str, Any], receive: Any, send: Any) -> tuple[Any, _CountedWrites]:
+    """Accept the websocket; its ``DATA_FRAMES_EXTENSION`` writer, and the count of its socket's writes from now on."""
+    await receive()
+    await send({"type": "websocket.accept"})
+    write = scope["extensions"][DATA_FRAMES_EXTENSION]["write"]
+    counted = write.__self__.transport = _CountedWrites(write.__self__.transport)
+    return write, counted
+
+
 async def test_several_messages_the_app_writes_at_once_go_in_one_write_and_arrive_in_order() -> None:
     outcome: dict[str, Any] = {}
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             return
-        await receive()
-        await send({"type": "websocket.accept"})
-        write = scope["extensions"][DATA_FRAMES_EXTENSION]["write"]
-        counted = write.__self__.transport = _CountedWrites(write.__self__.transport)
+        write, counted = await _accept_counting_writes(scope, receive, send)
         await receive()  # the client's go
         outcome["wrote"] = write(["media", b"\x00\x01\x02", "mark", "é" * 200])
         outcome["writes"] = counted.writes
@@ -186,10 +192,7 @@ async def test_once_the_app_has_closed_the_writer_writes_nothing_and_says_so() -
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "websocket":
             return
-        await receive()
-        await send({"type": "websocket.accept"})
-        write = scope["extensions"][DATA_FRAMES_EXTENSION]["write"]
-        counted = write.__self__.transport = _CountedWrites(write.__self__.transport)
+        write, counted = await _accept_counting_writes(scope, receive, send)
         await send({"type": "websocket.close", "code": 1000})
         writes_by_close = counted.writes
         outcome["wrote"] = write(["late"])
