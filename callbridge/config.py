@@ -111,7 +111,8 @@ class ServerSettings(Section):
     """A media connection that has not started its stream by then is closed."""
     idle_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     """A stream with no message from the carrier for this long is taken as dropped (its engine session waits
-    for the next stream); carriers send media every 20–100 ms."""
+    for the next stream); carriers send media every 20–100 ms. Time this process itself did not run (stopped,
+    its VM frozen) is not taken for the carrier's silence: the verdict waits until what came meanwhile is read."""
     max_call_duration_s: Annotated[float, Field(ge=0)] = 14_400.0
     """A stream longer than this is ended and the call hung up (0: no limit)."""
     admin_token: SecretStr | None = None

@@ -142,6 +142,7 @@ __all__ = [
     "HangUpCall",
     "MarkLag",
     "Notice",
+    "PROCESS_STALL_MS",
     "PendingAction",
     "Perform",
     "StreamReport",
@@ -240,6 +241,12 @@ _GOODBYE_WAIT_MS: Final = 5000
 _TOLD_WAIT_MS: Final = 1000
 """How long after its playout a tool's result waits for the engine to be told the last response was heard, before
 the model is asked to answer it anyway."""
+PROCESS_STALL_MS: Final = 500
+"""A tick at least this late after the deadline it answers means this process did not run meanwhile (paused,
+swapped out, its VM frozen): the carrier's messages of that time may sit unread in the socket, and the tick runs
+before the reader gets to them. So the carrier's limits (idle, first message) found due then are judged this much
+later, once the reader has had its turn: the carrier is not blamed for this process's silence. Ordinary lateness
+under load is tens of milliseconds."""
 _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
 may still be read before the stream is taken for dropped."""
@@ -539,6 +546,8 @@ class CallSession:
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
         self._connected_at_ms: int | None = None
         self._last_message_ms = 0
+        self._limits_deferred = False
+        """A late tick put off the limits' verdict (``PROCESS_STALL_MS``) and no message has been read since."""
         self._limits_due_ms: int | None = None
         """When ``tick`` next checks the limits (it moves only then, not with every message)."""
         self._call_ends_at_ms: int | None = None
@@ -580,6 +589,7 @@ class CallSession:
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return  # read after the stream ended (a send failed first): nothing is listening any more
         self._last_message_ms = now_ms
+        self._limits_deferred = False
         starting = self.start_request is None
         try:
             self._rate_limit(now_ms)
@@ -923,7 +933,14 @@ class CallSession:
         return True
 
     def tick(self, now_ms: int) -> None:
-        """Pace out the frames that are due; end a stream past a limit. Drain ``outputs`` next."""
+        """Pace out the frames that are due; end a stream past a limit. Drain ``outputs`` next. On a tick far later
+        than the deadline it answers the limits wait for the reader's turn first (``PROCESS_STALL_MS``)."""
+        limits_due = self._limits_due_ms
+        if limits_due is not None and now_ms >= limits_due and not self._limits_deferred:
+            asked_ms = self.next_deadline_ms()
+            if asked_ms is not None and now_ms - asked_ms >= PROCESS_STALL_MS:
+                self._limits_deferred = True
+                self._limits_due_ms = now_ms + PROCESS_STALL_MS
         if self._send_failed_at_ms is not None:  # nothing reaches the carrier: no frame into the void
             if now_ms >= self._send_failed_at_ms + _SEND_FAILED_READ_MS and self.state not in (CallState.ENDED, CallState.DETACHED):
                 self.transport_lost(now_ms)

@@ -12,6 +12,7 @@ import pytest
 
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.call import (
+    PROCESS_STALL_MS,
     TAKEOVER_TELLS_HELD_MS,
     BargeInFlushed,
     CallOptions,
@@ -599,6 +600,64 @@ class TestLimits:
         assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_transport
         assert h.call.end_reason == h.call.limit_reached == "idle_timeout" and h.call.hangup is None
         assert h.of(CloseSession) == []  # the session waits for the carrier's next stream
+
+    def test_a_stall_of_this_process_is_not_taken_for_the_carriers_silence(self) -> None:
+        """The process does not run for 12 s (SIGSTOP, a frozen VM) while the carrier goes on sending: after it the
+        pacer's tick comes first, its deadline 12 s past, the carrier's messages still unread. The stream goes on
+        (the idle limit is the carrier's silence, not this process's); the messages then read are the call's."""
+        h = self.connected()
+        h.live()
+        h.advance(3_000)
+        h.receive(media(caller_frame(), 0))  # the last message read before the stall, at 3 s
+        asked = h.call.next_deadline_ms()
+        assert asked is not None
+        h.now_ms = 15_000  # the process runs again: the tick first
+        h.call.tick(h.now_ms)
+        h.drain()
+        assert h.call.state is CallState.LIVE and h.call.limit_reached is None
+        for i in range(1, 4):  # then the reader: the carrier's backlog
+            h.receive(media(caller_frame(i), i * 20))
+        assert h.call.state is CallState.LIVE
+        h.advance(9_999)  # and the limit is the carrier's again: 10 s after its last message
+        assert h.call.state is CallState.LIVE
+        h.advance(1)
+        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+
+    def test_a_carrier_silent_through_a_stall_still_reaches_its_limit_once_the_reader_had_its_turn(self) -> None:
+        h = self.connected()
+        h.live()
+        h.receive(media(caller_frame(), 0))
+        h.advance(9_900)
+        h.now_ms = 12_900  # stalled from 9.9 s; the tick of the 10 s deadline comes 2.9 s late
+        h.call.tick(h.now_ms)
+        h.drain()
+        assert h.call.state is CallState.LIVE  # what came during the stall is not read yet
+        assert h.call.next_deadline_ms() == 12_900 + PROCESS_STALL_MS
+        h.advance(PROCESS_STALL_MS)  # nothing was: the carrier's silence, judged as ever
+        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+
+    def test_a_process_late_on_every_tick_puts_the_verdict_off_once_only(self) -> None:
+        """Late again on the put-off verdict, with nothing read between: the reader had its turn, the limit holds."""
+        h = self.connected()
+        h.live()
+        h.receive(media(caller_frame(), 0))
+        for now_ms in (12_000, 12_000 + PROCESS_STALL_MS + 600):
+            h.now_ms = now_ms
+            h.call.tick(now_ms)
+            h.drain()
+        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+
+    def test_a_stall_before_the_start_does_not_use_up_the_first_message_timeout(self) -> None:
+        h = self.connected()
+        h.receive(CONNECTED)
+        h.advance(2_000)
+        h.now_ms = 14_000  # stalled from 2 s to 14 s: the 10 s deadline's tick 4 s late
+        h.call.tick(h.now_ms)
+        h.drain()
+        assert h.call.state is CallState.AWAITING_START
+        h.receive(START)  # the carrier's start, read now
+        h.advance(PROCESS_STALL_MS)
+        assert h.call.start_request is not None and h.call.state is CallState.STARTING and h.call.limit_reached is None
 
     def test_the_limit_check_does_not_move_with_every_message(self) -> None:
         h = self.connected()

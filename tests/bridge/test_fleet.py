@@ -578,6 +578,31 @@ def _loud_frames(samples: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.sqrt(np.mean(frames**2, axis=1)) > 300)
 
 
+async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_again(fleet: Fleet) -> None:
+    """``callbridge serve`` as configured (10 s idle limit) stops for 11 s mid-call (SIGSTOP: a frozen VM, a
+    process swapped out) while the carrier goes on sending. When it runs again its pacer's tick comes before its
+    reader: the carrier's media of those 11 s sits unread, and was taken for 11 s of the carrier's silence — the
+    stream closed as idle, the call lost. Now the verdict waits for the reader: the stream goes on to the caller's
+    hang-up, the caller's words after the stall are echoed back on it."""
+    speech = short_speech(800)
+    fleet.twilio.route = lambda reason: fleet.a.url
+    stall_s = 11.0
+    script = CallerScript(utterances=((300, speech), (int(stall_s * 1000) + 3000, speech)), hangup_at_ms=int(stall_s * 1000) + 6000)
+    call = asyncio.create_task(fleet.twilio.place_call(script))
+    await until(lambda: _ready(fleet.a, active_calls=1), timeout_s=10)
+    await asyncio.sleep(1.0)
+    fleet.a.process.send_signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(stall_s)
+    finally:
+        fleet.a.process.send_signal(signal.SIGCONT)
+    result = await call
+
+    assert len(result.streams) == 1 and result.hung_up_by == "caller", result.render()
+    assert fleet.a.events("call_limit_reached") == [], fleet.a.call_log(result.call_sid)
+    assert _agent_heard_after(result, int(stall_s * 1000) + 3000), result.render()
+
+
 async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_stream_quietly(fleet: Fleet) -> None:
     """A stalled bridge (SIGSTOP) cannot answer the supersede signal: after a network drop the call's reconnect on
     B takes the engine session over from A's live ticket. When A runs again it finds the session replaced (or its
