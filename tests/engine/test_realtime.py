@@ -365,3 +365,39 @@ async def test_commands_while_the_socket_is_replaced_are_kept_and_sent_first_on_
         await until(session, lambda e: isinstance(e, EngineErrorEvent | PlaybackAcknowledged))
         assert session.resumes == 1 and not session._backlog and session.dropped_audio_bytes == 640
         await session.close()
+
+
+def test_a_stall_of_this_process_during_a_ping_does_not_drop_the_engine_socket() -> None:
+    """This process stops (1.6 s) while its liveness ping is out, on uvloop as ``callbridge serve`` runs. After the
+    stall the loop runs its timers before it reads the sockets (what made the call core take a stalled bridge's
+    unread media for the carrier's silence): the pong wait's timeout fires first, but ``asyncio.wait_for`` looks at
+    the pong again when it resumes, after the sockets are read, and finds it answered. The socket is kept (no
+    resume) and later pings are answered on it. A guard for whoever changes that wait (``asyncio.timeout`` around
+    the pong instead fails it)."""
+    import time
+
+    import uvloop
+
+    async def scenario() -> tuple[int, float]:
+        async with engine_server() as running:
+            engine = RealtimeEngine(running.url)  # shipped liveness: a ping every 1 s, its pong within 1 s
+            session = await engine.open(NO_VAD)
+            ws = session._ws
+            real_ping = ws.ping
+
+            async def ping_then_stall(*args: Any) -> Any:
+                ws.ping = real_ping  # type: ignore[method-assign]  # once
+                waiter = await real_ping(*args)
+                asyncio.get_running_loop().call_soon(time.sleep, 1.6)
+                return waiter
+
+            ws.ping = ping_then_stall  # type: ignore[method-assign]
+            await asyncio.sleep(4.0)  # the stalled ping, then two more
+            heard = session._heard_from_at
+            resumes = session.resumes
+            await session.close()
+            return resumes, time.monotonic() - heard
+
+    resumes, since_heard_s = uvloop.run(scenario())
+    assert resumes == 0  # the socket was not dropped
+    assert since_heard_s < 2.0  # and a later ping was answered on it
