@@ -86,20 +86,14 @@ class WebSocketTransport:
         return text if text is not None else message.get("bytes") or b""
 
     async def send(self, message: str | bytes) -> None:
-        if self.websocket.application_state is not WebSocketState.CONNECTED:
-            raise RuntimeError("the websocket is closed")
-        if self._write_now is None or not self._write_now((message,)):
-            await self._send_asgi(message)
+        await self.send_many((message,))
 
     async def send_many(self, messages: Sequence[str | bytes]) -> None:
         if self.websocket.application_state is not WebSocketState.CONNECTED:
             raise RuntimeError("the websocket is closed")
         if self._write_now is None or not self._write_now(messages):
             for message in messages:
-                await self._send_asgi(message)
-
-    async def _send_asgi(self, message: str | bytes) -> None:
-        await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
+                await self._send({"type": "websocket.send", "text": message} if isinstance(message, str) else {"type": "websocket.send", "bytes": message})
 
     async def close(self, code: int) -> None:
         if self.websocket.application_state is not WebSocketState.DISCONNECTED:

@@ -547,9 +547,7 @@ class MediaStreamDriver:
     async def _to_carrier(self, messages: list[str | bytes]) -> bool:
         """Send ``messages`` to the carrier, in one write where the transport can; False if its side has closed."""
         try:
-            if len(messages) == 1:
-                await self.transport.send(messages[0])
-            elif self._send_many is not None:
+            if self._send_many is not None:
                 await self._send_many(messages)
             else:
                 for message in messages:

@@ -210,7 +210,7 @@ def protocol_class(*, count_unauthenticated: bool = True) -> Any:
                     payload = message
                     parts.append(frame_header(_BINARY, len(payload)))
                 parts.append(payload)
-            self.transport.write(parts[0] + parts[1] if len(parts) == 2 else b"".join(parts))
+            self.transport.write(b"".join(parts))
             return True
 
         def _open_for_data(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -374,8 +375,6 @@ def test_a_stall_of_this_process_during_a_ping_does_not_drop_the_engine_socket()
     the pong again when it resumes, after the sockets are read, and finds it answered. The socket is kept (no
     resume) and later pings are answered on it. A guard for whoever changes that wait (``asyncio.timeout`` around
     the pong instead fails it)."""
-    import time
-
     import uvloop
 
     async def scenario() -> tuple[int, float]:
