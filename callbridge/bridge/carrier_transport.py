@@ -3,14 +3,18 @@ a call's RTP socket, a TCP stream of frames."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final, Protocol, runtime_checkable
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
+from callbridge.bridge.call import PROCESS_STALL_MS
 from callbridge.bridge.ws_protocol import DATA_FRAMES_EXTENSION, DataFramesWriter, allow_messages_up_to
 
-__all__ = ["BatchingTransport", "CarrierTransport", "SizeLimitedTransport", "WebSocketTransport"]
+__all__ = ["BatchingTransport", "CarrierTransport", "SizeLimitedTransport", "WebSocketTransport", "receive_within"]
+
+T = TypeVar("T")
 
 _MESSAGE_TOO_BIG: Final = 1009
 
@@ -103,3 +107,24 @@ class WebSocketTransport:
         """The stream is the carrier's: its messages may be as large as its codec accepts (``ws_protocol``)."""
         if self.websocket.application_state is WebSocketState.CONNECTED:
             await allow_messages_up_to(self.websocket, max_message_bytes)
+
+
+async def receive_within(receive: Callable[[], Awaitable[T]], timeout_s: float | None) -> T:
+    """``receive()``, or ``TimeoutError`` when nothing came within ``timeout_s`` (None: no limit): the silence limit of
+    a transport that keeps its own (a call's RTP socket, a TCP stream of frames).
+
+    But a time-out that comes at least ``PROCESS_STALL_MS`` after its deadline means this process did not run
+    meanwhile (stopped, swapped out, its VM frozen): the peer's packets of that time may sit unread in the socket,
+    and after a stall the event loop runs its timers before it reads the sockets. Then ``receive`` gets
+    ``PROCESS_STALL_MS`` more, once, to read them: the peer is not blamed for this process's silence (the call
+    core's limits wait for the reader the same way)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await receive()
+    except TimeoutError:
+        if deadline is None or loop.time() - deadline < PROCESS_STALL_MS / 1000:
+            raise
+    async with asyncio.timeout(PROCESS_STALL_MS / 1000):
+        return await receive()

@@ -603,6 +603,50 @@ async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_
     assert _agent_heard_after(result, int(stall_s * 1000) + 3000), result.render()
 
 
+async def test_a_bridge_stalled_past_sip_and_audiosocket_silence_limits_keeps_their_calls(tmp_path: Path) -> None:
+    """SIP's RTP timeout (``sip.rtp_timeout_s``, 30 s) and AudioSocket's idle limit (``audiosocket.idle_timeout_s``,
+    10 s) are their transports' own timers, besides the call core's limits. ``callbridge serve`` as configured stops
+    for 31 s mid-call (SIGSTOP) while the trunk and Asterisk go on sending: when it runs again those timers fire
+    before the packets of the stall are read, and took them for the peer's silence — the SIP call hung up with a BYE
+    (``sip_rtp_timeout``), the AudioSocket one closed (``audiosocket_timeout``). Now each reads first: both calls go
+    on to the caller's hang-up, the caller's words after the stall echoed back."""
+    sip = SimulatedSip.bridge_settings(SECRET, "http://unused")
+    audiosocket = SimulatedAudioSocket.bridge_settings(SECRET, "http://unused")
+    lines = ["[local_engine]", 'agent = "echo"', "chunk_ms = 500"]
+    for section, values in {**sip, **audiosocket}.items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    config = tmp_path / "stall.toml"
+    config.write_text("\n".join(lines) + "\n")
+    served = _start("bridge", ["serve"], config, free_port(), tmp_path)
+    try:
+        await asyncio.to_thread(wait_http_ok, served.url + "/readyz", served.process, timeout_s=60)  # type: ignore[arg-type]
+        trunk = SimulatedSip(served.url, SECRET)
+        trunk.host, trunk.port = "127.0.0.1", sip["sip"]["port"]
+        asterisk = SimulatedAudioSocket(served.url, SECRET)
+        asterisk.host, asterisk.port = "127.0.0.1", audiosocket["audiosocket"]["port"]
+        stall_s = 31.0
+        after_ms = int(stall_s * 1000) + 3000
+        script = CallerScript(utterances=((300, short_speech(800)), (after_ms, short_speech(800))), hangup_at_ms=after_ms + 3000)
+        calls = asyncio.gather(trunk.place_call(script), asterisk.place_call(script))
+        await until(lambda: _ready(served, active_calls=2), timeout_s=10)
+        await asyncio.sleep(1.0)
+        served.process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(stall_s)
+        finally:
+            served.process.send_signal(signal.SIGCONT)
+        results = await calls
+
+        for result in results:
+            assert result.hung_up_by == "caller", result.render()
+            assert _agent_heard_after(result, after_ms), result.render()
+        assert served.events("sip_rtp_timeout") == [] and served.events("audiosocket_timeout") == []
+        assert served.events("call_limit_reached") == []
+    finally:
+        served.stop()
+
+
 async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_stream_quietly(fleet: Fleet) -> None:
     """A stalled bridge (SIGSTOP) cannot answer the supersede signal: after a network drop the call's reconnect on
     B takes the engine session over from A's live ticket. When A runs again it finds the session replaced (or its

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
+from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.audiosocket.wire import (
@@ -93,14 +94,16 @@ class StreamTransport:
         if not self._codec.started:
             timeout = min(timeout, max(0.0, self._first_audio_by - asyncio.get_running_loop().time()))
         try:
-            async with asyncio.timeout(timeout):
-                data = await self._reader.read(_READ_BYTES)
+            data = await receive_within(self._read, timeout)
         except TimeoutError:
             self.timed_out = "idle" if self._codec.started else "no_audio"
             return None
         except OSError:  # reset by the peer
             return None
         return data or None
+
+    async def _read(self) -> bytes:
+        return await self._reader.read(_READ_BYTES)
 
     async def send(self, message: str | bytes) -> None:
         if self.closed:

@@ -22,4 +22,6 @@ class AudioSocketSettings(Section):
     first_frame_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
     """How long a new connection may take to send its uuid frame, and then its first audio frame."""
     idle_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
-    """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms)."""
+    """A connection that sends nothing for this long counts as dropped (Asterisk sends a frame every 20 ms). Time
+    this process itself did not run (stopped, its VM frozen) is not taken for Asterisk's silence: the verdict waits
+    until what came meanwhile is read."""

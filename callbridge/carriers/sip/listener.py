@@ -47,6 +47,7 @@ from callbridge.application import CallContext
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.call_setup import TransferTo
+from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.sip.registrar import RegistrationClients
@@ -142,8 +143,7 @@ class RtpTransport(asyncio.DatagramProtocol):
         timeout_s = self.listener.settings.rtp_timeout_s or None
         while not (self.closed and self.queue.empty()):
             try:
-                async with asyncio.timeout(timeout_s):
-                    return await self.queue.get()
+                return await receive_within(self.queue.get, timeout_s)
             except TimeoutError:
                 if self.codec.started and self.codec.choice.direction.peer_sends:
                     self.timed_out = True

@@ -58,7 +58,9 @@ class SipSettings(Section):
     answer_delay_ms: Annotated[int, Field(ge=0, le=30000)] = 0
     """Ring (180) this long before answering; 0: answer at once."""
     rtp_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
-    """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never."""
+    """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never. Time
+    this process itself did not run (stopped, its VM frozen) is not taken for the peer's silence: the verdict waits
+    until what came meanwhile is read."""
     registrations: list[SipRegistrationSettings] = Field(default_factory=list)
     """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
     source_requests_per_s: Annotated[float, Field(gt=0)] = 200.0

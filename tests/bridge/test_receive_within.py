@@ -1,0 +1,121 @@
+"""A transport's own silence limit (SIP's RTP timeout, AudioSocket's idle limit: ``receive_within``) after this
+process stalled: on a loop whose clock jumps as if the process had been stopped, and which reads the peer's
+packet after running the timers that came due meanwhile (as uvloop does after a stall). Shipped limits, no waiting:
+the jump is the stall."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from callbridge.bridge.call import PROCESS_STALL_MS
+from callbridge.bridge.carrier_transport import receive_within
+from callbridge.carriers.audiosocket.settings import AudioSocketSettings
+from callbridge.carriers.sip.settings import SipSettings
+
+pytestmark = pytest.mark.core
+
+T = TypeVar("T")
+RTP_TIMEOUT_S = SipSettings().rtp_timeout_s  # 30 s
+IDLE_TIMEOUT_S = AudioSocketSettings().idle_timeout_s  # 10 s
+READER_TURN_S = 0.1
+"""How long after the late timers the stalled process reads the packets that came meanwhile."""
+
+
+class StallingLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock can jump ahead: ``stall(s)`` is this process stopped for ``s`` seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled_s = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.stalled_s
+
+    def stall(self, seconds: float, then: Callable[[], object] | None = None) -> None:
+        """Stop for ``seconds``; ``then``: what the peer sent meanwhile, read once the late timers have run."""
+        self.stalled_s += seconds
+        if then is not None:
+            self.call_later(READER_TURN_S, then)
+
+
+def run(work: Callable[[StallingLoop], Awaitable[T]]) -> tuple[T | BaseException, float]:
+    """``work`` on a fresh ``StallingLoop``: its result (or what it raised) and how long it took on the loop's clock."""
+    loop = StallingLoop()
+    try:
+        began = loop.time()
+
+        async def timed() -> T | BaseException:
+            try:
+                return await work(loop)
+            except (TimeoutError, RuntimeError) as exc:
+                return exc
+
+        outcome = loop.run_until_complete(timed())
+        return outcome, loop.time() - began
+    finally:
+        loop.close()
+
+
+def test_a_stall_past_the_rtp_timeout_reads_what_the_peer_sent_meanwhile() -> None:
+    async def work(loop: StallingLoop) -> bytes:
+        packets: asyncio.Queue[bytes] = asyncio.Queue()
+        loop.call_soon(loop.stall, RTP_TIMEOUT_S + 1, lambda: packets.put_nowait(b"rtp"))
+        return await receive_within(packets.get, RTP_TIMEOUT_S)
+
+    outcome, took_s = run(work)
+    assert outcome == b"rtp"
+    assert took_s == pytest.approx(RTP_TIMEOUT_S + 1 + READER_TURN_S, abs=0.05)
+
+
+def test_a_peer_silent_through_a_stall_times_out_once_the_reader_has_had_its_turn() -> None:
+    async def work(loop: StallingLoop) -> bytes:
+        packets: asyncio.Queue[bytes] = asyncio.Queue()
+        loop.call_soon(loop.stall, IDLE_TIMEOUT_S + 2)
+        return await receive_within(packets.get, IDLE_TIMEOUT_S)
+
+    outcome, took_s = run(work)
+    assert isinstance(outcome, TimeoutError)
+    assert took_s == pytest.approx(IDLE_TIMEOUT_S + 2 + PROCESS_STALL_MS / 1000, abs=0.05)
+
+
+def test_a_time_out_only_a_little_late_is_the_peers_silence_at_once() -> None:
+    """Late by less than ``PROCESS_STALL_MS`` (a loaded loop, not a stopped process): the limit holds as it was."""
+
+    async def work(loop: StallingLoop) -> bytes:
+        packets: asyncio.Queue[bytes] = asyncio.Queue()
+        loop.call_soon(loop.stall, IDLE_TIMEOUT_S + 0.2, lambda: packets.put_nowait(b"late"))
+        return await receive_within(packets.get, IDLE_TIMEOUT_S)
+
+    outcome, took_s = run(work)
+    assert isinstance(outcome, TimeoutError)
+    assert took_s == pytest.approx(IDLE_TIMEOUT_S + 0.2, abs=0.05)
+
+
+def test_the_extra_wait_is_given_once() -> None:
+    """Stalled again during the extra wait, with nothing read between: the time-out stands."""
+
+    async def work(loop: StallingLoop) -> bytes:
+        packets: asyncio.Queue[bytes] = asyncio.Queue()
+        loop.call_soon(loop.stall, RTP_TIMEOUT_S + 1)
+        loop.call_later(RTP_TIMEOUT_S + 1.1, loop.stall, 2.0, lambda: packets.put_nowait(b"too late"))
+        return await receive_within(packets.get, RTP_TIMEOUT_S)
+
+    outcome, took_s = run(work)
+    assert isinstance(outcome, TimeoutError)
+    assert took_s == pytest.approx(RTP_TIMEOUT_S + 1 + 0.1 + 2, abs=0.05)
+
+
+def test_what_comes_in_time_is_returned_and_no_limit_waits_for_ever() -> None:
+    async def work(loop: StallingLoop) -> list[bytes]:
+        packets: asyncio.Queue[bytes] = asyncio.Queue()
+        loop.call_later(0.05, packets.put_nowait, b"first")
+        first = await receive_within(packets.get, IDLE_TIMEOUT_S)
+        loop.call_soon(loop.stall, 3600, lambda: packets.put_nowait(b"after an hour"))
+        return [first, await receive_within(packets.get, None)]
+
+    outcome, _ = run(work)
+    assert outcome == [b"first", b"after an hour"]
