@@ -1368,10 +1368,14 @@ class CallSession:
         self._read_lag_ms = int(offset - baseline)
 
     def _rate_limit(self, now_ms: int) -> None:
-        """A token bucket over all carrier messages: a burst of 1000 (a backlog after a stall), 150 a second
-        sustained (a stream sends about 60)."""
+        """A token bucket over all carrier messages: a burst of 1000, 150 a second sustained (a stream sends about
+        60). A gap longer than the burst's worth (6.7 s) fills the bucket past 1000, to what the gap earned: the
+        backlog this process reads after a stall of its own (stopped, its VM frozen) is that long a stall's
+        messages, read at once (20 s of them were 1000). A carrier's own silence that long is nearly the idle limit
+        (10 s), which ends the stream first."""
         if self._tokens_at_ms is not None:
-            self._tokens = min(_MESSAGE_BURST, self._tokens + (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000)
+            earned = (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000
+            self._tokens = min(self._tokens + earned, max(_MESSAGE_BURST, self._tokens, earned))
         self._tokens_at_ms = now_ms
         if self._tokens < 1:
             raise RemoteProtocolError(

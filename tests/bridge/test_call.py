@@ -564,6 +564,45 @@ class TestBadInput:
             h.receive(media(caller_frame(i), timestamp=str(20 * i)))
         assert h.call.state is CallState.LIVE and h.call.failure is None
 
+    def test_a_backlog_after_a_stall_longer_than_the_burst_is_not_a_flood(self) -> None:
+        """31 s stopped (past the idle limit, and more messages than the burst of 1000): the late tick puts the
+        idle limit off, then the 1,550 frames and 31 mark echoes that waited in the socket are read at once."""
+        h = Harness().live()
+        h.receive(media(caller_frame(0), timestamp="0"))
+        h.now_ms = 31_000
+        h.call.tick(h.now_ms)
+        h.drain()
+        for i in range(1, 1551):
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+            if i % 50 == 0:
+                h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
+        assert h.call.state is CallState.LIVE and h.call.failure is None
+
+    def test_what_a_stall_earns_is_bounded_by_its_length(self) -> None:
+        """After that backlog a flood still ends the call, once the stall's 150 messages a second are spent."""
+        h = Harness().live()
+        h.receive(media(caller_frame(0), timestamp="0"))
+        h.now_ms = 31_000
+        for i in range(1, 1551):
+            h.receive(media(caller_frame(i), timestamp=str(20 * i)))
+        assert h.call.state is CallState.LIVE
+        for sent in range(31 * 150):
+            h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
+            if h.call.state is CallState.ENDED:
+                break
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert sent == 31 * 150 - 1550  # every message of 31 s at 150 a second, and not one more
+
+    def test_a_carrier_quiet_under_the_idle_limit_earns_no_bigger_burst_than_its_quiet(self) -> None:
+        h = Harness().live()
+        h.now_ms = 9_000  # 1,350 messages earned
+        for sent in range(2000):
+            h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
+            if h.call.state is CallState.ENDED:
+                break
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert sent == 1350
+
     def test_a_flood_of_small_messages(self) -> None:
         h = Harness().live()
         for _ in range(1100):

@@ -603,17 +603,21 @@ async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_
     assert _agent_heard_after(result, int(stall_s * 1000) + 3000), result.render()
 
 
-async def test_a_bridge_stalled_past_sip_and_audiosocket_silence_limits_keeps_their_calls(tmp_path: Path) -> None:
-    """SIP's RTP timeout (``sip.rtp_timeout_s``, 30 s) and AudioSocket's idle limit (``audiosocket.idle_timeout_s``,
-    10 s) are their transports' own timers, besides the call core's limits. ``callbridge serve`` as configured stops
-    for 31 s mid-call (SIGSTOP) while the trunk and Asterisk go on sending: when it runs again those timers fire
-    before the packets of the stall are read, and took them for the peer's silence — the SIP call hung up with a BYE
-    (``sip_rtp_timeout``), the AudioSocket one closed (``audiosocket_timeout``). Now each reads first: both calls go
-    on to the caller's hang-up, the caller's words after the stall echoed back."""
+async def test_a_bridge_stalled_half_a_minute_keeps_its_sip_audiosocket_and_twilio_calls(tmp_path: Path) -> None:
+    """``callbridge serve`` as configured stops for 31 s mid-call (SIGSTOP) while a SIP trunk, Asterisk and Twilio
+    go on sending. SIP's RTP timeout (``sip.rtp_timeout_s``, 30 s) and AudioSocket's idle limit
+    (``audiosocket.idle_timeout_s``, 10 s) are their transports' own timers: when the bridge ran again they fired
+    before the packets of the stall were read, and took them for the peer's silence — the SIP call hung up with a
+    BYE (``sip_rtp_timeout``), the AudioSocket one closed (``audiosocket_timeout``). The Twilio stream's 1,550
+    messages of backlog, read at once, were more than the flood limit's burst of 1,000: hung up as a flood. Now
+    each transport reads first, and a stall earns the backlog it leaves: all three calls go on to the caller's
+    hang-up, the caller's words after the stall echoed back."""
+    twilio = SimulatedTwilio("http://unused", SECRET)
+    rest_url = await twilio.start_rest(free_port())
     sip = SimulatedSip.bridge_settings(SECRET, "http://unused")
     audiosocket = SimulatedAudioSocket.bridge_settings(SECRET, "http://unused")
     lines = ["[local_engine]", 'agent = "echo"', "chunk_ms = 500"]
-    for section, values in {**sip, **audiosocket}.items():
+    for section, values in {**sip, **audiosocket, **SimulatedTwilio.bridge_settings(SECRET, rest_url)}.items():
         lines.append(f"[{section}]")
         lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
     config = tmp_path / "stall.toml"
@@ -621,6 +625,7 @@ async def test_a_bridge_stalled_past_sip_and_audiosocket_silence_limits_keeps_th
     served = _start("bridge", ["serve"], config, free_port(), tmp_path)
     try:
         await asyncio.to_thread(wait_http_ok, served.url + "/readyz", served.process, timeout_s=60)  # type: ignore[arg-type]
+        twilio.bridge_url = served.url
         trunk = SimulatedSip(served.url, SECRET)
         trunk.host, trunk.port = "127.0.0.1", sip["sip"]["port"]
         asterisk = SimulatedAudioSocket(served.url, SECRET)
@@ -628,8 +633,8 @@ async def test_a_bridge_stalled_past_sip_and_audiosocket_silence_limits_keeps_th
         stall_s = 31.0
         after_ms = int(stall_s * 1000) + 3000
         script = CallerScript(utterances=((300, short_speech(800)), (after_ms, short_speech(800))), hangup_at_ms=after_ms + 3000)
-        calls = asyncio.gather(trunk.place_call(script), asterisk.place_call(script))
-        await until(lambda: _ready(served, active_calls=2), timeout_s=10)
+        calls = asyncio.gather(*(carrier.place_call(script) for carrier in (trunk, asterisk, twilio)))
+        await until(lambda: _ready(served, active_calls=3), timeout_s=10)
         await asyncio.sleep(1.0)
         served.process.send_signal(signal.SIGSTOP)
         try:
@@ -639,12 +644,13 @@ async def test_a_bridge_stalled_past_sip_and_audiosocket_silence_limits_keeps_th
         results = await calls
 
         for result in results:
-            assert result.hung_up_by == "caller", result.render()
+            assert len(result.streams) == 1 and result.hung_up_by == "caller", result.render()
             assert _agent_heard_after(result, after_ms), result.render()
         assert served.events("sip_rtp_timeout") == [] and served.events("audiosocket_timeout") == []
-        assert served.events("call_limit_reached") == []
+        assert served.events("call_limit_reached") == [] and served.events("call_hung_up") == []
     finally:
         served.stop()
+        await twilio.aclose()
 
 
 async def test_a_bridge_that_stalls_loses_its_call_to_the_other_and_ends_its_stream_quietly(fleet: Fleet) -> None:
