@@ -170,7 +170,8 @@ class EngineSettings(Section):
     """kind = realtime: when a live session's connection to its engine server is lost, how long it tries to
     reconnect, from when the server was last heard from, before the call is given up (``failure_tone_ms`` of
     reorder tone, then the hang-up). Independent of ``disconnect_grace_s``: a dead server costs the caller this,
-    not the grace."""
+    not the grace. Time this process itself did not run (stopped, its VM frozen) is not counted: after such a
+    stall the budget runs from its end."""
     liveness_interval_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     """kind = realtime: each engine connection is pinged this often (a websocket ping)."""
     liveness_timeout_s: Annotated[float, Field(gt=0, le=60)] = 1.0

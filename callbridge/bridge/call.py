@@ -122,6 +122,7 @@ from callbridge.engine.events import (
 )
 from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
+from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = [
     "TRANSITIONS",
@@ -142,7 +143,6 @@ __all__ = [
     "HangUpCall",
     "MarkLag",
     "Notice",
-    "PROCESS_STALL_MS",
     "PendingAction",
     "Perform",
     "StreamReport",
@@ -241,12 +241,6 @@ _GOODBYE_WAIT_MS: Final = 5000
 _TOLD_WAIT_MS: Final = 1000
 """How long after its playout a tool's result waits for the engine to be told the last response was heard, before
 the model is asked to answer it anyway."""
-PROCESS_STALL_MS: Final = 500
-"""A tick at least this late after the deadline it answers means this process did not run meanwhile (paused,
-swapped out, its VM frozen): the carrier's messages of that time may sit unread in the socket, and the tick runs
-before the reader gets to them. So the carrier's limits (idle, first message) found due then are judged this much
-later, once the reader has had its turn: the carrier is not blamed for this process's silence. Ordinary lateness
-under load is tens of milliseconds."""
 _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
 may still be read before the stream is taken for dropped."""
@@ -934,7 +928,9 @@ class CallSession:
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due; end a stream past a limit. Drain ``outputs`` next. On a tick far later
-        than the deadline it answers the limits wait for the reader's turn first (``PROCESS_STALL_MS``)."""
+        than the deadline it answers (``PROCESS_STALL_MS``: this process did not run meanwhile, and the tick runs
+        before the reader gets to the carrier's messages of that time) the carrier's limits (idle, first message)
+        are judged that much later, once the reader has had its turn."""
         limits_due = self._limits_due_ms
         if limits_due is not None and now_ms >= limits_due and not self._limits_deferred:
             asked_ms = self.next_deadline_ms()

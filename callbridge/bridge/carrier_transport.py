@@ -9,8 +9,8 @@ from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
-from callbridge.bridge.call import PROCESS_STALL_MS
 from callbridge.bridge.ws_protocol import DATA_FRAMES_EXTENSION, DataFramesWriter, allow_messages_up_to
+from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = ["BatchingTransport", "CarrierTransport", "SizeLimitedTransport", "WebSocketTransport", "receive_within"]
 

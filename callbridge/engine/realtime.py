@@ -19,7 +19,8 @@ vllm-omni's own ``DuplexClient`` cannot be imported without torch and vllm
   ``session.resume`` with the latest token and last sequence on a new
   socket; the rotated token is adopted and the event stream continues,
   nothing lost or doubled. The attempts stop ``reconnect_budget_s`` after
-  the server was last heard from (independent of the server's disconnect
+  the server was last heard from, or after this process ran again from a
+  stall of its own (independent of the server's disconnect
   grace, which can be 30 s): the session then ends with
   ``connection_failed``, which the call hears as the failure tone and a
   hang-up, within a few seconds of the server's death. A fatal resume code
@@ -76,6 +77,7 @@ from callbridge.engine.wire import (
     session_update,
 )
 from callbridge.logging import get_logger
+from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = ["RealtimeEngine", "RealtimeSession", "duplex_url"]
 
@@ -265,6 +267,11 @@ class RealtimeSession(DuplexSession):
         """Commands submitted while the socket is being replaced, sent first on the new one."""
         self._heard_from_at = time.monotonic()
         """When the server last showed it is alive (a frame, a pong): the reconnect budget counts from here."""
+        self._ran_at = self._heard_from_at
+        """When this process last ran the session's liveness loop (every ``liveness_interval_s``)."""
+        self._stall_ended_at = 0.0
+        """When this process last ran again after a stall of its own (``PROCESS_STALL_MS`` later than that loop's
+        interval): the server cannot have been heard from while this process did not run."""
         self._terminal_seen = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
@@ -438,7 +445,7 @@ class RealtimeSession(DuplexSession):
         """Resume on a new socket within the reconnect budget (from when the server was last heard from), or end
         the session: ``connection_failed``, or the fatal resume code the server answered."""
         engine = self._engine
-        deadline = self._heard_from_at + engine.reconnect_budget_s
+        deadline = max(self._heard_from_at, self._running_again_at()) + engine.reconnect_budget_s
         delay, max_delay = engine.reconnect_backoff_s
         while not self._closed and not self._detached:
             left_s = deadline - time.monotonic()
@@ -496,6 +503,17 @@ class RealtimeSession(DuplexSession):
         self._connected.set()
         log.info("engine_session_resumed", session_id=self.session_id, last_seq=self._last_seq)
 
+    def _running_again_at(self) -> float:
+        """The end of this process's latest stall (0: none seen): the liveness loop ran ``PROCESS_STALL_MS`` later
+        than its interval, or is that late now. Time this process did not run is not the server's silence: after a
+        stall the reconnect budget counts from its end (the server's close of that time, or a missed ping of its
+        own, sat unread meanwhile), however long ago the server was last heard from."""
+        now = time.monotonic()
+        if now - self._ran_at >= self._engine.liveness_interval_s + PROCESS_STALL_MS / 1000:
+            self._stall_ended_at = now
+        self._ran_at = now
+        return self._stall_ended_at
+
     async def _keep_alive(self) -> None:
         """A ping every ``liveness_interval_s``; a pong that does not come within ``liveness_timeout_s`` drops the
         socket (the reader resumes, or gives up within the budget). vllm-omni's ``session.heartbeat`` (and an ack)
@@ -504,6 +522,7 @@ class RealtimeSession(DuplexSession):
         heartbeat_at = time.monotonic() + engine.heartbeat_interval_s
         while not self._closed:
             await asyncio.sleep(engine.liveness_interval_s)
+            self._running_again_at()
             if not self._connected.is_set() or self._detached or self._closed:
                 continue
             ws = self._ws

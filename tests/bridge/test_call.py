@@ -12,7 +12,6 @@ import pytest
 
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.call import (
-    PROCESS_STALL_MS,
     TAKEOVER_TELLS_HELD_MS,
     BargeInFlushed,
     CallOptions,
@@ -58,6 +57,7 @@ from callbridge.engine.events import (
     SpeechStarted,
     SpeechStopped,
 )
+from callbridge.stall import PROCESS_STALL_MS
 from tests.carriers.test_twilio import CALL, CONNECTED, SID, START, media
 
 pytestmark = pytest.mark.core

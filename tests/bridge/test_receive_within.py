@@ -11,10 +11,10 @@ from typing import TypeVar
 
 import pytest
 
-from callbridge.bridge.call import PROCESS_STALL_MS
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.carriers.audiosocket.settings import AudioSocketSettings
 from callbridge.carriers.sip.settings import SipSettings
+from callbridge.stall import PROCESS_STALL_MS
 
 pytestmark = pytest.mark.core
 

@@ -400,3 +400,39 @@ def test_a_stall_of_this_process_during_a_ping_does_not_drop_the_engine_socket()
     resumes, since_heard_s = uvloop.run(scenario())
     assert resumes == 0  # the socket was not dropped
     assert since_heard_s < 2.0  # and a later ping was answered on it
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_socket_lost_while_this_process_stalled_past_the_reconnect_budget_is_resumed(loop: str) -> None:
+    """The socket drops and this process stops (3 s, past the shipped 2 s reconnect budget) before it notices. The
+    budget counts from when the server was last heard from, and this process could not hear it while it did not
+    run: the session gave up at once (``connection_failed``: the caller's failure tone and hang-up) with the server
+    holding it for its grace. Now the budget counts from the stall's end: the session resumes and goes on. Both
+    orders of a stalled loop's work: uvloop runs the liveness loop's late timer before the reader's socket news,
+    asyncio's own loop the other way round."""
+    import uvloop
+
+    async def scenario() -> tuple[int, bool, list[EngineEvent]]:
+        async with engine_server() as running:
+            engine = RealtimeEngine(running.url)  # shipped: a ping every 1 s, a 2 s reconnect budget
+            session = await engine.open(NO_VAD)
+            await asyncio.sleep(1.2)  # a ping answered
+
+            def drop_then_stall() -> None:
+                session._ws.transport.abort()
+                time.sleep(3.0)
+
+            asyncio.get_running_loop().call_soon(drop_then_stall)
+            await asyncio.sleep(0.01)  # over once the stall is
+            await asyncio.sleep(1.5)
+            closed = [event for event in session.take_ready_events() if isinstance(event, SessionClosed)]
+            resumes, ended = session.resumes, session.closed
+            if not ended:
+                await session.heartbeat()  # usable on the new socket
+                await session.close()
+            return resumes, ended, closed
+
+    runner = uvloop.run if loop == "uvloop" else asyncio.run
+    resumes, ended, closed = runner(scenario())
+    assert closed == [] and not ended
+    assert resumes == 1
