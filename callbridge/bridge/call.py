@@ -1365,13 +1365,15 @@ class CallSession:
 
     def _rate_limit(self, now_ms: int) -> None:
         """A token bucket over all carrier messages: a burst of 1000, 150 a second sustained (a stream sends about
-        60). A gap longer than the burst's worth (6.7 s) fills the bucket past 1000, to what the gap earned: the
-        backlog this process reads after a stall of its own (stopped, its VM frozen) is that long a stall's
-        messages, read at once (20 s of them were 1000). A carrier's own silence that long is nearly the idle limit
-        (10 s), which ends the stream first."""
+        60). Once the stream has started, a gap longer than the burst's worth (6.7 s) fills the bucket past 1000, to
+        what the gap earned: the backlog this process reads after a stall of its own (stopped, its VM frozen) is
+        that long a stall's messages, read at once (20 s of them were 1000). A carrier's own silence that long is
+        nearly the idle limit (10 s), which ends the stream first; a stream not yet started (not yet known to be
+        the carrier's) never holds more than the burst."""
         if self._tokens_at_ms is not None:
             earned = (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000
-            self._tokens = min(self._tokens + earned, max(_MESSAGE_BURST, self._tokens, earned))
+            ceiling = _MESSAGE_BURST if self.start_request is None else max(_MESSAGE_BURST, self._tokens, earned)
+            self._tokens = min(self._tokens + earned, ceiling)
         self._tokens_at_ms = now_ms
         if self._tokens < 1:
             raise RemoteProtocolError(

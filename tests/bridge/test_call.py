@@ -603,6 +603,17 @@ class TestBadInput:
         assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
         assert sent == 1350
 
+    def test_a_stream_not_yet_started_earns_no_more_than_the_burst(self) -> None:
+        h = Harness()
+        h.receive(CONNECTED)
+        h.now_ms = 9_000  # within the first message limit: 1,350 earned, 1,000 held
+        for sent in range(1100):
+            h.receive(CONNECTED)
+            if h.call.state is CallState.ENDED:
+                break
+        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert sent == 1000  # the burst, and not one more
+
     def test_a_flood_of_small_messages(self) -> None:
         h = Harness().live()
         for _ in range(1100):
