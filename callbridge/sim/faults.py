@@ -12,7 +12,9 @@ carrier's reconnect lands on another process), the registry losing everything it
 restarted empty: a live stream's next checkpoint writes the record anew; a parked ticket is gone, its session
 left to the engine's grace), the registry stalling under the live ticket's writes (each times out, tried again a
 second on: a takeover meanwhile resumes from the last one written, the engine replaying the rest), the bridge
-reading late (a backlog arrives in a burst), mark echoes late, repeated or out of order. The
+reading late (a backlog arrives in a burst), the bridge process stopped (up to 35 s, the caller at times holding on
+through it: no tick, no read; when it runs again its late timers run before its reader), mark echoes late, repeated
+or out of order. The
 parts that run are the real cores: a marking carrier's wire codec (the registry's first carrier that echoes marks
 and flushes, whose spec names its ``far_end``), ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them that carrier, playing frames at real time and echoing marks
@@ -37,8 +39,10 @@ After every step the invariants are checked (``Violation`` names the first that 
   one while its server lives), within ``TAKEOVER_BOUND_MS`` of that stream's start; a call moved off a draining
   bridge is resumed on its next stream (its parked session, while its server lives), and so is the call of a
   half-open stream, from what it parks once superseded;
-- an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death, then the
-  call is hung up;
+- an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death (later by a
+  stall of the bridge process in that time), then the call is hung up;
+- no stream is ended by a carrier limit (idle, first message) or taken for a flood: the carrier here is never
+  silent on a live stream and never floods it, so such an end is the bridge blaming it for its own stall;
 - the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
   hang-up, mid-call or for a stream no engine would take), and nothing is left open: the engine session
   closed (or lost with its server, or past its grace), the stream ended, the registry knows the call is over
@@ -91,7 +95,7 @@ from callbridge.bridge.lifecycle import (
 )
 from callbridge.bridge.registry import LiveCall
 from callbridge.carriers import CARRIERS
-from callbridge.carriers.base import ProviderCodec
+from callbridge.carriers.base import ProtocolErrorReason, ProviderCodec
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.errors import EngineError
@@ -180,6 +184,12 @@ class FaultPlan:
     registry_lost_at_ms: int | None = None
     """The registry loses everything it held of the call (Redis restarted empty, or failed over to a replica that
     never had it): a live stream's next checkpoint writes its record anew; a parked ticket is gone for good."""
+    process_stall: tuple[int, int] | None = None
+    """(from, length): the bridge process serving the call does not run (SIGSTOP, a frozen VM; up to 35 s, past the
+    idle limit and the flood limit's burst): no tick, no read, nothing sent, no checkpoint, no new stream taken; the
+    carrier plays, echoes and sends on, the engine server runs on. When it runs again the timers that came due run
+    before its reader (as uvloop's do), then what waited is read in a burst. A drop the plan puts inside the stall
+    does not happen; a process that crashed or drained before it is not there to stall."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -195,7 +205,7 @@ def plan_for(seed: int) -> FaultPlan:
     drops = tuple(sorted(rng.randrange(300, hangup, 20) for _ in range(rng.choice((0, 0, 1, 1, 2)))))
     dies = rng.randrange(300, hangup, 20) if rng.random() < 0.3 else None
     stall = (rng.randrange(300, hangup, 20), rng.randrange(100, 1500, 20)) if rng.random() < 0.3 else None
-    return FaultPlan(
+    plan = FaultPlan(
         utterances=tuple(utterances),
         hangup_at_ms=hangup,
         generation_speed=rng.choice((1.0, 2.0, 4.0)),
@@ -213,6 +223,12 @@ def plan_for(seed: int) -> FaultPlan:
         registry_lost_at_ms=rng.randrange(300, hangup, 20) if rng.random() < 0.2 else None,
         registry_stall=(rng.randrange(300, hangup, 20), rng.randrange(200, 3000, 20)) if rng.random() < 0.2 else None,
     )
+    if rng.random() < 0.15:  # drawn last, as above
+        start, length = rng.randrange(300, hangup, 20), rng.randrange(500, 35_000, 20)
+        if rng.random() < 0.5:  # the caller holds on through the silence (the carrier sending on), then hangs up
+            hangup = max(hangup, start + length + rng.randrange(500, 3000, 20))
+        plan = replace(plan, process_stall=(start, length), hangup_at_ms=hangup)
+    return plan
 
 
 class _LoudnessScorer(FrameScorer):
@@ -414,7 +430,9 @@ class SimulatedCall:
         """A mark echo held back (``reordered_echoes``), and since when."""
         self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
-        self._end_ms = self.plan.hangup_at_ms + 15_000
+        self._end_ms = self.plan.hangup_at_ms + 15_000 + self._stalled_ms(0, self.plan.hangup_at_ms + 15_000)
+        self._ran_again = False
+        """The process stall (``process_stall``) is over and its late timers have run."""
         self.crashed_at_ms: int | None = None
         self.drained = False
         self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
@@ -468,6 +486,16 @@ class SimulatedCall:
 
     def _step(self) -> None:
         now, plan = self.now_ms, self.plan
+        stall = plan.process_stall
+        if stall is not None and not self._ran_again and now >= stall[0]:
+            if self.crashed_at_ms is not None or self.drained:
+                self._ran_again = True  # the process it would have stopped is gone: the call is served elsewhere
+            elif now < stall[0] + stall[1]:
+                self._step_stalled()
+                return
+            else:
+                self._ran_again = True
+                self._late_timers()
         if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
             self._open_stream()
         if self._binding_at is not None and now >= self._binding_at[0]:
@@ -520,12 +548,46 @@ class SimulatedCall:
             call.tick(now)
         self._drain(call, carrier)
 
-    def _carrier_tick(self, call: CallSession, carrier: _Carrier) -> None:
+    def _step_stalled(self) -> None:
+        """A step while the bridge process does not run: the world goes on (the engine server, its death, the
+        registry's loss), the carrier plays what it was sent and sends on; nothing of the bridge runs."""
+        now, plan = self.now_ms, self.plan
+        if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
+            self.engine_dead = True
+        lost_at = plan.registry_lost_at_ms
+        if lost_at is not None and now >= lost_at and not self.registry_lost:
+            self._lose_registry()
+        call, carrier = self.call, self.carrier
+        if call is not None and carrier is not None and now % FRAME_MS == 0:
+            self._carrier_tick(call, carrier, stalled=True)
+        if not self.engine_dead:
+            self._tick_engine()  # its events wait for the bridge to read them
+
+    def _late_timers(self) -> None:
+        """The bridge process runs again: first the timers that came due while it did not (the streams' ticks),
+        then its reader (the rest of the step)."""
+        half_open = self._half_open[0] if self._half_open is not None else None
+        for call in (self.call, half_open):
+            deadline = None if call is None else call.next_deadline_ms()
+            if call is not None and deadline is not None and deadline <= self.now_ms:
+                call.tick(self.now_ms)
+        if self.call is not None and self.carrier is not None:
+            self._drain(self.call, self.carrier)
+
+    def _stalled_ms(self, start_ms: int, end_ms: int) -> int:
+        """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound
+        on what it does in that time is that much later."""
+        stall = self.plan.process_stall
+        if stall is None or stall[0] >= end_ms or stall[0] + stall[1] <= start_ms:
+            return 0
+        return stall[1]
+
+    def _carrier_tick(self, call: CallSession, carrier: _Carrier, *, stalled: bool = False) -> None:
         now, plan = self.now_ms, self.plan
         if now >= plan.hangup_at_ms and call.state is not CallState.ENDED:
             self._send(self.far_end.stop(_stream_id(call)), 0)
             return
-        if any(now == at for at in plan.drops_at_ms) and call.state is CallState.LIVE:
+        if any(now == at for at in plan.drops_at_ms) and call.state is CallState.LIVE and not stalled:
             self._drop(call)
             return
         for mark in carrier.play(now):
@@ -582,6 +644,7 @@ class SimulatedCall:
         self._next_stream_at_ms = None
         self.streams += 1
         self.call = call = CallSession(self.far_end.codec(), CallOptions(failure_tone_ms=600))
+        call.connected(self.now_ms)  # as the driver: the carrier's limits (first message, idle) run from here
         self.carrier = _Carrier()
         self._stream_started_at_ms = self.now_ms
         for message in self.far_end.opening(self.streams, self.call_id):
@@ -807,6 +870,10 @@ class SimulatedCall:
         self._end_stream_of(call, life)
 
     def _end_stream_of(self, call: CallSession, life: CallLifecycle) -> None:
+        if call.limit_reached is not None:  # the carrier here is never silent on a live stream, nor floods it
+            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
+        if call.failure is not None and call.failure.reason is ProtocolErrorReason.FLOOD:
+            self._violation("the carrier's messages were taken for a flood")
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
         life.stream_ended(call.facts(), session_closed=session_closed)
@@ -981,8 +1048,11 @@ class SimulatedCall:
 
     def _check(self) -> None:
         """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
-        call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint)."""
+        call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint). No
+        stream is ended by a carrier limit: the carrier here is never silent on a live stream."""
         call, restore_by = self.call, self._restored_by_ms()
+        if call is not None and call.limit_reached is not None:
+            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
         if (
             restore_by is not None and self.now_ms > restore_by and self._unnamed_session == self.engine.session_id
             and call is not None and call.state is CallState.LIVE
@@ -990,7 +1060,9 @@ class SimulatedCall:
             lost_at = self.plan.registry_lost_at_ms
             self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
         died, carrier = self.plan.engine_dies_at_ms, self.carrier
-        if died is None or self.outcome is not None or self.now_ms <= died + TONE_BOUND_MS or call is None:
+        if died is None or self.outcome is not None or call is None:
+            return
+        if self.now_ms <= died + TONE_BOUND_MS + self._stalled_ms(died, died + TONE_BOUND_MS):
             return
         if call.state is CallState.LIVE:
             self._violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
@@ -1004,8 +1076,8 @@ class SimulatedCall:
         if lost_at is None:
             return None
         if stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
-            return sum(stall) + RESTORE_BOUND_MS
-        return lost_at + RESTORE_BOUND_MS
+            lost_at = sum(stall)
+        return lost_at + RESTORE_BOUND_MS + self._stalled_ms(lost_at, lost_at + RESTORE_BOUND_MS)
 
     def _check_end(self) -> None:
         call, outcome = self.call, self.outcome

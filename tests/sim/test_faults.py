@@ -9,9 +9,12 @@ from typing import Any
 
 import pytest
 
-from callbridge.bridge.call import CallSession
+from callbridge.bridge import call as call_module
+from callbridge.bridge.call import _MESSAGE_BURST, _MESSAGES_PER_S, CallSession
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
+from callbridge.carriers.base import ProtocolErrorReason, RemoteProtocolError
 from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.compiled import compiled_modules
 from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import (
     SimulatedCall,
@@ -55,6 +58,8 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.half_open_drops and bool(p.drops_at_ms) for p in plans) > 150
     assert sum(p.registry_lost_at_ms is not None for p in plans) > 120
     assert sum(p.registry_stall is not None for p in plans) > 120
+    assert sum(p.process_stall is not None for p in plans) > 100
+    assert sum(p.process_stall is not None and p.process_stall[1] > 20_000 and sum(p.process_stall) < p.hangup_at_ms for p in plans) > 20
     assert sum(len(p.utterances) > 1 for p in plans) > 500
 
 
@@ -236,6 +241,29 @@ class TestPlantedBugsAreCaught:
         with pytest.raises(Violation) as caught:
             SimulatedCall(seed, plan).run()
         assert "dead air" in caught.value.what
+
+    @PATCHES_A_COMPILED_METHOD
+    def test_a_flood_limit_that_a_stalls_backlog_overflows(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The flood limit as it was: its bucket never held more than its burst of 1,000 messages, and a bridge
+        process stopped past 20 s, its caller holding on, read a larger backlog: the call was taken for a flood."""
+
+        def at_most_the_burst(call: CallSession, now_ms: int) -> None:
+            if call._tokens_at_ms is not None:
+                call._tokens = min(_MESSAGE_BURST, call._tokens + (now_ms - call._tokens_at_ms) * _MESSAGES_PER_S / 1000)
+            call._tokens_at_ms = now_ms
+            if call._tokens < 1:
+                raise RemoteProtocolError(ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider="twilio")
+            call._tokens -= 1
+
+        monkeypatch.setattr(CallSession, "_rate_limit", at_most_the_burst)
+        assert "taken for a flood" in first_violation(range(300)).what
+
+    @pytest.mark.skipif(bool(compiled_modules()), reason="the compiled call core has the constant built in")
+    def test_limits_judged_on_the_tick_that_comes_late_after_a_stall(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The call core as it was before session 26: the pacer's tick, first to run after a stall, took the
+        carrier's media still unread for its silence and ended the stream as idle."""
+        monkeypatch.setattr(call_module, "PROCESS_STALL_MS", 10**9)  # no tick is ever that late
+        assert "limit the carrier gave no cause for: idle_timeout" in first_violation(range(100)).what
 
 
 class TestSeveralCalls:
