@@ -46,6 +46,7 @@ from callbridge.compiled import COMPILED_MODULES, compiled_modules, stale_module
 from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.logging import get_logger
+from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = ["BridgeState", "create_app"]
 
@@ -115,14 +116,19 @@ class BridgeState:
 
 async def _sample_load(services: BridgeServices, every_s: float = 0.5) -> None:
     """How late the loop wakes a sleeper (a stalled loop delays every call's frames by as much), and the
-    process's CPU use (admission's budget)."""
+    process's CPU use (admission's budget). A wake-up ``PROCESS_STALL_MS`` late or more is logged: this process
+    did not run meanwhile (stopped, its VM frozen, a call that blocked the loop), and every caller heard that much
+    silence."""
     loop = asyncio.get_running_loop()
     metrics, cpu = services.metrics, services.cpu
     cpu.sample(time.monotonic(), time.process_time())
     while True:
         due = loop.time() + every_s
         await asyncio.sleep(every_s)
-        metrics.event_loop_lag_seconds.observe(max(0.0, loop.time() - due))
+        late_s = max(0.0, loop.time() - due)
+        metrics.event_loop_lag_seconds.observe(late_s)
+        if late_s >= PROCESS_STALL_MS / 1000:
+            log.warning("event_loop_stalled", late_s=round(late_s, 3), calls=len(services.admission.bridged))
         cpu.sample(time.monotonic(), time.process_time(), len(services.admission.bridged))
         metrics.cpu_utilization.set(cpu.utilization)
 

@@ -87,7 +87,7 @@ class BridgeMetrics:
         self.event_loop_lag_seconds = Histogram(
             "callbridge_event_loop_lag_seconds",
             "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",
-            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 10.0, 30.0),
             registry=registry,
         )
         self.engine_failures = Counter(

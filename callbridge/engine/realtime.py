@@ -267,11 +267,11 @@ class RealtimeSession(DuplexSession):
         """Commands submitted while the socket is being replaced, sent first on the new one."""
         self._heard_from_at = time.monotonic()
         """When the server last showed it is alive (a frame, a pong): the reconnect budget counts from here."""
-        self._ran_at = self._heard_from_at
-        """When this process last ran the session's liveness loop (every ``liveness_interval_s``)."""
+        self._liveness_due_at = self._heard_from_at
+        """When the liveness loop's current wait ends (its sleep, or the pong it waits for)."""
         self._stall_ended_at = 0.0
-        """When this process last ran again after a stall of its own (``PROCESS_STALL_MS`` later than that loop's
-        interval): the server cannot have been heard from while this process did not run."""
+        """When this process last ran again after a stall of its own (the liveness loop ``PROCESS_STALL_MS`` or more
+        past the end of its wait): the server cannot have been heard from while this process did not run."""
         self._terminal_seen = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
         self._keepalive: asyncio.Task[None] | None = None
@@ -442,8 +442,9 @@ class RealtimeSession(DuplexSession):
             self._acked_seq = seq
 
     async def _reconnect(self) -> None:
-        """Resume on a new socket within the reconnect budget (from when the server was last heard from), or end
-        the session: ``connection_failed``, or the fatal resume code the server answered."""
+        """Resume on a new socket within the reconnect budget (from when the server was last heard from, or from
+        the end of this process's latest stall), or end the session: ``connection_failed``, or the fatal resume code
+        the server answered."""
         engine = self._engine
         deadline = max(self._heard_from_at, self._running_again_at()) + engine.reconnect_budget_s
         delay, max_delay = engine.reconnect_backoff_s
@@ -504,14 +505,13 @@ class RealtimeSession(DuplexSession):
         log.info("engine_session_resumed", session_id=self.session_id, last_seq=self._last_seq)
 
     def _running_again_at(self) -> float:
-        """The end of this process's latest stall (0: none seen): the liveness loop ran ``PROCESS_STALL_MS`` later
-        than its interval, or is that late now. Time this process did not run is not the server's silence: after a
-        stall the reconnect budget counts from its end (the server's close of that time, or a missed ping of its
-        own, sat unread meanwhile), however long ago the server was last heard from."""
+        """The end of this process's latest stall (0: none seen): the liveness loop's wait ended
+        ``PROCESS_STALL_MS`` or more before it ran, or before now. Time this process did not run is not the
+        server's silence: after a stall the reconnect budget counts from its end (the server's close of that time,
+        or a missed ping of its own, sat unread meanwhile), however long ago the server was last heard from."""
         now = time.monotonic()
-        if now - self._ran_at >= self._engine.liveness_interval_s + PROCESS_STALL_MS / 1000:
-            self._stall_ended_at = now
-        self._ran_at = now
+        if now - self._liveness_due_at >= PROCESS_STALL_MS / 1000:
+            self._stall_ended_at = self._liveness_due_at = now
         return self._stall_ended_at
 
     async def _keep_alive(self) -> None:
@@ -521,6 +521,7 @@ class RealtimeSession(DuplexSession):
         engine = self._engine
         heartbeat_at = time.monotonic() + engine.heartbeat_interval_s
         while not self._closed:
+            self._liveness_due_at = time.monotonic() + engine.liveness_interval_s
             await asyncio.sleep(engine.liveness_interval_s)
             self._running_again_at()
             if not self._connected.is_set() or self._detached or self._closed:
@@ -528,7 +529,9 @@ class RealtimeSession(DuplexSession):
             ws = self._ws
             try:
                 pong = await ws.ping()
+                self._liveness_due_at = time.monotonic() + engine.liveness_timeout_s
                 await asyncio.wait_for(pong, engine.liveness_timeout_s)
+                self._running_again_at()
                 self._heard_from_at = time.monotonic()
                 if time.monotonic() >= heartbeat_at:
                     heartbeat_at = time.monotonic() + engine.heartbeat_interval_s
