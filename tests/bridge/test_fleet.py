@@ -601,8 +601,8 @@ async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_
     assert len(result.streams) == 1 and result.hung_up_by == "caller", result.render()
     assert fleet.a.events("call_limit_reached") == [], fleet.a.call_log(result.call_sid)
     assert _agent_heard_after(result, int(stall_s * 1000) + 3000), result.render()
-    (stalled,) = fleet.a.events("event_loop_stalled")  # the operator reads that the process did not run
-    assert stall_s - 1 <= stalled["late_s"] <= stall_s + 1 and stalled["calls"] == 1 and stalled["level"] == "warning"
+    stalled = fleet.a.events("event_loop_stalled", level="warning")  # the operator reads that the process did not run
+    assert any(stall_s - 1 <= line["late_s"] <= stall_s + 1 and line["calls"] == 1 for line in stalled), stalled
 
 
 async def test_a_bridge_stalled_half_a_minute_keeps_its_sip_audiosocket_and_twilio_calls(tmp_path: Path) -> None:
@@ -650,8 +650,8 @@ async def test_a_bridge_stalled_half_a_minute_keeps_its_sip_audiosocket_and_twil
             assert _agent_heard_after(result, after_ms), result.render()
         assert served.events("sip_rtp_timeout") == [] and served.events("audiosocket_timeout") == []
         assert served.events("call_limit_reached") == [] and served.events("call_hung_up") == []
-        (stalled,) = served.events("event_loop_stalled")
-        assert stall_s - 1 <= stalled["late_s"] <= stall_s + 1 and stalled["calls"] == 3
+        stalled = served.events("event_loop_stalled", level="warning")
+        assert any(stall_s - 1 <= line["late_s"] <= stall_s + 1 and line["calls"] == 3 for line in stalled), stalled
     finally:
         served.stop()
         await twilio.aclose()
