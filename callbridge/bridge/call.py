@@ -1372,8 +1372,10 @@ class CallSession:
         the carrier's) never holds more than the burst."""
         if self._tokens_at_ms is not None:
             earned = (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000
-            ceiling = _MESSAGE_BURST if self.start_request is None else max(_MESSAGE_BURST, self._tokens, earned)
-            self._tokens = min(self._tokens + earned, ceiling)
+            tokens = self._tokens + earned
+            if tokens > _MESSAGE_BURST:  # past the burst: what was held, or what this gap earned, if more
+                tokens = _MESSAGE_BURST if self.start_request is None else max(_MESSAGE_BURST, self._tokens, earned)
+            self._tokens = tokens
         self._tokens_at_ms = now_ms
         if self._tokens < 1:
             raise RemoteProtocolError(

@@ -504,11 +504,7 @@ class SimulatedCall:
             if life is self.life:  # not ended meanwhile
                 life.waited()
                 self._bind_steps()
-        if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
-            self.engine_dead = True
-        lost_at = plan.registry_lost_at_ms
-        if lost_at is not None and now >= lost_at and not self.registry_lost:
-            self._lose_registry()
+        self._world_goes_on()
         if self._half_open is not None:
             self._serve_half_open(*self._half_open)
         call, carrier = self.call, self.carrier
@@ -551,17 +547,21 @@ class SimulatedCall:
     def _step_stalled(self) -> None:
         """A step while the bridge process does not run: the world goes on (the engine server, its death, the
         registry's loss), the carrier plays what it was sent and sends on; nothing of the bridge runs."""
+        self._world_goes_on()
+        call, carrier = self.call, self.carrier
+        if call is not None and carrier is not None and self.now_ms % FRAME_MS == 0:
+            self._carrier_tick(call, carrier, stalled=True)
+        if not self.engine_dead:
+            self._tick_engine()  # its events wait for the bridge to read them
+
+    def _world_goes_on(self) -> None:
+        """What happens whether or not the bridge runs: the engine server dies, the registry loses the call."""
         now, plan = self.now_ms, self.plan
         if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
             self.engine_dead = True
         lost_at = plan.registry_lost_at_ms
         if lost_at is not None and now >= lost_at and not self.registry_lost:
             self._lose_registry()
-        call, carrier = self.call, self.carrier
-        if call is not None and carrier is not None and now % FRAME_MS == 0:
-            self._carrier_tick(call, carrier, stalled=True)
-        if not self.engine_dead:
-            self._tick_engine()  # its events wait for the bridge to read them
 
     def _late_timers(self) -> None:
         """The bridge process runs again: first the timers that came due while it did not (the streams' ticks),
@@ -870,10 +870,7 @@ class SimulatedCall:
         self._end_stream_of(call, life)
 
     def _end_stream_of(self, call: CallSession, life: CallLifecycle) -> None:
-        if call.limit_reached is not None:  # the carrier here is never silent on a live stream, nor floods it
-            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
-        if call.failure is not None and call.failure.reason is ProtocolErrorReason.FLOOD:
-            self._violation("the carrier's messages were taken for a flood")
+        self._check_carrier_not_blamed(call)
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
         life.stream_ended(call.facts(), session_closed=session_closed)
@@ -1051,8 +1048,8 @@ class SimulatedCall:
         call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint). No
         stream is ended by a carrier limit: the carrier here is never silent on a live stream."""
         call, restore_by = self.call, self._restored_by_ms()
-        if call is not None and call.limit_reached is not None:
-            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
+        if call is not None:
+            self._check_carrier_not_blamed(call)
         if (
             restore_by is not None and self.now_ms > restore_by and self._unnamed_session == self.engine.session_id
             and call is not None and call.state is CallState.LIVE
@@ -1068,6 +1065,14 @@ class SimulatedCall:
             self._violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
         if call.state is CallState.ENDING and (carrier is None or carrier.first_played_at_ms is None):
             self._violation(f"engine died at {died} ms; no failure tone has played")
+
+    def _check_carrier_not_blamed(self, call: CallSession) -> None:
+        """The carrier here is never silent on a live stream and never floods it: a stream ended by a carrier limit
+        or taken for a flood is the bridge blaming it (for a stall of its own)."""
+        if call.limit_reached is not None:
+            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
+        if call.failure is not None and call.failure.reason is ProtocolErrorReason.FLOOD:
+            self._violation("the carrier's messages were taken for a flood")
 
     def _restored_by_ms(self) -> int | None:
         """When a live call the registry lost must be written there again: a checkpoint after the loss, or after
