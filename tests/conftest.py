@@ -55,6 +55,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 __all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (15 s or more of real time each) first, in their own order: xdist hands the first
+    tests out one to a worker, so each long one starts at once beside the rest, instead of starting last and
+    running alone at the end of the run. Every worker sorts the same collection the same way."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the order is kept otherwise
+
 _PROBE_CORE = os.environ.get("CALLBRIDGE_PROBE_CORE") == "1"
 """Apply the core tier's guard to every test (to find the modules that could join the tier)."""
 

@@ -149,6 +149,7 @@ def _run_pip_steps(stage: list[dict[str, str]], venv_dir: Path, cwd: Path, wheel
         assert ran.returncode == 0, (command, ran.stdout[-2000:], ran.stderr[-3000:])
 
 
+@pytest.mark.image
 @pytest.mark.timeout(1500)  # a fresh venv's install, then mypyc over the listed modules: minutes on 2 cores
 @pytest.mark.skipif(bool(compiled_modules()), reason="CI's first pass builds the image's way once: the same build")
 def test_the_images_build_compiles_and_serves_the_kubernetes_configmap(

@@ -36,6 +36,9 @@ from callbridge.sim.ports import free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.twilio_e2e import until
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 SIMULATED = simulated()
 
 SPEECH = load_wav_8k(sample_caller_wav())

@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SOAK = Path(__file__).parent.parent / "bench" / "soak.py"
 
 
+@pytest.mark.long
 def test_a_short_soak_leaks_nothing_and_loses_no_frame(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
     command = [

@@ -11,6 +11,7 @@ import secrets
 import time
 
 import orjson
+import pytest
 
 from callbridge.bridge.app import create_app
 from callbridge.config import Settings
@@ -161,6 +162,7 @@ async def test_with_a_shared_registry_a_call_no_engine_takes_is_refused_busy(red
     assert len(recorder.opened) == 1
 
 
+@pytest.mark.long
 async def test_with_a_shared_registry_a_parked_session_no_stream_claims_is_closed(redis_url: str) -> None:
     """With the shipped ``engine.open_at_answer_ttl_s`` (15 s): kept until then, closed after."""
     recorder = engine()

@@ -426,6 +426,7 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     assert report.transcript and report.transcript[0].text == agent_app.GREETING  # the stand-in says its text
 
 
+@pytest.mark.long
 async def test_a_silent_caller_is_prompted_then_said_goodbye_to_and_hung_up_on() -> None:
     """``[silence]``: a caller who says nothing hears the agent ask whether they are there after
     ``reprompt_after_s`` of silence on the line, then a goodbye after ``hangup_after_s`` more, and the bridge

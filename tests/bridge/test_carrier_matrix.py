@@ -30,6 +30,9 @@ from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketC
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech, until
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 SIMULATED = simulated()
 
 SPEECH_MS = 1500

@@ -46,6 +46,7 @@ async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
     assert ends == 3 and took_s < 10  # done when the last call ended, not at the timeout
 
 
+@pytest.mark.long
 async def test_a_call_still_up_when_the_drain_runs_out_hears_the_tone_then_is_hung_up() -> None:
     """The shipped 30 s drain; the call would go on for 40 s."""
     recorder = engine()

@@ -500,6 +500,7 @@ async def test_a_reconnect_that_reaches_a_draining_bridge_is_sent_back_through_t
     await until(fleet.no_engine_session_left, timeout_s=10)
 
 
+@pytest.mark.long
 async def test_a_call_moved_mid_reply_by_a_drain_hears_the_rest_of_it_on_the_other_bridge(fleet: Fleet) -> None:
     """SIGTERM while the agent is speaking: the call moves to B, and the caller hears the rest of the interrupted
     reply there, from where they stopped hearing it. Measured against the same call on one bridge, untouched:
@@ -578,6 +579,7 @@ def _loud_frames(samples: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.sqrt(np.mean(frames**2, axis=1)) > 300)
 
 
+@pytest.mark.long
 async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_again(fleet: Fleet) -> None:
     """``callbridge serve`` as configured (10 s idle limit) stops for 11 s mid-call (SIGSTOP: a frozen VM, a
     process swapped out) while the carrier goes on sending. When it runs again its pacer's tick comes before its
@@ -605,6 +607,7 @@ async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_
     assert any(stall_s - 1 <= line["late_s"] <= stall_s + 1 and line["calls"] == 1 for line in stalled), stalled
 
 
+@pytest.mark.long
 async def test_a_bridge_stalled_half_a_minute_keeps_its_sip_audiosocket_and_twilio_calls(tmp_path: Path) -> None:
     """``callbridge serve`` as configured stops for 31 s mid-call (SIGSTOP) while a SIP trunk, Asterisk and Twilio
     go on sending. SIP's RTP timeout (``sip.rtp_timeout_s``, 30 s) and AudioSocket's idle limit

@@ -194,6 +194,7 @@ async def test_a_draining_bridge_is_taken_out_its_call_moves_and_new_calls_are_a
     await until(fleet.no_engine_session_left, timeout_s=10)
 
 
+@pytest.mark.long
 async def test_with_the_registry_gone_a_new_call_is_busy_from_a_bridge_and_answered_once_it_is_back(balanced: Balanced) -> None:
     """Redis killed with a call up: both bridges' ``/readyz`` go 503 and HAProxy takes both out, yet a new call
     still reaches a bridge (the backup servers) and gets Twilio's busy, not an HTTP 503 from HAProxy. The call up

@@ -11,6 +11,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from callbridge.bridge.http_protocol import MAX_PENDING_PER_SOURCE, REQUEST_HEAD_TIMEOUT_S, SLOW_HEAD_S
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.sim.carrier import CallerScript
@@ -31,6 +33,7 @@ from tests.bridge.twilio_e2e import short_speech
 MIB = 1024 * 1024
 
 
+@pytest.mark.long
 async def test_twenty_unauthenticated_sockets_announcing_15_mib_each_cost_the_server_nothing(tmp_path: Path) -> None:
     """Issue #15's first row: 20 sockets on ``/telnyx/media`` (upgraded before any token is shown), each sending one
     15 MiB message, twice over, while a Twilio call is up. Each is refused at its frame header (close 1009, the

@@ -9,12 +9,17 @@ import asyncio
 import json
 from collections.abc import Sequence
 
+import pytest
+
 from callbridge.bridge.app import BridgeState
 from callbridge.bridge.call import ToCarrier, ToEngine
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.engine.commands import Heartbeat
 from tests.bridge.twilio_e2e import RawStream, engine, settings
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 _CONNECTED = '{"event":"connected","protocol":"Call","version":"1.0.0"}'
 

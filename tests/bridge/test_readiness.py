@@ -30,6 +30,7 @@ async def readiness(base_url: str) -> tuple[int, str]:
     return response.status_code, str(response.json()["status"])
 
 
+@pytest.mark.long
 async def test_every_engine_endpoint_ejected_is_not_ready() -> None:
     """The shipped probes (every 5 s, ejected after 3 failures): a server nobody listens for is found dead."""
     dead = f"ws://127.0.0.1:{free_port()}"

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 FRAME_BYTES = 320
 """20 ms of the trunk's PCM16 at 8 kHz."""

@@ -36,6 +36,9 @@ from tests.bridge.twilio_e2e import (
 )
 from tests.conftest import PATCHES_A_COMPILED_METHOD
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 SPEECH_MS = 1500
 
 

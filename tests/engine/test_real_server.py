@@ -330,6 +330,7 @@ async def ours() -> AsyncIterator[str]:
         yield running.url
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("exchange", sorted(EXCHANGES))
 async def test_same_events_as_vllm_omni(exchange: str, real_server: str, ours: str) -> None:
     theirs_events = await EXCHANGES[exchange](real_server)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.carriers.webhooks import BasicCredentials
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 ADMISSION = ExotelAdmission(validate_credentials=True, credentials=BasicCredentials("key", SecretStr("token")))
 _latin1 = st.binary(max_size=40).map(lambda b: b.decode("latin-1"))

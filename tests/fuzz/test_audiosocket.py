@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, AudioSocketCodec, frame
 from callbridge.carriers.base import CarrierEvent, RemoteProtocolError
 from tests.fuzz.contract import CodecRun
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 CALL = uuid.UUID("40325ec2-5efd-4bd3-805f-53576e581d13")
 UUID_FRAME = frame(0x01, CALL.bytes)

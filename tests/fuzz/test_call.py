@@ -24,6 +24,9 @@ from tests.fuzz.test_audiosocket import UUID_FRAME, _frames
 from tests.fuzz.test_codecs import CODECS, opening
 from tests.fuzz.test_engine_wire import PCM, SERVER_EVENTS
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 CAPS = Capabilities(
     supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True
 )

@@ -37,6 +37,9 @@ from tests.carriers.test_detect import FIRST_MESSAGES
 from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import json_text, messages, sequences
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 
 def _j(message: str) -> Any:
     return orjson.loads(message)

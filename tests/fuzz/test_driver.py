@@ -22,6 +22,9 @@ from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RawStream, engine, settings
 from tests.fuzz.strategies import budget, mutated
 
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
+
 
 class DriverRuns:
     """Counts the drivers that start and finish, and keeps whatever escapes one."""

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from websockets.asyncio.server import ServerConnection, serve
@@ -35,6 +36,9 @@ from callbridge.engine.wire import (
     session_config_from_wire,
 )
 from tests.fuzz.strategies import budget, json_values, mutated
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 SESSION = {
     "id": "duplex-fuzz",

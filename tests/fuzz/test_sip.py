@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -28,6 +29,9 @@ from callbridge.sip.sdp import SdpError, choose
 from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import TRICKY, budget
 from tests.sip.test_dialog import LOCAL, PEER, SDP, request
+
+pytestmark = pytest.mark.hot_path
+"""Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 _text = st.sampled_from([t for t in TRICKY if isinstance(t, str)]) | st.text(max_size=30)
 _number_text = st.sampled_from(

@@ -51,6 +51,7 @@ def loud_ms(path: Path) -> int:
     return int((np.sqrt((frames**2).mean(axis=1)) > 300).sum()) * 20
 
 
+@pytest.mark.long
 async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
     caller_wav = tmp_path / "caller.wav"
     with wave.open(str(caller_wav), "wb") as out:
