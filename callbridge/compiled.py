@@ -24,6 +24,9 @@ __all__ = ["COMPILED_FILES", "COMPILED_MODULES", "compiled_files", "compiled_mod
 
 COMPILED_FILES: tuple[str, ...] = (
     "callbridge/bridge/call.py",
+    "callbridge/bridge/heard.py",
+    "callbridge/bridge/inbound.py",
+    "callbridge/bridge/limits.py",
     "callbridge/bridge/media.py",
     "callbridge/bridge/pacing.py",
     "callbridge/bridge/playout.py",
@@ -40,7 +43,7 @@ COMPILED_FILES: tuple[str, ...] = (
     "callbridge/engine/local/core.py",
     "callbridge/engine/wire.py",
 )
-"""The per-frame modules' files, from the directory that holds the package: the call core and its driver, the
+"""The per-frame modules' files, from the directory that holds the package: the call core (and its parts) and its driver, the
 ledger and the pacing clock, every carrier's codec (they subclass each other's bases, and a compiled class cannot
 have an interpreted subclass) with the events they make, the audio codecs, the engine's commands and events, the
 engine wire's codec (vllm-omni's protocol) and the embedded engine's core. Not ``engine/event_stream.py`` (mypyc

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import base64
 import enum
-from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
@@ -62,7 +61,10 @@ from callbridge.bridge.actions import (
     TransferCall,
     parse_call,
 )
+from callbridge.bridge.heard import HeardAccount
+from callbridge.bridge.inbound import CallerAudio, InboundAudio, MediaAhead, MessageBucket
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
+from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.recording import StereoRecorder
 from callbridge.carriers.base import (
@@ -90,18 +92,15 @@ from callbridge.codecs import (
     FrameAssembler,
     ResamplerQuality,
     StreamResampler,
-    decode_to_pcm16,
     encode_from_pcm16,
 )
 from callbridge.engine.commands import (
-    AckPlayback,
     AppendAudio,
     CloseSession,
     CreateResponse,
     CreateTextItem,
     EngineCommand,
     FunctionCallOutput,
-    TruncateItem,
 )
 from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
 from callbridge.engine.events import (
@@ -122,7 +121,6 @@ from callbridge.engine.events import (
 )
 from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
-from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = [
     "TRANSITIONS",
@@ -217,19 +215,6 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
 }
 """Every state change of a call stream. A pair not listed is an error (``_transition``)."""
 
-_MAX_GAP_FILL_MS: Final = 1000
-_MAX_STARTING_BUFFER_MS: Final = 2000
-_FLOOD_TOLERANCE_MS: Final = 10_000
-"""Media may run this far ahead of the wall clock before it is a flood: a server that stalled (overload, a
-pause) reads its backlog in a burst, but never more than the stall ahead; a flood gets there in a second."""
-_MESSAGE_BURST: Final = 1000
-_BASELINE_RISE: Final = 0.001
-"""ms per ms of media the on-time baseline of media arrival rises by (see ``_track_read_lag``)."""
-_MESSAGES_PER_S: Final = 150
-_CUT_REPLIES_KEPT: Final = 8
-"""Cut-off replies a ticket carries: an engine goes on generating only the newest (older ones ended)."""
-_GENERATED_KEPT: Final = 16
-"""Responses whose generated length is kept (the newest: only they are still acked or truncated)."""
 _TURN_BEHIND_MAX_MS: Final = 5000
 """A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
 _SILENCE_RECHECK_MS: Final = 100
@@ -456,47 +441,22 @@ class CallSession:
         """Where this stream's media time 0 falls on the call's input timeline (set by ``engine_bound``)."""
         self.input_ms = 0
         """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
-        self._stream_media_ms = 0
-        self._encoding = AudioEncoding.PCMU
-        self._rate_hz = 8000
+        self._inbound = InboundAudio(options.engine_rate_hz, options.resampler_quality)
+        """The caller's audio: decoded, gaps filled, resampled, held until the engine is bound (``bridge/inbound.py``)."""
+        self._bucket = MessageBucket()
+        """The flood limit over the carrier's messages."""
         self._out_encoding = AudioEncoding.PCMU
         self._out_rate_hz = 8000
         """What the agent's audio is sent in: the stream's own format unless its start says otherwise."""
-        self._inbound: StreamResampler | None = None
-        self._starting_buffer: deque[tuple[bytes, bytes]] = deque()
-        """The caller's audio before the engine is bound, each frame at the engine's rate and as received (PCM16 at
-        the stream's rate: the recording's, from the stream's first audio, not from the bind)."""
-        self._starting_buffer_ms = 0
         self._out: list[CallOutput] = []
         self._out_response: str | None = None
         self._out_resampler: StreamResampler | None = None
         self._out_frames: FrameAssembler | None = None
         self._interrupted: set[str] = set()
         """Responses this call has flushed (their later audio is dropped)."""
-        self._generated_ms: dict[str, float] = {}
-        """Audio the engine generated per response (the newest few), in ms: the last frame is padded to 20 ms, and
-        what the engine is told was heard never exceeds what it generated."""
-        self._told: dict[str, int] = {}
-        """The most the engine was told the caller heard of each response (the newest few): by this stream, by the
-        stream before (a live ticket's ``told_ms``), or as it acknowledges (``playback.acknowledged``, replayed to a
-        stream that took the call over from a dead process). Nothing this stream tells it of a response goes lower."""
-        self._held_tells: dict[str, tuple[int, bool]] = {}
-        """A takeover's tells while its replay comes in (``TAKEOVER_TELLS_HELD_MS``): response id → the most heard
-        of it and whether to truncate it there."""
-        self._tells_held_until_ms: int | None = None
-        self._truncated_by_engine: dict[str, None] = {}
-        """Responses whose truncation the engine has reported (``conversation.item.truncated``), the newest few."""
-        self._cut_replies: dict[str, int] = {}
-        """Replies a stream's end cut off while they were being generated (this stream's end or an earlier one's):
-        response id → ms the caller heard of it on the streams before this one. Their audio here continues from
-        there: what the engine is told of them is that plus what this stream played."""
+        self._heard = HeardAccount()
+        """What the caller heard of each recent response over the call, and what the engine was told of it."""
         self._late_audio = LateAudioFilter()
-        self._first_media_at_ms: int | None = None
-        self._arrival_baseline_ms: float | None = None
-        self._read_lag_ms = 0
-        """How far behind the carrier's media we are reading now (a backlog after a stall of ours), in ms."""
-        self._tokens = float(_MESSAGE_BURST)
-        self._tokens_at_ms: int | None = None
         self.late_deltas_dropped = 0
         self.failures_by_engine: str | None = None
         """Why the engine failed this call, if it did (the driver counts it)."""
@@ -538,14 +498,8 @@ class CallSession:
         comes (``action_finished``), after the model is told it; or by the stream's end, if it never comes."""
         self.hang_up_after_playout: str | None = None
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
-        self._connected_at_ms: int | None = None
-        self._last_message_ms = 0
-        self._limits_deferred = False
-        """A late tick put off the limits' verdict (``PROCESS_STALL_MS``) and no message has been read since."""
-        self._limits_due_ms: int | None = None
-        """When ``tick`` next checks the limits (it moves only then, not with every message)."""
-        self._call_ends_at_ms: int | None = None
-        """The call's own limit (``engine_bound``), where its assistant set one."""
+        self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
+        """The limits no message enforces (``bridge/limits.py``)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
         self._send_failed_at_ms: int | None = None
@@ -573,17 +527,13 @@ class CallSession:
 
     def connected(self, now_ms: int) -> None:
         """The carrier's connection is open: the limits run from now (``CallOptions``; checked by ``tick``)."""
-        self._connected_at_ms = self._last_message_ms = now_ms
-        self._limits_due_ms = now_ms + self.options.first_message_timeout_ms
-        if self.options.max_call_ms is not None:
-            self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.max_call_ms)
+        self._limits.connected(now_ms)
 
     def receive_message(self, message: str | bytes, now_ms: int) -> None:
         """One websocket message from the carrier. Then drain every output; a protocol error ends the call."""
         if self.state in (CallState.ENDED, CallState.DETACHED):
             return  # read after the stream ended (a send failed first): nothing is listening any more
-        self._last_message_ms = now_ms
-        self._limits_deferred = False
+        self._limits.message_read(now_ms)
         starting = self.start_request is None
         try:
             self._rate_limit(now_ms)
@@ -593,8 +543,7 @@ class CallSession:
         except RemoteProtocolError as exc:
             self._fail(exc)
         if starting and self.start_request is not None:
-            if self._limits_due_ms is not None:  # now the idle limit runs
-                self._limits_due_ms = min(self._limits_due_ms, now_ms + self.options.idle_timeout_ms)
+            self._limits.stream_started(now_ms)  # now the idle limit runs
             if self.state is CallState.STARTING:  # not ended in the same read (a start and its stop)
                 self._out.append(BindEngine(self.start_request))
 
@@ -647,32 +596,28 @@ class CallSession:
         if turn_silence_ms is not None:
             self._turn_silence_ms = turn_silence_ms
         if call_ends_at_ms is not None:
-            self._call_ends_at_ms = call_ends_at_ms
-            due = self._limits_due_ms
-            self._limits_due_ms = call_ends_at_ms if due is None else min(due, call_ends_at_ms)
+            self._limits.call_ends_at(call_ends_at_ms)
         if record:  # from the caller's first audio kept: it came in real time, up to now
-            held = sum(len(pcm) for _, pcm in self._starting_buffer) // PCM16_SAMPLE_BYTES
+            held_pcm, rate_hz = self._inbound.held_pcm(), self._inbound.rate_hz
+            held = sum(map(len, held_pcm)) // PCM16_SAMPLE_BYTES
             self.recorder = self.ledger.recorder = StereoRecorder(
-                rate_hz=self._rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
-                started_ms=now_ms - held * 1000 // self._rate_hz,
+                rate_hz=rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
+                started_ms=now_ms - held * 1000 // rate_hz,
             )
-            for _, pcm in self._starting_buffer:
+            for pcm in held_pcm:
                 self.recorder.caller(pcm)
         if taken_over:
-            self._tells_held_until_ms = now_ms + TAKEOVER_TELLS_HELD_MS
+            self._heard.hold_tells_until(now_ms + TAKEOVER_TELLS_HELD_MS)
         self.capabilities = capabilities
         for response_id, ms in heard_ms:
-            self._cut_replies[response_id] = ms
+            self._heard.cut(response_id, ms)
         for response_id, ms in told_ms:
-            self._note_told(response_id, ms)
+            self._heard.note_told(response_id, ms)
         if call_offset_ms is not None:
             self.input_ms += call_offset_ms - self.call_offset_ms
             self.call_offset_ms = call_offset_ms
-        while self._starting_buffer:
-            audio, _ = self._starting_buffer.popleft()
-            if audio:
-                self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
-        self._starting_buffer_ms = 0
+        for audio in self._inbound.release():
+            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
         if greeting:
             self._to_engine(CreateTextItem(greeting))
             self._to_engine(CreateResponse())
@@ -688,14 +633,14 @@ class CallSession:
         response_id = unheard.response_id
         same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
         if not same:
-            heard = self._cut_replies.get(response_id, 0)
+            heard = self._heard.heard_before(response_id)
             if unheard.ended and heard > 0:
                 self._tell(response_id, heard, truncate=True)
             return
         audio = base64.b64decode(unheard.audio)
         frame_bytes = self._out_rate_hz * self._out_encoding.sample_bytes * unheard.frame_ms // 1000
         self.ledger.enqueue(response_id, [audio[i : i + frame_bytes] for i in range(0, len(audio), frame_bytes)], now_ms)
-        self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + unheard.generated_ms
+        self._heard.generated(response_id, unheard.generated_ms)
         if unheard.ended:
             self.ledger.end_response(response_id, now_ms)
         else:  # its later audio continues the same frames (``_on_audio``)
@@ -744,14 +689,9 @@ class CallSession:
                 else:
                     self._end_by_engine(reason)
             case PlaybackAcknowledged(response_id, played_ms) if response_id is not None:
-                self._note_told(response_id, played_ms)
+                self._heard.note_told(response_id, played_ms)
             case ItemTruncated(item_id, audio_end_ms):
-                response_id = item_id.removeprefix("item_")
-                truncated = self._truncated_by_engine
-                truncated[response_id] = None
-                if len(truncated) > _GENERATED_KEPT:
-                    del truncated[next(iter(truncated))]
-                self._note_told(response_id, audio_end_ms)
+                self._heard.engine_truncated(item_id.removeprefix("item_"), audio_end_ms)
             case FunctionCall():
                 self._on_function_call(event)
             case SessionReplaced():  # a newer stream took the session over (this one was taken for dead): it
@@ -781,8 +721,7 @@ class CallSession:
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
         if self.state is not CallState.STARTING:
             return
-        self._starting_buffer.clear()
-        self._starting_buffer_ms = 0
+        self._inbound.drop_held()
         self._end_with_tone(reason, now_ms)
 
     def shut_down(self, now_ms: int) -> None:
@@ -862,9 +801,9 @@ class CallSession:
             cut = unplayed.response_id
             self.ledger.flush(now_ms)
             self._drain_ledger()  # the ack of what was heard
-            self._cut_replies[cut] = self._heard_on_call(cut, unplayed.from_ms)
+            self._heard.cut(cut, self._heard.on_call(cut, unplayed.from_ms))
             frames_ms = len(unplayed.frames) * self.ledger.frame_ms
-            generated = self._generated_ms.get(cut)  # the frames' last one is padded: no more than was generated
+            generated = self._heard.generated_ms(cut)  # the frames' last one is padded: no more than was generated
             generated_ms = frames_ms if generated is None else min(frames_ms, int(generated) - unplayed.from_ms)
             audio = base64.b64encode(b"".join(unplayed.frames)).decode()
             encoding = (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
@@ -873,7 +812,7 @@ class CallSession:
             cut = self._out_response
             self.ledger.flush(now_ms)
             self._drain_ledger()  # the ack of what was heard; no truncation: the reply goes on
-            self._cut_replies[cut] = self._heard_on_call(cut, self.ledger.heard_ms(cut, now_ms))
+            self._heard.cut(cut, self._heard.on_call(cut, self.ledger.heard_ms(cut, now_ms)))
         elif bound and self.ledger.is_playing(now_ms):  # complete: nothing more of it will come, cut it here
             self._stop_playback(None, now_ms, barge_in=False)
         self._transition(_Trigger.TRANSPORT_LOST)
@@ -931,20 +870,18 @@ class CallSession:
         than the deadline it answers (``PROCESS_STALL_MS``: this process did not run meanwhile, and the tick runs
         before the reader gets to the carrier's messages of that time) the carrier's limits (idle, first message)
         are judged that much later, once the reader has had its turn."""
-        limits_due = self._limits_due_ms
-        if limits_due is not None and now_ms >= limits_due and not self._limits_deferred:
-            asked_ms = self.next_deadline_ms()
-            if asked_ms is not None and now_ms - asked_ms >= PROCESS_STALL_MS:
-                self._limits_deferred = True
-                self._limits_due_ms = now_ms + PROCESS_STALL_MS
+        limits = self._limits
+        if limits.is_due(now_ms) and not limits.deferred:
+            limits.put_off_if_late(now_ms, self.next_deadline_ms())
         if self._send_failed_at_ms is not None:  # nothing reaches the carrier: no frame into the void
             if now_ms >= self._send_failed_at_ms + _SEND_FAILED_READ_MS and self.state not in (CallState.ENDED, CallState.DETACHED):
                 self.transport_lost(now_ms)
                 self._close_transport()  # its receive may not see the close: closing wakes it
             return
-        if self._limits_due_ms is not None and now_ms >= self._limits_due_ms:
+        if limits.is_due(now_ms):
             self._check_limits(now_ms)
-        if self._tells_held_until_ms is not None and now_ms >= self._tells_held_until_ms:
+        held_until = self._heard.held_until_ms
+        if held_until is not None and now_ms >= held_until:
             self._release_held_tells()
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
@@ -988,7 +925,7 @@ class CallSession:
             limit_reached=self.limit_reached,
             engine_failure=self.failures_by_engine,
             failure=self.failure,
-            stream_input_ms=self._stream_media_ms,
+            stream_input_ms=self._inbound.stream_media_ms,
             output_ms=ledger.frames_sent * ledger.frame_ms,
             frames_sent=ledger.frames_sent,
             frames_flushed=ledger.frames_dropped,
@@ -1003,30 +940,29 @@ class CallSession:
     @property
     def stream_input_ms(self) -> int:
         """ms of caller audio this stream carried (gaps filled included)."""
-        return self._stream_media_ms
+        return self._inbound.stream_media_ms
 
     @property
     def cut_replies(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (``engine_bound(heard_ms=…)``, through the resume ticket): the replies cut off
         by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
         each over the call."""
-        return tuple(self._cut_replies.items())[-_CUT_REPLIES_KEPT:]
+        return self._heard.cut_replies
 
     @property
     def told_so_far(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (its ticket's ``told_ms``, live or parked): the most the engine was told the
         caller heard of each recent response."""
-        return tuple(self._told.items())
+        return self._heard.told_so_far
 
     def heard_so_far(self, now_ms: int) -> tuple[tuple[str, int], ...]:
         """For the stream's live ticket (a stream that takes the call over from it, should this process die): the
         cut-off replies (``cut_replies``) and the reply still being generated, with what the caller has heard of
         it so far; that stream's acks of it count on from there."""
-        replies = dict(self._cut_replies)
         playing = self._out_response
         if self.state is CallState.LIVE and playing is not None:
-            replies[playing] = self._heard_on_call(playing, self.ledger.heard_ms(playing, now_ms))
-        return tuple(replies.items())[-_CUT_REPLIES_KEPT:]
+            return self._heard.with_playing(playing, self._heard.on_call(playing, self.ledger.heard_ms(playing, now_ms)))
+        return self._heard.cut_replies
 
     def outputs(self) -> list[CallOutput]:
         """Everything the call produced since the last call, in the order it was produced: do each in turn."""
@@ -1054,42 +990,27 @@ class CallSession:
             ended = self.state in (CallState.ENDED, CallState.DETACHED)
             return None if ended else self._send_failed_at_ms + _SEND_FAILED_READ_MS
         playout = self._playout_deadline_ms()
-        limits = self._limits_due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
+        limits = self._limits.due_ms if self.state not in (CallState.ENDED, CallState.DETACHED) else None
         silence = self._silence_due_ms()
-        due = [deadline for deadline in (playout, limits, self._tells_held_until_ms, silence) if deadline is not None]
+        due = [deadline for deadline in (playout, limits, self._heard.held_until_ms, silence) if deadline is not None]
         return min(due) if due else None
 
     def _check_limits(self, now_ms: int) -> None:
-        """The limits no message enforces: a connection that never starts its stream, a stream gone quiet (taken
-        as dropped: the session waits for the next stream), a stream past the longest call."""
-        options, connected = self.options, self._connected_at_ms
-        self._limits_due_ms = None
-        if connected is None or self.state in (CallState.ENDED, CallState.DETACHED):
+        """The limits no message enforces (``StreamLimits``): a connection that never starts its stream, a stream
+        past the longest call (ended), a stream gone quiet (taken as dropped: the session waits for the next one)."""
+        if self.state in (CallState.ENDED, CallState.DETACHED):
+            self._limits.stop()
             return
-        if options.max_call_ms is not None and now_ms >= connected + options.max_call_ms:
-            self.limit_reached = "max_call_duration"
-            self.end_call(self.limit_reached, now_ms)
+        reached = self._limits.verdict(now_ms, started=self.start_request is not None)
+        if reached is None:
             return
-        if self._call_ends_at_ms is not None and now_ms >= self._call_ends_at_ms:
-            self.limit_reached = "assistant_max_duration"
-            self.end_call(self.limit_reached, now_ms)
+        self.limit_reached = reached
+        if reached != IDLE_TIMEOUT:
+            self.end_call(reached, now_ms)
             return
-        if self.start_request is None:
-            due = connected + options.first_message_timeout_ms
-            if now_ms >= due:
-                self.limit_reached = "first_message_timeout"
-                self.end_call(self.limit_reached, now_ms)
-                return
-        else:
-            due = self._last_message_ms + options.idle_timeout_ms
-            if now_ms >= due:
-                self.limit_reached = "idle_timeout"
-                self.transport_lost(now_ms)
-                self.end_reason = self.limit_reached
-                self._close_transport()  # the socket may still be open (half-open): close it
-                return
-        limits = (due, connected + options.max_call_ms if options.max_call_ms is not None else None, self._call_ends_at_ms)
-        self._limits_due_ms = min(limit for limit in limits if limit is not None)
+        self.transport_lost(now_ms)
+        self.end_reason = reached
+        self._close_transport()  # the socket may still be open (half-open): close it
 
     def _playout_deadline_ms(self) -> int | None:
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
@@ -1207,7 +1128,7 @@ class CallSession:
         if self._responding(now_ms):
             return
         last = self._last_response
-        told = last is None or self._told.get(last, 0) >= int(self._generated_ms.get(last, 0.0)) - self.ledger.frame_ms
+        told = last is None or self._heard.told(last) >= int(self._heard.generated_ms(last) or 0.0) - self.ledger.frame_ms
         if told or now_ms >= self.ledger.playing_until_ms + _TOLD_WAIT_MS:
             self._respond_after_response = False
             self._to_engine(CreateResponse())
@@ -1273,7 +1194,7 @@ class CallSession:
             case MarkEchoed(name):
                 self._transition(_Trigger.CARRIER_EVENT)
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
-                self.ledger.mark_echoed(name, now_ms - self._read_lag_ms)
+                self.ledger.mark_echoed(name, now_ms - self._inbound.read_lag_ms)
                 self._drain_ledger(to_engine=self.state is CallState.LIVE)  # not the failure tone's
                 self._respond_when_silent(now_ms)
             case DtmfReceived(digit):
@@ -1286,10 +1207,9 @@ class CallSession:
                 self._transition(_Trigger.STARTED)
                 self.start_request = event
                 self.ledger = self._ledger_for(self.codec.profile)
-                self._encoding, self._rate_hz = event.encoding, event.rate_hz
+                self._inbound.start(event.encoding, event.rate_hz)
                 self._out_encoding = event.out_encoding or event.encoding
                 self._out_rate_hz = event.out_rate_hz or event.rate_hz
-                self._inbound = StreamResampler(event.rate_hz, self.options.engine_rate_hz, self.options.resampler_quality)
             case StreamStopped():
                 bound = self.state is CallState.LIVE
                 self._transition(_Trigger.STOPPED)
@@ -1310,78 +1230,41 @@ class CallSession:
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
         if self.state is CallState.ENDING:
             return  # no engine to hear it
-        payload_ms = len(payload) * 1000 // (self._rate_hz * self._encoding.sample_bytes)
-        if self._first_media_at_ms is None:
-            self._first_media_at_ms = now_ms - (timestamp_ms or 0)
+        inbound = self._inbound
+        if inbound.first_media_at_ms is None:
             self._out.append(CallerAudioBegan())
-        if self._stream_media_ms - (now_ms - self._first_media_at_ms) > _FLOOD_TOLERANCE_MS:
+        try:
+            read = inbound.receive(payload, timestamp_ms, now_ms)
+        except MediaAhead as exc:
             raise RemoteProtocolError(
-                ProtocolErrorReason.FLOOD,
-                f"{self._stream_media_ms} ms of media in {now_ms - self._first_media_at_ms} ms",
-                provider=self.codec.provider,
-                stream_id=self.codec.stream_id,
-            )
-        pcm = decode_to_pcm16(self._encoding, payload)
-        if timestamp_ms is not None and timestamp_ms > self._stream_media_ms:
-            gap_ms = min(timestamp_ms - self._stream_media_ms, _MAX_GAP_FILL_MS)
-            pcm = bytes(self._rate_hz * gap_ms // 1000 * PCM16_SAMPLE_BYTES) + pcm
-            payload_ms += gap_ms
-        self._stream_media_ms += payload_ms
-        self._track_read_lag(now_ms, payload_ms)
-        assert self._inbound is not None
-        audio = self._inbound.process(pcm)
-        self.input_ms += payload_ms
+                ProtocolErrorReason.FLOOD, str(exc), provider=self.codec.provider, stream_id=self.codec.stream_id
+            ) from None
+        self.input_ms += read.ms
         recorder = self.recorder
         if recorder is not None:
-            recorder.caller(pcm)
+            recorder.caller(read.pcm)
             chunk = recorder.take(now_ms)
             if chunk is not None:
                 self._out.append(RecordingChunk(chunk))
         if self.state is CallState.LIVE:
-            if not audio:
-                return
-            if self._greeting_muted_until_ms is not None and self._greeting_plays(now_ms):
-                audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
-            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
-            return
-        self._starting_buffer.append((audio, bytes(pcm)))  # L16's ``pcm`` is the received buffer itself
-        self._starting_buffer_ms += len(audio) * 500 // self.options.engine_rate_hz
-        while self._starting_buffer_ms > _MAX_STARTING_BUFFER_MS:
-            dropped, _ = self._starting_buffer.popleft()
-            self._starting_buffer_ms -= len(dropped) * 500 // self.options.engine_rate_hz
-
-    def _track_read_lag(self, now_ms: int, payload_ms: int) -> None:
-        """Media comes at real time: ``now − media ms so far`` is constant but for jitter and our own lateness.
-        Its lowest value (rising 1 ms a second, to follow a carrier clock a little slower than ours) is the
-        on-time baseline; how far above it we are is how late we read."""
-        offset = now_ms - self._stream_media_ms
-        baseline = self._arrival_baseline_ms
-        if baseline is None or offset < baseline:
-            baseline = offset
+            self._caller_audio_to_engine(read, now_ms)
         else:
-            baseline += payload_ms * _BASELINE_RISE
-        self._arrival_baseline_ms = baseline
-        self._read_lag_ms = int(offset - baseline)
+            inbound.hold(read)
+
+    def _caller_audio_to_engine(self, read: CallerAudio, now_ms: int) -> None:
+        audio = read.audio
+        if not audio:
+            return
+        if self._greeting_muted_until_ms is not None and self._greeting_plays(now_ms):
+            audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
+        self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 
     def _rate_limit(self, now_ms: int) -> None:
-        """A token bucket over all carrier messages: a burst of 1000, 150 a second sustained (a stream sends about
-        60). Once the stream has started, a gap longer than the burst's worth (6.7 s) fills the bucket past 1000, to
-        what the gap earned: the backlog this process reads after a stall of its own (stopped, its VM frozen) is
-        that long a stall's messages, read at once (20 s of them were 1000). A carrier's own silence that long is
-        nearly the idle limit (10 s), which ends the stream first; a stream not yet started (not yet known to be
-        the carrier's) never holds more than the burst."""
-        if self._tokens_at_ms is not None:
-            earned = (now_ms - self._tokens_at_ms) * _MESSAGES_PER_S / 1000
-            tokens = self._tokens + earned
-            if tokens > _MESSAGE_BURST:  # past the burst: what was held, or what this gap earned, if more
-                tokens = _MESSAGE_BURST if self.start_request is None else max(_MESSAGE_BURST, self._tokens, earned)
-            self._tokens = tokens
-        self._tokens_at_ms = now_ms
-        if self._tokens < 1:
+        """The flood limit (``MessageBucket``): one message read at ``now_ms``."""
+        if not self._bucket.take(now_ms, started=self.start_request is not None):
             raise RemoteProtocolError(
                 ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider=self.codec.provider
             )
-        self._tokens -= 1
 
     # -------------------------------------------------------------- engine side
 
@@ -1401,11 +1284,9 @@ class CallSession:
                 self._caller_stopped_ms = None
             self._out_resampler = StreamResampler(delta.rate_hz, self._out_rate_hz, self.options.resampler_quality)
             self._out_frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
-            generated = self._generated_ms
-            if len(generated) >= _GENERATED_KEPT:
-                del generated[next(iter(generated))]
+            self._heard.response_began()
         response_id = delta.response_id
-        self._generated_ms[response_id] = self._generated_ms.get(response_id, 0.0) + len(delta.pcm) * 500 / delta.rate_hz
+        self._heard.generated(response_id, len(delta.pcm) * 500 / delta.rate_hz)
         self._enqueue_pcm(self._out_resampler.process(delta.pcm), now_ms)
 
     def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
@@ -1452,11 +1333,11 @@ class CallSession:
         self._drain_heard()
         if result.response_id is None or response_id not in (None, result.response_id):
             return
-        heard = self._heard_on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
+        heard = self._heard.on_call(result.response_id, max(0, min(result.heard_ms, result.sent_ms)))
         if heard > 0:
             self._tell(result.response_id, heard, truncate=True)
         if barge_in:
-            generated = self._generated_ms.get(result.response_id)
+            generated = self._heard.generated_ms(result.response_id)
             self._out.append(Observed("barge-in", heard, round(generated) if generated is not None else None, result.response_id))
 
     def _end_by_engine(self, reason: str) -> None:
@@ -1476,22 +1357,6 @@ class CallSession:
                 self._out.append(ToCarrier(message))
         self._close_transport()
 
-    def _heard_on_call(self, response_id: str, heard_ms: int) -> int:
-        """What the caller heard of ``response_id`` over the call, from ``heard_ms`` played on this stream: no more
-        than the engine generated here (the last frame is padded), after what earlier streams played of it."""
-        generated = self._generated_ms.get(response_id)
-        heard = heard_ms if generated is None else min(heard_ms, int(generated))
-        return heard + self._cut_replies.get(response_id, 0)
-
-    def _note_told(self, response_id: str, heard_ms: int) -> int:
-        """What to tell the engine the caller heard of ``response_id`` (an ack, a truncation), from ``heard_ms``:
-        never less than it was told before (``_told``), which now holds this."""
-        told = self._told
-        if response_id not in told and len(told) >= _GENERATED_KEPT:
-            del told[next(iter(told))]
-        told[response_id] = heard = max(told.get(response_id, 0), heard_ms)
-        return heard
-
     def _drain_ledger(self, *, to_engine: bool = True) -> None:
         """The ledger's frames, markers and clears to the carrier first (a clear is the most urgent thing there
         is), then what was heard to the engine."""
@@ -1509,33 +1374,20 @@ class CallSession:
         if not to_engine:
             return  # nobody to tell (the session is gone)
         for update in updates:
-            self._tell(update.response_id, self._heard_on_call(update.response_id, update.heard_ms), truncate=False)
+            self._tell(update.response_id, self._heard.on_call(update.response_id, update.heard_ms), truncate=False)
 
     def _tell(self, response_id: str, heard_ms: int, *, truncate: bool) -> None:
         """Tell the engine the caller heard ``heard_ms`` of ``response_id``: an ack, or a truncation there (where
-        the engine can truncate); never less than it was told before (``_note_told``). Held while a takeover's
-        replay comes in (``TAKEOVER_TELLS_HELD_MS``)."""
-        truncate = truncate and self.capabilities.supports_audio_truncate
-        if self._tells_held_until_ms is not None:
-            held, held_truncate = self._held_tells.pop(response_id, (0, False))
-            self._held_tells[response_id] = (max(held, heard_ms), held_truncate or truncate)
-            return
-        heard = self._note_told(response_id, heard_ms)
-        if truncate:
-            self._to_engine(TruncateItem(f"item_{response_id}", heard))
-        else:
-            self._to_engine(AckPlayback(response_id, heard, f"item_{response_id}"))
+        the engine can truncate); never less than it was told before. Held while a takeover's replay comes in
+        (``TAKEOVER_TELLS_HELD_MS``)."""
+        command = self._heard.tell(response_id, heard_ms, truncate=truncate and self.capabilities.supports_audio_truncate)
+        if command is not None:
+            self._to_engine(command)
 
     def _release_held_tells(self) -> None:
-        """A takeover's replay is in: tell the engine what it held back, where the engine was not told as much (by
-        the dead stream, in the replay) — a truncation the engine reported already is not made again."""
-        self._tells_held_until_ms = None
-        held, self._held_tells = self._held_tells, {}
-        for response_id, (heard, truncate) in held.items():
-            if truncate and response_id not in self._truncated_by_engine:
-                self._tell(response_id, heard, truncate=True)
-            elif heard > self._told.get(response_id, 0):
-                self._tell(response_id, heard, truncate=False)
+        """A takeover's replay is in: tell the engine what was held back, where it was not told as much already."""
+        for command in self._heard.release_held():
+            self._to_engine(command)
 
     # ------------------------------------------------------------------- state
 
@@ -1553,9 +1405,9 @@ class CallSession:
                     stream_id=self.codec.stream_id,
                 ) from None
             raise CallStateError(f"{trigger.value} while {self.state.value}") from None
-        if self._tells_held_until_ms is not None and self.state is not CallState.LIVE:
+        if self._heard.held_until_ms is not None and self.state is not CallState.LIVE:
             if trigger is _Trigger.REPLACED:  # the session is another stream's now: nothing of it is this one's to tell
-                self._tells_held_until_ms, self._held_tells = None, {}
+                self._heard.drop_held()
             else:  # the stream ends before the replay is in: what it holds goes now or never
                 self._release_held_tells()
 

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from callbridge.bridge import call as call_module
-from callbridge.bridge.call import _MESSAGE_BURST, _MESSAGES_PER_S, CallSession
+from callbridge.bridge import limits as limits_module
+from callbridge.bridge.call import CallSession
+from callbridge.bridge.heard import HeardAccount
+from callbridge.bridge.inbound import MESSAGE_BURST, MESSAGES_PER_S, MessageBucket
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
-from callbridge.carriers.base import ProtocolErrorReason, RemoteProtocolError
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.compiled import compiled_modules
 from callbridge.engine.events import Capabilities
@@ -162,8 +163,8 @@ class TestPlantedBugsAreCaught:
 
     @PATCHES_A_COMPILED_METHOD
     def test_acks_past_the_audio_generated(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        unclamped = lambda call, response_id, heard_ms: heard_ms + call._cut_replies.get(response_id, 0)  # noqa: E731
-        monkeypatch.setattr(CallSession, "_heard_on_call", unclamped)
+        unclamped = lambda account, response_id, heard_ms: heard_ms + account.heard_before(response_id)  # noqa: E731
+        monkeypatch.setattr(HeardAccount, "on_call", unclamped)
         assert "which has only" in first_violation(range(100)).what
 
     def test_a_drop_that_closes_the_session_instead_of_parking_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,22 +251,23 @@ class TestPlantedBugsAreCaught:
         """The flood limit as it was: its bucket never held more than its burst of 1,000 messages, and a bridge
         process stopped past 20 s, its caller holding on, read a larger backlog: the call was taken for a flood."""
 
-        def at_most_the_burst(call: CallSession, now_ms: int) -> None:
-            if call._tokens_at_ms is not None:
-                call._tokens = min(_MESSAGE_BURST, call._tokens + (now_ms - call._tokens_at_ms) * _MESSAGES_PER_S / 1000)
-            call._tokens_at_ms = now_ms
-            if call._tokens < 1:
-                raise RemoteProtocolError(ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider="twilio")
-            call._tokens -= 1
+        def at_most_the_burst(bucket: MessageBucket, now_ms: int, *, started: bool) -> bool:
+            if bucket.at_ms is not None:
+                bucket.tokens = min(MESSAGE_BURST, bucket.tokens + (now_ms - bucket.at_ms) * MESSAGES_PER_S / 1000)
+            bucket.at_ms = now_ms
+            if bucket.tokens < 1:
+                return False
+            bucket.tokens -= 1
+            return True
 
-        monkeypatch.setattr(CallSession, "_rate_limit", at_most_the_burst)
+        monkeypatch.setattr(MessageBucket, "take", at_most_the_burst)
         assert "taken for a flood" in first_violation(range(300)).what
 
-    @pytest.mark.skipif(bool(compiled_modules()), reason="the compiled call core has the constant built in")
+    @pytest.mark.skipif(bool(compiled_modules()), reason="the compiled limits have the constant built in")
     def test_limits_judged_on_the_tick_that_comes_late_after_a_stall(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The call core as it was before session 26: the pacer's tick, first to run after a stall, took the
         carrier's media still unread for its silence and ended the stream as idle."""
-        monkeypatch.setattr(call_module, "PROCESS_STALL_MS", 10**9)  # no tick is ever that late
+        monkeypatch.setattr(limits_module, "PROCESS_STALL_MS", 10**9)  # no tick is ever that late
         assert "limit the carrier gave no cause for: idle_timeout" in first_violation(range(100)).what
 
 
