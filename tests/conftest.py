@@ -57,10 +57,19 @@ __all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``long`` (15 s or more of real time each) first, in their own order: xdist hands the first
-    tests out one to a worker, so each long one starts at once beside the rest, instead of starting last and
-    running alone at the end of the run. Every worker sorts the same collection the same way."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable: the order is kept otherwise
+    """Each test marked ``long`` (15 s or more of real time) at the head of one worker's share: xdist's work-stealing
+    schedule (``--dist worksteal``) gives each worker a contiguous share of the collection, so each long test starts
+    at once beside the others, instead of several in one worker's share one after another, or one starting last and
+    running alone at the end of the run. Every worker sorts the same collection the same way (the same count)."""
+    long = [item for item in items if item.get_closest_marker("long") is not None]
+    if not long:
+        return
+    rest = [item for item in items if item.get_closest_marker("long") is None]
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    shares = [rest[k * len(rest) // workers : (k + 1) * len(rest) // workers] for k in range(workers)]
+    for n, item in enumerate(long):
+        shares[n % workers].insert(n // workers, item)
+    items[:] = [item for share in shares for item in share]
 
 _PROBE_CORE = os.environ.get("CALLBRIDGE_PROBE_CORE") == "1"
 """Apply the core tier's guard to every test (to find the modules that could join the tier)."""
