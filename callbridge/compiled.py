@@ -23,13 +23,18 @@ from typing import Final
 __all__ = ["COMPILED_FILES", "COMPILED_MODULES", "compiled_files", "compiled_modules", "stale_modules"]
 
 COMPILED_FILES: tuple[str, ...] = (
+    "callbridge/bridge/agent_actions.py",
+    "callbridge/bridge/agent_audio.py",
+    "callbridge/bridge/binding.py",
     "callbridge/bridge/call.py",
+    "callbridge/bridge/call_outputs.py",
     "callbridge/bridge/heard.py",
     "callbridge/bridge/inbound.py",
     "callbridge/bridge/limits.py",
     "callbridge/bridge/media.py",
     "callbridge/bridge/pacing.py",
     "callbridge/bridge/playout.py",
+    "callbridge/bridge/turns.py",
     "callbridge/carriers/base.py",
     "callbridge/carriers/json_wire.py",
     "callbridge/carriers/*/wire.py",

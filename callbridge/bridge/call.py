@@ -51,15 +51,30 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
-import numpy as np
-
 from callbridge.bridge.actions import (
     ActionResult,
     ApplicationToolCall,
-    CarrierCallAction,
-    EndCall,
     TransferCall,
-    parse_call,
+)
+from callbridge.bridge.agent_actions import AgentActions
+from callbridge.bridge.agent_audio import AgentAudio
+from callbridge.bridge.binding import EngineBinding
+from callbridge.bridge.call_outputs import (
+    BargeInFlushed,
+    BindEngine,
+    CallerAudioBegan,
+    CallOutput,
+    CloseTransport,
+    HangUpCall,
+    MarkLag,
+    Notice,
+    Observed,
+    PendingAction,
+    Perform,
+    RecordingChunk,
+    StreamReport,
+    ToCarrier,
+    ToEngine,
 )
 from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.inbound import CallerAudio, InboundAudio, MediaAhead, MessageBucket
@@ -67,6 +82,7 @@ from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.recording import StereoRecorder
+from callbridge.bridge.turns import AfterReply, GreetingGuard, SilencePolicy, SilenceWatch
 from callbridge.carriers.base import (
     DEFAULT_PROFILE,
     CarrierEvent,
@@ -88,11 +104,7 @@ from callbridge.carriers.base import (
 )
 from callbridge.codecs import (
     PCM16_SAMPLE_BYTES,
-    AudioEncoding,
-    FrameAssembler,
     ResamplerQuality,
-    StreamResampler,
-    encode_from_pcm16,
 )
 from callbridge.engine.commands import (
     AppendAudio,
@@ -217,15 +229,6 @@ TRANSITIONS: Final[dict[tuple[CallState, _Trigger], CallState]] = {
 
 _TURN_BEHIND_MAX_MS: Final = 5000
 """A ``SpeechStopped`` whose end lies further back than this in the input (or ahead of it) is timed from its arrival."""
-_SILENCE_RECHECK_MS: Final = 100
-"""A silence deadline held back (the agent replying, a tool running) is looked at again this much later."""
-_GREETING_WAIT_MS: Final = 5000
-"""How long a greeting that may not be cut keeps the caller from the engine while its reply has not begun."""
-_GOODBYE_WAIT_MS: Final = 5000
-"""How long a silent caller's hang-up waits for the goodbye's reply to start; then it goes ahead without it."""
-_TOLD_WAIT_MS: Final = 1000
-"""How long after its playout a tool's result waits for the engine to be told the last response was heard, before
-the model is asked to answer it anyway."""
 _SEND_FAILED_READ_MS: Final = 1000
 """After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
 may still be read before the stream is taken for dropped."""
@@ -277,149 +280,6 @@ class CallOptions:
     and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""
 
 
-@dataclass(frozen=True, slots=True)
-class SilencePolicy:
-    """A caller who says nothing (``[silence]``, or the call's assistant). Silence is the line's: neither the caller
-    nor the agent speaking, counted from whichever spoke last (or from the session's start). After ``reprompt_ms``
-    of it the model is told ``reprompt`` — once, until the caller speaks again; after ``hangup_ms`` it is told
-    ``goodbye`` and the call is hung up once that has played (so a prompted caller has ``hangup_ms`` to answer).
-    0: off."""
-
-    reprompt_ms: int = 0
-    reprompt: str = ""
-    hangup_ms: int = 0
-    goodbye: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class ToCarrier:
-    """A message for the carrier's connection."""
-
-    message: str | bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ToEngine:
-    """A command for the call's engine session (dropped when there is none)."""
-
-    command: EngineCommand
-
-
-@dataclass(frozen=True, slots=True)
-class HangUpCall:
-    """End the phone call through the carrier's REST API (``HangUpMode.REST``), once."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CloseTransport:
-    """Close the carrier's connection with ``code`` (once); nothing is sent after it."""
-
-    code: int
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """The carrier reported something that changes nothing (for the log), sent an event type nobody here knows
-    (for the log, once per type, and the count), or a digit the caller pressed (for the log and the count, whatever
-    the model is told of it)."""
-
-    notice: CarrierNotice | UnknownCarrierEvent | DtmfReceived
-
-
-@dataclass(frozen=True, slots=True)
-class MarkLag:
-    """A marker's echo came this long after the playback model expected it (for the metrics)."""
-
-    ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """What the call core saw of the conversation, for the application's events and the end-of-call report:
-    ``turn`` (``ms``: the caller stopped speaking → the agent's reply on its way to the caller), ``barge-in``
-    (``ms`` of the reply ``response_id`` the caller heard, of ``of_ms`` generated), ``dtmf`` (``detail``)."""
-
-    kind: str
-    ms: int = 0
-    of_ms: int | None = None
-    response_id: str | None = None
-    detail: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecordingChunk:
-    """The call's recording up to now (``StereoRecorder``): interleaved stereo PCM16 for the file, about half a
-    second of it."""
-
-    data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class BargeInFlushed:
-    """The carrier's playback was flushed (its clear is queued before this): the barge-in's reaction is done."""
-
-    response_id: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class BindEngine:
-    """The carrier's ``start`` was accepted: find the stream's engine session (``CallLifecycle``), then
-    ``engine_bound`` — or ``no_engine`` / ``start_refused``. Meanwhile the caller's audio is buffered."""
-
-    start: StreamStarted
-
-
-@dataclass(frozen=True, slots=True)
-class CallerAudioBegan:
-    """The stream's first caller audio was read (the driver times its way to the engine from here)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StreamReport:
-    """A stream's account of itself as it ends (``CallSession.report()``): for the log and the metrics."""
-
-    facts: StreamFacts
-    """``facts.call_over``: the call is over (else the stream left its session for the next one)."""
-    limit_reached: str | None
-    engine_failure: str | None
-    """Why the engine failed the call, if it did."""
-    failure: RemoteProtocolError | None
-    """The carrier's protocol error that ended the stream, if one did."""
-    stream_input_ms: int
-    output_ms: int
-    frames_sent: int
-    frames_flushed: int
-    barge_ins: int
-    late_deltas_dropped: int
-    heard_corrections: int
-    playout_underruns: int
-
-
-@dataclass(frozen=True, slots=True)
-class PendingAction:
-    """Carrier work the agent asked for: the driver performs it, then calls ``action_finished(call_id, …)``."""
-
-    call_id: str
-    """The model's function call id (the output answers it)."""
-    action: CarrierCallAction | ApplicationToolCall
-
-
-@dataclass(frozen=True, slots=True)
-class Perform:
-    """Carrier work the agent asked for (a transfer, DTMF): do it, then ``CallSession.action_finished``."""
-
-    pending: PendingAction
-
-
-CallOutput = (
-    ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | BindEngine | CallerAudioBegan | Notice | MarkLag | BargeInFlushed
-    | Observed | RecordingChunk
-)
-"""What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""
-
-
 class CallSession:
     """One carrier stream of a call, bound to one engine session. See the module docstring."""
 
@@ -445,15 +305,9 @@ class CallSession:
         """The caller's audio: decoded, gaps filled, resampled, held until the engine is bound (``bridge/inbound.py``)."""
         self._bucket = MessageBucket()
         """The flood limit over the carrier's messages."""
-        self._out_encoding = AudioEncoding.PCMU
-        self._out_rate_hz = 8000
-        """What the agent's audio is sent in: the stream's own format unless its start says otherwise."""
+        self._agent = AgentAudio(options.resampler_quality)
+        """The agent's audio: the response arriving, resampled, encoded and framed (``bridge/agent_audio.py``)."""
         self._out: list[CallOutput] = []
-        self._out_response: str | None = None
-        self._out_resampler: StreamResampler | None = None
-        self._out_frames: FrameAssembler | None = None
-        self._interrupted: set[str] = set()
-        """Responses this call has flushed (their later audio is dropped)."""
         self._heard = HeardAccount()
         """What the caller heard of each recent response over the call, and what the engine was told of it."""
         self._late_audio = LateAudioFilter()
@@ -462,42 +316,18 @@ class CallSession:
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
-        self._actions_running: dict[str, CarrierCallAction | ApplicationToolCall] = {}
-        self._application_tools: frozenset[str] = frozenset()
-        self._tool_filler: str | None = None
-        self._fillers_said: set[str] = set()
-        """Application tool calls whose filler the agent was told to say."""
-        self._respond_after_response = False
-        """A tool's result went to the model while the agent spoke: a response is asked for when that one ends."""
-        self._silence: SilencePolicy | None = None
-        self._greeting_muted_until_ms: int | None = None
-        """A greeting that may not be cut: the engine hears silence for the caller until it has played (or, where
-        its reply has not begun, until then)."""
-        self._greeting_response: str | None = None
+        self._actions = AgentActions(options.call_actions, options.transfer_targets)
+        """The agent's function calls under way (``bridge/agent_actions.py``)."""
+        self._silence = SilenceWatch()
+        """A caller who says nothing (``bridge/turns.py``)."""
+        self._greeting = GreetingGuard()
+        """A greeting that may not be cut."""
+        self._after_reply = AfterReply()
+        """What waits for the agent's reply to play out: a tool's answer, the hang-up."""
         self.recorder: StereoRecorder | None = None
         """The stream's recording, where the call is recorded: the driver takes its last chunk as the stream ends."""
-        self._goodbye_due_ms: int | None = None
-        """A silent caller's goodbye was asked for: the hang-up waits for its reply until then."""
-        self._caller_speaking = False
-        self._caller_active_ms = 0
-        """When the caller last started or stopped speaking (or the session bound): silence counts from there."""
-        self._reprompted = False
-        """The caller was prompted since they last spoke (once only)."""
-        self._silence_checked_ms = -1
-        """When the silence was last looked at (``_SILENCE_RECHECK_MS`` from it, at the earliest, again)."""
-        self._hang_up_checked_ms = -1
-        """When a hang-up after playout was last looked at (a deadline at or before it is spent)."""
         self._caller_stopped_ms: int | None = None
         """When the caller last stopped speaking (the engine's ``SpeechStopped``), until the reply's audio comes."""
-        self._respond_checked_ms = -1
-        """When ``_respond_when_silent`` last looked (its deadlines are the ones after)."""
-        self._last_response: str | None = None
-        """The response whose audio came last (``_respond_when_silent`` waits until the engine was told all of it)."""
-        self._closing_after_transfer = False
-        """The carrier's ``stop`` came while a transfer was under way: the engine session is closed when its result
-        comes (``action_finished``), after the model is told it; or by the stream's end, if it never comes."""
-        self.hang_up_after_playout: str | None = None
-        """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
         """The limits no message enforces (``bridge/limits.py``)."""
         self.limit_reached: str | None = None
@@ -547,104 +377,67 @@ class CallSession:
             if self.state is CallState.STARTING:  # not ended in the same read (a start and its stop)
                 self._out.append(BindEngine(self.start_request))
 
-    def engine_bound(
-        self,
-        capabilities: Capabilities,
-        now_ms: int,
-        call_offset_ms: int | None = None,
-        heard_ms: tuple[tuple[str, int], ...] = (),
-        unheard: UnheardAudio | None = None,
-        told_ms: tuple[tuple[str, int], ...] = (),
-        taken_over: bool = False,
-        greeting: str | None = None,
-        application_tools: frozenset[str] = frozenset(),
-        tool_filler: str | None = None,
-        silence: SilencePolicy | None = None,
-        record: bool = False,
-        greeting_interruptible: bool = True,
-        call_ends_at_ms: int | None = None,
-        turn_silence_ms: int | None = None,
-    ) -> None:
-        """The engine session for ``start_request`` is open (or resumed): audio flows from now on.
-
-        ``greeting``: the session is new (the call's first stream): the agent speaks first, told this as a text turn
-        with a response asked for at once; its reply plays, is heard, cut by barge-in and told as any other — but
-        for ``greeting_interruptible`` False: until it has played the engine hears silence in place of the caller
-        (vllm-omni cancels any response its VAD hears speech over, so nothing else keeps it from being cut).
-        ``application_tools``: the names of the call's application tools (their calls go to the application:
-        ``Perform``); ``tool_filler``: what the agent is told to say while one is slow (``tool_slow``).
-        ``silence``: what to do with a caller who says nothing (``SilencePolicy``); None: nothing.
-        ``call_ends_at_ms``: the call's own limit (its assistant's ``max_duration_s``, on this clock): then it is ended
-        as at ``max_call_ms``.
-        ``record``: the stream is recorded from now (``recorder``; its chunks come out as ``RecordingChunk``).
-        ``turn_silence_ms``: the session's ``server_vad`` silence where the call's assistant set its own.
-
-        ``call_offset_ms``: where this stream starts on the call's timeline (a resumed call's past input).
-        ``heard_ms``: the replies earlier streams cut off while the engine was still generating them, and how much
-        of each the caller heard (the ticket's ``heard_ms``): the rest of such a reply plays here, and what the
-        engine is told of it continues from there (never from 0).
-        ``unheard``: the rest of the reply the last stream was playing as it ended; it plays first, from where the
-        caller stopped hearing it (where this stream cannot play it, the model's turn is cut to what was heard).
-        ``told_ms``: what the engine was told the caller heard of recent responses (the ticket's): this stream tells
-        it no less of them.
-        ``taken_over``: resumed from a dead process's live ticket; what this stream would tell the engine of what
-        was heard waits for the engine's replay (``TAKEOVER_TELLS_HELD_MS``).
-        """
+    def engine_bound(self, binding: EngineBinding, now_ms: int) -> None:
+        """The engine session for ``start_request`` is open (or resumed): audio flows from now on. ``binding``: the
+        session (its capabilities, where a resumed call left off) and what the call's agent does on this stream."""
         self._transition(_Trigger.ENGINE_BOUND)
-        self._application_tools, self._tool_filler = application_tools, tool_filler
-        self._silence, self._caller_active_ms = silence, now_ms
-        if turn_silence_ms is not None:
-            self._turn_silence_ms = turn_silence_ms
-        if call_ends_at_ms is not None:
-            self._limits.call_ends_at(call_ends_at_ms)
-        if record:  # from the caller's first audio kept: it came in real time, up to now
-            held_pcm, rate_hz = self._inbound.held_pcm(), self._inbound.rate_hz
-            held = sum(map(len, held_pcm)) // PCM16_SAMPLE_BYTES
-            self.recorder = self.ledger.recorder = StereoRecorder(
-                rate_hz=rate_hz, agent_rate_hz=self._out_rate_hz, agent_encoding=self._out_encoding,
-                started_ms=now_ms - held * 1000 // rate_hz,
-            )
-            for pcm in held_pcm:
-                self.recorder.caller(pcm)
-        if taken_over:
+        agent = binding.agent
+        self._actions.bound(agent.application_tools, agent.tool_filler)
+        self._silence.bound(agent.silence, now_ms)
+        if agent.turn_silence_ms is not None:
+            self._turn_silence_ms = agent.turn_silence_ms
+        if agent.call_ends_at_ms is not None:
+            self._limits.call_ends_at(agent.call_ends_at_ms)
+        if agent.record:
+            self._record_from(now_ms)
+        if binding.taken_over:
             self._heard.hold_tells_until(now_ms + TAKEOVER_TELLS_HELD_MS)
-        self.capabilities = capabilities
-        for response_id, ms in heard_ms:
+        self.capabilities = binding.capabilities
+        for response_id, ms in binding.heard_ms:
             self._heard.cut(response_id, ms)
-        for response_id, ms in told_ms:
+        for response_id, ms in binding.told_ms:
             self._heard.note_told(response_id, ms)
-        if call_offset_ms is not None:
-            self.input_ms += call_offset_ms - self.call_offset_ms
-            self.call_offset_ms = call_offset_ms
+        if binding.call_offset_ms is not None:
+            self.input_ms += binding.call_offset_ms - self.call_offset_ms
+            self.call_offset_ms = binding.call_offset_ms
         for audio in self._inbound.release():
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
-        if greeting:
-            self._to_engine(CreateTextItem(greeting))
+        if agent.greeting:
+            self._to_engine(CreateTextItem(agent.greeting))
             self._to_engine(CreateResponse())
-            if not greeting_interruptible:
-                self._greeting_muted_until_ms = now_ms + _GREETING_WAIT_MS
-        if unheard is not None:
-            self._play_unheard(unheard, now_ms)
+            if not agent.greeting_interruptible:
+                self._greeting.guard(now_ms)
+        if binding.unheard is not None:
+            self._play_unheard(binding.unheard, now_ms)
         self.tick(now_ms)
+
+    def _record_from(self, now_ms: int) -> None:
+        """Record the stream from the caller's first audio kept (it came in real time, up to now)."""
+        held_pcm, rate_hz = self._inbound.held_pcm(), self._inbound.rate_hz
+        held = sum(map(len, held_pcm)) // PCM16_SAMPLE_BYTES
+        self.recorder = self.ledger.recorder = StereoRecorder(
+            rate_hz=rate_hz, agent_rate_hz=self._agent.rate_hz, agent_encoding=self._agent.encoding,
+            started_ms=now_ms - held * 1000 // rate_hz,
+        )
+        for pcm in held_pcm:
+            self.recorder.caller(pcm)
 
     def _play_unheard(self, unheard: UnheardAudio, now_ms: int) -> None:
         """The last stream's unheard rest of a reply, first: its frames as they were, when this stream carries the
         same audio; its later audio (if the engine was still generating it) follows on the same response."""
         response_id = unheard.response_id
-        same = (unheard.encoding, unheard.rate_hz, unheard.frame_ms) == (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
-        if not same:
+        if not self._agent.carries(unheard):
             heard = self._heard.heard_before(response_id)
             if unheard.ended and heard > 0:
                 self._tell(response_id, heard, truncate=True)
             return
-        audio = base64.b64decode(unheard.audio)
-        frame_bytes = self._out_rate_hz * self._out_encoding.sample_bytes * unheard.frame_ms // 1000
-        self.ledger.enqueue(response_id, [audio[i : i + frame_bytes] for i in range(0, len(audio), frame_bytes)], now_ms)
+        frames = self._agent.unheard_frames(unheard, base64.b64decode(unheard.audio))
+        self.ledger.enqueue(response_id, frames, now_ms)
         self._heard.generated(response_id, unheard.generated_ms)
         if unheard.ended:
             self.ledger.end_response(response_id, now_ms)
         else:  # its later audio continues the same frames (``_on_audio``)
-            self._out_response = response_id
+            self._agent.continue_unheard(response_id)
 
     def start_refused(self, reason: str) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
@@ -669,19 +462,19 @@ class CallSession:
                 behind_ms = self.input_ms - audio_end_ms
                 detected_ms = now_ms - behind_ms if 0 <= behind_ms <= _TURN_BEHIND_MAX_MS else now_ms
                 self._caller_stopped_ms = detected_ms - self._turn_silence_ms
-                self._caller_speaking, self._caller_active_ms, self._reprompted = False, now_ms, False
+                self._silence.caller_spoke(speaking=False, now_ms=now_ms)
             case SpeechStarted():
-                self._caller_speaking, self._caller_active_ms, self._reprompted = True, now_ms, False
+                self._silence.caller_spoke(speaking=True, now_ms=now_ms)
             case ResponseDone(response_id, status, _, _):
                 if status == "cancelled":
                     self._interrupt(response_id, now_ms)
-                    self._respond_after_response = False  # the caller took the turn: its response hears the result
-                elif response_id == self._out_response:
+                    self._after_reply.respond = False  # the caller took the turn: its response hears the result
+                elif response_id == self._agent.response_id:
                     self._finish_response(now_ms)
             case OverlapDecision(action, _, _) if action == "barge_in":
-                self._interrupt(self._out_response, now_ms)
+                self._interrupt(self._agent.response_id, now_ms)
             case OutputAudioCleared(response_id):
-                self._interrupt(response_id or self._out_response, now_ms)
+                self._interrupt(response_id or self._agent.response_id, now_ms)
             case SessionClosed() | SessionExpired():
                 reason = f"engine_{type(event).__name__}:{event.reason}"
                 if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
@@ -702,8 +495,8 @@ class CallSession:
                 self._close_transport()
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
-        if self.hang_up_after_playout is not None:
-            self._end_for_agent_when_played(now_ms)
+        if self._after_reply.hang_up_reason is not None:
+            self._hang_up_when_played(now_ms)
         self._respond_when_silent(now_ms)
 
     def engine_failed(self, reason: str, now_ms: int) -> None:
@@ -739,13 +532,9 @@ class CallSession:
         played; at once without one)."""
         self._transition(_Trigger.ENGINE_FAILED)
         self.end_reason = reason
-        self._out_response = self._out_resampler = self._out_frames = None
+        self._agent.stop()
         if self.options.failure_tone_ms > 0:
-            frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
-            tone = encode_from_pcm16(self._out_encoding, _failure_tone(self._out_rate_hz, self.options.failure_tone_ms))
-            whole = frames.push(tone)
-            tail = frames.flush()  # the tone's last, short frame, padded
-            self.ledger.enqueue(_FALLBACK_RESPONSE, whole if tail is None else [*whole, tail], now_ms)
+            self.ledger.enqueue(_FALLBACK_RESPONSE, self._agent.tone(self.options.failure_tone_ms), now_ms)
             self.ledger.end_response(_FALLBACK_RESPONSE, now_ms)
         self._drain_ledger(to_engine=False)
         self.tick(now_ms)
@@ -806,10 +595,10 @@ class CallSession:
             generated = self._heard.generated_ms(cut)  # the frames' last one is padded: no more than was generated
             generated_ms = frames_ms if generated is None else min(frames_ms, int(generated) - unplayed.from_ms)
             audio = base64.b64encode(b"".join(unplayed.frames)).decode()
-            encoding = (self._out_encoding.value, self._out_rate_hz, self.ledger.frame_ms)
+            encoding = (self._agent.encoding.value, self._agent.rate_hz, self.ledger.frame_ms)
             self._unheard = UnheardAudio(cut, *encoding, audio, unplayed.ended, generated_ms)
-        elif bound and self._out_response is not None:  # still being generated: the next stream plays the rest
-            cut = self._out_response
+        elif bound and self._agent.response_id is not None:  # still being generated: the next stream plays the rest
+            cut = self._agent.response_id
             self.ledger.flush(now_ms)
             self._drain_ledger()  # the ack of what was heard; no truncation: the reply goes on
             self._heard.cut(cut, self._heard.on_call(cut, self.ledger.heard_ms(cut, now_ms)))
@@ -886,8 +675,8 @@ class CallSession:
         if self.state is CallState.LIVE:
             self.ledger.tick(now_ms)
             self._drain_ledger()
-            if self.hang_up_after_playout is not None:
-                self._end_for_agent_when_played(now_ms)
+            if self._after_reply.hang_up_reason is not None:
+                self._hang_up_when_played(now_ms)
             self._respond_when_silent(now_ms)
             self._check_silence(now_ms)
         elif self.state is CallState.ENDING:
@@ -959,7 +748,7 @@ class CallSession:
         """For the stream's live ticket (a stream that takes the call over from it, should this process die): the
         cut-off replies (``cut_replies``) and the reply still being generated, with what the caller has heard of
         it so far; that stream's acks of it count on from there."""
-        playing = self._out_response
+        playing = self._agent.response_id
         if self.state is CallState.LIVE and playing is not None:
             return self._heard.with_playing(playing, self._heard.on_call(playing, self.ledger.heard_ms(playing, now_ms)))
         return self._heard.cut_replies
@@ -1017,16 +806,9 @@ class CallSession:
             return self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
         if self.state is not CallState.LIVE:
             return None
-        if self.hang_up_after_playout is not None and self._out_response is None:  # hang up once it has played
-            # once looked at, the end of playout (or the goodbye's wait) stays in the past: no busy loop on it
-            ends = [d for d in (self.ledger.playing_until_ms, self._goodbye_due_ms) if d is not None and d > self._hang_up_checked_ms]
-            deadlines = [d for d in (self.ledger.next_deadline_ms(), *ends) if d is not None]
-            return min(deadlines) if deadlines else None
-        if self._respond_after_response and self._out_response is None:  # a tool's result: answered once played
-            until = self.ledger.playing_until_ms
-            due = (until, until + _TOLD_WAIT_MS)
-            deadlines = [d for d in (self.ledger.next_deadline_ms(), *due) if d is not None and d > self._respond_checked_ms]
-            return min(deadlines) if deadlines else None
+        after = self._after_reply
+        if (after.hang_up_reason is not None or after.respond) and self._agent.response_id is None:
+            return after.deadline_ms(self.ledger)  # a hang-up or a tool's answer once the reply has played
         return self.ledger.next_deadline_ms()
 
     # ------------------------------------------------------------ agent actions
@@ -1035,10 +817,11 @@ class CallSession:
         """The carrier work of ``PendingAction`` ``call_id`` is over: the model hears the result; a transfer that
         succeeded ends the call (hung up the carrier's way — SIP's BYE after the REFER — unless the call has
         left the bridge with it). Then drain every output."""
-        action = self._actions_running.pop(call_id, None)
-        if action is not None and self._closing_after_transfer and isinstance(action, TransferCall):
+        actions = self._actions
+        action = actions.finished(call_id)
+        if action is not None and actions.closing_after_transfer and isinstance(action, TransferCall):
             # The stream stopped while the transfer was under way: its result decides how the call ended.
-            self._closing_after_transfer = False
+            actions.closing_after_transfer = False
             self._to_engine(FunctionCallOutput(call_id, result.output()))
             if result.ok:
                 self.end_reason = "transferred"
@@ -1048,9 +831,8 @@ class CallSession:
             return  # the call ended meanwhile: nobody to tell
         self._to_engine(FunctionCallOutput(call_id, result.output()))
         if isinstance(action, ApplicationToolCall):  # the model speaks to the result: now, or after what it is saying
-            self._fillers_said.discard(call_id)
             if self._responding(now_ms):
-                self._respond_after_response = True
+                self._after_reply.respond = True
             else:
                 self._to_engine(CreateResponse())
         if isinstance(action, TransferCall) and result.ok:
@@ -1059,127 +841,67 @@ class CallSession:
     def tool_slow(self, call_id: str, now_ms: int) -> None:
         """The application's tool ``call_id`` has not answered yet (``app.tool_filler_after_s``): where a filler is
         configured and the agent is silent, it is told to say it (once per tool call). Then drain every output."""
-        if (
-            self._tool_filler is None or self.state is not CallState.LIVE or call_id not in self._actions_running
-            or call_id in self._fillers_said or self._responding(now_ms)
-        ):  # fmt: skip
+        filler = self._actions.filler_due(call_id) if self.state is CallState.LIVE else None
+        if filler is None or self._responding(now_ms):
             return
-        self._fillers_said.add(call_id)
-        self._to_engine(CreateTextItem(self._tool_filler))
+        self._actions.filler_said(call_id)
+        self._to_engine(CreateTextItem(filler))
         self._to_engine(CreateResponse())
 
-    def _greeting_plays(self, now_ms: int) -> bool:
-        """A greeting that may not be cut is still to come or playing (then, for good, False)."""
-        assert self._greeting_muted_until_ms is not None
-        if self._greeting_response is None:
-            plays = now_ms < self._greeting_muted_until_ms  # its reply has not begun: not waited for forever
-        else:
-            plays = self._out_response == self._greeting_response or self.ledger.is_playing(now_ms)
-        if not plays:
-            self._greeting_muted_until_ms = None
-        return plays
-
     def _silence_due_ms(self) -> int | None:
-        """When the caller's silence next calls for something (``SilencePolicy``), or None."""
-        policy = self._silence
-        if policy is None or self.state is not CallState.LIVE or self._caller_speaking or self.hang_up_after_playout is not None:
+        """When the caller's silence next calls for something (``SilenceWatch``), or None."""
+        if self.state is not CallState.LIVE or self._after_reply.hang_up_reason is not None:
             return None
-        quiet_since, due = self._line_quiet_since_ms(), []
-        if policy.hangup_ms:
-            due.append(quiet_since + policy.hangup_ms)
-        if policy.reprompt_ms and not self._reprompted:
-            due.append(quiet_since + policy.reprompt_ms)
-        # held back (the agent replying, a tool running): looked at again a little later, not at every tick
-        return max(min(due), self._silence_checked_ms + _SILENCE_RECHECK_MS) if due else None
+        return self._silence.due_ms(self.ledger.playing_until_ms)
 
     def _check_silence(self, now_ms: int) -> None:
         """The caller has said nothing for long enough: the model is told to prompt them, or to say goodbye (and the
         call is hung up once that has played). Never while the agent is speaking or a reply is coming."""
-        policy = self._silence
-        if policy is None or self._caller_speaking or self.hang_up_after_playout is not None:
+        silence = self._silence
+        if not silence.watching or self._after_reply.hang_up_reason is not None:
             return
-        self._silence_checked_ms = now_ms
-        if self._responding(now_ms) or self._actions_running:
+        busy = self._responding(now_ms) or bool(self._actions.running)
+        prompt = silence.check(now_ms, self.ledger.playing_until_ms, busy=busy)
+        if prompt is None:
             return
-        quiet_ms = now_ms - self._line_quiet_since_ms()
-        if policy.hangup_ms and quiet_ms >= policy.hangup_ms:
-            self._to_engine(CreateTextItem(policy.goodbye))
-            self._to_engine(CreateResponse())
-            self.hang_up_after_playout = "caller_silent"
-            self._goodbye_due_ms = now_ms + _GOODBYE_WAIT_MS  # its reply plays first (if it comes)
-            self._out.append(Observed("silence", quiet_ms, detail="hang_up"))
-        elif policy.reprompt_ms and not self._reprompted and quiet_ms >= policy.reprompt_ms:
-            self._reprompted = True
-            self._to_engine(CreateTextItem(policy.reprompt))
-            self._to_engine(CreateResponse())
-            self._out.append(Observed("silence", quiet_ms, detail="reprompt"))
-
-    def _line_quiet_since_ms(self) -> int:
-        """Since when neither the caller nor the agent has spoken (the session's start at the earliest)."""
-        return max(self._caller_active_ms, self.ledger.playing_until_ms)
+        self._to_engine(CreateTextItem(prompt.text))
+        self._to_engine(CreateResponse())
+        if prompt.hang_up:
+            self._after_reply.goodbye_asked(now_ms)
+        self._out.append(Observed("silence", prompt.quiet_ms, detail="hang_up" if prompt.hang_up else "reprompt"))
 
     def _respond_when_silent(self, now_ms: int) -> None:
-        """A tool's result reached the model while the agent spoke: once that has played out and the engine was
-        told so (it refuses a response while it counts the last one as playing: ``response_already_active``), the
-        model answers it; at most ``_TOLD_WAIT_MS`` after the playout, told or not (a carrier's last mark lost)."""
-        if not self._respond_after_response or self.state is not CallState.LIVE:
+        """A tool's result reached the model while the agent spoke: the model answers it once that has played out
+        and the engine was told so (``AfterReply.respond_due``)."""
+        after = self._after_reply
+        if not after.respond or self.state is not CallState.LIVE:
             return
-        self._respond_checked_ms = now_ms
-        if self._responding(now_ms):
-            return
-        last = self._last_response
-        told = last is None or self._heard.told(last) >= int(self._heard.generated_ms(last) or 0.0) - self.ledger.frame_ms
-        if told or now_ms >= self.ledger.playing_until_ms + _TOLD_WAIT_MS:
-            self._respond_after_response = False
+        last, heard = after.last_response, self._heard
+        told_all = last is None or heard.told(last) >= int(heard.generated_ms(last) or 0.0) - self.ledger.frame_ms
+        playing_until = self.ledger.playing_until_ms
+        if after.respond_due(now_ms, responding=self._responding(now_ms), told_all=told_all, playing_until_ms=playing_until):
             self._to_engine(CreateResponse())
 
     def _responding(self, now_ms: int) -> bool:
         """The agent's reply is arriving or playing."""
-        return self._out_response is not None or self.ledger.is_playing(now_ms)
+        return self._agent.response_id is not None or self.ledger.is_playing(now_ms)
 
     def _on_function_call(self, call: FunctionCall) -> None:
-        options = self.options
-        if call.name in self._application_tools:
-            if self.hang_up_after_playout is not None or any(isinstance(a, TransferCall) for a in self._actions_running.values()):
-                busy = "the call is ending" if self.hang_up_after_playout is not None else "a transfer is in progress"
-                self._to_engine(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
-                return
-            tool = ApplicationToolCall(call.name, dict(call.arguments))
-            self._actions_running[call.call_id] = tool
-            self._out.append(Perform(PendingAction(call.call_id, tool)))
-            return
-        action = (
-            parse_call(call, options.transfer_targets)
-            if options.call_actions
-            else ActionResult.failed("unknown_tool", "call actions are disabled")
-        )
-        if isinstance(action, ActionResult):
-            self._to_engine(FunctionCallOutput(call.call_id, action.output()))
-        elif isinstance(action, EndCall):
-            self._to_engine(FunctionCallOutput(call.call_id, ActionResult.done().output()))
-            self.hang_up_after_playout = self.hang_up_after_playout or "agent_hung_up"
-        elif self.hang_up_after_playout is not None or any(isinstance(a, TransferCall) for a in self._actions_running.values()):
-            busy = "the call is ending" if self.hang_up_after_playout is not None else "a transfer is in progress"
-            self._to_engine(FunctionCallOutput(call.call_id, ActionResult.failed("busy", busy).output()))
-        else:
-            self._actions_running[call.call_id] = action
-            self._out.append(Perform(PendingAction(call.call_id, action)))
+        if self._actions.function_call(call, self._out, ending=self._after_reply.hang_up_reason is not None):
+            self._after_reply.end_call_asked()
 
-    def _end_for_agent_when_played(self, now_ms: int) -> None:
-        """``end_call``: once the response being received has ended and its audio has played, hang up."""
-        reason = self.hang_up_after_playout
-        self._hang_up_checked_ms = now_ms
-        if reason is None or self.state is not CallState.LIVE or self._out_response is not None or self.ledger.is_playing(now_ms):
-            return
-        if self._goodbye_due_ms is not None and now_ms < self._goodbye_due_ms:
-            return  # the goodbye asked for has not come yet
-        self._end_by_agent(reason, hang_up=True)
+    def _hang_up_when_played(self, now_ms: int) -> None:
+        """``end_call`` (or a silent caller's goodbye): once the reply being received has ended and its audio has
+        played, hang up."""
+        reason = self._after_reply.hang_up_due(now_ms, self._agent.response_id, self.ledger)
+        if reason is not None and self.state is CallState.LIVE:
+            self._end_by_agent(reason, hang_up=True)
 
     def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
         self._transition(_Trigger.AGENT_ENDED)
         self.end_reason = reason
         self._to_engine(CloseSession(reason))
-        self._actions_running.clear()
+        self._actions.running.clear()
         if hang_up:
             self._hang_up(reason)
         self._close_transport()
@@ -1208,16 +930,14 @@ class CallSession:
                 self.start_request = event
                 self.ledger = self._ledger_for(self.codec.profile)
                 self._inbound.start(event.encoding, event.rate_hz)
-                self._out_encoding = event.out_encoding or event.encoding
-                self._out_rate_hz = event.out_rate_hz or event.rate_hz
+                self._agent.start(event.out_encoding or event.encoding, event.out_rate_hz or event.rate_hz, self.ledger.frame_ms)
             case StreamStopped():
                 bound = self.state is CallState.LIVE
                 self._transition(_Trigger.STOPPED)
                 self.end_reason = "caller_hung_up"
-                transferring = bound and any(isinstance(a, TransferCall) for a in self._actions_running.values())
-                if transferring:  # most likely the transfer's own doing (a carrier stops the stream as the transfer lands)
-                    self._closing_after_transfer = True  # the model hears its result first (``action_finished``)
-                elif bound:
+                # a transfer under way: most likely the transfer's own doing (a carrier stops the stream as the transfer
+                # lands); the model hears its result first (``action_finished``)
+                if bound and not self._actions.stream_stopped():
                     self._to_engine(CloseSession("call_ended"))
                 self._close_transport()
             case StreamConnected():
@@ -1255,7 +975,7 @@ class CallSession:
         audio = read.audio
         if not audio:
             return
-        if self._greeting_muted_until_ms is not None and self._greeting_plays(now_ms):
+        if self._greeting.mutes(now_ms, self._agent.response_id, self.ledger):
             audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
         self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 
@@ -1269,56 +989,53 @@ class CallSession:
     # -------------------------------------------------------------- engine side
 
     def _on_audio(self, delta: AudioDelta, now_ms: int) -> None:
-        if delta.response_id in self._interrupted:
+        agent, response_id = self._agent, delta.response_id
+        if response_id in agent.interrupted:
             self.late_deltas_dropped += 1
             return
-        if delta.response_id != self._out_response or self._out_resampler is None:
-            if self._out_response is not None and self._out_response != delta.response_id:
+        if response_id != agent.response_id or not agent.converting:
+            if agent.response_id is not None and agent.response_id != response_id:
                 self._finish_response(now_ms)
-            self._out_response = self._last_response = delta.response_id
-            if self._greeting_muted_until_ms is not None and self._greeting_response is None:
-                self._greeting_response = delta.response_id  # the first reply of a new session: the greeting
-            self._goodbye_due_ms = None  # a goodbye asked for is this reply: it plays, then the hang-up
+            agent.begin(response_id, delta.rate_hz)
+            self._after_reply.reply_began(response_id)  # a goodbye asked for is this reply: it plays, then the hang-up
+            self._greeting.reply_began(response_id)  # the first reply of a new session: the greeting
             if self._caller_stopped_ms is not None:  # the reply to the caller's turn: its first audio goes out now
-                self._out.append(Observed("turn", max(0, now_ms - self._caller_stopped_ms), response_id=delta.response_id))
+                self._out.append(Observed("turn", max(0, now_ms - self._caller_stopped_ms), response_id=response_id))
                 self._caller_stopped_ms = None
-            self._out_resampler = StreamResampler(delta.rate_hz, self._out_rate_hz, self.options.resampler_quality)
-            self._out_frames = FrameAssembler(self._out_rate_hz, self._out_encoding, self.ledger.frame_ms)
             self._heard.response_began()
-        response_id = delta.response_id
         self._heard.generated(response_id, len(delta.pcm) * 500 / delta.rate_hz)
-        self._enqueue_pcm(self._out_resampler.process(delta.pcm), now_ms)
+        self._enqueue(response_id, agent.frames(delta.pcm), now_ms)
 
-    def _enqueue_pcm(self, pcm: bytes, now_ms: int) -> None:
-        assert self._out_frames is not None and self._out_response is not None
-        if pcm:
-            self.ledger.enqueue(self._out_response, self._out_frames.push(encode_from_pcm16(self._out_encoding, pcm)), now_ms)
+    def _enqueue(self, response_id: str, frames: list[bytes] | None, now_ms: int) -> None:
+        if frames is not None:
+            self.ledger.enqueue(response_id, frames, now_ms)
         self._drain_ledger()
 
     def _finish_response(self, now_ms: int) -> None:
         """The response's audio is complete: drain the resampler, pad the last frame, mark its end."""
-        if self._out_response is not None and self._out_resampler is None:  # only the last stream's rest played here
-            self.ledger.end_response(self._out_response, now_ms)
-            self._out_response = None
+        agent, response_id = self._agent, self._agent.response_id
+        if response_id is None:
+            return
+        if not agent.converting:  # only the last stream's rest played here
+            self.ledger.end_response(response_id, now_ms)
+            agent.stop()
             self._drain_ledger()
             return
-        if self._out_response is None or self._out_resampler is None or self._out_frames is None:
-            return
-        self._enqueue_pcm(self._out_resampler.flush(), now_ms)
-        tail = self._out_frames.flush()
+        held, tail = agent.finish()
+        self._enqueue(response_id, held, now_ms)
         if tail is not None:
-            self.ledger.enqueue(self._out_response, [tail], now_ms)
-        self.ledger.end_response(self._out_response, now_ms)
-        self._out_response = self._out_resampler = self._out_frames = None
+            self.ledger.enqueue(response_id, [tail], now_ms)
+        self.ledger.end_response(response_id, now_ms)
         self._drain_ledger()
 
     def _interrupt(self, response_id: str | None, now_ms: int) -> None:
         """Barge-in: stop the agent's audio at the carrier, tell the engine what was heard."""
-        if response_id is None or response_id in self._interrupted:
+        agent = self._agent
+        if response_id is None or response_id in agent.interrupted:
             return
-        self._interrupted.add(response_id)
-        if response_id == self._out_response:
-            self._out_response = self._out_resampler = self._out_frames = None
+        agent.interrupted.add(response_id)
+        if response_id == agent.response_id:
+            agent.stop()
         self._stop_playback(response_id, now_ms)
 
     def _stop_playback(self, response_id: str | None, now_ms: int, *, barge_in: bool = True) -> None:
@@ -1450,11 +1167,3 @@ def engine_failure_kind(reason: str) -> str:
     if code in _ENGINE_FAILURES or code == "engine_stream_failed":
         return code
     return "other"
-
-
-def _failure_tone(rate_hz: int, ms: int) -> bytes:
-    """The reorder tone (480 + 620 Hz, 250 ms on / 250 ms off), PCM16 at ``rate_hz``: "this call cannot go on"."""
-    t = np.arange(rate_hz * ms // 1000) / rate_hz
-    tone = (np.sin(2 * np.pi * 480 * t) + np.sin(2 * np.pi * 620 * t)) * 4000
-    tone[(t % 0.5) >= 0.25] = 0
-    return tone.astype("<i2").tobytes()

@@ -1,5 +1,5 @@
-"""What the settings give each call: its ``CallOptions`` (audio, pacing, timeouts, actions) and the duplex session
-it opens (``SessionConfig``)."""
+"""What the settings give each call: its ``CallOptions`` (audio, pacing, timeouts, actions), the duplex session
+it opens (``SessionConfig``) and what its agent does on a stream (``AgentSetup``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from dataclasses import replace
 from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
+from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call import CallOptions, DtmfMode, SilencePolicy
 from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
 
 __all__ = [
+    "agent_setup",
     "assistant_source",
     "call_options",
     "greeting",
@@ -104,6 +106,25 @@ def tool_filler(settings: Settings, assistant: AssistantConfig | None = None) ->
     """What the agent says while a tool is slow (the assistant's, else ``app.tool_filler``); None: nothing."""
     text = assistant.tool_filler if assistant is not None and assistant.tool_filler is not None else settings.app.tool_filler
     return text or None
+
+
+def agent_setup(
+    settings: Settings, assistant: AssistantConfig | None, *, new_session: bool, recordable: bool, call_ends_at_ms: int | None
+) -> AgentSetup:
+    """What the call's agent does on a stream: the settings, but for what the call's assistant chose. ``new_session``:
+    the call's first session (it is greeted); ``recordable``: recordings are stored; ``call_ends_at_ms``: the
+    assistant's own limit on the stream's clock."""
+    records = assistant.recording if assistant is not None and assistant.recording is not None else settings.recording.enabled
+    return AgentSetup(
+        greeting=greeting(settings, assistant, recorded=records) if new_session else None,
+        greeting_interruptible=greeting_interruptible(settings, assistant),
+        application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
+        tool_filler=tool_filler(settings, assistant),
+        silence=silence_policy(settings, assistant),
+        record=records and recordable,
+        call_ends_at_ms=call_ends_at_ms,
+        turn_silence_ms=turn_detection(assistant).silence_duration_ms,
+    )
 
 
 def assistant_source(settings: Settings) -> AssistantSource | None:

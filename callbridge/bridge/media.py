@@ -29,6 +29,7 @@ from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
+from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import (
     BargeInFlushed,
     BindEngine,
@@ -47,15 +48,7 @@ from callbridge.bridge.call import (
     ToEngine,
     engine_failure_kind,
 )
-from callbridge.bridge.call_config import (
-    call_options,
-    greeting,
-    greeting_interruptible,
-    session_config,
-    silence_policy,
-    tool_filler,
-    turn_detection,
-)
+from callbridge.bridge.call_config import agent_setup, call_options, session_config
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
 from callbridge.bridge.carrier_transport import (
@@ -267,9 +260,7 @@ class MediaStreamDriver:
         self.log = self.log.bind(session_id=session.session_id)
         setup = await self._bound_setup(start)
         assistant = setup.assistant if setup is not None else None
-        first_stream = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
-        records = assistant.recording if assistant is not None and assistant.recording is not None else services.settings.recording.enabled
-        greets = greeting(services.settings, assistant, recorded=records) if first_stream else None
+        new_session = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
         if setup is not None and services.events is not None:
             await self._begin_report(start)
             self._report_bound(session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
@@ -284,15 +275,11 @@ class MediaStreamDriver:
                 await self._do_steps(life, start, held)
                 return
             self.session = session
-            self.call.engine_bound(
-                session.capabilities, _now_ms(), call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
-                told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER, greeting=greets,
-                application_tools=frozenset(tool.name for tool in assistant.tools) if assistant else frozenset(),
-                tool_filler=tool_filler(services.settings, assistant), silence=silence_policy(services.settings, assistant),
-                record=records and services.recordings is not None,
-                greeting_interruptible=greeting_interruptible(services.settings, assistant),
-                call_ends_at_ms=_call_ends_at_ms(setup), turn_silence_ms=turn_detection(assistant).silence_duration_ms,
-            )
+            agent = agent_setup(
+                services.settings, assistant, new_session=new_session, recordable=services.recordings is not None,
+                call_ends_at_ms=_call_ends_at_ms(setup),
+            )  # fmt: skip
+            self.call.engine_bound(EngineBinding.of(bind, session.capabilities, agent), _now_ms())
             if self.call.recorder is not None and services.recordings is not None:
                 self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)
             services.call_bound(start.call_id)

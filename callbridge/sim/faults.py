@@ -70,6 +70,7 @@ from typing import Final, Literal, NoReturn, Protocol
 
 import numpy as np
 
+from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import BargeInFlushed, CallOptions, CallSession, CallState, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
     TAKEOVER_AFTER_MS,
@@ -721,10 +722,7 @@ class SimulatedCall:
             if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
                 self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
         registry.bound = True
-        call.engine_bound(
-            self.engine.capabilities, self.now_ms, call_offset_ms=bind.call_offset_ms, heard_ms=bind.heard_ms, unheard=bind.unheard,
-            told_ms=bind.told_ms, taken_over=bind.source is BindSource.TAKEN_OVER,
-        )
+        call.engine_bound(EngineBinding.of(bind, self.engine.capabilities), self.now_ms)
         self._write_live_ticket(call)  # the replay after it: what this stream takes from now on
         replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
         for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
+from callbridge.bridge.binding import AgentSetup, EngineBinding
 from callbridge.bridge.call import (
     TAKEOVER_TELLS_HELD_MS,
     BargeInFlushed,
@@ -63,6 +64,8 @@ from tests.carriers.test_twilio import CALL, CONNECTED, SID, START, media
 pytestmark = pytest.mark.core
 
 CAPS = Capabilities(supports_barge_in=True, supports_session_resume=True, supports_audio_truncate=True, supports_playback_ack=True)
+AGENT_FIELDS = frozenset(field.name for field in fields(AgentSetup))
+"""``Harness.live``'s keywords that set the agent (``AgentSetup``), not the session (``EngineBinding``)."""
 
 
 def agent_audio(ms: int, rate_hz: int = 24000) -> bytes:
@@ -123,7 +126,8 @@ class Harness:
         self.receive(CONNECTED)
         self.receive(START)
         assert self.call.start_request is not None and self.call.start_request.call_id == CALL
-        self.call.engine_bound(CAPS, self.now_ms, heard_ms=heard_ms, **bound)
+        agent = {name: bound.pop(name) for name in AGENT_FIELDS & bound.keys()}
+        self.call.engine_bound(EngineBinding(CAPS, heard_ms=heard_ms, agent=AgentSetup(**agent), **bound), self.now_ms)
         self.drain()
         return self
 
@@ -163,7 +167,7 @@ class TestInbound:
         for i in range(25):
             h.receive(media(caller_frame(i), timestamp=str(20 * i)))
         assert h.call.state is CallState.STARTING and h.of(AppendAudio) == []
-        h.call.engine_bound(CAPS, 0)
+        h.call.engine_bound(EngineBinding(CAPS), 0)
         h.drain()
         assert sum(len(c.pcm) for c in h.of(AppendAudio)) // 32 >= 500 - 120
 
@@ -177,7 +181,7 @@ class TestInbound:
         for i, frame in enumerate(frames[:10]):  # 200 ms before the bind
             h.now_ms += 20
             h.receive(media(frame, timestamp=str(20 * i)))
-        h.call.engine_bound(CAPS, h.now_ms, record=True)
+        h.call.engine_bound(EngineBinding(CAPS, agent=AgentSetup(record=True)), h.now_ms)
         h.drain()
         assert h.call.recorder is not None and h.call.recorder.started_ms == h.now_ms - 200
         for i, frame in enumerate(frames[10:], start=10):
@@ -461,7 +465,7 @@ class TestEnding:
         h = Harness(lead_ms=200)
         h.receive(CONNECTED)
         h.receive(START)
-        h.call.engine_bound(CAPS, h.now_ms, heard_ms=cut, unheard=unheard)
+        h.call.engine_bound(EngineBinding(CAPS, heard_ms=cut, unheard=unheard), h.now_ms)
         h.drain()
         h.advance(2000)
         assert unheard is not None and len(h.media_frames()) * 160 == len(base64.b64decode(unheard.audio))
@@ -478,7 +482,7 @@ class TestEnding:
         h = Harness(lead_ms=200)
         h.receive(CONNECTED)
         h.receive(START)
-        h.call.engine_bound(CAPS, h.now_ms, heard_ms=cut, unheard=replace(unheard, encoding="pcma"))
+        h.call.engine_bound(EngineBinding(CAPS, heard_ms=cut, unheard=replace(unheard, encoding="pcma")), h.now_ms)
         h.drain()
         assert h.of(TruncateItem) == [TruncateItem("item_resp-1", dict(cut)["resp-1"])] and h.events("media") == []
 
@@ -510,7 +514,7 @@ class TestEnding:
     def test_resumed_stream_continues_the_call_timeline(self) -> None:
         call = CallSession(TwilioCodec(), CallOptions())
         call.receive_message(START, 0)
-        call.engine_bound(CAPS, 0, call_offset_ms=61_000)
+        call.engine_bound(EngineBinding(CAPS, call_offset_ms=61_000), 0)
         call.receive_message(media(caller_frame(), timestamp="0"), 0)
         assert call.input_ms == 61_020
 
@@ -845,7 +849,7 @@ class TestLeavingTheStream:
         call = CallSession(ExotelCodec(), CallOptions())
         call.receive_message(test_exotel.CONNECTED, 0)
         call.receive_message(test_exotel.START, 0)
-        call.engine_bound(CAPS, 0)
+        call.engine_bound(EngineBinding(CAPS), 0)
         assert call.state is CallState.LIVE
         assert not call.move_elsewhere(0) and call.state is CallState.LIVE  # closing Exotel's socket ends its call
 

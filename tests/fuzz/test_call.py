@@ -14,6 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from callbridge.bridge.actions import ActionResult
+from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState, Perform, ToCarrier
 from callbridge.carriers.audiosocket.wire import AudioSocketCodec
 from callbridge.engine.errors import EngineError
@@ -115,7 +116,7 @@ class Driver:
             return
         elif kind == "bind" and call.state is CallState.STARTING and call.start_request is not None:
             if value:
-                call.engine_bound(CAPS, self.now_ms)
+                call.engine_bound(EngineBinding(CAPS), self.now_ms)
             else:
                 call.start_refused("fuzz")
         elif kind == "lost":

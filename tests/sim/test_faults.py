@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from callbridge.bridge import limits as limits_module
+from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallSession
 from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.inbound import MESSAGE_BURST, MESSAGES_PER_S, MessageBucket
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.compiled import compiled_modules
-from callbridge.engine.events import Capabilities
 from callbridge.sim.faults import (
     SimulatedCall,
     SimulatedCalls,
@@ -142,10 +142,8 @@ class TestPlantedBugsAreCaught:
     def test_heard_positions_restarting_on_the_next_stream(self, monkeypatch: pytest.MonkeyPatch) -> None:
         original = CallSession.engine_bound
 
-        def forgetting(call: CallSession, capabilities: Capabilities, now_ms: int, call_offset_ms: int | None = None,
-                       heard_ms: tuple[tuple[str, int], ...] = (), unheard: Any = None, told_ms: Any = (),
-                       taken_over: bool = False) -> None:  # fmt: skip
-            original(call, capabilities, now_ms, call_offset_ms, unheard=unheard, taken_over=taken_over)  # heard positions dropped
+        def forgetting(call: CallSession, binding: EngineBinding, now_ms: int) -> None:
+            original(call, replace(binding, heard_ms=(), told_ms=()), now_ms)  # heard positions dropped
 
         monkeypatch.setattr(CallSession, "engine_bound", forgetting)
         assert "went back" in first_violation(range(400)).what
@@ -155,8 +153,8 @@ class TestPlantedBugsAreCaught:
         taking-over stream tells of the replayed barge-in, from the older ticket, falls short of what was told."""
         original = CallSession.engine_bound
 
-        def not_holding(call: CallSession, *args: Any, taken_over: bool = False, **kwargs: Any) -> None:
-            original(call, *args, **kwargs)
+        def not_holding(call: CallSession, binding: EngineBinding, now_ms: int) -> None:
+            original(call, replace(binding, taken_over=False), now_ms)
 
         monkeypatch.setattr(CallSession, "engine_bound", not_holding)
         assert "went back" in first_violation([2600, 2805]).what
