@@ -208,7 +208,7 @@ def test_env_and_set_take_lists_and_integer_choices_as_toml_does(
     assignment: tuple[str, ...], env: dict[str, str], shown: tuple[str, str, object]
 ) -> None:
     """Before: ``--set 'engine.urls=["ws://…"]'`` kept the quotes inside the URL, a TOML-form env list was refused,
-    and ``CALLBRIDGE_VONAGE__AUDIO_RATE_HZ=8000`` (the README's own example) made ``serve`` refuse to start."""
+    and ``CALLBRIDGE_VONAGE__AUDIO_RATE_HZ=8000`` (docs/carriers.md's own example) made ``serve`` refuse to start."""
     import tomllib
 
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}

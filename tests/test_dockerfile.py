@@ -68,7 +68,7 @@ def pip_steps(instructions: list[dict[str, str]]) -> list[str]:
 
 
 def test_the_build_stage_compiles_and_the_image_installs_only_its_wheels(stages: list[list[dict[str, str]]]) -> None:
-    """The image runs the compiled build (README "The compiled build"): the build stage makes the wheels with
+    """The image runs the compiled build (docs/development.md, "The compiled build"): the build stage makes the wheels with
     ``CALLBRIDGE_COMPILE=1``; the image installs from them alone, with the fleet's extra, and serves."""
     build, image = stages
     (building,) = pip_steps(build)

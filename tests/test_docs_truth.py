@@ -140,14 +140,14 @@ def _block_after(text: str, marker: str, language: str) -> str:
     return text[opening : text.index("```", opening)]
 
 
-def test_the_readmes_adding_a_carrier_example_is_the_code() -> None:
-    """The README's jambonz example: each added line of its registry diff is in the registry, and its SPEC is the
+def test_the_adding_a_carrier_example_is_the_code() -> None:
+    """docs/carriers.md's jambonz example: each added line of its registry diff is in the registry, and its SPEC is the
     package's (comments aside)."""
-    readme = (ROOT / "README.md").read_text()
+    page = (ROOT / "docs" / "carriers.md").read_text()
     registry = (ROOT / "callbridge/carriers/__init__.py").read_text()
-    added = [line[1:] for line in _block_after(readme, "#### Adding a carrier", "diff").splitlines() if line.startswith("+") and not line.startswith("+++")]
+    added = [line[1:] for line in _block_after(page, "### Adding a carrier", "diff").splitlines() if line.startswith("+") and not line.startswith("+++")]
     assert added and all(line in registry.splitlines() for line in added), added
-    shown = _block_after(readme, "Its `SPEC` is the record", "python")
+    shown = _block_after(page, "Its `SPEC` is the record", "python")
     package = (ROOT / "callbridge/carriers/jambonz/__init__.py").read_text()
     code = package[package.index("SPEC = CarrierSpec(") :]
     code = code[: code.index("\n)\n") + 3]

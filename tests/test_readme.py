@@ -1,4 +1,5 @@
-"""The README stays true: its engine client example holds a spoken exchange with a real ``engine-server``."""
+"""The docs stay true: the engine page's client example (``docs/engine.md``) holds a spoken exchange with a real
+``engine-server``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_engine_client_example_talks_to_engine_server() -> None:
-    readme = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- engine-client-example -->\n```python\n(.*?)```", readme, re.DOTALL)
-    assert match, "the README lost its engine client example"
+    page = (ROOT / "docs" / "engine.md").read_text()
+    match = re.search(r"<!-- engine-client-example -->\n```python\n(.*?)```", page, re.DOTALL)
+    assert match, "docs/engine.md lost its engine client example"
     port = free_port()
     code = match.group(1).replace("ws://127.0.0.1:8091", f"ws://127.0.0.1:{port}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")}
