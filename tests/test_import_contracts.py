@@ -5,6 +5,7 @@ and no module imports itself back through others, not even lazily inside a funct
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -71,44 +72,14 @@ def test_the_carrier_contracts_see_a_forbidden_import() -> None:
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan's, iteratively)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    found: list[list[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            module, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.find_modules_directly_imported_by(child)))))
-                elif child in on_stack:
-                    low[module] = min(low[module], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[module])
-            if low[module] == index[module]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == module:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
+    """The strongly connected components of more than one module: ``bench/layout.py``'s finder, on grimp's graph."""
+    layout = sys.modules.get("bench_layout")
+    if layout is None:  # a script, not a package's module: loaded by its path (registered, as its dataclasses need)
+        spec = importlib.util.spec_from_file_location("bench_layout", ROOT / "bench" / "layout.py")
+        assert spec is not None and spec.loader is not None
+        layout = sys.modules["bench_layout"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(layout)
+    found: list[list[str]] = layout.circles({module: set(graph.find_modules_directly_imported_by(module)) for module in graph.modules})
     return found
 
 

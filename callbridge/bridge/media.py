@@ -30,11 +30,12 @@ from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.binding import EngineBinding
-from callbridge.bridge.call import (
+from callbridge.bridge.call import CallSession, engine_failure_kind
+from callbridge.bridge.call_config import agent_setup, call_options, session_config
+from callbridge.bridge.call_outputs import (
     BargeInFlushed,
     BindEngine,
     CallerAudioBegan,
-    CallSession,
     CloseTransport,
     HangUpCall,
     MarkLag,
@@ -46,9 +47,7 @@ from callbridge.bridge.call import (
     StreamReport,
     ToCarrier,
     ToEngine,
-    engine_failure_kind,
 )
-from callbridge.bridge.call_config import agent_setup, call_options, session_config
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
 from callbridge.bridge.carrier_transport import (
