@@ -46,9 +46,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).parent))
 from loadtest_carriers import CALLBRIDGE, _env_for
 
-from callbridge.carriers import simulated
 from callbridge.config import load_settings
-from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier
+from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier, simulated
 from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call, _server_rss_mb
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav, wait_http_up
 

@@ -54,6 +54,7 @@ from callbridge.config_types import (
     url_check,
     whole_number,
 )
+from callbridge.logging import LogFormat
 
 __all__ = [
     "CONFIG_FILE_ENV",
@@ -67,12 +68,6 @@ __all__ = [
 ]
 
 CONFIG_FILE_ENV = "CALLBRIDGE_CONFIG"
-
-class LogFormat(enum.Enum):
-    AUTO = "auto"  # console on a terminal, JSON lines otherwise
-    JSON = "json"
-    CONSOLE = "console"
-
 
 class ServerSettings(Section):
     host: str = "127.0.0.1"

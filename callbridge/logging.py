@@ -12,16 +12,32 @@ Per-frame code must not log unconditionally: guard with a flag computed once
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
-from typing import Any, Final, TextIO
+from typing import Any, Final, Protocol, TextIO
 
 import orjson
 import structlog
 
-from callbridge.config import LogFormat, LogSettings
+__all__ = ["LogFormat", "LogOptions", "call_logger", "configure_logging", "get_logger"]
 
-__all__ = ["call_logger", "configure_logging", "get_logger"]
+
+class LogFormat(enum.Enum):
+    AUTO = "auto"  # console on a terminal, JSON lines otherwise
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class LogOptions(Protocol):
+    """What the set-up reads of the settings (``[log]``: ``config.LogSettings``): taken as this, so that logging
+    imports nothing of the configuration (the engine client gets a logger without the whole settings schema)."""
+
+    @property
+    def level(self) -> str: ...
+
+    @property
+    def format(self) -> LogFormat: ...
 
 _LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -30,7 +46,7 @@ def _orjson_dumps(event: Any, **_: Any) -> str:
     return orjson.dumps(event, default=str).decode()
 
 
-def configure_logging(settings: LogSettings, stream: TextIO | None = None) -> None:
+def configure_logging(settings: LogOptions, stream: TextIO | None = None) -> None:
     """Route structlog and stdlib logging to ``stream`` (stderr) in the configured format and level.
 
     Call once at process start, before the first log line; calling again replaces the set-up.

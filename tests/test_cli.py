@@ -139,8 +139,8 @@ def test_simulate_offers_every_simulated_carrier() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", loaded  # only the packages' specs (and settings sections), no wire/http/sim module
-    from callbridge.carriers import simulated
     from callbridge.cli import main
+    from callbridge.sim.simulators import simulated
 
     for command in ("simulate", "loadtest"):
         with pytest.raises(SystemExit):

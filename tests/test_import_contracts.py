@@ -9,6 +9,7 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import grimp
 
@@ -71,15 +72,21 @@ def test_the_carrier_contracts_see_a_forbidden_import() -> None:
     assert graph.direct_import_exists(importer="callbridge.bridge", imported="callbridge.carriers.plivo", as_packages=True)
 
 
-def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """The strongly connected components of more than one module: ``bench/layout.py``'s finder, on grimp's graph."""
+def _layout() -> ModuleType:
+    """``bench/layout.py``: a script, not a package's module, loaded by its path (registered, as its dataclasses
+    need)."""
     layout = sys.modules.get("bench_layout")
-    if layout is None:  # a script, not a package's module: loaded by its path (registered, as its dataclasses need)
+    if layout is None:
         spec = importlib.util.spec_from_file_location("bench_layout", ROOT / "bench" / "layout.py")
         assert spec is not None and spec.loader is not None
         layout = sys.modules["bench_layout"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(layout)
-    found: list[list[str]] = layout.circles({module: set(graph.find_modules_directly_imported_by(module)) for module in graph.modules})
+    return layout
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected components of more than one module: ``bench/layout.py``'s finder, on grimp's graph."""
+    found: list[list[str]] = _layout().circles({module: set(graph.find_modules_directly_imported_by(module)) for module in graph.modules})
     return found
 
 
@@ -89,6 +96,13 @@ def test_no_import_circle() -> None:
     they never run, and they are how a record like ``CarrierSpec`` names the bridge it is handed without
     importing it (the settings read the carrier registry, whose specs annotate with ``Settings``)."""
     assert _cycles(_graph()) == []
+
+
+def test_no_import_circle_even_through_type_only_imports() -> None:
+    """Not even an import under ``if TYPE_CHECKING:`` closes a circle (issue #39; ``bench/layout.py`` counts them):
+    the carrier registry names what it needs of the bridge and the simulators by reference, and its types are its
+    own; logging takes its settings as a protocol."""
+    assert _layout().measure(ROOT).circles == []
 
 
 def test_the_cycle_finder_finds_a_circle(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ import httpx
 import psutil
 import pytest
 
-from callbridge.carriers import simulated
 from callbridge.cli import main
 from callbridge.config import Settings, load_settings
 from callbridge.sim.loadtest import (
@@ -34,6 +33,7 @@ from callbridge.sim.loadtest import (
 )
 from callbridge.sim.ports import free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
+from callbridge.sim.simulators import simulated
 from tests.bridge.twilio_e2e import until
 
 pytestmark = pytest.mark.hot_path

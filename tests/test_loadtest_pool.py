@@ -17,7 +17,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from callbridge.carriers import simulated
 from callbridge.cli import main
 from callbridge.sim.loadtest import (
     CallSamples,
@@ -29,6 +28,7 @@ from callbridge.sim.loadtest import (
 from callbridge.sim.loadtest_plot import per_second, write_png
 from callbridge.sim.loadtest_pool import _RestRouter, processes_for, shareable_problem
 from callbridge.sim.ports import free_port
+from callbridge.sim.simulators import simulated
 
 SIMULATED = simulated()
 

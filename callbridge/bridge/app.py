@@ -26,6 +26,7 @@ from prometheus_client import (
 from callbridge import __version__
 from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
+from callbridge.bridge.carrier_plugin import load_carrier
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.group_metrics import PUBLISH_EVERY_S, GroupPublisher, group_metrics_dir
@@ -66,7 +67,7 @@ class BridgeState:
         self.build_info.info({"version": __version__, "compiled": "true" if compiled_modules() else "false"})
         self.group: GroupPublisher | None = None
         """A ``--workers`` worker's: ``/metrics`` answers for the whole process group (``group_metrics``)."""
-        self.carriers = tuple(spec.load_carrier() for spec in CARRIERS)
+        self.carriers = tuple(load_carrier(spec) for spec in CARRIERS)
         rests: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         registry, tokens = build_registry(settings, registry_host)
         self.services = BridgeServices(

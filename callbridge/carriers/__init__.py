@@ -11,7 +11,7 @@ Shared by them: ``base.py`` (typed carrier events and actions, ``RemoteProtocolE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from pydantic import BaseModel
 
@@ -40,10 +40,7 @@ from callbridge.carriers.telnyx import TelnyxSettings
 from callbridge.carriers.twilio import TwilioSettings
 from callbridge.carriers.vonage import VonageSettings
 
-if TYPE_CHECKING:
-    from callbridge.sim.carrier import SimulatedCarrier
-
-__all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "direct_names", "simulated", "simulated_names"]
+__all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "direct_names", "simulated_names"]
 
 CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     twilio.SPEC,
@@ -97,7 +94,3 @@ def direct_names() -> tuple[str, ...]:
     """The carriers whose simulator can call a media websocket straight (``loadtest --ws-url``)."""
     return tuple(spec.name for spec in CARRIERS if spec.direct_protocol is not None)
 
-
-def simulated() -> dict[str, type[SimulatedCarrier]]:
-    """Every simulated carrier, by its carrier's name."""
-    return {spec.name: spec.simulator_class() for spec in CARRIERS if spec.simulator is not None}

@@ -1,36 +1,24 @@
 """What a carrier is to the rest of callbridge: a ``CarrierSpec``, the one record the app, carrier detection, the
-CLI, the configuration and the simulators read (``callbridge.carriers.CARRIERS``), and the ``Carrier`` its HTTP
-side or listener brings.
-
-A ``Carrier`` brings what is its own and nothing else: routes (the answer
-webhook, the media websocket, status callbacks), the REST client that hangs
-a call up, and optionally a listener of its own (a raw TCP server),
-entered for the life of the app. The call logic is shared (``CallSession``,
-``MediaStreamDriver``).
+CLI, the configuration and the simulators read (``callbridge.carriers.CARRIERS``). The ``Carrier`` its HTTP side
+or listener brings is the bridge's plug-in type (``callbridge.bridge.carrier_plugin``); its simulator is the
+simulator's (``callbridge.sim.carrier.simulator_class``); its far end for the fault simulator is ``FarEnd`` here.
 
 A spec names its package's modules by reference (``"http:CARRIER"``), imported when first asked for: reading
 the registry (``--help``, detection's list, the configuration's secrets) imports no carrier's HTTP side, and
-no carrier module imports the registry back.
+no carrier module imports the registry back. The registry imports nothing above it either, not even for types:
+what it names of the bridge and the simulators it names by reference, and its own types are local.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from fastapi import APIRouter
+from callbridge.carriers.base import ProviderCodec
 
-    from callbridge.bridge.services import BridgeServices, CarrierRest
-    from callbridge.carriers.base import ProviderCodec
-    from callbridge.config import Settings
-    from callbridge.sim.carrier import SimulatedCarrier
-    from callbridge.sim.faults import FarEnd
-
-__all__ = ["Capabilities", "Carrier", "CarrierSpec", "Transport", "UpgradeCheck", "UpgradeProof"]
+__all__ = ["Capabilities", "CarrierSpec", "FarEnd", "FarEndMessage", "Transport", "UpgradeCheck", "UpgradeProof"]
 
 Transport = Literal["websocket", "tcp", "sip"]
 """How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), a raw
@@ -53,18 +41,32 @@ UpgradeCheck = Callable[[str, "Mapping[str, str]", "str | None"], "UpgradeProof 
 """``(url, headers, peer)`` → what this carrier's proof on the upgrade says; None: the request carries none."""
 
 
-@dataclass(frozen=True, slots=True)
-class Carrier:
-    """A carrier's HTTP side or listener, entered by the app."""
+FarEndMessage = tuple[Literal["media"], bytes] | tuple[Literal["mark"], str] | tuple[Literal["clear"], None]
 
-    name: str
-    router: Callable[[BridgeServices], APIRouter] | None = None
-    rest: Callable[[Settings], CarrierRest] | None = None
-    listener: Callable[[BridgeServices], AbstractAsyncContextManager[object]] | None = None
-    generic_upgrade: Callable[[Settings], UpgradeCheck] | None = None
-    """How the generic ``/media`` URL checks this carrier's proof on an upgrade; None: it sends none."""
-    subprotocol: str | None = None
-    """The websocket subprotocol its media upgrade asks for (accepted at the generic ``/media`` URL too)."""
+
+class FarEnd(Protocol):
+    """A marking carrier's side of one media stream as messages on its wire, pure: what the carrier sends (its
+    stream's opening, μ-law 8 kHz media, a mark's echo, the stop) and what it reads of what the bridge sends.
+    A carrier's ``sim.py`` writes it; its spec names it (``CarrierSpec.far_end``)."""
+
+    def codec(self) -> ProviderCodec:
+        """The bridge's codec for this carrier's stream."""
+
+    def opening(self, stream_number: int, call_id: str) -> list[str | bytes]:
+        """The call's ``stream_number``-th stream's first messages, up to and with the one that starts the media."""
+
+    def media(self, stream_id: str, ulaw: bytes, media_ms: int) -> str | bytes:
+        """20 ms of caller audio, ``media_ms`` into the stream."""
+
+    def mark_echo(self, stream_id: str, name: str) -> str | bytes:
+        """The mark ``name`` has played."""
+
+    def stop(self, stream_id: str) -> str | bytes:
+        """The caller hung up."""
+
+    def read(self, stream_id: str, message: str | bytes) -> FarEndMessage | str:
+        """What the carrier makes of a message from the bridge on stream ``stream_id``: audio to play, a mark, a
+        clear; a str: the warning the carrier raises instead (the message breaks its protocol)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ class CarrierSpec:
     there."""
     far_end: str | None = None
     """Where the carrier plays what it is sent and echoes marks: ``"module:name"`` of its side of a media stream as
-    pure messages (``callbridge.sim.faults.FarEnd``), for the deterministic fault simulator; None: none."""
+    pure messages (``FarEnd``), for the deterministic fault simulator; None: none."""
     direct_protocol: str | None = None
     """Where its simulator can call straight onto any server that speaks its media websocket (a voice bot, no
     answer webhook: ``loadtest --ws-url``, ``SimulatedCarrier.direct``), that protocol's name; None: it cannot."""
@@ -125,37 +127,25 @@ class CarrierSpec:
         """The package that holds everything of it (``callbridge.carriers.<name>``)."""
         return f"callbridge.carriers.{self.name}"
 
-    def _load(self, reference: str) -> Any:
+    def load(self, reference: str) -> Any:
+        """What ``reference`` (``"module:name"``) names in the carrier's package, imported now."""
         module, _, name = reference.partition(":")
         return getattr(importlib.import_module(f"{self.package}.{module}"), name)
-
-    def load_carrier(self) -> Carrier:
-        carrier = self._load(self.carrier)
-        if not isinstance(carrier, Carrier) or carrier.name != self.name:
-            raise TypeError(f"{self.package}.{self.carrier} is not {self.name}'s Carrier")
-        return carrier
 
     def codec_factory(self) -> Callable[[], ProviderCodec]:
         if self.codec is None:
             raise LookupError(f"{self.name} has no codec of its own")
-        factory: Callable[[], ProviderCodec] = self._load(self.codec)
+        factory: Callable[[], ProviderCodec] = self.load(self.codec)
         return factory
 
     def recogniser(self) -> Callable[[Mapping[str, Any]], bool]:
         if self.recognises is None:
             raise LookupError(f"{self.name} is not recognised on the generic media URL")
-        recognises: Callable[[Mapping[str, Any]], bool] = self._load(self.recognises)
+        recognises: Callable[[Mapping[str, Any]], bool] = self.load(self.recognises)
         return recognises
 
     def far_end_wire(self) -> FarEnd:
         if self.far_end is None:
             raise LookupError(f"{self.name} has no far end for the fault simulator")
-        far_end: FarEnd = self._load(self.far_end)
+        far_end: FarEnd = self.load(self.far_end)
         return far_end
-
-    def simulator_class(self) -> type[SimulatedCarrier]:
-        if self.simulator is None:
-            raise LookupError(f"{self.name} has no simulator")
-        simulated: type[SimulatedCarrier] = self._load(self.simulator)
-        return simulated
-

@@ -66,7 +66,7 @@ import random
 import sys
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, NoReturn, Protocol
+from typing import Final, NoReturn
 
 import numpy as np
 
@@ -96,7 +96,8 @@ from callbridge.bridge.lifecycle import (
 )
 from callbridge.bridge.registry import LiveCall
 from callbridge.carriers import CARRIERS
-from callbridge.carriers.base import ProtocolErrorReason, ProviderCodec
+from callbridge.carriers.base import ProtocolErrorReason
+from callbridge.carriers.spec import FarEnd, FarEndMessage
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.errors import EngineError
@@ -252,34 +253,6 @@ _SPEECH: Final = _speech_frames()
 
 _SILENCE: Final = b"\xff" * 160
 """20 ms of μ-law 8 kHz silence: the far end's frame."""
-
-
-FarEndMessage = tuple[Literal["media"], bytes] | tuple[Literal["mark"], str] | tuple[Literal["clear"], None]
-
-
-class FarEnd(Protocol):
-    """A marking carrier's side of one media stream as messages on its wire, pure: what the carrier sends (its
-    stream's opening, μ-law 8 kHz media, a mark's echo, the stop) and what it reads of what the bridge sends.
-    A carrier's ``sim.py`` writes it; its spec names it (``CarrierSpec.far_end``)."""
-
-    def codec(self) -> ProviderCodec:
-        """The bridge's codec for this carrier's stream."""
-
-    def opening(self, stream_number: int, call_id: str) -> list[str | bytes]:
-        """The call's ``stream_number``-th stream's first messages, up to and with the one that starts the media."""
-
-    def media(self, stream_id: str, ulaw: bytes, media_ms: int) -> str | bytes:
-        """20 ms of caller audio, ``media_ms`` into the stream."""
-
-    def mark_echo(self, stream_id: str, name: str) -> str | bytes:
-        """The mark ``name`` has played."""
-
-    def stop(self, stream_id: str) -> str | bytes:
-        """The caller hung up."""
-
-    def read(self, stream_id: str, message: str | bytes) -> FarEndMessage | str:
-        """What the carrier makes of a message from the bridge on stream ``stream_id``: audio to play, a mark, a
-        clear; a str: the warning the carrier raises instead (the message breaks its protocol)."""
 
 
 def marking_far_end() -> FarEnd:

@@ -59,6 +59,7 @@ from callbridge.sim.carrier import (
     SimStream,
     SimulatedCarrier,
 )
+from callbridge.sim.simulators import simulator_class
 
 __all__ = [
     "CallSamples",
@@ -875,7 +876,7 @@ def secret_from_settings(provider: str, settings: Settings) -> str | None:
 def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     """``export`` lines that point a separately started bridge (and a load test started from the same shell) at
     the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``."""
-    overrides = carrier_spec(provider).simulator_class().exported_settings(secret, rest_url)
+    overrides = simulator_class(carrier_spec(provider)).exported_settings(secret, rest_url)
     lines = []
     for section, values in overrides.items():
         for key, value in values.items():
@@ -911,7 +912,7 @@ async def load_test_samples(
     bridge, but any server that speaks the carrier's media websocket there (``SimulatedCarrier.direct``: no
     webhook)."""
     if ws_url is not None:
-        direct = carrier_spec(provider).simulator_class().direct(ws_url)
+        direct = simulator_class(carrier_spec(provider)).direct(ws_url)
         try:
             return await LoadTest(direct, options).run_samples()
         finally:
@@ -926,7 +927,7 @@ async def load_test_samples(
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
             in_process = replace(options, server_pid=os.getpid(), metrics_url=bridge.base_url)
             return await LoadTest(bridge.carrier, in_process, truncations).run_samples()
-    carrier = carrier_spec(provider).simulator_class()(url, secret)
+    carrier = simulator_class(carrier_spec(provider))(url, secret)
     try:
         if carrier.rest_routes():
             port = urlsplit(rest_url).port

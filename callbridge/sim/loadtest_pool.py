@@ -52,6 +52,7 @@ from callbridge.sim.loadtest import (
     shard_of,
 )
 from callbridge.sim.ports import free_port
+from callbridge.sim.simulators import simulator_class
 
 __all__ = ["CALLS_PER_PROCESS", "processes_for", "run_pooled", "shareable_problem"]
 
@@ -127,7 +128,7 @@ def _child_main(job: _Job, conn: Connection) -> None:
 
 
 async def _child(job: _Job, conn: Connection) -> None:
-    carrier = carrier_spec(job.provider).simulator_class()(job.url, job.secret)
+    carrier = simulator_class(carrier_spec(job.provider))(job.url, job.secret)
     try:
         port: int | None = None
         if carrier.rest_routes():
@@ -238,7 +239,7 @@ async def run_pooled(
     carrier's REST API served on ``rest_port``: the merged samples, with the server's CPU and RSS (given
     ``options.server_pid``). Raises ``ValueError`` for a carrier that cannot be shared (``shareable_problem``),
     ``RuntimeError`` when a process fails, ``OSError`` when the REST port is taken."""
-    probe = carrier_spec(provider).simulator_class()(url, secret)
+    probe = simulator_class(carrier_spec(provider))(url, secret)
     try:
         problem, routes, stateless = shareable_problem(probe), probe.rest_routes(), probe.stateless_rest_paths
     finally:

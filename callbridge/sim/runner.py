@@ -34,6 +34,7 @@ from callbridge.config import Settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.carrier import CallerScript, CallResult, SimulatedCarrier
 from callbridge.sim.ports import bound_socket, free_port
+from callbridge.sim.simulators import simulator_class
 
 _REPORT_WAIT_S: Final = 5.0
 """How long ``simulate_call`` waits for the call's ``call.ended`` after the caller hung up."""
@@ -117,7 +118,7 @@ async def running_bridge(
     port = listener.getsockname()[1]
     secret = secrets.token_hex(16)
     base_url = f"http://127.0.0.1:{port}"
-    carrier = carrier_spec(provider).simulator_class()(base_url, secret)
+    carrier = simulator_class(carrier_spec(provider))(base_url, secret)
     rest_url = await carrier.start_rest(bound_socket())
     overrides = carrier.bridge_settings(secret, rest_url)
     overrides["server"] = {**overrides.get("server", {}), "host": "127.0.0.1", "port": port, "public_url": base_url}

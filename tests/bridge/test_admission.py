@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from callbridge.bridge.cpu import CpuMeter
-from callbridge.carriers import simulated
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
+from callbridge.sim.simulators import simulated
 from tests.bridge.test_readiness import answer
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 from tests.redis_server import redis_url

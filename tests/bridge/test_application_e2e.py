@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request, Response
 
 from callbridge.application import CallContext
 from callbridge.application.events import CallReport
-from callbridge.carriers import carrier_spec, simulated
+from callbridge.carriers import carrier_spec
 from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.events import InputCommitted, InputTranscript
@@ -27,6 +27,7 @@ from callbridge.engine.local.agents import spoken_stand_in
 from callbridge.engine.local.core import LocalSessionCore
 from callbridge.sim.carrier import FRAME_MS, CallerScript
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving
+from callbridge.sim.simulators import simulated
 from tests.bridge import agent_app
 from tests.bridge.test_recording_store import bucket
 from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until

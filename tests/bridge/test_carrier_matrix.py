@@ -17,7 +17,6 @@ import httpx
 import pytest
 
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
-from callbridge.carriers import simulated
 from callbridge.carriers.sip.listener import SipListener
 from callbridge.carriers.sip.sim import SimulatedSip, SipStream
 from callbridge.engine.commands import (
@@ -28,6 +27,7 @@ from callbridge.engine.commands import (
 )
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketConnection
 from callbridge.sim.runner import running_bridge
+from callbridge.sim.simulators import simulated
 from tests.bridge.twilio_e2e import LoopStalls, engine, settings, short_speech, until
 
 pytestmark = pytest.mark.hot_path

@@ -14,9 +14,9 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from callbridge.carriers import simulated
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
+from callbridge.sim.simulators import simulated
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 
 SIMULATED = simulated()

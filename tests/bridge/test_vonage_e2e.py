@@ -18,7 +18,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
-from callbridge.carriers import simulated
 from callbridge.carriers.vonage.http import (
     VonageRest,
     VonageSignatures,
@@ -34,6 +33,7 @@ from callbridge.engine.commands import (
 )
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, running_bridge
+from callbridge.sim.simulators import simulated
 from tests.bridge.twilio_e2e import LoopStalls, bound, detached, engine, settings, short_speech, until
 
 SIMULATED = simulated()

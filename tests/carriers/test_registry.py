@@ -10,11 +10,13 @@ import importlib
 import orjson
 import pytest
 
-from callbridge.carriers import CARRIERS, carrier_spec, direct_names, simulated, simulated_names
+from callbridge.bridge.carrier_plugin import load_carrier
+from callbridge.carriers import CARRIERS, carrier_spec, direct_names, simulated_names
 from callbridge.carriers.base import CarrierProfile
 from callbridge.carriers.generic.wire import default_candidates, recognise
 from callbridge.carriers.spec import CarrierSpec
 from callbridge.config import Settings
+from callbridge.sim.simulators import simulated, simulator_class
 
 pytestmark = pytest.mark.core
 
@@ -40,7 +42,7 @@ def test_names_are_unique_and_each_package_is_its_own() -> None:
 
 @pytest.mark.parametrize("spec", CARRIERS, ids=lambda spec: spec.name)
 def test_the_carrier_loads_under_its_name(spec: CarrierSpec) -> None:
-    carrier = spec.load_carrier()
+    carrier = load_carrier(spec)
     assert carrier.name == spec.name
     assert carrier.router is not None or carrier.listener is not None  # something of it is served
 
@@ -49,11 +51,11 @@ def test_the_carrier_loads_under_its_name(spec: CarrierSpec) -> None:
 def test_capabilities_are_what_the_codec_and_the_simulator_do(spec: CarrierSpec) -> None:
     profile = _profile(spec)
     assert (profile.uses_marks, profile.flushes) == (spec.capabilities.marks, spec.capabilities.flush)
-    simulator = spec.simulator_class()
+    simulator = simulator_class(spec)
     assert simulator.provider == spec.name
     assert simulator.can_reconnect == spec.capabilities.reconnect
     assert simulator.uses_marks == spec.capabilities.marks
-    carrier = spec.load_carrier()
+    carrier = load_carrier(spec)
     if spec.capabilities.dtmf_out or spec.capabilities.transfer:  # a REST client that acts, or a listener that does
         rest = carrier.rest(Settings()) if carrier.rest is not None else None
         assert hasattr(rest, "perform") or spec.name in ("telnyx", "sip"), spec.name  # those two register at start
@@ -98,7 +100,7 @@ def test_every_carrier_but_the_generic_url_is_simulated() -> None:
 @pytest.mark.parametrize("spec", [spec for spec in CARRIERS if spec.simulator is not None], ids=lambda spec: spec.name)
 def test_a_direct_mode_is_where_the_spec_says(spec: CarrierSpec) -> None:
     """``loadtest --ws-url`` offers what the specs say; each such simulator calls the URL it is given."""
-    simulator = spec.simulator_class()
+    simulator = simulator_class(spec)
     if spec.direct_protocol is None:
         with pytest.raises(LookupError):
             simulator.direct("ws://127.0.0.1:9/media")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
@@ -37,7 +38,6 @@ from callbridge.carriers.audiosocket.wire import (
     first_frame_bytes,
     peek_call_id,
 )
-from callbridge.carriers.spec import Carrier
 from callbridge.logging import get_logger
 from callbridge.sources import Network, source_allowed
 

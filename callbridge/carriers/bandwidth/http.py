@@ -31,12 +31,12 @@ from fastapi import APIRouter, Request, Response, WebSocket
 
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind, restart_decision
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
-from callbridge.carriers.spec import Carrier
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, BasicCredentials, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger

@@ -34,11 +34,12 @@ from typing import Final
 
 from fastapi import APIRouter, WebSocket
 
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.exotel.wire import ExotelCodec
-from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
+from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import BasicCredentials
 from callbridge.config import Settings
 from callbridge.logging import get_logger

@@ -16,10 +16,11 @@ from typing import Final
 
 from fastapi import APIRouter, WebSocket
 
+from callbridge.bridge.carrier_plugin import Carrier, load_carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.generic.wire import DetectingCodec
-from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
+from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
@@ -36,7 +37,7 @@ def websocket_carriers() -> list[Carrier]:
     """Every carrier of the registry whose media may come to the generic URL."""
     from callbridge.carriers import CARRIERS
 
-    return [spec.load_carrier() for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None]
+    return [load_carrier(spec) for spec in CARRIERS if spec.transport == "websocket" and spec.codec is not None]
 
 
 def upgrade_checks(settings: Settings, carriers: list[Carrier]) -> list[UpgradeCheck]:

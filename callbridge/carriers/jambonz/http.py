@@ -28,11 +28,12 @@ from fastapi import APIRouter, Request, Response, WebSocket
 
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
-from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
+from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import BasicCredentials, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger

@@ -33,10 +33,10 @@ from starlette.datastructures import FormData
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
-from callbridge.carriers.spec import Carrier
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger

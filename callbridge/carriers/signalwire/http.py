@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.carriers.signalwire.wire import signalwire_codec
-from callbridge.carriers.spec import Carrier
 from callbridge.carriers.twilio.http import TwilioDialect, TwilioRest, signature_upgrade, twilio_compatible_router
 from callbridge.config import Settings
 

@@ -47,12 +47,12 @@ from callbridge.application import CallContext
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.call_setup import TransferTo
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
-from callbridge.carriers.spec import Carrier
 from callbridge.logging import get_logger
 from callbridge.sip import rtcp
 from callbridge.sip.dialog import (

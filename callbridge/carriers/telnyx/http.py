@@ -53,10 +53,10 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import restart_decision
 from callbridge.bridge.call_setup import Chosen, TransferTo
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
-from callbridge.carriers.spec import Carrier
 from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings

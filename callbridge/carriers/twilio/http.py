@@ -34,9 +34,10 @@ from callbridge.application import CallContext
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
-from callbridge.carriers.spec import Carrier, UpgradeCheck, UpgradeProof
+from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
 from callbridge.config import Settings

@@ -34,7 +34,7 @@ import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import Any, ClassVar, Final
 
 import httpx
 import orjson
@@ -45,6 +45,7 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidHandshake, InvalidStatus
 
+from callbridge.carriers.spec import FarEndMessage
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.sim.carrier import (
@@ -58,9 +59,6 @@ from callbridge.sim.carrier import (
     webhook_client,
 )
 from callbridge.sim.transfer import sent_on
-
-if TYPE_CHECKING:
-    from callbridge.sim.faults import FarEndMessage
 
 __all__ = [
     "CallResult",

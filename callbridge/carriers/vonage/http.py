@@ -70,11 +70,11 @@ from pydantic import SecretStr
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
+from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import WebSocketTransport
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
-from callbridge.carriers.spec import Carrier
 from callbridge.carriers.vonage.wire import VonageCodec, content_type
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
