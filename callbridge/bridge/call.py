@@ -39,6 +39,12 @@ agent's audio has played; ``transfer_call`` / ``send_dtmf`` go out through
 ``action_finished``; every result goes to the model as a
 ``FunctionCallOutput``. A transfer that succeeded ends the call.
 
+Parts (each sans-I/O, with its own state; this class is their composition and the state table): the caller's
+audio and the flood limit (``bridge/inbound.py``), the agent's audio (``bridge/agent_audio.py``), what the caller
+heard of each reply over the call (``bridge/heard.py``), the stream's limits (``bridge/limits.py``), the agent's
+turns (``bridge/turns.py``: silence, an uncuttable greeting, what waits for a reply to play out) and its function
+calls (``bridge/agent_actions.py``). A new behaviour is a part of its own, not more attributes here.
+
 A carrier message that breaks the protocol ends the call: the error is kept
 in ``failure`` for the driver to log, the engine session is closed, the
 call hung up, the socket closed. Nothing here touches another call.
