@@ -47,9 +47,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from loadtest_carriers import CALLBRIDGE, _env_for
 
 from callbridge.config import load_settings
-from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier, simulated
+from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier
 from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call, _server_rss_mb
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav, wait_http_up
+from callbridge.sim.simulators import simulated
 
 SIMULATED = simulated()
 

@@ -1,7 +1,7 @@
 """What a carrier is to the rest of callbridge: a ``CarrierSpec``, the one record the app, carrier detection, the
 CLI, the configuration and the simulators read (``callbridge.carriers.CARRIERS``). The ``Carrier`` its HTTP side
 or listener brings is the bridge's plug-in type (``callbridge.bridge.carrier_plugin``); its simulator is the
-simulator's (``callbridge.sim.carrier.simulator_class``); its far end for the fault simulator is ``FarEnd`` here.
+simulators' (``callbridge.sim.simulators.simulator_class``); its far end for the fault simulator is ``FarEnd`` here.
 
 A spec names its package's modules by reference (``"http:CARRIER"``), imported when first asked for: reading
 the registry (``--help``, detection's list, the configuration's secrets) imports no carrier's HTTP side, and

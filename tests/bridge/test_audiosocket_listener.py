@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from callbridge.bridge.app import BridgeState
+from callbridge.bridge.carrier_plugin import load_carrier
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers import carrier_spec
 from callbridge.carriers.audiosocket.listener import AudioSocketListener, source_allowed
@@ -164,7 +165,7 @@ async def bridge(recorder: RecordingEngine | None = None, *, max_calls: int = 10
 
 
 async def test_the_carrier_is_registered_with_a_listener_and_no_routes() -> None:
-    carrier = carrier_spec("audiosocket").load_carrier()
+    carrier = load_carrier(carrier_spec("audiosocket"))
     assert carrier.listener is AudioSocketListener and carrier.router is None and carrier.rest is None
 
 
