@@ -30,7 +30,9 @@ from collections.abc import Callable
 
 import orjson
 
-from callbridge.bridge.call import CallOptions, CallSession, ToCarrier, ToEngine
+from callbridge.bridge.binding import AgentSetup, EngineBinding
+from callbridge.bridge.call import CallOptions, CallSession
+from callbridge.bridge.call_outputs import ToCarrier, ToEngine
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.carriers.base import SendMedia
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -132,7 +134,7 @@ def whole_call(*, record: bool = False) -> Callable[[int], object]:
     call = CallSession(TwilioCodec(), CallOptions())
     call.receive_message(CONNECTED, 0)
     call.receive_message(START, 0)
-    call.engine_bound(CAPS, 0, record=record)
+    call.engine_bound(EngineBinding(CAPS, agent=AgentSetup(record=record)), 0)
     core = loopback_core()
     core.events_to_send()
     messages = [media(CALLER_ULAW, i) for i in range(1 << 16)]

@@ -148,14 +148,14 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def measure(root: Path = ROOT) -> Layout:
     files = sorted((root / PACKAGE).rglob("*.py"))
-    trees = {path: ast.parse(path.read_text(), str(path)) for path in files}
+    sources = {path: path.read_text() for path in files}
     names = {path: module_name(path, root) for path in files}
     known = set(names.values())
     modules, classes, functions = [], [], []
     graph: dict[str, set[str]] = {}
-    for path, tree in trees.items():
-        module = names[path]
-        modules.append(Sized(module, len(path.read_text().splitlines())))
+    for path, source in sources.items():
+        module, tree = names[path], ast.parse(source, str(path))
+        modules.append(Sized(module, len(source.splitlines())))
         graph[module] = imports_of(module, path.name == "__init__.py", tree, known)
         for name, node in _defs(tree, ""):
             sized = Sized(f"{module}:{name}", _span(node))

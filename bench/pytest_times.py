@@ -21,6 +21,8 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 OUT = Path(__file__).resolve().parent.parent / ".cache" / "pytest_times"
 _rows: list[tuple[str, float, float]] = []
 
@@ -30,13 +32,11 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Generator[None, None, None]:
     cpu, wall = _cpu_s(), time.monotonic()
     yield
     _rows.append((item.nodeid, _cpu_s() - cpu, time.monotonic() - wall))
-
-
-pytest_runtest_protocol.hookwrapper = True  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: Any) -> None:

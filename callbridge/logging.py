@@ -39,6 +39,7 @@ class LogOptions(Protocol):
     @property
     def format(self) -> LogFormat: ...
 
+
 _LEVELS: Final = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 

@@ -71,6 +71,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         shares[n % workers].insert(n // workers, item)
     items[:] = [item for share in shares for item in share]
 
+
 _PROBE_CORE = os.environ.get("CALLBRIDGE_PROBE_CORE") == "1"
 """Apply the core tier's guard to every test (to find the modules that could join the tier)."""
 

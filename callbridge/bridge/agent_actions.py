@@ -99,6 +99,7 @@ class AgentActions:
     def stream_stopped(self) -> bool:
         """The carrier's ``stop`` came: True where a transfer is under way (most likely the transfer's own doing: a
         carrier stops the stream as the transfer lands), and the model hears its result before the session closes."""
-        if self.transferring:
-            self.closing_after_transfer = True
-        return self.closing_after_transfer
+        if not self.transferring:
+            return False
+        self.closing_after_transfer = True
+        return True

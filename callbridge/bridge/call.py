@@ -75,20 +75,18 @@ from callbridge.bridge.call_outputs import (
     MarkLag,
     Notice,
     Observed,
-    PendingAction,
-    Perform,
     RecordingChunk,
     StreamReport,
     ToCarrier,
     ToEngine,
 )
 from callbridge.bridge.heard import HeardAccount
-from callbridge.bridge.inbound import CallerAudio, InboundAudio, MediaAhead, MessageBucket
+from callbridge.bridge.inbound import InboundAudio, MediaAhead, MessageBucket
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.recording import StereoRecorder
-from callbridge.bridge.turns import AfterReply, GreetingGuard, SilencePolicy, SilenceWatch
+from callbridge.bridge.turns import AfterReply, GreetingGuard, SilenceWatch
 from callbridge.carriers.base import (
     DEFAULT_PROFILE,
     CarrierEvent,
@@ -141,29 +139,14 @@ from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
 
 __all__ = [
+    "FIRST_MARK_FRAMES",
+    "TAKEOVER_TELLS_HELD_MS",
     "TRANSITIONS",
-    "BargeInFlushed",
-    "BindEngine",
-    "Observed",
-    "RecordingChunk",
-    "SilencePolicy",
     "CallOptions",
-    "CallOutput",
     "CallSession",
     "CallState",
     "CallStateError",
-    "CallerAudioBegan",
-    "CloseTransport",
     "DtmfMode",
-    "FIRST_MARK_FRAMES",
-    "HangUpCall",
-    "MarkLag",
-    "Notice",
-    "PendingAction",
-    "Perform",
-    "StreamReport",
-    "ToCarrier",
-    "ToEngine",
     "engine_failure_kind",
 ]
 
@@ -739,7 +722,7 @@ class CallSession:
 
     @property
     def cut_replies(self) -> tuple[tuple[str, int], ...]:
-        """For the call's next stream (``engine_bound(heard_ms=…)``, through the resume ticket): the replies cut off
+        """For the call's next stream (``EngineBinding.heard_ms``, through the resume ticket): the replies cut off
         by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
         each over the call."""
         return self._heard.cut_replies
@@ -960,28 +943,25 @@ class CallSession:
         if inbound.first_media_at_ms is None:
             self._out.append(CallerAudioBegan())
         try:
-            read = inbound.receive(payload, timestamp_ms, now_ms)
+            audio = inbound.receive(payload, timestamp_ms, now_ms)
         except MediaAhead as exc:
             raise RemoteProtocolError(
                 ProtocolErrorReason.FLOOD, str(exc), provider=self.codec.provider, stream_id=self.codec.stream_id
             ) from None
-        self.input_ms += read.ms
+        self.input_ms += inbound.payload_ms
         recorder = self.recorder
         if recorder is not None:
-            recorder.caller(read.pcm)
+            recorder.caller(inbound.pcm)
             chunk = recorder.take(now_ms)
             if chunk is not None:
                 self._out.append(RecordingChunk(chunk))
-        if self.state is CallState.LIVE:
-            self._caller_audio_to_engine(read, now_ms)
-        else:
-            inbound.hold(read)
-
-    def _caller_audio_to_engine(self, read: CallerAudio, now_ms: int) -> None:
-        audio = read.audio
+        if self.state is not CallState.LIVE:
+            inbound.hold(audio)
+            return
         if not audio:
             return
-        if self._greeting.mutes(now_ms, self._agent.response_id, self.ledger):
+        greeting = self._greeting
+        if greeting.muted_until_ms is not None and greeting.mutes(now_ms, self._agent.response_id, self.ledger):
             audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
         self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 

@@ -9,7 +9,8 @@ from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.binding import AgentSetup
-from callbridge.bridge.call import CallOptions, DtmfMode, SilencePolicy
+from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.turns import SilencePolicy
 from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
 

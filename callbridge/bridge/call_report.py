@@ -13,7 +13,7 @@ import orjson
 
 from callbridge.application import CallContext
 from callbridge.application.events import CallReport, Latency, SpokenLine
-from callbridge.bridge.call import Observed
+from callbridge.bridge.call_outputs import Observed
 
 __all__ = ["REPORT_NOTE", "CallReportBuilder", "ended_by"]
 

@@ -129,6 +129,9 @@ class HeardAccount:
             held, held_truncate = self._held_tells.pop(response_id, (0, False))
             self._held_tells[response_id] = (max(held, heard_ms), held_truncate or truncate)
             return None
+        return self._told_command(response_id, heard_ms, truncate=truncate)
+
+    def _told_command(self, response_id: str, heard_ms: int, *, truncate: bool) -> EngineCommand:
         heard = self.note_told(response_id, heard_ms)
         if truncate:
             return TruncateItem(f"item_{response_id}", heard)
@@ -145,13 +148,10 @@ class HeardAccount:
         held, self._held_tells = self._held_tells, {}
         commands: list[EngineCommand] = []
         for response_id, (heard, truncate) in held.items():
-            command = None
             if truncate and response_id not in self._truncated_by_engine:
-                command = self.tell(response_id, heard, truncate=True)
+                commands.append(self._told_command(response_id, heard, truncate=True))
             elif heard > self._told.get(response_id, 0):
-                command = self.tell(response_id, heard, truncate=False)
-            if command is not None:
-                commands.append(command)
+                commands.append(self._told_command(response_id, heard, truncate=False))
         return commands
 
     def drop_held(self) -> None:

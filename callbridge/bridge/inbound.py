@@ -12,7 +12,6 @@ comes before the engine is bound (at most two seconds). ``CallSession`` composes
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Final
 
 from callbridge.codecs import (
@@ -28,7 +27,6 @@ __all__ = [
     "FLOOD_TOLERANCE_MS",
     "MESSAGES_PER_S",
     "MESSAGE_BURST",
-    "CallerAudio",
     "InboundAudio",
     "MediaAhead",
     "MessageBucket",
@@ -78,25 +76,12 @@ class MediaAhead(Exception):
     """The carrier's media ran further ahead of the wall clock than a stall could explain: a flood."""
 
 
-@dataclass(frozen=True, slots=True)
-class CallerAudio:
-    """One payload of the caller's audio, read."""
-
-    pcm: Buffer
-    """PCM16 at the stream's rate, a gap before it filled with silence (the recording's); L16's is the received
-    buffer itself (copied where it is kept)."""
-    audio: bytes
-    """The same at the engine's rate (may be empty: the resampler holds a few samples back)."""
-    ms: int
-    """Its length on the carrier's media timeline, a filled gap included."""
-
-
 class InboundAudio:
     """The caller's audio of one stream, from the carrier's payloads to the engine's rate. See the module docstring."""
 
     __slots__ = (
         "engine_rate_hz", "quality", "encoding", "rate_hz", "stream_media_ms", "first_media_at_ms", "read_lag_ms",
-        "_resampler", "_arrival_baseline_ms", "_held", "_held_ms",
+        "pcm", "payload_ms", "_resampler", "_arrival_baseline_ms", "_held", "_held_ms",
     )  # fmt: skip
 
     def __init__(self, engine_rate_hz: int, quality: ResamplerQuality) -> None:
@@ -110,6 +95,11 @@ class InboundAudio:
         """When the stream's media time 0 was, on this clock (from its first payload)."""
         self.read_lag_ms = 0
         """How far behind the carrier's media we are reading now (a backlog after a stall of ours), in ms."""
+        self.pcm: Buffer = b""
+        """The last payload read as PCM16 at the stream's rate, a gap before it filled with silence (the
+        recording's); L16's is the received buffer itself (copied where it is kept)."""
+        self.payload_ms = 0
+        """The last payload's length on the carrier's media timeline, a filled gap included."""
         self._resampler: StreamResampler | None = None
         self._arrival_baseline_ms: float | None = None
         self._held: deque[tuple[bytes, bytes]] = deque()
@@ -122,9 +112,11 @@ class InboundAudio:
         self.encoding, self.rate_hz = encoding, rate_hz
         self._resampler = StreamResampler(rate_hz, self.engine_rate_hz, self.quality)
 
-    def receive(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> CallerAudio:
-        """One payload (at the carrier's media ``timestamp_ms``, where it gives one) read at ``now_ms``. Raises
-        ``MediaAhead`` for media further ahead of the wall clock than ``FLOOD_TOLERANCE_MS``."""
+    def receive(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> bytes:
+        """One payload (at the carrier's media ``timestamp_ms``, where it gives one) read at ``now_ms``: the caller's
+        audio at the engine's rate (may be empty: the resampler holds a few samples back); the payload as PCM at the
+        stream's rate and its length are ``pcm`` and ``payload_ms`` until the next. Raises ``MediaAhead`` for media
+        further ahead of the wall clock than ``FLOOD_TOLERANCE_MS``."""
         payload_ms = len(payload) * 1000 // (self.rate_hz * self.encoding.sample_bytes)
         if self.first_media_at_ms is None:
             self.first_media_at_ms = now_ms - (timestamp_ms or 0)
@@ -137,8 +129,9 @@ class InboundAudio:
             payload_ms += gap_ms
         self.stream_media_ms += payload_ms
         self._track_read_lag(now_ms, payload_ms)
+        self.pcm, self.payload_ms = pcm, payload_ms
         assert self._resampler is not None
-        return CallerAudio(pcm, self._resampler.process(pcm), payload_ms)
+        return self._resampler.process(pcm)
 
     def _track_read_lag(self, now_ms: int, payload_ms: int) -> None:
         """Media comes at real time: ``now − media ms so far`` is constant but for jitter and our own lateness.
@@ -155,10 +148,11 @@ class InboundAudio:
 
     # ------------------------------------------------------- before the bind
 
-    def hold(self, read: CallerAudio) -> None:
-        """Keep ``read`` until the engine is bound (the newest ``MAX_STARTING_BUFFER_MS`` of it)."""
-        self._held.append((read.audio, bytes(read.pcm)))  # L16's ``pcm`` is the received buffer itself
-        self._held_ms += len(read.audio) * 500 // self.engine_rate_hz
+    def hold(self, audio: bytes) -> None:
+        """Keep the payload just read (``audio``, at the engine's rate, and ``pcm``) until the engine is bound (the
+        newest ``MAX_STARTING_BUFFER_MS`` of it)."""
+        self._held.append((audio, bytes(self.pcm)))  # L16's ``pcm`` is the received buffer itself
+        self._held_ms += len(audio) * 500 // self.engine_rate_hz
         while self._held_ms > MAX_STARTING_BUFFER_MS:
             dropped, _ = self._held.popleft()
             self._held_ms -= len(dropped) * 500 // self.engine_rate_hz

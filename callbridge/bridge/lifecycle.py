@@ -187,9 +187,9 @@ class Bind:
     call_offset_ms: int
     heard_ms: tuple[tuple[str, int], ...]
     unheard: UnheardAudio | None = None
-    """The rest of the reply the last stream was playing (``CallSession.engine_bound(unheard=…)``)."""
+    """The rest of the reply the last stream was playing (``EngineBinding.unheard``)."""
     told_ms: tuple[tuple[str, int], ...] = ()
-    """What the engine was told of recent responses, from the ticket (``CallSession.engine_bound(told_ms=…)``)."""
+    """What the engine was told of recent responses, from the ticket (``EngineBinding.told_ms``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,7 +88,7 @@ class SilenceWatch:
     def due_ms(self, playing_until_ms: int) -> int | None:
         """When the caller's silence next calls for something, or None."""
         policy = self.policy
-        if policy is None or self.speaking:
+        if policy is None or self.speaking:  # not ``watching``: mypy narrows ``policy`` here
             return None
         quiet_since, due = self.quiet_since_ms(playing_until_ms), []
         if policy.hangup_ms:

@@ -618,4 +618,3 @@ def _caller_timeline(script: CallerScript) -> bytes:
     for start, pcm in script.utterances:
         timeline[start * 16 : start * 16 + len(pcm)] = pcm
     return bytes(timeline)
-

@@ -71,7 +71,8 @@ from typing import Final, NoReturn
 import numpy as np
 
 from callbridge.bridge.binding import EngineBinding
-from callbridge.bridge.call import BargeInFlushed, CallOptions, CallSession, CallState, ToCarrier, ToEngine
+from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.call_outputs import BargeInFlushed, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import (
     TAKEOVER_AFTER_MS,
     AskEnded,

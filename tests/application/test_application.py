@@ -14,8 +14,8 @@ from callbridge.application import AssistantConfig, AssistantReply, CallContext,
 from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.hooks import ApplicationFailed, AssistantSource, load_module
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
-from callbridge.bridge.call import SilencePolicy
 from callbridge.bridge.call_config import session_config, silence_policy
+from callbridge.bridge.turns import SilencePolicy
 from callbridge.config import Settings
 
 pytestmark = pytest.mark.core

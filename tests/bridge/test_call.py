@@ -12,24 +12,20 @@ import pytest
 
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.binding import AgentSetup, EngineBinding
-from callbridge.bridge.call import (
-    TAKEOVER_TELLS_HELD_MS,
+from callbridge.bridge.call import TAKEOVER_TELLS_HELD_MS, CallOptions, CallSession, CallState, DtmfMode
+from callbridge.bridge.call_outputs import (
     BargeInFlushed,
-    CallOptions,
     CallOutput,
-    CallSession,
-    CallState,
-    DtmfMode,
     HangUpCall,
     Notice,
     Observed,
     PendingAction,
     Perform,
     RecordingChunk,
-    SilencePolicy,
     ToCarrier,
     ToEngine,
 )
+from callbridge.bridge.turns import SilencePolicy
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16

@@ -20,7 +20,8 @@ from callbridge.bridge.actions import (
     parse_call,
     telephony_tools,
 )
-from callbridge.bridge.call import CallState, PendingAction
+from callbridge.bridge.call import CallState
+from callbridge.bridge.call_outputs import PendingAction
 from callbridge.carriers.base import HangUp
 from callbridge.carriers.plivo.http import PlivoRest
 from callbridge.carriers.telnyx.http import TelnyxCalls

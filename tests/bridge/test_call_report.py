@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from callbridge.application import CallContext
-from callbridge.bridge.call import Observed
+from callbridge.bridge.call_outputs import Observed
 from callbridge.bridge.call_report import CallReportBuilder, ended_by
 
 pytestmark = pytest.mark.core

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import pytest
 
 from callbridge.bridge.app import BridgeState
-from callbridge.bridge.call import ToCarrier, ToEngine
+from callbridge.bridge.call_outputs import ToCarrier, ToEngine
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.engine.commands import Heartbeat

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.binding import EngineBinding
-from callbridge.bridge.call import CallOptions, CallSession, CallState, Perform, ToCarrier
+from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.call_outputs import Perform, ToCarrier
 from callbridge.carriers.audiosocket.wire import AudioSocketCodec
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import Capabilities
