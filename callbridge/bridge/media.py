@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallSession, engine_failure_kind
-from callbridge.bridge.call_config import agent_setup, call_options, session_config
+from callbridge.bridge.call_config import agent_setup, call_options
 from callbridge.bridge.call_outputs import (
     BargeInFlushed,
     BindEngine,
@@ -56,40 +56,19 @@ from callbridge.bridge.carrier_transport import (
     SizeLimitedTransport,
     WebSocketTransport,
 )
-from callbridge.bridge.lifecycle import (
-    AskEnded,
-    BindSource,
-    CallLifecycle,
-    CheckToken,
-    ClaimLive,
-    ClaimTicket,
-    CloseDetached,
-    CloseEngineSession,
-    CloseLive,
-    CloseUnlessBack,
-    CloseWaiting,
-    DiscardAnswerSession,
-    EndReason,
-    MarkEnded,
-    NudgeOldStream,
-    Open,
-    Park,
-    ReadRecord,
-    Refuse,
-    Resume,
-    TakeAnswerSession,
-    WaitUntil,
-)
+from callbridge.bridge.lifecycle import BindSource, CallLifecycle
+from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.recording_store import CallRecording, public_url
-from callbridge.bridge.registry import LiveCall, RegistryUnavailable, SignalKind
+from callbridge.bridge.registry import LiveCall, RegistryUnavailable
 from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.stream_effects import StreamEffects, awaited
 from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
 from callbridge.engine.events import EngineErrorEvent, EngineEvent, InputTranscript, TranscriptDelta, is_chunk_verdict
-from callbridge.engine.port import DuplexSession, ResumeTicket
+from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
 __all__ = ["MediaStreamDriver"]
@@ -104,8 +83,6 @@ _CHECKPOINT_POLL_S = 0.25
 token at once, the rest every ``registry.checkpoint_interval_s``)."""
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
-_ENGINE_CLOSE_WAIT_S = 0.05
-"""How long a stream's end waits for its engine session's close before leaving it to the background."""
 _ACTION_RESULT_WAIT_S = 10.0
 _REPORT_KEPT_MS = 3_600_000
 """How long a call's report so far waits in the registry for its next stream."""
@@ -124,14 +101,6 @@ def _call_ends_at_ms(setup: CallSetup | None) -> int | None:
         return None
     started = setup.chosen_at or time.time()
     return _now_ms() + max(0, int((started + setup.assistant.max_duration_s - time.time()) * 1000))
-
-
-@dataclass(slots=True)
-class _Held:
-    """What a stream's lifecycle steps have in hand: its engine session, and the ticket it is parked under."""
-
-    session: DuplexSession | None = None
-    ticket: ResumeTicket | None = None
 
 
 class MediaStreamDriver:
@@ -166,7 +135,7 @@ class MediaStreamDriver:
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
-        """The one check of the stream's single-use token (``_token_is_ours``)."""
+        """The one check of the stream's single-use token (``token_is_ours``)."""
         self._report: CallReportBuilder | None = None
         """The call's report as this stream builds it (with an application that takes events)."""
         self._setup_read: CallSetup | None = None
@@ -248,7 +217,7 @@ class MediaStreamDriver:
     async def _bind(self, life: CallLifecycle, start: StreamStarted) -> None:
         """Find the stream's engine session (the lifecycle's steps), then bind it to the call under the lock."""
         services = self.services
-        held = _Held()
+        held: Held[DuplexSession] = Held()
         await self._do_steps(life, start, held)
         bind, session = life.bound, held.session
         if bind is None or session is None:
@@ -257,7 +226,7 @@ class MediaStreamDriver:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
         self.log = self.log.bind(session_id=session.session_id)
-        setup = await self._bound_setup(start)
+        setup = await self._bound_setup()
         assistant = setup.assistant if setup is not None else None
         new_session = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
         if setup is not None and services.events is not None:
@@ -333,7 +302,8 @@ class MediaStreamDriver:
                 self.log.info("live_ticket_released")  # taken over, or this stream is detaching: not ours to write
                 return
 
-    async def _refuse(self, reason: str, *, no_engine: bool = False) -> None:
+    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+        """The lifecycle refused the stream (``Refuse``)."""
         self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
         self.log.warning("stream_refused", reason=reason)
         async with self._lock:
@@ -353,7 +323,7 @@ class MediaStreamDriver:
                 return False
             await self._flush()  # what the caller heard goes to the engine (ack, truncate) before the detach
             life.moving_elsewhere(self.call.facts())
-            await self._do_steps(life, start, _Held(session))  # parked, or closed if the registry is down
+            await self._do_steps(life, start, Held(session))  # parked, or closed if the registry is down
             self._closed = True
             with suppress(Exception):
                 await self.transport.close(self.call.close_code)
@@ -526,7 +496,7 @@ class MediaStreamDriver:
                         writing = asyncio.ensure_future(keeper.write())
                         done, _ = await asyncio.wait({writing}, timeout=_URGENT_CHECKPOINT_WAIT_S)
                         if not done:
-                            self.services.spawn(_awaited(writing))
+                            self.services.spawn(awaited(writing))
         if to_carrier:
             await self._to_carrier(to_carrier)
 
@@ -648,7 +618,7 @@ class MediaStreamDriver:
         if life is not None:
             assert start is not None
             life.stream_ended(report.facts, session_closed=session is None or session.closed)
-            await self._do_steps(life, start, _Held(session))
+            await self._do_steps(life, start, Held(session))
         self._count(report)
         end_reason = report.facts.end_reason
         if report.limit_reached is not None:
@@ -672,118 +642,18 @@ class MediaStreamDriver:
             with suppress(Exception):
                 await self.transport.close(1000)
 
-    async def _do_steps(self, life: CallLifecycle, start: StreamStarted, held: _Held) -> None:
-        """Do what the stream's lifecycle (``bridge/lifecycle.py``) asks, feeding each answer back, until it asks
-        nothing more: binding (``_bind``), and as the stream ends or moves. ``held``: the session in hand, and the
-        ticket it is parked under once parked."""
-        services, call_id = self.services, start.call_id
-        registry = services.registry
-        while (step := life.next_step()) is not None:
-            try:
-                match step:
-                    case CheckToken():
-                        life.token_checked(await self._token_is_ours(start))
-                    case AskEnded():
-                        life.ended_is(await registry.ended_reason(call_id))
-                    case ClaimTicket():
-                        ticket, offset_ms = await registry.claim_ticket(call_id)
-                        life.ticket_claimed(ticket, offset_ms, _now_ms())
-                    case ReadRecord():
-                        record = await registry.get(call_id)
-                        bound = record is not None and record.bound
-                        holder = record.live.holder if record is not None and record.live is not None else None
-                        ended = record is not None and record.ended_reason is not None
-                        life.record_read(bound=bound, ended=ended, now_ms=_now_ms(), live_holder=holder)
-                    case ClaimLive(holder):
-                        live = await registry.claim_live(call_id, holder, self._holder(start))
-                        if live is not None:
-                            self.log.info("live_ticket_claimed", holder=holder, session_id=live.ticket.session_id)
-                        life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, _now_ms())
-                    case NudgeOldStream():
-                        old = services.live_streams.get(call_id)
-                        if old is None:
-                            await services.send_signal(call_id, SignalKind.STREAM_SUPERSEDED, "")
-                        elif old is not self:
-                            services.spawn(old.superseded())
-                    case WaitUntil(at_ms):
-                        await asyncio.sleep(max(0, at_ms - _now_ms()) / 1000)
-                        life.waited()
-                    case TakeAnswerSession():
-                        assert services.answer_sessions is not None
-                        held.session = await services.answer_sessions.take(call_id)
-                        life.answer_session_taken(held.session is not None)
-                    case Resume(ticket):
-                        try:
-                            held.session = await services.engine.resume(ticket)
-                            life.resumed()
-                        except EngineError as exc:
-                            self.log.info("engine_resume_failed", reason=exc.code, detail=exc.message, session_id=ticket.session_id)
-                            life.resume_failed(exc.code)
-                    case Open():
-                        setup = await self._setup(start, choose=True)
-                        if isinstance(setup, str):
-                            life.rejected_by_application(setup)
-                            continue
-                        try:
-                            held.session = await services.engine.open(session_config(services.settings, setup.assistant if setup else None))
-                            life.opened()
-                        except EngineError as exc:
-                            self.log.warning("engine_unavailable", reason=exc.code, detail=exc.message)
-                            life.open_failed(exc.code)
-                    case Refuse(reason, no_engine):
-                        await self._refuse(reason, no_engine=no_engine)
-                    case MarkEnded(reason):
-                        await self._record(registry.mark_ended(call_id, reason))
-                    case Park(input_ms, heard_ms, _, unheard, told_ms):
-                        assert held.session is not None
-                        try:
-                            detached = await held.session.detach()
-                            held.ticket = replace(detached, heard_ms=heard_ms, unheard=unheard, told_ms=told_ms)
-                        except EngineError as exc:
-                            self.log.warning("engine_detach_failed", reason=exc.code)
-                            life.parked(True)  # nothing to park: the engine has let the session go
-                            continue
-                        try:
-                            stored = await registry.detach(call_id, held.ticket, input_ms, self._grace_ms(), holder=self._holder(start))
-                        except RegistryUnavailable as exc:
-                            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                            life.parked(False)
-                            continue
-                        if not stored:  # another stream took the call over (this one was taken for dead): its session
-                            self.log.info("stream_taken_over_elsewhere", session_id=held.ticket.session_id)
-                            held.ticket = None  # is that stream's now: nothing parked here, nothing to close
-                        life.parked(True)
-                    case CloseDetached(reason):  # no stream could ever resume it: closed now, not left to its grace
-                        if held.ticket is not None:
-                            await services.close_parked(held.ticket, reason)
-                    case CloseWaiting(reason):
-                        if await services.close_detached(call_id, reason, mark_ended=False):
-                            self.log.info("engine_session_closed", reason=reason, parked=True)
-                    case CloseLive(holder, reason):
-                        live = await registry.claim_live(call_id, holder, self._holder(start))
-                        if live is not None and await services.close_parked(live.ticket, reason):
-                            self.log.info("engine_session_closed", reason=reason, holder=holder, session_id=live.ticket.session_id)
-                    case CloseUnlessBack(after_ms):
-                        if held.ticket is not None:
-                            services.spawn(self._close_unless_back(call_id, held.ticket, after_ms))
-                    case CloseEngineSession(reason):
-                        if held.session is not None:
-                            await self._close_session(held.session, reason)
-                    case DiscardAnswerSession(reason):
-                        if services.answer_sessions is not None:
-                            services.answer_sessions.discard(call_id, reason)
-                    case _:
-                        raise AssertionError(f"a step the driver does not know: {step!r}")
-            except RegistryUnavailable as exc:
-                self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                life.registry_failed()
+    async def _do_steps(self, life: CallLifecycle, start: StreamStarted, held: Held[DuplexSession]) -> None:
+        """Do what the stream's lifecycle asks (``bridge/lifecycle_steps.py``), against the process's registry and
+        engine: binding (``_bind``), and as the stream ends or moves."""
+        await do_steps(life, StreamEffects(self.services, start.call_id, self._holder(start), self), held)
 
-    async def _setup(self, start: StreamStarted, *, choose: bool) -> CallSetup | Rejection | None:
+    async def setup(self, *, choose: bool) -> CallSetup | Rejection | None:
         """The call's setup (``BridgeServices.choose_assistant``), with an application configured: the one kept
         where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
         (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
         application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
-        services = self.services
+        services, start = self.services, self._start
+        assert start is not None
         if services.assistants is None:
             return None
         if self._setup_read is None:
@@ -850,14 +720,14 @@ class MediaStreamDriver:
         builder.agent_audio_ms += report.output_ms
         self._stream_ended_at = time.time()
         if report.facts.call_over:
-            self._call_over(report.facts.end_reason or "unknown")
+            self.call_over(report.facts.end_reason or "unknown")
             return
         try:
             await self.services.registry.keep_note(start.call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
-    def _call_over(self, end_reason: str) -> None:
+    def call_over(self, end_reason: str) -> None:
         """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
         its assistant asked for that. Its end is when its last stream ended."""
         builder, setup = self._report, self._setup_read
@@ -896,11 +766,11 @@ class MediaStreamDriver:
             call_report = call_report.model_copy(update={"recording": public_url(url)})
         self._emit("call.ended", report=call_report.model_dump(mode="json"))
 
-    async def _bound_setup(self, start: StreamStarted) -> CallSetup | None:
+    async def _bound_setup(self) -> CallSetup | None:
         """The call's setup as its session binds (its greeting, its tools): None without an application, or where
         the registry has none (the configured assistant then)."""
         try:
-            setup = await self._setup(start, choose=False)
+            setup = await self.setup(choose=False)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
             return None
@@ -917,9 +787,11 @@ class MediaStreamDriver:
             parameters=allowed_parameters(start.custom_parameters, self.services.settings.app.context_parameters),
         )
 
-    async def _token_is_ours(self, start: StreamStarted) -> bool:
+    async def token_is_ours(self) -> bool:
         """The stream's token checked (it is single-use): once, however often the lifecycle asks, and not cut short
         by the stream's end — a stream that ends while its check is under way waits for the same check."""
+        start = self._start
+        assert start is not None
         if self._token_check is None:
             self._token_check = asyncio.ensure_future(self.services.tokens.consume(start.custom_parameters.get("token"), start.call_id))
             if await asyncio.shield(self._token_check):
@@ -936,22 +808,6 @@ class MediaStreamDriver:
         if isinstance(self.transport, SizeLimitedTransport):
             with suppress(Exception):  # a socket closing meanwhile: nothing more will be read anyway
                 await self.transport.authenticated(self._message_limit())
-
-    async def _close_session(self, session: DuplexSession, reason: str) -> None:
-        """Close the call's engine session; a server slow to confirm (stalled, far away) finishes it in the
-        background, so the stream's end (the carrier's stop) is never held up by the engine."""
-        closing = asyncio.ensure_future(_suppress_engine_error(session.close(reason)))
-        done, _ = await asyncio.wait({closing}, timeout=_ENGINE_CLOSE_WAIT_S)
-        if not done:
-            self.services.spawn(_awaited(closing))
-
-    async def _close_unless_back(self, call_id: str, ticket: ResumeTicket, window_ms: int) -> None:
-        """A carrier whose stream comes back within ``window_ms`` if it comes back at all (one whose hang-up is its
-        socket closing, as a drop is): when none has, the call is over — its session closed, its report sent."""
-        await asyncio.sleep(window_ms / 1000)
-        if await self.services.close_detached(call_id, EndReason.NO_RECONNECT, ticket):
-            self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
-            self._call_over(EndReason.NO_RECONNECT.value)
 
     # --------------------------------------------------------------- registry
 
@@ -974,9 +830,6 @@ class MediaStreamDriver:
         metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
         metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
         metrics.playout_underruns.labels(provider).inc(report.playout_underruns)
-
-    def _grace_ms(self) -> int:
-        return int(self.services.settings.engine.disconnect_grace_s * 1000)
 
 
 class _LiveTicketKeeper:
@@ -1015,12 +868,3 @@ class _LiveTicketKeeper:
             self.written, self.tried_at_ms = live, _now_ms()
             self.session.limit_acks(live.ticket.last_event_seq)
             return True
-
-
-async def _suppress_engine_error(work: Awaitable[None]) -> None:
-    with suppress(EngineError):
-        await work
-
-
-async def _awaited(future: Awaitable[object]) -> None:
-    await future

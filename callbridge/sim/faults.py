@@ -65,36 +65,17 @@ import argparse
 import random
 import sys
 from collections import deque
+from collections.abc import Coroutine, Generator
 from dataclasses import dataclass, field, replace
-from typing import Final, NoReturn
+from typing import Any, Final, NoReturn
 
 import numpy as np
 
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState
 from callbridge.bridge.call_outputs import BargeInFlushed, ToCarrier, ToEngine
-from callbridge.bridge.lifecycle import (
-    TAKEOVER_AFTER_MS,
-    AskEnded,
-    BindSource,
-    CallLifecycle,
-    ClaimLive,
-    ClaimTicket,
-    CloseEngineSession,
-    CloseLive,
-    CloseWaiting,
-    DiscardAnswerSession,
-    EndReason,
-    MarkEnded,
-    NudgeOldStream,
-    Open,
-    Park,
-    ReadRecord,
-    Refuse,
-    Resume,
-    TakeAnswerSession,
-    WaitUntil,
-)
+from callbridge.bridge.lifecycle import TAKEOVER_AFTER_MS, BindSource, CallLifecycle, EndReason
+from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
 from callbridge.bridge.registry import LiveCall
 from callbridge.carriers import CARRIERS
 from callbridge.carriers.base import ProtocolErrorReason
@@ -350,6 +331,179 @@ class _EngineServer:
         return self.in_use() < self.capacity
 
 
+class _Silent:
+    """The simulator's log (``StepLog``): it says nothing; a violation says what went wrong."""
+
+    def info(self, event: str, **kw: Any) -> None:
+        pass
+
+    def warning(self, event: str, **kw: Any) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _Wake:
+    """What the executor waits for in the simulation (``sleep_until``): the virtual clock reaching ``at_ms``."""
+
+    at_ms: int
+
+    def __await__(self) -> Generator[_Wake, None, None]:
+        yield self
+
+
+@dataclass(slots=True)
+class _Binding:
+    """A stream's binding steps (a coroutine of the executor) and the lifecycle they are of; ``at_ms``: when a
+    waiting one goes on."""
+
+    life: CallLifecycle
+    steps: Coroutine[_Wake, None, None]
+    at_ms: int | None = None
+
+
+class _ModelEffects:
+    """The lifecycle's effects in the simulation (``bridge/lifecycle_steps.py``'s ``LifecycleEffects``): the call's
+    registry record, the engine server and the stream are the simulated call's models; where the server does a
+    step against Redis and the engine, this does it against them, and checks what it sees there."""
+
+    log = _Silent()
+
+    def __init__(self, sim: SimulatedCall) -> None:
+        self.sim = sim
+
+    def now_ms(self) -> int:
+        return self.sim.now_ms
+
+    async def token_is_ours(self) -> bool:
+        self.sim._violation("a token check: the simulated carrier's streams are admitted by their address")
+
+    async def ended_reason(self) -> str | None:
+        return self.sim.registry.ended_reason
+
+    async def claim_ticket(self) -> tuple[ResumeTicket | None, int]:
+        registry = self.sim.registry
+        ticket, registry.ticket = registry.ticket, None
+        return ticket, registry.input_ms
+
+    async def read_record(self) -> RecordSeen:
+        sim, registry = self.sim, self.sim.registry
+        if registry.bound and sim.crashed_at_ms is None and sim._half_open is None:  # the last ended unparked
+            sim._violation("the registry says a stream holds the session; the last one ended without parking it")
+        holder = registry.live.holder if registry.live is not None else None
+        return RecordSeen(bound=registry.bound, ended=registry.ended_reason is not None, live_holder=holder)
+
+    async def claim_live(self, holder: str) -> LiveCall | None:
+        registry = self.sim.registry
+        live = registry.live if registry.live is not None and registry.live.holder == holder else None
+        if live is not None:
+            registry.live, registry.bound = None, False
+        return live
+
+    async def nudge_old_stream(self) -> None:
+        self.sim._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
+
+    async def sleep_until(self, at_ms: int) -> None:
+        await _Wake(at_ms)
+
+    async def take_answer_session(self) -> LocalSessionCore | None:
+        return self.sim.engine if self.sim.streams == 1 else None  # opened at the answer, taken by the first stream
+
+    async def resume(self, ticket: ResumeTicket) -> LocalSessionCore:
+        sim = self.sim
+        owner = sim.server.sessions.get(ticket.session_id, ("nobody",))[0]
+        if owner != sim.call_id:
+            sim._violation(f"a stream of {sim.call_id} was given the session of {owner} ({ticket.session_id})")
+        if sim.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
+            sim.session_lost = True
+            raise EngineError("connection_failed")
+        sim.engine.resume(ticket.lease_generation, sim.now_ms)
+        sim.engine.events_to_send()  # session.resumed: taken by the wire client
+        return sim.engine
+
+    async def open(self) -> LocalSessionCore | Rejected:
+        sim = self.sim
+        if sim.engine_dead:  # no other endpoint in this simulation: no engine takes the call
+            raise EngineError("connection_failed")
+        beside = sim.engine.state is not SessionState.CLOSED
+        if beside and sim._unnamed_session != sim.engine.session_id:
+            sim._violation(f"a second engine session while the call's first is still {sim.engine.state.value}")
+        if sim.close_requested:
+            sim._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
+        if not sim.server.has_room():  # the other calls' sessions (or the one the registry lost) fill the server
+            raise EngineError("resource_exhausted")
+        if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
+            # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
+            sim.server.orphaned.add(sim.engine.session_id)  # (not followed further)
+            sim._unnamed_session, sim._orphaned_since_bind, sim._half_open = None, True, None
+        sim.sessions += 1
+        sim.engine = sim._new_engine(f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}")
+        sim.server.sessions[sim.engine.session_id] = (sim.call_id, sim.engine)
+        sim.closes_sent, sim.session_lost = 0, False
+        sim.close_requested = False
+        return sim.engine
+
+    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+        sim, call = self.sim, self.sim.call
+        assert call is not None and sim.carrier is not None
+        if no_engine:  # the tone, then the hang-up: the stream plays on
+            call.no_engine(reason, sim.now_ms)
+            sim.failed_at_ms = sim.now_ms
+            sim.carrier.played_since_ms = sim.now_ms
+            sim._after_input(call)
+        else:
+            call.start_refused(reason)
+            sim.outcome = reason
+
+    async def mark_ended(self, reason: str) -> None:
+        registry = self.sim.registry
+        registry.ended_reason = reason
+        registry.bound, registry.live = False, None
+
+    async def detach(self, session: LocalSessionCore) -> ResumeTicket:
+        sim = self.sim
+        if not sim.engine_dead:
+            sim.engine.detach(sim.now_ms)
+        return ResumeTicket(sim.engine.session_id, sim.engine.lease_generation)
+
+    async def park(self, ticket: ResumeTicket, input_ms: int) -> bool:
+        registry = self.sim.registry
+        registry.ticket, registry.input_ms, registry.bound, registry.live = ticket, input_ms, False, None
+        self.sim._named_again()
+        return True
+
+    async def close_parked(self, ticket: ResumeTicket, reason: str) -> bool:
+        sim = self.sim
+        if sim.engine_dead:  # the resume cannot reach its server: known lost, nothing to close
+            sim.session_lost = True
+            return False
+        try:
+            sim.engine.resume(ticket.lease_generation, sim.now_ms)
+        except EngineError:
+            return False
+        sim.engine.events_to_send()
+        sim._submit_all([CloseSession(reason)])
+        return True
+
+    async def close_waiting(self, reason: str) -> bool:
+        """The session parked for this stream, claimed to be closed."""
+        registry = self.sim.registry
+        waiting, registry.ticket = registry.ticket, None
+        if waiting is None:
+            return False
+        registry.bound = False
+        return await self.close_parked(waiting, reason)
+
+    async def close_unless_back(self, ticket: ResumeTicket, after_ms: int) -> None:
+        self.sim._violation("a reconnect window: the simulated carrier names none")
+
+    async def close_session(self, session: LocalSessionCore, reason: str) -> None:
+        self.sim._submit_all([CloseSession(reason)])
+
+    async def discard_answer_session(self, reason: str) -> None:
+        pass  # the first stream's session was taken; nothing waits at the answer any more
+
+
+
 class SimulatedCall:
     """One call of the plan, stepped on a virtual clock (see the module docstring)."""
 
@@ -422,12 +576,14 @@ class SimulatedCall:
         until a checkpoint writes it again, the next stream cannot find it and opens a new one beside it."""
         self._taking_over = False
         """A stream after the crash is binding: it must resume the session from the live ticket."""
-        self._binding_at: tuple[int, CallLifecycle] | None = None
-        """A binding that waits (``WaitUntil``): when it goes on, and the lifecycle it is of."""
+        self._binding: _Binding | None = None
+        """A binding that waits (``WaitUntil``): its steps, when they go on, and the lifecycle they are of."""
         self._journal: list[EngineEvent] = []
         """The engine's replay after the live ticket: events the stream took since the ticket was last written."""
         self._replay: list[EngineEvent] = []
         self._checkpoint_at_ms: int | None = None
+        self.effects = _ModelEffects(self)
+        """What the lifecycle's steps do here (the executor's effects, against the models)."""
 
     def _new_engine(self, session_id: str) -> LocalSessionCore:
         options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
@@ -473,12 +629,12 @@ class SimulatedCall:
                 self._late_timers()
         if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
             self._open_stream()
-        if self._binding_at is not None and now >= self._binding_at[0]:
-            _, life = self._binding_at
-            self._binding_at = None
-            if life is self.life:  # not ended meanwhile
-                life.waited()
-                self._bind_steps()
+        if self._binding is not None and self._binding.at_ms is not None and now >= self._binding.at_ms:
+            binding, self._binding = self._binding, None
+            if binding.life is self.life:  # not ended meanwhile
+                self._go_on_binding(binding)
+            else:
+                binding.steps.close()
         self._world_goes_on()
         if self._half_open is not None:
             self._serve_half_open(*self._half_open)
@@ -628,54 +784,27 @@ class SimulatedCall:
         life.stream_started()
         live = self.registry.live
         self._taking_over = live is not None and live.holder == self._dead_holder  # its holder's process died
-        self._bind_steps()
+        self._go_on_binding(_Binding(life, self._bind_steps(life)))
 
-    def _bind_steps(self) -> None:
-        """The stream's lifecycle binding steps, until it is bound, refused, or waits (then again at that time)."""
-        life, call, registry = self.life, self.call, self.registry
-        assert life is not None and call is not None and self.carrier is not None
-        while (step := life.next_step()) is not None:
-            match step:
-                case AskEnded():
-                    life.ended_is(registry.ended_reason)
-                case ClaimTicket():
-                    ticket, registry.ticket = registry.ticket, None
-                    life.ticket_claimed(ticket, registry.input_ms, self.now_ms)
-                case ReadRecord():
-                    if registry.bound and self.crashed_at_ms is None and self._half_open is None:  # the last ended unparked
-                        self._violation("the registry says a stream holds the session; the last one ended without parking it")
-                    holder = registry.live.holder if registry.live is not None else None
-                    life.record_read(bound=registry.bound, ended=registry.ended_reason is not None, now_ms=self.now_ms, live_holder=holder)
-                case NudgeOldStream():
-                    self._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
-                case WaitUntil(at_ms):
-                    self._binding_at = (at_ms, life)
-                    return
-                case ClaimLive(holder):
-                    live = registry.live if registry.live is not None and registry.live.holder == holder else None
-                    if live is not None:
-                        registry.live, registry.bound = None, False
-                    life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, self.now_ms)
-                case TakeAnswerSession():
-                    life.answer_session_taken(self.streams == 1)  # opened at the answer, taken by the first stream
-                case Resume(ticket):
-                    self._resume(life, ticket)
-                case Open():
-                    self._open_session(life)
-                case MarkEnded(reason):
-                    registry.ended_reason = reason
-                case Refuse(reason, no_engine) if no_engine:  # the tone, then the hang-up: the stream plays on
-                    call.no_engine(reason, self.now_ms)
-                    self.failed_at_ms = self.now_ms
-                    self.carrier.played_since_ms = self.now_ms
-                    self._after_input(call)
-                    return
-                case Refuse(reason):
-                    call.start_refused(reason)
-                    self.outcome = reason
-                    return
-                case _:
-                    self._violation(f"a binding step the simulation does not know: {step!r}")
+    def _go_on_binding(self, binding: _Binding) -> None:
+        """The stream's binding steps (``bridge/lifecycle_steps.py``'s executor, against the models) until they are
+        done — bound, refused — or wait (``WaitUntil``: then again once the clock gets there)."""
+        try:
+            wait = binding.steps.send(None)
+        except StopIteration:
+            return
+        binding.at_ms = wait.at_ms
+        self._binding = binding
+
+    async def _bind_steps(self, life: CallLifecycle) -> None:
+        await do_steps(life, self.effects, Held(None))
+        if life.bound is not None:
+            self._bind(life)
+
+    def _bind(self, life: CallLifecycle) -> None:
+        """The session in hand: bound to the stream as ``MediaStreamDriver._bind`` binds it."""
+        call, registry = self.call, self.registry
+        assert call is not None and self.carrier is not None
         bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
         # the session to resume was lost by the registry: a new one beside it is no violation
@@ -728,45 +857,6 @@ class SimulatedCall:
         self._to_bridge.clear()
         self._held_echo = None
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
-
-    def _resume(self, life: CallLifecycle, ticket: ResumeTicket) -> None:
-        owner = self.server.sessions.get(ticket.session_id, ("nobody",))[0]
-        if owner != self.call_id:
-            self._violation(f"a stream of {self.call_id} was given the session of {owner} ({ticket.session_id})")
-        if self.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
-            self.session_lost = True
-            life.resume_failed("connection_failed")
-            return
-        try:
-            self.engine.resume(ticket.lease_generation, self.now_ms)
-        except EngineError as exc:
-            life.resume_failed(exc.code)
-            return
-        self.engine.events_to_send()  # session.resumed: taken by the wire client
-        life.resumed()
-
-    def _open_session(self, life: CallLifecycle) -> None:
-        if self.engine_dead:  # no other endpoint in this simulation: no engine takes the call
-            life.open_failed("connection_failed")
-            return
-        beside = self.engine.state is not SessionState.CLOSED
-        if beside and self._unnamed_session != self.engine.session_id:
-            self._violation(f"a second engine session while the call's first is still {self.engine.state.value}")
-        if self.close_requested:
-            self._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
-        if not self.server.has_room():  # the other calls' sessions (or the one the registry lost) fill the server
-            life.open_failed("resource_exhausted")
-            return
-        if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
-            # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
-            self.server.orphaned.add(self.engine.session_id)  # (not followed further)
-            self._unnamed_session, self._orphaned_since_bind, self._half_open = None, True, None
-        self.sessions += 1
-        self.engine = self._new_engine(f"duplex-sim-{self.call_id[-4:]}-{self.sessions}")
-        self.server.sessions[self.engine.session_id] = (self.call_id, self.engine)
-        self.closes_sent, self.session_lost = 0, False
-        self.close_requested = False
-        life.opened()
 
     def _drop(self, call: CallSession) -> None:
         """The media socket drops (no stop): what was heard goes to the engine, then the stream's lifecycle parks
@@ -849,49 +939,14 @@ class SimulatedCall:
         self._ending_steps(life)
 
     def _ending_steps(self, life: CallLifecycle) -> None:
-        """A stream's ending steps (park, close, mark ended …), done against the registry model and the engine."""
-        while (step := life.next_step()) is not None:
-            match step:
-                case AskEnded():
-                    life.ended_is(self.registry.ended_reason)
-                case Park(input_ms, heard_ms, _, unheard, told_ms):
-                    if not self.engine_dead:
-                        self.engine.detach(self.now_ms)
-                    ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=heard_ms, unheard=unheard,
-                                          told_ms=told_ms)  # fmt: skip
-                    self.registry.ticket, self.registry.input_ms, self.registry.bound = ticket, input_ms, False
-                    self.registry.live = None
-                    self._named_again()
-                    life.parked(True)
-                case CloseEngineSession(reason):
-                    self._submit_all([CloseSession(reason)])
-                case MarkEnded(reason):
-                    self.registry.ended_reason = reason
-                    self.registry.bound, self.registry.live = False, None
-                case DiscardAnswerSession():
-                    pass  # the first stream's session was taken; nothing waits at the answer any more
-                case CloseWaiting(reason):  # the session parked for this stream, claimed to be closed
-                    waiting, self.registry.ticket = self.registry.ticket, None
-                    if waiting is not None:
-                        self.registry.bound = False
-                        if self.engine_dead:
-                            self.session_lost = True
-                        else:
-                            self.engine.resume(waiting.lease_generation, self.now_ms)
-                            self.engine.events_to_send()
-                            self._submit_all([CloseSession(reason)])
-                case CloseLive(holder, reason):  # the crashed bridge's session: resumed, then closed
-                    live = self.registry.live
-                    if live is not None and live.holder == holder:
-                        self.registry.live, self.registry.bound = None, False
-                        if self.engine_dead:  # the resume cannot reach its server: known lost, nothing to close
-                            self.session_lost = True
-                        else:
-                            self.engine.resume(live.ticket.lease_generation, self.now_ms)
-                            self.engine.events_to_send()
-                            self._submit_all([CloseSession(reason)])
-                case _:
-                    self._violation(f"an ending step the simulation does not know: {step!r}")
+        """A stream's ending steps (park, close, mark ended …), done by the executor against the models, at once."""
+        steps = do_steps(life, self.effects, Held(self.engine))
+        try:
+            steps.send(None)
+        except StopIteration:
+            return
+        steps.close()
+        self._violation("a stream's ending steps waited")
 
     def _after_input(self, call: CallSession) -> None:
         carrier = self.carrier
