@@ -17,12 +17,11 @@ from callbridge.bridge.inbound import MESSAGE_BURST, MESSAGES_PER_S, MessageBuck
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.compiled import compiled_modules
+from callbridge.sim.fault_models import EngineServerModel, RegistryModel
 from callbridge.sim.faults import (
     SimulatedCall,
     SimulatedCalls,
     Violation,
-    _EngineServer,
-    _RegistryModel,
     calls_plan_for,
     main,
     plan_for,
@@ -233,7 +232,7 @@ class TestPlantedBugsAreCaught:
     def test_a_checkpoint_that_does_not_write_a_lost_record_anew(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The failure as it was: a live stream took the record the registry lost for a takeover, and stopped
         writing it; a crash then gave the call a new session (the agent forgot it)."""
-        monkeypatch.setattr(_RegistryModel, "is_empty", lambda record: False)
+        monkeypatch.setattr(RegistryModel, "is_empty", lambda record: False)
         assert "has not written it again" in first_violation(range(100), registry_lost_at_ms=600).what
 
     def test_a_dead_engine_waited_for_through_its_grace(self) -> None:
@@ -296,7 +295,7 @@ class TestSeveralCalls:
         assert [c.heard_told for c in first.calls] == [c.heard_told for c in second.calls]
 
     def test_a_server_that_takes_more_than_its_room_is_caught(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(_EngineServer, "has_room", lambda server: True)
+        monkeypatch.setattr(EngineServerModel, "has_room", lambda server: True)
         seeds = [s for s in range(50) if calls_plan_for(s).capacity < len(calls_plan_for(s).plans)]
         caught = []
         for seed in seeds:

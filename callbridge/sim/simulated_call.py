@@ -1,0 +1,848 @@
+"""One simulated call under faults (``sim/faults.py`` says what is simulated and which invariants hold): the real
+cores on a virtual clock, stepped through a seed's plan, the lifecycle's steps done by the server's own executor
+against the models."""
+
+from __future__ import annotations
+
+import random
+from typing import Final, NoReturn
+
+from callbridge.bridge.binding import EngineBinding
+from callbridge.bridge.call import CallOptions, CallSession, CallState
+from callbridge.bridge.call_outputs import BargeInFlushed, ToCarrier, ToEngine
+from callbridge.bridge.lifecycle import BindSource, CallLifecycle, EndReason
+from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
+from callbridge.bridge.registry import LiveCall
+from callbridge.carriers.base import ProtocolErrorReason
+from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
+from callbridge.engine.errors import EngineError
+from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
+from callbridge.engine.local.agents import AGENTS, OUTPUT_RATE_HZ
+from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
+from callbridge.engine.port import ResumeTicket, SessionConfig
+from callbridge.sim.fault_models import (
+    SILENCE,
+    SPEECH,
+    Binding,
+    CarrierModel,
+    EngineServerModel,
+    LoudnessScorer,
+    RegistryModel,
+    Silent,
+    Wake,
+    marking_far_end,
+    stream_id,
+)
+from callbridge.sim.fault_plan import (
+    CHECKPOINT_MS,
+    CHECKPOINT_POLL_MS,
+    FRAME_MS,
+    RESTORE_BOUND_MS,
+    TAKEOVER_BOUND_MS,
+    TONE_BOUND_MS,
+    FaultPlan,
+    Violation,
+    plan_for,
+)
+
+__all__ = ["SimulatedCall", "run_seed"]
+
+_CALL_ID: Final = "CA" + "0" * 31 + "1"
+_HELD_ECHO_MS: Final = 250
+"""An echo held back for reordering goes alone after this long (two markers are 100 ms of audio apart)."""
+_GRACE_MS: Final = 30_000
+
+
+class _ModelEffects:
+    """The lifecycle's effects in the simulation (``bridge/lifecycle_steps.py``'s ``LifecycleEffects``): the call's
+    registry record, the engine server and the stream are the simulated call's models; where the server does a
+    step against Redis and the engine, this does it against them, and checks what it sees there."""
+
+    log = Silent()
+
+    def __init__(self, sim: SimulatedCall) -> None:
+        self.sim = sim
+
+    def now_ms(self) -> int:
+        return self.sim.now_ms
+
+    async def token_is_ours(self) -> bool:
+        self.sim._violation("a token check: the simulated carrier's streams are admitted by their address")
+
+    async def ended_reason(self) -> str | None:
+        return self.sim.registry.ended_reason
+
+    async def claim_ticket(self) -> tuple[ResumeTicket | None, int]:
+        registry = self.sim.registry
+        ticket, registry.ticket = registry.ticket, None
+        return ticket, registry.input_ms
+
+    async def read_record(self) -> RecordSeen:
+        sim, registry = self.sim, self.sim.registry
+        if registry.bound and sim.crashed_at_ms is None and sim._half_open is None:  # the last ended unparked
+            sim._violation("the registry says a stream holds the session; the last one ended without parking it")
+        holder = registry.live.holder if registry.live is not None else None
+        return RecordSeen(bound=registry.bound, ended=registry.ended_reason is not None, live_holder=holder)
+
+    async def claim_live(self, holder: str) -> LiveCall | None:
+        registry = self.sim.registry
+        live = registry.live if registry.live is not None and registry.live.holder == holder else None
+        if live is not None:
+            registry.live, registry.bound = None, False
+        return live
+
+    async def nudge_old_stream(self) -> None:
+        self.sim._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
+
+    async def sleep_until(self, at_ms: int) -> None:
+        await Wake(at_ms)
+
+    async def take_answer_session(self) -> LocalSessionCore | None:
+        return self.sim.engine if self.sim.streams == 1 else None  # opened at the answer, taken by the first stream
+
+    async def resume(self, ticket: ResumeTicket) -> LocalSessionCore:
+        sim = self.sim
+        owner = sim.server.sessions.get(ticket.session_id, ("nobody",))[0]
+        if owner != sim.call_id:
+            sim._violation(f"a stream of {sim.call_id} was given the session of {owner} ({ticket.session_id})")
+        if sim.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
+            sim.session_lost = True
+            raise EngineError("connection_failed")
+        sim.engine.resume(ticket.lease_generation, sim.now_ms)
+        sim.engine.events_to_send()  # session.resumed: taken by the wire client
+        return sim.engine
+
+    async def open(self) -> LocalSessionCore | Rejected:
+        sim = self.sim
+        if sim.engine_dead:  # no other endpoint in this simulation: no engine takes the call
+            raise EngineError("connection_failed")
+        beside = sim.engine.state is not SessionState.CLOSED
+        if beside and sim._unnamed_session != sim.engine.session_id:
+            sim._violation(f"a second engine session while the call's first is still {sim.engine.state.value}")
+        if sim.close_requested:
+            sim._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
+        if not sim.server.has_room():  # the other calls' sessions (or the one the registry lost) fill the server
+            raise EngineError("resource_exhausted")
+        if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
+            # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
+            sim.server.orphaned.add(sim.engine.session_id)  # (not followed further)
+            sim._unnamed_session, sim._orphaned_since_bind, sim._half_open = None, True, None
+        sim.sessions += 1
+        sim.engine = sim._new_engine(f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}")
+        sim.server.sessions[sim.engine.session_id] = (sim.call_id, sim.engine)
+        sim.closes_sent, sim.session_lost = 0, False
+        sim.close_requested = False
+        return sim.engine
+
+    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+        sim, call = self.sim, self.sim.call
+        assert call is not None and sim.carrier is not None
+        if no_engine:  # the tone, then the hang-up: the stream plays on
+            call.no_engine(reason, sim.now_ms)
+            sim.failed_at_ms = sim.now_ms
+            sim.carrier.played_since_ms = sim.now_ms
+            sim._after_input(call)
+        else:
+            call.start_refused(reason)
+            sim.outcome = reason
+
+    async def mark_ended(self, reason: str) -> None:
+        registry = self.sim.registry
+        registry.ended_reason = reason
+        registry.bound, registry.live = False, None
+
+    async def detach(self, session: LocalSessionCore) -> ResumeTicket:
+        sim = self.sim
+        if not sim.engine_dead:
+            sim.engine.detach(sim.now_ms)
+        return ResumeTicket(sim.engine.session_id, sim.engine.lease_generation)
+
+    async def park(self, ticket: ResumeTicket, input_ms: int) -> bool:
+        registry = self.sim.registry
+        registry.ticket, registry.input_ms, registry.bound, registry.live = ticket, input_ms, False, None
+        self.sim._named_again()
+        return True
+
+    async def close_parked(self, ticket: ResumeTicket, reason: str) -> bool:
+        sim = self.sim
+        if sim.engine_dead:  # the resume cannot reach its server: known lost, nothing to close
+            sim.session_lost = True
+            return False
+        try:
+            sim.engine.resume(ticket.lease_generation, sim.now_ms)
+        except EngineError:
+            return False
+        sim.engine.events_to_send()
+        sim._submit_all([CloseSession(reason)])
+        return True
+
+    async def close_waiting(self, reason: str) -> bool:
+        """The session parked for this stream, claimed to be closed."""
+        registry = self.sim.registry
+        waiting, registry.ticket = registry.ticket, None
+        if waiting is None:
+            return False
+        registry.bound = False
+        return await self.close_parked(waiting, reason)
+
+    async def close_unless_back(self, ticket: ResumeTicket, after_ms: int) -> None:
+        self.sim._violation("a reconnect window: the simulated carrier names none")
+
+    async def close_session(self, session: LocalSessionCore, reason: str) -> None:
+        self.sim._submit_all([CloseSession(reason)])
+
+    async def discard_answer_session(self, reason: str) -> None:
+        pass  # the first stream's session was taken; nothing waits at the answer any more
+
+
+
+class SimulatedCall:
+    """One call of the plan, stepped on a virtual clock (see the module docstring)."""
+
+    def __init__(
+        self,
+        seed: int,
+        plan: FaultPlan | None = None,
+        *,
+        call_id: str = _CALL_ID,
+        server: EngineServerModel | None = None,
+        registry: dict[str, RegistryModel] | None = None,
+        in_fleet: bool = False,
+    ) -> None:
+        """One call. With ``server`` and ``registry``: one of several calls sharing them (``SimulatedCalls``); the
+        call is answered now (a busy refusal when the server has no room, or is dead already)."""
+        self.seed = seed
+        self.plan = plan or plan_for(seed)
+        self.call_id = call_id
+        self.now_ms = 0
+        self._in_fleet = in_fleet
+        self._ids = random.Random(f"{seed}:{call_id}")
+        self.server = server or EngineServerModel(capacity=1)
+        self.registry = (registry if registry is not None else {}).setdefault(call_id, RegistryModel())
+        self.sessions = 1
+        self.outcome: str | None = None
+        dead_at_answer = self.plan.engine_dies_at_ms is not None and self.plan.engine_dies_at_ms <= 0
+        self.engine = self._new_engine(f"duplex-sim-{call_id[-4:]}-1")
+        if dead_at_answer or not self.server.has_room():  # engine_takes: busy before answer, no stream comes
+            self.outcome = "busy"
+            self.engine.submit(CloseSession("not_opened"), 0)
+        else:
+            self.server.sessions[self.engine.session_id] = (call_id, self.engine)
+        self.life: CallLifecycle | None = None
+        self.engine_dead = False
+        self.engine_lost_reported = False
+        self.session_lost = False
+        """A resume found the session's server gone: the bridge knows the session lost (no close is owed)."""
+        self.closes_sent = 0
+        self.close_requested = False
+        self.generated_bytes: dict[str, int] = {}
+        """response → PCM16 bytes of audio the engine generated for it."""
+        self.heard_told: dict[str, int] = {}
+        """response → the highest heard position told to the engine (acks and truncations), all streams."""
+        self.failed_at_ms: int | None = None
+        self.streams = 0
+        self.call: CallSession | None = None
+        self.far_end = marking_far_end()
+        self.carrier: CarrierModel | None = None
+        self._to_bridge: list[tuple[int, int, str | bytes]] = []
+        """(deliver at, order, message) from the carrier to the bridge."""
+        self._order = 0
+        self._held_echo: tuple[str | bytes, int] | None = None
+        """A mark echo held back (``reordered_echoes``), and since when."""
+        self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
+        self._stream_started_at_ms = 0
+        self._end_ms = self.plan.hangup_at_ms + 15_000 + self._stalled_ms(0, self.plan.hangup_at_ms + 15_000)
+        self._ran_again = False
+        """The process stall (``process_stall``) is over and its late timers have run."""
+        self.crashed_at_ms: int | None = None
+        self.drained = False
+        self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
+        self._half_open: tuple[CallSession, CallLifecycle] | None = None
+        """A dropped stream the bridge still serves (``half_open_drops``), and its lifecycle, until superseded."""
+        self._resuming_half_open = False  # the next stream resumes the session the superseded one parks
+        self._dead_holder: str | None = None  # the live ticket's holder when the bridge crashed
+        self.registry_lost = False
+        self._orphaned_since_bind = False
+        self._unnamed_session: str | None = None
+        """The session the registry lost all trace of (a parked ticket, or a live ticket not yet written anew):
+        until a checkpoint writes it again, the next stream cannot find it and opens a new one beside it."""
+        self._taking_over = False
+        """A stream after the crash is binding: it must resume the session from the live ticket."""
+        self._binding: Binding | None = None
+        """A binding that waits (``WaitUntil``): its steps, when they go on, and the lifecycle they are of."""
+        self._journal: list[EngineEvent] = []
+        """The engine's replay after the live ticket: events the stream took since the ticket was last written."""
+        self._replay: list[EngineEvent] = []
+        self._checkpoint_at_ms: int | None = None
+        self.effects = _ModelEffects(self)
+        """What the lifecycle's steps do here (the executor's effects, against the models)."""
+
+    def _new_engine(self, session_id: str) -> LocalSessionCore:
+        options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
+                                     disconnect_grace_ms=_GRACE_MS)  # fmt: skip
+        ids = self._ids
+        engine = LocalSessionCore(session_id, SessionConfig(), AGENTS["echo"](), options, self.now_ms,
+                                  scorer=LoudnessScorer(), token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
+        engine.events_to_send()  # session.created
+        return engine
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimulatedCall:
+        while self.advance():
+            pass
+        return self
+
+    def advance(self) -> bool:
+        """One step of the virtual clock (10 ms), its invariants checked; False once the call is over (and its
+        end checked)."""
+        if self.outcome is None:
+            if self.now_ms > self._end_ms:
+                self._violation(f"the call never ended (state {self.call.state if self.call else None})")
+            self._step()
+            self._check()
+            self.now_ms += FRAME_MS // 2
+            if self.outcome is None:
+                return True
+        self._check_end()
+        return False
+
+    def _step(self) -> None:
+        now, plan = self.now_ms, self.plan
+        stall = plan.process_stall
+        if stall is not None and not self._ran_again and now >= stall[0]:
+            if self.crashed_at_ms is not None or self.drained:
+                self._ran_again = True  # the process it would have stopped is gone: the call is served elsewhere
+            elif now < stall[0] + stall[1]:
+                self._step_stalled()
+                return
+            else:
+                self._ran_again = True
+                self._late_timers()
+        if self._next_stream_at_ms is not None and now >= self._next_stream_at_ms:
+            self._open_stream()
+        if self._binding is not None and self._binding.at_ms is not None and now >= self._binding.at_ms:
+            binding, self._binding = self._binding, None
+            if binding.life is self.life:  # not ended meanwhile
+                self._go_on_binding(binding)
+            else:
+                binding.steps.close()
+        self._world_goes_on()
+        if self._half_open is not None:
+            self._serve_half_open(*self._half_open)
+        call, carrier = self.call, self.carrier
+        if call is None or carrier is None:
+            return
+        if call.state is CallState.LIVE:
+            crash = plan.bridge_crashes_at_ms
+            if crash is not None and now >= crash and self.crashed_at_ms is None:
+                self._crash()
+                return
+            drain = plan.bridge_drains_at_ms
+            if drain is not None and now >= drain and not self.drained:
+                self.drained = True
+                self._move_elsewhere(call)
+                return
+            self._checkpoint_if_due(call)
+        if now % FRAME_MS == 0:
+            self._carrier_tick(call, carrier)
+        self._deliver_to_bridge(call)
+        if self.call is None:
+            return
+        if not self.engine_dead:
+            self._tick_engine()
+            self._engine_events(call)
+        elif (
+            not self.engine_lost_reported
+            and plan.engine_dies_at_ms is not None
+            and now >= plan.engine_dies_at_ms + plan.engine_gives_up_after_ms
+        ):
+            self.engine_lost_reported = True  # the wire client's reconnect budget is spent
+            if call.state is CallState.LIVE:
+                self.failed_at_ms = now
+                carrier.played_since_ms = now
+                call.receive_engine_event(SessionClosed(self.engine.session_id, "connection_failed"), now)
+        deadline = call.next_deadline_ms()
+        if deadline is not None and deadline <= now:
+            call.tick(now)
+        self._drain(call, carrier)
+
+    def _step_stalled(self) -> None:
+        """A step while the bridge process does not run: the world goes on (the engine server, its death, the
+        registry's loss), the carrier plays what it was sent and sends on; nothing of the bridge runs."""
+        self._world_goes_on()
+        call, carrier = self.call, self.carrier
+        if call is not None and carrier is not None and self.now_ms % FRAME_MS == 0:
+            self._carrier_tick(call, carrier, stalled=True)
+        if not self.engine_dead:
+            self._tick_engine()  # its events wait for the bridge to read them
+
+    def _world_goes_on(self) -> None:
+        """What happens whether or not the bridge runs: the engine server dies, the registry loses the call."""
+        now, plan = self.now_ms, self.plan
+        if plan.engine_dies_at_ms is not None and now >= plan.engine_dies_at_ms and not self.engine_dead:
+            self.engine_dead = True
+        lost_at = plan.registry_lost_at_ms
+        if lost_at is not None and now >= lost_at and not self.registry_lost:
+            self._lose_registry()
+
+    def _late_timers(self) -> None:
+        """The bridge process runs again: first the timers that came due while it did not (the streams' ticks),
+        then its reader (the rest of the step)."""
+        half_open = self._half_open[0] if self._half_open is not None else None
+        for call in (self.call, half_open):
+            deadline = None if call is None else call.next_deadline_ms()
+            if call is not None and deadline is not None and deadline <= self.now_ms:
+                call.tick(self.now_ms)
+        if self.call is not None and self.carrier is not None:
+            self._drain(self.call, self.carrier)
+
+    def _stalled_ms(self, start_ms: int, end_ms: int) -> int:
+        """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound
+        on what it does in that time is that much later."""
+        stall = self.plan.process_stall
+        if stall is None or stall[0] >= end_ms or stall[0] + stall[1] <= start_ms:
+            return 0
+        return stall[1]
+
+    def _carrier_tick(self, call: CallSession, carrier: CarrierModel, *, stalled: bool = False) -> None:
+        now, plan = self.now_ms, self.plan
+        if now >= plan.hangup_at_ms and call.state is not CallState.ENDED:
+            self._send(self.far_end.stop(stream_id(call)), 0)
+            return
+        if any(now == at for at in plan.drops_at_ms) and call.state is CallState.LIVE and not stalled:
+            self._drop(call)
+            return
+        for mark in carrier.play(now):
+            self._echo(call, mark)
+        self._release_held_echo()
+        speaking = any(start <= now < start + length for start, length in plan.utterances)
+        frame = SPEECH[now // FRAME_MS % len(SPEECH)] if speaking else SILENCE
+        self._send(self.far_end.media(stream_id(call), frame, now - self._stream_started_at_ms), 0)
+
+    def _echo(self, call: CallSession, mark: str) -> None:
+        message = self.far_end.mark_echo(stream_id(call), mark)
+        delay = self.plan.echo_delay_ms
+        if self.plan.reordered_echoes:
+            if self._held_echo is None:
+                self._held_echo = (message, self.now_ms)  # sent after the next one, or alone once it is late
+                return
+            (held, _), self._held_echo = self._held_echo, None
+            self._send(message, delay)
+            self._send(held, delay)
+        else:
+            self._send(message, delay)
+        if self.plan.repeated_echoes:
+            self._send(message, delay + FRAME_MS)
+
+    def _release_held_echo(self) -> None:
+        if self._held_echo is not None and self.now_ms >= self._held_echo[1] + _HELD_ECHO_MS:
+            (held, _), self._held_echo = self._held_echo, None
+            self._send(held, self.plan.echo_delay_ms)
+
+    def _send(self, message: str | bytes, delay_ms: int) -> None:
+        at = self.now_ms + delay_ms
+        stall = self.plan.read_stall
+        if stall is not None and stall[0] <= at < stall[0] + stall[1]:
+            at = stall[0] + stall[1]  # read late, in a burst, in order
+        self._order += 1
+        self._to_bridge.append((at, self._order, message))
+
+    def _deliver_to_bridge(self, call: CallSession) -> None:
+        due = sorted(m for m in self._to_bridge if m[0] <= self.now_ms)
+        if not due:
+            return
+        self._to_bridge = [m for m in self._to_bridge if m[0] > self.now_ms]
+        for _, _, message in due:
+            if self.call is not call or call.state in (CallState.ENDED, CallState.DETACHED):
+                return
+            call.receive_message(message, self.now_ms)
+            self._after_input(call)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _open_stream(self) -> None:
+        """The carrier opens the call's (next) stream; its ``CallLifecycle`` binds it, each step done here against
+        the registry model and the engine core, as ``MediaStreamDriver._bind`` does them."""
+        self._next_stream_at_ms = None
+        self.streams += 1
+        self.call = call = CallSession(self.far_end.codec(), CallOptions(failure_tone_ms=600))
+        call.connected(self.now_ms)  # as the driver: the carrier's limits (first message, idle) run from here
+        self.carrier = CarrierModel()
+        self._stream_started_at_ms = self.now_ms
+        for message in self.far_end.opening(self.streams, self.call_id):
+            call.receive_message(message, self.now_ms)
+        self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
+        life.stream_started()
+        live = self.registry.live
+        self._taking_over = live is not None and live.holder == self._dead_holder  # its holder's process died
+        self._go_on_binding(Binding(life, self._bind_steps(life)))
+
+    def _go_on_binding(self, binding: Binding) -> None:
+        """The stream's binding steps (``bridge/lifecycle_steps.py``'s executor, against the models) until they are
+        done — bound, refused — or wait (``WaitUntil``: then again once the clock gets there)."""
+        try:
+            wait = binding.steps.send(None)
+        except StopIteration:
+            return
+        binding.at_ms = wait.at_ms
+        self._binding = binding
+
+    async def _bind_steps(self, life: CallLifecycle) -> None:
+        await do_steps(life, self.effects, Held(None))
+        if life.bound is not None:
+            self._bind(life)
+
+    def _bind(self, life: CallLifecycle) -> None:
+        """The session in hand: bound to the stream as ``MediaStreamDriver._bind`` binds it."""
+        call, registry = self.call, self.registry
+        assert call is not None and self.carrier is not None
+        bind = life.stream_state_at_bind(call.facts())
+        assert bind is not None
+        # the session to resume was lost by the registry: a new one beside it is no violation
+        unnamed, self._orphaned_since_bind = self._orphaned_since_bind, False
+        if self._taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
+            self._taking_over = False
+            if not self.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
+                self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
+            if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
+                self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
+        if self._resuming_half_open:  # the superseded stream parked its session: this one resumes it
+            self._resuming_half_open = False
+            resumable = not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and not unnamed
+            if resumable and bind.source is not BindSource.RESUMED:
+                self._violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
+        if self._resuming_moved:  # a drained process's call: the same session, unless its server died
+            self._resuming_moved = False
+            if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
+                self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
+        registry.bound = True
+        call.engine_bound(EngineBinding.of(bind, self.engine.capabilities), self.now_ms)
+        self._write_live_ticket(call)  # the replay after it: what this stream takes from now on
+        replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
+        for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket
+            call.receive_engine_event(event, self.now_ms)
+            self._journal.append(event)
+        self._after_input(call)
+
+    def _write_live_ticket(self, call: CallSession) -> None:
+        """The stream's live ticket into the registry (at its bind, then every ``CHECKPOINT_MS``): what the engine
+        replays after it is what the stream takes from now on."""
+        ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.heard_so_far(self.now_ms),
+                              told_ms=call.told_so_far)  # fmt: skip
+        self.registry.live = LiveCall(f"bridge:{call.codec.stream_id}", ticket, call.facts().input_ms)
+        self._named_again()
+        self._journal = []
+        self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
+
+    def _crash(self) -> None:
+        """The bridge process dies (SIGKILL): nothing it had not sent goes out, nothing is parked; its sockets close
+        with it (the engine keeps the session for its grace); the carrier reconnects after its delay."""
+        self.crashed_at_ms = self.now_ms
+        self._dead_holder = self.registry.live.holder if self.registry.live is not None else None
+        self._half_open = None  # its process died with it
+        if not self.engine_dead:
+            self.engine.detach(self.now_ms)
+        self._replay, self._journal = self._journal, []
+        self.life = self.call = self.carrier = None
+        self._checkpoint_at_ms = None
+        self._to_bridge.clear()
+        self._held_echo = None
+        self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
+
+    def _drop(self, call: CallSession) -> None:
+        """The media socket drops (no stop): what was heard goes to the engine, then the stream's lifecycle parks
+        the session with a ticket, as ``MediaStreamDriver._finish`` does; the carrier opens the next stream after
+        its delay."""
+        if self.plan.half_open_drops and self.life is not None and call.state is CallState.LIVE:
+            self._half_open, self.life = (call, self.life), None  # the bridge does not know: it serves on
+            self._gone_until_next_stream()
+            self._resuming_half_open = True
+            return
+        call.transport_lost(self.now_ms)
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # nothing reaches the carrier
+        self._end_stream(call)
+        self._gone_until_next_stream()
+
+    def _serve_half_open(self, call: CallSession, life: CallLifecycle) -> None:
+        """The bridge serves a stream whose carrier is gone: its frames go into the void (no echo: nothing is heard),
+        the engine's events reach it, it tells the engine what it does (acks of nothing new), its live ticket is
+        kept; it ends by itself only past its own limits."""
+        now = self.now_ms
+        if not self.engine_dead:
+            self._tick_engine()
+            self._engine_events(call)  # not the current stream's: its outputs go nowhere
+        deadline = call.next_deadline_ms()
+        if deadline is not None and deadline <= now:
+            call.tick(now)
+        if call.state is CallState.LIVE:
+            self._checkpoint_if_due(call)
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # the rest goes into the void
+        if call.state in (CallState.ENDED, CallState.DETACHED):  # past its limits
+            self._half_open = None
+            self._end_stream_of(call, life)
+
+    def _supersede_half_open(self) -> None:
+        """The carrier's new stream tells the bridge the old one is superseded (``LiveStream.superseded``): it ends
+        as a drop — what was heard to the engine, its session parked for the new stream."""
+        if self._half_open is None:
+            return  # nobody holds the call any more, or its process is dead: nobody answers
+        call, life = self._half_open
+        call.superseded(self.now_ms)
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])
+        if call.state is CallState.LIVE:  # it did not take the hint: served on, half-open
+            return
+        self._half_open = None
+        self._end_stream_of(call, life)
+
+    def _move_elsewhere(self, call: CallSession) -> None:
+        """The process drains: the stream moves as ``MediaStreamDriver.move_elsewhere`` does it — what the caller
+        heard to the engine, the session parked under the stream's lock, then the socket closed going away; its
+        end finds the session parked already. The carrier's reconnect lands on another process."""
+        life = self.life
+        if life is None or not call.move_elsewhere(self.now_ms):
+            return
+        self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])
+        life.moving_elsewhere(call.facts())
+        self._ending_steps(life)
+        self._end_stream(call)
+        self._gone_until_next_stream()
+        self._resuming_moved = True
+
+    def _gone_until_next_stream(self) -> None:
+        self.call = self.carrier = None
+        self._to_bridge.clear()
+        self._held_echo = None
+        self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
+
+    def _end_stream(self, call: CallSession) -> None:
+        """The stream is over: do its lifecycle's ending steps (park, close, mark ended)."""
+        life = self.life
+        if life is None:
+            return
+        self.life = None
+        self._end_stream_of(call, life)
+
+    def _end_stream_of(self, call: CallSession, life: CallLifecycle) -> None:
+        self._check_carrier_not_blamed(call)
+        # the bridge knows its session is gone only once the wire client has given it up (or it closed)
+        session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
+        life.stream_ended(call.facts(), session_closed=session_closed)
+        self._ending_steps(life)
+
+    def _ending_steps(self, life: CallLifecycle) -> None:
+        """A stream's ending steps (park, close, mark ended …), done by the executor against the models, at once."""
+        steps = do_steps(life, self.effects, Held(self.engine))
+        try:
+            steps.send(None)
+        except StopIteration:
+            return
+        steps.close()
+        self._violation("a stream's ending steps waited")
+
+    def _after_input(self, call: CallSession) -> None:
+        carrier = self.carrier
+        assert carrier is not None
+        self._drain(call, carrier)
+        self._engine_events(call)
+
+    def _tick_engine(self) -> None:
+        deadline = self.engine.next_deadline_ms()
+        if deadline is not None and deadline <= self.now_ms:
+            self.engine.tick(self.now_ms)
+
+    def _checkpoint_if_due(self, call: CallSession) -> None:
+        """The driver's poll of the live ticket, written once due."""
+        if self._checkpoint_at_ms is not None and self.now_ms % CHECKPOINT_POLL_MS == 0 and self.now_ms >= self._checkpoint_at_ms:
+            self._checkpoint(call)
+
+    def _checkpoint(self, call: CallSession) -> None:
+        """One write of the stream's live ticket (due, or at a barge-in), as ``CallRegistry.checkpoint`` writes it:
+        only while this stream holds the call (else the keeper stops: released); a record the registry lost, anew."""
+        registry, holder = self.registry, f"bridge:{call.codec.stream_id}"
+        if self._registry_stalled():  # timed out: tried again an interval on; the replay keeps what follows the last
+            self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
+            return
+        if registry.is_empty():
+            registry.bound = True  # written anew (``_write_live_ticket``): a takeover finds it again
+        elif not registry.bound or registry.live is None or registry.live.holder != holder:
+            self._checkpoint_at_ms = None  # not this stream's to write any more
+            return
+        self._write_live_ticket(call)
+
+    def _registry_stalled(self) -> bool:
+        stall = self.plan.registry_stall
+        return stall is not None and stall[0] <= self.now_ms < stall[0] + stall[1]
+
+    def _named_again(self) -> None:
+        """The registry holds a ticket of the call's session again (a live ticket written, a ticket parked)."""
+        if self._unnamed_session == self.engine.session_id:
+            self._unnamed_session = None
+
+    def _lose_registry(self) -> None:
+        """The registry loses the call's record. A parked session (its ticket) or a live one (until a checkpoint
+        writes it anew) can no longer be found by a stream of the call: one opened beside it is no violation,
+        and the engine's grace ends the first."""
+        self.registry_lost = True
+        registry = self.registry
+        if registry.ended_reason is not None:
+            return  # the call is known over: losing that changes nothing the caller hears
+        if registry.ticket is not None or registry.live is not None:
+            self._unnamed_session = self.engine.session_id
+        registry.lose()
+
+    def _engine_events(self, call: CallSession) -> None:
+        """The engine's events to ``call``, its outputs to the carrier after each batch while it is the current
+        stream (a half-open one's carrier is gone: its caller takes the outputs)."""
+        if self.engine_dead or call.state is CallState.STARTING:  # not bound yet: the engine keeps them for the stream
+            return
+        while events := self.engine.events_to_send():
+            for event in events:
+                self._on_engine_event(event)
+                if call.state is CallState.LIVE:
+                    call.receive_engine_event(event, self.now_ms)
+                    self._journal.append(event)
+            if call is self.call and self.carrier is not None:
+                self._drain(call, self.carrier)
+
+    def _on_engine_event(self, event: EngineEvent) -> None:
+        if isinstance(event, AudioDelta):
+            self.generated_bytes[event.response_id] = self.generated_bytes.get(event.response_id, 0) + len(event.pcm)
+
+    def _drain(self, call: CallSession, carrier: CarrierModel) -> None:
+        """The call's outputs, in its order, as the driver does them: to the carrier, to the engine."""
+        for output in call.outputs():
+            if isinstance(output, ToCarrier):
+                read = self.far_end.read(stream_id(call), output.message)
+                if isinstance(read, str):
+                    self._violation(f"the carrier refused a message from the bridge: {read}")
+                for mark in carrier.receive(read):
+                    self._echo(call, mark)
+            elif isinstance(output, ToEngine):
+                self._submit_all([output.command])
+            elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
+                self._checkpoint(call)  # as the driver: before what the engine is told of the cut reply
+        if call.state is CallState.ENDED and self.outcome is None:
+            failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
+            no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
+            self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.end_reason or "ended"
+            self._end_stream(call)
+
+    def _submit_all(self, commands: list[EngineCommand]) -> None:
+        for command in commands:
+            if isinstance(command, CloseSession) and self.close_requested:
+                continue  # as the wire client: one session.close per session, whoever asks (the call, the driver)
+            self.close_requested = self.close_requested or isinstance(command, CloseSession)
+            self._check_command(command)
+            if self.engine_dead or self.engine.state is SessionState.CLOSED:
+                continue  # kept by the wire client for a socket that never comes; the server is gone
+            self.engine.submit(command, self.now_ms)
+
+    # ----------------------------------------------------------- invariants
+
+    def _check_command(self, command: EngineCommand) -> None:
+        if isinstance(command, CloseSession):
+            self.closes_sent += 1
+            if self.closes_sent > 1:
+                self._violation("a second session.close for the same session")
+            if self.engine_lost_reported:
+                self._violation("session.close to a session lost with its server")
+            return
+        if isinstance(command, AckPlayback):
+            response_id, heard = command.response_id, command.played_ms
+        elif isinstance(command, TruncateItem):
+            response_id, heard = command.item_id.removeprefix("item_"), command.audio_end_ms
+        else:
+            return
+        told = self.heard_told.get(response_id)
+        if told is not None and heard < told:
+            self._violation(f"heard position of {response_id} went back from {told} to {heard} ms")
+        generated = self.generated_bytes.get(response_id, 0) * 1000 // (2 * OUTPUT_RATE_HZ)
+        if heard > generated:
+            self._violation(f"heard {heard} ms of {response_id}, which has only {generated} ms")
+        self.heard_told[response_id] = max(heard, told or 0)
+
+    def _check(self) -> None:
+        """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
+        call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint). No
+        stream is ended by a carrier limit: the carrier here is never silent on a live stream."""
+        call, restore_by = self.call, self._restored_by_ms()
+        if call is not None:
+            self._check_carrier_not_blamed(call)
+        if (
+            restore_by is not None and self.now_ms > restore_by and self._unnamed_session == self.engine.session_id
+            and call is not None and call.state is CallState.LIVE
+        ):  # fmt: skip
+            lost_at = self.plan.registry_lost_at_ms
+            self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
+        died, carrier = self.plan.engine_dies_at_ms, self.carrier
+        if died is None or self.outcome is not None or call is None:
+            return
+        if self.now_ms <= died + TONE_BOUND_MS + self._stalled_ms(died, died + TONE_BOUND_MS):
+            return
+        if call.state is CallState.LIVE:
+            self._violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
+        if call.state is CallState.ENDING and (carrier is None or carrier.first_played_at_ms is None):
+            self._violation(f"engine died at {died} ms; no failure tone has played")
+
+    def _check_carrier_not_blamed(self, call: CallSession) -> None:
+        """The carrier here is never silent on a live stream and never floods it: a stream ended by a carrier limit
+        or taken for a flood is the bridge blaming it (for a stall of its own)."""
+        if call.limit_reached is not None:
+            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
+        if call.failure is not None and call.failure.reason is ProtocolErrorReason.FLOOD:
+            self._violation("the carrier's messages were taken for a flood")
+
+    def _restored_by_ms(self) -> int | None:
+        """When a live call the registry lost must be written there again: a checkpoint after the loss, or after
+        the end of a stall that keeps that checkpoint from going through. None: no loss in this plan."""
+        lost_at, stall = self.plan.registry_lost_at_ms, self.plan.registry_stall
+        if lost_at is None:
+            return None
+        if stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
+            lost_at = sum(stall)
+        return lost_at + RESTORE_BOUND_MS + self._stalled_ms(lost_at, lost_at + RESTORE_BOUND_MS)
+
+    def _check_end(self) -> None:
+        call, outcome = self.call, self.outcome
+        unnamed = self._unnamed_session == self.engine.session_id  # the registry lost it; no stream found it again
+        if unnamed and self.engine.state is not SessionState.CLOSED:
+            self.server.orphaned.add(self.engine.session_id)  # left to the grace
+        if outcome == "busy":
+            if self.streams or self.engine.session_id in self.server.sessions:
+                self._violation("refused busy at the answer, yet a stream or a session was had")
+            return
+        if outcome in ("failure_tone_and_hang_up", "no_engine_tone_and_hang_up"):  # mid-call, or at the next stream
+            carrier = self.carrier
+            if call is None or call.hangup is None:
+                self._violation("the engine failed the call, which was never hung up")
+            hung_up_first = self.failed_at_ms is not None and self.plan.hangup_at_ms <= self.failed_at_ms  # the
+            if (carrier is None or carrier.first_played_at_ms is None) and not hung_up_first:  # stop not read yet
+                self._violation("the engine failed the call; the caller heard no failure tone")
+            if outcome == "no_engine_tone_and_hang_up" and self.registry.ended_reason is None:
+                self._violation("no engine took the call's next stream; the registry does not know the call is over")
+            return
+        if outcome != "caller_hung_up":
+            self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
+        if call is None or call.state is not CallState.ENDED:
+            self._violation("the caller hung up; the stream did not end")
+        if not self.engine_dead:
+            self.engine.events_to_send()
+            # a session the registry lost is left to the engine's grace, or (a half-open stream still serving it,
+            # which no stream of the call could find to supersede) to that socket's keepalive
+            left_to = {SessionState.DETACHED, SessionState.LIVE} if self._half_open is not None else {SessionState.DETACHED}
+            if self.engine.state is not SessionState.CLOSED and not (unnamed and self.engine.state in left_to):
+                self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
+        lost = self.engine_lost_reported or self.session_lost or unnamed  # a close sent before the loss was known
+        if self.closes_sent > 1 or (not lost and self.closes_sent != 1):  # is fine; one after it is caught as sent
+            self._violation(f"{self.closes_sent} session.close for one session")
+        if self.registry.ended_reason is None or self.registry.ticket is not None or self.registry.live is not None:
+            self._violation("the call is over; the registry does not know it (or still holds a ticket)")
+
+    def _violation(self, what: str) -> NoReturn:
+        raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self._in_fleet else what, calls=self._in_fleet)
+
+
+def run_seed(seed: int) -> SimulatedCall:
+    """Run seed ``seed``; raises ``Violation`` at the first invariant that fails."""
+    return SimulatedCall(seed).run()
