@@ -191,6 +191,11 @@ class Bind:
     told_ms: tuple[tuple[str, int], ...] = ()
     """What the engine was told of recent responses, from the ticket (``EngineBinding.told_ms``)."""
 
+    @property
+    def new_session(self) -> bool:
+        """The session is new (opened, not resumed): the call's agent greets the caller on it."""
+        return self.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)
+
 
 @dataclass(frozen=True, slots=True)
 class Park:

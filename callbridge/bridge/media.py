@@ -228,7 +228,6 @@ class MediaStreamDriver:
         self.log = self.log.bind(session_id=session.session_id)
         setup = await self._bound_setup()
         assistant = setup.assistant if setup is not None else None
-        new_session = bind.source in (BindSource.OPENED, BindSource.OPENED_AT_ANSWER)  # a new session: greet
         if setup is not None and services.events is not None:
             await self._begin_report(start)
             self._report_bound(session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
@@ -244,7 +243,7 @@ class MediaStreamDriver:
                 return
             self.session = session
             agent = agent_setup(
-                services.settings, assistant, new_session=new_session, recordable=services.recordings is not None,
+                services.settings, assistant, new_session=bind.new_session, recordable=services.recordings is not None,
                 call_ends_at_ms=_call_ends_at_ms(setup),
             )  # fmt: skip
             self.call.engine_bound(EngineBinding.of(bind, session.capabilities, agent), _now_ms())

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from callbridge.bridge.playout import PlayoutLedger
+from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = ["AfterReply", "GreetingGuard", "SilencePolicy", "SilencePrompt", "SilenceWatch"]
 
@@ -57,7 +58,7 @@ class SilenceWatch:
     """A caller who says nothing (``SilencePolicy``): when the line has been quiet long enough, the prompt — never
     while the agent is speaking, a reply is coming or a tool is running (``busy``)."""
 
-    __slots__ = ("policy", "speaking", "active_ms", "reprompted", "checked_ms")
+    __slots__ = ("policy", "speaking", "active_ms", "reprompted", "checked_ms", "put_off_until_ms")
 
     def __init__(self) -> None:
         self.policy: SilencePolicy | None = None
@@ -68,6 +69,8 @@ class SilenceWatch:
         """The caller was prompted since they last spoke (once only)."""
         self.checked_ms = -1
         """When the silence was last looked at (``SILENCE_RECHECK_MS`` from it, at the earliest, again)."""
+        self.put_off_until_ms = -1
+        """A verdict found due on a tick ``PROCESS_STALL_MS`` late waits until then (``check``)."""
 
     def bound(self, policy: SilencePolicy | None, now_ms: int) -> None:
         self.policy, self.active_ms = policy, now_ms
@@ -96,13 +99,19 @@ class SilenceWatch:
         if policy.reprompt_ms and not self.reprompted:
             due.append(quiet_since + policy.reprompt_ms)
         # held back (the agent replying, a tool running): looked at again a little later, not at every tick
-        return max(min(due), self.checked_ms + SILENCE_RECHECK_MS) if due else None
+        return max(min(due), self.checked_ms + SILENCE_RECHECK_MS, self.put_off_until_ms) if due else None
 
     def check(self, now_ms: int, playing_until_ms: int, *, busy: bool) -> SilencePrompt | None:
-        """The prompt the silence calls for now, if any (``watching`` first)."""
+        """The prompt the silence calls for now, if any (``watching`` first). Found due on a tick at least
+        ``PROCESS_STALL_MS`` late, the verdict waits that long: this process did not run, and what the caller said
+        meanwhile is still unread (``callbridge/stall.py``): the silence is the bridge's, not the caller's."""
         policy = self.policy
         assert policy is not None
+        due = self.due_ms(playing_until_ms)
         self.checked_ms = now_ms
+        if due is not None and now_ms - due >= PROCESS_STALL_MS:
+            self.put_off_until_ms = now_ms + PROCESS_STALL_MS
+            return None
         if busy:
             return None
         quiet_ms = now_ms - self.quiet_since_ms(playing_until_ms)

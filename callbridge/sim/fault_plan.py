@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Final
 
+from callbridge.application import AssistantConfig
 from callbridge.bridge.lifecycle import TAKEOVER_AFTER_MS
 
 __all__ = [
@@ -92,6 +93,9 @@ class FaultPlan:
     carrier plays, echoes and sends on, the engine server runs on. When it runs again the timers that came due run
     before its reader (as uvloop's do), then what waited is read in a burst. A drop the plan puts inside the stall
     does not happen; a process that crashed or drained before it is not there to stall."""
+    assistant: AssistantConfig | None = None
+    """What the call's application chose for it, bound as the server binds it (``call_config.agent_setup``): a
+    greeting on a new session (one the caller may not cut, at times), a recording, a silence prompt and goodbye."""
 
 
 def plan_for(seed: int) -> FaultPlan:
@@ -130,7 +134,25 @@ def plan_for(seed: int) -> FaultPlan:
         if rng.random() < 0.5:  # the caller holds on through the silence (the carrier sending on), then hangs up
             hangup = max(hangup, start + length + rng.randrange(500, 3000, 20))
         plan = replace(plan, process_stall=(start, length), hangup_at_ms=hangup)
-    return plan
+    return replace(plan, assistant=_assistant(rng))  # drawn last, as above
+
+
+def _assistant(rng: random.Random) -> AssistantConfig | None:
+    """What the call's application chose, or None (the shipped defaults: no greeting, no recording, no silence)."""
+    greeting = rng.random() < 0.5
+    interruptible = rng.random() < 0.5
+    recording = rng.random() < 0.3
+    reprompt_s = rng.randrange(1000, 4000, 20) / 1000 if rng.random() < 0.3 else None
+    hangup_s = rng.randrange(4000, 9000, 20) / 1000 if reprompt_s is not None and rng.random() < 0.5 else None
+    if not greeting and not recording and reprompt_s is None:
+        return None
+    return AssistantConfig(
+        greeting="Greet the caller." if greeting else None,
+        greeting_interruptible=interruptible if greeting else None,
+        recording=recording,
+        silence_reprompt_after_s=reprompt_s,
+        silence_hangup_after_s=hangup_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,11 @@ parts that run are the real cores: a marking carrier's wire codec (the registry'
 and flushes, whose spec names its ``far_end``), ``CallSession`` with its ``PlayoutLedger``, and the
 embedded engine's ``LocalSessionCore``; around them that carrier, playing frames at real time and echoing marks
 (a mark is echoed once the audio before it has played, every pending mark at a clear), and
-each stream's ``CallLifecycle`` (``bridge/lifecycle.py``, the core ``bridge/media.py`` runs), whose steps are
-done here against a model of the call's registry record and the engine core: the first stream takes the
+each stream's ``CallLifecycle`` (``bridge/lifecycle.py``), whose steps the server's own executor does
+(``bridge/lifecycle_steps.py``, as ``bridge/media.py`` runs it) against a model of the call's registry record and
+the engine core (``sim/simulated_call.py``'s effects), and each stream bound as the server binds it, with what the
+call's application chose (``FaultPlan.assistant``: a greeting, one the caller may not cut, a recording, a silence
+prompt and goodbye): the first stream takes the
 session opened at the answer; a drop parks it with a ticket; the next stream resumes it, or — the engine gone —
 opens a new one or, with no engine to take the call, plays the failure tone and hangs the call up. As the wire client does,
 one ``session.close`` goes to a session whoever asks for it (the call at a ``stop``, the lifecycle at the end).
@@ -41,9 +44,12 @@ After every step the invariants are checked (``Violation`` names the first that 
   half-open stream, from what it parks once superseded;
 - an engine death is heard: the failure tone starts playing within ``TONE_BOUND_MS`` of the death (later by a
   stall of the bridge process in that time), then the call is hung up;
+- a caller's silence is acted on (a prompt, a goodbye) only with what they said read: never on a tick that runs,
+  after a stall of the process, before the reader gets to the caller's speech of that time;
 - no stream is ended by a carrier limit (idle, first message) or taken for a flood: the carrier here is never
   silent on a live stream and never floods it, so such an end is the bridge blaming it for its own stall;
-- the call ends with an outcome the caller hears (the caller hung up on a conversation; the tone, then the
+- the call ends with an outcome the caller hears (the caller hung up on a conversation; a silent caller said
+  goodbye to and hung up on, where the call's assistant set a silence limit; the tone, then the
   hang-up, mid-call or for a stream no engine would take), and nothing is left open: the engine session
   closed (or lost with its server, or past its grace), the stream ended, the registry knows the call is over
   and holds no ticket.

@@ -9,11 +9,13 @@ from typing import Final, NoReturn
 
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState
-from callbridge.bridge.call_outputs import BargeInFlushed, ToCarrier, ToEngine
+from callbridge.bridge.call_config import agent_setup
+from callbridge.bridge.call_outputs import BargeInFlushed, Observed, ToCarrier, ToEngine
 from callbridge.bridge.lifecycle import BindSource, CallLifecycle, EndReason
 from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
 from callbridge.bridge.registry import LiveCall
 from callbridge.carriers.base import ProtocolErrorReason
+from callbridge.config import Settings
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
@@ -51,6 +53,8 @@ _CALL_ID: Final = "CA" + "0" * 31 + "1"
 _HELD_ECHO_MS: Final = 250
 """An echo held back for reordering goes alone after this long (two markers are 100 ms of audio apart)."""
 _GRACE_MS: Final = 30_000
+_SETTINGS: Final = Settings.model_construct()
+"""The shipped defaults (not the environment's: a seed runs the same everywhere), under the plan's assistant."""
 
 
 class _ModelEffects:
@@ -245,6 +249,8 @@ class SimulatedCall:
         self.far_end = marking_far_end()
         self.carrier: CarrierModel | None = None
         self._to_bridge: list[tuple[int, int, str | bytes]] = []
+        self._speech_unread: set[int] = set()
+        """The orders of the caller's speech frames sent to the bridge and not read by it yet."""
         """(deliver at, order, message) from the carrier to the bridge."""
         self._order = 0
         self._held_echo: tuple[str | bytes, int] | None = None
@@ -418,7 +424,7 @@ class SimulatedCall:
         self._release_held_echo()
         speaking = any(start <= now < start + length for start, length in plan.utterances)
         frame = SPEECH[now // FRAME_MS % len(SPEECH)] if speaking else SILENCE
-        self._send(self.far_end.media(stream_id(call), frame, now - self._stream_started_at_ms), 0)
+        self._send(self.far_end.media(stream_id(call), frame, now - self._stream_started_at_ms), 0, speech=speaking)
 
     def _echo(self, call: CallSession, mark: str) -> None:
         message = self.far_end.mark_echo(stream_id(call), mark)
@@ -440,22 +446,25 @@ class SimulatedCall:
             (held, _), self._held_echo = self._held_echo, None
             self._send(held, self.plan.echo_delay_ms)
 
-    def _send(self, message: str | bytes, delay_ms: int) -> None:
+    def _send(self, message: str | bytes, delay_ms: int, *, speech: bool = False) -> None:
         at = self.now_ms + delay_ms
         stall = self.plan.read_stall
         if stall is not None and stall[0] <= at < stall[0] + stall[1]:
             at = stall[0] + stall[1]  # read late, in a burst, in order
         self._order += 1
         self._to_bridge.append((at, self._order, message))
+        if speech:
+            self._speech_unread.add(self._order)
 
     def _deliver_to_bridge(self, call: CallSession) -> None:
         due = sorted(m for m in self._to_bridge if m[0] <= self.now_ms)
         if not due:
             return
         self._to_bridge = [m for m in self._to_bridge if m[0] > self.now_ms]
-        for _, _, message in due:
+        for _, order, message in due:
             if self.call is not call or call.state in (CallState.ENDED, CallState.DETACHED):
                 return
+            self._speech_unread.discard(order)
             call.receive_message(message, self.now_ms)
             self._after_input(call)
 
@@ -517,7 +526,8 @@ class SimulatedCall:
             if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
                 self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
         registry.bound = True
-        call.engine_bound(EngineBinding.of(bind, self.engine.capabilities), self.now_ms)
+        agent = agent_setup(_SETTINGS, self.plan.assistant, new_session=bind.new_session, recordable=True, call_ends_at_ms=None)
+        call.engine_bound(EngineBinding.of(bind, self.engine.capabilities, agent), self.now_ms)
         self._write_live_ticket(call)  # the replay after it: what this stream takes from now on
         replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
         for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket
@@ -547,6 +557,7 @@ class SimulatedCall:
         self.life = self.call = self.carrier = None
         self._checkpoint_at_ms = None
         self._to_bridge.clear()
+        self._speech_unread.clear()
         self._held_echo = None
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
@@ -612,6 +623,7 @@ class SimulatedCall:
     def _gone_until_next_stream(self) -> None:
         self.call = self.carrier = None
         self._to_bridge.clear()
+        self._speech_unread.clear()
         self._held_echo = None
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
@@ -722,11 +734,17 @@ class SimulatedCall:
                 self._submit_all([output.command])
             elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
                 self._checkpoint(call)  # as the driver: before what the engine is told of the cut reply
+            elif isinstance(output, Observed) and output.kind == "silence" and self._speech_waiting():
+                self._violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
             no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
             self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.end_reason or "ended"
             self._end_stream(call)
+
+    def _speech_waiting(self) -> bool:
+        """Speech the caller sent that the bridge could read by now and has not (it did not run meanwhile)."""
+        return any(order in self._speech_unread for at, order, _ in self._to_bridge if at <= self.now_ms)
 
     def _submit_all(self, commands: list[EngineCommand]) -> None:
         for command in commands:
@@ -822,10 +840,16 @@ class SimulatedCall:
             if outcome == "no_engine_tone_and_hang_up" and self.registry.ended_reason is None:
                 self._violation("no engine took the call's next stream; the registry does not know the call is over")
             return
-        if outcome != "caller_hung_up":
+        if outcome == "caller_silent":  # the agent said goodbye to a caller who said nothing, then hung up
+            assistant = self.plan.assistant
+            if assistant is None or not assistant.silence_hangup_after_s:
+                self._violation("the call was hung up for the caller's silence; no silence limit was set")
+            if call is None or call.hangup is None:
+                self._violation("the call ended for the caller's silence and was never hung up")
+        elif outcome != "caller_hung_up":
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
         if call is None or call.state is not CallState.ENDED:
-            self._violation("the caller hung up; the stream did not end")
+            self._violation(f"the call ended ({outcome}); the stream did not end")
         if not self.engine_dead:
             self.engine.events_to_send()
             # a session the registry lost is left to the engine's grace, or (a half-open stream still serving it,

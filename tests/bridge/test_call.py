@@ -26,6 +26,7 @@ from callbridge.bridge.call_outputs import (
     ToEngine,
 )
 from callbridge.bridge.turns import SilencePolicy
+from callbridge.stall import PROCESS_STALL_MS
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
@@ -1001,6 +1002,31 @@ class TestSilence:
         assert h.of(CreateTextItem) == []
         h.advance(200)
         assert h.of(CreateTextItem) == [CreateTextItem("Ask if they are there.")]
+
+    def test_a_tick_late_after_a_stall_waits_for_what_the_caller_said_meanwhile(self) -> None:
+        """The process stopped for 20 s (its first tick comes that late, before the reader): the caller's speech of
+        that time is still unread, so the silence is the bridge's — no goodbye on that tick. Once read, the
+        silence counts from there."""
+        h = Harness().live(silence=self.POLICY)
+        h.now_ms = 20_000  # stopped: no tick ran, nothing was read
+        h.call.tick(h.now_ms)
+        h.drain()
+        assert h.of(CreateTextItem) == []
+        h.engine(SpeechStarted(19_000))  # the backlog, read now: the caller spoke
+        h.engine(SpeechStopped(19_800))
+        h.advance(3_900)
+        assert h.of(CreateTextItem) == []
+        h.advance(200)  # 4 s of silence after what was read
+        assert h.of(CreateTextItem) == [CreateTextItem("Ask if they are there.")]
+
+    def test_a_tick_late_after_a_stall_of_a_silent_caller_says_goodbye_soon_after(self) -> None:
+        h = Harness().live(silence=replace(self.POLICY, reprompt_ms=0))
+        h.now_ms = 20_000
+        h.call.tick(h.now_ms)
+        h.drain()
+        assert h.of(CreateTextItem) == []
+        h.advance(PROCESS_STALL_MS)  # the reader had its turn: nothing from the caller
+        assert h.of(CreateTextItem) == [CreateTextItem("Say goodbye.")]
 
     def test_never_over_the_agent(self) -> None:
         h = Harness().live(silence=replace(self.POLICY, hangup_ms=0))

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from callbridge.bridge import limits as limits_module
+from callbridge.bridge import turns as turns_module
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallSession
 from callbridge.bridge.heard import HeardAccount
@@ -64,6 +65,21 @@ def test_the_plans_exercise_every_fault() -> None:
     assert sum(p.process_stall is not None for p in plans) > 100
     assert sum(p.process_stall is not None and p.process_stall[1] > 20_000 and sum(p.process_stall) < p.hangup_at_ms for p in plans) > 20
     assert sum(len(p.utterances) > 1 for p in plans) > 500
+    assistants = [p.assistant for p in plans if p.assistant is not None]  # bound as the server binds them
+    assert sum(a.greeting is not None for a in assistants) > 400
+    assert sum(a.greeting_interruptible is False for a in assistants) > 200
+    assert sum(bool(a.recording) for a in assistants) > 250
+    assert sum(a.silence_reprompt_after_s is not None for a in assistants) > 250
+    assert sum(a.silence_hangup_after_s is not None for a in assistants) > 120
+
+
+def test_the_call_s_application_is_under_fault_too() -> None:
+    """Greetings, recordings and silence prompts run through the faults: a greeted call's first reply is the
+    greeting, and a caller who holds on silently (through a stall of a process since drained) is said goodbye to
+    and hung up on — an outcome the caller hears, with its own checks."""
+    greeted = [seed for seed in range(200) if (a := plan_for(seed).assistant) is not None and a.greeting is not None]
+    assert len(greeted) > 50
+    assert run_seed(1009).outcome == "caller_silent"
 
 
 def test_a_crashed_bridges_call_is_resumed_from_its_live_ticket() -> None:
@@ -266,6 +282,15 @@ class TestPlantedBugsAreCaught:
         carrier's media still unread for its silence and ended the stream as idle."""
         monkeypatch.setattr(limits_module, "PROCESS_STALL_MS", 10**9)  # no tick is ever that late
         assert "limit the carrier gave no cause for: idle_timeout" in first_violation(range(100)).what
+
+
+    @pytest.mark.skipif(bool(compiled_modules()), reason="the compiled turns have the constant built in")
+    def test_silence_judged_on_the_tick_that_comes_late_after_a_stall(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The silence watch as it was before session 29: the first tick after a stall of the process took the
+        caller's speech still unread for silence and said goodbye (seed 462: 23 s stopped, the caller's two
+        utterances in the backlog, hung up on at once)."""
+        monkeypatch.setattr(turns_module, "PROCESS_STALL_MS", 10**9)  # no tick is ever that late
+        assert "silence was acted on (hang_up) with what they said still unread" in first_violation([462]).what
 
 
 class TestSeveralCalls:
