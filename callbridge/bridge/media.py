@@ -20,18 +20,16 @@ import time
 from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import replace
-from pathlib import Path
-from typing import Any
 
 from starlette.websockets import WebSocket
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
-from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallSession, engine_failure_kind
 from callbridge.bridge.call_config import agent_setup, call_options
+from callbridge.bridge.call_feed import CallFeed
 from callbridge.bridge.call_outputs import (
     BargeInFlushed,
     BindEngine,
@@ -48,7 +46,6 @@ from callbridge.bridge.call_outputs import (
     ToCarrier,
     ToEngine,
 )
-from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
 from callbridge.bridge.carrier_transport import (
     BatchingTransport,
@@ -58,8 +55,8 @@ from callbridge.bridge.carrier_transport import (
 )
 from callbridge.bridge.lifecycle import BindSource, CallLifecycle
 from callbridge.bridge.lifecycle_steps import Held, do_steps
+from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.recording_store import CallRecording, public_url
 from callbridge.bridge.registry import LiveCall, RegistryUnavailable
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.stream_effects import StreamEffects, awaited
@@ -67,7 +64,7 @@ from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAG
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent, InputTranscript, TranscriptDelta, is_chunk_verdict
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
@@ -75,17 +72,10 @@ __all__ = ["MediaStreamDriver"]
 
 log = get_logger("callbridge.call")
 
-_BOUND_KEPT_MS = 4 * 3600 * 1000
-"""How long a stream's "bound" mark outlives a process that died without detaching."""
 _ENGINE_CALL_TIMEOUT_S = 5.0
-_CHECKPOINT_POLL_S = 0.25
-"""How often a live call's ticket is compared with what the registry holds (written only when it changed, a rotated
-token at once, the rest every ``registry.checkpoint_interval_s``)."""
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ACTION_RESULT_WAIT_S = 10.0
-_REPORT_KEPT_MS = 3_600_000
-"""How long a call's report so far waits in the registry for its next stream."""
 """How long a stream that has ended waits for the carrier work the agent asked for (a transfer whose TwiML ended
 the stream) to answer, so the model hears its result and the call's end says transferred; then it is cancelled."""
 _TIMED_EVERY_MESSAGES = 50
@@ -136,14 +126,10 @@ class MediaStreamDriver:
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
         """The one check of the stream's single-use token (``token_is_ours``)."""
-        self._report: CallReportBuilder | None = None
-        """The call's report as this stream builds it (with an application that takes events)."""
+        self._feed = CallFeed(services, self.log)
+        """The call's events, report and recording for its application, from what the call produces."""
         self._setup_read: CallSetup | None = None
         """The call's setup as this stream read (or chose) it (``_setup``)."""
-        self._stream_ended_at: float | None = None
-        """When the stream ended (``time.time()``): the call's end, if it does not come back."""
-        self._recording: CallRecording | None = None
-        """The stream's share of the call's recording, where it is recorded."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
         self._first_audio_read_at: float | None = None
@@ -152,7 +138,7 @@ class MediaStreamDriver:
         """From then until it was handed to the engine session (None: not yet)."""
         self._begun_at_ms = 0
         """When the call accepted the carrier's ``start`` (the engine session was looked for from then)."""
-        self._live_keeper: _LiveTicketKeeper | None = None
+        self._live_keeper: LiveTicketKeeper | None = None
         """With a shared registry: what keeps the bound stream's live ticket current there."""
         self._authenticated_stream = False
         """The stream has shown it is the carrier's (its token, or its upgrade's credentials)."""
@@ -205,7 +191,7 @@ class MediaStreamDriver:
         """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
         self._start = start
         self._begun_at_ms = _now_ms()
-        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
+        self.log = self._feed.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
         self._life = life = CallLifecycle(
             check_token=self.check_token,
             answer_sessions=self.services.answer_sessions is not None,
@@ -225,12 +211,10 @@ class MediaStreamDriver:
         if life.waited_ms is not None:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
-        self.log = self.log.bind(session_id=session.session_id)
+        self.log = self._feed.log = self.log.bind(session_id=session.session_id)
         setup = await self._bound_setup()
         assistant = setup.assistant if setup is not None else None
-        if setup is not None and services.events is not None:
-            await self._begin_report(start)
-            self._report_bound(session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
+        await self._feed.bound(start.call_id, setup, session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended
@@ -247,8 +231,7 @@ class MediaStreamDriver:
                 call_ends_at_ms=_call_ends_at_ms(setup),
             )  # fmt: skip
             self.call.engine_bound(EngineBinding.of(bind, session.capabilities, agent), _now_ms())
-            if self.call.recorder is not None and services.recordings is not None:
-                self._recording = services.recordings.open(start.call_id, self.call.recorder.rate_hz)
+            self._feed.record_from(start.call_id, self.call.recorder)
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
@@ -260,14 +243,17 @@ class MediaStreamDriver:
                 session.limit_acks(live.ticket.last_event_seq)
         finally:
             self._lock.release()
-        written = await self._record(services.registry.mark_bound(start.call_id, _BOUND_KEPT_MS, live))
+        written = await self._record(services.registry.mark_bound(start.call_id, BOUND_KEPT_MS, live))
         if self._done():  # the stream ended meanwhile: ``_finish`` has the session
             return
         pump = asyncio.create_task(self._pump(session))
         self._tasks.append(pump)
         if services.registry_shared and written:  # keep the live ticket current
-            self._live_keeper = _LiveTicketKeeper(self, session, start, live)
-            self._tasks.append(asyncio.create_task(self._keep_live_ticket(self._live_keeper)))
+            self._live_keeper = keeper = LiveTicketKeeper(
+                services.registry, start.call_id, session, lambda: self._live_call(session, start), live, self.log
+            )
+            interval_ms = int(services.settings.registry.checkpoint_interval_s * 1000)
+            self._tasks.append(asyncio.create_task(keeper.keep(interval_ms, self._done)))
         elif services.registry_shared:  # the registry has no live ticket of this stream: no ack need wait for one
             session.limit_acks(None)
         if services.draining and not services.drains_in_place:  # bound as the drain began: move it on at once
@@ -283,23 +269,6 @@ class MediaStreamDriver:
     def _holder(self, start: StreamStarted) -> str:
         """This stream, as the registry names the stream that holds a call."""
         return f"{self.services.process_id}:{start.stream_id}"
-
-    async def _keep_live_ticket(self, keeper: _LiveTicketKeeper) -> None:
-        """Keep the registry's live ticket of the call current, off the per-frame path: a rotated resume token
-        within ``_CHECKPOINT_POLL_S``, the rest every ``registry.checkpoint_interval_s`` (a barge-in's: at once,
-        ``_send_outputs``). Stops once this stream no longer holds the call there (taken over, detached, ended)."""
-        interval_ms = int(self.services.settings.registry.checkpoint_interval_s * 1000)
-        while not self._done() and not keeper.session.closed:
-            await asyncio.sleep(_CHECKPOINT_POLL_S)
-            if self._done():
-                return
-            live = self._live_call(keeper.session, keeper.start)
-            rotated = live.ticket.resume_token != keeper.written.ticket.resume_token
-            if live == keeper.written or (not rotated and _now_ms() - keeper.tried_at_ms < interval_ms):
-                continue
-            if not await keeper.write():
-                self.log.info("live_ticket_released")  # taken over, or this stream is detaching: not ours to write
-                return
 
     async def refuse(self, reason: str, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""
@@ -396,10 +365,7 @@ class MediaStreamDriver:
             self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
-        if isinstance(event, TranscriptDelta) and self._report is not None:
-            self._report.transcribed(event.response_id, event.delta)
-        elif isinstance(event, InputTranscript) and self._report is not None:
-            self._report.caller_said(event.item_id, event.transcript)
+        self._feed.engine_event(event)
         self._event_taken = (time.perf_counter(), type(event).__name__)
         self.call.receive_engine_event(event, _now_ms())
         return True
@@ -476,10 +442,9 @@ class MediaStreamDriver:
                 case Notice(CarrierNotice() as notice):
                     self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
                 case Observed() as seen:
-                    self._observed(seen)
+                    self._feed.observed(seen)
                 case RecordingChunk(data):
-                    if self._recording is not None and self.services.recordings is not None:
-                        self.services.recordings.write(self._recording, data)
+                    self._feed.record(data)
                 case MarkLag(ms):
                     self.services.metrics.mark_lag_seconds.observe(ms / 1000)
                 case BargeInFlushed():  # its clear has been sent: time it from the engine event that caused it
@@ -536,7 +501,7 @@ class MediaStreamDriver:
         outcome = "ok" if result.ok else result.error or "failed"
         self.services.metrics.call_actions.labels(self.provider, action, outcome).inc()
         if isinstance(pending.action, TransferCall):
-            self._emit("transfer", target=pending.action.target, ok=result.ok)
+            self._feed.emit("transfer", target=pending.action.target, ok=result.ok)
         self.log.info("call_action", action=action, result=outcome, detail=result.detail)
         async with self._lock:
             self.call.action_finished(pending.call_id, result, _now_ms())
@@ -560,9 +525,7 @@ class MediaStreamDriver:
         result = outcome.result
         failure = outcome.failure or ("tool_error" if result.error is not None else None)
         services.metrics.call_actions.labels(self.provider, "ApplicationTool", failure or "ok").inc()
-        if self._report is not None:
-            self._report.tools += 1
-        self._emit("tool", name=tool.name, ok=failure is None, elapsed_ms=outcome.elapsed_ms)
+        self._feed.tool_ran(tool.name, ok=failure is None, elapsed_ms=outcome.elapsed_ms)
         self.log.info("application_tool", tool=tool.name, elapsed_ms=outcome.elapsed_ms, failure=failure, detail=outcome.detail[:300] or None)
         answer = ActionResult.answered(result.output) if result.output is not None else ActionResult.failed("tool_failed", result.error)
         async with self._lock:
@@ -610,10 +573,9 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
-        if self._recording is not None:
-            await self._close_recording()
+        await self._feed.close_recording(self.call.recorder, _now_ms())
         if start is not None:
-            await self._end_report(start, report)
+            await self._feed.stream_ended(start.call_id, report, session.session_id if session is not None else None)
         if life is not None:
             assert start is not None
             life.stream_ended(report.facts, session_closed=session is None or session.closed)
@@ -667,103 +629,9 @@ class MediaStreamDriver:
             self._setup_read = chosen
         return self._setup_read
 
-    async def _begin_report(self, start: StreamStarted) -> None:
-        """The call's report: the one its last stream handed on, or begun here (its first stream:
-        ``call.answered``). Looked for on a stream with a new session too: the engine may have been lost mid-call."""
-        kept = None
-        try:
-            kept = await self.services.registry.note(start.call_id, REPORT_NOTE)
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-        self._report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
-        self._report.streams += 1
-        if kept is None:
-            self._emit("call.answered")
-
-    def _report_bound(self, session: DuplexSession, *, resumed: bool) -> None:
-        if self._report is None:
-            return
-        try:
-            endpoint = session.resume_ticket().endpoint
-        except Exception:  # a session gone this instant: where it was is not worth failing the stream for
-            endpoint = None
-        self._report.bound(resumed, public_url(endpoint) if endpoint else None)
-
-    def _emit(self, kind: EventType, **data: Any) -> None:
-        """A call event to the application (``app_events``: queued, never waited for)."""
-        events, report, setup = self.services.events, self._report, self._setup_read
-        if events is None or report is None or setup is None:
-            return
-        events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
-
-    def _observed(self, seen: Observed) -> None:
-        if self._report is None:
-            return
-        self._report.observe(seen)
-        match seen.kind:
-            case "turn":
-                self._emit("turn", latency_ms=seen.ms, response_id=seen.response_id)
-            case "barge-in":
-                self._emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id)
-            case "dtmf":
-                self._emit("dtmf", digit=seen.detail)
-            case "silence":
-                self._emit("silence", silent_ms=seen.ms, action=seen.detail)
-
-    async def _end_report(self, start: StreamStarted, report: StreamReport) -> None:
-        """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else
-        on to the call's next stream (the registry's note, written before the session is parked for it)."""
-        builder, setup = self._report, self._setup_read
-        if builder is None or setup is None:
-            return
-        builder.agent_audio_ms += report.output_ms
-        self._stream_ended_at = time.time()
-        if report.facts.call_over:
-            self.call_over(report.facts.end_reason or "unknown")
-            return
-        try:
-            await self.services.registry.keep_note(start.call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-
     def call_over(self, end_reason: str) -> None:
-        """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
-        its assistant asked for that. Its end is when its last stream ended."""
-        builder, setup = self._report, self._setup_read
-        if builder is None or setup is None:
-            return
-        assistant = setup.assistant
-        call_report = builder.report(
-            setup.context, ended_at=self._stream_ended_at or time.time(), end_reason=end_reason,
-            engine_session_id=self.session.session_id if self.session is not None else None,
-            metadata=assistant.metadata if assistant is not None else None,
-        )  # fmt: skip
-        upload_to = assistant.recording_upload_url if assistant is not None else None
-        if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
-            # the report waits for the upload (it names where the recording went), the stream does not
-            self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
-        else:
-            self._emit("call.ended", report=call_report.model_dump(mode="json"))
-
-    async def _close_recording(self) -> None:
-        """The stream's last chunk of the recording written and the file closed; its path goes in the report."""
-        recording, recorder, store = self._recording, self.call.recorder, self.services.recordings
-        if recording is None or recorder is None or store is None:
-            return
-        path = await store.close(recording, recorder.take(_now_ms(), final=True))
-        if path is None:
-            self.log.warning("recording_not_written", reason=recording.failed or "nothing to write")
-            return
-        self.log.info("recording_written", path=str(path), stream_ms=recorder.duration_ms, dropped_chunks=recording.dropped_chunks)
-        if self._report is not None:
-            self._report.recording = str(path)
-
-    async def _upload_then_report(self, path: Path, url: str, call_report: CallReport) -> None:
-        assert self.services.recordings is not None
-        uploaded = await self.services.recordings.upload(path, url, call_report.call.call_id)
-        if uploaded:
-            call_report = call_report.model_copy(update={"recording": public_url(url)})
-        self._emit("call.ended", report=call_report.model_dump(mode="json"))
+        """The call is over, its last stream gone (a carrier that did not come back): its report to the application."""
+        self._feed.call_over(end_reason, self.session.session_id if self.session is not None else None)
 
     async def _bound_setup(self) -> CallSetup | None:
         """The call's setup as its session binds (its greeting, its tools): None without an application, or where
@@ -829,41 +697,3 @@ class MediaStreamDriver:
         metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
         metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
         metrics.playout_underruns.labels(provider).inc(report.playout_underruns)
-
-
-class _LiveTicketKeeper:
-    """The live ticket of one bound stream as the registry holds it: one write at a time (a newer never lands
-    before an older), and the engine acknowledged no further than the ticket written (its replay must cover what
-    a process that takes the call over from it needs)."""
-
-    def __init__(self, driver: MediaStreamDriver, session: DuplexSession, start: StreamStarted, written: LiveCall) -> None:
-        self.driver, self.session, self.start = driver, session, start
-        self.written, self.tried_at_ms = written, _now_ms()
-        """The ticket the registry holds, and when it was last written or tried (the poll waits an interval on)."""
-        self.released = False
-        """This stream no longer holds the call in the registry (taken over, detached, ended): nothing more written."""
-        self._lock = asyncio.Lock()
-        self._failing = False
-
-    async def write(self) -> bool:
-        """Write the stream's live ticket as it is now; False once released."""
-        async with self._lock:
-            if self.released:
-                return False
-            live = self.driver._live_call(self.session, self.start)
-            try:
-                held = await self.driver.services.registry.checkpoint(self.start.call_id, live, _BOUND_KEPT_MS)
-            except RegistryUnavailable as exc:
-                if not self._failing:  # once per outage: tried again an interval on (a rotated token: at once)
-                    self.driver.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                self._failing = True
-                self.tried_at_ms = _now_ms()
-                self.session.limit_acks(None)  # no ticket resumes from there meanwhile: the replay need not wait
-                return True
-            self._failing = False
-            if not held:
-                self.released = True
-                return False
-            self.written, self.tried_at_ms = live, _now_ms()
-            self.session.limit_acks(live.ticket.last_event_seq)
-            return True

@@ -1,0 +1,171 @@
+"""What the call's application gets of one stream, as an observer of the call's outputs: its events (``call.answered``,
+turns, barge-ins, digits, silence, tools, transfers, ``call.ended``), its report across the call's streams, and the
+stream's share of its recording. The media driver (``bridge/media.py``) hands it what the call produced and moves
+no application plumbing itself.
+
+The report crosses streams through the registry: a stream that ends with the call still up hands it on (a note
+the next stream, on any process, picks up); the stream that ends the call sends it, once its recording is uploaded
+where the call's assistant asked for that.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from structlog.stdlib import BoundLogger
+
+from callbridge.application.events import CallEvent, CallReport, EventType
+from callbridge.bridge.call_outputs import Observed, StreamReport
+from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
+from callbridge.bridge.call_setup import CallSetup
+from callbridge.bridge.recording import StereoRecorder
+from callbridge.bridge.recording_store import CallRecording, public_url
+from callbridge.bridge.registry import RegistryUnavailable
+from callbridge.bridge.services import BridgeServices
+from callbridge.engine.events import EngineEvent, InputTranscript, TranscriptDelta
+from callbridge.engine.port import DuplexSession
+
+__all__ = ["CallFeed"]
+
+_REPORT_KEPT_MS = 3_600_000
+"""How long a call's report so far waits in the registry for its next stream."""
+
+
+class CallFeed:
+    """One stream's events, report and recording, for the call's application (see the module docstring)."""
+
+    def __init__(self, services: BridgeServices, log: BoundLogger) -> None:
+        self.services, self.log = services, log
+        """``log``: the stream's (the driver binds it anew as it learns the call and its session)."""
+        self.report: CallReportBuilder | None = None
+        """The call's report as this stream builds it (with an application that takes events)."""
+        self._setup: CallSetup | None = None
+        self._recording: CallRecording | None = None
+        self._stream_ended_at: float | None = None
+        """When the stream ended (``time.time()``): the call's end, if it does not come back."""
+
+    async def bound(self, call_id: str, setup: CallSetup | None, session: DuplexSession, *, resumed: bool) -> None:
+        """The stream's session is bound: the call's report is the one its last stream handed on, or begun here
+        (its first stream: ``call.answered``). Looked for on a stream with a new session too: the engine may have
+        been lost mid-call. Nothing without an application that takes events."""
+        if setup is None or self.services.events is None:
+            return
+        self._setup = setup
+        kept = None
+        try:
+            kept = await self.services.registry.note(call_id, REPORT_NOTE)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+        self.report = report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
+        report.streams += 1
+        if kept is None:
+            self.emit("call.answered")
+        try:
+            endpoint = session.resume_ticket().endpoint
+        except Exception:  # a session gone this instant: where it was is not worth failing the stream for
+            endpoint = None
+        report.bound(resumed, public_url(endpoint) if endpoint else None)
+
+    def emit(self, kind: EventType, **data: Any) -> None:
+        """A call event to the application (``app_events``: queued, never waited for)."""
+        events, report, setup = self.services.events, self.report, self._setup
+        if events is None or report is None or setup is None:
+            return
+        events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
+
+    def engine_event(self, event: EngineEvent) -> None:
+        """What the model said and heard, for the report's transcript."""
+        if self.report is None:
+            return
+        if isinstance(event, TranscriptDelta):
+            self.report.transcribed(event.response_id, event.delta)
+        elif isinstance(event, InputTranscript):
+            self.report.caller_said(event.item_id, event.transcript)
+
+    def observed(self, seen: Observed) -> None:
+        if self.report is None:
+            return
+        self.report.observe(seen)
+        match seen.kind:
+            case "turn":
+                self.emit("turn", latency_ms=seen.ms, response_id=seen.response_id)
+            case "barge-in":
+                self.emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id)
+            case "dtmf":
+                self.emit("dtmf", digit=seen.detail)
+            case "silence":
+                self.emit("silence", silent_ms=seen.ms, action=seen.detail)
+
+    def tool_ran(self, name: str, *, ok: bool, elapsed_ms: float) -> None:
+        if self.report is not None:
+            self.report.tools += 1
+        self.emit("tool", name=name, ok=ok, elapsed_ms=elapsed_ms)
+
+    # ------------------------------------------------------------- recording
+
+    def record_from(self, call_id: str, recorder: StereoRecorder | None) -> None:
+        """The stream is recorded from its bind, where the call records and recordings are stored."""
+        if recorder is not None and self.services.recordings is not None:
+            self._recording = self.services.recordings.open(call_id, recorder.rate_hz)
+
+    def record(self, chunk: bytes) -> None:
+        if self._recording is not None and self.services.recordings is not None:
+            self.services.recordings.write(self._recording, chunk)
+
+    async def close_recording(self, recorder: StereoRecorder | None, now_ms: int) -> None:
+        """The stream's last chunk of the recording written and the file closed; its path goes in the report."""
+        recording, store = self._recording, self.services.recordings
+        if recording is None or recorder is None or store is None:
+            return
+        path = await store.close(recording, recorder.take(now_ms, final=True))
+        if path is None:
+            self.log.warning("recording_not_written", reason=recording.failed or "nothing to write")
+            return
+        self.log.info("recording_written", path=str(path), stream_ms=recorder.duration_ms, dropped_chunks=recording.dropped_chunks)
+        if self.report is not None:
+            self.report.recording = str(path)
+
+    # ------------------------------------------------------------------- end
+
+    async def stream_ended(self, call_id: str, report: StreamReport, session_id: str | None) -> None:
+        """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else
+        on to the call's next stream (the registry's note, written before the session is parked for it)."""
+        builder = self.report
+        if builder is None or self._setup is None:
+            return
+        builder.agent_audio_ms += report.output_ms
+        self._stream_ended_at = time.time()
+        if report.facts.call_over:
+            self.call_over(report.facts.end_reason or "unknown", session_id)
+            return
+        try:
+            await self.services.registry.keep_note(call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+
+    def call_over(self, end_reason: str, session_id: str | None) -> None:
+        """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
+        its assistant asked for that. Its end is when its last stream ended."""
+        builder, setup = self.report, self._setup
+        if builder is None or setup is None:
+            return
+        assistant = setup.assistant
+        call_report = builder.report(
+            setup.context, ended_at=self._stream_ended_at or time.time(), end_reason=end_reason,
+            engine_session_id=session_id, metadata=assistant.metadata if assistant is not None else None,
+        )  # fmt: skip
+        upload_to = assistant.recording_upload_url if assistant is not None else None
+        if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
+            # the report waits for the upload (it names where the recording went), the stream does not
+            self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
+        else:
+            self.emit("call.ended", report=call_report.model_dump(mode="json"))
+
+    async def _upload_then_report(self, path: Path, url: str, call_report: CallReport) -> None:
+        assert self.services.recordings is not None
+        uploaded = await self.services.recordings.upload(path, url, call_report.call.call_id)
+        if uploaded:
+            call_report = call_report.model_copy(update={"recording": public_url(url)})
+        self.emit("call.ended", report=call_report.model_dump(mode="json"))
