@@ -26,7 +26,6 @@ from callbridge.bridge.call_outputs import (
     ToEngine,
 )
 from callbridge.bridge.turns import SilencePolicy
-from callbridge.stall import PROCESS_STALL_MS
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
