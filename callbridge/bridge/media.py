@@ -72,7 +72,6 @@ __all__ = ["MediaStreamDriver"]
 
 log = get_logger("callbridge.call")
 
-_ENGINE_CALL_TIMEOUT_S = 5.0
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
 _ACTION_RESULT_WAIT_S = 10.0
