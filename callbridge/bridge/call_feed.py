@@ -38,7 +38,7 @@ class CallFeed:
 
     def __init__(self, services: BridgeServices, log: BoundLogger) -> None:
         self.services, self.log = services, log
-        """``log``: the stream's (the driver binds it anew as it learns the call and its session)."""
+        """``log``: the stream's, as bound once its session is (``bound``): nothing is said before."""
         self.report: CallReportBuilder | None = None
         """The call's report as this stream builds it (with an application that takes events)."""
         self._setup: CallSetup | None = None
@@ -46,10 +46,14 @@ class CallFeed:
         self._stream_ended_at: float | None = None
         """When the stream ended (``time.time()``): the call's end, if it does not come back."""
 
-    async def bound(self, call_id: str, setup: CallSetup | None, session: DuplexSession, *, resumed: bool) -> None:
-        """The stream's session is bound: the call's report is the one its last stream handed on, or begun here
-        (its first stream: ``call.answered``). Looked for on a stream with a new session too: the engine may have
-        been lost mid-call. Nothing without an application that takes events."""
+    async def bound(
+        self, call_id: str, setup: CallSetup | None, session: DuplexSession, log: BoundLogger, *, resumed: bool
+    ) -> None:
+        """The stream's session is bound (``log``: the stream's, with the call and the session): the call's report is
+        the one its last stream handed on, or begun here (its first stream: ``call.answered``). Looked for on a
+        stream with a new session too: the engine may have been lost mid-call. Nothing without an application that
+        takes events."""
+        self.log = log
         if setup is None or self.services.events is None:
             return
         self._setup = setup

@@ -190,7 +190,7 @@ class MediaStreamDriver:
         """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
         self._start = start
         self._begun_at_ms = _now_ms()
-        self.log = self._feed.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
+        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
         self._life = life = CallLifecycle(
             check_token=self.check_token,
             answer_sessions=self.services.answer_sessions is not None,
@@ -210,10 +210,11 @@ class MediaStreamDriver:
         if life.waited_ms is not None:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
-        self.log = self._feed.log = self.log.bind(session_id=session.session_id)
+        self.log = self.log.bind(session_id=session.session_id)
         setup = await self._bound_setup()
         assistant = setup.assistant if setup is not None else None
-        await self._feed.bound(start.call_id, setup, session, resumed=bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER))
+        resumed = bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER)
+        await self._feed.bound(start.call_id, setup, session, self.log, resumed=resumed)
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended

@@ -107,7 +107,9 @@ class SilenceWatch:
         meanwhile is still unread (``callbridge/stall.py``): the silence is the bridge's, not the caller's."""
         policy = self.policy
         assert policy is not None
-        due = self.due_ms(playing_until_ms)
+        # every deadline lies past the last look (``due_ms``): only a tick that long after it can be that late, so
+        # the deadline is worked out then, not on each of the ticks that pace a reply out
+        due = self.due_ms(playing_until_ms) if now_ms - self.checked_ms >= PROCESS_STALL_MS else None
         self.checked_ms = now_ms
         if due is not None and now_ms - due >= PROCESS_STALL_MS:
             self.put_off_until_ms = now_ms + PROCESS_STALL_MS

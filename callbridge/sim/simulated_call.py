@@ -498,7 +498,7 @@ class SimulatedCall:
         self._binding = binding
 
     async def _bind_steps(self, life: CallLifecycle) -> None:
-        await do_steps(life, self.effects, Held(None))
+        await do_steps(life, self.effects, Held())
         if life.bound is not None:
             self._bind(life)
 

@@ -18,6 +18,7 @@ from callbridge.bridge.inbound import MESSAGE_BURST, MESSAGES_PER_S, MessageBuck
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.compiled import compiled_modules
+from callbridge.engine.commands import CreateTextItem, EngineCommand
 from callbridge.sim.fault_models import EngineServerModel, RegistryModel
 from callbridge.sim.faults import (
     SimulatedCall,
@@ -74,11 +75,26 @@ def test_the_plans_exercise_every_fault() -> None:
 
 
 def test_the_call_s_application_is_under_fault_too() -> None:
-    """Greetings, recordings and silence prompts run through the faults: a greeted call's first reply is the
-    greeting, and a caller who holds on silently (through a stall of a process since drained) is said goodbye to
+    """Greetings, recordings and silence prompts run through the faults: a greeted call's engine is told the
+    greeting first, before the caller speaks (an ungreeted one never), and a caller who holds on silently (through a stall of a process since drained) is said goodbye to
     and hung up on — an outcome the caller hears, with its own checks."""
-    greeted = [seed for seed in range(200) if (a := plan_for(seed).assistant) is not None and a.greeting is not None]
-    assert len(greeted) > 50
+    for seed in range(20):
+        assistant = plan_for(seed).assistant
+        said: list[tuple[int, str]] = []
+        sim = SimulatedCall(seed)
+        check_command = sim._check_command
+
+        def spying(command: EngineCommand, sim: SimulatedCall = sim, said: list[tuple[int, str]] = said) -> None:
+            if isinstance(command, CreateTextItem):
+                said.append((sim.now_ms, command.text))
+            check_command(command)
+
+        sim._check_command = spying  # type: ignore[method-assign]
+        sim.run()
+        if assistant is not None and assistant.greeting is not None:  # told at the first stream's bind, first
+            assert said and said[0][1] == assistant.greeting and said[0][0] < sim.plan.utterances[0][0], seed
+        else:
+            assert all(text != "Greet the caller." for _, text in said), seed
     assert run_seed(1009).outcome == "caller_silent"
 
 
