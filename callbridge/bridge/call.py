@@ -63,28 +63,23 @@ from callbridge.bridge.agent_speech import FIRST_MARK_FRAMES, AgentSpeech, Playo
 from callbridge.bridge.agent_turns import AgentTurns
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call_outputs import (
-    BargeInFlushed,
     BindEngine,
-    CallerAudioBegan,
     CallOutput,
-    CloseTransport,
-    HangUpCall,
     MarkLag,
     Notice,
     Observed,
-    RecordingChunk,
     StreamReport,
-    ToCarrier,
     ToEngine,
 )
 from callbridge.bridge.call_state import CARRIER_TRIGGERS, TRANSITIONS, CallState, CallStateError, Trigger
-from callbridge.bridge.inbound import InboundAudio, MediaAhead, MessageBucket
+from callbridge.bridge.caller_audio import CallerAudio
+from callbridge.bridge.carrier_link import CarrierLink
+from callbridge.bridge.inbound import MediaAhead
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.bridge.recording import StereoRecorder
 from callbridge.carriers.base import (
-    CarrierAction,
     CarrierEvent,
     CarrierNotice,
     DtmfReceived,
@@ -101,7 +96,7 @@ from callbridge.carriers.base import (
     StreamStopped,
     UnknownCarrierEvent,
 )
-from callbridge.codecs import PCM16_SAMPLE_BYTES, ResamplerQuality
+from callbridge.codecs import ResamplerQuality
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
 from callbridge.engine.events import (
@@ -133,18 +128,12 @@ __all__ = [
     "engine_failure_kind",
 ]
 
-_SEND_FAILED_READ_MS: Final = 1000
-"""After a send to the carrier fails, how long the carrier's last messages (a ``stop`` sent before it closed)
-may still be read before the stream is taken for dropped."""
 TAKEOVER_TELLS_HELD_MS: Final = 200
 """How long a stream that took the call over from a dead process holds what it would tell the engine of what the
 caller heard (acks, truncations). The engine's replay after the live ticket comes first on its socket, at once:
 it may hold a barge-in the dead stream lived through, then what that stream told of it (``playback.acknowledged``,
 ``conversation.item.truncated``), which this stream's estimate from an older ticket falls short of. What is held
 goes once the replay is in, and only what the engine was not told already."""
-_NORMAL_CLOSURE: Final = 1000
-_GOING_AWAY: Final = 1001
-_POLICY_VIOLATION: Final = 1008
 _OVER: Final = (CallState.ENDED, CallState.DETACHED)
 """The stream is over: ended with the call, or its session left for the next stream."""
 
@@ -191,8 +180,6 @@ class CallSession:
         self.options = options
         self.state = CallState.AWAITING_START
         self.start_request: StreamStarted | None = None
-        self.hangup: HangUp | None = None
-        self.close_transport = False
         self.detach_engine = False
         self.end_reason: str | None = None
         self.failure: RemoteProtocolError | None = None
@@ -200,25 +187,15 @@ class CallSession:
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
-        self.call_offset_ms = 0
-        """Where this stream's media time 0 falls on the call's input timeline (set by ``engine_bound``)."""
-        self.input_ms = 0
-        """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
-        self.recorder: StereoRecorder | None = None
-        """The stream's recording, where the call is recorded: the driver takes its last chunk as the stream ends."""
         self._out: list[CallOutput] = []
         """Every part's outputs, in the order produced (``outputs``)."""
-        self._inbound = InboundAudio(options.engine_rate_hz, options.resampler_quality)
-        """The caller's audio: decoded, gaps filled, resampled, held until the engine is bound (``bridge/inbound.py``)."""
-        self._bucket = MessageBucket()
-        """The flood limit over the carrier's messages."""
+        self._caller = CallerAudio(options.engine_rate_hz, options.resampler_quality, self._out)
+        self._link = CarrierLink(codec, self._out)
         playout = PlayoutOptions(options.lead_ms, options.mark_every_frames, options.media_message_ms, options.uses_marks, options.resampler_quality)
-        self._speech = AgentSpeech(playout, self._out, self._send)
+        self._speech = AgentSpeech(playout, self._out, self._link.send)
         self._turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self._speech, self._out)
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
         """The limits no message enforces (``bridge/limits.py``)."""
-        self._send_failed_at_ms: int | None = None
-        self._going_away = False
         self._unheard: UnheardAudio | None = None
         """The rest of the reply playing when the stream dropped, for the next stream (``facts``)."""
 
@@ -235,6 +212,23 @@ class CallSession:
     def late_deltas_dropped(self) -> int:
         return self._speech.late_deltas_dropped
 
+    @property
+    def input_ms(self) -> int:
+        """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
+        return self._caller.input_ms
+
+    @property
+    def recorder(self) -> StereoRecorder | None:
+        return self._caller.recorder
+
+    @property
+    def hangup(self) -> HangUp | None:
+        return self._link.hangup
+
+    @property
+    def close_transport(self) -> bool:
+        return self._link.closed
+
     # ------------------------------------------------------------------ inputs
 
     def connected(self, now_ms: int) -> None:
@@ -248,7 +242,8 @@ class CallSession:
         self._limits.message_read(now_ms)
         starting = self.start_request is None
         try:
-            self._rate_limit(now_ms)
+            if not self._caller.admits(now_ms, started=self.start_request is not None):
+                raise RemoteProtocolError(ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider=self.codec.provider)
             events = self.codec.receive_message(message)
             for event in events:
                 self._on_carrier_event(event, now_ms)
@@ -268,27 +263,15 @@ class CallSession:
         if agent.call_ends_at_ms is not None:
             self._limits.call_ends_at(agent.call_ends_at_ms)
         if agent.record:
-            self._record_from(now_ms)
+            self.ledger.recorder = self._caller.record_from(now_ms, self._speech.audio)
         self._speech.bound(binding, now_ms, hold_tells_ms=TAKEOVER_TELLS_HELD_MS)
-        if binding.call_offset_ms is not None:
-            self.input_ms += binding.call_offset_ms - self.call_offset_ms
-            self.call_offset_ms = binding.call_offset_ms
-        for audio in self._inbound.release():
+        self._caller.bound(binding.call_offset_ms)
+        for audio in self._caller.inbound.release():
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
         self._turns.greet(agent, now_ms)
         if binding.unheard is not None:
             self._speech.play_unheard(binding.unheard, now_ms)
         self.tick(now_ms)
-
-    def _record_from(self, now_ms: int) -> None:
-        """Record the stream from the caller's first audio kept (it came in real time, up to now)."""
-        held_pcm, rate_hz, audio = self._inbound.held_pcm(), self._inbound.rate_hz, self._speech.audio
-        held = sum(map(len, held_pcm)) // PCM16_SAMPLE_BYTES
-        self.recorder = self.ledger.recorder = StereoRecorder(
-            rate_hz=rate_hz, agent_rate_hz=audio.rate_hz, agent_encoding=audio.encoding, started_ms=now_ms - held * 1000 // rate_hz
-        )
-        for pcm in held_pcm:
-            self.recorder.caller(pcm)
 
     def start_refused(self, reason: str) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
@@ -310,7 +293,7 @@ class CallSession:
             case AudioDelta():
                 speech.take(event, now_ms, turns.reply_began)
             case SpeechStopped(audio_end_ms, _):  # when the caller stopped, on this stream's clock
-                turns.caller_stopped(audio_end_ms, self.input_ms, now_ms)
+                turns.caller_stopped(audio_end_ms, self._caller.input_ms, now_ms)
             case SpeechStarted():
                 turns.caller_started(now_ms)
             case ResponseDone(response_id, status, _, _):
@@ -340,8 +323,8 @@ class CallSession:
             case SessionReplaced():  # a newer stream took the session over (this one was taken for dead): it
                 self._transition(Trigger.REPLACED)  # ends quietly, the call not over, nothing to detach
                 self.end_reason = "session_replaced"
-                self._drop_carrier_messages()
-                self._going_away = True
+                self._link.drop_messages()
+                self._link.going_away = True
                 self._close_transport()
             case _:
                 pass  # an engine error (the driver logs it) does not end the call
@@ -361,7 +344,7 @@ class CallSession:
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
         if self.state is not CallState.STARTING:
             return
-        self._inbound.drop_held()
+        self._caller.inbound.drop_held()
         self._end_with_tone(reason, now_ms)
 
     def shut_down(self, now_ms: int) -> None:
@@ -414,8 +397,7 @@ class CallSession:
         1009): bad input, as if the codec had refused it — the stream ends, its call the carrier's way."""
         if self.state in _OVER:
             return
-        codec = self.codec
-        self._fail(RemoteProtocolError(ProtocolErrorReason.OVERSIZED, detail, provider=codec.provider, stream_id=codec.stream_id))
+        self._fail(self._protocol_error(ProtocolErrorReason.OVERSIZED, detail))
 
     def transport_lost(self, now_ms: int) -> None:
         """The carrier's socket closed without ``stop``: keep the engine session for the next stream.
@@ -432,22 +414,20 @@ class CallSession:
         self._transition(Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
-        self._drop_carrier_messages()  # nowhere to send them
+        self._link.drop_messages()  # nowhere to send them
 
     def send_failed(self, now_ms: int) -> None:
         """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
         before it closed (a ``stop`` after a hang-up) may still be read. If no ``stop`` comes by
-        ``_SEND_FAILED_READ_MS``, ``tick`` takes the stream for dropped (its session kept for the next stream);
+        ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept for the next stream);
         meanwhile engine events are left untaken (``takes_engine_events``), for that stream to have."""
-        if self.state in _OVER or self._send_failed_at_ms is not None:
-            return
-        self._send_failed_at_ms = now_ms
-        self._drop_carrier_messages()
+        if self.state not in _OVER:
+            self._link.send_failed(now_ms)
 
     @property
     def takes_engine_events(self) -> bool:
         """Whether ``receive_engine_event`` takes events now: a live stream whose carrier still listens."""
-        return self.state is CallState.LIVE and self._send_failed_at_ms is None
+        return self.state is CallState.LIVE and self._link.send_failed_at_ms is None
 
     @property
     def close_code(self) -> int:
@@ -455,9 +435,7 @@ class CallSession:
         error or someone else's token; going away for a stream moved or superseded (no ``stop``: the carrier
         reconnects); else normal. (A moved stream's socket is closed by the driver, with this code, after its
         session is parked.)"""
-        if self.failure is not None or self.end_reason == EndReason.BAD_TOKEN:
-            return _POLICY_VIOLATION
-        return _GOING_AWAY if self._going_away else _NORMAL_CLOSURE
+        return self._link.close_code(policy_violation=self.failure is not None or self.end_reason == EndReason.BAD_TOKEN)
 
     def superseded(self, now_ms: int) -> None:
         """A newer stream of the call has come (this one's socket is half-open, or slow to notice its drop): end
@@ -465,7 +443,7 @@ class CallSession:
         if self.state in _OVER:
             return
         self.transport_lost(now_ms)
-        self._going_away = True
+        self._link.going_away = True
         self._close_transport()
 
     def move_elsewhere(self, now_ms: int) -> bool:
@@ -476,7 +454,7 @@ class CallSession:
         if self.codec.profile.hang_up is HangUpMode.CLOSE or self.state is not CallState.LIVE:
             return False
         self.transport_lost(now_ms)
-        self._going_away = True  # closed by the driver once the session is parked, so the next stream finds it
+        self._link.going_away = True  # closed by the driver once the session is parked, so the next stream finds it
         return True
 
     def action_finished(self, call_id: str, result: ActionResult, now_ms: int) -> None:
@@ -504,8 +482,9 @@ class CallSession:
         limits, speech = self._limits, self._speech
         if limits.is_due(now_ms) and not limits.deferred:
             limits.put_off_if_late(now_ms, self.next_deadline_ms())
-        if self._send_failed_at_ms is not None:  # nothing reaches the carrier: no frame into the void
-            if now_ms >= self._send_failed_at_ms + _SEND_FAILED_READ_MS and self.state not in _OVER:
+        read_until_ms = self._link.read_until_ms()
+        if read_until_ms is not None:  # nothing reaches the carrier: no frame into the void
+            if now_ms >= read_until_ms and self.state not in _OVER:
                 self.transport_lost(now_ms)
                 self._close_transport()  # its receive may not see the close: closing wakes it
             return
@@ -562,7 +541,7 @@ class CallSession:
             limit_reached=self.limit_reached,
             engine_failure=self.failures_by_engine,
             failure=self.failure,
-            stream_input_ms=self._inbound.stream_media_ms,
+            stream_input_ms=self.stream_input_ms,
             output_ms=ledger.frames_sent * ledger.frame_ms,
             frames_sent=ledger.frames_sent,
             frames_flushed=ledger.frames_dropped,
@@ -575,7 +554,7 @@ class CallSession:
     @property
     def stream_input_ms(self) -> int:
         """ms of caller audio this stream carried (gaps filled included)."""
-        return self._inbound.stream_media_ms
+        return self._caller.inbound.stream_media_ms
 
     @property
     def cut_replies(self) -> tuple[tuple[str, int], ...]:
@@ -609,8 +588,9 @@ class CallSession:
         return out
 
     def next_deadline_ms(self) -> int | None:
-        if self._send_failed_at_ms is not None:
-            return None if self.state in _OVER else self._send_failed_at_ms + _SEND_FAILED_READ_MS
+        read_until_ms = self._link.read_until_ms()
+        if read_until_ms is not None:
+            return None if self.state in _OVER else read_until_ms
         playout: int | None
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
             playout = self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
@@ -624,30 +604,12 @@ class CallSession:
     def _to_engine(self, command: EngineCommand) -> None:
         self._out.append(ToEngine(command))
 
-    def _send(self, action: CarrierAction) -> str | bytes | None:
-        """The carrier's message for ``action`` (None where nothing goes: after a failed send, nobody listens)."""
-        message = self.codec.send(action)
-        return message if self._send_failed_at_ms is None else None
-
     def _close_transport(self) -> None:
-        if not self.close_transport:
-            self.close_transport = True
-            self._out.append(CloseTransport(self.close_code))
-
-    def _drop_carrier_messages(self) -> None:
-        """Nothing reaches the carrier any more: its messages go (and a flush whose clear is never sent)."""
-        self._out[:] = [output for output in self._out if not isinstance(output, (ToCarrier, BargeInFlushed))]
+        self._link.close(self.close_code)
 
     def _hang_up(self, reason: str) -> None:
         """End the phone call the carrier's way (REST by the driver, in band, or by closing), then the socket."""
-        mode = self.codec.profile.hang_up
-        if mode is HangUpMode.REST:
-            self.hangup = HangUp(reason)
-            self._out.append(HangUpCall(reason))
-        elif mode is HangUpMode.IN_BAND:
-            message = self.codec.send(HangUp(reason))
-            if message is not None:
-                self._out.append(ToCarrier(message))
+        self._link.hang_up(reason)
         self._close_transport()
 
     def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
@@ -686,7 +648,7 @@ class CallSession:
             case MarkEchoed(name):
                 self._transition(Trigger.CARRIER_EVENT)
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
-                self.ledger.mark_echoed(name, now_ms - self._inbound.read_lag_ms)
+                self.ledger.mark_echoed(name, now_ms - self._caller.inbound.read_lag_ms)
                 self._speech.drain(to_engine=self.state is CallState.LIVE)  # not the failure tone's
                 if self.state is CallState.LIVE:
                     self._turns.respond_when_silent(now_ms)
@@ -699,7 +661,7 @@ class CallSession:
             case StreamStarted():
                 self._transition(Trigger.STARTED)
                 self.start_request = event
-                self._inbound.start(event.encoding, event.rate_hz)
+                self._caller.inbound.start(event.encoding, event.rate_hz)
                 self._speech.start(self.codec.profile, event.out_encoding or event.encoding, event.out_rate_hz or event.rate_hz)
             case StreamStopped():
                 bound = self.state is CallState.LIVE
@@ -720,37 +682,19 @@ class CallSession:
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
         if self.state is CallState.ENDING:
             return  # no engine to hear it
-        inbound = self._inbound
-        if inbound.first_media_at_ms is None:
-            self._out.append(CallerAudioBegan())
         try:
-            audio = inbound.receive(payload, timestamp_ms, now_ms)
+            audio = self._caller.receive(payload, timestamp_ms, now_ms)
         except MediaAhead as exc:
-            raise RemoteProtocolError(
-                ProtocolErrorReason.FLOOD, str(exc), provider=self.codec.provider, stream_id=self.codec.stream_id
-            ) from None
-        self.input_ms += inbound.payload_ms
-        recorder = self.recorder
-        if recorder is not None:
-            recorder.caller(inbound.pcm)
-            chunk = recorder.take(now_ms)
-            if chunk is not None:
-                self._out.append(RecordingChunk(chunk))
+            raise self._protocol_error(ProtocolErrorReason.FLOOD, str(exc)) from None
         if self.state is not CallState.LIVE:
-            inbound.hold(audio)
-            return
-        if not audio:
-            return
-        if self._turns.mutes_caller(now_ms):
-            audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
-        self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
+            self._caller.inbound.hold(audio)
+        elif audio:
+            if self._turns.mutes_caller(now_ms):
+                audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
+            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 
-    def _rate_limit(self, now_ms: int) -> None:
-        """The flood limit (``MessageBucket``): one message read at ``now_ms``."""
-        if not self._bucket.take(now_ms, started=self.start_request is not None):
-            raise RemoteProtocolError(
-                ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider=self.codec.provider
-            )
+    def _protocol_error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
+        return RemoteProtocolError(reason, detail, provider=self.codec.provider, stream_id=self.codec.stream_id)
 
     # ------------------------------------------------------------------- state
 
@@ -761,12 +705,7 @@ class CallSession:
             self.state = TRANSITIONS[(self.state, trigger)]
         except KeyError:
             if trigger in CARRIER_TRIGGERS:
-                raise RemoteProtocolError(
-                    ProtocolErrorReason.OUT_OF_ORDER,
-                    f"{trigger.value} while {self.state.value}",
-                    provider=self.codec.provider,
-                    stream_id=self.codec.stream_id,
-                ) from None
+                raise self._protocol_error(ProtocolErrorReason.OUT_OF_ORDER, f"{trigger.value} while {self.state.value}") from None
             raise CallStateError(f"{trigger.value} while {self.state.value}") from None
         heard = self._speech.heard
         if heard.held_until_ms is not None and self.state is not CallState.LIVE:

@@ -113,7 +113,7 @@ async def test_every_output_is_still_done_in_the_calls_order_around_a_batch() ->
     driver = MediaStreamDriver(carrier, TwilioCodec(), services, check_token=False)
     recorder = _Recorder(carrier)
     driver.session = recorder  # type: ignore[assignment]
-    driver.call._out = [ToCarrier("a"), ToCarrier("b"), ToEngine(Heartbeat()), ToCarrier("c"), ToCarrier("d"), ToCarrier("e")]
+    driver.call._out[:] = [ToCarrier("a"), ToCarrier("b"), ToEngine(Heartbeat()), ToCarrier("c"), ToCarrier("d"), ToCarrier("e")]
     await driver._send_outputs()
     assert carrier.sent == [("a", "b"), ("c", "d", "e")]
     assert recorder.submitted == [("Heartbeat", 1)]
@@ -130,8 +130,8 @@ async def test_a_failed_batch_is_the_carrier_gone_and_nothing_more_is_sent_to_it
     driver = MediaStreamDriver(carrier, TwilioCodec(), services, check_token=False)
     recorder = _Recorder(carrier)
     driver.session = recorder  # type: ignore[assignment]
-    driver.call._out = [ToCarrier("a"), ToCarrier("b"), ToEngine(Heartbeat()), ToCarrier("c")]
+    driver.call._out[:] = [ToCarrier("a"), ToCarrier("b"), ToEngine(Heartbeat()), ToCarrier("c")]
     await driver._send_outputs()
     assert carrier.sent == []  # "c" was not tried: the carrier's side is closed
     assert recorder.submitted == [("Heartbeat", 0)]  # the engine still gets its command
-    assert driver.call._send_failed_at_ms is not None  # the call knows its carrier is gone (``send_failed``)
+    assert driver.call._link.send_failed_at_ms is not None  # the call knows its carrier is gone (``send_failed``)
