@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from callbridge.bridge.agent_audio import AgentAudio
 from callbridge.bridge.binding import EngineBinding
@@ -25,11 +25,20 @@ from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.carriers.base import DEFAULT_PROFILE, CarrierAction, CarrierProfile
 from callbridge.codecs import AudioEncoding, ResamplerQuality
-from callbridge.engine.events import AudioDelta, Capabilities, EngineEvent
+from callbridge.engine.events import (
+    AudioDelta,
+    Capabilities,
+    EngineEvent,
+    ItemTruncated,
+    OutputAudioCleared,
+    OverlapDecision,
+    PlaybackAcknowledged,
+    ResponseDone,
+)
 from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
 
-__all__ = ["FIRST_MARK_FRAMES", "AgentSpeech", "PlayoutOptions"]
+__all__ = ["FIRST_MARK_FRAMES", "AgentSpeech", "PlayoutOptions", "ReplyListener"]
 
 FIRST_MARK_FRAMES: Final = 5
 """A response's first marker goes this many 20 ms frames in: its echo pins where the carrier started playing the
@@ -62,6 +71,14 @@ class PlayoutOptions:
             marks_echoed_on_clear=profile.marks_echoed_on_clear,
             flushes=profile.flushes,
         )
+
+
+class ReplyListener(Protocol):
+    """Who hears of the agent's replies beginning and being cut off (the agent's turns)."""
+
+    def reply_began(self, response_id: str, now_ms: int) -> None: ...
+
+    def reply_cancelled(self) -> None: ...
 
 
 class AgentSpeech:
@@ -119,6 +136,30 @@ class AgentSpeech:
             self.audio.continue_unheard(response_id)
 
     # ---------------------------------------------------------------- replies
+
+    def on_event(self, event: EngineEvent, now_ms: int, listener: ReplyListener) -> bool:
+        """An engine event of the agent's speech (its audio, its end, a barge-in) or of what was heard of it. False:
+        not one of those."""
+        match event:
+            case AudioDelta():
+                self.take(event, now_ms, listener.reply_began)
+            case ResponseDone(response_id, status, _, _):
+                if status == "cancelled":
+                    self.interrupt(response_id, now_ms)
+                    listener.reply_cancelled()
+                elif response_id == self.audio.response_id:
+                    self.finish_reply(now_ms)
+            case OverlapDecision(action, _, _) if action == "barge_in":
+                self.interrupt(self.audio.response_id, now_ms)
+            case OutputAudioCleared(response_id):
+                self.interrupt(response_id or self.audio.response_id, now_ms)
+            case PlaybackAcknowledged(response_id, played_ms) if response_id is not None:
+                self.heard.note_told(response_id, played_ms)
+            case ItemTruncated(item_id, audio_end_ms):
+                self.heard.engine_truncated(item_id.removeprefix("item_"), audio_end_ms)
+            case _:
+                return False
+        return True
 
     def admits(self, event: EngineEvent) -> bool:
         """Whether the engine's ``event`` is for now, not audio of a cancelled response or an older epoch (counted)."""

@@ -23,7 +23,7 @@ from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call_outputs import CallOutput, Observed, ToEngine
 from callbridge.bridge.turns import AfterReply, GreetingGuard, SilenceWatch
 from callbridge.engine.commands import CloseSession, CreateResponse, CreateTextItem, FunctionCallOutput
-from callbridge.engine.events import FunctionCall
+from callbridge.engine.events import EngineEvent, FunctionCall, SpeechStarted, SpeechStopped
 
 __all__ = ["AgentTurns", "Transferred"]
 
@@ -81,6 +81,20 @@ class AgentTurns:
         """The model is told ``text`` and asked to answer."""
         self._out.append(ToEngine(CreateTextItem(text)))
         self._out.append(ToEngine(CreateResponse()))
+
+    def on_event(self, event: EngineEvent, input_ms: int, now_ms: int) -> bool:
+        """An engine event of the turns: the caller started or stopped speaking (``input_ms`` of the input handed over
+        so far), or the agent calls a function. False: not one of those."""
+        match event:
+            case SpeechStopped(audio_end_ms, _):  # when the caller stopped, on this stream's clock
+                self.caller_stopped(audio_end_ms, input_ms, now_ms)
+            case SpeechStarted():
+                self.caller_started(now_ms)
+            case FunctionCall():
+                self.function_call(event)
+            case _:
+                return False
+        return True
 
     # ------------------------------------------------------------ the caller
 

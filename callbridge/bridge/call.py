@@ -77,13 +77,10 @@ from callbridge.bridge.carrier_link import CarrierLink
 from callbridge.bridge.inbound import MediaAhead
 from callbridge.bridge.lifecycle import EndReason, StreamFacts
 from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
-from callbridge.bridge.playout import PlayoutLedger
-from callbridge.bridge.recording import StereoRecorder
 from callbridge.carriers.base import (
     CarrierEvent,
     CarrierNotice,
     DtmfReceived,
-    HangUp,
     HangUpMode,
     MarkEchoed,
     MediaReceived,
@@ -100,19 +97,10 @@ from callbridge.codecs import ResamplerQuality
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
 from callbridge.engine.events import (
-    AudioDelta,
     EngineEvent,
-    FunctionCall,
-    ItemTruncated,
-    OutputAudioCleared,
-    OverlapDecision,
-    PlaybackAcknowledged,
-    ResponseDone,
     SessionClosed,
     SessionExpired,
     SessionReplaced,
-    SpeechStarted,
-    SpeechStopped,
 )
 from callbridge.engine.port import UnheardAudio
 
@@ -189,45 +177,18 @@ class CallSession:
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``)."""
         self._out: list[CallOutput] = []
         """Every part's outputs, in the order produced (``outputs``)."""
-        self._caller = CallerAudio(options.engine_rate_hz, options.resampler_quality, self._out)
-        self._link = CarrierLink(codec, self._out)
+        self.caller = CallerAudio(options.engine_rate_hz, options.resampler_quality, self._out)
+        """The caller's side: the flood limit, the caller's audio, the call's input timeline, the recording."""
+        self.link = CarrierLink(codec, self._out)
+        """The carrier's connection: what is sent, the hang-up the carrier's way, the socket's close."""
         playout = PlayoutOptions(options.lead_ms, options.mark_every_frames, options.media_message_ms, options.uses_marks, options.resampler_quality)
-        self._speech = AgentSpeech(playout, self._out, self._link.send)
-        self._turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self._speech, self._out)
+        self.speech = AgentSpeech(playout, self._out, self.link.send)
+        """The agent's speech: its replies paced out, barge-in, what the caller heard of each."""
+        self.turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self.speech, self._out)
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
         """The limits no message enforces (``bridge/limits.py``)."""
         self._unheard: UnheardAudio | None = None
         """The rest of the reply playing when the stream dropped, for the next stream (``facts``)."""
-
-    @property
-    def ledger(self) -> PlayoutLedger:
-        return self._speech.ledger
-
-    @property
-    def flushes(self) -> int:
-        """Barge-in flushes so far."""
-        return self._speech.flushes
-
-    @property
-    def late_deltas_dropped(self) -> int:
-        return self._speech.late_deltas_dropped
-
-    @property
-    def input_ms(self) -> int:
-        """ms of caller audio handed to the engine over the whole call (the engine's input timeline)."""
-        return self._caller.input_ms
-
-    @property
-    def recorder(self) -> StereoRecorder | None:
-        return self._caller.recorder
-
-    @property
-    def hangup(self) -> HangUp | None:
-        return self._link.hangup
-
-    @property
-    def close_transport(self) -> bool:
-        return self._link.closed
 
     # ------------------------------------------------------------------ inputs
 
@@ -242,7 +203,7 @@ class CallSession:
         self._limits.message_read(now_ms)
         starting = self.start_request is None
         try:
-            if not self._caller.admits(now_ms, started=self.start_request is not None):
+            if not self.caller.admits(now_ms, started=self.start_request is not None):
                 raise RemoteProtocolError(ProtocolErrorReason.FLOOD, "more messages than a media stream sends", provider=self.codec.provider)
             events = self.codec.receive_message(message)
             for event in events:
@@ -259,18 +220,18 @@ class CallSession:
         session (its capabilities, where a resumed call left off) and what the call's agent does on this stream."""
         self._transition(Trigger.ENGINE_BOUND)
         agent = binding.agent
-        self._turns.bound(agent, now_ms)
+        self.turns.bound(agent, now_ms)
         if agent.call_ends_at_ms is not None:
             self._limits.call_ends_at(agent.call_ends_at_ms)
         if agent.record:
-            self.ledger.recorder = self._caller.record_from(now_ms, self._speech.audio)
-        self._speech.bound(binding, now_ms, hold_tells_ms=TAKEOVER_TELLS_HELD_MS)
-        self._caller.bound(binding.call_offset_ms)
-        for audio in self._caller.inbound.release():
+            self.speech.ledger.recorder = self.caller.record_from(now_ms, self.speech.audio)
+        self.speech.bound(binding, now_ms, hold_tells_ms=TAKEOVER_TELLS_HELD_MS)
+        self.caller.bound(binding.call_offset_ms)
+        for audio in self.caller.inbound.release():
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
-        self._turns.greet(agent, now_ms)
+        self.turns.greet(agent, now_ms)
         if binding.unheard is not None:
-            self._speech.play_unheard(binding.unheard, now_ms)
+            self.speech.play_unheard(binding.unheard, now_ms)
         self.tick(now_ms)
 
     def start_refused(self, reason: str) -> None:
@@ -278,56 +239,30 @@ class CallSession:
         nothing else (a stream that ended meanwhile is left as it ended). No engine for the call: ``no_engine``."""
         if self.state is not CallState.STARTING:
             return
-        self._transition(Trigger.START_REFUSED)
-        self.end_reason = reason
-        self._close_transport()
+        self._end(Trigger.START_REFUSED, reason)
 
     def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
         """One event of the call's engine session. Then drain every output."""
         if self.state is not CallState.LIVE:
             return
-        speech, turns = self._speech, self._turns
+        speech, turns = self.speech, self.turns
         if not speech.admits(event):  # audio of a cancelled response or an older epoch
             return
-        match event:
-            case AudioDelta():
-                speech.take(event, now_ms, turns.reply_began)
-            case SpeechStopped(audio_end_ms, _):  # when the caller stopped, on this stream's clock
-                turns.caller_stopped(audio_end_ms, self._caller.input_ms, now_ms)
-            case SpeechStarted():
-                turns.caller_started(now_ms)
-            case ResponseDone(response_id, status, _, _):
-                if status == "cancelled":
-                    speech.interrupt(response_id, now_ms)
-                    turns.reply_cancelled()
-                elif response_id == speech.audio.response_id:
-                    speech.finish_reply(now_ms)
-            case OverlapDecision(action, _, _) if action == "barge_in":
-                speech.interrupt(speech.audio.response_id, now_ms)
-            case OutputAudioCleared(response_id):
-                speech.interrupt(response_id or speech.audio.response_id, now_ms)
-            case SessionClosed() | SessionExpired():
-                reason = f"engine_{type(event).__name__}:{event.reason}"
-                if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
-                    self.engine_failed(reason, now_ms)
-                else:
-                    self._transition(Trigger.ENGINE_ENDED)
-                    self.end_reason = reason
-                    self._hang_up(reason)
-            case PlaybackAcknowledged(response_id, played_ms) if response_id is not None:
-                speech.heard.note_told(response_id, played_ms)
-            case ItemTruncated(item_id, audio_end_ms):
-                speech.heard.engine_truncated(item_id.removeprefix("item_"), audio_end_ms)
-            case FunctionCall():
-                turns.function_call(event)
-            case SessionReplaced():  # a newer stream took the session over (this one was taken for dead): it
-                self._transition(Trigger.REPLACED)  # ends quietly, the call not over, nothing to detach
-                self.end_reason = "session_replaced"
-                self._link.drop_messages()
-                self._link.going_away = True
-                self._close_transport()
-            case _:
-                pass  # an engine error (the driver logs it) does not end the call
+        if speech.on_event(event, now_ms, turns) or turns.on_event(event, self.caller.input_ms, now_ms):
+            pass
+        elif isinstance(event, (SessionClosed, SessionExpired)):
+            reason = f"engine_{type(event).__name__}:{event.reason}"
+            if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
+                self.engine_failed(reason, now_ms)
+            else:
+                self._end(Trigger.ENGINE_ENDED, reason, hang_up=True)
+        elif isinstance(event, SessionReplaced):  # a newer stream took the session over (this one was taken for
+            self._transition(Trigger.REPLACED)  # dead): it ends quietly, the call not over, nothing to detach
+            self.end_reason = "session_replaced"
+            self.link.drop_messages()
+            self.link.going_away = True
+            self._close_transport()
+        # anything else (an engine error: the driver logs it) does not end the call
         self._agent_turns_due(now_ms)
 
     def engine_failed(self, reason: str, now_ms: int) -> None:
@@ -336,7 +271,7 @@ class CallSession:
         if self.state is not CallState.LIVE:
             return
         self.failures_by_engine = reason
-        self._speech.silence(now_ms)
+        self.speech.silence(now_ms)
         self._end_with_tone(reason, now_ms)
 
     def no_engine(self, reason: str, now_ms: int) -> None:
@@ -344,7 +279,7 @@ class CallSession:
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
         if self.state is not CallState.STARTING:
             return
-        self._caller.inbound.drop_held()
+        self.caller.inbound.drop_held()
         self._end_with_tone(reason, now_ms)
 
     def shut_down(self, now_ms: int) -> None:
@@ -353,7 +288,7 @@ class CallSession:
         — not a silent drop."""
         if self.state is not CallState.LIVE:
             return
-        self._speech.stop_playback(None, now_ms, barge_in=False)
+        self.speech.stop_playback(None, now_ms, barge_in=False)
         self._to_engine(CloseSession(EndReason.BRIDGE_SHUTDOWN))
         self._end_with_tone(EndReason.BRIDGE_SHUTDOWN, now_ms)
 
@@ -362,7 +297,7 @@ class CallSession:
         played; at once without one)."""
         self._transition(Trigger.ENGINE_FAILED)
         self.end_reason = reason
-        self._speech.play_tone(self.options.failure_tone_ms, now_ms)
+        self.speech.play_tone(self.options.failure_tone_ms, now_ms)
         self.tick(now_ms)
 
     def end_call(self, reason: str, now_ms: int) -> None:
@@ -410,11 +345,11 @@ class CallSession:
             return
         bound = self.state is CallState.LIVE
         if bound:
-            self._unheard = self._speech.unheard_at_drop(now_ms)
+            self._unheard = self.speech.unheard_at_drop(now_ms)
         self._transition(Trigger.TRANSPORT_LOST)
         self.end_reason = "transport_lost"
         self.detach_engine = bound
-        self._link.drop_messages()  # nowhere to send them
+        self.link.drop_messages()  # nowhere to send them
 
     def send_failed(self, now_ms: int) -> None:
         """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
@@ -422,12 +357,12 @@ class CallSession:
         ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept for the next stream);
         meanwhile engine events are left untaken (``takes_engine_events``), for that stream to have."""
         if self.state not in _OVER:
-            self._link.send_failed(now_ms)
+            self.link.send_failed(now_ms)
 
     @property
     def takes_engine_events(self) -> bool:
         """Whether ``receive_engine_event`` takes events now: a live stream whose carrier still listens."""
-        return self.state is CallState.LIVE and self._link.send_failed_at_ms is None
+        return self.state is CallState.LIVE and self.link.send_failed_at_ms is None
 
     @property
     def close_code(self) -> int:
@@ -435,7 +370,7 @@ class CallSession:
         error or someone else's token; going away for a stream moved or superseded (no ``stop``: the carrier
         reconnects); else normal. (A moved stream's socket is closed by the driver, with this code, after its
         session is parked.)"""
-        return self._link.close_code(policy_violation=self.failure is not None or self.end_reason == EndReason.BAD_TOKEN)
+        return self.link.close_code(policy_violation=self.failure is not None or self.end_reason == EndReason.BAD_TOKEN)
 
     def superseded(self, now_ms: int) -> None:
         """A newer stream of the call has come (this one's socket is half-open, or slow to notice its drop): end
@@ -443,7 +378,7 @@ class CallSession:
         if self.state in _OVER:
             return
         self.transport_lost(now_ms)
-        self._link.going_away = True
+        self.link.going_away = True
         self._close_transport()
 
     def move_elsewhere(self, now_ms: int) -> bool:
@@ -454,7 +389,7 @@ class CallSession:
         if self.codec.profile.hang_up is HangUpMode.CLOSE or self.state is not CallState.LIVE:
             return False
         self.transport_lost(now_ms)
-        self._link.going_away = True  # closed by the driver once the session is parked, so the next stream finds it
+        self.link.going_away = True  # closed by the driver once the session is parked, so the next stream finds it
         return True
 
     def action_finished(self, call_id: str, result: ActionResult, now_ms: int) -> None:
@@ -462,7 +397,7 @@ class CallSession:
         succeeded ends the call (hung up the carrier's way — SIP's BYE after the REFER — unless the call has
         left the bridge with it). Then drain every output."""
         live = self.state is CallState.LIVE
-        transferred = self._turns.action_finished(call_id, result, now_ms, live=live)
+        transferred = self.turns.action_finished(call_id, result, now_ms, live=live)
         if transferred is not None and live:
             self._end_by_agent("transferred", hang_up=transferred.hang_up)
         elif transferred is not None:  # the stream stopped while the transfer was under way: it decides the end
@@ -472,17 +407,17 @@ class CallSession:
         """The application's tool ``call_id`` has not answered yet (``app.tool_filler_after_s``): where a filler is
         configured and the agent is silent, it is told to say it (once per tool call). Then drain every output."""
         if self.state is CallState.LIVE:
-            self._turns.tool_slow(call_id, now_ms)
+            self.turns.tool_slow(call_id, now_ms)
 
     def tick(self, now_ms: int) -> None:
         """Pace out the frames that are due; end a stream past a limit. Drain ``outputs`` next. On a tick far later
         than the deadline it answers (``PROCESS_STALL_MS``: this process did not run meanwhile, and the tick runs
         before the reader gets to the carrier's messages of that time) the carrier's limits (idle, first message)
         are judged that much later, once the reader has had its turn."""
-        limits, speech = self._limits, self._speech
+        limits, speech = self._limits, self.speech
         if limits.is_due(now_ms) and not limits.deferred:
             limits.put_off_if_late(now_ms, self.next_deadline_ms())
-        read_until_ms = self._link.read_until_ms()
+        read_until_ms = self.link.read_until_ms()
         if read_until_ms is not None:  # nothing reaches the carrier: no frame into the void
             if now_ms >= read_until_ms and self.state not in _OVER:
                 self.transport_lost(now_ms)
@@ -497,7 +432,7 @@ class CallSession:
             speech.ledger.tick(now_ms)
             speech.drain()
             self._agent_turns_due(now_ms)
-            self._turns.check_silence(now_ms)
+            self.turns.check_silence(now_ms)
         elif self.state is CallState.ENDING:
             speech.ledger.tick(now_ms)
             speech.drain(to_engine=False)
@@ -507,11 +442,11 @@ class CallSession:
 
     def _agent_turns_due(self, now_ms: int) -> None:
         """What waited for the agent's reply to play out: the hang-up asked for, a tool's result to answer."""
-        reason = self._turns.hang_up_due(now_ms)
+        reason = self.turns.hang_up_due(now_ms)
         if reason is not None and self.state is CallState.LIVE:
             self._end_by_agent(reason, hang_up=True)
         if self.state is CallState.LIVE:
-            self._turns.respond_when_silent(now_ms)
+            self.turns.respond_when_silent(now_ms)
 
     # ----------------------------------------------------------------- reports
 
@@ -527,7 +462,7 @@ class CallSession:
             call_over=self.state is CallState.ENDED,
             end_reason=self.end_reason,
             detach=self.detach_engine,
-            input_ms=self.input_ms,
+            input_ms=self.caller.input_ms,
             heard_ms=self.cut_replies,
             unheard=self._unheard,
             told_ms=self.told_so_far,
@@ -535,7 +470,7 @@ class CallSession:
 
     def report(self) -> StreamReport:
         """The stream's account of itself, as it ends."""
-        ledger = self.ledger
+        ledger = self.speech.ledger
         return StreamReport(
             facts=self.facts(),
             limit_reached=self.limit_reached,
@@ -545,8 +480,8 @@ class CallSession:
             output_ms=ledger.frames_sent * ledger.frame_ms,
             frames_sent=ledger.frames_sent,
             frames_flushed=ledger.frames_dropped,
-            barge_ins=self.flushes,
-            late_deltas_dropped=self.late_deltas_dropped,
+            barge_ins=self.speech.flushes,
+            late_deltas_dropped=self.speech.late_deltas_dropped,
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
         )
@@ -554,26 +489,26 @@ class CallSession:
     @property
     def stream_input_ms(self) -> int:
         """ms of caller audio this stream carried (gaps filled included)."""
-        return self._caller.inbound.stream_media_ms
+        return self.caller.inbound.stream_media_ms
 
     @property
     def cut_replies(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (``EngineBinding.heard_ms``, through the resume ticket): the replies cut off
         by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
         each over the call."""
-        return self._speech.heard.cut_replies
+        return self.speech.heard.cut_replies
 
     @property
     def told_so_far(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (its ticket's ``told_ms``, live or parked): the most the engine was told the
         caller heard of each recent response."""
-        return self._speech.heard.told_so_far
+        return self.speech.heard.told_so_far
 
     def heard_so_far(self, now_ms: int) -> tuple[tuple[str, int], ...]:
         """For the stream's live ticket (a stream that takes the call over from it, should this process die): the
         cut-off replies (``cut_replies``) and the reply still being generated, with what the caller has heard of
         it so far; that stream's acks of it count on from there."""
-        return self._speech.heard_so_far(now_ms, live=self.state is CallState.LIVE)
+        return self.speech.heard_so_far(now_ms, live=self.state is CallState.LIVE)
 
     # ----------------------------------------------------------------- outputs
 
@@ -581,42 +516,48 @@ class CallSession:
         """Everything the call produced since the last call, in the order it was produced: do each in turn."""
         out = self._out[:]
         self._out.clear()
-        lags = self.ledger.mark_lags_ms
+        lags = self.speech.ledger.mark_lags_ms
         if lags:  # a marker echo every few frames, not every frame
             out.extend(MarkLag(lag_ms) for lag_ms in lags)
             lags.clear()
         return out
 
     def next_deadline_ms(self) -> int | None:
-        read_until_ms = self._link.read_until_ms()
+        read_until_ms = self.link.read_until_ms()
         if read_until_ms is not None:
             return None if self.state in _OVER else read_until_ms
         playout: int | None
         if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
-            playout = self.ledger.next_deadline_ms() or self.ledger.playing_until_ms
+            playout = self.speech.ledger.next_deadline_ms() or self.speech.ledger.playing_until_ms
         else:
-            playout = self._turns.playout_deadline_ms() if self.state is CallState.LIVE else None
+            playout = self.turns.playout_deadline_ms() if self.state is CallState.LIVE else None
         limits = self._limits.due_ms if self.state not in _OVER else None
-        silence = self._turns.silence_due_ms() if self.state is CallState.LIVE else None
-        due = [deadline for deadline in (playout, limits, self._speech.heard.held_until_ms, silence) if deadline is not None]
+        silence = self.turns.silence_due_ms() if self.state is CallState.LIVE else None
+        due = [deadline for deadline in (playout, limits, self.speech.heard.held_until_ms, silence) if deadline is not None]
         return min(due) if due else None
 
     def _to_engine(self, command: EngineCommand) -> None:
         self._out.append(ToEngine(command))
 
     def _close_transport(self) -> None:
-        self._link.close(self.close_code)
+        self.link.close(self.close_code)
 
     def _hang_up(self, reason: str) -> None:
         """End the phone call the carrier's way (REST by the driver, in band, or by closing), then the socket."""
-        self._link.hang_up(reason)
+        self.link.hang_up(reason)
         self._close_transport()
 
     def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
-        self._transition(Trigger.AGENT_ENDED)
+        self.turns.actions.running.clear()
+        self._end(Trigger.AGENT_ENDED, reason, close_session=True, hang_up=hang_up)
+
+    def _end(self, trigger: Trigger, reason: str, *, close_session: bool = False, hang_up: bool = False) -> None:
+        """The stream ends for ``reason``: the engine session closed (``close_session``), the call hung up the
+        carrier's way (``hang_up``), the socket closed."""
+        self._transition(trigger)
         self.end_reason = reason
-        self._to_engine(CloseSession(reason))
-        self._turns.actions.running.clear()
+        if close_session:
+            self._to_engine(CloseSession(reason))
         if hang_up:
             self._hang_up(reason)
         self._close_transport()
@@ -648,10 +589,10 @@ class CallSession:
             case MarkEchoed(name):
                 self._transition(Trigger.CARRIER_EVENT)
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
-                self.ledger.mark_echoed(name, now_ms - self._caller.inbound.read_lag_ms)
-                self._speech.drain(to_engine=self.state is CallState.LIVE)  # not the failure tone's
+                self.speech.ledger.mark_echoed(name, now_ms - self.caller.inbound.read_lag_ms)
+                self.speech.drain(to_engine=self.state is CallState.LIVE)  # not the failure tone's
                 if self.state is CallState.LIVE:
-                    self._turns.respond_when_silent(now_ms)
+                    self.turns.respond_when_silent(now_ms)
             case DtmfReceived(digit):
                 self._transition(Trigger.CARRIER_EVENT)
                 self._out.append(Notice(event))
@@ -661,15 +602,15 @@ class CallSession:
             case StreamStarted():
                 self._transition(Trigger.STARTED)
                 self.start_request = event
-                self._caller.inbound.start(event.encoding, event.rate_hz)
-                self._speech.start(self.codec.profile, event.out_encoding or event.encoding, event.out_rate_hz or event.rate_hz)
+                self.caller.inbound.start(event.encoding, event.rate_hz)
+                self.speech.start(self.codec.profile, event.out_encoding or event.encoding, event.out_rate_hz or event.rate_hz)
             case StreamStopped():
                 bound = self.state is CallState.LIVE
                 self._transition(Trigger.STOPPED)
                 self.end_reason = "caller_hung_up"
                 # a transfer under way: most likely the transfer's own doing (a carrier stops the stream as the transfer
                 # lands); the model hears its result first (``action_finished``)
-                if bound and not self._turns.actions.stream_stopped():
+                if bound and not self.turns.actions.stream_stopped():
                     self._to_engine(CloseSession("call_ended"))
                 self._close_transport()
             case StreamConnected():
@@ -683,13 +624,13 @@ class CallSession:
         if self.state is CallState.ENDING:
             return  # no engine to hear it
         try:
-            audio = self._caller.receive(payload, timestamp_ms, now_ms)
+            audio = self.caller.receive(payload, timestamp_ms, now_ms)
         except MediaAhead as exc:
             raise self._protocol_error(ProtocolErrorReason.FLOOD, str(exc)) from None
         if self.state is not CallState.LIVE:
-            self._caller.inbound.hold(audio)
+            self.caller.inbound.hold(audio)
         elif audio:
-            if self._turns.mutes_caller(now_ms):
+            if self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 
@@ -707,12 +648,12 @@ class CallSession:
             if trigger in CARRIER_TRIGGERS:
                 raise self._protocol_error(ProtocolErrorReason.OUT_OF_ORDER, f"{trigger.value} while {self.state.value}") from None
             raise CallStateError(f"{trigger.value} while {self.state.value}") from None
-        heard = self._speech.heard
+        heard = self.speech.heard
         if heard.held_until_ms is not None and self.state is not CallState.LIVE:
             if trigger is Trigger.REPLACED:  # the session is another stream's now: nothing of it is this one's to tell
                 heard.drop_held()
             else:  # the stream ends before the replay is in: what it holds goes now or never
-                self._speech.release_held_tells()
+                self.speech.release_held_tells()
 
     def _fail(self, exc: RemoteProtocolError) -> None:
         bound = self.state is CallState.LIVE

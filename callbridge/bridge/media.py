@@ -231,7 +231,7 @@ class MediaStreamDriver:
                 call_ends_at_ms=_call_ends_at_ms(setup),
             )  # fmt: skip
             self.call.engine_bound(EngineBinding.of(bind, session.capabilities, agent), _now_ms())
-            self._feed.record_from(start.call_id, self.call.recorder)
+            self._feed.record_from(start.call_id, self.call.caller.recorder)
             services.call_bound(start.call_id)
             services.live_streams[start.call_id] = self
             services.metrics.calls_active.labels(self.provider).inc()
@@ -573,7 +573,7 @@ class MediaStreamDriver:
             if services.live_streams.get(start.call_id) is self:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
-        await self._feed.close_recording(self.call.recorder, _now_ms())
+        await self._feed.close_recording(self.call.caller.recorder, _now_ms())
         if start is not None:
             await self._feed.stream_ended(start.call_id, report, session.session_id if session is not None else None)
         if life is not None:

@@ -832,7 +832,7 @@ class SimulatedCall:
             return
         if outcome in ("failure_tone_and_hang_up", "no_engine_tone_and_hang_up"):  # mid-call, or at the next stream
             carrier = self.carrier
-            if call is None or call.hangup is None:
+            if call is None or call.link.hangup is None:
                 self._violation("the engine failed the call, which was never hung up")
             hung_up_first = self.failed_at_ms is not None and self.plan.hangup_at_ms <= self.failed_at_ms  # the
             if (carrier is None or carrier.first_played_at_ms is None) and not hung_up_first:  # stop not read yet
@@ -844,7 +844,7 @@ class SimulatedCall:
             assistant = self.plan.assistant
             if assistant is None or not assistant.silence_hangup_after_s:
                 self._violation("the call was hung up for the caller's silence; no silence limit was set")
-            if call is None or call.hangup is None:
+            if call is None or call.link.hangup is None:
                 self._violation("the call ended for the caller's silence and was never hung up")
         elif outcome != "caller_hung_up":
             self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")

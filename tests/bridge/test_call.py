@@ -154,7 +154,7 @@ class TestInbound:
         assert all(c.rate_hz == 16000 for c in appended)
         total_ms = sum(len(c.pcm) for c in appended) // 32
         assert 1000 - 120 <= total_ms <= 1000  # all of it, less what the resampler holds back
-        assert h.call.input_ms == 1000
+        assert h.call.caller.input_ms == 1000
 
     def test_audio_before_the_engine_is_bound_is_kept_and_sent_first(self) -> None:
         h = Harness()
@@ -179,13 +179,13 @@ class TestInbound:
             h.receive(media(frame, timestamp=str(20 * i)))
         h.call.engine_bound(EngineBinding(CAPS, agent=AgentSetup(record=True)), h.now_ms)
         h.drain()
-        assert h.call.recorder is not None and h.call.recorder.started_ms == h.now_ms - 200
+        assert h.call.caller.recorder is not None and h.call.caller.recorder.started_ms == h.now_ms - 200
         for i, frame in enumerate(frames[10:], start=10):
             h.now_ms += 20
             h.receive(media(frame, timestamp=str(20 * i)))
         h.drain()
         chunks = b"".join(o.data for o in h.outputs if isinstance(o, RecordingChunk))
-        chunks += h.call.recorder.take(h.now_ms, final=True) or b""
+        chunks += h.call.caller.recorder.take(h.now_ms, final=True) or b""
         left = np.frombuffer(chunks, dtype="<i2")[0::2]
         received = np.frombuffer(ulaw_to_pcm16(b"".join(frames)), dtype="<i2")
         assert len(left) == len(received) and np.array_equal(left, received)
@@ -194,7 +194,7 @@ class TestInbound:
         h = Harness().live()
         h.receive(media(caller_frame(), timestamp="0"))
         h.receive(media(caller_frame(), timestamp="200"))  # 180 ms of frames lost on the way
-        assert h.call.input_ms == 220
+        assert h.call.caller.input_ms == 220
 
     def test_dtmf_becomes_a_text_item(self) -> None:
         h = Harness().live()
@@ -276,7 +276,7 @@ class TestBargeIn:
         h.advance(1000)
         assert len(h.media_frames()) == sent_before
         assert len(h.events("clear")) == 1 and len(h.of(TruncateItem)) == 1
-        assert h.call.late_deltas_dropped == 1
+        assert h.call.speech.late_deltas_dropped == 1
 
     def test_a_barge_in_comes_out_in_the_order_it_happened(self) -> None:
         """One queue, in the order produced: the carrier's clear, the flush reported done (the driver times the
@@ -302,7 +302,7 @@ class TestBargeIn:
         h = Harness().live()
         h.engine(ResponseCreated("resp-2", 3))
         h.engine(AudioDelta(agent_audio(100), 24000, "resp-1", "item_resp-1", 2))
-        assert h.events("media") == [] and h.call.late_deltas_dropped == 1
+        assert h.events("media") == [] and h.call.speech.late_deltas_dropped == 1
 
     def test_the_next_response_plays_after_a_barge_in(self) -> None:
         h = Harness(lead_ms=200).live()
@@ -320,13 +320,13 @@ class TestEnding:
         h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
         assert h.call.state is CallState.ENDED and h.call.end_reason == "caller_hung_up"
         assert h.of(CloseSession) == [CloseSession("call_ended")]
-        assert h.call.close_transport and h.call.hangup is None
+        assert h.call.link.closed and h.call.link.hangup is None
 
     def test_the_agent_ending_the_session_hangs_up_at_once(self) -> None:
         h = Harness().live()
         h.engine(SessionClosed("duplex-1", "agent_ended_the_call"))
         assert h.call.state is CallState.ENDED and h.call.failures_by_engine is None
-        assert h.call.hangup == HangUp("engine_SessionClosed:agent_ended_the_call") and h.call.close_transport
+        assert h.call.link.hangup == HangUp("engine_SessionClosed:agent_ended_the_call") and h.call.link.closed
 
     def test_a_tone_not_a_whole_number_of_frames_plays_whole_its_last_frame_padded(self) -> None:
         h = Harness(failure_tone_ms=610).live()
@@ -342,7 +342,7 @@ class TestEnding:
         h.advance(100)
         commands_before, media_before = len(h.commands), len(h.media_frames())
         h.engine(SessionExpired("duplex-1", "disconnect_grace_expired"))
-        assert h.call.state is CallState.ENDING and h.call.hangup is None and not h.call.close_transport
+        assert h.call.state is CallState.ENDING and h.call.link.hangup is None and not h.call.link.closed
         assert h.events("clear")  # the agent's stale audio is dropped at the carrier first
         h.receive(f'{{"event":"dtmf","streamSid":"{SID}","dtmf":{{"digit":"5"}}}}')
         h.receive(media(caller_frame(), timestamp="120"))
@@ -352,8 +352,8 @@ class TestEnding:
         heard = np.frombuffer(ulaw_to_pcm16(tone[5]), dtype="<i2")
         assert np.abs(heard).max() > 2000  # a tone, not silence
         assert len(h.commands) == commands_before  # nothing more for an engine that is gone
-        assert h.call.state is CallState.ENDED and h.call.close_transport
-        assert h.call.hangup == HangUp("engine_SessionExpired:disconnect_grace_expired")
+        assert h.call.state is CallState.ENDED and h.call.link.closed
+        assert h.call.link.hangup == HangUp("engine_SessionExpired:disconnect_grace_expired")
         assert h.call.failures_by_engine == "engine_SessionExpired:disconnect_grace_expired"
 
     def test_no_engine_for_the_stream_plays_the_fallback_tone_then_hangs_up(self) -> None:
@@ -365,28 +365,28 @@ class TestEnding:
         assert h.call.state is CallState.ENDING and h.commands == []
         h.advance(2000)
         assert 500 <= len(h.media_frames()) * 20 <= 700  # the 600 ms tone
-        assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("engine_unavailable:connection_failed")
+        assert h.call.state is CallState.ENDED and h.call.link.hangup == HangUp("engine_unavailable:connection_failed")
         assert h.call.failures_by_engine is None  # a refused stream, counted as such (not an engine failure mid-call)
 
     def test_without_a_fallback_tone_an_engine_failure_hangs_up_at_once(self) -> None:
         h = Harness(failure_tone_ms=0).live()
         h.engine(SessionClosed("duplex-1", "connection_failed"))
         h.advance(0)
-        assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("engine_SessionClosed:connection_failed")
+        assert h.call.state is CallState.ENDED and h.call.link.hangup == HangUp("engine_SessionClosed:connection_failed")
 
     def test_the_caller_hanging_up_during_the_fallback_ends_it(self) -> None:
         h = Harness().live()
         h.engine(SessionClosed("duplex-1", "connection_failed"))
         h.advance(100)
         h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
-        assert h.call.state is CallState.ENDED and h.call.hangup is None and h.of(CloseSession) == []
+        assert h.call.state is CallState.ENDED and h.call.link.hangup is None and h.of(CloseSession) == []
 
     def test_replaced_session_closes_this_stream_only(self) -> None:
         """A newer stream took the session over (this one was taken for dead): the call goes on there, so this
         stream ends without a hang-up, a close, a detach, or saying the call is over."""
         h = Harness().live()
         h.engine(SessionReplaced("duplex-1"))
-        assert h.call.close_transport and h.call.hangup is None and h.of(CloseSession) == []
+        assert h.call.link.closed and h.call.link.hangup is None and h.of(CloseSession) == []
         facts = h.call.facts()
         assert h.call.finished and not facts.call_over and not facts.detach and facts.end_reason == "session_replaced"
 
@@ -421,7 +421,7 @@ class TestEnding:
         h.drain()
         (truncate,) = h.of(TruncateItem)
         assert abs(truncate.audio_end_ms - 700) <= 20 and h.of(CloseSession) == [CloseSession("bridge_shutdown")]
-        assert h.events("clear") and h.call.flushes == 0  # cleared, not counted as a barge-in
+        assert h.events("clear") and h.call.speech.flushes == 0  # cleared, not counted as a barge-in
         assert not any(isinstance(o, HangUpCall) for o in h.outputs)
         h.advance(1000)  # the tone plays out
         tone_frames = len(h.media_frames()) - sent_before
@@ -505,14 +505,14 @@ class TestEnding:
         h = Harness()
         h.receive(START)
         h.call.start_refused("bad_token")
-        assert h.call.state is CallState.ENDED and h.call.close_transport and h.commands == []
+        assert h.call.state is CallState.ENDED and h.call.link.closed and h.commands == []
 
     def test_resumed_stream_continues_the_call_timeline(self) -> None:
         call = CallSession(TwilioCodec(), CallOptions())
         call.receive_message(START, 0)
         call.engine_bound(EngineBinding(CAPS, call_offset_ms=61_000), 0)
         call.receive_message(media(caller_frame(), timestamp="0"), 0)
-        assert call.input_ms == 61_020
+        assert call.caller.input_ms == 61_020
 
 
 class TestBadInput:
@@ -532,7 +532,7 @@ class TestBadInput:
         h.receive(message)
         assert h.call.state is CallState.ENDED and h.call.failure is not None and h.call.failure.reason is reason
         assert h.of(CloseSession) == [CloseSession("carrier_protocol_error")]
-        assert h.call.hangup == HangUp(f"protocol_error:{reason.value}") and h.call.close_transport
+        assert h.call.link.hangup == HangUp(f"protocol_error:{reason.value}") and h.call.link.closed
         h.receive(media())  # ignored from now on
         assert len(h.of(CloseSession)) == 1
 
@@ -547,7 +547,7 @@ class TestBadInput:
         h = Harness()
         h.receive(media())
         assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.OUT_OF_ORDER
-        assert h.call.hangup is None  # nothing was bridged: nothing to hang up
+        assert h.call.link.hangup is None  # nothing was bridged: nothing to hang up
 
     def test_a_flood_faster_than_real_time(self) -> None:
         h = Harness().live()
@@ -636,8 +636,8 @@ class TestLimits:
         h.advance(9_999)
         assert h.call.state is CallState.AWAITING_START
         h.advance(1)
-        assert h.call.state is CallState.ENDED and h.call.close_transport and h.call.end_reason == "first_message_timeout"
-        assert h.call.limit_reached == "first_message_timeout" and h.call.hangup is None  # nothing was bridged
+        assert h.call.state is CallState.ENDED and h.call.link.closed and h.call.end_reason == "first_message_timeout"
+        assert h.call.limit_reached == "first_message_timeout" and h.call.link.hangup is None  # nothing was bridged
 
     def test_a_started_stream_gone_quiet_is_taken_for_dropped(self) -> None:
         h = self.connected()
@@ -647,8 +647,8 @@ class TestLimits:
         h.advance(9_999)
         assert h.call.state is CallState.LIVE  # each message moves the limit: 10 s after the last one
         h.advance(1)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_transport
-        assert h.call.end_reason == h.call.limit_reached == "idle_timeout" and h.call.hangup is None
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.link.closed
+        assert h.call.end_reason == h.call.limit_reached == "idle_timeout" and h.call.link.hangup is None
         assert h.of(CloseSession) == []  # the session waits for the carrier's next stream
 
     def test_a_stall_of_this_process_is_not_taken_for_the_carriers_silence(self) -> None:
@@ -726,7 +726,7 @@ class TestLimits:
             h.advance(1_000)
             h.receive(media(caller_frame(second), second * 1000))
         assert h.call.state is CallState.ENDED and h.call.limit_reached == "max_call_duration"
-        assert h.of(CloseSession) == [CloseSession("max_call_duration")] and h.call.hangup is not None
+        assert h.of(CloseSession) == [CloseSession("max_call_duration")] and h.call.link.hangup is not None
 
     def test_without_connected_no_limit_runs(self) -> None:
         h = Harness().live()
@@ -763,7 +763,7 @@ class TestSendFailed:
         h.advance(999)
         assert h.call.state is CallState.LIVE
         h.advance(1)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_transport
+        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.link.closed
         assert h.call.close_code == 1000 and h.call.next_deadline_ms() is None
 
     def test_close_codes(self) -> None:
@@ -773,7 +773,7 @@ class TestSendFailed:
         assert refused.call.close_code == 1008
         broken = Harness().live()
         broken.receive("{not json")
-        assert broken.call.close_transport and broken.call.close_code == 1008
+        assert broken.call.link.closed and broken.call.close_code == 1008
 
 
 class TestTakingOver:
@@ -829,13 +829,13 @@ class TestLeavingTheStream:
         h = Harness().live()
         h.call.superseded(h.now_ms)
         assert h.call.state is CallState.DETACHED and h.call.detach_engine
-        assert h.call.close_transport and h.call.close_code == 1001 and h.of(CloseSession) == []
+        assert h.call.link.closed and h.call.close_code == 1001 and h.of(CloseSession) == []
 
     def test_a_stream_moves_off_a_draining_process_as_a_drop(self) -> None:
         h = Harness().live()
         assert h.call.move_elsewhere(h.now_ms)
         assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_code == 1001
-        assert not h.call.close_transport  # the driver closes it once the session is parked
+        assert not h.call.link.closed  # the driver closes it once the session is parked
         assert not h.call.move_elsewhere(h.now_ms)  # once
 
     def test_a_carrier_that_does_not_reconnect_stays(self) -> None:

@@ -93,12 +93,12 @@ class TestEndCall:
         h.engine(ResponseDone("r1", "completed"))
         h.engine(FunctionCall("end_call", "call_1", response_id="r2"))
         assert outputs(h) == {"call_1": {"ok": True}}
-        assert h.call.state is CallState.LIVE and h.call.hangup is None  # the goodbye is still playing
+        assert h.call.state is CallState.LIVE and h.call.link.hangup is None  # the goodbye is still playing
         h.advance(500)
         assert h.call.state is CallState.LIVE
         h.advance(1000)
         assert h.call.state is CallState.ENDED and h.call.end_reason == "agent_hung_up"
-        assert h.call.hangup == HangUp("agent_hung_up") and h.call.close_transport
+        assert h.call.link.hangup == HangUp("agent_hung_up") and h.call.link.closed
         assert h.of(CloseSession) == [CloseSession("agent_hung_up")]
         played = sum(len(base64.b64decode(str(m["media"]["payload"]))) for m in h.events("media")) // 8  # type: ignore[index]
         assert 1000 <= played <= 1040  # all of it (the padded tail frame included) reached the carrier first
@@ -106,7 +106,7 @@ class TestEndCall:
     def test_with_nothing_playing_hangs_up_at_once(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("end_call", "call_1"))
-        assert h.call.state is CallState.ENDED and h.call.hangup == HangUp("agent_hung_up")
+        assert h.call.state is CallState.ENDED and h.call.link.hangup == HangUp("agent_hung_up")
 
     def test_waits_for_a_response_still_streaming(self) -> None:
         h = actions_harness()
@@ -136,7 +136,7 @@ class TestCarrierActions:
         h.drain()
         assert outputs(h) == {"call_t": {"ok": True}}
         assert h.call.state is CallState.ENDED and h.call.end_reason == "transferred"
-        assert h.call.hangup == HangUp("transferred")  # a SIP transferor sends BYE once the REFER succeeded
+        assert h.call.link.hangup == HangUp("transferred")  # a SIP transferor sends BYE once the REFER succeeded
         assert h.of(CloseSession) == [CloseSession("transferred")]
 
     def test_a_transfer_the_carrier_took_over_is_not_hung_up(self) -> None:
@@ -145,7 +145,7 @@ class TestCarrierActions:
         h.take_performed()
         h.call.action_finished("call_t", ActionResult.done(call_left=True), h.now_ms)
         h.drain()
-        assert h.call.state is CallState.ENDED and h.call.hangup is None and h.call.close_transport
+        assert h.call.state is CallState.ENDED and h.call.link.hangup is None and h.call.link.closed
 
     def test_a_failed_transfer_is_reported_and_the_call_goes_on(self) -> None:
         h = actions_harness()
@@ -167,7 +167,7 @@ class TestCarrierActions:
         h.take_performed()
         h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
         h.drain()
-        assert h.call.state is CallState.ENDED and h.call.close_transport
+        assert h.call.state is CallState.ENDED and h.call.link.closed
         assert h.of(CloseSession) == [] and h.of(FunctionCallOutput) == []  # not yet: the result decides
         result = ActionResult.done() if succeeded else ActionResult.failed("transfer_failed", "busy")
         h.call.action_finished("call_t", result, h.now_ms)
@@ -175,7 +175,7 @@ class TestCarrierActions:
         assert outputs(h) == {"call_t": json.loads(result.output())}
         assert h.of(CloseSession) == [CloseSession("transferred" if succeeded else "call_ended")]
         assert h.call.end_reason == ("transferred" if succeeded else "caller_hung_up")
-        assert h.call.hangup is None  # the stream is over: nothing to hang up
+        assert h.call.link.hangup is None  # the stream is over: nothing to hang up
 
     def test_dtmf_result_is_reported(self) -> None:
         h = actions_harness()

@@ -134,4 +134,4 @@ async def test_a_failed_batch_is_the_carrier_gone_and_nothing_more_is_sent_to_it
     await driver._send_outputs()
     assert carrier.sent == []  # "c" was not tried: the carrier's side is closed
     assert recorder.submitted == [("Heartbeat", 0)]  # the engine still gets its command
-    assert driver.call._link.send_failed_at_ms is not None  # the call knows its carrier is gone (``send_failed``)
+    assert driver.call.link.send_failed_at_ms is not None  # the call knows its carrier is gone (``send_failed``)

@@ -148,7 +148,7 @@ def test_a_call_survives_any_sequence_and_always_ends(name: str, data: st.DataOb
     event(f"reached {'+'.join(sorted(s.value for s in driver.states))}")  # --hypothesis-show-statistics
     if call.state is CallState.ENDING:  # the fallback tone plays out, then the call is hung up
         driver.advance(5000)
-        assert call.state is CallState.ENDED and call.close_transport, call.state
+        assert call.state is CallState.ENDED and call.link.closed, call.state
     call.end_call("fuzz_end", driver.now_ms)  # the bridge can always end it: its driver stops at these states
     driver.drain()
     assert call.state in (CallState.ENDED, CallState.DETACHED) and call.next_deadline_ms() is None
