@@ -463,7 +463,7 @@ class CallSession:
             end_reason=self.end_reason,
             detach=self.detach_engine,
             input_ms=self.caller.input_ms,
-            heard_ms=self.cut_replies,
+            heard_ms=self.speech.heard.cut_replies,  # for the next stream, through the resume ticket
             unheard=self._unheard,
             told_ms=self.told_so_far,
         )
@@ -476,7 +476,7 @@ class CallSession:
             limit_reached=self.limit_reached,
             engine_failure=self.failures_by_engine,
             failure=self.failure,
-            stream_input_ms=self.stream_input_ms,
+            stream_input_ms=self.caller.inbound.stream_media_ms,
             output_ms=ledger.frames_sent * ledger.frame_ms,
             frames_sent=ledger.frames_sent,
             frames_flushed=ledger.frames_dropped,
@@ -487,18 +487,6 @@ class CallSession:
         )
 
     @property
-    def stream_input_ms(self) -> int:
-        """ms of caller audio this stream carried (gaps filled included)."""
-        return self.caller.inbound.stream_media_ms
-
-    @property
-    def cut_replies(self) -> tuple[tuple[str, int], ...]:
-        """For the call's next stream (``EngineBinding.heard_ms``, through the resume ticket): the replies cut off
-        by this stream's end or an earlier one's while being generated, newest last, with what the caller heard of
-        each over the call."""
-        return self.speech.heard.cut_replies
-
-    @property
     def told_so_far(self) -> tuple[tuple[str, int], ...]:
         """For the call's next stream (its ticket's ``told_ms``, live or parked): the most the engine was told the
         caller heard of each recent response."""
@@ -506,7 +494,7 @@ class CallSession:
 
     def heard_so_far(self, now_ms: int) -> tuple[tuple[str, int], ...]:
         """For the stream's live ticket (a stream that takes the call over from it, should this process die): the
-        cut-off replies (``cut_replies``) and the reply still being generated, with what the caller has heard of
+        cut-off replies (``facts().heard_ms``) and the reply still being generated, with what the caller has heard of
         it so far; that stream's acks of it count on from there."""
         return self.speech.heard_so_far(now_ms, live=self.state is CallState.LIVE)
 

@@ -312,7 +312,7 @@ class StreamFacts:
     input_ms: int = 0
     """ms of caller audio the call's session has had: the next stream's audio continues the timeline from there."""
     heard_ms: tuple[tuple[str, int], ...] = ()
-    """The replies cut off while being generated, with what the caller heard of each (``CallSession.cut_replies``)."""
+    """The replies cut off while being generated, with what the caller heard of each (``CallSession.facts().heard_ms``)."""
     unheard: UnheardAudio | None = None
     """The rest of the reply playing as the stream dropped, for the next stream to play."""
     told_ms: tuple[tuple[str, int], ...] = ()

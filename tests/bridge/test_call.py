@@ -408,7 +408,7 @@ class TestEnding:
         ack = h.of(AckPlayback)[-1]
         assert abs(ack.played_ms - 700) <= 20 and h.of(TruncateItem) == []
         assert not any(isinstance(o, ToCarrier) for o in h.call.outputs())  # no clear: the socket is gone
-        assert h.call.cut_replies == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
+        assert h.call.facts().heard_ms == (("resp-1", ack.played_ms),)  # for the next stream, through the ticket
 
     def test_a_shut_down_mid_reply_tells_the_engine_what_was_heard_plays_the_tone_then_hangs_up(self) -> None:
         """A lone process's drain ran out with the call up: not a silent drop — the model's turn is cut to what
@@ -446,7 +446,7 @@ class TestEnding:
         model is told what was heard, and its turn is not cut (the rest is still to be heard)."""
         h, acked = self.dropped_mid_reply()
         assert abs(acked - 700) <= 20 and h.of(TruncateItem) == []
-        heard = dict(h.call.cut_replies)["resp-1"]
+        heard = dict(h.call.facts().heard_ms)["resp-1"]
         assert heard % 20 == 0 and acked - 20 < heard <= acked  # from the frame the caller was in
         unheard = h.call.facts().unheard
         assert unheard is not None and unheard.response_id == "resp-1" and unheard.ended
@@ -456,7 +456,7 @@ class TestEnding:
 
     def test_the_next_stream_plays_the_rest_of_a_reply_from_where_the_caller_stopped(self) -> None:
         first, _ = self.dropped_mid_reply()
-        cut, unheard = first.call.cut_replies, first.call.facts().unheard
+        cut, unheard = first.call.facts().heard_ms, first.call.facts().unheard
         heard = dict(cut)["resp-1"]
         h = Harness(lead_ms=200)
         h.receive(CONNECTED)
@@ -473,7 +473,7 @@ class TestEnding:
 
     def test_a_next_stream_that_cannot_play_the_rest_cuts_the_models_turn_to_what_was_heard(self) -> None:
         first, _ = self.dropped_mid_reply()
-        cut, unheard = first.call.cut_replies, first.call.facts().unheard
+        cut, unheard = first.call.facts().heard_ms, first.call.facts().unheard
         assert unheard is not None
         h = Harness(lead_ms=200)
         h.receive(CONNECTED)
@@ -494,7 +494,7 @@ class TestEnding:
         assert 1080 <= truncate.audio_end_ms <= 1120, truncate  # 700 before the drop + 400 here
         assert [a.played_ms for a in h.of(AckPlayback)] == [truncate.audio_end_ms]
         h.call.transport_lost(h.now_ms)
-        assert dict(h.call.cut_replies)["resp-1"] == 700  # barged in: the ticket keeps what was heard before
+        assert dict(h.call.facts().heard_ms)["resp-1"] == 700  # barged in: the ticket keeps what was heard before
 
     def test_socket_drop_before_start(self) -> None:
         h = Harness()
