@@ -48,7 +48,8 @@ from loadtest_carriers import CALLBRIDGE, _env_for
 
 from callbridge.config import load_settings
 from callbridge.sim.carrier import OpenReason, SimStream, SimulatedCarrier
-from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call, _server_rss_mb
+from callbridge.sim.load_probes import server_rss_mb
+from callbridge.sim.loadtest import LoadReport, LoadTest, LoadTestOptions, _Call
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav, wait_http_up
 from callbridge.sim.simulators import simulated
 
@@ -184,7 +185,7 @@ class Soak:
                 await asyncio.sleep(1.0 + attempt)
         else:
             raise RuntimeError(f"{self.url}/metrics does not answer")
-        row = {"t_s": time.monotonic() - self.started, "rss_mb": _server_rss_mb(self.server_pid)}
+        row = {"t_s": time.monotonic() - self.started, "rss_mb": server_rss_mb(self.server_pid)}
         row.update({name: metrics.get(name, 0.0) for name in (*LEVEL_GAUGES, *BASELINE_GAUGES, REGISTRY, *COUNTERS)})
         self.samples.append(row)
         return row

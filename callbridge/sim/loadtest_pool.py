@@ -38,19 +38,15 @@ from starlette.routing import BaseRoute, Match, Route
 from callbridge.carriers import carrier_spec
 from callbridge.config import Settings
 from callbridge.sim.carrier import SimulatedCarrier, webhook_client
-from callbridge.sim.loadtest import (
+from callbridge.sim.load_probes import (
     FIRST_AUDIO_METRIC,
-    LoadSamples,
-    LoadTest,
-    LoadTestOptions,
-    _server_cpu_ms,
-    _server_rss_mb,
     first_audio_since,
-    merge_samples,
-    progress_line,
     scrape_histogram,
-    shard_of,
+    server_cpu_ms,
+    server_rss_mb,
 )
+from callbridge.sim.load_samples import LoadSamples, merge_samples, progress_line
+from callbridge.sim.loadtest import LoadTest, LoadTestOptions, shard_of
 from callbridge.sim.ports import free_port
 from callbridge.sim.simulators import simulator_class
 
@@ -268,7 +264,7 @@ async def run_pooled(
             await asyncio.sleep(0.02)
         if router is not None:
             router.ports = {child.shard: child.rest_port for child in children if child.rest_port is not None}
-        server_before = _server_cpu_ms(options.server_pid) if options.server_pid else None
+        server_before = server_cpu_ms(options.server_pid) if options.server_pid else None
         first_audio_before = await scrape_histogram(options.metrics_url, FIRST_AUDIO_METRIC) if options.metrics_url else {}
         start_at = time.monotonic() + _START_DELAY_S
         for child in children:
@@ -288,8 +284,8 @@ async def run_pooled(
             await asyncio.sleep(0.05)
         merged = merge_samples([child.samples for child in children if child.samples is not None])
         if options.server_pid and server_before is not None:
-            merged.server_cpu_ms = _server_cpu_ms(options.server_pid) - server_before
-            merged.server_rss_mb = _server_rss_mb(options.server_pid)
+            merged.server_cpu_ms = server_cpu_ms(options.server_pid) - server_before
+            merged.server_rss_mb = server_rss_mb(options.server_pid)
         if options.metrics_url:
             merged.first_audio_buckets = await first_audio_since(options.metrics_url, first_audio_before)
         return merged

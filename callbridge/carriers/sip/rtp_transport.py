@@ -1,0 +1,259 @@
+"""One SIP call's RTP socket (and its RTCP socket) as a ``CarrierTransport`` for the shared ``MediaStreamDriver``
+(``carriers/sip/listener.py`` makes one per answered call): datagrams in through the peer's latch, the agent's
+packets out, the 20 ms cadence kept with silence between its utterances, RFC 4733 digits, RTCP reports, and the
+SIP layer's news (``start``, ``bye``, ``dtmf:<d>``) as text messages for the codec."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import Counter
+from contextlib import suppress
+from typing import Final, Protocol, cast
+
+from callbridge.bridge.carrier_transport import receive_within
+from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
+from callbridge.logging import get_logger
+from callbridge.sip import rtcp
+from callbridge.sip.dtmf import dtmf_train
+from callbridge.sip.rtp import Latch
+
+__all__ = ["RtpOwner", "RtpTransport"]
+
+log = get_logger(__name__)
+
+_MAX_QUEUED: Final = 500
+"""Datagrams one call may have waiting (10 s of 20 ms packets); beyond: dropped and counted."""
+_CADENCE_S: Final = 0.02
+
+
+class RtpOwner(Protocol):
+    """What a call's RTP socket needs of the listener that made it."""
+
+    @property
+    def address(self) -> str:
+        """Our address (the RTCP CNAME's host)."""
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Datagrams dropped, by reason."""
+
+    @property
+    def rtp_timeout_s(self) -> float:
+        """No RTP from a peer that should send it this long: the call is over (0: never)."""
+
+    def call_closed(self, call_id: str) -> None: ...
+
+
+class RtpTransport(asyncio.DatagramProtocol):
+    """One call's RTP socket as a ``CarrierTransport`` (see the module docstring). Between the agent's
+    utterances it keeps the 20 ms cadence with silence."""
+
+    def __init__(self, listener: RtpOwner, call_id: str, codec: SipRtpCodec, sip_peer_host: str) -> None:
+        self.listener = listener
+        self.call_id = call_id
+        self.codec = codec
+        signalled = (codec.choice.remote_host, codec.choice.remote_port)
+        self.latch = Latch(signalled, frozenset({signalled[0], sip_peer_host}))
+        self.queue: asyncio.Queue[str | bytes | None] = asyncio.Queue()
+        self.transport: asyncio.DatagramTransport | None = None
+        self.closed = False
+        self.overflow = 0
+        self.send_errors = 0
+        self.timed_out = False
+        self._last_sent_s = 0.0
+        self._playout_end_s = 0.0
+        """When the far end has played what was sent (loop time): each audio packet is 20 ms more, from when it was
+        sent or from the end of what came before it, whichever is later."""
+        self._silence_last = False
+        """The last packet sent was the cadence's silence (not the agent's audio, nor DTMF)."""
+        self._cadence: asyncio.Task[None] | None = None
+        self._rtcp_task: asyncio.Task[None] | None = None
+        self.rtcp = _RtcpProtocol()
+        self.cname = f"callbridge-{secrets.token_hex(4)}@{listener.address}"
+
+    # DatagramProtocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if self.closed:
+            return
+        if not self.latch.admit((str(addr[0]), int(addr[1]))):
+            self.listener.dropped["rtp_unexpected_source"] += 1
+            return
+        if self.queue.qsize() >= _MAX_QUEUED:
+            self.overflow += 1
+            return
+        self.queue.put_nowait(data)
+
+    def error_received(self, exc: Exception) -> None:
+        self.send_errors += 1  # ICMP port unreachable and the like: the peer's problem, not the call's end
+
+    # CarrierTransport
+    async def receive(self) -> str | bytes | None:
+        """The next datagram or SIP-layer message; ``bye`` when the peer has sent no RTP for
+        ``sip.rtp_timeout_s`` while it should (a trunk gone without a BYE); None once closed."""
+        timeout_s = self.listener.rtp_timeout_s or None
+        while not (self.closed and self.queue.empty()):
+            try:
+                return await receive_within(self.queue.get, timeout_s)
+            except TimeoutError:
+                if self.codec.started and self.codec.choice.direction.peer_sends:
+                    self.timed_out = True
+                    log.warning("sip_rtp_timeout", provider=PROVIDER, call_id=self.call_id, waited_s=timeout_s)
+                    return "bye"
+        return None
+
+    async def send(self, message: str | bytes) -> None:
+        if self.closed or self.transport is None:
+            raise ConnectionError("RTP socket closed")
+        if isinstance(message, str):
+            raise TypeError("RTP carries bytes only")
+        self.transport.sendto(message, self.latch.peer)
+        now = self._last_sent_s = asyncio.get_running_loop().time()
+        self._playout_end_s = max(now, self._playout_end_s) + _CADENCE_S
+        self._silence_last = False
+
+    async def close(self, code: int = 1000) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.listener.call_closed(self.call_id)
+        for task in (self._cadence, self._rtcp_task):
+            if task is not None:
+                task.cancel()
+        self.rtcp.send(rtcp.bye(self.codec.sender.ssrc, self.cname), self._rtcp_peer())
+        self.rtcp.close()
+        if self.transport is not None:
+            self.transport.close()
+        self.queue.put_nowait(None)
+
+    # the SIP layer
+    def answered(self, codec: SipRtpCodec) -> None:
+        """A delayed offer's answer came (before ``start``): its codec, and the latch aimed where it says."""
+        self.codec = codec
+        signalled = (codec.choice.remote_host, codec.choice.remote_port)
+        self.latch = Latch(signalled, self.latch.trusted_hosts | {signalled[0]})
+
+    def start(self) -> None:
+        self.queue.put_nowait("start")
+        self._cadence = asyncio.create_task(self._keep_cadence())
+        self._rtcp_task = asyncio.create_task(self._report())
+
+    def signal(self, message: str) -> None:
+        if not self.closed:
+            self.queue.put_nowait(message)
+
+    async def _keep_cadence(self) -> None:
+        """Silence between the agent's packets: after its last one, once the far end has played what was sent (and a
+        packet and a half of nothing at the least: it may only be late) the first packet of silence, then one every
+        20 ms on that one's grid until the agent's next. Not sooner: the agent's audio goes out up to the carrier's
+        lead (60 ms) ahead, and silence sent behind it while that plays would keep the far end that much behind for
+        good — every later reply heard that much later than sent, and than the playout ledger (the heard position
+        of a barge-in, the recording) takes it to be: the far end holds at most one packet of silence when the
+        agent speaks again."""
+        loop = asyncio.get_running_loop()
+        while not self.closed:
+            now = loop.time()
+            due = self._last_sent_s + _CADENCE_S if self._silence_last else max(self._last_sent_s + 1.5 * _CADENCE_S, self._playout_end_s)
+            if now < due:
+                await asyncio.sleep(due - now)
+                continue  # the agent's audio may have been sent meanwhile: due again from it
+            transport = self.transport
+            if transport is not None and (packet := self.codec.silence()) is not None:
+                try:
+                    transport.sendto(packet, self.latch.peer)
+                except OSError:
+                    self.send_errors += 1
+            # the grid kept while the loop is on time; after a stall (or before anything was sent), from now
+            self._last_sent_s = due if now - due < _CADENCE_S else now
+            self._playout_end_s = max(self._last_sent_s, self._playout_end_s) + _CADENCE_S
+            self._silence_last = True
+
+    async def play_dtmf(self, digits: str) -> bool:
+        """Send ``digits`` as RFC 4733 events on this stream, paced on the loop's clock; audio (the agent's and
+        the cadence's) is held back meanwhile. False, nothing sent, when telephone-event was not negotiated,
+        the peer holds the call or the call ended."""
+        codec = self.codec
+        payload_type = codec.choice.dtmf_payload_type
+        if payload_type is None or not codec.sending or codec.playing_events or self.transport is None:
+            return False
+        codec.playing_events = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            schedule, total_ms = dtmf_train(codec.sender, payload_type, digits)
+            for due_ms, packet in schedule:
+                await asyncio.sleep(max(0.0, started + due_ms / 1000 - loop.time()))
+                if self.closed or self.transport is None:
+                    return False
+                try:
+                    self.transport.sendto(packet, self.latch.peer)
+                except OSError:
+                    self.send_errors += 1
+                self._last_sent_s = loop.time()
+                self._silence_last = False
+            await asyncio.sleep(max(0.0, started + total_ms / 1000 - loop.time()))
+            return not self.closed
+        finally:
+            codec.playing_events = False
+
+    def _rtcp_peer(self) -> tuple[str, int]:
+        """Where our RTCP goes: where the peer's comes from, else its RTP port + 1 (RFC 3550 §11)."""
+        host, port = self.latch.peer
+        return self.rtcp.source or (host, port + 1)
+
+    async def _report(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(rtcp.next_interval_ms() / 1000)
+            sender = self.codec.sender
+            packet = rtcp.report(
+                sender.ssrc,
+                self.cname,
+                unix_time_s=time.time(),
+                rtp_timestamp=sender.timestamp,
+                packets_sent=sender.packets_sent,
+                octets_sent=sender.octets_sent,
+                sending=self.codec.sending,
+                received=self.codec.reception(),
+            )
+            self.rtcp.send(packet, self._rtcp_peer())
+
+
+class _RtcpProtocol(asyncio.DatagramProtocol):
+    """A call's RTCP socket (RTP port + 1): sends our reports, counts the peer's."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.DatagramTransport | None = None
+        self.source: tuple[str, int] | None = None
+        self.received = 0
+        self.malformed = 0
+        self.sent = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        try:
+            rtcp.parse_rtcp(data)
+        except rtcp.RtcpError:
+            self.malformed += 1
+            return
+        self.received += 1
+        if self.source is None:
+            self.source = (str(addr[0]), int(addr[1]))
+
+    def error_received(self, exc: Exception) -> None:
+        pass  # nobody listens on the peer's RTCP port: many trunks ignore RTCP
+
+    def send(self, packet: bytes, address: tuple[str, int]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            with suppress(OSError):
+                self.transport.sendto(packet, address)
+                self.sent += 1
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
