@@ -9,7 +9,7 @@ import audioop
 
 import pytest
 
-from callbridge.carriers.sip.sim import SipConnection, SipStream, _Datagrams, _Dialog
+from callbridge.carriers.sip.sim_stream import SipConnection, SipStream, _Datagrams, _Dialog
 from callbridge.carriers.sip.sim_wire import (
     SdpAnswer,
     SipReply,
@@ -198,7 +198,7 @@ async def test_rtp_slower_than_its_timestamps_is_a_warning(monkeypatch: pytest.M
     timestamps against samples only, saw nothing. Now wall time is the reference: 3 s of 20 ms packets arriving
     every ``every_ms`` (24 ms: a loaded machine's lateness, within the 75 % allowed)."""
     now = [100.0]
-    monkeypatch.setattr("callbridge.carriers.sip.sim.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("callbridge.carriers.sip.sim_stream.time.monotonic", lambda: now[0])
     fake = _Stream()
     for _ in range(3000 // every_ms):
         fake.rtp(b"\xff" * 160)
@@ -210,7 +210,7 @@ async def test_rtp_slower_than_its_timestamps_is_a_warning(monkeypatch: pytest.M
 async def test_a_pause_in_the_rtp_starts_the_clock_check_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hold, a stalled machine: packets that stop for a while and go on from the next timestamp are not slow."""
     now = [100.0]
-    monkeypatch.setattr("callbridge.carriers.sip.sim.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("callbridge.carriers.sip.sim_stream.time.monotonic", lambda: now[0])
     fake = _Stream()
     for index in range(200):
         fake.rtp(b"\xff" * 160)
