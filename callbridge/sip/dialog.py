@@ -55,14 +55,29 @@ came from, with the Record-Route set as ``Route``.
 
 from __future__ import annotations
 
-import enum
 import secrets
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Final
 
 from callbridge.codecs import AudioEncoding
 from callbridge.sip import digest
+from callbridge.sip.dialog_state import (
+    TRANSITIONS,
+    CallConfirmed,
+    CallEnded,
+    CallOffered,
+    Dialog,
+    DialogState,
+    DialogStateError,
+    Dropped,
+    DtmfInfo,
+    MediaChanged,
+    OfferAnswered,
+    SipEvent,
+    TransferResult,
+    Trigger,
+    UasConfig,
+)
 from callbridge.sip.message import (
     SipParseError,
     SipParseReason,
@@ -78,7 +93,7 @@ from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
 from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind
-from callbridge.sources import Network, source_allowed
+from callbridge.sources import source_allowed
 
 __all__ = [
     "ALLOW",
@@ -123,177 +138,13 @@ _REASONS: Final = {
 }
 _MAX_NONCES: Final = 1024
 
-@dataclass(frozen=True, slots=True)
-class CallOffered:
-    """A new call the server must ``accept`` (after binding its RTP port) or ``reject``."""
-
-    call_id: str
-    source: Address
-    choice: MediaChoice
-    caller: str
-    callee: str
-    delayed_offer: bool = False
-    caller_name: str = ""
-    """The From header's display name (``"Ada" <sip:…>``), where it has one."""
-    extension_headers: tuple[tuple[str, str], ...] = ()
-    """The INVITE's ``X-`` headers, as sent (the trunk's or the PBX's own: a customer id, a routing tag)."""
-    """The INVITE had no SDP: ``accept`` sends our offer, the answer comes in the ACK (``OfferAnswered``); until
-    then ``choice`` is a placeholder (PCMU, nowhere to send)."""
-
-
-@dataclass(frozen=True, slots=True)
-class OfferAnswered:
-    """A delayed offer's answer arrived in the ACK: the media to use from now on. A missing or unusable answer
-    ends the call instead (our BYE, ``CallEnded("bad_answer")``)."""
-
-    call_id: str
-    choice: MediaChoice
-
-
-@dataclass(frozen=True, slots=True)
-class CallConfirmed:
-    call_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class MediaChanged:
-    call_id: str
-    choice: MediaChoice
-
-
-@dataclass(frozen=True, slots=True)
-class DtmfInfo:
-    call_id: str
-    digit: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    call_id: str
-    reason: str
-    """``bye`` (the caller hung up), ``cancelled``, ``no_ack``, ``rejected``, ``hung_up`` (our BYE), ``bad_answer``
-    (a delayed offer answered with nothing usable: our BYE), ``no_prack`` (our reliable 180 never acknowledged:
-    504 to the INVITE)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TransferResult:
-    """How our REFER ended: ``ok`` when the peer reported the transfer target's 2xx (a sipfrag in a NOTIFY);
-    otherwise ``status``/``reason`` say why (the REFER's own final response, the sipfrag's, 408 for no answer)."""
-
-    call_id: str
-    ok: bool
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    """A datagram not answered (garbage, a stray response): counted and logged by the server."""
-
-    reason: str
-    source: Address
-
-
-SipEvent = CallOffered | OfferAnswered | CallConfirmed | MediaChanged | DtmfInfo | CallEnded | TransferResult | Dropped
-
-
-class DialogState(enum.Enum):
-    OFFERED = "offered"
-    """INVITE received, 100 sent; waiting for the server's accept/reject."""
-    ANSWERED = "answered"
-    """200 sent, retransmitted until the ACK."""
-    CONFIRMED = "confirmed"
-    ENDING = "ending"
-    """Our BYE sent, waiting for its response."""
-    ENDED = "ended"
-
-
-class _Trigger(enum.Enum):
-    ACCEPT = "accept"
-    REJECT = "reject"
-    CANCEL = "cancel"
-    ACK = "ack"
-    BYE_RECEIVED = "bye_received"
-    BYE_SENT = "bye_sent"
-    BYE_DONE = "bye_done"
-    NO_ACK = "no_ack"
-
-
-_S, _T = DialogState, _Trigger
-TRANSITIONS: Final[dict[tuple[DialogState, _Trigger], DialogState]] = {
-    (_S.OFFERED, _T.ACCEPT): _S.ANSWERED,
-    (_S.OFFERED, _T.REJECT): _S.ENDED,
-    (_S.OFFERED, _T.CANCEL): _S.ENDED,
-    (_S.ANSWERED, _T.ACK): _S.CONFIRMED,
-    (_S.ANSWERED, _T.BYE_RECEIVED): _S.ENDED,
-    (_S.ANSWERED, _T.NO_ACK): _S.ENDING,
-    (_S.CONFIRMED, _T.ACK): _S.CONFIRMED,
-    (_S.CONFIRMED, _T.BYE_RECEIVED): _S.ENDED,
-    (_S.CONFIRMED, _T.BYE_SENT): _S.ENDING,
-    (_S.ENDING, _T.BYE_RECEIVED): _S.ENDED,
-    (_S.ENDING, _T.BYE_DONE): _S.ENDED,
-}
-"""Every state change of a dialog. A pair not listed is a bug in the caller (``DialogStateError``)."""
-
-
-class DialogStateError(Exception):
-    """The server called an input the dialog's state does not allow."""
-
-
-@dataclass(frozen=True, slots=True)
-class UasConfig:
-    host: str
-    """The address we advertise (Contact, Via of our BYE, SDP)."""
-    port: int
-    allowed_networks: tuple[Network, ...] = ()
-    username: str | None = None
-    password: str | None = None
-    realm: str = "callbridge"
-    user_agent: str = "callbridge"
-    source_requests_per_s: float = 200.0
-    """Datagrams a source may send a second (twice that in a burst) before the rest are dropped unread."""
-    requests_per_s: float = 2000.0
-    """Datagrams read a second from all sources together (twice that in a burst)."""
-
-
-@dataclass(slots=True)
-class _Dialog:
-    call_id: str
-    state: DialogState
-    invite: SipRequest
-    source: Address
-    local_tag: str
-    remote_cseq: int
-    choice: MediaChoice
-    invite_branch: str
-    local_cseq: int = 0
-    sdp_host: str = ""
-    rtp_port: int = 0
-    session_id: int = 0
-    sdp_version: int = 0
-    sdp: str = ""
-    retransmits: list[Retransmission] = field(default_factory=list)
-    bye_after_ack: bool = False
-    ended_at_ms: int | None = None
-    delayed_offer: bool = False
-    """Our 200 carries the offer; the ACK must carry the answer (RFC 3261 §13.2.1)."""
-    transfer: Transfer | None = None
-    reliable_provisional: bool = False
-    """The INVITE had ``Require: 100rel``: our 180 goes reliably (RFC 3262)."""
-    rseq: int = 0
-    """The RSeq of our last reliable provisional response (0: none sent)."""
-    unacked_rseq: int | None = None
-    """That response's RSeq until its PRACK comes."""
-
-
 class SipUas:
     """Every SIP dialog of one listener. See the module docstring."""
 
     def __init__(self, config: UasConfig) -> None:
         self.config = config
         self._budgets = SourceBudgets(config.source_requests_per_s, config.requests_per_s)
-        self.dialogs: dict[str, _Dialog] = {}
+        self.dialogs: dict[str, Dialog] = {}
         self._out: list[Outgoing] = []
         self._events: list[SipEvent] = []
         self._cache: dict[tuple[str, str], tuple[Outgoing, int]] = {}
@@ -357,7 +208,7 @@ class SipUas:
     def accept(self, call_id: str, sdp_host: str, rtp_port: int, now_ms: int) -> None:
         """Answer an offered call: 200 with our SDP (``sdp_host``:``rtp_port``), retransmitted until the ACK."""
         dialog = self.dialogs[call_id]
-        self._transition(dialog, _Trigger.ACCEPT)
+        self._transition(dialog, Trigger.ACCEPT)
         dialog.sdp_host, dialog.rtp_port = sdp_host, rtp_port
         dialog.session_id = secrets.randbelow(2**31)
         dialog.sdp_version = dialog.session_id
@@ -395,7 +246,7 @@ class SipUas:
         dialog = self.dialogs.get(call_id)
         if dialog is None or dialog.state is not DialogState.OFFERED:
             return
-        self._transition(dialog, _Trigger.REJECT)
+        self._transition(dialog, Trigger.REJECT)
         extra = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
         if redirect_to is not None:
             extra.append(("Contact", f"<{refer_to(redirect_to, _host_port(*dialog.source))}>"))
@@ -527,7 +378,7 @@ class SipUas:
         if choice is None:  # nothing we take
             self._final(request, source, 488, now_ms, extra=[("Warning", '304 callbridge "PCMU or PCMA audio required"')])
             return
-        dialog = _Dialog(
+        dialog = Dialog(
             call_id=request.call_id,
             state=DialogState.OFFERED,
             invite=request,
@@ -549,7 +400,7 @@ class SipUas:
             CallOffered(dialog.call_id, source, choice, caller, callee, dialog.delayed_offer, display_name_of(sender), extension)
         )
 
-    def _on_reinvite(self, dialog: _Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
+    def _on_reinvite(self, dialog: Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
         cseq = request.cseq[0]
         if cseq <= dialog.remote_cseq or dialog.state not in (DialogState.ANSWERED, DialogState.CONFIRMED):
             self._final(request, source, 500, now_ms, to_tag=dialog.local_tag, extra=[("Retry-After", "1")])
@@ -594,14 +445,14 @@ class SipUas:
         for r in acked:
             dialog.retransmits.remove(r)
         if dialog.state is DialogState.ANSWERED:
-            self._transition(dialog, _Trigger.ACK)
+            self._transition(dialog, Trigger.ACK)
             if dialog.delayed_offer and not self._take_answer(dialog, request, now_ms):
                 return
             self._events.append(CallConfirmed(dialog.call_id))
             if dialog.bye_after_ack:
                 self._send_bye(dialog, now_ms)
 
-    def _take_answer(self, dialog: _Dialog, ack: SipRequest, now_ms: int) -> bool:
+    def _take_answer(self, dialog: Dialog, ack: SipRequest, now_ms: int) -> bool:
         """The answer to our offer, in the ACK (RFC 3261 §13.2.1); none or one we cannot use: BYE (§13.3.1.4
         leaves no other way to end a confirmed dialog whose offer/answer failed)."""
         dialog.delayed_offer = False
@@ -625,7 +476,7 @@ class SipUas:
             return
         self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
         if dialog.state is DialogState.OFFERED:
-            self._transition(dialog, _Trigger.CANCEL)
+            self._transition(dialog, Trigger.CANCEL)
             self._final(dialog.invite, dialog.source, 487, now_ms, to_tag=dialog.local_tag)
             self._end(dialog, "cancelled", now_ms)
 
@@ -635,7 +486,7 @@ class SipUas:
             self._respond(request, source, 481, now_ms)
             return
         self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
-        self._transition(dialog, _Trigger.BYE_RECEIVED)
+        self._transition(dialog, Trigger.BYE_RECEIVED)
         self._end(dialog, "bye", now_ms)
 
     def _on_info(self, request: SipRequest, source: Address, now_ms: int) -> None:
@@ -680,7 +531,7 @@ class SipUas:
         if outcome is not None:
             self._transfer_ended(dialog, outcome)
 
-    def _transfer_ended(self, dialog: _Dialog, outcome: TransferOutcome) -> None:
+    def _transfer_ended(self, dialog: Dialog, outcome: TransferOutcome) -> None:
         dialog.transfer = None
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.REFER]
         self._events.append(TransferResult(dialog.call_id, outcome.ok, outcome.status, outcome.reason))
@@ -723,10 +574,10 @@ class SipUas:
         for retransmit in [r for r in dialog.retransmits if r.kind is TxKind.BYE and r.cseq == number]:
             dialog.retransmits.remove(retransmit)
         if dialog.state is DialogState.ENDING:
-            self._transition(dialog, _Trigger.BYE_DONE)
+            self._transition(dialog, Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
 
-    def _on_refer_response(self, dialog: _Dialog, response: SipResponse) -> None:
+    def _on_refer_response(self, dialog: Dialog, response: SipResponse) -> None:
         assert dialog.transfer is not None
         if response.status >= 200:
             dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.REFER]
@@ -734,7 +585,7 @@ class SipUas:
         if outcome is not None:
             self._transfer_ended(dialog, outcome)
 
-    def _answer_invite(self, dialog: _Dialog, request: SipRequest, now_ms: int) -> None:
+    def _answer_invite(self, dialog: Dialog, request: SipRequest, now_ms: int) -> None:
         extra = [("Contact", self._contact(request))]
         extra.extend(("Record-Route", value) for value in request.headers_all("Record-Route"))
         extra.extend(self._capabilities())
@@ -814,7 +665,7 @@ class SipUas:
 
     # ---------------------------------------------------------------- our BYE
 
-    def _in_dialog_request(self, dialog: _Dialog, method: str) -> SipRequest:
+    def _in_dialog_request(self, dialog: Dialog, method: str) -> SipRequest:
         """A request of ours in the dialog (§12.2.1.1): to the remote target, our tag in From, the next CSeq,
         the Record-Route set as Route."""
         invite = dialog.invite
@@ -835,7 +686,7 @@ class SipUas:
         request.add("User-Agent", self.config.user_agent)
         return request
 
-    def _send_bye(self, dialog: _Dialog, now_ms: int, reason: str = "hung_up") -> None:
+    def _send_bye(self, dialog: Dialog, now_ms: int, reason: str = "hung_up") -> None:
         invite = dialog.invite
         request = self._in_dialog_request(dialog, "BYE")
         sent = Outgoing(request.serialize(), dialog.source, invite.transport)
@@ -845,7 +696,7 @@ class SipUas:
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.INVITE_2XX]
         dialog.retransmits.append(_retransmission(TxKind.BYE, sent, now_ms, dialog.local_cseq))
         if dialog.state is DialogState.CONFIRMED:
-            self._transition(dialog, _Trigger.BYE_SENT)
+            self._transition(dialog, Trigger.BYE_SENT)
         self._events.append(CallEnded(dialog.call_id, reason))
 
     # ------------------------------------------------------------------ timers
@@ -854,9 +705,9 @@ class SipUas:
         if retransmit.resend(now_ms):  # ``transaction.Retransmission``: which kinds go again over TCP
             self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
 
-    def _gave_up(self, dialog: _Dialog, retransmit: Retransmission, now_ms: int) -> None:
+    def _gave_up(self, dialog: Dialog, retransmit: Retransmission, now_ms: int) -> None:
         if retransmit.kind is TxKind.INVITE_2XX and dialog.state is DialogState.ANSWERED:
-            self._transition(dialog, _Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
+            self._transition(dialog, Trigger.NO_ACK)  # §13.3.1.4: no ACK → end the dialog with a BYE
             self._send_bye(dialog, now_ms, "no_ack")
         elif retransmit.kind is TxKind.RELIABLE_1XX and dialog.state is DialogState.OFFERED:
             self.reject(dialog.call_id, 504, now_ms)  # RFC 3262 §3: no PRACK in 64·T1 → a 5xx
@@ -864,12 +715,12 @@ class SipUas:
         elif retransmit.kind is TxKind.REFER and dialog.transfer is not None:
             self._transfer_ended(dialog, TransferOutcome(False, 408, "no answer to the REFER"))
         elif retransmit.kind is TxKind.BYE and dialog.state is DialogState.ENDING:
-            self._transition(dialog, _Trigger.BYE_DONE)
+            self._transition(dialog, Trigger.BYE_DONE)
             dialog.ended_at_ms = now_ms
 
     # ----------------------------------------------------------------- helpers
 
-    def _dialog_of(self, request: SipRequest) -> _Dialog | None:
+    def _dialog_of(self, request: SipRequest) -> Dialog | None:
         dialog = self.dialogs.get(request.call_id)
         if dialog is None:
             return None
@@ -880,7 +731,7 @@ class SipUas:
             return None
         return dialog
 
-    def _end(self, dialog: _Dialog, reason: str, now_ms: int, *, announce: bool = True) -> None:
+    def _end(self, dialog: Dialog, reason: str, now_ms: int, *, announce: bool = True) -> None:
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is TxKind.BYE]
         if dialog.transfer is not None:
             self._transfer_ended(dialog, TransferOutcome(False, 0, "the call ended"))
@@ -888,7 +739,7 @@ class SipUas:
         if announce:
             self._events.append(CallEnded(dialog.call_id, reason))
 
-    def _transition(self, dialog: _Dialog, trigger: _Trigger) -> None:
+    def _transition(self, dialog: Dialog, trigger: Trigger) -> None:
         try:
             dialog.state = TRANSITIONS[(dialog.state, trigger)]
         except KeyError:
