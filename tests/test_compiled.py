@@ -28,7 +28,7 @@ def test_setup_compiles_the_files_of_the_listed_modules() -> None:
     assert files == compiled_files() == [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
     assert all((ROOT / file).is_file() for file in files)
     # the whole way of a frame: the call, its ledger, a carrier's codec and its base, the resamplers, the engine core
-    for name in ("bridge.call", "bridge.playout", "carriers.twilio.wire", "carriers.json_wire", "codecs.lowdelay", "engine.local.core"):
+    for name in ("bridge.call", "bridge.agent_speech", "bridge.caller_audio", "bridge.playout", "carriers.twilio.wire", "carriers.json_wire", "codecs.lowdelay", "engine.local.core"):
         assert f"callbridge.{name}" in COMPILED_MODULES
     carriers = [name for name in COMPILED_MODULES if name.startswith("callbridge.carriers.") and name.endswith(".wire")]
     assert len(carriers) == len(list((ROOT / "callbridge" / "carriers").glob("*/wire.py")))

@@ -316,7 +316,7 @@ class CallSession:
 
     def carrier_ended(self, reason: str, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
-        if self.state in (CallState.AWAITING_START, *_OVER):
+        if self.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):
             return
         self._on_carrier_event(StreamStopped(), now_ms)
         self.end_reason = reason
