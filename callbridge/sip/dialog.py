@@ -79,20 +79,25 @@ from callbridge.sip.dialog_state import (
     UasConfig,
 )
 from callbridge.sip.message import (
+    REASON_PHRASES,
     SipParseError,
     SipParseReason,
     SipRequest,
     SipResponse,
     display_name_of,
     header_param,
+    host_port,
     parse_message,
+    server_transaction_key,
     split_params,
     uri_of,
+    via_sent_by,
+    with_param,
 )
 from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
 from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
-from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind
+from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
 from callbridge.sources import source_allowed
 
 __all__ = [
@@ -114,28 +119,6 @@ __all__ = [
 ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, PRACK"
 _KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "UPDATE", "REFER", "PUBLISH"})
 _SUPPORTED: Final[frozenset[str]] = frozenset({"100rel"})  # Require of anything else → 420
-_REASONS: Final = {
-    100: "Trying",
-    180: "Ringing",
-    200: "OK",
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    405: "Method Not Allowed",
-    415: "Unsupported Media Type",
-    420: "Bad Extension",
-    480: "Temporarily Unavailable",
-    481: "Call/Transaction Does Not Exist",
-    489: "Bad Event",
-    482: "Loop Detected",
-    486: "Busy Here",
-    487: "Request Terminated",
-    488: "Not Acceptable Here",
-    500: "Server Internal Error",
-    501: "Not Implemented",
-    503: "Service Unavailable",
-    504: "Server Time-out",
-}
 _MAX_NONCES: Final = 1024
 
 class SipUas:
@@ -236,7 +219,7 @@ class SipUas:
             extra += [("Require", "100rel"), ("RSeq", str(dialog.rseq))]
         sent = self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
         if dialog.reliable_provisional:
-            dialog.retransmits.append(_retransmission(TxKind.RELIABLE_1XX, sent, now_ms, dialog.rseq))
+            dialog.retransmits.append(retransmission_of(TxKind.RELIABLE_1XX, sent, now_ms, dialog.rseq))
 
     def reject(
         self, call_id: str, status: int, now_ms: int, *, retry_after_s: int | None = None, redirect_to: str | None = None
@@ -249,7 +232,7 @@ class SipUas:
         self._transition(dialog, Trigger.REJECT)
         extra = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
         if redirect_to is not None:
-            extra.append(("Contact", f"<{refer_to(redirect_to, _host_port(*dialog.source))}>"))
+            extra.append(("Contact", f"<{refer_to(redirect_to, host_port(*dialog.source))}>"))
         self._final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
         self._end(dialog, "redirected" if redirect_to is not None else "rejected", now_ms, announce=False)
 
@@ -274,13 +257,13 @@ class SipUas:
             self._events.append(TransferResult(call_id, False, 0, why))
             return
         request = self._in_dialog_request(dialog, "REFER")
-        request.add("Refer-To", f"<{refer_to(target, _host_port(*dialog.source))}>")
-        request.add("Referred-By", f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}>")
+        request.add("Refer-To", f"<{refer_to(target, host_port(*dialog.source))}>")
+        request.add("Referred-By", f"<sip:callbridge@{host_port(self.config.host, self.config.port)}>")
         request.add("Contact", self._contact(dialog.invite))
         sent = Outgoing(request.serialize(), dialog.source, dialog.invite.transport)
         self._out.append(sent)
         dialog.transfer = Transfer(dialog.local_cseq, now_ms + TIMEOUT_MS)
-        dialog.retransmits.append(_retransmission(TxKind.REFER, sent, now_ms, dialog.local_cseq))
+        dialog.retransmits.append(retransmission_of(TxKind.REFER, sent, now_ms, dialog.local_cseq))
 
     def tick(self, now_ms: int) -> None:
         """Retransmit what is due, give up on what timed out, forget old transactions."""
@@ -314,7 +297,7 @@ class SipUas:
     # ---------------------------------------------------------------- requests
 
     def _on_request(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        cached = self._cache.get((_tx(request), request.method))
+        cached = self._cache.get((server_transaction_key(request), request.method))
         if cached is not None and request.method != "ACK":
             self._out.append(cached[0])  # a retransmitted request
             return
@@ -354,7 +337,7 @@ class SipUas:
             return
         if request.call_id in self.dialogs:
             existing = self.dialogs[request.call_id]
-            if existing.invite_branch != _tx(request):
+            if existing.invite_branch != server_transaction_key(request):
                 self._respond(request, source, 482, now_ms)  # the same call again on another path
             return
         refusal = self._admission(request, source)
@@ -386,12 +369,12 @@ class SipUas:
             local_tag=secrets.token_hex(6),
             remote_cseq=request.cseq[0],
             choice=choice,
-            invite_branch=_tx(request),
+            invite_branch=server_transaction_key(request),
             delayed_offer=not request.body,
             reliable_provisional="100rel" in [opt.lower() for opt in request.headers_all("Require")],
         )
         self.dialogs[dialog.call_id] = dialog
-        self._invite_branches[_tx(request)] = dialog.call_id
+        self._invite_branches[server_transaction_key(request)] = dialog.call_id
         self._respond(request, source, 100, now_ms)
         sender = request.header("From") or ""
         caller, callee = uri_of(sender), uri_of(request.header("To") or "")
@@ -432,10 +415,10 @@ class SipUas:
         self._answer_invite(dialog, request, now_ms)
 
     def _on_ack(self, request: SipRequest, now_ms: int) -> None:
-        retransmit = self._final_retransmits.pop(_tx(request), None)
+        retransmit = self._final_retransmits.pop(server_transaction_key(request), None)
         if retransmit is not None:  # ACK of a non-2xx final response: the transaction is done
             if request.call_id not in self.dialogs:  # a cancelled call's entry goes with its dialog
-                self._invite_branches.pop(_tx(request), None)
+                self._invite_branches.pop(server_transaction_key(request), None)
             return
         dialog = self._dialog_of(request)
         if dialog is None:
@@ -469,7 +452,7 @@ class SipUas:
         return True
 
     def _on_cancel(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        call_id = self._invite_branches.get(_tx(request))
+        call_id = self._invite_branches.get(server_transaction_key(request))
         dialog = self.dialogs.get(call_id) if call_id is not None else None
         if dialog is None:
             self._respond(request, source, 481, now_ms)
@@ -591,7 +574,7 @@ class SipUas:
         extra.extend(self._capabilities())
         extra.append(("Content-Type", "application/sdp"))
         sent = self._respond(request, dialog.source, 200, now_ms, to_tag=dialog.local_tag, extra=extra, body=dialog.sdp.encode())
-        dialog.retransmits.append(_retransmission(TxKind.INVITE_2XX, sent, now_ms, request.cseq[0]))
+        dialog.retransmits.append(retransmission_of(TxKind.INVITE_2XX, sent, now_ms, request.cseq[0]))
 
     def _final(
         self,
@@ -606,8 +589,8 @@ class SipUas:
     ) -> None:
         """A non-2xx final response to an INVITE: retransmitted until its ACK (Timer G/H)."""
         sent = self._respond(request, source, status, now_ms, to_tag=to_tag or secrets.token_hex(6), extra=extra, reason=reason)
-        self._invite_branches[_tx(request)] = request.call_id
-        self._final_retransmits[_tx(request)] = _retransmission(TxKind.INVITE_FINAL, sent, now_ms)
+        self._invite_branches[server_transaction_key(request)] = request.call_id
+        self._final_retransmits[server_transaction_key(request)] = retransmission_of(TxKind.INVITE_FINAL, sent, now_ms)
 
     def _respond(
         self,
@@ -621,19 +604,19 @@ class SipUas:
         body: bytes = b"",
         reason: str | None = None,
     ) -> Outgoing:
-        response = SipResponse(status=status, reason=reason or _REASONS.get(status, "Unknown"))
+        response = SipResponse(status=status, reason=reason or REASON_PHRASES.get(status, "Unknown"))
         vias = request.headers_all("Via")
         destination = source
         if vias:
             top, rest = vias[0], vias[1:]
             sent_by, params = split_params(top)
-            via_host, via_port = _sent_by(sent_by)
+            via_host, via_port = via_sent_by(sent_by)
             if "rport" in params:
-                top = _set_param(top, "rport", str(source[1]))
+                top = with_param(top, "rport", str(source[1]))
             elif request.transport == "UDP":
                 destination = (source[0], via_port)  # over TCP: back on the connection it came on
             if via_host != source[0]:
-                top = _set_param(top, "received", source[0])
+                top = with_param(top, "received", source[0])
             response.add("Via", top)
             for via in rest:
                 response.add("Via", via)
@@ -651,14 +634,14 @@ class SipUas:
         sent = Outgoing(response.serialize(), destination, request.transport)
         self._out.append(sent)
         if request.method == "INVITE" or status >= 200:
-            key = (_tx(request), request.method)
+            key = (server_transaction_key(request), request.method)
             self._cache.pop(key, None)  # to the end: the cache stays in the order its entries expire
             self._cache[key] = (sent, now_ms + TIMEOUT_MS)
         return sent
 
     def _contact(self, request: SipRequest) -> str:
         suffix = ";transport=tcp" if request.transport == "TCP" else ""
-        return f"<sip:callbridge@{_host_port(self.config.host, self.config.port)}{suffix}>"
+        return f"<sip:callbridge@{host_port(self.config.host, self.config.port)}{suffix}>"
 
     def _capabilities(self) -> list[tuple[str, str]]:
         return [("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", ", ".join(sorted(_SUPPORTED)))]
@@ -672,7 +655,7 @@ class SipUas:
         dialog.local_cseq += 1
         request = SipRequest(method=method, uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
         branch = "z9hG4bK" + secrets.token_hex(8)
-        request.add("Via", f"SIP/2.0/{invite.transport} {_host_port(self.config.host, self.config.port)};branch={branch};rport")
+        request.add("Via", f"SIP/2.0/{invite.transport} {host_port(self.config.host, self.config.port)};branch={branch};rport")
         request.add("Max-Forwards", "70")
         to = invite.header("To") or ""
         if header_param(to, "tag") is None:
@@ -694,7 +677,7 @@ class SipUas:
         if dialog.transfer is not None:
             self._transfer_ended(dialog, TransferOutcome(False, 0, "the call ended"))
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.INVITE_2XX]
-        dialog.retransmits.append(_retransmission(TxKind.BYE, sent, now_ms, dialog.local_cseq))
+        dialog.retransmits.append(retransmission_of(TxKind.BYE, sent, now_ms, dialog.local_cseq))
         if dialog.state is DialogState.CONFIRMED:
             self._transition(dialog, Trigger.BYE_SENT)
         self._events.append(CallEnded(dialog.call_id, reason))
@@ -750,34 +733,3 @@ def _placeholder(source: Address) -> MediaChoice:
     """The media of a delayed offer until the answer comes: PCMU, nowhere to send yet."""
     line = "m=audio 0 RTP/AVP 0 8"
     return MediaChoice(AudioEncoding.PCMU, 0, None, source[0], 0, Direction.SENDRECV, None, 0, (line,))
-
-
-def _tx(request: SipRequest) -> str:
-    """A server transaction's key: the branch, with the Call-ID and CSeq number so that peers without RFC 3261
-    branches (or reusing one) cannot match each other's transactions (§17.2.3)."""
-    return f"{request.branch}|{request.call_id}|{request.cseq[0]}"
-
-
-def _sent_by(sent_by: str) -> tuple[str, int]:
-    """``SIP/2.0/UDP host:port`` → (host, port); 5060 when no port."""
-    hostport = sent_by.split()[-1] if sent_by.split() else ""
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        port = rest.lstrip(":")
-    else:
-        host, _, port = hostport.partition(":")
-    return host, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535 else 5060
-
-
-def _set_param(value: str, name: str, param: str) -> str:
-    head, params = split_params(value)
-    params[name] = param
-    return head + "".join(f";{k}={v}" if v else f";{k}" for k, v in params.items())
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _retransmission(kind: TxKind, sent: Outgoing, now_ms: int, cseq: int = 0) -> Retransmission:
-    return Retransmission.start(kind, sent.data, sent.address, sent.transport, now_ms, cseq=cseq)

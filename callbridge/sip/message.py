@@ -23,17 +23,46 @@ from dataclasses import dataclass, field
 from typing import Final
 
 __all__ = [
+    "REASON_PHRASES",
     "SipParseError",
     "SipParseReason",
     "SipRequest",
     "SipResponse",
     "header_param",
+    "host_port",
     "parse_message",
+    "server_transaction_key",
     "split_list",
     "split_params",
     "split_stream",
     "uri_of",
+    "via_sent_by",
+    "with_param",
 ]
+
+REASON_PHRASES: Final = {
+    100: "Trying",
+    180: "Ringing",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    405: "Method Not Allowed",
+    415: "Unsupported Media Type",
+    420: "Bad Extension",
+    480: "Temporarily Unavailable",
+    481: "Call/Transaction Does Not Exist",
+    489: "Bad Event",
+    482: "Loop Detected",
+    486: "Busy Here",
+    487: "Request Terminated",
+    488: "Not Acceptable Here",
+    500: "Server Internal Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+    504: "Server Time-out",
+}
+"""The reason phrase our responses carry for each status code we send."""
 
 MAX_MESSAGE_BYTES: Final = 65535
 MAX_HEAD_BYTES: Final = 16 * 1024
@@ -363,3 +392,32 @@ def _request(message: SipRequest | SipResponse) -> SipRequest | None:
         if message.header(required) is None:
             return None
     return message
+
+
+def server_transaction_key(request: SipRequest) -> str:
+    """A server transaction's key: the branch, with the Call-ID and CSeq number so that peers without RFC 3261
+    branches (or reusing one) cannot match each other's transactions (§17.2.3)."""
+    return f"{request.branch}|{request.call_id}|{request.cseq[0]}"
+
+
+def via_sent_by(sent_by: str) -> tuple[str, int]:
+    """``SIP/2.0/UDP host:port`` → (host, port); 5060 when no port."""
+    hostport = sent_by.split()[-1] if sent_by.split() else ""
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = rest.lstrip(":")
+    else:
+        host, _, port = hostport.partition(":")
+    return host, int(port) if port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) <= 65535 else 5060
+
+
+def with_param(value: str, name: str, param: str) -> str:
+    """A header value with its parameter ``name`` set to ``param`` (added, or replaced in place)."""
+    head, params = split_params(value)
+    params[name] = param
+    return head + "".join(f";{k}={v}" if v else f";{k}" for k, v in params.items())
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

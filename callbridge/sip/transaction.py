@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["T1_MS", "T2_MS", "TIMEOUT_MS", "Address", "Due", "Outgoing", "Retransmission", "TxKind"]
+__all__ = ["T1_MS", "T2_MS", "TIMEOUT_MS", "Address", "Due", "Outgoing", "Retransmission", "TxKind", "retransmission_of"]
 
 T1_MS: Final = 500
 T2_MS: Final = 4000
@@ -101,3 +101,8 @@ class Retransmission:
         """A provisional answer to our request: it arrived; repeat only every T2 (§17.1.2.2)."""
         self.interval_ms = T2_MS
         self.next_ms = now_ms + T2_MS
+
+
+def retransmission_of(kind: TxKind, sent: Outgoing, now_ms: int, cseq: int = 0) -> Retransmission:
+    """The retransmission schedule of ``sent``, started at ``now_ms``."""
+    return Retransmission.start(kind, sent.data, sent.address, sent.transport, now_ms, cseq=cseq)
