@@ -29,6 +29,7 @@ COMPILED_FILES: tuple[str, ...] = (
     "callbridge/bridge/agent_turns.py",
     "callbridge/bridge/binding.py",
     "callbridge/bridge/call.py",
+    "callbridge/bridge/call_options.py",
     "callbridge/bridge/call_outputs.py",
     "callbridge/bridge/call_state.py",
     "callbridge/bridge/caller_audio.py",

@@ -1,7 +1,7 @@
 """The agent's speech on one stream, sans-I/O: its replies' audio out to the carrier, and what the caller heard of it.
 
 The reply's audio (``AgentAudio``: resampled, encoded, framed) goes into the ``PlayoutLedger`` (paced, bounded lead,
-markers); the ledger's frames, markers and clears go to the carrier (``send``), what it learns was heard (marker
+markers); the ledger's frames, markers and clears go to the carrier (over its ``CarrierLink``), what it learns was heard (marker
 echoes) to the engine — an ack, or a truncation where the caller cut the reply off (``HeardAccount``: never less than
 the engine was told, over the whole call). Barge-in is ``interrupt``: the carrier's buffer flushed, the engine told
 what was heard, the reply's late audio dropped. A stream that drops leaves the rest of the reply unheard
@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, Protocol
 
 from callbridge.bridge.agent_audio import AgentAudio
 from callbridge.bridge.binding import EngineBinding
+from callbridge.bridge.call_options import CallOptions
 from callbridge.bridge.call_outputs import BargeInFlushed, CallOutput, Observed, ToCarrier, ToEngine
+from callbridge.bridge.carrier_link import CarrierLink
 from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.playout import PlayoutLedger
-from callbridge.carriers.base import DEFAULT_PROFILE, CarrierAction, CarrierProfile
-from callbridge.codecs import AudioEncoding, ResamplerQuality
+from callbridge.carriers.base import DEFAULT_PROFILE, CarrierProfile
+from callbridge.codecs import AudioEncoding
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
@@ -38,7 +39,7 @@ from callbridge.engine.events import (
 from callbridge.engine.late_audio import LateAudioFilter
 from callbridge.engine.port import UNHEARD_KEPT_BYTES, UnheardAudio
 
-__all__ = ["FIRST_MARK_FRAMES", "AgentSpeech", "PlayoutOptions", "ReplyListener"]
+__all__ = ["FIRST_MARK_FRAMES", "AgentSpeech", "ReplyListener", "ledger_for"]
 
 FIRST_MARK_FRAMES: Final = 5
 """A response's first marker goes this many 20 ms frames in: its echo pins where the carrier started playing the
@@ -47,30 +48,20 @@ response (the network's and the carrier's delay), so the heard position is exact
 _FALLBACK_RESPONSE: Final = "engine_failure"
 
 
-@dataclass(frozen=True, slots=True)
-class PlayoutOptions:
-    """How the agent's audio is paced out (``CallOptions``' part of it)."""
-
-    lead_ms: int
-    mark_every_frames: int
-    media_message_ms: int
-    uses_marks: bool
-    resampler_quality: ResamplerQuality
-
-    def ledger_for(self, profile: CarrierProfile) -> PlayoutLedger:
-        """The playout ledger for the carrier's way of playing (known once its stream has started)."""
-        frame_ms = profile.frame_ms
-        lead_ms = max(profile.lead_ms if profile.lead_ms is not None else self.lead_ms, frame_ms)
-        return PlayoutLedger(
-            frame_ms=frame_ms,
-            lead_ms=lead_ms,
-            mark_every_frames=max(1, self.mark_every_frames * 20 // frame_ms),
-            first_mark_frames=max(1, min(FIRST_MARK_FRAMES, self.mark_every_frames) * 20 // frame_ms),
-            frames_per_message=max(1, min(self.media_message_ms, lead_ms) // frame_ms) if profile.joins_frames else 1,
-            uses_marks=self.uses_marks and profile.uses_marks,
-            marks_echoed_on_clear=profile.marks_echoed_on_clear,
-            flushes=profile.flushes,
-        )
+def ledger_for(options: CallOptions, profile: CarrierProfile) -> PlayoutLedger:
+    """The playout ledger for the carrier's way of playing (known once its stream has started)."""
+    frame_ms = profile.frame_ms
+    lead_ms = max(profile.lead_ms if profile.lead_ms is not None else options.lead_ms, frame_ms)
+    return PlayoutLedger(
+        frame_ms=frame_ms,
+        lead_ms=lead_ms,
+        mark_every_frames=max(1, options.mark_every_frames * 20 // frame_ms),
+        first_mark_frames=max(1, min(FIRST_MARK_FRAMES, options.mark_every_frames) * 20 // frame_ms),
+        frames_per_message=max(1, min(options.media_message_ms, lead_ms) // frame_ms) if profile.joins_frames else 1,
+        uses_marks=options.uses_marks and profile.uses_marks,
+        marks_echoed_on_clear=profile.marks_echoed_on_clear,
+        flushes=profile.flushes,
+    )
 
 
 class ReplyListener(Protocol):
@@ -85,11 +76,11 @@ class AgentSpeech:
     """The agent's replies played to the caller on one stream, and what the caller heard of them. See the module
     docstring."""
 
-    __slots__ = ("options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "capabilities", "_out", "_send")
+    __slots__ = ("options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "capabilities", "_out", "_link")
 
-    def __init__(self, options: PlayoutOptions, out: list[CallOutput], send: Callable[[CarrierAction], str | bytes | None]) -> None:
+    def __init__(self, options: CallOptions, out: list[CallOutput], link: CarrierLink) -> None:
         self.options = options
-        self.ledger = options.ledger_for(DEFAULT_PROFILE)
+        self.ledger = ledger_for(options, DEFAULT_PROFILE)
         self.audio = AgentAudio(options.resampler_quality)
         """The reply arriving, resampled, encoded and framed (``bridge/agent_audio.py``)."""
         self.heard = HeardAccount()
@@ -100,12 +91,12 @@ class AgentSpeech:
         """Barge-in flushes so far (the driver times them)."""
         self.capabilities = Capabilities()
         self._out = out
-        self._send = send
-        """The carrier's wire message for a playout action (None: nothing to send, or nobody listens)."""
+        self._link = link
+        """The carrier's connection: what the ledger plays goes out through it."""
 
     def start(self, profile: CarrierProfile, encoding: AudioEncoding, rate_hz: int) -> None:
         """The stream started: the agent's audio goes out in ``encoding`` at ``rate_hz``, played the carrier's way."""
-        self.ledger = self.options.ledger_for(profile)
+        self.ledger = ledger_for(self.options, profile)
         self.audio.start(encoding, rate_hz, self.ledger.frame_ms)
 
     def bound(self, binding: EngineBinding, now_ms: int, *, hold_tells_ms: int) -> None:
@@ -268,9 +259,11 @@ class AgentSpeech:
         self.drain_heard(to_engine=to_engine)
 
     def drain_to_carrier(self) -> None:
+        link = self._link
+        send = link.codec.send  # every action through the codec (its sequence numbers), sent only while it listens
         for action in self.ledger.actions_to_send():
-            message = self._send(action)
-            if message is not None:
+            message = send(action)
+            if message is not None and link.send_failed_at_ms is None:
                 self._out.append(ToCarrier(message))
 
     def drain_heard(self, *, to_engine: bool = True) -> None:

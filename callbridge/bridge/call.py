@@ -53,15 +53,14 @@ call hung up, the socket closed. Nothing here touches another call.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
 from typing import Final
 
 from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.agent_actions import AgentActions
-from callbridge.bridge.agent_speech import FIRST_MARK_FRAMES, AgentSpeech, PlayoutOptions
+from callbridge.bridge.agent_speech import FIRST_MARK_FRAMES, AgentSpeech
 from callbridge.bridge.agent_turns import AgentTurns
 from callbridge.bridge.binding import EngineBinding
+from callbridge.bridge.call_options import CallOptions, DtmfMode
 from callbridge.bridge.call_outputs import (
     BindEngine,
     CallOutput,
@@ -93,7 +92,6 @@ from callbridge.carriers.base import (
     StreamStopped,
     UnknownCarrierEvent,
 )
-from callbridge.codecs import ResamplerQuality
 from callbridge.engine.commands import AppendAudio, CloseSession, CreateTextItem, EngineCommand
 from callbridge.engine.errors import FATAL_RESUME_CODES, ErrorCode
 from callbridge.engine.events import (
@@ -126,40 +124,6 @@ _OVER: Final = (CallState.ENDED, CallState.DETACHED)
 """The stream is over: ended with the call, or its session left for the next stream."""
 
 
-class DtmfMode(enum.Enum):
-    TEXT_ITEM = "text_item"
-    IGNORE = "ignore"
-
-
-@dataclass(frozen=True, slots=True)
-class CallOptions:
-    engine_rate_hz: int = 16000
-    lead_ms: int = 200
-    mark_every_frames: int = 5
-    """A marker every this many 20 ms of audio (fewer, longer frames count as their 20 ms), after a response's first
-    (``FIRST_MARK_FRAMES`` in, or sooner at this interval)."""
-    media_message_ms: int = 100
-    """The most agent audio one media message carries, where the carrier joins frames (its profile says)."""
-    uses_marks: bool = True
-    resampler_quality: ResamplerQuality = ResamplerQuality.LD
-    dtmf_mode: DtmfMode = DtmfMode.TEXT_ITEM
-    failure_tone_ms: int = 600
-    """When the engine fails mid-call, the caller hears this long a tone before the hang-up (0: none)."""
-    call_actions: bool = False
-    """The agent may act on the call (``end_call``, ``send_dtmf``, ``transfer_call``); off: every call refused."""
-    transfer_targets: tuple[str, ...] = ()
-    first_message_timeout_ms: int = 10_000
-    """A connection that has not started its stream this long after ``connected`` is ended."""
-    idle_timeout_ms: int = 10_000
-    """A started stream that sends nothing this long is taken for dropped (the session waits for the next one)."""
-    max_call_ms: int | None = 14_400_000
-    """A stream is ended this long after ``connected`` (None: no limit)."""
-    turn_silence_ms: int = 500
-    """The session's ``server_vad`` silence: a ``SpeechStopped``'s ``audio_end_ms`` includes it (as OpenAI's Realtime
-    and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""
-
-
-
 class CallSession:
     """One carrier stream of a call, bound to one engine session. See the module docstring."""
 
@@ -181,8 +145,7 @@ class CallSession:
         """The caller's side: the flood limit, the caller's audio, the call's input timeline, the recording."""
         self.link = CarrierLink(codec, self._out)
         """The carrier's connection: what is sent, the hang-up the carrier's way, the socket's close."""
-        playout = PlayoutOptions(options.lead_ms, options.mark_every_frames, options.media_message_ms, options.uses_marks, options.resampler_quality)
-        self.speech = AgentSpeech(playout, self._out, self.link.send)
+        self.speech = AgentSpeech(options, self._out, self.link)
         """The agent's speech: its replies paced out, barge-in, what the caller heard of each."""
         self.turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self.speech, self._out)
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
@@ -248,8 +211,9 @@ class CallSession:
         speech, turns = self.speech, self.turns
         if not speech.admits(event):  # audio of a cancelled response or an older epoch
             return
-        if speech.on_event(event, now_ms, turns) or turns.on_event(event, self.caller.input_ms, now_ms):
-            pass
+        handled = speech.on_event(event, now_ms, turns) or turns.on_event(event, self.caller.input_ms, now_ms)
+        if handled:
+            pass  # the agent's speech or turns took it
         elif isinstance(event, (SessionClosed, SessionExpired)):
             reason = f"engine_{type(event).__name__}:{event.reason}"
             if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
@@ -354,8 +318,9 @@ class CallSession:
     def send_failed(self, now_ms: int) -> None:
         """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
         before it closed (a ``stop`` after a hang-up) may still be read. If no ``stop`` comes by
-        ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept for the next stream);
-        meanwhile engine events are left untaken (``takes_engine_events``), for that stream to have."""
+        ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept
+        for the next stream); meanwhile engine events are left untaken (``takes_engine_events``), for that stream to
+        have."""
         if self.state not in _OVER:
             self.link.send_failed(now_ms)
 
@@ -442,11 +407,14 @@ class CallSession:
 
     def _agent_turns_due(self, now_ms: int) -> None:
         """What waited for the agent's reply to play out: the hang-up asked for, a tool's result to answer."""
-        reason = self.turns.hang_up_due(now_ms)
-        if reason is not None and self.state is CallState.LIVE:
-            self._end_by_agent(reason, hang_up=True)
-        if self.state is CallState.LIVE:
-            self.turns.respond_when_silent(now_ms)
+        turns = self.turns
+        after = turns.after_reply  # looked at here first: on every event and tick, mostly nothing waits
+        if after.hang_up_reason is not None:
+            reason = turns.hang_up_due(now_ms)
+            if reason is not None and self.state is CallState.LIVE:
+                self._end_by_agent(reason, hang_up=True)
+        if after.respond and self.state is CallState.LIVE:
+            turns.respond_when_silent(now_ms)
 
     # ----------------------------------------------------------------- reports
 
@@ -502,7 +470,7 @@ class CallSession:
 
     def outputs(self) -> list[CallOutput]:
         """Everything the call produced since the last call, in the order it was produced: do each in turn."""
-        out = self._out[:]
+        out = self._out[:]  # the queue is shared with the parts: taken by copy, not swapped
         self._out.clear()
         lags = self.speech.ledger.mark_lags_ms
         if lags:  # a marker echo every few frames, not every frame
@@ -618,7 +586,7 @@ class CallSession:
         if self.state is not CallState.LIVE:
             self.caller.inbound.hold(audio)
         elif audio:
-            if self.turns.mutes_caller(now_ms):
+            if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
 

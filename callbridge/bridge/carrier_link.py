@@ -1,5 +1,5 @@
-"""A call stream's side of the carrier's connection, sans-I/O (``CallSession`` composes it): what goes to the
-carrier — nothing once a send to it failed (nobody listens) — the hang-up the carrier's way (REST by the driver, in
+"""A call stream's side of the carrier's connection, sans-I/O (``CallSession`` composes it): whether the carrier
+still listens (nothing goes to it once a send failed), the hang-up the carrier's way (REST by the driver, in
 band, or by closing the socket), and the socket's close, once, with its code."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Final
 
 from callbridge.bridge.call_outputs import BargeInFlushed, CallOutput, CloseTransport, HangUpCall, ToCarrier
-from callbridge.carriers.base import CarrierAction, HangUp, HangUpMode, ProviderCodec
+from callbridge.carriers.base import HangUp, HangUpMode, ProviderCodec
 
 __all__ = ["SEND_FAILED_READ_MS", "CarrierLink"]
 
@@ -35,11 +35,6 @@ class CarrierLink:
         self.send_failed_at_ms: int | None = None
         """When a send to the carrier failed (its side is closed), if one did."""
         self._out = out
-
-    def send(self, action: CarrierAction) -> str | bytes | None:
-        """The carrier's message for ``action`` (None where nothing goes: after a failed send, nobody listens)."""
-        message = self.codec.send(action)
-        return message if self.send_failed_at_ms is None else None
 
     def send_failed(self, now_ms: int) -> bool:
         """A send to the carrier failed: nothing more goes to it (what is queued goes too). False if it was known."""
