@@ -63,7 +63,7 @@ async def run(calls: int, seconds: float, app: str | None = None, record: Path |
     for index, transport in enumerate(transports):
         call_id = f"CA{index:032x}"
         if services.assistants is not None:
-            await services.choose_assistant(CallContext(call_id=call_id, carrier="twilio", caller_number="+15005550006"))
+            await services.desk.choose_assistant(CallContext(call_id=call_id, carrier="twilio", caller_number="+15005550006"))
         transport.inbox.put_nowait(CONNECTED)
         transport.inbox.put_nowait(START.replace("CA" + "2" * 32, call_id))
     drivers = [asyncio.create_task(MediaStreamDriver(t, TwilioCodec(), services, check_token=False).run()) for t in transports]

@@ -5,7 +5,7 @@ of them is counted, until its stream binds (``bound``: it is then *bridged*) or 
 answer, when no stream came) or goes back (``give_back``: refused after all). ``server.max_calls`` counts both; a
 call already held or bridged is never refused (a stream coming back). Time comes from outside (``now``, seconds on
 a monotonic clock); the fleet's count (``server.max_calls_fleet``) and the registry are the caller's
-(``BridgeServices.admits``).
+(``AnswerDesk.admits``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ the engine's consent opens a session), and the decision is a value each carrier 
         facts[decision] = await find_out(decision)
         decision = answer_step(facts, …)
 
-``BridgeServices.decide_answer`` is that loop; the table of outcomes is tested here, without a registry or engine.
+``AnswerDesk.decide_answer`` is that loop; the table of outcomes is tested here, without a registry or engine.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A call's setup: its context and the assistant its application chose, decided once where the call is answered
-(``BridgeServices.choose_assistant``) and kept in the registry for the call's streams, on whichever process they
+(``AnswerDesk.choose_assistant``) and kept in the registry for the call's streams, on whichever process they
 reach: the stream that opens or first binds the call's engine session reads the greeting there."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class TransferTo:
 
 Rejection = Literal["busy", "hang_up"]
 Chosen = CallSetup | Rejection | TransferTo
-"""What the application made of a new call (``BridgeServices.choose_assistant``)."""
+"""What the application made of a new call (``AnswerDesk.choose_assistant``)."""
 
 
 def setup_kept_ms(max_call_duration_s: float) -> int:

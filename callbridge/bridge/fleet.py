@@ -34,7 +34,7 @@ FLEET_HOLD_MS = 30_000
 the calls of a process that died are let go then."""
 DRAIN_NEW_CALL_BOUNCES = 3
 """How many times a new call that reached a draining process is sent back through the load balancer (each a
-carrier's pause and redirect, about a second) before it is refused busy (``BridgeServices.bounces_new_call``)."""
+carrier's pause and redirect, about a second) before it is refused busy (``AnswerDesk.bounces_new_call``)."""
 LB_ACTS_S = 0.25
 """After the readiness answer that takes a draining process out (``LoadBalancerGate``): the load balancer's time to
 act on it (HAProxy marks the server down as the check's response arrives) before calls are moved."""

@@ -609,7 +609,7 @@ class MediaStreamDriver:
         await do_steps(life, StreamEffects(self.services, start.call_id, self._holder(start), self), held)
 
     async def setup(self, *, choose: bool) -> CallSetup | Rejection | None:
-        """The call's setup (``BridgeServices.choose_assistant``), with an application configured: the one kept
+        """The call's setup (``AnswerDesk.choose_assistant``), with an application configured: the one kept
         where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
         (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
         application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
@@ -618,9 +618,9 @@ class MediaStreamDriver:
         if services.assistants is None:
             return None
         if self._setup_read is None:
-            self._setup_read = await services.call_setup(start.call_id)
+            self._setup_read = await services.desk.call_setup(start.call_id)
         if self._setup_read is None and choose:
-            chosen = await services.choose_assistant(self._context(start))
+            chosen = await services.desk.choose_assistant(self._context(start))
             if isinstance(chosen, TransferTo):  # a stream is answered already: nothing the carrier can send on
                 self.log.warning("transfer_unsupported", target=chosen.target, detail="the configured assistant takes the call")
                 return None

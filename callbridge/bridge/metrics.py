@@ -42,6 +42,13 @@ class BridgeMetrics:
         ``group_registry``: the registry is a ``serve --workers`` group's, in memory in its supervisor: every worker
         reports the group's entries and detached sessions (the largest is exported, not the sum), and the sessions
         held (this worker's streams and the group's detached ones) are not exported."""
+        self._count_calls(registry)
+        self._count_sip_and_engine(registry)
+        self._count_carrier_and_application(registry)
+        self._watch_levels(registry, memory_registry=memory_registry, local_engine=local_engine, group_registry=group_registry)
+
+    def _count_calls(self, registry: CollectorRegistry) -> None:
+        """Streams, their audio, barge-in and the carriers' REST hang-ups."""
         # ``multiprocess_mode``: how a gauge adds up over ``--workers`` processes (``group_metrics``); else unused
         self.calls_active = Gauge(
             "callbridge_calls_active", "Calls with a live media stream", ["provider"], registry=registry, multiprocess_mode="livesum"
@@ -71,6 +78,9 @@ class BridgeMetrics:
             registry=registry,
         )  # fmt: skip
         self.engine_errors = Counter("callbridge_engine_errors_total", "Engine error events, by code", ["code"], registry=registry)
+
+    def _count_sip_and_engine(self, registry: CollectorRegistry) -> None:
+        """SIP's drops and registrations, the event loop, the engine's failures, the playout model's corrections."""
         self.sip_dropped = Counter(
             "callbridge_sip_dropped_total",
             "SIP datagrams and RTP packets dropped unanswered (garbage, strays, unexpected sources, late), by reason",
@@ -127,6 +137,9 @@ class BridgeMetrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
             registry=registry,
         )
+
+    def _count_carrier_and_application(self, registry: CollectorRegistry) -> None:
+        """Carrier messages, DTMF, webhooks, the application's requests and events, recordings, admission, CPU."""
         self.unknown_events = Counter(
             "callbridge_unknown_events_total", "Carrier messages of an event type no codec here knows, ignored (the call goes on)",
             ["provider", "event"], registry=registry,
@@ -167,6 +180,9 @@ class BridgeMetrics:
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
             registry=registry,
         )
+
+    def _watch_levels(self, registry: CollectorRegistry, *, memory_registry: bool, local_engine: bool, group_registry: bool) -> None:
+        """The level gauges (``__init__`` says which exist)."""
         # What the process holds, read at scrape time (``watch``): a leak shows as a level that never comes back.
         # With ``--workers``, each worker copies them into its files every second (``group_metrics``): summed, but
         # for the group registry's counts, which every worker reports alike (the largest is read).

@@ -7,14 +7,11 @@ import asyncio
 import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from contextlib import suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import structlog
 
-from callbridge.application import AssistantConfig, CallContext
-from callbridge.application.events import CallEvent
 from callbridge.application.hooks import AssistantSource
 from callbridge.bridge.actions import (
     ActionResult,
@@ -22,15 +19,12 @@ from callbridge.bridge.actions import (
     CarrierCallAction,
     SendDtmf,
 )
-from callbridge.bridge.admission import AdmissionBook, Refusal
-from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
+from callbridge.bridge.admission import AdmissionBook
+from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
-from callbridge.bridge.call_config import session_config
-from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, Chosen, Rejection, TransferTo, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.fleet import (
-    DRAIN_NEW_CALL_BOUNCES,
     FLEET_HOLD_MS,
     CallSignals,
     LiveStream,
@@ -50,7 +44,7 @@ from callbridge.bridge.registry import (
 )
 from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
 from callbridge.carriers.spec import Capabilities
-from callbridge.config import Settings, model_calls_tools
+from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
 from callbridge.engine.pool import EnginePool
 from callbridge.engine.port import (
@@ -122,6 +116,8 @@ class BridgeServices:
     """The one timer that wakes every call's pacer."""
     cpu: CpuMeter = field(default_factory=CpuMeter)
     """The process's CPU use (sampled by the app), for ``server.cpu_budget_percent``."""
+    desk: AnswerDesk = field(init=False)
+    """What every carrier asks before it answers a call or takes a stream (``AnswerDesk``)."""
     signals: CallSignals = field(init=False)
     """Other processes' word on calls whose stream is here, and this one's to them."""
     answer_sessions: AnswerSessions | None = None
@@ -166,6 +162,7 @@ class BridgeServices:
         self.signals = CallSignals(self.registry, self.live_streams, self.spawn)
         self.signals.on(SignalKind.STREAM_BOUND, self._bound_elsewhere)
         self.admission = AdmissionBook(server.max_calls, server.cpu_budget_percent or 0.0, self.settings.engine.open_at_answer_ttl_s)
+        self.desk = AnswerDesk(self)
         max_call_s = self.settings.server.max_call_duration_s
         self.replays = ReplayGuard(self.registry, self.metrics.webhook_replay_checks, max_call_s or REPLAY_WINDOW_S)
         engine = self.settings.engine
@@ -187,165 +184,6 @@ class BridgeServices:
         """The registry is shared with other processes (Redis), which can resume this one's calls; the memory
         registry is one process's alone."""
         return self.registry.shared
-
-    @property
-    def parks_at_answer(self) -> bool:
-        """``engine.open_at_answer`` auto with a shared registry: the session opened at the answer is parked in the
-        registry (detached, with its ticket), so the call's stream resumes it on whichever process it reaches."""
-        return self.settings.engine.open_at_answer == "auto" and self.registry_shared
-
-    async def decide_answer(
-        self, call_id: str, provider: str, *, retries: bool = True, context: CallContext | None = None
-    ) -> AnswerDecision:
-        """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
-        (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
-        (``retries``: the carrier can be sent back through the load balancer) → retry elsewhere; not admitted, or
-        no engine takes it → busy; else answer with a fresh stream token). This finds out each fact the policy
-        asks for. A registry that does not answer is a busy refusal too, logged as a warning: the caller hears
-        busy rather than the carrier's "application error". With an application (``[app]``), a new call admitted is
-        its to answer or refuse (``choose_assistant``, from ``context``: what the carrier's webhook said), and its
-        engine session opens with the assistant chosen."""
-        facts: dict[AnswerFact, bool] = {}
-        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider))
-        asks_application = self.assistants is not None
-        try:
-            while isinstance(
-                step := answer_step(facts, retries=retries, draining=self.draining, asks_application=asks_application), AnswerFact
-            ):
-                facts[step] = await self._answer_fact(step, call_id, asked)
-            if asked.refused is not None:  # refused, or sent on (it leaves without a stream)
-                self.not_answered_by_application(call_id, provider, asked.refused)
-                return replace(step, target=asked.refused.target) if isinstance(asked.refused, TransferTo) else step
-            if step.kind is AnswerKind.ANSWER:
-                return AnswerDecision(AnswerKind.ANSWER, token=await self.tokens.mint(call_id))
-        except RegistryUnavailable as exc:
-            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
-            step = AnswerDecision(AnswerKind.BUSY, reason="registry_unavailable")
-        if step.kind is AnswerKind.RETRY_ELSEWHERE:
-            log.info("call_redirected", call_id=call_id, provider=provider, reason=step.reason)
-        elif step.kind is AnswerKind.BUSY:
-            self.give_back_admission(call_id)  # refused after all: its slot goes back
-            log.warning("call_refused", call_id=call_id, provider=provider, reason=step.reason)
-        return step
-
-    async def _answer_fact(self, fact: AnswerFact, call_id: str, asked: _Asked) -> bool:
-        match fact:
-            case AnswerFact.APPLICATION_ANSWERS:
-                kept = await self.call_setup(call_id)  # a call coming back (a reconnect): chosen once, at its answer
-                chosen = kept if kept is not None else await self.choose_assistant(asked.context)
-                if isinstance(chosen, CallSetup):
-                    asked.setup = chosen
-                    return True
-                asked.refused = chosen
-                return False
-            case AnswerFact.APPLICATION_TRANSFERS:
-                return isinstance(asked.refused, TransferTo)
-            case AnswerFact.APPLICATION_HANGS_UP:
-                return asked.refused == "hang_up"
-            case AnswerFact.ENDED:
-                return await self.registry.ended_reason(call_id) is not None
-            case AnswerFact.MOVING_ELSEWHERE:
-                return await self.moving_elsewhere(call_id)
-            case AnswerFact.NEW_CALL_BOUNCES:
-                return await self.bounces_new_call(call_id)
-            case AnswerFact.ADMITTED:
-                return await self.admits(call_id)
-            case AnswerFact.ENGINE_TAKES:
-                return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
-
-    async def choose_assistant(self, context: CallContext) -> Chosen:
-        """Ask the application for the call's assistant (``AssistantSource``: under ``app.assistant_timeout_s``,
-        standing in for a slow or failing one); keep the setup in the registry for the call's streams. Else how the
-        application refused the call. Logged with the call's context (its first log line), and counted."""
-        assert self.assistants is not None
-        outcome = await self.assistants.request(context)
-        reply = outcome.reply
-        label = "rejected" if reply.reject is not None else "transferred" if reply.transfer is not None else outcome.source
-        self.metrics.assistant_requests.labels(label, outcome.failure or "").inc()
-        fields = dict(context.log_fields(), source=outcome.source, elapsed_ms=outcome.elapsed_ms)
-        if outcome.failure is not None:
-            log.warning("assistant_fallback", call_id=context.call_id, failure=outcome.failure, detail=outcome.detail[:300],
-                        on_failure=self.assistants.on_failure, **fields)  # fmt: skip
-        else:
-            log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, transfer=reply.transfer, **fields)
-        if reply.transfer is not None:
-            return TransferTo(reply.transfer)
-        if reply.assistant is None:
-            return reply.reject or "busy"
-        if reply.assistant.tools and not model_calls_tools(self.settings.engine):
-            log.warning("assistant_tools_left_out", call_id=context.call_id, tools=[tool.name for tool in reply.assistant.tools],
-                        reason="the engine's model cannot call tools (engine.tools)")  # fmt: skip
-        setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source, chosen_at=time.time())
-        if self.events is not None:  # the application hears of the call before its media flows (``call.answered``)
-            self.events.emit(context, CallEvent(type="call.started", call_id=context.call_id, at=setup.chosen_at, seq=0))
-        try:
-            await self.registry.keep_note(
-                context.call_id, SETUP_NOTE, setup.model_dump_json(), setup_kept_ms(self.settings.server.max_call_duration_s)
-            )
-        except RegistryUnavailable as exc:
-            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=context.call_id)
-        return setup
-
-    async def call_setup(self, call_id: str) -> CallSetup | None:
-        """The setup kept for the call where it was answered (``choose_assistant``), or None (none kept: no
-        application, or the registry lost it). Raises ``RegistryUnavailable``."""
-        if self.assistants is None:
-            return None
-        kept = await self.registry.note(call_id, SETUP_NOTE)
-        return CallSetup.model_validate_json(kept) if kept is not None else None
-
-    async def engine_takes(self, call_id: str, assistant: AssistantConfig | None = None) -> bool:
-        """A carrier's answer webhook admitted the call: open its engine session now, for its stream to take
-        (``engine.open_at_answer``), and say whether the engine took it. False when the engine refused it
-        (``resource_exhausted`` from every endpoint, none reachable): the carrier gets its busy refusal rather than
-        a call answered and dropped a moment later. True when it took it, when the open is still on its way after
-        ``_ANSWER_ENGINE_WAIT_S`` (the stream opens or takes it), and where nothing is opened at the answer (a
-        reconnect of a call known here or in the fleet; ``open_at_answer`` off). With a shared registry the session
-        is parked there (``parks_at_answer``); with the memory one, kept here (``AnswerSessions``)."""
-        if self.draining or (self.answer_sessions is None and not self.parks_at_answer):
-            return True
-        try:
-            if await self.registry.get(call_id) is not None:
-                return True
-        except RegistryUnavailable:
-            return True
-        if self.answer_sessions is not None:
-            self.answer_sessions.open(call_id, session_config(self.settings, assistant))
-            refused = await self.answer_sessions.refusal(call_id, _ANSWER_ENGINE_WAIT_S)
-        else:
-            refused = await self._open_parked(call_id, assistant)
-        if refused is None:
-            return True
-        self.metrics.admission_refused.labels(Refusal.ENGINE.value).inc()
-        log.warning("admission_refused", reason="engine", call_id=call_id, code=refused.code, detail=refused.message)
-        return False
-
-    async def _open_parked(self, call_id: str, assistant: AssistantConfig | None) -> EngineError | None:
-        """Open the call's session and park it in the shared registry for its stream; the engine's refusal, else
-        None (parked, or slow: the stream then opens its own). A parked session no stream claims within
-        ``engine.open_at_answer_ttl_s`` is closed."""
-        try:
-            session = await asyncio.wait_for(self.engine.open(session_config(self.settings, assistant)), _ANSWER_ENGINE_WAIT_S)
-        except EngineError as refused:
-            return refused
-        except TimeoutError:
-            return None
-        try:
-            ticket = replace(await session.detach(), at_answer=True)
-            await self.registry.detach(call_id, ticket, 0, int(self.settings.engine.disconnect_grace_s * 1000))
-        except (EngineError, RegistryUnavailable) as exc:
-            log.warning("answer_session_not_parked", call_id=call_id, error=repr(exc))
-            with suppress(EngineError):
-                await session.close("not_parked")
-            return None
-        self.spawn(self._close_unclaimed(call_id, ticket))
-        return None
-
-    async def _close_unclaimed(self, call_id: str, ticket: ResumeTicket) -> None:
-        await asyncio.sleep(self.settings.engine.open_at_answer_ttl_s)
-        with suppress(RegistryUnavailable):
-            if await self.close_detached(call_id, "not_claimed", ticket, mark_ended=False):
-                log.info("answer_session_closed", call_id=call_id, reason="not_claimed")
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background, held until done; cancelled at shutdown (``aclose_background``)."""
@@ -477,60 +315,12 @@ class BridgeServices:
         if reason == "draining" and self.lb_gate is not None:
             self.lb_gate.answered_unready(time.monotonic())
 
-    async def admits(self, call_id: str) -> bool:
-        """Whether a call may be answered now: not draining, and under ``server.max_calls`` (``AdmissionBook``: a
-        call admitted is held at once) and ``server.max_calls_fleet`` — unless the call is already known (a stream
-        coming back, here or from another process)."""
-        if self.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
-            return self.drains_in_place and await self._serves(call_id)
-        server, now = self.settings.server, time.monotonic()
-        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``); while it has
-        # measured few calls, a call is taken to cost about what ``max_calls`` sized it at
-        guess = server.cpu_budget_percent / 100 / server.max_calls
-        cpu_percent = self.cpu.projected(self.admission.held(now) + 1, guess) * 100
-        known_here = self.admission.knows(call_id)
-        refusal = self.admission.take(call_id, now, cpu_percent)
-        fleet_limit = self.settings.server.max_calls_fleet
-        if refusal is None and not known_here and call_id and fleet_limit is not None:
-            try:
-                if not await self.registry.admit(call_id, fleet_limit, FLEET_HOLD_MS):
-                    refusal = Refusal.MAX_CALLS_FLEET
-            except RegistryUnavailable:
-                self.admission.give_back(call_id)
-                raise
-        if refusal is None or await self.registry.get(call_id) is not None:  # a call coming back is never refused
-            return True
-        self.admission.give_back(call_id)
-        self.metrics.admission_refused.labels(refusal.value).inc()
-        log.warning(
-            "admission_refused",
-            reason=refusal.value,
-            cpu_percent=round(self.cpu.utilization * 100, 1),
-            projected_cpu_percent=round(cpu_percent, 1),
-            calls=len(self.active_calls),
-        )
-        return False
-
-    def not_answered_by_application(self, call_id: str, provider: str, refused: Rejection | TransferTo) -> None:
-        """The application refused the call, or sent it on: its admission slot goes back; logged."""
-        self.give_back_admission(call_id)
-        if isinstance(refused, TransferTo):
-            log.info("call_transferred_by_application", call_id=call_id, provider=provider, target=refused.target)
-        else:
-            log.info("call_rejected_by_application", call_id=call_id, provider=provider, reject=refused)
-
-    def give_back_admission(self, call_id: str) -> None:
-        """A call admitted, then refused after all (no engine took it, the registry failed): its slot goes back,
-        here and in the fleet's count."""
-        if self.admission.give_back(call_id) and self.settings.server.max_calls_fleet is not None:
-            self.spawn(self._release(call_id))
-
     def call_over(self, call_id: str) -> None:
         """The call has ended (not only its stream): it no longer counts against the fleet's limit."""
         if self.settings.server.max_calls_fleet is not None:
-            self.spawn(self._release(call_id))
+            self.spawn(self.release_fleet_slot(call_id))
 
-    async def _release(self, call_id: str) -> None:
+    async def release_fleet_slot(self, call_id: str) -> None:
         try:
             await self.registry.release(call_id)
         except RegistryUnavailable as exc:  # it lapses with its hold
@@ -562,47 +352,3 @@ class BridgeServices:
         """The call's stream here ended: it no longer counts as bridged here (it may go on elsewhere)."""
         self.admission.unbound(call_id)
 
-    async def _serves(self, call_id: str) -> bool:
-        """The call is this process's and not over (its stream is up, or its session waits for the next one)."""
-        return call_id in self.active_calls or await self._known_and_not_over(call_id)
-
-    async def moving_elsewhere(self, call_id: str) -> bool:
-        """Draining, a carrier's webhook for a call the fleet knows — its stream's reconnect, the stream moved off
-        this process or another (``drain``): True where another host's process can resume it (``drains_in_place``),
-        so the webhook's answer keeps the call going rather than refuse it, which would end a call that is only
-        moving. Carriers that can be redirected get a short pause and a redirect back through the load
-        balancer; those whose webhook is their only reconnect, a new stream to the public URL. False when not draining, for a call the registry does not know (a new call: refused) or has ended,
-        and when the registry cannot be reached."""
-        if not self.draining or self.drains_in_place:
-            return False
-        try:
-            return await self._known_and_not_over(call_id)
-        except RegistryUnavailable as exc:
-            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
-            return False
-
-    async def bounces_new_call(self, call_id: str) -> bool:
-        """Draining in a fleet (the registry spans hosts), a new call's answer webhook: True for its first
-        ``DRAIN_NEW_CALL_BOUNCES`` arrivals at draining processes, counted fleet-wide in the registry, so that it is
-        sent back through the load balancer (as a moving call is) rather than refused busy. The load balancer
-        takes a draining process out only at its next readiness check; calls answered meanwhile would otherwise be
-        refused during every deploy. Past the bound (every process draining, or no load balancer in front), busy.
-        Raises ``RegistryUnavailable``."""
-        if not self.draining or self.drains_in_place:
-            return False
-        return await self.registry.count(call_id, "drain_bounces", keep_ms=_DRAIN_BOUNCES_KEPT_MS) <= DRAIN_NEW_CALL_BOUNCES
-
-    async def _known_and_not_over(self, call_id: str) -> bool:
-        """The registry has the call, and not as ended (raises ``RegistryUnavailable``)."""
-        record = await self.registry.get(call_id)
-        return record is not None and record.ended_reason is None
-
-
-@dataclass(slots=True)
-class _Asked:
-    """What one answer's decision learnt of the application (``decide_answer``)."""
-
-    context: CallContext
-    setup: CallSetup | None = None
-    refused: Rejection | TransferTo | None = None
-    """What the application made of the call where it did not answer it: a refusal, or where to send it."""

@@ -135,4 +135,4 @@ async def _admits(services: object, call_id: str) -> bool:
     from callbridge.bridge.services import BridgeServices
 
     assert isinstance(services, BridgeServices)
-    return await services.admits(call_id)
+    return await services.desk.admits(call_id)

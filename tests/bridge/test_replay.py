@@ -132,7 +132,7 @@ async def test_a_request_answered_with_an_error_may_come_again() -> None:
     """The carrier retries a webhook it got no answer to: one the bridge failed (5xx) is forgotten, so the retry,
     the very same signed request, is taken."""
     async with running_bridge(settings(), engine()) as bridge:
-        services = bridge.app.state.bridge.services
+        services = bridge.app.state.bridge.services.desk
         original: Callable[..., Awaitable[Any]] = services.decide_answer
         failures = [RuntimeError("the registry fell over")]
 

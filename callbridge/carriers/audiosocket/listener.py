@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
+from callbridge.bridge.answer_desk import StreamRefusal
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
@@ -208,8 +209,8 @@ class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
             if not source_allowed(host, self.networks):
                 self._refuse("source_not_allowed", peer=host)
                 return
-            if self.services.draining:
-                self._refuse("draining", peer=host)
+            if self.services.desk.draining:
+                self._refuse(StreamRefusal.DRAINING, peer=host)
                 return
             try:
                 first = await self._first_frame(reader)
@@ -223,8 +224,8 @@ class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
                 return
             call_id = peek_call_id(first)  # None: not a uuid frame; the codec says what is wrong
             if call_id is not None:
-                if not await self.services.admits(call_id):
-                    self._refuse("draining" if self.services.draining else "capacity", peer=host, call_id=call_id)
+                if (refusal := await self.services.desk.stream_refusal(call_id)) is not None:
+                    self._refuse(refusal, peer=host, call_id=call_id)
                     return
                 await self._supersede(call_id)
             await self._run(reader, writer, first, call_id)

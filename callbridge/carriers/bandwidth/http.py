@@ -30,7 +30,7 @@ import orjson
 from fastapi import APIRouter, Request, Response, WebSocket
 
 from callbridge.application.context import call_context
-from callbridge.bridge.answer_policy import AnswerKind, restart_decision
+from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
@@ -171,7 +171,7 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
             parameters=[(key, value) for key, value in event.items() if isinstance(value, str)],
             allowed=settings.app.context_parameters,
         )  # fmt: skip
-        decision = await services.decide_answer(call_id, "bandwidth", context=context)
+        decision = await services.desk.decide_answer(call_id, "bandwidth", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP
@@ -239,10 +239,7 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
             if ended is not None:
                 return  # the call is over for the bridge: its hang-up (or the caller's) is on its way
             restarts = await services.registry.count(call_id, RESTARTS, kept_ms)
-            admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
-            decision = restart_decision(
-                restarts=restarts, max_restarts=MAX_STREAM_RESTARTS, admitted=admitted, draining=services.draining
-            )
+            decision = await services.desk.restart(call_id, restarts, MAX_STREAM_RESTARTS)
             if (reason := decision.hang_up_reason) is not None:
                 await services.registry.mark_ended(call_id, reason)
                 await rest.hang_up(call_id, None)

@@ -11,7 +11,7 @@ upgrade is accepted, by
 - those credentials, compared in constant time with ``exotel.api_key`` /
   ``exotel.api_token`` (unless ``exotel.validate_credentials = false``);
 - the peer address, when ``exotel.allowed_sources`` lists CIDRs;
-- capacity: ``services.admits`` with no call id yet (the call id arrives in
+- capacity: ``services.desk.stream_refusal`` with no call id yet (the call id arrives in
   ``start``, after the upgrade), so a process that is draining or full refuses
   every new stream, even one that would resume a call it holds.
 
@@ -105,8 +105,8 @@ def exotel_router(services: BridgeServices) -> APIRouter:
     async def media(websocket: WebSocket) -> None:
         peer = websocket.client.host if websocket.client else None
         reason = admission.refusal(websocket.headers.get("authorization"), peer)
-        if reason is None and not await services.admits(""):  # no call id before ``start``: capacity only
-            reason = "draining" if services.draining else "capacity"
+        if reason is None:  # no call id before ``start``: capacity only
+            reason = await services.desk.stream_refusal("")
         if reason is not None:
             services.metrics.stream_refused.labels("exotel", reason).inc()
             log.warning("stream_refused", provider="exotel", reason=reason, peer=peer)

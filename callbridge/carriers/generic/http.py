@@ -58,8 +58,8 @@ def generic_router(services: BridgeServices) -> APIRouter:
         peer = websocket.client.host if websocket.client else None
         proofs = [proof for check in checks if (proof := check(url, websocket.headers, peer)) is not None]
         refusal, check_token = judge(proofs, requires_token=settings.server.generic_media_requires_token)
-        if refusal is None and not await services.admits(""):
-            refusal = "draining" if services.draining else "capacity"
+        if refusal is None:
+            refusal = await services.desk.stream_refusal("")
         if refusal is not None:
             services.metrics.stream_refused.labels("unknown", refusal).inc()
             log.warning("stream_refused", path=MEDIA_PATH, reason=refusal, peer=peer)

@@ -169,7 +169,7 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
             parameters=[(key, value) for key, value in headers.items() if isinstance(value, str)] if isinstance(headers, dict) else (),
             allowed=settings.app.context_parameters,
         )  # fmt: skip
-        decision = await services.decide_answer(call_id, "jambonz", retries=False, context=context)
+        decision = await services.desk.decide_answer(call_id, "jambonz", retries=False, context=context)
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return Response(dial_verbs(decision.target), media_type="application/json")
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:

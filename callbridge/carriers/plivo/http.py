@@ -265,7 +265,7 @@ def plivo_router(services: BridgeServices) -> APIRouter:
             parameters=[(key, value) for key in params if (value := _first(params, key)) is not None],
             allowed=settings.app.context_parameters,
         )  # fmt: skip; SIP headers are X-PH-… parameters
-        decision = await services.decide_answer(call_id, "plivo", context=context)
+        decision = await services.desk.decide_answer(call_id, "plivo", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP:
                 xml = _HANGUP

@@ -14,7 +14,7 @@ waits for the NOTIFY that reports the target's answer. A transfer that
 succeeded ends the call with our BYE (the call core closes the transport).
 
 Admission: the source address in ``sip.allowed_ips`` or digest credentials
-(``SipUas``), then ``services.admits`` (486 at capacity, 503 while
+(``SipUas``), then ``services.desk.stream_refusal`` (486 at capacity, 503 while
 draining), then a free even RTP port in ``sip.rtp_port_min``–``max`` (503
 when none). Garbage datagrams, RTP from a source other than the latched
 peer, and SIP messages that cannot be answered are dropped and counted
@@ -46,6 +46,7 @@ from prometheus_client import Counter as PromCounter
 from callbridge.application import CallContext
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
+from callbridge.bridge.answer_desk import StreamRefusal
 from callbridge.bridge.call_setup import TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
@@ -158,7 +159,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             )
         )
         self.registrations = RegistrationClients(
-            settings.registrations, services.metrics, self._send_registration, lambda: services.draining
+            settings.registrations, services.metrics, self._send_registration, lambda: services.desk.draining
         )
         """Our REGISTERs (``sip.registrations``), sent from this listener's UDP socket (or over TCP connections it
         reads like the ones it accepts)."""
@@ -378,21 +379,20 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
 
     async def _offer(self, offer: CallOffered) -> None:
         call_id = offer.call_id
-        if not await self.services.admits(call_id):
-            draining = self.services.draining
-            self._refuse("draining" if draining else "capacity", call_id, offer.source[0])
-            self.uas.reject(call_id, 503 if draining else 486, _now_ms())
+        if (refusal := await self.services.desk.stream_refusal(call_id)) is not None:
+            self._refuse(refusal, call_id, offer.source[0])
+            self.uas.reject(call_id, 503 if refusal is StreamRefusal.DRAINING else 486, _now_ms())
             self._drain()
             return
         if self.services.assistants is not None:  # the application chooses the call's assistant, or refuses it
-            chosen = await self.services.choose_assistant(sip_context(offer, self.services.settings.app.context_parameters))
+            chosen = await self.services.desk.choose_assistant(sip_context(offer, self.services.settings.app.context_parameters))
             if isinstance(chosen, TransferTo):  # sent on: 302 Moved Temporarily, the target as the Contact
-                self.services.not_answered_by_application(call_id, "sip", chosen)
+                self.services.desk.not_answered_by_application(call_id, "sip", chosen)
                 self.uas.reject(call_id, 302, _now_ms(), redirect_to=chosen.target)
                 self._drain()
                 return
             if isinstance(chosen, str):
-                self.services.give_back_admission(call_id)
+                self.services.desk.give_back_admission(call_id)
                 self._refuse("application_rejected", call_id, offer.source[0])
                 self.uas.reject(call_id, 486 if chosen == "busy" else 603, _now_ms())  # busy here / decline
                 self._drain()

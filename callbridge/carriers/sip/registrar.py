@@ -7,7 +7,7 @@ The listener hands every SIP response it receives to ``receive`` first (a
 response whose Call-ID is one of ours is taken, others go to the UAS), starts
 the clients once its socket is bound and stops them before it closes: each
 binding is removed with ``Expires: 0``, waited for at most
-``_UNREGISTER_WAIT_S``. A drain (``services.draining``) removes the bindings
+``_UNREGISTER_WAIT_S``. A drain (``services.desk.draining``) removes the bindings
 too, so that the PBX sends its next calls elsewhere.
 
 The contact is ``sip.public_address``, else ``sip.host``; a wildcard host

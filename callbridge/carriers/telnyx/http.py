@@ -51,7 +51,6 @@ from pydantic import SecretStr
 
 from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
-from callbridge.bridge.answer_policy import restart_decision
 from callbridge.bridge.call_setup import Chosen, TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
@@ -245,24 +244,25 @@ class TelnyxCalls:
             return
         settled = False
         try:
-            admitted = await services.admits(call_id)
+            refusal = await services.desk.stream_refusal(call_id)
+            admitted = refusal is None
             chosen = await self._assistant(call_id, payload) if admitted else None
             if isinstance(chosen, TransferTo):  # sent on: Telnyx dials the target (UNSURE: on a parked call unanswered)
-                services.not_answered_by_application(call_id, "telnyx", chosen)
+                services.desk.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.command(call_id, "transfer", {"to": chosen.target})
                 settled = True
                 await self._count(call_id, OVER)
                 return
             if isinstance(chosen, str):  # the application refused the call
-                services.not_answered_by_application(call_id, "telnyx", chosen)
+                services.desk.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.reject(call_id, "USER_BUSY" if chosen == "busy" else "CALL_REJECTED")
                 settled = True
                 await self._count(call_id, OVER)
                 return
-            if not admitted or not await services.engine_takes(call_id, chosen.assistant if chosen is not None else None):
-                reason = "engine_capacity" if admitted else "draining" if services.draining else "capacity"
+            if not admitted or not await services.desk.engine_takes(call_id, chosen.assistant if chosen is not None else None):
+                reason = refusal or "engine_capacity"
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
-                services.give_back_admission(call_id)  # refused after all: its slot goes back
+                services.desk.give_back_admission(call_id)  # refused after all: its slot goes back
                 await self.rest.reject(call_id)
                 settled = True
                 await self._count(call_id, OVER)
@@ -300,13 +300,13 @@ class TelnyxCalls:
             caller_name=payload.get("caller_id_name"), carrier_call_id=payload.get("call_session_id"),
             account_id=payload.get("connection_id"), parameters=parameters, allowed=services.settings.app.context_parameters,
         )  # fmt: skip
-        return await services.choose_assistant(context)
+        return await services.desk.choose_assistant(context)
 
     async def _refuse_busy(self, call_id: str, exc: RegistryUnavailable) -> None:
         """The registry does not answer: the call is rejected busy (logged, no traceback), not left to a 500."""
         log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
         log.warning("call_refused", call_id=call_id, provider="telnyx", reason="registry_unavailable")
-        self.services.give_back_admission(call_id)
+        self.services.desk.give_back_admission(call_id)
         try:
             await self.rest.reject(call_id)
         except (httpx.HTTPError, RuntimeError) as error:
@@ -328,10 +328,7 @@ class TelnyxCalls:
                 return
             restarts = await self._count(call_id, RESTARTS)
             # draining, a call another process can resume still gets its new stream: it goes to the public URL
-            admitted = await services.admits(call_id) or await services.moving_elsewhere(call_id)
-            decision = restart_decision(
-                restarts=restarts, max_restarts=MAX_STREAM_RESTARTS, admitted=admitted, draining=services.draining
-            )
+            decision = await services.desk.restart(call_id, restarts, MAX_STREAM_RESTARTS)
             if (reason := decision.hang_up_reason) is not None:
                 await services.registry.mark_ended(call_id, reason)
                 await self._count(call_id, OVER)

@@ -194,7 +194,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
-        decision = await services.decide_answer(call_id, name, context=twilio_context(name, form, settings.app.context_parameters))
+        decision = await services.desk.decide_answer(call_id, name, context=twilio_context(name, form, settings.app.context_parameters))
         match decision.kind:
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP

@@ -382,7 +382,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             parameters=[(key, str(value)) for key, value in params.items() if isinstance(value, str | int | float)],
             allowed=settings.app.context_parameters,
         )  # fmt: skip; SIP headers are SipHeader_X-… fields
-        decision = await services.decide_answer(call_id, "vonage", retries=False, context=context)
+        decision = await services.desk.decide_answer(call_id, "vonage", retries=False, context=context)
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return _ncco(connect_ncco(decision.target))
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
@@ -449,7 +449,7 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             await services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
         ended = await services.registry.ended_reason(call_id)
         # draining, a call another process can resume still gets its new socket: it goes to the public URL
-        if ended is not None or not (await services.admits(call_id) or await services.moving_elsewhere(call_id)):
+        if ended is not None or not await services.desk.takes_reconnect(call_id):
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended)
             return Response(status_code=204)
         count = await services.registry.count(call_id, _RECONNECTS, kept_ms)
