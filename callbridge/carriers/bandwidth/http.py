@@ -134,44 +134,50 @@ async def _event(request: Request) -> dict[str, Any]:
 # --------------------------------------------------------------------- router
 
 
-def bandwidth_router(services: BridgeServices) -> APIRouter:
-    """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
-    settings = services.settings
-    config = settings.bandwidth
-    callbacks = BasicCredentials(config.callback_username, config.callback_password)
-    if config.validate_credentials and not callbacks.configured:
-        log.info("carrier_not_configured", provider="bandwidth", detail="no bandwidth.callback_username/password: every bandwidth webhook gets 403")
-    rest = services.carrier_rests.get("bandwidth")
-    if not isinstance(rest, BandwidthRest):  # an app without the carrier's REST client (a test's): a fresh one
-        rest = BandwidthRest(config)
-    kept_ms = counters_kept_ms(settings.server.max_call_duration_s)
-    router = APIRouter()
+class _BandwidthWebhooks:
+    """Bandwidth's webhooks and media socket, a method a route (``bandwidth_router`` mounts them)."""
 
-    async def _checked(request: Request, path: str) -> dict[str, Any] | None:
+    def __init__(self, services: BridgeServices) -> None:
+        self.services = services
+        settings = services.settings
+        config = settings.bandwidth
+        callbacks = BasicCredentials(config.callback_username, config.callback_password)
+        if config.validate_credentials and not callbacks.configured:
+            log.info("carrier_not_configured", provider="bandwidth", detail="no bandwidth.callback_username/password: every bandwidth webhook gets 403")
+        rest = services.carrier_rests.get("bandwidth")
+        if not isinstance(rest, BandwidthRest):  # an app without the carrier's REST client (a test's): a fresh one
+            rest = BandwidthRest(config)
+        kept_ms = counters_kept_ms(settings.server.max_call_duration_s)
+        self.settings = settings
+        self.config = config
+        self.callbacks = callbacks
+        self.rest = rest
+        self.kept_ms = kept_ms
+
+    async def _checked(self, request: Request, path: str) -> dict[str, Any] | None:
         """The webhook's event, when its credentials hold; else None (answered 403)."""
-        if config.validate_credentials and not callbacks.valid(request.headers.get("authorization")):
+        if self.config.validate_credentials and not self.callbacks.valid(request.headers.get("authorization")):
             log.warning("credentials_invalid", provider="bandwidth", path=path)
             return None
         return await _event(request)
 
-    @router.post(ANSWER_PATH)
-    async def answer(request: Request) -> Response:
-        event = await _checked(request, ANSWER_PATH)
+    async def answer(self, request: Request) -> Response:
+        event = await self._checked(request, ANSWER_PATH)
         if event is None:
             return Response(status_code=_FORBIDDEN)
         call_id = event.get("callId")
         if not isinstance(call_id, str) or not call_id:
             return Response("callId missing", status_code=400)
-        base = public_base(settings, str(request.base_url))
+        base = public_base(self.settings, str(request.base_url))
         diversion = event.get("diversion")
         context = call_context(
             call_id=call_id, carrier="bandwidth", caller=event.get("from"), called=event.get("to"),
             forwarded_from=diversion.get("origTo") if isinstance(diversion, dict) else None,
             account_id=event.get("accountId"), outbound=event.get("direction") == "outbound",
             parameters=[(key, value) for key, value in event.items() if isinstance(value, str)],
-            allowed=settings.app.context_parameters,
+            allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        decision = await services.desk.decide_answer(call_id, "bandwidth", context=context)
+        decision = await self.services.desk.decide_answer(call_id, "bandwidth", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP
@@ -179,81 +185,88 @@ def bandwidth_router(services: BridgeServices) -> APIRouter:
                 assert decision.target is not None
                 bxml = transfer_bxml(decision.target)
             case AnswerKind.RETRY_ELSEWHERE:
-                bxml = retry_bxml(base, config)
+                bxml = retry_bxml(base, self.config)
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider="bandwidth", event_type=event.get("eventType"))
-                bxml = stream_bxml(base, decision.token, config, settings.server.max_call_duration_s)
+                bxml = stream_bxml(base, decision.token, self.config, self.settings.server.max_call_duration_s)
         return Response(bxml, media_type="application/xml")
 
-    @router.websocket(MEDIA_PATH)
-    async def media(websocket: WebSocket) -> None:
+    async def media(self, websocket: WebSocket) -> None:
         await websocket.accept()
-        await MediaStreamDriver(websocket, BandwidthCodec(pcm_out_rate_hz=config.pcm_out_rate_hz), services).run()
+        await MediaStreamDriver(websocket, BandwidthCodec(pcm_out_rate_hz=self.config.pcm_out_rate_hz), self.services).run()
 
-    @router.post(STATUS_PATH)
-    async def status(request: Request) -> Response:
-        event = await _checked(request, STATUS_PATH)
+    async def status(self, request: Request) -> Response:
+        event = await self._checked(request, STATUS_PATH)
         if event is None:
             return Response(status_code=_FORBIDDEN)
         call_id = event.get("callId")
         if event.get("eventType") == "disconnect" and isinstance(call_id, str) and call_id:
             log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=event.get("cause"))
-            await services.call_ended_by_carrier(call_id, f"caller_hung_up:{event.get('cause', 'unknown')}")
+            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{event.get('cause', 'unknown')}")
         return Response(status_code=204)
 
-    @router.post(DTMF_PATH)
-    async def dtmf(request: Request) -> Response:
-        event = await _checked(request, DTMF_PATH)
+    async def dtmf(self, request: Request) -> Response:
+        event = await self._checked(request, DTMF_PATH)
         if event is None:
             return Response(status_code=_FORBIDDEN)
         call_id, digit = event.get("callId"), event.get("digit")
         if not isinstance(call_id, str) or not isinstance(digit, str) or len(digit) != 1 or digit not in "0123456789*#ABCD":
             return Response("callId and one digit needed", status_code=400)
-        await services.digit_from_carrier(call_id, digit)
+        await self.services.digit_from_carrier(call_id, digit)
         return Response(status_code=204)
 
-    @router.post(STREAM_EVENTS_PATH)
-    async def stream_events(request: Request) -> Response:
-        event = await _checked(request, STREAM_EVENTS_PATH)
+    async def stream_events(self, request: Request) -> Response:
+        event = await self._checked(request, STREAM_EVENTS_PATH)
         if event is None:
             return Response(status_code=_FORBIDDEN)
         call_id, event_type = event.get("callId"), event.get("eventType")
         if not isinstance(call_id, str) or not call_id or not isinstance(event_type, str):
             return Response(status_code=204)
         label = event_type if event_type in ("mediaStreamStarted", "mediaStreamStopped", "mediaStreamRejected") else "other"
-        services.metrics.stream_status.labels("bandwidth", label).inc()
+        self.services.metrics.stream_status.labels("bandwidth", label).inc()
         if label in ("mediaStreamStopped", "mediaStreamRejected"):
-            await _stream_ended(call_id, label, event, public_base(settings, str(request.base_url)))
+            await self._stream_ended(call_id, label, event, public_base(self.settings, str(request.base_url)))
         else:
             log.info("stream_status", provider="bandwidth", call_id=call_id, stream_event=event_type)
         return Response(status_code=204)
 
-    async def _stream_ended(call_id: str, event_type: str, event: dict[str, Any], base: str) -> None:
+    async def _stream_ended(self, call_id: str, event_type: str, event: dict[str, Any], base: str) -> None:
         """A stream of a call stopped: where the call is not over, it gets a new one (a redirect to the answer
         URL), at most ``MAX_STREAM_RESTARTS`` times; a call that cannot have one is hung up, never left silent."""
         try:
-            ended = await services.registry.ended_reason(call_id)
+            ended = await self.services.registry.ended_reason(call_id)
             log_fn = log.warning if event_type == "mediaStreamRejected" else log.info
             log_fn("stream_status", provider="bandwidth", call_id=call_id, stream_event=event_type, cause=event.get("cause"), ended=ended)
             if ended is not None:
                 return  # the call is over for the bridge: its hang-up (or the caller's) is on its way
-            restarts = await services.registry.count(call_id, RESTARTS, kept_ms)
-            decision = await services.desk.restart(call_id, restarts, MAX_STREAM_RESTARTS)
+            restarts = await self.services.registry.count(call_id, RESTARTS, self.kept_ms)
+            decision = await self.services.desk.restart(call_id, restarts, MAX_STREAM_RESTARTS)
             if (reason := decision.hang_up_reason) is not None:
-                await services.registry.mark_ended(call_id, reason)
-                await rest.hang_up(call_id, None)
+                await self.services.registry.mark_ended(call_id, reason)
+                await self.rest.hang_up(call_id, None)
                 log.warning("call_hung_up", provider="bandwidth", call_id=call_id, reason=reason)
                 return
-            if await rest.redirect(call_id, base + ANSWER_PATH):
+            if await self.rest.redirect(call_id, base + ANSWER_PATH):
                 log.info("stream_restarted", provider="bandwidth", call_id=call_id, restarts=restarts)
             else:  # the call is gone on Bandwidth's side (its disconnect may still be on its way)
-                await services.registry.mark_ended(call_id, "call_already_ended")
+                await self.services.registry.mark_ended(call_id, "call_already_ended")
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
         except (httpx.HTTPError, RuntimeError) as exc:
             log.warning("voice_api_failed", provider="bandwidth", call_id=call_id, error=repr(exc))
 
+
+
+def bandwidth_router(services: BridgeServices) -> APIRouter:
+    """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
+    routes = _BandwidthWebhooks(services)
+    router = APIRouter()
+    router.add_api_route(ANSWER_PATH, routes.answer, methods=["POST"])
+    router.add_api_websocket_route(MEDIA_PATH, routes.media)
+    router.add_api_route(STATUS_PATH, routes.status, methods=["POST"])
+    router.add_api_route(DTMF_PATH, routes.dtmf, methods=["POST"])
+    router.add_api_route(STREAM_EVENTS_PATH, routes.stream_events, methods=["POST"])
     return router
 
 

@@ -124,26 +124,32 @@ def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
     return orjson.dumps([listen])
 
 
-def jambonz_router(services: BridgeServices) -> APIRouter:
-    """jambonz's call webhook, listen action hook, call-status webhook and media websocket."""
-    settings = services.settings
-    config = settings.jambonz
-    secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
-    if config.validate_signatures and secret is None:
-        log.info("carrier_not_configured", provider="jambonz", detail="no jambonz.webhook_secret: every jambonz webhook gets 403")
-    upgrade = upgrade_credentials(config)
-    router = APIRouter()
+class _JambonzWebhooks:
+    """jambonz's webhooks and media socket, a method a route (``jambonz_router`` mounts them)."""
 
-    async def _checked(request: Request, path: str) -> dict[str, Any] | None:
+    def __init__(self, services: BridgeServices) -> None:
+        self.services = services
+        settings = services.settings
+        config = settings.jambonz
+        secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
+        if config.validate_signatures and secret is None:
+            log.info("carrier_not_configured", provider="jambonz", detail="no jambonz.webhook_secret: every jambonz webhook gets 403")
+        upgrade = upgrade_credentials(config)
+        self.settings = settings
+        self.config = config
+        self.secret = secret
+        self.upgrade = upgrade
+
+    async def _checked(self, request: Request, path: str) -> dict[str, Any] | None:
         """The webhook's JSON, when its signature holds and it was not seen before; else None (403)."""
         body = await request.body()
         header = request.headers.get(SIGNATURE_HEADER)
-        if config.validate_signatures:
-            if secret is None or not valid_signature(secret, header, body, time.time()):
+        if self.config.validate_signatures:
+            if self.secret is None or not valid_signature(self.secret, header, body, time.time()):
                 log.warning("signature_invalid", provider="jambonz", path=path)
                 return None
             assert header is not None
-            if not await services.replays.first_sight(request, "jambonz", header, keep_s=2 * SIGNATURE_TOLERANCE_S):
+            if not await self.services.replays.first_sight(request, "jambonz", header, keep_s=2 * SIGNATURE_TOLERANCE_S):
                 return None
         try:
             payload = orjson.loads(body)
@@ -151,8 +157,8 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
             return {}
         return payload if isinstance(payload, dict) else {}
 
-    async def _listen(request: Request, path: str) -> Response:
-        payload = await _checked(request, path)
+    async def _listen(self, request: Request, path: str) -> Response:
+        payload = await self._checked(request, path)
         if payload is None:
             return Response(status_code=_FORBIDDEN)
         call_id = payload.get("call_sid", payload.get("callSid"))
@@ -167,9 +173,9 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
             carrier_call_id=payload.get("call_id", payload.get("callId")),
             outbound=payload.get("direction") == "outbound",
             parameters=[(key, value) for key, value in headers.items() if isinstance(value, str)] if isinstance(headers, dict) else (),
-            allowed=settings.app.context_parameters,
+            allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        decision = await services.desk.decide_answer(call_id, "jambonz", retries=False, context=context)
+        decision = await self.services.desk.decide_answer(call_id, "jambonz", retries=False, context=context)
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return Response(dial_verbs(decision.target), media_type="application/json")
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
@@ -178,40 +184,46 @@ def jambonz_router(services: BridgeServices) -> APIRouter:
             log.info("call_answered", call_id=call_id, provider="jambonz", caller=payload.get("from"))
         else:
             log.info("stream_restarted", provider="jambonz", call_id=call_id)
-        base = public_base(settings, str(request.base_url))
-        return Response(listen_verbs(base, decision.token, config), media_type="application/json")
+        base = public_base(self.settings, str(request.base_url))
+        return Response(listen_verbs(base, decision.token, self.config), media_type="application/json")
 
-    @router.post(ANSWER_PATH)
-    async def call(request: Request) -> Response:
-        return await _listen(request, ANSWER_PATH)
+    async def call(self, request: Request) -> Response:
+        return await self._listen(request, ANSWER_PATH)
 
-    @router.post(ACTION_PATH)
-    async def action(request: Request) -> Response:
+    async def action(self, request: Request) -> Response:
         """The ``listen`` ended: over for the bridge (it disconnected to hang up, or the call is gone) → hang up;
         its socket dropped while the call is up → a new ``listen`` on the same engine session."""
-        return await _listen(request, ACTION_PATH)
+        return await self._listen(request, ACTION_PATH)
 
-    @router.post(STATUS_PATH)
-    async def status(request: Request) -> Response:
-        payload = await _checked(request, STATUS_PATH)
+    async def status(self, request: Request) -> Response:
+        payload = await self._checked(request, STATUS_PATH)
         if payload is None:
             return Response(status_code=_FORBIDDEN)
         call_id = payload.get("call_sid", payload.get("callSid"))
         call_status = payload.get("call_status", payload.get("callStatus"))
         if isinstance(call_id, str) and call_id and call_status in _ENDED_STATUSES:
             log.info("call_hangup_event", provider="jambonz", call_id=call_id, status=call_status)
-            await services.call_ended_by_carrier(call_id, f"caller_hung_up:{call_status}")
+            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{call_status}")
         return Response(status_code=204)
 
-    @router.websocket(MEDIA_PATH)
-    async def media(websocket: WebSocket) -> None:
-        if upgrade.configured and not upgrade.valid(websocket.headers.get("authorization")):
+    async def media(self, websocket: WebSocket) -> None:
+        if self.upgrade.configured and not self.upgrade.valid(websocket.headers.get("authorization")):
             log.warning("credentials_invalid", provider="jambonz", path=MEDIA_PATH)
             await websocket.close(code=_POLICY_VIOLATION)  # before accept: the upgrade is answered 403
             return
         await accept_listen(websocket)
-        await MediaStreamDriver(websocket, JambonzCodec(), services).run()
+        await MediaStreamDriver(websocket, JambonzCodec(), self.services).run()
 
+
+
+def jambonz_router(services: BridgeServices) -> APIRouter:
+    """jambonz's call webhook, listen action hook, call-status webhook and media websocket."""
+    routes = _JambonzWebhooks(services)
+    router = APIRouter()
+    router.add_api_route(ANSWER_PATH, routes.call, methods=["POST"])
+    router.add_api_route(ACTION_PATH, routes.action, methods=["POST"])
+    router.add_api_route(STATUS_PATH, routes.status, methods=["POST"])
+    router.add_api_websocket_route(MEDIA_PATH, routes.media)
     return router
 
 

@@ -222,19 +222,24 @@ def _first(params: Params, key: str) -> str | None:
     return value or None
 
 
-def plivo_router(services: BridgeServices) -> APIRouter:
-    """Plivo's answer webhook, media websocket, stream status callback and hang-up callback."""
-    settings = services.settings
-    config = settings.plivo
-    signatures = _Signatures(settings)
-    if signatures.enabled and config.auth_token is None:
-        log.info("carrier_not_configured", provider="plivo", detail="no plivo.auth_token: every plivo request gets 403")
-    router = APIRouter()
+class _PlivoWebhooks:
+    """Plivo's webhooks and media socket, a method a route (``plivo_router`` mounts them)."""
 
-    async def _checked(request: Request, path: str) -> dict[str, str | list[str]] | None:
+    def __init__(self, services: BridgeServices) -> None:
+        self.services = services
+        settings = services.settings
+        config = settings.plivo
+        signatures = _Signatures(settings)
+        if signatures.enabled and config.auth_token is None:
+            log.info("carrier_not_configured", provider="plivo", detail="no plivo.auth_token: every plivo request gets 403")
+        self.settings = settings
+        self.config = config
+        self.signatures = signatures
+
+    async def _checked(self, request: Request, path: str) -> dict[str, str | list[str]] | None:
         """The request's parameters when its signature holds, else None. A GET is signed over its URL (query
         included), a POST over its URL and form."""
-        base = public_base(settings, str(request.base_url))
+        base = public_base(self.settings, str(request.base_url))
         query = f"?{request.url.query}" if request.url.query else ""
         if request.method == "GET":
             params = _params(request.query_params)
@@ -242,30 +247,29 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         else:
             params = signed = _params(await request.form())
         nonce, header = request.headers.get(NONCE_HEADER), request.headers.get(SIGNATURE_HEADER)
-        if not signatures.valid(request.method, (base + path + query,), signed, nonce, header):
+        if not self.signatures.valid(request.method, (base + path + query,), signed, nonce, header):
             log.warning("signature_invalid", provider="plivo", path=path, call_id=_first(params, "CallUUID"), url_checked=base + path + query)
             return None
-        if signatures.enabled and nonce is not None and not await services.replays.first_sight(request, "plivo", nonce):
+        if self.signatures.enabled and nonce is not None and not await self.services.replays.first_sight(request, "plivo", nonce):
             return None  # the nonce is signed with the request: the same one again is a replay
         return params
 
-    @router.api_route(ANSWER_PATH, methods=["GET", "POST"])
-    async def answer(request: Request) -> Response:
-        params = await _checked(request, ANSWER_PATH)
+    async def answer(self, request: Request) -> Response:
+        params = await self._checked(request, ANSWER_PATH)
         if params is None:
             return Response(status_code=_FORBIDDEN)
         call_id = _first(params, "CallUUID")
         if not call_id:
             return Response("CallUUID missing", status_code=400)
-        base = public_base(settings, str(request.base_url))
+        base = public_base(self.settings, str(request.base_url))
         context = call_context(
             call_id=call_id, carrier="plivo", caller=_first(params, "From"), called=_first(params, "To"),
             caller_name=_first(params, "CallerName"), forwarded_from=_first(params, "ForwardedFrom"),
             outbound=_first(params, "Direction") == "outbound", account_id=_first(params, "ParentAuthID"), plus_implied=True,
             parameters=[(key, value) for key in params if (value := _first(params, key)) is not None],
-            allowed=settings.app.context_parameters,
+            allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are X-PH-… parameters
-        decision = await services.desk.decide_answer(call_id, "plivo", context=context)
+        decision = await self.services.desk.decide_answer(call_id, "plivo", context=context)
         match decision.kind:
             case AnswerKind.HANG_UP:
                 xml = _HANGUP
@@ -279,32 +283,30 @@ def plivo_router(services: BridgeServices) -> APIRouter:
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider="plivo", caller=_first(params, "From"))
-                xml = stream_xml(base, decision.token, config.content_type)
+                xml = stream_xml(base, decision.token, self.config.content_type)
         return Response(xml, media_type="application/xml")
 
-    @router.websocket(MEDIA_PATH)
-    async def media(websocket: WebSocket) -> None:
+    async def media(self, websocket: WebSocket) -> None:
         # UNSURE whether Plivo signs the upgrade: when it carries a V3 signature, it must hold (over the wss URL
         # as written in the XML, or its https twin); without one, the single-use token in ``start`` decides.
         header = websocket.headers.get(SIGNATURE_HEADER)
         if header is not None:
-            base = public_base(settings, str(websocket.base_url).replace("ws", "http", 1))
+            base = public_base(self.settings, str(websocket.base_url).replace("ws", "http", 1))
             urls = (ws_url(base) + MEDIA_PATH, base + MEDIA_PATH)
-            if not signatures.valid("GET", urls, {}, websocket.headers.get(NONCE_HEADER), header):
+            if not self.signatures.valid("GET", urls, {}, websocket.headers.get(NONCE_HEADER), header):
                 log.warning("signature_invalid", provider="plivo", path=MEDIA_PATH, url_checked=urls[0])
                 await websocket.close(code=1008)  # before accept: the upgrade is answered 403
                 return
         await websocket.accept()
-        await MediaStreamDriver(websocket, PlivoCodec(), services).run()
+        await MediaStreamDriver(websocket, PlivoCodec(), self.services).run()
 
-    @router.api_route(STATUS_PATH, methods=["GET", "POST"])
-    async def stream_status(request: Request) -> Response:
-        params = await _checked(request, STATUS_PATH)
+    async def stream_status(self, request: Request) -> Response:
+        params = await self._checked(request, STATUS_PATH)
         if params is None:
             return Response(status_code=_FORBIDDEN)
         event = _first(params, "Event") or "unknown"
         label = event if _EVENT_LABEL.fullmatch(event) else "other"
-        services.metrics.stream_status.labels("plivo", label).inc()
+        self.services.metrics.stream_status.labels("plivo", label).inc()
         log_fn = log.warning if "drop" in event.lower() or "fail" in event.lower() else log.info
         log_fn(
             "stream_status",
@@ -316,34 +318,43 @@ def plivo_router(services: BridgeServices) -> APIRouter:
         )
         return Response(status_code=204)
 
-    @router.api_route(TRANSFER_PATH, methods=["GET", "POST"])
-    async def transfer(request: Request) -> Response:
+    async def transfer(self, request: Request) -> Response:
         """The XML a call transferred by the agent runs (signed like every webhook; the target must still be one
         of ``call_actions.transfer_targets``, whatever the URL says)."""
-        params = await _checked(request, TRANSFER_PATH)
+        params = await self._checked(request, TRANSFER_PATH)
         if params is None:
             return Response(status_code=_FORBIDDEN)
         target = request.query_params.get("target")
-        if not settings.call_actions.enabled or target not in settings.call_actions.transfer_targets:
+        if not self.settings.call_actions.enabled or target not in self.settings.call_actions.transfer_targets:
             log.warning("transfer_refused", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
             return Response(_HANGUP, media_type="application/xml")
         log.info("call_transferred", provider="plivo", call_id=_first(params, "CallUUID"), target=target)
         return Response(transfer_xml(target), media_type="application/xml")
 
-    @router.api_route(HANGUP_PATH, methods=["GET", "POST"])
-    async def hangup(request: Request) -> Response:
+    async def hangup(self, request: Request) -> Response:
         """The application's Hangup URL (optional, recommended): the call is over. Its open stream here ends as
         a hang-up (not a drop), a late stream or redirect is refused, and no engine session is kept."""
-        params = await _checked(request, HANGUP_PATH)
+        params = await self._checked(request, HANGUP_PATH)
         if params is None:
             return Response(status_code=_FORBIDDEN)
         call_id = _first(params, "CallUUID")
         if not call_id:
             return Response(status_code=204)
         log.info("call_hangup_callback", provider="plivo", call_id=call_id, cause=_first(params, "HangupCause"))
-        await services.call_ended_by_carrier(call_id, "caller_hung_up")
+        await self.services.call_ended_by_carrier(call_id, "caller_hung_up")
         return Response(status_code=204)
 
+
+
+def plivo_router(services: BridgeServices) -> APIRouter:
+    """Plivo's answer webhook, media websocket, stream status callback and hang-up callback."""
+    routes = _PlivoWebhooks(services)
+    router = APIRouter()
+    router.add_api_route(ANSWER_PATH, routes.answer, methods=["GET", "POST"])
+    router.add_api_websocket_route(MEDIA_PATH, routes.media)
+    router.add_api_route(STATUS_PATH, routes.stream_status, methods=["GET", "POST"])
+    router.add_api_route(TRANSFER_PATH, routes.transfer, methods=["GET", "POST"])
+    router.add_api_route(HANGUP_PATH, routes.hangup, methods=["GET", "POST"])
     return router
 
 

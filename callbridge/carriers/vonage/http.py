@@ -327,50 +327,56 @@ def _ncco(body: list[dict[str, Any]]) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-def vonage_router(services: BridgeServices) -> APIRouter:
-    """The answer webhook, media websocket and event webhook."""
-    settings = services.settings
-    config = settings.vonage
-    signatures = VonageSignatures(config.signature_secret, enabled=config.validate_signatures, application_id=config.application_id)
-    if signatures.enabled and config.signature_secret is None:
-        log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
-    calls = _Calls()
-    router = APIRouter()
-    server = settings.server
-    kept_ms = counters_kept_ms(server.max_call_duration_s)  # a reconnect count outlives the call
+class _VonageWebhooks:
+    """Vonage's webhooks and media socket, a method a route (``vonage_router`` mounts them)."""
 
-    async def dropped_elsewhere(signal: CallSignal) -> None:
+    def __init__(self, services: BridgeServices) -> None:
+        self.services = services
+        settings = services.settings
+        config = settings.vonage
+        signatures = VonageSignatures(config.signature_secret, enabled=config.validate_signatures, application_id=config.application_id)
+        if signatures.enabled and config.signature_secret is None:
+            log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
+        calls = _Calls()
+        server = settings.server
+        kept_ms = counters_kept_ms(server.max_call_duration_s)  # a reconnect count outlives the call
+        self.settings = settings
+        self.config = config
+        self.signatures = signatures
+        self.calls = calls
+        self.server = server
+        self.kept_ms = kept_ms
+        services.on_signal(SignalKind.STREAM_DROPPED, self.dropped_elsewhere)
+        services.on_signal(SignalKind.STREAM_ENDED, self.ended_elsewhere)
+
+    async def dropped_elsewhere(self, signal: CallSignal) -> None:
         """Another process got the ``disconnected`` of a socket that is here."""
-        for transport in calls.sockets(signal.call_id, signal.detail or None):
+        for transport in self.calls.sockets(signal.call_id, signal.detail or None):
             transport.dropped()
 
-    async def ended_elsewhere(signal: CallSignal) -> None:
+    async def ended_elsewhere(self, signal: CallSignal) -> None:
         """Another process got the ``completed`` of a socket that is here: the call ends as on a stop."""
-        if calls.sockets(signal.call_id, signal.detail):
-            await services.call_ended_by_carrier(signal.call_id, "caller_hung_up")
+        if self.calls.sockets(signal.call_id, signal.detail):
+            await self.services.call_ended_by_carrier(signal.call_id, "caller_hung_up")
 
-    services.on_signal(SignalKind.STREAM_DROPPED, dropped_elsewhere)
-    services.on_signal(SignalKind.STREAM_ENDED, ended_elsewhere)
-
-    async def checked(request: Request) -> tuple[dict[str, Any] | None, Response | None]:
+    async def checked(self, request: Request) -> tuple[dict[str, Any] | None, Response | None]:
         body = await request.body()
         authorization = request.headers.get("authorization")
-        claims = signatures.claims(authorization, body) if signatures.enabled else None
-        if signatures.enabled and claims is None:
+        claims = self.signatures.claims(authorization, body) if self.signatures.enabled else None
+        if self.signatures.enabled and claims is None:
             log.warning("signature_invalid", provider="vonage", path=request.url.path)
             return None, Response(status_code=_FORBIDDEN)
         if claims is not None and authorization is not None:
-            proof, keep_s = signatures.replay_proof(claims, authorization)
-            if not await services.replays.first_sight(request, "vonage", proof, keep_s):
+            proof, keep_s = self.signatures.replay_proof(claims, authorization)
+            if not await self.services.replays.first_sight(request, "vonage", proof, keep_s):
                 return None, Response(status_code=_FORBIDDEN)
         params = await _params(request, body)
         if params is None:
             return None, Response("body is not a JSON object", status_code=400)
         return params, None
 
-    @router.api_route(ANSWER_PATH, methods=["GET", "POST"])
-    async def answer(request: Request) -> Response:
-        params, refused = await checked(request)
+    async def answer(self, request: Request) -> Response:
+        params, refused = await self.checked(request)
         if refused is not None or params is None:
             return refused or Response(status_code=400)
         call_id = params.get("uuid")
@@ -380,35 +386,33 @@ def vonage_router(services: BridgeServices) -> APIRouter:
             call_id=call_id, carrier="vonage", caller=params.get("from"), called=params.get("to"),
             carrier_call_id=params.get("conversation_uuid"), plus_implied=True,
             parameters=[(key, str(value)) for key, value in params.items() if isinstance(value, str | int | float)],
-            allowed=settings.app.context_parameters,
+            allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are SipHeader_X-… fields
-        decision = await services.desk.decide_answer(call_id, "vonage", retries=False, context=context)
+        decision = await self.services.desk.decide_answer(call_id, "vonage", retries=False, context=context)
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return _ncco(connect_ncco(decision.target))
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
             return _ncco([])  # an empty NCCO: the call ends (over already, or refused)
         conversation = params.get("conversation_uuid")
-        calls.answered(call_id, conversation if isinstance(conversation, str) else None)
+        self.calls.answered(call_id, conversation if isinstance(conversation, str) else None)
         caller = params.get("from")
-        base = public_base(settings, str(request.base_url))
+        base = public_base(self.settings, str(request.base_url))
         log.info("call_answered", call_id=call_id, provider="vonage", caller=caller)
-        return _ncco(ncco_connect(base, call_id, decision.token, config.audio_rate_hz, caller if isinstance(caller, str) else None))
+        return _ncco(ncco_connect(base, call_id, decision.token, self.config.audio_rate_hz, caller if isinstance(caller, str) else None))
 
-    @router.websocket(MEDIA_PATH)
-    async def media(websocket: WebSocket) -> None:
+    async def media(self, websocket: WebSocket) -> None:
         await websocket.accept()
         codec = VonageCodec()
         transport = VonageTransport(websocket, codec)
-        calls.live.add(transport)
+        self.calls.live.add(transport)
         try:
-            await MediaStreamDriver(transport, codec, services).run()
+            await MediaStreamDriver(transport, codec, self.services).run()
         finally:
             await transport.aclose()
-            calls.live.discard(transport)
+            self.calls.live.discard(transport)
 
-    @router.api_route(EVENTS_PATH, methods=["GET", "POST"])
-    async def events(request: Request) -> Response:
-        params, refused = await checked(request)
+    async def events(self, request: Request) -> Response:
+        params, refused = await self.checked(request)
         if refused is not None or params is None:
             return refused or Response(status_code=400)
         status = params.get("status")
@@ -416,25 +420,25 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         headers = params.get("headers")
         header_call = headers.get("call_uuid") if isinstance(headers, dict) else None
         conversation = params.get("conversation_uuid")
-        services.metrics.stream_status.labels("vonage", status if status in _STATUSES else "other").inc()
+        self.services.metrics.stream_status.labels("vonage", status if status in _STATUSES else "other").inc()
         token = headers.get("token") if isinstance(headers, dict) else None
         if status == "disconnected":
-            call_id = header_call if isinstance(header_call, str) else calls.conversations.get(str(conversation))
-            return await reconnect(request, call_id, token, leg)
+            call_id = header_call if isinstance(header_call, str) else self.calls.conversations.get(str(conversation))
+            return await self.reconnect(request, call_id, token, leg)
         if status in ("failed", "unanswered", "rejected", "timeout") and header_call is not None:
             log.warning("stream_status", provider="vonage", call_id=header_call, leg=leg, stream_event=status)
         elif status == "completed":
             if isinstance(token, str):  # the websocket leg is over: its socket ends as the call's end
-                here = {t.call_id for t in calls.live if t.token == token and t.call_id is not None}
+                here = {t.call_id for t in self.calls.live if t.token == token and t.call_id is not None}
                 for call_id in here:
-                    await services.call_ended_by_carrier(call_id, "caller_hung_up")
+                    await self.services.call_ended_by_carrier(call_id, "caller_hung_up")
                 if not here and isinstance(header_call, str) and _CALL_ID.fullmatch(header_call):
-                    await services.send_signal(header_call, SignalKind.STREAM_ENDED, token)  # the socket may be elsewhere
-            if isinstance(leg, str) and (calls.is_ours(leg) or await services.registry.get(leg) is not None):
-                await completed(leg)  # the call itself
+                    await self.services.send_signal(header_call, SignalKind.STREAM_ENDED, token)  # the socket may be elsewhere
+            if isinstance(leg, str) and (self.calls.is_ours(leg) or await self.services.registry.get(leg) is not None):
+                await self.completed(leg)  # the call itself
         return Response(status_code=204)
 
-    async def reconnect(request: Request, call_id: str | None, token: object, leg: object) -> Response:
+    async def reconnect(self, request: Request, call_id: str | None, token: object, leg: object) -> Response:
         """A new ``connect`` for a call whose socket dropped (204: none, the call goes on to its end)."""
         if call_id is None or not _CALL_ID.fullmatch(call_id):
             log.warning("stream_status", provider="vonage", leg=leg, stream_event="disconnected", detail="no call_uuid")
@@ -442,34 +446,43 @@ def vonage_router(services: BridgeServices) -> APIRouter:
         # The socket that dropped (named by its token when Vonage echoes the headers, else every one of the call)
         # hears the verdict here, or on the process that has it. It detaches its session there; the new stream
         # waits for that detach itself (its ``CallLifecycle``), so this answer does not.
-        stale = calls.sockets(call_id, token)
+        stale = self.calls.sockets(call_id, token)
         for transport in stale:
             transport.dropped()
         if not stale:
-            await services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
-        ended = await services.registry.ended_reason(call_id)
+            await self.services.send_signal(call_id, SignalKind.STREAM_DROPPED, token if isinstance(token, str) else "")
+        ended = await self.services.registry.ended_reason(call_id)
         # draining, a call another process can resume still gets its new socket: it goes to the public URL
-        if ended is not None or not await services.desk.takes_reconnect(call_id):
+        if ended is not None or not await self.services.desk.takes_reconnect(call_id):
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, ended=ended)
             return Response(status_code=204)
-        count = await services.registry.count(call_id, _RECONNECTS, kept_ms)
+        count = await self.services.registry.count(call_id, _RECONNECTS, self.kept_ms)
         if count > _MAX_RECONNECTS:
             log.info("stream_not_reconnected", provider="vonage", call_id=call_id, reconnects=count - 1)
             return Response(status_code=204)
-        fresh = await services.tokens.mint(call_id)
-        base = public_base(settings, str(request.base_url))
+        fresh = await self.services.tokens.mint(call_id)
+        base = public_base(self.settings, str(request.base_url))
         log.info("stream_reconnecting", provider="vonage", call_id=call_id, leg=leg, reconnects=count)
-        return _ncco(ncco_connect(base, call_id, fresh, config.audio_rate_hz))
+        return _ncco(ncco_connect(base, call_id, fresh, self.config.audio_rate_hz))
 
-    async def completed(call_id: str) -> None:
+    async def completed(self, call_id: str) -> None:
         """The call is over: record it, end its open socket as a hang-up, close a detached engine session."""
-        calls.forget(call_id)
-        if await services.registry.ended_reason(call_id) is not None:
+        self.calls.forget(call_id)
+        if await self.services.registry.ended_reason(call_id) is not None:
             return  # we ended it (REST hang-up, engine end): nothing more to do
         log.info("call_completed", provider="vonage", call_id=call_id)
         # in the background, so the webhook is answered at once: a detached engine session is resumed to be closed
-        services.spawn(services.call_ended_by_carrier(call_id, "caller_hung_up"))
+        self.services.spawn(self.services.call_ended_by_carrier(call_id, "caller_hung_up"))
 
+
+
+def vonage_router(services: BridgeServices) -> APIRouter:
+    """The answer webhook, media websocket and event webhook."""
+    routes = _VonageWebhooks(services)
+    router = APIRouter()
+    router.add_api_route(ANSWER_PATH, routes.answer, methods=["GET", "POST"])
+    router.add_api_websocket_route(MEDIA_PATH, routes.media)
+    router.add_api_route(EVENTS_PATH, routes.events, methods=["GET", "POST"])
     return router
 
 
