@@ -32,6 +32,7 @@ from callbridge.serving import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
     from callbridge.application.events import CallEvent
+    from callbridge.sim.load_samples import LoadSamples
 
 __all__ = ["main", "run"]
 
@@ -105,7 +106,27 @@ def _build_parser() -> argparse.ArgumentParser:
     engine_server.add_argument("--port", default=argparse.SUPPRESS, help="listen port (engine_server.port)")
     engine_server.add_argument("--agent", default=argparse.SUPPRESS, help="echo, loopback or tone (local_engine.agent)")
     engine_server.set_defaults(handler=_engine_server)
+    _add_simulate(commands, common)
+    _add_loadtest(commands, common)
 
+    app_schema = commands.add_parser(
+        "app-schema", parents=[common], help="print the JSON Schema of the application's webhook (assistant-request)"
+    )
+    app_schema.set_defaults(handler=_app_schema)
+
+    config = commands.add_parser("config", parents=[common], help="inspect the configuration")
+    config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
+    check = config_commands.add_parser(
+        "check", parents=[common], help="validate and print the effective configuration, secrets masked"
+    )
+    check.add_argument("--format", choices=["toml", "json"], default="toml", dest="output_format")
+    check.set_defaults(handler=_config_check)
+    return parser
+
+
+
+def _add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``callbridge simulate``: one simulated call through an in-process bridge and engine."""
     simulate = commands.add_parser(
         "simulate",
         parents=[common],
@@ -133,6 +154,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     simulate.set_defaults(handler=_simulate)
 
+
+def _add_loadtest(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``callbridge loadtest``: N simulated calls at real time."""
     loadtest = commands.add_parser(
         "loadtest",
         parents=[common],
@@ -193,20 +217,6 @@ def _build_parser() -> argparse.ArgumentParser:
         "--png", metavar="PATH", type=Path, help="draw the latency over time and its histogram (needs pip install 'callbridge[plot]')"
     )
     loadtest.set_defaults(handler=_loadtest)
-
-    app_schema = commands.add_parser(
-        "app-schema", parents=[common], help="print the JSON Schema of the application's webhook (assistant-request)"
-    )
-    app_schema.set_defaults(handler=_app_schema)
-
-    config = commands.add_parser("config", parents=[common], help="inspect the configuration")
-    config_commands = config.add_subparsers(dest="config_command", metavar="COMMAND", required=True)
-    check = config_commands.add_parser(
-        "check", parents=[common], help="validate and print the effective configuration, secrets masked"
-    )
-    check.add_argument("--format", choices=["toml", "json"], default="toml", dest="output_format")
-    check.set_defaults(handler=_config_check)
-    return parser
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -503,12 +513,9 @@ def _processes(text: str) -> int | None:
 
 
 def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
-    import contextlib
 
     from callbridge.logging import configure_logging
     from callbridge.sim.loadtest import (
-        LoadSamples,
         LoadTestOptions,
         bridge_env,
         load_test_samples,
@@ -542,16 +549,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             print(f"callbridge loadtest: {exc}", file=sys.stderr)
             return EXIT_USAGE
     direct_protocol = carrier_spec(args.provider).direct_protocol
-    if args.ws_url is not None:
-        wrong = [flag for flag, given in (("--url", args.url), ("--drop-every", args.drop_every), ("--processes", (args.processes or 2) > 1))
-                 if given] + ([] if direct_protocol else [f"--provider {args.provider}"])  # fmt: skip
-        if not args.ws_url.startswith(("ws://", "wss://")) or wrong:
-            problem = f"not with {', '.join(wrong)}" if wrong else "expected a ws:// or wss:// URL"
-            print(f"callbridge loadtest: --ws-url {args.ws_url}: {problem} (a carrier with a direct mode: "
-                  f"{', '.join(direct_names())}; one process)", file=sys.stderr)  # fmt: skip
-            return EXIT_USAGE
-    if args.processes is not None and args.processes > 1 and not args.url:
-        print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
+    if _target_flags_wrong(args, direct_protocol):
         return EXIT_USAGE
     processes = processes_for(args.calls, args.processes) if args.url else 1
     if not (_can_write(args, "json") and _can_write(args, "png")):
@@ -594,19 +592,9 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         )  # fmt: skip
     else:
         run = load_test_samples(settings, args.provider, options, url=args.url, secret=secret or "", rest_url=rest_url, ws_url=args.ws_url)
-    run_loop: Callable[[Any], LoadSamples] = asyncio.run
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        run_loop = uvloop.run
-    try:
-        samples = run_loop(run)
-    except ValueError as exc:  # a carrier that cannot be split across processes
-        print(f"callbridge loadtest: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (OSError, RuntimeError) as exc:  # the REST port is taken, the bridge is not there, a generator failed
-        print(f"callbridge loadtest: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+    samples = _run_load(run)
+    if isinstance(samples, int):
+        return samples
     report = samples.report()
     print(report.render())
     if args.json:
@@ -614,6 +602,43 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     if args.png:
         write_png(samples, args.png)
     return EXIT_OK if report.failed_calls == 0 else EXIT_FAILED
+
+
+def _target_flags_wrong(args: argparse.Namespace, direct_protocol: str | None) -> bool:
+    """``loadtest``'s flags that name what it loads contradict each other (printed)."""
+    if args.ws_url is not None:
+        wrong = [flag for flag, given in (("--url", args.url), ("--drop-every", args.drop_every), ("--processes", (args.processes or 2) > 1))
+                 if given] + ([] if direct_protocol else [f"--provider {args.provider}"])  # fmt: skip
+        if not args.ws_url.startswith(("ws://", "wss://")) or wrong:
+            problem = f"not with {', '.join(wrong)}" if wrong else "expected a ws:// or wss:// URL"
+            print(f"callbridge loadtest: --ws-url {args.ws_url}: {problem} (a carrier with a direct mode: "
+                  f"{', '.join(direct_names())}; one process)", file=sys.stderr)  # fmt: skip
+            return True
+    if args.processes is not None and args.processes > 1 and not args.url:
+        print("callbridge loadtest: --processes needs --url (a bridge in its own process, e.g. callbridge serve)", file=sys.stderr)
+        return True
+    return False
+
+
+def _run_load(run: Any) -> LoadSamples | int:
+    """Run the load test's coroutine (on uvloop where it is installed): its samples, or the exit code of a failure
+    (printed)."""
+    import asyncio
+    import contextlib
+
+    run_loop: Callable[[Any], LoadSamples] = asyncio.run
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        run_loop = uvloop.run
+    try:
+        return run_loop(run)
+    except ValueError as exc:  # a carrier that cannot be split across processes
+        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, RuntimeError) as exc:  # the REST port is taken, the bridge is not there, a generator failed
+        print(f"callbridge loadtest: {exc}", file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _config_check(settings: Settings, args: argparse.Namespace) -> int:

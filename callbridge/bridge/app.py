@@ -143,6 +143,22 @@ async def _fetch_registry_levels(registry: CallRegistry, every_s: float = PUBLIS
         await asyncio.sleep(every_s)
 
 
+async def _close_services(services: BridgeServices) -> None:
+    """At shutdown, once the listeners are closed: the background tasks, the engine, the registry, the carriers'
+    REST clients, the application's event delivery, the recordings' store and the application's client."""
+    await services.aclose_background()
+    await services.engine.aclose()
+    await services.registry.aclose()
+    for rest in services.carrier_rests.values():
+        await rest.aclose()
+    if services.events is not None:
+        await services.events.aclose()
+    if services.recordings is not None:
+        await services.recordings.aclose()
+    if services.assistants is not None:
+        await services.assistants.aclose()
+
+
 def create_app(
     settings: Settings, engine: DuplexEngine | None = None, hang_up: HangUpFn | None = None, *, registry_host: HostAddress | None = None
 ) -> FastAPI:
@@ -177,17 +193,7 @@ def create_app(
             finally:
                 state.draining = True
                 log.info("bridge_stopping", active_calls=len(state.services.active_calls))
-        await state.services.aclose_background()
-        await state.services.engine.aclose()
-        await state.services.registry.aclose()
-        for rest in state.services.carrier_rests.values():
-            await rest.aclose()
-        if state.services.events is not None:
-            await state.services.events.aclose()
-        if state.services.recordings is not None:
-            await state.services.recordings.aclose()
-        if state.services.assistants is not None:
-            await state.services.assistants.aclose()
+        await _close_services(state.services)
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(ReplayRelease, guard=state.services.replays)  # a failed answer's signature may come again

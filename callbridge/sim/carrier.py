@@ -495,11 +495,8 @@ class SimulatedCarrier(ABC):
         call_id = self.new_call_id()
         result = CallResult(call_id)
         call = self.calls[call_id] = SimCall(call_id, result, now_ms)
-        caller = _caller_timeline(script)
         interrupt = script.utterances[0][1] if script.interrupt_after_agent_ms is not None and script.utterances else b""
-        interrupt_at: int | None = None
-        agent_started_at: int | None = None
-        agent_last_heard_at: int | None = None
+        ear = _CallerSide(script, _caller_timeline(script), interrupt, result, now_ms)
         drops = sorted(script.drop_stream_at_ms)
         frame_index = 0
         stream: SimStream | None = None
@@ -534,28 +531,8 @@ class SimulatedCarrier(ABC):
                 t = frame_index * FRAME_MS
                 frame_index += 1
                 heard, agent = stream.play(target + FRAME_MS / 1000)  # a late tick plays what had come by its end
-                if agent:
-                    if agent_started_at is None or (agent_last_heard_at is not None and t - agent_last_heard_at > 200):
-                        agent_started_at = t
-                        result.agent_runs_ms.append(0)
-                        result.log(now_ms(), "agent", "starts speaking (caller hears audio)")
-                        if script.interrupt_after_agent_ms is not None and interrupt_at is None:
-                            interrupt_at = t + script.interrupt_after_agent_ms
-                    agent_last_heard_at = t
-                    result.agent_speech_ms += FRAME_MS
-                    result.agent_runs_ms[-1] += FRAME_MS
-                elif agent_last_heard_at is not None and t - agent_last_heard_at == 200:
-                    result.log(now_ms(), "agent", "stops speaking")
-                result.heard += heard
-                for start_ms, pcm in script.utterances:
-                    if start_ms == t:
-                        result.log(now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
-                speech = caller[t * 16 : t * 16 + 320] if t * 16 < len(caller) else b""
-                if interrupt_at is not None and interrupt_at <= t < interrupt_at + len(interrupt) // 16:
-                    if t == interrupt_at:
-                        result.log(now_ms(), "caller", f"talks over the agent ({len(interrupt) // 16} ms)")
-                    speech = interrupt[(t - interrupt_at) * 16 : (t - interrupt_at) * 16 + 320]
-                audio = speech.ljust(320, b"\x00") if speech else _SILENCE_8K
+                ear.hears(t, heard, agent)
+                audio = ear.says(t)
                 if self.on_media_sent is not None:
                     self.on_media_sent(audio)
                 if not stream.dropped:
@@ -581,8 +558,7 @@ class SimulatedCarrier(ABC):
                         frame_index += skipped
                         result.heard += bytes(skipped * 320)
                     continue
-                caller_end = max(len(caller), (interrupt_at + len(interrupt) // 16) * 16 if interrupt_at is not None else 0)
-                if _caller_done(script, t, caller_end, agent_last_heard_at):
+                if ear.done(t):
                     result.hung_up_by = "caller"
                     result.log(now_ms(), "caller", "hangs up")
                     await stream.send_stop()
@@ -602,6 +578,51 @@ class SimulatedCarrier(ABC):
                 self.on_message(message)
             stream.receive(message)
         stream.dropped = True  # closed (by the bridge, unless it was our network drop)
+
+
+class _CallerSide:
+    """The caller of one ``place_call``: what it hears of the agent (its runs of speech, logged), what it says each
+    20 ms tick (its script, and its talking over the agent), and when it is done."""
+
+    def __init__(self, script: CallerScript, caller: bytes, interrupt: bytes, result: CallResult, now_ms: Callable[[], int]) -> None:
+        self.script, self.caller, self.interrupt, self.result, self.now_ms = script, caller, interrupt, result, now_ms
+        self.interrupt_at: int | None = None
+        self.agent_started_at: int | None = None
+        self.agent_last_heard_at: int | None = None
+
+    def hears(self, t: int, heard: bytes, agent: bool) -> None:
+        result, script = self.result, self.script
+        if agent:
+            if self.agent_started_at is None or (self.agent_last_heard_at is not None and t - self.agent_last_heard_at > 200):
+                self.agent_started_at = t
+                result.agent_runs_ms.append(0)
+                result.log(self.now_ms(), "agent", "starts speaking (caller hears audio)")
+                if script.interrupt_after_agent_ms is not None and self.interrupt_at is None:
+                    self.interrupt_at = t + script.interrupt_after_agent_ms
+            self.agent_last_heard_at = t
+            result.agent_speech_ms += FRAME_MS
+            result.agent_runs_ms[-1] += FRAME_MS
+        elif self.agent_last_heard_at is not None and t - self.agent_last_heard_at == 200:
+            result.log(self.now_ms(), "agent", "stops speaking")
+        result.heard += heard
+        for start_ms, pcm in script.utterances:
+            if start_ms == t:
+                result.log(self.now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
+
+    def says(self, t: int) -> bytes:
+        """The tick's 20 ms of 8 kHz PCM."""
+        caller, interrupt, interrupt_at = self.caller, self.interrupt, self.interrupt_at
+        speech = caller[t * 16 : t * 16 + 320] if t * 16 < len(caller) else b""
+        if interrupt_at is not None and interrupt_at <= t < interrupt_at + len(interrupt) // 16:
+            if t == interrupt_at:
+                self.result.log(self.now_ms(), "caller", f"talks over the agent ({len(interrupt) // 16} ms)")
+            speech = interrupt[(t - interrupt_at) * 16 : (t - interrupt_at) * 16 + 320]
+        return speech.ljust(320, b"\x00") if speech else _SILENCE_8K
+
+    def done(self, t: int) -> bool:
+        interrupt_at = self.interrupt_at
+        caller_end = max(len(self.caller), (interrupt_at + len(self.interrupt) // 16) * 16 if interrupt_at is not None else 0)
+        return _caller_done(self.script, t, caller_end, self.agent_last_heard_at)
 
 
 def _caller_done(script: CallerScript, t: int, caller_len: int, agent_last_heard_at: int | None) -> bool:

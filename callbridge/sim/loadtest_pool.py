@@ -250,18 +250,8 @@ async def run_pooled(
             await router.start(rest_port)
         for shard in range(processes):
             share = replace(options, shard=shard, shards=processes, progress=False, server_pid=None, metrics_url=None)
-            job = _Job(settings.model_dump(), provider, share, url, secret)
-            ours, theirs = context.Pipe()
-            process = context.Process(target=_child_main, args=(job, theirs), name=f"callbridge-loadtest-{shard}", daemon=True)
-            process.start()
-            theirs.close()
-            children.append(_Child(shard, process, ours))
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        while not all(child.ready for child in children):
-            _poll(children)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"generator processes not ready after {_READY_TIMEOUT_S:.0f} s")
-            await asyncio.sleep(0.02)
+            children.append(_start_child(context, shard, _Job(settings.model_dump(), provider, share, url, secret)))
+        await _all_ready(children)
         if router is not None:
             router.ports = {child.shard: child.rest_port for child in children if child.rest_port is not None}
         server_before = server_cpu_ms(options.server_pid) if options.server_pid else None
@@ -290,18 +280,42 @@ async def run_pooled(
             merged.first_audio_buckets = await first_audio_since(options.metrics_url, first_audio_before)
         return merged
     finally:
-        for child in children:
-            with contextlib.suppress(OSError):
-                child.conn.close()  # one still waiting for "go" ends
-        deadline = time.monotonic() + _EXIT_TIMEOUT_S
-        while any(child.process.is_alive() for child in children) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # the REST API still answers the processes' last calls meanwhile
-        for child in children:
-            if child.process.is_alive():
-                child.process.kill()
-            child.process.join(timeout=5)
+        await _end_children(children)
         if router is not None:
             await router.aclose()
+
+
+def _start_child(context: Any, shard: int, job: _Job) -> _Child:
+    ours, theirs = context.Pipe()
+    process = context.Process(target=_child_main, args=(job, theirs), name=f"callbridge-loadtest-{shard}", daemon=True)
+    process.start()
+    theirs.close()
+    return _Child(shard, process, ours)
+
+
+async def _all_ready(children: list[_Child]) -> None:
+    """Wait until every generator process has set up its calls (``RuntimeError`` after ``_READY_TIMEOUT_S``)."""
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while not all(child.ready for child in children):
+        _poll(children)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"generator processes not ready after {_READY_TIMEOUT_S:.0f} s")
+        await asyncio.sleep(0.02)
+
+
+async def _end_children(children: list[_Child]) -> None:
+    """Let the generator processes end (one still waiting for "go" ends as its pipe closes); kill those that do
+    not within ``_EXIT_TIMEOUT_S``."""
+    for child in children:
+        with contextlib.suppress(OSError):
+            child.conn.close()
+    deadline = time.monotonic() + _EXIT_TIMEOUT_S
+    while any(child.process.is_alive() for child in children) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the REST API still answers the processes' last calls meanwhile
+    for child in children:
+        if child.process.is_alive():
+            child.process.kill()
+        child.process.join(timeout=5)
 
 
 def _poll(children: list[_Child]) -> list[tuple[list[float], list[float]]]:
