@@ -50,7 +50,7 @@ _DRAIN_BOUNCES_KEPT_MS = 60_000
 
 class StreamRefusal(enum.StrEnum):
     """Why a stream or call is not taken here (``AnswerDesk.stream_refusal``): carriers map it to their wire
-    (SIP: 503 draining, 486 capacity)."""
+    (a SIP answer: 503 draining, 486 capacity)."""
 
     DRAINING = "draining"
     CAPACITY = "capacity"
@@ -94,7 +94,7 @@ class AnswerDesk:
         return self._host.draining
 
     async def stream_refusal(self, call_id: str) -> StreamRefusal | None:
-        """Why a stream (or a call offered without a webhook first: SIP, AudioSocket) is not taken here, or None:
+        """Why a stream (or a call offered with no webhook before it) is not taken here, or None:
         admitted (``admits``). ``call_id`` "": not known before the stream's ``start`` (capacity only)."""
         if await self.admits(call_id):
             return None
