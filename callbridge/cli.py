@@ -535,12 +535,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     configure_logging(settings.log)
     rest_url = f"http://127.0.0.1:{args.rest_port}"
     if args.print_env:
-        secret = args.secret or secret_from_settings(args.provider, settings)
-        if secret is None:
-            import secrets
-
-            secret = secrets.token_hex(16)
-        print(bridge_env(args.provider, secret, rest_url), end="")
+        print(bridge_env(args.provider, args.secret or secret_from_settings(args.provider, settings) or _fresh_secret(), rest_url), end="")
         return EXIT_OK
     if args.png:
         try:
@@ -561,12 +556,9 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         print(f"callbridge loadtest: --drop-every: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE
 
-    def ms(seconds: float | None) -> int | None:
-        return int(seconds * 1000) if seconds else None
-
     options = LoadTestOptions(
-        calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=ms(args.click_every) or 1000, audio=audio,
-        barge_in_every_ms=ms(args.barge_in_every), dtmf_every_ms=ms(args.dtmf_every), drop_every_ms=ms(args.drop_every),
+        calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=_ms(args.click_every) or 1000, audio=audio,
+        barge_in_every_ms=_ms(args.barge_in_every), dtmf_every_ms=_ms(args.dtmf_every), drop_every_ms=_ms(args.drop_every),
         server_pid=args.server_pid, metrics_url=_metrics_url(args.metrics_url, args.url), phases=args.phases,
     )  # fmt: skip
     secret = args.secret or secret_from_settings(args.provider, settings)
@@ -579,12 +571,7 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
             problem, code = found
             print(f"callbridge loadtest: --url {args.url}: {problem}", file=sys.stderr)
             return code
-    if args.ws_url:
-        print(f"callbridge loadtest: straight onto {args.ws_url} ({direct_protocol}, no webhook)")
-    elif not args.url:
-        print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
-    in_processes = f" in {processes} generator processes" if processes > 1 else ""
-    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each{in_processes}")
+    _say_what_runs(args, processes, direct_protocol)
     if processes > 1:
         run = run_pooled(
             settings, args.provider, options, processes=processes, url=args.url, secret=secret or "", rest_port=args.rest_port,
@@ -602,6 +589,25 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     if args.png:
         write_png(samples, args.png)
     return EXIT_OK if report.failed_calls == 0 else EXIT_FAILED
+
+
+def _say_what_runs(args: argparse.Namespace, processes: int, direct_protocol: str | None) -> None:
+    if args.ws_url:
+        print(f"callbridge loadtest: straight onto {args.ws_url} ({direct_protocol}, no webhook)")
+    elif not args.url:
+        print("callbridge loadtest: no --url: the bridge runs in this process, beside the generator")
+    in_processes = f" in {processes} generator processes" if processes > 1 else ""
+    print(f"callbridge loadtest: {args.calls} {args.provider} calls over {args.ramp:g} s, {args.duration:g} s each{in_processes}")
+
+
+def _fresh_secret() -> str:
+    import secrets
+
+    return secrets.token_hex(16)
+
+
+def _ms(seconds: float | None) -> int | None:
+    return int(seconds * 1000) if seconds else None
 
 
 def _target_flags_wrong(args: argparse.Namespace, direct_protocol: str | None) -> bool:

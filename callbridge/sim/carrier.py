@@ -548,15 +548,7 @@ class SimulatedCarrier(ABC):
                 if drops and t >= drops[0]:
                     drops.pop(0)
                     result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")
-                    stream.network_drop = stream.dropped = True
-                    stream.conn.abort()
-                    if receiver is not None:
-                        await asyncio.gather(receiver, return_exceptions=True)
-                    if script.redirect_delay_ms:
-                        await asyncio.sleep(script.redirect_delay_ms / 1000)
-                        skipped = script.redirect_delay_ms // FRAME_MS
-                        frame_index += skipped
-                        result.heard += bytes(skipped * 320)
+                    frame_index += await self._drop(stream, receiver, script, result)
                     continue
                 if ear.done(t):
                     result.hung_up_by = "caller"
@@ -571,6 +563,21 @@ class SimulatedCarrier(ABC):
                 await stream.conn.close()
             call.ended.set()
         return result
+
+    @staticmethod
+    async def _drop(stream: SimStream, receiver: asyncio.Task[None] | None, script: CallerScript, result: CallResult) -> int:
+        """The stream's connection drops with no goodbye; the carrier's redirect takes ``script.redirect_delay_ms``,
+        which the caller hears as silence. The ticks that delay skips."""
+        stream.network_drop = stream.dropped = True
+        stream.conn.abort()
+        if receiver is not None:
+            await asyncio.gather(receiver, return_exceptions=True)
+        if not script.redirect_delay_ms:
+            return 0
+        await asyncio.sleep(script.redirect_delay_ms / 1000)
+        skipped = script.redirect_delay_ms // FRAME_MS
+        result.heard += bytes(skipped * 320)
+        return skipped
 
     async def _receive(self, stream: SimStream) -> None:
         async for message in stream.conn.messages():
