@@ -1,5 +1,5 @@
 """What one bridge process shares between its calls: configuration, the engine, the call registry, the
-stream tokens, metrics and the carriers' REST clients."""
+stream tokens, metrics, the carriers' REST clients, and the answer desk every carrier asks (``answer_desk``)."""
 
 from __future__ import annotations
 
@@ -64,12 +64,9 @@ log = get_logger(__name__)
 _ENGINE_CALL_TIMEOUT_S = 5.0
 _GOODBYE_WAIT_S = 3.0
 """How long a drain that ran out waits for its calls' closing tones and hang-ups."""
-_ANSWER_ENGINE_WAIT_S = 2.0
-"""How long an answer webhook waits to learn whether the engine takes the call (busy if it refuses)."""
 UNKNOWN_EVENT_NAMES: Final = 64
 """Distinct (carrier, event type) pairs a process counts by name; any others count as ``other``."""
 _EVENT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
-_DRAIN_BOUNCES_KEPT_MS = 60_000
 
 HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
 """``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
