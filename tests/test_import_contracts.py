@@ -141,7 +141,10 @@ def test_only_a_carriers_own_package_names_it() -> None:
 def test_no_carrier_module_decides_admission_or_draining_itself() -> None:
     """Every carrier asks the answer desk (``services.desk``) and renders what it says: none reads the admission
     book, the drain's state or the fleet's moving calls itself, or turns a refusal into "draining" or "capacity"."""
-    decides = ("services.admits(", "moving_elsewhere(", "services.draining", "services.admission", '"draining" if', '"capacity"')
+    decides = (
+        "services.admits(", "moving_elsewhere(", "services.draining", "desk.draining:", "services.admission", '"draining" if',
+        '"capacity"',
+    )  # fmt: skip
     found = [
         f"{path.relative_to(ROOT)}: {needle}"
         for path in sorted((ROOT / "callbridge" / "carriers").rglob("*.py"))

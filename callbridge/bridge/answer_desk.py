@@ -90,8 +90,14 @@ class AnswerDesk:
 
     @property
     def draining(self) -> bool:
-        """The process admits no new call (it may still take back one of its own, or send one on)."""
+        """The process admits no new call (it may still take back one of its own, or send one on): for what else
+        a drain changes (a SIP registration's removal), never to decide a call's admission."""
         return self._host.draining
+
+    def refusal_before_call_id(self) -> StreamRefusal | None:
+        """A stream whose call is not known yet, before anything of it is read: refused while draining (no slot is
+        taken here; ``stream_refusal`` decides once the call id is read)."""
+        return StreamRefusal.DRAINING if self._host.draining else None
 
     async def stream_refusal(self, call_id: str) -> StreamRefusal | None:
         """Why a stream (or a call offered with no webhook before it) is not taken here, or None:

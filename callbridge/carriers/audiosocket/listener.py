@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
-from callbridge.bridge.answer_desk import StreamRefusal
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
@@ -209,8 +208,8 @@ class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
             if not source_allowed(host, self.networks):
                 self._refuse("source_not_allowed", peer=host)
                 return
-            if self.services.desk.draining:
-                self._refuse(StreamRefusal.DRAINING, peer=host)
+            if (early := self.services.desk.refusal_before_call_id()) is not None:
+                self._refuse(early, peer=host)
                 return
             try:
                 first = await self._first_frame(reader)

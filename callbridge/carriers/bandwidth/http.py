@@ -138,21 +138,15 @@ class _BandwidthWebhooks:
     """Bandwidth's webhooks and media socket, a method a route (``bandwidth_router`` mounts them)."""
 
     def __init__(self, services: BridgeServices) -> None:
-        self.services = services
-        settings = services.settings
-        config = settings.bandwidth
-        callbacks = BasicCredentials(config.callback_username, config.callback_password)
-        if config.validate_credentials and not callbacks.configured:
+        self.services, self.settings = services, services.settings
+        self.config = config = self.settings.bandwidth
+        self.callbacks = BasicCredentials(config.callback_username, config.callback_password)
+        if config.validate_credentials and not self.callbacks.configured:
             log.info("carrier_not_configured", provider="bandwidth", detail="no bandwidth.callback_username/password: every bandwidth webhook gets 403")
         rest = services.carrier_rests.get("bandwidth")
-        if not isinstance(rest, BandwidthRest):  # an app without the carrier's REST client (a test's): a fresh one
-            rest = BandwidthRest(config)
-        kept_ms = counters_kept_ms(settings.server.max_call_duration_s)
-        self.settings = settings
-        self.config = config
-        self.callbacks = callbacks
-        self.rest = rest
-        self.kept_ms = kept_ms
+        # an app without the carrier's REST client (a test's): a fresh one
+        self.rest = rest if isinstance(rest, BandwidthRest) else BandwidthRest(config)
+        self.kept_ms = counters_kept_ms(self.settings.server.max_call_duration_s)
 
     async def _checked(self, request: Request, path: str) -> dict[str, Any] | None:
         """The webhook's event, when its credentials hold; else None (answered 403)."""

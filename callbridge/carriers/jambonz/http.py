@@ -128,17 +128,12 @@ class _JambonzWebhooks:
     """jambonz's webhooks and media socket, a method a route (``jambonz_router`` mounts them)."""
 
     def __init__(self, services: BridgeServices) -> None:
-        self.services = services
-        settings = services.settings
-        config = settings.jambonz
-        secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
-        if config.validate_signatures and secret is None:
+        self.services, self.settings = services, services.settings
+        self.config = config = self.settings.jambonz
+        self.secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
+        if config.validate_signatures and self.secret is None:
             log.info("carrier_not_configured", provider="jambonz", detail="no jambonz.webhook_secret: every jambonz webhook gets 403")
-        upgrade = upgrade_credentials(config)
-        self.settings = settings
-        self.config = config
-        self.secret = secret
-        self.upgrade = upgrade
+        self.upgrade = upgrade_credentials(config)
 
     async def _checked(self, request: Request, path: str) -> dict[str, Any] | None:
         """The webhook's JSON, when its signature holds and it was not seen before; else None (403)."""

@@ -226,15 +226,11 @@ class _PlivoWebhooks:
     """Plivo's webhooks and media socket, a method a route (``plivo_router`` mounts them)."""
 
     def __init__(self, services: BridgeServices) -> None:
-        self.services = services
-        settings = services.settings
-        config = settings.plivo
-        signatures = _Signatures(settings)
-        if signatures.enabled and config.auth_token is None:
+        self.services, self.settings = services, services.settings
+        self.config = self.settings.plivo
+        self.signatures = _Signatures(self.settings)
+        if self.signatures.enabled and self.config.auth_token is None:
             log.info("carrier_not_configured", provider="plivo", detail="no plivo.auth_token: every plivo request gets 403")
-        self.settings = settings
-        self.config = config
-        self.signatures = signatures
 
     async def _checked(self, request: Request, path: str) -> dict[str, str | list[str]] | None:
         """The request's parameters when its signature holds, else None. A GET is signed over its URL (query

@@ -331,21 +331,13 @@ class _VonageWebhooks:
     """Vonage's webhooks and media socket, a method a route (``vonage_router`` mounts them)."""
 
     def __init__(self, services: BridgeServices) -> None:
-        self.services = services
-        settings = services.settings
-        config = settings.vonage
-        signatures = VonageSignatures(config.signature_secret, enabled=config.validate_signatures, application_id=config.application_id)
-        if signatures.enabled and config.signature_secret is None:
+        self.services, self.settings = services, services.settings
+        self.config = config = self.settings.vonage
+        self.signatures = VonageSignatures(config.signature_secret, enabled=config.validate_signatures, application_id=config.application_id)
+        if self.signatures.enabled and config.signature_secret is None:
             log.info("carrier_not_configured", provider="vonage", detail="no vonage.signature_secret: every vonage webhook gets 403")
-        calls = _Calls()
-        server = settings.server
-        kept_ms = counters_kept_ms(server.max_call_duration_s)  # a reconnect count outlives the call
-        self.settings = settings
-        self.config = config
-        self.signatures = signatures
-        self.calls = calls
-        self.server = server
-        self.kept_ms = kept_ms
+        self.calls = _Calls()
+        self.kept_ms = counters_kept_ms(self.settings.server.max_call_duration_s)  # a reconnect count outlives the call
         services.on_signal(SignalKind.STREAM_DROPPED, self.dropped_elsewhere)
         services.on_signal(SignalKind.STREAM_ENDED, self.ended_elsewhere)
 
