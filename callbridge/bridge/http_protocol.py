@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from callbridge.bridge.ws_protocol import MAX_UNAUTHENTICATED, unauthenticated_cap, websocket_options
 from callbridge.logging import get_logger
@@ -79,10 +79,11 @@ def serving_options(*, bridge: bool = True) -> dict[str, Any]:
 
 
 def http_protocol_class() -> Any:
-    """The protocol class for ``uvicorn.Config(http=...)``: httptools' with the budgets above, or ``"auto"``."""
+    """The protocol class for ``uvicorn.Config(http=...)``: httptools' with the budgets above, or ``"auto"``.
+    Each call makes a class of its own, with its own count of pending heads (one per server)."""
     try:
         import httptools
-        from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         return "auto"
     needed = (
@@ -93,113 +94,145 @@ def http_protocol_class() -> Any:
     if not all(callable(getattr(HttpToolsProtocol, name, None)) for name in needed):
         log.warning("http_budgets_off", detail="uvicorn's httptools protocol is not the expected one")
         return "auto"
-    pending: dict[str, dict[Any, float]] = {}
-    """source → its connections whose head is pending, and since when (``time.monotonic``)."""
-    cap = unauthenticated_cap()
-    quiet = _Quiet()
+    heads = _PendingHeads(unauthenticated_cap(), httptools.HttpParserError, httptools.HttpParserUpgrade)
+    return type("BudgetedHttpProtocol", (_HeadBudgets, HttpToolsProtocol), {"_heads": heads})
 
-    def slow_from(source: str, now: float) -> int:
-        return sum(1 for since in pending.get(source, {}).values() if now - since > SLOW_HEAD_S)
 
-    class BudgetedHttpProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol, with a deadline, size limits and a pending count for request heads."""
+class _PendingHeads:
+    """One server's connections whose request head is pending, by source, and since when (``time.monotonic``)."""
 
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._source = self.client[0] if self.client else ""
-            self._pending = False
-            self._head_timer: Any = None
-            self._head_bytes = 0
-            self._head_headers = 0
-            self._too_large = False
-            now = time.monotonic()
-            slow = slow_from(self._source, now)
-            if slow >= MAX_PENDING_PER_SOURCE:
-                quiet.warning("connection_refused", reason="too_many_pending_heads", peer=self._source, slow_heads=slow)
-                transport.abort()
-                return
-            if sum(map(len, pending.values())) >= cap:  # room for this one: the longest pending goes
-                oldest = min((since, id(conn), conn) for heads in pending.values() for conn, since in heads.items())[2]
-                quiet.warning("request_refused", reason="pending_heads_full", peer=oldest._source, pending=cap)
-                oldest._refuse(408, b"request head not received in time\n")
-            self._begin_head()
+    def __init__(self, cap: int, parser_error: type[Exception], parser_upgrade: type[Exception]) -> None:
+        self.by_source: dict[str, dict[Any, float]] = {}
+        self.cap = cap
+        self.quiet = _Quiet()
+        self.parser_error = parser_error
+        self.parser_upgrade = parser_upgrade
 
-        def _begin_head(self) -> None:
-            if not self._pending:
-                self._pending = True
-                pending.setdefault(self._source, {})[self] = time.monotonic()
-            self._head_bytes = self._head_headers = 0
-            if self._head_timer is None:
-                self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+    def slow_from(self, source: str, now: float) -> int:
+        return sum(1 for since in self.by_source.get(source, {}).values() if now - since > SLOW_HEAD_S)
 
-        def _end_head(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-            if self._pending:
-                self._pending = False
-                waiting = pending.get(self._source, {})
-                waiting.pop(self, None)
-                if not waiting:
-                    pending.pop(self._source, None)
+    def full(self) -> bool:
+        return sum(map(len, self.by_source.values())) >= self.cap
 
-        def _head_timed_out(self) -> None:
+    def oldest(self) -> Any:
+        return min((since, id(conn), conn) for heads in self.by_source.values() for conn, since in heads.items())[2]
+
+    def add(self, source: str, conn: Any) -> None:
+        self.by_source.setdefault(source, {})[conn] = time.monotonic()
+
+    def remove(self, source: str, conn: Any) -> None:
+        waiting = self.by_source.get(source, {})
+        waiting.pop(conn, None)
+        if not waiting:
+            self.by_source.pop(source, None)
+
+
+if TYPE_CHECKING:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _HttpBase
+else:
+    _HttpBase = object
+
+
+class _HeadBudgets(_HttpBase):
+    """uvicorn's httptools protocol (the class after this one in ``http_protocol_class``'s), with a deadline,
+    size limits and a pending count for request heads. ``_heads`` is the server's, set on the class made."""
+
+    _heads: _PendingHeads
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._source = self.client[0] if self.client else ""
+        self._pending = False
+        self._head_timer: Any = None
+        self._head_bytes = 0
+        self._head_headers = 0
+        self._too_large = False
+        heads = self._heads
+        slow = heads.slow_from(self._source, time.monotonic())
+        if slow >= MAX_PENDING_PER_SOURCE:
+            heads.quiet.warning("connection_refused", reason="too_many_pending_heads", peer=self._source, slow_heads=slow)
+            transport.abort()
+            return
+        if heads.full():  # room for this one: the longest pending goes
+            oldest = heads.oldest()
+            heads.quiet.warning("request_refused", reason="pending_heads_full", peer=oldest._source, pending=heads.cap)
+            oldest._refuse(408, b"request head not received in time\n")
+        self._begin_head()
+
+    def _begin_head(self) -> None:
+        if not self._pending:
+            self._pending = True
+            self._heads.add(self._source, self)
+        self._head_bytes = self._head_headers = 0
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(REQUEST_HEAD_TIMEOUT_S, self._head_timed_out)
+
+    def _end_head(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
             self._head_timer = None
-            quiet.warning("request_refused", reason="head_timeout", peer=self._source, timeout_s=REQUEST_HEAD_TIMEOUT_S)
-            self._refuse(408, b"request head not received in time\n")
+        if self._pending:
+            self._pending = False
+            self._heads.remove(self._source, self)
 
-        def _refuse(self, status: int, body: bytes) -> None:
-            self._end_head()
-            if not self.transport.is_closing():
-                head = STATUS_LINE[status] + b"content-type: text/plain\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-                self.transport.write(head + body)
-                self.transport.close()
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        self._heads.quiet.warning("request_refused", reason="head_timeout", peer=self._source, timeout_s=REQUEST_HEAD_TIMEOUT_S)
+        self._refuse(408, b"request head not received in time\n")
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._end_head()
-            super().connection_lost(exc)
+    def _refuse(self, status: int, body: bytes) -> None:
+        from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-        def data_received(self, data: bytes) -> None:
-            """uvicorn's, but a head over its budget is answered 431 (the parser stopped at its header)."""
-            if self.transport.is_closing():
+        self._end_head()
+        if not self.transport.is_closing():
+            head = STATUS_LINE[status] + b"content-type: text/plain\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
+            self.transport.write(head + body)
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end_head()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but a head over its budget is answered 431 (the parser stopped at its header)."""
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except self._heads.parser_error:
+            if not self._too_large:
+                self.logger.warning("Invalid HTTP request received.")
+                self.send_400_response("Invalid HTTP request received.")
                 return
-            self._unset_keepalive_if_required()
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserError:
-                if not self._too_large:
-                    self.logger.warning("Invalid HTTP request received.")
-                    self.send_400_response("Invalid HTTP request received.")
-                    return
-                quiet.warning("request_refused", reason="head_too_large", peer=self._source, head_bytes=self._head_bytes, headers=self._head_headers)
-                self._refuse(431, b"request head too large\n")
-            except httptools.HttpParserUpgrade:
-                if self._should_upgrade():
-                    self.handle_websocket_upgrade()
-                else:
-                    self._unsupported_upgrade_warning()
+            self._heads.quiet.warning("request_refused", reason="head_too_large", peer=self._source, head_bytes=self._head_bytes, headers=self._head_headers)
+            self._refuse(431, b"request head too large\n")
+        except self._heads.parser_upgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._begin_head()  # a keep-alive connection's next request: from its first byte
-        def on_url(self, url: bytes) -> None:
-            self._count(len(url), 0)
-            super().on_url(url)
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._begin_head()  # a keep-alive connection's next request: from its first byte
 
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._count(len(name) + len(value) + 4, 1)
-            super().on_header(name, value)
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url), 0)
+        super().on_url(url)
 
-        def _count(self, size: int, headers: int) -> None:
-            """Raising stops the parser there (``data_received`` answers 431): the app never sees the request."""
-            self._head_bytes += size
-            self._head_headers += headers
-            if self._head_bytes > MAX_HEAD_BYTES or self._head_headers > MAX_HEADERS:
-                self._too_large = True
-                raise ValueError("request head over its budget")
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4, 1)
+        super().on_header(name, value)
 
-        def on_headers_complete(self) -> None:
-            self._end_head()
-            super().on_headers_complete()
+    def _count(self, size: int, headers: int) -> None:
+        """Raising stops the parser there (``data_received`` answers 431): the app never sees the request."""
+        self._head_bytes += size
+        self._head_headers += headers
+        if self._head_bytes > MAX_HEAD_BYTES or self._head_headers > MAX_HEADERS:
+            self._too_large = True
+            raise ValueError("request head over its budget")
 
-    return BudgetedHttpProtocol
+    def on_headers_complete(self) -> None:
+        self._end_head()
+        super().on_headers_complete()

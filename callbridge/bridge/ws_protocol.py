@@ -37,7 +37,7 @@ import resource
 import struct
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from callbridge.logging import get_logger
 
@@ -134,114 +134,132 @@ def protocol_class(*, count_unauthenticated: bool = True) -> Any:
         log.warning("websocket_fast_path_off", detail="uvicorn's websockets-sansio protocol is not the expected one")
         return "websockets-sansio"
 
-    unauthenticated: dict[Any, float] = {}
-    """Open sockets not yet authenticated → since when (``time.monotonic``), oldest first."""
-    cap = unauthenticated_cap()
-    last_logged = [0.0]
+    unauthenticated = _Unauthenticated(unauthenticated_cap(), counted=count_unauthenticated, open_state=State.OPEN)
+    return type("MediaWebSocketProtocol", (_MediaFrames, WebSocketsSansIOProtocol), {"_unauthenticated": unauthenticated})
 
-    class MediaWebSocketProtocol(WebSocketsSansIOProtocol):
-        """uvicorn's protocol; data frames written directly, reading paused only past ``_PAUSE_AT`` waiting; a
-        message limit that starts at ``PRE_AUTH_MAX_MESSAGE_BYTES`` and is raised once the stream is the carrier's;
-        at most ``cap`` open before that."""
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._max_bytes = self.config.ws_max_size  # the ceiling (``websocket_options``: ``MAX_MESSAGE_BYTES``)
-            self.conn.max_message_size = min(self._max_bytes, PRE_AUTH_MAX_MESSAGE_BYTES)
-            self.close_timeout = CLOSE_REPLY_WAIT_S  # uvicorn's: 10 s
+class _Unauthenticated:
+    """One server's open sockets not yet authenticated → since when (``time.monotonic``), oldest first;
+    ``counted`` False for an engine server's (the bridge's own sessions)."""
 
-        def _count_unauthenticated(self) -> None:
-            now = time.monotonic()
-            if len(unauthenticated) >= cap:  # room for this one: the one waiting longest is cut
-                oldest, since = next(iter(unauthenticated.items()))
-                del unauthenticated[oldest]
-                if now - last_logged[0] >= 1.0:  # one line a second at most
-                    last_logged[0] = now
-                    log.warning("websocket_cut", reason="unauthenticated_full", held=cap, waited_s=round(now - since, 3))
-                oldest.transport.abort()
-            unauthenticated[self] = now
+    def __init__(self, cap: int, *, counted: bool, open_state: Any) -> None:
+        self.sockets: dict[Any, float] = {}
+        self.cap = cap
+        self.counted = counted
+        self.open_state = open_state
+        self._last_logged = 0.0
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            unauthenticated.pop(self, None)
-            super().connection_lost(exc)
+    def add(self, socket: Any) -> None:
+        now = time.monotonic()
+        if len(self.sockets) >= self.cap:  # room for this one: the one waiting longest is cut
+            oldest, since = next(iter(self.sockets.items()))
+            del self.sockets[oldest]
+            if now - self._last_logged >= 1.0:  # one line a second at most
+                self._last_logged = now
+                log.warning("websocket_cut", reason="unauthenticated_full", held=self.cap, waited_s=round(now - since, 3))
+            oldest.transport.abort()
+        self.sockets[socket] = now
 
-        def data_received(self, data: bytes) -> None:
-            """As uvicorn's, but the messages parsed before a frame the parser refused (over the limit) reach the
-            app before the disconnect: uvicorn's drops them (a carrier's ``start`` and then a message too big
-            would end a stream whose call the app never learned of)."""
-            self.conn.receive_data(data)
-            self.handle_events()
-            if self.conn.parser_exc is not None:
-                self.handle_parser_exception()
 
-        def handle_connect(self, event: Any) -> None:
-            super().handle_connect(event)
-            scope = getattr(self, "scope", None)
-            if scope is not None:
-                scope["extensions"][MESSAGE_LIMIT_EXTENSION] = {}
-                scope["extensions"][DATA_FRAMES_EXTENSION] = {"write": self.write_data_now}
-                if count_unauthenticated:
-                    self._count_unauthenticated()
+if TYPE_CHECKING:
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol as _WsBase
+else:
+    _WsBase = object
 
-        async def send(self, message: Any) -> None:
-            if message["type"] == MESSAGE_LIMIT_EXTENSION:  # the stream is the carrier's
-                self.conn.max_message_size = max(PRE_AUTH_MAX_MESSAGE_BYTES, min(int(message["max_bytes"]), self._max_bytes))
-                unauthenticated.pop(self, None)
+
+class _MediaFrames(_WsBase):
+    """uvicorn's protocol; data frames written directly, reading paused only past ``_PAUSE_AT`` waiting; a
+    message limit that starts at ``PRE_AUTH_MAX_MESSAGE_BYTES`` and is raised once the stream is the carrier's;
+    at most ``cap`` open before that (``_unauthenticated``: the server's, set on the class ``protocol_class``
+    makes, whose next base is uvicorn's)."""
+
+    _unauthenticated: _Unauthenticated
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_bytes = self.config.ws_max_size  # the ceiling (``websocket_options``: ``MAX_MESSAGE_BYTES``)
+        self.conn.max_message_size = min(self._max_bytes, PRE_AUTH_MAX_MESSAGE_BYTES)
+        self.close_timeout = CLOSE_REPLY_WAIT_S  # uvicorn's: 10 s
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._unauthenticated.sockets.pop(self, None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """As uvicorn's, but the messages parsed before a frame the parser refused (over the limit) reach the
+        app before the disconnect: uvicorn's drops them (a carrier's ``start`` and then a message too big
+        would end a stream whose call the app never learned of)."""
+        self.conn.receive_data(data)
+        self.handle_events()
+        if self.conn.parser_exc is not None:
+            self.handle_parser_exception()
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][MESSAGE_LIMIT_EXTENSION] = {}
+            scope["extensions"][DATA_FRAMES_EXTENSION] = {"write": self.write_data_now}
+            if self._unauthenticated.counted:
+                self._unauthenticated.add(self)
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == MESSAGE_LIMIT_EXTENSION:  # the stream is the carrier's
+            self.conn.max_message_size = max(PRE_AUTH_MAX_MESSAGE_BYTES, min(int(message["max_bytes"]), self._max_bytes))
+            self._unauthenticated.sockets.pop(self, None)
+            return
+        if message["type"] == "websocket.send":
+            data = message.get("text")
+            if data is None:
+                data = message.get("bytes")
+            if data is not None and self.write_data_now((data,)):
                 return
-            if message["type"] == "websocket.send":
-                data = message.get("text")
-                if data is None:
-                    data = message.get("bytes")
-                if data is not None and self.write_data_now((data,)):
-                    return
-            await super().send(message)
+        await super().send(message)
 
-        def write_data_now(self, messages: Sequence[str | bytes]) -> bool:
-            """``messages`` as data frames in one write, if the connection is open for data; else False, nothing
-            written (``DATA_FRAMES_EXTENSION``)."""
-            if not self._open_for_data():
-                return False
-            parts: list[bytes] = []
-            for message in messages:
-                if isinstance(message, str):
-                    payload = message.encode()
-                    parts.append(frame_header(_TEXT, len(payload)))
-                else:
-                    payload = message
-                    parts.append(frame_header(_BINARY, len(payload)))
-                parts.append(payload)
-            self.transport.write(b"".join(parts))
-            return True
-
-        def _open_for_data(self) -> bool:
-            conn = self.conn
-            return bool(
-                self.handshake_complete
-                and not self.disconnected
-                and not self.close_sent
-                and self.initial_response is None
-                and self.writable.is_set()
-                and conn.state is State.OPEN
-                and not conn.extensions
-            )
-
-        def send_receive_event_to_app(self) -> None:
-            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
-            self.frames = []
-            if self.close_sent:  # past the app's close: dropped, reading goes on until the peer's close reply
-                return
-            if self.curr_msg_data_type == "text":
-                try:
-                    self.queue.put_nowait({"type": "websocket.receive", "text": data.decode()})
-                except UnicodeDecodeError:
-                    self.logger.warning("Invalid UTF-8 sequence received from client.")
-                    self.conn.send_close(1007)
-                    self.handle_parser_exception()
-                    return
+    def write_data_now(self, messages: Sequence[str | bytes]) -> bool:
+        """``messages`` as data frames in one write, if the connection is open for data; else False, nothing
+        written (``DATA_FRAMES_EXTENSION``)."""
+        if not self._open_for_data():
+            return False
+        parts: list[bytes] = []
+        for message in messages:
+            if isinstance(message, str):
+                payload = message.encode()
+                parts.append(frame_header(_TEXT, len(payload)))
             else:
-                self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
-            if not self.read_paused and self.queue.qsize() >= _PAUSE_AT:
-                self.read_paused = True
-                self.transport.pause_reading()
+                payload = message
+                parts.append(frame_header(_BINARY, len(payload)))
+            parts.append(payload)
+        self.transport.write(b"".join(parts))
+        return True
 
-    return MediaWebSocketProtocol
+    def _open_for_data(self) -> bool:
+        conn = self.conn
+        return bool(
+            self.handshake_complete
+            and not self.disconnected
+            and not self.close_sent
+            and self.initial_response is None
+            and self.writable.is_set()
+            and conn.state is self._unauthenticated.open_state
+            and not conn.extensions
+        )
+
+    def send_receive_event_to_app(self) -> None:
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:  # past the app's close: dropped, reading goes on until the peer's close reply
+            return
+        if self.curr_msg_data_type == "text":
+            try:
+                self.queue.put_nowait({"type": "websocket.receive", "text": data.decode()})
+            except UnicodeDecodeError:
+                self.logger.warning("Invalid UTF-8 sequence received from client.")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        else:
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
+        if not self.read_paused and self.queue.qsize() >= _PAUSE_AT:
+            self.read_paused = True
+            self.transport.pause_reading()
