@@ -17,17 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
 
 from starlette.websockets import WebSocket
+from structlog.stdlib import BoundLogger
 
-from callbridge.application import CallContext
-from callbridge.application.context import allowed_parameters, e164
-from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.binding import EngineBinding
-from callbridge.bridge.call import CallSession, engine_failure_kind
+from callbridge.bridge.call import CallSession
 from callbridge.bridge.call_config import agent_setup, call_options
 from callbridge.bridge.call_feed import CallFeed
 from callbridge.bridge.call_outputs import (
@@ -39,14 +37,12 @@ from callbridge.bridge.call_outputs import (
     MarkLag,
     Notice,
     Observed,
-    PendingAction,
     Perform,
     RecordingChunk,
-    StreamReport,
     ToCarrier,
     ToEngine,
 )
-from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
+from callbridge.bridge.call_setup import CallSetup, Rejection
 from callbridge.bridge.carrier_transport import (
     BatchingTransport,
     CarrierTransport,
@@ -57,14 +53,17 @@ from callbridge.bridge.lifecycle import BindSource, CallLifecycle
 from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.registry import LiveCall, RegistryUnavailable
+from callbridge.bridge.registry import LiveCall
 from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.stream_effects import StreamEffects, awaited
+from callbridge.bridge.stream_setup import StreamSetup
+from callbridge.bridge.stream_telemetry import StreamTelemetry
+from callbridge.bridge.stream_work import CarrierWork, recorded
 from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAGE_BYTES
-from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, StreamStarted, UnknownCarrierEvent
+from callbridge.carriers.base import ProviderCodec, StreamStarted
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
+from callbridge.engine.events import EngineEvent, is_chunk_verdict
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
@@ -74,9 +73,6 @@ log = get_logger("callbridge.call")
 
 _URGENT_CHECKPOINT_WAIT_S = 0.05
 """How long a barge-in's commands to the engine wait for its live ticket's write (a slow registry: no longer)."""
-_ACTION_RESULT_WAIT_S = 10.0
-"""How long a stream that has ended waits for the carrier work the agent asked for (a transfer whose TwiML ended
-the stream) to answer, so the model hears its result and the call's end says transferred; then it is cancelled."""
 _TIMED_EVERY_MESSAGES = 50
 """One inbound message in this many is timed for ``callbridge_carrier_message_seconds`` (about once a second)."""
 
@@ -109,17 +105,12 @@ class MediaStreamDriver:
         self.services = services
         self.call = CallSession(codec, call_options(services.settings))
         self.session: DuplexSession | None = None
-        self.log = log.bind(provider=self.provider)
+        self._seen = StreamTelemetry(services.metrics, codec, log.bind(provider=codec.provider), services.unknown_carrier_event)
+        """The stream's metrics and log lines."""
         self._lock = asyncio.Lock()
         self._pacing = services.pacing.slot()
         self._pump_holds_event = False
-        self._event_taken: tuple[float, str] | None = None
-        """When the last engine event was handed to the call, and its kind (a barge-in it caused is timed from it)."""
         self._tasks: list[asyncio.Task[None]] = []
-        self._actions: set[asyncio.Task[None]] = set()
-        """The agent's carrier work under way (``_perform``): waited for, a while, when the stream ends."""
-        self._background: set[asyncio.Task[None]] = set()
-        self._hung_up = False
         self._closed = False
         self._start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it."""
@@ -127,14 +118,12 @@ class MediaStreamDriver:
         """The one check of the stream's single-use token (``token_is_ours``)."""
         self._feed = CallFeed(services, self.log)
         """The call's events, report and recording for its application, from what the call produces."""
-        self._setup_read: CallSetup | None = None
-        """The call's setup as this stream read (or chose) it (``_setup``)."""
+        self._setup = StreamSetup(services)
+        """The call's setup, and its application's tools."""
+        self._work = CarrierWork(services, self._seen, self._feed, self._setup, self._to_call)
+        """The agent's actions and the call's hang-up, under way beside the stream."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""
-        self._first_audio_read_at: float | None = None
-        """When the stream's first caller audio was read (``perf_counter``)."""
-        self._first_audio_ms: float | None = None
-        """From then until it was handed to the engine session (None: not yet)."""
         self._begun_at_ms = 0
         """When the call accepted the carrier's ``start`` (the engine session was looked for from then)."""
         self._live_keeper: LiveTicketKeeper | None = None
@@ -146,6 +135,11 @@ class MediaStreamDriver:
     def provider(self) -> str:
         """The carrier's name (a codec that recognises the carrier knows it once the stream has started)."""
         return self.call.codec.provider
+
+    @property
+    def log(self) -> BoundLogger:
+        """The stream's log, bound to its carrier, then its call and stream, then its session."""
+        return self._seen.log
 
     async def run(self) -> None:
         self.call.connected(_now_ms())  # the core's limits (first message, idle, longest call) run from here
@@ -188,9 +182,9 @@ class MediaStreamDriver:
 
     def _begin(self, start: StreamStarted) -> None:
         """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
-        self._start = start
+        self._start = self._work.start = start
         self._begun_at_ms = _now_ms()
-        self.log = self.log.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
+        self._seen.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
         self._life = life = CallLifecycle(
             check_token=self.check_token,
             answer_sessions=self.services.answer_sessions is not None,
@@ -210,8 +204,8 @@ class MediaStreamDriver:
         if life.waited_ms is not None:
             self.log.info("resume_waited_for_detach", waited_ms=life.waited_ms)
         services.metrics.engine_sessions.labels("opened" if bind.source is BindSource.OPENED_AT_ANSWER else bind.detail).inc()
-        self.log = self.log.bind(session_id=session.session_id)
-        setup = await self._bound_setup()
+        self._seen.bind(session_id=session.session_id)
+        setup = await self._setup.bound_setup(start, self.provider, self.log)
         assistant = setup.assistant if setup is not None else None
         resumed = bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER)
         await self._feed.bound(start.call_id, setup, session, self.log, resumed=resumed)
@@ -243,7 +237,7 @@ class MediaStreamDriver:
                 session.limit_acks(live.ticket.last_event_seq)
         finally:
             self._lock.release()
-        written = await self._record(services.registry.mark_bound(start.call_id, BOUND_KEPT_MS, live))
+        written = await recorded(services.registry.mark_bound(start.call_id, BOUND_KEPT_MS, live), self.log)
         if self._done():  # the stream ended meanwhile: ``_finish`` has the session
             return
         pump = asyncio.create_task(self._pump(session))
@@ -272,8 +266,7 @@ class MediaStreamDriver:
 
     async def refuse(self, reason: str, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""
-        self.services.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
-        self.log.warning("stream_refused", reason=reason)
+        self._seen.refused(reason)
         async with self._lock:
             if no_engine:
                 self.call.no_engine(reason, _now_ms())  # the tone, then the hang-up (the pacer plays it)
@@ -316,15 +309,11 @@ class MediaStreamDriver:
 
     async def end_by_carrier(self, reason: str) -> None:
         """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""
-        async with self._lock:
-            self.call.carrier_ended(reason, _now_ms())
-            await self._flush()
+        await self._to_call(lambda call, now_ms: call.carrier_ended(reason, now_ms))
 
     async def digit_by_carrier(self, digit: str) -> None:
         """The carrier's webhook says the caller pressed ``digit``: as a digit on the wire."""
-        async with self._lock:
-            self.call.carrier_digit(digit, _now_ms())
-            await self._flush()
+        await self._to_call(lambda call, now_ms: call.carrier_digit(digit, now_ms))
 
     # ---------------------------------------------------------------- engine
 
@@ -342,17 +331,14 @@ class MediaStreamDriver:
                     await self._flush()
         except Exception:
             self.log.exception("engine_pump_failed")
-            async with self._lock:  # the caller hears the fallback, then the call is hung up
-                self.call.engine_failed("engine_stream_failed", _now_ms())
-                await self._flush()
+            # the caller hears the fallback, then the call is hung up
+            await self._to_call(lambda call, now_ms: call.engine_failed("engine_stream_failed", now_ms))
 
     async def _pace(self) -> None:
         try:
             while not self._done():
                 await self._pacing.wait()
-                async with self._lock:
-                    self.call.tick(_now_ms())
-                    await self._flush()
+                await self._to_call(CallSession.tick)
         finally:
             self._pacing.close()
 
@@ -360,13 +346,11 @@ class MediaStreamDriver:
 
     def _take_engine_event(self, event: EngineEvent) -> bool:
         """Hand one engine event to the call (lock held); False once the call no longer takes them."""
-        if isinstance(event, EngineErrorEvent):
-            self.services.metrics.engine_errors.labels(event.code).inc()
-            self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
+        self._seen.engine_event(event)
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
         self._feed.engine_event(event)
-        self._event_taken = (time.perf_counter(), type(event).__name__)
+        self._seen.engine_event_taken(event)
         self.call.receive_engine_event(event, _now_ms())
         return True
 
@@ -408,8 +392,8 @@ class MediaStreamDriver:
                     session = self.session
                     if session is None or engine_gone:
                         continue
-                    if self._first_audio_ms is None and self._first_audio_read_at is not None and isinstance(command, AppendAudio):
-                        self._first_audio_sent()
+                    if isinstance(command, AppendAudio):
+                        self._seen.audio_to_engine()
                     try:
                         await session.submit(command)
                     except EngineError as exc:
@@ -419,40 +403,26 @@ class MediaStreamDriver:
                 case BindEngine(start):
                     self._begin(start)
                 case CallerAudioBegan():
-                    self._first_audio_read_at = time.perf_counter()
-                case Perform(pending):  # the agent's transfer / DTMF: the carrier does it meanwhile
-                    action = asyncio.create_task(self._perform(pending))
-                    self._tasks.append(action)
-                    self._actions.add(action)
-                    action.add_done_callback(self._actions.discard)
+                    self._seen.caller_audio_began()
+                case Perform(pending):  # the agent's transfer / DTMF / tool: the carrier or application does it meanwhile
+                    self._tasks.append(self._work.perform(pending))
                 case HangUpCall(reason):
-                    task = asyncio.create_task(self._hang_up(reason))
-                    self._background.add(task)
-                    task.add_done_callback(self._background.discard)
+                    self._work.hang_up(reason)
                 case CloseTransport(code):
                     if not self._closed:
                         self._closed = True
                         with suppress(Exception):
                             await self.transport.close(code)
-                case Notice(UnknownCarrierEvent(event)):
-                    self.services.unknown_carrier_event(self.provider, event, self.log)
-                case Notice(DtmfReceived()):
-                    self.services.metrics.dtmf_received.labels(self.provider).inc()
-                    self.log.info("dtmf_received")  # not the digit: callers key in PINs and card numbers
-                case Notice(CarrierNotice() as notice):
-                    self.log.info("carrier_notice", notice=notice.name, detail=notice.detail)
+                case Notice() as notice:
+                    self._seen.notice(notice)
                 case Observed() as seen:
                     self._feed.observed(seen)
                 case RecordingChunk(data):
                     self._feed.record(data)
                 case MarkLag(ms):
-                    self.services.metrics.mark_lag_seconds.observe(ms / 1000)
-                case BargeInFlushed():  # its clear has been sent: time it from the engine event that caused it
-                    if self._event_taken is not None:
-                        received, signal = self._event_taken
-                        elapsed_s = time.perf_counter() - received
-                        self.services.metrics.barge_in_clear_seconds.observe(elapsed_s)
-                        self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
+                    self._seen.mark_lag(ms)
+                case BargeInFlushed():  # its clear has been sent: timed from the engine event that caused it
+                    self._seen.barge_in_flushed()
                     keeper = self._live_keeper
                     if keeper is not None and not keeper.released:
                         # what the engine is about to be told of the cut reply goes to the live ticket first: a
@@ -479,74 +449,11 @@ class MediaStreamDriver:
             return False
         return True
 
-    def _first_audio_sent(self) -> None:
-        assert self._first_audio_read_at is not None
-        elapsed_s = time.perf_counter() - self._first_audio_read_at
-        self.services.metrics.first_audio_seconds.observe(elapsed_s)
-        self._first_audio_ms = round(elapsed_s * 1000, 3)
-
-    async def _perform(self, pending: PendingAction) -> None:
-        """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""
-        start = self._start
-        assert start is not None
-        if isinstance(pending.action, ApplicationToolCall):
-            await self._run_tool(pending.call_id, pending.action)
-            return
-        action = type(pending.action).__name__
-        try:
-            result = await self.services.perform_action(self.provider, start.call_id, start.account_id, pending.action)
-        except Exception as exc:
-            self.log.warning("call_action_error", action=action, error=repr(exc))
-            result = ActionResult.failed("carrier_error", type(exc).__name__)
-        outcome = "ok" if result.ok else result.error or "failed"
-        self.services.metrics.call_actions.labels(self.provider, action, outcome).inc()
-        if isinstance(pending.action, TransferCall):
-            self._feed.emit("transfer", target=pending.action.target, ok=result.ok)
-        self.log.info("call_action", action=action, result=outcome, detail=result.detail)
+    async def _to_call(self, call_input: Callable[[CallSession, int], None]) -> None:
+        """Hand the call one input under the lock (``CallInput``), then send what it produced."""
         async with self._lock:
-            self.call.action_finished(pending.call_id, result, _now_ms())
+            call_input(self.call, _now_ms())
             await self._flush()
-
-    async def _run_tool(self, call_id: str, tool: ApplicationToolCall) -> None:
-        """The application answers the model's call of its tool (``AssistantSource.run_tool``, under
-        ``app.tool_timeout_s``); past ``app.tool_filler_after_s`` the call is told it is slow (its filler)."""
-        services, setup = self.services, self._setup_read
-        assert services.assistants is not None and setup is not None, "application tools come with a setup"
-        running = asyncio.ensure_future(services.assistants.run_tool(setup.context, tool.name, dict(tool.arguments)))
-        try:
-            done, _ = await asyncio.wait({running}, timeout=services.settings.app.tool_filler_after_s)
-            if not done:
-                async with self._lock:
-                    self.call.tool_slow(call_id, _now_ms())
-                    await self._flush()
-            outcome = await running
-        finally:
-            running.cancel()
-        result = outcome.result
-        failure = outcome.failure or ("tool_error" if result.error is not None else None)
-        services.metrics.call_actions.labels(self.provider, "ApplicationTool", failure or "ok").inc()
-        self._feed.tool_ran(tool.name, ok=failure is None, elapsed_ms=outcome.elapsed_ms)
-        self.log.info("application_tool", tool=tool.name, elapsed_ms=outcome.elapsed_ms, failure=failure, detail=outcome.detail[:300] or None)
-        answer = ActionResult.answered(result.output) if result.output is not None else ActionResult.failed("tool_failed", result.error)
-        async with self._lock:
-            self.call.action_finished(call_id, answer, _now_ms())
-            await self._flush()
-
-    async def _hang_up(self, reason: str) -> None:
-        if self._hung_up:
-            return
-        self._hung_up = True
-        start = self._start
-        if start is None:
-            return
-        await self._record(self.services.registry.mark_ended(start.call_id, reason))
-        try:
-            await self.services.hang_up(self.provider, start.call_id, start.account_id, reason)
-            self.services.metrics.hangups.labels(self.provider, "ok").inc()
-            self.log.info("call_hung_up", reason=reason)
-        except Exception as exc:
-            self.services.metrics.hangups.labels(self.provider, "failed").inc()
-            self.log.warning("hang_up_failed", reason=reason, error=repr(exc))
 
     # ----------------------------------------------------------------- finish
 
@@ -554,16 +461,14 @@ class MediaStreamDriver:
         # Until none is left: a task may start another while it is being cancelled (a bind whose registry write
         # swallowed the cancellation starts the engine pump), and that one must not be left waiting forever.
         current = asyncio.current_task()
-        if self._actions:
-            await asyncio.wait(self._actions, timeout=_ACTION_RESULT_WAIT_S)
+        await self._work.actions_answered()
         while pending := [task for task in self._tasks if not task.done() and task is not current]:
             for task in pending:
                 task.cancel()
             for task in pending:
                 with suppress(asyncio.CancelledError, Exception):
                     await task
-        if self._background:
-            await asyncio.wait(self._background, timeout=10)
+        await self._work.hang_ups_answered()
         services, start, session, life = self.services, self._start, self.session, self._life
         report = self.call.report()
         if start is not None and report.facts.call_over:
@@ -580,25 +485,7 @@ class MediaStreamDriver:
             assert start is not None
             life.stream_ended(report.facts, session_closed=session is None or session.closed)
             await self._do_steps(life, start, Held(session))
-        self._count(report)
-        end_reason = report.facts.end_reason
-        if report.limit_reached is not None:
-            self.log.warning("call_limit_reached", reason=report.limit_reached)
-        if report.engine_failure is not None:
-            services.metrics.engine_failures.labels(self.provider, engine_failure_kind(report.engine_failure)).inc()
-            self.log.warning("engine_failed_mid_call", reason=report.engine_failure)
-        if report.failure is not None:
-            services.metrics.protocol_errors.labels(self.provider, report.failure.reason.value).inc()
-            self.log.warning("call_ended", reason=end_reason, error=report.failure.detail)
-        else:
-            self.log.info(
-                "call_ended" if report.facts.call_over else "stream_detached",
-                reason=end_reason,
-                frames_sent=report.frames_sent,
-                frames_flushed=report.frames_flushed,
-                first_audio_to_engine_ms=self._first_audio_ms,
-            )
-        services.metrics.calls_total.labels(self.provider, (end_reason or "unknown").split(":")[0]).inc()
+        self._seen.ended(report)
         if not self._closed:
             with suppress(Exception):
                 await self.transport.close(1000)
@@ -609,50 +496,13 @@ class MediaStreamDriver:
         await do_steps(life, StreamEffects(self.services, start.call_id, self._holder(start), self), held)
 
     async def setup(self, *, choose: bool) -> CallSetup | Rejection | None:
-        """The call's setup (``AnswerDesk.choose_assistant``), with an application configured: the one kept
-        where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
-        (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
-        application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
-        services, start = self.services, self._start
-        assert start is not None
-        if services.assistants is None:
-            return None
-        if self._setup_read is None:
-            self._setup_read = await services.desk.call_setup(start.call_id)
-        if self._setup_read is None and choose:
-            chosen = await services.desk.choose_assistant(self._context(start))
-            if isinstance(chosen, TransferTo):  # a stream is answered already: nothing the carrier can send on
-                self.log.warning("transfer_unsupported", target=chosen.target, detail="the configured assistant takes the call")
-                return None
-            if not isinstance(chosen, CallSetup):
-                return chosen
-            self._setup_read = chosen
-        return self._setup_read
+        """The call's setup (``StreamSetup.setup``): once per stream. Raises ``RegistryUnavailable``."""
+        assert self._start is not None
+        return await self._setup.setup(self._start, self.provider, self.log, choose=choose)
 
     def call_over(self, end_reason: str) -> None:
         """The call is over, its last stream gone (a carrier that did not come back): its report to the application."""
         self._feed.call_over(end_reason, self.session.session_id if self.session is not None else None)
-
-    async def _bound_setup(self) -> CallSetup | None:
-        """The call's setup as its session binds (its greeting, its tools): None without an application, or where
-        the registry has none (the configured assistant then)."""
-        try:
-            setup = await self.setup(choose=False)
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-            return None
-        return setup if isinstance(setup, CallSetup) else None
-
-    def _context(self, start: StreamStarted) -> CallContext:
-        """What the stream's start says of the call (carriers with no answer webhook build the context here)."""
-        return CallContext(
-            call_id=start.call_id,
-            carrier=self.provider,
-            account_id=start.account_id,
-            caller_number=e164(start.caller),
-            called_number=e164(start.called),
-            parameters=allowed_parameters(start.custom_parameters, self.services.settings.app.context_parameters),
-        )
 
     async def token_is_ours(self) -> bool:
         """The stream's token checked (it is single-use): once, however often the lifecycle asks, and not cut short
@@ -676,24 +526,3 @@ class MediaStreamDriver:
             with suppress(Exception):  # a socket closing meanwhile: nothing more will be read anyway
                 await self.transport.authenticated(self._message_limit())
 
-    # --------------------------------------------------------------- registry
-
-    async def _record(self, write: Awaitable[None]) -> bool:
-        """A registry write; False, logged, when the registry is unreachable (the call goes on without it)."""
-        try:
-            await write
-        except RegistryUnavailable as exc:
-            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-            return False
-        return True
-
-    def _count(self, report: StreamReport) -> None:
-        """The stream's totals into the process metrics, once, as it ends (nothing is counted per frame)."""
-        metrics, provider = self.services.metrics, self.provider
-        metrics.audio_seconds.labels(provider, "in").inc(report.stream_input_ms / 1000)
-        metrics.audio_seconds.labels(provider, "out").inc(report.output_ms / 1000)
-        metrics.frames_flushed.labels(provider).inc(report.frames_flushed)
-        metrics.barge_ins.labels(provider).inc(report.barge_ins)
-        metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
-        metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
-        metrics.playout_underruns.labels(provider).inc(report.playout_underruns)
