@@ -40,6 +40,7 @@ COMPILED_FILES: tuple[str, ...] = (
     "callbridge/bridge/media.py",
     "callbridge/bridge/pacing.py",
     "callbridge/bridge/playout.py",
+    "callbridge/bridge/stream_phase.py",
     "callbridge/bridge/turns.py",
     "callbridge/carriers/base.py",
     "callbridge/carriers/json_wire.py",

@@ -162,6 +162,19 @@ class AgentTurns:
             return None
         return after.hang_up_due(now_ms, self._speech.audio.response_id, self._speech.ledger)
 
+    def reply_played(self, now_ms: int, *, live: bool) -> str | None:
+        """What waited for the agent's reply to play out, on a ``live`` stream: the hang-up asked for (its reason,
+        returned: the call ends), else a tool's result to answer (asked for here). Looked at on every event and
+        tick: mostly nothing waits."""
+        after = self.after_reply
+        if after.hang_up_reason is not None:
+            reason = self.hang_up_due(now_ms)
+            if reason is not None and live:
+                return reason
+        if after.respond and live:
+            self.respond_when_silent(now_ms)
+        return None
+
     def respond_when_silent(self, now_ms: int) -> None:
         """A tool's result reached the model while the agent spoke: the model answers it once that has played out
         and the engine was told so (``AfterReply.respond_due``)."""

@@ -77,6 +77,15 @@ class StreamLimits:
     def is_due(self, now_ms: int) -> bool:
         return self.due_ms is not None and now_ms >= self.due_ms
 
+    def reached(self, now_ms: int, *, started: bool, over: bool) -> str | None:
+        """The limit reached at ``now_ms``, where one is due (``verdict``); none for a stream ``over`` (they stop)."""
+        if not self.is_due(now_ms):
+            return None
+        if over:
+            self.stop()
+            return None
+        return self.verdict(now_ms, started=started)
+
     def verdict(self, now_ms: int, *, started: bool) -> str | None:
         """The limit reached at ``now_ms`` (``started``: the stream's ``start`` was read), or None and the next time
         one is due."""

@@ -25,7 +25,7 @@ from starlette.websockets import WebSocket
 from structlog.stdlib import BoundLogger
 
 from callbridge.bridge.binding import EngineBinding
-from callbridge.bridge.call import CallSession
+from callbridge.bridge.call import CallSession, CallState
 from callbridge.bridge.call_config import agent_setup, call_options
 from callbridge.bridge.call_feed import CallFeed
 from callbridge.bridge.call_outputs import (
@@ -257,7 +257,7 @@ class MediaStreamDriver:
         """The stream's live ticket now: its session's resume state, with what the caller has heard of the reply
         being generated and what the engine was told of each response, and the call's timeline."""
         call = self.call
-        ticket = replace(session.resume_ticket(), heard_ms=call.heard_so_far(_now_ms()), told_ms=call.told_so_far)
+        ticket = replace(session.resume_ticket(), heard_ms=call.speech.heard_so_far(_now_ms(), live=call.state is CallState.LIVE), told_ms=call.told_so_far)
         return LiveCall(self._holder(start), ticket, call.facts().input_ms)
 
     def _holder(self, start: StreamStarted) -> str:
@@ -392,7 +392,7 @@ class MediaStreamDriver:
                     session = self.session
                     if session is None or engine_gone:
                         continue
-                    if isinstance(command, AppendAudio):
+                    if self._seen.first_audio_ms is None and isinstance(command, AppendAudio):
                         self._seen.audio_to_engine()
                     try:
                         await session.submit(command)

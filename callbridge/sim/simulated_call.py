@@ -538,7 +538,7 @@ class SimulatedCall:
     def _write_live_ticket(self, call: CallSession) -> None:
         """The stream's live ticket into the registry (at its bind, then every ``CHECKPOINT_MS``): what the engine
         replays after it is what the stream takes from now on."""
-        ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.heard_so_far(self.now_ms),
+        ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.speech.heard_so_far(self.now_ms, live=call.state is CallState.LIVE),
                               told_ms=call.told_so_far)  # fmt: skip
         self.registry.live = LiveCall(f"bridge:{call.codec.stream_id}", ticket, call.facts().input_ms)
         self._named_again()
@@ -737,9 +737,9 @@ class SimulatedCall:
             elif isinstance(output, Observed) and output.kind == "silence" and self._speech_waiting():
                 self._violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
         if call.state is CallState.ENDED and self.outcome is None:
-            failed = call.failures_by_engine is not None and call.end_reason != "caller_hung_up"
-            no_engine = (call.end_reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
-            self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.end_reason or "ended"
+            failed = call.phase.engine_failure is not None and call.phase.reason != "caller_hung_up"
+            no_engine = (call.phase.reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
+            self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.phase.reason or "ended"
             self._end_stream(call)
 
     def _speech_waiting(self) -> bool:
@@ -806,9 +806,9 @@ class SimulatedCall:
     def _check_carrier_not_blamed(self, call: CallSession) -> None:
         """The carrier here is never silent on a live stream and never floods it: a stream ended by a carrier limit
         or taken for a flood is the bridge blaming it (for a stall of its own)."""
-        if call.limit_reached is not None:
-            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.limit_reached}")
-        if call.failure is not None and call.failure.reason is ProtocolErrorReason.FLOOD:
+        if call.phase.limit_reached is not None:
+            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.phase.limit_reached}")
+        if call.phase.failure is not None and call.phase.failure.reason is ProtocolErrorReason.FLOOD:
             self._violation("the carrier's messages were taken for a flood")
 
     def _restored_by_ms(self) -> int | None:

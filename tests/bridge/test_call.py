@@ -318,14 +318,14 @@ class TestEnding:
     def test_stop_closes_the_engine_session_without_hanging_up(self) -> None:
         h = Harness().live()
         h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
-        assert h.call.state is CallState.ENDED and h.call.end_reason == "caller_hung_up"
+        assert h.call.state is CallState.ENDED and h.call.phase.reason == "caller_hung_up"
         assert h.of(CloseSession) == [CloseSession("call_ended")]
         assert h.call.link.closed and h.call.link.hangup is None
 
     def test_the_agent_ending_the_session_hangs_up_at_once(self) -> None:
         h = Harness().live()
         h.engine(SessionClosed("duplex-1", "agent_ended_the_call"))
-        assert h.call.state is CallState.ENDED and h.call.failures_by_engine is None
+        assert h.call.state is CallState.ENDED and h.call.phase.engine_failure is None
         assert h.call.link.hangup == HangUp("engine_SessionClosed:agent_ended_the_call") and h.call.link.closed
 
     def test_a_tone_not_a_whole_number_of_frames_plays_whole_its_last_frame_padded(self) -> None:
@@ -354,7 +354,7 @@ class TestEnding:
         assert len(h.commands) == commands_before  # nothing more for an engine that is gone
         assert h.call.state is CallState.ENDED and h.call.link.closed
         assert h.call.link.hangup == HangUp("engine_SessionExpired:disconnect_grace_expired")
-        assert h.call.failures_by_engine == "engine_SessionExpired:disconnect_grace_expired"
+        assert h.call.phase.engine_failure == "engine_SessionExpired:disconnect_grace_expired"
 
     def test_no_engine_for_the_stream_plays_the_fallback_tone_then_hangs_up(self) -> None:
         h = Harness()
@@ -366,7 +366,7 @@ class TestEnding:
         h.advance(2000)
         assert 500 <= len(h.media_frames()) * 20 <= 700  # the 600 ms tone
         assert h.call.state is CallState.ENDED and h.call.link.hangup == HangUp("engine_unavailable:connection_failed")
-        assert h.call.failures_by_engine is None  # a refused stream, counted as such (not an engine failure mid-call)
+        assert h.call.phase.engine_failure is None  # a refused stream, counted as such (not an engine failure mid-call)
 
     def test_without_a_fallback_tone_an_engine_failure_hangs_up_at_once(self) -> None:
         h = Harness(failure_tone_ms=0).live()
@@ -393,7 +393,7 @@ class TestEnding:
     def test_socket_drop_detaches(self) -> None:
         h = Harness().live()
         h.call.transport_lost(100)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.of(CloseSession) == []
+        assert h.call.state is CallState.DETACHED and h.call.phase.detach and h.of(CloseSession) == []
         h.call.transport_lost(120)  # idempotent
         assert h.call.state is CallState.DETACHED
 
@@ -499,7 +499,7 @@ class TestEnding:
     def test_socket_drop_before_start(self) -> None:
         h = Harness()
         h.call.transport_lost(0)
-        assert h.call.state is CallState.ENDED and not h.call.detach_engine
+        assert h.call.state is CallState.ENDED and not h.call.phase.detach
 
     def test_refused_start(self) -> None:
         h = Harness()
@@ -530,7 +530,7 @@ class TestBadInput:
     def test_ends_the_call_cleanly(self, message: str | bytes, reason: ProtocolErrorReason) -> None:
         h = Harness().live()
         h.receive(message)
-        assert h.call.state is CallState.ENDED and h.call.failure is not None and h.call.failure.reason is reason
+        assert h.call.state is CallState.ENDED and h.call.phase.failure is not None and h.call.phase.failure.reason is reason
         assert h.of(CloseSession) == [CloseSession("carrier_protocol_error")]
         assert h.call.link.hangup == HangUp(f"protocol_error:{reason.value}") and h.call.link.closed
         h.receive(media())  # ignored from now on
@@ -546,7 +546,7 @@ class TestBadInput:
     def test_media_before_start(self) -> None:
         h = Harness()
         h.receive(media())
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.OUT_OF_ORDER
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.OUT_OF_ORDER
         assert h.call.link.hangup is None  # nothing was bridged: nothing to hang up
 
     def test_a_flood_faster_than_real_time(self) -> None:
@@ -555,14 +555,14 @@ class TestBadInput:
             h.receive(media(caller_frame(i), timestamp=str(20 * i)))
             if h.call.state is CallState.ENDED:
                 break
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
 
     def test_a_backlog_after_a_stall_is_not_a_flood(self) -> None:
         h = Harness().live()
         h.now_ms = 5000  # the server was stalled for 5 s: Twilio's frames waited in the socket
         for i in range(250):
             h.receive(media(caller_frame(i), timestamp=str(20 * i)))
-        assert h.call.state is CallState.LIVE and h.call.failure is None
+        assert h.call.state is CallState.LIVE and h.call.phase.failure is None
 
     def test_a_backlog_after_a_stall_longer_than_the_burst_is_not_a_flood(self) -> None:
         """31 s stopped (past the idle limit, and more messages than the burst of 1000): the late tick puts the
@@ -576,7 +576,7 @@ class TestBadInput:
             h.receive(media(caller_frame(i), timestamp=str(20 * i)))
             if i % 50 == 0:
                 h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
-        assert h.call.state is CallState.LIVE and h.call.failure is None
+        assert h.call.state is CallState.LIVE and h.call.phase.failure is None
 
     def test_what_a_stall_earns_is_bounded_by_its_length(self) -> None:
         """After that backlog a flood still ends the call, once the stall's 150 messages a second are spent."""
@@ -590,7 +590,7 @@ class TestBadInput:
             h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
             if h.call.state is CallState.ENDED:
                 break
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
         assert sent == 31 * 150 - 1550  # every message of 31 s at 150 a second, and not one more
 
     def test_a_carrier_quiet_under_the_idle_limit_earns_no_bigger_burst_than_its_quiet(self) -> None:
@@ -600,7 +600,7 @@ class TestBadInput:
             h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
             if h.call.state is CallState.ENDED:
                 break
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
         assert sent == 1350
 
     def test_a_stream_not_yet_started_earns_no_more_than_the_burst(self) -> None:
@@ -611,14 +611,14 @@ class TestBadInput:
             h.receive(CONNECTED)
             if h.call.state is CallState.ENDED:
                 break
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
         assert sent == 1000  # the burst, and not one more
 
     def test_a_flood_of_small_messages(self) -> None:
         h = Harness().live()
         for _ in range(1100):
             h.receive(f'{{"event":"mark","streamSid":"{SID}","mark":{{"name":"x"}}}}')
-        assert h.call.failure is not None and h.call.failure.reason is ProtocolErrorReason.FLOOD
+        assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
 
 
 class TestLimits:
@@ -636,8 +636,8 @@ class TestLimits:
         h.advance(9_999)
         assert h.call.state is CallState.AWAITING_START
         h.advance(1)
-        assert h.call.state is CallState.ENDED and h.call.link.closed and h.call.end_reason == "first_message_timeout"
-        assert h.call.limit_reached == "first_message_timeout" and h.call.link.hangup is None  # nothing was bridged
+        assert h.call.state is CallState.ENDED and h.call.link.closed and h.call.phase.reason == "first_message_timeout"
+        assert h.call.phase.limit_reached == "first_message_timeout" and h.call.link.hangup is None  # nothing was bridged
 
     def test_a_started_stream_gone_quiet_is_taken_for_dropped(self) -> None:
         h = self.connected()
@@ -647,8 +647,8 @@ class TestLimits:
         h.advance(9_999)
         assert h.call.state is CallState.LIVE  # each message moves the limit: 10 s after the last one
         h.advance(1)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.link.closed
-        assert h.call.end_reason == h.call.limit_reached == "idle_timeout" and h.call.link.hangup is None
+        assert h.call.state is CallState.DETACHED and h.call.phase.detach and h.call.link.closed
+        assert h.call.phase.reason == h.call.phase.limit_reached == "idle_timeout" and h.call.link.hangup is None
         assert h.of(CloseSession) == []  # the session waits for the carrier's next stream
 
     def test_a_stall_of_this_process_is_not_taken_for_the_carriers_silence(self) -> None:
@@ -664,14 +664,14 @@ class TestLimits:
         h.now_ms = 15_000  # the process runs again: the tick first
         h.call.tick(h.now_ms)
         h.drain()
-        assert h.call.state is CallState.LIVE and h.call.limit_reached is None
+        assert h.call.state is CallState.LIVE and h.call.phase.limit_reached is None
         for i in range(1, 4):  # then the reader: the carrier's backlog
             h.receive(media(caller_frame(i), i * 20))
         assert h.call.state is CallState.LIVE
         h.advance(9_999)  # and the limit is the carrier's again: 10 s after its last message
         assert h.call.state is CallState.LIVE
         h.advance(1)
-        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+        assert h.call.state is CallState.DETACHED and h.call.phase.limit_reached == "idle_timeout"
 
     def test_a_carrier_silent_through_a_stall_still_reaches_its_limit_once_the_reader_had_its_turn(self) -> None:
         h = self.connected()
@@ -684,7 +684,7 @@ class TestLimits:
         assert h.call.state is CallState.LIVE  # what came during the stall is not read yet
         assert h.call.next_deadline_ms() == 12_900 + PROCESS_STALL_MS
         h.advance(PROCESS_STALL_MS)  # nothing was: the carrier's silence, judged as ever
-        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+        assert h.call.state is CallState.DETACHED and h.call.phase.limit_reached == "idle_timeout"
 
     def test_a_process_late_on_every_tick_puts_the_verdict_off_once_only(self) -> None:
         """Late again on the put-off verdict, with nothing read between: the reader had its turn, the limit holds."""
@@ -695,7 +695,7 @@ class TestLimits:
             h.now_ms = now_ms
             h.call.tick(now_ms)
             h.drain()
-        assert h.call.state is CallState.DETACHED and h.call.limit_reached == "idle_timeout"
+        assert h.call.state is CallState.DETACHED and h.call.phase.limit_reached == "idle_timeout"
 
     def test_a_stall_before_the_start_does_not_use_up_the_first_message_timeout(self) -> None:
         h = self.connected()
@@ -707,7 +707,7 @@ class TestLimits:
         assert h.call.state is CallState.AWAITING_START
         h.receive(START)  # the carrier's start, read now
         h.advance(PROCESS_STALL_MS)
-        assert h.call.start_request is not None and h.call.state is CallState.STARTING and h.call.limit_reached is None
+        assert h.call.start_request is not None and h.call.state is CallState.STARTING and h.call.phase.limit_reached is None
 
     def test_the_limit_check_does_not_move_with_every_message(self) -> None:
         h = self.connected()
@@ -725,7 +725,7 @@ class TestLimits:
         for second in range(1, 61):  # media keeps coming: the idle limit never fires
             h.advance(1_000)
             h.receive(media(caller_frame(second), second * 1000))
-        assert h.call.state is CallState.ENDED and h.call.limit_reached == "max_call_duration"
+        assert h.call.state is CallState.ENDED and h.call.phase.limit_reached == "max_call_duration"
         assert h.of(CloseSession) == [CloseSession("max_call_duration")] and h.call.link.hangup is not None
 
     def test_without_connected_no_limit_runs(self) -> None:
@@ -754,7 +754,7 @@ class TestSendFailed:
         h = self.failed()
         h.advance(400)
         h.receive(f'{{"event":"stop","streamSid":"{SID}"}}')
-        assert h.call.state is CallState.ENDED and h.call.end_reason == "caller_hung_up" and not h.call.detach_engine
+        assert h.call.state is CallState.ENDED and h.call.phase.reason == "caller_hung_up" and not h.call.phase.detach
 
     def test_without_a_stop_the_stream_is_taken_for_dropped_after_a_second(self) -> None:
         h = self.failed()
@@ -763,7 +763,7 @@ class TestSendFailed:
         h.advance(999)
         assert h.call.state is CallState.LIVE
         h.advance(1)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.link.closed
+        assert h.call.state is CallState.DETACHED and h.call.phase.detach and h.call.link.closed
         assert h.call.close_code == 1000 and h.call.next_deadline_ms() is None
 
     def test_close_codes(self) -> None:
@@ -828,13 +828,13 @@ class TestLeavingTheStream:
     def test_a_superseded_stream_is_a_drop_closed_going_away(self) -> None:
         h = Harness().live()
         h.call.superseded(h.now_ms)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine
+        assert h.call.state is CallState.DETACHED and h.call.phase.detach
         assert h.call.link.closed and h.call.close_code == 1001 and h.of(CloseSession) == []
 
     def test_a_stream_moves_off_a_draining_process_as_a_drop(self) -> None:
         h = Harness().live()
         assert h.call.move_elsewhere(h.now_ms)
-        assert h.call.state is CallState.DETACHED and h.call.detach_engine and h.call.close_code == 1001
+        assert h.call.state is CallState.DETACHED and h.call.phase.detach and h.call.close_code == 1001
         assert not h.call.link.closed  # the driver closes it once the session is parked
         assert not h.call.move_elsewhere(h.now_ms)  # once
 
@@ -959,7 +959,7 @@ class TestCallLimit:
         h.advance(4990)
         assert h.call.state is CallState.LIVE
         h.advance(20)
-        assert h.call.limit_reached == "assistant_max_duration" and any(isinstance(o, HangUpCall) for o in h.outputs)
+        assert h.call.phase.limit_reached == "assistant_max_duration" and any(isinstance(o, HangUpCall) for o in h.outputs)
         assert CloseSession("assistant_max_duration") in h.commands
 
 
@@ -982,7 +982,7 @@ class TestSilence:
         h.engine(AudioDelta(agent_audio(800), 24000, "resp-9", "item_resp-9", 0))
         h.engine(ResponseDone("resp-9", "completed", None, 0))
         h.advance(2000)
-        assert any(isinstance(o, HangUpCall) for o in h.outputs) and h.call.end_reason == "caller_silent"
+        assert any(isinstance(o, HangUpCall) for o in h.outputs) and h.call.phase.reason == "caller_silent"
 
     def test_a_goodbye_that_never_comes_still_ends_the_call(self) -> None:
         h = Harness().live(silence=replace(self.POLICY, reprompt_ms=0))

@@ -97,7 +97,7 @@ class TestEndCall:
         h.advance(500)
         assert h.call.state is CallState.LIVE
         h.advance(1000)
-        assert h.call.state is CallState.ENDED and h.call.end_reason == "agent_hung_up"
+        assert h.call.state is CallState.ENDED and h.call.phase.reason == "agent_hung_up"
         assert h.call.link.hangup == HangUp("agent_hung_up") and h.call.link.closed
         assert h.of(CloseSession) == [CloseSession("agent_hung_up")]
         played = sum(len(base64.b64decode(str(m["media"]["payload"]))) for m in h.events("media")) // 8  # type: ignore[index]
@@ -135,7 +135,7 @@ class TestCarrierActions:
         h.call.action_finished("call_t", ActionResult.done(), h.now_ms)
         h.drain()
         assert outputs(h) == {"call_t": {"ok": True}}
-        assert h.call.state is CallState.ENDED and h.call.end_reason == "transferred"
+        assert h.call.state is CallState.ENDED and h.call.phase.reason == "transferred"
         assert h.call.link.hangup == HangUp("transferred")  # a SIP transferor sends BYE once the REFER succeeded
         assert h.of(CloseSession) == [CloseSession("transferred")]
 
@@ -174,7 +174,7 @@ class TestCarrierActions:
         h.drain()
         assert outputs(h) == {"call_t": json.loads(result.output())}
         assert h.of(CloseSession) == [CloseSession("transferred" if succeeded else "call_ended")]
-        assert h.call.end_reason == ("transferred" if succeeded else "caller_hung_up")
+        assert h.call.phase.reason == ("transferred" if succeeded else "caller_hung_up")
         assert h.call.link.hangup is None  # the stream is over: nothing to hang up
 
     def test_dtmf_result_is_reported(self) -> None:
