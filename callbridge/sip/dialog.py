@@ -47,20 +47,16 @@ What it does:
   we do not know → 501; a malformed request with enough headers to answer →
   400; anything else is dropped (``Dropped``, counted by the server).
 
-Responses go where RFC 3581 says: to the source address when the top Via
-has ``rport``, else to the source IP and the Via's port; the top Via gets
-``received``/``rport``. Requests we send (BYE) go to the address the INVITE
-came from, with the Record-Route set as ``Route``.
+Responses, their retransmission and the requests we send in a dialog are written as ``sip/uas_messages.py`` says
+(RFC 3581 addressing; BYEs to the address the INVITE came from, the Record-Route set as ``Route``); whether a new
+INVITE is taken, as ``sip/invite_offer.py`` says.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections import deque
 from typing import Final
 
-from callbridge.codecs import AudioEncoding
-from callbridge.sip import digest
 from callbridge.sip.dialog_state import (
     TRANSITIONS,
     CallConfirmed,
@@ -78,27 +74,32 @@ from callbridge.sip.dialog_state import (
     Trigger,
     UasConfig,
 )
+from callbridge.sip.invite_offer import Admission, Refusal, read_offer
 from callbridge.sip.message import (
-    REASON_PHRASES,
     SipParseError,
     SipParseReason,
     SipRequest,
     SipResponse,
     display_name_of,
+    dtmf_relay_digits,
     header_param,
     host_port,
     parse_message,
     server_transaction_key,
-    split_params,
     uri_of,
-    via_sent_by,
-    with_param,
 )
 from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
-from callbridge.sip.sdp import Direction, MediaChoice, SdpError, answer, choose, offer, read_answer
+from callbridge.sip.sdp import SdpError, answer, choose, offer, read_answer
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
-from callbridge.sources import source_allowed
+from callbridge.sip.uas_messages import (
+    ALLOW,
+    ServerTransactions,
+    capabilities,
+    contact,
+    in_dialog_request,
+    refer_request,
+)
 
 __all__ = [
     "ALLOW",
@@ -116,10 +117,7 @@ __all__ = [
     "UasConfig",
 ]
 
-ALLOW: Final = "INVITE, ACK, CANCEL, BYE, OPTIONS, INFO, NOTIFY, PRACK"
 _KNOWN_UNSUPPORTED: Final = frozenset({"REGISTER", "SUBSCRIBE", "MESSAGE", "UPDATE", "REFER", "PUBLISH"})
-_SUPPORTED: Final[frozenset[str]] = frozenset({"100rel"})  # Require of anything else → 420
-_MAX_NONCES: Final = 1024
 
 class SipUas:
     """Every SIP dialog of one listener. See the module docstring."""
@@ -130,20 +128,16 @@ class SipUas:
         self.dialogs: dict[str, Dialog] = {}
         self._out: list[Outgoing] = []
         self._events: list[SipEvent] = []
-        self._cache: dict[tuple[str, str], tuple[Outgoing, int]] = {}
-        """(transaction key, method) → the last response sent and when it may be forgotten (retransmitted requests).
-        In the order they expire (each is kept ``TIMEOUT_MS`` from its response): the first is the next to go, so
-        neither the deadline nor the pruning reads more than the entries due (a flood fills it by thousands)."""
-        self._invite_branches: dict[str, str] = {}
-        """INVITE transaction key → call id (CANCEL matching, ACK of a non-2xx)."""
-        self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
-        self._final_retransmits: dict[str, Retransmission] = {}
-        """INVITE transaction key → a non-2xx final response retransmitted until its ACK."""
+        self._responses = ServerTransactions(config, self._out)
+        """Our responses, kept for retransmitted requests; non-2xx INVITE finals until their ACK."""
+        self._admission = Admission(config)
+        """Who may call (``sip/invite_offer.py``)."""
 
     # ------------------------------------------------------------------ outputs
 
     def datagrams_to_send(self) -> list[Outgoing]:
-        out, self._out = self._out, []
+        out = self._out[:]  # the list is shared with the server transactions: taken by copy, not swapped
+        self._out.clear()
         return out
 
     def events(self) -> list[SipEvent]:
@@ -152,9 +146,7 @@ class SipUas:
 
     def next_deadline_ms(self) -> int | None:
         deadlines = [r.deadline_ms for d in self.dialogs.values() for r in d.retransmits]
-        deadlines.extend(r.deadline_ms for r in self._final_retransmits.values())
-        if self._cache:
-            deadlines.append(next(iter(self._cache.values()))[1])
+        deadlines.extend(self._responses.deadlines())
         deadlines.extend(d.ended_at_ms + TIMEOUT_MS for d in self.dialogs.values() if d.ended_at_ms is not None)
         deadlines.extend(d.transfer.deadline_ms for d in self.dialogs.values() if d.transfer is not None)
         return min(deadlines) if deadlines else None
@@ -178,9 +170,9 @@ class SipUas:
                 exc.request.transport = transport
             if exc.request is not None and exc.request.method != "ACK":
                 if exc.reason is SipParseReason.HEAD_TOO_LARGE:
-                    self._respond(exc.request, source, 513, now_ms, reason="Message Too Large")
+                    self._responses.respond(exc.request, source, 513, now_ms, reason="Message Too Large")
                 else:
-                    self._respond(exc.request, source, 400, now_ms, reason=f"Bad Request ({exc.reason.value})")
+                    self._responses.respond(exc.request, source, 400, now_ms, reason=f"Bad Request ({exc.reason.value})")
             return
         if isinstance(message, SipResponse):
             self._on_response(message, source, now_ms)
@@ -211,13 +203,13 @@ class SipUas:
         dialog = self.dialogs.get(call_id)
         if dialog is None or dialog.state is not DialogState.OFFERED or dialog.unacked_rseq is not None:
             return  # §3: no second reliable provisional response before the first is acknowledged
-        extra = [("Contact", self._contact(dialog.invite))]
+        extra = [("Contact", contact(self.config, dialog.invite))]
         extra.extend(("Record-Route", value) for value in dialog.invite.headers_all("Record-Route"))
         if dialog.reliable_provisional:
             dialog.rseq = dialog.rseq + 1 if dialog.rseq else 1 + secrets.randbelow(2**31 - 1)  # §3: 1 … 2**31 − 1
             dialog.unacked_rseq = dialog.rseq
             extra += [("Require", "100rel"), ("RSeq", str(dialog.rseq))]
-        sent = self._respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
+        sent = self._responses.respond(dialog.invite, dialog.source, 180, now_ms, to_tag=dialog.local_tag, extra=extra)
         if dialog.reliable_provisional:
             dialog.retransmits.append(retransmission_of(TxKind.RELIABLE_1XX, sent, now_ms, dialog.rseq))
 
@@ -233,7 +225,7 @@ class SipUas:
         extra = [("Retry-After", str(retry_after_s))] if retry_after_s is not None else []
         if redirect_to is not None:
             extra.append(("Contact", f"<{refer_to(redirect_to, host_port(*dialog.source))}>"))
-        self._final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
+        self._responses.final(dialog.invite, dialog.source, status, now_ms, to_tag=dialog.local_tag, extra=extra)
         self._end(dialog, "redirected" if redirect_to is not None else "rejected", now_ms, announce=False)
 
     def hang_up(self, call_id: str, now_ms: int) -> None:
@@ -256,10 +248,7 @@ class SipUas:
             why = "a transfer is in progress" if dialog is not None and dialog.transfer is not None else "the call is not established"
             self._events.append(TransferResult(call_id, False, 0, why))
             return
-        request = self._in_dialog_request(dialog, "REFER")
-        request.add("Refer-To", f"<{refer_to(target, host_port(*dialog.source))}>")
-        request.add("Referred-By", f"<sip:callbridge@{host_port(self.config.host, self.config.port)}>")
-        request.add("Contact", self._contact(dialog.invite))
+        request = refer_request(self.config, dialog, target)
         sent = Outgoing(request.serialize(), dialog.source, dialog.invite.transport)
         self._out.append(sent)
         dialog.transfer = Transfer(dialog.local_cseq, now_ms + TIMEOUT_MS)
@@ -267,22 +256,11 @@ class SipUas:
 
     def tick(self, now_ms: int) -> None:
         """Retransmit what is due, give up on what timed out, forget old transactions."""
-        while self._cache:
-            key, (_, until) = next(iter(self._cache.items()))
-            if until > now_ms:
-                break
-            del self._cache[key]
-        for branch, retransmit in list(self._final_retransmits.items()):
-            due = retransmit.due(now_ms)
-            if due is Due.GIVE_UP:
-                del self._final_retransmits[branch]
-                self._invite_branches.pop(branch, None)
-            elif due is Due.RESEND:
-                self._resend(retransmit, now_ms)
+        self._responses.tick(now_ms, self._resend)
         for dialog in list(self.dialogs.values()):
             if dialog.ended_at_ms is not None and dialog.ended_at_ms + TIMEOUT_MS <= now_ms:
                 del self.dialogs[dialog.call_id]
-                self._invite_branches.pop(dialog.invite_branch, None)
+                self._responses.invite_branches.pop(dialog.invite_branch, None)
                 continue
             if dialog.transfer is not None and (outcome := dialog.transfer.expired(now_ms)) is not None:
                 self._transfer_ended(dialog, outcome)
@@ -297,9 +275,9 @@ class SipUas:
     # ---------------------------------------------------------------- requests
 
     def _on_request(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        cached = self._cache.get((server_transaction_key(request), request.method))
+        cached = self._responses.cached(request)
         if cached is not None and request.method != "ACK":
-            self._out.append(cached[0])  # a retransmitted request
+            self._out.append(cached)  # a retransmitted request
             return
         method = request.method
         if method == "INVITE":
@@ -313,9 +291,9 @@ class SipUas:
         elif method == "OPTIONS":
             dialog = self._dialog_of(request)
             if header_param(request.header("To") or "", "tag") is not None and dialog is None:
-                self._respond(request, source, 481, now_ms)
+                self._responses.respond(request, source, 481, now_ms)
             else:
-                self._respond(request, source, 200, now_ms, extra=self._capabilities())
+                self._responses.respond(request, source, 200, now_ms, extra=capabilities())
         elif method == "INFO":
             self._on_info(request, source, now_ms)
         elif method == "NOTIFY":
@@ -323,44 +301,28 @@ class SipUas:
         elif method == "PRACK":
             self._on_prack(request, source, now_ms)
         elif method in _KNOWN_UNSUPPORTED:
-            self._respond(request, source, 405, now_ms, extra=[("Allow", ALLOW)])
+            self._responses.respond(request, source, 405, now_ms, extra=[("Allow", ALLOW)])
         else:
-            self._respond(request, source, 501, now_ms, extra=[("Allow", ALLOW)])
+            self._responses.respond(request, source, 501, now_ms, extra=[("Allow", ALLOW)])
 
     def _on_invite(self, request: SipRequest, source: Address, now_ms: int) -> None:
         if header_param(request.header("To") or "", "tag") is not None:
             dialog = self._dialog_of(request)
             if dialog is None or dialog.state is DialogState.ENDED:
-                self._respond(request, source, 481, now_ms)
+                self._responses.respond(request, source, 481, now_ms)
             else:
                 self._on_reinvite(dialog, request, source, now_ms)
             return
         if request.call_id in self.dialogs:
             existing = self.dialogs[request.call_id]
             if existing.invite_branch != server_transaction_key(request):
-                self._respond(request, source, 482, now_ms)  # the same call again on another path
+                self._responses.respond(request, source, 482, now_ms)  # the same call again on another path
             return
-        refusal = self._admission(request, source)
-        if refusal is not None:
-            status, extra = refusal
-            self._final(request, source, status, now_ms, extra=extra)
+        offered = self._admission.refusal(request, source) or read_offer(request, source)
+        if isinstance(offered, Refusal):
+            self._responses.final(request, source, offered.status, now_ms, extra=offered.extra, reason=offered.reason)
             return
-        unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in _SUPPORTED]
-        if unsupported:
-            self._final(request, source, 420, now_ms, extra=[("Unsupported", ", ".join(unsupported))])
-            return
-        content_type = (request.header("Content-Type") or "").split(";")[0].strip().lower()
-        if request.body and content_type != "application/sdp":
-            self._final(request, source, 415, now_ms, extra=[("Accept", "application/sdp")])
-            return
-        try:
-            choice = choose(request.body.decode("utf-8", "replace")) if request.body else _placeholder(source)
-        except SdpError as exc:
-            self._final(request, source, 400, now_ms, reason=f"Bad Request (SDP: {exc})")
-            return
-        if choice is None:  # nothing we take
-            self._final(request, source, 488, now_ms, extra=[("Warning", '304 callbridge "PCMU or PCMA audio required"')])
-            return
+        choice = offered
         dialog = Dialog(
             call_id=request.call_id,
             state=DialogState.OFFERED,
@@ -374,8 +336,8 @@ class SipUas:
             reliable_provisional="100rel" in [opt.lower() for opt in request.headers_all("Require")],
         )
         self.dialogs[dialog.call_id] = dialog
-        self._invite_branches[server_transaction_key(request)] = dialog.call_id
-        self._respond(request, source, 100, now_ms)
+        self._responses.invite_branches[server_transaction_key(request)] = dialog.call_id
+        self._responses.respond(request, source, 100, now_ms)
         sender = request.header("From") or ""
         caller, callee = uri_of(sender), uri_of(request.header("To") or "")
         extension = tuple((name, value) for name, value in request.headers if name.lower().startswith("x-"))
@@ -386,7 +348,7 @@ class SipUas:
     def _on_reinvite(self, dialog: Dialog, request: SipRequest, source: Address, now_ms: int) -> None:
         cseq = request.cseq[0]
         if cseq <= dialog.remote_cseq or dialog.state not in (DialogState.ANSWERED, DialogState.CONFIRMED):
-            self._final(request, source, 500, now_ms, to_tag=dialog.local_tag, extra=[("Retry-After", "1")])
+            self._responses.final(request, source, 500, now_ms, to_tag=dialog.local_tag, extra=[("Retry-After", "1")])
             return
         dialog.remote_cseq = cseq
         if request.body:
@@ -395,7 +357,7 @@ class SipUas:
             except SdpError:
                 choice = None
             if choice is None or choice.encoding is not dialog.choice.encoding:
-                self._final(request, source, 488, now_ms, to_tag=dialog.local_tag)
+                self._responses.final(request, source, 488, now_ms, to_tag=dialog.local_tag)
                 return
             changed = (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type) != (
                 dialog.choice.direction,
@@ -415,18 +377,16 @@ class SipUas:
         self._answer_invite(dialog, request, now_ms)
 
     def _on_ack(self, request: SipRequest, now_ms: int) -> None:
-        retransmit = self._final_retransmits.pop(server_transaction_key(request), None)
+        retransmit = self._responses.final_retransmits.pop(server_transaction_key(request), None)
         if retransmit is not None:  # ACK of a non-2xx final response: the transaction is done
             if request.call_id not in self.dialogs:  # a cancelled call's entry goes with its dialog
-                self._invite_branches.pop(server_transaction_key(request), None)
+                self._responses.invite_branches.pop(server_transaction_key(request), None)
             return
         dialog = self._dialog_of(request)
         if dialog is None:
             return
         cseq = request.cseq[0]
-        acked = [r for r in dialog.retransmits if r.kind is TxKind.INVITE_2XX and r.cseq == cseq]
-        for r in acked:
-            dialog.retransmits.remove(r)
+        dialog.retransmits = [r for r in dialog.retransmits if not (r.kind is TxKind.INVITE_2XX and r.cseq == cseq)]
         if dialog.state is DialogState.ANSWERED:
             self._transition(dialog, Trigger.ACK)
             if dialog.delayed_offer and not self._take_answer(dialog, request, now_ms):
@@ -452,38 +412,33 @@ class SipUas:
         return True
 
     def _on_cancel(self, request: SipRequest, source: Address, now_ms: int) -> None:
-        call_id = self._invite_branches.get(server_transaction_key(request))
+        call_id = self._responses.invite_branches.get(server_transaction_key(request))
         dialog = self.dialogs.get(call_id) if call_id is not None else None
         if dialog is None:
-            self._respond(request, source, 481, now_ms)
+            self._responses.respond(request, source, 481, now_ms)
             return
-        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        self._responses.respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
         if dialog.state is DialogState.OFFERED:
             self._transition(dialog, Trigger.CANCEL)
-            self._final(dialog.invite, dialog.source, 487, now_ms, to_tag=dialog.local_tag)
+            self._responses.final(dialog.invite, dialog.source, 487, now_ms, to_tag=dialog.local_tag)
             self._end(dialog, "cancelled", now_ms)
 
     def _on_bye(self, request: SipRequest, source: Address, now_ms: int) -> None:
         dialog = self._dialog_of(request)
         if dialog is None or dialog.state in (DialogState.ENDED, DialogState.OFFERED):
-            self._respond(request, source, 481, now_ms)
+            self._responses.respond(request, source, 481, now_ms)
             return
-        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        self._responses.respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
         self._transition(dialog, Trigger.BYE_RECEIVED)
         self._end(dialog, "bye", now_ms)
 
     def _on_info(self, request: SipRequest, source: Address, now_ms: int) -> None:
         dialog = self._dialog_of(request)
         if dialog is None or dialog.state is DialogState.ENDED:
-            self._respond(request, source, 481, now_ms)
+            self._responses.respond(request, source, 481, now_ms)
             return
-        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
-        if (request.header("Content-Type") or "").lower().startswith("application/dtmf-relay"):
-            for line in request.body.decode("utf-8", "replace").splitlines():
-                key, _, value = line.partition("=")
-                digit = value.strip().upper()
-                if key.strip().lower() == "signal" and len(digit) == 1 and digit in "0123456789*#ABCD":
-                    self._events.append(DtmfInfo(dialog.call_id, digit))
+        self._responses.respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        self._events.extend(DtmfInfo(dialog.call_id, digit) for digit in dtmf_relay_digits(request))
 
     def _on_prack(self, request: SipRequest, source: Address, now_ms: int) -> None:
         """RFC 3262 §3: a PRACK whose ``RAck`` names our reliable 180 (its RSeq, the INVITE's CSeq) → 200, and
@@ -493,20 +448,20 @@ class SipUas:
         if dialog is None or dialog.state is DialogState.ENDED or dialog.unacked_rseq is None or rack != [
             str(dialog.unacked_rseq), str(dialog.invite.cseq[0]), "INVITE"
         ]:
-            self._respond(request, source, 481, now_ms)
+            self._responses.respond(request, source, 481, now_ms)
             return
         dialog.unacked_rseq = None
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.RELIABLE_1XX]
-        self._respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
+        self._responses.respond(request, source, 200, now_ms, to_tag=dialog.local_tag)
 
     def _on_notify(self, request: SipRequest, source: Address, now_ms: int) -> None:
         """The progress of our REFER (RFC 3515 §2.4.4): a sipfrag status line; the first final one decides."""
         dialog = self._dialog_of(request)
         if dialog is None or dialog.state is DialogState.ENDED:
-            self._respond(request, source, 481, now_ms)
+            self._responses.respond(request, source, 481, now_ms)
             return
         status = notify_status(request.header("Event") or request.header("o") or "")
-        self._respond(request, source, status, now_ms, to_tag=dialog.local_tag)
+        self._responses.respond(request, source, status, now_ms, to_tag=dialog.local_tag)
         transfer = dialog.transfer
         if status != 200 or transfer is None:
             return  # not about a REFER, or a late NOTIFY of a transfer already decided
@@ -518,28 +473,6 @@ class SipUas:
         dialog.transfer = None
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.REFER]
         self._events.append(TransferResult(dialog.call_id, outcome.ok, outcome.status, outcome.reason))
-
-    def _admission(self, request: SipRequest, source: Address) -> tuple[int, list[tuple[str, str]]] | None:
-        """None: admitted; else the refusal (401 with a challenge, or 403)."""
-        if source_allowed(source[0], self.config.allowed_networks):
-            return None
-        config = self.config
-        if config.username is None or config.password is None:
-            return 403, []
-        credentials = request.header("Authorization")
-        if credentials is not None and self._digest_ok(request, credentials):
-            return None
-        nonce = secrets.token_hex(16)
-        self._nonces.append(nonce)
-        return 401, [("WWW-Authenticate", challenge) for challenge in digest.challenges(config.realm, nonce)]
-
-    def _digest_ok(self, request: SipRequest, credentials: str) -> bool:
-        config = self.config
-        assert config.username is not None and config.password is not None
-        return digest.verify(
-            credentials, method=request.method, realm=config.realm, username=config.username, password=config.password,
-            nonce_valid=self._nonces.__contains__,
-        )  # fmt: skip
 
     # --------------------------------------------------------------- responses
 
@@ -569,109 +502,18 @@ class SipUas:
             self._transfer_ended(dialog, outcome)
 
     def _answer_invite(self, dialog: Dialog, request: SipRequest, now_ms: int) -> None:
-        extra = [("Contact", self._contact(request))]
+        extra = [("Contact", contact(self.config, request))]
         extra.extend(("Record-Route", value) for value in request.headers_all("Record-Route"))
-        extra.extend(self._capabilities())
+        extra.extend(capabilities())
         extra.append(("Content-Type", "application/sdp"))
-        sent = self._respond(request, dialog.source, 200, now_ms, to_tag=dialog.local_tag, extra=extra, body=dialog.sdp.encode())
+        sent = self._responses.respond(request, dialog.source, 200, now_ms, to_tag=dialog.local_tag, extra=extra, body=dialog.sdp.encode())
         dialog.retransmits.append(retransmission_of(TxKind.INVITE_2XX, sent, now_ms, request.cseq[0]))
-
-    def _final(
-        self,
-        request: SipRequest,
-        source: Address,
-        status: int,
-        now_ms: int,
-        *,
-        to_tag: str | None = None,
-        extra: list[tuple[str, str]] | None = None,
-        reason: str | None = None,
-    ) -> None:
-        """A non-2xx final response to an INVITE: retransmitted until its ACK (Timer G/H)."""
-        sent = self._respond(request, source, status, now_ms, to_tag=to_tag or secrets.token_hex(6), extra=extra, reason=reason)
-        self._invite_branches[server_transaction_key(request)] = request.call_id
-        self._final_retransmits[server_transaction_key(request)] = retransmission_of(TxKind.INVITE_FINAL, sent, now_ms)
-
-    def _respond(
-        self,
-        request: SipRequest,
-        source: Address,
-        status: int,
-        now_ms: int,
-        *,
-        to_tag: str | None = None,
-        extra: list[tuple[str, str]] | None = None,
-        body: bytes = b"",
-        reason: str | None = None,
-    ) -> Outgoing:
-        response = SipResponse(status=status, reason=reason or REASON_PHRASES.get(status, "Unknown"))
-        vias = request.headers_all("Via")
-        destination = source
-        if vias:
-            top, rest = vias[0], vias[1:]
-            sent_by, params = split_params(top)
-            via_host, via_port = via_sent_by(sent_by)
-            if "rport" in params:
-                top = with_param(top, "rport", str(source[1]))
-            elif request.transport == "UDP":
-                destination = (source[0], via_port)  # over TCP: back on the connection it came on
-            if via_host != source[0]:
-                top = with_param(top, "received", source[0])
-            response.add("Via", top)
-            for via in rest:
-                response.add("Via", via)
-        response.add("From", request.header("From") or "")
-        to = request.header("To") or ""
-        if status > 100 and header_param(to, "tag") is None:  # §8.2.6.2
-            to = f"{to};tag={to_tag or secrets.token_hex(6)}"
-        response.add("To", to)
-        response.add("Call-ID", request.call_id)
-        response.add("CSeq", request.header("CSeq") or "")
-        response.add("Server", self.config.user_agent)
-        for name, value in extra or []:
-            response.add(name, value)
-        response.body = body
-        sent = Outgoing(response.serialize(), destination, request.transport)
-        self._out.append(sent)
-        if request.method == "INVITE" or status >= 200:
-            key = (server_transaction_key(request), request.method)
-            self._cache.pop(key, None)  # to the end: the cache stays in the order its entries expire
-            self._cache[key] = (sent, now_ms + TIMEOUT_MS)
-        return sent
-
-    def _contact(self, request: SipRequest) -> str:
-        suffix = ";transport=tcp" if request.transport == "TCP" else ""
-        return f"<sip:callbridge@{host_port(self.config.host, self.config.port)}{suffix}>"
-
-    def _capabilities(self) -> list[tuple[str, str]]:
-        return [("Allow", ALLOW), ("Accept", "application/sdp"), ("Supported", ", ".join(sorted(_SUPPORTED)))]
 
     # ---------------------------------------------------------------- our BYE
 
-    def _in_dialog_request(self, dialog: Dialog, method: str) -> SipRequest:
-        """A request of ours in the dialog (§12.2.1.1): to the remote target, our tag in From, the next CSeq,
-        the Record-Route set as Route."""
-        invite = dialog.invite
-        dialog.local_cseq += 1
-        request = SipRequest(method=method, uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
-        branch = "z9hG4bK" + secrets.token_hex(8)
-        request.add("Via", f"SIP/2.0/{invite.transport} {host_port(self.config.host, self.config.port)};branch={branch};rport")
-        request.add("Max-Forwards", "70")
-        to = invite.header("To") or ""
-        if header_param(to, "tag") is None:
-            to = f"{to};tag={dialog.local_tag}"
-        request.add("From", to)
-        request.add("To", invite.header("From") or "")
-        request.add("Call-ID", dialog.call_id)
-        request.add("CSeq", f"{dialog.local_cseq} {method}")
-        for route in invite.headers_all("Record-Route"):
-            request.add("Route", route)
-        request.add("User-Agent", self.config.user_agent)
-        return request
-
     def _send_bye(self, dialog: Dialog, now_ms: int, reason: str = "hung_up") -> None:
         invite = dialog.invite
-        request = self._in_dialog_request(dialog, "BYE")
+        request = in_dialog_request(self.config, dialog, "BYE")
         sent = Outgoing(request.serialize(), dialog.source, invite.transport)
         self._out.append(sent)
         if dialog.transfer is not None:
@@ -727,9 +569,3 @@ class SipUas:
             dialog.state = TRANSITIONS[(dialog.state, trigger)]
         except KeyError:
             raise DialogStateError(f"{trigger.value} while {dialog.state.value} ({dialog.call_id})") from None
-
-
-def _placeholder(source: Address) -> MediaChoice:
-    """The media of a delayed offer until the answer comes: PCMU, nowhere to send yet."""
-    line = "m=audio 0 RTP/AVP 0 8"
-    return MediaChoice(AudioEncoding.PCMU, 0, None, source[0], 0, Direction.SENDRECV, None, 0, (line,))

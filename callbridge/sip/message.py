@@ -24,6 +24,7 @@ from typing import Final
 
 __all__ = [
     "REASON_PHRASES",
+    "dtmf_relay_digits",
     "SipParseError",
     "SipParseReason",
     "SipRequest",
@@ -421,3 +422,16 @@ def with_param(value: str, name: str, param: str) -> str:
 def host_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def dtmf_relay_digits(request: SipRequest) -> list[str]:
+    """The digits an INFO carries as ``application/dtmf-relay`` (``Signal=5``): one a line, ``0-9 * # A-D``."""
+    if not (request.header("Content-Type") or "").lower().startswith("application/dtmf-relay"):
+        return []
+    digits = []
+    for line in request.body.decode("utf-8", "replace").splitlines():
+        key, _, value = line.partition("=")
+        digit = value.strip().upper()
+        if key.strip().lower() == "signal" and len(digit) == 1 and digit in "0123456789*#ABCD":
+            digits.append(digit)
+    return digits

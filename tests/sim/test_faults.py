@@ -257,7 +257,7 @@ class TestPlantedBugsAreCaught:
     @PATCHES_A_COMPILED_METHOD
     def test_a_takeover_that_forgets_what_the_engine_was_told(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without the live ticket's ``told_ms``, a stream that took over re-acks a reply the dead one had cut lower."""
-        monkeypatch.setattr(CallSession, "told_so_far", property(lambda call: ()))
+        monkeypatch.setattr(HeardAccount, "told_so_far", property(lambda heard: ()))
         # drops that close both ends: a half-open old stream would be superseded and park, not be taken over
         assert "went back" in first_violation(range(1000, 1100), half_open_drops=False).what
 

@@ -173,6 +173,44 @@ class _Response:
         return self.generating or self.played_ms < self.generated_ms
 
 
+def _capabilities(options: LocalEngineOptions) -> Capabilities:
+    return Capabilities(
+        supports_barge_in=True,
+        supports_session_resume=True,
+        supports_audio_truncate=True,
+        supports_playback_ack=True,
+        chunk_period_ms=options.chunk_ms,
+        raw=dict(_TURN_MODEL_CAPABILITIES),
+    )
+
+
+class _LoopbackResampler:
+    """A loopback agent's input at the output rate, all of it now. Loopback measures the bridge's latency: it must
+    add none of its own. soxr's QQ (cubic, no block delay) still holds 3 output samples back, so each 20 ms chunk
+    would come out 3 samples short and every frame leave a chunk late (+20 ms on every loopback figure): the first
+    output is primed with that many samples of silence (0.125 ms), after which each chunk comes out whole."""
+
+    def __init__(self, input_rate_hz: int) -> None:
+        self._resampler = StreamResampler(input_rate_hz, OUTPUT_RATE_HZ, ResamplerQuality.QQ)
+        self._primed = False
+
+    def process(self, pcm: bytes) -> bytes:
+        out = self._resampler.process(pcm)
+        if not self._primed and out:
+            self._primed = True
+            out = bytes(int(self._resampler.held_samples) * 2) + out
+        return out
+
+
+def _answer(outputs: dict[str, str | None], call_id: str, output: str) -> None:
+    """The client's output for the function call ``call_id``: it must name a call made, and come once."""
+    if call_id not in outputs:
+        raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, "function_call_output requires the call_id of a completed function call")
+    if outputs[call_id] is not None:
+        raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output already exists for call_id {call_id}")
+    outputs[call_id] = output
+
+
 class LocalSessionCore:
     """One embedded-engine session. See the module docstring for the contract."""
 
@@ -192,14 +230,7 @@ class LocalSessionCore:
         self.config = config
         self.agent = agent
         self.options = options
-        self.capabilities = Capabilities(
-            supports_barge_in=True,
-            supports_session_resume=True,
-            supports_audio_truncate=True,
-            supports_playback_ack=True,
-            chunk_period_ms=options.chunk_ms,
-            raw=dict(_TURN_MODEL_CAPABILITIES),
-        )
+        self.capabilities = _capabilities(options)
         self.state = SessionState.LIVE
         self.lease_generation = 0
         self.epoch = 0
@@ -209,14 +240,7 @@ class LocalSessionCore:
         self._outbox: list[EngineEvent] = []
         self._in_rate_hz = config.input_rate_hz
         self._to_vad_rate = StreamResampler(config.input_rate_hz, VAD_RATE_HZ)
-        # Loopback measures the bridge's latency: it must add none of its own. soxr's QQ (cubic, no block delay)
-        # still holds 3 output samples back, so each 20 ms chunk would come out 3 samples short and every frame
-        # leave a chunk late (+20 ms on every loopback figure): the first output is primed with that many samples
-        # of silence (0.125 ms), after which each chunk comes out whole.
-        self._to_output_rate = (
-            StreamResampler(config.input_rate_hz, OUTPUT_RATE_HZ, ResamplerQuality.QQ) if agent.streams_input else None
-        )
-        self._output_primed = False
+        self._to_output_rate = _LoopbackResampler(config.input_rate_hz) if agent.streams_input else None
         detection = config.turn_detection
         # loopback answers every chunk, not turns: no VAD to run (it is most of a loaded loopback's CPU)
         self._vad = StreamingVad(detection, scorer) if detection is not None and not agent.streams_input else None
@@ -359,11 +383,7 @@ class LocalSessionCore:
                 if call is not None and call[0] in self._tools:
                     self._call_function(*call)
             case FunctionCallOutput(call_id, output):
-                if call_id not in self.function_outputs:
-                    raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, "function_call_output requires the call_id of a completed function call")
-                if self.function_outputs[call_id] is not None:
-                    raise EngineError(ErrorCode.INVALID_FUNCTION_CALL_OUTPUT, f"function_call_output already exists for call_id {call_id}")
-                self.function_outputs[call_id] = output
+                _answer(self.function_outputs, call_id, output)
                 self._item_created({"type": "function_call_output", "call_id": call_id, "output": output})
                 self._text_turn = output  # a response asked for now speaks to it
             case Heartbeat():
@@ -379,7 +399,7 @@ class LocalSessionCore:
         duration_ms = len(pcm) * 500 // rate_hz
         self._input_ms += duration_ms
         if self._to_output_rate is not None:
-            self._loop_back(self._loop_back_pcm(pcm), now_ms)
+            self._loop_back(self._to_output_rate.process(pcm), now_ms)
         if self._vad is None:
             if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
                 self._keep_utterance(self._to_vad_rate.process(pcm))
@@ -562,15 +582,6 @@ class LocalSessionCore:
         # As vllm-omni 0.30: every audio delta is followed by one transcript delta, empty after the first.
         self._outbox.append(TranscriptDelta(response.response_id, response.transcript))
         response.transcript = ""
-
-    def _loop_back_pcm(self, pcm: bytes) -> bytes:
-        """``pcm`` at the output rate, all of it now: the resampler's hold paid once, as silence, at the start."""
-        assert self._to_output_rate is not None
-        out = self._to_output_rate.process(pcm)
-        if not self._output_primed and out:
-            self._output_primed = True
-            out = bytes(int(self._to_output_rate.held_samples) * 2) + out
-        return out
 
     def _loop_back(self, pcm: bytes, now_ms: int) -> None:
         response = self._active

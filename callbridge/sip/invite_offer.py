@@ -1,0 +1,82 @@
+"""Whether the SIP user-agent server (``sip/dialog.py``) takes a new INVITE, before any dialog exists, sans-I/O:
+who may call (a source in ``allowed_networks``; else, with credentials set, a digest answering a nonce we issued:
+401 with a challenge until then; else 403), what the INVITE requires (an option we lack: 420 + ``Unsupported``),
+what its body is (not SDP: 415 + ``Accept``; SDP we cannot read: 400) and what audio it offers (nothing we take:
+488). A refusal is a final response, retransmitted until its ACK.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from typing import Final, NamedTuple
+
+from callbridge.codecs import AudioEncoding
+from callbridge.sip import digest
+from callbridge.sip.dialog_state import UasConfig
+from callbridge.sip.message import SipRequest
+from callbridge.sip.sdp import Direction, MediaChoice, SdpError, choose
+from callbridge.sip.transaction import Address
+from callbridge.sip.uas_messages import SUPPORTED
+from callbridge.sources import source_allowed
+
+__all__ = ["Admission", "Refusal", "read_offer"]
+
+_MAX_NONCES: Final = 1024
+
+
+class Refusal(NamedTuple):
+    """A final response refusing an INVITE."""
+
+    status: int
+    extra: list[tuple[str, str]]
+    reason: str | None = None
+
+
+class Admission:
+    """Who may call (see the module docstring); the nonces of the last ``_MAX_NONCES`` challenges are honoured."""
+
+    def __init__(self, config: UasConfig) -> None:
+        self._config = config
+        self._nonces: deque[str] = deque(maxlen=_MAX_NONCES)
+
+    def refusal(self, request: SipRequest, source: Address) -> Refusal | None:
+        """None: admitted; else the refusal (401 with a challenge, or 403)."""
+        config = self._config
+        if source_allowed(source[0], config.allowed_networks):
+            return None
+        if config.username is None or config.password is None:
+            return Refusal(403, [])
+        credentials = request.header("Authorization")
+        if credentials is not None and digest.verify(
+            credentials, method=request.method, realm=config.realm, username=config.username, password=config.password,
+            nonce_valid=self._nonces.__contains__,
+        ):  # fmt: skip
+            return None
+        nonce = secrets.token_hex(16)
+        self._nonces.append(nonce)
+        return Refusal(401, [("WWW-Authenticate", challenge) for challenge in digest.challenges(config.realm, nonce)])
+
+
+def read_offer(request: SipRequest, source: Address) -> MediaChoice | Refusal:
+    """The audio a new INVITE offers, as we take it (a delayed offer, with no body: a placeholder until the ACK's
+    answer), or its refusal."""
+    unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in SUPPORTED]
+    if unsupported:
+        return Refusal(420, [("Unsupported", ", ".join(unsupported))])
+    content_type = (request.header("Content-Type") or "").split(";")[0].strip().lower()
+    if request.body and content_type != "application/sdp":
+        return Refusal(415, [("Accept", "application/sdp")])
+    try:
+        choice = choose(request.body.decode("utf-8", "replace")) if request.body else _placeholder(source)
+    except SdpError as exc:
+        return Refusal(400, [], f"Bad Request (SDP: {exc})")
+    if choice is None:  # nothing we take
+        return Refusal(488, [("Warning", '304 callbridge "PCMU or PCMA audio required"')])
+    return choice
+
+
+def _placeholder(source: Address) -> MediaChoice:
+    """The media of a delayed offer until the answer comes: PCMU, nowhere to send yet."""
+    line = "m=audio 0 RTP/AVP 0 8"
+    return MediaChoice(AudioEncoding.PCMU, 0, None, source[0], 0, Direction.SENDRECV, None, 0, (line,))
