@@ -1,0 +1,58 @@
+"""What the operator sees of one stream (``bridge/stream_telemetry.py``) on its own: totals counted once as the
+stream ends, end reasons by their kind, the first audio and a barge-in timed once and only from what caused them."""
+
+from __future__ import annotations
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from callbridge.bridge.call_outputs import StreamReport
+from callbridge.bridge.lifecycle import StreamFacts
+from callbridge.bridge.metrics import BridgeMetrics
+from callbridge.bridge.stream_telemetry import StreamTelemetry
+from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.engine.events import AudioDelta
+
+pytestmark = pytest.mark.core
+
+
+def telemetry() -> tuple[StreamTelemetry, CollectorRegistry, list[tuple[str, str]]]:
+    registry = CollectorRegistry()
+    unknown: list[tuple[str, str]] = []
+    seen = StreamTelemetry(BridgeMetrics(registry), TwilioCodec(), structlog.get_logger("test"), lambda provider, event, log: unknown.append((provider, event)))
+    return seen, registry, unknown
+
+
+def report(end_reason: str, *, frames_sent: int = 50, barge_ins: int = 1) -> StreamReport:
+    return StreamReport(
+        facts=StreamFacts(call_over=True, end_reason=end_reason), limit_reached=None, engine_failure=None, failure=None,
+        stream_input_ms=2000, output_ms=frames_sent * 20, frames_sent=frames_sent, frames_flushed=3, barge_ins=barge_ins,
+        late_deltas_dropped=0, heard_corrections=0, playout_underruns=0,
+    )  # fmt: skip
+
+
+def test_a_streams_totals_are_counted_once_as_it_ends_and_its_reason_by_its_kind() -> None:
+    seen, registry, _ = telemetry()
+    seen.ended(report("protocol_error:flood"))
+    provider = seen.provider
+    assert registry.get_sample_value("callbridge_calls_total", {"provider": provider, "end": "protocol_error"}) == 1
+    assert registry.get_sample_value("callbridge_audio_seconds_total", {"provider": provider, "direction": "out"}) == 1.0
+    assert registry.get_sample_value("callbridge_barge_ins_total", {"provider": provider}) == 1
+
+
+def test_the_first_audio_is_timed_once_from_its_read_and_a_barge_in_only_from_an_engine_event() -> None:
+    seen, registry, _ = telemetry()
+    seen.audio_to_engine()  # nothing read yet: nothing to time
+    assert seen.first_audio_ms is None
+    seen.caller_audio_began()
+    seen.audio_to_engine()
+    first = seen.first_audio_ms
+    seen.audio_to_engine()
+    assert first is not None and seen.first_audio_ms == first
+    assert registry.get_sample_value("callbridge_first_audio_to_engine_seconds_count") == 1
+    seen.barge_in_flushed()  # no engine event taken yet
+    assert registry.get_sample_value("callbridge_barge_in_clear_seconds_count") == 0
+    seen.engine_event_taken(AudioDelta(b"", 24000, "r", "i", 0))
+    seen.barge_in_flushed()
+    assert registry.get_sample_value("callbridge_barge_in_clear_seconds_count") == 1
