@@ -14,14 +14,15 @@ from callbridge.bridge.call_outputs import BargeInFlushed, Observed, ToCarrier, 
 from callbridge.bridge.lifecycle import BindSource, CallLifecycle, EndReason
 from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
 from callbridge.bridge.registry import LiveCall
-from callbridge.carriers.base import ProtocolErrorReason
 from callbridge.config import Settings
-from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
+from callbridge.engine.commands import CloseSession, EngineCommand
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
-from callbridge.engine.local.agents import AGENTS, OUTPUT_RATE_HZ
+from callbridge.engine.local.agents import AGENTS
 from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
 from callbridge.engine.port import ResumeTicket, SessionConfig
+from callbridge.sim.call_checks import check_carrier_not_blamed, check_command, check_end, check_step
+from callbridge.sim.carrier_wire import CarrierWire
 from callbridge.sim.fault_models import (
     SILENCE,
     SPEECH,
@@ -39,9 +40,7 @@ from callbridge.sim.fault_plan import (
     CHECKPOINT_MS,
     CHECKPOINT_POLL_MS,
     FRAME_MS,
-    RESTORE_BOUND_MS,
     TAKEOVER_BOUND_MS,
-    TONE_BOUND_MS,
     FaultPlan,
     Violation,
     plan_for,
@@ -50,8 +49,6 @@ from callbridge.sim.fault_plan import (
 __all__ = ["SimulatedCall", "run_seed"]
 
 _CALL_ID: Final = "CA" + "0" * 31 + "1"
-_HELD_ECHO_MS: Final = 250
-"""An echo held back for reordering goes alone after this long (two markers are 100 ms of audio apart)."""
 _GRACE_MS: Final = 30_000
 _SETTINGS: Final = Settings.model_construct()
 """The shipped defaults (not the environment's: a seed runs the same everywhere), under the plan's assistant."""
@@ -71,7 +68,7 @@ class _ModelEffects:
         return self.sim.now_ms
 
     async def token_is_ours(self) -> bool:
-        self.sim._violation("a token check: the simulated carrier's streams are admitted by their address")
+        self.sim.violation("a token check: the simulated carrier's streams are admitted by their address")
 
     async def ended_reason(self) -> str | None:
         return self.sim.registry.ended_reason
@@ -83,8 +80,8 @@ class _ModelEffects:
 
     async def read_record(self) -> RecordSeen:
         sim, registry = self.sim, self.sim.registry
-        if registry.bound and sim.crashed_at_ms is None and sim._half_open is None:  # the last ended unparked
-            sim._violation("the registry says a stream holds the session; the last one ended without parking it")
+        if registry.bound and sim.crashed_at_ms is None and sim.half_open is None:  # the last ended unparked
+            sim.violation("the registry says a stream holds the session; the last one ended without parking it")
         holder = registry.live.holder if registry.live is not None else None
         return RecordSeen(bound=registry.bound, ended=registry.ended_reason is not None, live_holder=holder)
 
@@ -108,7 +105,7 @@ class _ModelEffects:
         sim = self.sim
         owner = sim.server.sessions.get(ticket.session_id, ("nobody",))[0]
         if owner != sim.call_id:
-            sim._violation(f"a stream of {sim.call_id} was given the session of {owner} ({ticket.session_id})")
+            sim.violation(f"a stream of {sim.call_id} was given the session of {owner} ({ticket.session_id})")
         if sim.engine_dead:  # the server is gone: the resume cannot reach it, and the session is known lost
             sim.session_lost = True
             raise EngineError("connection_failed")
@@ -121,16 +118,16 @@ class _ModelEffects:
         if sim.engine_dead:  # no other endpoint in this simulation: no engine takes the call
             raise EngineError("connection_failed")
         beside = sim.engine.state is not SessionState.CLOSED
-        if beside and sim._unnamed_session != sim.engine.session_id:
-            sim._violation(f"a second engine session while the call's first is still {sim.engine.state.value}")
+        if beside and sim.unnamed_session != sim.engine.session_id:
+            sim.violation(f"a second engine session while the call's first is still {sim.engine.state.value}")
         if sim.close_requested:
-            sim._violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
+            sim.violation("a new engine session for a call whose live one the bridge closed: the conversation restarts")
         if not sim.server.has_room():  # the other calls' sessions (or the one the registry lost) fill the server
             raise EngineError("resource_exhausted")
         if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
             # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
             sim.server.orphaned.add(sim.engine.session_id)  # (not followed further)
-            sim._unnamed_session, sim._orphaned_since_bind, sim._half_open = None, True, None
+            sim.unnamed_session, sim._orphaned_since_bind, sim.half_open = None, True, None
         sim.sessions += 1
         sim.engine = sim._new_engine(f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}")
         sim.server.sessions[sim.engine.session_id] = (sim.call_id, sim.engine)
@@ -190,7 +187,7 @@ class _ModelEffects:
         return await self.close_parked(waiting, reason)
 
     async def close_unless_back(self, ticket: ResumeTicket, after_ms: int) -> None:
-        self.sim._violation("a reconnect window: the simulated carrier names none")
+        self.sim.violation("a reconnect window: the simulated carrier names none")
 
     async def close_session(self, session: LocalSessionCore, reason: str) -> None:
         self.sim._submit_all([CloseSession(reason)])
@@ -219,7 +216,7 @@ class SimulatedCall:
         self.plan = plan or plan_for(seed)
         self.call_id = call_id
         self.now_ms = 0
-        self._in_fleet = in_fleet
+        self.in_fleet = in_fleet
         self._ids = random.Random(f"{seed}:{call_id}")
         self.server = server or EngineServerModel(capacity=1)
         self.registry = (registry if registry is not None else {}).setdefault(call_id, RegistryModel())
@@ -248,28 +245,23 @@ class SimulatedCall:
         self.call: CallSession | None = None
         self.far_end = marking_far_end()
         self.carrier: CarrierModel | None = None
-        self._to_bridge: list[tuple[int, int, str | bytes]] = []
-        self._speech_unread: set[int] = set()
-        """The orders of the caller's speech frames sent to the bridge and not read by it yet."""
-        """(deliver at, order, message) from the carrier to the bridge."""
-        self._order = 0
-        self._held_echo: tuple[str | bytes, int] | None = None
-        """A mark echo held back (``reordered_echoes``), and since when."""
+        self.wire = CarrierWire(self.plan)
+        """The carrier's messages on their way to the bridge."""
         self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
-        self._end_ms = self.plan.hangup_at_ms + 15_000 + self._stalled_ms(0, self.plan.hangup_at_ms + 15_000)
+        self._end_ms = self.plan.hangup_at_ms + 15_000 + self.stalled_ms(0, self.plan.hangup_at_ms + 15_000)
         self._ran_again = False
         """The process stall (``process_stall``) is over and its late timers have run."""
         self.crashed_at_ms: int | None = None
         self.drained = False
         self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
-        self._half_open: tuple[CallSession, CallLifecycle] | None = None
+        self.half_open: tuple[CallSession, CallLifecycle] | None = None
         """A dropped stream the bridge still serves (``half_open_drops``), and its lifecycle, until superseded."""
         self._resuming_half_open = False  # the next stream resumes the session the superseded one parks
         self._dead_holder: str | None = None  # the live ticket's holder when the bridge crashed
         self.registry_lost = False
         self._orphaned_since_bind = False
-        self._unnamed_session: str | None = None
+        self.unnamed_session: str | None = None
         """The session the registry lost all trace of (a parked ticket, or a live ticket not yet written anew):
         until a checkpoint writes it again, the next stream cannot find it and opens a new one beside it."""
         self._taking_over = False
@@ -304,13 +296,13 @@ class SimulatedCall:
         end checked)."""
         if self.outcome is None:
             if self.now_ms > self._end_ms:
-                self._violation(f"the call never ended (state {self.call.state if self.call else None})")
+                self.violation(f"the call never ended (state {self.call.state if self.call else None})")
             self._step()
-            self._check()
+            check_step(self)
             self.now_ms += FRAME_MS // 2
             if self.outcome is None:
                 return True
-        self._check_end()
+        check_end(self)
         return False
 
     def _step(self) -> None:
@@ -334,8 +326,8 @@ class SimulatedCall:
             else:
                 binding.steps.close()
         self._world_goes_on()
-        if self._half_open is not None:
-            self._serve_half_open(*self._half_open)
+        if self.half_open is not None:
+            self._serve_half_open(*self.half_open)
         call, carrier = self.call, self.carrier
         if call is None or carrier is None:
             return
@@ -395,7 +387,7 @@ class SimulatedCall:
     def _late_timers(self) -> None:
         """The bridge process runs again: first the timers that came due while it did not (the streams' ticks),
         then its reader (the rest of the step)."""
-        half_open = self._half_open[0] if self._half_open is not None else None
+        half_open = self.half_open[0] if self.half_open is not None else None
         for call in (self.call, half_open):
             deadline = None if call is None else call.next_deadline_ms()
             if call is not None and deadline is not None and deadline <= self.now_ms:
@@ -403,7 +395,7 @@ class SimulatedCall:
         if self.call is not None and self.carrier is not None:
             self._drain(self.call, self.carrier)
 
-    def _stalled_ms(self, start_ms: int, end_ms: int) -> int:
+    def stalled_ms(self, start_ms: int, end_ms: int) -> int:
         """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound
         on what it does in that time is that much later."""
         stall = self.plan.process_stall
@@ -421,50 +413,22 @@ class SimulatedCall:
             return
         for mark in carrier.play(now):
             self._echo(call, mark)
-        self._release_held_echo()
+        self.wire.release_held_echo(now)
         speaking = any(start <= now < start + length for start, length in plan.utterances)
         frame = SPEECH[now // FRAME_MS % len(SPEECH)] if speaking else SILENCE
         self._send(self.far_end.media(stream_id(call), frame, now - self._stream_started_at_ms), 0, speech=speaking)
 
     def _echo(self, call: CallSession, mark: str) -> None:
-        message = self.far_end.mark_echo(stream_id(call), mark)
-        delay = self.plan.echo_delay_ms
-        if self.plan.reordered_echoes:
-            if self._held_echo is None:
-                self._held_echo = (message, self.now_ms)  # sent after the next one, or alone once it is late
-                return
-            (held, _), self._held_echo = self._held_echo, None
-            self._send(message, delay)
-            self._send(held, delay)
-        else:
-            self._send(message, delay)
-        if self.plan.repeated_echoes:
-            self._send(message, delay + FRAME_MS)
-
-    def _release_held_echo(self) -> None:
-        if self._held_echo is not None and self.now_ms >= self._held_echo[1] + _HELD_ECHO_MS:
-            (held, _), self._held_echo = self._held_echo, None
-            self._send(held, self.plan.echo_delay_ms)
+        self.wire.echo(self.far_end.mark_echo(stream_id(call), mark), self.now_ms)
 
     def _send(self, message: str | bytes, delay_ms: int, *, speech: bool = False) -> None:
-        at = self.now_ms + delay_ms
-        stall = self.plan.read_stall
-        if stall is not None and stall[0] <= at < stall[0] + stall[1]:
-            at = stall[0] + stall[1]  # read late, in a burst, in order
-        self._order += 1
-        self._to_bridge.append((at, self._order, message))
-        if speech:
-            self._speech_unread.add(self._order)
+        self.wire.send(message, self.now_ms, delay_ms, speech=speech)
 
     def _deliver_to_bridge(self, call: CallSession) -> None:
-        due = sorted(m for m in self._to_bridge if m[0] <= self.now_ms)
-        if not due:
-            return
-        self._to_bridge = [m for m in self._to_bridge if m[0] > self.now_ms]
-        for _, order, message in due:
+        for order, message in self.wire.due(self.now_ms):
             if self.call is not call or call.state in (CallState.ENDED, CallState.DETACHED):
                 return
-            self._speech_unread.discard(order)
+            self.wire.read(order)
             call.receive_message(message, self.now_ms)
             self._after_input(call)
 
@@ -513,18 +477,18 @@ class SimulatedCall:
         if self._taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
             self._taking_over = False
             if not self.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
-                self._violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
+                self.violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
             if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
-                self._violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
+                self.violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
         if self._resuming_half_open:  # the superseded stream parked its session: this one resumes it
             self._resuming_half_open = False
             resumable = not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and not unnamed
             if resumable and bind.source is not BindSource.RESUMED:
-                self._violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
+                self.violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
         if self._resuming_moved:  # a drained process's call: the same session, unless its server died
             self._resuming_moved = False
             if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
-                self._violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
+                self.violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
         registry.bound = True
         agent = agent_setup(_SETTINGS, self.plan.assistant, new_session=bind.new_session, recordable=True, call_ends_at_ms=None)
         call.engine_bound(EngineBinding.of(bind, self.engine.capabilities, agent), self.now_ms)
@@ -550,15 +514,13 @@ class SimulatedCall:
         with it (the engine keeps the session for its grace); the carrier reconnects after its delay."""
         self.crashed_at_ms = self.now_ms
         self._dead_holder = self.registry.live.holder if self.registry.live is not None else None
-        self._half_open = None  # its process died with it
+        self.half_open = None  # its process died with it
         if not self.engine_dead:
             self.engine.detach(self.now_ms)
         self._replay, self._journal = self._journal, []
         self.life = self.call = self.carrier = None
         self._checkpoint_at_ms = None
-        self._to_bridge.clear()
-        self._speech_unread.clear()
-        self._held_echo = None
+        self.wire.cut()
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
     def _drop(self, call: CallSession) -> None:
@@ -566,7 +528,7 @@ class SimulatedCall:
         the session with a ticket, as ``MediaStreamDriver._finish`` does; the carrier opens the next stream after
         its delay."""
         if self.plan.half_open_drops and self.life is not None and call.state is CallState.LIVE:
-            self._half_open, self.life = (call, self.life), None  # the bridge does not know: it serves on
+            self.half_open, self.life = (call, self.life), None  # the bridge does not know: it serves on
             self._gone_until_next_stream()
             self._resuming_half_open = True
             return
@@ -590,20 +552,20 @@ class SimulatedCall:
             self._checkpoint_if_due(call)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # the rest goes into the void
         if call.state in (CallState.ENDED, CallState.DETACHED):  # past its limits
-            self._half_open = None
+            self.half_open = None
             self._end_stream_of(call, life)
 
     def _supersede_half_open(self) -> None:
         """The carrier's new stream tells the bridge the old one is superseded (``LiveStream.superseded``): it ends
         as a drop — what was heard to the engine, its session parked for the new stream."""
-        if self._half_open is None:
+        if self.half_open is None:
             return  # nobody holds the call any more, or its process is dead: nobody answers
-        call, life = self._half_open
+        call, life = self.half_open
         call.superseded(self.now_ms)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])
         if call.state is CallState.LIVE:  # it did not take the hint: served on, half-open
             return
-        self._half_open = None
+        self.half_open = None
         self._end_stream_of(call, life)
 
     def _move_elsewhere(self, call: CallSession) -> None:
@@ -622,9 +584,7 @@ class SimulatedCall:
 
     def _gone_until_next_stream(self) -> None:
         self.call = self.carrier = None
-        self._to_bridge.clear()
-        self._speech_unread.clear()
-        self._held_echo = None
+        self.wire.cut()
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
     def _end_stream(self, call: CallSession) -> None:
@@ -636,7 +596,7 @@ class SimulatedCall:
         self._end_stream_of(call, life)
 
     def _end_stream_of(self, call: CallSession, life: CallLifecycle) -> None:
-        self._check_carrier_not_blamed(call)
+        check_carrier_not_blamed(self, call)
         # the bridge knows its session is gone only once the wire client has given it up (or it closed)
         session_closed = self.engine_lost_reported or self.engine.state is SessionState.CLOSED
         life.stream_ended(call.facts(), session_closed=session_closed)
@@ -650,7 +610,7 @@ class SimulatedCall:
         except StopIteration:
             return
         steps.close()
-        self._violation("a stream's ending steps waited")
+        self.violation("a stream's ending steps waited")
 
     def _after_input(self, call: CallSession) -> None:
         carrier = self.carrier
@@ -688,8 +648,8 @@ class SimulatedCall:
 
     def _named_again(self) -> None:
         """The registry holds a ticket of the call's session again (a live ticket written, a ticket parked)."""
-        if self._unnamed_session == self.engine.session_id:
-            self._unnamed_session = None
+        if self.unnamed_session == self.engine.session_id:
+            self.unnamed_session = None
 
     def _lose_registry(self) -> None:
         """The registry loses the call's record. A parked session (its ticket) or a live one (until a checkpoint
@@ -700,7 +660,7 @@ class SimulatedCall:
         if registry.ended_reason is not None:
             return  # the call is known over: losing that changes nothing the caller hears
         if registry.ticket is not None or registry.live is not None:
-            self._unnamed_session = self.engine.session_id
+            self.unnamed_session = self.engine.session_id
         registry.lose()
 
     def _engine_events(self, call: CallSession) -> None:
@@ -727,144 +687,33 @@ class SimulatedCall:
             if isinstance(output, ToCarrier):
                 read = self.far_end.read(stream_id(call), output.message)
                 if isinstance(read, str):
-                    self._violation(f"the carrier refused a message from the bridge: {read}")
+                    self.violation(f"the carrier refused a message from the bridge: {read}")
                 for mark in carrier.receive(read):
                     self._echo(call, mark)
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])
             elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
                 self._checkpoint(call)  # as the driver: before what the engine is told of the cut reply
-            elif isinstance(output, Observed) and output.kind == "silence" and self._speech_waiting():
-                self._violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
+            elif isinstance(output, Observed) and output.kind == "silence" and self.wire.speech_waiting(self.now_ms):
+                self.violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.phase.engine_failure is not None and call.phase.reason != "caller_hung_up"
             no_engine = (call.phase.reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
             self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.phase.reason or "ended"
             self._end_stream(call)
 
-    def _speech_waiting(self) -> bool:
-        """Speech the caller sent that the bridge could read by now and has not (it did not run meanwhile)."""
-        return any(order in self._speech_unread for at, order, _ in self._to_bridge if at <= self.now_ms)
-
     def _submit_all(self, commands: list[EngineCommand]) -> None:
         for command in commands:
             if isinstance(command, CloseSession) and self.close_requested:
                 continue  # as the wire client: one session.close per session, whoever asks (the call, the driver)
             self.close_requested = self.close_requested or isinstance(command, CloseSession)
-            self._check_command(command)
+            check_command(self, command)
             if self.engine_dead or self.engine.state is SessionState.CLOSED:
                 continue  # kept by the wire client for a socket that never comes; the server is gone
             self.engine.submit(command, self.now_ms)
 
-    # ----------------------------------------------------------- invariants
-
-    def _check_command(self, command: EngineCommand) -> None:
-        if isinstance(command, CloseSession):
-            self.closes_sent += 1
-            if self.closes_sent > 1:
-                self._violation("a second session.close for the same session")
-            if self.engine_lost_reported:
-                self._violation("session.close to a session lost with its server")
-            return
-        if isinstance(command, AckPlayback):
-            response_id, heard = command.response_id, command.played_ms
-        elif isinstance(command, TruncateItem):
-            response_id, heard = command.item_id.removeprefix("item_"), command.audio_end_ms
-        else:
-            return
-        told = self.heard_told.get(response_id)
-        if told is not None and heard < told:
-            self._violation(f"heard position of {response_id} went back from {told} to {heard} ms")
-        generated = self.generated_bytes.get(response_id, 0) * 1000 // (2 * OUTPUT_RATE_HZ)
-        if heard > generated:
-            self._violation(f"heard {heard} ms of {response_id}, which has only {generated} ms")
-        self.heard_told[response_id] = max(heard, told or 0)
-
-    def _check(self) -> None:
-        """Dead air after an engine death: by ``TONE_BOUND_MS`` after it, a live call plays the failure tone. A live
-        call the registry lost is resumable from it again within ``RESTORE_BOUND_MS`` (its next checkpoint). No
-        stream is ended by a carrier limit: the carrier here is never silent on a live stream."""
-        call, restore_by = self.call, self._restored_by_ms()
-        if call is not None:
-            self._check_carrier_not_blamed(call)
-        if (
-            restore_by is not None and self.now_ms > restore_by and self._unnamed_session == self.engine.session_id
-            and call is not None and call.state is CallState.LIVE
-        ):  # fmt: skip
-            lost_at = self.plan.registry_lost_at_ms
-            self._violation(f"the registry lost the call at {lost_at} ms; its live stream has not written it again")
-        died, carrier = self.plan.engine_dies_at_ms, self.carrier
-        if died is None or self.outcome is not None or call is None:
-            return
-        if self.now_ms <= died + TONE_BOUND_MS + self._stalled_ms(died, died + TONE_BOUND_MS):
-            return
-        if call.state is CallState.LIVE:
-            self._violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
-        if call.state is CallState.ENDING and (carrier is None or carrier.first_played_at_ms is None):
-            self._violation(f"engine died at {died} ms; no failure tone has played")
-
-    def _check_carrier_not_blamed(self, call: CallSession) -> None:
-        """The carrier here is never silent on a live stream and never floods it: a stream ended by a carrier limit
-        or taken for a flood is the bridge blaming it (for a stall of its own)."""
-        if call.phase.limit_reached is not None:
-            self._violation(f"the stream was ended by a limit the carrier gave no cause for: {call.phase.limit_reached}")
-        if call.phase.failure is not None and call.phase.failure.reason is ProtocolErrorReason.FLOOD:
-            self._violation("the carrier's messages were taken for a flood")
-
-    def _restored_by_ms(self) -> int | None:
-        """When a live call the registry lost must be written there again: a checkpoint after the loss, or after
-        the end of a stall that keeps that checkpoint from going through. None: no loss in this plan."""
-        lost_at, stall = self.plan.registry_lost_at_ms, self.plan.registry_stall
-        if lost_at is None:
-            return None
-        if stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
-            lost_at = sum(stall)
-        return lost_at + RESTORE_BOUND_MS + self._stalled_ms(lost_at, lost_at + RESTORE_BOUND_MS)
-
-    def _check_end(self) -> None:
-        call, outcome = self.call, self.outcome
-        unnamed = self._unnamed_session == self.engine.session_id  # the registry lost it; no stream found it again
-        if unnamed and self.engine.state is not SessionState.CLOSED:
-            self.server.orphaned.add(self.engine.session_id)  # left to the grace
-        if outcome == "busy":
-            if self.streams or self.engine.session_id in self.server.sessions:
-                self._violation("refused busy at the answer, yet a stream or a session was had")
-            return
-        if outcome in ("failure_tone_and_hang_up", "no_engine_tone_and_hang_up"):  # mid-call, or at the next stream
-            carrier = self.carrier
-            if call is None or call.link.hangup is None:
-                self._violation("the engine failed the call, which was never hung up")
-            hung_up_first = self.failed_at_ms is not None and self.plan.hangup_at_ms <= self.failed_at_ms  # the
-            if (carrier is None or carrier.first_played_at_ms is None) and not hung_up_first:  # stop not read yet
-                self._violation("the engine failed the call; the caller heard no failure tone")
-            if outcome == "no_engine_tone_and_hang_up" and self.registry.ended_reason is None:
-                self._violation("no engine took the call's next stream; the registry does not know the call is over")
-            return
-        if outcome == "caller_silent":  # the agent said goodbye to a caller who said nothing, then hung up
-            assistant = self.plan.assistant
-            if assistant is None or not assistant.silence_hangup_after_s:
-                self._violation("the call was hung up for the caller's silence; no silence limit was set")
-            if call is None or call.link.hangup is None:
-                self._violation("the call ended for the caller's silence and was never hung up")
-        elif outcome != "caller_hung_up":
-            self._violation(f"the call ended as {outcome!r}: not an outcome the caller hears as such")
-        if call is None or call.state is not CallState.ENDED:
-            self._violation(f"the call ended ({outcome}); the stream did not end")
-        if not self.engine_dead:
-            self.engine.events_to_send()
-            # a session the registry lost is left to the engine's grace, or (a half-open stream still serving it,
-            # which no stream of the call could find to supersede) to that socket's keepalive
-            left_to = {SessionState.DETACHED, SessionState.LIVE} if self._half_open is not None else {SessionState.DETACHED}
-            if self.engine.state is not SessionState.CLOSED and not (unnamed and self.engine.state in left_to):
-                self._violation(f"the call is over; its engine session is left {self.engine.state.value}")
-        lost = self.engine_lost_reported or self.session_lost or unnamed  # a close sent before the loss was known
-        if self.closes_sent > 1 or (not lost and self.closes_sent != 1):  # is fine; one after it is caught as sent
-            self._violation(f"{self.closes_sent} session.close for one session")
-        if self.registry.ended_reason is None or self.registry.ticket is not None or self.registry.live is not None:
-            self._violation("the call is over; the registry does not know it (or still holds a ticket)")
-
-    def _violation(self, what: str) -> NoReturn:
-        raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self._in_fleet else what, calls=self._in_fleet)
+    def violation(self, what: str) -> NoReturn:
+        raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self.in_fleet else what, calls=self.in_fleet)
 
 
 def run_seed(seed: int) -> SimulatedCall:
