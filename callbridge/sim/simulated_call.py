@@ -707,10 +707,13 @@ class SimulatedCall:
             if isinstance(command, CloseSession) and self.close_requested:
                 continue  # as the wire client: one session.close per session, whoever asks (the call, the driver)
             self.close_requested = self.close_requested or isinstance(command, CloseSession)
-            check_command(self, command)
+            self._check_command(command)
             if self.engine_dead or self.engine.state is SessionState.CLOSED:
                 continue  # kept by the wire client for a socket that never comes; the server is gone
             self.engine.submit(command, self.now_ms)
+
+    def _check_command(self, command: EngineCommand) -> None:
+        check_command(self, command)
 
     def violation(self, what: str) -> NoReturn:
         raise Violation(self.seed, self.now_ms, f"{self.call_id}: {what}" if self.in_fleet else what, calls=self.in_fleet)
