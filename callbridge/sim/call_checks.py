@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import NoReturn, Protocol
 
 from callbridge.bridge.call import CallSession, CallState
-from callbridge.bridge.lifecycle import CallLifecycle
+from callbridge.bridge.lifecycle import Bind, BindSource, CallLifecycle
 from callbridge.carriers.base import ProtocolErrorReason
 from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand, TruncateItem
 from callbridge.engine.local.agents import OUTPUT_RATE_HZ
 from callbridge.engine.local.core import LocalSessionCore, SessionState
 from callbridge.sim.fault_models import CarrierModel, EngineServerModel, RegistryModel
-from callbridge.sim.fault_plan import RESTORE_BOUND_MS, TONE_BOUND_MS, FaultPlan
+from callbridge.sim.fault_plan import RESTORE_BOUND_MS, TAKEOVER_BOUND_MS, TONE_BOUND_MS, FaultPlan
 
-__all__ = ["CheckedCall", "check_carrier_not_blamed", "check_command", "check_end", "check_step"]
+__all__ = ["CheckedCall", "ResumeExpected", "check_carrier_not_blamed", "check_command", "check_end", "check_step"]
 
 
 class CheckedCall(Protocol):
@@ -36,6 +36,7 @@ class CheckedCall(Protocol):
     engine_lost_reported: bool
     session_lost: bool
     failed_at_ms: int | None
+    crashed_at_ms: int | None
     closes_sent: int
     generated_bytes: dict[str, int]
     heard_told: dict[str, int]
@@ -159,3 +160,40 @@ def check_end(sim: CheckedCall) -> None:
         sim.violation(f"{sim.closes_sent} session.close for one session")
     if sim.registry.ended_reason is None or sim.registry.ticket is not None or sim.registry.live is not None:
         sim.violation("the call is over; the registry does not know it (or still holds a ticket)")
+
+
+class ResumeExpected:
+    """What the call's next stream must bind, after how the last one ended: a crashed bridge's call taken over from
+    its live ticket, at once (``TAKEOVER_BOUND_MS``); a half-open stream's, or a drained process's, resumed from what
+    it parked — unless the session's server died, or the registry lost the session (``orphaned``: a new one beside
+    it is no violation then)."""
+
+    def __init__(self) -> None:
+        self.taking_over = False
+        """A stream after the crash is binding: it must resume the session from the live ticket."""
+        self.half_open = False
+        """The next stream resumes the session the superseded one parks."""
+        self.moved = False
+        """The last stream moved off a draining process: the next resumes its session."""
+        self.orphaned = False
+        """The session to resume was lost by the registry: a new one was opened beside it."""
+
+    def check(self, sim: CheckedCall, bind: Bind, started_at_ms: int) -> None:
+        """The stream that started at ``started_at_ms`` is bound as ``bind`` says; what was expected of it is
+        checked, then forgotten."""
+        unnamed, self.orphaned = self.orphaned, False
+        if self.taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
+            self.taking_over = False
+            if not sim.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
+                sim.violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
+            if sim.now_ms - started_at_ms > TAKEOVER_BOUND_MS:
+                sim.violation(f"the call of a crashed bridge waited {sim.now_ms - started_at_ms} ms for its session")
+        if self.half_open:  # the superseded stream parked its session: this one resumes it
+            self.half_open = False
+            resumable = not sim.session_lost and not sim.engine_dead and sim.crashed_at_ms is None and not unnamed
+            if resumable and bind.source is not BindSource.RESUMED:
+                sim.violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
+        if self.moved:  # a drained process's call: the same session, unless its server died
+            self.moved = False
+            if not sim.session_lost and not sim.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
+                sim.violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")

@@ -21,7 +21,7 @@ from callbridge.engine.events import AudioDelta, EngineEvent, SessionClosed
 from callbridge.engine.local.agents import AGENTS
 from callbridge.engine.local.core import LocalEngineOptions, LocalSessionCore, SessionState
 from callbridge.engine.port import ResumeTicket, SessionConfig
-from callbridge.sim.call_checks import check_carrier_not_blamed, check_command, check_end, check_step
+from callbridge.sim.call_checks import ResumeExpected, check_carrier_not_blamed, check_command, check_end, check_step
 from callbridge.sim.carrier_wire import CarrierWire
 from callbridge.sim.fault_models import (
     SILENCE,
@@ -37,14 +37,12 @@ from callbridge.sim.fault_models import (
     stream_id,
 )
 from callbridge.sim.fault_plan import (
-    CHECKPOINT_MS,
-    CHECKPOINT_POLL_MS,
     FRAME_MS,
-    TAKEOVER_BOUND_MS,
     FaultPlan,
     Violation,
     plan_for,
 )
+from callbridge.sim.live_tickets import LiveTickets
 
 __all__ = ["SimulatedCall", "run_seed"]
 
@@ -127,7 +125,7 @@ class _ModelEffects:
         if beside:  # the registry lost the first: its grace ends it. A half-open stream still serving it finds the
             # call held by this stream at its next checkpoint and stops writing; it ends quietly past its limits
             sim.server.orphaned.add(sim.engine.session_id)  # (not followed further)
-            sim.unnamed_session, sim._orphaned_since_bind, sim.half_open = None, True, None
+            sim.unnamed_session, sim.expected.orphaned, sim.half_open = None, True, None
         sim.sessions += 1
         sim.engine = sim._new_engine(f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}")
         sim.server.sessions[sim.engine.session_id] = (sim.call_id, sim.engine)
@@ -254,24 +252,21 @@ class SimulatedCall:
         """The process stall (``process_stall``) is over and its late timers have run."""
         self.crashed_at_ms: int | None = None
         self.drained = False
-        self._resuming_moved = False  # the last stream moved off a draining process: the next resumes its session
         self.half_open: tuple[CallSession, CallLifecycle] | None = None
         """A dropped stream the bridge still serves (``half_open_drops``), and its lifecycle, until superseded."""
-        self._resuming_half_open = False  # the next stream resumes the session the superseded one parks
         self._dead_holder: str | None = None  # the live ticket's holder when the bridge crashed
         self.registry_lost = False
-        self._orphaned_since_bind = False
+        self.expected = ResumeExpected()
+        """What the call's next stream must bind, after how the last ended."""
         self.unnamed_session: str | None = None
         """The session the registry lost all trace of (a parked ticket, or a live ticket not yet written anew):
         until a checkpoint writes it again, the next stream cannot find it and opens a new one beside it."""
-        self._taking_over = False
-        """A stream after the crash is binding: it must resume the session from the live ticket."""
         self._binding: Binding | None = None
         """A binding that waits (``WaitUntil``): its steps, when they go on, and the lifecycle they are of."""
-        self._journal: list[EngineEvent] = []
-        """The engine's replay after the live ticket: events the stream took since the ticket was last written."""
+        self.tickets = LiveTickets(self.registry, self.plan)
+        """The bound stream's live ticket in the registry."""
         self._replay: list[EngineEvent] = []
-        self._checkpoint_at_ms: int | None = None
+        """The engine's replay after the live ticket when the bridge crashed: the next stream takes it first."""
         self.effects = _ModelEffects(self)
         """What the lifecycle's steps do here (the executor's effects, against the models)."""
 
@@ -341,7 +336,8 @@ class SimulatedCall:
                 self.drained = True
                 self._move_elsewhere(call)
                 return
-            self._checkpoint_if_due(call)
+            if self.tickets.due(self.now_ms):
+                self._checkpoint(call)
         if now % FRAME_MS == 0:
             self._carrier_tick(call, carrier)
         self._deliver_to_bridge(call)
@@ -448,7 +444,7 @@ class SimulatedCall:
         self.life = life = CallLifecycle(check_token=False, answer_sessions=True)
         life.stream_started()
         live = self.registry.live
-        self._taking_over = live is not None and live.holder == self._dead_holder  # its holder's process died
+        self.expected.taking_over = live is not None and live.holder == self._dead_holder  # its holder's process died
         self._go_on_binding(Binding(life, self._bind_steps(life)))
 
     def _go_on_binding(self, binding: Binding) -> None:
@@ -472,23 +468,7 @@ class SimulatedCall:
         assert call is not None and self.carrier is not None
         bind = life.stream_state_at_bind(call.facts())
         assert bind is not None
-        # the session to resume was lost by the registry: a new one beside it is no violation
-        unnamed, self._orphaned_since_bind = self._orphaned_since_bind, False
-        if self._taking_over:  # the crashed bridge's call: resumed from its live ticket, at once, unless its server died
-            self._taking_over = False
-            if not self.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
-                self.violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
-            if self.now_ms - self._stream_started_at_ms > TAKEOVER_BOUND_MS:
-                self.violation(f"the call of a crashed bridge waited {self.now_ms - self._stream_started_at_ms} ms for its session")
-        if self._resuming_half_open:  # the superseded stream parked its session: this one resumes it
-            self._resuming_half_open = False
-            resumable = not self.session_lost and not self.engine_dead and self.crashed_at_ms is None and not unnamed
-            if resumable and bind.source is not BindSource.RESUMED:
-                self.violation(f"the call of a half-open stream was bound {bind.detail}, not resumed from what it parked")
-        if self._resuming_moved:  # a drained process's call: the same session, unless its server died
-            self._resuming_moved = False
-            if not self.session_lost and not self.engine_dead and not unnamed and bind.source is not BindSource.RESUMED:
-                self.violation(f"the call moved off a draining bridge was bound {bind.detail}, not resumed")
+        self.expected.check(self, bind, self._stream_started_at_ms)
         registry.bound = True
         agent = agent_setup(_SETTINGS, self.plan.assistant, new_session=bind.new_session, recordable=True, call_ends_at_ms=None)
         call.engine_bound(EngineBinding.of(bind, self.engine.capabilities, agent), self.now_ms)
@@ -496,18 +476,12 @@ class SimulatedCall:
         replay, self._replay = (self._replay, []) if bind.source is BindSource.TAKEN_OVER else ([], [])
         for event in replay:  # the engine's replay after the live ticket comes first on the resumed socket
             call.receive_engine_event(event, self.now_ms)
-            self._journal.append(event)
+            self.tickets.journal.append(event)
         self._after_input(call)
 
     def _write_live_ticket(self, call: CallSession) -> None:
-        """The stream's live ticket into the registry (at its bind, then every ``CHECKPOINT_MS``): what the engine
-        replays after it is what the stream takes from now on."""
-        ticket = ResumeTicket(self.engine.session_id, self.engine.lease_generation, heard_ms=call.speech.heard_so_far(self.now_ms, live=call.state is CallState.LIVE),
-                              told_ms=call.told_so_far)  # fmt: skip
-        self.registry.live = LiveCall(f"bridge:{call.codec.stream_id}", ticket, call.facts().input_ms)
+        self.tickets.write(call, self.engine, self.now_ms)
         self._named_again()
-        self._journal = []
-        self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
 
     def _crash(self) -> None:
         """The bridge process dies (SIGKILL): nothing it had not sent goes out, nothing is parked; its sockets close
@@ -517,9 +491,9 @@ class SimulatedCall:
         self.half_open = None  # its process died with it
         if not self.engine_dead:
             self.engine.detach(self.now_ms)
-        self._replay, self._journal = self._journal, []
+        self._replay, self.tickets.journal = self.tickets.journal, []
         self.life = self.call = self.carrier = None
-        self._checkpoint_at_ms = None
+        self.tickets.due_at_ms = None
         self.wire.cut()
         self._next_stream_at_ms = self.now_ms + self.plan.redirect_delay_ms
 
@@ -530,7 +504,7 @@ class SimulatedCall:
         if self.plan.half_open_drops and self.life is not None and call.state is CallState.LIVE:
             self.half_open, self.life = (call, self.life), None  # the bridge does not know: it serves on
             self._gone_until_next_stream()
-            self._resuming_half_open = True
+            self.expected.half_open = True
             return
         call.transport_lost(self.now_ms)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # nothing reaches the carrier
@@ -549,7 +523,8 @@ class SimulatedCall:
         if deadline is not None and deadline <= now:
             call.tick(now)
         if call.state is CallState.LIVE:
-            self._checkpoint_if_due(call)
+            if self.tickets.due(self.now_ms):
+                self._checkpoint(call)
         self._submit_all([o.command for o in call.outputs() if isinstance(o, ToEngine)])  # the rest goes into the void
         if call.state in (CallState.ENDED, CallState.DETACHED):  # past its limits
             self.half_open = None
@@ -580,7 +555,7 @@ class SimulatedCall:
         self._ending_steps(life)
         self._end_stream(call)
         self._gone_until_next_stream()
-        self._resuming_moved = True
+        self.expected.moved = True
 
     def _gone_until_next_stream(self) -> None:
         self.call = self.carrier = None
@@ -623,28 +598,10 @@ class SimulatedCall:
         if deadline is not None and deadline <= self.now_ms:
             self.engine.tick(self.now_ms)
 
-    def _checkpoint_if_due(self, call: CallSession) -> None:
-        """The driver's poll of the live ticket, written once due."""
-        if self._checkpoint_at_ms is not None and self.now_ms % CHECKPOINT_POLL_MS == 0 and self.now_ms >= self._checkpoint_at_ms:
-            self._checkpoint(call)
-
     def _checkpoint(self, call: CallSession) -> None:
-        """One write of the stream's live ticket (due, or at a barge-in), as ``CallRegistry.checkpoint`` writes it:
-        only while this stream holds the call (else the keeper stops: released); a record the registry lost, anew."""
-        registry, holder = self.registry, f"bridge:{call.codec.stream_id}"
-        if self._registry_stalled():  # timed out: tried again an interval on; the replay keeps what follows the last
-            self._checkpoint_at_ms = self.now_ms + CHECKPOINT_MS
-            return
-        if registry.is_empty():
-            registry.bound = True  # written anew (``_write_live_ticket``): a takeover finds it again
-        elif not registry.bound or registry.live is None or registry.live.holder != holder:
-            self._checkpoint_at_ms = None  # not this stream's to write any more
-            return
-        self._write_live_ticket(call)
-
-    def _registry_stalled(self) -> bool:
-        stall = self.plan.registry_stall
-        return stall is not None and stall[0] <= self.now_ms < stall[0] + stall[1]
+        """One write of the stream's live ticket (``LiveTickets.checkpoint``): the session is named there again."""
+        if self.tickets.checkpoint(call, self.engine, self.now_ms):
+            self._named_again()
 
     def _named_again(self) -> None:
         """The registry holds a ticket of the call's session again (a live ticket written, a ticket parked)."""
@@ -673,7 +630,7 @@ class SimulatedCall:
                 self._on_engine_event(event)
                 if call.state is CallState.LIVE:
                     call.receive_engine_event(event, self.now_ms)
-                    self._journal.append(event)
+                    self.tickets.journal.append(event)
             if call is self.call and self.carrier is not None:
                 self._drain(call, self.carrier)
 
@@ -692,7 +649,7 @@ class SimulatedCall:
                     self._echo(call, mark)
             elif isinstance(output, ToEngine):
                 self._submit_all([output.command])
-            elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self._checkpoint_at_ms is not None:
+            elif isinstance(output, BargeInFlushed) and call.state is CallState.LIVE and self.tickets.due_at_ms is not None:
                 self._checkpoint(call)  # as the driver: before what the engine is told of the cut reply
             elif isinstance(output, Observed) and output.kind == "silence" and self.wire.speech_waiting(self.now_ms):
                 self.violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
