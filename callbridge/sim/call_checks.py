@@ -43,8 +43,6 @@ class CheckedCall(Protocol):
     unnamed_session: str | None
     half_open: tuple[CallSession, CallLifecycle] | None
 
-    def stalled_ms(self, start_ms: int, end_ms: int) -> int: ...
-
     def violation(self, what: str) -> NoReturn: ...
 
 
@@ -90,7 +88,7 @@ def check_step(sim: CheckedCall) -> None:
     died, carrier = sim.plan.engine_dies_at_ms, sim.carrier
     if died is None or sim.outcome is not None or call is None:
         return
-    if sim.now_ms <= died + TONE_BOUND_MS + sim.stalled_ms(died, died + TONE_BOUND_MS):
+    if sim.now_ms <= died + TONE_BOUND_MS + sim.plan.stalled_ms(died, died + TONE_BOUND_MS):
         return
     if call.state is CallState.LIVE:
         sim.violation(f"engine died at {died} ms; the caller still hears nothing of it (dead air)")
@@ -115,7 +113,7 @@ def _restored_by_ms(sim: CheckedCall) -> int | None:
         return None
     if stall is not None and stall[0] < lost_at + RESTORE_BOUND_MS and sum(stall) > lost_at:
         lost_at = sum(stall)
-    return lost_at + RESTORE_BOUND_MS + sim.stalled_ms(lost_at, lost_at + RESTORE_BOUND_MS)
+    return lost_at + RESTORE_BOUND_MS + sim.plan.stalled_ms(lost_at, lost_at + RESTORE_BOUND_MS)
 
 
 def check_end(sim: CheckedCall) -> None:

@@ -122,6 +122,16 @@ class RegistryModel:
         """Everything the registry held of the call is gone (the record object stays: the calls share the dict)."""
         self.ticket, self.input_ms, self.ended_reason, self.bound, self.live = None, 0, None, False, None
 
+    def lose_call(self) -> bool:
+        """The registry loses the call's record; True where it named a session of a call not known over (a parked
+        ticket, or a live one not yet written anew): a stream of the call can no longer find it. A call known over
+        is left as it is: losing that changes nothing the caller hears."""
+        if self.ended_reason is not None:
+            return False
+        named = self.ticket is not None or self.live is not None
+        self.lose()
+        return named
+
     def is_empty(self) -> bool:
         return self.ticket is None and self.ended_reason is None and not self.bound and self.live is None
 

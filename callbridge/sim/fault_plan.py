@@ -97,6 +97,14 @@ class FaultPlan:
     """What the call's application chose for it, bound as the server binds it (``call_config.agent_setup``): a
     greeting on a new session (one the caller may not cut, at times), a recording, a silence prompt and goodbye."""
 
+    def stalled_ms(self, start_ms: int, end_ms: int) -> int:
+        """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound
+        on what it does in that time is that much later."""
+        stall = self.process_stall
+        if stall is None or stall[0] >= end_ms or stall[0] + stall[1] <= start_ms:
+            return 0
+        return stall[1]
+
 
 def plan_for(seed: int) -> FaultPlan:
     """The call and faults seed ``seed`` stands for (the same, on every machine)."""

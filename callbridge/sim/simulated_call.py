@@ -5,7 +5,7 @@ against the models."""
 from __future__ import annotations
 
 import random
-from typing import Final, NoReturn
+from typing import Final, NoReturn, Protocol
 
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState
@@ -50,6 +50,29 @@ _CALL_ID: Final = "CA" + "0" * 31 + "1"
 _GRACE_MS: Final = 30_000
 _SETTINGS: Final = Settings.model_construct()
 """The shipped defaults (not the environment's: a seed runs the same everywhere), under the plan's assistant."""
+
+
+class _Clocked(Protocol):
+    """A sans-I/O core clocked from outside (the call, the engine's session)."""
+
+    def next_deadline_ms(self) -> int | None: ...
+
+    def tick(self, now_ms: int) -> None: ...
+
+
+def _tick_if_due(core: _Clocked, now_ms: int) -> None:
+    deadline = core.next_deadline_ms()
+    if deadline is not None and deadline <= now_ms:
+        core.tick(now_ms)
+
+
+def _new_engine(plan: FaultPlan, ids: random.Random, session_id: str, now_ms: int) -> LocalSessionCore:
+    """The engine server's session for a call: the echo agent, its ids from the seed."""
+    options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=plan.generation_speed, disconnect_grace_ms=_GRACE_MS)
+    engine = LocalSessionCore(session_id, SessionConfig(), AGENTS["echo"](), options, now_ms, scorer=LoudnessScorer(),
+                              token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
+    engine.events_to_send()  # session.created
+    return engine
 
 
 class _ModelEffects:
@@ -127,7 +150,7 @@ class _ModelEffects:
             sim.server.orphaned.add(sim.engine.session_id)  # (not followed further)
             sim.unnamed_session, sim.expected.orphaned, sim.half_open = None, True, None
         sim.sessions += 1
-        sim.engine = sim._new_engine(f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}")
+        sim.engine = _new_engine(sim.plan, sim._ids, f"duplex-sim-{sim.call_id[-4:]}-{sim.sessions}", sim.now_ms)
         sim.server.sessions[sim.engine.session_id] = (sim.call_id, sim.engine)
         sim.closes_sent, sim.session_lost = 0, False
         sim.close_requested = False
@@ -221,7 +244,7 @@ class SimulatedCall:
         self.sessions = 1
         self.outcome: str | None = None
         dead_at_answer = self.plan.engine_dies_at_ms is not None and self.plan.engine_dies_at_ms <= 0
-        self.engine = self._new_engine(f"duplex-sim-{call_id[-4:]}-1")
+        self.engine = _new_engine(self.plan, self._ids, f"duplex-sim-{call_id[-4:]}-1", self.now_ms)
         if dead_at_answer or not self.server.has_room():  # engine_takes: busy before answer, no stream comes
             self.outcome = "busy"
             self.engine.submit(CloseSession("not_opened"), 0)
@@ -247,7 +270,7 @@ class SimulatedCall:
         """The carrier's messages on their way to the bridge."""
         self._next_stream_at_ms: int | None = 0 if self.outcome is None else None
         self._stream_started_at_ms = 0
-        self._end_ms = self.plan.hangup_at_ms + 15_000 + self.stalled_ms(0, self.plan.hangup_at_ms + 15_000)
+        self._end_ms = self.plan.hangup_at_ms + 15_000 + self.plan.stalled_ms(0, self.plan.hangup_at_ms + 15_000)
         self._ran_again = False
         """The process stall (``process_stall``) is over and its late timers have run."""
         self.crashed_at_ms: int | None = None
@@ -269,15 +292,6 @@ class SimulatedCall:
         """The engine's replay after the live ticket when the bridge crashed: the next stream takes it first."""
         self.effects = _ModelEffects(self)
         """What the lifecycle's steps do here (the executor's effects, against the models)."""
-
-    def _new_engine(self, session_id: str) -> LocalSessionCore:
-        options = LocalEngineOptions(agent="echo", chunk_ms=500, generation_speed=self.plan.generation_speed,
-                                     disconnect_grace_ms=_GRACE_MS)  # fmt: skip
-        ids = self._ids
-        engine = LocalSessionCore(session_id, SessionConfig(), AGENTS["echo"](), options, self.now_ms,
-                                  scorer=LoudnessScorer(), token_hex=lambda n: ids.randbytes(n).hex())  # fmt: skip
-        engine.events_to_send()  # session.created
-        return engine
 
     # ------------------------------------------------------------------ run
 
@@ -344,7 +358,7 @@ class SimulatedCall:
         if self.call is None:
             return
         if not self.engine_dead:
-            self._tick_engine()
+            _tick_if_due(self.engine, self.now_ms)
             self._engine_events(call)
         elif (
             not self.engine_lost_reported
@@ -356,9 +370,7 @@ class SimulatedCall:
                 self.failed_at_ms = now
                 carrier.played_since_ms = now
                 call.receive_engine_event(SessionClosed(self.engine.session_id, "connection_failed"), now)
-        deadline = call.next_deadline_ms()
-        if deadline is not None and deadline <= now:
-            call.tick(now)
+        _tick_if_due(call, now)
         self._drain(call, carrier)
 
     def _step_stalled(self) -> None:
@@ -369,7 +381,7 @@ class SimulatedCall:
         if call is not None and carrier is not None and self.now_ms % FRAME_MS == 0:
             self._carrier_tick(call, carrier, stalled=True)
         if not self.engine_dead:
-            self._tick_engine()  # its events wait for the bridge to read them
+            _tick_if_due(self.engine, self.now_ms)  # its events wait for the bridge to read them
 
     def _world_goes_on(self) -> None:
         """What happens whether or not the bridge runs: the engine server dies, the registry loses the call."""
@@ -385,19 +397,10 @@ class SimulatedCall:
         then its reader (the rest of the step)."""
         half_open = self.half_open[0] if self.half_open is not None else None
         for call in (self.call, half_open):
-            deadline = None if call is None else call.next_deadline_ms()
-            if call is not None and deadline is not None and deadline <= self.now_ms:
-                call.tick(self.now_ms)
+            if call is not None:
+                _tick_if_due(call, self.now_ms)
         if self.call is not None and self.carrier is not None:
             self._drain(self.call, self.carrier)
-
-    def stalled_ms(self, start_ms: int, end_ms: int) -> int:
-        """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound
-        on what it does in that time is that much later."""
-        stall = self.plan.process_stall
-        if stall is None or stall[0] >= end_ms or stall[0] + stall[1] <= start_ms:
-            return 0
-        return stall[1]
 
     def _carrier_tick(self, call: CallSession, carrier: CarrierModel, *, stalled: bool = False) -> None:
         now, plan = self.now_ms, self.plan
@@ -517,11 +520,9 @@ class SimulatedCall:
         kept; it ends by itself only past its own limits."""
         now = self.now_ms
         if not self.engine_dead:
-            self._tick_engine()
+            _tick_if_due(self.engine, self.now_ms)
             self._engine_events(call)  # not the current stream's: its outputs go nowhere
-        deadline = call.next_deadline_ms()
-        if deadline is not None and deadline <= now:
-            call.tick(now)
+        _tick_if_due(call, now)
         if call.state is CallState.LIVE:
             if self.tickets.due(self.now_ms):
                 self._checkpoint(call)
@@ -593,11 +594,6 @@ class SimulatedCall:
         self._drain(call, carrier)
         self._engine_events(call)
 
-    def _tick_engine(self) -> None:
-        deadline = self.engine.next_deadline_ms()
-        if deadline is not None and deadline <= self.now_ms:
-            self.engine.tick(self.now_ms)
-
     def _checkpoint(self, call: CallSession) -> None:
         """One write of the stream's live ticket (``LiveTickets.checkpoint``): the session is named there again."""
         if self.tickets.checkpoint(call, self.engine, self.now_ms):
@@ -613,12 +609,8 @@ class SimulatedCall:
         writes it anew) can no longer be found by a stream of the call: one opened beside it is no violation,
         and the engine's grace ends the first."""
         self.registry_lost = True
-        registry = self.registry
-        if registry.ended_reason is not None:
-            return  # the call is known over: losing that changes nothing the caller hears
-        if registry.ticket is not None or registry.live is not None:
+        if self.registry.lose_call():
             self.unnamed_session = self.engine.session_id
-        registry.lose()
 
     def _engine_events(self, call: CallSession) -> None:
         """The engine's events to ``call``, its outputs to the carrier after each batch while it is the current
@@ -627,16 +619,13 @@ class SimulatedCall:
             return
         while events := self.engine.events_to_send():
             for event in events:
-                self._on_engine_event(event)
+                if isinstance(event, AudioDelta):
+                    self.generated_bytes[event.response_id] = self.generated_bytes.get(event.response_id, 0) + len(event.pcm)
                 if call.state is CallState.LIVE:
                     call.receive_engine_event(event, self.now_ms)
                     self.tickets.journal.append(event)
             if call is self.call and self.carrier is not None:
                 self._drain(call, self.carrier)
-
-    def _on_engine_event(self, event: EngineEvent) -> None:
-        if isinstance(event, AudioDelta):
-            self.generated_bytes[event.response_id] = self.generated_bytes.get(event.response_id, 0) + len(event.pcm)
 
     def _drain(self, call: CallSession, carrier: CarrierModel) -> None:
         """The call's outputs, in its order, as the driver does them: to the carrier, to the engine."""
