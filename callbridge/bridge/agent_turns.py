@@ -21,6 +21,7 @@ from callbridge.bridge.agent_actions import AgentActions
 from callbridge.bridge.agent_speech import AgentSpeech
 from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call_outputs import CallOutput, Observed, ToEngine
+from callbridge.bridge.end_reason import EndReason
 from callbridge.bridge.turns import AfterReply, GreetingGuard, SilenceWatch
 from callbridge.engine.commands import CloseSession, CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.events import EngineEvent, FunctionCall, SpeechStarted, SpeechStopped
@@ -154,7 +155,7 @@ class AgentTurns:
         if self.actions.function_call(call, self._out, ending=self.after_reply.hang_up_reason is not None):
             self.after_reply.end_call_asked()
 
-    def hang_up_due(self, now_ms: int) -> str | None:
+    def hang_up_due(self, now_ms: int) -> EndReason | None:
         """Why to hang up now, if a hang-up was asked for (``end_call``, a silent caller's goodbye) and the reply being
         received has ended and its audio has played."""
         after = self.after_reply
@@ -162,7 +163,7 @@ class AgentTurns:
             return None
         return after.hang_up_due(now_ms, self._speech.audio.response_id, self._speech.ledger)
 
-    def reply_played(self, now_ms: int, *, live: bool) -> str | None:
+    def reply_played(self, now_ms: int, *, live: bool) -> EndReason | None:
         """What waited for the agent's reply to play out, on a ``live`` stream: the hang-up asked for (its reason,
         returned: the call ends), else a tool's result to answer (asked for here). Looked at on every event and
         tick: mostly nothing waits."""

@@ -75,9 +75,10 @@ from callbridge.bridge.call_outputs import (
 from callbridge.bridge.call_state import TRANSITIONS, CallState, CallStateError, Trigger
 from callbridge.bridge.caller_audio import CallerAudio
 from callbridge.bridge.carrier_link import CarrierLink
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.inbound import MediaAhead
-from callbridge.bridge.lifecycle import EndReason, StreamFacts
-from callbridge.bridge.limits import IDLE_TIMEOUT, StreamLimits
+from callbridge.bridge.lifecycle import StreamFacts
+from callbridge.bridge.limits import StreamLimits
 from callbridge.bridge.stream_phase import StreamPhase
 from callbridge.carriers.base import (
     CarrierEvent,
@@ -191,7 +192,7 @@ class CallSession:
             self.speech.play_unheard(binding.unheard, now_ms)
         self.tick(now_ms)
 
-    def start_refused(self, reason: str) -> None:
+    def start_refused(self, reason: EndCause) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
         nothing else (a stream that ended meanwhile is left as it ended). No engine for the call: ``no_engine``."""
         if self.state is not CallState.STARTING:
@@ -209,7 +210,8 @@ class CallSession:
         if handled:
             pass  # the agent's speech or turns took it
         elif isinstance(event, (SessionClosed, SessionExpired)):
-            reason = f"engine_{type(event).__name__}:{event.reason}"
+            kind = EndReason.ENGINE_SESSION_EXPIRED if isinstance(event, SessionExpired) else EndReason.ENGINE_SESSION_CLOSED
+            reason = EndCause(kind, event.reason)
             if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
                 self.engine_failed(reason, now_ms)
             else:
@@ -219,7 +221,7 @@ class CallSession:
         # anything else (an engine error: the driver logs it) does not end the call
         self._agent_turns_due(now_ms)
 
-    def engine_failed(self, reason: str, now_ms: int) -> None:
+    def engine_failed(self, reason: EndCause, now_ms: int) -> None:
         """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
         fallback tone instead of silence, then the call is hung up. Agent audio still queued is dropped."""
         if self.state is not CallState.LIVE:
@@ -228,7 +230,7 @@ class CallSession:
         self.speech.silence(now_ms)
         self._end_with_tone(reason, now_ms)
 
-    def no_engine(self, reason: str, now_ms: int) -> None:
+    def no_engine(self, reason: EndCause, now_ms: int) -> None:
         """No engine session can be had for the stream (none opens, the parked one is gone): the caller hears the
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
         if self.state is not CallState.STARTING:
@@ -244,9 +246,9 @@ class CallSession:
             return
         self.speech.stop_playback(None, now_ms, barge_in=False)
         self._to_engine(CloseSession(EndReason.BRIDGE_SHUTDOWN))
-        self._end_with_tone(EndReason.BRIDGE_SHUTDOWN, now_ms)
+        self._end_with_tone(EndCause(EndReason.BRIDGE_SHUTDOWN), now_ms)
 
-    def _end_with_tone(self, reason: str, now_ms: int) -> None:
+    def _end_with_tone(self, reason: EndCause, now_ms: int) -> None:
         """ENDING for ``reason``: no more agent audio; the fallback tone is queued (``tick`` hangs up once it has
         played; at once without one)."""
         self.phase.go(Trigger.ENGINE_FAILED)
@@ -254,13 +256,13 @@ class CallSession:
         self.speech.play_tone(self.options.failure_tone_ms, now_ms)
         self.tick(now_ms)
 
-    def end_call(self, reason: str, now_ms: int) -> None:
+    def end_call(self, reason: EndCause, now_ms: int) -> None:
         """The bridge ends the call (a limit was reached): the engine session is closed, the call hung up the
         carrier's way (if it was bridged), the socket closed."""
         if not self.phase.over:
             self.phase.end_call(reason)
 
-    def carrier_ended(self, reason: str, now_ms: int) -> None:
+    def carrier_ended(self, reason: EndCause, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
         if self.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):
             return
@@ -293,7 +295,7 @@ class CallSession:
         if bound:
             self.phase.unheard = self.speech.unheard_at_drop(now_ms)
         self.phase.go(Trigger.TRANSPORT_LOST)
-        self.phase.reason = "transport_lost"
+        self.phase.reason = EndCause(EndReason.TRANSPORT_LOST)
         self.phase.detach = bound
         self.link.drop_messages()  # nowhere to send them
 
@@ -344,9 +346,9 @@ class CallSession:
         live = self.state is CallState.LIVE
         transferred = self.turns.action_finished(call_id, result, now_ms, live=live)
         if transferred is not None and live:
-            self._end_by_agent("transferred", hang_up=transferred.hang_up)
+            self._end_by_agent(EndCause(EndReason.TRANSFERRED), hang_up=transferred.hang_up)
         elif transferred is not None:  # the stream stopped while the transfer was under way: it decides the end
-            self.phase.reason = "transferred"
+            self.phase.reason = EndCause(EndReason.TRANSFERRED)
 
     def tool_slow(self, call_id: str, now_ms: int) -> None:
         """The application's tool ``call_id`` has not answered yet (``app.tool_filler_after_s``): where a filler is
@@ -391,7 +393,7 @@ class CallSession:
         tool's result to answer."""
         reason = self.turns.reply_played(now_ms, live=self.state is CallState.LIVE)
         if reason is not None:
-            self._end_by_agent(reason, hang_up=True)
+            self._end_by_agent(EndCause(reason), hang_up=True)
 
     # ----------------------------------------------------------------- reports
 
@@ -443,19 +445,19 @@ class CallSession:
     def _to_engine(self, command: EngineCommand) -> None:
         self._out.append(ToEngine(command))
 
-    def _end_by_agent(self, reason: str, *, hang_up: bool) -> None:
+    def _end_by_agent(self, reason: EndCause, *, hang_up: bool) -> None:
         self.turns.actions.running.clear()
         self.phase.end(Trigger.AGENT_ENDED, reason, close_session=True, hang_up=hang_up)
 
-    def _limit_reached(self, reached: str, now_ms: int) -> None:
+    def _limit_reached(self, reached: EndReason, now_ms: int) -> None:
         """A limit no message enforces (``StreamLimits``): a connection that never starts its stream, a stream past
         the longest call (ended), a stream gone quiet (taken as dropped: the session waits for the next one)."""
         self.phase.limit_reached = reached
-        if reached != IDLE_TIMEOUT:
-            self.end_call(reached, now_ms)
+        if reached is not EndReason.IDLE_TIMEOUT:
+            self.end_call(EndCause(reached), now_ms)
             return
         self.transport_lost(now_ms)
-        self.phase.reason = reached
+        self.phase.reason = EndCause(reached)
         self.phase.close_transport()  # the socket may still be open (half-open): close it
 
     # ------------------------------------------------------------- carrier side
@@ -486,7 +488,7 @@ class CallSession:
             case StreamStopped():
                 bound = self.state is CallState.LIVE
                 self.phase.go(Trigger.STOPPED)
-                self.phase.reason = "caller_hung_up"
+                self.phase.reason = EndCause(EndReason.CALLER_HUNG_UP)
                 # a transfer under way: most likely the transfer's own doing (a carrier stops the stream as the transfer
                 # lands); the model hears its result first (``action_finished``)
                 if bound and not self.turns.actions.stream_stopped():
@@ -536,15 +538,14 @@ def _is_engine_failure(reason: str) -> bool:
     return reason in _ENGINE_FAILURES or reason.startswith("resync_required")
 
 
-def engine_failure_kind(reason: str) -> str:
+def engine_failure_kind(cause: EndCause) -> str:
     """``failures_by_engine`` as a metric label from a bounded set: the engine's code (``connection_failed``,
     ``session_resume_expired``, ``shutdown``…), ``expired`` (the engine's grace or idle TTL), ``resync_required``,
     ``engine_stream_failed`` (the bridge could not read the session), else ``other``."""
-    code = reason.rpartition(":")[2]
-    if reason.startswith("engine_SessionExpired"):
+    if cause.kind is EndReason.ENGINE_SESSION_EXPIRED:
         return "expired"
-    if "resync_required" in reason:
+    if cause.kind is EndReason.ENGINE_STREAM_FAILED:
+        return EndReason.ENGINE_STREAM_FAILED.value
+    if cause.detail.startswith("resync_required"):
         return "resync_required"
-    if code in _ENGINE_FAILURES or code == "engine_stream_failed":
-        return code
-    return "other"
+    return cause.detail if cause.detail in _ENGINE_FAILURES else "other"

@@ -20,6 +20,7 @@ from callbridge.application.events import CallEvent, CallReport, EventType
 from callbridge.bridge.call_outputs import Observed, StreamReport
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.recording import StereoRecorder
 from callbridge.bridge.recording_store import CallRecording, public_url
 from callbridge.bridge.registry import RegistryUnavailable
@@ -142,14 +143,14 @@ class CallFeed:
         builder.agent_audio_ms += report.output_ms
         self._stream_ended_at = time.time()
         if report.facts.call_over:
-            self.call_over(report.facts.end_reason or "unknown", session_id)
+            self.call_over(report.facts.end_reason or EndCause(EndReason.UNKNOWN, "unknown"), session_id)
             return
         try:
             await self.services.registry.keep_note(call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
-    def call_over(self, end_reason: str, session_id: str | None) -> None:
+    def call_over(self, end_reason: EndCause, session_id: str | None) -> None:
         """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
         its assistant asked for that. Its end is when its last stream ended."""
         builder, setup = self.report, self._setup

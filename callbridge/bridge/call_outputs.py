@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from callbridge.bridge.actions import ApplicationToolCall, CarrierCallAction
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.lifecycle import StreamFacts
 from callbridge.carriers.base import (
     CarrierNotice,
@@ -129,7 +130,7 @@ class StreamReport:
     facts: StreamFacts
     """``facts.call_over``: the call is over (else the stream left its session for the next one)."""
     limit_reached: str | None
-    engine_failure: str | None
+    engine_failure: EndCause | None
     """Why the engine failed the call, if it did."""
     failure: RemoteProtocolError | None
     """The carrier's protocol error that ended the stream, if one did."""

@@ -14,6 +14,7 @@ import orjson
 from callbridge.application import CallContext
 from callbridge.application.events import CallReport, Latency, SpokenLine
 from callbridge.bridge.call_outputs import Observed
+from callbridge.bridge.end_reason import EndCause, EndReason
 
 __all__ = ["REPORT_NOTE", "CallReportBuilder", "ended_by"]
 
@@ -97,7 +98,7 @@ class CallReportBuilder:
         call: CallContext,
         *,
         ended_at: float,
-        end_reason: str,
+        end_reason: EndCause,
         engine_session_id: str | None,
         metadata: dict[str, Any] | None = None,
     ) -> CallReport:
@@ -133,17 +134,22 @@ class CallReportBuilder:
         )
 
 
-def ended_by(end_reason: str) -> Literal["caller", "agent", "bridge", "engine", "carrier"]:
-    """Who ended the call, from how its last stream ended."""
-    reason = end_reason.split(":", 1)[0]
-    if reason == "caller_silent":  # the agent said goodbye to a caller who said nothing
-        return "agent"
-    if reason.startswith("caller") or reason == "stream_stopped":
-        return "caller"
-    if reason.startswith("agent") or reason == "transferred":
-        return "agent"
-    if reason.startswith("engine"):
-        return "engine"
-    if reason.startswith("carrier") or reason.startswith("protocol") or reason == "no_reconnect":  # its stream ended
-        return "carrier"
-    return "bridge"
+_ENDED_BY: Final[dict[EndReason, Literal["caller", "agent", "engine", "carrier"]]] = {
+    EndReason.CALLER_HUNG_UP: "caller",
+    EndReason.STREAM_STOPPED: "caller",
+    EndReason.CALLER_SILENT: "agent",  # the agent said goodbye to a caller who said nothing
+    EndReason.AGENT_HUNG_UP: "agent",
+    EndReason.TRANSFERRED: "agent",
+    EndReason.ENGINE_SESSION_CLOSED: "engine",
+    EndReason.ENGINE_SESSION_EXPIRED: "engine",
+    EndReason.ENGINE_STREAM_FAILED: "engine",
+    EndReason.ENGINE_UNAVAILABLE: "engine",
+    EndReason.ENGINE_FAILED: "engine",
+    EndReason.PROTOCOL_ERROR: "carrier",
+    EndReason.NO_RECONNECT: "carrier",  # its stream ended and did not come back
+}
+
+
+def ended_by(cause: EndCause) -> Literal["caller", "agent", "bridge", "engine", "carrier"]:
+    """Who ended the call, from how its last stream ended (the bridge: its limits, a shutdown, a refusal…)."""
+    return _ENDED_BY.get(cause.kind, "bridge")

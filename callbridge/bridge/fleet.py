@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.registry import CallRegistry, CallSignal, RegistryUnavailable, SignalKind
 from callbridge.logging import get_logger
 
@@ -50,7 +51,7 @@ that answered it): handled without a log line each."""
 class LiveStream(Protocol):
     """A call's media stream being served by this process (``MediaStreamDriver``)."""
 
-    async def end_by_carrier(self, reason: str) -> None:
+    async def end_by_carrier(self, reason: EndCause) -> None:
         """The carrier said, out of band, that the call is over: end the stream as its ``stop`` would."""
         ...
 
@@ -149,7 +150,7 @@ class CallSignals:
     def _for_stream(self, signal: CallSignal, stream: LiveStream) -> Awaitable[None] | None:
         match signal.kind:
             case SignalKind.CALL_ENDED:
-                return stream.end_by_carrier(signal.detail)
+                return stream.end_by_carrier(EndCause.of(signal.detail))  # as the other process wrote it
             case SignalKind.STREAM_SUPERSEDED:
                 return stream.superseded()
             case SignalKind.DTMF:

@@ -26,6 +26,7 @@ import enum
 from dataclasses import dataclass
 from typing import Final
 
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.engine.port import ResumeTicket, UnheardAudio
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
     "CloseUnlessBack",
     "CloseWaiting",
     "DiscardAnswerSession",
-    "EndReason",
     "LifecycleError",
     "MarkEnded",
     "NudgeOldStream",
@@ -67,23 +67,6 @@ it is superseded (the carrier has reconnected: its socket is gone or half-open);
 for dead (SIGKILL, a crash, a host gone). A live process that is only slow loses the session to the new stream
 (the engine tells its old socket ``session.replaced``) and ends its stream quietly."""
 DETACH_POLL_MS: Final = 20
-
-
-class EndReason(enum.StrEnum):
-    """Ends of a stream the lifecycle tells apart (the rest — a stop, a hang-up, a limit — end the call)."""
-
-    BAD_TOKEN = "bad_token"
-    CALL_ALREADY_ENDED = "call_already_ended"
-    REGISTRY_UNAVAILABLE = "registry_unavailable"
-    ENGINE_UNAVAILABLE = "engine_unavailable"
-    TRANSPORT_LOST = "transport_lost"
-    """The socket went without a stop: the carrier may come back, the session waits for it."""
-    CALL_ENDED = "call_ended"
-    """A session closed with no more particular reason."""
-    NO_RECONNECT = "no_reconnect"
-    """A carrier that reconnects within a window did not: its parked session is closed (``CloseUnlessBack``)."""
-    BRIDGE_SHUTDOWN = "bridge_shutdown"
-    """A lone process's drain ran out with the call still up: the tone, then the carrier's hang-up."""
 
 
 class BindSource(enum.StrEnum):
@@ -165,7 +148,7 @@ class Refuse:
     """End the stream unbridged. ``no_engine``: no engine takes the call — the caller hears the fallback tone, then
     the call is hung up the carrier's way (``CallSession.no_engine``); else only the stream ends."""
 
-    reason: str
+    reason: EndCause
     no_engine: bool = False
 
 
@@ -306,7 +289,7 @@ class StreamFacts:
     """Started, and still waiting for its engine session (it has not ended meanwhile)."""
     call_over: bool = False
     """The call ended with the stream (a stop, a hang-up, a failure), not a drop."""
-    end_reason: str | None = None
+    end_reason: EndCause | None = None
     detach: bool = False
     """The stream wants its session kept for the call's next stream (a drop)."""
     input_ms: int = 0
@@ -317,6 +300,10 @@ class StreamFacts:
     """The rest of the reply playing as the stream dropped, for the next stream to play."""
     told_ms: tuple[tuple[str, int], ...] = ()
     """What the engine was told the caller heard of recent responses (``CallSession.told_so_far``)."""
+
+    @property
+    def end_kind(self) -> EndReason | None:
+        return self.end_reason.kind if self.end_reason is not None else None
 
 
 class CallLifecycle:
@@ -382,7 +369,7 @@ class CallLifecycle:
         elif ok:
             self._steps.append(AskEnded())
         else:
-            self._refuse(Refuse(EndReason.BAD_TOKEN))
+            self._refuse(Refuse(EndCause(EndReason.BAD_TOKEN)))
 
     def ended_is(self, reason: str | None) -> None:
         """The registry's answer to ``AskEnded``: why the call is over, or None."""
@@ -390,7 +377,7 @@ class CallLifecycle:
         if self._ending is not None:
             self._end_detached(known_ended=reason is not None)
         elif reason is not None:
-            self._refuse(Refuse(EndReason.CALL_ALREADY_ENDED))
+            self._refuse(Refuse(EndCause(EndReason.CALL_ALREADY_ENDED)))
         else:
             self._steps.append(ClaimTicket())
 
@@ -481,7 +468,7 @@ class CallLifecycle:
         """No engine takes the call: it is over — marked so before the socket closes (the carrier's redirect that
         follows must get a hang-up, not a retry), and hung up the carrier's way."""
         self._answered(Open)
-        reason = f"{EndReason.ENGINE_UNAVAILABLE}:{code}"
+        reason = EndCause(EndReason.ENGINE_UNAVAILABLE, code)
         self._steps.append(MarkEnded(reason))
         self._refuse(Refuse(reason, no_engine=True))
 
@@ -489,7 +476,7 @@ class CallLifecycle:
         """Asked for the call's assistant as its stream opens the session (no answer webhook asked it), the
         application refused the call: it is over, marked so, and the stream ends unbridged (no tone)."""
         self._answered(Open)
-        reason = f"application_rejected:{reject}"
+        reason = EndCause(EndReason.APPLICATION_REJECTED, reject)
         self._steps.append(MarkEnded(reason))
         self._refuse(Refuse(reason))
 
@@ -500,7 +487,7 @@ class CallLifecycle:
         if self._ending is not None and awaiting is AskEnded:
             self._end_detached(known_ended=False)
         elif self._phase is _Phase.BINDING:
-            self._refuse(Refuse(EndReason.REGISTRY_UNAVAILABLE))
+            self._refuse(Refuse(EndCause(EndReason.REGISTRY_UNAVAILABLE)))
 
     def stream_state_at_bind(self, stream: StreamFacts) -> Bind | None:
         """The session is in hand; the stream (read under its lock) still awaits it, or has ended meanwhile.
@@ -513,7 +500,7 @@ class CallLifecycle:
             self._phase = _Phase.BOUND
             return bind
         self._phase = _Phase.UNBOUND
-        if stream.end_reason == EndReason.TRANSPORT_LOST:
+        if stream.end_kind is EndReason.TRANSPORT_LOST:
             self._steps.append(Park(self._offset_ms, self._heard_ms, unheard=self._unheard, told_ms=self._told_ms))
         else:
             self._close(stream.end_reason or EndReason.CALL_ENDED)
@@ -571,11 +558,11 @@ class CallLifecycle:
         """A stream of the call (its token ours) ended before it was bound: the session opened at the answer goes,
         and the call is over if the stream says so. A drop is neither: the carrier's reconnect takes the session
         opened at the answer (or its time to live ends it)."""
-        if stream.end_reason == EndReason.TRANSPORT_LOST:
+        if stream.end_kind is EndReason.TRANSPORT_LOST:
             return
         if self._answer_sessions:
             self._steps.append(DiscardAnswerSession(stream.end_reason or "stream_ended"))
-        if stream.call_over and not _says_nothing_about_the_call(stream.end_reason):
+        if stream.call_over and not _says_nothing_about_the_call(stream.end_kind):
             reason = stream.end_reason or EndReason.CALL_ENDED
             if self._live_holder is not None:  # the session a dead process held: nobody else will close it (first:
                 self._steps.append(CloseLive(self._live_holder, reason))  # the end drops the live ticket)
@@ -626,7 +613,7 @@ class CallLifecycle:
         self._awaiting = None
 
 
-def _says_nothing_about_the_call(end_reason: str | None) -> bool:
+def _says_nothing_about_the_call(end_kind: EndReason | None) -> bool:
     """A stream with someone else's token, for a call already over, or whose registry could not be asked: its
     end is not the call's."""
-    return end_reason in (EndReason.BAD_TOKEN, EndReason.CALL_ALREADY_ENDED, EndReason.REGISTRY_UNAVAILABLE)
+    return end_kind in (EndReason.BAD_TOKEN, EndReason.CALL_ALREADY_ENDED, EndReason.REGISTRY_UNAVAILABLE)

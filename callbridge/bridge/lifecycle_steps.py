@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.lifecycle import (
     AskEnded,
     CallLifecycle,
@@ -120,7 +121,7 @@ class LifecycleEffects(Protocol[S]):
 
     async def open(self) -> S | Rejected: ...
 
-    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+    async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         """The stream ends unbridged (``no_engine``: the failure tone, then the hang-up)."""
         ...
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from typing import Final
 
+from callbridge.bridge.end_reason import EndReason
 from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = ["ASSISTANT_MAX_DURATION", "FIRST_MESSAGE_TIMEOUT", "IDLE_TIMEOUT", "MAX_CALL_DURATION", "StreamLimits"]
 
-MAX_CALL_DURATION: Final = "max_call_duration"
-ASSISTANT_MAX_DURATION: Final = "assistant_max_duration"
-FIRST_MESSAGE_TIMEOUT: Final = "first_message_timeout"
-IDLE_TIMEOUT: Final = "idle_timeout"
+MAX_CALL_DURATION: Final = EndReason.MAX_CALL_DURATION
+ASSISTANT_MAX_DURATION: Final = EndReason.ASSISTANT_MAX_DURATION
+FIRST_MESSAGE_TIMEOUT: Final = EndReason.FIRST_MESSAGE_TIMEOUT
+IDLE_TIMEOUT: Final = EndReason.IDLE_TIMEOUT
 """A started stream that sent nothing this long: taken for dropped (its session waits for the next stream)."""
 
 
@@ -77,7 +78,7 @@ class StreamLimits:
     def is_due(self, now_ms: int) -> bool:
         return self.due_ms is not None and now_ms >= self.due_ms
 
-    def reached(self, now_ms: int, *, started: bool, over: bool) -> str | None:
+    def reached(self, now_ms: int, *, started: bool, over: bool) -> EndReason | None:
         """The limit reached at ``now_ms``, where one is due (``verdict``); none for a stream ``over`` (they stop)."""
         if not self.is_due(now_ms):
             return None
@@ -86,7 +87,7 @@ class StreamLimits:
             return None
         return self.verdict(now_ms, started=started)
 
-    def verdict(self, now_ms: int, *, started: bool) -> str | None:
+    def verdict(self, now_ms: int, *, started: bool) -> EndReason | None:
         """The limit reached at ``now_ms`` (``started``: the stream's ``start`` was read), or None and the next time
         one is due."""
         connected = self.connected_at_ms

@@ -49,6 +49,7 @@ from callbridge.bridge.carrier_transport import (
     SizeLimitedTransport,
     WebSocketTransport,
 )
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.lifecycle import BindSource, CallLifecycle
 from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
@@ -264,7 +265,7 @@ class MediaStreamDriver:
         """This stream, as the registry names the stream that holds a call."""
         return f"{self.services.process_id}:{start.stream_id}"
 
-    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+    async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""
         self._seen.refused(reason)
         async with self._lock:
@@ -307,7 +308,7 @@ class MediaStreamDriver:
             self.call.superseded(_now_ms())
             await self._flush()  # closes the socket (going away): wakes the reader; ``_finish`` detaches the session
 
-    async def end_by_carrier(self, reason: str) -> None:
+    async def end_by_carrier(self, reason: EndCause) -> None:
         """The carrier's webhook says the call is over: end the stream as its ``stop`` would."""
         await self._to_call(lambda call, now_ms: call.carrier_ended(reason, now_ms))
 
@@ -332,7 +333,7 @@ class MediaStreamDriver:
         except Exception:
             self.log.exception("engine_pump_failed")
             # the caller hears the fallback, then the call is hung up
-            await self._to_call(lambda call, now_ms: call.engine_failed("engine_stream_failed", now_ms))
+            await self._to_call(lambda call, now_ms: call.engine_failed(EndCause(EndReason.ENGINE_STREAM_FAILED), now_ms))
 
     async def _pace(self) -> None:
         try:
@@ -370,7 +371,7 @@ class MediaStreamDriver:
                         break
             except Exception:  # as in the pump: the caller hears the fallback, then the call is hung up
                 self.log.exception("engine_event_failed")
-                self.call.engine_failed("engine_stream_failed", _now_ms())
+                self.call.engine_failed(EndCause(EndReason.ENGINE_STREAM_FAILED), _now_ms())
         self._pacing.schedule(None if self._done() else self.call.next_deadline_ms())
 
     async def _send_outputs(self) -> None:
@@ -500,7 +501,7 @@ class MediaStreamDriver:
         assert self._start is not None
         return await self._setup.setup(self._start, self.provider, self.log, choose=choose)
 
-    def call_over(self, end_reason: str) -> None:
+    def call_over(self, end_reason: EndCause) -> None:
         """The call is over, its last stream gone (a carrier that did not come back): its report to the application."""
         self._feed.call_over(end_reason, self.session.session_id if self.session is not None else None)
 

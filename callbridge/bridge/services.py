@@ -24,6 +24,7 @@ from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.cpu import CpuMeter
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.fleet import (
     FLEET_HOLD_MS,
     CallSignals,
@@ -222,7 +223,7 @@ class BridgeServices:
         else:
             await self.send_signal(call_id, SignalKind.DTMF, digit)
 
-    async def call_ended_by_carrier(self, call_id: str, reason: str) -> None:
+    async def call_ended_by_carrier(self, call_id: str, reason: EndCause) -> None:
         """A carrier's webhook says the call is over (a hang-up callback, a
         ``completed`` event), where its media socket says nothing: the live stream ends as on a ``stop`` (the engine
         session closes, not kept for a resume), and a later stream or redirect for the call is refused."""

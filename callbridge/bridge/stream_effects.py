@@ -16,8 +16,8 @@ from structlog.stdlib import BoundLogger
 
 from callbridge.bridge.call_config import session_config
 from callbridge.bridge.call_setup import CallSetup, Rejection
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.fleet import LiveStream
-from callbridge.bridge.lifecycle import EndReason
 from callbridge.bridge.lifecycle_steps import RecordSeen, Rejected
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import LiveCall, SignalKind
@@ -41,9 +41,9 @@ class StreamHooks(LiveStream, Protocol):
 
     async def setup(self, *, choose: bool) -> CallSetup | Rejection | None: ...
 
-    async def refuse(self, reason: str, *, no_engine: bool) -> None: ...
+    async def refuse(self, reason: EndCause, *, no_engine: bool) -> None: ...
 
-    def call_over(self, end_reason: str) -> None:
+    def call_over(self, end_reason: EndCause) -> None:
         """The call is over, its last stream gone: its report to the application."""
         ...
 
@@ -106,7 +106,7 @@ class StreamEffects:
         assistant = setup.assistant if setup is not None else None
         return await self.services.engine.open(session_config(self.services.settings, assistant))
 
-    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+    async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         await self.stream.refuse(reason, no_engine=no_engine)
 
     async def mark_ended(self, reason: str) -> None:
@@ -146,7 +146,7 @@ class StreamEffects:
         await asyncio.sleep(window_ms / 1000)
         if await self.services.close_detached(self.call_id, EndReason.NO_RECONNECT, ticket):
             self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
-            self.stream.call_over(EndReason.NO_RECONNECT.value)
+            self.stream.call_over(EndCause(EndReason.NO_RECONNECT))
 
 
 async def _suppress_engine_error(work: Awaitable[None]) -> None:

@@ -17,7 +17,8 @@ from callbridge.bridge.call_outputs import CallOutput, StreamReport, ToEngine
 from callbridge.bridge.call_state import CARRIER_TRIGGERS, TRANSITIONS, CallState, CallStateError, Trigger
 from callbridge.bridge.caller_audio import CallerAudio
 from callbridge.bridge.carrier_link import CarrierLink
-from callbridge.bridge.lifecycle import EndReason, StreamFacts
+from callbridge.bridge.end_reason import EndCause, EndReason
+from callbridge.bridge.lifecycle import StreamFacts
 from callbridge.carriers.base import ProtocolErrorReason, RemoteProtocolError
 from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import UnheardAudio
@@ -43,11 +44,11 @@ class StreamPhase:
         of order (it ends the call)."""
         self._link, self._speech, self._out, self._protocol_error = link, speech, out, protocol_error
         self.state = CallState.AWAITING_START
-        self.reason: str | None = None
+        self.reason: EndCause | None = None
         """Why the stream ended (``EndReason``, or the engine's, the application's, a protocol error's)."""
         self.failure: RemoteProtocolError | None = None
         """The carrier's protocol error that ended the stream, if one did (the driver logs it)."""
-        self.engine_failure: str | None = None
+        self.engine_failure: EndCause | None = None
         """Why the engine failed this call, if it did (the driver counts it)."""
         self.limit_reached: str | None = None
         """The limit that ended the stream (``first_message_timeout``, ``idle_timeout``, ``max_call_duration``…)."""
@@ -74,7 +75,7 @@ class StreamPhase:
             else:
                 self._speech.release_held_tells()
 
-    def end(self, trigger: Trigger, reason: str, *, close_session: bool = False, hang_up: bool = False) -> None:
+    def end(self, trigger: Trigger, reason: EndCause, *, close_session: bool = False, hang_up: bool = False) -> None:
         """The stream ends for ``reason`` (``finish``)."""
         self.go(trigger)
         self.finish(reason, close_session=close_session, hang_up=hang_up)
@@ -83,7 +84,7 @@ class StreamPhase:
         """A newer stream took the session over (this one was taken for dead): this one ends quietly, the call not
         over, nothing to detach, nothing more sent."""
         self.go(Trigger.REPLACED)
-        self.reason = "session_replaced"
+        self.reason = EndCause(EndReason.SESSION_REPLACED)
         self._link.drop_messages()
         self._link.going_away = True
         self.close_transport()
@@ -96,7 +97,7 @@ class StreamPhase:
                 raise self._protocol_error(ProtocolErrorReason.OUT_OF_ORDER, f"{trigger.value} while {self.state.value}") from None
             raise CallStateError(f"{trigger.value} while {self.state.value}") from None
 
-    def finish(self, reason: str, *, close_session: bool = False, hang_up: bool = False) -> None:
+    def finish(self, reason: EndCause, *, close_session: bool = False, hang_up: bool = False) -> None:
         """The stream has ended for ``reason`` (its phase changed): the engine session closed (``close_session``),
         the call hung up the carrier's way (``hang_up``), the socket closed."""
         self.reason = reason
@@ -106,7 +107,7 @@ class StreamPhase:
             self.hang_up(reason)
         self.close_transport()
 
-    def end_call(self, reason: str) -> None:
+    def end_call(self, reason: EndCause) -> None:
         """The bridge ends the call (a limit was reached): the engine session closed, the call hung up the
         carrier's way (if it was bridged), the socket closed."""
         bridged = self.state in (CallState.LIVE, CallState.ENDING)
@@ -124,7 +125,7 @@ class StreamPhase:
         bound = self.state is CallState.LIVE
         self.failure = exc
         self._go(Trigger.FAILED)
-        self.reason = f"protocol_error:{exc.reason.value}"
+        self.reason = EndCause(EndReason.PROTOCOL_ERROR, exc.reason.value)
         if bound:
             self._out.append(ToEngine(CloseSession("carrier_protocol_error")))
         if started:
@@ -143,7 +144,7 @@ class StreamPhase:
     def close_code(self) -> int:
         """The close code of the carrier's connection: a policy violation for a protocol error or someone else's
         token; going away for a stream moved or superseded (``CarrierLink.going_away``); else normal."""
-        return self._link.close_code(policy_violation=self.failure is not None or self.reason == EndReason.BAD_TOKEN)
+        return self._link.close_code(policy_violation=self.failure is not None or (self.reason is not None and self.reason.kind is EndReason.BAD_TOKEN))
 
     def facts(self, caller: CallerAudio, speech: AgentSpeech) -> StreamFacts:
         """What the stream's ``CallLifecycle`` needs of it, now."""

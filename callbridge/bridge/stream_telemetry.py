@@ -15,6 +15,7 @@ from structlog.stdlib import BoundLogger
 
 from callbridge.bridge.call import engine_failure_kind
 from callbridge.bridge.call_outputs import Notice, StreamReport
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, UnknownCarrierEvent
 from callbridge.engine.events import EngineErrorEvent, EngineEvent
@@ -88,8 +89,8 @@ class StreamTelemetry:
             self.metrics.barge_in_clear_seconds.observe(elapsed_s)
             self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
 
-    def refused(self, reason: str) -> None:
-        self.metrics.stream_refused.labels(self.provider, reason.split(":")[0]).inc()
+    def refused(self, reason: EndCause) -> None:
+        self.metrics.stream_refused.labels(self.provider, reason.kind).inc()
         self.log.warning("stream_refused", reason=reason)
 
     def action(self, action: str, outcome: str, detail: str | None) -> None:
@@ -130,7 +131,7 @@ class StreamTelemetry:
                 frames_flushed=report.frames_flushed,
                 first_audio_to_engine_ms=self.first_audio_ms,
             )
-        metrics.calls_total.labels(provider, (end_reason or "unknown").split(":")[0]).inc()
+        metrics.calls_total.labels(provider, end_reason.kind if end_reason is not None else EndReason.UNKNOWN).inc()
 
     def _count(self, report: StreamReport) -> None:
         metrics, provider = self.metrics, self.provider

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from callbridge.bridge.end_reason import EndReason
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.stall import PROCESS_STALL_MS
 
@@ -164,7 +165,7 @@ class AfterReply:
     __slots__ = ("hang_up_reason", "goodbye_due_ms", "hang_up_checked_ms", "respond", "respond_checked_ms", "last_response")
 
     def __init__(self) -> None:
-        self.hang_up_reason: str | None = None
+        self.hang_up_reason: EndReason | None = None
         """The agent asked to end the call: the reason, until its audio has played and the call is hung up."""
         self.goodbye_due_ms: int | None = None
         """A silent caller's goodbye was asked for: the hang-up waits for its reply until then."""
@@ -182,13 +183,13 @@ class AfterReply:
         self.goodbye_due_ms = None  # a goodbye asked for is this reply: it plays, then the hang-up
 
     def end_call_asked(self) -> None:
-        self.hang_up_reason = self.hang_up_reason or "agent_hung_up"
+        self.hang_up_reason = self.hang_up_reason or EndReason.AGENT_HUNG_UP
 
     def goodbye_asked(self, now_ms: int) -> None:
-        self.hang_up_reason = "caller_silent"
+        self.hang_up_reason = EndReason.CALLER_SILENT
         self.goodbye_due_ms = now_ms + GOODBYE_WAIT_MS  # its reply plays first (if it comes)
 
-    def hang_up_due(self, now_ms: int, replying: str | None, ledger: PlayoutLedger) -> str | None:
+    def hang_up_due(self, now_ms: int, replying: str | None, ledger: PlayoutLedger) -> EndReason | None:
         """The reason to hang up now: the reply being received has ended, its audio has played, and the goodbye
         asked for (if any) has come or was waited for long enough."""
         reason = self.hang_up_reason

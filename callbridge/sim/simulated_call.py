@@ -11,7 +11,8 @@ from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState
 from callbridge.bridge.call_config import agent_setup
 from callbridge.bridge.call_outputs import BargeInFlushed, Observed, ToCarrier, ToEngine
-from callbridge.bridge.lifecycle import BindSource, CallLifecycle, EndReason
+from callbridge.bridge.end_reason import EndCause, EndReason
+from callbridge.bridge.lifecycle import BindSource, CallLifecycle
 from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
 from callbridge.bridge.registry import LiveCall
 from callbridge.config import Settings
@@ -156,7 +157,7 @@ class _ModelEffects:
         sim.close_requested = False
         return sim.engine
 
-    async def refuse(self, reason: str, *, no_engine: bool) -> None:
+    async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         sim, call = self.sim, self.sim.call
         assert call is not None and sim.carrier is not None
         if no_engine:  # the tone, then the hang-up: the stream plays on
@@ -644,7 +645,7 @@ class SimulatedCall:
                 self.violation(f"the caller's silence was acted on ({output.detail}) with what they said still unread")
         if call.state is CallState.ENDED and self.outcome is None:
             failed = call.phase.engine_failure is not None and call.phase.reason != "caller_hung_up"
-            no_engine = (call.phase.reason or "").startswith(EndReason.ENGINE_UNAVAILABLE)
+            no_engine = call.phase.reason is not None and call.phase.reason.kind is EndReason.ENGINE_UNAVAILABLE
             self.outcome = "failure_tone_and_hang_up" if failed else "no_engine_tone_and_hang_up" if no_engine else call.phase.reason or "ended"
             self._end_stream(call)
 

@@ -25,6 +25,7 @@ from callbridge.bridge.call_outputs import (
     ToCarrier,
     ToEngine,
 )
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -361,7 +362,7 @@ class TestEnding:
         h.receive(CONNECTED)
         h.receive(START)
         h.receive(media(caller_frame(), 0))  # buffered for an engine that never comes
-        h.call.no_engine("engine_unavailable:connection_failed", h.now_ms)
+        h.call.no_engine(EndCause.of("engine_unavailable:connection_failed"), h.now_ms)
         assert h.call.state is CallState.ENDING and h.commands == []
         h.advance(2000)
         assert 500 <= len(h.media_frames()) * 20 <= 700  # the 600 ms tone
@@ -504,7 +505,7 @@ class TestEnding:
     def test_refused_start(self) -> None:
         h = Harness()
         h.receive(START)
-        h.call.start_refused("bad_token")
+        h.call.start_refused(EndCause.of("bad_token"))
         assert h.call.state is CallState.ENDED and h.call.link.closed and h.commands == []
 
     def test_resumed_stream_continues_the_call_timeline(self) -> None:
@@ -769,7 +770,7 @@ class TestSendFailed:
     def test_close_codes(self) -> None:
         refused = Harness()
         refused.receive(START)
-        refused.call.start_refused("bad_token")
+        refused.call.start_refused(EndCause.of("bad_token"))
         assert refused.call.close_code == 1008
         broken = Harness().live()
         broken.receive("{not json")

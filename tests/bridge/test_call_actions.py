@@ -22,6 +22,7 @@ from callbridge.bridge.actions import (
 )
 from callbridge.bridge.call import CallState
 from callbridge.bridge.call_outputs import PendingAction
+from callbridge.bridge.end_reason import EndCause
 from callbridge.carriers.base import HangUp
 from callbridge.carriers.plivo.http import PlivoRest
 from callbridge.carriers.telnyx.http import TelnyxCalls
@@ -189,7 +190,7 @@ class TestCarrierActions:
     def test_a_result_after_the_call_ended_is_dropped(self) -> None:
         h = actions_harness()
         h.engine(FunctionCall("send_dtmf", "call_d", {"digits": "1"}))
-        h.call.end_call("max_call_duration", h.now_ms)
+        h.call.end_call(EndCause.of("max_call_duration"), h.now_ms)
         h.drain()
         h.call.action_finished("call_d", ActionResult.done(), h.now_ms)
         h.drain()

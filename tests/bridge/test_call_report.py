@@ -8,6 +8,7 @@ import pytest
 from callbridge.application import CallContext
 from callbridge.bridge.call_outputs import Observed
 from callbridge.bridge.call_report import CallReportBuilder, ended_by
+from callbridge.bridge.end_reason import EndCause
 
 pytestmark = pytest.mark.core
 
@@ -25,7 +26,7 @@ def test_both_sides_lines_and_the_engine_sessions_survive_the_hand_on_between_st
     second.bound(resumed=True, endpoint="ws://gpu-2:8091/v1/duplex")
     second.transcribed("resp-2", "It ships today.")
     second.observe(Observed("barge-in", 700, of_ms=1200, response_id="resp-2"))
-    report = second.report(CALL, ended_at=110.0, end_reason="caller_hung_up", engine_session_id="duplex-1")
+    report = second.report(CALL, ended_at=110.0, end_reason=EndCause.of("caller_hung_up"), engine_session_id="duplex-1")
     assert [(line.role, line.text) for line in report.transcript] == [
         ("agent", "Hello, how can I help?"), ("caller", "where is my order"), ("agent", "It ships today."),
     ]  # fmt: skip
@@ -36,7 +37,7 @@ def test_both_sides_lines_and_the_engine_sessions_survive_the_hand_on_between_st
 
 def test_a_report_handed_on_before_callers_lines_existed_reads_as_the_agents() -> None:
     old = '{"started_at": 1.0, "transcript": [{"response_id": "r", "text": "hi", "heard_ms": null}]}'
-    report = CallReportBuilder.from_json(old).report(CALL, ended_at=2.0, end_reason="caller_hung_up", engine_session_id=None)
+    report = CallReportBuilder.from_json(old).report(CALL, ended_at=2.0, end_reason=EndCause.of("caller_hung_up"), engine_session_id=None)
     assert report.transcript[0].role == "agent" and (report.engine_sessions, report.engine_resumes) == (0, 0)
 
 
@@ -54,4 +55,4 @@ def test_a_report_handed_on_before_callers_lines_existed_reads_as_the_agents() -
     ],
 )
 def test_who_ended_the_call_is_read_from_how_its_last_stream_ended(end_reason: str, who: str) -> None:
-    assert ended_by(end_reason) == who
+    assert ended_by(EndCause.of(end_reason)) == who

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.lifecycle import (
     DETACH_POLL_MS,
     DETACH_WAIT_MS,
@@ -21,7 +22,6 @@ from callbridge.bridge.lifecycle import (
     CloseUnlessBack,
     CloseWaiting,
     DiscardAnswerSession,
-    EndReason,
     LifecycleError,
     MarkEnded,
     NudgeOldStream,
@@ -147,7 +147,7 @@ class TestBinding:
         steps(life)
         life.token_checked(False)
         assert steps(life) == [Refuse(EndReason.BAD_TOKEN)]
-        life.stream_ended(StreamFacts(call_over=True, end_reason=EndReason.BAD_TOKEN, detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause(EndReason.BAD_TOKEN), detach=False), session_closed=True)
         assert steps(life) == []  # neither marks the call ended nor discards its answer session
 
     def test_a_call_already_over_is_refused(self) -> None:
@@ -217,7 +217,7 @@ class TestBinding:
         assert steps(life) == [ReadRecord()]
         life.record_read(bound=True, ended=False, now_ms=0, live_holder="proc-a:MZ1")
         assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         expected = [CloseLive("proc-a:MZ1", "caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert steps(life) == expected
 
@@ -272,17 +272,17 @@ class TestEndedWhileBinding:
 
     def test_a_drop_parks_the_session_for_the_next_stream(self) -> None:
         life = self.in_hand()
-        assert life.stream_state_at_bind(StreamFacts(end_reason=EndReason.TRANSPORT_LOST)) is None
+        assert life.stream_state_at_bind(StreamFacts(end_reason=EndCause(EndReason.TRANSPORT_LOST))) is None
         assert steps(life) == [Park(4_200, TICKET.heard_ms)]
         life.parked(True)
-        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndCause(EndReason.TRANSPORT_LOST), detach=False), session_closed=True)
         assert steps(life) == []
 
     def test_a_stop_closes_it_and_the_call_is_over(self) -> None:
         life = self.in_hand()
-        assert life.stream_state_at_bind(StreamFacts(end_reason="caller_hung_up")) is None
+        assert life.stream_state_at_bind(StreamFacts(end_reason=EndCause.of("caller_hung_up"))) is None
         assert steps(life) == [CloseEngineSession("caller_hung_up")]
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         assert steps(life) == [MarkEnded("caller_hung_up")]
 
 
@@ -298,20 +298,20 @@ class TestEnding:
 
     def test_a_stop_closes_the_session_once_and_marks_the_call_ended(self) -> None:
         life = self.bound()
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=False)
         assert steps(life) == [CloseEngineSession("caller_hung_up"), MarkEnded("caller_hung_up")]
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=False)
         assert steps(life) == []  # once
 
     def test_a_session_the_engine_ended_is_not_closed_again(self) -> None:
         life = self.bound()
-        life.stream_ended(StreamFacts(call_over=True, end_reason="engine_SessionExpired:idle_ttl_expired", detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("engine_SessionExpired:idle_ttl_expired"), detach=False), session_closed=True)
         assert steps(life) == [MarkEnded("engine_SessionExpired:idle_ttl_expired")]
 
     def test_a_drop_parks_the_session_unless_the_call_is_over_meanwhile(self) -> None:
         life = self.bound(window_ms=30_000)
         heard = (("resp-2", 505),)
-        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True, input_ms=9_000, heard_ms=heard), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndCause(EndReason.TRANSPORT_LOST), detach=True, input_ms=9_000, heard_ms=heard), session_closed=False)
         assert steps(life) == [AskEnded()]
         life.ended_is(None)
         assert steps(life) == [Park(9_000, heard)]
@@ -320,14 +320,14 @@ class TestEnding:
 
     def test_a_drop_of_a_call_ended_meanwhile_closes_the_session(self) -> None:
         life = self.bound()
-        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndCause(EndReason.TRANSPORT_LOST), detach=True), session_closed=False)
         steps(life)
         life.ended_is("completed")
         assert steps(life) == [CloseEngineSession(EndReason.TRANSPORT_LOST)]
 
     def test_a_registry_that_cannot_take_the_ticket_closes_the_session(self) -> None:
         life = self.bound()
-        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndCause(EndReason.TRANSPORT_LOST), detach=True), session_closed=False)
         steps(life)
         life.registry_failed()  # not known to be over: parked
         assert steps(life) == [Park(0, ())]
@@ -340,7 +340,7 @@ class TestEnding:
         assert steps(life) == [Park(5_000, (("resp-3", 80),))]
         life.parked(True)
         assert steps(life) == []  # no window to wait out: the drain's redirect brings the next stream
-        life.stream_ended(StreamFacts(call_over=False, end_reason=EndReason.TRANSPORT_LOST, detach=True), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=False, end_reason=EndCause(EndReason.TRANSPORT_LOST), detach=True), session_closed=False)
         assert steps(life) == []  # parked already
         with pytest.raises(LifecycleError):
             life.moving_elsewhere(StreamFacts(input_ms=0, heard_ms=()))
@@ -350,7 +350,7 @@ class TestEnding:
         steps(life)
         life.token_checked(True)
         assert steps(life) == [AskEnded()]
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up", detach=False), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         assert steps(life) == [DiscardAnswerSession("caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert life.next_step() is None
 
@@ -359,14 +359,14 @@ class TestEnding:
         answers must not mark that call over, nor close the session opened at its answer."""
         life = started(answer=True)
         assert steps(life) == [CheckToken()]
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up"), session_closed=True)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up")), session_closed=True)
         assert steps(life) == [CheckToken()]  # the check under way is waited for
         life.token_checked(False)
         assert steps(life) == []
 
     def test_a_stream_of_the_call_that_ended_while_its_token_was_checked_ends_the_call(self) -> None:
         life = started(answer=True)
-        life.stream_ended(StreamFacts(call_over=True, end_reason="caller_hung_up"), session_closed=True)  # check not begun
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up")), session_closed=True)  # check not begun
         assert steps(life) == [CheckToken()]
         life.token_checked(True)
         assert steps(life) == [DiscardAnswerSession("caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
@@ -375,12 +375,12 @@ class TestEnding:
         life = started(answer=True)
         steps(life)
         life.token_checked(True)
-        life.stream_ended(StreamFacts(end_reason=EndReason.TRANSPORT_LOST), session_closed=True)
+        life.stream_ended(StreamFacts(end_reason=EndCause(EndReason.TRANSPORT_LOST)), session_closed=True)
         assert steps(life) == []  # neither over nor its answer session gone: the carrier's next stream takes it
 
     def test_binding_inputs_after_the_end_are_driver_bugs(self) -> None:
         life = self.bound()
-        life.stream_ended(StreamFacts(call_over=True, end_reason="stop", detach=False), session_closed=False)
+        life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("stop"), detach=False), session_closed=False)
         steps(life)
         with pytest.raises(LifecycleError):
             life.stream_state_at_bind(StreamFacts(awaiting_engine=True))

@@ -10,7 +10,7 @@ from callbridge.bridge.call_options import CallOptions
 from callbridge.bridge.call_outputs import CallOutput, CloseTransport, HangUpCall, ToEngine
 from callbridge.bridge.call_state import CallState, CallStateError, Trigger
 from callbridge.bridge.carrier_link import CarrierLink
-from callbridge.bridge.lifecycle import EndReason
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.stream_phase import StreamPhase
 from callbridge.carriers.base import ProtocolErrorReason, RemoteProtocolError
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -53,15 +53,15 @@ def test_a_protocol_error_before_the_start_only_closes_the_socket() -> None:
 
 def test_a_limit_on_a_live_call_closes_its_session_and_hangs_up_one_not_bridged_only_closes() -> None:
     phase, out = phase_at(Trigger.STARTED, Trigger.ENGINE_BOUND)
-    phase.end_call("max_call_duration")
+    phase.end_call(EndCause.of("max_call_duration"))
     assert out[0] == ToEngine(CloseSession("max_call_duration")) and isinstance(out[1], HangUpCall)
     assert phase.state is CallState.ENDED and out[-1] == CloseTransport(1000)
     starting, out = phase_at(Trigger.STARTED)
-    starting.end_call("first_message_timeout")
+    starting.end_call(EndCause.of("first_message_timeout"))
     assert out == [CloseTransport(1000)] and starting.reason == "first_message_timeout"
 
 
 def test_someone_elses_token_closes_as_a_policy_violation() -> None:
     phase, out = phase_at(Trigger.STARTED)
-    phase.end(Trigger.START_REFUSED, EndReason.BAD_TOKEN)
+    phase.end(Trigger.START_REFUSED, EndCause(EndReason.BAD_TOKEN))
     assert out == [CloseTransport(1008)] and phase.close_code == 1008

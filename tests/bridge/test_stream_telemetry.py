@@ -8,6 +8,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from callbridge.bridge.call_outputs import StreamReport
+from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.lifecycle import StreamFacts
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.stream_telemetry import StreamTelemetry
@@ -26,7 +27,7 @@ def telemetry() -> tuple[StreamTelemetry, CollectorRegistry, list[tuple[str, str
 
 def report(end_reason: str, *, frames_sent: int = 50, barge_ins: int = 1) -> StreamReport:
     return StreamReport(
-        facts=StreamFacts(call_over=True, end_reason=end_reason), limit_reached=None, engine_failure=None, failure=None,
+        facts=StreamFacts(call_over=True, end_reason=EndCause.of(end_reason)), limit_reached=None, engine_failure=None, failure=None,
         stream_input_ms=2000, output_ms=frames_sent * 20, frames_sent=frames_sent, frames_flushed=3, barge_ins=barge_ins,
         late_deltas_dropped=0, heard_corrections=0, playout_underruns=0,
     )  # fmt: skip

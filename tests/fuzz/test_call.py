@@ -17,6 +17,7 @@ from callbridge.bridge.actions import ActionResult
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call import CallOptions, CallSession, CallState
 from callbridge.bridge.call_outputs import Perform, ToCarrier
+from callbridge.bridge.end_reason import EndCause
 from callbridge.carriers.audiosocket.wire import AudioSocketCodec
 from callbridge.engine.errors import EngineError
 from callbridge.engine.events import Capabilities
@@ -119,7 +120,7 @@ class Driver:
             if value:
                 call.engine_bound(EngineBinding(CAPS), self.now_ms)
             else:
-                call.start_refused("fuzz")
+                call.start_refused(EndCause.of("fuzz"))
         elif kind == "lost":
             call.transport_lost(self.now_ms)
         elif kind == "action" and self.pending:
@@ -149,6 +150,6 @@ def test_a_call_survives_any_sequence_and_always_ends(name: str, data: st.DataOb
     if call.state is CallState.ENDING:  # the fallback tone plays out, then the call is hung up
         driver.advance(5000)
         assert call.state is CallState.ENDED and call.link.closed, call.state
-    call.end_call("fuzz_end", driver.now_ms)  # the bridge can always end it: its driver stops at these states
+    call.end_call(EndCause.of("fuzz_end"), driver.now_ms)  # the bridge can always end it: its driver stops at these states
     driver.drain()
     assert call.state in (CallState.ENDED, CallState.DETACHED) and call.next_deadline_ms() is None

@@ -32,6 +32,7 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
@@ -197,7 +198,7 @@ class _BandwidthWebhooks:
         call_id = event.get("callId")
         if event.get("eventType") == "disconnect" and isinstance(call_id, str) and call_id:
             log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=event.get("cause"))
-            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{event.get('cause', 'unknown')}")
+            await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(event.get("cause", "unknown"))))
         return Response(status_code=204)
 
     async def dtmf(self, request: Request) -> Response:

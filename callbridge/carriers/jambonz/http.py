@@ -29,6 +29,7 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
@@ -198,7 +199,7 @@ class _JambonzWebhooks:
         call_status = payload.get("call_status", payload.get("callStatus"))
         if isinstance(call_id, str) and call_id and call_status in _ENDED_STATUSES:
             log.info("call_hangup_event", provider="jambonz", call_id=call_id, status=call_status)
-            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{call_status}")
+            await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, call_status))
         return Response(status_code=204)
 
     async def media(self, websocket: WebSocket) -> None:

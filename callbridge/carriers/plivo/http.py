@@ -34,6 +34,7 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
@@ -337,7 +338,7 @@ class _PlivoWebhooks:
         if not call_id:
             return Response(status_code=204)
         log.info("call_hangup_callback", provider="plivo", call_id=call_id, cause=_first(params, "HangupCause"))
-        await self.services.call_ended_by_carrier(call_id, "caller_hung_up")
+        await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP))
         return Response(status_code=204)
 
 

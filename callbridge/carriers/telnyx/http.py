@@ -53,6 +53,7 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.call_setup import Chosen, TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
@@ -227,7 +228,7 @@ class TelnyxCalls:
         elif event_type == "call.hangup":
             await self._count(call_id, OVER)
             # a live stream (no ``stop`` on its socket yet) ends as on a stop; a later stream or restart is refused
-            await self.services.call_ended_by_carrier(call_id, f"caller_hung_up:{payload.get('hangup_cause', 'unknown')}")
+            await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(payload.get("hangup_cause", "unknown"))))
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
 
     async def _initiated(self, call_id: str, payload: dict[str, Any], base: str) -> None:

@@ -72,6 +72,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_transport import WebSocketTransport
+from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
@@ -349,7 +350,7 @@ class _VonageWebhooks:
     async def ended_elsewhere(self, signal: CallSignal) -> None:
         """Another process got the ``completed`` of a socket that is here: the call ends as on a stop."""
         if self.calls.sockets(signal.call_id, signal.detail):
-            await self.services.call_ended_by_carrier(signal.call_id, "caller_hung_up")
+            await self.services.call_ended_by_carrier(signal.call_id, EndCause(EndReason.CALLER_HUNG_UP))
 
     async def checked(self, request: Request) -> tuple[dict[str, Any] | None, Response | None]:
         body = await request.body()
@@ -423,7 +424,7 @@ class _VonageWebhooks:
             if isinstance(token, str):  # the websocket leg is over: its socket ends as the call's end
                 here = {t.call_id for t in self.calls.live if t.token == token and t.call_id is not None}
                 for call_id in here:
-                    await self.services.call_ended_by_carrier(call_id, "caller_hung_up")
+                    await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP))
                 if not here and isinstance(header_call, str) and _CALL_ID.fullmatch(header_call):
                     await self.services.send_signal(header_call, SignalKind.STREAM_ENDED, token)  # the socket may be elsewhere
             if isinstance(leg, str) and (self.calls.is_ours(leg) or await self.services.registry.get(leg) is not None):
@@ -464,7 +465,7 @@ class _VonageWebhooks:
             return  # we ended it (REST hang-up, engine end): nothing more to do
         log.info("call_completed", provider="vonage", call_id=call_id)
         # in the background, so the webhook is answered at once: a detached engine session is resumed to be closed
-        self.services.spawn(self.services.call_ended_by_carrier(call_id, "caller_hung_up"))
+        self.services.spawn(self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP)))
 
 
 
