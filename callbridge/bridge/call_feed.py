@@ -11,20 +11,21 @@ where the call's assistant asked for that.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from structlog.stdlib import BoundLogger
 
 from callbridge.application.events import CallEvent, CallReport, EventType
+from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_outputs import Observed, StreamReport
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.recording import StereoRecorder
-from callbridge.bridge.recording_store import CallRecording, public_url
-from callbridge.bridge.registry import RegistryUnavailable
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.recording_store import CallRecording, RecordingStore, public_url
+from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
 from callbridge.engine.events import EngineEvent, InputTranscript, TranscriptDelta
 from callbridge.engine.port import DuplexSession
 
@@ -37,8 +38,18 @@ _REPORT_KEPT_MS = 3_600_000
 class CallFeed:
     """One stream's events, report and recording, for the call's application (see the module docstring)."""
 
-    def __init__(self, services: BridgeServices, log: BoundLogger) -> None:
-        self.services, self.log = services, log
+    def __init__(
+        self,
+        events: EventDelivery | None,
+        recordings: RecordingStore | None,
+        registry: CallRegistry,
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+        log: BoundLogger,
+    ) -> None:
+        """``events``: the application's (None: it takes none); ``recordings``: where recordings go; ``registry``:
+        where the report waits for the call's next stream; ``spawn``: work left to the background (an upload)."""
+        self._events, self._recordings, self._registry, self._spawn = events, recordings, registry, spawn
+        self.log = log
         """``log``: the stream's, as bound once its session is (``bound``): nothing is said before."""
         self.report: CallReportBuilder | None = None
         """The call's report as this stream builds it (with an application that takes events)."""
@@ -55,12 +66,12 @@ class CallFeed:
         stream with a new session too: the engine may have been lost mid-call. Nothing without an application that
         takes events."""
         self.log = log
-        if setup is None or self.services.events is None:
+        if setup is None or self._events is None:
             return
         self._setup = setup
         kept = None
         try:
-            kept = await self.services.registry.note(call_id, REPORT_NOTE)
+            kept = await self._registry.note(call_id, REPORT_NOTE)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
         self.report = report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
@@ -75,7 +86,7 @@ class CallFeed:
 
     def emit(self, kind: EventType, **data: Any) -> None:
         """A call event to the application (``app_events``: queued, never waited for)."""
-        events, report, setup = self.services.events, self.report, self._setup
+        events, report, setup = self._events, self.report, self._setup
         if events is None or report is None or setup is None:
             return
         events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
@@ -112,16 +123,16 @@ class CallFeed:
 
     def record_from(self, call_id: str, recorder: StereoRecorder | None) -> None:
         """The stream is recorded from its bind, where the call records and recordings are stored."""
-        if recorder is not None and self.services.recordings is not None:
-            self._recording = self.services.recordings.open(call_id, recorder.rate_hz)
+        if recorder is not None and self._recordings is not None:
+            self._recording = self._recordings.open(call_id, recorder.rate_hz)
 
     def record(self, chunk: bytes) -> None:
-        if self._recording is not None and self.services.recordings is not None:
-            self.services.recordings.write(self._recording, chunk)
+        if self._recording is not None and self._recordings is not None:
+            self._recordings.write(self._recording, chunk)
 
     async def close_recording(self, recorder: StereoRecorder | None, now_ms: int) -> None:
         """The stream's last chunk of the recording written and the file closed; its path goes in the report."""
-        recording, store = self._recording, self.services.recordings
+        recording, store = self._recording, self._recordings
         if recording is None or recorder is None or store is None:
             return
         path = await store.close(recording, recorder.take(now_ms, final=True))
@@ -146,7 +157,7 @@ class CallFeed:
             self.call_over(report.facts.end_reason or EndCause(EndReason.UNKNOWN, "unknown"), session_id)
             return
         try:
-            await self.services.registry.keep_note(call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
+            await self._registry.keep_note(call_id, REPORT_NOTE, builder.to_json(), _REPORT_KEPT_MS)
         except RegistryUnavailable as exc:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
@@ -162,15 +173,15 @@ class CallFeed:
             engine_session_id=session_id, metadata=assistant.metadata if assistant is not None else None,
         )  # fmt: skip
         upload_to = assistant.recording_upload_url if assistant is not None else None
-        if upload_to is not None and builder.recording is not None and self.services.recordings is not None:
+        if upload_to is not None and builder.recording is not None and self._recordings is not None:
             # the report waits for the upload (it names where the recording went), the stream does not
-            self.services.spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
+            self._spawn(self._upload_then_report(Path(builder.recording), str(upload_to), call_report))
         else:
             self.emit("call.ended", report=call_report.model_dump(mode="json"))
 
     async def _upload_then_report(self, path: Path, url: str, call_report: CallReport) -> None:
-        assert self.services.recordings is not None
-        uploaded = await self.services.recordings.upload(path, url, call_report.call.call_id)
+        assert self._recordings is not None
+        uploaded = await self._recordings.upload(path, url, call_report.call.call_id)
         if uploaded:
             call_report = call_report.model_copy(update={"recording": public_url(url)})
         self.emit("call.ended", report=call_report.model_dump(mode="json"))

@@ -117,11 +117,13 @@ class MediaStreamDriver:
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
         """The one check of the stream's single-use token (``token_is_ours``)."""
-        self._feed = CallFeed(services, self.log)
+        self._feed = CallFeed(services.events, services.recordings, services.registry, services.spawn, self.log)
         """The call's events, report and recording for its application, from what the call produces."""
-        self._setup = StreamSetup(services)
+        self._setup = StreamSetup(services.assistants, services.desk, services.settings.app)
         """The call's setup, and its application's tools."""
-        self._work = CarrierWork(services, self._seen, self._feed, self._setup, self._to_call)
+        self._work = CarrierWork(
+            services.registry, (services.perform_action, services.hang_up), self._seen, self._feed, self._setup, self._to_call
+        )
         """The agent's actions and the call's hang-up, under way beside the stream."""
         self._life: CallLifecycle | None = None
         """The stream's dealings with its call's engine session (from its ``start``)."""

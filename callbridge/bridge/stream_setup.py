@@ -13,12 +13,13 @@ from structlog.stdlib import BoundLogger
 
 from callbridge.application import CallContext
 from callbridge.application.context import allowed_parameters, e164
-from callbridge.application.hooks import ToolOutcome
+from callbridge.application.hooks import AssistantSource, ToolOutcome
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
+from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.call_setup import CallSetup, Rejection, TransferTo
 from callbridge.bridge.registry import RegistryUnavailable
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.base import StreamStarted
+from callbridge.config import AppSettings
 
 __all__ = ["StreamSetup"]
 
@@ -26,8 +27,10 @@ __all__ = ["StreamSetup"]
 class StreamSetup:
     """The call's setup for one stream, read (or chosen) once, and its application's tools."""
 
-    def __init__(self, services: BridgeServices) -> None:
-        self._services = services
+    def __init__(self, assistants: AssistantSource | None, desk: AnswerDesk, app: AppSettings) -> None:
+        """``assistants``: the application's (None: no application); ``desk``: where the call was answered, its
+        setup kept; ``app``: the application's settings (tool timings, the parameters a context carries)."""
+        self._assistants, self._desk, self._app = assistants, desk, app
         self.read: CallSetup | None = None
         """The call's setup as this stream read (or chose) it."""
 
@@ -36,13 +39,12 @@ class StreamSetup:
         where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
         (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
         application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
-        services = self._services
-        if services.assistants is None:
+        if self._assistants is None:
             return None
         if self.read is None:
-            self.read = await services.desk.call_setup(start.call_id)
+            self.read = await self._desk.call_setup(start.call_id)
         if self.read is None and choose:
-            chosen = await services.desk.choose_assistant(self.context(start, provider))
+            chosen = await self._desk.choose_assistant(self.context(start, provider))
             if isinstance(chosen, TransferTo):  # a stream is answered already: nothing the carrier can send on
                 log.warning("transfer_unsupported", target=chosen.target, detail="the configured assistant takes the call")
                 return None
@@ -69,18 +71,18 @@ class StreamSetup:
             account_id=start.account_id,
             caller_number=e164(start.caller),
             called_number=e164(start.called),
-            parameters=allowed_parameters(start.custom_parameters, self._services.settings.app.context_parameters),
+            parameters=allowed_parameters(start.custom_parameters, self._app.context_parameters),
         )
 
     async def run_tool(self, tool: ApplicationToolCall, slow: Callable[[], Awaitable[None]]) -> tuple[ActionResult, ToolOutcome]:
         """The application answers the model's call of its tool (``AssistantSource.run_tool``, under
         ``app.tool_timeout_s``); past ``app.tool_filler_after_s`` ``slow`` is awaited (the call's filler). The
         answer for the model, and how the tool ran."""
-        services, setup = self._services, self.read
-        assert services.assistants is not None and setup is not None, "application tools come with a setup"
-        running = asyncio.ensure_future(services.assistants.run_tool(setup.context, tool.name, dict(tool.arguments)))
+        assistants, setup = self._assistants, self.read
+        assert assistants is not None and setup is not None, "application tools come with a setup"
+        running = asyncio.ensure_future(assistants.run_tool(setup.context, tool.name, dict(tool.arguments)))
         try:
-            done, _ = await asyncio.wait({running}, timeout=services.settings.app.tool_filler_after_s)
+            done, _ = await asyncio.wait({running}, timeout=self._app.tool_filler_after_s)
             if not done:
                 await slow()
             outcome = await running

@@ -11,12 +11,11 @@ from collections.abc import Awaitable, Callable
 
 from structlog.stdlib import BoundLogger
 
-from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
+from callbridge.bridge.actions import ActionResult, ApplicationToolCall, CarrierCallAction, TransferCall
 from callbridge.bridge.call import CallSession
 from callbridge.bridge.call_feed import CallFeed
 from callbridge.bridge.call_outputs import PendingAction
-from callbridge.bridge.registry import RegistryUnavailable
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
 from callbridge.bridge.stream_setup import StreamSetup
 from callbridge.bridge.stream_telemetry import StreamTelemetry
 from callbridge.carriers.base import StreamStarted
@@ -28,6 +27,11 @@ ACTION_RESULT_WAIT_S = 10.0
 the stream) to answer, so the model hears its result and the call's end says transferred; then it is cancelled."""
 _HANG_UP_WAIT_S = 10.0
 """How long a stream that has ended waits for its call's hang-up request to be answered."""
+
+PerformFn = Callable[[str, str, str | None, CarrierCallAction], Awaitable[ActionResult]]
+"""``perform_action(provider, call_id, account_id, action)``: the agent's transfer or digits, by the carrier."""
+HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
+"""``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
 
 CallInput = Callable[[Callable[[CallSession, int], None]], Awaitable[None]]
 """Hand the call one input (given the call and the time now), under the stream's lock; then send what it produced."""
@@ -47,9 +51,18 @@ class CarrierWork:
     """One stream's actions and hang-up under way (see the module docstring)."""
 
     def __init__(
-        self, services: BridgeServices, seen: StreamTelemetry, feed: CallFeed, setup: StreamSetup, to_call: CallInput
+        self,
+        registry: CallRegistry,
+        carrier: tuple[PerformFn, HangUpFn],
+        seen: StreamTelemetry,
+        feed: CallFeed,
+        setup: StreamSetup,
+        to_call: CallInput,
     ) -> None:
-        self._services, self._seen, self._feed, self._setup, self._to_call = services, seen, feed, setup, to_call
+        """``carrier``: how the carrier performs an action and hangs up (``BridgeServices.perform_action``,
+        ``.hang_up``); ``registry``: where the call is marked ended before its hang-up."""
+        self._registry, (self._perform_action, self._hang_up_by_carrier) = registry, carrier
+        self._seen, self._feed, self._setup, self._to_call = seen, feed, setup, to_call
         self.start: StreamStarted | None = None
         """The carrier's ``start``, once the call accepted it (no work is asked for before)."""
         self._actions: set[asyncio.Task[None]] = set()
@@ -93,7 +106,7 @@ class CarrierWork:
             return
         action = type(pending.action).__name__
         try:
-            result = await self._services.perform_action(self._seen.provider, start.call_id, start.account_id, pending.action)
+            result = await self._perform_action(self._seen.provider, start.call_id, start.account_id, pending.action)
         except Exception as exc:
             self._seen.log.warning("call_action_error", action=action, error=repr(exc))
             result = ActionResult.failed("carrier_error", type(exc).__name__)
@@ -116,9 +129,9 @@ class CarrierWork:
         await self._to_call(lambda call, now_ms: call.action_finished(call_id, answer, now_ms))
 
     async def _hang_up(self, start: StreamStarted, reason: str) -> None:
-        await recorded(self._services.registry.mark_ended(start.call_id, reason), self._seen.log)
+        await recorded(self._registry.mark_ended(start.call_id, reason), self._seen.log)
         try:
-            await self._services.hang_up(self._seen.provider, start.call_id, start.account_id, reason)
+            await self._hang_up_by_carrier(self._seen.provider, start.call_id, start.account_id, reason)
         except Exception as exc:
             self._seen.hung_up(reason, exc)
             return
