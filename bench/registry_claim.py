@@ -1,0 +1,113 @@
+"""What the resume path's registry round trips cost, against a real ``redis-server`` on loopback: the "before" of
+#39's one-claim work (a Lua script answering token, ended reason, ticket and record in one round trip) and a bound on
+what it can win for #40's crashed-bridge resume.
+
+Each path is the registry work a new stream of a call does before its engine session is resumed, in the order the
+lifecycle asks for it (``bridge/lifecycle.py``), each operation awaited before the next:
+
+- ``resume``: a dropped stream's call (its ticket parked): the token consumed, ``ended_reason``, ``claim_ticket``.
+- ``takeover``: a dead process's call (no ticket, a live ticket): the token, ``ended_reason``, ``claim_ticket``
+  (nothing), ``get`` (the record: bound, its holder), ``claim_live`` — the first look and the claim, not the wait
+  between them (``TAKEOVER_AFTER_MS``, polled every ``DETACH_POLL_MS`` with ``claim_ticket`` + ``get``).
+- ``one_round_trip``: a ``PING``: what one round trip costs, the floor a one-claim script would pay.
+
+Run: ``python bench/registry_claim.py [--calls 2000]``; prints each path's median and p95 in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import redis.asyncio as aioredis  # noqa: E402
+
+from callbridge.bridge.registry import LiveCall  # noqa: E402
+from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens  # noqa: E402
+from callbridge.engine.port import ResumeTicket  # noqa: E402
+from callbridge.sim.ports import free_port  # noqa: E402
+from tests.redis_server import start_redis, stop_process  # noqa: E402
+
+_GRACE_MS = 30_000
+
+
+async def _timed(calls: int, prepare: Callable[[str], Awaitable[str]], path: Callable[[str, str], Awaitable[None]]) -> list[float]:
+    times: list[float] = []
+    for i in range(calls):
+        call_id = f"CA{i:032d}"
+        token = await prepare(call_id)
+        started = time.perf_counter()
+        await path(call_id, token)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def _run(url: str, calls: int) -> dict[str, list[float]]:
+    client = aioredis.Redis.from_url(url, decode_responses=True)  # as `registry_redis.redis_registry` makes it
+    registry, tokens = RedisCallRegistry(client), RedisStreamTokens(client)
+    ticket = ResumeTicket("duplex-1", 1, heard_ms=(("resp-1", 1200),), told_ms=(("resp-1", 1200),))
+
+    async def parked(call_id: str) -> str:
+        await registry.detach(call_id, ticket, 4_000, _GRACE_MS)
+        return await tokens.mint(call_id)
+
+    async def held_by_the_dead(call_id: str) -> str:
+        await registry.mark_bound(call_id, _GRACE_MS, LiveCall("dead:MZ1", ticket, 4_000))
+        return await tokens.mint(call_id)
+
+    async def resume(call_id: str, token: str) -> None:
+        assert await tokens.consume(token, call_id)
+        assert await registry.ended_reason(call_id) is None
+        found, _ = await registry.claim_ticket(call_id)
+        assert found is not None
+
+    async def takeover(call_id: str, token: str) -> None:
+        assert await tokens.consume(token, call_id)
+        assert await registry.ended_reason(call_id) is None
+        found, _ = await registry.claim_ticket(call_id)
+        assert found is None
+        record = await registry.get(call_id)
+        assert record is not None and record.live is not None
+        assert await registry.claim_live(call_id, record.live.holder, "alive:MZ2") is not None
+
+    async def nothing(call_id: str) -> str:
+        return ""
+
+    async def ping(call_id: str, token: str) -> None:
+        await client.ping()
+
+    try:
+        await _timed(200, nothing, ping)  # the connection pool and the server warm
+        return {
+            "one_round_trip": await _timed(calls, nothing, ping),
+            "resume": await _timed(calls, parked, resume),
+            "takeover": await _timed(calls, held_by_the_dead, takeover),
+        }
+    finally:
+        await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    port = free_port()
+    process = start_redis(port)
+    try:
+        results = asyncio.run(_run(f"redis://127.0.0.1:{port}/0", args.calls))
+    finally:
+        stop_process(process, timeout_s=10)
+    for name, times in results.items():
+        ordered = sorted(times)
+        p95 = ordered[int(len(ordered) * 0.95)]
+        print(f"{name:15s} median {statistics.median(times):6.3f} ms  p95 {p95:6.3f} ms  ({len(times)} calls)")
+
+
+if __name__ == "__main__":
+    main()
