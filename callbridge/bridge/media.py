@@ -55,8 +55,8 @@ from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import LiveCall
-from callbridge.bridge.services import BridgeServices
 from callbridge.bridge.stream_effects import StreamEffects, awaited
+from callbridge.bridge.stream_services import StreamServices
 from callbridge.bridge.stream_setup import StreamSetup
 from callbridge.bridge.stream_telemetry import StreamTelemetry
 from callbridge.bridge.stream_work import CarrierWork, recorded
@@ -98,7 +98,7 @@ class MediaStreamDriver:
     """
 
     def __init__(
-        self, transport: CarrierTransport | WebSocket, codec: ProviderCodec, services: BridgeServices, *, check_token: bool = True
+        self, transport: CarrierTransport | WebSocket, codec: ProviderCodec, services: StreamServices, *, check_token: bool = True
     ) -> None:
         self.transport = WebSocketTransport(transport) if isinstance(transport, WebSocket) else transport
         self._send_many = self.transport.send_many if isinstance(self.transport, BatchingTransport) else None

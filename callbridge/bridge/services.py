@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -44,6 +44,7 @@ from callbridge.bridge.registry import (
     StreamTokens,
 )
 from callbridge.bridge.replay import REPLAY_WINDOW_S, ReplayGuard
+from callbridge.bridge.stream_services import HangUpFn
 from callbridge.carriers.spec import Capabilities
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
@@ -69,8 +70,6 @@ UNKNOWN_EVENT_NAMES: Final = 64
 """Distinct (carrier, event type) pairs a process counts by name; any others count as ``other``."""
 _EVENT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
-HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
-"""``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
 
 
 class CarrierRest(Protocol):

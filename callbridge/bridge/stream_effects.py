@@ -21,7 +21,7 @@ from callbridge.bridge.fleet import LiveStream
 from callbridge.bridge.lifecycle_steps import RecordSeen, Rejected
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import LiveCall, SignalKind
-from callbridge.bridge.services import BridgeServices
+from callbridge.bridge.stream_services import StreamServices
 from callbridge.engine.errors import EngineError
 from callbridge.engine.port import DuplexSession, ResumeTicket
 
@@ -51,7 +51,7 @@ class StreamHooks(LiveStream, Protocol):
 class StreamEffects:
     """The steps of one stream of ``call_id``, done against the process's services."""
 
-    def __init__(self, services: BridgeServices, call_id: str, holder: str, stream: StreamHooks) -> None:
+    def __init__(self, services: StreamServices, call_id: str, holder: str, stream: StreamHooks) -> None:
         """``holder``: the stream, as the registry names the stream that holds a call."""
         self.services, self.call_id, self.holder, self.stream = services, call_id, holder, stream
         self.registry = services.registry

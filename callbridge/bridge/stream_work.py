@@ -16,6 +16,7 @@ from callbridge.bridge.call import CallSession
 from callbridge.bridge.call_feed import CallFeed
 from callbridge.bridge.call_outputs import PendingAction
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
+from callbridge.bridge.stream_services import HangUpFn
 from callbridge.bridge.stream_setup import StreamSetup
 from callbridge.bridge.stream_telemetry import StreamTelemetry
 from callbridge.carriers.base import StreamStarted
@@ -30,8 +31,6 @@ _HANG_UP_WAIT_S = 10.0
 
 PerformFn = Callable[[str, str, str | None, CarrierCallAction], Awaitable[ActionResult]]
 """``perform_action(provider, call_id, account_id, action)``: the agent's transfer or digits, by the carrier."""
-HangUpFn = Callable[[str, str, str | None, str], Awaitable[None]]
-"""``hang_up(provider, call_id, account_id, reason)``: end the phone call through the carrier."""
 
 CallInput = Callable[[Callable[[CallSession, int], None]], Awaitable[None]]
 """Hand the call one input (given the call and the time now), under the stream's lock; then send what it produced."""
