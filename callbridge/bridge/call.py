@@ -79,7 +79,7 @@ from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.inbound import MediaAhead
 from callbridge.bridge.lifecycle import StreamFacts
 from callbridge.bridge.limits import StreamLimits
-from callbridge.bridge.stream_phase import StreamPhase
+from callbridge.bridge.stream_phase import OVER, StreamPhase
 from callbridge.carriers.base import (
     CarrierEvent,
     CarrierNotice,
@@ -156,7 +156,7 @@ class CallSession:
 
     def receive_message(self, message: str | bytes, now_ms: int) -> None:
         """One websocket message from the carrier. Then drain every output; a protocol error ends the call."""
-        if self.phase.over:
+        if self.phase.state in OVER:
             return  # read after the stream ended (a send failed first): nothing is listening any more
         self._limits.message_read(now_ms)
         starting = self.start_request is None
@@ -170,7 +170,7 @@ class CallSession:
             self._fail(exc)
         if starting and self.start_request is not None:
             self._limits.stream_started(now_ms)  # now the idle limit runs
-            if self.state is CallState.STARTING:  # not ended in the same read (a start and its stop)
+            if self.phase.state is CallState.STARTING:  # not ended in the same read (a start and its stop)
                 self._out.append(BindEngine(self.start_request))
 
     def engine_bound(self, binding: EngineBinding, now_ms: int) -> None:
@@ -195,13 +195,13 @@ class CallSession:
     def start_refused(self, reason: EndCause) -> None:
         """The stream may not be bridged (someone else's token, a call already over, no registry): close it, touch
         nothing else (a stream that ended meanwhile is left as it ended). No engine for the call: ``no_engine``."""
-        if self.state is not CallState.STARTING:
+        if self.phase.state is not CallState.STARTING:
             return
         self.phase.end(Trigger.START_REFUSED, reason)
 
     def receive_engine_event(self, event: EngineEvent, now_ms: int) -> None:
         """One event of the call's engine session. Then drain every output."""
-        if self.state is not CallState.LIVE:
+        if self.phase.state is not CallState.LIVE:
             return
         speech, turns = self.speech, self.turns
         if not speech.admits(event):  # audio of a cancelled response or an older epoch
@@ -224,7 +224,7 @@ class CallSession:
     def engine_failed(self, reason: EndCause, now_ms: int) -> None:
         """The engine session failed (expired, lost past resume, an engine error): the caller hears a short
         fallback tone instead of silence, then the call is hung up. Agent audio still queued is dropped."""
-        if self.state is not CallState.LIVE:
+        if self.phase.state is not CallState.LIVE:
             return
         self.phase.engine_failure = reason
         self.speech.silence(now_ms)
@@ -233,7 +233,7 @@ class CallSession:
     def no_engine(self, reason: EndCause, now_ms: int) -> None:
         """No engine session can be had for the stream (none opens, the parked one is gone): the caller hears the
         fallback tone, not silence, then the call is hung up the carrier's way. The caller's buffered audio goes."""
-        if self.state is not CallState.STARTING:
+        if self.phase.state is not CallState.STARTING:
             return
         self.caller.inbound.drop_held()
         self._end_with_tone(reason, now_ms)
@@ -242,7 +242,7 @@ class CallSession:
         """The process stops with the call still up (a lone process whose drain ran out): the engine is told what
         the caller heard and its session is closed; the caller hears the closing tone, then the carrier's hang-up
         — not a silent drop."""
-        if self.state is not CallState.LIVE:
+        if self.phase.state is not CallState.LIVE:
             return
         self.speech.stop_playback(None, now_ms, barge_in=False)
         self._to_engine(CloseSession(EndReason.BRIDGE_SHUTDOWN))
@@ -259,26 +259,26 @@ class CallSession:
     def end_call(self, reason: EndCause, now_ms: int) -> None:
         """The bridge ends the call (a limit was reached): the engine session is closed, the call hung up the
         carrier's way (if it was bridged), the socket closed."""
-        if not self.phase.over:
+        if self.phase.state not in OVER:
             self.phase.end_call(reason)
 
     def carrier_ended(self, reason: EndCause, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the call is over: as its ``stop`` would."""
-        if self.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):
+        if self.phase.state in (CallState.AWAITING_START, CallState.ENDED, CallState.DETACHED):
             return
         self._on_carrier_event(StreamStopped(), now_ms)
         self.phase.reason = reason
 
     def carrier_digit(self, digit: str, now_ms: int) -> None:
         """The carrier said out of band (a webhook) that the caller pressed ``digit``: as its DTMF event would."""
-        if self.state is not CallState.LIVE:
+        if self.phase.state is not CallState.LIVE:
             return  # before the stream started, or after it ended: no call to hear it
         self._on_carrier_event(DtmfReceived(digit), now_ms)
 
     def message_refused(self, detail: str) -> None:
         """The transport refused a carrier message before reading it (over the websocket's size limit, closed
         1009): bad input, as if the codec had refused it — the stream ends, its call the carrier's way."""
-        if self.phase.over:
+        if self.phase.state in OVER:
             return
         self._fail(self._protocol_error(ProtocolErrorReason.OVERSIZED, detail))
 
@@ -289,9 +289,9 @@ class CallSession:
         (ack, truncate), as for a barge-in, before the session is detached; the rest of the reply, where it is
         short, is kept for the next stream to play first (``AgentSpeech.unheard_at_drop``).
         """
-        if self.phase.over:
+        if self.phase.state in OVER:
             return
-        bound = self.state is CallState.LIVE
+        bound = self.phase.state is CallState.LIVE
         if bound:
             self.phase.unheard = self.speech.unheard_at_drop(now_ms)
         self.phase.go(Trigger.TRANSPORT_LOST)
@@ -305,13 +305,13 @@ class CallSession:
         ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept
         for the next stream); meanwhile engine events are left untaken (``takes_engine_events``), for that stream to
         have."""
-        if not self.phase.over:
+        if self.phase.state not in OVER:
             self.link.send_failed(now_ms)
 
     @property
     def takes_engine_events(self) -> bool:
         """Whether ``receive_engine_event`` takes events now: a live stream whose carrier still listens."""
-        return self.state is CallState.LIVE and self.link.send_failed_at_ms is None
+        return self.phase.state is CallState.LIVE and self.link.send_failed_at_ms is None
 
     @property
     def close_code(self) -> int:
@@ -322,7 +322,7 @@ class CallSession:
     def superseded(self, now_ms: int) -> None:
         """A newer stream of the call has come (this one's socket is half-open, or slow to notice its drop): end
         this one as a drop, its session kept for the newer stream, and close its socket."""
-        if self.phase.over:
+        if self.phase.state in OVER:
             return
         self.transport_lost(now_ms)
         self.link.going_away = True
@@ -333,7 +333,7 @@ class CallSession:
         redirect) resumes the call on another process; what the caller heard goes to the engine first, and
         the socket is closed going away (no ``stop``). False, and nothing done, for a stream not live or a carrier
         that does not reconnect (``HangUpMode.CLOSE``: closing its socket would end the call; it runs to its end)."""
-        if self.codec.profile.hang_up is HangUpMode.CLOSE or self.state is not CallState.LIVE:
+        if self.codec.profile.hang_up is HangUpMode.CLOSE or self.phase.state is not CallState.LIVE:
             return False
         self.transport_lost(now_ms)
         self.link.going_away = True  # closed by the driver once the session is parked, so the next stream finds it
@@ -343,7 +343,7 @@ class CallSession:
         """The carrier work of ``PendingAction`` ``call_id`` is over: the model hears the result; a transfer that
         succeeded ends the call (hung up the carrier's way — SIP's BYE after the REFER — unless the call has
         left the bridge with it). Then drain every output."""
-        live = self.state is CallState.LIVE
+        live = self.phase.state is CallState.LIVE
         transferred = self.turns.action_finished(call_id, result, now_ms, live=live)
         if transferred is not None and live:
             self._end_by_agent(EndCause(EndReason.TRANSFERRED), hang_up=transferred.hang_up)
@@ -353,7 +353,7 @@ class CallSession:
     def tool_slow(self, call_id: str, now_ms: int) -> None:
         """The application's tool ``call_id`` has not answered yet (``app.tool_filler_after_s``): where a filler is
         configured and the agent is silent, it is told to say it (once per tool call). Then drain every output."""
-        if self.state is CallState.LIVE:
+        if self.phase.state is CallState.LIVE:
             self.turns.tool_slow(call_id, now_ms)
 
     def tick(self, now_ms: int) -> None:
@@ -366,22 +366,23 @@ class CallSession:
             limits.put_off_if_late(now_ms, self.next_deadline_ms())
         read_until_ms = self.link.read_until_ms()
         if read_until_ms is not None:  # nothing reaches the carrier: no frame into the void
-            if now_ms >= read_until_ms and not self.phase.over:
+            if now_ms >= read_until_ms and self.phase.state not in OVER:
                 self.transport_lost(now_ms)
                 self.phase.close_transport()  # its receive may not see the close: closing wakes it
             return
-        reached = limits.reached(now_ms, started=self.start_request is not None, over=self.phase.over)
-        if reached is not None:
-            self._limit_reached(reached, now_ms)
+        if limits.is_due(now_ms):  # a look at the limits only when one is due: this runs every frame
+            reached = limits.reached(now_ms, started=self.start_request is not None, over=self.phase.state in OVER)
+            if reached is not None:
+                self._limit_reached(reached, now_ms)
         held_until = speech.heard.held_until_ms
         if held_until is not None and now_ms >= held_until:
             speech.release_held_tells()
-        if self.state is CallState.LIVE:
+        if self.phase.state is CallState.LIVE:
             speech.ledger.tick(now_ms)
             speech.drain()
             self._agent_turns_due(now_ms)
             self.turns.check_silence(now_ms)
-        elif self.state is CallState.ENDING:
+        elif self.phase.state is CallState.ENDING:
             speech.ledger.tick(now_ms)
             speech.drain(to_engine=False)
             if not speech.ledger.is_playing(now_ms):  # the fallback has played out: now hang up
@@ -390,8 +391,11 @@ class CallSession:
 
     def _agent_turns_due(self, now_ms: int) -> None:
         """What waited for the agent's reply to play out (``AgentTurns.reply_played``): the hang-up asked for, a
-        tool's result to answer."""
-        reason = self.turns.reply_played(now_ms, live=self.state is CallState.LIVE)
+        tool's result to answer. Looked at on every event and tick, where mostly nothing waits: that is read first."""
+        after = self.turns.after_reply
+        if after.hang_up_reason is None and not after.respond:
+            return
+        reason = self.turns.reply_played(now_ms, live=self.phase.state is CallState.LIVE)
         if reason is not None:
             self._end_by_agent(EndCause(reason), hang_up=True)
 
@@ -400,7 +404,7 @@ class CallSession:
     @property
     def finished(self) -> bool:
         """The stream is over: ended with the call, or its session left for the next stream."""
-        return self.phase.over
+        return self.phase.state in OVER
 
     def facts(self) -> StreamFacts:
         """What the stream's ``CallLifecycle`` needs of it, now."""
@@ -431,14 +435,14 @@ class CallSession:
     def next_deadline_ms(self) -> int | None:
         read_until_ms = self.link.read_until_ms()
         if read_until_ms is not None:
-            return None if self.phase.over else read_until_ms
+            return None if self.phase.state in OVER else read_until_ms
         playout: int | None
-        if self.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
+        if self.phase.state is CallState.ENDING:  # the next frame of the fallback, or the moment it has played out
             playout = self.speech.ledger.next_deadline_ms() or self.speech.ledger.playing_until_ms
         else:
-            playout = self.turns.playout_deadline_ms() if self.state is CallState.LIVE else None
-        limits = self._limits.due_ms if not self.phase.over else None
-        silence = self.turns.silence_due_ms() if self.state is CallState.LIVE else None
+            playout = self.turns.playout_deadline_ms() if self.phase.state is CallState.LIVE else None
+        limits = self._limits.due_ms if self.phase.state not in OVER else None
+        silence = self.turns.silence_due_ms() if self.phase.state is CallState.LIVE else None
         due = [deadline for deadline in (playout, limits, self.speech.heard.held_until_ms, silence) if deadline is not None]
         return min(due) if due else None
 
@@ -471,14 +475,14 @@ class CallSession:
                 self.phase.go(Trigger.CARRIER_EVENT)
                 # when it arrived, as far as we know: read late in a backlog, it says nothing of the carrier
                 self.speech.ledger.mark_echoed(name, now_ms - self.caller.inbound.read_lag_ms)
-                self.speech.drain(to_engine=self.state is CallState.LIVE)  # not the failure tone's
-                if self.state is CallState.LIVE:
+                self.speech.drain(to_engine=self.phase.state is CallState.LIVE)  # not the failure tone's
+                if self.phase.state is CallState.LIVE:
                     self.turns.respond_when_silent(now_ms)
             case DtmfReceived(digit):
                 self.phase.go(Trigger.CARRIER_EVENT)
                 self._out.append(Notice(event))
                 self._out.append(Observed("dtmf", detail=digit))
-                if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.state is CallState.LIVE:
+                if self.options.dtmf_mode is DtmfMode.TEXT_ITEM and self.phase.state is CallState.LIVE:
                     self._to_engine(CreateTextItem(f"DTMF {digit}"))
             case StreamStarted():
                 self.phase.go(Trigger.STARTED)
@@ -486,7 +490,7 @@ class CallSession:
                 self.caller.inbound.start(event.encoding, event.rate_hz)
                 self.speech.start(self.codec.profile, event.out_encoding or event.encoding, event.out_rate_hz or event.rate_hz)
             case StreamStopped():
-                bound = self.state is CallState.LIVE
+                bound = self.phase.state is CallState.LIVE
                 self.phase.go(Trigger.STOPPED)
                 self.phase.reason = EndCause(EndReason.CALLER_HUNG_UP)
                 # a transfer under way: most likely the transfer's own doing (a carrier stops the stream as the transfer
@@ -502,13 +506,13 @@ class CallSession:
                 self._out.append(Notice(event))
 
     def _on_media(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> None:
-        if self.state is CallState.ENDING:
+        if self.phase.state is CallState.ENDING:
             return  # no engine to hear it
         try:
             audio = self.caller.receive(payload, timestamp_ms, now_ms)
         except MediaAhead as exc:
             raise self._protocol_error(ProtocolErrorReason.FLOOD, str(exc)) from None
-        if self.state is not CallState.LIVE:
+        if self.phase.state is not CallState.LIVE:
             self.caller.inbound.hold(audio)
         elif audio:
             if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):

@@ -25,8 +25,9 @@ from callbridge.engine.port import UnheardAudio
 
 __all__ = ["OVER", "StreamPhase"]
 
-OVER: Final = frozenset({CallState.ENDED, CallState.DETACHED})
-"""The stream is over: ended with the call, or its session left for the next stream."""
+OVER: Final = (CallState.ENDED, CallState.DETACHED)
+"""The stream is over: ended with the call, or its session left for the next stream. A tuple: membership by
+identity, on every message (a set would hash the enum)."""
 
 
 class StreamPhase:
