@@ -315,8 +315,7 @@ class CallSession:
 
     @property
     def close_code(self) -> int:
-        """The close code of the carrier's connection when ``close_transport`` (``StreamPhase.close_code``). (A moved
-        stream's socket is closed by the driver, with this code, after its session is parked.)"""
+        """The carrier connection's close code (``StreamPhase.close_code``); a moved stream's, used by the driver."""
         return self.phase.close_code
 
     def superseded(self, now_ms: int) -> None:
@@ -390,8 +389,7 @@ class CallSession:
                 self.phase.hang_up(self.phase.reason or "engine_failed")
 
     def _agent_turns_due(self, now_ms: int) -> None:
-        """What waited for the agent's reply to play out (``AgentTurns.reply_played``): the hang-up asked for, a
-        tool's result to answer. Looked at on every event and tick, where mostly nothing waits: that is read first."""
+        """What waited for the agent's reply to play out (``AgentTurns.reply_played``); mostly nothing: read first."""
         after = self.turns.after_reply
         if after.hang_up_reason is None and not after.respond:
             return
@@ -416,8 +414,7 @@ class CallSession:
 
     @property
     def told_so_far(self) -> tuple[tuple[str, int], ...]:
-        """For the call's next stream (its ticket's ``told_ms``, live or parked): the most the engine was told the
-        caller heard of each recent response."""
+        """For the next stream's ticket (``told_ms``): the most the engine was told was heard of each response."""
         return self.speech.heard.told_so_far
 
     # ----------------------------------------------------------------- outputs
