@@ -124,7 +124,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-
 def _add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
     """``callbridge simulate``: one simulated call through an in-process bridge and engine."""
     simulate = commands.add_parser(

@@ -71,7 +71,6 @@ UNKNOWN_EVENT_NAMES: Final = 64
 _EVENT_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
 
-
 class CarrierRest(Protocol):
     """A carrier's REST API, as far as the bridge uses it (each carrier's ``Carrier.rest`` builds one)."""
 

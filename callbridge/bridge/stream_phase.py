@@ -91,6 +91,8 @@ class StreamPhase:
         self.close_transport()
 
     def _go(self, trigger: Trigger) -> None:
+        """The table's step alone: ``end_call`` and ``fail`` take it, closing the session themselves at once, so what
+        a takeover holds back of what was heard has nobody left to tell."""
         try:
             self.state = TRANSITIONS[(self.state, trigger)]
         except KeyError:

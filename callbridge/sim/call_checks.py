@@ -46,7 +46,6 @@ class CheckedCall(Protocol):
     def violation(self, what: str) -> NoReturn: ...
 
 
-
 def check_command(sim: CheckedCall, command: EngineCommand) -> None:
     """A command the bridge sends the engine: one ``session.close`` a session (none to one lost with its server); a
     heard position that never goes back, and never passes what the engine generated."""

@@ -252,7 +252,6 @@ def quantiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(ordered), "p95": at(0.95), "p99": at(0.99), "max": ordered[-1]}
 
 
-
 def _bucket_summary(buckets: dict[float, float]) -> dict[str, float]:
     total = buckets.get(math.inf, 0.0)
     if not total:
@@ -264,7 +263,6 @@ def _bucket_summary(buckets: dict[float, float]) -> dict[str, float]:
 
     within = max((count for bound, count in buckets.items() if bound <= 0.005), default=0.0)
     return {"streams": total, "p50_le": le(0.5), "p99_le": le(0.99), "within_5ms_pct": 100 * within / total}
-
 
 
 def report_json(report: LoadReport) -> bytes:

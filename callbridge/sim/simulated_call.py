@@ -218,7 +218,6 @@ class _ModelEffects:
         pass  # the first stream's session was taken; nothing waits at the answer any more
 
 
-
 class SimulatedCall:
     """One call of the plan, stepped on a virtual clock (see the module docstring)."""
 

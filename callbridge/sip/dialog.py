@@ -399,9 +399,8 @@ class SipUas:
         """The answer to our offer, in the ACK (RFC 3261 §13.2.1); none or one we cannot use: BYE (§13.3.1.4
         leaves no other way to end a confirmed dialog whose offer/answer failed)."""
         dialog.delayed_offer = False
-        content_type = (ack.header("Content-Type") or "").split(";")[0].strip().lower()
         try:
-            choice = read_answer(ack.body.decode("utf-8", "replace")) if ack.body and content_type == "application/sdp" else None
+            choice = read_answer(ack.body.decode("utf-8", "replace")) if ack.body and ack.media_type == "application/sdp" else None
         except SdpError:
             choice = None
         if choice is None:

@@ -64,8 +64,7 @@ def read_offer(request: SipRequest, source: Address) -> MediaChoice | Refusal:
     unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in SUPPORTED]
     if unsupported:
         return Refusal(420, [("Unsupported", ", ".join(unsupported))])
-    content_type = (request.header("Content-Type") or "").split(";")[0].strip().lower()
-    if request.body and content_type != "application/sdp":
+    if request.body and request.media_type != "application/sdp":
         return Refusal(415, [("Accept", "application/sdp")])
     try:
         choice = choose(request.body.decode("utf-8", "replace")) if request.body else _placeholder(source)

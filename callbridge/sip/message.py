@@ -194,6 +194,11 @@ class _Message:
         return int(number) if _digits(number) else 0, method.strip()
 
     @property
+    def media_type(self) -> str:
+        """The body's media type, lower case, without its parameters (``application/sdp``); "" without one."""
+        return (self.header("Content-Type") or "").split(";")[0].strip().lower()
+
+    @property
     def top_via(self) -> str:
         return self.header("Via") or ""
 

@@ -55,8 +55,6 @@ _SUPERSEDE_WAIT_S: Final = 3.0
 _SHUTDOWN_WAIT_S: Final = 5.0
 
 
-
-
 class StreamTransport:
     """An accepted AudioSocket connection as a ``CarrierTransport``: chunks of the byte stream in, frames out.
 

@@ -252,7 +252,6 @@ class _BandwidthWebhooks:
             log.warning("voice_api_failed", provider="bandwidth", call_id=call_id, error=repr(exc))
 
 
-
 def bandwidth_router(services: BridgeServices) -> APIRouter:
     """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
     routes = _BandwidthWebhooks(services)

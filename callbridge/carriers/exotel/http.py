@@ -79,7 +79,6 @@ class ExotelAdmission:
         return None
 
 
-
 def _networks(entries: Sequence[str]) -> tuple[IPNetwork, ...]:
     networks: list[IPNetwork] = []
     for entry in entries:

@@ -211,7 +211,6 @@ class _JambonzWebhooks:
         await MediaStreamDriver(websocket, JambonzCodec(), self.services).run()
 
 
-
 def jambonz_router(services: BridgeServices) -> APIRouter:
     """jambonz's call webhook, listen action hook, call-status webhook and media websocket."""
     routes = _JambonzWebhooks(services)

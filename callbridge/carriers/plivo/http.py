@@ -342,7 +342,6 @@ class _PlivoWebhooks:
         return Response(status_code=204)
 
 
-
 def plivo_router(services: BridgeServices) -> APIRouter:
     """Plivo's answer webhook, media websocket, stream status callback and hang-up callback."""
     routes = _PlivoWebhooks(services)

@@ -468,7 +468,6 @@ class _VonageWebhooks:
         self.services.spawn(self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP)))
 
 
-
 def vonage_router(services: BridgeServices) -> APIRouter:
     """The answer webhook, media websocket and event webhook."""
     routes = _VonageWebhooks(services)
