@@ -64,7 +64,7 @@ from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAG
 from callbridge.carriers.base import ProviderCodec, StreamStarted
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineEvent, is_chunk_verdict
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
@@ -185,7 +185,7 @@ class MediaStreamDriver:
 
     def _begin(self, start: StreamStarted) -> None:
         """The call accepted the carrier's ``start``: its lifecycle finds the engine session, beside the reader."""
-        self._start = self._work.start = start
+        self._start = start
         self._begun_at_ms = _now_ms()
         self._seen.bind(provider=self.provider, call_id=start.call_id, stream_id=start.stream_id)
         self._life = life = CallLifecycle(
@@ -349,7 +349,8 @@ class MediaStreamDriver:
 
     def _take_engine_event(self, event: EngineEvent) -> bool:
         """Hand one engine event to the call (lock held); False once the call no longer takes them."""
-        self._seen.engine_event(event)
+        if isinstance(event, EngineErrorEvent):  # counted and logged, taken or not
+            self._seen.engine_error(event)
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
         self._feed.engine_event(event)
@@ -408,9 +409,10 @@ class MediaStreamDriver:
                 case CallerAudioBegan():
                     self._seen.caller_audio_began()
                 case Perform(pending):  # the agent's transfer / DTMF / tool: the carrier or application does it meanwhile
-                    self._tasks.append(self._work.perform(pending))
+                    assert self._start is not None, "the agent acts on a bound call"
+                    self._tasks.append(self._work.perform(pending, self._start))
                 case HangUpCall(reason):
-                    self._work.hang_up(reason)
+                    self._work.hang_up(reason, self._start)
                 case CloseTransport(code):
                     if not self._closed:
                         self._closed = True
@@ -471,7 +473,7 @@ class MediaStreamDriver:
             for task in pending:
                 with suppress(asyncio.CancelledError, Exception):
                     await task
-        await self._work.hang_ups_answered()
+        await self._work.hang_up_answered()
         services, start, session, life = self.services, self._start, self.session, self._life
         report = self.call.report()
         if start is not None and report.facts.call_over:

@@ -59,13 +59,12 @@ class StreamTelemetry:
             self.metrics.first_audio_seconds.observe(elapsed_s)
             self.first_audio_ms = round(elapsed_s * 1000, 3)
 
-    def engine_event(self, event: EngineEvent) -> None:
-        """An engine event the call is about to take (an error is counted and logged; a barge-in is timed from it)."""
-        if isinstance(event, EngineErrorEvent):
-            self.metrics.engine_errors.labels(event.code).inc()
-            self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
+    def engine_error(self, event: EngineErrorEvent) -> None:
+        self.metrics.engine_errors.labels(event.code).inc()
+        self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
 
     def engine_event_taken(self, event: EngineEvent) -> None:
+        """The call took ``event``: a barge-in it causes is timed from now."""
         self._event_taken = (time.perf_counter(), type(event).__name__)
 
     def notice(self, notice: Notice) -> None:

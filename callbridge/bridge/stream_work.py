@@ -62,29 +62,27 @@ class CarrierWork:
         ``.hang_up``); ``registry``: where the call is marked ended before its hang-up."""
         self._registry, (self._perform_action, self._hang_up_by_carrier) = registry, carrier
         self._seen, self._feed, self._setup, self._to_call = seen, feed, setup, to_call
-        self.start: StreamStarted | None = None
-        """The carrier's ``start``, once the call accepted it (no work is asked for before)."""
         self._actions: set[asyncio.Task[None]] = set()
         """The agent's carrier work under way: waited for, a while, when the stream ends."""
-        self._hang_ups: set[asyncio.Task[None]] = set()
+        self._hang_up: asyncio.Task[None] | None = None
         self._hung_up = False
 
-    def perform(self, pending: PendingAction) -> asyncio.Task[None]:
-        """The agent's transfer, digits or tool call, under way from now (the carrier or the application does it)."""
-        action = asyncio.create_task(self._perform(pending))
+    def perform(self, pending: PendingAction, start: StreamStarted) -> asyncio.Task[None]:
+        """The agent's transfer, digits or tool call on the call ``start`` names, under way from now (the carrier or
+        the application does it)."""
+        action = asyncio.create_task(self._perform(pending, start))
         self._actions.add(action)
         action.add_done_callback(self._actions.discard)
         return action
 
-    def hang_up(self, reason: str) -> None:
-        """The call's hang-up, the carrier's way (REST), once: the registry first says the call ended."""
-        if self._hung_up or self.start is None:
-            self._hung_up = True
+    def hang_up(self, reason: str, start: StreamStarted | None) -> None:
+        """The call's hang-up, the carrier's way (REST), once: the registry first says the call ended. None: the
+        stream's ``start`` was never accepted, there is no call to hang up."""
+        if self._hung_up:
             return
         self._hung_up = True
-        task = asyncio.create_task(self._hang_up(self.start, reason))
-        self._hang_ups.add(task)
-        task.add_done_callback(self._hang_ups.discard)
+        if start is not None:
+            self._hang_up = asyncio.create_task(self._hung_up_by_carrier(start, reason))
 
     async def actions_answered(self) -> None:
         """The stream has ended: the actions under way have ``ACTION_RESULT_WAIT_S`` to answer (then the stream
@@ -92,14 +90,12 @@ class CarrierWork:
         if self._actions:
             await asyncio.wait(self._actions, timeout=ACTION_RESULT_WAIT_S)
 
-    async def hang_ups_answered(self) -> None:
-        if self._hang_ups:
-            await asyncio.wait(self._hang_ups, timeout=_HANG_UP_WAIT_S)
+    async def hang_up_answered(self) -> None:
+        if self._hang_up is not None:
+            await asyncio.wait({self._hang_up}, timeout=_HANG_UP_WAIT_S)
 
-    async def _perform(self, pending: PendingAction) -> None:
+    async def _perform(self, pending: PendingAction, start: StreamStarted) -> None:
         """Ask the carrier to do what the agent asked for; the result goes back to the call (and the model)."""
-        start = self.start
-        assert start is not None
         if isinstance(pending.action, ApplicationToolCall):
             await self._run_tool(pending.call_id, pending.action)
             return
@@ -127,7 +123,7 @@ class CarrierWork:
         self._seen.tool_ran(tool.name, failure, outcome.elapsed_ms, outcome.detail)
         await self._to_call(lambda call, now_ms: call.action_finished(call_id, answer, now_ms))
 
-    async def _hang_up(self, start: StreamStarted, reason: str) -> None:
+    async def _hung_up_by_carrier(self, start: StreamStarted, reason: str) -> None:
         await recorded(self._registry.mark_ended(start.call_id, reason), self._seen.log)
         try:
             await self._hang_up_by_carrier(self._seen.provider, start.call_id, start.account_id, reason)

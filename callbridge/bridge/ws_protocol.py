@@ -134,19 +134,19 @@ def protocol_class(*, count_unauthenticated: bool = True) -> Any:
         log.warning("websocket_fast_path_off", detail="uvicorn's websockets-sansio protocol is not the expected one")
         return "websockets-sansio"
 
-    unauthenticated = _Unauthenticated(unauthenticated_cap(), counted=count_unauthenticated, open_state=State.OPEN)
-    return type("MediaWebSocketProtocol", (_MediaFrames, WebSocketsSansIOProtocol), {"_unauthenticated": unauthenticated})
+    unauthenticated = _Unauthenticated(unauthenticated_cap(), counted=count_unauthenticated)
+    state = {"_unauthenticated": unauthenticated, "_open": State.OPEN}
+    return type("MediaWebSocketProtocol", (_MediaFrames, WebSocketsSansIOProtocol), state)
 
 
 class _Unauthenticated:
     """One server's open sockets not yet authenticated → since when (``time.monotonic``), oldest first;
     ``counted`` False for an engine server's (the bridge's own sessions)."""
 
-    def __init__(self, cap: int, *, counted: bool, open_state: Any) -> None:
+    def __init__(self, cap: int, *, counted: bool) -> None:
         self.sockets: dict[Any, float] = {}
         self.cap = cap
         self.counted = counted
-        self.open_state = open_state
         self._last_logged = 0.0
 
     def add(self, socket: Any) -> None:
@@ -174,6 +174,8 @@ class _MediaFrames(_WsBase):
     makes, whose next base is uvicorn's)."""
 
     _unauthenticated: _Unauthenticated
+    _open: Any
+    """websockets' ``State.OPEN`` (read on every write: a class attribute, not a chain)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -241,7 +243,7 @@ class _MediaFrames(_WsBase):
             and not self.close_sent
             and self.initial_response is None
             and self.writable.is_set()
-            and conn.state is self._unauthenticated.open_state
+            and conn.state is self._open
             and not conn.extensions
         )
 
