@@ -1,4 +1,4 @@
-"""What the resume path's registry round trips cost, against a real ``redis-server`` on loopback: the "before" of
+"""What the resume path's registry round trips cost, against a real ``redis-server`` on loopback, on the shipped client (``registry_redis.redis_registry``): the "before" of
 #39's one-claim work (a Lua script answering token, ended reason, ticket and record in one round trip) and a bound on
 what it can win for #40's crashed-bridge resume.
 
@@ -26,10 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import redis.asyncio as aioredis  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
 
 from callbridge.bridge.registry import LiveCall  # noqa: E402
-from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens  # noqa: E402
+from callbridge.bridge.registry_redis import redis_registry  # noqa: E402
+from callbridge.config import RegistrySettings, Settings  # noqa: E402
 from callbridge.engine.port import ResumeTicket  # noqa: E402
 from callbridge.sim.ports import free_port  # noqa: E402
 from tests.redis_server import start_redis, stop_process  # noqa: E402
@@ -49,8 +50,9 @@ async def _timed(calls: int, prepare: Callable[[str], Awaitable[str]], path: Cal
 
 
 async def _run(url: str, calls: int) -> dict[str, list[float]]:
-    client = aioredis.Redis.from_url(url, decode_responses=True)  # as `registry_redis.redis_registry` makes it
-    registry, tokens = RedisCallRegistry(client), RedisStreamTokens(client)
+    settings = Settings(registry=RegistrySettings(backend="redis", redis_url=SecretStr(url)))
+    registry, tokens = redis_registry(settings)  # the shipped client: its timeouts, its retry
+    client = registry._redis  # a PING on the same connection pool
     ticket = ResumeTicket("duplex-1", 1, heard_ms=(("resp-1", 1200),), told_ms=(("resp-1", 1200),))
 
     async def parked(call_id: str) -> str:
@@ -90,7 +92,7 @@ async def _run(url: str, calls: int) -> dict[str, list[float]]:
             "takeover": await _timed(calls, held_by_the_dead, takeover),
         }
     finally:
-        await client.aclose()
+        await registry.aclose()
 
 
 def main() -> None:
