@@ -27,12 +27,14 @@ async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
         assert bridge.settings.server.drain_timeout_s == 30  # shipped
         state = bridge.app.state.bridge
         speech = short_speech(1200)
-        scripts = [CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=6000 + 500 * i) for i in range(3)]
+        scripts = [CallerScript(utterances=((300, speech), (3000, speech)), hangup_at_ms=7000 + 500 * i) for i in range(3)]
+        placed = time.monotonic()
         calls = [asyncio.create_task(bridge.carrier.place_call(script)) for script in scripts]
         await until(lambda: len(state.services.active_calls) == 3)
         await asyncio.sleep(1.0)
         drained = asyncio.create_task(state.drain())  # SIGTERM's first step in ``callbridge serve``
         began = time.monotonic()
+        signal_ms = (began - placed) * 1000
         await until(lambda: state.services.draining)
         late = await bridge.carrier.place_call(CallerScript(hangup_at_ms=500))  # a new call: busy
         results = await asyncio.gather(*calls)
@@ -42,7 +44,10 @@ async def test_sigterm_serves_three_live_calls_to_their_end() -> None:
     assert late.streams == [] and any("<Reject>" in e.what for e in late.timeline), late.render()
     for result in results:
         assert result.hung_up_by == "caller" and len(result.streams) == 1, result.render()
-        assert result.agent_speech_ms > 1500, result.render()  # both replies heard: the second after the signal
+        # the reply to what the caller said after the signal is heard whole (the first may be cut short by the
+        # second utterance where a loaded machine's loop stalls: that is barge-in, not the drain)
+        replies_at_ms = [e.at_ms for e in result.timeline if e.who == "agent" and e.what.startswith("starts speaking")]
+        assert replies_at_ms[-1] > signal_ms and result.agent_runs_ms[-1] > 1000, result.render()
     assert ends == 3 and took_s < 10  # done when the last call ended, not at the timeout
 
 
