@@ -1,15 +1,20 @@
-"""What the resume path's registry round trips cost, against a real ``redis-server`` on loopback, on the shipped client (``registry_redis.redis_registry``): the "before" of
-#39's one-claim work (a Lua script answering token, ended reason, ticket and record in one round trip) and a bound on
-what it can win for #40's crashed-bridge resume.
+"""What the resume path's registry round trips cost, against a real ``redis-server`` on loopback, on the shipped client
+(``registry_redis.redis_registry``): #39's one claim (``CallRegistry.claim_call``, one Lua script answering the
+ended reason, the ticket taken, else the record's holder) against the separate round trips it replaced, in one run.
 
-Each path is the registry work a new stream of a call does before its engine session is resumed, in the order the
-lifecycle asks for it (``bridge/lifecycle.py``), each operation awaited before the next:
+Each path is the registry work a new stream of a call does before its engine session is resumed, each operation
+awaited before the next:
 
-- ``resume``: a dropped stream's call (its ticket parked): the token consumed, ``ended_reason``, ``claim_ticket``.
-- ``takeover``: a dead process's call (no ticket, a live ticket): the token, ``ended_reason``, ``claim_ticket``
-  (nothing), ``get`` (the record: bound, its holder), ``claim_live`` — the first look and the claim, not the wait
-  between them (``TAKEOVER_AFTER_MS``, polled every ``DETACH_POLL_MS`` with ``claim_ticket`` + ``get``).
-- ``one_round_trip``: a ``PING``: what one round trip costs, the floor a one-claim script would pay.
+- ``resume``: a dropped stream's call (its ticket parked). Now (``bridge/lifecycle.py``): the token consumed, then
+  ``claim_call``. Before (``resume_before``): the token, ``ended_reason``, ``claim_ticket``.
+- ``takeover``: a dead process's call (no ticket, a live ticket): the first look and the claim, not the wait between
+  them (``TAKEOVER_AFTER_MS``, polled every ``DETACH_POLL_MS``, now with ``claim_call``, before with
+  ``claim_ticket`` + ``get``). Now: the token, ``claim_call`` (nothing parked; the holder), ``claim_live``. Before
+  (``takeover_before``): the token, ``ended_reason``, ``claim_ticket``, ``get``, ``claim_live``.
+- ``one_round_trip``: a ``PING``: what one round trip costs.
+
+The token stays a round trip of its own: it is the stream's authentication, and nothing of the call is read or
+taken for a stream before its token is found ours.
 
 Run: ``python bench/registry_claim.py [--calls 2000]``; prints each path's median and p95 in ms.
 """
@@ -65,11 +70,21 @@ async def _run(url: str, calls: int) -> dict[str, list[float]]:
 
     async def resume(call_id: str, token: str) -> None:
         assert await tokens.consume(token, call_id)
+        assert (await registry.claim_call(call_id, unless_ended=True)).ticket is not None
+
+    async def takeover(call_id: str, token: str) -> None:
+        assert await tokens.consume(token, call_id)
+        claim = await registry.claim_call(call_id, unless_ended=True)
+        assert claim.ticket is None and claim.live_holder is not None
+        assert await registry.claim_live(call_id, claim.live_holder, "alive:MZ2") is not None
+
+    async def resume_before(call_id: str, token: str) -> None:
+        assert await tokens.consume(token, call_id)
         assert await registry.ended_reason(call_id) is None
         found, _ = await registry.claim_ticket(call_id)
         assert found is not None
 
-    async def takeover(call_id: str, token: str) -> None:
+    async def takeover_before(call_id: str, token: str) -> None:
         assert await tokens.consume(token, call_id)
         assert await registry.ended_reason(call_id) is None
         found, _ = await registry.claim_ticket(call_id)
@@ -89,7 +104,9 @@ async def _run(url: str, calls: int) -> dict[str, list[float]]:
         return {
             "one_round_trip": await _timed(calls, nothing, ping),
             "resume": await _timed(calls, parked, resume),
+            "resume_before": await _timed(calls, parked, resume_before),
             "takeover": await _timed(calls, held_by_the_dead, takeover),
+            "takeover_before": await _timed(calls, held_by_the_dead, takeover_before),
         }
     finally:
         await registry.aclose()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from callbridge.bridge.end_reason import EndCause, EndReason
+from callbridge.bridge.registry import CallClaim
 from callbridge.engine.port import ResumeTicket, UnheardAudio
 
 __all__ = [
@@ -35,8 +36,8 @@ __all__ = [
     "BindSource",
     "CallLifecycle",
     "CheckToken",
+    "ClaimCall",
     "ClaimLive",
-    "ClaimTicket",
     "CloseDetached",
     "CloseEngineSession",
     "CloseLive",
@@ -48,7 +49,6 @@ __all__ = [
     "NudgeOldStream",
     "Open",
     "Park",
-    "ReadRecord",
     "Refuse",
     "Resume",
     "Step",
@@ -93,17 +93,16 @@ class CheckToken:
 
 @dataclass(frozen=True, slots=True)
 class AskEnded:
-    """Ask the registry whether the call is over; answer ``ended_is``."""
+    """Ask the registry whether the call is over (as the stream ends); answer ``ended_is``."""
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimTicket:
-    """Take the call's resume ticket from the registry; answer ``ticket_claimed``."""
+class ClaimCall:
+    """Look at the call in the registry in one round trip (``CallRegistry.claim_call``): take its resume ticket, or
+    see whether a stream still holds its session; answer ``call_claimed``. ``unless_ended``: the stream's first look,
+    which a call known over refuses."""
 
-
-@dataclass(frozen=True, slots=True)
-class ReadRecord:
-    """Read the call's record (does a stream still hold its session?); answer ``record_read``."""
+    unless_ended: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +245,7 @@ class DiscardAnswerSession:
 Step = (
     CheckToken
     | AskEnded
-    | ClaimTicket
-    | ReadRecord
+    | ClaimCall
     | ClaimLive
     | NudgeOldStream
     | WaitUntil
@@ -277,7 +275,7 @@ class _Phase(enum.Enum):
     DONE = "done"
 
 
-_ANSWERED: Final = (CheckToken, AskEnded, ClaimTicket, ReadRecord, ClaimLive, WaitUntil, TakeAnswerSession, Resume, Open, Park)
+_ANSWERED: Final = (CheckToken, AskEnded, ClaimCall, ClaimLive, WaitUntil, TakeAnswerSession, Resume, Open, Park)
 """Steps that wait for an answer (the input named in their docstring) before the next step."""
 
 
@@ -326,6 +324,7 @@ class CallLifecycle:
         self._wait_from_ms: int | None = None
         self._wait_until_ms: int | None = None
         self._nudged = False
+        self._first_look = True
         self._at_answer = False
         self._taking_over = False
         self._told_ms: tuple[tuple[str, int], ...] = ()
@@ -358,7 +357,7 @@ class CallLifecycle:
         if self._phase is not _Phase.IDLE:
             raise LifecycleError(f"stream_started in {self._phase.value}")
         self._phase = _Phase.BINDING
-        self._steps.append(CheckToken() if self._check_token else AskEnded())
+        self._steps.append(CheckToken() if self._check_token else ClaimCall(unless_ended=True))
 
     def token_checked(self, ok: bool) -> None:
         self._answered(CheckToken)
@@ -367,44 +366,47 @@ class CallLifecycle:
             if ok:
                 self._end_unbound(self._ending)
         elif ok:
-            self._steps.append(AskEnded())
+            self._steps.append(ClaimCall(unless_ended=True))
         else:
             self._refuse(Refuse(EndCause(EndReason.BAD_TOKEN)))
 
     def ended_is(self, reason: str | None) -> None:
-        """The registry's answer to ``AskEnded``: why the call is over, or None."""
+        """The registry's answer to ``AskEnded``, as the stream ends: why the call is over, or None."""
         self._answered(AskEnded)
-        if self._ending is not None:
-            self._end_detached(known_ended=reason is not None)
-        elif reason is not None:
-            self._refuse(Refuse(EndCause(EndReason.CALL_ALREADY_ENDED)))
-        else:
-            self._steps.append(ClaimTicket())
+        self._end_detached(known_ended=reason is not None)
 
-    def ticket_claimed(self, ticket: ResumeTicket | None, offset_ms: int, now_ms: int) -> None:
-        """No ticket: a stream may still hold the session (its socket dropped, its detach on the way, here or in
-        another process while the carrier already reconnected). The call's record says (``record_read``)."""
-        self._answered(ClaimTicket)
-        self._offset_ms = offset_ms
-        if ticket is not None:
-            if self._wait_from_ms is not None:
-                self.waited_ms = now_ms - self._wait_from_ms
-            self._heard_ms, self._unheard, self._told_ms = ticket.heard_ms, ticket.unheard, ticket.told_ms
-            self._at_answer = ticket.at_answer
-            self._steps.append(Resume(ticket))
+    def call_claimed(self, claim: CallClaim, now_ms: int) -> None:
+        """The registry's answer to ``ClaimCall``. The first look refuses a call known over. A ticket taken is
+        resumed; none: a stream may still hold the session (its socket dropped, its detach on the way, here or in
+        another process while the carrier already reconnected), as the claim says (``_record_seen``)."""
+        self._answered(ClaimCall)
+        first, self._first_look = self._first_look, False
+        if first and claim.ended_reason is not None:
+            self._refuse(Refuse(EndCause(EndReason.CALL_ALREADY_ENDED)))
             return
+        self._offset_ms = claim.input_ms
+        if claim.ticket is None:
+            ended = claim.ended_reason is not None
+            self._record_seen(bound=claim.bound, ended=ended, now_ms=now_ms, live_holder=claim.live_holder)
+        else:
+            self._ticket_taken(claim.ticket, now_ms)
+
+    def _ticket_taken(self, ticket: ResumeTicket, now_ms: int) -> None:
+        if self._wait_from_ms is not None:
+            self.waited_ms = now_ms - self._wait_from_ms
+        self._heard_ms, self._unheard, self._told_ms = ticket.heard_ms, ticket.unheard, ticket.told_ms
+        self._at_answer = ticket.at_answer
+        self._steps.append(Resume(ticket))
+
+    def _record_seen(self, *, bound: bool, ended: bool, now_ms: int, live_holder: str | None = None) -> None:
+        """No ticket taken; the call's record (``bound``: a stream holds its session; ``live_holder``: that stream,
+        when it left a live ticket; all False or None when there is no record). Wait a moment for the holder's
+        detach rather than open a second session: it is told it is superseded, and one that is alive detaches at
+        once. One that has not within ``TAKEOVER_AFTER_MS`` never will: its session is taken from its live ticket.
+        Without a live ticket, a new session after ``DETACH_WAIT_MS``."""
         if self._wait_from_ms is None:
             self._wait_from_ms, self._wait_until_ms = now_ms, now_ms + DETACH_WAIT_MS
-        self._steps.append(ReadRecord())
-
-    def record_read(self, *, bound: bool, ended: bool, now_ms: int, live_holder: str | None = None) -> None:
-        """The call's record (``bound``: a stream holds its session; ``live_holder``: that stream, when it left a
-        live ticket; all False or None when there is no record). Wait a moment for the holder's detach rather
-        than open a second session: it is told it is superseded, and one that is alive detaches at once. One that
-        has not within ``TAKEOVER_AFTER_MS`` never will: its session is taken from its live ticket. Without a live
-        ticket, a new session after ``DETACH_WAIT_MS``."""
-        self._answered(ReadRecord)
-        assert self._wait_from_ms is not None and self._wait_until_ms is not None, "read after a claim found nothing"
+        assert self._wait_until_ms is not None
         self._live_holder = live_holder if bound and not ended else None
         if not bound or ended:
             self._new_session()
@@ -425,7 +427,7 @@ class CallLifecycle:
         self._answered(ClaimLive)
         self._live_holder = None
         if ticket is None:
-            self._steps.append(ClaimTicket())
+            self._steps.append(ClaimCall(unless_ended=False))
             return
         assert self._wait_from_ms is not None
         self.waited_ms = now_ms - self._wait_from_ms
@@ -435,7 +437,7 @@ class CallLifecycle:
 
     def waited(self) -> None:
         self._answered(WaitUntil)
-        self._steps.append(ClaimTicket())
+        self._steps.append(ClaimCall(unless_ended=False))
 
     def answer_session_taken(self, found: bool) -> None:
         self._answered(TakeAnswerSession)

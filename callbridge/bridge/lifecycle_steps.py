@@ -23,8 +23,8 @@ from callbridge.bridge.lifecycle import (
     AskEnded,
     CallLifecycle,
     CheckToken,
+    ClaimCall,
     ClaimLive,
-    ClaimTicket,
     CloseDetached,
     CloseEngineSession,
     CloseLive,
@@ -35,17 +35,16 @@ from callbridge.bridge.lifecycle import (
     NudgeOldStream,
     Open,
     Park,
-    ReadRecord,
     Refuse,
     Resume,
     TakeAnswerSession,
     WaitUntil,
 )
-from callbridge.bridge.registry import LiveCall, RegistryUnavailable
+from callbridge.bridge.registry import CallClaim, LiveCall, RegistryUnavailable
 from callbridge.engine.errors import EngineError
 from callbridge.engine.port import ResumeTicket
 
-__all__ = ["Held", "LifecycleEffects", "RecordSeen", "Rejected", "StepLog", "do_steps"]
+__all__ = ["Held", "LifecycleEffects", "Rejected", "StepLog", "do_steps"]
 
 S = TypeVar("S")
 
@@ -56,17 +55,6 @@ class Held(Generic[S]):
 
     session: S | None = None
     ticket: ResumeTicket | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecordSeen:
-    """What a stream needs of its call's registry record (``ReadRecord``)."""
-
-    bound: bool
-    """A stream holds the call's session."""
-    ended: bool
-    live_holder: str | None
-    """The stream whose live ticket the record holds (``LiveCall.holder``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +87,9 @@ class LifecycleEffects(Protocol[S]):
 
     async def ended_reason(self) -> str | None: ...
 
-    async def claim_ticket(self) -> tuple[ResumeTicket | None, int]:
-        """The call's parked ticket taken, and where its input timeline stood."""
+    async def claim_call(self, unless_ended: bool) -> CallClaim:
+        """The call's parked ticket taken, or who holds its session; where its input timeline stood."""
         ...
-
-    async def read_record(self) -> RecordSeen: ...
 
     async def claim_live(self, holder: str) -> LiveCall | None:
         """The live ticket of ``holder`` taken for this stream; None when ``holder`` no longer holds the call."""
@@ -163,14 +149,9 @@ async def do_steps(life: CallLifecycle, effects: LifecycleEffects[S], held: Held
                     life.token_checked(await effects.token_is_ours())
                 case AskEnded():
                     life.ended_is(await effects.ended_reason())
-                case ClaimTicket():
-                    ticket, offset_ms = await effects.claim_ticket()
-                    life.ticket_claimed(ticket, offset_ms, effects.now_ms())
-                case ReadRecord():
-                    seen = await effects.read_record()
-                    life.record_read(
-                        bound=seen.bound, ended=seen.ended, now_ms=effects.now_ms(), live_holder=seen.live_holder
-                    )
+                case ClaimCall(unless_ended):
+                    claim = await effects.claim_call(unless_ended)
+                    life.call_claimed(claim, effects.now_ms())
                 case ClaimLive(holder):
                     live = await effects.claim_live(holder)
                     if live is not None:

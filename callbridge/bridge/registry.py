@@ -27,6 +27,7 @@ from callbridge.engine.port import ResumeTicket
 
 __all__ = [
     "ENDED_KEPT_MS",
+    "CallClaim",
     "LONGEST_CALL_FALLBACK_S",
     "TOKEN_TTL_MS",
     "CallRecord",
@@ -112,6 +113,22 @@ class CallRecord:
     dead one's live ticket and is binding it. Only it may detach the session or bring the live ticket up to date."""
 
 
+@dataclass(frozen=True, slots=True)
+class CallClaim:
+    """What a new stream's one look at its call's record found and took (``CallRegistry.claim_call``)."""
+
+    ended_reason: str | None = None
+    """Why the call is over (None: it is not)."""
+    ticket: ResumeTicket | None = None
+    """The parked session's ticket, taken for this stream (None: none waited, or the call is over)."""
+    input_ms: int = 0
+    """Where the call's input timeline stood."""
+    bound: bool = False
+    """A stream holds the call's session (no ticket was waiting): its detach may be on the way."""
+    live_holder: str | None = None
+    """That stream, where it left a live ticket (``LiveCall.holder``)."""
+
+
 class SignalKind(enum.Enum):
     CALL_ENDED = "call_ended"
     """A carrier's webhook says the call is over; ``detail`` is the reason. Its live stream ends as on a stop."""
@@ -171,6 +188,12 @@ class CallRegistry(abc.ABC):
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         """Take the call's resume ticket and its timeline offset, atomically: of two processes that claim at
         once, one gets the ticket. With ``expected``: only if that is still the ticket waiting."""
+
+    @abc.abstractmethod
+    async def claim_call(self, call_id: str, unless_ended: bool) -> CallClaim:
+        """A new stream's look at its call, in one round trip and atomically: the call's ticket taken (as
+        ``claim_ticket``); where none waited, whether a stream holds the call's session and which (as ``get``).
+        ``unless_ended``: a call known over is not looked into (its ``ended_reason`` alone)."""
 
     @abc.abstractmethod
     async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
@@ -403,6 +426,19 @@ class MemoryCallRegistry(CallRegistry):
             return None, record.input_ms
         ticket, record.ticket = record.ticket, None
         return ticket, record.input_ms
+
+    async def claim_call(self, call_id: str, unless_ended: bool) -> CallClaim:
+        entry = self._live(call_id)
+        if entry is None:
+            return CallClaim()
+        record = entry.record
+        if unless_ended and record.ended_reason is not None:
+            return CallClaim(record.ended_reason, input_ms=record.input_ms)
+        ticket, record.ticket = record.ticket, None
+        if ticket is not None:
+            return CallClaim(record.ended_reason, ticket, record.input_ms)
+        holder = record.live.holder if record.live is not None else None
+        return CallClaim(record.ended_reason, None, record.input_ms, record.bound, holder)
 
     async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         entry = self._entry(call_id)

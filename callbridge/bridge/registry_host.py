@@ -47,6 +47,7 @@ from typing import Any, ClassVar, Final
 
 from callbridge.bridge.registry import (
     ENDED_KEPT_MS,
+    CallClaim,
     CallRecord,
     CallRegistry,
     CallSignal,
@@ -82,7 +83,7 @@ _LEVELS: Final = "levels"
 _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
-        "get", "detach", "claim_ticket", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
+        "get", "detach", "claim_ticket", "claim_call", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
         "keep_note", "note", "signal", "admit", "remember_once", "forget", "hold", "release",
     }),
     _TOKENS: frozenset({"mint", "consume"}),
@@ -351,6 +352,10 @@ class HostedCallRegistry(CallRegistry):
     async def claim_ticket(self, call_id: str, expected: ResumeTicket | None = None) -> tuple[ResumeTicket | None, int]:
         claimed: tuple[ResumeTicket | None, int] = await self._call("claim_ticket", call_id, expected)
         return claimed
+
+    async def claim_call(self, call_id: str, unless_ended: bool) -> CallClaim:
+        claim: CallClaim = await self._call("claim_call", call_id, unless_ended)
+        return claim
 
     async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         await self._call("mark_bound", call_id, keep_ms, live)

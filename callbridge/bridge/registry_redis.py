@@ -15,7 +15,8 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
   with until when it counts: kept by the process holding it, released at its end, lapsed when that one died).
 
 A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
-one gets the engine session; Redis runs scripts atomically. So are a live ticket's update (only by its holder)
+one gets the engine session; Redis runs scripts atomically. A new stream's first look at its call is one too
+(``claim_call``: the ended reason, the ticket taken, else the record's holder: one round trip where it was three). So are a live ticket's update (only by its holder)
 and its claim (from a holder that will never detach).
 """
 
@@ -38,6 +39,7 @@ from redis.exceptions import RedisError
 from callbridge.bridge.registry import (
     ENDED_KEPT_MS,
     TOKEN_TTL_MS,
+    CallClaim,
     CallRecord,
     CallRegistry,
     CallSignal,
@@ -75,6 +77,22 @@ redis.call('HDEL', KEYS[1], 'ticket')
 return {ticket, input_ms}
 """
 """KEYS[1] the call's hash; ARGV[1] the expected ticket's JSON or ''. Returns {ticket JSON or '', input_ms}."""
+
+_CLAIM_CALL = """
+local ended = redis.call('HGET', KEYS[1], 'ended') or ''
+local input_ms = redis.call('HGET', KEYS[1], 'input_ms') or '0'
+if ended ~= '' and ARGV[1] == '1' then return {ended, '', input_ms, '', ''} end
+local ticket = redis.call('HGET', KEYS[1], 'ticket')
+if ticket then
+  redis.call('HDEL', KEYS[1], 'ticket')
+  return {ended, ticket, input_ms, '', ''}
+end
+local bound = redis.call('HGET', KEYS[1], 'bound') or ''
+local live = redis.call('HGET', KEYS[1], 'live') or ''
+return {ended, '', input_ms, bound, live}
+"""
+"""KEYS[1] the call's hash; ARGV[1] '1' where a call known over is not looked into. Returns {ended reason or '',
+the ticket's JSON or '' (taken), input_ms, bound ('1' or ''), the live ticket's JSON or ''}."""
 
 _DETACH = """
 local holder = redis.call('HGET', KEYS[1], 'holder')
@@ -167,6 +185,7 @@ class RedisCallRegistry(CallRegistry):
     def __init__(self, client: aioredis.Redis) -> None:
         self._redis = client
         self._claim: Any = client.register_script(_CLAIM)
+        self._claim_call: Any = client.register_script(_CLAIM_CALL)
         self._checkpoint: Any = client.register_script(_CHECKPOINT)
         self._detach: Any = client.register_script(_DETACH)
         self._admit: Any = client.register_script(_ADMIT)
@@ -203,6 +222,12 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("claim_ticket"):
             ticket, input_ms = await self._claim(keys=[self._key(call_id)], args=[wanted])
         return (_ticket(ticket) if ticket else None), int(input_ms)
+
+    async def claim_call(self, call_id: str, unless_ended: bool) -> CallClaim:
+        with _unavailable("claim_call"):
+            ended, ticket, input_ms, bound, live = await self._claim_call(keys=[self._key(call_id)], args=["1" if unless_ended else ""])
+        holder = LiveCall.from_dict(orjson.loads(live)).holder if live else None
+        return CallClaim(ended or None, _ticket(ticket) if ticket else None, int(input_ms), bool(bound), holder)
 
     async def mark_bound(self, call_id: str, keep_ms: int, live: LiveCall) -> None:
         key = self._key(call_id)

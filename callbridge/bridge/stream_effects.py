@@ -18,9 +18,9 @@ from callbridge.bridge.call_config import session_config
 from callbridge.bridge.call_setup import CallSetup, Rejection
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.fleet import LiveStream
-from callbridge.bridge.lifecycle_steps import RecordSeen, Rejected
+from callbridge.bridge.lifecycle_steps import Rejected
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.registry import LiveCall, SignalKind
+from callbridge.bridge.registry import CallClaim, LiveCall, SignalKind
 from callbridge.bridge.stream_services import StreamServices
 from callbridge.engine.errors import EngineError
 from callbridge.engine.port import DuplexSession, ResumeTicket
@@ -69,15 +69,8 @@ class StreamEffects:
     async def ended_reason(self) -> str | None:
         return await self.registry.ended_reason(self.call_id)
 
-    async def claim_ticket(self) -> tuple[ResumeTicket | None, int]:
-        return await self.registry.claim_ticket(self.call_id)
-
-    async def read_record(self) -> RecordSeen:
-        record = await self.registry.get(self.call_id)
-        if record is None:
-            return RecordSeen(bound=False, ended=False, live_holder=None)
-        holder = record.live.holder if record.live is not None else None
-        return RecordSeen(bound=record.bound, ended=record.ended_reason is not None, live_holder=holder)
+    async def claim_call(self, unless_ended: bool) -> CallClaim:
+        return await self.registry.claim_call(self.call_id, unless_ended)
 
     async def claim_live(self, holder: str) -> LiveCall | None:
         return await self.registry.claim_live(self.call_id, holder, self.holder)

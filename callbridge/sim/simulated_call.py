@@ -13,8 +13,8 @@ from callbridge.bridge.call_config import agent_setup
 from callbridge.bridge.call_outputs import BargeInFlushed, Observed, ToCarrier, ToEngine
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.lifecycle import BindSource, CallLifecycle
-from callbridge.bridge.lifecycle_steps import Held, RecordSeen, Rejected, do_steps
-from callbridge.bridge.registry import LiveCall
+from callbridge.bridge.lifecycle_steps import Held, Rejected, do_steps
+from callbridge.bridge.registry import CallClaim, LiveCall
 from callbridge.config import Settings
 from callbridge.engine.commands import CloseSession, EngineCommand
 from callbridge.engine.errors import EngineError
@@ -95,17 +95,17 @@ class _ModelEffects:
     async def ended_reason(self) -> str | None:
         return self.sim.registry.ended_reason
 
-    async def claim_ticket(self) -> tuple[ResumeTicket | None, int]:
-        registry = self.sim.registry
-        ticket, registry.ticket = registry.ticket, None
-        return ticket, registry.input_ms
-
-    async def read_record(self) -> RecordSeen:
+    async def claim_call(self, unless_ended: bool) -> CallClaim:
         sim, registry = self.sim, self.sim.registry
+        if unless_ended and registry.ended_reason is not None:
+            return CallClaim(registry.ended_reason, input_ms=registry.input_ms)
+        ticket, registry.ticket = registry.ticket, None
+        if ticket is not None:
+            return CallClaim(registry.ended_reason, ticket, registry.input_ms)
         if registry.bound and sim.crashed_at_ms is None and sim.half_open is None:  # the last ended unparked
             sim.violation("the registry says a stream holds the session; the last one ended without parking it")
         holder = registry.live.holder if registry.live is not None else None
-        return RecordSeen(bound=registry.bound, ended=registry.ended_reason is not None, live_holder=holder)
+        return CallClaim(registry.ended_reason, None, registry.input_ms, registry.bound, holder)
 
     async def claim_live(self, holder: str) -> LiveCall | None:
         registry = self.sim.registry

@@ -14,8 +14,8 @@ from callbridge.bridge.lifecycle import (
     BindSource,
     CallLifecycle,
     CheckToken,
+    ClaimCall,
     ClaimLive,
-    ClaimTicket,
     CloseDetached,
     CloseEngineSession,
     CloseLive,
@@ -27,7 +27,6 @@ from callbridge.bridge.lifecycle import (
     NudgeOldStream,
     Open,
     Park,
-    ReadRecord,
     Refuse,
     Resume,
     Step,
@@ -35,6 +34,7 @@ from callbridge.bridge.lifecycle import (
     TakeAnswerSession,
     WaitUntil,
 )
+from callbridge.bridge.registry import CallClaim
 from callbridge.engine.port import ResumeTicket
 
 pytestmark = pytest.mark.core
@@ -55,12 +55,23 @@ def started(*, token: bool = True, answer: bool = False, window_ms: int | None =
     return life
 
 
+FIRST_LOOK = ClaimCall(unless_ended=True)
+AGAIN = ClaimCall(unless_ended=False)
+
+
 def to_claim(life: CallLifecycle) -> None:
     assert steps(life) == [CheckToken()]
     life.token_checked(True)
-    assert steps(life) == [AskEnded()]
-    life.ended_is(None)
-    assert steps(life) == [ClaimTicket()]
+    assert steps(life) == [FIRST_LOOK]
+
+
+def ticket_taken(life: CallLifecycle, ticket: ResumeTicket, input_ms: int = 0, now_ms: int = 0) -> None:
+    life.call_claimed(CallClaim(ticket=ticket, input_ms=input_ms), now_ms)
+
+
+def none_parked(life: CallLifecycle, now_ms: int = 0, *, bound: bool = False, holder: str | None = None) -> None:
+    """The claim took no ticket; the record says whether a stream holds the session (and its live ticket's holder)."""
+    life.call_claimed(CallClaim(bound=bound, live_holder=holder), now_ms)
 
 
 def bound_live(life: CallLifecycle) -> Bind:
@@ -73,9 +84,7 @@ class TestBinding:
     def test_a_new_call_opens_a_session(self) -> None:
         life = started()
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=0)
-        assert steps(life) == [ReadRecord()]
-        life.record_read(bound=False, ended=False, now_ms=1)
+        none_parked(life)
         assert steps(life) == [Open()]
         life.opened()
         assert steps(life) == [] and bound_live(life) == Bind(BindSource.OPENED, "opened", 0, ())
@@ -84,9 +93,7 @@ class TestBinding:
     def test_the_session_opened_at_the_answer_is_taken(self) -> None:
         life = started(answer=True)
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=0)
-        steps(life)
-        life.record_read(bound=False, ended=False, now_ms=1)
+        none_parked(life)
         assert steps(life) == [TakeAnswerSession()]
         life.answer_session_taken(True)
         assert bound_live(life).source is BindSource.OPENED_AT_ANSWER
@@ -94,9 +101,7 @@ class TestBinding:
     def test_no_session_at_the_answer_opens_one(self) -> None:
         life = started(answer=True)
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=0)
-        steps(life)
-        life.record_read(bound=False, ended=False, now_ms=1)
+        none_parked(life)
         steps(life)
         life.answer_session_taken(False)
         assert steps(life) == [Open()]
@@ -104,7 +109,7 @@ class TestBinding:
     def test_a_parked_session_is_resumed_where_the_call_stood(self) -> None:
         life = started()
         to_claim(life)
-        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        ticket_taken(life, TICKET, 4_200, now_ms=0)
         assert steps(life) == [Resume(TICKET)]
         life.resumed()
         assert bound_live(life) == Bind(BindSource.RESUMED, "resumed", 4_200, TICKET.heard_ms)
@@ -115,7 +120,7 @@ class TestBinding:
         life = started()
         to_claim(life)
         parked = ResumeTicket("duplex-2", 0, "token", 0, "ws://gpu-b", at_answer=True)
-        life.ticket_claimed(parked, 0, now_ms=0)
+        ticket_taken(life, parked, 0, now_ms=0)
         assert steps(life) == [Resume(parked)]
         life.resumed()
         assert bound_live(life) == Bind(BindSource.OPENED_AT_ANSWER, "opened_at_answer", 0, ())
@@ -123,7 +128,7 @@ class TestBinding:
     def test_a_resume_that_fails_reopens_from_the_calls_start(self) -> None:
         life = started()
         to_claim(life)
-        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        ticket_taken(life, TICKET, 4_200, now_ms=0)
         steps(life)
         life.resume_failed("session_resume_expired")
         assert steps(life) == [Open()]
@@ -133,9 +138,7 @@ class TestBinding:
     def test_no_engine_plays_the_tone_and_hangs_the_call_up(self) -> None:
         life = started()
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=0)
-        steps(life)
-        life.record_read(bound=False, ended=False, now_ms=1)
+        none_parked(life)
         steps(life)
         life.open_failed("resource_exhausted")
         reason = "engine_unavailable:resource_exhausted"
@@ -152,8 +155,8 @@ class TestBinding:
 
     def test_a_call_already_over_is_refused(self) -> None:
         life = started(token=False)
-        assert steps(life) == [AskEnded()]
-        life.ended_is("caller_hung_up")
+        assert steps(life) == [FIRST_LOOK]
+        life.call_claimed(CallClaim("caller_hung_up"), now_ms=0)
         assert steps(life) == [Refuse(EndReason.CALL_ALREADY_ENDED)]
 
     def test_a_registry_that_cannot_be_asked_refuses_the_stream(self) -> None:
@@ -165,19 +168,15 @@ class TestBinding:
     def test_a_stream_still_detaching_is_nudged_and_waited_for(self) -> None:
         life = started()
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=1_000)
-        assert steps(life) == [ReadRecord()]
-        life.record_read(bound=True, ended=False, now_ms=1_001)
-        assert steps(life) == [NudgeOldStream(), WaitUntil(1_021)]  # told once that it is superseded
+        none_parked(life, 1_000, bound=True)
+        assert steps(life) == [NudgeOldStream(), WaitUntil(1_020)]  # told once that it is superseded
         life.waited()
-        assert steps(life) == [ClaimTicket()]
-        life.ticket_claimed(None, 0, now_ms=1_021)
-        steps(life)
-        life.record_read(bound=True, ended=False, now_ms=1_022)
-        assert steps(life) == [WaitUntil(1_042)]
+        assert steps(life) == [AGAIN]
+        none_parked(life, 1_021, bound=True)
+        assert steps(life) == [WaitUntil(1_041)]
         life.waited()
         steps(life)
-        life.ticket_claimed(TICKET, 900, now_ms=1_060)  # its detach came
+        ticket_taken(life, TICKET, 900, now_ms=1_060)  # its detach came
         assert steps(life) == [Resume(TICKET)] and life.waited_ms == 60
 
     def test_a_mark_left_by_a_dead_process_costs_the_wait_once(self) -> None:
@@ -187,21 +186,31 @@ class TestBinding:
         step, now = self._wait_for_a_holder(life, holder=None)
         assert step == Open() and now == DETACH_WAIT_MS and life.waited_ms is None
 
+    def test_a_call_over_while_it_waits_is_not_refused_but_not_waited_for_either(self) -> None:
+        """Only the first look refuses a call known over; a later one that finds it over waits no more (a new
+        session, which the stream's own end, on its way, closes)."""
+        life = started()
+        to_claim(life)
+        none_parked(life, 0, bound=True)
+        assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
+        life.waited()
+        assert steps(life) == [AGAIN]
+        life.call_claimed(CallClaim("caller_hung_up"), DETACH_POLL_MS)
+        assert steps(life) == [Open()]
+
     @staticmethod
     def _wait_for_a_holder(life: CallLifecycle, *, holder: str | None) -> tuple[Step | None, int]:
         """Claims that find nothing and records that name a bound stream (``holder``: its live ticket), until the
         lifecycle asks for something else than waiting; that step and the time it came."""
         now = 0
-        life.ticket_claimed(None, 0, now_ms=now)
+        none_parked(life, now, bound=True, holder=holder)
         while True:
             step = life.next_step()
-            if isinstance(step, ReadRecord):
-                life.record_read(bound=True, ended=False, now_ms=now, live_holder=holder)
-            elif isinstance(step, WaitUntil):
+            if isinstance(step, WaitUntil):
                 now = step.at_ms
                 life.waited()
-            elif isinstance(step, ClaimTicket):
-                life.ticket_claimed(None, 0, now_ms=now)
+            elif step == AGAIN:
+                none_parked(life, now, bound=True, holder=holder)
             elif isinstance(step, NudgeOldStream):
                 continue
             else:
@@ -213,9 +222,7 @@ class TestBinding:
         that died) and whatever was parked, and closes the session rather than leave it to the engine's grace."""
         life = started()
         to_claim(life)
-        life.ticket_claimed(None, 0, now_ms=0)
-        assert steps(life) == [ReadRecord()]
-        life.record_read(bound=True, ended=False, now_ms=0, live_holder="proc-a:MZ1")
+        none_parked(life, 0, bound=True, holder="proc-a:MZ1")
         assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
         life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         expected = [CloseLive("proc-a:MZ1", "caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
@@ -238,8 +245,8 @@ class TestBinding:
         to_claim(life)
         step, now = self._wait_for_a_holder(life, holder="proc-a:MZ1")
         life.live_claimed(None, 0, now_ms=now)  # it detached (or another stream took it) first
-        assert steps(life) == [ClaimTicket()]
-        life.ticket_claimed(TICKET, 900, now_ms=now + 1)
+        assert steps(life) == [AGAIN]
+        ticket_taken(life, TICKET, 900, now_ms=now + 1)
         assert steps(life) == [Resume(TICKET)]
         life.resumed()
         assert life.bound is not None and life.bound.source is BindSource.RESUMED and life.bound.call_offset_ms == 900
@@ -265,7 +272,7 @@ class TestEndedWhileBinding:
     def in_hand(self) -> CallLifecycle:
         life = started()
         to_claim(life)
-        life.ticket_claimed(TICKET, 4_200, now_ms=0)
+        ticket_taken(life, TICKET, 4_200, now_ms=0)
         steps(life)
         life.resumed()
         return life
@@ -290,7 +297,7 @@ class TestEnding:
     def bound(self, *, window_ms: int | None = None, answer: bool = False) -> CallLifecycle:
         life = started(window_ms=window_ms, answer=answer)
         to_claim(life)
-        life.ticket_claimed(TICKET, 0, now_ms=0)
+        ticket_taken(life, TICKET, 0, now_ms=0)
         steps(life)
         life.resumed()
         bound_live(life)
@@ -349,7 +356,7 @@ class TestEnding:
         life = started(answer=True)
         steps(life)
         life.token_checked(True)
-        assert steps(life) == [AskEnded()]
+        assert steps(life) == [FIRST_LOOK]
         life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         assert steps(life) == [DiscardAnswerSession("caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert life.next_step() is None

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from callbridge.bridge.registry import (
+    CallClaim,
     CallRegistry,
     LiveCall,
     MemoryCallRegistry,
@@ -243,6 +244,7 @@ async def test_an_unreachable_redis_is_registry_unavailable() -> None:
             "get": registry.get("CA1"),
             "detach": registry.detach("CA1", TICKET, 0, GRACE_MS),
             "claim_ticket": registry.claim_ticket("CA1"),
+            "claim_call": registry.claim_call("CA1", unless_ended=True),
             "mark_ended": registry.mark_ended("CA1", "x"),
             "ended_reason": registry.ended_reason("CA1"),
             "mint": tokens.mint("CA1"),
@@ -348,6 +350,32 @@ async def test_a_live_ticket_is_taken_once_from_the_holder_it_names(backend: Bac
     await b.mark_bound("CA-crash", 60_000, replace(LIVE, holder=winner))
     record = await a.get("CA-crash")
     assert record is not None and record.bound and record.holder == winner
+
+
+async def test_a_new_streams_one_claim_takes_the_ticket_or_names_the_holder(backend: Backend) -> None:
+    """``claim_call``: a stream's look at its call in one round trip — nothing for a call unknown; the ticket taken
+    once, with the call's timeline; no ticket: whether a stream holds the session, and whose live ticket it left."""
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    assert await a.claim_call("CA-one", unless_ended=True) == CallClaim()
+    await a.detach("CA-one", TICKET, 1_200, 60_000)
+    claims = await asyncio.gather(a.claim_call("CA-one", unless_ended=True), b.claim_call("CA-one", unless_ended=True))
+    assert sorted(claims, key=lambda claim: claim.ticket is None) == [CallClaim(None, TICKET, 1_200), CallClaim(None, None, 1_200)]
+    await a.mark_bound("CA-one", 60_000, LIVE)
+    assert await b.claim_call("CA-one", unless_ended=False) == CallClaim(None, None, 1_200, bound=True, live_holder=LIVE.holder)
+    assert await b.claim_live("CA-one", LIVE.holder, by="proc-b:MZ2") == LIVE
+    assert await a.claim_call("CA-one", unless_ended=False) == CallClaim(None, None, 1_200)  # taken: no holder left
+
+
+async def test_a_claim_of_a_call_known_over_takes_nothing_unless_asked_to(backend: Backend) -> None:
+    """The first look (``unless_ended``) stops at the end; a later one (a stream already waiting) still takes a
+    ticket parked after the end, as ``claim_ticket`` does, and sees the end beside it."""
+    registry, _ = await backend.view()
+    await registry.mark_ended("CA-over", "caller_hung_up")
+    await registry.detach("CA-over", TICKET, 700, 60_000)  # a late park: the end is kept
+    assert await registry.claim_call("CA-over", unless_ended=True) == CallClaim("caller_hung_up", input_ms=700)
+    assert await registry.claim_call("CA-over", unless_ended=False) == CallClaim("caller_hung_up", TICKET, 700)
+    assert await registry.claim_call("CA-over", unless_ended=False) == CallClaim("caller_hung_up", None, 700)
 
 
 async def test_a_bind_drops_a_ticket_left_from_before(backend: Backend) -> None:

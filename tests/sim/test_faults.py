@@ -16,6 +16,7 @@ from callbridge.bridge.call import CallSession
 from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.inbound import MESSAGE_BURST, MESSAGES_PER_S, MessageBucket
 from callbridge.bridge.lifecycle import CallLifecycle, CloseWaiting, StreamFacts
+from callbridge.bridge.registry import CallClaim
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.compiled import compiled_modules
 from callbridge.engine.commands import CreateTextItem, EngineCommand
@@ -206,22 +207,22 @@ class TestPlantedBugsAreCaught:
         assert "without parking it" in first_violation(range(100)).what
 
     def test_a_parked_session_left_behind_for_a_new_one(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        original = CallLifecycle.ticket_claimed
+        original = CallLifecycle.call_claimed
 
-        def ignoring(life: CallLifecycle, ticket: Any, offset_ms: int, now_ms: int) -> None:
-            original(life, None, offset_ms, now_ms)  # the ticket taken, then never resumed
+        def ignoring(life: CallLifecycle, claim: CallClaim, now_ms: int) -> None:
+            original(life, replace(claim, ticket=None), now_ms)  # the ticket taken, then never resumed
 
-        monkeypatch.setattr(CallLifecycle, "ticket_claimed", ignoring)
+        monkeypatch.setattr(CallLifecycle, "call_claimed", ignoring)
         assert "second engine session while the call's first is still detached" in first_violation(range(100)).what
 
     def test_a_crashed_bridges_call_reopened_instead_of_taken_over(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """The failure as it was: a stream whose call a dead process held waited, then opened a new session."""
-        original = CallLifecycle.record_read
+        original = CallLifecycle.call_claimed
 
-        def blind(life: CallLifecycle, *, bound: bool, ended: bool, now_ms: int, live_holder: str | None = None) -> None:
-            original(life, bound=bound, ended=ended, now_ms=now_ms)  # the live ticket not seen
+        def blind(life: CallLifecycle, claim: CallClaim, now_ms: int) -> None:
+            original(life, replace(claim, live_holder=None), now_ms)  # the live ticket not seen
 
-        monkeypatch.setattr(CallLifecycle, "record_read", blind)
+        monkeypatch.setattr(CallLifecycle, "call_claimed", blind)
         caught = first_violation(range(100)).what  # seen as it binds, or as it opens beside the detached session
         assert "not resumed from its live ticket" in caught or "second engine session while the call's first is still detached" in caught
 
