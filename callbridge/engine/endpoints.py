@@ -25,7 +25,8 @@ Plan:
   a failed health probe) eject it; a session lost past its resume window
   (``connection_failed``) ejects it at once, since the server was unreachable
   all that time. Any successful open or resume resets the count.
-- Probes: every endpoint is probed every ``probe_interval_ms`` (an ejected one
+- Probes: every endpoint is probed every ``probe_interval_ms``, first as the
+  pool starts serving (``probe_all_now``) (an ejected one
   first ``probe_interval_ms`` after its ejection, then with the interval
   doubling up to ``probe_backoff_max_ms``); a probe that passes brings an
   ejected endpoint back. A passing probe does not clear a healthy endpoint's
@@ -229,6 +230,12 @@ class EndpointSet:
             self._eject(endpoint, now_ms)
             return True
         return False
+
+    def probe_all_now(self, now_ms: int) -> None:
+        """Probe every endpoint now, then on its routine (the pool starts serving and knows nothing of them yet:
+        a server nobody listens for is then found dead ``eject_after_failures - 1`` intervals from the start)."""
+        for endpoint in self._endpoints.values():
+            endpoint.next_probe_ms = min(endpoint.next_probe_ms, now_ms)
 
     def due_probes(self, now_ms: int) -> list[str]:
         """The endpoints to probe now; each is marked in flight until ``probe_done``."""

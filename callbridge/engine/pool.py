@@ -267,9 +267,13 @@ class EnginePool(DuplexEngine):
     # --------------------------------------------------------------- probes
 
     def start(self) -> None:
-        """Begin the health probes (in the running event loop). Optional: the first ``open`` or ``resume``
-        begins them too; ``aclose`` ends them."""
+        """Begin the health probes (in the running event loop), each endpoint's first at once: at the shipped 5 s
+        and 3 failures, ``/readyz`` says ``no_engine`` about 10 s after the start where no engine answers (15 s
+        when the first waited an interval). Optional: the first ``open`` or ``resume`` begins them too (on
+        their routine); ``aclose`` ends them."""
+        self.endpoints.probe_all_now(_now_ms())
         self._ensure_prober()
+        self._wake.set()  # a prober already waiting (an open began it) probes now
 
     def _ensure_prober(self) -> None:
         if self._prober is None or self._prober.done():

@@ -111,6 +111,15 @@ class TestHealth:
         assert endpoints.candidates(now_ms) == [B, A]  # in again; B was picked less recently
         assert endpoints.next_deadline_ms() == now_ms + 1000  # back to routine checks
 
+    def test_a_pool_that_starts_probes_at_once_and_finds_a_dead_endpoint_two_intervals_later(self) -> None:
+        """#40: the first probe waited an interval, so a dead engine was found three intervals after the start."""
+        endpoints = endpoint_set(A, eject_after=3)
+        endpoints.probe_all_now(0)
+        for now_ms in (0, 1000, 2000):
+            assert endpoints.due_probes(now_ms) == [A]
+            endpoints.probe_done(A, False, now_ms)
+        assert health(endpoints, A) is EndpointHealth.EJECTED
+
     def test_failed_health_checks_eject_a_healthy_endpoint_nobody_calls(self) -> None:
         endpoints = endpoint_set(A, eject_after=2)
         endpoints.due_probes(1000)
