@@ -64,7 +64,8 @@ TAKEOVER_AFTER_MS: Final = 300
 """How long a new stream waits for the ticket of a stream that still holds the call's session before it takes the
 session from that stream's live ticket. A stream whose process is alive detaches within milliseconds of being told
 it is superseded (the carrier has reconnected: its socket is gone or half-open); one that has not by now is taken
-for dead (SIGKILL, a crash, a host gone). A live process that is only slow loses the session to the new stream
+for dead (a host gone, a process stalled). One whose process is known dead (it no longer listens for signals:
+SIGKILL, a crash) is not waited for at all. A live process that is only slow loses the session to the new stream
 (the engine tells its old socket ``session.replaced``) and ends its stream quietly."""
 DETACH_POLL_MS: Final = 20
 
@@ -115,7 +116,11 @@ class ClaimLive:
 @dataclass(frozen=True, slots=True)
 class NudgeOldStream:
     """Tell the stream that still holds the session (here, or by a signal to another process) that it is
-    superseded: it may not know its socket is gone (half-open). Nothing to answer."""
+    superseded: it may not know its socket is gone (half-open). Answer ``old_stream_nudged``: whether its process
+    is known gone (it no longer listens for signals: killed, crashed)."""
+
+    holder: str | None
+    """The stream that holds the session, where it left a live ticket (``LiveCall.holder``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +280,7 @@ class _Phase(enum.Enum):
     DONE = "done"
 
 
-_ANSWERED: Final = (CheckToken, AskEnded, ClaimCall, ClaimLive, WaitUntil, TakeAnswerSession, Resume, Open, Park)
+_ANSWERED: Final = (CheckToken, AskEnded, ClaimCall, ClaimLive, NudgeOldStream, WaitUntil, TakeAnswerSession, Resume, Open, Park)
 """Steps that wait for an answer (the input named in their docstring) before the next step."""
 
 
@@ -414,10 +419,19 @@ class CallLifecycle:
             self._steps.append(ClaimLive(live_holder))
         elif now_ms >= self._wait_until_ms:
             self._new_session()
+        elif not self._nudged:  # the old stream may not know its connection dropped (half-open): tell it
+            self._nudged = True
+            self._steps.append(NudgeOldStream(self._live_holder))
         else:
-            if not self._nudged:  # the old stream may not know its connection dropped (half-open): tell it
-                self._nudged = True
-                self._steps.append(NudgeOldStream())
+            self._steps.append(WaitUntil(now_ms + DETACH_POLL_MS))
+
+    def old_stream_nudged(self, *, gone: bool, now_ms: int) -> None:
+        """The holder was told. ``gone``: its process is known dead (no detach will come): its session is taken
+        from its live ticket now, not ``TAKEOVER_AFTER_MS`` later. Else wait for its detach."""
+        self._answered(NudgeOldStream)
+        if gone and self._live_holder is not None:
+            self._steps.append(ClaimLive(self._live_holder))
+        else:
             self._steps.append(WaitUntil(now_ms + DETACH_POLL_MS))
 
     def live_claimed(self, ticket: ResumeTicket | None, input_ms: int, now_ms: int) -> None:

@@ -95,8 +95,9 @@ class LifecycleEffects(Protocol[S]):
         """The live ticket of ``holder`` taken for this stream; None when ``holder`` no longer holds the call."""
         ...
 
-    async def nudge_old_stream(self) -> None:
-        """Tell the stream that holds the call (here, or in another process) that it is superseded."""
+    async def nudge_old_stream(self, holder: str | None) -> bool:
+        """Tell the stream that holds the call (here, or in another process) that it is superseded; whether
+        ``holder``'s process is known gone (it no longer listens: no detach will come)."""
         ...
 
     async def sleep_until(self, at_ms: int) -> None: ...
@@ -157,8 +158,11 @@ async def do_steps(life: CallLifecycle, effects: LifecycleEffects[S], held: Held
                     if live is not None:
                         log.info("live_ticket_claimed", holder=holder, session_id=live.ticket.session_id)
                     life.live_claimed(live.ticket if live else None, live.input_ms if live else 0, effects.now_ms())
-                case NudgeOldStream():
-                    await effects.nudge_old_stream()
+                case NudgeOldStream(holder):
+                    gone = await effects.nudge_old_stream(holder)
+                    if gone:
+                        log.info("stream_holder_gone", holder=holder)
+                    life.old_stream_nudged(gone=gone, now_ms=effects.now_ms())
                 case WaitUntil(at_ms):
                     await effects.sleep_until(at_ms)
                     life.waited()

@@ -254,6 +254,12 @@ class CallRegistry(abc.ABC):
         backend: it logs, waits and listens again."""
 
     @abc.abstractmethod
+    async def listening(self, process_id: str) -> bool:
+        """Whether the process ``process_id`` listens for signals now (``listen``): its connection to the backend
+        is open. A process that died (killed, crashed) stops at once, its kernel closing its sockets; one whose host
+        vanished (power, network) is still counted until the backend's connection to it times out."""
+
+    @abc.abstractmethod
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         """Count the call among the calls every process sharing this registry holds, if fewer than ``limit`` are
         (atomically: of N+k processes admitting at once against N, N succeed); a call counted already is
@@ -536,6 +542,9 @@ class MemoryCallRegistry(CallRegistry):
         for process_id, queue in self._listeners:
             if process_id != signal.origin:
                 queue.put_nowait(signal)
+
+    async def listening(self, process_id: str) -> bool:
+        return any(listener == process_id for listener, _ in self._listeners)
 
     async def listen(self, process_id: str) -> AsyncIterator[CallSignal]:
         listener = (process_id, asyncio.Queue[CallSignal]())

@@ -84,7 +84,7 @@ _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
         "get", "detach", "claim_ticket", "claim_call", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
-        "keep_note", "note", "signal", "admit", "remember_once", "forget", "hold", "release",
+        "keep_note", "note", "signal", "listening", "admit", "remember_once", "forget", "hold", "release",
     }),
     _TOKENS: frozenset({"mint", "consume"}),
 }  # fmt: skip
@@ -386,6 +386,9 @@ class HostedCallRegistry(CallRegistry):
 
     async def signal(self, signal: CallSignal) -> None:
         await self._call("signal", signal)
+
+    async def listening(self, process_id: str) -> bool:
+        return bool(await self._call("listening", process_id))
 
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         return bool(await self._call("admit", call_id, limit, hold_ms))

@@ -10,7 +10,9 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
   ``GETDEL``, so a token lets in one stream even when two processes race for it.
 - ``callbridge:counts:{call_id}``: a hash of the call's counters (``HINCRBY``: atomic), TTL the ``keep_ms`` of
   the last count.
-- ``callbridge:signals``: the pub/sub channel of ``CallSignal`` (JSON), one subscription per process.
+- ``callbridge:signals``: the pub/sub channel of ``CallSignal`` (JSON), one subscription per process; beside it on
+  the same connection ``callbridge:process:{process_id}``, on which nothing is sent: its subscriber count says
+  whether that process is alive (``listening``).
 - ``callbridge:admitted``: with ``server.max_calls_fleet``, the calls the fleet holds (a sorted set, each scored
   with until when it counts: kept by the process holding it, released at its end, lapsed when that one died).
 
@@ -146,6 +148,12 @@ return live
 """
 """KEYS[1] the call's hash; ARGV[1] the holder it is taken from, ARGV[2] the stream that takes it. Returns the
 ``LiveCall`` JSON, or ''."""
+
+
+def _process_channel(process_id: str) -> str:
+    """A channel only ``process_id`` subscribes to, as long as it listens: nothing is sent on it, but Redis counts
+    its subscriber (``listening``) and drops it the moment the process's connection closes."""
+    return f"{_PREFIX}process:{process_id}"
 
 
 @contextmanager
@@ -312,6 +320,11 @@ class RedisCallRegistry(CallRegistry):
         with _unavailable("signal"):
             await self._redis.publish(_SIGNALS, message)
 
+    async def listening(self, process_id: str) -> bool:
+        with _unavailable("listening"):
+            ((_, subscribers),) = await self._redis.pubsub_numsub(_process_channel(process_id))
+        return int(subscribers) > 0
+
     async def listen(self, process_id: str) -> AsyncIterator[CallSignal]:
         """One subscription to ``callbridge:signals``; when Redis drops it, subscribe again (what was sent
         meanwhile is missed: the call records hold what must not be)."""
@@ -319,7 +332,7 @@ class RedisCallRegistry(CallRegistry):
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(_SIGNALS)
+                await pubsub.subscribe(_SIGNALS, _process_channel(process_id))  # the second: that it listens
                 if lost:
                     log.info("registry_signals_restored")
                     lost = False

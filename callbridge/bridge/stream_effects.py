@@ -20,7 +20,7 @@ from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.fleet import LiveStream
 from callbridge.bridge.lifecycle_steps import Rejected
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.registry import CallClaim, LiveCall, SignalKind
+from callbridge.bridge.registry import CallClaim, LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.stream_services import StreamServices
 from callbridge.engine.errors import EngineError
 from callbridge.engine.port import DuplexSession, ResumeTicket
@@ -75,12 +75,21 @@ class StreamEffects:
     async def claim_live(self, holder: str) -> LiveCall | None:
         return await self.registry.claim_live(self.call_id, holder, self.holder)
 
-    async def nudge_old_stream(self) -> None:
+    async def nudge_old_stream(self, holder: str | None) -> bool:
         old = self.services.live_streams.get(self.call_id)
-        if old is None:
-            await self.services.send_signal(self.call_id, SignalKind.STREAM_SUPERSEDED, "")
-        elif old is not self.stream:
-            self.services.spawn(old.superseded())
+        if old is not None:
+            if old is not self.stream:
+                self.services.spawn(old.superseded())
+            return False
+        await self.services.send_signal(self.call_id, SignalKind.STREAM_SUPERSEDED, "")
+        process_id = holder.partition(":")[0] if holder is not None else self.services.process_id
+        if process_id == self.services.process_id:
+            return False  # here, and alive: its end parks what it holds
+        try:
+            return not await self.registry.listening(process_id)
+        except RegistryUnavailable as exc:  # not known gone: waited for, as before this was asked
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            return False
 
     async def sleep_until(self, at_ms: int) -> None:
         await asyncio.sleep(max(0, at_ms - monotonic_ms()) / 1000)

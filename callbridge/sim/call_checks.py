@@ -15,7 +15,13 @@ from callbridge.engine.commands import AckPlayback, CloseSession, EngineCommand,
 from callbridge.engine.local.agents import OUTPUT_RATE_HZ
 from callbridge.engine.local.core import LocalSessionCore, SessionState
 from callbridge.sim.fault_models import CarrierModel, EngineServerModel, RegistryModel
-from callbridge.sim.fault_plan import RESTORE_BOUND_MS, TAKEOVER_BOUND_MS, TONE_BOUND_MS, FaultPlan
+from callbridge.sim.fault_plan import (
+    KILLED_TAKEOVER_BOUND_MS,
+    RESTORE_BOUND_MS,
+    TAKEOVER_BOUND_MS,
+    TONE_BOUND_MS,
+    FaultPlan,
+)
 
 __all__ = ["CheckedCall", "ResumeExpected", "check_carrier_not_blamed", "check_command", "check_end", "check_step"]
 
@@ -161,7 +167,7 @@ def check_end(sim: CheckedCall) -> None:
 
 class ResumeExpected:
     """What the call's next stream must bind, after how the last one ended: a crashed bridge's call taken over from
-    its live ticket, at once (``TAKEOVER_BOUND_MS``); a half-open stream's, or a drained process's, resumed from what
+    its live ticket, at once (``TAKEOVER_BOUND_MS``; ``KILLED_TAKEOVER_BOUND_MS`` where its process is known dead); a half-open stream's, or a drained process's, resumed from what
     it parked — unless the session's server died, or the registry lost the session (``orphaned``: a new one beside
     it is no violation then)."""
 
@@ -183,7 +189,8 @@ class ResumeExpected:
             self.taking_over = False
             if not sim.session_lost and not unnamed and bind.source is not BindSource.TAKEN_OVER:
                 sim.violation(f"the call of a crashed bridge was bound {bind.detail}, not resumed from its live ticket")
-            if sim.now_ms - started_at_ms > TAKEOVER_BOUND_MS:
+            bound_ms = KILLED_TAKEOVER_BOUND_MS if sim.plan.crash_closes_sockets else TAKEOVER_BOUND_MS
+            if sim.now_ms - started_at_ms > bound_ms:
                 sim.violation(f"the call of a crashed bridge waited {sim.now_ms - started_at_ms} ms for its session")
         if self.half_open:  # the superseded stream parked its session: this one resumes it
             self.half_open = False

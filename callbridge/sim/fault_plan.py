@@ -16,6 +16,7 @@ __all__ = [
     "FRAME_MS",
     "GIVE_UP_MS",
     "RESTORE_BOUND_MS",
+    "KILLED_TAKEOVER_BOUND_MS",
     "TAKEOVER_BOUND_MS",
     "TONE_BOUND_MS",
     "CallsPlan",
@@ -40,6 +41,8 @@ RESTORE_BOUND_MS: Final = CHECKPOINT_MS + CHECKPOINT_POLL_MS
 """The registry lost a live call's record → its stream's checkpoint has written it anew."""
 TAKEOVER_BOUND_MS: Final = TAKEOVER_AFTER_MS + 100
 """A crashed bridge's call, resumed on the next stream: from that stream's start to its session in hand."""
+KILLED_TAKEOVER_BOUND_MS: Final = 100
+"""The same where the crashed process's sockets closed with it (killed: it no longer listens): not waited for."""
 
 
 class Violation(AssertionError):
@@ -96,6 +99,13 @@ class FaultPlan:
     assistant: AssistantConfig | None = None
     """What the call's application chose for it, bound as the server binds it (``call_config.agent_setup``): a
     greeting on a new session (one the caller may not cut, at times), a recording, a silence prompt and goodbye."""
+
+    @property
+    def crash_closes_sockets(self) -> bool:
+        """The crash is a process's (SIGKILL: its kernel closes its sockets, so it stops listening at once), not a
+        host's that vanished (its connections open until they time out). Half of the crashes each, by their time
+        (a multiple of 20 ms), so that the seeds' draws stay as they were."""
+        return self.bridge_crashes_at_ms is not None and self.bridge_crashes_at_ms % 40 == 0
 
     def stalled_ms(self, start_ms: int, end_ms: int) -> int:
         """How long the bridge process did not run (``process_stall``) between ``start_ms`` and ``end_ms``: a bound

@@ -114,8 +114,10 @@ class _ModelEffects:
             registry.live, registry.bound = None, False
         return live
 
-    async def nudge_old_stream(self) -> None:
-        self.sim._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
+    async def nudge_old_stream(self, holder: str | None) -> bool:
+        sim = self.sim
+        sim._supersede_half_open()  # a half-open stream detaches; a dead process answers nothing
+        return holder is not None and holder == sim._dead_holder and sim.plan.crash_closes_sockets  # it listens no more
 
     async def sleep_until(self, at_ms: int) -> None:
         await Wake(at_ms)

@@ -15,7 +15,7 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
@@ -120,6 +120,25 @@ async def test_a_signal_reaches_every_other_process_and_not_its_sender(backend: 
         await _stop(tasks)
     assert set(heard["b"]) == {signal, ended} and set(heard["c"]) == {signal}
     assert heard["a"] == [ended]
+
+
+async def test_a_process_is_listening_while_its_listener_runs_and_not_after(backend: Backend) -> None:
+    """``listening``: how a new stream knows that the process holding its call is gone (killed: its connection to
+    the registry closed with it), so that it takes the call over at once rather than wait for a detach."""
+    a, _ = await backend.view()
+    b, _ = await backend.view()
+    assert not await a.listening("b")
+    _, tasks = await _listening({"b": b})
+    try:
+        await until(lambda: a.listening("b"))  # a subscription begins when its listener first waits
+        assert not await a.listening("c")
+    finally:
+        await _stop(tasks)
+    await until(lambda: _not(a.listening("b")))
+
+
+async def _not(answer: Awaitable[bool]) -> bool:
+    return not await answer
 
 
 async def test_a_stranger_on_the_channel_is_skipped(redis_url: str) -> None:

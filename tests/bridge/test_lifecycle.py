@@ -169,7 +169,9 @@ class TestBinding:
         life = started()
         to_claim(life)
         none_parked(life, 1_000, bound=True)
-        assert steps(life) == [NudgeOldStream(), WaitUntil(1_020)]  # told once that it is superseded
+        assert steps(life) == [NudgeOldStream(None)]  # told once that it is superseded
+        life.old_stream_nudged(gone=False, now_ms=1_000)
+        assert steps(life) == [WaitUntil(1_020)]
         life.waited()
         assert steps(life) == [AGAIN]
         none_parked(life, 1_021, bound=True)
@@ -192,16 +194,19 @@ class TestBinding:
         life = started()
         to_claim(life)
         none_parked(life, 0, bound=True)
-        assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
+        assert steps(life) == [NudgeOldStream(None)]
+        life.old_stream_nudged(gone=False, now_ms=0)
+        assert steps(life) == [WaitUntil(DETACH_POLL_MS)]
         life.waited()
         assert steps(life) == [AGAIN]
         life.call_claimed(CallClaim("caller_hung_up"), DETACH_POLL_MS)
         assert steps(life) == [Open()]
 
     @staticmethod
-    def _wait_for_a_holder(life: CallLifecycle, *, holder: str | None) -> tuple[Step | None, int]:
-        """Claims that find nothing and records that name a bound stream (``holder``: its live ticket), until the
-        lifecycle asks for something else than waiting; that step and the time it came."""
+    def _wait_for_a_holder(life: CallLifecycle, *, holder: str | None, gone: bool = False) -> tuple[Step | None, int]:
+        """Claims that find nothing and records that name a bound stream (``holder``: its live ticket; ``gone``:
+        its process known dead), until the lifecycle asks for something else than waiting; that step and the time
+        it came."""
         now = 0
         none_parked(life, now, bound=True, holder=holder)
         while True:
@@ -212,7 +217,8 @@ class TestBinding:
             elif step == AGAIN:
                 none_parked(life, now, bound=True, holder=holder)
             elif isinstance(step, NudgeOldStream):
-                continue
+                assert step.holder == holder
+                life.old_stream_nudged(gone=gone, now_ms=now)
             else:
                 return step, now
 
@@ -223,7 +229,9 @@ class TestBinding:
         life = started()
         to_claim(life)
         none_parked(life, 0, bound=True, holder="proc-a:MZ1")
-        assert steps(life) == [NudgeOldStream(), WaitUntil(DETACH_POLL_MS)]
+        assert steps(life) == [NudgeOldStream("proc-a:MZ1")]
+        life.old_stream_nudged(gone=False, now_ms=0)
+        assert steps(life) == [WaitUntil(DETACH_POLL_MS)]
         life.stream_ended(StreamFacts(call_over=True, end_reason=EndCause.of("caller_hung_up"), detach=False), session_closed=True)
         expected = [CloseLive("proc-a:MZ1", "caller_hung_up"), CloseWaiting("caller_hung_up"), MarkEnded("caller_hung_up")]
         assert steps(life) == expected
@@ -239,6 +247,23 @@ class TestBinding:
         assert steps(life) == [Resume(TICKET)] and life.waited_ms == TAKEOVER_AFTER_MS
         life.resumed()
         assert life.bound == Bind(BindSource.TAKEN_OVER, "taken_over", 3_400, TICKET.heard_ms)
+
+    def test_a_holder_whose_process_is_known_dead_is_taken_over_at_once(self) -> None:
+        """#40: its process no longer listens (killed: its sockets closed with it): no detach will come, and the
+        session is taken from its live ticket as soon as that is known, not ``TAKEOVER_AFTER_MS`` later."""
+        life = started()
+        to_claim(life)
+        step, now = self._wait_for_a_holder(life, holder="proc-a:MZ1", gone=True)
+        assert step == ClaimLive("proc-a:MZ1") and now == 0
+        life.live_claimed(TICKET, 3_400, now_ms=now)
+        assert steps(life) == [Resume(TICKET)] and life.waited_ms == 0
+
+    def test_a_mark_without_a_live_ticket_is_waited_for_even_where_its_process_is_gone(self) -> None:
+        """Nothing to take it over from: the wait, then a new session, as before."""
+        life = started()
+        to_claim(life)
+        step, now = self._wait_for_a_holder(life, holder=None, gone=True)
+        assert step == Open() and now == DETACH_WAIT_MS
 
     def test_a_holder_that_detaches_as_it_is_taken_over_leaves_its_ticket_to_claim(self) -> None:
         life = started()
