@@ -83,8 +83,9 @@ class ServerSettings(Section):
     cpu_budget_percent: Annotated[float, Field(ge=0, le=400)] = 85.0
     """A new call is refused when the process, carrying every call it holds and that one, would use more than this
     share of one core: past it every call on the process would fall behind real time. A carried call's cost is
-    measured (the use over the calls carried, both smoothed over 5 s); while few calls have been, it leans on a guess,
-    ``cpu_budget_percent / max_calls``. Calls coming back are still admitted. 0: no CPU budget."""
+    measured (the use over the calls carried, both smoothed over 5 s); while few calls have been, it leans on a guess:
+    ``max_calls`` calls fill what the budget leaves beside the process's own use. ``max_calls`` is checked first (the
+    reason logged and counted is the first limit reached). Calls coming back are still admitted. 0: no CPU budget."""
     generic_media_requires_token: bool = True
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless a
     carrier's own credentials admit them (``Carrier.generic_upgrade``). Switch off only where the network admits nothing but your carriers."""

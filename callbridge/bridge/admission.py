@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["AdmissionBook", "Refusal"]
 
+_ROUNDING_PERCENT = 1e-6
+"""A projection that fills the budget exactly (``max_calls`` calls at the guess) is within it, whatever the float's
+last digit says."""
+
 
 class Refusal(enum.Enum):
     """Why a call was not admitted (the ``callbridge_admission_refused_total`` label)."""
@@ -41,10 +45,10 @@ class AdmissionBook:
         """Admit ``call_id`` and hold its slot, or say why not. A call held or bridged already is taken again."""
         if call_id in self.bridged or call_id in self.admitted:
             return None
-        if self.cpu_budget_percent and cpu_percent > self.cpu_budget_percent:
-            return Refusal.CPU_BUDGET
-        if self.held(now) >= self.max_calls:
+        if self.held(now) >= self.max_calls:  # first: where both refuse, the configured limit is the reason
             return Refusal.MAX_CALLS
+        if self.cpu_budget_percent and cpu_percent > self.cpu_budget_percent + _ROUNDING_PERCENT:
+            return Refusal.CPU_BUDGET
         if call_id:
             self.admitted[call_id] = now + self.hold_s
         return None

@@ -283,9 +283,9 @@ class AnswerDesk:
         if self._host.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self._host.drains_in_place and await self._serves(call_id)
         server, now = self._host.settings.server, time.monotonic()
-        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``); while it has
-        # measured few calls, a call is taken to cost about what ``max_calls`` sized it at
-        guess = server.cpu_budget_percent / 100 / server.max_calls
+        # what the process will use carrying every call it holds and this one (``CpuMeter.projected``), leaning on
+        # what ``max_calls`` sized a call at while it has measured few (``CpuMeter.guess``)
+        guess = self._host.cpu.guess(server.cpu_budget_percent / 100, server.max_calls)
         cpu_percent = self._host.cpu.projected(self._host.admission.held(now) + 1, guess) * 100
         known_here = self._host.admission.knows(call_id)
         refusal = self._host.admission.take(call_id, now, cpu_percent)

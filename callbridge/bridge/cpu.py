@@ -64,6 +64,12 @@ class CpuMeter:
         carrying = max(0.0, self.utilization - self.idle)
         return (carrying + guess * _PRIOR_WEIGHT_CALLS) / (self.calls + _PRIOR_WEIGHT_CALLS)
 
+    def guess(self, budget: float, max_calls: int) -> float:
+        """What a call is taken to cost while few have been measured (``per_call``'s ``guess``): ``max_calls`` of
+        them fill what ``budget`` (a share of a core) leaves beside the process's own use. Sized on the whole budget,
+        the process's use made ``max_calls`` calls exceed it: the last slot of a small ``max_calls`` was refused."""
+        return max(0.0, budget - self.idle) / max_calls
+
     def projected(self, calls: int, guess: float) -> float:
         """The share of a core the process uses once it carries ``calls`` (those it holds, answered or streaming,
         and the one asked about): never less than it uses now."""

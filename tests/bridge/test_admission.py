@@ -111,6 +111,27 @@ async def test_a_burst_of_answers_admits_exactly_max_calls(backend: str, request
     assert len(recorder.opened) == 2  # no engine session for a refused call
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+async def test_a_burst_at_a_small_max_calls_on_a_process_with_work_of_its_own_is_not_refused_by_the_cpu_guess(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    """#40: a process that uses 3 % of a core carrying no call (its probes, metrics, timers), the shipped budget
+    (85 %), ``max_calls = 2``: two of eight answers at once are taken, and the six refusals say ``max_calls``. Before,
+    a call was guessed to cost ``85 % / max_calls`` until measured, so two of them and the process's own use came
+    to 88 %: the second was refused as over the CPU budget (1 connected, 7 busy)."""
+    registry = {"backend": "redis", "redis_url": request.getfixturevalue("redis_url")} if backend == "redis" else {}
+    recorder = engine()
+    shipped_budget = {"cpu_budget_percent": 85.0}  # named: the simulator's runner turns it off where it is not
+    async with running_bridge(settings(server={"max_calls": 2, **shipped_budget}, registry=registry), recorder) as bridge:
+        services = bridge.app.state.bridge.services
+        services.cpu = cpu = _PinnedCpu()
+        cpu.utilization = cpu.idle = 0.03
+        answers = await asyncio.gather(*(answer(bridge, f"CA{uuid.uuid4().hex}") for _ in range(8)))
+        refused = {reason: services.metrics.admission_refused.labels(reason)._value.get() for reason in ("max_calls", "cpu_budget")}
+    connected = [a for a in answers if "<Connect>" in a.text]
+    assert (len(connected), refused) == (2, {"max_calls": 6, "cpu_budget": 0}), [a.text for a in answers]
+
+
 async def test_a_burst_of_answers_across_two_bridges_admits_exactly_max_calls_fleet(redis_url: str) -> None:
     """Eight Twilio answers at once, four to each of two bridges sharing Redis, against ``max_calls_fleet = 2``
     (each bridge's own ``max_calls`` the shipped 100): exactly two are answered fleet-wide, six refused busy.

@@ -3,6 +3,8 @@ stream, lapsing, given back; the CPU budget; a call already held or bridged is n
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from callbridge.bridge.admission import AdmissionBook, Refusal
@@ -31,6 +33,18 @@ def test_over_the_cpu_budget_a_new_call_is_refused_and_no_budget_means_none() ->
     assert AdmissionBook(max_calls=5, cpu_budget_percent=85).take("a", 0.0, cpu_percent=85.1) is Refusal.CPU_BUDGET
     assert AdmissionBook(max_calls=5, cpu_budget_percent=85).take("a", 0.0, cpu_percent=85.0) is None
     assert AdmissionBook(max_calls=5, cpu_budget_percent=0).take("a", 0.0, cpu_percent=400) is None
+
+
+@pytest.mark.parametrize("max_calls", [1, 2, 3, 10])
+def test_the_guess_alone_never_refuses_below_max_calls_and_the_limit_is_the_reason_past_it(max_calls: int) -> None:
+    """#40: a process using 3 % of a core on its own: ``max_calls`` calls are admitted on the guess (sized on the whole
+    budget, the last one was refused as over it), and the next is refused for ``max_calls``, not the budget."""
+    book, meter = AdmissionBook(max_calls=max_calls, cpu_budget_percent=85), CpuMeter()
+    meter.sample(0.0, 0.0)
+    meter.sample(10.0, 0.3)  # 3 % for 10 s, no call carried
+    assert meter.idle == pytest.approx(0.03 * (1 - math.exp(-2)))
+    refusals = [book.take(f"c{i}", 10.0, meter.projected(book.held(10.0) + 1, meter.guess(0.85, max_calls)) * 100) for i in range(max_calls + 1)]
+    assert refusals == [None] * max_calls + [Refusal.MAX_CALLS]
 
 
 def test_a_slot_whose_stream_never_comes_lapses_after_the_hold() -> None:
@@ -71,7 +85,6 @@ def _offer(
     until its stream starts 0.3 s later. Admission as the bridge runs it (shipped budget 85 %, the meter sampled
     every half second, on a clock passed in). The calls it carries at the end."""
     book, meter = AdmissionBook(max_calls=max_calls, cpu_budget_percent=85), CpuMeter()
-    guess = 0.85 / max_calls
     answered: dict[str, float] = {}
     for index in range(carried):  # answered long ago
         book.take(f"old{index}", -60.0, 0)
@@ -91,7 +104,7 @@ def _offer(
             meter_due += 0.5
         while offered < calls and offered <= (now - 30) * per_second:
             call, offered = f"c{offered}", offered + 1
-            use = meter.projected(book.held(now) + 1, guess) if projected else meter.utilization
+            use = meter.projected(book.held(now) + 1, meter.guess(0.85, max_calls)) if projected else meter.utilization
             if book.take(call, now, use * 100) is None:
                 answered[call] = now
     return len(book.bridged)
@@ -130,7 +143,7 @@ def test_a_burst_faster_than_the_meter_is_bounded_by_max_calls_alone() -> None:
 
 
 def test_a_burst_into_an_idle_process_is_not_refused_below_what_max_calls_sized() -> None:
-    """Fifty calls in 50 ms into a process that has carried none: the guess (``cpu_budget_percent / max_calls`` a
-    call) lets them in; what is then measured takes over."""
+    """Fifty calls in 50 ms into a process that has carried none: the guess (``max_calls`` calls fill the budget
+    beside the process's own use) lets them in; what is then measured takes over."""
     assert _offer(50, 1000, max_calls=100, cost=0.007) == 50
     assert _offer(100, 1000, max_calls=100, cost=0.007) >= 95  # near max_calls's own figure (its guess reaches the budget there)
