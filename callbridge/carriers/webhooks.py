@@ -1,5 +1,5 @@
-"""What every carrier's HTTP side shares: the public URL it answers with, the pause before a drained call's
-webhook is tried again, and HTTP Basic credentials checked in constant time."""
+"""What every carrier's HTTP side shares: the public URL it answers with, the parameters a user put on the answer
+URL, the pause before a drained call's webhook is tried again, and HTTP Basic credentials checked in constant time."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import hmac
 from typing import Final
 
 from pydantic import SecretStr
+from starlette.requests import Request
 
 from callbridge.config import Settings
 
-__all__ = ["DRAIN_RETRY_PAUSE_S", "BasicCredentials", "public_base", "ws_url"]
+__all__ = ["DRAIN_RETRY_PAUSE_S", "BasicCredentials", "answer_url_parameters", "public_base", "ws_url"]
 
 DRAIN_RETRY_PAUSE_S: Final = 1
 """How long a call whose reconnect reached a draining process waits before its webhook is tried again (TwiML's
@@ -21,6 +22,18 @@ DRAIN_RETRY_PAUSE_S: Final = 1
 def public_base(settings: Settings, request_base: str) -> str:
     """The bridge's public https URL (``server.public_url``), or what the request came to (development)."""
     return (settings.server.public_url or request_base).rstrip("/")
+
+
+_OWN_QUERY: Final = frozenset({"redirect"})
+"""Query parameters the bridge puts on URLs it gives carriers (Twilio's ``<Redirect>`` nonce): never the caller's."""
+
+
+def answer_url_parameters(request: Request) -> list[tuple[str, str]]:
+    """The query parameters of the URL a carrier's answer webhook came to — those a user set on the number's answer
+    URL (``/twilio/voice?customer_id=42``; a carrier signs the URL with its query where it signs at all) — but the
+    bridge's own. They join the carrier's own parameters in ``CallContext.parameters``, first, so that the
+    carrier's field wins a name both have; ``app.context_parameters`` lets through what the application sees."""
+    return [(name, value) for name, value in request.query_params.multi_items() if name not in _OWN_QUERY]
 
 
 def ws_url(http_url: str) -> str:

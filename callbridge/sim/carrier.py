@@ -383,6 +383,10 @@ class SimulatedCarrier(ABC):
     uses_marks: ClassVar[bool] = True
     """The carrier echoes playback markers."""
 
+    def with_answer_query(self, url: str) -> str:
+        """``url`` (an answer webhook's) with the query a user put on it (``answer_query``)."""
+        return f"{url}?{self.answer_query}" if self.answer_query else url
+
     def __init__(self, bridge_url: str, secret: str) -> None:
         self.bridge_url = bridge_url.rstrip("/")
         self.secret = secret
@@ -395,6 +399,9 @@ class SimulatedCarrier(ABC):
         self.route: Callable[[OpenReason], str] | None = None
         """Picks the bridge for each media connection a call opens (a load balancer in front of several bridge
         processes: a reconnect may land on another one); what it returns becomes ``bridge_url``."""
+        self.answer_query = ""
+        """The query string a user put on the number's answer URL (``customer_id=42``): the carrier keeps it on the
+        answer webhooks it sends for the call (``with_answer_query``)."""
         self.rest_url: str | None = None
         self._rest_server: uvicorn.Server | None = None
         self._rest_task: asyncio.Task[None] | None = None

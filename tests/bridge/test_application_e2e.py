@@ -324,6 +324,24 @@ async def test_every_carrier_tells_the_application_who_calls_and_greets_first(pr
     assert all(number is not None and number.startswith("+") for number in numbers if CALLER_KNOWN.get(provider, True)), call
 
 
+ANSWER_URLS = ("bandwidth", "jambonz", "plivo", "signalwire", "telnyx", "twilio", "vonage")
+"""Carriers whose answer webhook's URL a user sets (on the number, the application, the connection)."""
+
+
+@pytest.mark.parametrize("provider", ANSWER_URLS)
+async def test_the_parameters_a_user_put_on_the_answer_url_reach_the_application_where_allowed(provider: str) -> None:
+    """#40: a number's answer URL tagged ``?customer_id=…`` (signed with its query where the carrier signs) and
+    ``app.context_parameters = ["customer_id"]``: the application's ``call.parameters`` has it, and nothing it did
+    not allow. Before, only the carrier's own fields were read (``{}``)."""
+    agent_app.Greeter.calls.clear()
+    app = {"module": MODULE + "Greeter", "context_parameters": ["customer_id"]}
+    async with running_bridge(settings(app=app), engine(), provider=provider) as bridge:
+        bridge.carrier.answer_query = "customer_id=c-4711&campaign=spring"
+        result = await bridge.carrier.place_call(CallerScript(hangup_at_ms=1500))
+    (call,) = agent_app.Greeter.calls
+    assert call.parameters == {"customer_id": "c-4711"} and result.warnings == [], (call, result.render())
+
+
 def _said(recorder: Any, session_id: str) -> list[str]:
     """The text turns the bridge gave the engine (greeting, filler) and the tool outputs, in order."""
     out: list[str] = []

@@ -38,7 +38,13 @@ from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
-from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, BasicCredentials, public_base, ws_url
+from callbridge.carriers.webhooks import (
+    DRAIN_RETRY_PAUSE_S,
+    BasicCredentials,
+    answer_url_parameters,
+    public_base,
+    ws_url,
+)
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -169,7 +175,7 @@ class _BandwidthWebhooks:
             call_id=call_id, carrier="bandwidth", caller=event.get("from"), called=event.get("to"),
             forwarded_from=diversion.get("origTo") if isinstance(diversion, dict) else None,
             account_id=event.get("accountId"), outbound=event.get("direction") == "outbound",
-            parameters=[(key, value) for key, value in event.items() if isinstance(value, str)],
+            parameters=[*answer_url_parameters(request), *((key, value) for key, value in event.items() if isinstance(value, str))],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
         decision = await self.services.desk.decide_answer(call_id, "bandwidth", context=context)

@@ -303,7 +303,7 @@ class SimulatedBandwidth(SimulatedCarrier):
         BXML; then the stream the BXML starts."""
         result = call.result
         if reason == "answer":
-            url, event = f"{self.bridge_url}/bandwidth/answer", self.event("initiate", call.call_id)
+            url, event = self.with_answer_query(f"{self.bridge_url}/bandwidth/answer"), self.event("initiate", call.call_id)
         else:
             old = self._streams.pop(call.call_id, None)
             why = "dropped" if reason == "network_drop" else "was closed by the bridge"

@@ -35,7 +35,7 @@ from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
-from callbridge.carriers.webhooks import BasicCredentials, public_base, ws_url
+from callbridge.carriers.webhooks import BasicCredentials, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -168,7 +168,7 @@ class _JambonzWebhooks:
             account_id=payload.get("account_sid", payload.get("accountSid")),
             carrier_call_id=payload.get("call_id", payload.get("callId")),
             outbound=payload.get("direction") == "outbound",
-            parameters=[(key, value) for key, value in headers.items() if isinstance(value, str)] if isinstance(headers, dict) else (),
+            parameters=[*answer_url_parameters(request), *_sip_headers(headers)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
         decision = await self.services.desk.decide_answer(call_id, "jambonz", retries=False, context=context)
@@ -234,3 +234,8 @@ def jambonz_upgrade(settings: Settings) -> UpgradeCheck:
 
 
 CARRIER: Final = Carrier(name="jambonz", router=jambonz_router, generic_upgrade=jambonz_upgrade, subprotocol=SUBPROTOCOL)
+
+
+def _sip_headers(headers: object) -> list[tuple[str, str]]:
+    """The SIP headers jambonz passes on (``sip.headers``), those with a text value."""
+    return [(key, value) for key, value in headers.items() if isinstance(value, str)] if isinstance(headers, dict) else []

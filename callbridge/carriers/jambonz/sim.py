@@ -173,7 +173,7 @@ class SimulatedJambonz(SimulatedCarrier):
         result = call.result
         old = self._streams.pop(call.call_id, None)
         if reason == "answer" or old is None:
-            url = f"{self.bridge_url}/jambonz/call"
+            url = self.with_answer_query(f"{self.bridge_url}/jambonz/call")
         else:
             why = "the bridge said disconnect" if old.disconnected else "its socket dropped" if reason == "network_drop" else "the bridge closed its socket"
             result.log(call.clock(), self.provider, f"listen ended ({why}): its actionHook")

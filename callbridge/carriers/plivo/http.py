@@ -38,7 +38,7 @@ from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
-from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -263,7 +263,7 @@ class _PlivoWebhooks:
             call_id=call_id, carrier="plivo", caller=_first(params, "From"), called=_first(params, "To"),
             caller_name=_first(params, "CallerName"), forwarded_from=_first(params, "ForwardedFrom"),
             outbound=_first(params, "Direction") == "outbound", account_id=_first(params, "ParentAuthID"), plus_implied=True,
-            parameters=[(key, value) for key in params if (value := _first(params, key)) is not None],
+            parameters=[*answer_url_parameters(request), *((key, value) for key in params if (value := _first(params, key)) is not None)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are X-PH-… parameters
         decision = await self.services.desk.decide_answer(call_id, "plivo", context=context)

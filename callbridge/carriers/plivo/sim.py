@@ -264,7 +264,7 @@ class SimulatedPlivo(SimulatedCarrier):
     async def open_stream(self, call: SimCall, reason: OpenReason) -> PlivoStream | None:
         """Fetch the answer URL (after a stream ends: the ``<Redirect>`` that follows it) and open the stream."""
         result = call.result
-        url = self._redirects.pop(call.call_id, f"{self.bridge_url}/plivo/answer")
+        url = self._redirects.pop(call.call_id, self.with_answer_query(f"{self.bridge_url}/plivo/answer"))
         if reason != "answer":
             result.log(call.clock(), self.provider, "the stream ended: the XML goes on to <Redirect>")
         params = self.call_params(call.call_id, "ringing" if reason == "answer" else "in-progress")

@@ -58,7 +58,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.telnyx.wire import TelnyxCodec
-from callbridge.carriers.webhooks import public_base, ws_url
+from callbridge.carriers.webhooks import answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -211,14 +211,15 @@ class TelnyxCalls:
         counts = await self.services.registry.counts(call_id)
         return counts.get(ANSWERED, 0) > 0 and counts.get(OVER, 0) == 0
 
-    async def on_event(self, event_type: str, payload: dict[str, Any], base: str) -> None:
-        """One verified webhook (``base``: our public https URL)."""
+    async def on_event(self, event_type: str, payload: dict[str, Any], base: str, url_parameters: list[tuple[str, str]] | None = None) -> None:
+        """One verified webhook (``base``: our public https URL; ``url_parameters``: the webhook URL's query, as a
+        user set it on the connection: for the call's context)."""
         call_id = payload.get("call_control_id")
         if not isinstance(call_id, str) or not call_id:
             log.info("telnyx_event_ignored", event_type=event_type, reason="no call_control_id")
             return
         if event_type == "call.initiated":
-            await self._initiated(call_id, payload, base)
+            await self._initiated(call_id, payload, base, url_parameters or [])
         elif event_type in ("streaming.stopped", "streaming.failed"):
             self.services.metrics.stream_status.labels("telnyx", event_type).inc()
             await self._stream_ended(call_id, event_type, payload, base)
@@ -231,7 +232,7 @@ class TelnyxCalls:
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(payload.get("hangup_cause", "unknown"))))
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
 
-    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str) -> None:
+    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str, url_parameters: list[tuple[str, str]]) -> None:
         services = self.services
         if payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
@@ -247,7 +248,7 @@ class TelnyxCalls:
         try:
             refusal = await services.desk.stream_refusal(call_id)
             admitted = refusal is None
-            chosen = await self._assistant(call_id, payload) if admitted else None
+            chosen = await self._assistant(call_id, payload, url_parameters) if admitted else None
             if isinstance(chosen, TransferTo):  # sent on: Telnyx dials the target (UNSURE: on a parked call unanswered)
                 services.desk.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.command(call_id, "transfer", {"to": chosen.target})
@@ -285,15 +286,16 @@ class TelnyxCalls:
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
 
-    async def _assistant(self, call_id: str, payload: dict[str, Any]) -> Chosen | None:
+    async def _assistant(self, call_id: str, payload: dict[str, Any], url_parameters: list[tuple[str, str]]) -> Chosen | None:
         """With an application, the call's assistant it chose from ``call.initiated`` (or how it refused the call);
-        None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64."""
+        None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64; the
+        webhook URL's query parameters before them."""
         services = self.services
         if services.assistants is None:
             return None
         headers = payload.get("custom_headers")
-        parameters = [(h["name"], h["value"]) for h in headers if isinstance(h, dict) and isinstance(h.get("name"), str)
-                      and isinstance(h.get("value"), str)] if isinstance(headers, list) else []  # fmt: skip
+        parameters = [*url_parameters, *((h["name"], h["value"]) for h in headers if isinstance(h, dict) and isinstance(h.get("name"), str)
+                      and isinstance(h.get("value"), str))] if isinstance(headers, list) else [*url_parameters]  # fmt: skip
         if isinstance(state := payload.get("client_state"), str):
             parameters.append(("client_state", state))
         context = call_context(
@@ -412,7 +414,7 @@ def telnyx_router(services: BridgeServices) -> APIRouter:
             return Response("not a Telnyx webhook", status_code=400)
         if not isinstance(event_type, str) or not isinstance(payload, dict):
             return Response("not a Telnyx webhook", status_code=400)
-        await calls.on_event(event_type, payload, public_base(settings, str(request.base_url)))
+        await calls.on_event(event_type, payload, public_base(settings, str(request.base_url)), answer_url_parameters(request))
         return Response(status_code=200)
 
     @router.websocket(MEDIA_PATH)

@@ -263,7 +263,7 @@ class SimulatedTelnyx(SimulatedCarrier):
     async def post_webhook(self, event_type: str, call: SimCall, **payload: Any) -> int:
         body = self.webhook_body(event_type, call.call_id, **payload)
         try:
-            response = await self._http.post(self.bridge_url + "/telnyx/events", content=body, headers=self.signed(body))
+            response = await self._http.post(self.with_answer_query(self.bridge_url + "/telnyx/events"), content=body, headers=self.signed(body))
         except (httpx.HTTPError, RuntimeError) as exc:  # the bridge is gone (shutting down), or we are
             call.result.log(call.clock(), self.provider, f"webhook {event_type} failed: {exc!r}")
             return 0

@@ -39,7 +39,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.twilio.wire import TwilioCodec
-from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, public_base, ws_url
+from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 
@@ -194,7 +194,8 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
         call_id = form.get("CallSid")
         if not call_id:
             return Response("CallSid missing", status_code=400)
-        decision = await services.desk.decide_answer(call_id, name, context=twilio_context(name, form, settings.app.context_parameters))
+        context = twilio_context(name, [*answer_url_parameters(request), *form.items()], settings.app.context_parameters)
+        decision = await services.desk.decide_answer(call_id, name, context=context)
         match decision.kind:
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP
@@ -302,12 +303,14 @@ CARRIER = Carrier(
 )
 
 
-def twilio_context(carrier: str, form: Mapping[str, str], allowed: list[str]) -> CallContext:
-    """The call as Twilio's voice webhook (or a dialect's) describes it; a SIP trunk's headers come as
-    ``SipHeader_X-…`` fields, named so in ``app.context_parameters`` too."""
+def twilio_context(carrier: str, fields: list[tuple[str, str]], allowed: list[str]) -> CallContext:
+    """The call as Twilio's voice webhook (or a dialect's) describes it: ``fields``, the answer URL's query
+    parameters, then the form's; a SIP trunk's headers come as ``SipHeader_X-…`` fields, named so in
+    ``app.context_parameters`` too."""
+    form = dict(fields)
     return call_context(
         call_id=form["CallSid"], carrier=carrier, caller=form.get("From") or form.get("Caller"),
         called=form.get("To") or form.get("Called"), caller_name=form.get("CallerName"),
         forwarded_from=form.get("ForwardedFrom"), account_id=form.get("AccountSid"),
-        outbound=form.get("Direction", "inbound") != "inbound", parameters=form, allowed=allowed,
+        outbound=form.get("Direction", "inbound") != "inbound", parameters=fields, allowed=allowed,
     )  # fmt: skip

@@ -377,7 +377,7 @@ class SimulatedTwilio(SimulatedCarrier):
                 self._http, self._validator, bridge_url, params,
                 provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
                 stream_codecs=self.stream_codecs,
-                url=None if redirect is None else self._redirect_target(bridge_url, redirect),
+                url=self.with_answer_query(f"{bridge_url}/{self.provider}/voice") if redirect is None else self._redirect_target(bridge_url, redirect),
             )  # fmt: skip
             if not isinstance(opened, TwimlRedirect):
                 break

@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
+from urllib.parse import parse_qsl
 
 import httpx
 import jwt
@@ -335,8 +336,9 @@ class SimulatedVonage(SimulatedCarrier):
             leg = self.legs[call.call_id] = _Leg("CON-" + str(uuid.uuid4()))
             params = {"to": _VONAGE_NUMBER, "from": _CALLER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
                       "region_url": "https://api-eu-1.vonage.com"}  # fmt: skip
-            response = await self._http.get(
-                self.answer_url, params=params, headers={"Authorization": sign_webhook(self.secret, self.application_id)}
+            response = await self._http.get(  # what the user put on the answer URL, then Vonage's own
+                self.answer_url, params=[*parse_qsl(self.answer_query), *params.items()],
+                headers={"Authorization": sign_webhook(self.secret, self.application_id)},
             )
         else:
             leg = self.legs[call.call_id]
