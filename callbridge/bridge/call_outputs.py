@@ -24,6 +24,7 @@ __all__ = [
     "BindEngine",
     "CallOutput",
     "CallerAudioBegan",
+    "ClockDistrusted",
     "CloseTransport",
     "HangUpCall",
     "MarkLag",
@@ -73,6 +74,14 @@ class Notice:
     the model is told of it)."""
 
     notice: CarrierNotice | UnknownCarrierEvent | DtmfReceived
+
+
+@dataclass(frozen=True, slots=True)
+class ClockDistrusted:
+    """The stream's media timestamps run ahead of the wall clock (``InboundAudio.timestamps_distrusted``): its gaps
+    are not filled from them any more (for the log, once)."""
+
+    detail: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +171,6 @@ class Perform:
 
 CallOutput = (
     ToCarrier | ToEngine | Perform | HangUpCall | CloseTransport | BindEngine | CallerAudioBegan | Notice | MarkLag | BargeInFlushed
-    | Observed | RecordingChunk
+    | Observed | RecordingChunk | ClockDistrusted
 )
 """What ``CallSession.outputs()`` hands the driver, in the order the call produced it."""

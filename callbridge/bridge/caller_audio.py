@@ -5,7 +5,7 @@ on the call's input timeline (the engine's, continued across a resumed call's st
 from __future__ import annotations
 
 from callbridge.bridge.agent_audio import AgentAudio
-from callbridge.bridge.call_outputs import CallerAudioBegan, CallOutput, RecordingChunk
+from callbridge.bridge.call_outputs import CallerAudioBegan, CallOutput, ClockDistrusted, RecordingChunk
 from callbridge.bridge.inbound import InboundAudio, MessageBucket
 from callbridge.bridge.recording import StereoRecorder
 from callbridge.codecs import PCM16_SAMPLE_BYTES, ResamplerQuality
@@ -41,7 +41,10 @@ class CallerAudio:
         inbound = self.inbound
         if inbound.first_media_at_ms is None:
             self._out.append(CallerAudioBegan())
+        trusted = inbound.timestamps_distrusted is None
         audio = inbound.receive(payload, timestamp_ms, now_ms)
+        if trusted and inbound.timestamps_distrusted is not None:
+            self._out.append(ClockDistrusted(inbound.timestamps_distrusted))
         self.input_ms += inbound.payload_ms
         recorder = self.recorder
         if recorder is not None:

@@ -3,8 +3,9 @@ from the carrier's payloads to the engine's rate.
 
 ``MessageBucket``: a token bucket over every carrier message of a stream (a burst of 1000, 150 a second sustained;
 a stream sends about 60). ``InboundAudio``: decode what the stream's ``start`` announced, fill gaps in the carrier's
-media timestamps with silence (at most a second, so the engine's input timeline is the carrier's media timeline),
-refuse media that runs far ahead of the wall clock (a flood), measure how late this process reads the carrier's
+media timestamps with silence (at most a second, so the engine's input timeline is the carrier's media timeline) —
+while its timestamps keep to the wall clock: a sender whose timestamp clock runs ahead of it (RTP sample units sent
+as milliseconds: 8× fast) is not followed any more — refuse audio received far ahead of the wall clock (a flood), measure how late this process reads the carrier's
 media (a backlog after a stall of ours), resample with one stateful resampler per stream, and hold the audio that
 comes before the engine is bound (at most two seconds). ``CallSession`` composes them.
 """
@@ -39,6 +40,10 @@ FLOOD_TOLERANCE_MS: Final = 10_000
 pause) reads its backlog in a burst, but never more than the stall ahead; a flood gets there in a second."""
 MESSAGE_BURST: Final = 1000
 MESSAGES_PER_S: Final = 150
+TIMESTAMPS_AHEAD_MS: Final = 2000
+"""A media timestamp this far ahead of the wall clock (since the stream's first payload) is not the carrier's media
+clock: a carrier's timestamps fall behind it (a stall of ours, read late) but never run ahead of it by more than
+its jitter. From then on the stream's gaps are not filled from its timestamps."""
 BASELINE_RISE: Final = 0.001
 """ms per ms of media the on-time baseline of media arrival rises by (see ``InboundAudio._track_read_lag``)."""
 
@@ -80,8 +85,9 @@ class InboundAudio:
     """The caller's audio of one stream, from the carrier's payloads to the engine's rate. See the module docstring."""
 
     __slots__ = (
-        "engine_rate_hz", "quality", "encoding", "rate_hz", "stream_media_ms", "first_media_at_ms", "read_lag_ms",
-        "pcm", "payload_ms", "_resampler", "_arrival_baseline_ms", "_held", "_held_ms",
+        "engine_rate_hz", "quality", "encoding", "rate_hz", "stream_media_ms", "received_ms", "first_media_at_ms",
+        "read_lag_ms", "pcm", "payload_ms", "timestamps_distrusted", "_resampler", "_arrival_baseline_ms", "_held",
+        "_held_ms",
     )  # fmt: skip
 
     def __init__(self, engine_rate_hz: int, quality: ResamplerQuality) -> None:
@@ -91,6 +97,10 @@ class InboundAudio:
         self.rate_hz = 8000
         self.stream_media_ms = 0
         """ms of caller audio this stream carried (gaps filled included)."""
+        self.received_ms = 0
+        """ms of caller audio this stream received (gaps filled not included): what a flood is judged on."""
+        self.timestamps_distrusted: str | None = None
+        """Why the stream's media timestamps are not followed (a clock ahead of the wall clock), once they are not."""
         self.first_media_at_ms: int | None = None
         """When the stream's media time 0 was, on this clock (from its first payload)."""
         self.read_lag_ms = 0
@@ -115,18 +125,23 @@ class InboundAudio:
     def receive(self, payload: bytes, timestamp_ms: int | None, now_ms: int) -> bytes:
         """One payload (at the carrier's media ``timestamp_ms``, where it gives one) read at ``now_ms``: the caller's
         audio at the engine's rate (may be empty: the resampler holds a few samples back); the payload as PCM at the
-        stream's rate and its length are ``pcm`` and ``payload_ms`` until the next. Raises ``MediaAhead`` for media
-        further ahead of the wall clock than ``FLOOD_TOLERANCE_MS``."""
+        stream's rate and its length are ``pcm`` and ``payload_ms`` until the next. Raises ``MediaAhead`` for audio
+        received further ahead of the wall clock than ``FLOOD_TOLERANCE_MS``."""
         payload_ms = len(payload) * 1000 // (self.rate_hz * self.encoding.sample_bytes)
         if self.first_media_at_ms is None:
             self.first_media_at_ms = now_ms - (timestamp_ms or 0)
-        if self.stream_media_ms - (now_ms - self.first_media_at_ms) > FLOOD_TOLERANCE_MS:
-            raise MediaAhead(f"{self.stream_media_ms} ms of media in {now_ms - self.first_media_at_ms} ms")
+        elapsed_ms = now_ms - self.first_media_at_ms
+        if self.received_ms - elapsed_ms > FLOOD_TOLERANCE_MS:
+            raise MediaAhead(f"{self.received_ms} ms of audio in {elapsed_ms} ms")
+        self.received_ms += payload_ms
         pcm = decode_to_pcm16(self.encoding, payload)
-        if timestamp_ms is not None and timestamp_ms > self.stream_media_ms:
-            gap_ms = min(timestamp_ms - self.stream_media_ms, MAX_GAP_FILL_MS)
-            pcm = bytes(self.rate_hz * gap_ms // 1000 * PCM16_SAMPLE_BYTES) + pcm
-            payload_ms += gap_ms
+        if timestamp_ms is not None and timestamp_ms > self.stream_media_ms and self.timestamps_distrusted is None:
+            if timestamp_ms - elapsed_ms > TIMESTAMPS_AHEAD_MS:
+                self.timestamps_distrusted = f"media timestamp {timestamp_ms} ms, {elapsed_ms} ms into the stream"
+            else:
+                gap_ms = min(timestamp_ms - self.stream_media_ms, MAX_GAP_FILL_MS)
+                pcm = bytes(self.rate_hz * gap_ms // 1000 * PCM16_SAMPLE_BYTES) + pcm
+                payload_ms += gap_ms
         self.stream_media_ms += payload_ms
         self._track_read_lag(now_ms, payload_ms)
         self.pcm, self.payload_ms = pcm, payload_ms

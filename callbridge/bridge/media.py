@@ -32,6 +32,7 @@ from callbridge.bridge.call_outputs import (
     BargeInFlushed,
     BindEngine,
     CallerAudioBegan,
+    ClockDistrusted,
     CloseTransport,
     HangUpCall,
     MarkLag,
@@ -106,7 +107,9 @@ class MediaStreamDriver:
         self.services = services
         self.call = CallSession(codec, call_options(services.settings))
         self.session: DuplexSession | None = None
-        self._seen = StreamTelemetry(services.metrics, codec, log.bind(provider=codec.provider), services.unknown_carrier_event)
+        self._seen = StreamTelemetry(
+            services.metrics, codec, log.bind(provider=codec.provider), services.unknown_carrier_event, services.refusal_log
+        )
         """The stream's metrics and log lines."""
         self._lock = asyncio.Lock()
         self._pacing = services.pacing.slot()
@@ -269,7 +272,7 @@ class MediaStreamDriver:
 
     async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""
-        self._seen.refused(reason)
+        self._seen.refused(reason, self._start.call_id if self._start is not None else "")
         async with self._lock:
             if no_engine:
                 self.call.no_engine(reason, _now_ms())  # the tone, then the hang-up (the pacer plays it)
@@ -426,6 +429,8 @@ class MediaStreamDriver:
                     self._feed.record(data)
                 case MarkLag(ms):
                     self._seen.mark_lag(ms)
+                case ClockDistrusted(detail):
+                    self.log.warning("timestamp_clock_mismatch", detail=detail)
                 case BargeInFlushed():  # its clear has been sent: timed from the engine event that caused it
                     self._seen.barge_in_flushed()
                     keeper = self._live_keeper

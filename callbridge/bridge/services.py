@@ -33,6 +33,7 @@ from callbridge.bridge.fleet import (
     SignalHandler,
     drain_streams,
 )
+from callbridge.bridge.log_budget import LogBudget
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.pacing import PacingClock
 from callbridge.bridge.recording_store import RecordingStore
@@ -129,6 +130,8 @@ class BridgeServices:
     unknown_events: set[tuple[str, str]] = field(default_factory=set)
     """(carrier, event type) pairs seen here that no codec knows, each logged once and counted by name (at most
     ``UNKNOWN_EVENT_NAMES``)."""
+    refusal_log: LogBudget = field(default_factory=LogBudget)
+    """How many refused streams' lines reach the log (``bridge/log_budget.py``)."""
 
     async def perform_action(self, provider: str, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
         """The agent's transfer or DTMF on a call, by its carrier; ``unsupported`` where the carrier's spec says it

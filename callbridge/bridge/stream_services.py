@@ -21,6 +21,7 @@ from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.fleet import LiveStream
+from callbridge.bridge.log_budget import LogBudget
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.pacing import PacingClock
 from callbridge.bridge.recording_store import RecordingStore
@@ -48,6 +49,8 @@ class StreamServices(Protocol):
     def process_id(self) -> str: ...
     def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
     def unknown_carrier_event(self, provider: str, event: str, call_log: BoundLogger) -> None: ...
+    @property
+    def refusal_log(self) -> LogBudget: ...
 
     # the registry, the tokens, the engine
     @property

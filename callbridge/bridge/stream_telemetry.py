@@ -16,7 +16,9 @@ from structlog.stdlib import BoundLogger
 from callbridge.bridge.call import engine_failure_kind
 from callbridge.bridge.call_outputs import Notice, StreamReport
 from callbridge.bridge.end_reason import EndCause, EndReason
+from callbridge.bridge.log_budget import LogBudget
 from callbridge.bridge.metrics import BridgeMetrics
+from callbridge.bridge.pacing import monotonic_ms
 from callbridge.carriers.base import CarrierNotice, DtmfReceived, ProviderCodec, UnknownCarrierEvent
 from callbridge.engine.events import EngineErrorEvent, EngineEvent
 
@@ -30,8 +32,12 @@ class StreamTelemetry:
     """One stream's metrics and log lines (see the module docstring). ``log``: the stream's, rebound as the stream
     learns its call and session (``bind``)."""
 
-    def __init__(self, metrics: BridgeMetrics, codec: ProviderCodec, log: BoundLogger, unknown_event: UnknownEventHook) -> None:
-        self.metrics, self._codec, self.log, self._unknown_event = metrics, codec, log, unknown_event
+    def __init__(
+        self, metrics: BridgeMetrics, codec: ProviderCodec, log: BoundLogger, unknown_event: UnknownEventHook, refusals: LogBudget
+    ) -> None:
+        self.metrics, self._codec, self.log, self._unknown_event, self._refusals = metrics, codec, log, unknown_event, refusals
+        self._quiet = False
+        """A refused stream past the refusals' log budget: counted, its lines left out."""
         self._event_taken: tuple[float, str] | None = None
         """When the last engine event was handed to the call, and its kind (a barge-in it caused is timed from it)."""
         self._first_audio_read_at: float | None = None
@@ -88,9 +94,14 @@ class StreamTelemetry:
             self.metrics.barge_in_clear_seconds.observe(elapsed_s)
             self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
 
-    def refused(self, reason: EndCause) -> None:
+    def refused(self, reason: EndCause, call_id: str) -> None:
+        """The stream was refused: counted; logged within the refusals' budget (a sender that reconnects at once
+        after each refusal writes a line every ``EVERY_MS`` for its call, with how many were left out)."""
         self.metrics.stream_refused.labels(self.provider, reason.kind).inc()
-        self.log.warning("stream_refused", reason=reason)
+        not_logged = self._refusals.allow(f"{self.provider}:{call_id}", monotonic_ms())
+        self._quiet = not_logged is None
+        if not_logged is not None:
+            self.log.warning("stream_refused", reason=reason, **({"not_logged": not_logged} if not_logged else {}))
 
     def action(self, action: str, outcome: str, detail: str | None) -> None:
         """The carrier work the agent asked for (a transfer, digits) is over: ``outcome`` ok, or why not."""
@@ -122,7 +133,7 @@ class StreamTelemetry:
         if report.failure is not None:
             metrics.protocol_errors.labels(provider, report.failure.reason.value).inc()
             self.log.warning("call_ended", reason=end_reason, error=report.failure.detail)
-        else:
+        elif not self._quiet:
             self.log.info(
                 "call_ended" if report.facts.call_over else "stream_detached",
                 reason=end_reason,

@@ -16,6 +16,7 @@ from callbridge.bridge.call import TAKEOVER_TELLS_HELD_MS, CallOptions, CallSess
 from callbridge.bridge.call_outputs import (
     BargeInFlushed,
     CallOutput,
+    ClockDistrusted,
     HangUpCall,
     Notice,
     Observed,
@@ -26,6 +27,7 @@ from callbridge.bridge.call_outputs import (
     ToEngine,
 )
 from callbridge.bridge.end_reason import EndCause
+from callbridge.bridge.inbound import TIMESTAMPS_AHEAD_MS
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -557,6 +559,29 @@ class TestBadInput:
             if h.call.state is CallState.ENDED:
                 break
         assert h.call.phase.failure is not None and h.call.phase.failure.reason is ProtocolErrorReason.FLOOD
+
+    def test_a_timestamp_clock_eight_times_fast_does_not_end_a_real_time_call(self) -> None:
+        """#40: a sender that writes RTP sample units as ``media.timestamp`` (8 kHz: 160 a frame, not 20) sends its
+        audio at exactly real time. Before, each frame's 140 ms "gap" was filled with silence and counted: a flood
+        after 1.5 s. Now its timestamps are followed until they run ``TIMESTAMPS_AHEAD_MS`` ahead of the wall clock,
+        then not (one ``ClockDistrusted``), and a flood is judged on the audio received."""
+        h = Harness().live()
+        for i in range(500):  # 10 s at real time
+            h.receive(media(caller_frame(i), timestamp=str(160 * i)))
+            h.now_ms += 20
+        assert h.call.state is CallState.LIVE and h.call.phase.failure is None
+        (distrusted,) = [o for o in h.outputs if isinstance(o, ClockDistrusted)]
+        inbound = h.call.caller.inbound
+        assert inbound.received_ms == 10_000 and inbound.stream_media_ms < 10_000 + TIMESTAMPS_AHEAD_MS, inbound.stream_media_ms
+        assert h.call.caller.input_ms == inbound.stream_media_ms  # the engine's timeline: the audio, and a bounded fill
+
+    def test_a_gap_a_carrier_clock_explains_is_still_filled_after_a_stall_of_ours(self) -> None:
+        """Timestamps behind the wall clock (we read late) are the carrier's: followed, gaps filled."""
+        h = Harness().live()
+        h.receive(media(caller_frame(0), timestamp="0"))
+        h.now_ms = 5000
+        h.receive(media(caller_frame(1), timestamp="300"))  # 280 ms lost on the way, read 5 s late
+        assert h.call.caller.input_ms == 320 and not [o for o in h.outputs if isinstance(o, ClockDistrusted)]
 
     def test_a_backlog_after_a_stall_is_not_a_flood(self) -> None:
         h = Harness().live()

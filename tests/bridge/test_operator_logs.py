@@ -5,10 +5,14 @@ is a ``server.public_url`` that is not the URL the carrier signed); the digits c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 
 import httpx
+from twilio.request_validator import RequestValidator
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.sim.carrier import CallerScript
@@ -58,3 +62,28 @@ async def test_a_digit_the_caller_pressed_is_counted_and_logged_without_its_valu
     assert 'callbridge_dtmf_received_total{provider="twilio"} 2.0' in metrics
     lines = [r for r in records if r["event"] == "dtmf_received"]
     assert len(lines) == 2 and all("digit" not in line for line in lines)  # callers key in PINs and card numbers
+
+
+async def test_a_sender_that_reconnects_at_once_after_each_refusal_writes_a_bounded_log(tmp_path: Path) -> None:
+    """#40: 300 refused streams for one call (a Twilio-protocol sender whose own TwiML carries no callbridge token,
+    signed, reconnecting at once): every refusal counted, a handful of lines. Before: two lines an attempt."""
+    async with served(tmp_path) as server:
+        url = server.bridge.url.replace("http://", "ws://") + "/twilio/media"
+        signature = RequestValidator(SECRET).compute_signature(url, {})
+        call_sid = "CA" + "7" * 32
+        start = {"event": "start", "streamSid": "MZ" + "1" * 32, "start": {
+            "streamSid": "MZ" + "1" * 32, "accountSid": server.twilio.account_sid, "callSid": call_sid, "tracks": ["inbound"],
+            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}  # fmt: skip
+        for _ in range(300):
+            async with connect(url, additional_headers={"X-Twilio-Signature": signature}) as ws:
+                await ws.send('{"event":"connected","protocol":"Call","version":"1.0.0"}')
+                await ws.send(json.dumps(start))
+                with contextlib.suppress(ConnectionClosed):
+                    async for _ in ws:
+                        pass
+        async with httpx.AsyncClient(timeout=5) as http:
+            metrics = (await http.get(server.bridge.url + "/metrics")).text
+        records = [json.loads(line) for line in server.bridge.log_path.read_text().splitlines() if line.startswith("{")]
+    assert 'callbridge_streams_refused_total{provider="twilio",reason="bad_token"} 300.0' in metrics
+    about_it = [r for r in records if r.get("call_id") == call_sid]
+    assert 1 <= len(about_it) <= 10, [r["event"] for r in about_it]

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 from callbridge.bridge.call_outputs import StreamReport
 from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.lifecycle import StreamFacts
+from callbridge.bridge.log_budget import LogBudget
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.stream_telemetry import StreamTelemetry
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -18,10 +19,13 @@ from callbridge.engine.events import AudioDelta
 pytestmark = pytest.mark.core
 
 
-def telemetry() -> tuple[StreamTelemetry, CollectorRegistry, list[tuple[str, str]]]:
-    registry = CollectorRegistry()
+def telemetry(budget: LogBudget | None = None) -> tuple[StreamTelemetry, CollectorRegistry, list[tuple[str, str]]]:
+    registry, budget = CollectorRegistry(), budget or LogBudget()
     unknown: list[tuple[str, str]] = []
-    seen = StreamTelemetry(BridgeMetrics(registry), TwilioCodec(), structlog.get_logger("test"), lambda provider, event, log: unknown.append((provider, event)))
+    seen = StreamTelemetry(
+        BridgeMetrics(registry), TwilioCodec(), structlog.get_logger("test"), lambda provider, event, log: unknown.append((provider, event)),
+        budget,
+    )
     return seen, registry, unknown
 
 
@@ -57,3 +61,34 @@ def test_the_first_audio_is_timed_once_from_its_read_and_a_barge_in_only_from_an
     seen.engine_event_taken(AudioDelta(b"", 24000, "r", "i", 0))
     seen.barge_in_flushed()
     assert registry.get_sample_value("callbridge_barge_in_clear_seconds_count") == 1
+
+
+def test_a_refused_stream_past_the_budget_is_counted_and_writes_no_line(capsys: pytest.CaptureFixture[str]) -> None:
+    budget = LogBudget()
+    for attempt in range(3):  # one sender, one call, at once: the first refusal is logged, the others counted
+        seen, registry, _ = telemetry(budget)
+        seen.refused(EndCause.of("bad_token"), "CA1")
+        seen.ended(report("bad_token", frames_sent=0, barge_ins=0))
+    out = capsys.readouterr().out
+    assert out.count("stream_refused") == 1 and out.count("call_ended") == 1, out
+    assert registry.get_sample_value("callbridge_streams_refused_total", {"provider": seen.provider, "reason": "bad_token"}) == 1
+
+
+class TestLogBudget:
+    def test_a_key_is_logged_first_then_once_an_interval_with_what_was_left_out(self) -> None:
+        budget = LogBudget(every_ms=10_000)
+        assert budget.allow("twilio:CA1", 0) == 0
+        assert [budget.allow("twilio:CA1", t) for t in range(1, 3000)] == [None] * 2999  # 300 a second, 10 s
+        assert budget.allow("twilio:CA1", 10_000) == 2999
+        assert budget.allow("twilio:CA2", 10_001) == 0  # another call: its own first line
+
+    def test_varying_the_key_buys_no_more_than_the_rate_across_keys(self) -> None:
+        budget = LogBudget(per_s=20)
+        logged = sum(budget.allow(f"twilio:CA{i}", i) is not None for i in range(1000))  # 1000 calls in 1 s
+        assert logged <= 20 + 20
+
+    def test_the_keys_remembered_are_bounded(self) -> None:
+        budget = LogBudget(per_s=1_000_000, max_keys=100)
+        for i in range(1000):
+            budget.allow(f"k{i}", i)
+        assert len(budget._keys) == 100
