@@ -25,12 +25,12 @@ def public_base(settings: Settings, request_base: str) -> str:
 
 
 _OWN_QUERY: Final = frozenset({"redirect"})
-"""Query parameters the bridge puts on URLs it gives carriers (Twilio's ``<Redirect>`` nonce): never the caller's."""
+"""Query parameters the bridge puts on URLs it gives carriers (a TwiML ``<Redirect>``'s nonce): never the caller's."""
 
 
 def answer_url_parameters(request: Request) -> list[tuple[str, str]]:
     """The query parameters of the URL a carrier's answer webhook came to — those a user set on the number's answer
-    URL (``/twilio/voice?customer_id=42``; a carrier signs the URL with its query where it signs at all) — but the
+    URL (``…/voice?customer_id=42``; a carrier signs the URL with its query where it signs at all) — but the
     bridge's own. They join the carrier's own parameters in ``CallContext.parameters``, first, so that the
     carrier's field wins a name both have; ``app.context_parameters`` lets through what the application sees."""
     return [(name, value) for name, value in request.query_params.multi_items() if name not in _OWN_QUERY]
