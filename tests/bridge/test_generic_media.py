@@ -4,6 +4,7 @@ pointed at ``/media`` instead of the carrier's own path (re-signed where the car
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -14,10 +15,11 @@ from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from callbridge.carriers.twilio.wire import ACCOUNT_PARAM
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from callbridge.sim.simulators import simulated
-from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
 
 SIMULATED = simulated()
 
@@ -82,3 +84,30 @@ async def test_forged_signature_and_missing_token_are_refused() -> None:
                 await asyncio.wait_for(ws.recv(), 5)
             assert ws.close_code == 1008
     assert recorder.opened == []
+
+
+async def test_a_sender_that_leaves_the_account_empty_is_twilios_and_is_hung_up_by_the_account_the_answer_saw() -> None:
+    """#40: a Twilio-protocol sender (a SIP-to-websocket bridge) whose ``start`` has ``accountSid: ""``, streaming to
+    ``/media`` from our answer's TwiML. Before: labelled SignalWire, and its hang-up failed ("needs the call's
+    account id") though the answer webhook had the ``AccountSid``: the caller was left on a dead line. The answer's
+    ``<Stream>`` now carries it (``callbridge_account``); the stream is Twilio's and is hung up through it."""
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        call_sid = "CA" + "5" * 32
+        answer = await post_answer(bridge, call_sid)
+        params = dict(re.findall(r'<Parameter name="([^"]+)" value="([^"]+)"/>', answer.text))
+        assert params.get(ACCOUNT_PARAM) == bridge.carrier.account_sid, answer.text
+        url = bridge.base_url.replace("http://", "ws://") + "/media"
+        signature = RequestValidator(bridge.carrier.secret).compute_signature(url, {})
+        async with connect(url, additional_headers={"X-Twilio-Signature": signature}) as ws:
+            start = {"streamSid": "MZ" + "5" * 32, "accountSid": "", "callSid": call_sid, "customParameters": params,
+                     "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}  # fmt: skip
+            await ws.send(orjson.dumps({"event": "start", "streamSid": start["streamSid"], "start": start}).decode())
+            await until(lambda: recorder.session_count == 1, timeout_s=5)
+            await ws.send('{"event":"media","streamSid":"MZ' + "5" * 32 + '","media":{"payload":"not base64!"}}')  # ends it
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 5)
+        metrics = bridge.app.state.bridge.registry
+        await until(lambda: (metrics.get_sample_value("callbridge_hangups_total", {"provider": "twilio", "result": "ok"}) or 0) == 1)
+        assert metrics.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "protocol_error"}) == 1

@@ -16,6 +16,7 @@ from callbridge.carriers.base import (
     StreamStarted,
 )
 from callbridge.carriers.generic.wire import DetectingCodec
+from callbridge.carriers.twilio.wire import ACCOUNT_PARAM
 from callbridge.codecs import AudioEncoding
 
 pytestmark = pytest.mark.core
@@ -84,6 +85,18 @@ def test_recognises_each_carrier_and_replays_what_it_held(provider: str) -> None
         assert events[0] == StreamConnected()  # held, then replayed to the carrier's codec
     assert codec.stream_id is not None and codec.profile is codec.inner.profile  # type: ignore[union-attr]
     assert codec.send(SendClear()) is not None or provider == "audiosocket"
+
+
+@pytest.mark.parametrize(("account", "provider"), [("AC" + "1" * 32, "twilio"), ("3f2b1c0e-0000-4000-8000-000000000000", "signalwire")])
+def test_an_empty_account_is_read_from_what_our_answer_put_in_the_streams_parameters(account: str, provider: str) -> None:
+    """#40: a Twilio-protocol sender that leaves ``accountSid`` empty: labelled, and its call hung up, by the
+    ``AccountSid`` our answer webhook saw (``ACCOUNT_PARAM``); before, always SignalWire, and no account to hang up with."""
+    start = orjson.loads(FIRST_MESSAGES["twilio"][1])
+    start["start"]["accountSid"] = ""
+    start["start"]["customParameters"] = {"token": "t", ACCOUNT_PARAM: account}
+    codec = DetectingCodec()
+    (started,) = [e for e in codec.receive_message(dumps(start)) if isinstance(e, StreamStarted)]
+    assert codec.provider == provider and started.account_id == account
 
 
 def test_delegates_media_after_recognition() -> None:

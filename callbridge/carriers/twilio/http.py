@@ -38,7 +38,7 @@ from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
-from callbridge.carriers.twilio.wire import TwilioCodec
+from callbridge.carriers.twilio.wire import ACCOUNT_PARAM, TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
@@ -88,15 +88,18 @@ class TwilioDialect:
     def status_path(self) -> str:
         return f"/{self.name}/stream-status"
 
-    def twiml_connect(self, base: str, token: str) -> str:
-        """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops."""
+    def twiml_connect(self, base: str, token: str, account: str | None = None) -> str:
+        """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops.
+        ``account``: the ``AccountSid`` the answer webhook came with, as a ``<Parameter>`` too (``ACCOUNT_PARAM``):
+        a sender whose ``start`` leaves ``accountSid`` empty is still known by it, and hung up through it."""
+        account_parameter = f'<Parameter name="{ACCOUNT_PARAM}" value={quoteattr(account)}/>' if account else ""
         attributes = "".join(f" {name}={quoteattr(value)}" for name, value in self.stream_attributes.items())
         return (
             '<?xml version="1.0" encoding="UTF-8"?>'
             "<Response><Connect>"
             f"<Stream url={quoteattr(ws_url(base) + self.media_path)}{attributes}"
             f' statusCallback={quoteattr(base + self.status_path)} statusCallbackMethod="POST">'
-            f'<Parameter name="token" value={quoteattr(token)}/>'
+            f'<Parameter name="token" value={quoteattr(token)}/>{account_parameter}'
             "</Stream></Connect>"
             f'<Redirect method="POST">{escape(self.redirect_url(base))}</Redirect>'
             "</Response>"
@@ -209,7 +212,7 @@ def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -
             case AnswerKind.ANSWER:
                 assert decision.token is not None
                 log.info("call_answered", call_id=call_id, provider=name, caller=form.get("From"))
-                twiml = dialect.twiml_connect(base, decision.token)
+                twiml = dialect.twiml_connect(base, decision.token, form.get("AccountSid"))
         return Response(twiml, media_type="application/xml")
 
     @router.websocket(dialect.media_path)

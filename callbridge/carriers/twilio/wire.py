@@ -37,11 +37,14 @@ from callbridge.carriers.base import (
 from callbridge.carriers.json_wire import JsonCodec, json_number, start_body
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec", "recognises"]
+__all__ = ["ACCOUNT_PARAM", "DEFAULT_MAX_MESSAGE_BYTES", "MULAW_8K", "TwilioCodec", "recognises"]
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 """A 20 ms frame is about 300 bytes; even a second of audio in one message stays far below this."""
 
+ACCOUNT_PARAM: Final = "callbridge_account"
+"""The ``<Parameter>`` our answer's ``<Stream>`` carries the webhook's ``AccountSid`` in: where a Twilio-protocol
+sender's ``start`` leaves ``accountSid`` empty, the stream is still labelled and hung up by it."""
 _DTMF_DIGITS: Final = frozenset("0123456789*#ABCD")
 _SID: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Twilio SIDs are two letters and 32 hex digits; this also keeps them safe to splice into JSON."""
@@ -113,7 +116,7 @@ class TwilioCodec(JsonCodec):
         call_id = self._string(start, "callSid", "start")
         if payload.get("streamSid", stream_id) != stream_id:
             raise self._error(ProtocolErrorReason.WRONG_STREAM, "start.streamSid differs from streamSid")
-        account = start.get("accountSid")
+        account = start.get("accountSid") or _parameter_account(start)
         fmt = start.get("mediaFormat", {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1})
         if not isinstance(fmt, dict):
             raise self._error(ProtocolErrorReason.BAD_FIELD, "start.mediaFormat is not an object")
@@ -169,9 +172,16 @@ class TwilioCodec(JsonCodec):
 
 def recognises(first: Mapping[str, Any]) -> bool:
     """A first message on the generic ``/media`` URL is Twilio's: a ``start`` with ``streamSid`` and an account
-    ``AC…`` (a dialect's project is a UUID)."""
+    ``AC…`` (a dialect's project is a UUID) — its ``accountSid``, or where a sender leaves that empty, the one our
+    answer put in its ``<Parameter>``s (``ACCOUNT_PARAM``)."""
     start = start_body(first)
     if start is None or not ("streamSid" in first or "streamSid" in start):
         return False
-    account = start.get("accountSid")
+    account = start.get("accountSid") or _parameter_account(start)
     return isinstance(account, str) and account.startswith("AC")
+
+
+def _parameter_account(start: Mapping[str, Any]) -> object:
+    """The account our answer webhook saw, from the ``start``'s custom parameters (None: not there)."""
+    params = start.get("customParameters")
+    return params.get(ACCOUNT_PARAM) if isinstance(params, dict) else None
