@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from callbridge import __version__
 from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec, direct_names, simulated_names
+from callbridge.cli_stream_token import add_stream_token
 from callbridge.config import (
     ConfigError,
     ConfigProblem,
@@ -108,6 +109,7 @@ def _build_parser() -> argparse.ArgumentParser:
     engine_server.set_defaults(handler=_engine_server)
     _add_simulate(commands, common)
     _add_loadtest(commands, common)
+    add_stream_token(commands, common)
 
     app_schema = commands.add_parser(
         "app-schema", parents=[common], help="print the JSON Schema of the application's webhook (assistant-request)"

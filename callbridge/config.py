@@ -86,6 +86,12 @@ class ServerSettings(Section):
     measured (the use over the calls carried, both smoothed over 5 s); while few calls have been, it leans on a guess:
     ``max_calls`` calls fill what the budget leaves beside the process's own use. ``max_calls`` is checked first (the
     reason logged and counted is the first limit reached). Calls coming back are still admitted. 0: no CPU budget."""
+    stream_token_secret: Annotated[SecretStr, Field(min_length=32)] | None = None
+    """A secret shared with your application, for streams that do not start at callbridge's answer webhook (your
+    own TwiML's ``<Connect><Stream>``): the application mints each stream's token with it (an HMAC over the call id
+    and an expiry: ``callbridge.bridge.stream_token.mint_stream_token``, or ``callbridge stream-token CALL_ID``) and
+    passes it as the ``token`` parameter; each is admitted once, for that call, until it expires. None: only tokens
+    callbridge's own answers minted."""
     generic_media_requires_token: bool = True
     """Streams on the one-URL-for-all ``/media`` endpoint need a token our answer webhook minted, unless a
     carrier's own credentials admit them (``Carrier.generic_upgrade``). Switch off only where the network admits nothing but your carriers."""

@@ -42,6 +42,7 @@ from callbridge.bridge.services import (
     CarrierRest,
     HangUpFn,
 )
+from callbridge.bridge.stream_token import AppMintedTokens
 from callbridge.carriers import CARRIERS
 from callbridge.compiled import COMPILED_MODULES, compiled_modules, stale_modules
 from callbridge.config import Settings
@@ -70,6 +71,8 @@ class BridgeState:
         self.carriers = tuple(load_carrier(spec) for spec in CARRIERS)
         rests: dict[str, CarrierRest] = {c.name: c.rest(settings) for c in self.carriers if c.rest is not None}
         registry, tokens = build_registry(settings, registry_host)
+        if settings.server.stream_token_secret is not None:  # and those the application mints (``stream_token``)
+            tokens = AppMintedTokens(tokens, settings.server.stream_token_secret, registry)
         self.services = BridgeServices(
             settings=settings,
             engine=engine,

@@ -126,6 +126,7 @@ def twilio_dialect(settings: Settings) -> TwilioDialect:
         signing_key=settings.twilio.auth_token,
         validate_signatures=settings.twilio.validate_signatures,
         codec=TwilioCodec,
+        upgrade_signed=not settings.twilio.unsigned_upgrades,
     )
 
 
