@@ -19,7 +19,7 @@ def add_stream_token(commands: Any, common: argparse.ArgumentParser) -> None:
     command = commands.add_parser(
         "stream-token", parents=[common], help="mint a stream token for one call (server.stream_token_secret)"
     )
-    command.add_argument("call_id", help="the carrier's call id (Twilio's CallSid)")
+    command.add_argument("call_id", help="the carrier's call id, as the stream's start names it (a CallSid)")
     command.add_argument("--ttl", type=int, default=DEFAULT_TTL_S, help=f"seconds it is valid (default {DEFAULT_TTL_S})")
     command.set_defaults(handler=_stream_token)
 

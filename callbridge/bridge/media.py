@@ -56,7 +56,7 @@ from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import LiveCall
-from callbridge.bridge.stream_effects import StreamEffects, awaited
+from callbridge.bridge.stream_effects import StreamEffects, awaited, not_back_after_ms
 from callbridge.bridge.stream_services import StreamServices
 from callbridge.bridge.stream_setup import StreamSetup
 from callbridge.bridge.stream_telemetry import StreamTelemetry
@@ -194,7 +194,7 @@ class MediaStreamDriver:
         self._life = life = CallLifecycle(
             check_token=self.check_token,
             answer_sessions=self.services.answer_sessions is not None,
-            reconnect_window_ms=self.call.codec.profile.reconnect_window_ms,
+            reconnect_window_ms=self.call.codec.profile.reconnect_window_ms or not_back_after_ms(self.services.settings),
         )
         life.stream_started()
         self._tasks.append(asyncio.create_task(self._bind(life, start)))

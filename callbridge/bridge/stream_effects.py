@@ -22,13 +22,23 @@ from callbridge.bridge.lifecycle_steps import Rejected
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.registry import CallClaim, LiveCall, RegistryUnavailable, SignalKind
 from callbridge.bridge.stream_services import StreamServices
+from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
 from callbridge.engine.port import DuplexSession, ResumeTicket
 
-__all__ = ["StreamEffects", "StreamHooks", "awaited"]
+__all__ = ["StreamEffects", "StreamHooks", "awaited", "not_back_after_ms"]
 
 _ENGINE_CLOSE_WAIT_S = 0.05
 """How long a stream's end waits for its engine session's close before leaving it to the background."""
+_BEFORE_THE_GRACE_MS = 2000
+"""A dropped call's session is closed this long before the engine's grace would end it: while it still can be."""
+
+
+def not_back_after_ms(settings: Settings) -> int:
+    """For a carrier that names no reconnect window (its ``<Redirect>`` comes within a second or two, or never: the
+    caller hung up meanwhile): a dropped stream's call that has not come back by now is over — its session closed,
+    its report sent (``call.ended``), just before the engine's disconnect grace would have ended it unannounced."""
+    return max(1000, int(settings.engine.disconnect_grace_s * 1000) - _BEFORE_THE_GRACE_MS)
 
 
 class StreamHooks(LiveStream, Protocol):
@@ -144,11 +154,22 @@ class StreamEffects:
 
     async def _close_unless_back(self, ticket: ResumeTicket, window_ms: int) -> None:
         """A carrier whose stream comes back within ``window_ms`` if it comes back at all (one whose hang-up is its
-        socket closing, as a drop is): when none has, the call is over — its session closed, its report sent."""
+        socket closing, as a drop is; or one that names no window: ``not_back_after_ms``): when none has (the ticket
+        still waits), the call is over — marked so, its session closed where the engine still has it, its report
+        sent."""
         await asyncio.sleep(window_ms / 1000)
-        if await self.services.close_detached(self.call_id, EndReason.NO_RECONNECT, ticket):
-            self.log.info("engine_session_closed", reason=EndReason.NO_RECONNECT.value, window_ms=window_ms)
-            self.stream.call_over(EndCause(EndReason.NO_RECONNECT))
+        reason = EndReason.NO_RECONNECT
+        try:
+            waiting, _ = await self.registry.claim_ticket(self.call_id, ticket)
+            if waiting is None:
+                return  # a stream came back for it (here or elsewhere), or the call ended meanwhile
+            await self.registry.mark_ended(self.call_id, reason)
+        except RegistryUnavailable as exc:
+            self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            return
+        closed = await self.services.close_parked(waiting, reason)
+        self.log.info("call_not_back", reason=reason.value, window_ms=window_ms, engine_session_closed=closed)
+        self.stream.call_over(EndCause(reason))
 
 
 async def _suppress_engine_error(work: Awaitable[None]) -> None:

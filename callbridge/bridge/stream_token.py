@@ -11,7 +11,7 @@ over the call's id and an expiry, with that shared secret — and passes it as t
 
 The bridge admits such a token once, for that call, until it expires (``DEFAULT_TTL_S``, 5 minutes, from when it
 was minted): it is remembered in the registry, so a token seen once is refused again on any process. A carrier's
-own check (Twilio's signature on the upgrade) holds as well where the carrier sends one.
+own check (a signature on the upgrade) holds as well where the carrier sends one.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _mac(secret: str, call_id: str, expiry: int) -> str:
 
 
 def mint_stream_token(secret: str, call_id: str, ttl_s: int = DEFAULT_TTL_S, *, now_s: float | None = None) -> str:
-    """A token for one stream of ``call_id`` (the carrier's call id: Twilio's ``CallSid``), valid ``ttl_s``."""
+    """A token for one stream of ``call_id`` (the carrier's own call id, as its stream's ``start`` names it), valid ``ttl_s``."""
     if len(secret) < MIN_SECRET_CHARS:
         raise ValueError(f"a stream token secret has at least {MIN_SECRET_CHARS} characters")
     expiry = int(time.time() if now_s is None else now_s) + ttl_s

@@ -91,6 +91,9 @@ class CallerScript:
     """Say the first utterance again this long after the agent starts speaking (a barge-in)."""
     redirect_delay_ms: int = 0
     """How long the carrier takes, after a connection drops, to open the next one."""
+    hangs_up_while_dropped: bool = False
+    """The caller hangs up while the media connection is down (at its first drop): the carrier never opens another,
+    and tells the bridge nothing more than its own webhooks do."""
     unknown_events_at_ms: tuple[int, ...] = ()
     """The carrier sends an event type it added since (``SimulatedCarrier.unknown_event``) at these times."""
 
@@ -556,6 +559,10 @@ class SimulatedCarrier(ABC):
                     drops.pop(0)
                     result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")
                     frame_index += await self._drop(stream, receiver, script, result)
+                    if script.hangs_up_while_dropped:
+                        result.hung_up_by = "caller"
+                        result.log(now_ms(), "caller", "hangs up while the media connection is down")
+                        break
                     continue
                 if ear.done(t):
                     result.hung_up_by = "caller"

@@ -105,6 +105,28 @@ async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_t
     assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]
 
 
+@pytest.mark.long
+async def test_a_call_whose_stream_drops_and_never_comes_back_is_reported_ended() -> None:
+    """#40: Twilio names no reconnect window (its ``<Redirect>`` comes within a second, or never): the caller hangs up
+    while the media connection is down, and nothing more reaches the bridge. Before, the session was left to the
+    engine's grace and the application never had ``call.ended``. Now, just before that grace (the shipped 30 s),
+    the call is marked over, its session closed, and its report sent, ended by the carrier (``no_reconnect``)."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder) as bridge:
+        assert bridge.settings.engine.disconnect_grace_s == 30  # shipped
+        script = CallerScript(utterances=((300, short_speech(600)),), drop_stream_at_ms=(1500,), redirect_delay_ms=200, hangs_up_while_dropped=True)
+        result = await bridge.carrier.place_call(script)
+        dropped = time.monotonic()
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=40)
+        waited_s = time.monotonic() - dropped
+        await until(lambda: recorder.session_count == 0, timeout_s=5)
+        ended = await bridge.app.state.bridge.services.registry.ended_reason(result.call_sid)
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    assert (report.ended_by, report.end_reason) == ("carrier", "no_reconnect") and ended == "no_reconnect", report
+    assert len(result.streams) == 1 and 25 < waited_s < 30, (waited_s, result.render())  # before the engine's grace
+
+
 @PATCHES_A_COMPILED_METHOD
 async def test_the_report_has_what_the_caller_said_where_the_model_transcribes_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model whose plugin surfaces its ASR text (vllm-omni 0.30: AURA-Omni) sends the caller's words after each

@@ -110,4 +110,4 @@ async def test_a_sender_that_leaves_the_account_empty_is_twilios_and_is_hung_up_
                     await asyncio.wait_for(ws.recv(), 5)
         metrics = bridge.app.state.bridge.registry
         await until(lambda: (metrics.get_sample_value("callbridge_hangups_total", {"provider": "twilio", "result": "ok"}) or 0) == 1)
-        assert metrics.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "protocol_error"}) == 1
+        await until(lambda: metrics.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "protocol_error"}) == 1)

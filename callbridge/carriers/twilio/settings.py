@@ -15,7 +15,7 @@ class TwilioSettings(Section):
     """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
     unsigned_upgrades: bool = False
     """Admit a media websocket whose upgrade carries no X-Twilio-Signature when its stream shows a token (one
-    callbridge's answer minted, or one your application minted with ``server.stream_token_secret``), as SignalWire's
+    callbridge's answer minted, or one your application minted with ``server.stream_token_secret``), as a dialect's
     are: for Twilio-protocol senders that do not sign upgrades (a SIP-to-websocket bridge). A signature that is sent
     is still checked. Twilio itself signs them: leave it off for Twilio."""
     api_base_url: HttpUrl = "https://api.twilio.com"
