@@ -31,7 +31,7 @@ from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_config import session_config
 from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, Chosen, Rejection, TransferTo, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
-from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES, FLEET_HOLD_MS
+from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable, StreamTokens
 from callbridge.config import Settings, model_calls_tools
@@ -292,7 +292,10 @@ class AnswerDesk:
         fleet_limit = self._host.settings.server.max_calls_fleet
         if refusal is None and not known_here and call_id and fleet_limit is not None:
             try:
-                if not await self._host.registry.admit(call_id, fleet_limit, FLEET_HOLD_MS):
+                # held as long as the answer's own slot (``engine.open_at_answer_ttl_s``): a stream that never comes
+                # frees the fleet's place when it frees this process's, not a fleet hold later
+                answer_hold_ms = int(self._host.settings.engine.open_at_answer_ttl_s * 1000)
+                if not await self._host.registry.admit(call_id, fleet_limit, answer_hold_ms):
                     refusal = Refusal.MAX_CALLS_FLEET
             except RegistryUnavailable:
                 self._host.admission.give_back(call_id)

@@ -326,14 +326,18 @@ class BridgeServices:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=call_id)
 
     async def hold_fleet_admissions(self) -> None:
-        """With ``server.max_calls_fleet``: keep this process's calls counted in the fleet (every third of
-        ``FLEET_HOLD_MS``), so that those of a process that died lapse."""
+        """With ``server.max_calls_fleet``: keep this process's bridged calls counted in the fleet (every third of
+        ``FLEET_HOLD_MS``), so that those of a process that died lapse. A call admitted whose stream has not come is
+        not held on: its admission's hold is its answer's time to live (``engine.open_at_answer_ttl_s``)."""
         while True:
             await asyncio.sleep(FLEET_HOLD_MS / 3000)
-            try:
-                await self.registry.hold(self.admission.holding(), FLEET_HOLD_MS)
-            except RegistryUnavailable as exc:
-                log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            await self._hold_in_fleet(list(self.admission.bridged))
+
+    async def _hold_in_fleet(self, call_ids: list[str]) -> None:
+        try:
+            await self.registry.hold(call_ids, FLEET_HOLD_MS)
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
 
     def call_bound(self, call_id: str) -> None:
         """A stream bound the call's engine session here: it counts as bridged (no longer as admitted). A call this
@@ -341,6 +345,8 @@ class BridgeServices:
         if not self.admission.knows(call_id):
             self.spawn(self.signals.send(call_id, SignalKind.STREAM_BOUND, ""))
         self.admission.bound(call_id)
+        if self.settings.server.max_calls_fleet is not None:  # counted from now as a call, not an answer's slot
+            self.spawn(self._hold_in_fleet([call_id]))
 
     async def _bound_elsewhere(self, signal: CallSignal) -> None:
         """Another process bound the stream of a call admitted here: the slot it held goes (not the fleet's count,

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 
 import pytest
+import redis.asyncio as aioredis
 
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.sim.carrier import CallerScript
@@ -157,3 +158,22 @@ async def _admits(services: object, call_id: str) -> bool:
 
     assert isinstance(services, BridgeServices)
     return await services.desk.admits(call_id)
+
+
+async def test_a_fleet_reservation_whose_stream_never_comes_lasts_no_longer_than_its_answer(redis_url: str) -> None:
+    """#40: a call admitted against ``max_calls_fleet`` is counted fleet-wide from its answer; where its stream never
+    comes, its place lapses with the answer's own slot (``engine.open_at_answer_ttl_s``, 15 s), not a fleet hold
+    (30 s, then held on every 10 s while the local slot lived: up to 45 s). A bound call is held on."""
+    recorder = engine()
+    fleet = settings(server={"max_calls_fleet": 2}, registry={"backend": "redis", "redis_url": redis_url})
+    async with running_bridge(fleet, recorder) as bridge:
+        call_id = f"CA{uuid.uuid4().hex}"
+        assert "<Connect>" in (await answer(bridge, call_id)).text
+        admin = aioredis.Redis.from_url(redis_url)
+        try:
+            seconds, micros = await admin.time()
+            until_ms = await admin.zscore("callbridge:admitted", call_id)
+        finally:
+            await admin.aclose()
+    ttl_ms = bridge.settings.engine.open_at_answer_ttl_s * 1000
+    assert until_ms is not None and until_ms - (seconds * 1000 + micros // 1000) <= ttl_ms, (until_ms, ttl_ms)
