@@ -29,6 +29,7 @@ from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.carrier_plugin import load_carrier
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
+from callbridge.bridge.fleet_port import FleetPort
 from callbridge.bridge.group_metrics import PUBLISH_EVERY_S, GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.metrics import BridgeMetrics
@@ -99,17 +100,22 @@ class BridgeState:
                 self.services.action_performers[name] = rest  # type: ignore[assignment]
 
     @property
+    def fleet(self) -> FleetPort:
+        """The process among its fleet, as the app drives it: readiness, the drain, other processes' signals."""
+        return self.services
+
+    @property
     def draining(self) -> bool:
-        return self.services.draining
+        return self.fleet.draining
 
     @draining.setter
     def draining(self, value: bool) -> None:
-        self.services.draining = value
+        self.fleet.draining = value
 
     async def drain(self) -> None:
-        """SIGTERM's first step (``callbridge serve``), before the listener closes: ``BridgeServices.drain``
-        with ``server.drain_timeout_s``."""
-        await self.services.drain(self.settings.server.drain_timeout_s)
+        """SIGTERM's first step (``callbridge serve``), before the listener closes: ``FleetPort.drain`` with
+        ``server.drain_timeout_s``."""
+        await self.fleet.drain(self.settings.server.drain_timeout_s)
 
     async def _hang_up(self, provider: str, call_id: str, account_id: str | None, reason: str) -> None:
         rest = self.services.carrier_rests.get(provider)
@@ -185,7 +191,7 @@ def create_app(
                 log.warning("compiled_modules_stale", modules=stale, detail="edited since the build: the built code runs; rebuild them")
             state.services.spawn(_sample_load(state.services))
             start_engine_pool(state.services.engine)  # its health probes begin before the first call
-            state.services.start_listening()  # other processes' word on calls whose stream is here
+            state.fleet.start_listening()  # other processes' word on calls whose stream is here
             state.services.metrics.watch(state.services, asyncio.get_running_loop())
             if state.group is not None:
                 state.services.spawn(state.group.run())  # the other workers' scrapes see this one's levels
@@ -195,7 +201,7 @@ def create_app(
                 yield
             finally:
                 state.draining = True
-                log.info("bridge_stopping", active_calls=len(state.services.active_calls))
+                log.info("bridge_stopping", active_calls=len(state.fleet.active_calls))
         await _close_services(state.services)
 
     app = FastAPI(title="callbridge", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -220,11 +226,12 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Readiness: 200 while new calls can be taken; 503 with the reason (``draining``,
         ``registry_unavailable``, ``no_engine``) while not."""
-        reason = await state.services.unready_because()
-        state.services.readiness_answered(reason)
+        fleet = state.fleet
+        reason = await fleet.unready_because()
+        fleet.readiness_answered(reason)
         if reason is not None:
             return JSONResponse({"status": reason}, status_code=503)
-        return JSONResponse({"status": "ready", "active_calls": len(state.services.active_calls)})
+        return JSONResponse({"status": "ready", "active_calls": len(fleet.active_calls)})
 
     @app.get("/metrics")
     async def metrics() -> Response:

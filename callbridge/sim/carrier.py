@@ -557,12 +557,10 @@ class SimulatedCarrier(ABC):
                     result.log(now_ms(), self.provider, "sends an event type it added since")
                 if drops and t >= drops[0]:
                     drops.pop(0)
-                    result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")
-                    frame_index += await self._drop(stream, receiver, script, result)
-                    if script.hangs_up_while_dropped:
-                        result.hung_up_by = "caller"
-                        result.log(now_ms(), "caller", "hangs up while the media connection is down")
+                    skipped = await self._drop(stream, receiver, script, result, now_ms)
+                    if skipped is None:  # the caller hung up meanwhile
                         break
+                    frame_index += skipped
                     continue
                 if ear.done(t):
                     result.hung_up_by = "caller"
@@ -579,13 +577,21 @@ class SimulatedCarrier(ABC):
         return result
 
     @staticmethod
-    async def _drop(stream: SimStream, receiver: asyncio.Task[None] | None, script: CallerScript, result: CallResult) -> int:
+    async def _drop(
+        stream: SimStream, receiver: asyncio.Task[None] | None, script: CallerScript, result: CallResult, now_ms: Callable[[], int]
+    ) -> int | None:
         """The stream's connection drops with no goodbye; the carrier's redirect takes ``script.redirect_delay_ms``,
-        which the caller hears as silence. The ticks that delay skips."""
+        which the caller hears as silence. The ticks that delay skips; None where the caller hangs up meanwhile
+        (``hangs_up_while_dropped``: no redirect follows)."""
+        result.log(now_ms(), "network", f"media connection {stream.stream_id} drops (no goodbye)")
         stream.network_drop = stream.dropped = True
         stream.conn.abort()
         if receiver is not None:
             await asyncio.gather(receiver, return_exceptions=True)
+        if script.hangs_up_while_dropped:
+            result.hung_up_by = "caller"
+            result.log(now_ms(), "caller", "hangs up while the media connection is down")
+            return None
         if not script.redirect_delay_ms:
             return 0
         await asyncio.sleep(script.redirect_delay_ms / 1000)
