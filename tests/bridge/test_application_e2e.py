@@ -587,14 +587,13 @@ def _local_shifts(recorded: np.ndarray, heard: np.ndarray, at: int, block: int =
     return "; ".join(f"{lo // 8}–{hi // 8} ms: {label}" for lo, hi, label in ranges)
 
 
-@pytest.mark.parametrize("provider", [name for name in sorted(simulated()) if name != "vonage"])
+@pytest.mark.parametrize("provider", sorted(simulated()))
 async def test_the_recording_holds_the_caller_and_the_agent_as_the_caller_heard_it(tmp_path: Path, provider: str) -> None:
     """``[recording]``: the call's stereo WAV at the carrier's rate — the left channel what the caller sent, from its
     first frame (what came before the engine was bound too), the right what the simulated caller heard, barge-in included (the greeting cut where the caller spoke: flushed, or no
-    longer sent); the report names the file. On every carrier but Vonage, whose greeting, cut by the caller, is found
-    14 ms off at correlation 0.978 only: either this comparison (its 16 kHz stream reaches the simulated caller's ears
-    through ``audioop.ratecv`` frame by frame) or the cut's place (its ``clear`` echoes no pending ``notify``, so the
-    heard position at a clear is the ledger's estimate) — not resolved."""
+    longer sent); the report names the file. Every carrier, each run of agent audio at correlation 0.99 or more (#40:
+    Vonage, left out before at 0.978, now passes: 8 of 8 runs at 0.9995 or more, and every carrier's runs at 0.995
+    or more, 26 runs under 10 workers on 2 cores, session 33)."""
     await _records_as_heard(tmp_path, provider)
 
 
@@ -603,10 +602,12 @@ async def test_the_recording_holds_what_the_caller_heard_when_the_process_stalls
     """The process stalls twice for 300 ms in the greeting (a long GC pause, a starved VM): longer than the audio the
     bridge keeps ahead at the carrier, so the caller hears it underrun; the recording holds the greeting as heard,
     gaps included, each piece where the caller heard it — and the caller's side whole."""
-    await _records_as_heard(tmp_path, provider, stalls_at_s=(0.8, 1.2))
+    await _records_as_heard(tmp_path, provider, stalls_at_s=(0.8, 1.2), correlation_at_least=0.98)
 
 
-async def _records_as_heard(tmp_path: Path, provider: str, stalls_at_s: tuple[float, ...] = ()) -> None:
+async def _records_as_heard(
+    tmp_path: Path, provider: str, stalls_at_s: tuple[float, ...] = (), *, correlation_at_least: float = 0.99
+) -> None:
     recorder = engine()
     agent_app.Recorder.events.clear()
     recording = {"enabled": True, "directory": str(tmp_path)}
@@ -643,12 +644,11 @@ async def _records_as_heard(tmp_path: Path, provider: str, stalls_at_s: tuple[fl
     offset = _runs(stereo[:, 1])[0][0] - _runs(heard)[0][0]
     assert abs(offset) <= 1600, offset
     if carrier_spec(provider).capabilities.marks:  # its marks' echoes place each run where it played
-        # 0.98, not 0.99: on a loaded machine (CI's second pass) exotel's greeting matched at 0.9888 once — a part of
-        # the run a few ms off (an underrun at the carrier that the ledger's model did not see is recorded back to
-        # back; not confirmed as the cause)
-        _same_as_heard(agent, heard, offset, correlation_at_least=0.98)
+        # where the process stalls, 0.98: a part of a run a few ms off (an underrun at the carrier that the ledger's
+        # model did not see is recorded back to back; exotel's greeting once at 0.9888 on a loaded machine)
+        _same_as_heard(agent, heard, offset, correlation_at_least=correlation_at_least)
     else:  # placed where the bridge's clock says it played: a far end's jitter buffer (SIP's 40 ms) it cannot see
-        _same_as_heard(agent, heard, offset, within_ms=60, correlation_at_least=0.98)
+        _same_as_heard(agent, heard, offset, within_ms=60, correlation_at_least=correlation_at_least)
     sent = np.frombuffer(decode_to_pcm16(AudioEncoding.PCMU, encode_from_pcm16(AudioEncoding.PCMU, b"".join(sent_frames))), dtype="<i2")
     caller = np.zeros(len(stereo))
     caller[: len(sent)] = sent[: len(caller)]
