@@ -151,6 +151,10 @@ class StreamReport:
     late_deltas_dropped: int
     heard_corrections: int
     playout_underruns: int
+    media_until_ms: int | None = None
+    """Where the caller's media ended, on the driver's monotonic clock (its first payload's time plus the media it
+    carried): when the call ended as the carrier's audio says, whenever its end was read (a hang-up webhook
+    processed late). None: no media came."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -178,4 +178,11 @@ class StreamPhase:
             late_deltas_dropped=speech.late_deltas_dropped,
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
+            media_until_ms=_media_until_ms(caller),
         )
+
+
+def _media_until_ms(caller: CallerAudio) -> int | None:
+    """Where the stream's caller media ended on the driver's clock (``StreamReport.media_until_ms``)."""
+    first = caller.inbound.first_media_at_ms
+    return None if first is None else first + caller.inbound.stream_media_ms

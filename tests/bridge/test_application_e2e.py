@@ -20,6 +20,7 @@ from fastapi import FastAPI, Request, Response
 from callbridge.application import CallContext
 from callbridge.application.events import CallReport
 from callbridge.carriers import carrier_spec
+from callbridge.carriers.plivo.sim import SimulatedPlivo
 from callbridge.codecs.g711 import AudioEncoding, decode_to_pcm16, encode_from_pcm16
 from callbridge.engine.commands import CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.events import InputCommitted, InputTranscript
@@ -103,6 +104,26 @@ async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_t
     report = CallReport.model_validate(events[-1].data["report"])
     assert len(result.streams) == 2 and report.streams == 2, result.render()
     assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]
+
+
+async def test_the_reports_length_is_the_calls_not_how_late_its_hang_up_was_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#40's Plivo flake (9,392 ms reported for a 9,010 ms call on a loaded machine): Plivo's hang-up comes by its
+    webhook before the socket closes, and the report ended when the bridge had handled it. Here the webhook is 700 ms
+    late: the report's length is still the call's, as its media says."""
+    original = SimulatedPlivo._hangup_callback
+
+    async def late(self: SimulatedPlivo, call: Any) -> None:
+        await asyncio.sleep(0.7)
+        await original(self, call)
+
+    monkeypatch.setattr(SimulatedPlivo, "_hangup_callback", late)
+    agent_app.Recorder.events.clear()
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), engine(), provider="plivo") as bridge:
+        result = await bridge.carrier.place_call(CallerScript(utterances=((500, short_speech(600)),), hangup_at_ms=3000))
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    call_ms = result.timeline[-1].at_ms - result.timeline[0].at_ms
+    assert report.ended_by == "caller" and abs(report.duration_ms - call_ms) <= 300, (report.duration_ms, call_ms)
 
 
 @pytest.mark.long
