@@ -63,7 +63,7 @@ class AdmissionBook:
         return len(self.bridged) + len(self.admitted)
 
     def holding(self) -> list[str]:
-        """Every call counted here (the ids the fleet's count keeps alive)."""
+        """Every call counted here: bridged, and admitted with its stream still to come."""
         return [*self.bridged, *self.admitted]
 
     def give_back(self, call_id: str) -> bool:
