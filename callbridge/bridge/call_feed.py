@@ -154,7 +154,7 @@ class CallFeed:
             return
         builder.agent_audio_ms += report.output_ms
         # the stream's end as its media says: a carrier whose hang-up comes by a webhook before its socket closes
-        # (Plivo) had the webhook's handling counted in the call's length (9,392 ms reported for 9,010 on a loaded
+        # had the webhook's handling counted in the call's length (9,392 ms reported for 9,010 on a loaded
         # machine); no later than now (media read ahead of the clock)
         behind_s = 0.0 if report.media_until_ms is None else max(0, monotonic_ms() - report.media_until_ms) / 1000
         self._stream_ended_at = time.time() - behind_s
