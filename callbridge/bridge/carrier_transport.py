@@ -74,6 +74,8 @@ class WebSocketTransport:
         self._write_now: DataFramesWriter | None = frames["write"] if frames else None
         self.refused_too_large = False
         """The connection ended because the protocol refused a message over its limit (``ws_protocol``): 1009."""
+        self.peer = websocket.client.host if websocket.client is not None else None
+        """The address the connection came from (a load balancer's, behind one)."""
 
     async def receive(self) -> str | bytes | None:
         if self.websocket.client_state is not WebSocketState.CONNECTED:

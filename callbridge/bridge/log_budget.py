@@ -2,7 +2,7 @@
 refusal (300 a second, for one call) wrote two lines an attempt, thousands a minute from one misconfigured sender
 — or from anyone, since a refused stream is not yet known to be a carrier's.
 
-``LogBudget``: the first refusal of a key (a carrier's call id) is logged, then one every ``every_ms`` for it,
+``LogBudget``: the first refusal of a key (a carrier, the address a stream came from, its call id) is logged, then one every ``every_ms`` for it,
 carrying how many were not logged between; across all keys at most ``per_s`` lines a second (a burst of as many),
 so varying the key buys nothing. Every refusal is still counted in the metrics (``callbridge_streams_refused_total``).
 The keys remembered are bounded (``max_keys``, the oldest forgotten first). Clocked from outside.

@@ -272,7 +272,7 @@ class MediaStreamDriver:
 
     async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""
-        self._seen.refused(reason, self._start.call_id if self._start is not None else "")
+        self._seen.refused(reason, self._start.call_id if self._start is not None else "", getattr(self.transport, "peer", None))
         async with self._lock:
             if no_engine:
                 self.call.no_engine(reason, _now_ms())  # the tone, then the hang-up (the pacer plays it)

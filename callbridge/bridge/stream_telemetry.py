@@ -94,11 +94,11 @@ class StreamTelemetry:
             self.metrics.barge_in_clear_seconds.observe(elapsed_s)
             self.log.info("barge_in", signal=signal, clear_sent_after_ms=round(elapsed_s * 1000, 3))
 
-    def refused(self, reason: EndCause, call_id: str) -> None:
+    def refused(self, reason: EndCause, call_id: str, peer: str | None) -> None:
         """The stream was refused: counted; logged within the refusals' budget (a sender that reconnects at once
-        after each refusal writes a line every ``EVERY_MS`` for its call, with how many were left out)."""
+        after each refusal writes a line every ``EVERY_MS`` for its call and address, with how many were left out)."""
         self.metrics.stream_refused.labels(self.provider, reason.kind).inc()
-        not_logged = self._refusals.allow(f"{self.provider}:{call_id}", monotonic_ms())
+        not_logged = self._refusals.allow(f"{self.provider}:{peer}:{call_id}", monotonic_ms())
         self._quiet = not_logged is None
         if not_logged is not None:
             self.log.warning("stream_refused", reason=reason, **({"not_logged": not_logged} if not_logged else {}))

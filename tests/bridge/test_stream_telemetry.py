@@ -67,7 +67,7 @@ def test_a_refused_stream_past_the_budget_is_counted_and_writes_no_line(capsys: 
     budget = LogBudget()
     for attempt in range(3):  # one sender, one call, at once: the first refusal is logged, the others counted
         seen, registry, _ = telemetry(budget)
-        seen.refused(EndCause.of("bad_token"), "CA1")
+        seen.refused(EndCause.of("bad_token"), "CA1", "198.51.100.7")
         seen.ended(report("bad_token", frames_sent=0, barge_ins=0))
     out = capsys.readouterr().out
     assert out.count("stream_refused") == 1 and out.count("call_ended") == 1, out
