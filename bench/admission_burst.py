@@ -20,17 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from callbridge.carriers.twilio.sim import SimulatedTwilio  # noqa: E402
 from callbridge.sim.carrier import CallerScript  # noqa: E402
+from callbridge.sim.redis_server import running_redis  # noqa: E402
 from callbridge.sim.runner import free_port  # noqa: E402
 from tests.bridge.test_fleet import SECRET, Process, _start  # noqa: E402
 from tests.bridge.twilio_e2e import short_speech  # noqa: E402
 from tests.conftest import wait_http_ok  # noqa: E402
-from tests.redis_server import start_redis, stop_process  # noqa: E402
 
 
-def _config(tmp: Path, redis_port: int, engine_ports: list[int], rest_url: str) -> Path:
+def _config(tmp: Path, redis_url: str, engine_ports: list[int], rest_url: str) -> Path:
     urls = ", ".join(f'"ws://127.0.0.1:{port}"' for port in engine_ports)
     lines = ["[engine]", 'kind = "realtime"', f"urls = [{urls}]", "[local_engine]", 'agent = "echo"', "[registry]",
-             'backend = "redis"', f'redis_url = "redis://127.0.0.1:{redis_port}/0"', "[server]", "max_calls = 2"]  # fmt: skip
+             'backend = "redis"', f'redis_url = "{redis_url}"', "[server]", "max_calls = 2"]  # fmt: skip
     for section, values in SimulatedTwilio.bridge_settings(SECRET, rest_url).items():
         lines += [f"[{section}]", *(f"{key} = {json.dumps(value)}" for key, value in values.items())]
     config = tmp / "callbridge.toml"
@@ -38,16 +38,14 @@ def _config(tmp: Path, redis_port: int, engine_ports: list[int], rest_url: str) 
     return config
 
 
-async def _run(tries: int) -> None:
-    redis_port = free_port()
-    redis = start_redis(redis_port)
+async def _run(tries: int, redis_url: str) -> None:
     twilio = SimulatedTwilio("http://unused", SECRET)
     processes: list[Process] = []
     try:
         with tempfile.TemporaryDirectory() as name:
             tmp = Path(name)
             engines = [free_port(), free_port()]
-            config = _config(tmp, redis_port, engines, await twilio.start_rest(free_port()))
+            config = _config(tmp, redis_url, engines, await twilio.start_rest(free_port()))
             started = [(f"engine-{i}", ["engine-server"], port, "/health") for i, port in enumerate(engines)]
             for label, args, port, health in [*started, ("bridge", ["serve"], free_port(), "/readyz")]:
                 processes.append(process := _start(label, args, config, port, tmp))
@@ -66,13 +64,13 @@ async def _run(tries: int) -> None:
         for process in processes:
             process.stop()
         await twilio.aclose()
-        stop_process(redis, timeout_s=10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=3)
-    asyncio.run(_run(parser.parse_args().tries))
+    with running_redis() as redis_url:
+        asyncio.run(_run(parser.parse_args().tries, redis_url))
 
 
 if __name__ == "__main__":

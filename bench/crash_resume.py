@@ -29,10 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from callbridge.sim.carrier import CallerScript  # noqa: E402
-from callbridge.sim.runner import free_port  # noqa: E402
+from callbridge.sim.redis_server import running_redis  # noqa: E402
 from tests.bridge.test_fleet import Fleet, Process, _first_then, _stream_started_at, running_fleet  # noqa: E402
 from tests.bridge.twilio_e2e import short_speech, until  # noqa: E402
-from tests.redis_server import start_redis, stop_process  # noqa: E402
 
 _SAMPLES_PER_MS = 8
 """What the simulated caller hears: PCM16 at 8 kHz."""
@@ -80,12 +79,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=10)
     args = parser.parse_args()
-    port = free_port()
-    redis = start_redis(port)
-    try:
-        figures = asyncio.run(_run(f"redis://127.0.0.1:{port}/0", args.tries))
-    finally:
-        stop_process(redis, timeout_s=10)
+    with running_redis() as redis_url:
+        figures = asyncio.run(_run(redis_url, args.tries))
     for name, values in (("bound", [b for b, _ in figures]), ("silence", [h for _, h in figures])):
         print(f"{name}: median {statistics.median(values):.0f} ms, p95 {_p95(values)} ms ({len(values)} tries)")
 

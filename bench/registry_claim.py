@@ -37,8 +37,7 @@ from callbridge.bridge.registry import LiveCall  # noqa: E402
 from callbridge.bridge.registry_redis import redis_registry  # noqa: E402
 from callbridge.config import RegistrySettings, Settings  # noqa: E402
 from callbridge.engine.port import ResumeTicket  # noqa: E402
-from callbridge.sim.ports import free_port  # noqa: E402
-from tests.redis_server import start_redis, stop_process  # noqa: E402
+from callbridge.sim.redis_server import running_redis  # noqa: E402
 
 _GRACE_MS = 30_000
 
@@ -116,12 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
-    port = free_port()
-    process = start_redis(port)
-    try:
-        results = asyncio.run(_run(f"redis://127.0.0.1:{port}/0", args.calls))
-    finally:
-        stop_process(process, timeout_s=10)
+    with running_redis() as redis_url:
+        results = asyncio.run(_run(redis_url, args.calls))
     for name, times in results.items():
         ordered = sorted(times)
         p95 = ordered[int(len(ordered) * 0.95)]

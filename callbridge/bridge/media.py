@@ -55,7 +55,7 @@ from callbridge.bridge.lifecycle import BindSource, CallLifecycle
 from callbridge.bridge.lifecycle_steps import Held, do_steps
 from callbridge.bridge.live_ticket import BOUND_KEPT_MS, LiveTicketKeeper
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.registry import LiveCall
+from callbridge.bridge.registry import LiveCall, stream_holder
 from callbridge.bridge.stream_effects import StreamEffects, awaited, not_back_after_ms
 from callbridge.bridge.stream_services import StreamServices
 from callbridge.bridge.stream_setup import StreamSetup
@@ -268,7 +268,7 @@ class MediaStreamDriver:
 
     def _holder(self, start: StreamStarted) -> str:
         """This stream, as the registry names the stream that holds a call."""
-        return f"{self.services.process_id}:{start.stream_id}"
+        return stream_holder(self.services.process_id, start.stream_id)
 
     async def refuse(self, reason: EndCause, *, no_engine: bool) -> None:
         """The lifecycle refused the stream (``Refuse``)."""

@@ -40,6 +40,8 @@ __all__ = [
     "SignalKind",
     "StreamTokens",
     "counters_kept_ms",
+    "holder_process",
+    "stream_holder",
 ]
 
 ENDED_KEPT_MS = 600_000
@@ -70,6 +72,16 @@ class RegistryUnavailable(Exception):
         super().__init__(f"registry {operation}: {detail}")
         self.operation = operation
         self.detail = detail
+
+
+def stream_holder(process_id: str, stream_id: str) -> str:
+    """A stream as the registry names the one that holds a call (``LiveCall.holder``)."""
+    return f"{process_id}:{stream_id}"
+
+
+def holder_process(holder: str) -> str:
+    """The process of a ``stream_holder``: it is alive while it listens (``CallRegistry.listening``)."""
+    return holder.partition(":")[0]
 
 
 @dataclass(frozen=True, slots=True)

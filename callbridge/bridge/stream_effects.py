@@ -20,7 +20,7 @@ from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.fleet import LiveStream
 from callbridge.bridge.lifecycle_steps import Rejected
 from callbridge.bridge.pacing import monotonic_ms
-from callbridge.bridge.registry import CallClaim, LiveCall, RegistryUnavailable, SignalKind
+from callbridge.bridge.registry import CallClaim, LiveCall, RegistryUnavailable, SignalKind, holder_process
 from callbridge.bridge.stream_services import StreamServices
 from callbridge.config import Settings
 from callbridge.engine.errors import EngineError
@@ -92,11 +92,10 @@ class StreamEffects:
                 self.services.spawn(old.superseded())
             return False
         await self.services.send_signal(self.call_id, SignalKind.STREAM_SUPERSEDED, "")
-        process_id = holder.partition(":")[0] if holder is not None else self.services.process_id
-        if process_id == self.services.process_id:
-            return False  # here, and alive: its end parks what it holds
+        if holder is None or holder_process(holder) == self.services.process_id:
+            return False  # no live ticket to take it from; or here, and alive: its end parks what it holds
         try:
-            return not await self.registry.listening(process_id)
+            return not await self.registry.listening(holder_process(holder))
         except RegistryUnavailable as exc:  # not known gone: waited for, as before this was asked
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
             return False

@@ -8,8 +8,12 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["registry_env", "start_redis"]
+from callbridge.sim.ports import free_port
+
+__all__ = ["registry_env", "running_redis", "start_redis"]
 
 
 def start_redis(port: int, timeout_s: float = 10.0) -> subprocess.Popen[bytes]:
@@ -32,6 +36,22 @@ def start_redis(port: int, timeout_s: float = 10.0) -> subprocess.Popen[bytes]:
         time.sleep(0.02)
     process.kill()
     raise AssertionError(f"redis-server not listening on {port} within {timeout_s} s")
+
+
+@contextmanager
+def running_redis() -> Iterator[str]:
+    """An empty ``redis-server`` on a free loopback port while the block runs: its URL (a benchmark's own)."""
+    port = free_port()
+    process = start_redis(port)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def registry_env(redis_url: str) -> dict[str, str]:

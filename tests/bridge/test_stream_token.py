@@ -50,9 +50,9 @@ class TestMinted:
         assert not await tokens.consume(None, "CA3") and not await tokens.consume("cb1.x.y", "CA3")
 
 
-async def _stream(bridge: RunningBridge, call_sid: str, token: str | None, *, signed: bool = True) -> int | None:
-    """A Twilio-protocol stream to ``/twilio/media`` for ``call_sid`` (not answered by the bridge), with ``token``;
-    the close code once the bridge ends it, None while it serves it (then it is ended here)."""
+async def _stream(bridge: RunningBridge, call_sid: str, token: str | None, *, signed: bool = True) -> None:
+    """A Twilio-protocol stream to ``/twilio/media`` for ``call_sid`` (not answered by the bridge), with ``token``:
+    read for a second (a refused one is closed by the bridge: ``ConnectionClosed``), then stopped."""
     url = bridge.base_url.replace("http://", "ws://") + "/twilio/media"
     headers = {"X-Twilio-Signature": RequestValidator(bridge.carrier.secret).compute_signature(url, {})} if signed else {}
     async with connect(url, additional_headers=headers) as ws:
@@ -66,8 +66,6 @@ async def _stream(bridge: RunningBridge, call_sid: str, token: str | None, *, si
             while True:
                 await asyncio.wait_for(ws.recv(), 1.0)
         await ws.send(orjson.dumps({"event": "stop", "streamSid": sid, "stop": {"callSid": call_sid}}).decode())
-        return None
-    return None
 
 
 async def _served(bridge: RunningBridge, recorder: RecordingEngine, call_sid: str, token: str | None, *, signed: bool = True) -> bool:

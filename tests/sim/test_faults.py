@@ -226,6 +226,17 @@ class TestPlantedBugsAreCaught:
         caught = first_violation(range(100)).what  # seen as it binds, or as it opens beside the detached session
         assert "not resumed from its live ticket" in caught or "second engine session while the call's first is still detached" in caught
 
+    def test_a_crashed_bridges_call_waited_for_though_its_process_is_known_gone(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """The wait as it was before #40: a killed process no longer listens, yet its call's next stream waits
+        ``TAKEOVER_AFTER_MS`` for a detach that never comes (the caller hears that much more silence)."""
+        original = CallLifecycle.old_stream_nudged
+
+        def deaf(life: CallLifecycle, *, gone: bool, now_ms: int) -> None:
+            original(life, gone=False, now_ms=now_ms)  # whether the holder's process listens, not heard
+
+        monkeypatch.setattr(CallLifecycle, "old_stream_nudged", deaf)
+        assert "the call of a crashed bridge waited" in first_violation(range(200)).what
+
     def test_a_drain_that_closes_the_session_instead_of_parking_it(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A move off a draining process that ends the stream as if the call were over (its session closed): the
         next stream has nothing to resume, and a conversation would restart on a new session."""

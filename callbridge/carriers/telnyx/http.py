@@ -37,7 +37,7 @@ import binascii
 import hashlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any, Final
 from urllib.parse import quote
@@ -211,7 +211,7 @@ class TelnyxCalls:
         counts = await self.services.registry.counts(call_id)
         return counts.get(ANSWERED, 0) > 0 and counts.get(OVER, 0) == 0
 
-    async def on_event(self, event_type: str, payload: dict[str, Any], base: str, url_parameters: list[tuple[str, str]] | None = None) -> None:
+    async def on_event(self, event_type: str, payload: dict[str, Any], base: str, url_parameters: Sequence[tuple[str, str]] = ()) -> None:
         """One verified webhook (``base``: our public https URL; ``url_parameters``: the webhook URL's query, as a
         user set it on the connection: for the call's context)."""
         call_id = payload.get("call_control_id")
@@ -219,7 +219,7 @@ class TelnyxCalls:
             log.info("telnyx_event_ignored", event_type=event_type, reason="no call_control_id")
             return
         if event_type == "call.initiated":
-            await self._initiated(call_id, payload, base, url_parameters or [])
+            await self._initiated(call_id, payload, base, url_parameters)
         elif event_type in ("streaming.stopped", "streaming.failed"):
             self.services.metrics.stream_status.labels("telnyx", event_type).inc()
             await self._stream_ended(call_id, event_type, payload, base)
@@ -232,7 +232,7 @@ class TelnyxCalls:
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(payload.get("hangup_cause", "unknown"))))
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
 
-    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str, url_parameters: list[tuple[str, str]]) -> None:
+    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str, url_parameters: Sequence[tuple[str, str]]) -> None:
         services = self.services
         if payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
@@ -286,16 +286,14 @@ class TelnyxCalls:
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
 
-    async def _assistant(self, call_id: str, payload: dict[str, Any], url_parameters: list[tuple[str, str]]) -> Chosen | None:
+    async def _assistant(self, call_id: str, payload: dict[str, Any], url_parameters: Sequence[tuple[str, str]]) -> Chosen | None:
         """With an application, the call's assistant it chose from ``call.initiated`` (or how it refused the call);
         None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64; the
         webhook URL's query parameters before them."""
         services = self.services
         if services.assistants is None:
             return None
-        headers = payload.get("custom_headers")
-        parameters = [*url_parameters, *((h["name"], h["value"]) for h in headers if isinstance(h, dict) and isinstance(h.get("name"), str)
-                      and isinstance(h.get("value"), str))] if isinstance(headers, list) else [*url_parameters]  # fmt: skip
+        parameters = [*url_parameters, *_custom_headers(payload.get("custom_headers"))]
         if isinstance(state := payload.get("client_state"), str):
             parameters.append(("client_state", state))
         context = call_context(
@@ -430,3 +428,10 @@ def telnyx_rest(settings: Settings) -> TelnyxRest:
 
 
 CARRIER: Final = Carrier(name="telnyx", router=telnyx_router, rest=telnyx_rest, listener=_lifetime)
+
+
+def _custom_headers(headers: object) -> list[tuple[str, str]]:
+    """The SIP headers Telnyx passes on (``custom_headers``: a list of name and value), those with text in both."""
+    if not isinstance(headers, list):
+        return []
+    return [(h["name"], h["value"]) for h in headers if isinstance(h, dict) and isinstance(h.get("name"), str) and isinstance(h.get("value"), str)]
