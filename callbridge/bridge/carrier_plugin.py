@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter
 
-from callbridge.bridge.services import BridgeServices, CarrierRest
+from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.services import CarrierRest
 from callbridge.carriers.spec import CarrierSpec, UpgradeCheck
 from callbridge.config import Settings
 
@@ -25,9 +26,9 @@ class Carrier:
     """A carrier's HTTP side or listener, entered by the app (``CarrierSpec.carrier`` names it)."""
 
     name: str
-    router: Callable[[BridgeServices], APIRouter] | None = None
+    router: Callable[[CarrierServices], APIRouter] | None = None
     rest: Callable[[Settings], CarrierRest] | None = None
-    listener: Callable[[BridgeServices], AbstractAsyncContextManager[object]] | None = None
+    listener: Callable[[CarrierServices], AbstractAsyncContextManager[object]] | None = None
     generic_upgrade: Callable[[Settings], UpgradeCheck] | None = None
     """How the generic ``/media`` URL checks this carrier's proof on an upgrade; None: it sends none."""
     subprotocol: str | None = None

@@ -4,8 +4,9 @@ settings, metrics and pacing timer; its registry, tokens and engine; the streams
 them; where a call's report, events and recording go; the desk and the application that set a call up; and the
 carrier's hang-up and actions. ``BridgeServices`` is the one implementation; a test may pass a smaller one.
 
-Carriers get the answer desk (``bridge/answer_desk.py``); the app, the rest of ``BridgeServices`` (the drain, the
-admission book, readiness, the signals' wiring).
+Carriers get this and a little more (``CarrierServices``, ``bridge/carrier_services.py``), whose answers come from
+the answer desk (``bridge/answer_desk.py``); the app, the rest of ``BridgeServices`` through ``FleetPort`` (the
+drain, the admission book, readiness, the signals' wiring).
 """
 
 from __future__ import annotations

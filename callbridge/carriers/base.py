@@ -158,7 +158,7 @@ CarrierAction = SendMedia | SendMark | SendClear | HangUp
 
 class HangUpMode(enum.Enum):
     REST = "rest"
-    """The driver ends the call through the carrier's REST API (``BridgeServices.hang_up``)."""
+    """The driver ends the call through the carrier's REST API (``CarrierServices.hang_up``)."""
     IN_BAND = "in_band"
     """``send(HangUp)`` is the message that ends the call (a hang-up message of a raw TCP protocol); then the socket closes."""
     CLOSE = "close"

@@ -29,9 +29,9 @@ from types import TracebackType
 from typing import Final, Self
 
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.audiosocket.wire import (
     PROVIDER,
     AudioSocketCodec,
@@ -143,7 +143,7 @@ class _Connection:
 class AudioSocketListener(AbstractAsyncContextManager["AudioSocketListener"]):
     """The AudioSocket TCP server for the life of the app (nothing when ``audiosocket.enabled`` is off)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services = services
         self.settings = services.settings.audiosocket
         self.networks: list[Network] = [ipaddress.ip_network(s, strict=False) for s in self.settings.allowed_sources]

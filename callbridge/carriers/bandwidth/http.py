@@ -32,10 +32,10 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.bandwidth.settings import BandwidthSettings
 from callbridge.carriers.bandwidth.wire import TOKEN_PARAM, BandwidthCodec
 from callbridge.carriers.webhooks import (
@@ -144,7 +144,7 @@ async def _event(request: Request) -> dict[str, Any]:
 class _BandwidthWebhooks:
     """Bandwidth's webhooks and media socket, a method a route (``bandwidth_router`` mounts them)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services, self.settings = services, services.settings
         self.config = config = self.settings.bandwidth
         self.callbacks = BasicCredentials(config.callback_username, config.callback_password)
@@ -258,7 +258,7 @@ class _BandwidthWebhooks:
             log.warning("voice_api_failed", provider="bandwidth", call_id=call_id, error=repr(exc))
 
 
-def bandwidth_router(services: BridgeServices) -> APIRouter:
+def bandwidth_router(services: CarrierServices) -> APIRouter:
     """Bandwidth's answer webhook, media websocket, and status, stream-event and DTMF webhooks."""
     routes = _BandwidthWebhooks(services)
     router = APIRouter()

@@ -35,8 +35,8 @@ from typing import Final
 from fastapi import APIRouter, WebSocket
 
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.exotel.settings import ExotelSettings
 from callbridge.carriers.exotel.wire import ExotelCodec
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
@@ -89,7 +89,7 @@ def _networks(entries: Sequence[str]) -> tuple[IPNetwork, ...]:
     return tuple(networks)
 
 
-def exotel_router(services: BridgeServices) -> APIRouter:
+def exotel_router(services: CarrierServices) -> APIRouter:
     """The Voicebot applet's media websocket."""
     settings = services.settings
     config = settings.exotel

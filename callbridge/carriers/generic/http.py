@@ -17,8 +17,8 @@ from typing import Final
 from fastapi import APIRouter, WebSocket
 
 from callbridge.bridge.carrier_plugin import Carrier, load_carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.generic.wire import DetectingCodec
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.webhooks import public_base, ws_url
@@ -45,7 +45,7 @@ def upgrade_checks(settings: Settings, carriers: list[Carrier]) -> list[UpgradeC
     return [carrier.generic_upgrade(settings) for carrier in carriers if carrier.generic_upgrade is not None]
 
 
-def generic_router(services: BridgeServices) -> APIRouter:
+def generic_router(services: CarrierServices) -> APIRouter:
     settings = services.settings
     carriers = websocket_carriers()
     checks = upgrade_checks(settings, carriers)

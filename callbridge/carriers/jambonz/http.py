@@ -29,9 +29,9 @@ from fastapi import APIRouter, Request, Response, WebSocket
 from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
@@ -128,7 +128,7 @@ def listen_verbs(base: str, token: str, config: JambonzSettings) -> bytes:
 class _JambonzWebhooks:
     """jambonz's webhooks and media socket, a method a route (``jambonz_router`` mounts them)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services, self.settings = services, services.settings
         self.config = config = self.settings.jambonz
         self.secret = config.webhook_secret.get_secret_value() if config.webhook_secret else None
@@ -211,7 +211,7 @@ class _JambonzWebhooks:
         await MediaStreamDriver(websocket, JambonzCodec(), self.services).run()
 
 
-def jambonz_router(services: BridgeServices) -> APIRouter:
+def jambonz_router(services: CarrierServices) -> APIRouter:
     """jambonz's call webhook, listen action hook, call-status webhook and media websocket."""
     routes = _JambonzWebhooks(services)
     router = APIRouter()

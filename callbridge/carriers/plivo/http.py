@@ -34,9 +34,9 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
@@ -226,7 +226,7 @@ def _first(params: Params, key: str) -> str | None:
 class _PlivoWebhooks:
     """Plivo's webhooks and media socket, a method a route (``plivo_router`` mounts them)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services, self.settings = services, services.settings
         self.config = self.settings.plivo
         self.signatures = _Signatures(self.settings)
@@ -342,7 +342,7 @@ class _PlivoWebhooks:
         return Response(status_code=204)
 
 
-def plivo_router(services: BridgeServices) -> APIRouter:
+def plivo_router(services: CarrierServices) -> APIRouter:
     """Plivo's answer webhook, media websocket, stream status callback and hang-up callback."""
     routes = _PlivoWebhooks(services)
     router = APIRouter()

@@ -49,8 +49,8 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_desk import StreamRefusal
 from callbridge.bridge.call_setup import TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
@@ -141,7 +141,7 @@ class _SipProtocol(asyncio.DatagramProtocol):
 class SipListener(AbstractAsyncContextManager["SipListener"]):
     """The SIP UDP listener for the life of the app (nothing when ``sip.enabled`` is off)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services = services
         self.settings = services.settings.sip
         settings = self.settings

@@ -53,10 +53,10 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.call_setup import Chosen, TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.webhooks import answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
@@ -194,7 +194,7 @@ class TelnyxCalls:
     across processes too: the restart count is one atomic increment).
     """
 
-    def __init__(self, services: BridgeServices, rest: TelnyxRest | None = None) -> None:
+    def __init__(self, services: CarrierServices, rest: TelnyxRest | None = None) -> None:
         config = services.settings.telnyx
         self.services = services
         self.codec = config.codec
@@ -364,7 +364,7 @@ class TelnyxCalls:
         await self.rest.aclose()
 
 
-def _calls_for(services: BridgeServices) -> TelnyxCalls:
+def _calls_for(services: CarrierServices) -> TelnyxCalls:
     """The process's ``TelnyxCalls`` (the router makes it, the app's lifespan closes it)."""
     calls = services.carrier_state.get("telnyx")
     if not isinstance(calls, TelnyxCalls):
@@ -374,7 +374,7 @@ def _calls_for(services: BridgeServices) -> TelnyxCalls:
 
 
 @asynccontextmanager
-async def _lifetime(services: BridgeServices) -> AsyncIterator[None]:
+async def _lifetime(services: CarrierServices) -> AsyncIterator[None]:
     """Entered for the app's life: closes the Call Control client at shutdown."""
     try:
         yield
@@ -384,7 +384,7 @@ async def _lifetime(services: BridgeServices) -> AsyncIterator[None]:
             await calls.aclose()
 
 
-def telnyx_router(services: BridgeServices) -> APIRouter:
+def telnyx_router(services: CarrierServices) -> APIRouter:
     """The Call Control webhook and the media websocket."""
     settings = services.settings
     config = settings.telnyx

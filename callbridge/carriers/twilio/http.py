@@ -35,8 +35,8 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.twilio.wire import ACCOUNT_PARAM, TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
@@ -175,7 +175,7 @@ def signature_upgrade(dialect: TwilioDialect) -> UpgradeCheck:
     return check
 
 
-def twilio_compatible_router(services: BridgeServices, dialect: TwilioDialect) -> APIRouter:
+def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) -> APIRouter:
     """The answer webhook, media websocket and stream status callback of a Twilio-compatible carrier."""
     settings = services.settings
     signatures = TwilioSignatures(dialect)

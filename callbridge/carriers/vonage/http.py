@@ -32,7 +32,7 @@ the one holding the socket. Each event is applied where it lands when the
 socket is there, and otherwise sent to the other processes as a
 ``CallSignal`` (``disconnected``: ``STREAM_DROPPED``; ``completed`` of the
 websocket leg: ``STREAM_ENDED``; of the call: ``CALL_ENDED``, through
-``BridgeServices.call_ended_by_carrier``), which the socket's process applies
+``CarrierServices.call_ended_by_carrier``), which the socket's process applies
 the same way. The reconnect count is a registry counter. The end of the call
 is also in the call's record, so a socket whose signal was lost still ends
 right when Vonage closes it (its verdict wait runs out, and the stream, finding
@@ -71,11 +71,11 @@ from callbridge.application.context import call_context
 from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
+from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.carrier_transport import WebSocketTransport
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
-from callbridge.bridge.services import BridgeServices
 from callbridge.carriers.vonage.wire import VonageCodec, content_type
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
@@ -188,7 +188,7 @@ class VonageTransport:
     Vonage closes the socket both when the caller hangs up and when the connection drops; only the event
     webhook tells the two apart (``completed`` / ``disconnected``), and it may come before or after the close.
     So a close is held back up to ``verdict_wait_s`` for it: ``completed`` ends the stream through the shared
-    ``BridgeServices.call_ended_by_carrier`` (as a ``stop`` would: the engine session is closed now, and the
+    ``CarrierServices.call_ended_by_carrier`` (as a ``stop`` would: the engine session is closed now, and the
     driver's ``close`` releases the held reader), ``dropped()`` turns it into a lost transport (the session is
     detached for the reconnect); no word in time, a lost transport. Meanwhile what the driver sends goes
     nowhere. One reader task moves websocket messages into a small queue (backpressure intact).
@@ -331,7 +331,7 @@ def _ncco(body: list[dict[str, Any]]) -> Response:
 class _VonageWebhooks:
     """Vonage's webhooks and media socket, a method a route (``vonage_router`` mounts them)."""
 
-    def __init__(self, services: BridgeServices) -> None:
+    def __init__(self, services: CarrierServices) -> None:
         self.services, self.settings = services, services.settings
         self.config = config = self.settings.vonage
         self.signatures = VonageSignatures(config.signature_secret, enabled=config.validate_signatures, application_id=config.application_id)
@@ -468,7 +468,7 @@ class _VonageWebhooks:
         self.services.spawn(self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP)))
 
 
-def vonage_router(services: BridgeServices) -> APIRouter:
+def vonage_router(services: CarrierServices) -> APIRouter:
     """The answer webhook, media websocket and event webhook."""
     routes = _VonageWebhooks(services)
     router = APIRouter()
