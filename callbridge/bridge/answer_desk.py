@@ -282,7 +282,7 @@ class AnswerDesk:
         coming back, here or from another process)."""
         if self._host.draining:  # a lone process still serves its own calls: one whose socket dropped may come back
             return self._host.drains_in_place and await self._serves(call_id)
-        server, now = self._host.settings.server, time.monotonic()
+        server, now = self._host.settings.server, asyncio.get_running_loop().time()  # monotonic; virtual in the simulator
         # what the process will use carrying every call it holds and this one (``CpuMeter.projected``), leaning on
         # what ``max_calls`` sized a call at while it has measured few (``CpuMeter.guess``)
         guess = self._host.cpu.guess(server.cpu_budget_percent / 100, server.max_calls)

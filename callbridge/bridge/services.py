@@ -160,6 +160,7 @@ class BridgeServices:
         server = self.settings.server
         self.signals = CallSignals(self.registry, self.live_streams, self.spawn)
         self.signals.on(SignalKind.STREAM_BOUND, self._bound_elsewhere)
+        self.signals.on(SignalKind.CALL_ENDED, self._ended_elsewhere)
         self.admission = AdmissionBook(server.max_calls, server.cpu_budget_percent or 0.0, self.settings.engine.open_at_answer_ttl_s)
         self.desk = AnswerDesk(self)
         max_call_s = self.settings.server.max_call_duration_s
@@ -232,6 +233,7 @@ class BridgeServices:
             self.answer_sessions.discard(call_id, "call_ended")
         stream = self.live_streams.get(call_id)
         closed = False
+        self._rang_out(call_id)
         if stream is not None:
             await stream.end_by_carrier(reason)
         else:  # the engine hears what a stop would tell it; the registry keeps the carrier's reason
@@ -352,6 +354,16 @@ class BridgeServices:
         """Another process bound the stream of a call admitted here: the slot it held goes (not the fleet's count,
         which that process keeps)."""
         self.admission.give_back(signal.call_id)
+
+    async def _ended_elsewhere(self, signal: CallSignal) -> None:
+        """Another process's webhook says a call is over (``call_ended_by_carrier`` there)."""
+        self._rang_out(signal.call_id)
+
+    def _rang_out(self, call_id: str) -> None:
+        """The call is over: where its answer was admitted here and no stream came yet (the caller hung up while it
+        rang), the slot goes back now, not at its time to live (``engine.open_at_answer_ttl_s``), here and in the
+        fleet's count. A call bridged here keeps its slot until its stream ends."""
+        self.desk.give_back_admission(call_id)
 
     def call_unbound(self, call_id: str) -> None:
         """The call's stream here ended: it no longer counts as bridged here (it may go on elsewhere)."""

@@ -48,8 +48,10 @@ KILLED_TAKEOVER_BOUND_MS: Final = 100
 class Violation(AssertionError):
     """An invariant failed: which, when, and the seed that replays it."""
 
-    def __init__(self, seed: int, at_ms: int, what: str, *, calls: bool = False) -> None:
-        replay = f"python -m callbridge.sim.faults {'--calls ' if calls else ''}--seed {seed}"
+    def __init__(self, seed: int, at_ms: int, what: str, *, calls: bool = False, family: str = "") -> None:
+        """``family``: the seeds' kind on the command line (``--admission``); ``calls``: ``--calls``."""
+        flag = family or ("--calls" if calls else "")
+        replay = f"python -m callbridge.sim.faults {flag + ' ' if flag else ''}--seed {seed}"
         super().__init__(f"seed {seed} at {at_ms} ms: {what}  (replay: {replay})")
         self.seed = seed
         self.at_ms = at_ms

@@ -61,6 +61,11 @@ sessions than it has room for; a call the server cannot take at its answer is re
 session); a stream is only ever given a session its own call opened; and once every call is over, a living
 server holds no open session.
 
+Admission under any interleaving (``--admission``, ``sim/admission_sim.py``): the server's own answer desk and
+fleet count, one ``BridgeServices`` per bridge process on a virtual asyncio clock, answers, streams and hang-ups
+interleaved at every registry round trip; a process never answers past ``max_calls`` nor the fleet past its limit,
+never refuses with room, and holds nothing once every call is over.
+
 A failing seed prints itself; ``python -m callbridge.sim.faults --seed N`` replays it exactly (``--calls --seed
 N`` one of several calls), ``--seeds 100000`` runs many.
 """
@@ -71,6 +76,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from callbridge.sim.admission_sim import admission_main
 from callbridge.sim.fault_models import EngineServerModel, RegistryModel
 from callbridge.sim.fault_plan import FRAME_MS, CallsPlan, FaultPlan, Violation, calls_plan_for, plan_for
 from callbridge.sim.simulated_call import SimulatedCall, run_seed
@@ -140,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--seed", type=int, help="replay one seed, printing its plan and outcome")
     parser.add_argument("--calls", action="store_true", help="seeds of several calls on one engine server (2-4 calls)")
+    parser.add_argument("--admission", action="store_true", help="seeds of answers, streams and hang-ups on 1-3 bridge processes' admission")
     args = parser.parse_args(argv)
+    if args.admission:
+        return admission_main(args.seed, args.first, args.seeds)
     if args.seed is not None:
         print(calls_plan_for(args.seed) if args.calls else plan_for(args.seed))
         try:
