@@ -1,0 +1,145 @@
+"""The bridge's interruption policy (#41, ``barge_in.mode = "bridge"``), sans-I/O: whether the caller's sound over
+the agent means *stop*. Pause first, then confirm or resume.
+
+The engine's own barge-in stops the agent on the first speech its VAD hears — the agent's echo, a cough, an
+"mm-hm". Here the bridge decides from the caller's audio, frame by frame (a VAD's verdict on what is left once the
+agent's echo is taken out; ``speech`` below), while the agent is audible to the caller:
+
+- a speech run (gaps shorter than ``gap_ms`` bridged, as between syllables) that lasts ``pause_after_ms`` over the
+  agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept (the
+  driver's part: ``AgentSpeech.unheard_at_drop`` / ``play_unheard`` already keep and replay it across streams);
+- the run reaching ``confirm_after_ms`` from its onset **confirms** the barge-in: the engine is told (``barge_in``,
+  the heard position), and the caller's words from the onset go to it whole;
+- silence of ``resume_after_silence_ms`` before that **resumes** the reply where the caller stopped hearing it (a
+  backchannel, a cough that got past the pause); so does a pause that outlives ``max_pause_ms`` with the caller's
+  speech never reaching confirmation (sporadic noise).
+
+Sound while the agent is silent is no interruption (the engine's turn-taking hears it); nor is a run shorter than
+``pause_after_ms`` (a click, a door). The times are the call's (ms, from outside); nothing here reads a clock.
+
+Not yet wired into the call: this is the decision core, with its tests; the driver, the echo estimate and the
+embedded engine's listen-only mode come next (#41), and the defaults below are placeholders until
+``bench/barge_in.py`` measures them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Confirm", "InterruptionPolicy", "InterruptionSettings", "Pause", "Resume", "Verdict"]
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionSettings:
+    pause_after_ms: int = 160
+    """Speech over the agent for this long (from its onset) pauses the agent."""
+    confirm_after_ms: int = 600
+    """Speech for this long from its onset confirms the barge-in (the backchannels measured for #41: 280–460 ms)."""
+    resume_after_silence_ms: int = 120
+    """Silence this long in a pause, before confirmation, resumes the reply."""
+    gap_ms: int = 100
+    """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker)."""
+    max_pause_ms: int = 1500
+    """A pause never lasts longer: past it, unconfirmed, the reply resumes."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.pause_after_ms <= self.confirm_after_ms:
+            raise ValueError("pause_after_ms must be positive and at most confirm_after_ms")
+        if min(self.resume_after_silence_ms, self.gap_ms) <= 0 or self.max_pause_ms < self.confirm_after_ms:
+            raise ValueError("resume_after_silence_ms and gap_ms must be positive, max_pause_ms at least confirm_after_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Stop the agent now (clear the carrier, send nothing more), keeping the rest of its reply."""
+
+    onset_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Play the rest of the reply from where the caller stopped hearing it: it was not an interruption."""
+
+    onset_ms: int
+    speech_ms: int
+    """How much speech there was from the onset to the resume (a backchannel the model may be told of)."""
+    paused_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Confirm:
+    """A barge-in: tell the engine (the heard position), and send it the caller's words from ``onset_ms``."""
+
+    onset_ms: int
+
+
+Verdict = Pause | Resume | Confirm
+
+
+class _State(enum.Enum):
+    LISTENING = "listening"
+    PAUSED = "paused"
+
+
+class InterruptionPolicy:
+    """One call's interruption decisions (see the module docstring). ``frame`` takes each analysed frame of the
+    caller's audio, in order, and says what to do, if anything."""
+
+    def __init__(self, settings: InterruptionSettings | None = None) -> None:
+        self.settings = settings or InterruptionSettings()
+        self._state = _State.LISTENING
+        self._onset_ms: int | None = None
+        """The current speech run's first speech frame."""
+        self._speech_end_ms = 0
+        """The end of the run's last speech frame."""
+        self._speech_ms = 0
+        """Speech heard since the run's onset, or since the pause's."""
+        self._paused_at_ms = 0
+        self._paused_onset_ms = 0
+        """The onset of the run that paused the agent (later runs in the pause may start anew, short of a gap)."""
+
+    @property
+    def paused(self) -> bool:
+        return self._state is _State.PAUSED
+
+    def frame(self, at_ms: int, ms: int, *, speech: bool, agent_audible: bool) -> Verdict | None:
+        """The frame of the caller's audio from ``at_ms``, ``ms`` long: ``speech`` whether it holds the caller's speech
+        (not the agent's echo); ``agent_audible`` whether the caller is hearing the agent at ``at_ms`` (a pause
+        counts as audible: the reply is held, not over)."""
+        end_ms = at_ms + ms
+        if speech:
+            if self._onset_ms is None or at_ms - self._speech_end_ms >= self.settings.gap_ms:
+                self._onset_ms = at_ms  # a new run (in a pause: judged for confirmation from here)
+                self._speech_ms = self._speech_ms if self.paused else 0
+            self._speech_ms += ms
+            self._speech_end_ms = end_ms
+        elif self._onset_ms is not None and end_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused:
+            self._onset_ms = None  # the run is over, short of a pause
+        if self.paused:
+            return self._while_paused(end_ms)
+        if not agent_audible or self._onset_ms is None or end_ms - self._onset_ms < self.settings.pause_after_ms or not speech:
+            return None
+        self._state, self._paused_at_ms, self._paused_onset_ms = _State.PAUSED, end_ms, self._onset_ms
+        return Pause(self._onset_ms)
+
+    def _while_paused(self, now_ms: int) -> Verdict | None:
+        onset = self._onset_ms
+        assert onset is not None
+        settings = self.settings
+        if self._speech_end_ms - onset >= settings.confirm_after_ms:
+            self._reset()
+            return Confirm(onset)
+        silent_for = now_ms - self._speech_end_ms
+        if silent_for >= settings.resume_after_silence_ms or now_ms - self._paused_at_ms >= settings.max_pause_ms:
+            verdict = Resume(self._paused_onset_ms, self._speech_ms, now_ms - self._paused_at_ms)
+            self._reset()
+            return verdict
+        return None
+
+    def agent_stopped(self) -> None:
+        """The agent's reply is over or cancelled some other way (its end, a hang-up): nothing is paused any more."""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._state, self._onset_ms, self._speech_ms = _State.LISTENING, None, 0

@@ -1,0 +1,93 @@
+"""The bridge's interruption policy (``bridge/interruption.py``, #41): pause on speech over the agent, then confirm
+a real interruption or resume after a backchannel, a cough or noise — from the caller's frames alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.bridge.interruption import Confirm, InterruptionPolicy, InterruptionSettings, Pause, Resume, Verdict
+
+pytestmark = pytest.mark.core
+
+FRAME_MS = 32  # a Silero VAD frame at 16 kHz
+
+
+def run(speech: list[tuple[int, int]], *, until_ms: int = 4000, audible_until_ms: int = 10_000,
+        settings: InterruptionSettings | None = None) -> list[tuple[int, Verdict]]:  # fmt: skip
+    """Feed frames from 0 to ``until_ms``; ``speech``: (start, end) ms of the caller's speech. Each verdict with the
+    end of the frame that produced it. The agent stops being audible at a confirmation (as the driver does)."""
+    policy = InterruptionPolicy(settings)
+    verdicts: list[tuple[int, Verdict]] = []
+    audible = True
+    for at in range(0, until_ms, FRAME_MS):
+        is_speech = any(start <= at < end for start, end in speech)
+        verdict = policy.frame(at, FRAME_MS, speech=is_speech, agent_audible=audible and at < audible_until_ms)
+        if verdict is not None:
+            verdicts.append((at + FRAME_MS, verdict))
+            audible = audible and not isinstance(verdict, Confirm)
+    return verdicts
+
+
+def test_a_click_or_a_short_cough_never_pauses_the_agent() -> None:
+    assert run([(320, 384)]) == []  # two frames
+    assert run([(320, 448)]) == []  # four: 128 ms, under the pause
+
+
+def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing() -> None:
+    verdicts = run([(640, 1056)])  # an "mm-hm" of 416 ms
+    assert [type(v) for _, v in verdicts] == [Pause, Resume]
+    (paused_at, pause), (resumed_at, resume) = verdicts
+    assert isinstance(pause, Pause) and isinstance(resume, Resume)
+    assert pause.onset_ms == 640 and paused_at - 640 <= 160 + FRAME_MS
+    assert resume.speech_ms == 416 and resumed_at - 1056 <= 120 + FRAME_MS
+    assert resume.paused_ms == resumed_at - paused_at
+
+
+def test_a_real_interruption_pauses_at_once_and_is_confirmed_from_its_onset() -> None:
+    verdicts = run([(640, 2000)])
+    assert [type(v) for _, v in verdicts] == [Pause, Confirm]
+    (paused_at, _), (confirmed_at, confirm) = verdicts
+    assert isinstance(confirm, Confirm) and confirm.onset_ms == 640  # its words go to the engine from here
+    assert paused_at - 640 <= 160 + FRAME_MS and confirmed_at - 640 <= 600 + FRAME_MS
+
+
+def test_speech_with_short_gaps_between_syllables_is_one_run() -> None:
+    syllables = [(640, 800), (864, 1000), (1064, 1300)]  # gaps of 64 ms
+    verdicts = run(syllables)
+    assert [type(v) for _, v in verdicts] == [Pause, Confirm]
+    assert verdicts[-1][1] == Confirm(640)
+
+
+def test_sound_while_the_agent_is_silent_is_no_interruption() -> None:
+    assert run([(640, 2000)], audible_until_ms=0) == []
+
+
+def test_sporadic_noise_in_a_pause_never_holds_the_agent_past_the_longest_pause() -> None:
+    """Bursts of 96 ms with 96 ms between: each a run of its own (gaps over ``gap_ms``), none long enough to confirm,
+    no silence long enough to resume — the pause ends at ``max_pause_ms``, the reply resumed."""
+    bursts = [(640 + i * 192, 640 + i * 192 + 96) for i in range(30)]
+    settings = InterruptionSettings(pause_after_ms=64, gap_ms=60, resume_after_silence_ms=200)
+    verdicts = run(bursts, until_ms=8000, settings=settings)
+    assert [type(v) for _, v in verdicts][:2] == [Pause, Resume], verdicts
+    resume = verdicts[1][1]
+    assert isinstance(resume, Resume) and resume.onset_ms == 640 and 1500 <= resume.paused_ms <= 1500 + FRAME_MS
+
+
+def test_a_second_backchannel_after_a_resume_is_judged_on_its_own() -> None:
+    verdicts = run([(640, 1056), (2000, 2400)])
+    assert [type(v) for _, v in verdicts] == [Pause, Resume, Pause, Resume]
+    assert [v.onset_ms for _, v in verdicts if isinstance(v, Pause)] == [640, 2016]  # the first frame of each
+
+
+def test_the_agent_stopping_by_itself_ends_a_pause() -> None:
+    policy = InterruptionPolicy()
+    verdicts = [policy.frame(at, FRAME_MS, speech=True, agent_audible=True) for at in range(0, 192, FRAME_MS)]
+    assert any(isinstance(v, Pause) for v in verdicts) and policy.paused
+    policy.agent_stopped()
+    assert not policy.paused
+
+
+@pytest.mark.parametrize("bad", [{"pause_after_ms": 0}, {"pause_after_ms": 700}, {"gap_ms": 0}, {"max_pause_ms": 100}])
+def test_settings_that_cannot_work_are_refused(bad: dict[str, int]) -> None:
+    with pytest.raises(ValueError):
+        InterruptionSettings(**bad)
