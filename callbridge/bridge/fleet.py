@@ -121,13 +121,15 @@ class CallSignals:
         self.spawn = spawn
         self.process_id = uuid.uuid4().hex
         """Names this process in the signals it sends (``CallSignal.origin``)."""
-        self.handlers: dict[SignalKind, list[SignalHandler]] = {}
+        self.handlers: dict[SignalKind, list[tuple[SignalHandler, bool]]] = {}
+        """kind → its handlers, each with whether its work is logged (``on``)."""
         self.listener: asyncio.Task[None] | None = None
         """Takes other processes' signals (``start``), from the app's start to its shutdown."""
 
-    def on(self, kind: SignalKind, handler: SignalHandler) -> None:
-        """Have ``handler`` take the signals of ``kind`` other processes send."""
-        self.handlers.setdefault(kind, []).append(handler)
+    def on(self, kind: SignalKind, handler: SignalHandler, *, bookkeeping: bool = False) -> None:
+        """Have ``handler`` take the signals of ``kind`` other processes send. ``bookkeeping``: what every process
+        does with every such signal (its admission's books), handled without a log line each."""
+        self.handlers.setdefault(kind, []).append((handler, bookkeeping))
 
     def start(self) -> None:
         if self.listener is None:
@@ -165,20 +167,20 @@ class CallSignals:
                     stream = self.streams.get(signal.call_id)
                     work = self._for_stream(signal, stream) if stream is not None else None
                     if work is not None:
-                        self.spawn(self._take(signal, work))
-                    for handler in self.handlers.get(signal.kind, ()):
-                        self.spawn(self._take(signal, handler(signal)))
+                        self.spawn(self._take(signal, work, logged=signal.kind not in _BOOKKEEPING))
+                    for handler, bookkeeping in self.handlers.get(signal.kind, ()):
+                        self.spawn(self._take(signal, handler(signal), logged=not bookkeeping))
             except Exception as exc:  # noqa: BLE001 - the listener outlives any one failure; it listens again
                 log.error("call_signals_failed", error=repr(exc))
             await asyncio.sleep(_LISTEN_AGAIN_S)
 
-    async def _take(self, signal: CallSignal, work: Awaitable[None]) -> None:
+    async def _take(self, signal: CallSignal, work: Awaitable[None], *, logged: bool) -> None:
         try:
             await work
         except Exception as exc:  # noqa: BLE001 - one call's signal never stops the listener or another call
             log.warning("call_signal_failed", call_id=signal.call_id, signal=signal.kind.value, error=repr(exc))
         else:
-            if signal.kind not in _BOOKKEEPING:
+            if logged:
                 log.info("call_signal_handled", call_id=signal.call_id, signal=signal.kind.value, origin=signal.origin)
 
 

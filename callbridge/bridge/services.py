@@ -159,8 +159,8 @@ class BridgeServices:
     def __post_init__(self) -> None:
         server = self.settings.server
         self.signals = CallSignals(self.registry, self.live_streams, self.spawn)
-        self.signals.on(SignalKind.STREAM_BOUND, self._bound_elsewhere)
-        self.signals.on(SignalKind.CALL_ENDED, self._ended_elsewhere)
+        self.signals.on(SignalKind.STREAM_BOUND, self._bound_elsewhere, bookkeeping=True)
+        self.signals.on(SignalKind.CALL_ENDED, self._ended_elsewhere, bookkeeping=True)
         self.admission = AdmissionBook(server.max_calls, server.cpu_budget_percent or 0.0, self.settings.engine.open_at_answer_ttl_s)
         self.desk = AnswerDesk(self)
         max_call_s = self.settings.server.max_call_duration_s
