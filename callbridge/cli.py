@@ -15,15 +15,26 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 from urllib.parse import urlsplit
 
 from callbridge import __version__
 from callbridge.carriers import DEFAULT_SIMULATED, carrier_spec, direct_names, simulated_names
+from callbridge.cli_args import (
+    EXIT_USAGE,
+    app_loads,
+    at_least_one,
+    at_or_after_start,
+    caller_audio,
+    can_write,
+    print_config_error,
+    reconnects,
+    seconds_above_zero,
+)
+from callbridge.cli_simulate import add_simulate
 from callbridge.cli_stream_token import add_stream_token
 from callbridge.config import (
     ConfigError,
-    ConfigProblem,
     Settings,
     load_settings,
     merge_overrides,
@@ -32,13 +43,11 @@ from callbridge.config import (
 from callbridge.serving import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:
-    from callbridge.application.events import CallEvent
     from callbridge.sim.load_samples import LoadSamples
 
 __all__ = ["main", "run"]
 
 # 0 and 1: ``callbridge.serving``'s EXIT_OK, EXIT_FAILED
-EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
 
 
@@ -52,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(getattr(args, "config", None), _overrides(args))
     except ConfigError as exc:
-        _print_config_error(exc, sys.stderr)
+        print_config_error(exc, sys.stderr)
         return EXIT_USAGE
     handler: Callable[[Settings, argparse.Namespace], int] = args.handler
     return handler(settings, args)
@@ -107,7 +116,7 @@ def _build_parser() -> argparse.ArgumentParser:
     engine_server.add_argument("--port", default=argparse.SUPPRESS, help="listen port (engine_server.port)")
     engine_server.add_argument("--agent", default=argparse.SUPPRESS, help="echo, loopback or tone (local_engine.agent)")
     engine_server.set_defaults(handler=_engine_server)
-    _add_simulate(commands, common)
+    add_simulate(commands, common)
     _add_loadtest(commands, common)
     add_stream_token(commands, common)
 
@@ -124,36 +133,6 @@ def _build_parser() -> argparse.ArgumentParser:
     check.add_argument("--format", choices=["toml", "json"], default="toml", dest="output_format")
     check.set_defaults(handler=_config_check)
     return parser
-
-
-def _add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
-    """``callbridge simulate``: one simulated call through an in-process bridge and engine."""
-    simulate = commands.add_parser(
-        "simulate",
-        parents=[common],
-        help="one simulated call through an in-process bridge and engine",
-        description="Place one simulated phone call (a faithful simulated carrier) through a bridge and the "
-        "configured engine, both started in this process; print the call's timeline and write what the caller heard.",
-    )
-    simulate.add_argument(
-        "--provider",
-        choices=simulated_names(),
-        default=DEFAULT_SIMULATED,
-        help=f"the carrier to simulate (its wire, answer flow and quirks; default: {DEFAULT_SIMULATED})",
-    )
-    simulate.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
-    simulate.add_argument("--out", metavar="WAV", type=Path, default=Path("heard.wav"), help="what the caller heard (default: heard.wav)")
-    simulate.add_argument("--speak-at", metavar="S", type=_at_or_after_start, default=0.5, help="when the caller starts talking")
-    simulate.add_argument("--interrupt-after", metavar="S", type=_at_or_after_start, help="talk over the agent S seconds into its reply")
-    simulate.add_argument(
-        "--dtmf", metavar="S:DIGIT", type=_key_press, action="append", default=[], help="press DIGIT (0-9 * # A-D) at S seconds"
-    )
-    simulate.add_argument("--drop-at", metavar="S", type=_at_or_after_start, action="append", default=[], help="drop the media socket at S seconds")
-    simulate.add_argument("--hangup-at", metavar="S", type=_at_or_after_start, help="hang up at S seconds (default: after the agent's reply)")
-    simulate.add_argument(
-        "--app", metavar="MODULE:ATTR", help="the voice agent's application (app.module): it chooses the call's assistant"
-    )
-    simulate.set_defaults(handler=_simulate)
 
 
 def _add_loadtest(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -187,21 +166,21 @@ def _add_loadtest(commands: Any, common: argparse.ArgumentParser) -> None:
     loadtest.add_argument(
         "--print-env", action="store_true", help="print the env a separate `callbridge serve` needs for --provider and --secret, then exit"
     )
-    loadtest.add_argument("--calls", type=_at_least_one, default=10, help="how many calls (default: 10)")
-    loadtest.add_argument("--ramp", metavar="S", type=_at_or_after_start, default=5.0, help="seconds over which calls start")
-    loadtest.add_argument("--duration", metavar="S", type=_seconds_above_zero, default=20.0, help="seconds each call lasts")
+    loadtest.add_argument("--calls", type=at_least_one, default=10, help="how many calls (default: 10)")
+    loadtest.add_argument("--ramp", metavar="S", type=at_or_after_start, default=5.0, help="seconds over which calls start")
+    loadtest.add_argument("--duration", metavar="S", type=seconds_above_zero, default=20.0, help="seconds each call lasts")
     loadtest.add_argument("--audio", metavar="WAV", type=Path, help="what the caller says (16-bit PCM WAV; default: a bundled sample)")
-    loadtest.add_argument("--click-every", metavar="S", type=_seconds_above_zero, default=1.0, help="a click to time every S seconds (default: 1)")
+    loadtest.add_argument("--click-every", metavar="S", type=seconds_above_zero, default=1.0, help="a click to time every S seconds (default: 1)")
     loadtest.add_argument(
         "--phases", metavar="N", type=int, choices=range(1, 21), default=1,
         help="the calls' 20 ms clocks spread over N instants 20/N ms apart, as independent calls' are "
         "(default: 1, every call's frame at the same instant: one burst)",
     )  # fmt: skip
     loadtest.add_argument(
-        "--barge-in-every", metavar="S", type=_seconds_above_zero, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
+        "--barge-in-every", metavar="S", type=seconds_above_zero, help="talk over the agent at most every S seconds (the echo agent; no clicks)"
     )
-    loadtest.add_argument("--dtmf-every", metavar="S", type=_seconds_above_zero, help="each call presses a key every S seconds")
-    loadtest.add_argument("--drop-every", metavar="S", type=_seconds_above_zero, help="drop each call's media connection every S seconds")
+    loadtest.add_argument("--dtmf-every", metavar="S", type=seconds_above_zero, help="each call presses a key every S seconds")
+    loadtest.add_argument("--drop-every", metavar="S", type=seconds_above_zero, help="drop each call's media connection every S seconds")
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's), its child processes' too (--workers)")
     loadtest.add_argument(
         "--metrics-url", help="the bridge's base URL for /metrics (default: --url when it is http(s); 'none': not scraped)"
@@ -236,26 +215,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return merge_overrides(*layers)
 
 
-def _print_config_error(exc: ConfigError, stream: TextIO) -> None:
-    """One line per problem, each naming its key (or file)."""
-    for problem in exc.problems:
-        print(f"callbridge: invalid configuration: {problem.key}: {problem.problem}", file=stream)
-
-
-def _app_loads(settings: Settings) -> bool:
-    """``app.module`` imports and has its hook (checked before anything starts); else one line naming it."""
-    if settings.app.module is None:
-        return True
-    from callbridge.application.hooks import load_module
-
-    try:
-        load_module(settings.app.module)
-    except ValueError as exc:
-        _print_config_error(ConfigError([ConfigProblem(key="app.module", problem=str(exc))]), sys.stderr)
-        return False
-    return True
-
-
 def _app_schema(settings: Settings, args: argparse.Namespace) -> int:
     from callbridge.application.schema import application_schema
 
@@ -264,7 +223,7 @@ def _app_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    if not _app_loads(settings):
+    if not app_loads(settings):
         return EXIT_USAGE
     return _with_listeners(settings, args, "server", _serve_on)
 
@@ -347,168 +306,12 @@ def _bridge_url_problem(url: str) -> tuple[str, int] | None:
     return None
 
 
-def _reconnects(provider: str) -> bool:
-    """Whether the carrier opens a new media connection on the same call after a drop (SIP has no such thing: a
-    call whose media is gone is over)."""
-    return carrier_spec(provider).capabilities.reconnect
-
-
-_DIGITS: Final = "0123456789*#ABCD"
-
-
-def _key_press(value: str) -> tuple[int, str]:
-    """``--dtmf S:DIGIT`` as (ms into the call, on the 20 ms grid; the digit)."""
-    at, sep, digit = value.partition(":")
-    try:
-        seconds = float(at)
-    except ValueError:
-        seconds = -1.0
-    if not sep or seconds < 0 or len(digit) != 1 or digit.upper() not in _DIGITS:
-        raise argparse.ArgumentTypeError(f"{value!r}: give S:DIGIT, S seconds into the call (0 or more), DIGIT one of {_DIGITS}")
-    return int(seconds * 1000) // 20 * 20, digit.upper()
-
-
-def _seconds(value: str, *, zero: bool) -> float:
-    import math
-
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and (seconds >= 0 if zero else seconds > 0)):
-        raise argparse.ArgumentTypeError(f"{value!r}: seconds, {'0 or more' if zero else 'more than 0'}")
-    return seconds
-
-
-def _at_or_after_start(value: str) -> float:
-    """A time into the call (or a ramp): seconds, 0 or more."""
-    return _seconds(value, zero=True)
-
-
-def _seconds_above_zero(value: str) -> float:
-    """A duration or period: seconds, more than 0."""
-    return _seconds(value, zero=False)
-
-
-def _at_least_one(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: a whole number, 1 or more")
-    return number
-
-
-def _caller_audio(args: argparse.Namespace, path: Path) -> bytes | None:
-    """``--audio``'s speech as 8 kHz PCM16, or None after one line saying why it cannot be (not a 16-bit PCM WAV,
-    unreadable, no audio)."""
-    import wave
-
-    from callbridge.sim.runner import load_wav_8k
-
-    try:
-        speech = load_wav_8k(path)
-    except (OSError, ValueError, EOFError, wave.Error) as exc:
-        detail = str(exc).removeprefix(f"{path}: ") or "empty or cut short"
-        print(f"callbridge {args.command}: --audio {path}: {detail} (a 16-bit PCM WAV is needed)", file=sys.stderr)
-        return None
-    if not speech:
-        print(f"callbridge {args.command}: --audio {path}: the WAV holds no audio", file=sys.stderr)
-        return None
-    return speech
-
-
-def _can_write(args: argparse.Namespace, option: str) -> bool:
-    """Whether the file ``--option`` names can be written, checked before the run (not found out after it);
-    False after one line saying why not."""
-    import os
-
-    path: Path | None = getattr(args, option)
-    if path is None:
-        return True
-    folder = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        problem = "is a directory: give a file name"
-    elif not folder.is_dir():
-        problem = f"the folder {folder} does not exist: create it, or give another path"
-    elif not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        problem = "cannot be written here (permission denied): give another path"
-    else:
-        return True
-    print(f"callbridge {args.command}: --{option} {path}: {problem}", file=sys.stderr)
-    return False
-
-
-def _simulate(settings: Settings, args: argparse.Namespace) -> int:
-    import asyncio
-
-    from callbridge.logging import configure_logging
-    from callbridge.sim.carrier import CallerScript
-    from callbridge.sim.runner import sample_caller_wav, simulate_call, write_wav_8k
-
-    if getattr(args, "log_level", None) is None:
-        settings = settings.model_copy(update={"log": settings.log.model_copy(update={"level": "warning"})})
-    configure_logging(settings.log)
-    if not _app_loads(settings):
-        return EXIT_USAGE
-    if args.drop_at and not _reconnects(args.provider):
-        print(f"callbridge simulate: --drop-at: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
-        return EXIT_USAGE
-    if not _can_write(args, "out"):
-        return EXIT_USAGE
-    audio_path = args.audio or sample_caller_wav()
-    speech = _caller_audio(args, audio_path)
-    if speech is None:
-        return EXIT_USAGE
-    script = CallerScript(
-        utterances=((int(args.speak_at * 1000) // 20 * 20, speech),),
-        dtmf=tuple(args.dtmf),
-        drop_stream_at_ms=tuple(int(at * 1000) for at in args.drop_at),
-        hangup_at_ms=int(args.hangup_at * 1000) if args.hangup_at is not None else None,
-        interrupt_after_agent_ms=int(args.interrupt_after * 1000) // 20 * 20 if args.interrupt_after is not None else None,
-    )
-    print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
-          f"({len(speech) // 16} ms); engine: {settings.engine.kind}")
-    events: list[CallEvent] = []
-    result = asyncio.run(simulate_call(settings, script, provider=args.provider, events=events))
-    print(result.render())
-    if events:
-        print("\n" + _application_view(events))
-    write_wav_8k(args.out, bytes(result.heard))
-    print(
-        f"\ncaller heard {result.agent_speech_ms} ms of agent audio in a {len(result.heard) // 16} ms call "
-        f"-> {args.out}\nstreams: {len(result.streams)}, marks echoed: {len(result.marks_echoed)}, "
-        f"clears: {len(result.clears)}, hung up by: {result.hung_up_by}, protocol warnings: {len(result.warnings) or 'none'}"
-    )
-    for warning in result.warnings:
-        print(f"  warning {warning}")
-    return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
-
-
-def _application_view(events: list[CallEvent]) -> str:
-    """What the application was told of the simulated call: its events, and the report's summary."""
-    from callbridge.application.events import CallReport
-
-    lines = ["the application heard: " + ", ".join(event.type for event in events)]
-    ended = next((event for event in events if event.type == "call.ended"), None)
-    if ended is not None:
-        report = CallReport.model_validate(ended.data["report"])
-        latency = f", turn latency p50 {report.turn_latency.p50_ms} ms max {report.turn_latency.max_ms} ms" if report.turn_latency else ""
-        lines.append(
-            f"report: {report.duration_ms} ms, ended by {report.ended_by} ({report.end_reason}), {report.turns} turns{latency}, "
-            f"barge-ins {report.barge_ins} (heard {report.barged_heard_ms} ms), tools {report.tools}"
-        )
-        lines.append(f"recording: {report.recording or 'none'}")
-    return "\n".join(lines)
-
-
 def _processes(text: str) -> int | None:
     """``--processes``: a count, or None for ``auto``."""
     if text == "auto":
         return None
     try:
-        return _at_least_one(text)
+        return at_least_one(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a positive number or auto, got {text!r}") from None
 
@@ -548,12 +351,12 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
     if _target_flags_wrong(args, direct_protocol):
         return EXIT_USAGE
     processes = processes_for(args.calls, args.processes) if args.url else 1
-    if not (_can_write(args, "json") and _can_write(args, "png")):
+    if not (can_write(args, "json") and can_write(args, "png")):
         return EXIT_USAGE
-    audio = _caller_audio(args, args.audio or sample_caller_wav())
+    audio = caller_audio(args, args.audio or sample_caller_wav())
     if audio is None:
         return EXIT_USAGE
-    if args.drop_every and not _reconnects(args.provider):
+    if args.drop_every and not reconnects(args.provider):
         print(f"callbridge loadtest: --drop-every: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE
 

@@ -43,6 +43,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.config import Settings
+from callbridge.sim.caller_line import backchannel_piece, echo_of, mixed
 
 __all__ = [
     "CallResult",
@@ -96,6 +97,14 @@ class CallerScript:
     and tells the bridge nothing more than its own webhooks do."""
     unknown_events_at_ms: tuple[int, ...] = ()
     """The carrier sends an event type it added since (``SimulatedCarrier.unknown_event``) at these times."""
+    echo_db: float | None = None
+    """The agent's voice comes back on the caller's line this many dB down (a speakerphone, a PBX without echo
+    cancelling), ``echo_delay_ms`` after the caller heard it; None: no echo."""
+    echo_delay_ms: int = 0
+    backchannels_ms: tuple[int, ...] = ()
+    """The caller says a short "go on" (the first ``backchannel_ms`` of the first utterance) this long after the
+    agent first starts speaking, each: meant as no interruption."""
+    backchannel_ms: int = 400
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,6 +624,8 @@ class _CallerSide:
         self.script, self.caller, self.interrupt, self.result, self.now_ms = script, caller, interrupt, result, now_ms
         self.interrupt_at: int | None = None
         self.agent_started_at: int | None = None
+        self.first_agent_at: int | None = None
+        """When the caller first heard the agent (backchannels are timed from it)."""
         self.agent_last_heard_at: int | None = None
 
     def hears(self, t: int, heard: bytes, agent: bool) -> None:
@@ -622,6 +633,7 @@ class _CallerSide:
         if agent:
             if self.agent_started_at is None or (self.agent_last_heard_at is not None and t - self.agent_last_heard_at > 200):
                 self.agent_started_at = t
+                self.first_agent_at = t if self.first_agent_at is None else self.first_agent_at
                 result.agent_runs_ms.append(0)
                 result.log(self.now_ms(), "agent", "starts speaking (caller hears audio)")
                 if script.interrupt_after_agent_ms is not None and self.interrupt_at is None:
@@ -637,14 +649,28 @@ class _CallerSide:
                 result.log(self.now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
 
     def says(self, t: int) -> bytes:
-        """The tick's 20 ms of 8 kHz PCM."""
-        caller, interrupt, interrupt_at = self.caller, self.interrupt, self.interrupt_at
+        """The tick's 20 ms of 8 kHz PCM: what the caller says, and what the line adds (the agent's echo)."""
+        caller, interrupt, interrupt_at, script = self.caller, self.interrupt, self.interrupt_at, self.script
         speech = caller[t * 16 : t * 16 + 320] if t * 16 < len(caller) else b""
         if interrupt_at is not None and interrupt_at <= t < interrupt_at + len(interrupt) // 16:
             if t == interrupt_at:
                 self.result.log(self.now_ms(), "caller", f"talks over the agent ({len(interrupt) // 16} ms)")
             speech = interrupt[(t - interrupt_at) * 16 : (t - interrupt_at) * 16 + 320]
-        return speech.ljust(320, b"\x00") if speech else _SILENCE_8K
+        speech = self._backchannel(t) or speech
+        frame = speech.ljust(320, b"\x00") if speech else _SILENCE_8K
+        if script.echo_db is not None:
+            frame = mixed(frame, echo_of(self.result.heard, t, delay_ms=script.echo_delay_ms, down_db=script.echo_db))
+        return frame
+
+    def _backchannel(self, t: int) -> bytes:
+        """The piece of a backchannel the caller says at ``t``, if any (``CallerScript.backchannels_ms``)."""
+        script = self.script
+        if self.first_agent_at is None or not script.utterances:
+            return b""
+        piece, begins = backchannel_piece(t, self.first_agent_at, script.backchannels_ms, script.backchannel_ms, script.utterances[0][1])
+        if begins:
+            self.result.log(self.now_ms(), "caller", f"backchannels ({script.backchannel_ms} ms)")
+        return piece
 
     def done(self, t: int) -> bool:
         interrupt_at = self.interrupt_at

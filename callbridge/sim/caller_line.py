@@ -1,0 +1,41 @@
+"""What the simulated caller's line adds to what the caller says (``CallerScript.echo_db``, ``backchannels_ms``): the
+agent's own voice coming back — a speakerphone, a PBX without echo cancelling — and short "go on" sounds over the
+agent. PCM16 8 kHz, one 20 ms frame at a time, from what the caller heard (``CallResult.heard``)."""
+
+from __future__ import annotations
+
+import audioop
+from typing import Final
+
+__all__ = ["FRAME_BYTES", "backchannel_piece", "echo_of", "mixed"]
+
+FRAME_BYTES: Final = 320
+"""20 ms of PCM16 at 8 kHz."""
+_BYTES_PER_MS: Final = 16
+
+
+def echo_of(heard: bytes | bytearray, t_ms: int, *, delay_ms: int, down_db: float) -> bytes:
+    """The 20 ms frame at ``t_ms`` of what the caller heard, as it comes back ``delay_ms`` later, ``down_db`` weaker
+    (a flat echo path: no filtering, no noise)."""
+    start = (t_ms - delay_ms) * _BYTES_PER_MS
+    piece = bytes(heard[max(0, start) : start + FRAME_BYTES]) if start + FRAME_BYTES > 0 else b""
+    if start < 0:
+        piece = bytes(min(-start, FRAME_BYTES)) + piece
+    piece = piece.ljust(FRAME_BYTES, b"\x00")[:FRAME_BYTES]
+    return audioop.mul(piece, 2, 10 ** (-down_db / 20))
+
+
+def mixed(first: bytes, second: bytes) -> bytes:
+    """Two frames heard at once (saturating, as a line would clip)."""
+    return audioop.add(first, second, 2)
+
+
+def backchannel_piece(t_ms: int, agent_from_ms: int, after_ms: tuple[int, ...], length_ms: int, speech: bytes) -> tuple[bytes, bool]:
+    """The 20 ms the caller says at ``t_ms`` of a backchannel (the first ``length_ms`` of ``speech``) said each
+    ``after_ms`` after the agent was first heard at ``agent_from_ms``; and whether one begins there. b"": none."""
+    for after in after_ms:
+        at = agent_from_ms + after // 20 * 20
+        if at <= t_ms < at + length_ms:
+            offset = (t_ms - at) * _BYTES_PER_MS
+            return speech[offset : offset + FRAME_BYTES], t_ms == at
+    return b"", False

@@ -1,0 +1,49 @@
+"""The simulated caller's line (``sim/caller_line.py``, #41): the agent's echo comes back as late and as weak as the
+script says, and a backchannel is said where it is timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from callbridge.sim.caller_line import FRAME_BYTES, backchannel_piece, echo_of, mixed
+
+pytestmark = pytest.mark.core
+
+
+def tone_8k(ms: int) -> bytes:
+    t = np.arange(ms * 8) / 8000
+    return (np.sin(2 * np.pi * 440 * t) * 8000).astype("<i2").tobytes()
+
+
+def samples(pcm: bytes) -> np.ndarray:
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+
+
+def test_the_echo_is_what_was_heard_delay_ms_earlier_down_by_db() -> None:
+    heard = bytes(3200) + tone_8k(400)  # silence for 200 ms, then the agent
+    assert echo_of(heard, 200, delay_ms=100, down_db=10) == bytes(FRAME_BYTES)  # the agent's audio is not back yet
+    echo = samples(echo_of(heard, 300, delay_ms=100, down_db=10))
+    original = samples(heard[200 * 16 : 200 * 16 + FRAME_BYTES])
+    assert np.allclose(echo, original * 10 ** (-10 / 20), atol=1.5)
+
+
+def test_an_echo_from_before_the_call_or_past_what_was_heard_is_silence() -> None:
+    heard = tone_8k(100)
+    assert echo_of(heard, 0, delay_ms=400, down_db=6) == bytes(FRAME_BYTES)
+    assert echo_of(heard, 90, delay_ms=0, down_db=6)[FRAME_BYTES // 2 :] == bytes(FRAME_BYTES // 2)  # 10 ms heard, then none
+    assert len(echo_of(heard, 10, delay_ms=0, down_db=6)) == FRAME_BYTES
+
+
+def test_mixing_adds_and_saturates() -> None:
+    loud = np.full(160, 30000, dtype="<i2").tobytes()
+    assert samples(mixed(loud, loud)).max() == 32767
+
+
+def test_a_backchannel_is_said_after_the_agent_is_first_heard_for_its_length() -> None:
+    speech = tone_8k(1000)
+    said = [backchannel_piece(t, 1000, (500,), 300, speech) for t in range(0, 3000, 20)]
+    pieces = [(i * 20, piece, begins) for i, (piece, begins) in enumerate(said) if piece]
+    assert [t for t, _, _ in pieces] == list(range(1500, 1800, 20))
+    assert [t for t, _, begins in pieces if begins] == [1500]
+    assert pieces[0][1] == speech[:FRAME_BYTES]
