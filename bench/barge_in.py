@@ -106,13 +106,15 @@ def main() -> None:
         print(f"| {case.kind} | {case.label} | {outcome.clears} | {outcome.agent_heard_ms} | {outcome.first_run_ms} |")
     for kind in ("echo", "backchannel"):
         mine = [o for o in outcomes if o.case.kind == kind]
-        false = sum(o.clears > 0 for o in mine)
+        stopped, false = sum(o.clears > 0 for o in mine), sum(o.clears for o in mine)
         minutes = sum(o.agent_heard_ms for o in mine) / 60_000
-        print(f"\n{kind}: {false} of {len(mine)} calls stopped the agent; {false / minutes * 10:.0f} false barge-ins per 10 min of agent speech heard")
+        print(f"\n{kind}: {stopped} of {len(mine)} calls stopped the agent, {false} times in all: "
+              f"{false / minutes * 10:.0f} false barge-ins per 10 min of agent speech heard")  # fmt: skip
     interrupts = [o for o in outcomes if o.case.kind == "interrupt"]
     confirmed = [o for o in interrupts if o.clears > 0]
     after = [o.first_run_ms - (o.case.script.interrupt_after_agent_ms or 0) for o in confirmed]
-    print(f"interrupt: {len(confirmed)} of {len(interrupts)} confirmed; agent heard after the onset (ms): {sorted(after)}")
+    print(f"\ninterrupt: {len(confirmed)} of {len(interrupts)} confirmed; agent heard after the onset (ms; negative: "
+          f"stopped before it, by its echo): {sorted(after)}")  # fmt: skip
 
 
 if __name__ == "__main__":
