@@ -1,0 +1,141 @@
+"""Whether the caller's audio holds more than the agent's own voice coming back (#41), sans-I/O: the echo gate.
+
+On a speakerphone, or a PBX that cancels no echo, the agent's voice returns on the caller's line some 0–500 ms
+later and 6–30 dB down; a VAD takes it for the caller, and the agent stops for itself. The bridge knows what the
+caller heard, frame by frame (the far end). The gate compares each frame the line sends (the near end) with that:
+
+- **the echo path**, per call: the delay is the lag (0 to ``max_delay_ms``, in frames) at which the near end's
+  energy envelope follows the far end's best (Pearson correlation of the frames' dB levels, over the last
+  ``window_ms`` in which the agent was heard, at least ``trust_correlation``); the echo's loss is the median of far
+  minus near at that lag (double talk raises the near end and so pulls the median down: the gate then errs
+  towards taking sound for echo, never towards taking echo for the caller);
+- **each frame**: echo can explain the near end's level if it is at most the loudest far-end frame around the delay
+  (one frame either side) less the loss, plus ``margin_db``. A frame above that holds the caller's own sound
+  (double talk included): ``near`` says True. Until the path is known, the loss is taken as the least the issue
+  allows for (``assumed_loss_db``, 6 dB) and the delay as any lag, so an echo is never taken for the caller while
+  the gate learns; where the agent was not heard within ``max_delay_ms``, nothing can be echo.
+
+Why energy envelopes and not an echo canceller: the bridge must only tell *whether* the caller spoke, not give
+the engine a clean signal (the engine hears the caller's audio as sent, and during the agent's speech only
+after a confirmed barge-in). WebRTC's AEC3 (``pywebrtc-audio``, measured in ``bench/RESULTS.md``, session 34)
+cancels well but costs 5 CPU-ms per call-second and takes a double-talking caller down by up to 50 dB; this costs
+a few microseconds a frame and leaves the caller's level as it is. What it cannot do: tell the caller from an echo
+much louder than the path it learnt (a changing path re-learns within ``window_ms``), or from the agent's voice
+played in the caller's room by another device.
+
+Not yet wired into the call (#41's next step, with ``bridge/interruption.py``).
+"""
+
+from __future__ import annotations
+
+import audioop
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["EchoGate", "EchoGateSettings", "level_db"]
+
+
+def level_db(pcm: bytes) -> float:
+    """A PCM16 frame's level: 20·log10 of its RMS (int16 units; silence 0, speech about 60–75)."""
+    return 20 * math.log10(audioop.rms(pcm, 2) + 1) if pcm else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EchoGateSettings:
+    frame_ms: int = 20
+    max_delay_ms: int = 500
+    """The longest echo path looked for."""
+    window_ms: int = 3000
+    """How much of the call the path is learnt from (the agent heard in it)."""
+    estimate_every_ms: int = 200
+    far_active_db: float = 40.0
+    """A far-end frame at least this loud is the agent speaking (speech is about 60–75)."""
+    margin_db: float = 6.0
+    """How far above what echo explains a near-end frame must be to be the caller's."""
+    assumed_loss_db: float = 6.0
+    """The echo's loss taken until the path is learnt: the least an echo is down (the loudest echo looked for)."""
+    trust_correlation: float = 0.6
+
+
+class EchoGate:
+    """One call's echo gate (see the module docstring). Feed ``far`` each frame the caller heard (silence included,
+    on the call's frame clock) and ``near`` each frame its line sent, in step."""
+
+    def __init__(self, settings: EchoGateSettings | None = None) -> None:
+        self.settings = settings or EchoGateSettings()
+        s = self.settings
+        self._max_lag = s.max_delay_ms // s.frame_ms
+        self._window = s.window_ms // s.frame_ms
+        self._estimate_every = max(1, s.estimate_every_ms // s.frame_ms)
+        self._far: deque[float] = deque(maxlen=self._window + self._max_lag + 2)
+        self._near: deque[float] = deque(maxlen=self._window)
+        self._theirs: deque[bool] = deque(maxlen=self._window)
+        """Per near-end frame in the window: whether the gate took it for the caller's."""
+        self._since_estimate = 0
+        self.delay_frames: int | None = None
+        """The echo path's delay (frames), once learnt."""
+        self.loss_db: float | None = None
+        """How far down the echo is (dB), once learnt."""
+
+    @property
+    def delay_ms(self) -> int | None:
+        return None if self.delay_frames is None else self.delay_frames * self.settings.frame_ms
+
+    def far(self, pcm: bytes) -> None:
+        """The next frame of what the caller heard (the agent, or silence)."""
+        self._far.append(level_db(pcm))
+
+    def near(self, pcm: bytes) -> bool:
+        """The next frame the caller's line sent: True where it holds more than the agent's echo can explain."""
+        near_db = level_db(pcm)
+        theirs = near_db > self._echo_bound_db() + self.settings.margin_db
+        self._near.append(near_db)
+        self._theirs.append(theirs)
+        self._since_estimate += 1
+        if self._since_estimate >= self._estimate_every:
+            self._since_estimate = 0
+            self._learn()
+        return theirs
+
+    def _echo_bound_db(self) -> float:
+        """The loudest the echo can be in the near-end frame in step with the newest far-end one."""
+        far = self._far
+        if not far:
+            return 0.0
+        newest = len(far) - 1
+        if self.delay_frames is None or self.loss_db is None:
+            lags, loss = range(self._max_lag + 1), self.settings.assumed_loss_db
+        else:
+            lags, loss = range(max(0, self.delay_frames - 1), self.delay_frames + 2), self.loss_db
+        return max((far[newest - lag] for lag in lags if newest - lag >= 0), default=0.0) - loss
+
+    def _learn(self) -> None:
+        """Re-estimate the echo path from the window: far-end frames where the agent was heard, paired with the
+        near-end frames the gate took for echo (the caller's own frames would teach it the caller, not the path).
+        Kept as it was where the window says too little. All lags at once, as one array."""
+        count = len(self._near)
+        if count < 2 * self._estimate_every or len(self._far) < count + self._max_lag:
+            return
+        settings = self.settings
+        near = np.fromiter(self._near, dtype=np.float64, count=count)
+        echo_only = ~np.fromiter(self._theirs, dtype=bool, count=count)
+        far_all = np.fromiter(self._far, dtype=np.float64)[-(count + self._max_lag) :]
+        # row L: the far-end frames L earlier than each near-end frame
+        far = np.lib.stride_tricks.sliding_window_view(far_all, count)[::-1]
+        used = (far >= settings.far_active_db) & echo_only
+        n = used.sum(axis=1)
+        x, y = np.where(used, far, 0.0), np.where(used, near, 0.0)
+        sx, sy = x.sum(axis=1), y.sum(axis=1)
+        spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
+        enough = (n >= 2 * self._estimate_every) & (spread > 0)
+        if not enough.any():
+            return
+        correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)
+        lag = int(np.argmax(correlation))
+        if correlation[lag] < settings.trust_correlation:
+            return
+        self.delay_frames = lag
+        self.loss_db = float(np.median(far[lag][used[lag]] - near[used[lag]]))

@@ -1,0 +1,86 @@
+"""The echo gate (``bridge/echo_gate.py``, #41): the agent's own voice coming back on the caller's line is never
+taken for the caller — at any level from -6 to -30 dB and any delay up to 500 ms, flat or through a telephone band
+with line noise — while a caller talking over it is heard, and the path is learnt (delay, loss) from the call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from callbridge.bridge.echo_gate import EchoGate, level_db
+from callbridge.sim.caller_line import echo_of, mixed
+from callbridge.sim.runner import load_wav_8k, sample_caller_wav
+
+pytestmark = pytest.mark.core
+
+SPEECH = load_wav_8k(sample_caller_wav())
+OTHER = np.frombuffer(SPEECH, dtype="<i2")[::-1].tobytes()  # the caller says something else: speech, not the agent's
+AGENT = bytes(16000) + SPEECH + SPEECH  # what the caller hears: 1 s of silence, then 7.4 s of the agent
+CALLER_AT_MS = 5000
+
+
+def telephone_band(pcm: bytes, seed: int) -> bytes:
+    """``pcm`` through 300–3400 Hz (an FFT mask), with line noise at about 30 dB."""
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+    spectrum = np.fft.rfft(samples)
+    freqs = np.fft.rfftfreq(len(samples), 1 / 8000)
+    spectrum[(freqs < 300) | (freqs > 3400)] = 0
+    noisy = np.fft.irfft(spectrum, len(samples)) + np.random.default_rng(seed).normal(0, 30, len(samples))
+    return np.clip(noisy, -32768, 32767).astype("<i2").tobytes()
+
+
+def run(down_db: float, delay_ms: int, *, talks: bool, line: bool = False) -> tuple[EchoGate, list[bool], list[bool]]:
+    """Feed the gate a call: the agent, its echo, and (``talks``) the caller over it from 5 s. The verdicts on the
+    frames where there was only echo (loud enough to matter), and on those where the caller spoke (loud)."""
+    echo_line = AGENT if not line else telephone_band(AGENT, seed=delay_ms)
+    gate = EchoGate()
+    on_echo: list[bool] = []
+    on_caller: list[bool] = []
+    for k in range(len(AGENT) // 320):
+        t = k * 20
+        gate.far(AGENT[k * 320 : (k + 1) * 320])
+        near = echo_of(echo_line, t, delay_ms=delay_ms, down_db=down_db)
+        mine = b""
+        if talks and CALLER_AT_MS <= t < CALLER_AT_MS + len(OTHER) // 16:
+            mine = OTHER[(t - CALLER_AT_MS) * 16 : (t - CALLER_AT_MS) * 16 + 320].ljust(320, b"\x00")
+            near = mixed(near, mine)
+        verdict = gate.near(near)
+        if mine and level_db(mine) > 50:
+            on_caller.append(verdict)
+        elif not mine and level_db(echo_of(AGENT, t, delay_ms=delay_ms, down_db=down_db)) > 30:
+            on_echo.append(verdict)
+    return gate, on_echo, on_caller
+
+
+@pytest.mark.parametrize("down_db", [6, 10, 20, 30])
+@pytest.mark.parametrize("delay_ms", [0, 60, 200, 400, 500])
+def test_the_agents_echo_is_never_taken_for_the_caller_and_its_path_is_learnt(down_db: int, delay_ms: int) -> None:
+    gate, on_echo, _ = run(down_db, delay_ms, talks=False)
+    assert len(on_echo) > 200 and not any(on_echo)
+    assert gate.delay_ms == delay_ms and gate.loss_db is not None and abs(gate.loss_db - down_db) < 0.5
+
+
+@pytest.mark.parametrize(("down_db", "delay_ms"), [(6, 60), (10, 200), (20, 400), (30, 500)])
+def test_through_a_telephone_band_with_line_noise_too(down_db: int, delay_ms: int) -> None:
+    gate, on_echo, _ = run(down_db, delay_ms, talks=False, line=True)
+    assert sum(on_echo) <= len(on_echo) // 50, (sum(on_echo), len(on_echo))  # at most 2 % (the noise where the echo is faint)
+    assert gate.delay_ms is not None and abs(gate.delay_ms - delay_ms) <= 20
+
+
+@pytest.mark.parametrize(("down_db", "at_least"), [(6, 0.4), (10, 0.6), (20, 0.85), (30, 0.9)])
+def test_a_caller_talking_over_the_echo_is_heard_and_does_not_unlearn_the_path(down_db: int, at_least: float) -> None:
+    """Double talk: the caller's loud frames are taken for the caller's (more of them the weaker the echo), the
+    echo's still not, and the path learnt before the caller spoke stays."""
+    gate, on_echo, on_caller = run(down_db, 200, talks=True)
+    assert not any(on_echo)
+    assert sum(on_caller) >= at_least * len(on_caller), (sum(on_caller), len(on_caller))
+    assert gate.delay_ms == 200 and gate.loss_db is not None and abs(gate.loss_db - down_db) < 1.5
+
+
+def test_with_no_agent_heard_everything_is_the_callers() -> None:
+    gate = EchoGate()
+    verdicts = []
+    for k in range(50):
+        gate.far(bytes(320))
+        verdicts.append(gate.near(OTHER[k * 320 + 16000 : (k + 1) * 320 + 16000]))
+    assert sum(verdicts) >= 45 and gate.delay_ms is None  # its speech (the quiet frames between words aside)
