@@ -13,7 +13,8 @@ caller heard, frame by frame (the far end). The gate compares each frame the lin
   (one frame either side) less the loss, plus ``margin_db``. A frame above that holds the caller's own sound
   (double talk included): ``near`` says True. Until the path is known, the loss is taken as the least the issue
   allows for (``assumed_loss_db``, 6 dB) and the delay as any lag, so an echo is never taken for the caller while
-  the gate learns; where the agent was not heard within ``max_delay_ms``, nothing can be echo.
+  the gate learns — or, where no path shows (a line with no echo), what the line's level stays below the loudest
+  the caller heard in the range; where the agent was not heard within ``max_delay_ms``, nothing can be echo.
 
 Why energy envelopes and not an echo canceller: the bridge must only tell *whether* the caller spoke, not give
 the engine a clean signal (the engine hears the caller's audio as sent, and during the agent's speech only
@@ -37,6 +38,12 @@ import numpy as np
 
 __all__ = ["EchoGate", "EchoGateSettings", "level_db"]
 
+_LEARNT_FROM_FRAMES = 50
+"""The echo path is learnt from at least this many far-end frames of the agent heard, each with its near-end frame
+(1 s at 20 ms): fewer let a chance likeness of two envelopes pass for the path."""
+_LOSS_SAFETY_DB = 6.0
+"""Taken off the loss learnt without a path: the estimate errs towards echo, never towards the caller."""
+
 
 def level_db(pcm: bytes) -> float:
     """A PCM16 frame's level: 20·log10 of its RMS (int16 units; silence 0, speech about 60–75)."""
@@ -50,7 +57,7 @@ class EchoGateSettings:
     """The longest echo path looked for."""
     window_ms: int = 3000
     """How much of the call the path is learnt from (the agent heard in it)."""
-    estimate_every_ms: int = 200
+    estimate_every_ms: int = 400
     far_active_db: float = 40.0
     """A far-end frame at least this loud is the agent speaking (speech is about 60–75)."""
     margin_db: float = 6.0
@@ -79,6 +86,9 @@ class EchoGate:
         """The echo path's delay (frames), once learnt."""
         self.loss_db: float | None = None
         """How far down the echo is (dB), once learnt."""
+        self._loss_any_lag_db = 0.0
+        """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
+        ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
 
     @property
     def delay_ms(self) -> int | None:
@@ -107,7 +117,7 @@ class EchoGate:
             return 0.0
         newest = len(far) - 1
         if self.delay_frames is None or self.loss_db is None:
-            lags, loss = range(self._max_lag + 1), self.settings.assumed_loss_db
+            lags, loss = range(self._max_lag + 1), max(self.settings.assumed_loss_db, self._loss_any_lag_db)
         else:
             lags, loss = range(max(0, self.delay_frames - 1), self.delay_frames + 2), self.loss_db
         return max((far[newest - lag] for lag in lags if newest - lag >= 0), default=0.0) - loss
@@ -116,12 +126,12 @@ class EchoGate:
         """Re-estimate the echo path from the window: far-end frames where the agent was heard, paired with the
         near-end frames the gate took for echo (the caller's own frames would teach it the caller, not the path).
         Kept as it was where the window says too little. All lags at once, as one array."""
-        count = len(self._near)
-        if count < 2 * self._estimate_every or len(self._far) < count + self._max_lag:
+        count = min(len(self._near), len(self._far) - self._max_lag)  # the newest near-end frames with every lag behind
+        if count < 2 * self._estimate_every:
             return
         settings = self.settings
-        near = np.fromiter(self._near, dtype=np.float64, count=count)
-        echo_only = ~np.fromiter(self._theirs, dtype=bool, count=count)
+        near = np.fromiter(self._near, dtype=np.float64)[-count:]
+        echo_only = ~np.fromiter(self._theirs, dtype=bool)[-count:]
         far_all = np.fromiter(self._far, dtype=np.float64)[-(count + self._max_lag) :]
         # row L: the far-end frames L earlier than each near-end frame
         far = np.lib.stride_tricks.sliding_window_view(far_all, count)[::-1]
@@ -130,7 +140,15 @@ class EchoGate:
         x, y = np.where(used, far, 0.0), np.where(used, near, 0.0)
         sx, sy = x.sum(axis=1), y.sum(axis=1)
         spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
-        enough = (n >= 2 * self._estimate_every) & (spread > 0)
+        enough = (n >= _LEARNT_FROM_FRAMES) & (spread > 0)
+        # the line's loss, path or none: how far its loud end (90th percentile) stays below the agent's typical level
+        # in the range, less a safety margin — a line with no echo learns it has little to fear, a line with one about
+        # its loss, never much more (the loudest far-end frame in the range is about the agent's loud end)
+        loudest = far.max(axis=0)
+        heard = (loudest >= settings.far_active_db) & echo_only
+        if heard.sum() >= _LEARNT_FROM_FRAMES:
+            typical = float(np.median(loudest[heard]))
+            self._loss_any_lag_db = typical - float(np.percentile(near[heard], 90)) - _LOSS_SAFETY_DB
         if not enough.any():
             return
         correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)

@@ -1,0 +1,57 @@
+"""Bridge-mode barge-in's decision, whole and sans-I/O (#41): the echo gate and the interruption policy composed for
+one call, fed the two sides of the line frame by frame.
+
+``heard(pcm)`` takes each frame the caller heard (the agent, or silence while it is quiet or paused), ``caller(pcm,
+at_ms)`` each frame the caller's line sent, in step; ``caller`` answers with the policy's verdict (``Pause``,
+``Resume``, ``Confirm``) or None. A frame counts as the caller's speech where the echo gate finds more in it than
+the agent's echo (``EchoGate``) and it is at least ``speech_db`` loud; the agent is audible while the caller heard
+it within ``audible_gap_ms`` (or it is paused: the reply is held, not over).
+
+Energy stands in for a VAD here: the engine's VAD still decides the caller's turns; this only decides whether
+sound over the agent stops it. Not yet wired into the call: the driver's part (feeding ``heard`` from the playout,
+pausing and resuming the carrier, the engine's listen-only appends and the confirmed barge-in) is #41's next step.
+"""
+
+from __future__ import annotations
+
+from callbridge.bridge.echo_gate import EchoGate, level_db
+from callbridge.bridge.interruption import InterruptionPolicy, Verdict
+
+__all__ = ["InterruptionJudge"]
+
+
+class InterruptionJudge:
+    def __init__(
+        self,
+        policy: InterruptionPolicy | None = None,
+        gate: EchoGate | None = None,
+        *,
+        speech_db: float = 45.0,
+        audible_gap_ms: int = 200,
+    ) -> None:
+        self.policy = policy or InterruptionPolicy()
+        self.gate = gate or EchoGate()
+        self.speech_db = speech_db
+        self.frame_ms = self.gate.settings.frame_ms
+        self._audible_frames = max(1, audible_gap_ms // self.frame_ms)
+        self._since_heard = self._audible_frames  # not heard yet
+        self._far_active_db = self.gate.settings.far_active_db
+
+    def heard(self, pcm: bytes) -> None:
+        """The next frame the caller heard."""
+        self.gate.far(pcm)
+        self._since_heard = 0 if level_db(pcm) >= self._far_active_db else self._since_heard + 1
+
+    @property
+    def agent_audible(self) -> bool:
+        return self._since_heard < self._audible_frames or self.policy.paused
+
+    def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
+        """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
+        theirs = self.gate.near(pcm)
+        speech = theirs and level_db(pcm) >= self.speech_db
+        return self.policy.frame(at_ms, self.frame_ms, speech=speech, agent_audible=self.agent_audible)
+
+    def agent_stopped(self) -> None:
+        """The reply ended or was cancelled some other way: nothing is paused."""
+        self.policy.agent_stopped()
