@@ -10,7 +10,8 @@ caller heard, frame by frame (the far end). The gate compares each frame the lin
   minus near at that lag (double talk raises the near end and so pulls the median down: the gate then errs
   towards taking sound for echo, never towards taking echo for the caller);
 - **each frame**: echo can explain the near end's level if it is at most the loudest far-end frame around the delay
-  (one frame either side) less the loss, plus ``margin_db``. A frame above that holds the caller's own sound
+  (one frame either side) less the loss, plus a margin (``margin_db``; once the path is learnt, what this line's
+  echo strays above that bound, ``least_margin_db`` at the least). A frame above that holds the caller's own sound
   (double talk included): ``near`` says True. Until the path is known, the loss is taken as the least the issue
   allows for (``assumed_loss_db``, 6 dB) and the delay as any lag, so an echo is never taken for the caller while
   the gate learns — or, where no path shows (a line with no echo), what the line's level stays below the loudest
@@ -38,9 +39,11 @@ import numpy as np
 
 __all__ = ["EchoGate", "EchoGateSettings", "level_db"]
 
-_LEARNT_FROM_FRAMES = 50
+_LEARNT_FROM_FRAMES = 35
 """The echo path is learnt from at least this many far-end frames of the agent heard, each with its near-end frame
-(1 s at 20 ms): fewer let a chance likeness of two envelopes pass for the path."""
+(0.7 s at 20 ms): fewer let a chance likeness of two envelopes pass for the path."""
+_STRAY_ALLOWANCE_DB = 1.0
+"""Added to how far the echo strayed above the path's bound (its 95th percentile) for the margin."""
 _LOSS_SAFETY_DB = 6.0
 """Taken off the loss learnt without a path: the estimate errs towards echo, never towards the caller."""
 
@@ -61,7 +64,9 @@ class EchoGateSettings:
     far_active_db: float = 40.0
     """A far-end frame at least this loud is the agent speaking (speech is about 60–75)."""
     margin_db: float = 6.0
-    """How far above what echo explains a near-end frame must be to be the caller's."""
+    """How far above what echo explains a near-end frame must be to be the caller's (the most: a learnt path may
+    allow less)."""
+    least_margin_db: float = 2.0
     assumed_loss_db: float = 6.0
     """The echo's loss taken until the path is learnt: the least an echo is down (the loudest echo looked for)."""
     trust_correlation: float = 0.6
@@ -86,6 +91,9 @@ class EchoGate:
         """The echo path's delay (frames), once learnt."""
         self.loss_db: float | None = None
         """How far down the echo is (dB), once learnt."""
+        self.margin_db = self.settings.margin_db
+        """How far above the echo's bound a frame must be to be the caller's: ``margin_db`` until the path is learnt,
+        then what the line's echo strays above it (``least_margin_db`` at the least)."""
         self._loss_any_lag_db = 0.0
         """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
         ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
@@ -101,7 +109,7 @@ class EchoGate:
     def near(self, pcm: bytes) -> bool:
         """The next frame the caller's line sent: True where it holds more than the agent's echo can explain."""
         near_db = level_db(pcm)
-        theirs = near_db > self._echo_bound_db() + self.settings.margin_db
+        theirs = near_db > self._echo_bound_db() + self.margin_db
         self._near.append(near_db)
         self._theirs.append(theirs)
         self._since_estimate += 1
@@ -157,3 +165,8 @@ class EchoGate:
             return
         self.delay_frames = lag
         self.loss_db = float(np.median(far[lag][used[lag]] - near[used[lag]]))
+        # how far this line's echo strays above the path's bound: the margin a caller's frame must clear, down to
+        # ``least_margin_db`` on a clean line (a caller heard sooner over the echo), never above ``margin_db``
+        bound = far[max(0, lag - 1) : lag + 2].max(axis=0)[used[lag]] - self.loss_db
+        stray = float(np.percentile(near[used[lag]] - bound, 95))
+        self.margin_db = min(settings.margin_db, max(settings.least_margin_db, stray + _STRAY_ALLOWANCE_DB))

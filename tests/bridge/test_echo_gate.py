@@ -67,14 +67,15 @@ def test_through_a_telephone_band_with_line_noise_too(down_db: int, delay_ms: in
     assert gate.delay_ms is not None and abs(gate.delay_ms - delay_ms) <= 20
 
 
-@pytest.mark.parametrize(("down_db", "at_least"), [(6, 0.4), (10, 0.6), (20, 0.85), (30, 0.9)])
+@pytest.mark.parametrize(("down_db", "at_least"), [(6, 0.6), (10, 0.75), (20, 0.9), (30, 0.95)])
 def test_a_caller_talking_over_the_echo_is_heard_and_does_not_unlearn_the_path(down_db: int, at_least: float) -> None:
     """Double talk: the caller's loud frames are taken for the caller's (more of them the weaker the echo), the
     echo's still not, and the path learnt before the caller spoke stays."""
     gate, on_echo, on_caller = run(down_db, 200, talks=True)
     assert not any(on_echo)
     assert sum(on_caller) >= at_least * len(on_caller), (sum(on_caller), len(on_caller))
-    assert gate.delay_ms == 200 and gate.loss_db is not None and abs(gate.loss_db - down_db) < 1.5
+    # within a frame: the bound spans a frame either side of the delay
+    assert gate.delay_ms is not None and abs(gate.delay_ms - 200) <= 20 and gate.loss_db is not None and abs(gate.loss_db - down_db) < 1.5
 
 
 def test_with_no_agent_heard_everything_is_the_callers() -> None:
