@@ -7,6 +7,7 @@ its model needs. ``EngineCommand`` is the union a session's ``submit`` takes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = [
     "AckPlayback",
@@ -30,6 +31,10 @@ __all__ = [
 class AppendAudio:
     pcm: bytes
     rate_hz: int
+    overlap: Literal["listen"] | None = None
+    """``"listen"`` (vllm-omni 0.30's ``overlap_action``): audio that comes while a reply is in progress is heard
+    (the VAD's speech events go out) but never barges in and is not kept for the turn — the bridge decides whether
+    the caller interrupted (``barge_in.mode = "bridge"``, #41). Outside a reply it changes nothing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,8 @@ def _overlap_details(event: OverlapDecision) -> dict[str, Any]:
             return {"cancel_reason": "turn_detected", **common, "buffer_audio": True}
         case "listen", "policy_listen_only":
             return {**common, "buffer_audio": True, "defer_runtime_append": True}
+        case "listen", "client_overlap_action":  # the client said listen: its audio is not kept (#41's bridge mode)
+            return {"duration_ms": event.duration_ms, "buffer_audio": False, "defer_runtime_append": True}
         case _:
             return {**common, "buffer_audio": True, "defer_runtime_append": False, "force_listen": True, "preserve_realtime_input": True}
 

@@ -20,7 +20,7 @@ import json
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16
 from callbridge.engine.commands import (
@@ -128,8 +128,9 @@ def event_ack(server_event_seq: int) -> dict[str, Any]:
 def command_to_wire(command: EngineCommand) -> dict[str, Any]:
     """One command as the client event vllm-omni's translator accepts."""
     match command:
-        case AppendAudio(pcm, rate_hz):
-            return {"type": "input_audio_buffer.append", "audio": b64_audio(pcm), "format": "pcm16", "sample_rate_hz": rate_hz}
+        case AppendAudio(pcm, rate_hz, overlap):
+            append = {"type": "input_audio_buffer.append", "audio": b64_audio(pcm), "format": "pcm16", "sample_rate_hz": rate_hz}
+            return append if overlap is None else {**append, "overlap_action": overlap}
         case Commit(create_response):
             event: dict[str, Any] = {"type": "input_audio_buffer.commit"}
             if create_response is not None:
@@ -482,7 +483,7 @@ def parse_client_command(payload: Mapping[str, Any], defaults: InputFormat) -> E
                 encoding = encoding or defaults.encoding
                 if encoding.sample_bytes == 2 and len(raw) % 2:
                     raise EngineError(ErrorCode.BAD_AUDIO, "PCM16 audio of odd length")
-                return AppendAudio(bytes(decode_to_pcm16(encoding, raw)), rate_hz)
+                return AppendAudio(bytes(decode_to_pcm16(encoding, raw)), rate_hz, _overlap_action(payload))
             case "input_audio_buffer.commit" | "input.commit":
                 create = payload.get("response_create", payload.get("create_response"))
                 if event_type == "input.commit" and create is None:
@@ -531,3 +532,18 @@ def error_to_wire(code: str, message: str, event_id: str | None = None) -> dict[
     if event_id:
         error["event_id"] = event_id
     return {"type": "error", "event_id": new_event_id(), "error": error}
+
+
+_LISTEN_ACTIONS: Final = frozenset({"listen", "continue", "continue_output", "ack"})
+"""``overlap_action`` (or ``overlap``) values vllm-omni 0.30's ``overlap_policy.decide`` reads as *listen*."""
+
+
+def _overlap_action(payload: Mapping[str, Any]) -> Literal["listen"] | None:
+    """An append's explicit overlap action, as far as the embedded engine takes one: *listen*; any other value is
+    left to the session's policy."""
+    for key in ("overlap_action", "overlap"):
+        value = payload.get(key)
+        if isinstance(value, str):
+            return "listen" if value.strip().lower() in _LISTEN_ACTIONS else None
+    return None
+

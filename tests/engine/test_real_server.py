@@ -104,6 +104,12 @@ class Peer:
                 return
         raise AssertionError(f"no {event_type} while speaking")
 
+    async def speak(self, pcm: bytes, *, rate_hz: int = 16000, **hints: Any) -> None:
+        """Append ``pcm`` in 20 ms frames, paced, each carrying ``hints`` (``overlap_action="listen"``)."""
+        for frame in chunks(pcm, rate_hz):
+            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode(), **hints})
+            await asyncio.sleep(0.02)
+
     async def send_silence(self, ms: int, rate_hz: int = 16000) -> None:
         for frame in chunks(silence(ms, rate_hz), rate_hz):
             await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
@@ -244,6 +250,19 @@ async def barge_in(url: str) -> list[dict[str, Any]]:
     return await closed(peer)
 
 
+async def listen_over_the_reply(url: str) -> list[dict[str, Any]]:
+    """Server VAD, bridge-mode barge-in (#41): the caller talks over the reply with every append marked
+    ``overlap_action: "listen"`` (the bridge deciding, not the engine), then the bridge confirms a barge-in itself."""
+    peer = await opened(url)
+    await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
+    await peer.until("response.output_audio.delta")
+    await peer.speak(caller_speech_16k()[: 16000 * 2] + silence(800), overlap_action="listen")
+    await peer.send({"type": "barge_in"})
+    await peer.until("response.done")
+    await peer.send_silence(400)
+    return await closed(peer)
+
+
 async def cancel_then_next_turn(url: str) -> list[dict[str, Any]]:
     """Commit mode: a reply cancelled by the client mid-way, then the next committed turn is answered."""
     peer = await opened(url, COMMIT_MODE)
@@ -316,6 +335,7 @@ async def refused_handshakes(url: str) -> list[dict[str, Any]]:
 EXCHANGES: dict[str, Exchange] = {
     "spoken_turn": spoken_turn,
     "barge_in": barge_in,
+    "listen_over_the_reply": listen_over_the_reply,
     "cancel_then_next_turn": cancel_then_next_turn,
     "text_item": text_item,
     "talk_over_in_commit_mode": talk_over_in_commit_mode,

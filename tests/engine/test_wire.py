@@ -54,6 +54,26 @@ def test_every_command_is_accepted_by_vllm_omni(command: ours.EngineCommand, exp
         assert len(translated.audio) == 320 * 4  # 20 ms at 8 kHz → 320 float32 samples at 16 kHz
 
 
+def test_an_append_marked_listen_reaches_vllm_omnis_overlap_policy_as_the_clients_listen() -> None:
+    """#41's bridge mode: the mark rides on the append as ``overlap_action``, which vllm-omni 0.30 keeps among the
+    append's hints and its ``overlap_policy.decide`` reads as the client's *listen*; ours reads the same back."""
+    from vllm_omni.engine.duplex.commands import command_from_realtime
+    from vllm_omni.protocol.duplex import RealtimeInputDefaults
+
+    from callbridge.codecs import AudioEncoding
+    from callbridge.engine.wire import InputFormat, parse_client_command
+
+    wire = command_to_wire(ours.AppendAudio(b"\x01\x00" * 160, 16000, "listen"))
+    assert wire["overlap_action"] == "listen"
+    defaults = RealtimeInputDefaults().with_session_payload(SessionConfig(input_rate_hz=16000).to_realtime())
+    translated = command_from_realtime(wire, defaults=defaults)
+    assert translated.payload()["overlap_action"] == "listen"
+    assert "overlap_action" not in command_to_wire(ours.AppendAudio(b"\x01\x00" * 160, 16000))
+    for value, read in (("listen", "listen"), ("Continue", "listen"), ("barge_in", None), (7, None)):
+        parsed = parse_client_command({**wire, "overlap_action": value}, InputFormat(AudioEncoding.L16, 16000))
+        assert isinstance(parsed, ours.AppendAudio) and parsed.overlap == read, value
+
+
 def test_session_update_passes_vllm_omnis_validation() -> None:
     from vllm_omni.engine.duplex.config import DuplexSessionConfig
 

@@ -344,8 +344,8 @@ class LocalSessionCore:
 
     def _apply(self, command: EngineCommand, now_ms: int) -> None:
         match command:
-            case AppendAudio(pcm, rate_hz):
-                self._append(pcm, rate_hz, now_ms)
+            case AppendAudio(pcm, rate_hz, overlap):
+                self._append(pcm, rate_hz, now_ms, listen=overlap == "listen")
             case Commit(create_response):
                 self._commit(bool(create_response), now_ms)
             case CreateResponse():
@@ -391,7 +391,7 @@ class LocalSessionCore:
             case CloseSession(reason):
                 self._close(reason)
 
-    def _append(self, pcm: bytes, rate_hz: int, now_ms: int) -> None:
+    def _append(self, pcm: bytes, rate_hz: int, now_ms: int, *, listen: bool = False) -> None:
         if rate_hz != self._in_rate_hz:
             raise EngineError(ErrorCode.BAD_AUDIO, f"input rate changed from {self._in_rate_hz} to {rate_hz} Hz")
         if len(pcm) % 2:
@@ -400,6 +400,9 @@ class LocalSessionCore:
         self._input_ms += duration_ms
         if self._to_output_rate is not None:
             self._loop_back(self._to_output_rate.process(pcm), now_ms)
+        if listen and self._vad is not None and self._response_in_progress() and not self.agent.streams_input:
+            self._listen_over_reply(self._to_vad_rate.process(pcm), duration_ms)
+            return
         if self._vad is None:
             if not self.agent.streams_input:  # a streaming agent answers each chunk: no turn's audio to keep
                 self._keep_utterance(self._to_vad_rate.process(pcm))
@@ -431,6 +434,32 @@ class LocalSessionCore:
                 self._on_speech_started(boundary.audio_ms, duration_ms)
             else:
                 self._on_speech_stopped(boundary.audio_ms, now_ms)
+
+    def _listen_over_reply(self, audio: bytes, duration_ms: int) -> None:
+        """A chunk the client marked *listen* during a reply (the bridge decides barge-in, #41), as vllm-omni 0.30's
+        runner takes it: the VAD hears it first (its speech events go out), the verdict is ``listen`` for the
+        client's action, never a barge-in, and the chunk is not kept — the turn's pending input is dropped, an open
+        speech item stopped at the chunk's length. Where the VAD ends the utterance, the commit it asks for finds
+        nothing: ``input_audio_buffer_empty``, and no turn."""
+        assert self._vad is not None  # server VAD: in commit mode the client's own turns never barge in anyway
+        utterance_ended = False
+        for boundary in self._vad.process(audio):
+            if boundary.started:
+                self._utterance_start_ms = boundary.audio_ms
+                self._outbox.append(SpeechStarted(boundary.audio_ms, self._new_input_item()))
+            else:
+                self._utterance_start_ms = None
+                utterance_ended = True
+        self._overlap_speech_ms = 0
+        policy = "barge_in_on_speech" if self.config.turn_detection is not None else "listen_only"
+        self._outbox.append(OverlapDecision("listen", "client_overlap_action", self.epoch, duration_ms, 0, policy))
+        if self._input_item_id is not None:
+            self._outbox.append(SpeechStopped(duration_ms, self._input_item_id))
+            self._input_item_id = None
+        self._utterance.clear()
+        self._recent.clear()
+        if utterance_ended:
+            self._outbox.append(EngineErrorEvent(ErrorCode.INPUT_AUDIO_BUFFER_EMPTY, "input_audio_buffer.commit requires a non-empty input audio buffer", False))
 
     def turn_facts(self) -> dict[str, object]:
         """The session object's turn fields (``DuplexEngineSession.as_public_dict`` of vllm-omni 0.30): where the

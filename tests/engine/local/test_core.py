@@ -66,11 +66,11 @@ class Harness:
         self.events += new
         return new
 
-    def send(self, pcm: bytes, chunk_ms: int = 20) -> list[EngineEvent]:
-        """Stream ``pcm`` in real time, ticking the core at every chunk."""
+    def send(self, pcm: bytes, chunk_ms: int = 20, *, listen: bool = False) -> list[EngineEvent]:
+        """Stream ``pcm`` in real time, ticking the core at every chunk (``listen``: each marked so, #41)."""
         out: list[EngineEvent] = []
         for chunk in chunks(pcm, chunk_ms=chunk_ms):
-            self.core.submit(AppendAudio(chunk, 16000), self.now_ms)
+            self.core.submit(AppendAudio(chunk, 16000, "listen" if listen else None), self.now_ms)
             self.now_ms += chunk_ms
             self.core.tick(self.now_ms)
             out += self.drain()
@@ -281,6 +281,37 @@ class TestBargeIn:
         created = of(h.turn(640), ResponseCreated)[0]
         events = h.submit(CancelResponse())
         assert events == [OutputAudioCleared(created.response_id)] and h.core.epoch == 1
+
+
+class TestListenOverTheReply:
+    """Appends marked ``overlap_action: listen`` (#41's bridge mode), as vllm-omni 0.30 takes them (the exchange
+    ``listen_over_the_reply`` in ``tests/engine/test_real_server.py`` holds the two side by side)."""
+
+    def test_speech_marked_listen_never_barges_in_and_the_reply_goes_on(self) -> None:
+        h = Harness(chunk_ms=100, generation_speed=1.0)
+        created = of(h.turn(640), ResponseCreated)[0]
+        events = h.send(tone(400) + silence(700), listen=True)
+        decisions = of(events, OverlapDecision)
+        assert decisions and {(d.action, d.reason) for d in decisions} == {("listen", "client_overlap_action")}
+        assert of(events, SpeechStarted) and of(events, SpeechStopped)[0].audio_end_ms == 20  # heard, then dropped
+        assert [e.code for e in of(events, EngineErrorEvent)] == ["input_audio_buffer_empty"]  # nothing kept to commit
+        (done,) = of(events + h.advance(3000), ResponseDone)
+        assert (done.response_id, done.status, h.core.epoch) == (created.response_id, "completed", 0)  # not cancelled
+
+    def test_the_bridge_then_confirms_and_the_words_resent_make_the_turn(self) -> None:
+        h = Harness(chunk_ms=100, generation_speed=1.0)
+        h.turn(640)
+        h.send(tone(300), listen=True)
+        (done,) = of(h.submit(BargeIn()), ResponseDone)
+        assert done.status == "cancelled" and h.core.epoch == 1
+        events = h.send(tone(640) + silence(600))  # what the caller said from the onset, sent again unmarked
+        assert of(events, InputCommitted) and of(events, ResponseCreated)
+
+    def test_outside_a_reply_the_mark_changes_nothing(self) -> None:
+        marked, plain = Harness(), Harness()
+        assert [type(e) for e in marked.send(tone(640) + silence(600), listen=True)] == [
+            type(e) for e in plain.send(tone(640) + silence(600))
+        ]
 
 
 class TestPlayback:
