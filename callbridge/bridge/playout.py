@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from callbridge.bridge.recording import StereoRecorder
@@ -88,6 +88,18 @@ class Unplayed:
     frames: tuple[bytes, ...]
     ended: bool
     """No more of the response's audio is to come (its last frame was queued)."""
+
+
+@dataclass(slots=True)
+class _Paused:
+    """What ``pause`` holds: the response that was playing, its audio the caller had not heard, the responses queued
+    behind it, and the pause's own account (``flush``'s, for a barge-in confirmed during it)."""
+
+    response: _Response
+    unplayed: Unplayed
+    later: list[tuple[_Response, bytes]]
+    ended: bool
+    result: FlushResult
 
 
 @dataclass(slots=True)
@@ -164,6 +176,8 @@ class PlayoutLedger:
         """Per marker echo: how much later than sent-and-played-at-once it came (drained by the driver)."""
         self.recorder: StereoRecorder | None = None
         """The call's recording: each frame sent goes to it with when it starts to play; a flush cuts it."""
+        self._paused: _Paused | None = None
+        """Set by ``pause`` until ``resume`` (or a ``flush``): nothing goes to the carrier meanwhile."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -183,11 +197,15 @@ class PlayoutLedger:
         if response is None:
             return
         response.ended = True
+        if self._paused is not None and self._paused.response is response:
+            self._paused.ended = True
         self._maybe_final_mark(response)
         self.tick(now_ms)
 
     def tick(self, now_ms: int) -> None:
         """Send the frames the lead allows now (and, without markers, report how far playback has got)."""
+        if self._paused is not None:
+            return  # held: the caller may be interrupting
         queue, per_message = self._queue, self.frames_per_message
         while queue and self._buffer_end_ms - now_ms + self._next_message_frames() * self.frame_ms <= self.lead_ms:
             response, frame = queue.popleft()
@@ -222,6 +240,14 @@ class PlayoutLedger:
         Later frames of the flushed response are refused by the caller, not here: ``enqueue`` after a flush
         starts playing again at once.
         """
+        if self._paused is not None:  # confirmed during a pause: the carrier was cleared then, what was held goes
+            paused, self._paused = self._paused, None
+            dropped = len(paused.unplayed.frames) + len(self._queue)
+            self.frames_dropped += dropped
+            self._queue.clear()
+            for response in self._responses.values():
+                response.queued_frames = 0
+            return replace(paused.result, dropped_frames=paused.result.dropped_frames + dropped)
         current = self._current
         sent = current.sent_ms if current is not None else 0
         # a carrier that cannot drop what it holds plays all of it: heard is what was sent
@@ -251,10 +277,54 @@ class PlayoutLedger:
         self._current = None
         return result
 
+    def pause(self, now_ms: int) -> FlushResult | None:
+        """Bridge-mode barge-in's pause (#41): the carrier's buffer cleared and nothing more sent, as ``flush`` does,
+        but the response playing is held, not given up — its audio the caller has not heard (from where they
+        stopped hearing it, to a frame), what is queued behind it, and what comes meanwhile wait for ``resume``.
+        A ``flush`` during the pause (the barge-in confirmed) drops what was held. Returns the flush's account; None
+        where nothing is playing or a pause holds already (nothing changed)."""
+        current, unplayed = self._current, self.unplayed(now_ms)
+        if self._paused is not None or current is None or unplayed is None:
+            return None
+        later = [(response, frame) for response, frame in self._queue if response is not current]
+        ended = current.ended
+        result = self.flush(now_ms)
+        self._paused = _Paused(current, unplayed, later, ended, result)
+        return result
+
+    @property
+    def paused(self) -> bool:
+        return self._paused is not None
+
+    def resume(self, now_ms: int) -> None:
+        """The pause was no interruption: the held response plays on from where the caller stopped hearing it (the
+        frame they were in when it paused, again), then what was queued behind it. Drain ``actions_to_send()``."""
+        paused, self._paused = self._paused, None
+        if paused is None:
+            return
+        response = paused.response
+        response.sent_ms = response.marked_ms = paused.unplayed.from_ms
+        response.ended, response.final_mark_sent = paused.ended, False
+        held = list(self._queue)
+        queue = [(response, frame) for frame in paused.unplayed.frames]
+        queue += [item for item in held if item[0] is response] + paused.later + [item for item in held if item[0] is not response]
+        self._queue = deque(queue)
+        for each in self._responses.values():
+            each.queued_frames = 0
+        for each, _ in queue:
+            each.queued_frames += 1
+        self.tick(now_ms)
+        self._maybe_final_mark(response)
+
     def unplayed(self, now_ms: int) -> Unplayed | None:
         """What the caller has not heard yet of the response playing (by the model, corrected by echoes): for the
         call's next stream to play, where the socket drops. None when nothing is playing, or when the caller is
         further behind than the frames kept. Changes nothing (a ``flush`` follows)."""
+        paused = self._paused
+        if paused is not None:  # what the pause holds, and what came for the response since
+            since = tuple(frame for response, frame in self._queue if response is paused.response)
+            held = paused.unplayed
+            return Unplayed(held.response_id, held.from_ms, held.frames + since, paused.ended)
         current = self._current
         if current is None:
             return None
@@ -283,6 +353,8 @@ class PlayoutLedger:
     def next_deadline_ms(self) -> int | None:
         """When the lead next allows a frame to go, if any is waiting; without markers, also when playback
         reaches the next position to report."""
+        if self._paused is not None:
+            return None  # nothing goes out until ``resume``
         deadline = self._buffer_end_ms + self._next_message_frames() * self.frame_ms - self.lead_ms if self._queue else None
         if not self.uses_marks:
             target = self._next_report_ms()
@@ -370,6 +442,8 @@ class PlayoutLedger:
             self._note_heard(self._current.response_id, self._heard_at(now_ms))
 
     def _maybe_final_mark(self, response: _Response) -> None:
+        if self._paused is not None:
+            return  # after the held audio, at ``resume``
         if response.ended and not response.final_mark_sent and response.queued_frames == 0:
             response.final_mark_sent = True
             if self.uses_marks and response.sent_ms != response.marked_ms:

@@ -302,3 +302,81 @@ class TestWithoutMarkers:
         assert result.sent_ms == 60 and result.heard_ms == 60 and not result.cleared
         assert not any(isinstance(a, SendClear) for a in ledger.actions_to_send())
         assert ledger.heard_updates() == [HeardUpdate("r", 60)]
+
+
+def numbered(count: int) -> list[bytes]:
+    """Frames that say which they are (the first two bytes: the index)."""
+    return [index.to_bytes(2, "big") + b"\xff" * 158 for index in range(count)]
+
+
+def media_indexes(actions: list[object]) -> list[int]:
+    return [int.from_bytes(a.payload[:2], "big") for a in actions if isinstance(a, SendMedia)]
+
+
+class TestPause:
+    """Bridge-mode barge-in (#41): a pause clears the carrier and holds the reply; a resume plays it on from where
+    the caller stopped hearing it, every frame once (the one they were in, again); a flush during a pause (the
+    barge-in confirmed) gives it up."""
+
+    def played(self, ledger: PlayoutLedger, until_ms: int, start_ms: int = 0) -> list[int]:
+        sent: list[int] = []
+        for now in range(start_ms, until_ms):
+            ledger.tick(now)
+            sent += media_indexes(ledger.actions_to_send())
+        return sent
+
+    def test_a_resumed_reply_goes_on_from_the_frame_the_caller_was_in(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        ledger.enqueue("r", numbered(50), 0)
+        before = media_indexes(ledger.actions_to_send()) + self.played(ledger, 310)
+        result = ledger.pause(310)
+        assert result is not None and result.heard_ms == 310 and result.cleared
+        assert isinstance(ledger.actions_to_send()[-1], SendClear)
+        assert self.played(ledger, 900, 311) == [] and ledger.next_deadline_ms() is None  # held, no deadline to spin on
+        ledger.resume(900)
+        after = media_indexes(ledger.actions_to_send()) + self.played(ledger, 3000, 901)
+        assert after == list(range(15, 50))  # 310 ms heard: frame 15 (300–320 ms) was playing, and plays again
+        assert max(before) >= 15 and ledger.heard_ms("r", 3000) == 1000
+
+    def test_frames_that_come_during_the_pause_wait_and_follow_in_order(self) -> None:
+        ledger = PlayoutLedger(lead_ms=100)
+        frames = numbered(30)
+        ledger.enqueue("r", frames[:10], 0)
+        self.played(ledger, 120)
+        ledger.pause(120)
+        assert ledger.actions_to_send() == [SendClear()]
+        ledger.enqueue("r", frames[10:], 200)
+        ledger.end_response("r", 250)
+        assert ledger.actions_to_send() == []  # nothing, not even the final mark
+        ledger.resume(400)
+        actions = ledger.actions_to_send()
+        for now in range(401, 2000):
+            ledger.tick(now)
+            actions += ledger.actions_to_send()
+        assert media_indexes(actions) == list(range(6, 30))
+        assert marks(actions)[-1] == "r@600"  # the final mark after the last frame, at its place in the reply
+
+    def test_a_flush_during_the_pause_gives_the_reply_up_with_the_pauses_account(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        ledger.enqueue("r", numbered(50), 0)
+        self.played(ledger, 310)
+        paused = ledger.pause(310)
+        ledger.actions_to_send()
+        ledger.enqueue("r", numbered(5), 400)
+        confirmed = ledger.flush(500)
+        assert paused is not None and (confirmed.response_id, confirmed.heard_ms) == ("r", paused.heard_ms)
+        assert ledger.actions_to_send() == [] and not ledger.paused and ledger.queued_frames == 0
+        ledger.resume(600)  # nothing held: nothing happens
+        assert ledger.actions_to_send() == []
+
+    def test_a_stream_that_drops_during_the_pause_hands_on_what_was_held(self) -> None:
+        ledger = PlayoutLedger(lead_ms=200)
+        ledger.enqueue("r", numbered(50), 0)
+        self.played(ledger, 310)
+        ledger.pause(310)
+        unplayed = ledger.unplayed(700)
+        assert unplayed is not None and unplayed.from_ms == 300 and len(unplayed.frames) == 35
+
+    def test_nothing_playing_nothing_to_pause(self) -> None:
+        ledger = PlayoutLedger()
+        assert ledger.pause(0) is None and not ledger.paused

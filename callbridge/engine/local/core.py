@@ -374,7 +374,7 @@ class LocalSessionCore:
             case AckPlayback(response_id, played_ms, item_id):
                 self._ack(response_id, played_ms, item_id)
             case TruncateItem(item_id, audio_end_ms):
-                self._truncate(item_id, audio_end_ms)
+                self._outbox.append(_truncated(self._responses, item_id, audio_end_ms))
             case CreateTextItem(text):
                 content = [{"type": "input_text", "text": text}]
                 self._item_created({"type": "message", "role": "user", "content": content})
@@ -436,43 +436,27 @@ class LocalSessionCore:
                 self._on_speech_stopped(boundary.audio_ms, now_ms)
 
     def _listen_over_reply(self, audio: bytes, duration_ms: int) -> None:
-        """A chunk the client marked *listen* during a reply (the bridge decides barge-in, #41), as vllm-omni 0.30's
-        runner takes it: the VAD hears it first (its speech events go out), the verdict is ``listen`` for the
-        client's action, never a barge-in, and the chunk is not kept — the turn's pending input is dropped, an open
-        speech item stopped at the chunk's length. Where the VAD ends the utterance, the commit it asks for finds
-        nothing: ``input_audio_buffer_empty``, and no turn."""
-        assert self._vad is not None  # server VAD: in commit mode the client's own turns never barge in anyway
-        utterance_ended = False
+        """A chunk marked *listen* during a reply (#41), as vllm-omni 0.30's runner takes it: the VAD hears it (its
+        speech events go out), the verdict is the client's *listen*, never a barge-in, and nothing of it is kept (an
+        open speech item stopped at the chunk's length; the VAD's commit at the utterance's end finds nothing)."""
+        assert self._vad is not None  # in commit mode the client's turns never barge in anyway
+        ended = False
         for boundary in self._vad.process(audio):
+            self._utterance_start_ms = boundary.audio_ms if boundary.started else None
             if boundary.started:
-                self._utterance_start_ms = boundary.audio_ms
                 self._outbox.append(SpeechStarted(boundary.audio_ms, self._new_input_item()))
-            else:
-                self._utterance_start_ms = None
-                utterance_ended = True
+            ended = ended or not boundary.started
         self._overlap_speech_ms = 0
-        policy = "barge_in_on_speech" if self.config.turn_detection is not None else "listen_only"
-        self._outbox.append(OverlapDecision("listen", "client_overlap_action", self.epoch, duration_ms, 0, policy))
+        self._overlap_decision("listen", "client_overlap_action", duration_ms, speech=False)
         if self._input_item_id is not None:
             self._outbox.append(SpeechStopped(duration_ms, self._input_item_id))
-            self._input_item_id = None
-        self._utterance.clear()
-        self._recent.clear()
-        if utterance_ended:
+        self._clear_kept_input()
+        if ended:
             self._outbox.append(EngineErrorEvent(ErrorCode.INPUT_AUDIO_BUFFER_EMPTY, "input_audio_buffer.commit requires a non-empty input audio buffer", False))
 
     def turn_facts(self) -> dict[str, object]:
-        """The session object's turn fields (``DuplexEngineSession.as_public_dict`` of vllm-omni 0.30): where the
-        turn stands, the reply in progress and its playback ledger."""
-        turn_id = max(self._commit_seq - 1, 0)
-        active = self._active
-        if active is not None and active.playback_active():
-            state = "assistant_playing" if active.generated_ms else "assistant_generating"  # from its first audio on
-            playback = {"generated_ms": active.generated_ms, "sent_ms": active.generated_ms, "played_ms": active.played_ms, "committed_ms": 0}
-            return {"turn_state": state, "turn_id": turn_id, "active_response_id": active.response_id, "active_response_turn_id": turn_id, "playback": playback}
-        state = "user_speaking" if self._utterance_start_ms is not None else "idle"
-        idle_playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
-        return {"turn_state": state, "turn_id": turn_id, "active_response_id": None, "active_response_turn_id": None, "playback": idle_playback}
+        """The session object's turn fields (``DuplexEngineSession.as_public_dict`` of vllm-omni 0.30)."""
+        return _turn_facts(self._active, self._commit_seq, user_speaking=self._utterance_start_ms is not None)
 
     def _response_in_progress(self) -> bool:
         return self._active is not None and self._active.playback_active()
@@ -551,25 +535,10 @@ class LocalSessionCore:
             self._start_response(*reply, now_ms=now_ms)
 
     def _ack(self, response_id: str, played_ms: int, item_id: str | None) -> None:
-        if item_id is not None and item_id != f"item_{response_id}":
-            raise EngineError(ErrorCode.PLAYBACK_ITEM_MISMATCH, f"{item_id} is not the item of {response_id}")
-        response = self._responses.get(response_id)
-        if response is None:
-            raise EngineError(ErrorCode.PLAYBACK_ITEM_NOT_FOUND, f"unknown response {response_id}")
-        if response.commit_seq < self._commit_seq:
-            raise EngineError(ErrorCode.PLAYBACK_ACK_TOO_LATE, f"input was committed after {response_id}")
-        response.played_ms = max(response.played_ms, min(max(played_ms, 0), response.generated_ms))
+        response = _acked(self._responses, self._commit_seq, response_id, played_ms, item_id)
         self._outbox.append(PlaybackAcknowledged(response_id, response.played_ms))
         if response is self._active and not response.playback_active():
             self._active = None
-
-    def _truncate(self, item_id: str, audio_end_ms: int) -> None:
-        response = self._responses.get(item_id.removeprefix("item_"))
-        if response is None or response.item_id != item_id:
-            raise EngineError(ErrorCode.ITEM_NOT_FOUND, f"unknown item {item_id}")
-        response.audio_ms = min(response.audio_ms, max(0, audio_end_ms))
-        response.played_ms = min(response.played_ms, response.audio_ms)
-        self._outbox.append(ItemTruncated(item_id, response.audio_ms))
 
     def _call_function(self, name: str, arguments: dict[str, object]) -> None:
         response_id = f"resp-{self.session_id}-{self.epoch}-{self._token_hex(4)}"
@@ -648,13 +617,16 @@ class LocalSessionCore:
             self.epoch += 1
 
     def _clear_input(self) -> None:
-        self._utterance.clear()
-        self._recent.clear()
+        self._clear_kept_input()
         self._utterance_start_ms = None
-        self._input_item_id = None
         self._speech_hint_sent = False
         if self._vad is not None:
             self._vad.reset()
+
+    def _clear_kept_input(self) -> None:
+        self._utterance.clear()
+        self._recent.clear()
+        self._input_item_id = None
 
     def _item_created(self, item: dict[str, object]) -> None:
         item_id = f"item_{self._token_hex(16)}"
@@ -689,3 +661,39 @@ class LocalSessionCore:
         self.state = SessionState.CLOSED
         self.lease_generation += 1
         self._detached_at_ms = None
+
+
+def _turn_facts(active: _Response | None, commit_seq: int, *, user_speaking: bool) -> dict[str, object]:
+    """Where the turn stands, the reply in progress and its playback ledger (``LocalSessionCore.turn_facts``)."""
+    turn_id = max(commit_seq - 1, 0)
+    if active is not None and active.playback_active():
+        state = "assistant_playing" if active.generated_ms else "assistant_generating"  # from its first audio on
+        playback = {"generated_ms": active.generated_ms, "sent_ms": active.generated_ms, "played_ms": active.played_ms, "committed_ms": 0}
+        return {"turn_state": state, "turn_id": turn_id, "active_response_id": active.response_id, "active_response_turn_id": turn_id, "playback": playback}
+    idle_playback = {"generated_ms": 0, "sent_ms": 0, "played_ms": 0, "committed_ms": 0}
+    state = "user_speaking" if user_speaking else "idle"
+    return {"turn_state": state, "turn_id": turn_id, "active_response_id": None, "active_response_turn_id": None, "playback": idle_playback}
+
+
+def _acked(responses: Mapping[str, _Response], commit_seq: int, response_id: str, played_ms: int, item_id: str | None) -> _Response:
+    """``playback.ack``: the response, its played position advanced (never back, never past what was generated)."""
+    if item_id is not None and item_id != f"item_{response_id}":
+        raise EngineError(ErrorCode.PLAYBACK_ITEM_MISMATCH, f"{item_id} is not the item of {response_id}")
+    response = responses.get(response_id)
+    if response is None:
+        raise EngineError(ErrorCode.PLAYBACK_ITEM_NOT_FOUND, f"unknown response {response_id}")
+    if response.commit_seq < commit_seq:
+        raise EngineError(ErrorCode.PLAYBACK_ACK_TOO_LATE, f"input was committed after {response_id}")
+    response.played_ms = max(response.played_ms, min(max(played_ms, 0), response.generated_ms))
+    return response
+
+
+def _truncated(responses: Mapping[str, _Response], item_id: str, audio_end_ms: int) -> ItemTruncated:
+    """``conversation.item.truncate``: the reply's audio cut at ``audio_end_ms`` (and its played position with it)."""
+    response = responses.get(item_id.removeprefix("item_"))
+    if response is None or response.item_id != item_id:
+        raise EngineError(ErrorCode.ITEM_NOT_FOUND, f"unknown item {item_id}")
+    response.audio_ms = min(response.audio_ms, max(0, audio_end_ms))
+    response.played_ms = min(response.played_ms, response.audio_ms)
+    return ItemTruncated(item_id, response.audio_ms)
+
