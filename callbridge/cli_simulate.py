@@ -46,6 +46,7 @@ def add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
         "--echo-db", metavar="DB", type=_echo_db, help="the agent's voice comes back on the caller's line DB dB down (a speakerphone)"
     )
     simulate.add_argument("--echo-delay-ms", metavar="MS", type=_echo_delay_ms, default=100, help="how late the echo comes back (default 100)")
+    simulate.add_argument("--noise", metavar="DB", type=_noise_db, help="line noise under the caller's audio at DB (speech is about 60-75)")
     simulate.add_argument(
         "--backchannel-at", metavar="S", type=at_or_after_start, action="append", default=[],
         help='say a short "go on" (0.4 s) S seconds after the agent first speaks',
@@ -88,6 +89,7 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
         echo_db=args.echo_db,
         echo_delay_ms=args.echo_delay_ms,
         backchannels_ms=tuple(int(at * 1000) for at in args.backchannel_at),
+        noise_db=args.noise,
     )
     print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
           f"({len(speech) // 16} ms); engine: {settings.engine.kind}")
@@ -144,4 +146,15 @@ def _echo_delay_ms(value: str) -> int:
     if not 0 <= delay <= 2000:
         raise argparse.ArgumentTypeError(f"{value!r}: milliseconds, from 0 to 2000")
     return delay
+
+
+def _noise_db(value: str) -> float:
+    """``--noise``: the line noise's level, 0 to 80 dB (int16 RMS; speech is about 60-75)."""
+    try:
+        level = float(value)
+    except ValueError:
+        level = -1.0
+    if not 0 <= level <= 80:
+        raise argparse.ArgumentTypeError(f"{value!r}: a level in dB, from 0 to 80 (speech is about 60-75)")
+    return level
 

@@ -125,6 +125,7 @@ MISTAKES = [
     Mistake("negative hang-up time", ("simulate", "--hangup-at", "-1"), 2, ("--hangup-at", "0 or more")),
     Mistake("echo louder than the agent", ("simulate", "--echo-db", "-6"), 2, ("--echo-db", "from 0 to 60")),
     Mistake("echo delay not a number", ("simulate", "--echo-delay-ms", "soon"), 2, ("--echo-delay-ms", "milliseconds")),
+    Mistake("line noise out of range", ("simulate", "--noise", "120"), 2, ("--noise", "from 0 to 80")),
     Mistake("zero-length load test calls", ("loadtest", "--duration", "0"), 2, ("--duration", "more than 0")),
     Mistake("no calls", ("loadtest", "--calls", "0"), 2, ("--calls", "1 or more")),
     Mistake("calls not a number", ("loadtest", "--calls", "many"), 2, ("--calls",)),

@@ -1,25 +1,25 @@
-"""The bridge's interruption policy (#41, ``barge_in.mode = "bridge"``), sans-I/O: whether the caller's sound over
-the agent means *stop*. Pause first, then confirm or resume.
+"""The bridge's interruption policy (#41's bridge mode; no setting selects it yet), sans-I/O: whether the caller's
+sound over the agent means *stop*. Pause first, then confirm or resume.
 
 The engine's own barge-in stops the agent on the first speech its VAD hears — the agent's echo, a cough, an
 "mm-hm". Here the bridge decides from the caller's audio, frame by frame (a VAD's verdict on what is left once the
 agent's echo is taken out; ``speech`` below), while the agent is audible to the caller:
 
 - a speech run (gaps shorter than ``gap_ms`` bridged, as between syllables) that lasts ``pause_after_ms`` over the
-  agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept (the
-  driver's part: ``AgentSpeech.unheard_at_drop`` / ``play_unheard`` already keep and replay it across streams);
+  agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept
+  (``PlayoutLedger.pause``);
 - the run reaching ``confirm_after_ms`` from its onset **confirms** the barge-in: the engine is told (``barge_in``,
   the heard position), and the caller's words from the onset go to it whole;
-- silence of ``resume_after_silence_ms`` before that **resumes** the reply where the caller stopped hearing it (a
-  backchannel, a cough that got past the pause); so does a pause that outlives ``max_pause_ms`` with the caller's
-  speech never reaching confirmation (sporadic noise).
+- silence of ``resume_after_silence_ms`` before that **resumes** the reply where the caller stopped hearing it
+  (``PlayoutLedger.resume``: a backchannel, a cough that got past the pause); so does a pause that outlives
+  ``max_pause_ms`` with the caller's speech never reaching confirmation (sporadic noise).
 
 Sound while the agent is silent is no interruption (the engine's turn-taking hears it); nor is a run shorter than
 ``pause_after_ms`` (a click, a door). The times are the call's (ms, from outside); nothing here reads a clock.
 
-Not yet wired into the call: this is the decision core, with its tests; the driver, the echo estimate and the
-embedded engine's listen-only mode come next (#41), and the defaults below are placeholders until
-``bench/barge_in.py`` measures them.
+Not yet wired into the call: this is the decision core, with its tests (``bridge/interruption_judge.py`` composes it
+with the echo gate; ``bench/interruption_core.py`` measures the two); the defaults below are placeholders until
+bridge mode runs in ``bench/barge_in.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ from __future__ import annotations
 import audioop
 from typing import Final
 
-__all__ = ["FRAME_BYTES", "backchannel_piece", "echo_of", "mixed"]
+import numpy as np
+
+__all__ = ["FRAME_BYTES", "LineNoise", "backchannel_piece", "echo_of", "mixed"]
 
 FRAME_BYTES: Final = 320
 """20 ms of PCM16 at 8 kHz."""
@@ -39,3 +41,17 @@ def backchannel_piece(t_ms: int, agent_from_ms: int, after_ms: tuple[int, ...], 
             offset = (t_ms - at) * _BYTES_PER_MS
             return speech[offset : offset + FRAME_BYTES], t_ms == at
     return b"", False
+
+
+class LineNoise:
+    """Line noise (``CallerScript.noise_db``): white noise at ``level_db`` (20·log10 of its RMS in int16 units, as
+    ``bridge/echo_gate.py`` measures a frame; speech is about 60–75), the same every run of a call (``seed``)."""
+
+    def __init__(self, level_db: float, seed: int = 0) -> None:
+        self._rms = 10 ** (level_db / 20)
+        self._rng = np.random.default_rng(seed)
+
+    def frame(self) -> bytes:
+        noise = self._rng.normal(0.0, self._rms, FRAME_BYTES // 2)
+        return np.clip(noise, -32768, 32767).astype("<i2").tobytes()
+

@@ -43,7 +43,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.config import Settings
-from callbridge.sim.caller_line import backchannel_piece, echo_of, mixed
+from callbridge.sim.caller_line import LineNoise, backchannel_piece, echo_of, mixed
 
 __all__ = [
     "CallResult",
@@ -105,6 +105,8 @@ class CallerScript:
     """The caller says a short "go on" (the first ``backchannel_ms`` of the first utterance) this long after the
     agent first starts speaking, each: meant as no interruption."""
     backchannel_ms: int = 400
+    noise_db: float | None = None
+    """Line noise under everything the caller's line sends (``sim/caller_line.py``'s ``LineNoise``); None: none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,6 +628,7 @@ class _CallerSide:
         self.agent_started_at: int | None = None
         self.first_agent_at: int | None = None
         """When the caller first heard the agent (backchannels are timed from it)."""
+        self.noise = LineNoise(script.noise_db) if script.noise_db is not None else None
         self.agent_last_heard_at: int | None = None
 
     def hears(self, t: int, heard: bytes, agent: bool) -> None:
@@ -660,6 +663,8 @@ class _CallerSide:
         frame = speech.ljust(320, b"\x00") if speech else _SILENCE_8K
         if script.echo_db is not None:
             frame = mixed(frame, echo_of(self.result.heard, t, delay_ms=script.echo_delay_ms, down_db=script.echo_db))
+        if self.noise is not None:
+            frame = mixed(frame, self.noise.frame())
         return frame
 
     def _backchannel(self, t: int) -> bytes:

@@ -47,3 +47,14 @@ def test_a_backchannel_is_said_after_the_agent_is_first_heard_for_its_length() -
     assert [t for t, _, _ in pieces] == list(range(1500, 1800, 20))
     assert [t for t, _, begins in pieces if begins] == [1500]
     assert pieces[0][1] == speech[:FRAME_BYTES]
+
+
+def test_line_noise_is_at_its_level_and_the_same_every_run() -> None:
+    from callbridge.bridge.echo_gate import level_db
+    from callbridge.sim.caller_line import LineNoise
+
+    first, second = LineNoise(30.0), LineNoise(30.0)
+    frames = [first.frame() for _ in range(50)]
+    assert frames == [second.frame() for _ in range(50)]
+    levels = sorted(level_db(frame) for frame in frames)
+    assert abs(levels[len(levels) // 2] - 30.0) < 0.5 and levels[0] > 27 and levels[-1] < 33, levels  # 160 samples a frame: it varies
