@@ -352,6 +352,34 @@ class RecordingSettings(Section):
     """The HTTP PUT of a recording to the URL a call's assistant gave (``recording_upload_url``)."""
 
 
+class BargeInSettings(Section):
+    """Who decides that the caller interrupted the agent (#41). ``engine``: the engine's own VAD, on the first speech
+    it hears over the reply (the agent's echo and a backchannel included). ``bridge``: the bridge pauses the agent on
+    speech over it that is more than its echo, then confirms the barge-in or resumes the reply (in development:
+    see ``bench/RESULTS.md`` for what it gets right so far)."""
+
+    mode: Literal["engine", "bridge"] = "engine"
+    pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 160
+    """``bridge``: the caller's speech over the agent this long pauses it."""
+    confirm_after_ms: Annotated[int, Field(ge=20, le=5000)] = 600
+    """``bridge``: speech this long from its onset confirms the barge-in (at least ``pause_after_ms``)."""
+    resume_after_silence_ms: Annotated[int, Field(ge=20, le=2000)] = 200
+    """``bridge``: silence this long in a pause resumes the reply."""
+    max_pause_ms: Annotated[int, Field(ge=100, le=10_000)] = 1500
+    """``bridge``: no pause lasts longer (at least ``confirm_after_ms``)."""
+    speech_db: Annotated[float, Field(ge=0, le=90)] = 45.0
+    """``bridge``: a frame of the caller's at least this loud (20·log10 of its RMS in PCM16 units; speech is about
+    60–75) may be speech, once the agent's echo is taken out."""
+
+    @model_validator(mode="after")
+    def _in_order(self) -> BargeInSettings:
+        if self.confirm_after_ms < self.pause_after_ms:
+            raise ValueError("confirm_after_ms must be at least pause_after_ms")
+        if self.max_pause_ms < self.confirm_after_ms:
+            raise ValueError("max_pause_ms must be at least confirm_after_ms")
+        return self
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -373,6 +401,7 @@ class _BridgeSections(BaseSettings):
     app: AppSettings = AppSettings()
     silence: SilenceSettings = SilenceSettings()
     recording: RecordingSettings = RecordingSettings()
+    barge_in: BargeInSettings = BargeInSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -22,10 +22,11 @@ from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call_options import CallOptions
 from callbridge.bridge.call_outputs import BargeInFlushed, CallOutput, Observed, ToCarrier, ToEngine
 from callbridge.bridge.carrier_link import CarrierLink
+from callbridge.bridge.echo_gate import level_db
 from callbridge.bridge.heard import HeardAccount
 from callbridge.bridge.playout import PlayoutLedger
 from callbridge.carriers.base import DEFAULT_PROFILE, CarrierProfile
-from callbridge.codecs import AudioEncoding
+from callbridge.codecs import AudioEncoding, decode_to_pcm16
 from callbridge.engine.events import (
     AudioDelta,
     Capabilities,
@@ -236,6 +237,24 @@ class AgentSpeech:
         if barge_in:
             generated = self.heard.generated_ms(result.response_id)
             self._out.append(Observed("barge-in", heard, round(generated) if generated is not None else None, result.response_id))
+
+    def pause(self, now_ms: int) -> bool:
+        """Bridge-mode barge-in's pause (#41): the carrier's buffer cleared, the reply held (``PlayoutLedger.pause``),
+        the engine told what was heard so far. False: nothing was playing."""
+        if self.ledger.pause(now_ms) is None:
+            return False
+        self.drain()
+        return True
+
+    def resume(self, now_ms: int) -> None:
+        """The pause was no interruption: the reply plays on from where the caller stopped hearing it."""
+        self.ledger.resume(now_ms)
+        self.drain()
+
+    def playing_level_db(self, now_ms: int) -> float:
+        """How loud the agent is in the frame the caller hears at ``now_ms`` (``echo_gate.level_db``; 0: silence)."""
+        frame = self.ledger.playing_frame(now_ms)
+        return level_db(bytes(decode_to_pcm16(self.audio.encoding, frame))) if frame else 0.0
 
     def silence(self, now_ms: int) -> None:
         """The engine is gone: what is queued goes, and nobody is told what was heard."""

@@ -62,6 +62,7 @@ from callbridge.bridge.agent_actions import AgentActions
 from callbridge.bridge.agent_speech import FIRST_MARK_FRAMES, AgentSpeech
 from callbridge.bridge.agent_turns import AgentTurns
 from callbridge.bridge.binding import EngineBinding
+from callbridge.bridge.bridge_barge_in import barge_in_decider
 from callbridge.bridge.call_options import CallOptions, DtmfMode
 from callbridge.bridge.call_outputs import (
     BindEngine,
@@ -143,6 +144,7 @@ class CallSession:
         self.turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self.speech, self._out)
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
         """The limits no message enforces (``bridge/limits.py``)."""
+        self.barge_in = barge_in_decider(options.engine_rate_hz, options.bridge_barge_in, speech_db=options.barge_in_speech_db)
 
     @property
     def state(self) -> CallState:
@@ -249,8 +251,7 @@ class CallSession:
         self._end_with_tone(EndCause(EndReason.BRIDGE_SHUTDOWN), now_ms)
 
     def _end_with_tone(self, reason: EndCause, now_ms: int) -> None:
-        """ENDING for ``reason``: no more agent audio; the fallback tone is queued (``tick`` hangs up once it has
-        played; at once without one)."""
+        """ENDING for ``reason``: no more agent audio, the fallback tone queued (``tick`` hangs up once it played)."""
         self.phase.go(Trigger.ENGINE_FAILED)
         self.phase.reason = reason
         self.speech.play_tone(self.options.failure_tone_ms, now_ms)
@@ -514,7 +515,7 @@ class CallSession:
         elif audio:
             if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
-            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
+            self._out.extend(ToEngine(command) for command in self.barge_in.caller_audio(audio, self.caller.input_ms, now_ms, self.speech))
 
     def _protocol_error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.codec.provider, stream_id=self.codec.stream_id)

@@ -10,6 +10,7 @@ from callbridge.application.hooks import Application, AssistantSource, WebhookAp
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call import CallOptions, DtmfMode
+from callbridge.bridge.interruption import InterruptionSettings
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.config import Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
@@ -43,7 +44,19 @@ def call_options(settings: Settings) -> CallOptions:
         idle_timeout_ms=int(server.idle_timeout_s * 1000),
         max_call_ms=int(server.max_call_duration_s * 1000) if server.max_call_duration_s else None,
         turn_silence_ms=TurnDetection().silence_duration_ms,  # the session's (``session_config``)
+        bridge_barge_in=_bridge_barge_in(settings),
+        barge_in_speech_db=settings.barge_in.speech_db,
     )
+
+
+def _bridge_barge_in(settings: Settings) -> InterruptionSettings | None:
+    barge_in = settings.barge_in
+    if barge_in.mode != "bridge":
+        return None
+    return InterruptionSettings(
+        pause_after_ms=barge_in.pause_after_ms, confirm_after_ms=barge_in.confirm_after_ms,
+        resume_after_silence_ms=barge_in.resume_after_silence_ms, max_pause_ms=barge_in.max_pause_ms,
+    )  # fmt: skip
 
 
 def session_config(settings: Settings, assistant: AssistantConfig | None = None) -> SessionConfig:

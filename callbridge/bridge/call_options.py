@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from callbridge.bridge.interruption import InterruptionSettings
 from callbridge.codecs import ResamplerQuality
 
 __all__ = ["CallOptions", "DtmfMode"]
@@ -40,6 +41,10 @@ class CallOptions:
     """A started stream that sends nothing this long is taken for dropped (the session waits for the next one)."""
     max_call_ms: int | None = 14_400_000
     """A stream is ended this long after ``connected`` (None: no limit)."""
+    bridge_barge_in: InterruptionSettings | None = None
+    """``barge_in.mode = "bridge"``: the bridge decides barge-in with these (``bridge/bridge_barge_in.py``); None:
+    the engine does."""
+    barge_in_speech_db: float = 45.0
     turn_silence_ms: int = 500
     """The session's ``server_vad`` silence: a ``SpeechStopped``'s ``audio_end_ms`` includes it (as OpenAI's Realtime
     and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""

@@ -25,7 +25,7 @@ a few microseconds a frame and leaves the caller's level as it is. What it canno
 much louder than the path it learnt (a changing path re-learns within ``window_ms``), or from the agent's voice
 played in the caller's room by another device.
 
-Not yet wired into the call (#41's next step, with ``bridge/interruption.py``).
+Used by bridge-mode barge-in (``bridge/interruption_judge.py``, ``bridge/bridge_barge_in.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class EchoGateSettings:
     window_ms: int = 3000
     """How much of the call the path is learnt from (the agent heard in it)."""
     estimate_every_ms: int = 400
+    """How often the path is re-learnt until it is known; then every ``estimate_known_every_ms``."""
+    estimate_known_every_ms: int = 1000
     far_active_db: float = 40.0
     """A far-end frame at least this loud is the agent speaking (speech is about 60–75)."""
     margin_db: float = 6.0
@@ -82,6 +84,7 @@ class EchoGate:
         self._max_lag = s.max_delay_ms // s.frame_ms
         self._window = s.window_ms // s.frame_ms
         self._estimate_every = max(1, s.estimate_every_ms // s.frame_ms)
+        self._estimate_known_every = max(1, s.estimate_known_every_ms // s.frame_ms)
         self._far: deque[float] = deque(maxlen=self._window + self._max_lag + 2)
         self._near: deque[float] = deque(maxlen=self._window)
         self._theirs: deque[bool] = deque(maxlen=self._window)
@@ -106,6 +109,17 @@ class EchoGate:
         """The next frame of what the caller heard (the agent, or silence)."""
         self._far.append(level_db(pcm))
 
+    def far_level(self, db: float) -> None:
+        """The next frame of what the caller heard, by its level (``level_db``)."""
+        self._far.append(db)
+
+    def idle(self) -> None:
+        """A frame in step on both sides where the agent was not heard, nor can echo (a caller's, or nobody's):
+        kept as silence so the lags line up, nothing judged or learnt (no work while the agent is quiet)."""
+        self._far.append(0.0)
+        self._near.append(0.0)
+        self._theirs.append(True)
+
     def near(self, pcm: bytes) -> bool:
         """The next frame the caller's line sent: True where it holds more than the agent's echo can explain."""
         near_db = level_db(pcm)
@@ -113,7 +127,8 @@ class EchoGate:
         self._near.append(near_db)
         self._theirs.append(theirs)
         self._since_estimate += 1
-        if self._since_estimate >= self._estimate_every:
+        every = self._estimate_every if self.delay_frames is None else self._estimate_known_every
+        if self._since_estimate >= every:
             self._since_estimate = 0
             self._learn()
         return theirs

@@ -1,12 +1,12 @@
-"""The bridge's interruption policy (#41's bridge mode; no setting selects it yet), sans-I/O: whether the caller's
-sound over the agent means *stop*. Pause first, then confirm or resume.
+"""The bridge's interruption policy (#41: ``barge_in.mode = "bridge"``), sans-I/O: whether the caller's sound over the
+agent means *stop*. Pause first, then confirm or resume.
 
 The engine's own barge-in stops the agent on the first speech its VAD hears — the agent's echo, a cough, an
 "mm-hm". Here the bridge decides from the caller's audio, frame by frame (a VAD's verdict on what is left once the
 agent's echo is taken out; ``speech`` below), while the agent is audible to the caller:
 
-- a speech run (gaps shorter than ``gap_ms`` bridged, as between syllables) that lasts ``pause_after_ms`` over the
-  agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept
+- a speech run (gaps shorter than ``gap_ms`` bridged, as between syllables; in a pause, any gap shorter than
+  ``resume_after_silence_ms``) that lasts ``pause_after_ms`` over the agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept
   (``PlayoutLedger.pause``);
 - the run reaching ``confirm_after_ms`` from its onset **confirms** the barge-in: the engine is told (``barge_in``,
   the heard position), and the caller's words from the onset go to it whole;
@@ -17,9 +17,9 @@ agent's echo is taken out; ``speech`` below), while the agent is audible to the 
 Sound while the agent is silent is no interruption (the engine's turn-taking hears it); nor is a run shorter than
 ``pause_after_ms`` (a click, a door). The times are the call's (ms, from outside); nothing here reads a clock.
 
-Not yet wired into the call: this is the decision core, with its tests (``bridge/interruption_judge.py`` composes it
-with the echo gate; ``bench/interruption_core.py`` measures the two); the defaults below are placeholders until
-bridge mode runs in ``bench/barge_in.py``.
+The decision core: ``bridge/interruption_judge.py`` composes it with the echo gate, ``bridge/bridge_barge_in.py`` acts
+on its verdicts in a call (``barge_in.mode = "bridge"``, whose settings these are); ``bench/interruption_core.py``
+and ``bench/barge_in.py`` measure it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ class InterruptionSettings:
     """Speech over the agent for this long (from its onset) pauses the agent."""
     confirm_after_ms: int = 600
     """Speech for this long from its onset confirms the barge-in (the backchannels measured for #41: 280–460 ms)."""
-    resume_after_silence_ms: int = 120
-    """Silence this long in a pause, before confirmation, resumes the reply."""
+    resume_after_silence_ms: int = 200
+    """Silence this long in a pause, before confirmation, resumes the reply (longer than most gaps between words:
+    speech in a pause goes on from the pause's onset across shorter ones)."""
     gap_ms: int = 100
     """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker)."""
     max_pause_ms: int = 1500
@@ -109,9 +110,8 @@ class InterruptionPolicy:
         counts as audible: the reply is held, not over)."""
         end_ms = at_ms + ms
         if speech:
-            if self._onset_ms is None or at_ms - self._speech_end_ms >= self.settings.gap_ms:
-                self._onset_ms = at_ms  # a new run (in a pause: judged for confirmation from here)
-                self._speech_ms = self._speech_ms if self.paused else 0
+            if self._onset_ms is None or (at_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused):
+                self._onset_ms, self._speech_ms = at_ms, 0  # a new run; in a pause, speech goes on from the pause's
             self._speech_ms += ms
             self._speech_end_ms = end_ms
         elif self._onset_ms is not None and end_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused:

@@ -8,8 +8,7 @@ the agent's echo (``EchoGate``) and it is at least ``speech_db`` loud; the agent
 it within ``audible_gap_ms`` (or it is paused: the reply is held, not over).
 
 Energy stands in for a VAD here: the engine's VAD still decides the caller's turns; this only decides whether
-sound over the agent stops it. Not yet wired into the call: the driver's part (feeding ``heard`` from the playout,
-pausing and resuming the carrier, the engine's listen-only appends and the confirmed barge-in) is #41's next step.
+sound over the agent stops it. ``bridge/bridge_barge_in.py`` feeds it in a call and acts on its verdicts.
 """
 
 from __future__ import annotations
@@ -36,11 +35,17 @@ class InterruptionJudge:
         self._audible_frames = max(1, audible_gap_ms // self.frame_ms)
         self._since_heard = self._audible_frames  # not heard yet
         self._far_active_db = self.gate.settings.far_active_db
+        self.caller_speaking = False
+        """Whether the last frame ``caller`` took was the caller's speech (more than the echo, loud enough)."""
 
     def heard(self, pcm: bytes) -> None:
         """The next frame the caller heard."""
-        self.gate.far(pcm)
-        self._since_heard = 0 if level_db(pcm) >= self._far_active_db else self._since_heard + 1
+        self.heard_level(level_db(pcm))
+
+    def heard_level(self, db: float) -> None:
+        """The next frame the caller heard, by its level (``echo_gate.level_db``; 0: silence)."""
+        self.gate.far_level(db)
+        self._since_heard = 0 if db >= self._far_active_db else self._since_heard + 1
 
     @property
     def agent_audible(self) -> bool:
@@ -49,8 +54,8 @@ class InterruptionJudge:
     def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
         """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
         theirs = self.gate.near(pcm)
-        speech = theirs and level_db(pcm) >= self.speech_db
-        return self.policy.frame(at_ms, self.frame_ms, speech=speech, agent_audible=self.agent_audible)
+        self.caller_speaking = theirs and level_db(pcm) >= self.speech_db
+        return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible)
 
     def agent_stopped(self) -> None:
         """The reply ended or was cancelled some other way: nothing is paused."""

@@ -353,7 +353,7 @@ class MediaStreamDriver:
     def _take_engine_event(self, event: EngineEvent) -> bool:
         """Hand one engine event to the call (lock held); False once the call no longer takes them."""
         if isinstance(event, EngineErrorEvent):  # counted and logged, taken or not
-            self._seen.engine_error(event)
+            self._seen.engine_error(event, expected=self.call.barge_in.expects(event.code))
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
         self._feed.engine_event(event)

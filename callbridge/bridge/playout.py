@@ -384,6 +384,14 @@ class PlayoutLedger:
             return self._heard_at(now_ms)
         return self._acked.get(response_id, 0)
 
+    def playing_frame(self, now_ms: int) -> bytes | None:
+        """The frame the caller hears at ``now_ms`` (by the model, corrected by echoes), as sent; None: silence."""
+        current = self._current
+        if current is None or self._paused is not None or self._buffer_end_ms <= now_ms or not self._sent:
+            return None
+        index = (self._heard_at(now_ms) - (current.sent_ms - len(self._sent) * self.frame_ms)) // self.frame_ms
+        return self._sent[index] if 0 <= index < len(self._sent) else None
+
     def is_playing(self, now_ms: int) -> bool:
         """Audio is queued here or still playing at the carrier."""
         return bool(self._queue) or self._buffer_end_ms > now_ms

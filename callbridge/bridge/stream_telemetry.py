@@ -65,9 +65,12 @@ class StreamTelemetry:
             self.metrics.first_audio_seconds.observe(elapsed_s)
             self.first_audio_ms = round(elapsed_s * 1000, 3)
 
-    def engine_error(self, event: EngineErrorEvent) -> None:
+    def engine_error(self, event: EngineErrorEvent, *, expected: bool = False) -> None:
+        """Counted by code; logged as a warning unless the call's own doing (``expected``: bridge-mode barge-in's
+        listened-over speech, which the engine's VAD commits with nothing kept), then at debug."""
         self.metrics.engine_errors.labels(event.code).inc()
-        self.log.warning("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
+        log = self.log.debug if expected else self.log.warning
+        log("engine_error", code=event.code, detail=event.message, retryable=event.retryable)
 
     def engine_event_taken(self, event: EngineEvent) -> None:
         """The call took ``event``: a barge-in it causes is timed from now."""

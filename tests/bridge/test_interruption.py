@@ -39,7 +39,7 @@ def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing() ->
     (paused_at, pause), (resumed_at, resume) = verdicts
     assert isinstance(pause, Pause) and isinstance(resume, Resume)
     assert pause.onset_ms == 640 and paused_at - 640 <= 160 + FRAME_MS
-    assert resume.speech_ms == 416 and resumed_at - 1056 <= 120 + FRAME_MS
+    assert resume.speech_ms == 416 and resumed_at - 1056 <= 200 + FRAME_MS
     assert resume.paused_ms == resumed_at - paused_at
 
 
@@ -62,15 +62,16 @@ def test_sound_while_the_agent_is_silent_is_no_interruption() -> None:
     assert run([(640, 2000)], audible_until_ms=0) == []
 
 
-def test_sporadic_noise_in_a_pause_never_holds_the_agent_past_the_longest_pause() -> None:
-    """Bursts of 96 ms with 96 ms between: each a run of its own (gaps over ``gap_ms``), none long enough to confirm,
-    no silence long enough to resume — the pause ends at ``max_pause_ms``, the reply resumed."""
+def test_in_a_pause_speech_with_short_gaps_goes_on_from_the_pauses_onset() -> None:
+    """Bursts of 96 ms with 96 ms between (gaps over ``gap_ms``, under ``resume_after_silence_ms``): outside a pause
+    each would be a run of its own; in one, the caller is taken to be still talking — confirmed from the first
+    burst's onset once that has lasted ``confirm_after_ms``."""
     bursts = [(640 + i * 192, 640 + i * 192 + 96) for i in range(30)]
     settings = InterruptionSettings(pause_after_ms=64, gap_ms=60, resume_after_silence_ms=200)
     verdicts = run(bursts, until_ms=8000, settings=settings)
-    assert [type(v) for _, v in verdicts][:2] == [Pause, Resume], verdicts
-    resume = verdicts[1][1]
-    assert isinstance(resume, Resume) and resume.onset_ms == 640 and 1500 <= resume.paused_ms <= 1500 + FRAME_MS
+    assert [type(v) for _, v in verdicts][:2] == [Pause, Confirm], verdicts
+    (paused_at, _), (confirmed_at, confirm) = verdicts[:2]
+    assert confirm == Confirm(640) and confirmed_at - 640 <= 600 + 192
 
 
 def test_a_second_backchannel_after_a_resume_is_judged_on_its_own() -> None:

@@ -1,0 +1,60 @@
+"""Bridge-mode barge-in end to end (``barge_in.mode = "bridge"``, #41): the real server, the embedded engine, a
+simulated Twilio caller whose line echoes the agent or who says "go on" or interrupts. The agent is not stopped by
+its own echo (the engine never hears it: silence, or appends marked *listen*), a backchannel pauses and resumes it
+with the reply heard whole, and a real interruption is confirmed — the engine told to barge in, the caller's
+words sent again from before their onset and answered whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from callbridge.engine.commands import AppendAudio, BargeIn
+from callbridge.sim.carrier import CallerScript, CallResult
+from callbridge.sim.runner import running_bridge
+from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech
+
+BRIDGE_MODE = {"mode": "bridge"}
+SPEECH = short_speech(3600)  # the bundled utterance, all of it: the agent (the echo agent) says it back
+
+
+async def call(script: CallerScript) -> tuple[CallResult, RecordingEngine]:
+    recorder = engine()
+    async with running_bridge(settings(barge_in=BRIDGE_MODE), recorder) as bridge:
+        result = await bridge.carrier.place_call(script)
+    return result, recorder
+
+
+def commands(recorder: RecordingEngine) -> list[object]:
+    (session,) = recorder.commands.values()
+    return list(session)
+
+
+@pytest.mark.parametrize(("echo_db", "delay_ms"), [(6.0, 400), (10.0, 200), (20.0, 60)])
+async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int) -> None:
+    script = CallerScript(utterances=((500, SPEECH),), echo_db=echo_db, echo_delay_ms=delay_ms, hangup_at_ms=9500)
+    result, recorder = await call(script)
+    sent = commands(recorder)
+    assert result.clears == [] and not any(isinstance(c, BargeIn) for c in sent), result.render()
+    assert len(result.agent_runs_ms) == 1 and result.agent_runs_ms[0] >= 3600, result.render()  # the reply whole, once
+    assert any(isinstance(c, AppendAudio) and c.overlap == "listen" for c in sent)  # heard by the engine, never taken
+
+
+async def test_a_backchannel_pauses_the_agent_and_it_goes_on_where_the_caller_stopped_hearing() -> None:
+    script = CallerScript(utterances=((500, SPEECH),), backchannels_ms=(1000,), backchannel_ms=400, hangup_at_ms=10_500)
+    result, recorder = await call(script)
+    assert len(result.clears) == 1 and not any(isinstance(c, BargeIn) for c in commands(recorder)), result.render()
+    first, resumed = result.agent_runs_ms
+    assert first + resumed >= 3600 + 100, result.render()  # the reply whole: the frame it paused in, played again
+
+
+async def test_a_real_interruption_is_confirmed_and_the_callers_words_answered_whole() -> None:
+    script = CallerScript(utterances=((500, SPEECH),), interrupt_after_agent_ms=1000, hangup_at_ms=15_000)
+    result, recorder = await call(script)
+    sent = commands(recorder)
+    confirmed = next(i for i, c in enumerate(sent) if isinstance(c, BargeIn))
+    resent = sent[confirmed + 1]
+    assert isinstance(resent, AppendAudio) and len(resent.pcm) >= 16000 * 2 * 900 // 1000  # from before the onset on
+    assert len(result.clears) == 1, result.render()
+    cut, answer = result.agent_runs_ms[0], result.agent_runs_ms[-1]
+    assert 1000 <= cut <= 1000 + 400, result.render()  # the agent heard after the onset: the pause's 160 ms, and the wire
+    assert answer >= 3600 - 200, result.render()  # the echo agent says back what the caller said over it, all of it
