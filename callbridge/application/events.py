@@ -81,6 +81,11 @@ class CallReport(BaseModel):
     barged_generated_ms: list[int | None] = Field(default_factory=list)
     """For each barge-in, how much of that reply the engine had generated (None: not known), beside
     ``barged_heard_ms``: the share of it heard."""
+    barge_in_pauses: int = 0
+    """``barge_in.mode = "bridge"``: times the agent was paused for the caller's speech over it. Each either resumed
+    (``barge_in_resumes``: no interruption — the reply played on where the caller stopped hearing it) or was
+    confirmed (a barge-in, counted in ``barge_ins``)."""
+    barge_in_resumes: int = 0
     agent_audio_ms: int
     """Agent audio the bridge sent to the caller's carrier (what played, but for what a flush dropped)."""
     dtmf: int

@@ -77,7 +77,10 @@ class AgentSpeech:
     """The agent's replies played to the caller on one stream, and what the caller heard of them. See the module
     docstring."""
 
-    __slots__ = ("options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "capabilities", "_out", "_link")
+    __slots__ = (
+        "options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "pauses", "resumes", "capabilities", "_out",
+        "_link",
+    )  # fmt: skip
 
     def __init__(self, options: CallOptions, out: list[CallOutput], link: CarrierLink) -> None:
         self.options = options
@@ -90,6 +93,8 @@ class AgentSpeech:
         self.late_deltas_dropped = 0
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
+        self.pauses = self.resumes = 0
+        """Bridge-mode barge-in: the agent paused for the caller's speech, and those pauses that resumed."""
         self.capabilities = Capabilities()
         self._out = out
         self._link = link
@@ -241,13 +246,19 @@ class AgentSpeech:
     def pause(self, now_ms: int) -> bool:
         """Bridge-mode barge-in's pause (#41): the carrier's buffer cleared, the reply held (``PlayoutLedger.pause``),
         the engine told what was heard so far. False: nothing was playing."""
-        if self.ledger.pause(now_ms) is None:
+        paused = self.ledger.pause(now_ms)
+        if paused is None:
             return False
+        self.pauses += 1
+        self._out.append(Observed("barge-in-pause", paused.heard_ms, None, paused.response_id))
         self.drain()
         return True
 
     def resume(self, now_ms: int) -> None:
         """The pause was no interruption: the reply plays on from where the caller stopped hearing it."""
+        if self.ledger.paused:
+            self.resumes += 1
+            self._out.append(Observed("barge-in-resume"))
         self.ledger.resume(now_ms)
         self.drain()
 

@@ -35,6 +35,8 @@ class CallReportBuilder:
     barged_generated_ms: list[int | None] = field(default_factory=list)
     agent_audio_ms: int = 0
     dtmf: int = 0
+    barge_in_pauses: int = 0
+    barge_in_resumes: int = 0
     tools: int = 0
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """``{"response_id", "text", "heard_ms"}`` for the agent's replies, ``{"role": "caller", "item_id", "text"}``
@@ -68,6 +70,10 @@ class CallReportBuilder:
                         break
             case "dtmf":
                 self.dtmf += 1
+            case "barge-in-pause":
+                self.barge_in_pauses += 1
+            case "barge-in-resume":
+                self.barge_in_resumes += 1
 
     def transcribed(self, response_id: str, delta: str) -> None:
         """A piece of the agent's output transcript."""
@@ -120,6 +126,8 @@ class CallReportBuilder:
             barged_generated_ms=list(self.barged_generated_ms),
             agent_audio_ms=self.agent_audio_ms,
             dtmf=self.dtmf,
+            barge_in_pauses=self.barge_in_pauses,
+            barge_in_resumes=self.barge_in_resumes,
             tools=self.tools,
             engine_session_id=engine_session_id,
             engine_endpoint=self.engine_endpoint,

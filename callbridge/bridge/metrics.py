@@ -73,6 +73,10 @@ class BridgeMetrics:
             "callbridge_frames_flushed_total", "Agent frames dropped unsent by barge-in flushes", ["provider"], registry=registry
         )
         self.barge_ins = Counter("callbridge_barge_ins_total", "Barge-in flushes", ["provider"], registry=registry)
+        self.barge_in_pauses = Counter(
+            "callbridge_barge_in_pauses_total", "Bridge-mode barge-in: the agent paused for the caller's speech, by how it ended",
+            ["provider", "outcome"], registry=registry,
+        )  # fmt: skip
         self.late_audio_dropped = Counter(
             "callbridge_late_audio_dropped_total", "Engine audio deltas of an interrupted response, dropped", ["provider"],
             registry=registry,

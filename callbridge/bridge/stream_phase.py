@@ -176,6 +176,8 @@ class StreamPhase:
             frames_flushed=ledger.frames_dropped,
             barge_ins=speech.flushes,
             late_deltas_dropped=speech.late_deltas_dropped,
+            barge_in_pauses=speech.pauses,
+            barge_in_resumes=speech.resumes,
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
             media_until_ms=_media_until_ms(caller),

@@ -152,6 +152,9 @@ class StreamTelemetry:
         metrics.audio_seconds.labels(provider, "out").inc(report.output_ms / 1000)
         metrics.frames_flushed.labels(provider).inc(report.frames_flushed)
         metrics.barge_ins.labels(provider).inc(report.barge_ins)
+        if report.barge_in_pauses:
+            metrics.barge_in_pauses.labels(provider, "resumed").inc(report.barge_in_resumes)
+            metrics.barge_in_pauses.labels(provider, "not_resumed").inc(report.barge_in_pauses - report.barge_in_resumes)
         metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
         metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
         metrics.playout_underruns.labels(provider).inc(report.playout_underruns)

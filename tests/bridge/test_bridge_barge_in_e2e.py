@@ -11,7 +11,7 @@ import pytest
 from callbridge.engine.commands import AppendAudio, BargeIn
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.runner import running_bridge
-from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech
+from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech, until
 
 BRIDGE_MODE = {"mode": "bridge"}
 SPEECH = short_speech(3600)  # the bundled utterance, all of it: the agent (the echo agent) says it back
@@ -40,11 +40,16 @@ async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int)
 
 
 async def test_a_backchannel_pauses_the_agent_and_it_goes_on_where_the_caller_stopped_hearing() -> None:
+    """…and the pause and its resume are counted (``callbridge_barge_in_pauses_total``)."""
     script = CallerScript(utterances=((500, SPEECH),), backchannels_ms=(1000,), backchannel_ms=400, hangup_at_ms=10_500)
-    result, recorder = await call(script)
+    recorder = engine()
+    async with running_bridge(settings(barge_in=BRIDGE_MODE), recorder) as bridge:
+        result = await bridge.carrier.place_call(script)
+        metrics = bridge.app.state.bridge.registry
+        await until(lambda: metrics.get_sample_value("callbridge_barge_in_pauses_total", {"provider": "twilio", "outcome": "resumed"}) == 1)
     assert len(result.clears) == 1 and not any(isinstance(c, BargeIn) for c in commands(recorder)), result.render()
-    first, resumed = result.agent_runs_ms
-    assert first + resumed >= 3600 + 100, result.render()  # the reply whole: the frame it paused in, played again
+    first, then = result.agent_runs_ms
+    assert first + then >= 3600 + 100, result.render()  # the reply whole: the frame it paused in, played again
 
 
 async def test_a_real_interruption_is_confirmed_and_the_callers_words_answered_whole() -> None:

@@ -56,3 +56,14 @@ def test_a_report_handed_on_before_callers_lines_existed_reads_as_the_agents() -
 )
 def test_who_ended_the_call_is_read_from_how_its_last_stream_ended(end_reason: str, who: str) -> None:
     assert ended_by(EndCause.of(end_reason)) == who
+
+
+def test_bridge_mode_pauses_and_their_resumes_are_counted_over_the_call() -> None:
+    first = CallReportBuilder(started_at=100.0, streams=1)
+    first.observe(Observed("barge-in-pause", 900, response_id="resp-1"))
+    first.observe(Observed("barge-in-resume"))
+    second = CallReportBuilder.from_json(first.to_json())  # a reconnect: the next stream goes on counting
+    second.observe(Observed("barge-in-pause", 300, response_id="resp-2"))
+    second.observe(Observed("barge-in", 300, of_ms=2000, response_id="resp-2"))  # confirmed
+    report = second.report(CALL, ended_at=110.0, end_reason=EndCause.of("caller_hung_up"), engine_session_id="duplex-1")
+    assert (report.barge_in_pauses, report.barge_in_resumes, report.barge_ins) == (2, 1, 1)
