@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,35 +127,22 @@ def _application_view(events: list[CallEvent]) -> str:
     return "\n".join(lines)
 
 
-def _echo_db(value: str) -> float:
-    """``--echo-db``: how far down the echo is, 0 to 60 dB."""
-    try:
-        down = float(value)
-    except ValueError:
-        down = -1.0
-    if not 0 <= down <= 60:
-        raise argparse.ArgumentTypeError(f"{value!r}: dB down, from 0 to 60")
-    return down
+def _number_in(low: float, high: float, says: str, kind: type[int] | type[float] = float) -> Callable[[str], float]:
+    """An argparse type: a number from ``low`` to ``high``, else one line saying what (``says``) is wanted."""
+
+    def parse(value: str) -> float:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{value!r}: {says}")
+        return number
+
+    return parse
 
 
-def _echo_delay_ms(value: str) -> int:
-    """``--echo-delay-ms``: 0 to 2000 ms."""
-    try:
-        delay = int(value)
-    except ValueError:
-        delay = -1
-    if not 0 <= delay <= 2000:
-        raise argparse.ArgumentTypeError(f"{value!r}: milliseconds, from 0 to 2000")
-    return delay
-
-
-def _noise_db(value: str) -> float:
-    """``--noise``: the line noise's level, 0 to 80 dB (int16 RMS; speech is about 60-75)."""
-    try:
-        level = float(value)
-    except ValueError:
-        level = -1.0
-    if not 0 <= level <= 80:
-        raise argparse.ArgumentTypeError(f"{value!r}: a level in dB, from 0 to 80 (speech is about 60-75)")
-    return level
-
+_echo_db = _number_in(0, 60, "dB down, from 0 to 60")
+"""``--echo-db``: how far down the echo is."""
+_echo_delay_ms = _number_in(0, 2000, "milliseconds, from 0 to 2000", int)
+_noise_db = _number_in(0, 80, "a level in dB, from 0 to 80 (speech is about 60-75)")
