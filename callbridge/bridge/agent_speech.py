@@ -262,9 +262,10 @@ class AgentSpeech:
         self.ledger.resume(now_ms)
         self.drain()
 
-    def playing_level_db(self, now_ms: int) -> float:
-        """How loud the agent is in the frame the caller hears at ``now_ms`` (``echo_gate.level_db``; 0: silence)."""
-        frame = self.ledger.playing_frame(now_ms)
+    def playing_level_db(self, at_ms: int) -> float:
+        """How loud the agent is in the frame the caller hears at ``at_ms`` (now, or a moment ago;
+        ``echo_gate.level_db``; 0: silence)."""
+        frame = self.ledger.playing_frame(at_ms)
         return level_db(bytes(decode_to_pcm16(self.audio.encoding, frame))) if frame else 0.0
 
     def silence(self, now_ms: int) -> None:

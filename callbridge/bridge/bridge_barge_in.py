@@ -49,9 +49,10 @@ _ECHO_TAIL_MS: Final = 600
 
 
 class BargeInDecider(Protocol):
-    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech) -> list[EngineCommand]:
+    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech, *, said_until_ms: int) -> list[EngineCommand]:
         """The caller's ``audio`` (PCM16 at the engine's rate, ending at ``until_ms`` of the call's input timeline),
-        read at ``now_ms``: the commands it becomes."""
+        read at ``now_ms``; said until ``said_until_ms`` on the same clock (its media's own time: a burst read late
+        is judged against what the caller heard as it was said): the commands it becomes."""
         ...
 
     def expects(self, code: str) -> bool:
@@ -65,7 +66,7 @@ class EngineBargeIn:
     def __init__(self, rate_hz: int) -> None:
         self.rate_hz = rate_hz
 
-    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech) -> list[EngineCommand]:
+    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech, *, said_until_ms: int) -> list[EngineCommand]:
         return [AppendAudio(audio, self.rate_hz)]
 
     def expects(self, code: str) -> bool:
@@ -88,16 +89,18 @@ class BridgeBargeIn:
         self._confirmed = False
         """A barge-in was confirmed: nothing is marked until the caller hears the agent again (its next reply)."""
 
-    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech) -> list[EngineCommand]:
-        at_ms = until_ms - len(audio) * 500 // self.rate_hz
+    def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech, *, said_until_ms: int) -> list[EngineCommand]:
+        chunk_ms = len(audio) * 500 // self.rate_hz
+        at_ms, said_at_ms = until_ms - chunk_ms, said_until_ms - chunk_ms
         self._keep(at_ms, audio)
         frame, judge = self.rate_hz * 2 * _FRAME_MS // 1000, self.judge
         sent = bytearray()
         for offset in range(0, len(audio), frame):
             piece = audio[offset : offset + frame]
-            heard_db = speech.playing_level_db(now_ms)
+            frame_ms = offset * 1000 // (self.rate_hz * 2)
+            heard_db = speech.playing_level_db(said_at_ms + frame_ms)  # what the caller heard as they said it
             self._confirmed = self._confirmed and heard_db < _AGENT_HEARD_DB
-            frame_at_ms = at_ms + offset * 1000 // (self.rate_hz * 2)
+            frame_at_ms = at_ms + frame_ms
             if heard_db < _AGENT_HEARD_DB and not judge.policy.paused and frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS:
                 judge.gate.idle()  # the agent neither heard nor echoing: nothing to judge (and no work while it is quiet)
                 sent += piece

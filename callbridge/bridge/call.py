@@ -515,7 +515,7 @@ class CallSession:
         elif audio:
             if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
-            self._out.extend(ToEngine(command) for command in self.barge_in.caller_audio(audio, self.caller.input_ms, now_ms, self.speech))
+            self._out.extend(ToEngine(c) for c in self.barge_in.caller_audio(audio, self.caller.input_ms, now_ms, self.speech, said_until_ms=self.caller.said_until_ms(now_ms)))
 
     def _protocol_error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.codec.provider, stream_id=self.codec.stream_id)

@@ -54,6 +54,12 @@ class CallerAudio:
                 self._out.append(RecordingChunk(chunk))
         return audio
 
+    def said_until_ms(self, now_ms: int) -> int:
+        """When the end of the caller's audio received so far was said, on the driver's clock: its first payload's
+        time plus the media since (what a burst read late says of its own time; ``now_ms`` before any came)."""
+        first = self.inbound.first_media_at_ms
+        return now_ms if first is None else first + self.inbound.stream_media_ms
+
     def bound(self, call_offset_ms: int | None) -> None:
         """The engine session is bound; a resumed call's stream starts at ``call_offset_ms`` of its input timeline."""
         if call_offset_ms is not None:

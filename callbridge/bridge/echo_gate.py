@@ -68,7 +68,7 @@ class EchoGateSettings:
     margin_db: float = 6.0
     """How far above what echo explains a near-end frame must be to be the caller's (the most: a learnt path may
     allow less)."""
-    least_margin_db: float = 2.0
+    least_margin_db: float = 4.0
     assumed_loss_db: float = 6.0
     """The echo's loss taken until the path is learnt: the least an echo is down (the loudest echo looked for)."""
     trust_correlation: float = 0.6

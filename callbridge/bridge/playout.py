@@ -384,13 +384,18 @@ class PlayoutLedger:
             return self._heard_at(now_ms)
         return self._acked.get(response_id, 0)
 
-    def playing_frame(self, now_ms: int) -> bytes | None:
-        """The frame the caller hears at ``now_ms`` (by the model, corrected by echoes), as sent; None: silence."""
+    def playing_frame(self, at_ms: int) -> bytes | None:
+        """The frame the caller hears at ``at_ms`` (now, or a moment ago: by the model, as echoes corrected it), as it
+        was sent; None: silence (nothing playing then, or paused)."""
         current = self._current
-        if current is None or self._paused is not None or self._buffer_end_ms <= now_ms or not self._sent:
+        if current is None or self._paused is not None or not self._sent:
             return None
-        index = (self._heard_at(now_ms) - (current.sent_ms - len(self._sent) * self.frame_ms)) // self.frame_ms
-        return self._sent[index] if 0 <= index < len(self._sent) else None
+        kept_from = current.sent_ms - len(self._sent) * self.frame_ms
+        for segment in self._segments:
+            if segment.start_ms <= at_ms < segment.start_ms + segment.length_ms:
+                index = (segment.from_ms + at_ms - segment.start_ms - kept_from) // self.frame_ms
+                return self._sent[index] if 0 <= index < len(self._sent) else None
+        return None
 
     def is_playing(self, now_ms: int) -> bool:
         """Audio is queued here or still playing at the carrier."""

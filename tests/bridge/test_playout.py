@@ -380,3 +380,15 @@ class TestPause:
     def test_nothing_playing_nothing_to_pause(self) -> None:
         ledger = PlayoutLedger()
         assert ledger.pause(0) is None and not ledger.paused
+
+
+def test_the_frame_playing_now_or_a_moment_ago() -> None:
+    """What bridge-mode barge-in compares the caller's audio with: the frame they heard as they spoke."""
+    ledger = PlayoutLedger(lead_ms=200)
+    ledger.enqueue("r", numbered(20), 0)
+    for now in range(1, 400):
+        ledger.tick(now)
+    assert [int.from_bytes((ledger.playing_frame(at) or b"\xff\xff")[:2], "big") for at in (0, 19, 20, 250, 399)] == [0, 0, 1, 12, 19]
+    assert ledger.playing_frame(400) is None  # played out
+    ledger.pause(300)
+    assert ledger.playing_frame(250) is None  # held: the caller hears nothing of it now
