@@ -19,7 +19,7 @@ class CallEvent(BaseModel):
     """One thing that happened on a call. ``call.started``: the application chose the call's assistant (the carrier
     is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn``
     ``{"latency_ms"}`` (the caller stopped speaking → the agent's reply on its way to them); ``barge-in``
-    ``{"heard_ms", "generated_ms"}``; ``dtmf`` ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" |
+    ``{"heard_ms", "generated_ms", "decided_by": "engine" | "bridge"}`` (``barge_in.mode``); ``dtmf`` ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" |
     "hang_up"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``
     ``{"report": CallReport}``."""
 

@@ -227,7 +227,9 @@ class AgentSpeech:
     def stop_playback(self, response_id: str | None, now_ms: int, *, barge_in: bool = True) -> None:
         """Flush the ledger (the carrier's clear), ack what was heard and cut the model's turn to it — clamped
         to [0, sent], skipped before any audio — if the response playing is ``response_id`` (None: any).
-        ``barge_in``: the caller's doing (counted and timed as a barge-in)."""
+        ``barge_in``: the caller's doing (counted and timed as a barge-in; decided by the bridge where it had paused
+        the reply first, else by the engine)."""
+        decided_by = "bridge" if self.ledger.paused else "engine"
         result = self.ledger.flush(now_ms)
         self.drain_to_carrier()  # the carrier's clear
         if barge_in:
@@ -241,7 +243,8 @@ class AgentSpeech:
             self.tell(result.response_id, heard, truncate=True)
         if barge_in:
             generated = self.heard.generated_ms(result.response_id)
-            self._out.append(Observed("barge-in", heard, round(generated) if generated is not None else None, result.response_id))
+            generated_ms = round(generated) if generated is not None else None
+            self._out.append(Observed("barge-in", heard, generated_ms, result.response_id, decided_by))
 
     def pause(self, now_ms: int) -> bool:
         """Bridge-mode barge-in's pause (#41): the carrier's buffer cleared, the reply held (``PlayoutLedger.pause``),

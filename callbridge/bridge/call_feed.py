@@ -109,7 +109,7 @@ class CallFeed:
             case "turn":
                 self.emit("turn", latency_ms=seen.ms, response_id=seen.response_id)
             case "barge-in":
-                self.emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id)
+                self.emit("barge-in", heard_ms=seen.ms, generated_ms=seen.of_ms, response_id=seen.response_id, decided_by=seen.detail)
             case "dtmf":
                 self.emit("dtmf", digit=seen.detail)
             case "silence":

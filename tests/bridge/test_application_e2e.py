@@ -483,6 +483,7 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     # the caller talked over the second reply: a flush where the carrier has a buffer, else the audio just stops
     assert report.barge_ins == (len(result.clears) if carrier_spec(provider).capabilities.flush else 1), result.render()
     assert len(report.barged_heard_ms) == report.barge_ins
+    assert {e.data["decided_by"] for e in events if e.type == "barge-in"} == {"engine"}  # the default barge_in.mode
     # the run each utterance cut: the one still playing when it began (on a loaded machine the stream may open late
     # and the greeting run into the first utterance, or an underrun split a reply in two: not always the second run)
     talked = [e.at_ms for e in result.timeline if e.who == "caller" and e.what.startswith("speaks (")]

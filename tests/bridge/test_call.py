@@ -292,8 +292,28 @@ class TestBargeIn:
         h.engine(OverlapDecision("barge_in", "server_vad_speech_started", 0))
         kinds = [type(o.command) if isinstance(o, ToEngine) else type(o) for o in h.outputs[start:]]
         assert kinds == [ToCarrier, BargeInFlushed, AckPlayback, TruncateItem, Observed]
-        assert h.outputs[-1] == Observed("barge-in", h.of(TruncateItem)[0].audio_end_ms, 2000, "resp-1")
+        assert h.outputs[-1] == Observed("barge-in", h.of(TruncateItem)[0].audio_end_ms, 2000, "resp-1", "engine")
         assert h.outputs[start] == ToCarrier(orjson.dumps({"event": "clear", "streamSid": SID}).decode())
+
+    def test_a_barge_in_after_the_bridge_paused_the_reply_is_the_bridges(self) -> None:
+        """Bridge mode (#41): paused (the carrier cleared at once, the engine told what was heard), then confirmed —
+        the engine's cancel gives the held reply up, truncates it where the pause found it, and says who decided."""
+        h = Harness(lead_ms=200).live()
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        h.advance(500)
+        assert h.call.speech.pause(h.now_ms)
+        h.drain()
+        assert h.sent[-1] == {"event": "clear", "streamSid": SID}
+        h.advance(300)  # held: nothing more goes out
+        sent = len(h.media_frames())
+        h.engine(ResponseDone("resp-1", "cancelled", "barge_in", 0))
+        h.advance(1000)
+        assert len(h.media_frames()) == sent and len(h.events("clear")) == 1
+        assert h.of(TruncateItem) == [TruncateItem("item_resp-1", h.of(TruncateItem)[0].audio_end_ms)]
+        assert abs(h.of(TruncateItem)[0].audio_end_ms - 500) <= 20  # where the pause found it, not at the confirmation
+        barge_in = [o for o in h.outputs if isinstance(o, Observed) and o.kind == "barge-in"]
+        assert [o.detail for o in barge_in] == ["bridge"]
 
     def test_barge_in_before_anything_played_truncates_nothing(self) -> None:
         h = Harness().live()
