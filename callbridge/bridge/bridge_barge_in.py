@@ -45,7 +45,7 @@ _AGENT_HEARD_DB: Final = 40.0
 """A frame the caller hears at least this loud is the agent speaking (``EchoGateSettings.far_active_db``)."""
 _ECHO_TAIL_MS: Final = 600
 """After the caller last heard the agent, how long its echo may still come back (the echo gate's longest path,
-500 ms, and a frame or so): the caller's audio stays marked *listen* meanwhile, unless they speak in it."""
+500 ms, and a frame or so): what the gate finds to be only echo still goes to the engine as silence meanwhile."""
 
 
 class BargeInDecider(Protocol):
