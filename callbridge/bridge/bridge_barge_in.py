@@ -41,8 +41,6 @@ RESEND_BEFORE_ONSET_MS: Final = 300
 _KEPT_MS: Final = 5000
 """The caller's audio kept for a confirmation's resend (well past ``max_pause_ms``, the longest a run is judged)."""
 _FRAME_MS: Final = 20
-_AGENT_HEARD_DB: Final = 40.0
-"""A frame the caller hears at least this loud is the agent speaking (``EchoGateSettings.far_active_db``)."""
 _ECHO_TAIL_MS: Final = 600
 """After the caller last heard the agent, how long its echo may still come back (the echo gate's longest path,
 500 ms, and a frame or so): what the gate finds to be only echo still goes to the engine as silence meanwhile."""
@@ -81,7 +79,6 @@ class BridgeBargeIn:
         self.judge = InterruptionJudge(InterruptionPolicy(policy), speech_db=speech_db)
         self._kept: deque[tuple[int, bytes]] = deque()
         """The caller's recent audio: (its start on the input timeline, PCM16), oldest first."""
-        self.pauses = self.resumes = self.confirmations = 0
         self._audible_until_ms = -_ECHO_TAIL_MS
         """Where on the input timeline the caller last heard the agent (its echo may come back ``_ECHO_TAIL_MS``)."""
         self._speech_from_ms: int | None = None
@@ -94,14 +91,15 @@ class BridgeBargeIn:
         at_ms, said_at_ms = until_ms - chunk_ms, said_until_ms - chunk_ms
         self._keep(at_ms, audio)
         frame, judge = self.rate_hz * 2 * _FRAME_MS // 1000, self.judge
+        agent_heard_db = judge.gate.settings.far_active_db  # a frame the caller hears this loud is the agent speaking
         sent = bytearray()
         for offset in range(0, len(audio), frame):
             piece = audio[offset : offset + frame]
             frame_ms = offset * 1000 // (self.rate_hz * 2)
             heard_db = speech.playing_level_db(said_at_ms + frame_ms)  # what the caller heard as they said it
-            self._confirmed = self._confirmed and heard_db < _AGENT_HEARD_DB
+            self._confirmed = self._confirmed and heard_db < agent_heard_db
             frame_at_ms = at_ms + frame_ms
-            if heard_db < _AGENT_HEARD_DB and not judge.policy.paused and frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS:
+            if heard_db < agent_heard_db and not judge.policy.paused and frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS:
                 judge.gate.idle()  # the agent neither heard nor echoing: nothing to judge (and no work while it is quiet)
                 sent += piece
                 continue
@@ -116,12 +114,10 @@ class BridgeBargeIn:
             echo_only = not self._confirmed and not judge.caller_speaking and frame_at_ms < self._audible_until_ms + _ECHO_TAIL_MS
             sent += bytes(len(piece)) if echo_only else piece
             if isinstance(verdict, Pause):
-                self.pauses += speech.pause(now_ms)
+                speech.pause(now_ms)  # counted by the agent's speech (its report, its metric)
             elif isinstance(verdict, Resume):
-                self.resumes += 1
                 speech.resume(now_ms)
             elif isinstance(verdict, Confirm):
-                self.confirmations += 1
                 self._confirmed, self._audible_until_ms = True, -_ECHO_TAIL_MS
                 return [BargeIn(), AppendAudio(self._since(verdict.onset_ms - RESEND_BEFORE_ONSET_MS), self.rate_hz)]
         if self._confirmed:  # the caller's turn now, all of it: the engine cancelled the reply

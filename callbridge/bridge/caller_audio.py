@@ -54,11 +54,17 @@ class CallerAudio:
                 self._out.append(RecordingChunk(chunk))
         return audio
 
-    def said_until_ms(self, now_ms: int) -> int:
+    @property
+    def media_until_ms(self) -> int | None:
         """When the end of the caller's audio received so far was said, on the driver's clock: its first payload's
-        time plus the media since (what a burst read late says of its own time; ``now_ms`` before any came)."""
+        time plus the media since (what a burst read late says of its own time). None: no media came."""
         first = self.inbound.first_media_at_ms
-        return now_ms if first is None else first + self.inbound.stream_media_ms
+        return None if first is None else first + self.inbound.stream_media_ms
+
+    def said_until_ms(self, now_ms: int) -> int:
+        """``media_until_ms``, or ``now_ms`` before any media came."""
+        until = self.media_until_ms
+        return now_ms if until is None else until
 
     def bound(self, call_offset_ms: int | None) -> None:
         """The engine session is bound; a resumed call's stream starts at ``call_offset_ms`` of its input timeline."""

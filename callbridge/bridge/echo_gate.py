@@ -122,7 +122,10 @@ class EchoGate:
 
     def near(self, pcm: bytes) -> bool:
         """The next frame the caller's line sent: True where it holds more than the agent's echo can explain."""
-        near_db = level_db(pcm)
+        return self.near_level(level_db(pcm))
+
+    def near_level(self, near_db: float) -> bool:
+        """The next frame the caller's line sent, by its level (``level_db``): as ``near``."""
         theirs = near_db > self._echo_bound_db() + self.margin_db
         self._near.append(near_db)
         self._theirs.append(theirs)

@@ -53,8 +53,8 @@ class InterruptionJudge:
 
     def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
         """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
-        theirs = self.gate.near(pcm)
-        self.caller_speaking = theirs and level_db(pcm) >= self.speech_db
+        near_db = level_db(pcm)
+        self.caller_speaking = self.gate.near_level(near_db) and near_db >= self.speech_db
         return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible)
 
     def agent_stopped(self) -> None:

@@ -180,11 +180,5 @@ class StreamPhase:
             barge_in_resumes=speech.resumes,
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
-            media_until_ms=_media_until_ms(caller),
+            media_until_ms=caller.media_until_ms,
         )
-
-
-def _media_until_ms(caller: CallerAudio) -> int | None:
-    """Where the stream's caller media ended on the driver's clock (``StreamReport.media_until_ms``)."""
-    first = caller.inbound.first_media_at_ms
-    return None if first is None else first + caller.inbound.stream_media_ms

@@ -43,7 +43,7 @@ from callbridge.bridge.fleet import FLEET_HOLD_MS
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry import CallRegistry, MemoryCallRegistry, MemoryStreamTokens
 from callbridge.bridge.services import BridgeServices
-from callbridge.config import Settings, load_settings
+from callbridge.config import EngineSettings, Settings, load_settings
 from callbridge.engine.port import DuplexEngine
 from callbridge.sim.fault_plan import Violation
 from callbridge.sim.virtual_loop import VirtualTimeLoop
@@ -53,7 +53,7 @@ __all__ = ["SETTLE_MS", "AdmissionPlan", "AdmissionSim", "admission_main", "brid
 SETTLE_MS: Final = 200
 """How long a slot may outlive its cause: the signal that tells the answering process its call's stream bound
 elsewhere, the fleet's release after a call ends — each a registry round trip or two, spawned."""
-TTL_S: Final = 15.0
+TTL_S: Final[float] = EngineSettings.model_fields["open_at_answer_ttl_s"].default
 """``engine.open_at_answer_ttl_s`` as shipped: how long an answered call's slot waits for its stream."""
 _NEVER: Final = 1 << 60
 _ROUND_TRIPS_MS: Final = (0, 0, 1, 1, 2, 3, 5, 8)
@@ -138,7 +138,7 @@ class AdmissionSim:
         registry = cast(CallRegistry, _SlowRegistry(shared, lambda: rng.choice(_ROUND_TRIPS_MS)))
         settings = load_settings(None, {
             "server": {"max_calls": self.plan.max_calls, "max_calls_fleet": self.plan.fleet_limit},
-            "engine": {"open_at_answer": "off", "open_at_answer_ttl_s": TTL_S},
+            "engine": {"open_at_answer": "off"},
         })  # fmt: skip
         processes = [bridge_process(settings, registry) for _ in range(self.plan.processes)]
         for services in processes:
