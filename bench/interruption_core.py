@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callbridge.bridge.echo_gate import level_db  # noqa: E402
 from callbridge.bridge.interruption import Confirm, Pause  # noqa: E402
-from tests.bridge.test_interruption_judge import REPLY_AT_MS, call, whole_reply  # noqa: E402
+from tests.bridge.test_interruption_judge import CALLER, REPLY_AT_MS, call, whole_reply  # noqa: E402
 
 OFFSETS_MS = (0, 500, 1000, 2000)
 ECHOES_DB = (None, 10.0, 20.0, 30.0)
@@ -31,6 +32,17 @@ ECHOES_DB = (None, 10.0, 20.0, 30.0)
 def percentile(values: list[int], share: float) -> int:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def first_speech_ms(start_ms: int, speech_db: float = 45.0) -> int:
+    """How far into the caller's piece from ``start_ms`` its first speech frame is (the reversed utterance opens
+    with the original's trailing silence): a true onset is the caller's first sound, not the piece's start."""
+    return next(t for t in range(0, 2000, 20) if level_db(CALLER[(start_ms + t) * 16 : (start_ms + t + 20) * 16]) >= speech_db)
+
+
+def last_speech_ms(start_ms: int, length_ms: int, speech_db: float = 45.0) -> int:
+    """Where the caller's last sound in the piece ends (from the piece's start)."""
+    return max(t + 20 for t in range(0, length_ms, 20) if level_db(CALLER[(start_ms + t) * 16 : (start_ms + t + 20) * 16]) >= speech_db)
 
 
 def main() -> None:
@@ -46,20 +58,23 @@ def main() -> None:
         kinds = [type(verdict) for _, verdict in line.verdicts]
         if kinds[:2] == [Pause, Confirm]:
             confirmed += 1
-            heard_after.append(line.verdicts[0][0] - REPLY_AT_MS - after)
+            heard_after.append(line.verdicts[0][0] - REPLY_AT_MS - after - first_speech_ms(start))
         else:
             missed.append((after, start, db, delay))
     print(f"interruptions: {confirmed} of {len(cases)} confirmed; agent heard after the onset p50 "
           f"{percentile(heard_after, 0.5)} ms, p95 {percentile(heard_after, 0.95)} ms")  # fmt: skip
-    resumed, silences, total = 0, [], 0
+    resumed, silences, dead_air, total = 0, [], [], 0
     for at, start, length, db in itertools.product((500, 1000, 2000, 3000), OFFSETS_MS, (250, 300, 400, 450), (None, 10.0, 20.0)):
         line = call([(REPLY_AT_MS + at, start, length)], echo_db=db)
         total += 1
         if Confirm not in [type(verdict) for _, verdict in line.verdicts] and whole_reply(line):
             resumed += 1
             silences += line.paused_ms
+            resumes = [t for t, verdict in line.verdicts if not isinstance(verdict, Pause)]
+            dead_air += [resumes[-1] - (REPLY_AT_MS + at + last_speech_ms(start, length))] if resumes else []
     print(f"backchannels: {resumed} of {total} never confirmed, the reply whole; {len(silences)} pauses, silence "
-          f"p50 {percentile(silences, 0.5)} ms, p95 {percentile(silences, 0.95)} ms")  # fmt: skip
+          f"p50 {percentile(silences, 0.5)} ms, p95 {percentile(silences, 0.95)} ms; from the caller's last sound to the "
+          f"resume p50 {percentile(dead_air, 0.5)} ms, p95 {percentile(dead_air, 0.95)} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def _bridge_barge_in(settings: Settings) -> InterruptionSettings | None:
         return None
     return InterruptionSettings(
         pause_after_ms=barge_in.pause_after_ms, confirm_after_ms=barge_in.confirm_after_ms,
-        resume_after_silence_ms=barge_in.resume_after_silence_ms, max_pause_ms=barge_in.max_pause_ms,
+        resume_after_silence_ms=barge_in.resume_after_silence_ms, max_pause_ms=barge_in.max_pause_ms, gap_ms=barge_in.gap_ms,
     )  # fmt: skip
 
 

@@ -7,15 +7,16 @@ caller heard, frame by frame (the far end). The gate compares each frame the lin
 - **the echo path**, per call: the delay is the lag (0 to ``max_delay_ms``, in frames) at which the near end's
   energy envelope follows the far end's best (Pearson correlation of the frames' dB levels, over the last
   ``window_ms`` in which the agent was heard, at least ``trust_correlation``); the echo's loss is the median of far
-  minus near at that lag (double talk raises the near end and so pulls the median down: the gate then errs
-  towards taking sound for echo, never towards taking echo for the caller);
+  minus near at that lag. Both are learnt only from frames the gate took for echo, and not from those within
+  100 ms of one it took for the caller's: a caller over the echo is taken for theirs at their loud peaks only, and
+  their quieter syllables around them would teach the gate a smaller loss — and then it would hear them less;
 - **each frame**: echo can explain the near end's level if it is at most the loudest far-end frame around the delay
-  (one frame either side) less the loss, plus a margin (``margin_db``; once the path is learnt, what this line's
-  echo strays above that bound, ``least_margin_db`` at the least). A frame above that holds the caller's own sound
-  (double talk included): ``near`` says True. Until the path is known, the loss is taken as the least the issue
-  allows for (``assumed_loss_db``, 6 dB) and the delay as any lag, so an echo is never taken for the caller while
-  the gate learns — or, where no path shows (a line with no echo), what the line's level stays below the loudest
-  the caller heard in the range; where the agent was not heard within ``max_delay_ms``, nothing can be echo.
+  (one frame either side) less the loss, plus a margin (once the path is learnt, what this line's echo strays above
+  that bound, ``least_margin_db`` to ``margin_db``). A frame above that holds the caller's own sound (double talk
+  included): ``near`` says True. Until the path is known, the delay is taken as any lag and the loss as the least
+  the issue allows for (``assumed_loss_db``, 6 dB) — or, once the line has been heard against 0.7 s of the agent,
+  what its loud end stays below the loudest the caller heard in the range (a line with no echo learns this, never a
+  path), with ``unlearnt_margin_db``; where the agent was not heard within ``max_delay_ms``, nothing can be echo.
 
 Why energy envelopes and not an echo canceller: the bridge must only tell *whether* the caller spoke, not give
 the engine a clean signal (the engine hears the caller's audio as sent, and during the agent's speech only
@@ -42,10 +43,10 @@ __all__ = ["EchoGate", "EchoGateSettings", "level_db"]
 _LEARNT_FROM_FRAMES = 35
 """The echo path is learnt from at least this many far-end frames of the agent heard, each with its near-end frame
 (0.7 s at 20 ms): fewer let a chance likeness of two envelopes pass for the path."""
+_DOUBLE_TALK_REACH = 5
+"""Frames either side of one the gate took for the caller's that are not learnt from (100 ms at 20 ms)."""
 _STRAY_ALLOWANCE_DB = 1.0
 """Added to how far the echo strayed above the path's bound (its 95th percentile) for the margin."""
-_LOSS_SAFETY_DB = 6.0
-"""Taken off the loss learnt without a path: the estimate errs towards echo, never towards the caller."""
 
 
 def level_db(pcm: bytes) -> float:
@@ -66,9 +67,12 @@ class EchoGateSettings:
     far_active_db: float = 40.0
     """A far-end frame at least this loud is the agent speaking (speech is about 60–75)."""
     margin_db: float = 6.0
-    """How far above what echo explains a near-end frame must be to be the caller's (the most: a learnt path may
-    allow less)."""
+    """How far above what echo explains a near-end frame must be to be the caller's, once the path is learnt (the
+    most: what the line's echo strays above its bound, ``least_margin_db`` at the least)."""
     least_margin_db: float = 4.0
+    unlearnt_margin_db: float = 4.0
+    """The margin until the path is learnt: the bound then is already the loudest frame at any lag less the least
+    loss, which is above what any one echo frame reaches."""
     assumed_loss_db: float = 6.0
     """The echo's loss taken until the path is learnt: the least an echo is down (the loudest echo looked for)."""
     trust_correlation: float = 0.6
@@ -94,9 +98,9 @@ class EchoGate:
         """The echo path's delay (frames), once learnt."""
         self.loss_db: float | None = None
         """How far down the echo is (dB), once learnt."""
-        self.margin_db = self.settings.margin_db
-        """How far above the echo's bound a frame must be to be the caller's: ``margin_db`` until the path is learnt,
-        then what the line's echo strays above it (``least_margin_db`` at the least)."""
+        self.margin_db = self.settings.unlearnt_margin_db
+        """How far above the echo's bound a frame must be to be the caller's: ``unlearnt_margin_db`` until the path
+        is learnt, then what the line's echo strays above it (``least_margin_db`` to ``margin_db``)."""
         self._loss_any_lag_db = 0.0
         """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
         ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
@@ -157,7 +161,10 @@ class EchoGate:
             return
         settings = self.settings
         near = np.fromiter(self._near, dtype=np.float64)[-count:]
-        echo_only = ~np.fromiter(self._theirs, dtype=bool)[-count:]
+        theirs = np.fromiter(self._theirs, dtype=bool)[-count:]
+        # the caller's frames and their neighbours: a caller over the echo is taken for theirs only at their loud
+        # peaks, and the frames around them (their quieter syllables) would teach the gate the caller, not the path
+        echo_only = np.convolve(theirs, np.ones(2 * _DOUBLE_TALK_REACH + 1), mode="same") == 0
         far_all = np.fromiter(self._far, dtype=np.float64)[-(count + self._max_lag) :]
         # row L: the far-end frames L earlier than each near-end frame
         far = np.lib.stride_tricks.sliding_window_view(far_all, count)[::-1]
@@ -168,13 +175,13 @@ class EchoGate:
         spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
         enough = (n >= _LEARNT_FROM_FRAMES) & (spread > 0)
         # the line's loss, path or none: how far its loud end (90th percentile) stays below the agent's typical level
-        # in the range, less a safety margin — a line with no echo learns it has little to fear, a line with one about
-        # its loss, never much more (the loudest far-end frame in the range is about the agent's loud end)
+        # in the range — a line with no echo learns it has little to fear, a line with one about its loss, never much
+        # more (the loudest far-end frame in the range is about the agent's loud end, above most echo frames' source)
         loudest = far.max(axis=0)
         heard = (loudest >= settings.far_active_db) & echo_only
         if heard.sum() >= _LEARNT_FROM_FRAMES:
             typical = float(np.median(loudest[heard]))
-            self._loss_any_lag_db = typical - float(np.percentile(near[heard], 90)) - _LOSS_SAFETY_DB
+            self._loss_any_lag_db = typical - float(np.percentile(near[heard], 90))
         if not enough.any():
             return
         correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)

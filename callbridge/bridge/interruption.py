@@ -5,14 +5,17 @@ The engine's own barge-in stops the agent on the first speech its VAD hears — 
 "mm-hm". Here the bridge decides from the caller's audio, frame by frame (a VAD's verdict on what is left once the
 agent's echo is taken out; ``speech`` below), while the agent is audible to the caller:
 
-- a speech run (gaps shorter than ``gap_ms`` bridged, as between syllables; in a pause, any gap shorter than
-  ``resume_after_silence_ms``) that lasts ``pause_after_ms`` over the agent **pauses** it: the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept
-  (``PlayoutLedger.pause``);
+- a speech run (gaps shorter than ``gap_ms`` bridged: between syllables, and where the echo hides the caller's
+  quieter ones; in a pause, any gap short of a resume) that lasts ``pause_after_ms`` over the agent **pauses** it:
+  the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept (``PlayoutLedger.pause``);
 - the run reaching ``confirm_after_ms`` from its onset **confirms** the barge-in: the engine is told (``barge_in``,
   the heard position), and the caller's words from the onset go to it whole;
-- silence of ``resume_after_silence_ms`` before that **resumes** the reply where the caller stopped hearing it
+- a quiet line for ``resume_after_silence_ms`` before that (for ``gap_ms`` once the caller has said more than a
+  backchannel, ``backchannel_max_ms``) **resumes** the reply where the caller stopped hearing it
   (``PlayoutLedger.resume``: a backchannel, a cough that got past the pause); so does a pause that outlives
-  ``max_pause_ms`` with the caller's speech never reaching confirmation (sporadic noise).
+  ``max_pause_ms`` with the caller's speech never reaching confirmation (sporadic noise). Silence here is a *quiet*
+  line: a sound the agent's echo could explain (its tail still coming back after the pause) may be the caller
+  going on, and resuming over it would be the agent talking over them — it holds the decision instead.
 
 Sound while the agent is silent is no interruption (the engine's turn-taking hears it); nor is a run shorter than
 ``pause_after_ms`` (a click, a door). The times are the call's (ms, from outside); nothing here reads a clock.
@@ -36,11 +39,16 @@ class InterruptionSettings:
     """Speech over the agent for this long (from its onset) pauses the agent."""
     confirm_after_ms: int = 600
     """Speech for this long from its onset confirms the barge-in (the backchannels measured for #41: 280–460 ms)."""
-    resume_after_silence_ms: int = 200
-    """Silence this long in a pause, before confirmation, resumes the reply (longer than most gaps between words:
-    speech in a pause goes on from the pause's onset across shorter ones)."""
-    gap_ms: int = 100
-    """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker)."""
+    resume_after_silence_ms: int = 120
+    """A quiet line this long in a pause, before confirmation, resumes the reply (speech in a pause goes on from
+    the pause's onset across shorter gaps; measured in ``bench/interruption_core.py``)."""
+    gap_ms: int = 200
+    """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker, and the
+    caller's quieter syllables the echo hides: the gate hears double talk at its loud peaks)."""
+    backchannel_max_ms: int = 450
+    """The longest speech taken for a backchannel: in a pause, once the caller's speech has lasted this long from its
+    onset, the line must be quiet for ``gap_ms`` (not ``resume_after_silence_ms``) to resume — they are more likely
+    between two words than done ("mm-hm" is 250–450 ms; a pause between phrases 150–200 ms)."""
     max_pause_ms: int = 1500
     """A pause never lasts longer: past it, unconfirmed, the reply resumes."""
 
@@ -94,6 +102,8 @@ class InterruptionPolicy:
         """The current speech run's first speech frame."""
         self._speech_end_ms = 0
         """The end of the run's last speech frame."""
+        self._sound_end_ms = 0
+        """The end of the last frame that was not quiet (speech, or a sound the echo could explain)."""
         self._speech_ms = 0
         """Speech heard since the run's onset, or since the pause's."""
         self._paused_at_ms = 0
@@ -104,11 +114,14 @@ class InterruptionPolicy:
     def paused(self) -> bool:
         return self._state is _State.PAUSED
 
-    def frame(self, at_ms: int, ms: int, *, speech: bool, agent_audible: bool) -> Verdict | None:
+    def frame(self, at_ms: int, ms: int, *, speech: bool, agent_audible: bool, quiet: bool | None = None) -> Verdict | None:
         """The frame of the caller's audio from ``at_ms``, ``ms`` long: ``speech`` whether it holds the caller's speech
         (not the agent's echo); ``agent_audible`` whether the caller is hearing the agent at ``at_ms`` (a pause
-        counts as audible: the reply is held, not over)."""
+        counts as audible: the reply is held, not over); ``quiet`` whether the line holds no sound worth the name
+        (None: as not ``speech``) — only quiet counts towards a resume."""
         end_ms = at_ms + ms
+        if speech or quiet is False:
+            self._sound_end_ms = end_ms
         if speech:
             if self._onset_ms is None or (at_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused):
                 self._onset_ms, self._speech_ms = at_ms, 0  # a new run; in a pause, speech goes on from the pause's
@@ -130,8 +143,10 @@ class InterruptionPolicy:
         if self._speech_end_ms - onset >= settings.confirm_after_ms:
             self._reset()
             return Confirm(onset)
-        silent_for = now_ms - self._speech_end_ms
-        if silent_for >= settings.resume_after_silence_ms or now_ms - self._paused_at_ms >= settings.max_pause_ms:
+        silent_for = now_ms - max(self._speech_end_ms, self._sound_end_ms)
+        said_ms = self._speech_end_ms - self._paused_onset_ms
+        resume_after = settings.resume_after_silence_ms if said_ms < settings.backchannel_max_ms else max(settings.gap_ms, settings.resume_after_silence_ms)
+        if silent_for >= resume_after or now_ms - self._paused_at_ms >= settings.max_pause_ms:
             verdict = Resume(self._paused_onset_ms, self._speech_ms, now_ms - self._paused_at_ms)
             self._reset()
             return verdict

@@ -54,8 +54,9 @@ class InterruptionJudge:
     def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
         """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
         near_db = level_db(pcm)
-        self.caller_speaking = self.gate.near_level(near_db) and near_db >= self.speech_db
-        return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible)
+        loud = near_db >= self.speech_db
+        self.caller_speaking = self.gate.near_level(near_db) and loud
+        return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible, quiet=not loud)
 
     def agent_stopped(self) -> None:
         """The reply ended or was cancelled some other way: nothing is paused."""

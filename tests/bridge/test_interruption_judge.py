@@ -93,6 +93,17 @@ def test_a_backchannel_pauses_and_resumes_the_reply_with_nothing_lost_or_repeate
     assert line.paused_ms[0] <= length_ms - 160 + 200 + 40, line.paused_ms
 
 
+@pytest.mark.parametrize(("from_ms", "echo_db"), [(1000, 20.0), (2000, 10.0), (2000, 20.0)])
+def test_a_caller_over_an_echo_the_gate_has_not_learnt_yet_is_still_confirmed(from_ms: int, echo_db: float) -> None:
+    """1 s into the reply over a 400 ms echo (the path not yet learnt): the caller's quieter syllables between the
+    peaks the gate hears must not teach it a smaller loss (it would hear them less and less), and the echo's tail
+    in the pause must not pass for silence (the reply would resume over them)."""
+    onset = REPLY_AT_MS + 1000
+    line = call([(onset, from_ms, 1500)], echo_db=echo_db, echo_delay_ms=400)
+    assert kinds(line)[:2] == [Pause, Confirm], line.verdicts
+    assert line.verdicts[0][0] - onset <= 300
+
+
 def test_a_cough_does_not_even_pause_it() -> None:
     line = call([(REPLY_AT_MS + 1000, 1500, 100)], echo_db=10)
     assert kinds(line) == [] and whole_reply(line)
