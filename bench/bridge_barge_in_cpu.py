@@ -27,7 +27,7 @@ import soxr  # noqa: E402
 
 from callbridge.bridge.bridge_barge_in import BridgeBargeIn  # noqa: E402
 from callbridge.bridge.echo_gate import level_db  # noqa: E402
-from callbridge.bridge.interruption import InterruptionSettings  # noqa: E402
+from callbridge.bridge.interruption_judge import BridgeBargeInSettings  # noqa: E402
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     for label, heard in (("the agent speaking", agent), ("the agent quiet", None)):
         costs = []
         for _ in range(args.calls):
-            part, speech = BridgeBargeIn(16000, InterruptionSettings(), speech_db=45.0), _Agent(heard)
+            part, speech = BridgeBargeIn(16000, BridgeBargeInSettings()), _Agent(heard)
             started = time.process_time()
             for k, frame in enumerate(frames):
                 part.caller_audio(frame, (k + 1) * 20, k * 20, speech, said_until_ms=(k + 1) * 20)  # type: ignore[arg-type]

@@ -359,7 +359,7 @@ class BargeInSettings(Section):
     see ``bench/RESULTS.md`` for what it gets right so far)."""
 
     mode: Literal["engine", "bridge"] = "engine"
-    pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 160
+    pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 100
     """``bridge``: the caller's speech over the agent this long pauses it."""
     confirm_after_ms: Annotated[int, Field(ge=20, le=5000)] = 600
     """``bridge``: speech this long from its onset confirms the barge-in (at least ``pause_after_ms``)."""
@@ -368,11 +368,17 @@ class BargeInSettings(Section):
     gap_ms: Annotated[int, Field(ge=20, le=2000)] = 200
     """``bridge``: a gap in the caller's speech shorter than this does not end it (between syllables, and where the
     echo hides their quieter ones)."""
+    backchannel_max_ms: Annotated[int, Field(ge=20, le=5000)] = 450
+    """``bridge``: the longest speech taken for a backchannel ("mm-hm"): past it, a pause resumes only after
+    ``gap_ms`` of quiet (the caller more likely between two words than done)."""
     max_pause_ms: Annotated[int, Field(ge=100, le=10_000)] = 1500
     """``bridge``: no pause lasts longer (at least ``confirm_after_ms``)."""
     speech_db: Annotated[float, Field(ge=0, le=90)] = 45.0
     """``bridge``: a frame of the caller's at least this loud (20·log10 of its RMS in PCM16 units; speech is about
     60–75) may be speech, once the agent's echo is taken out."""
+    below_caller_db: Annotated[float, Field(ge=3, le=60)] = 15.0
+    """``bridge``: once the caller has spoken, a sound more than this under their own level (their turn's loud
+    frames) is not theirs — a voice across the room, a television — and counts as quiet in a pause."""
 
     @model_validator(mode="after")
     def _in_order(self) -> BargeInSettings:

@@ -3,8 +3,15 @@ what the application answers (``AssistantReply``), how the two trust each other 
 the bridge reaches it (a webhook or a Python module: ``hooks``). Imports nothing of the bridge: an application
 imports this package alone."""
 
-from callbridge.application.assistant import AssistantConfig, AssistantReply, Tool, ToolResult, TurnTaking
+from callbridge.application.assistant import (
+    AssistantConfig,
+    AssistantReply,
+    BargeInTaking,
+    Tool,
+    ToolResult,
+    TurnTaking,
+)
 from callbridge.application.context import CallContext
 from callbridge.application.signing import SIGNATURE_HEADER, sign, verify_signature
 
-__all__ = ["SIGNATURE_HEADER", "AssistantConfig", "AssistantReply", "CallContext", "Tool", "ToolResult", "TurnTaking", "sign", "verify_signature"]
+__all__ = ["SIGNATURE_HEADER", "AssistantConfig", "AssistantReply", "BargeInTaking", "CallContext", "Tool", "ToolResult", "TurnTaking", "sign", "verify_signature"]

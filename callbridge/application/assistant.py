@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, HttpUrl, JsonValue, model_val
 
 __all__ = [
     "BRIDGE_SESSION_OPTIONS",
+    "BargeInTaking",
     "BRIDGE_TOOLS",
     "ENGINE_OPTIONS_MAX_BYTES",
     "AssistantConfig",
@@ -68,9 +69,31 @@ class ToolResult(BaseModel):
         return self
 
 
+class BargeInTaking(BaseModel):
+    """Who decides that the caller interrupted the agent on this call, and how (the bridge's ``[barge_in]``). A
+    field left out keeps the configured value; times out of order with the configured ones are ignored (logged)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["engine", "bridge"] | None = None
+    """``engine``: the engine's VAD stops the agent on the first speech it hears over a reply. ``bridge``: the
+    bridge pauses the agent, then confirms the barge-in or resumes the reply (not for its own echo, a cough or an
+    "mm-hm")."""
+    pause_after_ms: int | None = Field(default=None, ge=20, le=2000)
+    confirm_after_ms: int | None = Field(default=None, ge=20, le=5000)
+    """Longer for a caller who backchannels a lot, shorter for a snappier stop."""
+    resume_after_silence_ms: int | None = Field(default=None, ge=20, le=2000)
+    gap_ms: int | None = Field(default=None, ge=20, le=2000)
+    backchannel_max_ms: int | None = Field(default=None, ge=20, le=5000)
+    max_pause_ms: int | None = Field(default=None, ge=100, le=10_000)
+    speech_db: float | None = Field(default=None, ge=0, le=90)
+    below_caller_db: float | None = Field(default=None, ge=3, le=60)
+    """Lower on a line with voices in the room (a shop, a car with passengers)."""
+
+
 class TurnTaking(BaseModel):
-    """How the engine's voice activity detection takes the caller's turns on this call (vllm-omni's ``server_vad``).
-    A field left out keeps the engine's default."""
+    """How the engine's voice activity detection takes the caller's turns on this call (vllm-omni's ``server_vad``),
+    and who decides a barge-in (``barge_in``). A field left out keeps the engine's default."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -81,6 +104,8 @@ class TurnTaking(BaseModel):
     """How sure the VAD must be that it hears speech (default 0.5): higher on noisy lines."""
     prefix_padding_ms: int | None = Field(default=None, ge=0, le=2000)
     """Audio kept from before the speech was detected (default 300)."""
+    barge_in: BargeInTaking | None = None
+    """Who decides barge-in on this call, and its thresholds (``[barge_in]``'s, field by field)."""
 
 
 class AssistantConfig(BaseModel):

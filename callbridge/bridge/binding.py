@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from callbridge.bridge.interruption_judge import BargeInChoice
 from callbridge.bridge.lifecycle import Bind, BindSource
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.engine.events import Capabilities
@@ -39,6 +40,8 @@ class AgentSetup:
     ``max_call_ms``."""
     turn_silence_ms: int | None = None
     """The session's ``server_vad`` silence where the call's assistant set its own."""
+    barge_in: BargeInChoice | None = None
+    """Who decides barge-in where the call's assistant chose (``turn_taking.barge_in``); None: ``CallOptions``'s."""
 
 
 @dataclass(frozen=True, slots=True)

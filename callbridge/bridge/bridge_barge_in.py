@@ -28,8 +28,8 @@ from collections import deque
 from typing import Final, Protocol
 
 from callbridge.bridge.agent_speech import AgentSpeech
-from callbridge.bridge.interruption import Confirm, InterruptionPolicy, InterruptionSettings, Pause, Resume
-from callbridge.bridge.interruption_judge import InterruptionJudge
+from callbridge.bridge.interruption import Confirm, InterruptionPolicy, Pause, Resume
+from callbridge.bridge.interruption_judge import BargeInChoice, BridgeBargeInSettings, InterruptionJudge
 from callbridge.engine.commands import AppendAudio, BargeIn, EngineCommand
 from callbridge.engine.errors import ErrorCode
 
@@ -74,9 +74,9 @@ class EngineBargeIn:
 class BridgeBargeIn:
     """``barge_in.mode = "bridge"``: see the module docstring."""
 
-    def __init__(self, rate_hz: int, policy: InterruptionSettings, *, speech_db: float) -> None:
+    def __init__(self, rate_hz: int, settings: BridgeBargeInSettings) -> None:
         self.rate_hz = rate_hz
-        self.judge = InterruptionJudge(InterruptionPolicy(policy), speech_db=speech_db)
+        self.judge = InterruptionJudge(InterruptionPolicy(settings.policy), speech_db=settings.speech_db, below_caller_db=settings.below_caller_db)
         self._kept: deque[tuple[int, bytes]] = deque()
         """The caller's recent audio: (its start on the input timeline, PCM16), oldest first."""
         self._audible_until_ms = -_ECHO_TAIL_MS
@@ -103,6 +103,9 @@ class BridgeBargeIn:
                 judge.gate.idle()  # the agent neither heard nor echoing: nothing to judge (and no work while it is quiet)
                 sent += piece
                 continue
+            if frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS and not judge.policy.paused:
+                # a reply starts: the caller's line since the last one (their turn) says how loud they speak
+                judge.caller_said(self._since(self._audible_until_ms + _ECHO_TAIL_MS), self.rate_hz)
             judge.heard_level(heard_db)
             verdict = judge.caller(piece, frame_at_ms)
             if judge.agent_audible and not self._confirmed:
@@ -149,6 +152,7 @@ class BridgeBargeIn:
         return b"".join(pieces)
 
 
-def barge_in_decider(rate_hz: int, policy: InterruptionSettings | None, *, speech_db: float) -> BargeInDecider:
-    """The stream's decider: the bridge's where ``policy`` is set (``CallOptions.bridge_barge_in``), else the engine's."""
-    return BridgeBargeIn(rate_hz, policy, speech_db=speech_db) if policy is not None else EngineBargeIn(rate_hz)
+def barge_in_decider(rate_hz: int, choice: BargeInChoice) -> BargeInDecider:
+    """The stream's decider: the bridge's with its settings (``CallOptions.barge_in``, or the call's assistant's
+    ``AgentSetup.barge_in``), or the engine's."""
+    return EngineBargeIn(rate_hz) if choice == "engine" else BridgeBargeIn(rate_hz, choice)

@@ -144,7 +144,7 @@ class CallSession:
         self.turns = AgentTurns(AgentActions(options.call_actions, options.transfer_targets), options.turn_silence_ms, self.speech, self._out)
         self._limits = StreamLimits(options.first_message_timeout_ms, options.idle_timeout_ms, options.max_call_ms)
         """The limits no message enforces (``bridge/limits.py``)."""
-        self.barge_in = barge_in_decider(options.engine_rate_hz, options.bridge_barge_in, speech_db=options.barge_in_speech_db)
+        self.barge_in = barge_in_decider(options.engine_rate_hz, options.barge_in)
 
     @property
     def state(self) -> CallState:
@@ -181,8 +181,8 @@ class CallSession:
         self.phase.go(Trigger.ENGINE_BOUND)
         agent = binding.agent
         self.turns.bound(agent, now_ms)
-        if agent.call_ends_at_ms is not None:
-            self._limits.call_ends_at(agent.call_ends_at_ms)
+        self._limits.call_ends_at(agent.call_ends_at_ms)
+        self.barge_in = barge_in_decider(self.options.engine_rate_hz, agent.barge_in) if agent.barge_in else self.barge_in  # its assistant's
         if agent.record:
             self.speech.ledger.recorder = self.caller.record_from(now_ms, self.speech.audio)
         self.speech.bound(binding, now_ms, hold_tells_ms=TAKEOVER_TELLS_HELD_MS)

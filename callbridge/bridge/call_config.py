@@ -5,18 +5,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import structlog
+from pydantic import ValidationError
+
 from callbridge.application import AssistantConfig
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call import CallOptions, DtmfMode
 from callbridge.bridge.interruption import InterruptionSettings
+from callbridge.bridge.interruption_judge import BargeInChoice, BridgeBargeInSettings
 from callbridge.bridge.turns import SilencePolicy
-from callbridge.config import Settings, model_calls_tools
+from callbridge.config import BargeInSettings, Settings, model_calls_tools
 from callbridge.engine.port import SessionConfig, TurnDetection
+
+_log = structlog.get_logger("callbridge.bridge")
 
 __all__ = [
     "agent_setup",
+    "barge_in_choice",
     "assistant_source",
     "call_options",
     "greeting",
@@ -44,19 +51,27 @@ def call_options(settings: Settings) -> CallOptions:
         idle_timeout_ms=int(server.idle_timeout_s * 1000),
         max_call_ms=int(server.max_call_duration_s * 1000) if server.max_call_duration_s else None,
         turn_silence_ms=TurnDetection().silence_duration_ms,  # the session's (``session_config``)
-        bridge_barge_in=_bridge_barge_in(settings),
-        barge_in_speech_db=settings.barge_in.speech_db,
+        barge_in=barge_in_choice(settings),
     )
 
 
-def _bridge_barge_in(settings: Settings) -> InterruptionSettings | None:
+def barge_in_choice(settings: Settings, assistant: AssistantConfig | None = None) -> BargeInChoice:
+    """Who decides barge-in on a call (``[barge_in]``), each field the call's assistant set in
+    ``turn_taking.barge_in`` taking its place."""
+    chosen = assistant.turn_taking.barge_in if assistant is not None and assistant.turn_taking is not None else None
     barge_in = settings.barge_in
+    if chosen is not None:
+        try:
+            barge_in = BargeInSettings.model_validate({**barge_in.model_dump(), **chosen.model_dump(exclude_none=True)})
+        except ValidationError as exc:  # its times out of order with the configured ones
+            _log.warning("assistant_barge_in_ignored", reason=str(exc.errors()[0]["msg"]))
     if barge_in.mode != "bridge":
-        return None
-    return InterruptionSettings(
-        pause_after_ms=barge_in.pause_after_ms, confirm_after_ms=barge_in.confirm_after_ms,
-        resume_after_silence_ms=barge_in.resume_after_silence_ms, max_pause_ms=barge_in.max_pause_ms, gap_ms=barge_in.gap_ms,
+        return "engine"
+    policy = InterruptionSettings(
+        pause_after_ms=barge_in.pause_after_ms, confirm_after_ms=barge_in.confirm_after_ms, gap_ms=barge_in.gap_ms,
+        resume_after_silence_ms=barge_in.resume_after_silence_ms, max_pause_ms=barge_in.max_pause_ms, backchannel_max_ms=barge_in.backchannel_max_ms,
     )  # fmt: skip
+    return BridgeBargeInSettings(policy, speech_db=barge_in.speech_db, below_caller_db=barge_in.below_caller_db)
 
 
 def session_config(settings: Settings, assistant: AssistantConfig | None = None) -> SessionConfig:
@@ -89,7 +104,7 @@ def turn_detection(assistant: AssistantConfig | None) -> TurnDetection:
     taking = assistant.turn_taking if assistant is not None else None
     if taking is None:
         return TurnDetection()
-    return replace(TurnDetection(), **{name: value for name, value in taking.model_dump().items() if value is not None})
+    return replace(TurnDetection(), **taking.model_dump(exclude_none=True, exclude={"barge_in"}))
 
 
 def greeting(settings: Settings, assistant: AssistantConfig | None = None, *, recorded: bool = False) -> str | None:
@@ -138,6 +153,7 @@ def agent_setup(
         record=records and recordable,
         call_ends_at_ms=call_ends_at_ms,
         turn_silence_ms=turn_detection(assistant).silence_duration_ms,
+        barge_in=barge_in_choice(settings, assistant) if assistant is not None and assistant.turn_taking is not None and assistant.turn_taking.barge_in is not None else None,
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from callbridge.bridge.interruption import InterruptionSettings
+from callbridge.bridge.interruption_judge import BargeInChoice
 from callbridge.codecs import ResamplerQuality
 
 __all__ = ["CallOptions", "DtmfMode"]
@@ -41,10 +41,9 @@ class CallOptions:
     """A started stream that sends nothing this long is taken for dropped (the session waits for the next one)."""
     max_call_ms: int | None = 14_400_000
     """A stream is ended this long after ``connected`` (None: no limit)."""
-    bridge_barge_in: InterruptionSettings | None = None
-    """``barge_in.mode = "bridge"``: the bridge decides barge-in with these (``bridge/bridge_barge_in.py``); None:
-    the engine does."""
-    barge_in_speech_db: float = 45.0
+    barge_in: BargeInChoice = "engine"
+    """Who decides barge-in (``barge_in.mode``): the engine, or the bridge with these settings
+    (``bridge/bridge_barge_in.py``). A call's assistant may choose otherwise (``AgentSetup.barge_in``)."""
     turn_silence_ms: int = 500
     """The session's ``server_vad`` silence: a ``SpeechStopped``'s ``audio_end_ms`` includes it (as OpenAI's Realtime
     and the embedded engine give it), so the caller stopped this much earlier (the turn's latency counts it)."""

@@ -31,18 +31,25 @@ Used by bridge-mode barge-in (``bridge/interruption_judge.py``, ``bridge/bridge_
 
 from __future__ import annotations
 
-import audioop
 import math
+import warnings
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
+with warnings.catch_warnings():  # deprecated in 3.11/3.12 (PEP 594), restored by audioop-lts on 3.13+ (as codecs.g711)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
 
 __all__ = ["EchoGate", "EchoGateSettings", "level_db"]
 
 _LEARNT_FROM_FRAMES = 35
 """The echo path is learnt from at least this many far-end frames of the agent heard, each with its near-end frame
 (0.7 s at 20 ms): fewer let a chance likeness of two envelopes pass for the path."""
+_LINE_HEARD_FROM_FRAMES = 10
+"""The loss with no path (90th percentiles of the line's level) is learnt once at every lag this many near-end frames
+(0.2 s) had the agent heard that long before them."""
 _DOUBLE_TALK_REACH = 5
 """Frames either side of one the gate took for the caller's that are not learnt from (100 ms at 20 ms)."""
 _STRAY_ALLOWANCE_DB = 1.0
@@ -101,6 +108,8 @@ class EchoGate:
         self.margin_db = self.settings.unlearnt_margin_db
         """How far above the echo's bound a frame must be to be the caller's: ``unlearnt_margin_db`` until the path
         is learnt, then what the line's echo strays above it (``least_margin_db`` to ``margin_db``)."""
+        self._line_heard = False
+        """Whether the loss with no path has been learnt (``_LINE_HEARD_FROM_FRAMES``)."""
         self._loss_any_lag_db = 0.0
         """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
         ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
@@ -134,7 +143,10 @@ class EchoGate:
         self._near.append(near_db)
         self._theirs.append(theirs)
         self._since_estimate += 1
-        every = self._estimate_every if self.delay_frames is None else self._estimate_known_every
+        if self._line_heard:
+            every = self._estimate_every if self.delay_frames is None else self._estimate_known_every
+        else:  # nothing known of the line yet: every frame judged on the loudest echo looked for, so learn sooner
+            every = max(1, self._estimate_every // 2)
         if self._since_estimate >= every:
             self._since_estimate = 0
             self._learn()
@@ -157,7 +169,7 @@ class EchoGate:
         near-end frames the gate took for echo (the caller's own frames would teach it the caller, not the path).
         Kept as it was where the window says too little. All lags at once, as one array."""
         count = min(len(self._near), len(self._far) - self._max_lag)  # the newest near-end frames with every lag behind
-        if count < 2 * self._estimate_every:
+        if count < self._estimate_every:
             return
         settings = self.settings
         near = np.fromiter(self._near, dtype=np.float64)[-count:]
@@ -174,14 +186,16 @@ class EchoGate:
         sx, sy = x.sum(axis=1), y.sum(axis=1)
         spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
         enough = (n >= _LEARNT_FROM_FRAMES) & (spread > 0)
-        # the line's loss, path or none: how far its loud end (90th percentile) stays below the agent's typical level
-        # in the range — a line with no echo learns it has little to fear, a line with one about its loss, never much
-        # more (the loudest far-end frame in the range is about the agent's loud end, above most echo frames' source)
-        loudest = far.max(axis=0)
-        heard = (loudest >= settings.far_active_db) & echo_only
-        if heard.sum() >= _LEARNT_FROM_FRAMES:
-            typical = float(np.median(loudest[heard]))
-            self._loss_any_lag_db = typical - float(np.percentile(near[heard], 90))
+        # the line's loss, path or none: how far its loud end stays below the agent's typical level — at each lag, the
+        # 90th percentile of the near end where the agent was heard that long before, and the loudest of those (the
+        # echo's own lag among them: where its source was silent, after a pause or a reply's start, is not counted).
+        # A line with no echo learns it has little to fear, a line with one about its loss; learnt once every lag
+        # has been heard enough
+        if (n >= _LINE_HEARD_FROM_FRAMES).all():
+            self._line_heard = True
+            loudest = far.max(axis=0)  # the bound's own reference: the loudest the caller heard in the range
+            typical = float(np.median(loudest[loudest >= settings.far_active_db]))
+            self._loss_any_lag_db = typical - float(np.nanpercentile(np.where(used, near, np.nan), 90, axis=1).max())
         if not enough.any():
             return
         correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)

@@ -9,7 +9,8 @@ agent's echo is taken out; ``speech`` below), while the agent is audible to the 
   quieter ones; in a pause, any gap short of a resume) that lasts ``pause_after_ms`` over the agent **pauses** it:
   the carrier's buffer is cleared and nothing more is sent, the rest of the reply kept (``PlayoutLedger.pause``);
 - the run reaching ``confirm_after_ms`` from its onset **confirms** the barge-in: the engine is told (``barge_in``,
-  the heard position), and the caller's words from the onset go to it whole;
+  the heard position), and the caller's words from the onset go to it whole (from the onset of a pause resumed
+  just before, where there was one: ``_REJOIN_MS``);
 - a quiet line for ``resume_after_silence_ms`` before that (for ``gap_ms`` once the caller has said more than a
   backchannel, ``backchannel_max_ms``) **resumes** the reply where the caller stopped hearing it
   (``PlayoutLedger.resume``: a backchannel, a cough that got past the pause); so does a pause that outlives
@@ -32,10 +33,16 @@ from dataclasses import dataclass
 
 __all__ = ["Confirm", "InterruptionPolicy", "InterruptionSettings", "Pause", "Resume", "Verdict"]
 
+_REJOIN_MS = 600
+"""Speech this soon after a resume goes on from what paused the agent before (the caller was between two phrases:
+"No, — no, I need Tuesday"): it pauses the agent at once; it confirms once the two together reach
+``confirm_after_ms + pause_after_ms`` of speech (and it ``pause_after_ms``), or it alone ``confirm_after_ms``; and the
+engine is sent the words from the first one's onset."""
+
 
 @dataclass(frozen=True, slots=True)
 class InterruptionSettings:
-    pause_after_ms: int = 160
+    pause_after_ms: int = 100
     """Speech over the agent for this long (from its onset) pauses the agent."""
     confirm_after_ms: int = 600
     """Speech for this long from its onset confirms the barge-in (the backchannels measured for #41: 280–460 ms)."""
@@ -109,6 +116,10 @@ class InterruptionPolicy:
         self._paused_at_ms = 0
         self._paused_onset_ms = 0
         """The onset of the run that paused the agent (later runs in the pause may start anew, short of a gap)."""
+        self._resumed: tuple[int, int, int] | None = None
+        """The last resume: when, and the onset and speech (ms) of what paused the agent then (``_REJOIN_MS``)."""
+        self._rejoined: tuple[int, int] | None = None
+        """This run began soon after a resume: the onset and speech of what paused the agent before it."""
 
     @property
     def paused(self) -> bool:
@@ -122,16 +133,23 @@ class InterruptionPolicy:
         end_ms = at_ms + ms
         if speech or quiet is False:
             self._sound_end_ms = end_ms
+        if not agent_audible and not self.paused:
+            self._onset_ms = None  # speech over the agent counts from when the caller hears it
+            return None
         if speech:
             if self._onset_ms is None or (at_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused):
                 self._onset_ms, self._speech_ms = at_ms, 0  # a new run; in a pause, speech goes on from the pause's
+                resumed = self._resumed
+                self._rejoined = resumed[1:] if resumed is not None and at_ms - resumed[0] <= _REJOIN_MS else None
             self._speech_ms += ms
             self._speech_end_ms = end_ms
         elif self._onset_ms is not None and end_ms - self._speech_end_ms >= self.settings.gap_ms and not self.paused:
             self._onset_ms = None  # the run is over, short of a pause
         if self.paused:
             return self._while_paused(end_ms)
-        if not agent_audible or self._onset_ms is None or end_ms - self._onset_ms < self.settings.pause_after_ms or not speech:
+        if self._onset_ms is None or not speech:
+            return None
+        if end_ms - self._onset_ms < self.settings.pause_after_ms and self._rejoined is None:
             return None
         self._state, self._paused_at_ms, self._paused_onset_ms = _State.PAUSED, end_ms, self._onset_ms
         return Pause(self._onset_ms)
@@ -140,14 +158,20 @@ class InterruptionPolicy:
         onset = self._onset_ms
         assert onset is not None
         settings = self.settings
-        if self._speech_end_ms - onset >= settings.confirm_after_ms:
+        rejoined = self._rejoined
+        if self._speech_end_ms - onset >= settings.confirm_after_ms or (
+            rejoined is not None and rejoined[1] + self._speech_ms >= settings.confirm_after_ms + settings.pause_after_ms
+            and self._speech_ms >= settings.pause_after_ms
+        ):  # fmt: skip
             self._reset()
-            return Confirm(onset)
+            return Confirm(onset if rejoined is None else rejoined[0])  # what paused the agent before was their start
         silent_for = now_ms - max(self._speech_end_ms, self._sound_end_ms)
         said_ms = self._speech_end_ms - self._paused_onset_ms
         resume_after = settings.resume_after_silence_ms if said_ms < settings.backchannel_max_ms else max(settings.gap_ms, settings.resume_after_silence_ms)
         if silent_for >= resume_after or now_ms - self._paused_at_ms >= settings.max_pause_ms:
             verdict = Resume(self._paused_onset_ms, self._speech_ms, now_ms - self._paused_at_ms)
+            before = self._rejoined
+            self._resumed = (now_ms, self._paused_onset_ms, self._speech_ms) if before is None else (now_ms, before[0], before[1] + self._speech_ms)
             self._reset()
             return verdict
         return None
@@ -155,6 +179,7 @@ class InterruptionPolicy:
     def agent_stopped(self) -> None:
         """The agent's reply is over or cancelled some other way (its end, a hang-up): nothing is paused any more."""
         self._reset()
+        self._resumed = None
 
     def _reset(self) -> None:
-        self._state, self._onset_ms, self._speech_ms = _State.LISTENING, None, 0
+        self._state, self._onset_ms, self._speech_ms, self._rejoined = _State.LISTENING, None, 0, None

@@ -4,8 +4,9 @@ one call, fed the two sides of the line frame by frame.
 ``heard(pcm)`` takes each frame the caller heard (the agent, or silence while it is quiet or paused), ``caller(pcm,
 at_ms)`` each frame the caller's line sent, in step; ``caller`` answers with the policy's verdict (``Pause``,
 ``Resume``, ``Confirm``) or None. A frame counts as the caller's speech where the echo gate finds more in it than
-the agent's echo (``EchoGate``) and it is at least ``speech_db`` loud; the agent is audible while the caller heard
-it within ``audible_gap_ms`` (or it is paused: the reply is held, not over).
+the agent's echo (``EchoGate``) and it is at least ``speech_db`` loud — and, once their own level is known from a
+turn of theirs (``caller_said``), no more than ``below_caller_db`` under it; the agent is audible while the caller
+heard it within ``audible_gap_ms`` (or it is paused: the reply is held, not over).
 
 Energy stands in for a VAD here: the engine's VAD still decides the caller's turns; this only decides whether
 sound over the agent stops it. ``bridge/bridge_barge_in.py`` feeds it in a call and acts on its verdicts.
@@ -13,10 +14,32 @@ sound over the agent stops it. ``bridge/bridge_barge_in.py`` feeds it in a call 
 
 from __future__ import annotations
 
-from callbridge.bridge.echo_gate import EchoGate, level_db
-from callbridge.bridge.interruption import InterruptionPolicy, Verdict
+from dataclasses import dataclass, field
+from typing import Final, Literal
 
-__all__ = ["InterruptionJudge"]
+import numpy as np
+
+from callbridge.bridge.echo_gate import EchoGate, level_db
+from callbridge.bridge.interruption import InterruptionPolicy, InterruptionSettings, Verdict
+
+__all__ = ["BargeInChoice", "BridgeBargeInSettings", "InterruptionJudge"]
+
+_LEVEL_FROM_FRAMES: Final = 10
+"""The caller's level is measured from at least this many loud frames of their turn (0.2 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeBargeInSettings:
+    """``barge_in.mode = "bridge"`` on one call: the policy's times and the judge's levels (``[barge_in]``, or the
+    call's assistant's ``turn_taking.barge_in``)."""
+
+    policy: InterruptionSettings = field(default_factory=InterruptionSettings)
+    speech_db: float = 45.0
+    below_caller_db: float = 15.0
+
+
+BargeInChoice = BridgeBargeInSettings | Literal["engine"]
+"""Who decides barge-in on a call: the bridge, with these settings, or the engine."""
 
 
 class InterruptionJudge:
@@ -26,11 +49,16 @@ class InterruptionJudge:
         gate: EchoGate | None = None,
         *,
         speech_db: float = 45.0,
+        below_caller_db: float = 15.0,
         audible_gap_ms: int = 200,
     ) -> None:
         self.policy = policy or InterruptionPolicy()
         self.gate = gate or EchoGate()
         self.speech_db = speech_db
+        self.below_caller_db = below_caller_db
+        self.caller_db: float | None = None
+        """How loud the caller speaks (``caller_said``); None: not heard yet."""
+        self._floor_db = speech_db
         self.frame_ms = self.gate.settings.frame_ms
         self._audible_frames = max(1, audible_gap_ms // self.frame_ms)
         self._since_heard = self._audible_frames  # not heard yet
@@ -51,10 +79,21 @@ class InterruptionJudge:
     def agent_audible(self) -> bool:
         return self._since_heard < self._audible_frames or self.policy.paused
 
+    def caller_said(self, pcm: bytes, rate_hz: int) -> None:
+        """The caller's line while the agent was quiet (their last turn, PCM16 at ``rate_hz``): how loud they speak —
+        the 90th percentile of its frames at ``speech_db`` or more, where there are at least ten. From then on a
+        sound more than ``below_caller_db`` under that is not theirs (a voice across the room, a television), and
+        counts as quiet in a pause."""
+        size = rate_hz * 2 * self.frame_ms // 1000
+        loud = [db for k in range(0, len(pcm) - size + 1, size) if (db := level_db(pcm[k : k + size])) >= self.speech_db]
+        if len(loud) >= _LEVEL_FROM_FRAMES:
+            self.caller_db = float(np.percentile(loud, 90))
+            self._floor_db = max(self.speech_db, self.caller_db - self.below_caller_db)
+
     def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
         """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
         near_db = level_db(pcm)
-        loud = near_db >= self.speech_db
+        loud = near_db >= self._floor_db
         self.caller_speaking = self.gate.near_level(near_db) and loud
         return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible, quiet=not loud)
 

@@ -60,8 +60,10 @@ class StreamLimits:
         if self.due_ms is not None:
             self.due_ms = min(self.due_ms, now_ms + self.idle_timeout_ms)
 
-    def call_ends_at(self, at_ms: int) -> None:
-        """The call's assistant limits its length: it ends at ``at_ms``."""
+    def call_ends_at(self, at_ms: int | None) -> None:
+        """The call's assistant limits its length: it ends at ``at_ms`` (None: it sets no limit)."""
+        if at_ms is None:
+            return
         self.call_ends_at_ms = at_ms
         self.due_ms = at_ms if self.due_ms is None else min(self.due_ms, at_ms)
 

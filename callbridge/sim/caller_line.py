@@ -1,6 +1,7 @@
 """What the simulated caller's line adds to what the caller says (``CallerScript.echo_db``, ``backchannels_ms``): the
-agent's own voice coming back — a speakerphone, a PBX without echo cancelling — and short "go on" sounds over the
-agent. PCM16 8 kHz, one 20 ms frame at a time, from what the caller heard (``CallResult.heard``)."""
+agent's own voice coming back — a speakerphone, a PBX without echo cancelling — short "go on" sounds over the
+agent, line noise, and the telephone network's band (300–3400 Hz). PCM16 8 kHz, one 20 ms frame at a time, from
+what the caller heard (``CallResult.heard``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Final
 
 import numpy as np
 
-__all__ = ["FRAME_BYTES", "LineNoise", "backchannel_piece", "echo_of", "mixed"]
+__all__ = ["FRAME_BYTES", "LineNoise", "TelephoneBand", "backchannel_piece", "echo_of", "mixed"]
 
 FRAME_BYTES: Final = 320
 """20 ms of PCM16 at 8 kHz."""
@@ -55,3 +56,21 @@ class LineNoise:
         noise = self._rng.normal(0.0, self._rms, FRAME_BYTES // 2)
         return np.clip(noise, -32768, 32767).astype("<i2").tobytes()
 
+
+
+class TelephoneBand:
+    """The telephone network's band, 300–3400 Hz, on a stream of 20 ms frames: each frame filtered with the one
+    before it (an FFT mask over both, the newer half kept), so the frames' edges do not click."""
+
+    def __init__(self, low_hz: float = 300.0, high_hz: float = 3400.0) -> None:
+        samples = FRAME_BYTES // 2
+        freqs = np.fft.rfftfreq(2 * samples, 1 / 8000)
+        self._mask = (freqs >= low_hz) & (freqs <= high_hz)
+        self._before = np.zeros(samples)
+
+    def frame(self, pcm: bytes) -> bytes:
+        now = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
+        both = np.concatenate([self._before, now])
+        self._before = now
+        filtered = np.fft.irfft(np.fft.rfft(both) * self._mask, len(both))[len(now) :]
+        return np.clip(filtered, -32768, 32767).astype("<i2").tobytes()

@@ -14,7 +14,9 @@ from callbridge.application import AssistantConfig, AssistantReply, CallContext,
 from callbridge.application.context import allowed_parameters, e164
 from callbridge.application.hooks import ApplicationFailed, AssistantSource, load_module
 from callbridge.bridge.answer_policy import AnswerDecision, AnswerFact, AnswerKind, answer_step
-from callbridge.bridge.call_config import session_config, silence_policy
+from callbridge.bridge.call_config import agent_setup, barge_in_choice, session_config, silence_policy
+from callbridge.bridge.interruption import InterruptionSettings
+from callbridge.bridge.interruption_judge import BridgeBargeInSettings
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.config import Settings
 
@@ -180,6 +182,28 @@ def test_the_assistant_sets_its_calls_turn_taking_field_by_field() -> None:
     for wrong in ({"silence_duration_ms": 50}, {"threshold": 1.0}, {"prefix_padding_ms": -1}, {"eagerness": "high"}):
         with pytest.raises(ValidationError):
             AssistantConfig.model_validate({"turn_taking": wrong})
+
+
+def test_the_assistant_chooses_who_decides_barge_in_on_its_call_field_by_field() -> None:
+    """``turn_taking.barge_in``: the mode and each threshold over ``[barge_in]``; left out, the configured; times out
+    of order with the configured ones are ignored (the configured kept, logged), never a call that fails."""
+    bridge = Settings.model_validate({"barge_in": {"mode": "bridge", "confirm_after_ms": 700}})
+    assert barge_in_choice(Settings()) == "engine" and barge_in_choice(Settings(), AssistantConfig()) == "engine"
+    chosen = barge_in_choice(Settings(), AssistantConfig.model_validate({"turn_taking": {"barge_in": {"mode": "bridge", "below_caller_db": 10}}}))
+    assert isinstance(chosen, BridgeBargeInSettings) and chosen.below_caller_db == 10 and chosen.policy == InterruptionSettings()
+    mine = barge_in_choice(bridge, AssistantConfig.model_validate({"turn_taking": {"barge_in": {"pause_after_ms": 200}}}))
+    assert isinstance(mine, BridgeBargeInSettings) and (mine.policy.pause_after_ms, mine.policy.confirm_after_ms) == (200, 700)
+    assert barge_in_choice(bridge, AssistantConfig.model_validate({"turn_taking": {"barge_in": {"mode": "engine"}}})) == "engine"
+    out_of_order = AssistantConfig.model_validate({"turn_taking": {"barge_in": {"pause_after_ms": 900}}})  # over confirm's 700
+    assert barge_in_choice(bridge, out_of_order) == barge_in_choice(bridge)
+    setup = agent_setup(bridge, out_of_order, new_session=True, recordable=False, call_ends_at_ms=None)
+    assert setup.barge_in == barge_in_choice(bridge)  # the call's choice goes to its stream
+    assert agent_setup(bridge, AssistantConfig(), new_session=True, recordable=False, call_ends_at_ms=None).barge_in is None  # the options'
+    # the engine's session is the same either way: the VAD's fields only
+    assert session_config(Settings(), out_of_order).turn_detection == session_config(Settings()).turn_detection
+    for wrong in ({"mode": "both"}, {"pause_after_ms": 5}, {"below_caller_db": 1}, {"threshold": 0.5}):
+        with pytest.raises(ValidationError):
+            AssistantConfig.model_validate({"turn_taking": {"barge_in": wrong}})
 
 
 AURA = {"kind": "realtime", "urls": ["ws://gpu:8091"], "model": "AURA-Omni", "extra_body": {"tts_speaker": "Vivian", "tts_language": "Chinese"}}

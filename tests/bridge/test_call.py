@@ -12,6 +12,7 @@ import pytest
 
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall
 from callbridge.bridge.binding import AgentSetup, EngineBinding
+from callbridge.bridge.bridge_barge_in import BridgeBargeIn, EngineBargeIn
 from callbridge.bridge.call import TAKEOVER_TELLS_HELD_MS, CallOptions, CallSession, CallState, DtmfMode
 from callbridge.bridge.call_outputs import (
     BargeInFlushed,
@@ -28,6 +29,7 @@ from callbridge.bridge.call_outputs import (
 )
 from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.inbound import TIMESTAMPS_AHEAD_MS
+from callbridge.bridge.interruption_judge import BridgeBargeInSettings
 from callbridge.bridge.turns import SilencePolicy
 from callbridge.carriers.base import HangUp, ProtocolErrorReason, UnknownCarrierEvent
 from callbridge.carriers.twilio.wire import TwilioCodec
@@ -192,6 +194,15 @@ class TestInbound:
         left = np.frombuffer(chunks, dtype="<i2")[0::2]
         received = np.frombuffer(ulaw_to_pcm16(b"".join(frames)), dtype="<i2")
         assert len(left) == len(received) and np.array_equal(left, received)
+
+    def test_the_calls_assistant_chooses_who_decides_barge_in_on_its_stream(self) -> None:
+        """``AgentSetup.barge_in`` (``turn_taking.barge_in``) over the options' at the bind; None keeps theirs."""
+        assert isinstance(Harness().live().call.barge_in, EngineBargeIn)
+        chosen = BridgeBargeInSettings(below_caller_db=10)
+        h = Harness().live(barge_in=chosen)
+        assert isinstance(h.call.barge_in, BridgeBargeIn) and h.call.barge_in.judge.below_caller_db == 10
+        h.receive(media(caller_frame(), timestamp="0"))
+        assert all(c.overlap is None for c in h.of(AppendAudio))  # the agent is quiet: nothing marked
 
     def test_timestamp_gap_is_filled_with_silence(self) -> None:
         h = Harness().live()

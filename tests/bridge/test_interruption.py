@@ -30,7 +30,7 @@ def run(speech: list[tuple[int, int]], *, until_ms: int = 4000, audible_until_ms
 
 def test_a_click_or_a_short_cough_never_pauses_the_agent() -> None:
     assert run([(320, 384)]) == []  # two frames
-    assert run([(320, 448)]) == []  # four: 128 ms, under the pause
+    assert run([(320, 416)]) == []  # three: 96 ms, under the pause (100 ms)
 
 
 def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing() -> None:
@@ -38,7 +38,7 @@ def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing() ->
     assert [type(v) for _, v in verdicts] == [Pause, Resume]
     (paused_at, pause), (resumed_at, resume) = verdicts
     assert isinstance(pause, Pause) and isinstance(resume, Resume)
-    assert pause.onset_ms == 640 and paused_at - 640 <= 160 + FRAME_MS
+    assert pause.onset_ms == 640 and paused_at - 640 <= 100 + FRAME_MS
     assert resume.speech_ms == 416 and resumed_at - 1056 <= 120 + FRAME_MS
     assert resume.paused_ms == resumed_at - paused_at
 
@@ -48,7 +48,7 @@ def test_a_real_interruption_pauses_at_once_and_is_confirmed_from_its_onset() ->
     assert [type(v) for _, v in verdicts] == [Pause, Confirm]
     (paused_at, _), (confirmed_at, confirm) = verdicts
     assert isinstance(confirm, Confirm) and confirm.onset_ms == 640  # its words go to the engine from here
-    assert paused_at - 640 <= 160 + FRAME_MS and confirmed_at - 640 <= 600 + FRAME_MS
+    assert paused_at - 640 <= 100 + FRAME_MS and confirmed_at - 640 <= 600 + FRAME_MS
 
 
 def test_speech_with_short_gaps_between_syllables_is_one_run() -> None:
@@ -86,6 +86,17 @@ def test_in_a_pause_a_sound_the_echo_could_explain_holds_the_resume_until_the_li
             verdicts.append((at + FRAME_MS, verdict))
     assert [type(v) for _, v in verdicts] == [Pause, Resume]
     assert verdicts[1][0] >= 1400 + 120  # not 120 ms after the last frame told apart from the echo (900)
+
+
+def test_speech_soon_after_a_resume_goes_on_from_what_paused_the_agent() -> None:
+    """"No, — no, I need Tuesday": the first word pauses the agent and its end resumes it (a backchannel's length);
+    the caller going on within ``_REJOIN_MS`` pauses it again at once, and the barge-in is confirmed with the words
+    sent from the first word's onset."""
+    verdicts = run([(640, 928), (1184, 2400)])
+    assert [type(v) for _, v in verdicts] == [Pause, Resume, Pause, Confirm], verdicts
+    (_, _), (resumed_at, _), (paused_again_at, _), (confirmed_at, confirm) = verdicts
+    assert paused_again_at == 1184 + FRAME_MS  # its first frame
+    assert confirm == Confirm(640) and confirmed_at <= 1184 + 600
 
 
 def test_a_second_backchannel_after_a_resume_is_judged_on_its_own() -> None:
