@@ -10,7 +10,7 @@ from typing import Final
 
 import numpy as np
 
-__all__ = ["FRAME_BYTES", "LineNoise", "TelephoneBand", "backchannel_piece", "echo_of", "mixed"]
+__all__ = ["FRAME_BYTES", "CallerLine", "LineNoise", "TelephoneBand", "backchannel_piece", "echo_of", "mixed"]
 
 FRAME_BYTES: Final = 320
 """20 ms of PCM16 at 8 kHz."""
@@ -74,3 +74,30 @@ class TelephoneBand:
         self._before = now
         filtered = np.fft.irfft(np.fft.rfft(both) * self._mask, len(both))[len(now) :]
         return np.clip(filtered, -32768, 32767).astype("<i2").tobytes()
+
+
+class CallerLine:
+    """What the caller's line adds to their voice, frame by frame: the agent's echo (``echo_db`` down,
+    ``echo_delay_ms`` late, from what the caller heard), voices in their room (``room``: PCM16, dB down, again and
+    again from the call's start), line noise (``noise_db``), and — all of it — the telephone band (``band``)."""
+
+    def __init__(
+        self, *, echo_db: float | None = None, echo_delay_ms: int = 0, noise_db: float | None = None,
+        room: tuple[bytes, float] | None = None, band: bool = False,
+    ) -> None:  # fmt: skip
+        self.echo_db, self.echo_delay_ms, self.room = echo_db, echo_delay_ms, room
+        self._noise = LineNoise(noise_db) if noise_db is not None else None
+        self._band = TelephoneBand() if band else None
+
+    def frame(self, voice: bytes, heard: bytes | bytearray, t_ms: int) -> bytes:
+        """The 20 ms the line sends at ``t_ms``: ``voice`` (the caller's own, or silence) and all the line adds."""
+        frame = voice
+        if self.room is not None:
+            room, down_db = self.room
+            offset = t_ms * _BYTES_PER_MS % max(FRAME_BYTES, len(room) - FRAME_BYTES)
+            frame = mixed(frame, audioop.mul(room[offset : offset + FRAME_BYTES].ljust(FRAME_BYTES, b"\x00"), 2, 10 ** (-down_db / 20)))
+        if self.echo_db is not None:
+            frame = mixed(frame, echo_of(heard, t_ms, delay_ms=self.echo_delay_ms, down_db=self.echo_db))
+        if self._noise is not None:
+            frame = mixed(frame, self._noise.frame())
+        return self._band.frame(frame) if self._band is not None else frame

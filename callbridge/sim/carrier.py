@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import httpx
-import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import BaseRoute
@@ -43,9 +42,10 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.config import Settings
-from callbridge.sim.caller_line import LineNoise, backchannel_piece, echo_of, mixed
+from callbridge.sim.caller import FRAME_MS, CallerScript, CallerSide, CallResult, TimelineEvent, caller_timeline
 
 __all__ = [
+    "FRAME_MS",
     "CallResult",
     "CallerScript",
     "OpenReason",
@@ -58,7 +58,6 @@ __all__ = [
     "webhook_client",
 ]
 
-FRAME_MS = 20
 _IDLE_REUSE_S = 1.0
 """A webhook connection idle longer than this is not reused: the bridge's server may be closing it (uvicorn
 closes an idle keep-alive connection after 5 s), and a request sent on it as it closes fails."""
@@ -74,93 +73,6 @@ _SILENCE_8K = bytes(320)
 OpenReason = Literal["answer", "network_drop", "closed_by_bridge", "redirected"]
 """Why a media connection is being opened: a new call, or the last one dropped / was closed by the bridge; or
 why a webhook is being sent again: the bridge answered the last one with a redirect (a draining process)."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallerScript:
-    """What the caller does. Times are ms from the moment the call is placed."""
-
-    utterances: tuple[tuple[int, bytes], ...] = ()
-    """(start_ms, PCM16 8 kHz) the caller says."""
-    dtmf: tuple[tuple[int, str], ...] = ()
-    drop_stream_at_ms: tuple[int, ...] = ()
-    """Drop the media connection at these times (no goodbye); the carrier reconnects if it can."""
-    hangup_at_ms: int | None = None
-    """The caller hangs up then; None: 1.5 s after the agent last finished speaking, at most ``max_call_ms``."""
-    max_call_ms: int = 30_000
-    interrupt_after_agent_ms: int | None = None
-    """Say the first utterance again this long after the agent starts speaking (a barge-in)."""
-    redirect_delay_ms: int = 0
-    """How long the carrier takes, after a connection drops, to open the next one."""
-    hangs_up_while_dropped: bool = False
-    """The caller hangs up while the media connection is down (at its first drop): the carrier never opens another,
-    and tells the bridge nothing more than its own webhooks do."""
-    unknown_events_at_ms: tuple[int, ...] = ()
-    """The carrier sends an event type it added since (``SimulatedCarrier.unknown_event``) at these times."""
-    echo_db: float | None = None
-    """The agent's voice comes back on the caller's line this many dB down (a speakerphone, a PBX without echo
-    cancelling), ``echo_delay_ms`` after the caller heard it; None: no echo."""
-    echo_delay_ms: int = 0
-    backchannels_ms: tuple[int, ...] = ()
-    """The caller says a short "go on" (the first ``backchannel_ms`` of the first utterance) this long after the
-    agent first starts speaking, each: meant as no interruption."""
-    backchannel_ms: int = 400
-    noise_db: float | None = None
-    """Line noise under everything the caller's line sends (``sim/caller_line.py``'s ``LineNoise``); None: none."""
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineEvent:
-    at_ms: int
-    who: str
-    what: str
-
-
-@dataclass
-class CallResult:
-    call_sid: str
-    heard: bytearray = field(default_factory=bytearray)
-    """PCM16 8 kHz: what the caller heard, frame by frame from the call's start."""
-    timeline: list[TimelineEvent] = field(default_factory=list)
-    streams: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    """What the real carrier would have rejected or warned about."""
-    marks_echoed: list[str] = field(default_factory=list)
-    clears: list[int] = field(default_factory=list)
-    """At each flush: how many ms of agent audio it dropped."""
-    played_ms_at_clear: list[int] = field(default_factory=list)
-    """At each flush: agent audio played (ms) on the stream so far."""
-    cleared_at_s: list[float] = field(default_factory=list)
-    """At each flush: when it arrived (``time.monotonic()``), to set against when the bridge decided it."""
-    hung_up_by: str | None = None
-    transferred_to: str | None = None
-    """Where the bridge sent the call on at its answer (the carrier's own transfer: ``<Dial>``, ``connect``, 302…)."""
-    agent_speech_ms: int = 0
-    agent_runs_ms: list[int] = field(default_factory=list)
-    """The agent's speech as the caller heard it, in runs (a gap of more than 200 ms starts a new one): a
-    barge-in ends a run where the caller stopped hearing it."""
-
-    def log(self, at_ms: int, who: str, what: str) -> None:
-        self.timeline.append(TimelineEvent(at_ms, who, what))
-
-    @property
-    def heard_ms(self) -> int:
-        return len(self.heard) // 16
-
-    def render(self) -> str:
-        return "\n".join(f"{e.at_ms / 1000:8.3f} s  {e.who:<7} {e.what}" for e in self.timeline)
-
-    def failure_tone_at_ms(self) -> int | None:
-        """When the caller first heard the reorder tone (480 + 620 Hz, the bridge's failure audio), in ms from the
-        call's start: the first frame whose energy is nearly all at those two frequencies. None: never."""
-        heard = bytes(self.heard)
-        samples = np.frombuffer(heard[: len(heard) // 320 * 320], dtype="<i2").astype(np.float64).reshape(-1, 160)
-        t = np.arange(160) / 8000
-        basis = np.stack([f(2 * np.pi * hz * t) for hz in (480, 620) for f in (np.sin, np.cos)])
-        energy = np.einsum("ij,ij->i", samples, samples)
-        projected = np.sum((samples @ basis.T) ** 2, axis=1) / 80
-        tone = np.flatnonzero((energy >= 160 * 1000**2) & (projected > 0.8 * energy))
-        return int(tone[0]) * FRAME_MS if tone.size else None
 
 
 @dataclass
@@ -516,8 +428,8 @@ class SimulatedCarrier(ABC):
         call_id = self.new_call_id()
         result = CallResult(call_id)
         call = self.calls[call_id] = SimCall(call_id, result, now_ms)
-        interrupt = script.utterances[0][1] if script.interrupt_after_agent_ms is not None and script.utterances else b""
-        ear = _CallerSide(script, _caller_timeline(script), interrupt, result, now_ms)
+        interrupt = script.interruption if script.interruption is not None else script.utterances[0][1] if script.utterances else b""
+        ear = CallerSide(script, caller_timeline(script), interrupt if script.interrupt_after_agent_ms is not None else b"", result, now_ms)
         drops = sorted(script.drop_stream_at_ms)
         frame_index = 0
         stream: SimStream | None = None
@@ -616,84 +528,3 @@ class SimulatedCarrier(ABC):
                 self.on_message(message)
             stream.receive(message)
         stream.dropped = True  # closed (by the bridge, unless it was our network drop)
-
-
-class _CallerSide:
-    """The caller of one ``place_call``: what it hears of the agent (its runs of speech, logged), what it says each
-    20 ms tick (its script, and its talking over the agent), and when it is done."""
-
-    def __init__(self, script: CallerScript, caller: bytes, interrupt: bytes, result: CallResult, now_ms: Callable[[], int]) -> None:
-        self.script, self.caller, self.interrupt, self.result, self.now_ms = script, caller, interrupt, result, now_ms
-        self.interrupt_at: int | None = None
-        self.agent_started_at: int | None = None
-        self.first_agent_at: int | None = None
-        """When the caller first heard the agent (backchannels are timed from it)."""
-        self.noise = LineNoise(script.noise_db) if script.noise_db is not None else None
-        self.agent_last_heard_at: int | None = None
-
-    def hears(self, t: int, heard: bytes, agent: bool) -> None:
-        result, script = self.result, self.script
-        if agent:
-            if self.agent_started_at is None or (self.agent_last_heard_at is not None and t - self.agent_last_heard_at > 200):
-                self.agent_started_at = t
-                self.first_agent_at = t if self.first_agent_at is None else self.first_agent_at
-                result.agent_runs_ms.append(0)
-                result.log(self.now_ms(), "agent", "starts speaking (caller hears audio)")
-                if script.interrupt_after_agent_ms is not None and self.interrupt_at is None:
-                    self.interrupt_at = t + script.interrupt_after_agent_ms
-            self.agent_last_heard_at = t
-            result.agent_speech_ms += FRAME_MS
-            result.agent_runs_ms[-1] += FRAME_MS
-        elif self.agent_last_heard_at is not None and t - self.agent_last_heard_at == 200:
-            result.log(self.now_ms(), "agent", "stops speaking")
-        result.heard += heard
-        for start_ms, pcm in script.utterances:
-            if start_ms == t:
-                result.log(self.now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
-
-    def says(self, t: int) -> bytes:
-        """The tick's 20 ms of 8 kHz PCM: what the caller says, and what the line adds (the agent's echo)."""
-        caller, interrupt, interrupt_at, script = self.caller, self.interrupt, self.interrupt_at, self.script
-        speech = caller[t * 16 : t * 16 + 320] if t * 16 < len(caller) else b""
-        if interrupt_at is not None and interrupt_at <= t < interrupt_at + len(interrupt) // 16:
-            if t == interrupt_at:
-                self.result.log(self.now_ms(), "caller", f"talks over the agent ({len(interrupt) // 16} ms)")
-            speech = interrupt[(t - interrupt_at) * 16 : (t - interrupt_at) * 16 + 320]
-        speech = self._backchannel(t) or speech
-        frame = speech.ljust(320, b"\x00") if speech else _SILENCE_8K
-        if script.echo_db is not None:
-            frame = mixed(frame, echo_of(self.result.heard, t, delay_ms=script.echo_delay_ms, down_db=script.echo_db))
-        if self.noise is not None:
-            frame = mixed(frame, self.noise.frame())
-        return frame
-
-    def _backchannel(self, t: int) -> bytes:
-        """The piece of a backchannel the caller says at ``t``, if any (``CallerScript.backchannels_ms``)."""
-        script = self.script
-        if self.first_agent_at is None or not script.utterances:
-            return b""
-        piece, begins = backchannel_piece(t, self.first_agent_at, script.backchannels_ms, script.backchannel_ms, script.utterances[0][1])
-        if begins:
-            self.result.log(self.now_ms(), "caller", f"backchannels ({script.backchannel_ms} ms)")
-        return piece
-
-    def done(self, t: int) -> bool:
-        interrupt_at = self.interrupt_at
-        caller_end = max(len(self.caller), (interrupt_at + len(self.interrupt) // 16) * 16 if interrupt_at is not None else 0)
-        return _caller_done(self.script, t, caller_end, self.agent_last_heard_at)
-
-
-def _caller_done(script: CallerScript, t: int, caller_len: int, agent_last_heard_at: int | None) -> bool:
-    if script.hangup_at_ms is not None:
-        return t >= script.hangup_at_ms
-    if t >= script.max_call_ms:
-        return True
-    return agent_last_heard_at is not None and t * 16 >= caller_len and t - agent_last_heard_at >= 1500
-
-
-def _caller_timeline(script: CallerScript) -> bytes:
-    end = max((start * 16 + len(pcm) for start, pcm in script.utterances), default=0)
-    timeline = bytearray(end)
-    for start, pcm in script.utterances:
-        timeline[start * 16 : start * 16 + len(pcm)] = pcm
-    return bytes(timeline)

@@ -5,7 +5,6 @@ repeated, a real interruption is confirmed from its onset, over an echo too."""
 
 from __future__ import annotations
 
-import audioop
 import wave
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ import pytest
 
 from callbridge.bridge.interruption import Confirm, Pause, Resume, Verdict
 from callbridge.bridge.interruption_judge import InterruptionJudge
-from callbridge.sim.caller_line import LineNoise, TelephoneBand, echo_of, mixed
+from callbridge.sim.caller_line import CallerLine, mixed
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav
 
 pytestmark = pytest.mark.core
@@ -50,7 +49,7 @@ def call(
     given to the judge as the reply starts (``InterruptionJudge.caller_said``, as the bridge does)."""
     judge, line, heard = InterruptionJudge(), Line(), bytearray()
     position, paused_since = 0, None
-    filtered, noise = TelephoneBand() if band else None, LineNoise(noise_db, seed=echo_delay_ms) if noise_db is not None else None
+    callers_line = CallerLine(echo_db=echo_db, echo_delay_ms=echo_delay_ms, noise_db=noise_db, room=room, band=band)
     pieces = [(0, turn[: REPLY_AT_MS * 16]), *pieces] if turn else pieces
     sent = bytearray()
     for k in range(until_ms // 20):
@@ -72,15 +71,7 @@ def call(
         for at, pcm in pieces:
             if at <= t < at + len(pcm) // 16:
                 near = mixed(near, pcm[(t - at) * 16 : (t - at) * 16 + FRAME].ljust(FRAME, b"\x00"))
-        if room is not None:
-            offset = t * 16 % (len(room[0]) - FRAME)
-            near = mixed(near, audioop.mul(room[0][offset : offset + FRAME], 2, 10 ** (-room[1] / 20)))
-        if echo_db is not None:
-            near = mixed(near, echo_of(heard, t, delay_ms=echo_delay_ms, down_db=echo_db))
-        if noise is not None:
-            near = mixed(near, noise.frame())
-        if filtered is not None:
-            near = filtered.frame(near)
+        near = callers_line.frame(near, heard, t)
         sent += near
         verdict = judge.caller(near, t)
         if verdict is None:
