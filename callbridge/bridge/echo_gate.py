@@ -195,7 +195,11 @@ class EchoGate:
             self._line_heard = True
             loudest = far.max(axis=0)  # the bound's own reference: the loudest the caller heard in the range
             typical = float(np.median(loudest[loudest >= settings.far_active_db]))
-            self._loss_any_lag_db = typical - float(np.nanpercentile(np.where(used, near, np.nan), 90, axis=1).max())
+            # each lag's 90th percentile (the used frames sort last; a sort costs microseconds where nanpercentile
+            # costs half a millisecond)
+            ordered = np.sort(np.where(used, near, -np.inf), axis=1)
+            at_90th = count - n + (0.9 * (n - 1)).astype(np.int64)
+            self._loss_any_lag_db = typical - float(ordered[np.arange(len(n)), at_90th].max())
         if not enough.any():
             return
         correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)

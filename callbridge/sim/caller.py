@@ -86,6 +86,9 @@ class CallResult:
     transferred_to: str | None = None
     """Where the bridge sent the call on at its answer (the carrier's own transfer: ``<Dial>``, ``connect``, 302…)."""
     agent_speech_ms: int = 0
+    agent_ticks: bytearray = field(default_factory=bytearray)
+    """Per 20 ms tick from the call's start: 1 where the caller heard the agent's audio (quiet moments of its
+    speech included), else 0."""
     agent_runs_ms: list[int] = field(default_factory=list)
     """The agent's speech as the caller heard it, in runs (a gap of more than 200 ms starts a new one): a
     barge-in ends a run where the caller stopped hearing it."""
@@ -142,6 +145,7 @@ class CallerSide:
         elif self.agent_last_heard_at is not None and t - self.agent_last_heard_at == 200:
             result.log(self.now_ms(), "agent", "stops speaking")
         result.heard += heard
+        result.agent_ticks.append(agent)
         for start_ms, pcm in script.utterances:
             if start_ms == t:
                 result.log(self.now_ms(), "caller", f"speaks ({len(pcm) // 16} ms)")
