@@ -48,6 +48,7 @@ def add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     simulate.add_argument("--echo-delay-ms", metavar="MS", type=_echo_delay_ms, default=100, help="how late the echo comes back (default 100)")
     simulate.add_argument("--noise", metavar="DB", type=_noise_db, help="line noise under the caller's audio at DB (speech is about 60-75)")
+    simulate.add_argument("--band", action="store_true", help="the caller's line through the telephone band (300-3400 Hz)")
     simulate.add_argument(
         "--backchannel-at", metavar="S", type=at_or_after_start, action="append", default=[],
         help='say a short "go on" (0.4 s) S seconds after the agent first speaks',
@@ -91,6 +92,7 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
         echo_delay_ms=args.echo_delay_ms,
         backchannels_ms=tuple(int(at * 1000) for at in args.backchannel_at),
         noise_db=args.noise,
+        band=args.band,
     )
     print(f"callbridge simulate: a {args.provider} call, the caller says {audio_path.name} "
           f"({len(speech) // 16} ms); engine: {settings.engine.kind}")

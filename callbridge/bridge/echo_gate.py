@@ -77,7 +77,7 @@ class EchoGateSettings:
     """How far above what echo explains a near-end frame must be to be the caller's, once the path is learnt (the
     most: what the line's echo strays above its bound, ``least_margin_db`` at the least)."""
     least_margin_db: float = 4.0
-    unlearnt_margin_db: float = 4.0
+    unlearnt_margin_db: float = 3.0
     """The margin until the path is learnt: the bound then is already the loudest frame at any lag less the least
     loss, which is above what any one echo frame reaches."""
     assumed_loss_db: float = 6.0
