@@ -86,6 +86,10 @@ class CallReport(BaseModel):
     (``barge_in_resumes``: no interruption — the reply played on where the caller stopped hearing it) or was
     confirmed (a barge-in, counted in ``barge_ins``)."""
     barge_in_resumes: int = 0
+    barge_in_echo_ms: int = 0
+    """``barge_in.mode = "bridge"``: how much of the caller's line was only the agent's own voice coming back (a
+    speakerphone, a PBX without echo cancelling), sound the engine's VAD would have taken for the caller — sent to
+    it as silence. 0 on a line with no echo."""
     agent_audio_ms: int
     """Agent audio the bridge sent to the caller's carrier (what played, but for what a flush dropped)."""
     dtmf: int

@@ -78,7 +78,7 @@ class AgentSpeech:
     docstring."""
 
     __slots__ = (
-        "options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "pauses", "resumes", "capabilities", "_out",
+        "options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "pauses", "resumes", "echo_ms", "capabilities", "_out",
         "_link",
     )  # fmt: skip
 
@@ -93,8 +93,9 @@ class AgentSpeech:
         self.late_deltas_dropped = 0
         self.flushes = 0
         """Barge-in flushes so far (the driver times them)."""
-        self.pauses = self.resumes = 0
-        """Bridge-mode barge-in: the agent paused for the caller's speech, and those pauses that resumed."""
+        self.pauses = self.resumes = self.echo_ms = 0
+        """Bridge-mode barge-in: the agent paused for the caller's speech, and those pauses that resumed; how much of
+        the caller's line was only the agent's own echo (sound the engine's VAD would have heard, sent as silence)."""
         self.capabilities = Capabilities()
         self._out = out
         self._link = link

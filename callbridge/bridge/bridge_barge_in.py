@@ -116,6 +116,7 @@ class BridgeBargeIn:
             # reaches the engine as silence: its VAD never takes it for the caller, nor starts a turn on its tail
             echo_only = not self._confirmed and not judge.caller_speaking and frame_at_ms < self._audible_until_ms + _ECHO_TAIL_MS
             sent += bytes(len(piece)) if echo_only else piece
+            speech.echo_ms += _FRAME_MS if echo_only and judge.line_sounding else 0  # the report's and metric's
             if isinstance(verdict, Pause):
                 speech.pause(now_ms)  # counted by the agent's speech (its report, its metric)
             elif isinstance(verdict, Resume):

@@ -154,6 +154,8 @@ class StreamReport:
     barge_in_pauses: int = 0
     """Bridge-mode barge-in: the agent paused for the caller's speech (``AgentSpeech.pauses``)."""
     barge_in_resumes: int = 0
+    barge_in_echo_ms: int = 0
+    """Bridge-mode barge-in: the caller's line that was only the agent's own echo (``AgentSpeech.echo_ms``)."""
     media_until_ms: int | None = None
     """Where the caller's media ended, on the driver's monotonic clock (its first payload's time plus the media it
     carried): when the call ended as the carrier's audio says, whenever its end was read (a hang-up webhook

@@ -37,6 +37,7 @@ class CallReportBuilder:
     dtmf: int = 0
     barge_in_pauses: int = 0
     barge_in_resumes: int = 0
+    barge_in_echo_ms: int = 0
     tools: int = 0
     transcript: list[dict[str, Any]] = field(default_factory=list)
     """``{"response_id", "text", "heard_ms"}`` for the agent's replies, ``{"role": "caller", "item_id", "text"}``
@@ -128,6 +129,7 @@ class CallReportBuilder:
             dtmf=self.dtmf,
             barge_in_pauses=self.barge_in_pauses,
             barge_in_resumes=self.barge_in_resumes,
+            barge_in_echo_ms=self.barge_in_echo_ms,
             tools=self.tools,
             engine_session_id=engine_session_id,
             engine_endpoint=self.engine_endpoint,

@@ -63,6 +63,8 @@ class InterruptionJudge:
         self._audible_frames = max(1, audible_gap_ms // self.frame_ms)
         self._since_heard = self._audible_frames  # not heard yet
         self._far_active_db = self.gate.settings.far_active_db
+        self.line_sounding = False
+        """Whether the last frame ``caller`` took was at least ``speech_db`` loud (the caller's, the echo, anything)."""
         self.caller_speaking = False
         """Whether the last frame ``caller`` took was the caller's speech (more than the echo, loud enough)."""
 
@@ -93,6 +95,7 @@ class InterruptionJudge:
     def caller(self, pcm: bytes, at_ms: int) -> Verdict | None:
         """The next frame the caller's line sent (from ``at_ms``): the verdict it brings, if any."""
         near_db = level_db(pcm)
+        self.line_sounding = near_db >= self.speech_db
         loud = near_db >= self._floor_db
         self.caller_speaking = self.gate.near_level(near_db) and loud
         return self.policy.frame(at_ms, self.frame_ms, speech=self.caller_speaking, agent_audible=self.agent_audible, quiet=not loud)

@@ -77,6 +77,11 @@ class BridgeMetrics:
             "callbridge_barge_in_pauses_total", "Bridge-mode barge-in: the agent paused for the caller's speech, by how it ended",
             ["provider", "outcome"], registry=registry,
         )  # fmt: skip
+        self.barge_in_echo_seconds = Counter(
+            "callbridge_barge_in_echo_seconds_total",
+            "Bridge-mode barge-in: the caller's line that was only the agent's own echo, sent to the engine as silence",
+            ["provider"], registry=registry,
+        )  # fmt: skip
         self.late_audio_dropped = Counter(
             "callbridge_late_audio_dropped_total", "Engine audio deltas of an interrupted response, dropped", ["provider"],
             registry=registry,

@@ -178,6 +178,7 @@ class StreamPhase:
             late_deltas_dropped=speech.late_deltas_dropped,
             barge_in_pauses=speech.pauses,
             barge_in_resumes=speech.resumes,
+            barge_in_echo_ms=speech.echo_ms,
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
             media_until_ms=caller.media_until_ms,

@@ -155,6 +155,7 @@ class StreamTelemetry:
         if report.barge_in_pauses:
             metrics.barge_in_pauses.labels(provider, "resumed").inc(report.barge_in_resumes)
             metrics.barge_in_pauses.labels(provider, "not_resumed").inc(report.barge_in_pauses - report.barge_in_resumes)
+        metrics.barge_in_echo_seconds.labels(provider).inc(report.barge_in_echo_ms / 1000)
         metrics.late_audio_dropped.labels(provider).inc(report.late_deltas_dropped)
         metrics.heard_corrections.labels(provider).inc(report.heard_corrections)
         metrics.playout_underruns.labels(provider).inc(report.playout_underruns)

@@ -19,10 +19,19 @@ SPEECH_MS = 2400
 
 
 async def call(script: CallerScript) -> tuple[CallResult, RecordingEngine]:
+    result, recorder, _ = await call_counting(script)
+    return result, recorder
+
+
+async def call_counting(script: CallerScript) -> tuple[CallResult, RecordingEngine, float]:
+    """The call, and the echo the bridge sent the engine as silence (``callbridge_barge_in_echo_seconds_total``)."""
     recorder = engine()
     async with running_bridge(settings(barge_in=BRIDGE_MODE), recorder) as bridge:
         result = await bridge.carrier.place_call(script)
-    return result, recorder
+        registry = bridge.app.state.bridge.registry
+        await until(lambda: registry.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "caller_hung_up"}) == 1)
+        echo_s = registry.get_sample_value("callbridge_barge_in_echo_seconds_total", {"provider": "twilio"}) or 0.0
+    return result, recorder, echo_s
 
 
 def commands(recorder: RecordingEngine) -> list[object]:
@@ -33,8 +42,9 @@ def commands(recorder: RecordingEngine) -> list[object]:
 @pytest.mark.parametrize(("echo_db", "delay_ms"), [(6.0, 400)])  # the loudest and latest (the rest: bench/barge_in.py)
 async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int) -> None:
     script = CallerScript(utterances=((500, SPEECH),), echo_db=echo_db, echo_delay_ms=delay_ms, hangup_at_ms=7000)
-    result, recorder = await call(script)
+    result, recorder, echo_s = await call_counting(script)
     sent = commands(recorder)
+    assert echo_s * 1000 >= SPEECH_MS // 2, echo_s  # the echo counted as it was kept from the engine
     assert result.clears == [] and not any(isinstance(c, BargeIn) for c in sent), result.render()
     assert len(result.agent_runs_ms) == 1 and result.agent_runs_ms[0] >= SPEECH_MS, result.render()  # the reply whole, once
     assert any(isinstance(c, AppendAudio) and c.overlap == "listen" for c in sent)  # heard by the engine, never taken
