@@ -39,9 +39,12 @@ def commands(recorder: RecordingEngine) -> list[object]:
     return list(session)
 
 
-@pytest.mark.parametrize(("echo_db", "delay_ms"), [(6.0, 400)])  # the loudest and latest (the rest: bench/barge_in.py)
-async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int) -> None:
-    script = CallerScript(utterances=((500, SPEECH),), echo_db=echo_db, echo_delay_ms=delay_ms, hangup_at_ms=7000)
+@pytest.mark.parametrize(("echo_db", "delay_ms", "band"), [(6.0, 400, False), (10.0, 60, True)])  # the rest: bench/barge_in.py
+async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int, band: bool) -> None:
+    """The loudest and latest echo; and one through the telephone band with line noise."""
+    script = CallerScript(
+        utterances=((500, SPEECH),), echo_db=echo_db, echo_delay_ms=delay_ms, hangup_at_ms=7000, band=band, noise_db=30.0 if band else None
+    )
     result, recorder, echo_s = await call_counting(script)
     sent = commands(recorder)
     assert echo_s * 1000 >= SPEECH_MS // 2, echo_s  # the echo counted as it was kept from the engine
