@@ -355,8 +355,8 @@ class RecordingSettings(Section):
 class BargeInSettings(Section):
     """Who decides that the caller interrupted the agent (#41). ``engine``: the engine's own VAD, on the first speech
     it hears over the reply (the agent's echo and a backchannel included). ``bridge``: the bridge pauses the agent on
-    speech over it that is more than its echo, then confirms the barge-in or resumes the reply (in development:
-    see ``bench/RESULTS.md`` for what it gets right so far)."""
+    speech over it that is more than its echo, then confirms the barge-in or resumes the reply (not yet the default:
+    see ``bench/RESULTS.md`` for both measured on the same corpus)."""
 
     mode: Literal["engine", "bridge"] = "engine"
     pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 100
