@@ -68,7 +68,8 @@ async def test_a_short_load_run(provider: str) -> None:
     stall_ms = report.generator_tick_lag_ms["max"]
     assert 0 < report.round_trip_ms["p50"] <= report.round_trip_ms["max"] < bound_ms + stall_ms, report.render()
     assert report.round_trip_ms["p50"] <= report.heard_round_trip_ms["p50"] < bound_ms + 200 + stall_ms
-    assert report.frames_received >= report.frames_sent - 3 * 20, report.render()  # the tail of each call in flight
+    # the tail of each call in flight: 400 ms, and what a starved loop held back as the calls hung up
+    assert report.frames_received >= report.frames_sent - 3 * (20 + int(stall_ms) // 20), report.render()
     assert report.first_audio_ms["max"] < bound_ms + stall_ms
     assert report.server_cpu_ms_per_call_second is not None and report.server_cpu_ms_per_call_second > 0
     # each stream's first caller audio reached the engine (from the bridge's own metrics, scraped around the run)
