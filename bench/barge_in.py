@@ -34,18 +34,19 @@ import argparse
 import asyncio
 import platform
 import sys
-import wave
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from callbridge.bridge.echo_gate import level_db  # noqa: E402
+from barge_in_corpus import percentile  # noqa: E402
+
 from callbridge.sim.carrier import CallerScript, CallResult  # noqa: E402
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav  # noqa: E402
+from tests.bridge.test_interruption_judge import corpus as sound  # noqa: E402
+from tests.bridge.test_interruption_judge import first_sound_ms  # noqa: E402
 from tests.bridge.twilio_e2e import engine, settings  # noqa: E402
 
-CORPUS = Path(__file__).resolve().parent / "corpus"
 SPEAK_AT_MS = 500
 AT_ONCE = 8
 KINDS = ("echo", "backchannel", "sound", "interrupt")
@@ -81,11 +82,6 @@ def corpus(speech: bytes) -> list[Case]:
         for echo, echo_label in ((None, ""), (10.0, ", echo -10 dB"))
     ]  # fmt: skip
     return cases + corpus_cases(base)
-
-
-def sound(name: str) -> bytes:
-    with wave.open(str(CORPUS / f"{name}.wav")) as w:
-        return w.readframes(w.getnframes())
 
 
 LINES: dict[str, dict[str, object]] = {
@@ -165,14 +161,8 @@ def heard_over(script: CallerScript, result: CallResult) -> int | None:
     if script.interrupt_after_agent_ms is None or 1 not in result.agent_ticks:
         return None
     said = script.interruption if script.interruption is not None else script.utterances[0][1]
-    first_sound = next(k for k in range(len(said) // 320) if level_db(said[k * 320 : (k + 1) * 320]) >= 45)
     interrupt_at = result.agent_ticks.index(1) + script.interrupt_after_agent_ms // 20
-    return 20 * sum(result.agent_ticks[interrupt_at + first_sound : interrupt_at + len(said) // 320])
-
-
-def percentile(values: list[int], share: float) -> int:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+    return 20 * sum(result.agent_ticks[interrupt_at + first_sound_ms(said) // 20 : interrupt_at + len(said) // 320])
 
 
 def report(mode: str, outcomes: list[Outcome], barge_ins: dict[str, int], reply_ms: int) -> None:

@@ -19,15 +19,22 @@ from __future__ import annotations
 import itertools
 import platform
 import sys
-import wave
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from callbridge.bridge.bridge_barge_in import RESEND_BEFORE_ONSET_MS  # noqa: E402
-from callbridge.bridge.echo_gate import level_db  # noqa: E402
 from callbridge.bridge.interruption import Confirm, Pause, Resume  # noqa: E402
-from tests.bridge.test_interruption_judge import REPLY, REPLY_AT_MS, Line, call, whole_reply  # noqa: E402
+from tests.bridge.test_interruption_judge import (  # noqa: E402
+    REPLY,
+    REPLY_AT_MS,
+    Line,
+    call,
+    first_sound_ms,
+    last_sound_ms,
+    whole_reply,
+)
+from tests.bridge.test_interruption_judge import corpus as sound  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 LINES: dict[str, dict[str, object]] = {
@@ -37,11 +44,6 @@ LINES: dict[str, dict[str, object]] = {
     "band+noise, echo -10 dB 60 ms": {"echo_db": 10.0, "echo_delay_ms": 60, "band": True, "noise_db": 30.0},
     "room voices -20 dB, echo -20 dB 200 ms": {"echo_db": 20.0, "echo_delay_ms": 200},
 }
-
-
-def sound(name: str) -> bytes:
-    with wave.open(str(CORPUS / f"{name}.wav")) as w:
-        return w.readframes(w.getnframes())
 
 
 ROOM = sound("room-voices")
@@ -59,15 +61,8 @@ def line_of(name: str, sound_name: str) -> dict[str, object]:
     return options
 
 
-def first_sound_ms(pcm: bytes) -> int:
-    return next(k * 20 for k in range(len(pcm) // 320) if level_db(pcm[k * 320 : (k + 1) * 320]) >= 45)
-
-
-def last_sound_ms(pcm: bytes) -> int:
-    return max(k * 20 + 20 for k in range(len(pcm) // 320) if level_db(pcm[k * 320 : (k + 1) * 320]) >= 45)
-
-
 def percentile(values: list[int], share: float) -> int | str:
+    """The nearest-rank percentile (``share`` 0–1) of ``values``; "-" where there are none."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))] if ordered else "-"
 

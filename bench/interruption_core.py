@@ -21,28 +21,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from callbridge.bridge.echo_gate import level_db  # noqa: E402
+from barge_in_corpus import percentile  # noqa: E402
+
 from callbridge.bridge.interruption import Confirm, Pause  # noqa: E402
-from tests.bridge.test_interruption_judge import CALLER, REPLY_AT_MS, call, whole_reply  # noqa: E402
+from tests.bridge.test_interruption_judge import CALLER, REPLY_AT_MS, call, first_sound_ms, last_sound_ms, whole_reply  # noqa: E402
 
 OFFSETS_MS = (0, 500, 1000, 2000)
 ECHOES_DB = (None, 10.0, 20.0, 30.0)
 
 
-def percentile(values: list[int], share: float) -> int:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+def first_speech_ms(start_ms: int) -> int:
+    """How far into the caller's piece from ``start_ms`` its first sound is (the reversed utterance opens with the
+    original's trailing silence): a true onset is the caller's first sound, not the piece's start."""
+    return first_sound_ms(CALLER[start_ms * 16 :])
 
 
-def first_speech_ms(start_ms: int, speech_db: float = 45.0) -> int:
-    """How far into the caller's piece from ``start_ms`` its first speech frame is (the reversed utterance opens
-    with the original's trailing silence): a true onset is the caller's first sound, not the piece's start."""
-    return next(t for t in range(0, 2000, 20) if level_db(CALLER[(start_ms + t) * 16 : (start_ms + t + 20) * 16]) >= speech_db)
-
-
-def last_speech_ms(start_ms: int, length_ms: int, speech_db: float = 45.0) -> int:
+def last_speech_ms(start_ms: int, length_ms: int) -> int:
     """Where the caller's last sound in the piece ends (from the piece's start)."""
-    return max(t + 20 for t in range(0, length_ms, 20) if level_db(CALLER[(start_ms + t) * 16 : (start_ms + t + 20) * 16]) >= speech_db)
+    return last_sound_ms(CALLER[start_ms * 16 : (start_ms + length_ms) * 16])
 
 
 def main() -> None:

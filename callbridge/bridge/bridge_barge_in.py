@@ -99,13 +99,14 @@ class BridgeBargeIn:
             heard_db = speech.playing_level_db(said_at_ms + frame_ms)  # what the caller heard as they said it
             self._confirmed = self._confirmed and heard_db < agent_heard_db
             frame_at_ms = at_ms + frame_ms
-            if heard_db < agent_heard_db and not judge.policy.paused and frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS:
-                judge.gate.idle()  # the agent neither heard nor echoing: nothing to judge (and no work while it is quiet)
-                sent += piece
-                continue
-            if frame_at_ms >= self._audible_until_ms + _ECHO_TAIL_MS and not judge.policy.paused:
+            echo_over_at_ms = self._audible_until_ms + _ECHO_TAIL_MS
+            if frame_at_ms >= echo_over_at_ms and not judge.policy.paused:
+                if heard_db < agent_heard_db:
+                    judge.gate.idle()  # the agent neither heard nor echoing: nothing to judge (no work while it is quiet)
+                    sent += piece
+                    continue
                 # a reply starts: the caller's line since the last one (their turn) says how loud they speak
-                judge.caller_said(self._since(self._audible_until_ms + _ECHO_TAIL_MS), self.rate_hz)
+                judge.caller_said(self._since(echo_over_at_ms), self.rate_hz)
             judge.heard_level(heard_db)
             verdict = judge.caller(piece, frame_at_ms)
             if judge.agent_audible and not self._confirmed:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import structlog
 from pydantic import ValidationError
 
-from callbridge.application import AssistantConfig
+from callbridge.application import AssistantConfig, BargeInTaking
 from callbridge.application.hooks import Application, AssistantSource, WebhookApplication, load_module
 from callbridge.bridge.actions import telephony_tools
 from callbridge.bridge.binding import AgentSetup
@@ -55,10 +55,15 @@ def call_options(settings: Settings) -> CallOptions:
     )
 
 
+def _assistants_barge_in(assistant: AssistantConfig | None) -> BargeInTaking | None:
+    """What the call's assistant chose in ``turn_taking.barge_in``, if anything."""
+    return assistant.turn_taking.barge_in if assistant is not None and assistant.turn_taking is not None else None
+
+
 def barge_in_choice(settings: Settings, assistant: AssistantConfig | None = None) -> BargeInChoice:
     """Who decides barge-in on a call (``[barge_in]``), each field the call's assistant set in
     ``turn_taking.barge_in`` taking its place."""
-    chosen = assistant.turn_taking.barge_in if assistant is not None and assistant.turn_taking is not None else None
+    chosen = _assistants_barge_in(assistant)
     barge_in = settings.barge_in
     if chosen is not None:
         try:
@@ -153,7 +158,7 @@ def agent_setup(
         record=records and recordable,
         call_ends_at_ms=call_ends_at_ms,
         turn_silence_ms=turn_detection(assistant).silence_duration_ms,
-        barge_in=barge_in_choice(settings, assistant) if assistant is not None and assistant.turn_taking is not None and assistant.turn_taking.barge_in is not None else None,
+        barge_in=barge_in_choice(settings, assistant) if _assistants_barge_in(assistant) is not None else None,
     )
 
 

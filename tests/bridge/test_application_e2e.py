@@ -586,7 +586,7 @@ def _same_as_heard(
         shift, correlation = _best_match(recorded, compared, first + offset, search)
         slack = FRAME_SAMPLES
         if correlation < correlation_at_least:
-            (shift, correlation), slack = _slipped_match(recorded, compared, first + offset, search, correlation_at_least), search
+            (shift, correlation), slack = _slipped_match(recorded, compared, first + offset, search, correlation_at_least, (shift, correlation)), search
         assert correlation >= correlation_at_least and abs(shift) <= within_ms * 8, (
             start / 8, end / 8, shift / 8, correlation, _local_shifts(recorded[0], compared, first + offset)
         )  # fmt: skip
@@ -610,12 +610,14 @@ def _best_match(recorded: list[np.ndarray], compared: np.ndarray, at: int, searc
     return best
 
 
-def _slipped_match(recorded: list[np.ndarray], compared: np.ndarray, at: int, search: int, least: float) -> tuple[int, float]:
+def _slipped_match(
+    recorded: list[np.ndarray], compared: np.ndarray, at: int, search: int, least: float, whole: tuple[int, float]
+) -> tuple[int, float]:
     """A run whose recording slipped a few ms within it (the process stalled mid-run without a frame of silence the
     caller heard: the recorder placed the rest by the bridge's clock, the simulator played it whole frames at its
     ticks): the run in two parts, at a frame the slip falls in (left out), each where it best sits. Tried at each
-    frame where the run's 20 ms frames' closest shifts change; the worse part's (shift, correlation), or the best
-    whole-run match's correlation where no split matches."""
+    frame where the run's 20 ms frames' closest shifts change: the parts' larger shift and worse correlation, or
+    ``whole`` (the run's best match as a whole) where no split matches."""
     frames = len(compared) // FRAME_SAMPLES
     shifts = []
     for k in range(frames):
@@ -624,7 +626,6 @@ def _slipped_match(recorded: list[np.ndarray], compared: np.ndarray, at: int, se
                  for d in range(-search, search + 1) if at + k * FRAME_SAMPLES + d >= 0
                  and len(recorded[0][at + k * FRAME_SAMPLES + d : at + (k + 1) * FRAME_SAMPLES + d]) == FRAME_SAMPLES]  # fmt: skip
         shifts.append(min(tried)[1] if tried and piece.any() else None)
-    worst = (0, -1.0)
     for k in range(2, frames - 2):
         if shifts[k] == shifts[k - 1]:
             continue
@@ -635,8 +636,7 @@ def _slipped_match(recorded: list[np.ndarray], compared: np.ndarray, at: int, se
             part = min(left, right, key=lambda x: x[1])
             if part[1] >= least:
                 return max(left, right, key=lambda x: abs(x[0]))[0], part[1]
-            worst = max(worst, part, key=lambda x: x[1])
-    return worst
+    return whole
 
 
 def _local_shifts(recorded: np.ndarray, heard: np.ndarray, at: int, block: int = 800) -> str:

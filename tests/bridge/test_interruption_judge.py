@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from callbridge.bridge.echo_gate import level_db
 from callbridge.bridge.interruption import Confirm, Pause, Resume, Verdict
 from callbridge.bridge.interruption_judge import InterruptionJudge
 from callbridge.sim.caller_line import CallerLine, mixed
@@ -144,6 +145,16 @@ def test_voices_in_the_callers_room_neither_hold_a_pause_nor_confirm_it() -> Non
     assert Confirm in kinds(unknown)  # what the caller's level is for
     line = call([], pieces=okay, room=room, turn=turn)
     assert kinds(line) == [Pause, Resume] and whole_reply(line), line.verdicts
+
+
+def first_sound_ms(pcm: bytes, speech_db: float = 45.0) -> int:
+    """Where the first 20 ms frame of ``pcm`` (8 kHz) at ``speech_db`` or more starts: a sound's true onset."""
+    return next(k * 20 for k in range(len(pcm) // FRAME) if level_db(pcm[k * FRAME : (k + 1) * FRAME]) >= speech_db)
+
+
+def last_sound_ms(pcm: bytes, speech_db: float = 45.0) -> int:
+    """Where the last 20 ms frame of ``pcm`` (8 kHz) at ``speech_db`` or more ends."""
+    return max(k * 20 + 20 for k in range(len(pcm) // FRAME) if level_db(pcm[k * FRAME : (k + 1) * FRAME]) >= speech_db)
 
 
 def corpus(name: str) -> bytes:
