@@ -272,6 +272,10 @@ class AgentSpeech:
         frame = self.ledger.playing_frame(at_ms)
         return level_db(bytes(decode_to_pcm16(self.audio.encoding, frame))) if frame else 0.0
 
+    def playing_moved_ms(self, since_ms: int) -> int:
+        """How far the carrier's word moved the model of what the caller hears since ``since_ms`` (``moved_ms``)."""
+        return self.ledger.moved_ms(since_ms)
+
     def silence(self, now_ms: int) -> None:
         """The engine is gone: what is queued goes, and nobody is told what was heard."""
         self.ledger.flush(now_ms)

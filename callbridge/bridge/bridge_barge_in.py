@@ -91,6 +91,9 @@ class BridgeBargeIn:
         at_ms, said_at_ms = until_ms - chunk_ms, said_until_ms - chunk_ms
         self._keep(at_ms, audio)
         frame, judge = self.rate_hz * 2 * _FRAME_MS // 1000, self.judge
+        # the model of what the caller heard moved on the carrier's word (its marks): what was fed the gate over its
+        # window may be that far off, and the echo's bound spans as much more (a stalled bridge, a jittery network)
+        judge.gate.unsure(speech.playing_moved_ms(now_ms - judge.gate.settings.window_ms))
         agent_heard_db = judge.gate.settings.far_active_db  # a frame the caller hears this loud is the agent speaking
         sent = bytearray()
         for offset in range(0, len(audio), frame):

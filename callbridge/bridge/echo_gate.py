@@ -113,10 +113,18 @@ class EchoGate:
         self._loss_any_lag_db = 0.0
         """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
         ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
+        self.slack_frames = 0
+        """Frames either side of the path's delay the bound spans beyond the one it always does: set by the caller
+        while what it fed as ``far`` may be that far off what the caller heard (``unsure``)."""
 
     @property
     def delay_ms(self) -> int | None:
         return None if self.delay_frames is None else self.delay_frames * self.settings.frame_ms
+
+    def unsure(self, off_ms: int) -> None:
+        """The far end fed lately may be up to ``off_ms`` off when the caller heard it (the playout model moved by
+        that much on the carrier's word): the bound spans as many more frames either side of the delay (0: none)."""
+        self.slack_frames = (off_ms + self.settings.frame_ms // 2) // self.settings.frame_ms
 
     def far(self, pcm: bytes) -> None:
         """The next frame of what the caller heard (the agent, or silence)."""
@@ -161,7 +169,8 @@ class EchoGate:
         if self.delay_frames is None or self.loss_db is None:
             lags, loss = range(self._max_lag + 1), max(self.settings.assumed_loss_db, self._loss_any_lag_db)
         else:
-            lags, loss = range(max(0, self.delay_frames - 1), self.delay_frames + 2), self.loss_db
+            reach = 1 + self.slack_frames
+            lags, loss = range(max(0, self.delay_frames - reach), self.delay_frames + reach + 1), self.loss_db
         return max((far[newest - lag] for lag in lags if newest - lag >= 0), default=0.0) - loss
 
     def _learn(self) -> None:
@@ -200,11 +209,15 @@ class EchoGate:
             ordered = np.sort(np.where(used, near, -np.inf), axis=1)
             at_90th = count - n + (0.9 * (n - 1)).astype(np.int64)
             self._loss_any_lag_db = typical - float(ordered[np.arange(len(n)), at_90th].max())
-        if not enough.any():
+        # the best lag of those heard for a while, taken once it has been heard enough: early in a reply the longer
+        # lags have had fewer of the agent's frames (theirs fall before it began), and a chance likeness at a short
+        # lag, heard enough, would pass for the path while the true one, longer, is still being heard
+        compared = (n >= _LINE_HEARD_FROM_FRAMES) & (spread > 0)
+        if not compared.any():
             return
-        correlation = np.where(enough, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(enough, spread, 1.0)), -1.0)
+        correlation = np.where(compared, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(compared, spread, 1.0)), -1.0)
         lag = int(np.argmax(correlation))
-        if correlation[lag] < settings.trust_correlation:
+        if not enough[lag] or correlation[lag] < settings.trust_correlation:
             return
         self.delay_frames = lag
         self.loss_db = float(np.median(far[lag][used[lag]] - near[used[lag]]))

@@ -42,6 +42,7 @@ Like LiveKit's ``on_playback_finished(playback_position, interrupted)``, in inte
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -56,6 +57,8 @@ _MARK_SEPARATOR: Final = "@"
 _SENT_KEPT_MS: Final = 2000
 """Sent frames kept (by their length): what the carrier may hold unplayed when the socket drops — the lead, and
 as far again as a carrier playing behind our model (found by its marker echoes) can lag."""
+_MOVES_KEPT_MS: Final = 5000
+"""How long the model's moves (marker echoes that corrected it by half a frame or more) are kept, for ``moved_ms``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,10 @@ class PlayoutLedger:
         self._current: _Response | None = None
         """The response whose audio the carrier is playing (or will play next)."""
         self._segments: deque[_Segment] = deque()
-        self._played_floor_ms = 0
+        self._played_runs: deque[_Segment] = deque()
+        """Runs of the current response that finished before a later one began (an underrun), as the model last had
+        them, for ``_SENT_KEPT_MS``: the caller's audio said during one may be read only after the next run was sent
+        (the bridge stalled), and is judged against what the caller heard then."""
         self._shifted_ms = 0
         """How far marker echoes have moved the current response's runs off the send clock."""
         self._played_floor_ms = 0
@@ -170,6 +176,8 @@ class PlayoutLedger:
         self.frames_dropped = 0
         self.corrections = 0
         """Times a marker echo moved the playback model (the carrier or the bridge ran off the send clock)."""
+        self._moves: deque[tuple[int, int]] = deque()
+        """The model's moves by half a frame or more in the last ``_MOVES_KEPT_MS``: (when, how far either way, ms)."""
         self.underruns = 0
         """Times the carrier's buffer ran dry mid-response (a frame sent after the previous one had played)."""
         self.mark_lags_ms: list[int] = []
@@ -391,11 +399,16 @@ class PlayoutLedger:
         if current is None or self._paused is not None or not self._sent:
             return None
         kept_from = current.sent_ms - len(self._sent) * self.frame_ms
-        for segment in self._segments:
+        for segment in itertools.chain(self._segments, self._played_runs):
             if segment.start_ms <= at_ms < segment.start_ms + segment.length_ms:
                 index = (segment.from_ms + at_ms - segment.start_ms - kept_from) // self.frame_ms
                 return self._sent[index] if 0 <= index < len(self._sent) else None
         return None
+
+    def moved_ms(self, since_ms: int) -> int:
+        """The most a marker echo moved the model since ``since_ms`` (up to ``_MOVES_KEPT_MS`` back), either way: how
+        far off what the caller heard the model may have been meanwhile (0: never by half a frame or more)."""
+        return max((moved for at_ms, moved in self._moves if at_ms >= since_ms), default=0)
 
     def is_playing(self, now_ms: int) -> bool:
         """Audio is queued here or still playing at the carrier."""
@@ -421,6 +434,9 @@ class PlayoutLedger:
             while self._segments and self._segments[0].start_ms + self._segments[0].length_ms <= now_ms:
                 done = self._segments.popleft()
                 self._played_floor_ms = max(self._played_floor_ms, done.from_ms + done.length_ms)
+                self._played_runs.append(done)
+            while self._played_runs and self._played_runs[0].start_ms + self._played_runs[0].length_ms <= now_ms - _SENT_KEPT_MS:
+                self._played_runs.popleft()
             self._segments.append(_Segment(start, response.sent_ms, length_ms))
         self._buffer_end_ms = start + length_ms
         self._sent.extend(frames)
@@ -482,6 +498,11 @@ class PlayoutLedger:
                 if now_ms != predicted:
                     self.corrections += 1
                     self._shift(now_ms - predicted)
+                    moves = self._moves
+                    if abs(now_ms - predicted) * 2 >= self.frame_ms:  # under half a frame: nothing a frame's judge sees
+                        moves.append((now_ms, abs(now_ms - predicted)))
+                    while moves and moves[0][0] < now_ms - _MOVES_KEPT_MS:
+                        moves.popleft()
         self._note_heard(response_id, ms)
 
     def _note_heard(self, response_id: str, heard_ms: int) -> None:
@@ -491,6 +512,7 @@ class PlayoutLedger:
 
     def _clear_segments(self) -> None:
         self._segments.clear()
+        self._played_runs.clear()
         self._played_floor_ms = 0
         self._shifted_ms = 0
 

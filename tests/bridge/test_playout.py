@@ -160,6 +160,16 @@ class TestMarks:
         ledger.mark_echoed("r@100", 250)  # a stale duplicate changes nothing
         assert ledger.heard_updates() == []
 
+    def test_how_far_the_echoes_moved_the_model_is_kept_a_while(self) -> None:
+        """What bridge-mode barge-in widens its echo bound by (``moved_ms``): moves of half a frame or more."""
+        ledger = PlayoutLedger(lead_ms=1000, mark_every_frames=5)
+        fill(ledger, "r", 40)
+        ledger.mark_echoed("r@100", 105)  # 5 ms late: under half a frame
+        assert ledger.corrections == 1 and ledger.moved_ms(0) == 0
+        ledger.mark_echoed("r@200", 170)  # 35 ms early (the model moved back)
+        ledger.mark_echoed("r@300", 282)  # 12 ms late
+        assert ledger.moved_ms(0) == 35 and ledger.moved_ms(171) == 12 and ledger.moved_ms(283) == 0
+
     def test_no_marks_for_carriers_without_them(self) -> None:
         ledger = PlayoutLedger(uses_marks=False, lead_ms=1000)
         actions = fill(ledger, "r", 12)
@@ -252,11 +262,12 @@ class TestHeardModel:
         assert ledger.heard_ms("r", 350) == 150
 
     def test_a_stream_that_keeps_underrunning_keeps_a_bounded_model(self) -> None:
-        """Loopback audio arrives a little late for every frame: a new run each time, none of them kept long."""
+        """Loopback audio arrives a little late for every frame: a new run each time, none of them kept long (those
+        that ended in the last two seconds, for what the caller heard a moment ago)."""
         ledger = PlayoutLedger(lead_ms=200, uses_marks=False)
         for i in range(2000):
             ledger.enqueue("r", [FRAME], now_ms=21 * i)
-            assert len(ledger._segments) <= 2
+            assert len(ledger._segments) <= 2 and len(ledger._played_runs) <= 2000 // 21 + 1
         assert ledger.heard_ms("r", 21 * 1999 + 10) == 1999 * 20 + 10
 
     def test_heard_of_an_earlier_response_is_its_last_position(self) -> None:
@@ -392,3 +403,17 @@ def test_the_frame_playing_now_or_a_moment_ago() -> None:
     assert ledger.playing_frame(400) is None  # played out
     ledger.pause(300)
     assert ledger.playing_frame(250) is None  # held: the caller hears nothing of it now
+
+
+def test_the_frame_heard_a_moment_ago_is_kept_past_an_underrun() -> None:
+    """The bridge stalled (CI, session 35): the carrier played the lead out, then the bridge sent the next frames,
+    then read the caller's audio said during the stall — judged against what they heard then, not silence (their
+    line's echo of it taken for their own voice paused the agent)."""
+    ledger = PlayoutLedger(lead_ms=200)
+    ledger.enqueue("r", numbered(40), 0)
+    for now in range(0, 101, 20):
+        ledger.tick(now)
+    assert ledger.playing_until_ms == 300
+    ledger.tick(640)  # 540 ms later: the carrier played to 300, then nothing; the next frames sent now
+    assert ledger.underruns == 1
+    assert [int.from_bytes((ledger.playing_frame(at) or b"\xff\xff")[:2], "big") for at in (250, 299, 300, 639, 640)] == [12, 14, 0xFFFF, 0xFFFF, 15]
