@@ -18,6 +18,7 @@ from hypothesis import settings as hypothesis_settings
 
 from callbridge.compiled import compiled_modules
 from callbridge.sim.runner import free_port
+from tests.bytecode_cache import cache_bytecode
 
 # The fuzzers (tests/fuzz/) run on a fixed budget: ``ci`` (the default) is derandomized, so every run draws the
 # same examples; ``HYPOTHESIS_PROFILE=deep`` draws 25 times as many, at random, for a long local run (20,000 a
@@ -47,11 +48,14 @@ def peer_binary(name: str) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In CI (``CALLBRIDGE_REQUIRE_PEERS=1``) a missing peer is an error, never a silent skip."""
+    """In CI (``CALLBRIDGE_REQUIRE_PEERS=1``) a missing peer is an error, never a silent skip. The controller of a
+    parallel run makes the bytecode the workers share (``tests/bytecode_cache.py``)."""
     if os.environ.get("CALLBRIDGE_REQUIRE_PEERS") == "1":
         missing = [f"{binary} (apt-get install {package})" for binary, package in PEERS.items() if peer_binary(binary) is None]
         if missing:
             raise pytest.UsageError(f"CALLBRIDGE_REQUIRE_PEERS=1 but missing: {', '.join(missing)}")
+    if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
+        cache_bytecode(config)  # once, before the workers start (each would rewrite every test module)
 
 __all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
 

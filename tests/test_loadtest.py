@@ -22,6 +22,7 @@ import pytest
 
 from callbridge.cli import main
 from callbridge.config import Settings, load_settings
+from callbridge.outbound_http import http_client
 from callbridge.sim.loadtest import (
     LoadTest,
     LoadTestOptions,
@@ -173,7 +174,7 @@ async def _load_test_a_separate_serve(tmp_path: Path, workers: int) -> None:
     )  # fmt: skip
     supervisor = psutil.Process(server.pid)
     try:
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
 
             async def up() -> bool:
                 try:

@@ -29,6 +29,7 @@ from callbridge.application.assistant import AssistantConfig, AssistantReply, To
 from callbridge.application.context import CallContext
 from callbridge.application.events import CallEvent
 from callbridge.application.signing import SIGNATURE_HEADER, sign
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "MAX_REPLY_BYTES",
@@ -122,7 +123,7 @@ class WebhookApplication:
     def __init__(self, url: str, secret: str, *, client: httpx.AsyncClient | None = None) -> None:
         self.url = url
         self.secret = secret
-        self.client = client or httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
+        self.client = client or http_client(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
 
     async def post(self, payload: dict[str, object], timeout_s: float) -> bytes:
         """POST ``payload`` signed; the answer's body (2xx, at most ``MAX_REPLY_BYTES``), else ``ApplicationFailed``."""

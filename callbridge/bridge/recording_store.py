@@ -24,6 +24,7 @@ from callbridge.bridge.app_events import RETRY_DELAYS_S
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.recording import CHANNELS
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = ["CallRecording", "RecordingStore", "WavAppender", "public_url"]
 
@@ -199,7 +200,7 @@ class RecordingStore:
             if delay_s:
                 await asyncio.sleep(delay_s)
             try:
-                async with httpx.AsyncClient(timeout=self.upload_timeout_s) as http:
+                async with http_client(timeout=self.upload_timeout_s) as http:
                     headers = {"Content-Type": "audio/wav", "Content-Length": str(path.stat().st_size)}
                     answer = await http.put(url, content=_chunks(path), headers=headers)
                 if answer.is_success:

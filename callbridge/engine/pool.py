@@ -49,6 +49,7 @@ from callbridge.engine.port import (
 )
 from callbridge.engine.realtime import RealtimeEngine, RealtimeSession, duplex_url
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = ["EnginePool", "health_url"]
 
@@ -281,7 +282,7 @@ class EnginePool(DuplexEngine):
 
     async def _probe_forever(self) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        async with httpx.AsyncClient(timeout=self.probe_timeout_s, headers=headers) as http:
+        async with http_client(timeout=self.probe_timeout_s, headers=headers) as http:
             while True:
                 due = self.endpoints.due_probes(_now_ms())
                 if due:

@@ -42,6 +42,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.config import Settings
+from callbridge.outbound_http import http_client
 from callbridge.sim.caller import FRAME_MS, CallerScript, CallerSide, CallResult, TimelineEvent, caller_timeline
 
 __all__ = [
@@ -67,7 +68,7 @@ def webhook_client() -> httpx.AsyncClient:
     """The HTTP client a simulated carrier sends its webhooks with. A real carrier opens or keeps connections its
     own way; what matters here is never to lose a webhook (a hang-up callback 5 s after the answer was lost that
     way, and the call taken for a dropped stream) to a keep-alive connection the server is closing."""
-    return httpx.AsyncClient(timeout=10.0, limits=httpx.Limits(keepalive_expiry=_IDLE_REUSE_S))
+    return http_client(timeout=10.0, limits=httpx.Limits(keepalive_expiry=_IDLE_REUSE_S))
 _SILENCE_8K = bytes(320)
 
 OpenReason = Literal["answer", "network_drop", "closed_by_bridge", "redirected"]

@@ -8,6 +8,8 @@ from typing import Final
 
 import psutil
 
+from callbridge.outbound_http import http_client
+
 __all__ = ["FIRST_AUDIO_METRIC", "first_audio_since", "scrape_histogram", "server_cpu_ms", "server_rss_mb"]
 
 FIRST_AUDIO_METRIC: Final = "callbridge_first_audio_to_engine_seconds"
@@ -19,7 +21,7 @@ async def scrape_histogram(base_url: str, name: str) -> dict[float, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        async with httpx.AsyncClient(timeout=5.0) as http:
+        async with http_client(timeout=5.0) as http:
             text = (await http.get(base_url.rstrip("/") + "/metrics")).text
     except httpx.HTTPError:
         return {}

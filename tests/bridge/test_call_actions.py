@@ -29,6 +29,7 @@ from callbridge.carriers.telnyx.http import TelnyxCalls
 from callbridge.carriers.vonage.http import VonageRest
 from callbridge.engine.commands import CloseSession, FunctionCallOutput
 from callbridge.engine.events import AudioDelta, FunctionCall, ResponseDone
+from callbridge.outbound_http import http_client
 from tests.bridge.test_call import Harness, agent_audio
 from tests.bridge.twilio_e2e import engine
 from tests.carriers.test_twilio import SID
@@ -249,7 +250,7 @@ class TestVonage:
             seen.append(request)
             return next(answers)
 
-        rest = VonageRest("https://api.example/", "app-1", path, client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+        rest = VonageRest("https://api.example/", "app-1", path, client=http_client(transport=httpx.MockTransport(handler)))
         assert await rest.perform("call-1", None, SendDtmf("123")) == ActionResult.done()
         assert await rest.perform("call-1", None, TransferCall("+15550100")) == ActionResult.done(call_left=True)
         assert await rest.perform("call-1", None, TransferCall("sip:desk@pbx.example.com")) == ActionResult.done(call_left=True)
@@ -276,7 +277,7 @@ class TestPlivo:
             seen.append(request)
             return httpx.Response(202, json={"message": "ok", "api_id": "x"})
 
-        client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        client = http_client(transport=httpx.MockTransport(handler))
         rest = PlivoRest("https://api.plivo.example", "MA123", SecretStr("tok"), client=client, public_url="https://bridge.example/")
         assert await rest.perform("uuid-1", None, SendDtmf("123")) == ActionResult.done()
         assert await rest.perform("uuid-1", None, TransferCall("+15550100")) == ActionResult.done(call_left=True)

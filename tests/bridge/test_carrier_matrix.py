@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from callbridge.bridge.ws_protocol import PRE_AUTH_MAX_MESSAGE_BYTES
@@ -25,6 +24,7 @@ from callbridge.engine.commands import (
     CreateTextItem,
     TruncateItem,
 )
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript, CallResult, SimCall, WebSocketConnection
 from callbridge.sim.runner import running_bridge
 from callbridge.sim.simulators import simulated
@@ -199,7 +199,7 @@ async def test_bad_input_ends_only_its_own_call(provider: str) -> None:
             labels = {"provider": provider, "reason": reason}
             count = expected[reason]
             await until(lambda n=count, by=labels: metrics.get_sample_value("callbridge_carrier_protocol_errors_total", by) == n)
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             assert (await http.get(bridge.base_url + "/healthz")).status_code == 200
         result = await good_call
     assert result.warnings == [] and result.hung_up_by == "caller", result.render()
@@ -260,7 +260,7 @@ async def test_sip_bad_input_is_answered_or_dropped_and_counted() -> None:
         for reason, count in dropped.items():  # every drop in Prometheus, by reason
             labels = {"reason": reason}
             await until(lambda n=count, by=labels: metrics.get_sample_value("callbridge_sip_dropped_total", by) == n)
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             assert (await http.get(bridge.base_url + "/healthz")).status_code == 200
         result = await good_call
     assert ("BYE", 200) in stream.responses and call.result.warnings == [], (stream.responses, call.result.warnings)

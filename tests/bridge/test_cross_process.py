@@ -29,6 +29,7 @@ from callbridge.carriers.telnyx.sim import SimulatedTelnyx
 from callbridge.carriers.vonage.sim import SimulatedVonage, sign_webhook
 from callbridge.engine.commands import CloseSession
 from callbridge.engine.port import DuplexEngine
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript, SimCall
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serving, with_overrides
 from tests.bridge.test_registry import Backend, backend
@@ -261,7 +262,7 @@ class TwoVonageBridges:
     def __init__(self, a: RunningBridge, b: RunningBridge) -> None:
         assert isinstance(a.carrier, SimulatedVonage)
         self.a, self.b, self.carrier = a, b, a.carrier
-        self.http = httpx.AsyncClient(timeout=10.0)
+        self.http = http_client(timeout=10.0)
 
     def _sign(self, body: bytes | None = None) -> str:
         return sign_webhook(self.carrier.secret, self.carrier.application_id, body)

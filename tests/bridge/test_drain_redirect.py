@@ -11,13 +11,13 @@ import asyncio
 import uuid
 import xml.etree.ElementTree as ET
 
-import httpx
 import pytest
 
 from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.registry import LiveCall
 from callbridge.carriers.telnyx.http import TelnyxCalls
 from callbridge.engine.port import ResumeTicket
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_plivo_http import (
     PlivoStream,
@@ -48,7 +48,7 @@ async def test_a_draining_bridge_sends_a_moving_call_back_to_the_load_balancer(r
 
         drain = asyncio.create_task(services.drain(5.0))
         await until(lambda: services.draining)
-        async with httpx.AsyncClient(timeout=5) as http:  # the load balancer's check: moving begins
+        async with http_client(timeout=5) as http:  # the load balancer's check: moving begins
             assert (await http.get(bridge.base_url + "/readyz")).status_code == 503
         assert await stream.closed() == 1001  # moved: the engine session is parked for the next stream
         await drain

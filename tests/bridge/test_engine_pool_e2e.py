@@ -24,6 +24,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from callbridge.config import Settings
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.twilio_e2e import short_speech, until
@@ -66,7 +67,7 @@ class EngineProcess:
 
     async def sessions(self) -> int:
         """Sessions the server holds, whoever opened them (its own ``/health``)."""
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             return int((await http.get(f"http://127.0.0.1:{self.port}/health")).json()["sessions"])
 
 
@@ -105,7 +106,7 @@ def pool_settings(*urls: str, **engine: Any) -> Settings:
 async def admin(
     bridge: RunningBridge, method: str, path: str, *, headers: dict[str, str] | None = AUTH, **body: str
 ) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         return await http.request(method, bridge.base_url + path, headers=headers, json=body or None)
 
 

@@ -39,6 +39,7 @@ from callbridge.carriers.audiosocket.sim import SimulatedAudioSocket
 from callbridge.carriers.exotel.sim import SimulatedExotel
 from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.carriers.twilio.sim import SimulatedTwilio, TwimlRedirect, answer_and_stream
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript, CallResult, OpenReason
 from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import short_speech, until
@@ -125,7 +126,7 @@ class Fleet:
 
 
 async def _get(url: str) -> httpx.Response:
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         return await http.get(url)
 
 
@@ -273,7 +274,7 @@ async def test_sigterm_drains_a_bridge_onto_the_other_with_no_call_lost(fleet: F
     # out by its next readiness check) three times, then gets <Reject reason="busy"/>; Exotel's upgrade is refused
     validator = RequestValidator(SECRET)
     params = fleet.twilio.answer_params("CA" + "f" * 32, first=True)
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         answers: list[object] = []
         url = None  # each bounce follows the <Redirect> before it, as Twilio does
         for _ in range(DRAIN_NEW_CALL_BOUNCES + 1):

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from callbridge.carriers.exotel.sim import SimulatedExotel
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port
 from tests.bridge.test_fleet import (
@@ -131,7 +132,7 @@ async def balanced(tmp_path: Path) -> AsyncIterator[Balanced]:
 
 async def _lb_ready(lb: Haproxy) -> bool:
     try:
-        async with httpx.AsyncClient(timeout=2) as http:
+        async with http_client(timeout=2) as http:
             return (await http.get(lb.url + "/readyz")).status_code == 200
     except httpx.TransportError:
         return False

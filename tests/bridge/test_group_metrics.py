@@ -20,13 +20,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 from twilio.request_validator import RequestValidator
 
 from callbridge.compiled import compiled_modules
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import free_port
 from tests.bridge.twilio_e2e import until
 from tests.conftest import wait_http_ok
@@ -116,13 +116,13 @@ async def _post_status(url: str, event: str) -> None:
     }  # fmt: skip
     target = url + "/twilio/stream-status"
     signature = RequestValidator(SECRET).compute_signature(target, form)
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         response = await http.post(target, data=form, headers={"X-Twilio-Signature": signature, "Connection": "close"})
     assert response.status_code == 204
 
 
 async def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         text = (await http.get(url + "/metrics", headers={"Connection": "close"})).text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from callbridge.bridge.app import BridgeState
@@ -14,6 +13,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import ENDED_KEPT_MS, MemoryCallRegistry
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.engine.port import ResumeTicket
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.twilio_e2e import RawStream, engine, settings, short_speech, until
@@ -27,7 +27,7 @@ LEVELS = (
 
 
 async def _levels(base_url: str) -> dict[str, float]:
-    async with httpx.AsyncClient() as http:
+    async with http_client() as http:
         text = (await http.get(base_url + "/metrics")).text
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 

@@ -9,12 +9,12 @@ import contextlib
 import json
 from pathlib import Path
 
-import httpx
 from twilio.request_validator import RequestValidator
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.carriers.twilio.sim import SimulatedTwilio
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import free_port
 from tests.bridge.lone_bridge import served
@@ -30,7 +30,7 @@ async def test_the_log_is_in_its_format_and_level_from_the_first_line(tmp_path: 
     bridge = _start("bridge", ["serve", "--log-level", "warning"], config, free_port(), tmp_path)
     try:
         await asyncio.to_thread(wait_http_ok, bridge.url + "/readyz", bridge.process, 60)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(timeout=5) as http:  # one warning to read
+        async with http_client(timeout=5) as http:  # one warning to read
             assert (await http.post(bridge.url + "/twilio/voice", data={"CallSid": "CA1"})).status_code == 403
     finally:
         bridge.stop()
@@ -42,7 +42,7 @@ async def test_the_log_is_in_its_format_and_level_from_the_first_line(tmp_path: 
 
 async def test_a_refused_signature_names_the_url_it_was_checked_against(tmp_path: Path) -> None:
     async with served(tmp_path) as server:
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             refused = await http.post(server.bridge.url + "/twilio/voice?redirect=00", data={"CallSid": "CA1"},
                                       headers={"X-Twilio-Signature": "forged"})  # fmt: skip
         records = [json.loads(line) for line in server.bridge.log_path.read_text().splitlines() if line.startswith("{")]
@@ -55,7 +55,7 @@ async def test_a_digit_the_caller_pressed_is_counted_and_logged_without_its_valu
     """Before, a received digit left no trace an operator could see (no log line, no metric)."""
     async with served(tmp_path) as server:
         result = await server.twilio.place_call(CallerScript(dtmf=((300, "7"), (600, "#")), hangup_at_ms=1500))
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             metrics = (await http.get(server.bridge.url + "/metrics")).text
         records = [json.loads(line) for line in server.bridge.log_path.read_text().splitlines() if line.startswith("{")]
     assert result.hung_up_by == "caller", result.render()
@@ -81,7 +81,7 @@ async def test_a_sender_that_reconnects_at_once_after_each_refusal_writes_a_boun
                 with contextlib.suppress(ConnectionClosed):
                     async for _ in ws:
                         pass
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             metrics = (await http.get(server.bridge.url + "/metrics")).text
         records = [json.loads(line) for line in server.bridge.log_path.read_text().splitlines() if line.startswith("{")]
     assert 'callbridge_streams_refused_total{provider="twilio",reason="bad_token"} 300.0' in metrics

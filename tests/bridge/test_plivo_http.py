@@ -30,6 +30,7 @@ from callbridge.carriers.plivo.http import (
 )
 from callbridge.carriers.plivo.wire import decode_stream_token, parse_extra_headers
 from callbridge.engine.commands import AppendAudio, CreateTextItem
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RecordingEngine, engine, known, settings, until
 
@@ -131,7 +132,7 @@ def signed_headers(method: str, url: str, params: dict[str, str]) -> dict[str, s
 async def post_signed(bridge: RunningBridge, path: str, params: dict[str, str], *, sign: bool = True) -> httpx.Response:
     url = bridge.base_url + path
     headers = signed_headers("POST", url, params) if sign else {}
-    async with httpx.AsyncClient() as http:
+    async with http_client() as http:
         return await http.post(url, data=params, headers=headers)
 
 
@@ -200,7 +201,7 @@ async def test_answer_requires_a_valid_signature() -> None:
         unsigned = await post_signed(bridge, "/plivo/answer", call_params("c-1"), sign=False)
         url = bridge.base_url + "/plivo/answer"
         forged_headers = signed_headers("POST", url, {**call_params("c-1"), "From": "+19999"})
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             forged = await http.post(url, data=call_params("c-1"), headers=forged_headers)
         good = await post_signed(bridge, "/plivo/answer", call_params("c-1"))
     assert unsigned.status_code == 403 and forged.status_code == 403
@@ -215,7 +216,7 @@ async def test_answer_by_get_is_signed_over_its_query() -> None:
     recorder = engine()
     async with bridge_with(recorder) as bridge:
         url = bridge.base_url + "/plivo/answer?CallUUID=c-get&From=%2B15550001"
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             good = await http.get(url, headers=signed_headers("GET", url, {}))
             bad = await http.get(url, headers=signed_headers("GET", url.replace("c-get", "c-other"), {}))
     assert good.status_code == 200 and ET.fromstring(good.text).find("Stream") is not None
@@ -361,7 +362,7 @@ async def test_rest_hang_up_deletes_the_call_with_basic_auth() -> None:
         seen.append(request)
         return httpx.Response(204)
 
-    rest = PlivoRest("https://api.example/", AUTH_ID, SecretStr(AUTH_TOKEN), client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    rest = PlivoRest("https://api.example/", AUTH_ID, SecretStr(AUTH_TOKEN), client=http_client(transport=httpx.MockTransport(handler)))
     await rest.hang_up("1234-abcd", "MAOTHER")
     await rest.aclose()
     (request,) = seen
@@ -371,7 +372,7 @@ async def test_rest_hang_up_deletes_the_call_with_basic_auth() -> None:
 
 @pytest.mark.parametrize(("status", "raises"), [(204, False), (404, False), (401, True), (500, True)])
 async def test_rest_hang_up_statuses(status: int, raises: bool) -> None:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(status)))
+    client = http_client(transport=httpx.MockTransport(lambda request: httpx.Response(status)))
     rest = PlivoRest("https://api.example", AUTH_ID, SecretStr(AUTH_TOKEN), client=client)
     if raises:
         with pytest.raises(httpx.HTTPStatusError):
@@ -382,7 +383,7 @@ async def test_rest_hang_up_statuses(status: int, raises: bool) -> None:
 
 
 async def test_rest_hang_up_needs_credentials() -> None:
-    rest = PlivoRest("https://api.example", None, None, client=httpx.AsyncClient(transport=httpx.MockTransport(lambda r: httpx.Response(204))))
+    rest = PlivoRest("https://api.example", None, None, client=http_client(transport=httpx.MockTransport(lambda r: httpx.Response(204))))
     with pytest.raises(RuntimeError):
         await rest.hang_up("c", None)
     await rest.aclose()

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from callbridge.config import Settings
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.test_engine_pool_e2e import TOKEN, admin
 from tests.bridge.twilio_e2e import RawStream, bound, engine, post_answer, settings, until
@@ -25,7 +26,7 @@ def one_engine(url: str) -> Settings:
 
 
 async def readiness(base_url: str) -> tuple[int, str]:
-    async with httpx.AsyncClient(timeout=5) as http:
+    async with http_client(timeout=5) as http:
         response = await http.get(base_url + "/readyz")
     return response.status_code, str(response.json()["status"])
 

@@ -23,6 +23,7 @@ from callbridge.carriers.plivo.sim import SimulatedPlivo
 from callbridge.carriers.telnyx.sim import SimulatedTelnyx
 from callbridge.carriers.vonage.sim import application_id_for, sign_webhook
 from callbridge.config import load_settings
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import engine, settings
 from tests.redis_server import redis_url
@@ -106,7 +107,7 @@ async def test_a_signed_webhook_sent_again_is_refused(name: str) -> None:
     provider, build = SIGNED[name]
     async with running_bridge(settings(), engine(), provider=provider) as bridge:
         request = build(bridge)
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             first = await _send(http, request)
             replayed = [await _send(http, request) for _ in range(3)]
             fresh = await _send(http, build(bridge))  # the carrier's next request, signed anew: taken
@@ -120,7 +121,7 @@ async def test_a_replayed_answer_mints_no_token_for_the_call() -> None:
     takes the call's engine session over. The replay gets a 403 and no TwiML."""
     async with running_bridge(settings(), engine()) as bridge:
         request = twilio_answer(bridge)
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             method, url, headers, body = request
             answered = await http.request(method, url, headers=headers, content=body)
             replayed = await http.request(method, url, headers=headers, content=body)
@@ -143,7 +144,7 @@ async def test_a_request_answered_with_an_error_may_come_again() -> None:
 
         services.decide_answer = failing_once
         request = twilio_answer(bridge)
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             statuses = [await _send(http, request) for _ in range(3)]
     assert statuses == [500, 200, 403]  # failed; the retry taken; then a replay
 
@@ -171,7 +172,7 @@ async def test_a_replay_is_refused_by_every_process_on_the_shared_registry(redis
 async def test_a_bridge_on_redis_refuses_a_replay(redis_url: str) -> None:
     async with running_bridge(settings(registry={"backend": "redis", "redis_url": redis_url}), engine()) as bridge:
         request = twilio_answer(bridge)
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             assert [await _send(http, request) for _ in range(2)] == [200, 403]
 
 

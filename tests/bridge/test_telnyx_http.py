@@ -25,6 +25,7 @@ from callbridge.carriers.telnyx.http import (
     stream_parameters,
 )
 from callbridge.config import ConfigError, Settings, load_settings
+from callbridge.outbound_http import http_client
 from tests.bridge.twilio_e2e import engine
 from tests.redis_server import redis_server
 
@@ -90,7 +91,7 @@ class TestRest:
             response: httpx.Response = handler(request)
             return response
 
-        client = httpx.AsyncClient(transport=httpx.MockTransport(record))
+        client = http_client(transport=httpx.MockTransport(record))
         return TelnyxRest("https://api.example/", SecretStr(key) if key else None, client=client), seen
 
     async def test_hang_up_is_a_bearer_authenticated_command(self) -> None:
@@ -261,7 +262,7 @@ class TestCallControl:
         def refuse(request: httpx.Request) -> httpx.Response:
             return httpx.Response(500)
 
-        rest = TelnyxRest("https://api.example", SecretStr("k"), client=httpx.AsyncClient(transport=httpx.MockTransport(refuse)))
+        rest = TelnyxRest("https://api.example", SecretStr("k"), client=http_client(transport=httpx.MockTransport(refuse)))
         svc = services()
         calls = TelnyxCalls(svc, rest)
         await calls.on_event("call.initiated", {"call_control_id": "v3:a"}, BASE)

@@ -31,6 +31,7 @@ from callbridge.engine.commands import (
     CreateTextItem,
     TruncateItem,
 )
+from callbridge.outbound_http import http_client
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sim.simulators import simulated
@@ -57,7 +58,7 @@ class RawVonage:
     def __init__(self, bridge: RunningBridge) -> None:
         self.bridge = bridge
         self.carrier = sim(bridge)
-        self.http = httpx.AsyncClient(timeout=10.0)
+        self.http = http_client(timeout=10.0)
 
     def sign(self, body: bytes | None = None, **kwargs: Any) -> str:
         return sign_webhook(self.carrier.secret, self.carrier.application_id, body, **kwargs)
@@ -444,7 +445,7 @@ async def test_rest_client_outcomes(tmp_path: Path) -> None:
         status, text = next(statuses)
         return httpx.Response(status, text=text)
 
-    rest = VonageRest("https://api.example/", "app-1", path, client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    rest = VonageRest("https://api.example/", "app-1", path, client=http_client(transport=httpx.MockTransport(handler)))
     for _ in range(3):
         await rest.hang_up("call-1", None)
     with pytest.raises(httpx.HTTPStatusError):

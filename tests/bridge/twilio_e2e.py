@@ -24,6 +24,7 @@ from callbridge.engine.commands import EngineCommand, TruncateItem
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import RunningBridge, load_wav_8k, sample_caller_wav
 
 
@@ -86,7 +87,7 @@ async def post_answer(bridge: RunningBridge, call_sid: str, *, again: bool = Fal
     validator = RequestValidator(bridge.settings.twilio.auth_token.get_secret_value())  # type: ignore[union-attr]
     url = bridge.base_url + "/twilio/voice" + (f"?redirect={secrets.token_hex(8)}" if again else "")
     params = {"CallSid": call_sid, "AccountSid": bridge.carrier.account_sid, "From": "+1", "To": "+2"}
-    async with httpx.AsyncClient(timeout=timeout_s) as http:
+    async with http_client(timeout=timeout_s) as http:
         return await http.post(url, data=params, headers={"X-Twilio-Signature": validator.compute_signature(url, params)})
 
 

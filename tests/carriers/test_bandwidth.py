@@ -25,6 +25,7 @@ from callbridge.carriers.base import (
     UnknownCarrierEvent,
 )
 from callbridge.codecs import AudioEncoding
+from callbridge.outbound_http import http_client
 
 pytestmark = pytest.mark.core
 
@@ -133,7 +134,7 @@ async def test_the_voice_api_takes_one_oauth_token_until_it_nears_expiry_and_han
         account_id="9900001", client_id="client", client_secret="secret",  # type: ignore[arg-type]
         api_base_url="https://voice.test/api/v2", token_url="https://id.test/token",
     )  # fmt: skip
-    rest = BandwidthRest(config, client=httpx.AsyncClient(transport=httpx.MockTransport(handler)))
+    rest = BandwidthRest(config, client=http_client(transport=httpx.MockTransport(handler)))
     await rest.hang_up(CALL, None)
     assert await rest.redirect(CALL, "https://bridge.example.com/bandwidth/answer") is False  # 404: not live
     await rest.aclose()

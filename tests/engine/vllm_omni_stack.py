@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 from fastapi import FastAPI, WebSocket
 
+from callbridge.outbound_http import http_client
 from tests.engine.vllm_omni_wheel import require_wheel
 
 _ROOT = Path(__file__).resolve().parent.parent.parent
@@ -432,7 +432,7 @@ class VllmOmniProcess:
 
     async def tally(self) -> dict[str, Any]:
         """The stand-in's count of sessions held, ``session.close`` frames received, error codes sent."""
-        async with httpx.AsyncClient(timeout=5) as http:
+        async with http_client(timeout=5) as http:
             tally: dict[str, Any] = (await http.get(f"http://127.0.0.1:{self.port}/stand-in/sessions")).json()
             return tally
 

@@ -9,7 +9,6 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 from hypothesis import given
@@ -18,6 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.engine.port import SessionConfig
+from callbridge.outbound_http import http_client
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge.twilio_e2e import RawStream, engine, settings
 from tests.fuzz.strategies import budget, mutated
@@ -94,7 +94,7 @@ async def test_every_stream_driver_finishes(bridge: tuple[RunningBridge, DriverR
         while runs.finished < runs.started:
             await asyncio.sleep(0.01)
     assert runs.escaped == []
-    async with httpx.AsyncClient() as http:
+    async with http_client() as http:
         assert (await http.get(running.base_url + "/healthz")).status_code == 200
 
 

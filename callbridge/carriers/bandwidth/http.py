@@ -47,6 +47,7 @@ from callbridge.carriers.webhooks import (
 )
 from callbridge.config import Settings
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "ANSWER_PATH",
@@ -280,7 +281,7 @@ class BandwidthRest:
     def __init__(self, config: BandwidthSettings, *, client: httpx.AsyncClient | None = None) -> None:
         self._base = config.api_base_url.rstrip("/")
         self._config = config
-        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._client = client or http_client(timeout=10.0)
         self._token: tuple[str, float] | None = None
         """The bearer token and when to stop using it (monotonic seconds)."""
 

@@ -41,6 +41,7 @@ from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "ANSWER_PATH",
@@ -375,7 +376,7 @@ class PlivoRest:
         self._public_url = public_url.rstrip("/") if public_url else None
         self._auth_id = auth_id
         self._token = auth_token.get_secret_value() if auth_token else None
-        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._client = client or http_client(timeout=10.0)
 
     async def hang_up(self, call_id: str, account_id: str | None) -> None:
         """Hang up the call; one that has already ended (404) counts as done. Raises ``httpx.HTTPError``.

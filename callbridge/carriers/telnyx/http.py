@@ -61,6 +61,7 @@ from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.webhooks import answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "ALREADY_ENDED",
@@ -145,7 +146,7 @@ class TelnyxRest:
     def __init__(self, base_url: str, api_key: SecretStr | None, *, client: httpx.AsyncClient | None = None) -> None:
         self._base = base_url.rstrip("/")
         self._key = api_key.get_secret_value() if api_key else None
-        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._client = client or http_client(timeout=10.0)
 
     async def command(self, call_id: str, action: str, body: dict[str, Any] | None = None) -> bool:
         """``POST /v2/calls/{call_id}/actions/{action}``: True when done, False when the call had already ended."""

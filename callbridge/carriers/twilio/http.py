@@ -42,6 +42,7 @@ from callbridge.carriers.twilio.wire import ACCOUNT_PARAM, TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "CARRIER",
@@ -262,7 +263,7 @@ class TwilioRest:
         self._base = base_url.rstrip("/")
         self._token = token.get_secret_value() if token else None
         self._username = username
-        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._client = client or http_client(timeout=10.0)
 
     async def hang_up(self, call_id: str, account_id: str | None) -> None:
         """Complete the call; a call that has already ended counts as done. Raises ``httpx.HTTPError``."""

@@ -80,6 +80,7 @@ from callbridge.carriers.vonage.wire import VonageCodec, content_type
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
+from callbridge.outbound_http import http_client
 
 __all__ = [
     "ANSWER_PATH",
@@ -496,7 +497,7 @@ class VonageRest:
         self._key_path = private_key_path
         self._key: PrivateKeyTypes | None = None
         self._ttl_s = token_ttl_s
-        self._client = client or httpx.AsyncClient(timeout=10.0)
+        self._client = client or http_client(timeout=10.0)
 
     def token(self) -> str:
         """A fresh application JWT (``application_id``, ``iat``, ``exp``, ``jti``). Raises if unconfigured."""
