@@ -288,12 +288,16 @@ class PlayoutLedger:
     def pause(self, now_ms: int) -> FlushResult | None:
         """Bridge-mode barge-in's pause (#41): the carrier's buffer cleared and nothing more sent, as ``flush`` does,
         but the response playing is held, not given up — its audio the caller has not heard (from where they
-        stopped hearing it, to a frame), what is queued behind it, and what comes meanwhile wait for ``resume``.
+        stopped hearing it, to a frame; a carrier that cannot be cleared plays what it holds, and the reply goes on
+        after that), what is queued behind it, and what comes meanwhile wait for ``resume``.
         A ``flush`` during the pause (the barge-in confirmed) drops what was held. Returns the flush's account; None
         where nothing is playing or a pause holds already (nothing changed)."""
         current, unplayed = self._current, self.unplayed(now_ms)
         if self._paused is not None or current is None or unplayed is None:
             return None
+        if not self.flushes:  # the carrier plays all it was sent (SIP, AudioSocket): the reply goes on after that
+            played = (current.sent_ms - unplayed.from_ms) // self.frame_ms
+            unplayed = replace(unplayed, from_ms=current.sent_ms, frames=unplayed.frames[played:])
         later = [(response, frame) for response, frame in self._queue if response is not current]
         ended = current.ended
         result = self.flush(now_ms)

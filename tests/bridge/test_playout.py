@@ -349,6 +349,18 @@ class TestPause:
         assert after == list(range(15, 50))  # 310 ms heard: frame 15 (300–320 ms) was playing, and plays again
         assert max(before) >= 15 and ledger.heard_ms("r", 3000) == 1000
 
+    def test_a_carrier_that_cannot_be_cleared_hears_every_frame_once(self) -> None:
+        """SIP and AudioSocket play what they were sent: a resume goes on after it, not from where the caller was
+        when it paused (it replayed up to the lead: a resumed pause repeated audio on these carriers)."""
+        ledger = PlayoutLedger(lead_ms=200, flushes=False)
+        ledger.enqueue("r", numbered(50), 0)
+        before = media_indexes(ledger.actions_to_send()) + self.played(ledger, 310)
+        result = ledger.pause(310)
+        assert result is not None and not result.cleared and result.heard_ms == result.sent_ms == 20 * len(before)
+        ledger.resume(900)
+        after = media_indexes(ledger.actions_to_send()) + self.played(ledger, 3000, 901)
+        assert before + after == list(range(50))
+
     def test_frames_that_come_during_the_pause_wait_and_follow_in_order(self) -> None:
         ledger = PlayoutLedger(lead_ms=100)
         frames = numbered(30)

@@ -25,6 +25,7 @@ from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
 from callbridge.outbound_http import http_client
+from callbridge.sim.carrier import CallResult
 from callbridge.sim.runner import RunningBridge, load_wav_8k, sample_caller_wav
 
 
@@ -215,3 +216,16 @@ class LoopStalls:
             due = loop.time() + self.every_s
             await asyncio.sleep(self.every_s)
             self.worst_ms = max(self.worst_ms, (loop.time() - due) * 1000)
+
+
+def heard_of_the_interrupted_reply(result: CallResult, frame_ms: int = 20) -> tuple[int, int]:
+    """What the caller heard of the reply they talked over (ms), and how far off the truncation it may be beyond
+    ``LoopStalls.heard_tolerance_ms``: with the bridge deciding (``barge_in.mode = "bridge"``, the default) their
+    first words may pause it and, short of a confirmation, resume it (a gap in them), each pause a flush; the
+    played total at the last one is what they heard, each resume having played again the frame it paused in (the
+    carrier's ``frame_ms``: Exotel's chunks are 100 ms). A carrier with no flush only stops getting audio, and plays
+    on from what it was sent: every run before the answer's."""
+    if result.clears:
+        return result.played_ms_at_clear[-1], frame_ms * (len(result.clears) - 1)
+    runs = result.agent_runs_ms[:-1] if len(result.agent_runs_ms) > 1 else result.agent_runs_ms
+    return sum(runs), 0
