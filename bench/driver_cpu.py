@@ -53,7 +53,7 @@ class MemoryTransport:
 
 
 async def run(calls: int, seconds: float, app: str | None = None, record: Path | None = None) -> tuple[float, float]:
-    sections: dict[str, object] = {"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}}
+    sections: dict[str, object] = {"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}, "barge_in": {"mode": "engine"}}
     if app is not None:
         sections["app"] = {"module": app}
     if record is not None:

@@ -24,6 +24,7 @@ from callbridge.cli import main
 from callbridge.config import Settings, load_settings
 from callbridge.outbound_http import http_client
 from callbridge.sim.loadtest import (
+    LOAD_TEST_BARGE_IN,
     LoadTest,
     LoadTestOptions,
     bridge_env,
@@ -46,7 +47,7 @@ SPEECH = load_wav_8k(sample_caller_wav())
 
 
 def _settings(agent: str = "loopback") -> Settings:
-    return Settings.model_validate({"local_engine": {"agent": agent}})
+    return Settings.model_validate({"local_engine": {"agent": agent}, "barge_in": LOAD_TEST_BARGE_IN})
 
 
 @pytest.mark.parametrize("provider", sorted(SIMULATED))
@@ -95,7 +96,7 @@ async def test_phases_spread_the_calls_clocks_and_keep_each_call_at_20_ms() -> N
 async def test_calls_past_the_bridges_capacity_are_counted_refused_with_the_time_of_the_no() -> None:
     """Admission past ``server.max_calls``: the load test tells the calls the bridge refused at the answer (busy) from
     those it answered, with how long each answer took; the answered ones run whole."""
-    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "server": {"max_calls": 2}})
+    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "server": {"max_calls": 2}, "barge_in": LOAD_TEST_BARGE_IN})
     async with running_bridge(settings) as bridge:
         options = LoadTestOptions(calls=4, ramp_s=0.3, duration_s=2.0, click_every_ms=500, audio=SPEECH, progress=False)
         report = await LoadTest(bridge.carrier, options).run()
@@ -161,6 +162,7 @@ async def _load_test_a_separate_serve(tmp_path: Path, workers: int) -> None:
         shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in bridge_env("telnyx", secret, rest_url).splitlines()
     )
     assert exported["CALLBRIDGE_TELNYX__API_KEY"] == secret and exported["CALLBRIDGE_TELNYX__API_BASE_URL"] == rest_url
+    assert exported["CALLBRIDGE_BARGE_IN__MODE"] == "engine"  # the loopback sends back what it hears, clicks over it included
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CALLBRIDGE_")},
         **exported,
@@ -216,7 +218,7 @@ def test_print_env_configures_a_bridge_for_the_simulated_account(
     assert main(["loadtest", "--provider", provider, "--secret", "s3cret-0123456789abcdef", "--rest-port", "8111", "--print-env"]) == 0
     printed = capsys.readouterr().out
     for line in printed.splitlines():
-        assert line.startswith(f"export CALLBRIDGE_{provider.upper()}__"), line
+        assert line.startswith((f"export CALLBRIDGE_{provider.upper()}__", "export CALLBRIDGE_BARGE_IN__MODE=engine")), line
         key, _, value = line.removeprefix("export ").partition("=")
         monkeypatch.setenv(key, shlex.split(value)[0])
     settings = load_settings()

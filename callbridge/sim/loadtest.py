@@ -577,10 +577,18 @@ def secret_from_settings(provider: str, settings: Settings) -> str | None:
     return value.get_secret_value() if value is not None else None
 
 
+LOAD_TEST_BARGE_IN: Final[dict[str, Any]] = {"mode": "engine"}
+"""A load test's bridge leaves barge-in to the engine: the ``loopback`` agent sends back every frame as it hears it,
+the caller's clicks over its own "speech" included — in the bridge's mode (``barge_in.mode = "bridge"``) each would
+pause it, and the click's return be held; what a load test measures is the media path, as it did before the
+bridge's mode was the default. ``bench/barge_in.py`` measures both modes."""
+
+
 def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     """``export`` lines that point a separately started bridge (and a load test started from the same shell) at
-    the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``."""
-    overrides = simulator_class(carrier_spec(provider)).exported_settings(secret, rest_url)
+    the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``; and give it the
+    engine's barge-in (``LOAD_TEST_BARGE_IN``)."""
+    overrides = simulator_class(carrier_spec(provider)).exported_settings(secret, rest_url) | {"barge_in": LOAD_TEST_BARGE_IN}
     lines = []
     for section, values in overrides.items():
         for key, value in values.items():
@@ -626,7 +634,10 @@ async def load_test_samples(
         from callbridge.sim.runner import running_bridge, with_overrides
 
         agent = "echo" if options.barge_in_every_ms is not None else "loopback"
-        local = with_overrides(settings, {"local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}})
+        overrides: dict[str, dict[str, Any]] = {
+            "local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}, "barge_in": LOAD_TEST_BARGE_IN,
+        }  # fmt: skip
+        local = with_overrides(settings, overrides)
         truncations = TruncationLog(LocalEngine(local_engine_options(local)))
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
             in_process = replace(options, server_pid=os.getpid(), metrics_url=bridge.base_url)

@@ -139,7 +139,7 @@ async def test_the_bridge_never_sends_what_telnyx_rejects() -> None:
         bridge.carrier.on_message = sent.append
         script = CallerScript(utterances=((300, short_speech()),), interrupt_after_agent_ms=600, hangup_at_ms=5000)
         result = await bridge.carrier.place_call(script)
-    assert result.warnings == [] and len(result.clears) == 1, result.render()
+    assert result.warnings == [] and result.clears, result.render()  # a flush at each pause
     kinds = {message[:40].split('"event":"')[1].split('"')[0] for message in sent if isinstance(message, str)}
     assert kinds == {"media", "mark", "clear"} and all(isinstance(m, str) for m in sent)
 
