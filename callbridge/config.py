@@ -353,12 +353,12 @@ class RecordingSettings(Section):
 
 
 class BargeInSettings(Section):
-    """Who decides that the caller interrupted the agent (#41). ``engine``: the engine's own VAD, on the first speech
-    it hears over the reply (the agent's echo and a backchannel included). ``bridge``: the bridge pauses the agent on
-    speech over it that is more than its echo, then confirms the barge-in or resumes the reply (not yet the default:
-    see ``bench/RESULTS.md`` for both measured on the same corpus)."""
+    """Who decides that the caller interrupted the agent (#41). ``bridge`` (the default): the bridge pauses the agent
+    on speech over it that is more than its echo, then confirms the barge-in or resumes the reply. ``engine``: the
+    engine's own VAD, on the first speech it hears over the reply (the agent's echo and a backchannel included).
+    ``bench/RESULTS.md`` has both measured on the same corpus."""
 
-    mode: Literal["engine", "bridge"] = "engine"
+    mode: Literal["engine", "bridge"] = "bridge"
     pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 100
     """``bridge``: the caller's speech over the agent this long pauses it."""
     confirm_after_ms: Annotated[int, Field(ge=20, le=5000)] = 600
@@ -368,7 +368,7 @@ class BargeInSettings(Section):
     gap_ms: Annotated[int, Field(ge=20, le=2000)] = 200
     """``bridge``: a gap in the caller's speech shorter than this does not end it (between syllables, and where the
     echo hides their quieter ones)."""
-    backchannel_max_ms: Annotated[int, Field(ge=20, le=5000)] = 450
+    backchannel_max_ms: Annotated[int, Field(ge=20, le=5000)] = 300
     """``bridge``: the longest speech taken for a backchannel ("mm-hm"): past it, a pause resumes only after
     ``gap_ms`` of quiet (the caller more likely between two words than done)."""
     max_pause_ms: Annotated[int, Field(ge=100, le=10_000)] = 1500

@@ -52,7 +52,7 @@ class InterruptionSettings:
     gap_ms: int = 200
     """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker, and the
     caller's quieter syllables the echo hides: the gate hears double talk at its loud peaks)."""
-    backchannel_max_ms: int = 450
+    backchannel_max_ms: int = 300
     """The longest speech taken for a backchannel: in a pause, once the caller's speech has lasted this long from its
     onset, the line must be quiet for ``gap_ms`` (not ``resume_after_silence_ms``) to resume — they are more likely
     between two words than done ("mm-hm" is 250–450 ms; a pause between phrases 150–200 ms)."""

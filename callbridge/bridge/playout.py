@@ -295,7 +295,7 @@ class PlayoutLedger:
         current, unplayed = self._current, self.unplayed(now_ms)
         if self._paused is not None or current is None or unplayed is None:
             return None
-        if not self.flushes:  # the carrier plays all it was sent (SIP, AudioSocket): the reply goes on after that
+        if not self.flushes:  # the carrier plays all it was sent (it has no flush): the reply goes on after that
             played = (current.sent_ms - unplayed.from_ms) // self.frame_ms
             unplayed = replace(unplayed, from_ms=current.sent_ms, frames=unplayed.frames[played:])
         later = [(response, frame) for response, frame in self._queue if response is not current]

@@ -188,8 +188,10 @@ def test_the_assistant_chooses_who_decides_barge_in_on_its_call_field_by_field()
     """``turn_taking.barge_in``: the mode and each threshold over ``[barge_in]``; left out, the configured; times out
     of order with the configured ones are ignored (the configured kept, logged), never a call that fails."""
     bridge = Settings.model_validate({"barge_in": {"mode": "bridge", "confirm_after_ms": 700}})
-    assert barge_in_choice(Settings()) == "engine" and barge_in_choice(Settings(), AssistantConfig()) == "engine"
-    chosen = barge_in_choice(Settings(), AssistantConfig.model_validate({"turn_taking": {"barge_in": {"mode": "bridge", "below_caller_db": 10}}}))
+    engine = Settings.model_validate({"barge_in": {"mode": "engine"}})
+    assert barge_in_choice(Settings()) == barge_in_choice(Settings(), AssistantConfig()) == BridgeBargeInSettings()  # the default
+    assert barge_in_choice(engine) == "engine" and barge_in_choice(engine, AssistantConfig()) == "engine"
+    chosen = barge_in_choice(engine, AssistantConfig.model_validate({"turn_taking": {"barge_in": {"mode": "bridge", "below_caller_db": 10}}}))
     assert isinstance(chosen, BridgeBargeInSettings) and chosen.below_caller_db == 10 and chosen.policy == InterruptionSettings()
     mine = barge_in_choice(bridge, AssistantConfig.model_validate({"turn_taking": {"barge_in": {"pause_after_ms": 200}}}))
     assert isinstance(mine, BridgeBargeInSettings) and (mine.policy.pause_after_ms, mine.policy.confirm_after_ms) == (200, 700)

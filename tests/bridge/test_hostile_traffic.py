@@ -43,7 +43,7 @@ async def test_twenty_unauthenticated_sockets_announcing_15_mib_each_cost_the_se
         pid = server.bridge.process.pid
         script = CallerScript(utterances=((300, short_speech()), (6000, short_speech())), hangup_at_ms=11_000)
         call = asyncio.create_task(server.twilio.place_call(script))
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(3.0)  # into the agent's first reply: what a call first needs of the process is had by then
         baseline = rss_bytes(pid)
         peak = baseline
         sampling = True

@@ -33,13 +33,16 @@ def test_a_click_or_a_short_cough_never_pauses_the_agent() -> None:
     assert run([(320, 416)]) == []  # three: 96 ms, under the pause (100 ms)
 
 
-def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing() -> None:
-    verdicts = run([(640, 1056)])  # an "mm-hm" of 416 ms
+@pytest.mark.parametrize(("said_ms", "resume_after_ms"), [(256, 120), (416, 200)])
+def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing(said_ms: int, resume_after_ms: int) -> None:
+    """An "mm-hm": resumed after ``resume_after_silence_ms`` of quiet; one as long as ``backchannel_max_ms`` or
+    longer (300 ms) after ``gap_ms`` (the caller may be between two words: "Wait, — that's not…")."""
+    verdicts = run([(640, 640 + said_ms)])
     assert [type(v) for _, v in verdicts] == [Pause, Resume]
     (paused_at, pause), (resumed_at, resume) = verdicts
     assert isinstance(pause, Pause) and isinstance(resume, Resume)
     assert pause.onset_ms == 640 and paused_at - 640 <= 100 + FRAME_MS
-    assert resume.speech_ms == 416 and resumed_at - 1056 <= 120 + FRAME_MS
+    assert resume.speech_ms == said_ms and resumed_at - (640 + said_ms) <= resume_after_ms + FRAME_MS
     assert resume.paused_ms == resumed_at - paused_at
 
 

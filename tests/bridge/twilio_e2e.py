@@ -9,7 +9,7 @@ import inspect
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 import httpx
@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.bridge.registry import CallRegistry
 from callbridge.config import Settings
-from callbridge.engine.commands import EngineCommand, TruncateItem
+from callbridge.engine.commands import AppendAudio, BargeIn, EngineCommand, TruncateItem
 from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
@@ -229,3 +229,10 @@ def heard_of_the_interrupted_reply(result: CallResult, frame_ms: int = 20) -> tu
         return result.played_ms_at_clear[-1], frame_ms * (len(result.clears) - 1)
     runs = result.agent_runs_ms[:-1] if len(result.agent_runs_ms) > 1 else result.agent_runs_ms
     return sum(runs), 0
+
+
+def caller_audio_ms(commands: Sequence[object]) -> int:
+    """How much of the caller's audio a session's ``commands`` carried, each piece once: a confirmed bridge-mode
+    barge-in (``BargeIn``) sends again, next, what the caller said since just before their onset."""
+    appends = [c for before, c in zip([None, *commands], commands, strict=False) if isinstance(c, AppendAudio) and not isinstance(before, BargeIn)]
+    return sum(len(c.pcm) * 1000 // (2 * c.rate_hz) for c in appends)

@@ -26,7 +26,7 @@ from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import SipResponse, parse_message
 from callbridge.sip.rtp import build_rtp
-from tests.bridge.twilio_e2e import engine, settings, until
+from tests.bridge.twilio_e2e import caller_audio_ms, engine, settings, until
 
 pytestmark = pytest.mark.skipif(shutil.which("sipp") is None, reason="SIPp (Debian package sip-tester) is not installed")
 
@@ -78,8 +78,7 @@ async def test_uac_pcap_audio_and_digit_reach_the_engine_and_the_agent_answers(t
     assert rc == 0, output
     assert codec.choice.payload_type == 8 and codec.choice.encoding.value == "pcma"  # SIPp offers PCMA only
     (session_id,) = recorder.opened
-    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
-    heard_ms = sum(len(c.pcm) for c in appended) * 1000 // (2 * appended[0].rate_hz)
+    heard_ms = caller_audio_ms(recorder.commands[session_id])
     assert 6500 <= heard_ms <= 7500, heard_ms  # g711a.pcap: 236 packets of 30 ms
     assert CreateTextItem("DTMF 1") in recorder.commands[session_id]
     played = [c.played_ms for c in recorder.commands[session_id] if isinstance(c, AckPlayback)]
@@ -128,8 +127,7 @@ async def test_concurrent_media_calls_each_reach_their_own_session(tmp_path: Pat
     heard_ms = []
     for session_id in recorder.opened:
         commands = recorder.commands[session_id]
-        appended = [c for c in commands if isinstance(c, AppendAudio)]
-        heard_ms.append(sum(len(c.pcm) for c in appended) * 1000 // (2 * appended[0].rate_hz))
+        heard_ms.append(caller_audio_ms(commands))
         assert commands.count(CreateTextItem("DTMF 1")) == 1
     # each call's audio, once, in its own session: no session heard two calls' (SIPp plays 7 s each), and every
     # RTP packet the bridge took reached an engine (a starved SIPp may end its pcap early: not the bridge's loss)
