@@ -36,12 +36,16 @@ class _Agent:
 
     def __init__(self, frames: list[bytes] | None) -> None:
         self.frames, self.index = frames, 0
+        self.echo_ms = 0
 
     def playing_level_db(self, now_ms: int) -> float:
         if self.frames is None:
             return 0.0
         self.index += 1
         return level_db(audioop.ulaw2lin(self.frames[self.index % len(self.frames)], 2))
+
+    def playing_moved_ms(self, since_ms: int) -> int:
+        return 0  # a model the carrier's marks never moved (the ledger's deque of moves, empty)
 
     def pause(self, now_ms: int) -> bool:
         return True
