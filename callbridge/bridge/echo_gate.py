@@ -31,6 +31,7 @@ Used by bridge-mode barge-in (``bridge/interruption_judge.py``, ``bridge/bridge_
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections import deque
@@ -165,13 +166,13 @@ class EchoGate:
         far = self._far
         if not far:
             return 0.0
-        newest = len(far) - 1
         if self.delay_frames is None or self.loss_db is None:
-            lags, loss = range(self._max_lag + 1), max(self.settings.assumed_loss_db, self._loss_any_lag_db)
+            nearest, farthest, loss = 0, self._max_lag, max(self.settings.assumed_loss_db, self._loss_any_lag_db)
         else:
             reach = 1 + self.slack_frames
-            lags, loss = range(max(0, self.delay_frames - reach), self.delay_frames + reach + 1), self.loss_db
-        return max((far[newest - lag] for lag in lags if newest - lag >= 0), default=0.0) - loss
+            nearest, farthest, loss = max(0, self.delay_frames - reach), self.delay_frames + reach, self.loss_db
+        # the far-end frames ``nearest`` to ``farthest`` frames before the newest (those there are), read from the end
+        return max(itertools.islice(reversed(far), nearest, farthest + 1), default=0.0) - loss
 
     def _learn(self) -> None:
         """Re-estimate the echo path from the window: far-end frames where the agent was heard, paired with the
