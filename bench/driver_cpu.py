@@ -31,6 +31,7 @@ from callbridge.bridge.app import create_app  # noqa: E402
 from callbridge.bridge.media import MediaStreamDriver  # noqa: E402
 from callbridge.carriers.twilio.wire import TwilioCodec  # noqa: E402
 from callbridge.config import Settings  # noqa: E402
+from callbridge.sim.loadtest import LOAD_TEST_BARGE_IN  # noqa: E402
 
 
 class MemoryTransport:
@@ -53,7 +54,7 @@ class MemoryTransport:
 
 
 async def run(calls: int, seconds: float, app: str | None = None, record: Path | None = None) -> tuple[float, float]:
-    sections: dict[str, object] = {"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}, "barge_in": {"mode": "engine"}}
+    sections: dict[str, object] = {"local_engine": {"agent": "loopback"}, "server": {"max_calls": 10_000, "cpu_budget_percent": 0}, "barge_in": LOAD_TEST_BARGE_IN}
     if app is not None:
         sections["app"] = {"module": app}
     if record is not None:

@@ -51,7 +51,6 @@ def _env_for(provider: str, secret: str, rest_port: int, port: int) -> dict[str,
         env[key] = shlex.split(value)[0]
     env.update(
         CALLBRIDGE_LOCAL_ENGINE__AGENT="loopback",
-        CALLBRIDGE_BARGE_IN__MODE="engine",
         CALLBRIDGE_SERVER__PUBLIC_URL=f"http://127.0.0.1:{port}",
         CALLBRIDGE_SERVER__MAX_CALLS="1000",
     )

@@ -195,7 +195,6 @@ class EchoGate:
         x, y = np.where(used, far, 0.0), np.where(used, near, 0.0)
         sx, sy = x.sum(axis=1), y.sum(axis=1)
         spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
-        enough = (n >= _LEARNT_FROM_FRAMES) & (spread > 0)
         # the line's loss, path or none: how far its loud end stays below the agent's typical level — at each lag, the
         # 90th percentile of the near end where the agent was heard that long before, and the loudest of those (the
         # echo's own lag among them: where its source was silent, after a pause or a reply's start, is not counted).
@@ -218,7 +217,7 @@ class EchoGate:
             return
         correlation = np.where(compared, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(compared, spread, 1.0)), -1.0)
         lag = int(np.argmax(correlation))
-        if not enough[lag] or correlation[lag] < settings.trust_correlation:
+        if n[lag] < _LEARNT_FROM_FRAMES or correlation[lag] < settings.trust_correlation:
             return
         self.delay_frames = lag
         self.loss_db = float(np.median(far[lag][used[lag]] - near[used[lag]]))

@@ -33,8 +33,9 @@ async def test_a_barge_in_clears_wideband_playback_and_truncates() -> None:
         script = CallerScript(utterances=((300, short_speech()),), interrupt_after_agent_ms=600, hangup_at_ms=6000)
         result = await bridge.carrier.place_call(script)
     assert result.warnings == [], result.render()
-    assert len(recorder.of(TruncateItem)) == 1, result.render()
-    (truncate,) = recorder.of(TruncateItem)
+    truncates = recorder.of(TruncateItem)
+    assert len(truncates) == 1, result.render()
+    (truncate,) = truncates
     heard, replayed_ms = heard_of_the_interrupted_reply(result)
     assert result.clears and heard < SPEECH_MS
     assert abs(truncate.audio_end_ms - heard) <= 200 + replayed_ms, (truncate, result.render())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import itertools
 import secrets
 import time
 from collections import defaultdict
@@ -234,5 +235,5 @@ def heard_of_the_interrupted_reply(result: CallResult, frame_ms: int = 20) -> tu
 def caller_audio_ms(commands: Sequence[object]) -> int:
     """How much of the caller's audio a session's ``commands`` carried, each piece once: a confirmed bridge-mode
     barge-in (``BargeIn``) sends again, next, what the caller said since just before their onset."""
-    appends = [c for before, c in zip([None, *commands], commands, strict=False) if isinstance(c, AppendAudio) and not isinstance(before, BargeIn)]
-    return sum(len(c.pcm) * 1000 // (2 * c.rate_hz) for c in appends)
+    pairs = itertools.pairwise([None, *commands])
+    return sum(len(c.pcm) * 1000 // (2 * c.rate_hz) for before, c in pairs if isinstance(c, AppendAudio) and not isinstance(before, BargeIn))
