@@ -12,7 +12,9 @@ stops the agent on the first speech it hears over a reply.
 - *resume*: it plays on from where the caller stopped hearing it (``AgentSpeech.resume``);
 - *confirm*: the engine is told to barge in (``BargeIn``: it cancels the reply, whose heard position the agent's
   speech then tells it, as for the engine's own barge-in), and the caller's words are sent again unmarked from
-  ``RESEND_BEFORE_ONSET_MS`` before their onset — the engine kept none of what was marked.
+  ``RESEND_BEFORE_ONSET_MS`` before their onset — the engine kept none of what was marked. Where the reply has
+  played out by the time a pause is due (the caller's words read late, after a stall), there is nothing to pause or
+  confirm: the words are the caller's turn, sent again the same way.
 
 What the gate finds to be only the agent's echo goes to the engine as silence, while the caller hears the agent and
 for ``_ECHO_TAIL_MS`` after (its echo may still come back): the engine's VAD never hears it, so neither takes it for
@@ -84,7 +86,11 @@ class BridgeBargeIn:
         self._speech_from_ms: int | None = None
         """The onset of the caller's speech in the echo's tail, where there is some."""
         self._confirmed = False
-        """A barge-in was confirmed: nothing is marked until the caller hears the agent again (its next reply)."""
+        """A barge-in was confirmed (or the reply the caller spoke over had played out): nothing is marked until the
+        caller hears the agent again, in what they say from ``_confirmed_at_ms`` on (its next reply)."""
+        self._confirmed_at_ms = 0
+        """When (the driver's clock) the caller's turn was taken for theirs: what they said before then (a backlog
+        read late) was heard over the reply already decided on."""
 
     def caller_audio(self, audio: bytes, until_ms: int, now_ms: int, speech: AgentSpeech, *, said_until_ms: int) -> list[EngineCommand]:
         chunk_ms = len(audio) * 500 // self.rate_hz
@@ -100,7 +106,7 @@ class BridgeBargeIn:
             piece = audio[offset : offset + frame]
             frame_ms = offset * 1000 // (self.rate_hz * 2)
             heard_db = speech.playing_level_db(said_at_ms + frame_ms)  # what the caller heard as they said it
-            self._confirmed = self._confirmed and heard_db < agent_heard_db
+            self._confirmed = self._confirmed and (heard_db < agent_heard_db or said_at_ms + frame_ms < self._confirmed_at_ms)
             frame_at_ms = at_ms + frame_ms
             echo_over_at_ms = self._audible_until_ms + _ECHO_TAIL_MS
             if frame_at_ms >= echo_over_at_ms and not judge.policy.paused:
@@ -122,11 +128,16 @@ class BridgeBargeIn:
             sent += bytes(len(piece)) if echo_only else piece
             speech.echo_ms += _FRAME_MS if echo_only and judge.line_sounding else 0  # the report's and metric's
             if isinstance(verdict, Pause):
-                speech.pause(now_ms)  # counted by the agent's speech (its report, its metric)
+                if not speech.pause(now_ms):  # counted by the agent's speech (its report, its metric)
+                    # the reply played out before this was read (a backlog read late): nothing to hold, and the
+                    # caller's words are their turn — whole, from before their onset (the engine kept none of them)
+                    judge.agent_stopped()
+                    self._theirs(now_ms)
+                    return [AppendAudio(self._since(verdict.onset_ms - RESEND_BEFORE_ONSET_MS), self.rate_hz)]
             elif isinstance(verdict, Resume):
                 speech.resume(now_ms)
             elif isinstance(verdict, Confirm):
-                self._confirmed, self._audible_until_ms = True, -_ECHO_TAIL_MS
+                self._theirs(now_ms)
                 return [BargeIn(), AppendAudio(self._since(verdict.onset_ms - RESEND_BEFORE_ONSET_MS), self.rate_hz)]
         if self._confirmed:  # the caller's turn now, all of it: the engine cancelled the reply
             return [AppendAudio(audio, self.rate_hz)]
@@ -139,6 +150,10 @@ class BridgeBargeIn:
 
     def expects(self, code: str) -> bool:
         return code == ErrorCode.INPUT_AUDIO_BUFFER_EMPTY
+
+    def _theirs(self, now_ms: int) -> None:
+        """The caller's turn from here: nothing marked until they hear the agent's next reply."""
+        self._confirmed, self._confirmed_at_ms, self._audible_until_ms = True, now_ms, -_ECHO_TAIL_MS
 
     def _keep(self, at_ms: int, audio: bytes) -> None:
         kept = self._kept

@@ -56,10 +56,9 @@ class CallerAudio:
 
     @property
     def media_until_ms(self) -> int | None:
-        """When the end of the caller's audio received so far was said, on the driver's clock: its first payload's
-        time plus the media since (what a burst read late says of its own time). None: no media came."""
-        first = self.inbound.first_media_at_ms
-        return None if first is None else first + self.inbound.stream_media_ms
+        """When the end of the caller's audio received so far was said, on the driver's clock (what a burst read late
+        says of its own time: ``InboundAudio.media_until_ms``). None: no media came."""
+        return self.inbound.media_until_ms
 
     def said_until_ms(self, now_ms: int) -> int:
         """``media_until_ms``, or ``now_ms`` before any media came."""

@@ -148,6 +148,16 @@ class InboundAudio:
         assert self._resampler is not None
         return self._resampler.process(pcm)
 
+    @property
+    def media_until_ms(self) -> int | None:
+        """When the end of the audio received so far was said, on this clock: the on-time baseline (the earliest any
+        payload's arrival puts media time 0) plus the media since — never after now. A first payload read late (a
+        stall of ours before it, the rest read in a burst) puts media time 0 no later than the burst says; from the
+        first payload's arrival alone, the burst would run ahead of the clock by as long as the stall. None: no
+        media came."""
+        baseline = self._arrival_baseline_ms
+        return None if baseline is None else int(baseline) + self.stream_media_ms
+
     def _track_read_lag(self, now_ms: int, payload_ms: int) -> None:
         """Media comes at real time: ``now − media ms so far`` is constant but for jitter and our own lateness.
         Its lowest value (rising 1 ms a second, to follow a carrier clock a little slower than ours) is the

@@ -37,6 +37,7 @@ from callbridge.codecs import pcm16_to_ulaw, ulaw_to_pcm16
 from callbridge.engine.commands import (
     AckPlayback,
     AppendAudio,
+    BargeIn,
     CloseSession,
     CreateResponse,
     CreateTextItem,
@@ -203,6 +204,73 @@ class TestInbound:
         assert isinstance(h.call.barge_in, BridgeBargeIn) and h.call.barge_in.judge.below_caller_db == 10
         h.receive(media(caller_frame(), timestamp="0"))
         assert all(c.overlap is None for c in h.of(AppendAudio))  # the agent is quiet: nothing marked
+
+    @pytest.mark.parametrize("timestamps", [True, False])  # Twilio's media has them; jambonz's, AudioSocket's none
+    def test_a_late_first_payload_read_with_its_backlog_is_judged_when_it_was_said(self, timestamps: bool) -> None:
+        """The bridge stalls as the caller's stream starts: its first 460 ms are read at once. Their said time comes
+        from the on-time baseline, never ahead of the clock — from the first payload's arrival the caller's audio
+        ran 460 ms ahead, so bridge mode judged the caller's speech over the agent against frames not yet sent,
+        took the agent for silent, and the engine's VAD barged in unpaused (a flaky CI failure on jambonz)."""
+        h = Harness(lead_ms=200).live(barge_in=BridgeBargeInSettings())
+        quiet = pcm16_to_ulaw(bytes(320))
+        frame = 0
+
+        def said(payload: bytes) -> None:
+            nonlocal frame
+            h.receive(media(payload, timestamp=str(20 * frame)) if timestamps else media(payload, timestamp=None))
+            frame += 1
+
+        h.now_ms = 460
+        for _ in range(23):  # read late, at once
+            said(quiet)
+        assert h.call.caller.said_until_ms(h.now_ms) == h.now_ms
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(2000), 24000, "resp-1", "item_resp-1", 0))
+        for i in range(40):  # on time: 500 ms of the reply, then the caller talks over it
+            h.advance(20)
+            said(caller_frame(i) if i >= 25 else quiet)
+            assert h.call.caller.said_until_ms(h.now_ms) == h.now_ms
+        assert h.call.speech.pauses == 1  # the bridge paused the agent
+        assert {c.overlap for c in h.of(AppendAudio)[23:]} == {"listen"}  # the engine heard it all marked: never barged in
+
+    def test_speech_over_the_end_of_a_reply_read_after_it_played_out_is_the_callers_turn(self) -> None:
+        """Bridge mode: the caller starts talking over the reply's last 140 ms as the bridge stalls; read late, their
+        speech would pause the agent, but the reply has played out by then — nothing to hold. Their words go to the
+        engine whole, unmarked, from before their onset (marked *listen*, it kept none of them), and no barge-in is
+        sent for a reply that is over; the policy is not left paused (it went on marking their turn *listen* and
+        confirmed a barge-in on nothing at 600 ms)."""
+        h = Harness(lead_ms=200).live(barge_in=BridgeBargeInSettings())
+        quiet, frame = pcm16_to_ulaw(bytes(320)), 0
+
+        def said(payload: bytes) -> None:
+            nonlocal frame
+            h.receive(media(payload, timestamp=str(20 * frame)))
+            frame += 1
+
+        for _ in range(10):
+            said(quiet)
+            h.advance(20)
+        h.engine(ResponseCreated("resp-1", 0))
+        h.engine(AudioDelta(agent_audio(400), 24000, "resp-1", "item_resp-1", 0))
+        h.engine(ResponseDone("resp-1", "completed", None, 0))
+        for _ in range(13):  # 260 ms of the reply, the caller quiet
+            said(quiet)
+            h.advance(20)
+        commands = len(h.commands)
+        h.now_ms += 400  # stalled: the reply plays out meanwhile, the caller's words wait in the socket
+        for i in range(20):
+            said(caller_frame(i))
+        for i in range(20, 30):
+            said(caller_frame(i))
+            h.advance(20)
+        for _ in range(40):
+            said(quiet)
+            h.advance(20)
+        assert h.of(BargeIn) == [] and not h.call.barge_in.judge.policy.paused  # type: ignore[attr-defined]
+        sent = [c for c in h.commands[commands:] if isinstance(c, AppendAudio)]
+        assert all(c.overlap is None for c in sent[sent.index(next(c for c in sent if c.overlap is None)) :])
+        unmarked_ms = sum(len(c.pcm) for c in sent if c.overlap is None) // 32
+        assert unmarked_ms >= 600 + 300 + 800 - 40  # the words from before their onset, and the quiet after
 
     def test_timestamp_gap_is_filled_with_silence(self) -> None:
         h = Harness().live()
