@@ -53,6 +53,7 @@ _LINE_HEARD_FROM_FRAMES = 10
 (0.2 s) had the agent heard that long before them."""
 _DOUBLE_TALK_REACH = 5
 """Frames either side of one the gate took for the caller's that are not learnt from (100 ms at 20 ms)."""
+_DOUBLE_TALK_KERNEL = np.ones(2 * _DOUBLE_TALK_REACH + 1)
 _STRAY_ALLOWANCE_DB = 1.0
 """Added to how far the echo strayed above the path's bound (its 95th percentile) for the margin."""
 
@@ -114,9 +115,19 @@ class EchoGate:
         self._loss_any_lag_db = 0.0
         """Until the path is learnt: how far the line's level stays below the loudest the caller heard in the last
         ``max_delay_ms`` (a line with no echo at all learns this, never a path)."""
+        self._rows: np.ndarray | None = None
+        """``_lag_rows``' last indices."""
         self.slack_frames = 0
         """Frames either side of the path's delay the bound spans beyond the one it always does: set by the caller
         while what it fed as ``far`` may be that far off what the caller heard (``unsure``)."""
+
+    def _lag_rows(self, count: int) -> np.ndarray:
+        """Indices into the newest ``count + max_lag`` far-end frames: row L, the frames L before each of the newest
+        ``count`` near-end frames (made once for each count: the window's, once full)."""
+        rows = self._rows
+        if rows is None or rows.shape[1] != count:
+            rows = self._rows = (self._max_lag - np.arange(self._max_lag + 1))[:, None] + np.arange(count)
+        return rows
 
     @property
     def delay_ms(self) -> int | None:
@@ -177,7 +188,8 @@ class EchoGate:
     def _learn(self) -> None:
         """Re-estimate the echo path from the window: far-end frames where the agent was heard, paired with the
         near-end frames the gate took for echo (the caller's own frames would teach it the caller, not the path).
-        Kept as it was where the window says too little. All lags at once, as one array."""
+        Kept as it was where the window says too little. All lags at once, as one array; the sums of all lags in
+        one reduction (a few numpy calls in all: each costs more than its arithmetic at these sizes)."""
         count = min(len(self._near), len(self._far) - self._max_lag)  # the newest near-end frames with every lag behind
         if count < self._estimate_every:
             return
@@ -186,15 +198,18 @@ class EchoGate:
         theirs = np.fromiter(self._theirs, dtype=bool)[-count:]
         # the caller's frames and their neighbours: a caller over the echo is taken for theirs only at their loud
         # peaks, and the frames around them (their quieter syllables) would teach the gate the caller, not the path
-        echo_only = np.convolve(theirs, np.ones(2 * _DOUBLE_TALK_REACH + 1), mode="same") == 0
+        echo_only = np.convolve(theirs, _DOUBLE_TALK_KERNEL, mode="same") == 0
         far_all = np.fromiter(self._far, dtype=np.float64)[-(count + self._max_lag) :]
-        # row L: the far-end frames L earlier than each near-end frame
-        far = np.lib.stride_tricks.sliding_window_view(far_all, count)[::-1]
+        far = far_all[self._lag_rows(count)]  # row L: the far-end frames L earlier than each near-end frame
         used = (far >= settings.far_active_db) & echo_only
         n = used.sum(axis=1)
-        x, y = np.where(used, far, 0.0), np.where(used, near, 0.0)
-        sx, sy = x.sum(axis=1), y.sum(axis=1)
-        spread = (n * (x * x).sum(axis=1) - sx * sx) * (n * (y * y).sum(axis=1) - sy * sy)
+        terms = np.empty((5, *far.shape))  # x, y, x², y², xy: the far and near ends where used, 0 elsewhere
+        x, y = np.multiply(far, used, out=terms[0]), np.multiply(near, used, out=terms[1])
+        np.multiply(x, x, out=terms[2])
+        np.multiply(y, y, out=terms[3])
+        np.multiply(x, y, out=terms[4])
+        sx, sy, sxx, syy, sxy = terms.sum(axis=2)
+        spread = (n * sxx - sx * sx) * (n * syy - sy * sy)
         # the line's loss, path or none: how far its loud end stays below the agent's typical level — at each lag, the
         # 90th percentile of the near end where the agent was heard that long before, and the loudest of those (the
         # echo's own lag among them: where its source was silent, after a pause or a reply's start, is not counted).
@@ -203,7 +218,8 @@ class EchoGate:
         if (n >= _LINE_HEARD_FROM_FRAMES).all():
             self._line_heard = True
             loudest = far.max(axis=0)  # the bound's own reference: the loudest the caller heard in the range
-            typical = float(np.median(loudest[loudest >= settings.far_active_db]))
+            heard = np.sort(loudest[loudest >= settings.far_active_db])
+            typical = float((heard[(len(heard) - 1) // 2] + heard[len(heard) // 2]) / 2)  # the median, as np.median
             # each lag's 90th percentile (the used frames sort last; a sort costs microseconds where nanpercentile
             # costs half a millisecond)
             ordered = np.sort(np.where(used, near, -np.inf), axis=1)
@@ -215,7 +231,7 @@ class EchoGate:
         compared = (n >= _LINE_HEARD_FROM_FRAMES) & (spread > 0)
         if not compared.any():
             return
-        correlation = np.where(compared, (n * (x * y).sum(axis=1) - sx * sy) / np.sqrt(np.where(compared, spread, 1.0)), -1.0)
+        correlation = np.where(compared, (n * sxy - sx * sy) / np.sqrt(np.where(compared, spread, 1.0)), -1.0)
         lag = int(np.argmax(correlation))
         if n[lag] < _LEARNT_FROM_FRAMES or correlation[lag] < settings.trust_correlation:
             return
