@@ -359,18 +359,19 @@ class BargeInSettings(Section):
     ``bench/RESULTS.md`` has both measured on the same corpus."""
 
     mode: Literal["engine", "bridge"] = "bridge"
-    pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 100
+    pause_after_ms: Annotated[int, Field(ge=20, le=2000)] = 80
     """``bridge``: the caller's speech over the agent this long pauses it."""
     confirm_after_ms: Annotated[int, Field(ge=20, le=5000)] = 600
     """``bridge``: speech this long from its onset confirms the barge-in (at least ``pause_after_ms``)."""
-    resume_after_silence_ms: Annotated[int, Field(ge=20, le=2000)] = 120
+    resume_after_silence_ms: Annotated[int, Field(ge=20, le=2000)] = 220
     """``bridge``: a quiet line this long in a pause resumes the reply."""
     gap_ms: Annotated[int, Field(ge=20, le=2000)] = 200
     """``bridge``: a gap in the caller's speech shorter than this does not end it (between syllables, and where the
     echo hides their quieter ones)."""
     backchannel_max_ms: Annotated[int, Field(ge=20, le=5000)] = 300
     """``bridge``: the longest speech taken for a backchannel ("mm-hm"): past it, a pause resumes only after
-    ``gap_ms`` of quiet (the caller more likely between two words than done)."""
+    ``gap_ms`` of quiet where that is longer than ``resume_after_silence_ms`` (the caller more likely between two
+    words than done; at the defaults it is not)."""
     max_pause_ms: Annotated[int, Field(ge=100, le=10_000)] = 1500
     """``bridge``: no pause lasts longer (at least ``confirm_after_ms``)."""
     speech_db: Annotated[float, Field(ge=0, le=90)] = 45.0

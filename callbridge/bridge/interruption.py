@@ -42,20 +42,26 @@ engine is sent the words from the first one's onset."""
 
 @dataclass(frozen=True, slots=True)
 class InterruptionSettings:
-    pause_after_ms: int = 100
-    """Speech over the agent for this long (from its onset) pauses the agent."""
+    pause_after_ms: int = 80
+    """Speech over the agent for this long (from its onset) pauses the agent (100 before session 37: 80 pauses on a
+    cough or a click a little more often, and stops the agent 20 ms sooner for a real interruption)."""
     confirm_after_ms: int = 600
     """Speech for this long from its onset confirms the barge-in (the backchannels measured for #41: 280–460 ms)."""
-    resume_after_silence_ms: int = 120
+    resume_after_silence_ms: int = 220
     """A quiet line this long in a pause, before confirmation, resumes the reply (speech in a pause goes on from
-    the pause's onset across shorter gaps; measured in ``bench/interruption_core.py``)."""
+    the pause's onset across shorter gaps). At 120 (before session 37) an interruption's first word, then a gap
+    between words, resumed the agent and the next word paused it again — the caller heard the agent stutter on,
+    500–680 ms p95 of it after their onset; at 220, 260–300 ms, and the dead air after a backchannel ("mm-hm" ends,
+    the agent goes on) is 220 ms p95 (``bench/barge_in_corpus.py``, ``bench/barge_in.py``; ``bench/RESULTS.md``)."""
     gap_ms: int = 200
     """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker, and the
     caller's quieter syllables the echo hides: the gate hears double talk at its loud peaks)."""
     backchannel_max_ms: int = 300
     """The longest speech taken for a backchannel: in a pause, once the caller's speech has lasted this long from its
-    onset, the line must be quiet for ``gap_ms`` (not ``resume_after_silence_ms``) to resume — they are more likely
-    between two words than done ("mm-hm" is 250–450 ms; a pause between phrases 150–200 ms)."""
+    onset, the line must be quiet for ``gap_ms`` where that is longer than ``resume_after_silence_ms`` to resume —
+    they are more likely between two words than done ("mm-hm" is 250–450 ms; a pause between phrases 150–200 ms).
+    At the defaults (``resume_after_silence_ms`` 220, ``gap_ms`` 200) it changes nothing; it does where a call sets
+    a shorter resume."""
     max_pause_ms: int = 1500
     """A pause never lasts longer: past it, unconfirmed, the reply resumes."""
 

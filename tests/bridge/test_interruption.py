@@ -10,6 +10,7 @@ from callbridge.bridge.interruption import Confirm, InterruptionPolicy, Interrup
 pytestmark = pytest.mark.core
 
 FRAME_MS = 32  # a Silero VAD frame at 16 kHz
+DEFAULTS = InterruptionSettings()
 
 
 def run(speech: list[tuple[int, int]], *, until_ms: int = 4000, audible_until_ms: int = 10_000,
@@ -29,19 +30,27 @@ def run(speech: list[tuple[int, int]], *, until_ms: int = 4000, audible_until_ms
 
 
 def test_a_click_or_a_short_cough_never_pauses_the_agent() -> None:
-    assert run([(320, 384)]) == []  # two frames
-    assert run([(320, 416)]) == []  # three: 96 ms, under the pause (100 ms)
+    assert run([(320, 352)]) == []  # one frame
+    assert run([(320, 320 + (DEFAULTS.pause_after_ms - 1) // FRAME_MS * FRAME_MS)]) == []  # as many as are under the pause
+    # three, 96 ms: under a pause of 100 ms (the default before session 37); at 80 it pauses, and resumes
+    assert run([(320, 416)], settings=InterruptionSettings(pause_after_ms=100)) == []
+    assert [type(v) for _, v in run([(320, 416)])] == [Pause, Resume]
 
 
-@pytest.mark.parametrize(("said_ms", "resume_after_ms"), [(256, 120), (416, 200)])
-def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing(said_ms: int, resume_after_ms: int) -> None:
+@pytest.mark.parametrize(
+    ("said_ms", "settings"),
+    [(256, DEFAULTS), (416, DEFAULTS), (256, InterruptionSettings(resume_after_silence_ms=120)), (416, InterruptionSettings(resume_after_silence_ms=120))],
+)
+def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing(said_ms: int, settings: InterruptionSettings) -> None:
     """An "mm-hm": resumed after ``resume_after_silence_ms`` of quiet; one as long as ``backchannel_max_ms`` or
-    longer (300 ms) after ``gap_ms`` (the caller may be between two words: "Wait, — that's not…")."""
-    verdicts = run([(640, 640 + said_ms)])
+    longer (300 ms) after ``gap_ms`` where that is longer (the caller may be between two words: "Wait, — that's
+    not…"; at the defaults it is not)."""
+    verdicts = run([(640, 640 + said_ms)], settings=settings)
+    resume_after_ms = settings.resume_after_silence_ms if said_ms < settings.backchannel_max_ms else max(settings.gap_ms, settings.resume_after_silence_ms)
     assert [type(v) for _, v in verdicts] == [Pause, Resume]
     (paused_at, pause), (resumed_at, resume) = verdicts
     assert isinstance(pause, Pause) and isinstance(resume, Resume)
-    assert pause.onset_ms == 640 and paused_at - 640 <= 100 + FRAME_MS
+    assert pause.onset_ms == 640 and paused_at - 640 <= settings.pause_after_ms + FRAME_MS
     assert resume.speech_ms == said_ms and resumed_at - (640 + said_ms) <= resume_after_ms + FRAME_MS
     assert resume.paused_ms == resumed_at - paused_at
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from callbridge.bridge.echo_gate import level_db
-from callbridge.bridge.interruption import Confirm, Pause, Resume, Verdict
+from callbridge.bridge.interruption import Confirm, InterruptionSettings, Pause, Resume, Verdict
 from callbridge.bridge.interruption_judge import InterruptionJudge
 from callbridge.sim.caller_line import CallerLine, mixed
 from callbridge.sim.runner import load_wav_8k, sample_caller_wav
@@ -110,10 +110,12 @@ def test_the_agents_own_echo_never_stops_it(echo_db: int, delay_ms: int) -> None
 def test_a_backchannel_pauses_and_resumes_the_reply_with_nothing_lost_or_repeated(length_ms: int, echo_db: float | None) -> None:
     line = call([(REPLY_AT_MS + 1000, 1500, length_ms)], echo_db=echo_db)
     assert kinds(line) == [Pause, Resume] and whole_reply(line)
-    # the silence it leaves: from 100 ms into the backchannel (the pause) to 120 ms after it (the resume; 200 after
-    # one as long as the longest backchannel, 300 ms, or longer: the caller may be between two words)
-    resume_ms = 200 if length_ms >= 300 else 120
-    assert line.paused_ms[0] <= length_ms - 100 + resume_ms + 40, line.paused_ms
+    # the silence it leaves: from ``pause_after_ms`` into the backchannel (the pause) to ``resume_after_silence_ms``
+    # after it (the resume; ``gap_ms`` where longer after one as long as the longest backchannel, 300 ms, or
+    # longer: the caller may be between two words)
+    policy = InterruptionSettings()
+    resume_ms = policy.resume_after_silence_ms if length_ms < policy.backchannel_max_ms else max(policy.gap_ms, policy.resume_after_silence_ms)
+    assert line.paused_ms[0] <= length_ms - policy.pause_after_ms + resume_ms + 40, line.paused_ms
 
 
 @pytest.mark.parametrize(("from_ms", "echo_db"), [(1000, 20.0), (2000, 10.0), (2000, 20.0)])
