@@ -51,8 +51,9 @@ class InterruptionSettings:
     """A quiet line this long in a pause, before confirmation, resumes the reply (speech in a pause goes on from
     the pause's onset across shorter gaps). At 120 (before session 37) an interruption's first word, then a gap
     between words, resumed the agent and the next word paused it again — the caller heard the agent stutter on,
-    500–680 ms p95 of it after their onset; at 220, 260–300 ms, and the dead air after a backchannel ("mm-hm" ends,
-    the agent goes on) is 220 ms p95 (``bench/barge_in_corpus.py``, ``bench/barge_in.py``; ``bench/RESULTS.md``)."""
+    500–680 ms p95 of it after their onset; at 220 (and a pause at 80 ms), 260–300 ms, and the dead air after a
+    backchannel ("mm-hm" ends, the agent goes on) is 220 ms p95 (``bench/barge_in_corpus.py``, ``bench/barge_in.py``;
+    ``bench/RESULTS.md``)."""
     gap_ms: int = 200
     """A gap in speech shorter than this does not end the run (between syllables, a VAD's flicker, and the
     caller's quieter syllables the echo hides: the gate hears double talk at its loud peaks)."""
