@@ -1,6 +1,6 @@
 """How fast the agent may dial out through one carrier or trunk (#42), sans-I/O: nothing floods a carrier.
 
-A carrier bounds the calls an account starts a second (Twilio: 1 by default, more on request) and refuses, or
+A carrier bounds the calls an account starts a second (commonly 1 by default, more on request) and refuses, or
 silently delays, what comes faster; a trunk bounds its channels. ``OutboundPacer`` holds one carrier's bounds:
 
 - **rate**: dials ``1 / calls_per_second`` apart (the schedule rounded up to the ms) — a burst is spread out, never
@@ -29,7 +29,7 @@ __all__ = ["Dial", "OutboundPacer", "PacingSettings", "Queued", "Refused"]
 @dataclass(frozen=True, slots=True)
 class PacingSettings:
     calls_per_second: float = 1.0
-    """Dials a second at most (Twilio's default for an account)."""
+    """Dials a second at most (the usual default for a carrier account)."""
     max_concurrent: int = 50
     """Outbound calls dialled and not over, at most."""
     max_queued: int = 100

@@ -21,7 +21,7 @@ def run_until(pacer: OutboundPacer, until_ms: int) -> list[tuple[int, Dial | Ref
     return due
 
 
-def test_twilios_default_rate_spaces_a_burst_a_second_apart() -> None:
+def test_the_default_rate_spaces_a_burst_a_second_apart() -> None:
     pacer = OutboundPacer()
     outcomes = [pacer.request(f"c{k}", 0) for k in range(5)]
     assert outcomes[0] == Dial("c0", 0) and outcomes[1:] == [Queued(f"c{k}", k - 1) for k in range(1, 5)]
