@@ -15,14 +15,11 @@ gives the detector something to be measured on, it does not replace recordings o
 from __future__ import annotations
 
 import sys
-import wave
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_corpus import RATE, spoken  # noqa: E402
+from make_corpus import spoken, write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent / "answers"
 VOICES = ("m3", "f2", "m1", "f4", "f5")
@@ -43,20 +40,11 @@ IVRS = (
 )
 
 
-def write(name: str, pcm: np.ndarray) -> None:
-    HERE.mkdir(exist_ok=True)
-    with wave.open(str(HERE / f"{name}.wav"), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(RATE)
-        w.writeframes(pcm.astype("<i2").tobytes())
-
-
 def main() -> None:
     for kind, texts in (("person", PERSONS), ("machine", MACHINES), ("ivr", IVRS)):
         for n, text in enumerate(texts):
             for voice in VOICES if kind == "person" else VOICES[:3] if kind == "machine" else VOICES[:2]:
-                write(f"{kind}-{n}-{voice}", spoken(text, voice))
+                write(f"{kind}-{n}-{voice}", spoken(text, voice), HERE)
 
 
 if __name__ == "__main__":

@@ -93,8 +93,9 @@ def noises() -> dict[str, np.ndarray]:
             "keyboard": levelled(typing, REFERENCE_DB - 6)}  # fmt: skip
 
 
-def write(name: str, pcm: np.ndarray) -> None:
-    with wave.open(str(HERE / f"{name}.wav"), "wb") as w:
+def write(name: str, pcm: np.ndarray, directory: Path = HERE) -> None:
+    directory.mkdir(exist_ok=True)
+    with wave.open(str(directory / f"{name}.wav"), "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(RATE)
