@@ -2,8 +2,8 @@
 greeting is over (its beep, or its silence) so the voicemail message can go. A speech-to-speech model talks the
 moment it hears anything, so its audio is held until this says "person"; a machine never hears it before its beep.
 
-Timing alone, frame by frame (a frame at least ``speech_db`` loud is sound; a gap shorter than ``gap_ms`` within a
-phrase is not a pause):
+Timing alone, frame by frame (a frame at least ``speech_db`` loud is sound; the greeting runs from its first sound to
+its last):
 
 - **person**: a greeting, then silence — "Hello?" and the person waits for the caller. How long the silence must be
   depends on how long the greeting was: a machine pauses between its sentences (380 ms at most in the synthetic
@@ -34,8 +34,6 @@ __all__ = ["AnswerClassifier", "AnswerSettings", "Decided", "MessageCue"]
 @dataclass(frozen=True, slots=True)
 class AnswerSettings:
     speech_db: float = 45.0
-    gap_ms: int = 200
-    """A gap in sound shorter than this is within a phrase."""
     short_greeting_ms: int = 800
     """A greeting this short ("Hello?", "Yes?") is a person's once ``short_silence_ms`` of silence follows."""
     short_silence_ms: int = 300
@@ -129,7 +127,7 @@ class AnswerClassifier:
         if start is None or until is None:
             return Decided("uncertain", "silence", now_ms, 0, None) if now_ms >= s.initial_silence_ms else None
         silent = now_ms - until
-        if silent >= s.gap_ms and greeting <= s.short_greeting_ms and silent >= s.short_silence_ms:
+        if greeting <= s.short_greeting_ms and silent >= s.short_silence_ms:
             return Decided("person", "short_greeting", now_ms, greeting, until)
         if silent >= s.silence_ms and greeting < s.long_greeting_ms:
             return Decided("person", "greeting", now_ms, greeting, until)
