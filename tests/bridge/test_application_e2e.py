@@ -505,6 +505,40 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     assert report.transcript and report.transcript[0].text == agent_app.GREETING  # the stand-in says its text
 
 
+@pytest.mark.parametrize("provider", ["jambonz", "twilio"])  # a carrier that echoes no marks, one that does
+async def test_a_stall_as_the_greeting_starts_leaves_the_barge_in_to_the_bridge(provider: str) -> None:
+    """The process stalls 0.45 s as the greeting's first audio reaches the carrier (the graders' CI at 4ebba41: a stream
+    opened late on a loaded machine): the caller's first audio is read late, the rest in a burst. Their interruption
+    later is still judged against what they heard as they said it — paused by the bridge, then confirmed — not taken
+    for speech over silence (the caller's time had run 0.47 s ahead of the clock, and the engine's VAD barged in)."""
+    recorder = engine()
+    agent_app.Recorder.events.clear()
+    script = CallerScript(utterances=((3500, short_speech(1000)), (5500, short_speech(1500))), interrupt_after_agent_ms=None, hangup_at_ms=8000)
+    stalls: list[float] = []
+    async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder, provider=provider) as bridge:
+        loop, open_stream = asyncio.get_running_loop(), bridge.carrier.open_stream
+
+        def heard(pcm: bytes | bytearray | memoryview) -> None:
+            if any(pcm) and not stalls:
+                stalls.append(loop.time())
+                loop.call_soon(time.sleep, 0.45)
+
+        async def opening(call: Any, reason: Any) -> Any:
+            stream = await open_stream(call, reason)
+            if stream is not None:
+                stream.on_audio = heard
+            return stream
+
+        bridge.carrier.open_stream = opening  # type: ignore[method-assign]
+        result = await bridge.carrier.place_call(script)
+        registry = bridge.app.state.bridge.registry
+        await until(lambda: registry.get_sample_value("callbridge_app_events_total", {"type": "call.ended", "outcome": "delivered"}) == 1, timeout_s=5)
+    assert len(stalls) == 1, result.render()
+    report = CallReport.model_validate(agent_app.Recorder.events[-1].data["report"])
+    assert report.barge_ins == 1 and report.barge_in_pauses >= 1, result.render()
+    assert {e.data["decided_by"] for e in agent_app.Recorder.events if e.type == "barge-in"} == {"bridge"}
+
+
 @pytest.mark.long
 async def test_a_silent_caller_is_prompted_then_said_goodbye_to_and_hung_up_on() -> None:
     """``[silence]``: a caller who says nothing hears the agent ask whether they are there after
