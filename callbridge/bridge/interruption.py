@@ -66,6 +66,12 @@ class InterruptionSettings:
     max_pause_ms: int = 1500
     """A pause never lasts longer: past it, unconfirmed, the reply resumes."""
 
+    def resume_after_ms(self, said_ms: int) -> int:
+        """The quiet that resumes a pause in which the caller has said ``said_ms`` (from the pause's onset)."""
+        if said_ms < self.backchannel_max_ms:
+            return self.resume_after_silence_ms
+        return max(self.gap_ms, self.resume_after_silence_ms)
+
     def __post_init__(self) -> None:
         if not 0 < self.pause_after_ms <= self.confirm_after_ms:
             raise ValueError("pause_after_ms must be positive and at most confirm_after_ms")
@@ -173,8 +179,7 @@ class InterruptionPolicy:
             self._reset()
             return Confirm(onset if rejoined is None else rejoined[0])  # what paused the agent before was their start
         silent_for = now_ms - max(self._speech_end_ms, self._sound_end_ms)
-        said_ms = self._speech_end_ms - self._paused_onset_ms
-        resume_after = settings.resume_after_silence_ms if said_ms < settings.backchannel_max_ms else max(settings.gap_ms, settings.resume_after_silence_ms)
+        resume_after = settings.resume_after_ms(self._speech_end_ms - self._paused_onset_ms)
         if silent_for >= resume_after or now_ms - self._paused_at_ms >= settings.max_pause_ms:
             verdict = Resume(self._paused_onset_ms, self._speech_ms, now_ms - self._paused_at_ms)
             before = self._rejoined

@@ -20,11 +20,8 @@ none comes, ``machine_silence_ms`` of silence after the greeting.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
-
-import numpy as np
 
 from callbridge.outbound.beep import BeepDetector
 
@@ -91,10 +88,7 @@ class AnswerClassifier:
             cue, self._cue_untold = (self.cue if self._cue_untold else None), False
             return cue
         beep = self._beeps.frame(pcm, at_ms)
-        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float64)
-        loud = 20 * math.log10(math.sqrt(float(np.mean(samples * samples))) + 1) >= self.settings.speech_db
-        if self._beeps.tone_ms:  # a tone is no one's greeting
-            loud = False
+        loud = self._beeps.level_db >= self.settings.speech_db and not self._beeps.tone_ms  # a tone is no one's greeting
         end_ms = at_ms + self._beeps.settings.frame_ms
         if loud:
             if self._speech_from_ms is None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from callbridge.bridge.echo_gate import level_db
+
 __all__ = ["Beep", "BeepDetector", "BeepSettings"]
 
 _MIN_TONE_MS = 60
@@ -82,7 +84,9 @@ class BeepDetector:
         self._gap_from_ms: int | None = None
         """The run's first frame that was not tonal, where one came after it (the run goes on if the next is)."""
         self.tone_ms = 0
-        """How long the tone now sounding has lasted (0: none): a beep under way."""
+        """How long the run of tones now sounding has lasted (0: none): a beep under way."""
+        self.level_db = 0.0
+        """The last frame's level (``echo_gate.level_db``)."""
 
     def frame(self, pcm: bytes, at_ms: int) -> Beep | None:
         """The callee's next frame (PCM16, ``frame_ms`` at ``rate_hz``) from ``at_ms``: the beep that just ended, if
@@ -92,7 +96,8 @@ class BeepDetector:
             raise ValueError(f"a frame is {self._samples} samples, not {len(samples)}")
         window = np.concatenate((self._last, samples))
         self._last = samples
-        frequency = self._tone_hz(window, samples)
+        self.level_db = level_db(pcm)
+        frequency = self._tone_hz(window) if self.level_db >= self.settings.min_db else None
         if self._run_from_ms is None:
             if frequency is not None:
                 self._begin(at_ms, frequency, run=True)
@@ -137,10 +142,8 @@ class BeepDetector:
             return None
         return Beep(run_from, end_ms, round(self._run_hz, 1))
 
-    def _tone_hz(self, window: np.ndarray, frame: np.ndarray) -> float | None:
-        """The frequency of the tone ``frame`` holds (judged over ``window``, itself and the one before), or None."""
-        if 20 * math.log10(math.sqrt(float(np.mean(frame * frame))) + 1) < self.settings.min_db:
-            return None
+    def _tone_hz(self, window: np.ndarray) -> float | None:
+        """The frequency of the tone the newest frame holds (judged over ``window``, it and the one before), or None."""
         power = np.abs(np.fft.rfft(window * self._window)) ** 2
         total = float(power[1:].sum())
         band = power[self._low_bin : self._high_bin + 1]

@@ -19,7 +19,6 @@ Retries and campaigns are the application's: a refusal says why, and the applica
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,8 +74,8 @@ class OutboundPacer:
         """The least time between two dials."""
         self._next_dial_at = -math.inf
         """When (ms) the rate allows the next dial."""
-        self._waiting: deque[tuple[str, int]] = deque()
-        """(call id, asked at), first come first."""
+        self._waiting: dict[str, int] = {}
+        """Call id: when it was asked for, first come first (a dict keeps its order)."""
         self._active: set[str] = set()
         """Calls dialled and not yet over."""
 
@@ -90,36 +89,40 @@ class OutboundPacer:
 
     def request(self, call_id: str, now_ms: int) -> Dial | Queued | Refused:
         """A call to place: dial it now, or it waits (then ``tick`` says when), or it is refused."""
-        if call_id in self._active or any(waiting == call_id for waiting, _ in self._waiting):
+        if call_id in self._active or call_id in self._waiting:
             return Refused(call_id, "duplicate")
         if not self._waiting and self._may_dial(now_ms):
             return self._dial(call_id, now_ms, now_ms)
         if len(self._waiting) >= self.settings.max_queued:
             return Refused(call_id, "queue_full")
-        self._waiting.append((call_id, now_ms))
+        self._waiting[call_id] = now_ms
         return Queued(call_id, len(self._waiting) - 1)
 
     def ended(self, call_id: str) -> None:
         """A dialled call is over (answered and hung up, busy, unanswered, failed): its slot is free. A call still
         waiting is taken out of the queue (the application gave up on it)."""
         self._active.discard(call_id)
-        self._waiting = deque((waiting, at) for waiting, at in self._waiting if waiting != call_id)
+        self._waiting.pop(call_id, None)
 
     def tick(self, now_ms: int) -> list[Dial | Refused]:
         """What is due at ``now_ms``: waiting calls refused for their wait, then those that may be dialled, in order."""
         due: list[Dial | Refused] = []
-        while self._waiting and now_ms - self._waiting[0][1] >= self.settings.max_wait_ms:
-            due.append(Refused(self._waiting.popleft()[0], "waited_too_long"))
-        while self._waiting and self._may_dial(now_ms):
-            call_id, asked_at = self._waiting.popleft()
-            due.append(self._dial(call_id, asked_at, now_ms))
+        waiting = self._waiting
+        for call_id, asked_at in list(waiting.items()):  # asked in this order, so waited longest first
+            if now_ms - asked_at < self.settings.max_wait_ms:
+                break
+            del waiting[call_id]
+            due.append(Refused(call_id, "waited_too_long"))
+        while waiting and self._may_dial(now_ms):
+            call_id = next(iter(waiting))
+            due.append(self._dial(call_id, waiting.pop(call_id), now_ms))
         return due
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has something to do (None: nothing waits, or only a slot can free it — ``ended``)."""
         if not self._waiting:
             return None
-        expiry = self._waiting[0][1] + self.settings.max_wait_ms
+        expiry = next(iter(self._waiting.values())) + self.settings.max_wait_ms
         if len(self._active) >= self.settings.max_concurrent:
             return expiry
         return min(expiry, self._rate_free_at())

@@ -31,7 +31,7 @@ from callbridge.sim.runner import RunningBridge, free_port, running_bridge, serv
 from callbridge.sim.simulators import simulated
 from tests.bridge import agent_app
 from tests.bridge.test_recording_store import bucket
-from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, until
+from tests.bridge.twilio_e2e import engine, post_answer, settings, short_speech, stall_once_after_first_audio, until
 from tests.conftest import PATCHES_A_COMPILED_METHOD
 
 MODULE = "tests.bridge.agent_app:"
@@ -514,22 +514,8 @@ async def test_a_stall_as_the_greeting_starts_leaves_the_barge_in_to_the_bridge(
     recorder = engine()
     agent_app.Recorder.events.clear()
     script = CallerScript(utterances=((3500, short_speech(1000)), (5500, short_speech(1500))), interrupt_after_agent_ms=None, hangup_at_ms=8000)
-    stalls: list[float] = []
     async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder, provider=provider) as bridge:
-        loop, open_stream = asyncio.get_running_loop(), bridge.carrier.open_stream
-
-        def heard(pcm: bytes | bytearray | memoryview) -> None:
-            if any(pcm) and not stalls:
-                stalls.append(loop.time())
-                loop.call_soon(time.sleep, 0.45)
-
-        async def opening(call: Any, reason: Any) -> Any:
-            stream = await open_stream(call, reason)
-            if stream is not None:
-                stream.on_audio = heard
-            return stream
-
-        bridge.carrier.open_stream = opening  # type: ignore[method-assign]
+        stalls = stall_once_after_first_audio(bridge, 0.0, 0.45)
         result = await bridge.carrier.place_call(script)
         registry = bridge.app.state.bridge.registry
         await until(lambda: registry.get_sample_value("callbridge_app_events_total", {"type": "call.ended", "outcome": "delivered"}) == 1, timeout_s=5)

@@ -6,15 +6,12 @@ words sent again from before their onset and answered whole."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 
 from callbridge.engine.commands import AppendAudio, BargeIn
-from callbridge.sim.carrier import CallerScript, CallResult, OpenReason, SimCall, SimStream
+from callbridge.sim.carrier import CallerScript, CallResult
 from callbridge.sim.runner import running_bridge
-from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech, until
+from tests.bridge.twilio_e2e import RecordingEngine, engine, settings, short_speech, stall_once_after_first_audio, until
 
 BRIDGE_MODE = {"mode": "bridge"}
 SPEECH = short_speech(2400)  # the bundled utterance's first 2.4 s: the agent (the echo agent) says it back
@@ -22,41 +19,23 @@ SPEECH_MS = 2400
 
 
 async def call(script: CallerScript) -> tuple[CallResult, RecordingEngine]:
-    result, recorder, _ = await call_counting(script)
+    result, recorder, _, _ = await call_counting(script)
     return result, recorder
 
 
-async def call_counting(script: CallerScript, stalls: list[float] | None = None) -> tuple[CallResult, RecordingEngine, float]:
-    """The call, and the echo the bridge sent the engine as silence (``callbridge_barge_in_echo_seconds_total``).
-    ``stalls``: the process (the bridge and the simulated carrier both) stalls 0.54 s, 2 s after the agent's first
-    audio reached the carrier — late in its 2.4 s reply (at 2 s, 3 of 3 runs of the code before the fix paused;
-    at 1 s, none) — and when (loop time) goes in the list."""
+async def call_counting(script: CallerScript, stall: bool = False) -> tuple[CallResult, RecordingEngine, float, list[float]]:
+    """The call, the echo the bridge sent the engine as silence (``callbridge_barge_in_echo_seconds_total``), and the
+    stalls: where ``stall``, the process (the bridge and the simulated carrier both) stalls 0.54 s, 2 s after the
+    agent's first audio reached the carrier — late in its 2.4 s reply (at 2 s, 3 of 3 runs of the code before the fix
+    paused; at 1 s, none)."""
     recorder = engine()
     async with running_bridge(settings(barge_in=BRIDGE_MODE), recorder) as bridge:
-        if stalls is not None:
-            loop, open_stream = asyncio.get_running_loop(), bridge.carrier.open_stream
-
-            def stall() -> None:
-                stalls.append(loop.time())
-                time.sleep(0.54)
-
-            def heard(pcm: bytes | bytearray | memoryview) -> None:
-                if any(pcm) and not stalls and not waiting:
-                    waiting.append(loop.call_later(2.0, stall))
-
-            async def opening(call: SimCall, reason: OpenReason) -> SimStream | None:
-                stream = await open_stream(call, reason)
-                if stream is not None:
-                    stream.on_audio = heard
-                return stream
-
-            waiting: list[asyncio.TimerHandle] = []
-            bridge.carrier.open_stream = opening  # type: ignore[method-assign]
+        stalls = stall_once_after_first_audio(bridge, 2.0, 0.54) if stall else []
         result = await bridge.carrier.place_call(script)
         registry = bridge.app.state.bridge.registry
         await until(lambda: registry.get_sample_value("callbridge_calls_total", {"provider": "twilio", "end": "caller_hung_up"}) == 1)
         echo_s = registry.get_sample_value("callbridge_barge_in_echo_seconds_total", {"provider": "twilio"}) or 0.0
-    return result, recorder, echo_s
+    return result, recorder, echo_s, stalls
 
 
 def commands(recorder: RecordingEngine) -> list[object]:
@@ -72,9 +51,8 @@ async def test_the_agents_own_echo_never_stops_it(echo_db: float, delay_ms: int,
     script = CallerScript(
         utterances=((500, SPEECH),), echo_db=echo_db, echo_delay_ms=delay_ms, hangup_at_ms=7000, band=band, noise_db=30.0 if band else None
     )
-    stalls: list[float] | None = [] if stall else None
-    result, recorder, echo_s = await call_counting(script, stalls)
-    assert stalls is None or len(stalls) == 1, result.render()  # stalled once, in the reply
+    result, recorder, echo_s, stalls = await call_counting(script, stall)
+    assert len(stalls) == stall, result.render()  # stalled once, in the reply
     sent = commands(recorder)
     assert echo_s * 1000 >= SPEECH_MS // 2, echo_s  # the echo counted as it was kept from the engine
     assert result.clears == [] and not any(isinstance(c, BargeIn) for c in sent), result.render()

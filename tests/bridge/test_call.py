@@ -146,6 +146,18 @@ class Harness:
         return [payload[i : i + 160] for payload in payloads for i in range(0, len(payload), 160)]
 
 
+class CallerSays:
+    """The caller's line into ``h``: each call one 20 ms payload, the next on the stream's media timeline (with its
+    timestamp, as Twilio sends it, or none, as jambonz and AudioSocket)."""
+
+    def __init__(self, h: Harness, *, timestamps: bool = True) -> None:
+        self.h, self.timestamps, self.frames = h, timestamps, 0
+
+    def __call__(self, payload: bytes) -> None:
+        self.h.receive(media(payload, timestamp=str(20 * self.frames) if self.timestamps else None))
+        self.frames += 1
+
+
 def mark_name(message: dict[str, object]) -> str:
     return message["mark"]["name"]  # type: ignore[index,return-value]
 
@@ -212,14 +224,8 @@ class TestInbound:
         ran 460 ms ahead, so bridge mode judged the caller's speech over the agent against frames not yet sent,
         took the agent for silent, and the engine's VAD barged in unpaused (a flaky CI failure on jambonz)."""
         h = Harness(lead_ms=200).live(barge_in=BridgeBargeInSettings())
+        said = CallerSays(h, timestamps=timestamps)
         quiet = pcm16_to_ulaw(bytes(320))
-        frame = 0
-
-        def said(payload: bytes) -> None:
-            nonlocal frame
-            h.receive(media(payload, timestamp=str(20 * frame)) if timestamps else media(payload, timestamp=None))
-            frame += 1
-
         h.now_ms = 460
         for _ in range(23):  # read late, at once
             said(quiet)
@@ -240,13 +246,8 @@ class TestInbound:
         sent for a reply that is over; the policy is not left paused (it went on marking their turn *listen* and
         confirmed a barge-in on nothing at 600 ms)."""
         h = Harness(lead_ms=200).live(barge_in=BridgeBargeInSettings())
-        quiet, frame = pcm16_to_ulaw(bytes(320)), 0
-
-        def said(payload: bytes) -> None:
-            nonlocal frame
-            h.receive(media(payload, timestamp=str(20 * frame)))
-            frame += 1
-
+        said = CallerSays(h)
+        quiet = pcm16_to_ulaw(bytes(320))
         for _ in range(10):
             said(quiet)
             h.advance(20)

@@ -46,7 +46,7 @@ def test_a_backchannel_pauses_then_resumes_where_the_caller_stopped_hearing(said
     longer (300 ms) after ``gap_ms`` where that is longer (the caller may be between two words: "Wait, — that's
     not…"; at the defaults it is not)."""
     verdicts = run([(640, 640 + said_ms)], settings=settings)
-    resume_after_ms = settings.resume_after_silence_ms if said_ms < settings.backchannel_max_ms else max(settings.gap_ms, settings.resume_after_silence_ms)
+    resume_after_ms = settings.resume_after_ms(said_ms)
     assert [type(v) for _, v in verdicts] == [Pause, Resume]
     (paused_at, pause), (resumed_at, resume) = verdicts
     assert isinstance(pause, Pause) and isinstance(resume, Resume)

@@ -114,8 +114,7 @@ def test_a_backchannel_pauses_and_resumes_the_reply_with_nothing_lost_or_repeate
     # after it (the resume; ``gap_ms`` where longer after one as long as the longest backchannel, 300 ms, or
     # longer: the caller may be between two words)
     policy = InterruptionSettings()
-    resume_ms = policy.resume_after_silence_ms if length_ms < policy.backchannel_max_ms else max(policy.gap_ms, policy.resume_after_silence_ms)
-    assert line.paused_ms[0] <= length_ms - policy.pause_after_ms + resume_ms + 40, line.paused_ms
+    assert line.paused_ms[0] <= length_ms - policy.pause_after_ms + policy.resume_after_ms(length_ms) + 40, line.paused_ms
 
 
 @pytest.mark.parametrize(("from_ms", "echo_db"), [(1000, 20.0), (2000, 10.0), (2000, 20.0)])

@@ -26,7 +26,7 @@ from callbridge.engine.local.core import LocalEngineOptions
 from callbridge.engine.local.engine import LocalEngine, LocalSession
 from callbridge.engine.port import ResumeTicket, SessionConfig
 from callbridge.outbound_http import http_client
-from callbridge.sim.carrier import CallResult
+from callbridge.sim.carrier import CallResult, OpenReason, SimCall, SimStream
 from callbridge.sim.runner import RunningBridge, load_wav_8k, sample_caller_wav
 
 
@@ -237,3 +237,28 @@ def caller_audio_ms(commands: Sequence[object]) -> int:
     barge-in (``BargeIn``) sends again, next, what the caller said since just before their onset."""
     pairs = itertools.pairwise([None, *commands])
     return sum(len(c.pcm) * 1000 // (2 * c.rate_hz) for before, c in pairs if isinstance(c, AppendAudio) and not isinstance(before, BargeIn))
+
+
+def stall_once_after_first_audio(bridge: RunningBridge, after_s: float, stall_s: float) -> list[float]:
+    """The whole process (the bridge and the simulated carrier both) stalls once, ``stall_s`` long, ``after_s`` after
+    the agent's first audio reaches the carrier: anchored on the call, not the test's clock, so a loaded machine's
+    late start moves it with the call. The list gets the stall's loop time as it comes."""
+    loop, open_stream, stalls = asyncio.get_running_loop(), bridge.carrier.open_stream, list[float]()
+    waiting: list[asyncio.TimerHandle] = []
+
+    def stall() -> None:
+        stalls.append(loop.time())
+        time.sleep(stall_s)
+
+    def heard(pcm: bytes | bytearray | memoryview) -> None:
+        if any(pcm) and not waiting:
+            waiting.append(loop.call_later(after_s, stall))
+
+    async def opening(call: SimCall, reason: OpenReason) -> SimStream | None:
+        stream = await open_stream(call, reason)
+        if stream is not None:
+            stream.on_audio = heard
+        return stream
+
+    bridge.carrier.open_stream = opening  # type: ignore[method-assign]
+    return stalls

@@ -42,7 +42,8 @@ def test_a_person_is_a_person_soon_after_their_greeting(name: str) -> None:
     assert isinstance(decided, Decided) and decided.answered_by == "person", decided
     wait = SETTINGS.short_silence_ms if decided.why == "short_greeting" else SETTINGS.silence_ms
     assert 0 <= decided.at_ms - end_ms <= wait + 40, (decided, end_ms)
-    assert decided.why == "greeting" or decided.greeting_ms <= SETTINGS.short_greeting_ms
+    if end_ms - 300 <= SETTINGS.short_greeting_ms - 60:  # a hello as short as that: the agent is heard 300 ms after it
+        assert decided.why == "short_greeting", decided
 
 
 @pytest.mark.parametrize("name", names("machine") + names("ivr"))
