@@ -390,6 +390,24 @@ class BargeInSettings(Section):
         return self
 
 
+class OutboundSettings(Section):
+    """``[outbound]``: calls the agent places (``POST /calls``). Each carrier is paced on its own by the bounds below
+    (``callbridge.outbound.pacing``)."""
+
+    api_token: Annotated[SecretStr, Field(min_length=16)] | None = None
+    """``POST /calls`` takes ``Authorization: Bearer <api_token>``; unset, every request to it is refused (403)."""
+    calls_per_second: Annotated[float, Field(gt=0, le=100)] = 1.0
+    """Dials a second at most, per carrier (a carrier account's usual default is 1)."""
+    max_concurrent: Annotated[int, Field(ge=1)] = 50
+    """Outbound calls dialled and not over, per carrier, at most."""
+    max_queued: Annotated[int, Field(ge=0, le=100_000)] = 100
+    """Calls waiting for the rate or a slot, per carrier; past it a request is refused (``queue_full``)."""
+    max_wait_s: Annotated[float, Field(gt=0, le=3600)] = 60.0
+    """A call waits this long at most for its turn; then it is refused (``waited_too_long``)."""
+    ring_timeout_s: Annotated[int, Field(ge=5, le=120)] = 30
+    """How long a call rings unanswered before it is given up (a request may say otherwise)."""
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -412,6 +430,7 @@ class _BridgeSections(BaseSettings):
     silence: SilenceSettings = SilenceSettings()
     recording: RecordingSettings = RecordingSettings()
     barge_in: BargeInSettings = BargeInSettings()
+    outbound: OutboundSettings = OutboundSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -40,6 +40,10 @@ class CallContext(BaseModel):
     parameters: dict[str, str] = Field(default_factory=dict)
     """The call's own parameters that ``app.context_parameters`` lets through: custom parameters, client state,
     extra headers, SIP ``X-`` headers (their names as the carrier gives them)."""
+    dial_id: str | None = Field(default=None, max_length=64)
+    """A call the agent placed (``POST /calls``): the id its request was answered with."""
+    metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    """A call the agent placed: the request's metadata, in every event of the call."""
 
     def log_fields(self) -> dict[str, object]:
         """What the call's first log line shows of it (the parameters by name only: their values may be private)."""

@@ -12,12 +12,18 @@ from callbridge.application.context import CallContext
 
 __all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
 
-EventType = Literal["call.started", "call.answered", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended"]
+EventType = Literal[
+    "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "turn", "barge-in", "dtmf", "silence",
+    "tool", "transfer", "call.ended",
+]  # fmt: skip
 
 
 class CallEvent(BaseModel):
-    """One thing that happened on a call. ``call.started``: the application chose the call's assistant (the carrier
-    is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn``
+    """One thing that happened on a call. A call the agent places first has ``call.dialing`` (the carrier took the
+    request: ``{"dial_id"}``), ``call.ringing`` and, where nobody answers, ``call.failed`` ``{"dial_id", "reason":
+    "busy" | "no_answer" | "declined" | "failed" | "canceled", "detail"}`` (its last event); its ``call_id`` is the
+    carrier's, or the dial id where the carrier never named the call. ``call.started``: the application chose the
+    call's assistant (the carrier is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn``
     ``{"latency_ms"}`` (the caller stopped speaking → the agent's reply on its way to them); ``barge-in``
     ``{"heard_ms", "generated_ms", "decided_by": "engine" | "bridge"}`` (``barge_in.mode``); ``dtmf`` ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" |
     "hang_up"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``

@@ -171,7 +171,7 @@ class AssistantOutcome:
     application's where it is not."""
 
     reply: AssistantReply
-    source: Literal["application", "fallback"]
+    source: Literal["application", "fallback", "request"]
     failure: str | None
     """``timeout``, ``status_503``, ``invalid``, ``unreachable``, ``error``…; None when the application answered."""
     elapsed_ms: int

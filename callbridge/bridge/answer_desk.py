@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from callbridge.application import AssistantConfig, CallContext
+from callbridge.application.assistant import AssistantReply
 from callbridge.application.events import CallEvent
-from callbridge.application.hooks import AssistantSource
+from callbridge.application.hooks import AssistantOutcome, AssistantSource
 from callbridge.bridge.admission import AdmissionBook, Refusal
 from callbridge.bridge.answer_policy import (
     AnswerDecision,
@@ -124,7 +125,13 @@ class AnswerDesk:
         return self._host.settings.engine.open_at_answer == "auto" and self._host.registry.shared
 
     async def decide_answer(
-        self, call_id: str, provider: str, *, retries: bool = True, context: CallContext | None = None
+        self,
+        call_id: str,
+        provider: str,
+        *,
+        retries: bool = True,
+        context: CallContext | None = None,
+        assistant: AssistantConfig | None = None,
     ) -> AnswerDecision:
         """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
         (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
@@ -133,10 +140,11 @@ class AnswerDesk:
         asks for. A registry that does not answer is a busy refusal too, logged as a warning: the caller hears
         busy rather than the carrier's "application error". With an application (``[app]``), a new call admitted is
         its to answer or refuse (``choose_assistant``, from ``context``: what the carrier's webhook said), and its
-        engine session opens with the assistant chosen."""
+        engine session opens with the assistant chosen. ``assistant``: a call the agent placed whose request gave
+        one (``Dialer.answering``): the call's, the application not asked."""
         facts: dict[AnswerFact, bool] = {}
-        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider))
-        asks_application = self._host.assistants is not None
+        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider), preset=assistant)
+        asks_application = self._host.assistants is not None or assistant is not None
         try:
             while isinstance(
                 step := answer_step(facts, retries=retries, draining=self._host.draining, asks_application=asks_application), AnswerFact
@@ -161,7 +169,7 @@ class AnswerDesk:
         match fact:
             case AnswerFact.APPLICATION_ANSWERS:
                 kept = await self.call_setup(call_id)  # a call coming back (a reconnect): chosen once, at its answer
-                chosen = kept if kept is not None else await self.choose_assistant(asked.context)
+                chosen = kept if kept is not None else await self.choose_assistant(asked.context, asked.preset)
                 if isinstance(chosen, CallSetup):
                     asked.setup = chosen
                     return True
@@ -182,19 +190,24 @@ class AnswerDesk:
             case AnswerFact.ENGINE_TAKES:
                 return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
 
-    async def choose_assistant(self, context: CallContext) -> Chosen:
+    async def choose_assistant(self, context: CallContext, preset: AssistantConfig | None = None) -> Chosen:
         """Ask the application for the call's assistant (``AssistantSource``: under ``app.assistant_timeout_s``,
-        standing in for a slow or failing one); keep the setup in the registry for the call's streams. Else how the
-        application refused the call. Logged with the call's context (its first log line), and counted."""
-        assert self._host.assistants is not None
-        outcome = await self._host.assistants.request(context)
+        standing in for a slow or failing one) — or take ``preset``, a placed call's own; keep the setup in the
+        registry for the call's streams. Else how the application refused the call. Logged with the call's context
+        (its first log line), and counted."""
+        if preset is not None:
+            outcome = AssistantOutcome(AssistantReply.answer(preset), "request", None, 0)
+        else:
+            assert self._host.assistants is not None
+            outcome = await self._host.assistants.request(context)
         reply = outcome.reply
         label = "rejected" if reply.reject is not None else "transferred" if reply.transfer is not None else outcome.source
         self._host.metrics.assistant_requests.labels(label, outcome.failure or "").inc()
         fields = dict(context.log_fields(), source=outcome.source, elapsed_ms=outcome.elapsed_ms)
         if outcome.failure is not None:
+            on_failure = self._host.assistants.on_failure if self._host.assistants is not None else None
             log.warning("assistant_fallback", call_id=context.call_id, failure=outcome.failure, detail=outcome.detail[:300],
-                        on_failure=self._host.assistants.on_failure, **fields)  # fmt: skip
+                        on_failure=on_failure, **fields)  # fmt: skip
         else:
             log.info("assistant_chosen", call_id=context.call_id, reject=reply.reject, transfer=reply.transfer, **fields)
         if reply.transfer is not None:
@@ -368,6 +381,8 @@ class _Asked:
     """What one answer's decision learnt of the application (``decide_answer``)."""
 
     context: CallContext
+    preset: AssistantConfig | None = None
+    """A placed call's own assistant (its request's): the application is not asked."""
     setup: CallSetup | None = None
     refused: Rejection | TransferTo | None = None
     """What the application made of the call where it did not answer it: a refusal, or where to send it."""

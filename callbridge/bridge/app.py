@@ -27,12 +27,14 @@ from callbridge import __version__
 from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.carrier_plugin import load_carrier
+from callbridge.bridge.dialer import Dialer
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.fleet_port import FleetPort
 from callbridge.bridge.group_metrics import PUBLISH_EVERY_S, GroupPublisher, group_metrics_dir
 from callbridge.bridge.http_limits import BodyLimit
 from callbridge.bridge.metrics import BridgeMetrics
+from callbridge.bridge.outbound_api import outbound_router
 from callbridge.bridge.recording_store import RecordingStore
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
 from callbridge.bridge.registry_backend import build_registry
@@ -98,6 +100,8 @@ class BridgeState:
         for name, rest in rests.items():
             if callable(getattr(rest, "perform", None)):  # the carrier's REST API transfers calls / sends DTMF
                 self.services.action_performers[name] = rest  # type: ignore[assignment]
+        dialers = {name: rest for name, rest in rests.items() if callable(getattr(rest, "dial", None))}  # it places calls
+        self.services.dialer = Dialer(self.services, dialers)  # type: ignore[arg-type]
 
     @property
     def fleet(self) -> FleetPort:
@@ -211,6 +215,8 @@ def create_app(
     for carrier in state.carriers:
         if carrier.router is not None:
             app.include_router(carrier.router(state.services))
+    assert state.services.dialer is not None
+    app.include_router(outbound_router(settings, state.services.dialer))
     pool_metrics = install_engine_pool(app, state.registry, state.services.engine, settings)  # metrics, /admin/engines
     group_dir = group_metrics_dir()
     if group_dir is not None:

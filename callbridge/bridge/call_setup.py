@@ -25,7 +25,7 @@ class CallSetup(BaseModel):
 
     context: CallContext
     assistant: AssistantConfig
-    source: Literal["application", "fallback"]
+    source: Literal["application", "fallback", "request"]
     """Whether the application chose the assistant, or the call went on with ``app.on_failure``'s."""
     chosen_at: float = 0.0
     """Unix time (s) the assistant was chosen: the call's start for its ``max_duration_s`` (0: not known)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from callbridge.bridge.actions import CallActionPerformer
+from callbridge.bridge.dialer import Dialer
 from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.fleet import SignalHandler
 from callbridge.bridge.registry import SignalKind
@@ -40,6 +41,12 @@ class CarrierServices(StreamServices, Protocol):
     @property
     def carrier_rests(self) -> dict[str, CarrierRest]:
         """carrier → its REST client (one per process), for webhooks that call the carrier's API."""
+        ...
+
+    @property
+    def dialer(self) -> Dialer | None:
+        """The calls the agent places: a carrier's answer webhook finds a placed call's request here, its status
+        callback reports how a dialled call goes."""
         ...
 
     @property

@@ -24,6 +24,7 @@ from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.cpu import CpuMeter
+from callbridge.bridge.dialer import Dialer
 from callbridge.bridge.end_reason import EndCause
 from callbridge.bridge.fleet import (
     FLEET_HOLD_MS,
@@ -127,6 +128,8 @@ class BridgeServices:
     """Where recorded calls are written (``[recording]``; built by the app)."""
     assistants: AssistantSource | None = None
     """The application that chooses each new call's assistant (``[app]``); None: every call gets the configured one."""
+    dialer: Dialer | None = None
+    """The calls the agent places (``POST /calls``; built by the app)."""
     unknown_events: set[tuple[str, str]] = field(default_factory=set)
     """(carrier, event type) pairs seen here that no codec knows, each logged once and counted by name (at most
     ``UNKNOWN_EVENT_NAMES``)."""

@@ -24,8 +24,9 @@ def public_base(settings: Settings, request_base: str) -> str:
     return (settings.server.public_url or request_base).rstrip("/")
 
 
-_OWN_QUERY: Final = frozenset({"redirect"})
-"""Query parameters the bridge puts on URLs it gives carriers (a TwiML ``<Redirect>``'s nonce): never the caller's."""
+_OWN_QUERY: Final = frozenset({"redirect", "dial"})
+"""Query parameters the bridge puts on URLs it gives carriers (a TwiML ``<Redirect>``'s nonce, a placed call's dial
+id): never the caller's."""
 
 
 def answer_url_parameters(request: Request) -> list[tuple[str, str]]:

@@ -419,14 +419,14 @@ class SimulatedCarrier(ABC):
 
     # ------------------------------------------------------------------ call
 
-    async def place_call(self, script: CallerScript) -> CallResult:
-        """One inbound call from answer to hang-up; returns what happened and what the caller heard."""
+    async def place_call(self, script: CallerScript, *, call_id: str | None = None) -> CallResult:
+        """One call from answer to hang-up (``call_id``: one the bridge dialled); what happened and what was heard."""
         started = time.monotonic()
 
         def now_ms() -> int:
             return int((time.monotonic() - started) * 1000)
 
-        call_id = self.new_call_id()
+        call_id = call_id or self.new_call_id()
         result = CallResult(call_id)
         call = self.calls[call_id] = SimCall(call_id, result, now_ms)
         interrupt = script.interruption if script.interruption is not None else script.utterances[0][1] if script.utterances else b""

@@ -125,3 +125,17 @@ class Patient(Recorder):
         return AssistantConfig.model_validate(
             {"greeting": "", "turn_taking": {"silence_duration_ms": 1200}, "language": "Spanish", "engine_options": {"tts_speaker": "Ryan"}}
         )
+
+
+class CallsOut:
+    """For the calls the agent places: each call it is asked about, and every event with its call's context."""
+
+    asked: ClassVar[list[CallContext]] = []
+    events: ClassVar[list[tuple[CallContext, CallEvent]]] = []
+
+    async def assistant(self, call: CallContext) -> AssistantConfig:
+        CallsOut.asked.append(call)
+        return AssistantConfig(instructions=f"{INSTRUCTIONS} You called {call.called_number}.", greeting=GREETING)
+
+    async def event(self, call: CallContext, event: CallEvent) -> None:
+        CallsOut.events.append((call, event))

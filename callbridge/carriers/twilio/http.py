@@ -20,9 +20,9 @@ redirects would be alike (same URL, same parameters), so each ``<Redirect>`` URL
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from xml.sax.saxutils import escape, quoteattr
 
 import httpx
@@ -36,6 +36,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
 from callbridge.carriers.twilio.wire import ACCOUNT_PARAM, TwilioCodec
@@ -89,6 +90,11 @@ class TwilioDialect:
     def status_path(self) -> str:
         return f"/{self.name}/stream-status"
 
+    @property
+    def call_status_path(self) -> str:
+        """Where the carrier reports how a call the bridge placed goes (its ``StatusCallback``)."""
+        return f"/{self.name}/call-status"
+
     def twiml_connect(self, base: str, token: str, account: str | None = None) -> str:
         """``<Connect><Stream>`` with the call's token, then ``<Redirect>`` here for a new stream if it drops.
         ``account``: the ``AccountSid`` the answer webhook came with, as a ``<Parameter>`` too (``ACCOUNT_PARAM``):
@@ -141,6 +147,14 @@ def twiml_dial(target: str) -> str:
     noun = f"<Sip>{escape(target)}</Sip>" if target.startswith(("sip:", "sips:")) else escape(target)
     return f'<?xml version="1.0" encoding="UTF-8"?><Response><Dial>{noun}</Dial></Response>'
 
+
+_STATUS_EVENTS: Final = ("initiated", "ringing", "answered", "completed")
+"""The progress a placed call's ``StatusCallback`` is sent (Twilio sends only ``completed`` unless asked)."""
+_CALL_PROGRESS: Final[Mapping[str, DialProgress]] = {
+    "ringing": "ringing", "in-progress": "answered", "completed": "completed", "busy": "busy", "no-answer": "no_answer",
+    "failed": "failed", "canceled": "canceled",
+}  # fmt: skip
+"""Twilio's ``CallStatus`` in callbridge's words (``queued`` and ``initiated`` say nothing new)."""
 
 _HANGUP = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
 _BUSY = '<?xml version="1.0" encoding="UTF-8"?><Response><Reject reason="busy"/></Response>'
@@ -200,7 +214,10 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
         if not call_id:
             return Response("CallSid missing", status_code=400)
         context = twilio_context(name, [*answer_url_parameters(request), *form.items()], settings.app.context_parameters)
-        decision = await services.desk.decide_answer(call_id, name, context=context)
+        placed = services.dialer.answering(request.query_params.get("dial"), name, call_id) if services.dialer else None
+        if placed is not None:  # a call the agent placed: its request's dial id, metadata and assistant
+            context = context.model_copy(update={"dial_id": placed[0].dial_id, "metadata": placed[0].metadata})
+        decision = await services.desk.decide_answer(call_id, name, context=context, assistant=placed[1] if placed else None)
         match decision.kind:
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP
@@ -245,12 +262,37 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
         log_fn("stream_status", provider=name, call_id=form.get("CallSid"), stream_id=form.get("StreamSid"), stream_event=event, error=form.get("StreamError"))
         return Response(status_code=204)
 
+    router.add_api_route(dialect.call_status_path, call_status_route(services, dialect, signatures), methods=["POST"])
     return router
+
+
+def call_status_route(services: CarrierServices, dialect: TwilioDialect, signatures: TwilioSignatures) -> Callable[[Request], Awaitable[Response]]:
+    """The call status callback of a call the bridge placed: its progress to the dialer."""
+    settings, name, header = services.settings, dialect.name, dialect.signature_header
+
+    async def call_status(request: Request) -> Response:
+        """How a call the bridge placed goes (``StatusCallback``): ringing, answered, and how it ended."""
+        form = {key: str(value) for key, value in (await request.form()).items()}
+        base = public_base(settings, str(request.base_url))
+        signature, checked = request.headers.get(header), base + dialect.call_status_path
+        if not signatures.valid(checked, form, signature):
+            log.warning("signature_invalid", provider=name, path=dialect.call_status_path, url_checked=checked)
+            return Response(status_code=_FORBIDDEN)
+        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
+            return Response(status_code=_FORBIDDEN)
+        progress = _CALL_PROGRESS.get(form.get("CallStatus", ""))
+        call_id = form.get("CallSid")
+        if progress is not None and call_id and services.dialer is not None:
+            detail = f"{form.get('CallStatus')}" + (f" (SIP {form['SipResponseCode']})" if form.get("SipResponseCode") else "")
+            services.dialer.progress(name, call_id, progress, detail)
+        return Response(status_code=204)
+
+    return call_status
 
 
 class TwilioRest:
     """The REST calls the bridge makes on Twilio's API or a compatible one: end a call (``Status=completed``),
-    transfer it (new ``Twiml`` with ``<Dial>``)."""
+    transfer it (new ``Twiml`` with ``<Dial>``), place one (``dial``: where ``account`` is configured)."""
 
     def __init__(
         self,
@@ -259,11 +301,45 @@ class TwilioRest:
         *,
         username: str | None = None,
         client: httpx.AsyncClient | None = None,
+        account: str | None = None,
+        dialect: str = "twilio",
     ) -> None:
         self._base = base_url.rstrip("/")
         self._token = token.get_secret_value() if token else None
         self._username = username
         self._client = client or http_client(timeout=10.0)
+        self._account = account
+        self._dialect = dialect
+
+    @property
+    def can_dial(self) -> bool:
+        return self._account is not None and self._token is not None
+
+    async def dial(self, leg: DialLeg) -> str:
+        """Create the call (``POST …/Calls.json``): Twilio rings ``leg.to`` from ``leg.from_`` for the ring timeout,
+        POSTs the answer webhook (the URL names the dial) when it is answered, and reports its progress to the call
+        status callback. Its ``CallSid``; raises ``DialRejected`` with Twilio's code and message."""
+        if self._account is None or self._token is None:
+            raise DialRejected("not_configured", "no account_sid or auth_token to dial with")
+        data = {
+            "To": leg.to, "From": leg.from_, "Url": f"{leg.base_url}/{self._dialect}/voice?dial={leg.dial_id}", "Method": "POST",
+            "StatusCallback": f"{leg.base_url}/{self._dialect}/call-status", "StatusCallbackMethod": "POST",
+            "StatusCallbackEvent": list(_STATUS_EVENTS), "Timeout": str(leg.ring_timeout_s),
+        }  # fmt: skip
+        try:
+            response = await self._client.post(
+                f"{self._base}/2010-04-01/Accounts/{self._account}/Calls.json", data=data, auth=(self._username or self._account, self._token)
+            )
+        except httpx.HTTPError as exc:
+            raise DialRejected("unreachable", repr(exc)) from exc
+        try:
+            answer = response.json() if response.content else {}
+        except ValueError:
+            answer = {}
+        if response.status_code not in (200, 201) or not isinstance(answer, dict) or not isinstance(answer.get("sid"), str):
+            code, message = (answer.get("code"), answer.get("message")) if isinstance(answer, dict) else (None, None)
+            raise DialRejected("refused", f"HTTP {response.status_code} {code or ''} {message or response.text[:200]}".strip())
+        return str(answer["sid"])
 
     async def hang_up(self, call_id: str, account_id: str | None) -> None:
         """Complete the call; a call that has already ended counts as done. Raises ``httpx.HTTPError``."""
@@ -303,7 +379,7 @@ class TwilioRest:
 CARRIER = Carrier(
     name="twilio",
     router=lambda services: twilio_compatible_router(services, twilio_dialect(services.settings)),
-    rest=lambda settings: TwilioRest(settings.twilio.api_base_url, settings.twilio.auth_token),
+    rest=lambda settings: TwilioRest(settings.twilio.api_base_url, settings.twilio.auth_token, account=settings.twilio.account_sid),
     generic_upgrade=lambda settings: signature_upgrade(twilio_dialect(settings)),
 )
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 
 from callbridge.config_types import HttpUrl, Section
 
@@ -11,6 +11,8 @@ __all__ = ["TwilioSettings"]
 
 class TwilioSettings(Section):
     auth_token: SecretStr | None = None
+    account_sid: str | None = Field(default=None, pattern=r"^AC[0-9a-f]{32}$")
+    """The account outbound calls are placed from (``POST /calls``); unset, Twilio cannot dial."""
     validate_signatures: bool = True
     """Check X-Twilio-Signature on the webhooks and the media upgrade. Switch off only for local development."""
     unsigned_upgrades: bool = False

@@ -14,6 +14,11 @@ It does what Twilio does for an inbound call on ``<Connect><Stream>``:
   when playback reaches it and, on ``clear``, every pending one; anything but
   ``media`` / ``mark`` / ``clear`` with the right ``streamSid`` and no extra
   fields is recorded as a 31951 warning, a binary frame as 31950;
+- takes the REST dial (``POST …/Calls.json``, basic auth; ``To``, ``From``, ``Url``, ``StatusCallback``,
+  ``StatusCallbackEvent``, ``Timeout`` checked as Twilio's API checks them, 400 with its code otherwise), rings
+  the number's ``Callee`` (``callees``), reports ``initiated`` / ``ringing`` / ``answered`` / the end to the signed
+  ``StatusCallback``, and, answered, POSTs ``Url`` (``Direction=outbound-api``) and streams as for an inbound
+  call (``dialled`` holds each such call's ``CallResult``);
 - serves the REST hang-up (``POST …/Calls/{CallSid}.json`` ``Status=completed``,
   basic auth): the call ends, the stream gets ``stop``; and the call update
   with new ``Twiml`` (a transfer's ``<Dial>``): the TwiML is recorded in
@@ -30,6 +35,8 @@ import asyncio
 import audioop
 import base64
 import binascii
+import hashlib
+import re
 import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
@@ -48,6 +55,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus
 from callbridge.carriers.spec import FarEndMessage
 from callbridge.carriers.twilio.wire import TwilioCodec
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
+from callbridge.sim.callee import Callee
 from callbridge.sim.carrier import (
     CallerScript,
     CallResult,
@@ -103,6 +111,23 @@ class TwimlRedirect:
 
     pause_s: float
     url: str
+
+
+_E164_OR_URI: Final = re.compile(r"^(\+[1-9][0-9]{6,14}|sips?:[^\s]+|client:[A-Za-z0-9_]+)$")
+_STATUS_EVENTS: Final = frozenset({"initiated", "ringing", "answered", "completed"})
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundLeg:
+    """A call created through the REST API: what it was asked, as the webhooks for it say."""
+
+    call_sid: str
+    to: str
+    from_: str
+    url: str
+    status_callback: str | None
+    status_events: frozenset[str]
+    timeout_s: int
 
 
 _MAX_REDIRECTS = 10
@@ -296,7 +321,15 @@ class SimulatedTwilio(SimulatedCarrier):
     def __init__(self, bridge_url: str, auth_token: str, *, account_sid: str | None = None) -> None:
         super().__init__(bridge_url, auth_token)
         self.auth_token = auth_token
-        self.account_sid = account_sid or "AC" + secrets.token_hex(16)
+        self.account_sid = account_sid or account_of(auth_token)
+        self.callees: dict[str, Callee] = {}
+        """Who answers a number the bridge dials (a number not here: ``Callee()``, a person)."""
+        self.dialled: dict[str, asyncio.Task[CallResult | None]] = {}
+        """CallSid → each REST-created call as it goes: its ``CallResult`` once answered and over, None where it
+        was never answered."""
+        self.status_reports: list[tuple[str, str]] = []
+        """(CallSid, CallStatus) of every status callback sent, in order."""
+        self._outbound: dict[str, OutboundLeg] = {}
         self._validator = RequestValidator(auth_token)
         self._http = webhook_client()
         self.call_updates: list[tuple[str, str]] = []
@@ -306,14 +339,77 @@ class SimulatedTwilio(SimulatedCarrier):
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
-        return {"twilio": {"auth_token": secret, "api_base_url": rest_url, "validate_signatures": True}}
+        settings = {"auth_token": secret, "api_base_url": rest_url, "validate_signatures": True}
+        if cls is SimulatedTwilio:  # its account places calls (a dialect's does not yet)
+            settings["account_sid"] = account_of(secret)
+        return {"twilio": settings}
 
     def rest_routes(self) -> list[BaseRoute]:
-        return [Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls/{call}.json", self._rest_call, methods=["POST"])]
+        return [
+            Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls.json", self._create_call, methods=["POST"]),
+            Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls/{call}.json", self._rest_call, methods=["POST"]),
+        ]
+
+    def _authenticated(self, request: Request) -> bool:
+        expected = "Basic " + base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode()
+        return request.headers.get("authorization") == expected and request.path_params["account"] == self.account_sid
+
+    async def _create_call(self, request: Request) -> Response:
+        """Twilio's ``POST /Accounts/{AccountSid}/Calls.json``: 201 with the call's ``sid`` (``queued``), then the
+        call goes as its ``Callee`` says; 400 with Twilio's code for what its API refuses."""
+        if not self._authenticated(request):
+            return JSONResponse({"code": 20003, "message": "Authenticate", "status": 401}, status_code=401)
+        form = await request.form()
+        values = {key: str(value) for key, value in form.items()}
+        refused = _create_refusal(values, [str(v) for v in form.getlist("StatusCallbackEvent")])
+        if refused is not None:
+            return JSONResponse({"code": refused[0], "message": refused[1], "status": 400}, status_code=400)
+        leg = OutboundLeg(
+            self.new_call_id(), values["To"], values["From"], values["Url"], values.get("StatusCallback"),
+            frozenset(str(v) for v in form.getlist("StatusCallbackEvent")) | {"completed"}, int(values.get("Timeout", "60")),
+        )  # fmt: skip
+        self._outbound[leg.call_sid] = leg
+        self.dialled[leg.call_sid] = asyncio.create_task(self._ring(leg, self.callees.get(leg.to, Callee())))
+        body = {"sid": leg.call_sid, "account_sid": self.account_sid, "to": leg.to, "from": leg.from_, "status": "queued",
+                "direction": "outbound-api", "api_version": "2010-04-01"}  # fmt: skip
+        return JSONResponse(body, status_code=201)
+
+    async def _ring(self, leg: OutboundLeg, callee: Callee) -> CallResult | None:
+        """The call the REST API created: it rings, and is answered (then runs as an inbound call does), or not."""
+        await self._report(leg, "initiated", "initiated")
+        await self._report(leg, "ringing", "ringing")
+        if callee.outcome == "no_answer":
+            await asyncio.sleep(leg.timeout_s)
+            await self._report(leg, "completed", "no-answer")
+            return None
+        await asyncio.sleep(min(callee.ring_ms / 1000, leg.timeout_s))
+        if callee.outcome != "answers" or callee.ring_ms > leg.timeout_s * 1000:
+            status = {"busy": "busy", "fails": "failed"}.get(callee.outcome, "no-answer")
+            await self._report(leg, "completed", status)
+            return None
+        await self._report(leg, "answered", "in-progress")
+        answered = asyncio.get_running_loop().time()
+        result = await self.place_call(callee.script, call_id=leg.call_sid)
+        duration = str(max(1, round(asyncio.get_running_loop().time() - answered)))
+        await self._report(leg, "completed", "completed", CallDuration=duration)
+        return result
+
+    async def _report(self, leg: OutboundLeg, event: str, status: str, **extra: str) -> None:
+        """The signed status callback for ``event`` (where the dial asked for it)."""
+        if leg.status_callback is None or event not in leg.status_events:
+            return
+        params = {
+            "AccountSid": self.account_sid, "ApiVersion": "2010-04-01", "CallSid": leg.call_sid, "CallStatus": status,
+            "Direction": "outbound-api", "From": leg.from_, "To": leg.to, "Called": leg.to, "Caller": leg.from_,
+            "CallbackSource": "call-progress-events", "SequenceNumber": str(sum(sid == leg.call_sid for sid, _ in self.status_reports)),
+            **extra,
+        }  # fmt: skip
+        self.status_reports.append((leg.call_sid, status))
+        signature = self._validator.compute_signature(leg.status_callback, params)
+        await self._http.post(leg.status_callback, data=params, headers={self.signature_header: signature})
 
     async def _rest_call(self, request: Request) -> Response:
-        expected = "Basic " + base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode()
-        if request.headers.get("authorization") != expected or request.path_params["account"] != self.account_sid:
+        if not self._authenticated(request):
             return JSONResponse({"code": 20003, "message": "Authenticate"}, status_code=401)
         form = await request.form()
         call = self.calls.get(request.path_params["call"])
@@ -335,6 +431,9 @@ class SimulatedTwilio(SimulatedCarrier):
         return JSONResponse({"sid": call.call_id, "status": "completed"})
 
     async def aclose(self) -> None:
+        for ringing in self.dialled.values():
+            ringing.cancel()
+        await asyncio.gather(*self.dialled.values(), return_exceptions=True)
         await self._http.aclose()
         await super().aclose()
 
@@ -352,6 +451,12 @@ class SimulatedTwilio(SimulatedCarrier):
         return f"{bridge_url}{voice}{query}"
 
     def answer_params(self, call_id: str, first: bool) -> dict[str, str]:
+        leg = self._outbound.get(call_id)
+        if leg is not None:  # a call the REST API created, answered
+            return {
+                "AccountSid": self.account_sid, "ApiVersion": "2010-04-01", "CallSid": call_id, "CallStatus": "in-progress",
+                "Direction": "outbound-api", "From": leg.from_, "To": leg.to, "Called": leg.to, "Caller": leg.from_,
+            }  # fmt: skip
         return {
             "AccountSid": self.account_sid,
             "ApiVersion": "2010-04-01",
@@ -377,7 +482,7 @@ class SimulatedTwilio(SimulatedCarrier):
                 self._http, self._validator, bridge_url, params,
                 provider=self.provider, signature_header=self.signature_header, sign_upgrade=self.signs_upgrade,
                 stream_codecs=self.stream_codecs,
-                url=self.with_answer_query(f"{bridge_url}/{self.provider}/voice") if redirect is None else self._redirect_target(bridge_url, redirect),
+                url=self._answer_url(call.call_id, bridge_url) if redirect is None else self._redirect_target(bridge_url, redirect),
             )  # fmt: skip
             if not isinstance(opened, TwimlRedirect):
                 break
@@ -401,6 +506,11 @@ class SimulatedTwilio(SimulatedCarrier):
         if opened.redirect_url is not None:
             self._redirects[call.call_id] = opened.redirect_url
         return TwilioStream(WebSocketConnection(opened.ws), opened.stream_sid, call, self.account_sid, opened.encoding, opened.rate_hz)
+
+    def _answer_url(self, call_id: str, bridge_url: str) -> str:
+        """Where a call's first answer webhook goes: a created call's ``Url``, else the number's answer URL."""
+        leg = self._outbound.get(call_id)
+        return leg.url if leg is not None else self.with_answer_query(f"{bridge_url}/{self.provider}/voice")
 
     def unknown_event(self, stream: SimStream) -> str:
         return orjson.dumps({"event": "transcription", "streamSid": stream.stream_id, "transcription": {"text": "hi"}}).decode()
@@ -435,6 +545,41 @@ class SimulatedTwilio(SimulatedCarrier):
                 return False
         except InvalidStatus as exc:
             return refused and exc.response.status_code == 403
+
+
+def account_of(auth_token: str) -> str:
+    """The simulated account's ``AccountSid``: made from its auth token, so the bridge's settings can name it."""
+    return "AC" + hashlib.sha256(auth_token.encode()).hexdigest()[:32]
+
+
+def _create_refusal(form: Mapping[str, str], status_events: list[str]) -> tuple[int, str] | None:
+    """What Twilio's API says to a create-call request it refuses (its error code and message), or None. The codes
+    for a bad method, status event or timeout are this simulator's stand-ins; the others are Twilio's."""
+    to, from_, url = form.get("To"), form.get("From"), form.get("Url")
+    if not to:
+        return 21201, "No 'To' number is specified"
+    if not _E164_OR_URI.match(to):
+        return 21211, f"Invalid 'To' Phone Number: {to}"
+    if not from_:
+        return 21213, "No 'From' number is specified"
+    if not _E164_OR_URI.match(from_):
+        return 21212, f"Invalid 'From' Phone Number: {from_}"
+    if not url and not form.get("Twiml") and not form.get("ApplicationSid"):
+        return 21205, "Url parameter is required"
+    for name in ("Url", "StatusCallback"):
+        value = form.get(name)
+        if value is not None and not value.startswith(("http://", "https://")):
+            return 21205, f"{name} is not a valid URL: {value}"
+    if form.get("Method", "POST") not in ("GET", "POST") or form.get("StatusCallbackMethod", "POST") not in ("GET", "POST"):
+        return 21207, "Method must be GET or POST"
+    if not set(status_events) <= _STATUS_EVENTS:
+        return 21626, f"Invalid StatusCallbackEvent: {sorted(set(status_events) - _STATUS_EVENTS)}"
+    timeout = form.get("Timeout", "60")
+    if not timeout.isdigit() or not 1 <= int(timeout) <= 600:
+        return 21216, f"Timeout must be an integer from 1 to 600: {timeout}"
+    if url is None:
+        return 21205, "only Url is simulated (not Twiml or ApplicationSid)"
+    return None
 
 
 class DirectTwilioStreams(SimulatedTwilio):

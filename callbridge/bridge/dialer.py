@@ -1,0 +1,304 @@
+"""The calls the agent places (#42): a request is taken (``place``), paced per carrier (``OutboundPacer``), dialled
+through the carrier's REST API (``CarrierDialer``), and followed by the carrier's progress reports (``progress``)
+until it is answered — then it is a call like any other, through the carrier's answer webhook, with the request's
+dial id and metadata in its ``CallContext`` and its assistant, where the request gave one (``answering``).
+
+The application hears ``call.dialing`` once the carrier took the request, ``call.ringing``, and ``call.failed`` with
+the reason where nobody answers (busy, no answer, refused, never dialled); an answered call's events are an inbound
+call's. A carrier that never reports how a dialled call went does not hold its pacing slot for ever: a call not
+answered within its ring timeout and ``_REPORT_GRACE_S`` is given up as unanswered, an answered one after
+``server.max_call_duration_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol
+
+from callbridge.application import AssistantConfig, CallContext
+from callbridge.application.events import CallEvent
+from callbridge.bridge.app_events import EventDelivery
+from callbridge.config import Settings
+from callbridge.logging import get_logger
+from callbridge.outbound.pacing import Dial, OutboundPacer, PacingSettings, Queued, Refused
+from callbridge.outbound.request import DialRequest
+
+__all__ = [
+    "CarrierDialer",
+    "DialAccepted",
+    "DialLeg",
+    "DialProgress",
+    "DialRefusal",
+    "DialRejected",
+    "Dialer",
+    "DialerHost",
+    "FailReason",
+]
+
+log = get_logger(__name__)
+
+_REPORT_GRACE_S: Final = 30.0
+"""How long past a call's ring timeout (or its longest duration, answered) the carrier's word on it is waited for."""
+_MAX_KNOWN: Final = 100_000
+"""Placed calls followed at most (a bound on memory whatever the settings say)."""
+
+DialProgress = Literal["ringing", "answered", "completed", "busy", "no_answer", "declined", "failed", "canceled"]
+"""What a carrier reports of a call it dialled, in callbridge's words (each carrier maps its own)."""
+FailReason = Literal["busy", "no_answer", "declined", "failed", "canceled"]
+_FAILURES: Final[frozenset[str]] = frozenset({"busy", "no_answer", "declined", "failed", "canceled"})
+
+
+@dataclass(frozen=True, slots=True)
+class DialLeg:
+    """What a carrier's REST dial needs: the numbers, the ring timeout, and where this bridge is (its public base
+    URL, for the answer and status callbacks the carrier is pointed at; ``dial_id`` goes on the answer URL)."""
+
+    dial_id: str
+    to: str
+    from_: str
+    ring_timeout_s: int
+    base_url: str
+
+
+class DialRejected(Exception):
+    """The carrier did not take the dial: ``refused`` (its API said no: a number it will not call, the account's
+    limits), ``unreachable`` (no answer from its API), ``not_configured`` (no account to dial from)."""
+
+    def __init__(self, reason: Literal["refused", "unreachable", "not_configured"], detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class CarrierDialer(Protocol):
+    """A carrier's REST dial (its ``CarrierRest``, where it can dial)."""
+
+    @property
+    def can_dial(self) -> bool:
+        """Configured to dial (an account to dial from, its credentials)."""
+        ...
+
+    async def dial(self, leg: DialLeg) -> str:
+        """Ask the carrier to call ``leg.to``; its id for the call. Raises ``DialRejected``."""
+        ...
+
+
+class DialerHost(Protocol):
+    """What the dialer reads of its bridge process (``BridgeServices``)."""
+
+    settings: Settings
+    draining: bool
+    events: EventDelivery | None
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DialAccepted:
+    """Taken: ``dial_id`` names the call in the application's events (``CallContext.dial_id``); ``queued_behind``
+    calls wait before it for the carrier's rate or a slot (0: dialled now)."""
+
+    dial_id: str
+    queued_behind: int
+
+
+@dataclass(frozen=True, slots=True)
+class DialRefusal:
+    """Not taken, and why (``POST /calls`` answers ``status`` with it)."""
+
+    reason: str
+    detail: str
+    status: int
+
+
+@dataclass(slots=True)
+class _Placed:
+    request: DialRequest
+    dial_id: str
+    base_url: str
+    ring_timeout_s: int
+    carrier_call_id: str | None = None
+    rang: bool = False
+    answered: bool = False
+    reported: set[str] = field(default_factory=set)
+
+    def context(self) -> CallContext:
+        request = self.request
+        return CallContext(
+            call_id=self.carrier_call_id or self.dial_id, carrier=request.carrier, direction="outbound",
+            caller_number=request.from_, called_number=request.to, dial_id=self.dial_id, metadata=request.metadata,
+        )  # fmt: skip
+
+
+class Dialer:
+    """The process's outbound calls: one pacer per carrier, the calls placed and not over. See the module
+    docstring."""
+
+    def __init__(self, host: DialerHost, dialers: Mapping[str, CarrierDialer]) -> None:
+        self._host = host
+        self._dialers = dict(dialers)
+        outbound = host.settings.outbound
+        self._pacing = PacingSettings(
+            calls_per_second=outbound.calls_per_second, max_concurrent=outbound.max_concurrent,
+            max_queued=outbound.max_queued, max_wait_ms=int(outbound.max_wait_s * 1000),
+        )  # fmt: skip
+        self._pacers: dict[str, OutboundPacer] = {}
+        self._placed: dict[str, _Placed] = {}
+        """dial id → a call placed and not over."""
+        self._by_carrier_id: dict[tuple[str, str], str] = {}
+        """(carrier, its call id) → dial id."""
+        self._wake: asyncio.TimerHandle | None = None
+
+    @property
+    def carriers(self) -> list[str]:
+        """The carriers that can dial here (configured)."""
+        return sorted(name for name, dialer in self._dialers.items() if dialer.can_dial)
+
+    def place(self, request: DialRequest, base_url: str) -> DialAccepted | DialRefusal:
+        """Take ``request`` (dialled now, or queued for the carrier's rate), or refuse it with the reason."""
+        dialer = self._dialers.get(request.carrier)
+        if self._host.draining:
+            return DialRefusal("draining", "this process is draining: place the call through another", 503)
+        if dialer is None:
+            return DialRefusal("carrier_cannot_dial", f"{request.carrier!r} cannot place calls here (those that can: {', '.join(sorted(self._dialers))})", 400)
+        if not dialer.can_dial:
+            return DialRefusal("carrier_not_configured", f"{request.carrier} has no account to dial from (see config/callbridge.example.toml)", 400)
+        if request.machine_detection != "off":
+            return DialRefusal("machine_detection_unavailable", "answering-machine detection is not served yet: use machine_detection \"off\"", 400)
+        if len(self._placed) >= _MAX_KNOWN:
+            return DialRefusal("queue_full", "too many calls placed and not over", 429)
+        dial_id = "dl_" + secrets.token_hex(12)
+        pacer = self._pacers.get(request.carrier)
+        if pacer is None:
+            pacer = self._pacers[request.carrier] = OutboundPacer(self._pacing)
+        decision = pacer.request(dial_id, _now_ms())
+        if isinstance(decision, Refused):
+            return DialRefusal(decision.reason, f"{pacer.waiting} calls wait for {request.carrier} already", 429)
+        ring_timeout_s = request.ring_timeout_s or self._host.settings.outbound.ring_timeout_s
+        self._placed[dial_id] = _Placed(request, dial_id, base_url.rstrip("/"), ring_timeout_s)
+        log.info("call_placed", dial_id=dial_id, carrier=request.carrier, to=request.to, queued_behind=getattr(decision, "ahead", 0))
+        if isinstance(decision, Dial):
+            self._host.spawn(self._dial(dial_id))
+            return DialAccepted(dial_id, 0)
+        assert isinstance(decision, Queued)
+        self._schedule()
+        return DialAccepted(dial_id, decision.ahead + 1)
+
+    def answering(self, dial_id: str | None, carrier: str, carrier_call_id: str) -> tuple[CallContext, AssistantConfig | None] | None:
+        """The carrier's answer webhook for a call placed here (its answer URL names ``dial_id``): the context the
+        call's own gets from the request (its dial id and metadata) and the request's assistant. None: not a call
+        placed here (or not this one)."""
+        placed = self._placed.get(dial_id) if dial_id else None
+        if placed is None or placed.request.carrier != carrier or placed.carrier_call_id not in (None, carrier_call_id):
+            return None
+        self._known_as(placed, carrier_call_id)
+        placed.answered = True
+        return placed.context(), placed.request.assistant
+
+    def progress(self, carrier: str, carrier_call_id: str, status: DialProgress, detail: str = "") -> None:
+        """The carrier's report on a call it dialled (its status callback)."""
+        dial_id = self._by_carrier_id.get((carrier, carrier_call_id))
+        placed = self._placed.get(dial_id) if dial_id else None
+        if placed is None or status in placed.reported:
+            return
+        placed.reported.add(status)
+        if status == "ringing" and not placed.answered:
+            placed.rang = True
+            self._emit(placed, "call.ringing", {"dial_id": placed.dial_id})
+        elif status == "answered":
+            placed.answered = True
+        elif status in _FAILURES and not placed.answered:
+            self._failed(placed, status, detail)  # type: ignore[arg-type]
+        elif status == "completed" or status in _FAILURES:
+            self._forget(placed)
+
+    async def _dial(self, dial_id: str) -> None:
+        placed = self._placed.get(dial_id)
+        if placed is None:
+            return
+        request = placed.request
+        leg = DialLeg(dial_id, request.to, request.from_, placed.ring_timeout_s, placed.base_url)
+        try:
+            carrier_call_id = await self._dialers[request.carrier].dial(leg)
+        except DialRejected as rejected:
+            log.warning("dial_rejected", dial_id=dial_id, carrier=request.carrier, reason=rejected.reason, detail=rejected.detail[:300])
+            self._failed(placed, "failed", f"{rejected.reason}: {rejected.detail[:300]}")
+            return
+        if dial_id not in self._placed:  # over already (its failure reported while the dial's answer came)
+            return
+        self._known_as(placed, carrier_call_id)
+        log.info("call_dialing", dial_id=dial_id, carrier=request.carrier, call_id=carrier_call_id)
+        self._emit(placed, "call.dialing", {"dial_id": dial_id})
+        self._host.spawn(self._give_up_unreported(dial_id, placed.ring_timeout_s + _REPORT_GRACE_S))
+
+    async def _give_up_unreported(self, dial_id: str, after_s: float) -> None:
+        """The carrier's word on a call that never comes: unanswered, the call is failed as such; answered, its slot
+        is freed once it would have ended anyway."""
+        await asyncio.sleep(after_s)
+        placed = self._placed.get(dial_id)
+        if placed is None:
+            return
+        if not placed.answered:
+            log.warning("dial_unreported", dial_id=dial_id, carrier=placed.request.carrier, call_id=placed.carrier_call_id)
+            self._failed(placed, "no_answer", "the carrier never said how the call went")
+            return
+        await asyncio.sleep(self._host.settings.server.max_call_duration_s)
+        if dial_id in self._placed:
+            self._forget(self._placed[dial_id])
+
+    def _known_as(self, placed: _Placed, carrier_call_id: str) -> None:
+        placed.carrier_call_id = carrier_call_id
+        self._by_carrier_id[(placed.request.carrier, carrier_call_id)] = placed.dial_id
+
+    def _failed(self, placed: _Placed, reason: FailReason, detail: str) -> None:
+        log.info("call_failed", dial_id=placed.dial_id, carrier=placed.request.carrier, call_id=placed.carrier_call_id, reason=reason, detail=detail)
+        self._emit(placed, "call.failed", {"dial_id": placed.dial_id, "reason": reason, "detail": detail})
+        self._forget(placed)
+
+    def _forget(self, placed: _Placed) -> None:
+        self._placed.pop(placed.dial_id, None)
+        if placed.carrier_call_id is not None:
+            self._by_carrier_id.pop((placed.request.carrier, placed.carrier_call_id), None)
+        pacer = self._pacers.get(placed.request.carrier)
+        if pacer is not None:
+            pacer.ended(placed.dial_id)
+            self._schedule()
+
+    def _emit(self, placed: _Placed, kind: Literal["call.dialing", "call.ringing", "call.failed"], data: dict[str, Any]) -> None:
+        events = self._host.events
+        if events is not None:
+            context = placed.context()
+            events.emit(context, CallEvent(type=kind, call_id=context.call_id, at=time.time(), data=data))
+
+    def _schedule(self) -> None:
+        """Wake at the earliest pacer's next deadline (or now, where a slot just freed lets a waiting call go)."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        deadlines = [d for pacer in self._pacers.values() if (d := pacer.next_deadline_ms()) is not None]
+        if not deadlines:
+            return
+        loop = asyncio.get_running_loop()
+        self._wake = loop.call_later(max(0.0, (min(deadlines) - _now_ms()) / 1000), self._tick)
+
+    def _tick(self) -> None:
+        self._wake = None
+        now = _now_ms()
+        for carrier, pacer in self._pacers.items():
+            for due in pacer.tick(now):
+                placed = self._placed.get(due.call_id)
+                if placed is None:
+                    continue
+                if isinstance(due, Dial):
+                    self._host.spawn(self._dial(due.call_id))
+                else:
+                    self._failed(placed, "canceled", f"never dialled: waited {self._pacing.max_wait_ms // 1000} s for {carrier}'s rate or a slot")
+        self._schedule()
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)

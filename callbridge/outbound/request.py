@@ -1,0 +1,60 @@
+"""What an application asks for when the agent is to place a call (``POST /calls``, #42): to and from, through which
+carrier, how long it may ring, what to do about an answering machine, the assistant, and metadata echoed in every
+event of the call. Validated whole before anything is dialled: a bad request is refused with its reason, never sent
+to a carrier to find out."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from callbridge.application import AssistantConfig
+
+__all__ = ["MAX_METADATA_KEYS", "DialRequest", "MetadataValue"]
+
+MAX_METADATA_KEYS: Final = 16
+_E164: Final = re.compile(r"^\+[1-9][0-9]{6,14}$")
+
+MetadataValue = str | int | float | bool | None
+"""A metadata value: a JSON scalar (strings at most 512 characters)."""
+
+
+class DialRequest(BaseModel):
+    """One call to place. ``to`` and ``from`` are E.164 numbers (``+15551230000``); ``from`` must be one the carrier
+    lets the account call from (the carrier says so, and the call fails with its reason)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    carrier: Annotated[str, StringConstraints(min_length=1, max_length=32)]
+    """The carrier to dial through, by its name in callbridge (its spec's)."""
+    to: str
+    from_: str = Field(alias="from")
+    ring_timeout_s: Annotated[int, Field(ge=5, le=120)] | None = None
+    """How long it rings unanswered before it is given up; None: ``outbound.ring_timeout_s``."""
+    machine_detection: Literal["off", "hang_up", "voicemail"] = "off"
+    """What an answering machine gets: ``off``, the agent talks to whoever answers; ``hang_up``, the call ends once a
+    machine is known; ``voicemail``, ``voicemail_message`` is left after its beep. Only ``off`` is served so far: the
+    others are refused (``machine_detection_unavailable``) rather than dialled and not done."""
+    voicemail_message: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    assistant: AssistantConfig | None = None
+    """The call's assistant; None: the application is asked, as for an inbound call (``direction`` outbound)."""
+    metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], MetadataValue] = Field(default_factory=dict)
+    """Echoed in every event of the call (``CallContext.metadata``)."""
+
+    @field_validator("to", "from_")
+    @classmethod
+    def _e164(cls, number: str) -> str:
+        if not _E164.match(number):
+            raise ValueError("not an E.164 number (+ and 7 to 15 digits)")
+        return number
+
+    @field_validator("metadata")
+    @classmethod
+    def _small(cls, metadata: dict[str, MetadataValue]) -> dict[str, MetadataValue]:
+        if len(metadata) > MAX_METADATA_KEYS:
+            raise ValueError(f"at most {MAX_METADATA_KEYS} keys")
+        if any(isinstance(value, str) and len(value) > 512 for value in metadata.values()):
+            raise ValueError("a value is longer than 512 characters")
+        return metadata

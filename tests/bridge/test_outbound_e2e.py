@@ -1,0 +1,181 @@
+"""Calls the agent places (#42), end to end: ``POST /calls`` on the real server, the simulated Twilio's REST dial
+(checked as Twilio's API checks it), its signed status callbacks and answer webhook, the callee's media — and what
+the application hears of it all."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from callbridge.application.events import CallReport
+from callbridge.carriers.twilio.sim import SimulatedTwilio
+from callbridge.engine.commands import CreateTextItem
+from callbridge.outbound_http import http_client
+from callbridge.sim.callee import Callee
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.runner import RunningBridge, running_bridge
+from tests.bridge import agent_app
+from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+
+TOKEN = "outbound-token-0123456789"
+CALLEE = "+15005550123"
+OURS = "+15005550006"
+
+
+def outbound_settings(**sections: dict[str, Any]) -> Any:
+    return settings(app={"module": "tests.bridge.agent_app:CallsOut"}, outbound={"api_token": TOKEN, **sections.pop("outbound", {})}, **sections)
+
+
+async def post_call(bridge: RunningBridge, body: object, *, token: str | None = TOKEN, raw: bytes | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with http_client(timeout=5.0) as http:
+        if raw is not None:
+            return await http.post(f"{bridge.base_url}/calls", content=raw, headers={**headers, "Content-Type": "application/json"})
+        return await http.post(f"{bridge.base_url}/calls", json=body, headers=headers)
+
+
+def events_of(dial_id: str) -> list[str]:
+    return [event.type for call, event in agent_app.CallsOut.events if call.dial_id == dial_id]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_app() -> None:
+    agent_app.CallsOut.asked.clear()
+    agent_app.CallsOut.events.clear()
+
+
+async def test_an_outbound_call_reaches_a_person_and_the_application_hears_it_go() -> None:
+    """``POST /calls`` answers at once with the dial id; Twilio is asked to call (its create-call API, basic auth,
+    the answer URL naming the dial); the person answers after a ring and says hello; the application is asked for
+    the assistant with direction outbound, and hears ``call.dialing``, ``call.ringing``, ``call.started``,
+    ``call.answered`` … ``call.ended`` — each with the request's dial id and metadata — and the person hears the
+    agent (the greeting, then the echo of their hello)."""
+    recorder = engine()
+    async with running_bridge(outbound_settings(), recorder) as bridge:
+        carrier = bridge.carrier
+        assert isinstance(carrier, SimulatedTwilio)
+        carrier.callees[CALLEE] = Callee(ring_ms=300, script=CallerScript(utterances=((1500, short_speech(800)),), hangup_at_ms=4500))
+        started = time.monotonic()
+        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "metadata": {"crm_id": 42, "campaign": "renewals"}})
+        assert response.status_code == 202, response.text
+        assert time.monotonic() - started < 1.0  # at once: the dial goes on behind it
+        dial_id = response.json()["dial_id"]
+        assert response.json()["status"] == "dialing"
+        await until(lambda: len(carrier.dialled) == 1)
+        ((call_sid, ringing),) = carrier.dialled.items()
+        result = await ringing
+        assert result is not None, carrier.status_reports
+        await until(lambda: "call.ended" in events_of(dial_id), timeout_s=5)
+    assert [status for sid, status in carrier.status_reports if sid == call_sid] == ["initiated", "ringing", "in-progress", "completed"]
+    kinds = events_of(dial_id)
+    assert kinds[:4] == ["call.dialing", "call.ringing", "call.started", "call.answered"], kinds
+    assert kinds[-1] == "call.ended" and "call.failed" not in kinds, kinds
+    for call, event in agent_app.CallsOut.events:
+        assert (call.dial_id, call.metadata, call.direction) == (dial_id, {"crm_id": 42, "campaign": "renewals"}, "outbound"), event.type
+        assert event.call_id == call_sid, event.type
+    (asked,) = agent_app.CallsOut.asked
+    assert (asked.direction, asked.called_number, asked.caller_number, asked.call_id) == ("outbound", CALLEE, OURS, call_sid)
+    report = CallReport.model_validate(agent_app.CallsOut.events[-1][1].data["report"])
+    assert report.call.direction == "outbound" and report.call.dial_id == dial_id
+    assert result.agent_runs_ms, result.render()  # the person heard the agent
+    (session_id,) = recorder.opened
+    texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
+    assert texts == [agent_app.GREETING], texts
+
+
+async def test_a_request_that_names_its_assistant_is_not_asked_of_the_application() -> None:
+    """The request's inline assistant is the call's: the application is not asked, and still hears the events."""
+    recorder = engine()
+    async with running_bridge(outbound_settings(), recorder) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.callees[CALLEE] = Callee(ring_ms=100, script=CallerScript(hangup_at_ms=1500))
+        assistant = {"instructions": "You remind people of appointments.", "greeting": "Say you are calling from the clinic."}
+        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "assistant": assistant})
+        assert response.status_code == 202, response.text
+        dial_id = response.json()["dial_id"]
+        await until(lambda: "call.ended" in events_of(dial_id), timeout_s=8)
+    assert agent_app.CallsOut.asked == []
+    (session_id,) = recorder.opened
+    texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
+    assert texts == ["Say you are calling from the clinic."], texts
+
+
+@pytest.mark.parametrize(("outcome", "status", "reason"), [("busy", "busy", "busy"), ("fails", "failed", "failed")])
+async def test_a_call_nobody_answers_fails_with_its_reason_and_opens_no_session(outcome: str, status: str, reason: str) -> None:
+    """Busy, or a call the network fails: ``call.failed`` with the reason within 1 s of the carrier's report (its
+    status callback), after ``call.dialing`` and ``call.ringing``; no engine session, the application never asked."""
+    recorder = engine()
+    async with running_bridge(outbound_settings(), recorder) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.callees[CALLEE] = Callee(outcome=outcome, ring_ms=200)  # type: ignore[arg-type]
+        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})
+        dial_id = response.json()["dial_id"]
+        await until(lambda: "call.failed" in events_of(dial_id), timeout_s=5)
+        reported_at = time.time()
+        failed = next(event for call, event in agent_app.CallsOut.events if event.type == "call.failed")
+    assert events_of(dial_id) == ["call.dialing", "call.ringing", "call.failed"]
+    assert failed.data["reason"] == reason and status in failed.data["detail"], failed.data
+    assert reported_at - failed.at < 1.0
+    assert recorder.opened == [] and agent_app.CallsOut.asked == []
+
+
+async def test_a_call_that_rings_out_fails_as_no_answer_at_its_ring_timeout() -> None:
+    """Nobody picks up: Twilio gives up at the request's ``ring_timeout_s`` (its ``Timeout``) and says
+    ``no-answer``; the application hears ``call.failed`` ``no_answer``."""
+    async with running_bridge(outbound_settings(), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.callees[CALLEE] = Callee(outcome="no_answer")
+        started = time.monotonic()
+        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "ring_timeout_s": 5})
+        dial_id = response.json()["dial_id"]
+        await until(lambda: "call.failed" in events_of(dial_id), timeout_s=10)
+        failed = next(event for call, event in agent_app.CallsOut.events if event.type == "call.failed")
+    assert failed.data["reason"] == "no_answer"
+    assert 5.0 <= time.monotonic() - started < 7.0
+
+
+async def test_calls_past_the_rate_wait_their_turn_and_past_the_queue_are_refused() -> None:
+    """``outbound.calls_per_second`` 2, a queue of 2: of four requests at once the first is dialled, the next two
+    wait (``queued``, how many before each) and are dialled 500 ms apart, the fourth is refused 429
+    (``queue_full``)."""
+    async with running_bridge(outbound_settings(outbound={"calls_per_second": 2.0, "max_queued": 2}), engine()) as bridge:
+        carrier = bridge.carrier
+        assert isinstance(carrier, SimulatedTwilio)
+        for n in range(3):
+            carrier.callees[f"+1500555020{n}"] = Callee(outcome="busy", ring_ms=50)
+        answers = [await post_call(bridge, {"carrier": "twilio", "to": f"+1500555020{n}", "from": OURS}) for n in range(4)]
+        assert [a.status_code for a in answers] == [202, 202, 202, 429], [a.text for a in answers]
+        assert [a.json().get("status") for a in answers[:3]] == ["dialing", "queued", "queued"]
+        assert [a.json().get("queued_behind") for a in answers[:3]] == [0, 1, 2]
+        assert answers[3].json()["error"] == "queue_full"
+        await until(lambda: sum(event.type == "call.dialing" for _, event in agent_app.CallsOut.events) == 3, timeout_s=5)
+    dialled_at = [event.at for _, event in agent_app.CallsOut.events if event.type == "call.dialing"]
+    assert all(later - earlier >= 0.45 for earlier, later in zip(dialled_at, dialled_at[1:])), dialled_at
+
+
+async def test_post_calls_refuses_what_it_should_before_it_dials() -> None:
+    """No token configured: 403 for everyone. Configured: no or a wrong bearer token 401; then a body over 16 KiB
+    413, not JSON 400, a number that is not E.164 400, a carrier that cannot dial 400, answering-machine detection
+    (not served yet) 400 — each with its reason, and nothing dialled."""
+    async with running_bridge(settings(), engine()) as bridge:
+        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})
+        assert (response.status_code, response.json()["error"]) == (403, "not_configured")
+    async with running_bridge(outbound_settings(), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        good = {"carrier": "twilio", "to": CALLEE, "from": OURS}
+        cases: list[tuple[httpx.Response, int, str]] = [
+            (await post_call(bridge, good, token=None), 401, "unauthorized"),
+            (await post_call(bridge, good, token="wrong-token-0123456789"), 401, "unauthorized"),
+            (await post_call(bridge, None, raw=b'{"pad": "' + b"x" * 20_000 + b'"}'), 413, "too_large"),
+            (await post_call(bridge, None, raw=b"{not json"), 400, "invalid_request"),
+            (await post_call(bridge, {**good, "to": "5550123"}), 400, "invalid_request"),
+            (await post_call(bridge, {**good, "carrier": "exotel"}), 400, "carrier_cannot_dial"),
+            (await post_call(bridge, {**good, "machine_detection": "voicemail"}), 400, "machine_detection_unavailable"),
+            (await post_call(bridge, {**good, "surprise": 1}), 400, "invalid_request"),
+        ]
+        for response, status, reason in cases:
+            assert (response.status_code, response.json()["error"]) == (status, reason), response.text
+        assert bridge.carrier.dialled == {}
