@@ -31,6 +31,7 @@ from callbridge.cli_args import (
     reconnects,
     seconds_above_zero,
 )
+from callbridge.cli_call import add_call
 from callbridge.cli_simulate import add_simulate
 from callbridge.cli_stream_token import add_stream_token
 from callbridge.config import (
@@ -119,6 +120,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_simulate(commands, common)
     _add_loadtest(commands, common)
     add_stream_token(commands, common)
+    add_call(commands, common)
 
     app_schema = commands.add_parser(
         "app-schema", parents=[common], help="print the JSON Schema of the application's webhook (assistant-request)"

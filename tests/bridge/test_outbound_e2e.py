@@ -4,14 +4,17 @@ the application hears of it all."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from callbridge.application.events import CallReport
 from callbridge.carriers.twilio.sim import SimulatedTwilio
+from callbridge.cli import main
 from callbridge.engine.commands import CreateTextItem
 from callbridge.outbound_http import http_client
 from callbridge.sim.callee import Callee
@@ -179,3 +182,20 @@ async def test_post_calls_refuses_what_it_should_before_it_dials() -> None:
         for response, status, reason in cases:
             assert (response.status_code, response.json()["error"]) == (status, reason), response.text
         assert bridge.carrier.dialled == {}
+
+
+async def test_the_command_line_places_a_call_through_a_running_bridge(capsys: pytest.CaptureFixture[str]) -> None:
+    """``callbridge call --to … --from … --carrier twilio``: the dial id printed, exit 0, the call dialled with the
+    metadata given; without the token configured, exit 2 and why."""
+    async with running_bridge(outbound_settings(), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.callees[CALLEE] = Callee(outcome="busy", ring_ms=50)
+        argv = ["call", "--to", CALLEE, "--from", OURS, "--carrier", "twilio", "--metadata", "crm_id=42", "--bridge", bridge.base_url,
+                "--set", f"outbound.api_token={TOKEN}"]  # fmt: skip
+        assert await asyncio.to_thread(main, argv) == 0
+        printed = orjson.loads(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("{")))  # the logs aside
+        assert printed["status"] == "dialing", printed
+        await until(lambda: "call.failed" in events_of(printed["dial_id"]), timeout_s=5)
+        assert all(call.metadata == {"crm_id": "42"} for call, _ in agent_app.CallsOut.events)
+        assert await asyncio.to_thread(main, argv[:-2]) == 2
+        assert "outbound.api_token is not set" in capsys.readouterr().err
