@@ -7,6 +7,7 @@ from callbridge.application.assistant import (
     AssistantConfig,
     AssistantReply,
     BargeInTaking,
+    MachineDetection,
     Tool,
     ToolResult,
     TurnTaking,
@@ -14,4 +15,4 @@ from callbridge.application.assistant import (
 from callbridge.application.context import CallContext
 from callbridge.application.signing import SIGNATURE_HEADER, sign, verify_signature
 
-__all__ = ["SIGNATURE_HEADER", "AssistantConfig", "AssistantReply", "BargeInTaking", "CallContext", "Tool", "ToolResult", "TurnTaking", "sign", "verify_signature"]
+__all__ = ["SIGNATURE_HEADER", "AssistantConfig", "AssistantReply", "BargeInTaking", "CallContext", "MachineDetection", "Tool", "ToolResult", "TurnTaking", "sign", "verify_signature"]

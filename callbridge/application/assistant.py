@@ -17,6 +17,7 @@ __all__ = [
     "ENGINE_OPTIONS_MAX_BYTES",
     "AssistantConfig",
     "AssistantReply",
+    "MachineDetection",
     "Tool",
     "ToolResult",
     "bridge_owned_options",
@@ -108,6 +109,28 @@ class TurnTaking(BaseModel):
     """Who decides barge-in on this call, and its thresholds (``[barge_in]``'s, field by field)."""
 
 
+class MachineDetection(BaseModel):
+    """What a call the agent placed does about an answering machine (#42): the model's audio is held until the
+    bridge knows who answered (``callbridge.outbound.answer``); a person hears it then, a machine never before its
+    greeting is over. ``voicemail``: after the machine's beep (or the silence that ends its greeting) the model says
+    ``voicemail_message``, then the call is hung up; ``hang_up``: the call ends once a machine is known. A call
+    nobody is heard on (``uncertain``) is taken for ``on_uncertain``'s."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Literal["hang_up", "voicemail"]
+    voicemail_message: str | None = Field(default=None, max_length=2000)
+    """What the model is told to say to the machine (an instruction, as a greeting is: "Leave a message that …");
+    required for ``voicemail``."""
+    on_uncertain: Literal["person", "machine"] = "person"
+
+    @model_validator(mode="after")
+    def _message(self) -> MachineDetection:
+        if self.mode == "voicemail" and not self.voicemail_message:
+            raise ValueError("voicemail: a voicemail_message is required")
+        return self
+
+
 class AssistantConfig(BaseModel):
     """The call's assistant. A field left out keeps the bridge's configured value (``[engine]``, ``[app]``)."""
 
@@ -153,6 +176,9 @@ class AssistantConfig(BaseModel):
     it without its query. None: it stays in ``recording.directory``."""
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=32)
     """The application's own, handed back in the end-of-call report."""
+    machine_detection: MachineDetection | None = None
+    """A call the agent placed: what an answering machine gets (``POST /calls``' ``machine_detection`` sets it);
+    None: the agent talks to whoever answers."""
 
     @model_validator(mode="after")
     def _metadata_sizes(self) -> AssistantConfig:

@@ -13,8 +13,8 @@ from callbridge.application.context import CallContext
 __all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
 
 EventType = Literal[
-    "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "turn", "barge-in", "dtmf", "silence",
-    "tool", "transfer", "call.ended",
+    "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "call.machine_detected",
+    "call.voicemail_left", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended",
 ]  # fmt: skip
 
 
@@ -22,7 +22,9 @@ class CallEvent(BaseModel):
     """One thing that happened on a call. A call the agent places first has ``call.dialing`` (the carrier took the
     request: ``{"dial_id"}``), ``call.ringing`` and, where nobody answers, ``call.failed`` ``{"dial_id", "reason":
     "busy" | "no_answer" | "declined" | "failed" | "canceled", "detail"}`` (its last event); its ``call_id`` is the
-    carrier's, or the dial id where the carrier never named the call. ``call.started``: the application chose the
+    carrier's, or the dial id where the carrier never named the call; with ``machine_detection``,
+    ``call.machine_detected`` ``{"answered_by": "person" | "machine" | "uncertain", "why", "after_ms",
+    "greeting_ms"}`` says who answered, and ``call.voicemail_left`` that the message played. ``call.started``: the application chose the
     call's assistant (the carrier is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn``
     ``{"latency_ms"}`` (the caller stopped speaking → the agent's reply on its way to them); ``barge-in``
     ``{"heard_ms", "generated_ms", "decided_by": "engine" | "bridge"}`` (``barge_in.mode``); ``dtmf`` ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" |
@@ -113,3 +115,7 @@ class CallReport(BaseModel):
     recording: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     """The assistant's ``metadata``, as the application gave it."""
+    answered_by: Literal["person", "machine", "uncertain"] | None = None
+    """A call the agent placed with ``machine_detection``: who answered, as the bridge decided."""
+    answered_by_after_ms: int | None = None
+    """When it was decided, from the answer (the callee's first audio)."""

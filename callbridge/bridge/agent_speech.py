@@ -20,7 +20,7 @@ from typing import Final, Protocol
 from callbridge.bridge.agent_audio import AgentAudio
 from callbridge.bridge.binding import EngineBinding
 from callbridge.bridge.call_options import CallOptions
-from callbridge.bridge.call_outputs import BargeInFlushed, CallOutput, Observed, ToCarrier, ToEngine
+from callbridge.bridge.call_outputs import BargeInFlushed, CallOutput, MarkLag, Observed, ToCarrier, ToEngine
 from callbridge.bridge.carrier_link import CarrierLink
 from callbridge.bridge.echo_gate import level_db
 from callbridge.bridge.heard import HeardAccount
@@ -265,6 +265,14 @@ class AgentSpeech:
             self._out.append(Observed("barge-in-resume"))
         self.ledger.resume(now_ms)
         self.drain()
+
+    def with_mark_lags(self, out: list[CallOutput]) -> list[CallOutput]:
+        """``out`` and, after it, each marker echo's lag since the last time (``MarkLag``: every few frames)."""
+        lags = self.ledger.mark_lags_ms
+        if lags:
+            out.extend(MarkLag(lag_ms) for lag_ms in lags)
+            lags.clear()
+        return out
 
     def playing_level_db(self, at_ms: int) -> float:
         """How loud the agent is in the frame the caller hears at ``at_ms`` (now, or a moment ago;

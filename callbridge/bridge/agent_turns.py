@@ -19,11 +19,12 @@ from typing import Final
 from callbridge.bridge.actions import ActionResult, ApplicationToolCall, TransferCall
 from callbridge.bridge.agent_actions import AgentActions
 from callbridge.bridge.agent_speech import AgentSpeech
+from callbridge.bridge.answer_gate import AnswerGate
 from callbridge.bridge.binding import AgentSetup
 from callbridge.bridge.call_outputs import CallOutput, Observed, ToEngine
 from callbridge.bridge.end_reason import EndReason
 from callbridge.bridge.turns import AfterReply, GreetingGuard, SilenceWatch
-from callbridge.engine.commands import CloseSession, CreateResponse, CreateTextItem, FunctionCallOutput
+from callbridge.engine.commands import AppendAudio, CloseSession, CreateResponse, CreateTextItem, FunctionCallOutput
 from callbridge.engine.events import EngineEvent, FunctionCall, SpeechStarted, SpeechStopped
 
 __all__ = ["AgentTurns", "Transferred"]
@@ -43,7 +44,7 @@ class Transferred:
 class AgentTurns:
     """The agent's turns around the caller's on one stream. See the module docstring."""
 
-    __slots__ = ("actions", "silence", "greeting", "after_reply", "turn_silence_ms", "_caller_stopped_ms", "_speech", "_out")
+    __slots__ = ("actions", "silence", "greeting", "after_reply", "answer_gate", "turn_silence_ms", "_caller_stopped_ms", "_speech", "_out")
 
     def __init__(
         self, actions: AgentActions, turn_silence_ms: int, speech: AgentSpeech, out: list[CallOutput]
@@ -56,6 +57,8 @@ class AgentTurns:
         """A greeting that may not be cut."""
         self.after_reply = AfterReply()
         """What waits for the agent's reply to play out: a tool's answer, the hang-up."""
+        self.answer_gate: AnswerGate | None = None
+        """A placed call's first stream: the agent's audio held until who answered is known (``bridge/answer_gate.py``)."""
         self.turn_silence_ms = turn_silence_ms
         """The session's ``server_vad`` silence (the call's assistant may set its own: ``bound``)."""
         self._caller_stopped_ms: int | None = None
@@ -63,8 +66,11 @@ class AgentTurns:
         self._speech = speech
         self._out = out
 
-    def bound(self, agent: AgentSetup, now_ms: int) -> None:
-        """The engine session is bound: what the call's agent does on this stream."""
+    def bound(self, agent: AgentSetup, now_ms: int, *, rate_hz: int = 16000) -> None:
+        """The engine session is bound: what the call's agent does on this stream (``rate_hz``: the callee's audio
+        as the engine takes it, for a placed call's ``AnswerGate``)."""
+        if agent.machine_detection is not None:
+            self.answer_gate = AnswerGate(agent.machine_detection, rate_hz, self._speech, self, self._out)
         self.actions.bound(agent.application_tools, agent.tool_filler)
         self.silence.bound(agent.silence, now_ms)
         if agent.turn_silence_ms is not None:
@@ -77,6 +83,23 @@ class AgentTurns:
             self._ask(agent.greeting)
             if not agent.greeting_interruptible:
                 self.greeting.guard(now_ms)
+
+    def answer(self, audio: bytes, now_ms: int) -> EndReason | AppendAudio | None:
+        """A placed call's callee, heard while who answered is not known (``AnswerGate``): the call's end (a machine
+        hung up on), or how the audio goes to the engine (*listen*, while a reply is held), or None: as any caller's."""
+        gate = self.answer_gate
+        if gate is None or not gate.listening:
+            return None
+        end = gate.heard(audio, now_ms)
+        if end is not None:
+            return end
+        return AppendAudio(audio, gate.rate_hz, "listen") if gate.holds_reply(now_ms) else None
+
+    def last_words(self, text: str, reason: EndReason, now_ms: int) -> None:
+        """The model is told ``text`` and asked to answer; once that reply has played, the call is hung up for
+        ``reason`` (a machine's voicemail message: ``answer_gate``)."""
+        self._ask(text)
+        self.after_reply.goodbye_asked(now_ms, reason)
 
     def _ask(self, text: str) -> None:
         """The model is told ``text`` and asked to answer."""
@@ -171,6 +194,8 @@ class AgentTurns:
         if after.hang_up_reason is not None:
             reason = self.hang_up_due(now_ms)
             if reason is not None and live:
+                if reason is EndReason.VOICEMAIL_LEFT:
+                    self._out.append(Observed("voicemail-left"))
                 return reason
         if after.respond and live:
             self.respond_when_silent(now_ms)

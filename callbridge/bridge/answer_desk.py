@@ -14,7 +14,7 @@ from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from callbridge.application import AssistantConfig, CallContext
+from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.assistant import AssistantReply
 from callbridge.application.events import CallEvent
 from callbridge.application.hooks import AssistantOutcome, AssistantSource
@@ -132,6 +132,7 @@ class AnswerDesk:
         retries: bool = True,
         context: CallContext | None = None,
         assistant: AssistantConfig | None = None,
+        machine_detection: MachineDetection | None = None,
     ) -> AnswerDecision:
         """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
         (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
@@ -141,10 +142,11 @@ class AnswerDesk:
         busy rather than the carrier's "application error". With an application (``[app]``), a new call admitted is
         its to answer or refuse (``choose_assistant``, from ``context``: what the carrier's webhook said), and its
         engine session opens with the assistant chosen. ``assistant``: a call the agent placed whose request gave
-        one (``Dialer.answering``): the call's, the application not asked."""
+        one (``Dialer.answering``): the call's, the application not asked; ``machine_detection``: a placed call's, put
+        on the assistant chosen."""
         facts: dict[AnswerFact, bool] = {}
-        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider), preset=assistant)
-        asks_application = self._host.assistants is not None or assistant is not None
+        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider), preset=assistant, detection=machine_detection)
+        asks_application = self._host.assistants is not None or assistant is not None or machine_detection is not None
         try:
             while isinstance(
                 step := answer_step(facts, retries=retries, draining=self._host.draining, asks_application=asks_application), AnswerFact
@@ -169,7 +171,7 @@ class AnswerDesk:
         match fact:
             case AnswerFact.APPLICATION_ANSWERS:
                 kept = await self.call_setup(call_id)  # a call coming back (a reconnect): chosen once, at its answer
-                chosen = kept if kept is not None else await self.choose_assistant(asked.context, asked.preset)
+                chosen = kept if kept is not None else await self.choose_assistant(asked.context, asked.preset, asked.detection)
                 if isinstance(chosen, CallSetup):
                     asked.setup = chosen
                     return True
@@ -190,12 +192,14 @@ class AnswerDesk:
             case AnswerFact.ENGINE_TAKES:
                 return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
 
-    async def choose_assistant(self, context: CallContext, preset: AssistantConfig | None = None) -> Chosen:
+    async def choose_assistant(
+        self, context: CallContext, preset: AssistantConfig | None = None, detection: MachineDetection | None = None
+    ) -> Chosen:
         """Ask the application for the call's assistant (``AssistantSource``: under ``app.assistant_timeout_s``,
         standing in for a slow or failing one) — or take ``preset``, a placed call's own; keep the setup in the
         registry for the call's streams. Else how the application refused the call. Logged with the call's context
-        (its first log line), and counted."""
-        if preset is not None:
+        (its first log line), and counted. ``detection``: a placed call's machine detection, put on the assistant."""
+        if preset is not None or self._host.assistants is None:  # a placed call's own, or the configured one
             outcome = AssistantOutcome(AssistantReply.answer(preset), "request", None, 0)
         else:
             assert self._host.assistants is not None
@@ -217,7 +221,8 @@ class AnswerDesk:
         if reply.assistant.tools and not model_calls_tools(self._host.settings.engine):
             log.warning("assistant_tools_left_out", call_id=context.call_id, tools=[tool.name for tool in reply.assistant.tools],
                         reason="the engine's model cannot call tools (engine.tools)")  # fmt: skip
-        setup = CallSetup(context=context, assistant=reply.assistant, source=outcome.source, chosen_at=time.time())
+        assistant = reply.assistant if detection is None else reply.assistant.model_copy(update={"machine_detection": detection})
+        setup = CallSetup(context=context, assistant=assistant, source=outcome.source, chosen_at=time.time())
         if self._host.events is not None:  # the application hears of the call before its media flows (``call.answered``)
             self._host.events.emit(context, CallEvent(type="call.started", call_id=context.call_id, at=setup.chosen_at, seq=0))
         try:
@@ -228,10 +233,16 @@ class AnswerDesk:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, call_id=context.call_id)
         return setup
 
+    @property
+    def keeps_setups(self) -> bool:
+        """Calls' setups are kept where they are answered: with an application, and where the agent places calls
+        (a placed call's own assistant, its machine detection)."""
+        return self._host.assistants is not None or self._host.settings.outbound.api_token is not None
+
     async def call_setup(self, call_id: str) -> CallSetup | None:
-        """The setup kept for the call where it was answered (``choose_assistant``), or None (none kept: no
-        application, or the registry lost it). Raises ``RegistryUnavailable``."""
-        if self._host.assistants is None:
+        """The setup kept for the call where it was answered (``choose_assistant``), or None (none kept: none are
+        (``keeps_setups``), or the registry lost it). Raises ``RegistryUnavailable``."""
+        if not self.keeps_setups:
             return None
         kept = await self._host.registry.note(call_id, SETUP_NOTE)
         return CallSetup.model_validate_json(kept) if kept is not None else None
@@ -383,6 +394,8 @@ class _Asked:
     context: CallContext
     preset: AssistantConfig | None = None
     """A placed call's own assistant (its request's): the application is not asked."""
+    detection: MachineDetection | None = None
+    """A placed call's machine detection (its request's)."""
     setup: CallSetup | None = None
     refused: Rejection | TransferTo | None = None
     """What the application made of the call where it did not answer it: a refusal, or where to send it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from callbridge.application import MachineDetection
 from callbridge.bridge.interruption_judge import BargeInChoice
 from callbridge.bridge.lifecycle import Bind, BindSource
 from callbridge.bridge.turns import SilencePolicy
@@ -42,6 +43,8 @@ class AgentSetup:
     """The session's ``server_vad`` silence where the call's assistant set its own."""
     barge_in: BargeInChoice | None = None
     """Who decides barge-in where the call's assistant chose (``turn_taking.barge_in``); None: ``CallOptions``'s."""
+    machine_detection: MachineDetection | None = None
+    """A placed call's first stream: the agent's audio is held until who answered is known (``answer_gate``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,6 @@ from callbridge.bridge.call_options import CallOptions, DtmfMode
 from callbridge.bridge.call_outputs import (
     BindEngine,
     CallOutput,
-    MarkLag,
     Notice,
     Observed,
     StreamReport,
@@ -180,7 +179,7 @@ class CallSession:
         session (its capabilities, where a resumed call left off) and what the call's agent does on this stream."""
         self.phase.go(Trigger.ENGINE_BOUND)
         agent = binding.agent
-        self.turns.bound(agent, now_ms)
+        self.turns.bound(agent, now_ms, rate_hz=self.options.engine_rate_hz)
         self._limits.call_ends_at(agent.call_ends_at_ms)
         self.barge_in = barge_in_decider(self.options.engine_rate_hz, agent.barge_in) if agent.barge_in else self.barge_in  # its assistant's
         if agent.record:
@@ -188,7 +187,10 @@ class CallSession:
         self.speech.bound(binding, now_ms, hold_tells_ms=TAKEOVER_TELLS_HELD_MS)
         self.caller.bound(binding.call_offset_ms)
         for audio in self.caller.inbound.release():
-            self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
+            if not self._answer_took(audio, now_ms):
+                self._to_engine(AppendAudio(audio, self.options.engine_rate_hz))
+        if self.phase.state is not CallState.LIVE:
+            return  # a machine, hung up on already
         self.turns.greet(agent, now_ms)
         if binding.unheard is not None:
             self.speech.play_unheard(binding.unheard, now_ms)
@@ -212,8 +214,7 @@ class CallSession:
         if handled:
             pass  # the agent's speech or turns took it
         elif isinstance(event, (SessionClosed, SessionExpired)):
-            kind = EndReason.ENGINE_SESSION_EXPIRED if isinstance(event, SessionExpired) else EndReason.ENGINE_SESSION_CLOSED
-            reason = EndCause(kind, event.reason)
+            reason = _session_end(event)
             if isinstance(event, SessionExpired) or _is_engine_failure(event.reason):
                 self.engine_failed(reason, now_ms)
             else:
@@ -284,12 +285,9 @@ class CallSession:
         self._fail(self._protocol_error(ProtocolErrorReason.OVERSIZED, detail))
 
     def transport_lost(self, now_ms: int) -> None:
-        """The carrier's socket closed without ``stop``: keep the engine session for the next stream.
-
-        Whatever the caller had not heard yet is gone with the socket: the engine is told what was heard
-        (ack, truncate), as for a barge-in, before the session is detached; the rest of the reply, where it is
-        short, is kept for the next stream to play first (``AgentSpeech.unheard_at_drop``).
-        """
+        """The carrier's socket closed without ``stop``: the engine session is kept for the next stream, told what
+        the caller heard (as for a barge-in); the rest of the reply, where short, is kept for the next stream to play
+        first (``AgentSpeech.unheard_at_drop``)."""
         if self.phase.state in OVER:
             return
         bound = self.phase.state is CallState.LIVE
@@ -301,11 +299,9 @@ class CallSession:
         self.link.drop_messages()  # nowhere to send them
 
     def send_failed(self, now_ms: int) -> None:
-        """A send to the carrier failed: its side is closed. Nothing more is played (or sent); what the carrier sent
-        before it closed (a ``stop`` after a hang-up) may still be read. If no ``stop`` comes by
-        ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``), ``tick`` takes the stream for dropped (its session kept
-        for the next stream); meanwhile engine events are left untaken (``takes_engine_events``), for that stream to
-        have."""
+        """A send to the carrier failed: nothing more is sent; its ``stop`` may still be read. None by
+        ``SEND_FAILED_READ_MS`` (``bridge/carrier_link.py``): ``tick`` takes the stream for dropped, its session and
+        the engine's events meanwhile (``takes_engine_events``) kept for the next stream."""
         if self.phase.state not in OVER:
             self.link.send_failed(now_ms)
 
@@ -383,11 +379,7 @@ class CallSession:
             self._agent_turns_due(now_ms)
             self.turns.check_silence(now_ms)
         elif self.phase.state is CallState.ENDING:
-            speech.ledger.tick(now_ms)
-            speech.drain(to_engine=False)
-            if not speech.ledger.is_playing(now_ms):  # the fallback has played out: now hang up
-                self.phase.go(Trigger.FALLBACK_PLAYED)
-                self.phase.hang_up(self.phase.reason or "engine_failed")
+            self.phase.play_out_fallback(now_ms)
 
     def _agent_turns_due(self, now_ms: int) -> None:
         """What waited for the agent's reply to play out (``AgentTurns.reply_played``); mostly nothing: read first."""
@@ -424,11 +416,7 @@ class CallSession:
         """Everything the call produced since the last call, in the order it was produced: do each in turn."""
         out = self._out[:]  # the queue is shared with the parts: taken by copy, not swapped
         self._out.clear()
-        lags = self.speech.ledger.mark_lags_ms
-        if lags:  # a marker echo every few frames, not every frame
-            out.extend(MarkLag(lag_ms) for lag_ms in lags)
-            lags.clear()
-        return out
+        return self.speech.with_mark_lags(out)
 
     def next_deadline_ms(self) -> int | None:
         read_until_ms = self.link.read_until_ms()
@@ -513,9 +501,20 @@ class CallSession:
         if self.phase.state is not CallState.LIVE:
             self.caller.inbound.hold(audio)
         elif audio:
+            if self._answer_took(audio, now_ms):
+                return
             if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._out.extend(ToEngine(c) for c in self.barge_in.caller_audio(audio, self.caller.input_ms, now_ms, self.speech, said_until_ms=self.caller.said_until_ms(now_ms)))
+
+    def _answer_took(self, audio: bytes, now_ms: int) -> bool:
+        """A placed call's callee while who answered is not known (``AgentTurns.answer``): True where that took it."""
+        taken = self.turns.answer(audio, now_ms)
+        if isinstance(taken, EndReason):
+            self._end_by_agent(EndCause(taken), hang_up=True)
+        elif taken is not None:
+            self._to_engine(taken)
+        return taken is not None
 
     def _protocol_error(self, reason: ProtocolErrorReason, detail: str) -> RemoteProtocolError:
         return RemoteProtocolError(reason, detail, provider=self.codec.provider, stream_id=self.codec.stream_id)
@@ -533,6 +532,12 @@ _ENGINE_FAILURES: Final = frozenset(
     | {"shutdown", "request_cleanup", "disconnect", "open_abandoned", "session_created_undelivered"}
     | FATAL_RESUME_CODES
 )
+
+
+def _session_end(event: SessionClosed | SessionExpired) -> EndCause:
+    """How the engine's end of the session ends the stream."""
+    kind = EndReason.ENGINE_SESSION_EXPIRED if isinstance(event, SessionExpired) else EndReason.ENGINE_SESSION_CLOSED
+    return EndCause(kind, event.reason)
 
 
 def _is_engine_failure(reason: str) -> bool:

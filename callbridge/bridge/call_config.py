@@ -159,6 +159,7 @@ def agent_setup(
         call_ends_at_ms=call_ends_at_ms,
         turn_silence_ms=turn_detection(assistant).silence_duration_ms,
         barge_in=barge_in_choice(settings, assistant) if _assistants_barge_in(assistant) is not None else None,
+        machine_detection=assistant.machine_detection if assistant is not None and new_session else None,
     )
 
 

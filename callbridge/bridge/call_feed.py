@@ -114,6 +114,11 @@ class CallFeed:
                 self.emit("dtmf", digit=seen.detail)
             case "silence":
                 self.emit("silence", silent_ms=seen.ms, action=seen.detail)
+            case "answered-by":
+                answered_by, _, why = (seen.detail or "").partition(":")
+                self.emit("call.machine_detected", answered_by=answered_by, why=why, after_ms=seen.ms, greeting_ms=seen.of_ms)
+            case "voicemail-left":
+                self.emit("call.voicemail_left")
 
     def tool_ran(self, name: str, *, ok: bool, elapsed_ms: float) -> None:
         if self.report is not None:

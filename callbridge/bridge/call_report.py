@@ -49,6 +49,9 @@ class CallReportBuilder:
     engine_endpoint: str | None = None
     engine_sessions: int = 0
     engine_resumes: int = 0
+    answered_by: str | None = None
+    """A placed call with machine detection: ``person``, ``machine`` or ``uncertain``, and why (``machine:beep``)."""
+    answered_by_after_ms: int | None = None
 
     def bound(self, resumed: bool, endpoint: str | None) -> None:
         """A stream bound the call's engine session: a new one, or resumed; on ``endpoint`` (None: embedded)."""
@@ -75,6 +78,8 @@ class CallReportBuilder:
                 self.barge_in_pauses += 1
             case "barge-in-resume":
                 self.barge_in_resumes += 1
+            case "answered-by":
+                self.answered_by, self.answered_by_after_ms = observed.detail, observed.ms
 
     def transcribed(self, response_id: str, delta: str) -> None:
         """A piece of the agent's output transcript."""
@@ -141,6 +146,8 @@ class CallReportBuilder:
             ],
             recording=self.recording,
             metadata=metadata or {},
+            answered_by=self.answered_by.partition(":")[0] if self.answered_by else None,  # type: ignore[arg-type]
+            answered_by_after_ms=self.answered_by_after_ms,
         )
 
 
@@ -149,6 +156,8 @@ _ENDED_BY: Final[dict[EndReason, Literal["caller", "agent", "engine", "carrier"]
     EndReason.STREAM_STOPPED: "caller",
     EndReason.CALLER_SILENT: "agent",  # the agent said goodbye to a caller who said nothing
     EndReason.AGENT_HUNG_UP: "agent",
+    EndReason.MACHINE_DETECTED: "agent",
+    EndReason.VOICEMAIL_LEFT: "agent",
     EndReason.TRANSFERRED: "agent",
     EndReason.ENGINE_SESSION_CLOSED: "engine",
     EndReason.ENGINE_SESSION_EXPIRED: "engine",

@@ -19,7 +19,7 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
-from callbridge.application import AssistantConfig, CallContext
+from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.events import CallEvent
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.config import Settings
@@ -28,6 +28,7 @@ from callbridge.outbound.pacing import Dial, OutboundPacer, PacingSettings, Queu
 from callbridge.outbound.request import DialRequest
 
 __all__ = [
+    "Answering",
     "CarrierDialer",
     "DialAccepted",
     "DialLeg",
@@ -95,6 +96,16 @@ class DialerHost(Protocol):
     events: EventDelivery | None
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answering:
+    """A placed call, answered: its context (the dial id and metadata), and the request's assistant and machine
+    detection (None: the application's assistant; none)."""
+
+    context: CallContext
+    assistant: AssistantConfig | None
+    machine_detection: MachineDetection | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +178,6 @@ class Dialer:
             return DialRefusal("carrier_cannot_dial", f"{request.carrier!r} cannot place calls here (those that can: {', '.join(sorted(self._dialers))})", 400)
         if not dialer.can_dial:
             return DialRefusal("carrier_not_configured", f"{request.carrier} has no account to dial from (see config/callbridge.example.toml)", 400)
-        if request.machine_detection != "off":
-            return DialRefusal("machine_detection_unavailable", "answering-machine detection is not served yet: use machine_detection \"off\"", 400)
         if len(self._placed) >= _MAX_KNOWN:
             return DialRefusal("queue_full", "too many calls placed and not over", 429)
         dial_id = "dl_" + secrets.token_hex(12)
@@ -188,16 +197,16 @@ class Dialer:
         self._schedule()
         return DialAccepted(dial_id, decision.ahead + 1)
 
-    def answering(self, dial_id: str | None, carrier: str, carrier_call_id: str) -> tuple[CallContext, AssistantConfig | None] | None:
-        """The carrier's answer webhook for a call placed here (its answer URL names ``dial_id``): the context the
-        call's own gets from the request (its dial id and metadata) and the request's assistant. None: not a call
-        placed here (or not this one)."""
+    def answering(self, dial_id: str | None, carrier: str, carrier_call_id: str) -> Answering | None:
+        """The carrier's answer webhook for a call placed here (its answer URL names ``dial_id``): what the call's
+        context gets from the request (its dial id and metadata), the request's assistant and machine detection.
+        None: not a call placed here (or not this one)."""
         placed = self._placed.get(dial_id) if dial_id else None
         if placed is None or placed.request.carrier != carrier or placed.carrier_call_id not in (None, carrier_call_id):
             return None
         self._known_as(placed, carrier_call_id)
         placed.answered = True
-        return placed.context(), placed.request.assistant
+        return Answering(placed.context(), placed.request.assistant, placed.request.detection())
 
     def progress(self, carrier: str, carrier_call_id: str, status: DialProgress, detail: str = "") -> None:
         """The carrier's report on a call it dialled (its status callback)."""

@@ -36,6 +36,10 @@ class EndReason(enum.StrEnum):
     CALLER_SILENT = "caller_silent"
     """The agent said goodbye to a caller who said nothing, then hung up."""
     TRANSFERRED = "transferred"
+    MACHINE_DETECTED = "machine_detected"
+    """A call the agent placed reached an answering machine, and its ``machine_detection`` is ``hang_up``."""
+    VOICEMAIL_LEFT = "voicemail_left"
+    """A call the agent placed reached an answering machine: the voicemail message played after its beep."""
     # the engine
     ENGINE_SESSION_CLOSED = "engine_SessionClosed"
     """The engine closed the session (the detail: its reason)."""

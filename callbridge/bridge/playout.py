@@ -186,6 +186,9 @@ class PlayoutLedger:
         """The call's recording: each frame sent goes to it with when it starts to play; a flush cuts it."""
         self._paused: _Paused | None = None
         """Set by ``pause`` until ``resume`` (or a ``flush``): nothing goes to the carrier meanwhile."""
+        self.gated = False
+        """Nothing goes to the carrier, all is queued (a placed call's answer not yet known: ``answer_gate``);
+        ``ungate`` sends it."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -212,8 +215,8 @@ class PlayoutLedger:
 
     def tick(self, now_ms: int) -> None:
         """Send the frames the lead allows now (and, without markers, report how far playback has got)."""
-        if self._paused is not None:
-            return  # held: the caller may be interrupting
+        if self._paused is not None or self.gated:
+            return  # held: the caller may be interrupting, or who answered is not known yet
         queue, per_message = self._queue, self.frames_per_message
         while queue and self._buffer_end_ms - now_ms + self._next_message_frames() * self.frame_ms <= self.lead_ms:
             response, frame = queue.popleft()
@@ -308,6 +311,15 @@ class PlayoutLedger:
     def paused(self) -> bool:
         return self._paused is not None
 
+    def ungate(self, now_ms: int) -> None:
+        """What was queued while ``gated`` goes out now, from its start. Drain ``actions_to_send()``."""
+        self.gated = False
+        self.tick(now_ms)
+
+    def queued_responses(self) -> list[str]:
+        """The responses with frames queued here (not sent), in order."""
+        return list(dict.fromkeys(response.response_id for response, _ in self._queue))
+
     def resume(self, now_ms: int) -> None:
         """The pause was no interruption: the held response plays on from where the caller stopped hearing it (the
         frame they were in when it paused, again), then what was queued behind it. Drain ``actions_to_send()``."""
@@ -365,8 +377,8 @@ class PlayoutLedger:
     def next_deadline_ms(self) -> int | None:
         """When the lead next allows a frame to go, if any is waiting; without markers, also when playback
         reaches the next position to report."""
-        if self._paused is not None:
-            return None  # nothing goes out until ``resume``
+        if self._paused is not None or self.gated:
+            return None  # nothing goes out until ``resume`` (``ungate``)
         deadline = self._buffer_end_ms + self._next_message_frames() * self.frame_ms - self.lead_ms if self._queue else None
         if not self.uses_marks:
             target = self._next_report_ms()

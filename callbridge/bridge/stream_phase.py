@@ -135,6 +135,15 @@ class StreamPhase:
             self.hang_up(self.reason)
         self.close_transport()
 
+    def play_out_fallback(self, now_ms: int) -> None:
+        """ENDING: the fallback tone paced out; once it has played, the hang-up."""
+        speech = self._speech
+        speech.ledger.tick(now_ms)
+        speech.drain(to_engine=False)
+        if not speech.ledger.is_playing(now_ms):
+            self.go(Trigger.FALLBACK_PLAYED)
+            self.hang_up(self.reason or "engine_failed")
+
     def hang_up(self, reason: str) -> None:
         """End the phone call the carrier's way (REST by the driver, in band, or by closing), then the socket."""
         self._link.hang_up(reason)

@@ -39,11 +39,11 @@ class StreamSetup:
         where the call was answered; else, ``choose``, asked for now from what the stream's start says of the call
         (a carrier with no answer webhook) — or how the application refused the call. Once per stream. None: no
         application, or nothing kept and not ``choose``. Raises ``RegistryUnavailable``."""
-        if self._assistants is None:
+        if not self._desk.keeps_setups:
             return None
         if self.read is None:
             self.read = await self._desk.call_setup(start.call_id)
-        if self.read is None and choose:
+        if self.read is None and choose and self._assistants is not None:
             chosen = await self._desk.choose_assistant(self.context(start, provider))
             if isinstance(chosen, TransferTo):  # a stream is answered already: nothing the carrier can send on
                 log.warning("transfer_unsupported", target=chosen.target, detail="the configured assistant takes the call")

@@ -185,8 +185,10 @@ class AfterReply:
     def end_call_asked(self) -> None:
         self.hang_up_reason = self.hang_up_reason or EndReason.AGENT_HUNG_UP
 
-    def goodbye_asked(self, now_ms: int) -> None:
-        self.hang_up_reason = EndReason.CALLER_SILENT
+    def goodbye_asked(self, now_ms: int, reason: EndReason = EndReason.CALLER_SILENT) -> None:
+        """The model was asked for a last reply (a silent caller's goodbye, a machine's voicemail): the hang-up, for
+        ``reason``, once it has played (or ``GOODBYE_WAIT_MS`` passed without it)."""
+        self.hang_up_reason = reason
         self.goodbye_due_ms = now_ms + GOODBYE_WAIT_MS  # its reply plays first (if it comes)
 
     def hang_up_due(self, now_ms: int, replying: str | None, ledger: PlayoutLedger) -> EndReason | None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-from callbridge.application import AssistantConfig
+from callbridge.application import AssistantConfig, MachineDetection
 
 __all__ = ["MAX_METADATA_KEYS", "DialRequest", "MetadataValue"]
 
@@ -34,10 +34,13 @@ class DialRequest(BaseModel):
     ring_timeout_s: Annotated[int, Field(ge=5, le=120)] | None = None
     """How long it rings unanswered before it is given up; None: ``outbound.ring_timeout_s``."""
     machine_detection: Literal["off", "hang_up", "voicemail"] = "off"
-    """What an answering machine gets: ``off``, the agent talks to whoever answers; ``hang_up``, the call ends once a
-    machine is known; ``voicemail``, ``voicemail_message`` is left after its beep. Only ``off`` is served so far: the
-    others are refused (``machine_detection_unavailable``) rather than dialled and not done."""
+    """What an answering machine gets: ``off``, the agent talks to whoever answers; else the agent's audio is held
+    until the bridge knows who answered (``MachineDetection``) — ``hang_up``, the call ends once a machine is known;
+    ``voicemail``, ``voicemail_message`` is said after its beep, then the call ends."""
     voicemail_message: Annotated[str, StringConstraints(max_length=2000)] | None = None
+    """What the model is told to say to a machine (an instruction, as a greeting is)."""
+    on_uncertain: Literal["person", "machine"] = "person"
+    """Nobody heard (or no decision in time): taken for this."""
     assistant: AssistantConfig | None = None
     """The call's assistant; None: the application is asked, as for an inbound call (``direction`` outbound)."""
     metadata: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], MetadataValue] = Field(default_factory=dict)
@@ -49,6 +52,18 @@ class DialRequest(BaseModel):
         if not _E164.match(number):
             raise ValueError("not an E.164 number (+ and 7 to 15 digits)")
         return number
+
+    @model_validator(mode="after")
+    def _voicemail_has_a_message(self) -> DialRequest:
+        if self.machine_detection == "voicemail" and not self.voicemail_message:
+            raise ValueError("machine_detection voicemail needs a voicemail_message")
+        return self
+
+    def detection(self) -> MachineDetection | None:
+        """What the call does about an answering machine, for its assistant; None: nothing."""
+        if self.machine_detection == "off":
+            return None
+        return MachineDetection(mode=self.machine_detection, voicemail_message=self.voicemail_message, on_uncertain=self.on_uncertain)
 
     @field_validator("metadata")
     @classmethod

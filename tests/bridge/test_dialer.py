@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from callbridge.application import AssistantConfig, CallContext
+from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.events import CallEvent
 from callbridge.bridge.dialer import DialAccepted, Dialer, DialLeg, DialRefusal, DialRejected
 from callbridge.config import Settings
@@ -100,8 +100,9 @@ async def test_an_answered_call_is_the_requests_and_does_not_fail_after() -> Non
     assert dialer.answering(None, "twilio", call_id) is None
     found = dialer.answering(dial_id, "twilio", call_id)
     assert found is not None
-    context, chosen = found
-    assert (context.dial_id, context.metadata, context.direction, chosen) == (dial_id, {"k": "v"}, "outbound", assistant)
+    context = found.context
+    assert (context.dial_id, context.metadata, context.direction, found.assistant) == (dial_id, {"k": "v"}, "outbound", assistant)
+    assert found.machine_detection is None
     dialer.progress("twilio", call_id, "answered")
     dialer.progress("twilio", call_id, "failed")  # after the answer: how it ended, not a failure to reach them
     assert host.events.types == ["call.dialing"]
@@ -122,7 +123,6 @@ async def test_a_carrier_that_refuses_the_dial_fails_the_call_and_frees_its_slot
     [
         (Carrier(), {"carrier": "exotel"}, False, "carrier_cannot_dial", 400),
         (Carrier(can_dial=False), {}, False, "carrier_not_configured", 400),
-        (Carrier(), {"machine_detection": "hang_up"}, False, "machine_detection_unavailable", 400),
         (Carrier(), {}, True, "draining", 503),
     ],
 )
@@ -142,6 +142,17 @@ async def test_past_the_queue_a_request_is_refused() -> None:
     assert isinstance(answers[2], DialRefusal) and (answers[2].reason, answers[2].status) == ("queue_full", 429)
     for work in host.spawned:
         work.close()
+
+
+async def test_an_answered_call_carries_its_machine_detection() -> None:
+    dialer, dial_id = await placed(Host(), Carrier(), machine_detection="voicemail", voicemail_message="Say we called.", on_uncertain="machine")
+    found = dialer.answering(dial_id, "twilio", "CA" + "1".rjust(32, "0"))
+    assert found is not None and found.machine_detection == MachineDetection(mode="voicemail", voicemail_message="Say we called.", on_uncertain="machine")
+
+
+def test_a_voicemail_needs_its_message() -> None:
+    with pytest.raises(ValueError, match="voicemail_message"):
+        request(machine_detection="voicemail")
 
 
 @pytest.mark.parametrize("number", ["5550123", "+0123456789", "+1555", "+1 555 0123", "tel:+15550123"])

@@ -161,8 +161,8 @@ async def test_calls_past_the_rate_wait_their_turn_and_past_the_queue_are_refuse
 
 async def test_post_calls_refuses_what_it_should_before_it_dials() -> None:
     """No token configured: 403 for everyone. Configured: no or a wrong bearer token 401; then a body over 16 KiB
-    413, not JSON 400, a number that is not E.164 400, a carrier that cannot dial 400, answering-machine detection
-    (not served yet) 400 — each with its reason, and nothing dialled."""
+    413, not JSON 400, a number that is not E.164 400, a carrier that cannot dial 400, a voicemail with no message
+    400 — each with its reason, and nothing dialled."""
     async with running_bridge(settings(), engine()) as bridge:
         response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})
         assert (response.status_code, response.json()["error"]) == (403, "not_configured")
@@ -176,7 +176,7 @@ async def test_post_calls_refuses_what_it_should_before_it_dials() -> None:
             (await post_call(bridge, None, raw=b"{not json"), 400, "invalid_request"),
             (await post_call(bridge, {**good, "to": "5550123"}), 400, "invalid_request"),
             (await post_call(bridge, {**good, "carrier": "exotel"}), 400, "carrier_cannot_dial"),
-            (await post_call(bridge, {**good, "machine_detection": "voicemail"}), 400, "machine_detection_unavailable"),
+            (await post_call(bridge, {**good, "machine_detection": "voicemail"}), 400, "invalid_request"),  # no message
             (await post_call(bridge, {**good, "surprise": 1}), 400, "invalid_request"),
         ]
         for response, status, reason in cases:
