@@ -18,6 +18,8 @@ class SimulatedSignalWire(SimulatedTwilio):
     signature_header: ClassVar[str] = "X-SignalWire-Signature"
     signs_upgrade: ClassVar[bool] = False
     rest_prefix: ClassVar[str] = "/api/laml"
+    places_calls: ClassVar[bool] = False
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset()
     stream_codecs: ClassVar[Mapping[str, Mapping[str, object]]] = {
         "L16@24000h": {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1},
     }

@@ -317,6 +317,10 @@ class SimulatedTwilio(SimulatedCarrier):
     stream_codecs: ClassVar[Mapping[str, Mapping[str, object]]] = {}
     """``<Stream codec="…">`` values the dialect takes, and the ``mediaFormat`` each gets."""
     rest_prefix: ClassVar[str] = ""
+    places_calls: ClassVar[bool] = True
+    """It takes the REST dial (a dialect's simulator does not yet)."""
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/2010-04-01/Accounts/{account}/Calls.json"})
+    """The dial names no call yet: a load test split across processes sends it to any one, which runs the call."""
 
     def __init__(self, bridge_url: str, auth_token: str, *, account_sid: str | None = None) -> None:
         super().__init__(bridge_url, auth_token)
@@ -340,15 +344,14 @@ class SimulatedTwilio(SimulatedCarrier):
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
         settings = {"auth_token": secret, "api_base_url": rest_url, "validate_signatures": True}
-        if cls is SimulatedTwilio:  # its account places calls (a dialect's does not yet)
+        if cls.places_calls:
             settings["account_sid"] = account_of(secret)
         return {"twilio": settings}
 
     def rest_routes(self) -> list[BaseRoute]:
-        return [
-            Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls.json", self._create_call, methods=["POST"]),
-            Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls/{call}.json", self._rest_call, methods=["POST"]),
-        ]
+        dial = [Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls.json", self._create_call, methods=["POST"])]
+        hang_up = Route(self.rest_prefix + "/2010-04-01/Accounts/{account}/Calls/{call}.json", self._rest_call, methods=["POST"])
+        return [*(dial if self.places_calls else []), hang_up]
 
     def _authenticated(self, request: Request) -> bool:
         expected = "Basic " + base64.b64encode(f"{self.account_sid}:{self.auth_token}".encode()).decode()
