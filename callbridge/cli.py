@@ -27,6 +27,7 @@ from callbridge.cli_args import (
     at_or_after_start,
     caller_audio,
     can_write,
+    outbound_runs,
     print_config_error,
     reconnects,
     seconds_above_zero,
@@ -183,6 +184,10 @@ def _add_loadtest(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     loadtest.add_argument("--dtmf-every", metavar="S", type=seconds_above_zero, help="each call presses a key every S seconds")
     loadtest.add_argument("--drop-every", metavar="S", type=seconds_above_zero, help="drop each call's media connection every S seconds")
+    loadtest.add_argument(
+        "--outbound", action="store_true",
+        help="the bridge places the calls (POST /calls at the ramp's times, dialled at outbound.calls_per_second); a bridge in this process",
+    )  # fmt: skip
     loadtest.add_argument("--server-pid", type=int, help="measure this process's CPU and RSS (the bridge's), its child processes' too (--workers)")
     loadtest.add_argument(
         "--metrics-url", help="the bridge's base URL for /metrics (default: --url when it is http(s); 'none': not scraped)"
@@ -362,10 +367,13 @@ def _loadtest(settings: Settings, args: argparse.Namespace) -> int:
         print(f"callbridge loadtest: --drop-every: a {args.provider} call cannot come back after its media drops", file=sys.stderr)
         return EXIT_USAGE
 
+    if args.outbound and not outbound_runs(args):
+        return EXIT_USAGE
     options = LoadTestOptions(
         calls=args.calls, ramp_s=args.ramp, duration_s=args.duration, click_every_ms=_ms(args.click_every) or 1000, audio=audio,
         barge_in_every_ms=_ms(args.barge_in_every), dtmf_every_ms=_ms(args.dtmf_every), drop_every_ms=_ms(args.drop_every),
         server_pid=args.server_pid, metrics_url=_metrics_url(args.metrics_url, args.url), phases=args.phases,
+        outbound_token=_fresh_secret() if args.outbound else None,
     )  # fmt: skip
     secret = args.secret or secret_from_settings(args.provider, settings)
     if args.url and secret is None:

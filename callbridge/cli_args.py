@@ -20,6 +20,7 @@ __all__ = [
     "caller_audio",
     "can_write",
     "key_press",
+    "outbound_runs",
     "print_config_error",
     "reconnects",
     "seconds_above_zero",
@@ -45,6 +46,17 @@ def app_loads(settings: Settings) -> bool:
         load_module(settings.app.module)
     except ValueError as exc:
         print_config_error(ConfigError([ConfigProblem(key="app.module", problem=str(exc))]), sys.stderr)
+        return False
+    return True
+
+
+def outbound_runs(args: argparse.Namespace) -> bool:
+    """``loadtest --outbound`` can run: a bridge in this process (no ``--url``), and a carrier whose simulator takes
+    the bridge's dials; else why not, on stderr."""
+    from callbridge.sim.simulators import simulator_class
+
+    if args.url or not getattr(simulator_class(carrier_spec(args.provider)), "places_calls", False):
+        print(f"callbridge loadtest: --outbound needs a bridge in this process (no --url) and a carrier it dials ({args.provider} is not one yet)", file=sys.stderr)
         return False
     return True
 

@@ -107,6 +107,27 @@ async def test_calls_past_the_bridges_capacity_are_counted_refused_with_the_time
     assert "2 of them refused at the answer" in report.render() and "the bridge's no" in report.render()
 
 
+async def test_placed_calls_under_load_keep_the_carriers_rate() -> None:
+    """``--outbound``: five calls asked for at once (a 0.1 s ramp), the bridge dials them at
+    ``outbound.calls_per_second`` 4 — the carrier sees at most 4 in any second, 250 ms apart (the HTTP request's
+    jitter aside) — and each answered call carries the media as an inbound one (its clicks come back)."""
+    outbound = {"api_token": "load-test-token-0123", "calls_per_second": 4.0}
+    settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "barge_in": LOAD_TEST_BARGE_IN, "outbound": outbound})
+    async with running_bridge(settings, provider="twilio") as bridge:
+        options = LoadTestOptions(calls=5, ramp_s=0.1, duration_s=1.5, click_every_ms=500, audio=SPEECH, progress=False, outbound_token="load-test-token-0123")
+        report = await LoadTest(bridge.carrier, options).run()
+    assert report.failed_calls == 0 and report.frames_sent == 5 * 75, report.render()
+    assert report.dials == 5 and report.dials_in_a_second_max <= 4 and report.dials_min_gap_ms is not None, report.render()
+    assert report.dials_min_gap_ms >= 240, report.render()
+    assert report.clicks_returned >= report.clicks_sent - 5, report.render()
+    assert "placed: 5 dials" in report.render()
+
+
+def test_outbound_needs_a_bridge_here_and_a_carrier_that_dials(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["loadtest", "--outbound", "--provider", "exotel", "--calls", "1"]) == 2
+    assert "--outbound needs" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("provider", ["twilio", "audiosocket", "sip"])
 async def test_barge_ins_are_flushed(provider: str) -> None:
     """The echo agent says each utterance back; the caller talks over it, and the carrier's queue is flushed

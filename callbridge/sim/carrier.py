@@ -323,6 +323,11 @@ class SimulatedCarrier(ABC):
         """Called with each 20 ms of caller audio (PCM16 8 kHz) as it leaves (benchmarks time the bridge)."""
         self.on_message: Callable[[str | bytes], None] | None = None
         """Called with each message the bridge sends, as it arrives."""
+        self.on_answered: Callable[[str, str], None] | None = None
+        """A call the bridge dialled was answered (the number, the carrier's call id): whoever set this runs it (a
+        load test) — the carrier's own ``Callee`` does not; None: the ``Callee`` does."""
+        self.dialled_at: list[float] = []
+        """When each dial the bridge asked for was taken (``time.monotonic()``)."""
         self.route: Callable[[OpenReason], str] | None = None
         """Picks the bridge for each media connection a call opens (a load balancer in front of several bridge
         processes: a reconnect may land on another one); what it returns becomes ``bridge_url``."""

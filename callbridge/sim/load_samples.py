@@ -4,6 +4,7 @@ computed from them (``LoadSamples.report``: ``LoadReport``), never from other st
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass, field, replace
@@ -11,7 +12,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["FRAME_MS", "CallSamples", "LoadReport", "LoadSamples", "merge_samples", "progress_line", "quantiles", "report_json"]
+__all__ = ["FRAME_MS", "CallSamples", "LoadReport", "LoadSamples", "merge_samples", "most_in_a_second", "progress_line", "quantiles", "report_json"]
 
 FRAME_MS: Final = 20
 
@@ -58,6 +59,13 @@ class LoadReport:
     """Answered calls: the carrier's first request (the answer webhook) → the stream started."""
     refused_answer_ms: dict[str, float] = field(default_factory=dict)
     """Refused calls: the carrier's first request → the bridge's no."""
+    dials: int = 0
+    """Placed calls (``--outbound``): the dials the carrier took."""
+    dials_in_a_second_max: int = 0
+    """The most of them in any one second (a window [t, t + 1 s)): ``outbound.calls_per_second``, or one more where
+    dials exactly 1/rate apart land a ms closer by the carrier's clock (the HTTP request's own jitter)."""
+    dials_min_gap_ms: float | None = None
+    """The two closest dials, as the carrier took them (``1000 / outbound.calls_per_second`` asked)."""
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
@@ -65,6 +73,9 @@ class LoadReport:
 
         refused = f", {self.refused_calls} of them refused at the answer" if self.refused_calls else ""
         lines = [f"{self.provider}: {self.calls} calls ({self.failed_calls} failed{refused}), {self.duration_s:.1f} s"]
+        if self.dials:
+            gap = f", the closest two {self.dials_min_gap_ms:.0f} ms apart" if self.dials_min_gap_ms is not None else ""
+            lines.append(f"placed: {self.dials} dials, at most {self.dials_in_a_second_max} in any second{gap}")
         lines.append(f"answer, the carrier's first request → the stream (ms): {q(self.answer_ms)}")
         if self.refused_calls:
             lines.append(f"refused, the carrier's first request → the bridge's no (ms): {q(self.refused_answer_ms)}")
@@ -152,6 +163,8 @@ class LoadSamples:
     first_audio_buckets: dict[float, float] | None = None
     """The bridge's ``callbridge_first_audio_to_engine_seconds`` over the run: bucket bound (s) → streams at or
     under it (``metrics_url``; scraped once, by the process that started the run)."""
+    dialled_at_s: list[float] = field(default_factory=list)
+    """Placed calls (``--outbound``): when the carrier took each dial (s from ``started``)."""
 
     @property
     def call_seconds(self) -> float:
@@ -191,7 +204,20 @@ class LoadSamples:
             refused_calls=sum(c.refused for c in self.calls),
             answer_ms=quantiles([c.answer_ms for c in self.calls if c.answer_ms is not None and not c.refused]),
             refused_answer_ms=quantiles([c.answer_ms for c in self.calls if c.answer_ms is not None and c.refused]),
+            dials=len(self.dialled_at_s),
+            dials_in_a_second_max=most_in_a_second(self.dialled_at_s),
+            dials_min_gap_ms=min((b - a) * 1000 for a, b in itertools.pairwise(sorted(self.dialled_at_s))) if len(self.dialled_at_s) > 1 else None,
         )
+
+
+def most_in_a_second(at_s: list[float]) -> int:
+    """The most of ``at_s`` in any one second (a window [t, t + 1) at any t)."""
+    times, most, first = sorted(at_s), 0, 0
+    for last, t in enumerate(times):
+        while t - times[first] >= 1.0:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 def merge_samples(parts: list[LoadSamples]) -> LoadSamples:
@@ -223,6 +249,7 @@ def merge_samples(parts: list[LoadSamples]) -> LoadSamples:
         click_at_s=[t for part in parts for t in rebased(part, part.click_at_s)],
         barge_in_flush_ms=[v for part in parts for v in part.barge_in_flush_ms],
         barge_in_at_s=[t for part in parts for t in rebased(part, part.barge_in_at_s)],
+        dialled_at_s=[t for part in parts for t in rebased(part, part.dialled_at_s)],
         heard_position_error_ms=[v for part in parts for v in part.heard_position_error_ms],
         tick_lag_ms=[v for part in parts for v in part.tick_lag_ms],
         generator_cpu_ms=sum(part.generator_cpu_ms for part in parts),

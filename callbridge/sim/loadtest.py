@@ -72,6 +72,7 @@ from callbridge.sim.load_samples import (
     progress_line,
     report_json,
 )
+from callbridge.sim.loadtest_dial import Dialling
 from callbridge.sim.simulators import simulator_class
 
 __all__ = [
@@ -169,6 +170,10 @@ class LoadTestOptions:
     bridge's REST requests about a call by its id)."""
     start_at: float | None = None
     """When the run starts (``time.monotonic()``, the same clock in every process of this machine); None: now."""
+    outbound_token: str | None = None
+    """The calls are placed (``--outbound``): each a ``POST /calls`` with this token at its time in the ramp (the
+    bridge dials at its own pace: ``outbound.calls_per_second``), answered at once by the load test's caller; None:
+    the carrier calls the bridge."""
     phases: int = 1
     """The calls' 20 ms clocks: 1, all in step (every call's frame sent at the same instant: a burst of one message per
     call every 20 ms, which queues behind itself — the longest waits at moderate load — but reaches a server in few
@@ -262,6 +267,7 @@ class LoadTest:
         self._background: set[asyncio.Task[Any]] = set()
         if options.drop_every_ms:
             carrier.reconnect_after_every_drop()
+        self._dialling = Dialling(carrier, options.outbound_token) if options.outbound_token is not None else None
 
     async def run(self) -> LoadReport:
         return (await self.run_samples()).report()
@@ -322,6 +328,7 @@ class LoadTest:
             barge_in_flush_ms=self._barge_in_ms,
             barge_in_at_s=[at - started for at in self._barge_in_at],
             heard_position_error_ms=self._heard_position_errors(),
+            dialled_at_s=[at - started for at in self.carrier.dialled_at],
             tick_lag_ms=self._lags_ms,
             generator_cpu_ms=generator_cpu,
             server_cpu_ms=None if server_before is None or not options.server_pid else server_cpu_ms(options.server_pid) - server_before,
@@ -333,10 +340,19 @@ class LoadTest:
 
     async def _start_call(self, index: int, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.monotonic()))
-        placed = time.monotonic()
-        call_id = self.carrier.new_call_id()
-        while shard_of(call_id, self.options.shards) != self.options.shard:  # ~shards tries
+        if self._dialling is not None:
+            try:
+                call_id = await self._dialling.dial(index)
+            except Exception as exc:  # noqa: BLE001 - one call's failure to be placed ends that call only, with why
+                call = _Call(index, SimCall(str(index), CallResult(str(index)), lambda: 0))
+                call.failed, call.done = str(exc) if isinstance(exc, RuntimeError) else repr(exc), True
+                self._calls.append(call)
+                return
+        else:
             call_id = self.carrier.new_call_id()
+            while shard_of(call_id, self.options.shards) != self.options.shard:  # ~shards tries
+                call_id = self.carrier.new_call_id()
+        placed = time.monotonic()
 
         def clock() -> int:
             return int((time.monotonic() - placed) * 1000)
@@ -638,6 +654,8 @@ async def load_test_samples(
         overrides: dict[str, dict[str, Any]] = {
             "local_engine": {"agent": agent}, "server": {"max_calls": max(100, options.calls)}, "barge_in": LOAD_TEST_BARGE_IN,
         }  # fmt: skip
+        if options.outbound_token is not None:
+            overrides["outbound"] = {"api_token": options.outbound_token}
         local = with_overrides(settings, overrides)
         truncations = TruncationLog(LocalEngine(local_engine_options(local)))
         async with running_bridge(local, truncations.engine, provider=provider) as bridge:
