@@ -5,9 +5,10 @@ dial id and metadata in its ``CallContext`` and its assistant, where the request
 
 The application hears ``call.dialing`` once the carrier took the request, ``call.ringing``, and ``call.failed`` with
 the reason where nobody answers (busy, no answer, refused, never dialled); an answered call's events are an inbound
-call's. A carrier that never reports how a dialled call went does not hold its pacing slot for ever: a call not
-answered within its ring timeout and ``_REPORT_GRACE_S`` is given up as unanswered, an answered one after
-``server.max_call_duration_s``.
+call's. A call frees its pacing slot when it ends here (``call_over``: the bridge's own word), or when the carrier says it
+ended; a carrier that never reports how a dialled call went does not hold its slot for ever: a call not answered
+within its ring timeout and ``_REPORT_GRACE_S`` is given up as unanswered, an answered one whose end never came
+here after ``server.max_call_duration_s``.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ class Dialer:
         self._pacers: dict[str, OutboundPacer] = {}
         self._placed: dict[str, _Placed] = {}
         """dial id → a call placed and not over."""
-        self._by_carrier_id: dict[tuple[str, str], str] = {}
-        """(carrier, its call id) → dial id."""
+        self._by_call_id: dict[str, str] = {}
+        """The carrier's call id → dial id."""
         self._wake: asyncio.TimerHandle | None = None
 
     @property
@@ -210,9 +211,9 @@ class Dialer:
 
     def progress(self, carrier: str, carrier_call_id: str, status: DialProgress, detail: str = "") -> None:
         """The carrier's report on a call it dialled (its status callback)."""
-        dial_id = self._by_carrier_id.get((carrier, carrier_call_id))
+        dial_id = self._by_call_id.get(carrier_call_id)
         placed = self._placed.get(dial_id) if dial_id else None
-        if placed is None or status in placed.reported:
+        if placed is None or placed.request.carrier != carrier or status in placed.reported:
             return
         placed.reported.add(status)
         if status == "ringing" and not placed.answered:
@@ -223,6 +224,14 @@ class Dialer:
         elif status in _FAILURES and not placed.answered:
             self._failed(placed, status, detail)  # type: ignore[arg-type]
         elif status == "completed" or status in _FAILURES:
+            self._forget(placed)
+
+    def call_over(self, call_id: str) -> None:
+        """A call has ended here (the bridge's own word, whatever the carrier's status callback says or fails to):
+        a call placed here frees its pacing slot."""
+        dial_id = self._by_call_id.get(call_id)
+        placed = self._placed.get(dial_id) if dial_id else None
+        if placed is not None:
             self._forget(placed)
 
     async def _dial(self, dial_id: str) -> None:
@@ -261,7 +270,7 @@ class Dialer:
 
     def _known_as(self, placed: _Placed, carrier_call_id: str) -> None:
         placed.carrier_call_id = carrier_call_id
-        self._by_carrier_id[(placed.request.carrier, carrier_call_id)] = placed.dial_id
+        self._by_call_id[carrier_call_id] = placed.dial_id
 
     def _failed(self, placed: _Placed, reason: FailReason, detail: str) -> None:
         log.info("call_failed", dial_id=placed.dial_id, carrier=placed.request.carrier, call_id=placed.carrier_call_id, reason=reason, detail=detail)
@@ -271,7 +280,7 @@ class Dialer:
     def _forget(self, placed: _Placed) -> None:
         self._placed.pop(placed.dial_id, None)
         if placed.carrier_call_id is not None:
-            self._by_carrier_id.pop((placed.request.carrier, placed.carrier_call_id), None)
+            self._by_call_id.pop(placed.carrier_call_id, None)
         pacer = self._pacers.get(placed.request.carrier)
         if pacer is not None:
             pacer.ended(placed.dial_id)

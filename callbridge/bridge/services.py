@@ -320,9 +320,12 @@ class BridgeServices:
             self.lb_gate.answered_unready(time.monotonic())
 
     def call_over(self, call_id: str) -> None:
-        """The call has ended (not only its stream): it no longer counts against the fleet's limit."""
+        """The call has ended (not only its stream): it no longer counts against the fleet's limit, nor, placed here,
+        against its carrier's outbound calls."""
         if self.settings.server.max_calls_fleet is not None:
             self.spawn(self.release_fleet_slot(call_id))
+        if self.dialer is not None:
+            self.dialer.call_over(call_id)
 
     async def release_fleet_slot(self, call_id: str) -> None:
         try:

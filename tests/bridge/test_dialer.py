@@ -3,6 +3,7 @@ hears as a placed call goes, and what the answer webhook learns of a call placed
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,3 +160,18 @@ def test_a_voicemail_needs_its_message() -> None:
 def test_a_number_that_is_not_e164_is_refused(number: str) -> None:
     with pytest.raises(ValueError, match="E.164"):
         request(to=number)
+
+
+async def test_a_call_that_ends_here_frees_its_slot_whatever_the_carrier_says() -> None:
+    """``max_concurrent`` 1: the second call waits while the first is up; the bridge's own word that the first is
+    over (its carrier's ``completed`` lost) lets the second be dialled."""
+    host = Host(settings=Settings.model_validate({"outbound": {"max_concurrent": 1, "calls_per_second": 100}}))
+    carrier = Carrier()
+    dialer, _ = await placed(host, carrier)
+    second = dialer.place(request(), "https://bridge.example")
+    assert isinstance(second, DialAccepted) and second.queued_behind == 1
+    dialer.call_over("CA-not-placed-here")  # nobody's: nothing changes
+    dialer.call_over("CA" + "1".rjust(32, "0"))
+    await asyncio.sleep(0.02)  # the pacer's wake-up
+    await host.run_dials()
+    assert [leg.dial_id for leg in carrier.legs][1] == second.dial_id
