@@ -397,7 +397,9 @@ class OutboundSettings(Section):
     api_token: Annotated[SecretStr, Field(min_length=16)] | None = None
     """``POST /calls`` takes ``Authorization: Bearer <api_token>``; unset, every request to it is refused (403)."""
     calls_per_second: Annotated[float, Field(gt=0, le=100)] = 1.0
-    """Dials a second at most, per carrier (a carrier account's usual default is 1)."""
+    """Dials a second at most, per carrier (a carrier account's usual default is 1). Each interval has 5 % (at most
+    20 ms) on top: a dial's request can reach the carrier a few ms later than the one before, and it counts by its
+    own clock."""
     max_concurrent: Annotated[int, Field(ge=1)] = 50
     """Outbound calls dialled and not over, per carrier, at most."""
     max_queued: Annotated[int, Field(ge=0, le=100_000)] = 100

@@ -35,9 +35,12 @@ class PacingSettings:
     """Calls waiting for the rate or a slot, at most; past it a request is refused."""
     max_wait_ms: int = 60_000
     """A call waits this long at most; then it is refused."""
+    margin_ms: float = 0.0
+    """Added to each interval: a dial's request can take a few ms longer on its way than the one before (the event
+    loop, the connection), and a carrier counts by its own clock."""
 
     def __post_init__(self) -> None:
-        if not (self.calls_per_second > 0 and self.max_concurrent > 0 and self.max_queued >= 0 and self.max_wait_ms > 0):
+        if not (self.calls_per_second > 0 and self.max_concurrent > 0 and self.max_queued >= 0 and self.max_wait_ms > 0 and self.margin_ms >= 0):
             raise ValueError("pacing: calls_per_second, max_concurrent and max_wait_ms must be positive, max_queued not negative")
 
 
@@ -70,7 +73,7 @@ class OutboundPacer:
 
     def __init__(self, settings: PacingSettings | None = None) -> None:
         self.settings = s = settings or PacingSettings()
-        self.interval_ms = 1000 / s.calls_per_second
+        self.interval_ms = 1000 / s.calls_per_second + s.margin_ms
         """The least time between two dials."""
         self._next_dial_at = -math.inf
         """When (ms) the rate allows the next dial."""

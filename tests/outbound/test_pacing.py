@@ -36,6 +36,15 @@ def test_ten_a_second_goes_every_100_ms() -> None:
     assert [at for at, _ in dials] == [100 * k for k in range(1, 25)]
 
 
+def test_a_margin_goes_on_every_interval() -> None:
+    """``margin_ms`` 5 at 10 a second: 105 ms apart, so that a request a few ms later on its way than the one before
+    still reaches the carrier 100 ms or more after it."""
+    pacer = OutboundPacer(PacingSettings(calls_per_second=10, margin_ms=5))
+    for k in range(4):
+        pacer.request(f"c{k}", 0)
+    assert [at for at, _ in run_until(pacer, 5000)] == [105, 210, 315]
+
+
 def test_a_fractional_rate_rounds_each_wait_up() -> None:
     pacer = OutboundPacer(PacingSettings(calls_per_second=3))
     for k in range(4):
