@@ -50,19 +50,24 @@ def _fresh_app() -> None:
     agent_app.CallsOut.events.clear()
 
 
-async def test_an_outbound_call_reaches_a_person_and_the_application_hears_it_go() -> None:
+DIALLING = ["signalwire", "twilio"]
+"""The carriers whose calls the bridge places (their create-call API: the same request under each one's REST base)."""
+
+
+@pytest.mark.parametrize("provider", DIALLING)
+async def test_an_outbound_call_reaches_a_person_and_the_application_hears_it_go(provider: str) -> None:
     """``POST /calls`` answers at once with the dial id; Twilio is asked to call (its create-call API, basic auth,
     the answer URL naming the dial); the person answers after a ring and says hello; the application is asked for
     the assistant with direction outbound, and hears ``call.dialing``, ``call.ringing``, ``call.started``,
     ``call.answered`` … ``call.ended`` — each with the request's dial id and metadata — and the person hears the
     agent (the greeting, then the echo of their hello)."""
     recorder = engine()
-    async with running_bridge(outbound_settings(), recorder) as bridge:
+    async with running_bridge(outbound_settings(), recorder, provider=provider) as bridge:
         carrier = bridge.carrier
         assert isinstance(carrier, SimulatedTwilio)
         carrier.callees[CALLEE] = Callee(ring_ms=300, script=CallerScript(utterances=((1500, short_speech(800)),), hangup_at_ms=4500))
         started = time.monotonic()
-        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "metadata": {"crm_id": 42, "campaign": "renewals"}})
+        response = await post_call(bridge, {"carrier": provider, "to": CALLEE, "from": OURS, "metadata": {"crm_id": 42, "campaign": "renewals"}})
         assert response.status_code == 202, response.text
         assert time.monotonic() - started < 1.0  # at once: the dial goes on behind it
         dial_id = response.json()["dial_id"]
@@ -106,15 +111,16 @@ async def test_a_request_that_names_its_assistant_is_not_asked_of_the_applicatio
     assert texts == ["Say you are calling from the clinic."], texts
 
 
+@pytest.mark.parametrize("provider", DIALLING)
 @pytest.mark.parametrize(("outcome", "status", "reason"), [("busy", "busy", "busy"), ("fails", "failed", "failed")])
-async def test_a_call_nobody_answers_fails_with_its_reason_and_opens_no_session(outcome: str, status: str, reason: str) -> None:
+async def test_a_call_nobody_answers_fails_with_its_reason_and_opens_no_session(outcome: str, status: str, reason: str, provider: str) -> None:
     """Busy, or a call the network fails: ``call.failed`` with the reason within 1 s of the carrier's report (its
     status callback), after ``call.dialing`` and ``call.ringing``; no engine session, the application never asked."""
     recorder = engine()
-    async with running_bridge(outbound_settings(), recorder) as bridge:
+    async with running_bridge(outbound_settings(), recorder, provider=provider) as bridge:
         assert isinstance(bridge.carrier, SimulatedTwilio)
         bridge.carrier.callees[CALLEE] = Callee(outcome=outcome, ring_ms=200)  # type: ignore[arg-type]
-        response = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})
+        response = await post_call(bridge, {"carrier": provider, "to": CALLEE, "from": OURS})
         dial_id = response.json()["dial_id"]
         await until(lambda: "call.failed" in events_of(dial_id), timeout_s=5)
         reported_at = time.time()

@@ -5,7 +5,8 @@ Differences from Twilio: the signature header is ``X-SignalWire-Signature``
 (Twilio's HMAC over the URL and parameters, keyed with the space's signing
 key); ``<Stream codec="L16@24000h">`` switches both directions to 16-bit PCM
 at 24 kHz (``signalwire.codec``); the REST API lives at
-``https://<space>/api/laml`` with the project id and API token as basic auth.
+``https://<space>/api/laml`` with the project id and API token as basic auth — the same create-call request places a
+call (``POST …/Accounts/<project id>/Calls.json``), its progress to ``/signalwire/call-status``.
 
 The media websocket's upgrade: SignalWire documents ``X-SignalWire-Signature`` on its HTTP webhooks only
 (signalwire.com/docs/server-sdks/reference/python/core/security), and its REST ``Create a Stream`` offers an
@@ -41,7 +42,7 @@ def signalwire_dialect(settings: Settings) -> TwilioDialect:
 def signalwire_rest(settings: Settings) -> TwilioRest:
     config = settings.signalwire
     base = config.api_base_url or (f"https://{config.space_url}/api/laml" if config.space_url else "https://invalid.signalwire.example/api/laml")
-    return TwilioRest(base, config.api_token, username=config.project_id)
+    return TwilioRest(base, config.api_token, username=config.project_id, account=config.project_id, dialect="signalwire")
 
 
 CARRIER: Final = Carrier(

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import secrets
+import hashlib
+import uuid
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -18,16 +19,20 @@ class SimulatedSignalWire(SimulatedTwilio):
     signature_header: ClassVar[str] = "X-SignalWire-Signature"
     signs_upgrade: ClassVar[bool] = False
     rest_prefix: ClassVar[str] = "/api/laml"
-    places_calls: ClassVar[bool] = False
-    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset()
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/api/laml/2010-04-01/Accounts/{account}/Calls.json"})
     stream_codecs: ClassVar[Mapping[str, Mapping[str, object]]] = {
         "L16@24000h": {"encoding": "audio/x-l16", "sampleRate": 24000, "channels": 1},
     }
 
     def __init__(self, bridge_url: str, secret: str) -> None:
-        super().__init__(bridge_url, secret, account_sid=secrets.token_hex(4) + "-project")
+        super().__init__(bridge_url, secret, account_sid=project_of(secret))
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
-        # the project id is not known here: the bridge hangs up with the AccountSid of the call's start
-        return {"signalwire": {"signing_key": secret, "api_token": secret, "api_base_url": rest_url + cls.rest_prefix}}
+        # the project id (made from the secret) places calls; a hang-up names the AccountSid of the call's start
+        return {"signalwire": {"signing_key": secret, "api_token": secret, "api_base_url": rest_url + cls.rest_prefix, "project_id": project_of(secret)}}
+
+
+def project_of(secret: str) -> str:
+    """The simulated space's project id (a UUID, as SignalWire's are), made from its secret."""
+    return str(uuid.UUID(hashlib.sha256(secret.encode()).hexdigest()[:32]))
