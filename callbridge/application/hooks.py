@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import httpx
 from pydantic import ValidationError
@@ -30,6 +30,9 @@ from callbridge.application.context import CallContext
 from callbridge.application.events import CallEvent
 from callbridge.application.signing import SIGNATURE_HEADER, sign
 from callbridge.outbound_http import http_client
+
+if TYPE_CHECKING:
+    from callbridge.outbound.request import Calls
 
 __all__ = [
     "MAX_REPLY_BYTES",
@@ -84,6 +87,13 @@ class ModuleApplication:
         hook = getattr(self.target, "event", None)
         if hook is not None:
             await hook(call, event)
+
+    async def started(self, calls: Calls) -> None:
+        """The bridge has started: the application's ``started(calls)`` hook, where it has one, gets what places
+        calls (``callbridge.outbound.Calls``)."""
+        hook = getattr(self.target, "started", None)
+        if hook is not None:
+            await hook(calls)
 
     async def tool(self, call: CallContext, name: str, arguments: dict[str, Any]) -> ToolResult | str:
         hook = getattr(self.target, "tool", None)

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from typing import Final
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
@@ -24,10 +25,11 @@ from prometheus_client import (
 )
 
 from callbridge import __version__
+from callbridge.application.hooks import ModuleApplication
 from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.carrier_plugin import load_carrier
-from callbridge.bridge.dialer import Dialer
+from callbridge.bridge.dialer import ApplicationCalls, Dialer
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
 from callbridge.bridge.fleet_port import FleetPort
@@ -56,6 +58,9 @@ from callbridge.stall import PROCESS_STALL_MS
 __all__ = ["BridgeState", "create_app"]
 
 log = get_logger(__name__)
+
+_STARTED_HOOK_S: Final = 5.0
+"""How long a Python application's ``started`` hook may take before the bridge serves on without it."""
 
 
 class BridgeState:
@@ -156,6 +161,19 @@ async def _fetch_registry_levels(registry: CallRegistry, every_s: float = PUBLIS
         await asyncio.sleep(every_s)
 
 
+async def _application_started(services: BridgeServices, settings: Settings) -> None:
+    """A Python application's ``started(calls)`` hook, where it has one: what places calls (``ApplicationCalls``).
+    One that fails or takes more than ``_STARTED_HOOK_S`` is logged; the bridge serves on."""
+    application = services.assistants.application if services.assistants is not None else None
+    if not isinstance(application, ModuleApplication) or services.dialer is None:
+        return
+    base = settings.server.public_url or f"http://{settings.server.host}:{settings.server.port}"
+    try:
+        await asyncio.wait_for(application.started(ApplicationCalls(services.dialer, base.rstrip("/"))), _STARTED_HOOK_S)
+    except Exception as exc:  # noqa: BLE001 - the application's own bug (or a slow hook): logged, the bridge serves on
+        log.warning("application_started_failed", error=repr(exc))
+
+
 async def _close_services(services: BridgeServices) -> None:
     """At shutdown, once the listeners are closed: the background tasks, the engine, the registry, the carriers'
     REST clients, the application's event delivery, the recordings' store and the application's client."""
@@ -186,6 +204,7 @@ def create_app(
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
             await state.services.engine.warm_up()  # before the first call, not on its audio's time
+            await _application_started(state.services, settings)
             log.info(
                 "bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__,
                 compiled=f"{len(compiled_modules())}/{len(COMPILED_MODULES)}",

@@ -26,15 +26,14 @@ from callbridge.bridge.app_events import EventDelivery
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 from callbridge.outbound.pacing import Dial, OutboundPacer, PacingSettings, Queued, Refused
-from callbridge.outbound.request import DialRequest
+from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
 __all__ = [
     "Answering",
     "CarrierDialer",
-    "DialAccepted",
+    "ApplicationCalls",
     "DialLeg",
     "DialProgress",
-    "DialRefusal",
     "DialRejected",
     "Dialer",
     "DialerHost",
@@ -112,24 +111,6 @@ class Answering:
     context: CallContext
     assistant: AssistantConfig | None
     machine_detection: MachineDetection | None
-
-
-@dataclass(frozen=True, slots=True)
-class DialAccepted:
-    """Taken: ``dial_id`` names the call in the application's events (``CallContext.dial_id``); ``queued_behind``
-    calls wait before it for the carrier's rate or a slot (0: dialled now)."""
-
-    dial_id: str
-    queued_behind: int
-
-
-@dataclass(frozen=True, slots=True)
-class DialRefusal:
-    """Not taken, and why (``POST /calls`` answers ``status`` with it)."""
-
-    reason: str
-    detail: str
-    status: int
 
 
 @dataclass(slots=True)
@@ -322,6 +303,18 @@ class Dialer:
                 else:
                     self._failed(placed, "canceled", f"never dialled: waited {self._pacing.max_wait_ms // 1000} s for {carrier}'s rate or a slot")
         self._schedule()
+
+
+class ApplicationCalls:
+    """The ``Calls`` a Python application's ``started`` hook gets: ``Dialer.place`` with this bridge's base URL
+    (``server.public_url``, else where it listens) for the carrier's answer and status callbacks."""
+
+    def __init__(self, dialer: Dialer, base_url: str) -> None:
+        self._dialer = dialer
+        self._base_url = base_url
+
+    def place(self, request: DialRequest) -> DialAccepted | DialRefusal:
+        return self._dialer.place(request, self._base_url)
 
 
 def _now_ms() -> int:

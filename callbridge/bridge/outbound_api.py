@@ -14,11 +14,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from callbridge.bridge.dialer import DialAccepted, Dialer
+from callbridge.bridge.dialer import Dialer
 from callbridge.carriers.webhooks import public_base
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound.request import DialRequest
+from callbridge.outbound.request import DialAccepted, DialRequest
 
 __all__ = ["MAX_REQUEST_BYTES", "outbound_router"]
 

@@ -6,13 +6,14 @@ to a carrier to find out."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Final, Literal
+from dataclasses import dataclass
+from typing import Annotated, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 from callbridge.application import AssistantConfig, MachineDetection
 
-__all__ = ["MAX_METADATA_KEYS", "DialRequest", "MetadataValue"]
+__all__ = ["MAX_METADATA_KEYS", "Calls", "DialAccepted", "DialRefusal", "DialRequest", "MetadataValue"]
 
 MAX_METADATA_KEYS: Final = 16
 _E164: Final = re.compile(r"^\+[1-9][0-9]{6,14}$")
@@ -73,3 +74,29 @@ class DialRequest(BaseModel):
         if any(isinstance(value, str) and len(value) > 512 for value in metadata.values()):
             raise ValueError("a value is longer than 512 characters")
         return metadata
+
+
+@dataclass(frozen=True, slots=True)
+class DialAccepted:
+    """Taken: ``dial_id`` names the call in the application's events (``CallContext.dial_id``); ``queued_behind``
+    calls wait before it for the carrier's rate or a slot (0: dialled now)."""
+
+    dial_id: str
+    queued_behind: int
+
+
+@dataclass(frozen=True, slots=True)
+class DialRefusal:
+    """Not taken, and why (``POST /calls`` answers ``status`` with it)."""
+
+    reason: str
+    detail: str
+    status: int
+
+
+class Calls(Protocol):
+    """The calls the agent places, as a Python application (``app.module``) has them: its ``started(calls)`` hook
+    gets this as the bridge starts. ``place`` is ``POST /calls`` without HTTP: taken (the call's progress then comes
+    to the application's ``event`` hook) or refused with the reason, at once."""
+
+    def place(self, request: DialRequest) -> DialAccepted | DialRefusal: ...

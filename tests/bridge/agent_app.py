@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from callbridge.application import AssistantConfig, AssistantReply, CallContext, Tool
 from callbridge.application.events import CallEvent
+from callbridge.outbound import Calls
 
 INSTRUCTIONS = "You are Acme's receptionist."
 GREETING = "Greet the caller by the number they called from and ask how you can help."
@@ -139,3 +140,12 @@ class CallsOut:
 
     async def event(self, call: CallContext, event: CallEvent) -> None:
         CallsOut.events.append((call, event))
+
+
+class PlacesCalls(CallsOut):
+    """``CallsOut``, keeping what places calls (its ``started`` hook's)."""
+
+    calls: ClassVar[Calls | None] = None
+
+    async def started(self, calls: Calls) -> None:
+        PlacesCalls.calls = calls

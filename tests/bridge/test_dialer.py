@@ -12,9 +12,9 @@ import pytest
 
 from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.events import CallEvent
-from callbridge.bridge.dialer import DialAccepted, Dialer, DialLeg, DialRefusal, DialRejected
+from callbridge.bridge.dialer import Dialer, DialLeg, DialRejected
 from callbridge.config import Settings
-from callbridge.outbound.request import DialRequest
+from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
 pytestmark = pytest.mark.core
 

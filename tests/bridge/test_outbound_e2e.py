@@ -16,6 +16,7 @@ from callbridge.application.events import CallReport
 from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.cli import main
 from callbridge.engine.commands import CreateTextItem
+from callbridge.outbound import DialAccepted, DialRefusal, DialRequest
 from callbridge.outbound_http import http_client
 from callbridge.sim.callee import Callee
 from callbridge.sim.carrier import CallerScript
@@ -29,7 +30,8 @@ OURS = "+15005550006"
 
 
 def outbound_settings(**sections: dict[str, Any]) -> Any:
-    return settings(app={"module": "tests.bridge.agent_app:CallsOut"}, outbound={"api_token": TOKEN, **sections.pop("outbound", {})}, **sections)
+    app = sections.pop("app", {"module": "tests.bridge.agent_app:CallsOut"})
+    return settings(app=app, outbound={"api_token": TOKEN, **sections.pop("outbound", {})}, **sections)
 
 
 async def post_call(bridge: RunningBridge, body: object, *, token: str | None = TOKEN, raw: bytes | None = None) -> httpx.Response:
@@ -205,3 +207,22 @@ async def test_the_command_line_places_a_call_through_a_running_bridge(capsys: p
         assert all(call.metadata == {"crm_id": "42"} for call, _ in agent_app.CallsOut.events)
         assert await asyncio.to_thread(main, argv[:-2]) == 2
         assert "outbound.api_token is not set" in capsys.readouterr().err
+
+
+async def test_a_python_application_places_calls_from_its_started_hook() -> None:
+    """``app.module``: the application's ``started(calls)`` hook gets what places calls as the bridge starts;
+    ``calls.place(DialRequest(…))`` is ``POST /calls`` without HTTP — taken, the call dialled and its events to the
+    application's ``event`` hook; refused with the reason at once."""
+    agent_app.PlacesCalls.calls = None
+    async with running_bridge(outbound_settings(app={"module": "tests.bridge.agent_app:PlacesCalls"}), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.callees[CALLEE] = Callee(outcome="busy", ring_ms=50)
+        calls = agent_app.PlacesCalls.calls
+        assert calls is not None
+        refused = calls.place(DialRequest.model_validate({"carrier": "exotel", "to": CALLEE, "from": OURS}))
+        assert isinstance(refused, DialRefusal) and refused.reason == "carrier_cannot_dial"
+        taken = calls.place(DialRequest.model_validate({"carrier": "twilio", "to": CALLEE, "from": OURS, "metadata": {"k": 1}}))
+        assert isinstance(taken, DialAccepted), taken
+        await until(lambda: "call.failed" in events_of(taken.dial_id), timeout_s=5)
+    assert events_of(taken.dial_id) == ["call.dialing", "call.ringing", "call.failed"]
+    assert all(call.metadata == {"k": 1} for call, _ in agent_app.CallsOut.events)
