@@ -58,6 +58,18 @@ def add_simulate(commands: Any, common: argparse.ArgumentParser) -> None:
     simulate.add_argument(
         "--app", metavar="MODULE:ATTR", help="the voice agent's application (app.module): it chooses the call's assistant"
     )
+    simulate.add_argument(
+        "--outbound", action="store_true",
+        help="the agent places the call (POST /calls): the callee answers (--callee) and says the audio",
+    )  # fmt: skip
+    simulate.add_argument(
+        "--callee", choices=("person", "voicemail", "busy", "no-answer"), default="person",
+        help="--outbound: who the call reaches (a voicemail says the audio as its greeting, then beeps; default: person)",
+    )  # fmt: skip
+    simulate.add_argument(
+        "--machine-detection", choices=("off", "hang_up", "voicemail"), default="voicemail",
+        help="--outbound: what an answering machine gets (default: voicemail, a message after its beep)",
+    )  # fmt: skip
     simulate.set_defaults(handler=_simulate)
 
 
@@ -82,6 +94,8 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     speech = caller_audio(args, audio_path)
     if speech is None:
         return EXIT_USAGE
+    if args.outbound:
+        return _simulate_outbound(settings, args, speech)
     script = CallerScript(
         utterances=((int(args.speak_at * 1000) // 20 * 20, speech),),
         dtmf=tuple(args.dtmf),
@@ -110,6 +124,34 @@ def _simulate(settings: Settings, args: argparse.Namespace) -> int:
     for warning in result.warnings:
         print(f"  warning {warning}")
     return EXIT_OK if not result.warnings and result.agent_speech_ms > 0 else EXIT_FAILED
+
+
+def _simulate_outbound(settings: Settings, args: argparse.Namespace, speech: bytes) -> int:
+    """``--outbound``: the agent places the call; the callee (``--callee``) answers it, or not."""
+    import asyncio
+
+    from callbridge.sim.placed_call import callee_for, simulate_placed_call
+    from callbridge.sim.runner import write_wav_8k
+
+    callee = callee_for(args.callee, speech, int(args.speak_at * 1000) // 20 * 20, int(args.hangup_at * 1000) if args.hangup_at is not None else None)
+    request: dict[str, Any] = {"machine_detection": args.machine_detection, "ring_timeout_s": 10}
+    if args.machine_detection == "voicemail":
+        request["voicemail_message"] = _VOICEMAIL
+    print(f"callbridge simulate: the agent calls a {args.callee} through {args.provider} (machine detection: {args.machine_detection}); engine: {settings.engine.kind}")
+    placed = asyncio.run(simulate_placed_call(settings, args.provider, callee, request))
+    print(f"POST /calls → {placed.answer}")
+    print(f"the carrier reported: {', '.join(placed.statuses) or 'nothing'}")
+    if placed.events:
+        print(_application_view(placed.events))
+    if placed.result is None:
+        return EXIT_OK if args.callee in ("busy", "no-answer") and placed.statuses else EXIT_FAILED
+    print(placed.result.render())
+    write_wav_8k(args.out, bytes(placed.result.heard))
+    print(f"\nthe callee heard {placed.result.agent_speech_ms} ms of agent audio -> {args.out}; hung up by: {placed.result.hung_up_by}")
+    return EXIT_OK if placed.result.agent_speech_ms > 0 or args.machine_detection == "hang_up" else EXIT_FAILED
+
+
+_VOICEMAIL = "Leave a short message: the clinic called about tomorrow's appointment; please call back."
 
 
 def _application_view(events: list[CallEvent]) -> str:

@@ -43,6 +43,7 @@ from websockets.exceptions import ConnectionClosed
 
 from callbridge.config import Settings
 from callbridge.outbound_http import http_client
+from callbridge.sim.callee import Callee
 from callbridge.sim.caller import FRAME_MS, CallerScript, CallerSide, CallResult, TimelineEvent, caller_timeline
 
 __all__ = [
@@ -328,6 +329,13 @@ class SimulatedCarrier(ABC):
         load test) — the carrier's own ``Callee`` does not; None: the ``Callee`` does."""
         self.dialled_at: list[float] = []
         """When each dial the bridge asked for was taken (``time.monotonic()``)."""
+        self.callees: dict[str, Callee] = {}
+        """Who answers a number the bridge dials (a number not here: ``Callee()``, a person)."""
+        self.dialled: dict[str, asyncio.Task[CallResult | None]] = {}
+        """The carrier's call id → each call the bridge dialled, as it goes: its ``CallResult`` once answered and over,
+        None where it was never answered (or a load test ran it: ``on_answered``)."""
+        self.status_reports: list[tuple[str, str]] = []
+        """(call id, status) of every progress report sent to the bridge on a call it dialled, in order."""
         self.route: Callable[[OpenReason], str] | None = None
         """Picks the bridge for each media connection a call opens (a load balancer in front of several bridge
         processes: a reconnect may land on another one); what it returns becomes ``bridge_url``."""
@@ -417,7 +425,14 @@ class SimulatedCarrier(ABC):
         call.ended.set()
         return True
 
+    async def stop_dialled(self) -> None:
+        """The calls the bridge dialled and still going here stop (the carrier is closing)."""
+        for ringing in self.dialled.values():
+            ringing.cancel()
+        await asyncio.gather(*self.dialled.values(), return_exceptions=True)
+
     async def aclose(self) -> None:
+        await self.stop_dialled()
         if self._rest_server is not None and self._rest_task is not None:
             self._rest_server.should_exit = True
             await self._rest_task

@@ -327,13 +327,6 @@ class SimulatedTwilio(SimulatedCarrier):
         super().__init__(bridge_url, auth_token)
         self.auth_token = auth_token
         self.account_sid = account_sid or account_of(auth_token)
-        self.callees: dict[str, Callee] = {}
-        """Who answers a number the bridge dials (a number not here: ``Callee()``, a person)."""
-        self.dialled: dict[str, asyncio.Task[CallResult | None]] = {}
-        """CallSid → each REST-created call as it goes: its ``CallResult`` once answered and over, None where it
-        was never answered."""
-        self.status_reports: list[tuple[str, str]] = []
-        """(CallSid, CallStatus) of every status callback sent, in order."""
         self._outbound: dict[str, OutboundLeg] = {}
         self._validator = RequestValidator(auth_token)
         self._http = webhook_client()
@@ -439,9 +432,7 @@ class SimulatedTwilio(SimulatedCarrier):
         return JSONResponse({"sid": call.call_id, "status": "completed"})
 
     async def aclose(self) -> None:
-        for ringing in self.dialled.values():
-            ringing.cancel()
-        await asyncio.gather(*self.dialled.values(), return_exceptions=True)
+        await self.stop_dialled()  # before the client their reports go out on
         await self._http.aclose()
         await super().aclose()
 
