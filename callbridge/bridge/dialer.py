@@ -120,7 +120,6 @@ class _Placed:
     base_url: str
     ring_timeout_s: int
     carrier_call_id: str | None = None
-    rang: bool = False
     answered: bool = False
     reported: set[str] = field(default_factory=set)
 
@@ -151,11 +150,6 @@ class Dialer:
         self._by_call_id: dict[str, str] = {}
         """The carrier's call id → dial id."""
         self._wake: asyncio.TimerHandle | None = None
-
-    @property
-    def carriers(self) -> list[str]:
-        """The carriers that can dial here (configured)."""
-        return sorted(name for name, dialer in self._dialers.items() if dialer.can_dial)
 
     def place(self, request: DialRequest, base_url: str) -> DialAccepted | DialRefusal:
         """Take ``request`` (dialled now, or queued for the carrier's rate), or refuse it with the reason."""
@@ -204,7 +198,6 @@ class Dialer:
             return
         placed.reported.add(status)
         if status == "ringing" and not placed.answered:
-            placed.rang = True
             self._emit(placed, "call.ringing", {"dial_id": placed.dial_id})
         elif status == "answered":
             placed.answered = True

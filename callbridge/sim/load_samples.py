@@ -66,6 +66,8 @@ class LoadReport:
     dials exactly 1/rate apart land a ms closer by the carrier's clock (the HTTP request's own jitter)."""
     dials_min_gap_ms: float | None = None
     """The two closest dials, as the carrier took them (``1000 / outbound.calls_per_second`` asked)."""
+    dials_span_s: float | None = None
+    """From the first dial to the last, as the carrier took them."""
 
     def render(self) -> str:
         def q(stats: dict[str, float]) -> str:
@@ -207,6 +209,7 @@ class LoadSamples:
             dials=len(self.dialled_at_s),
             dials_in_a_second_max=most_in_a_second(self.dialled_at_s),
             dials_min_gap_ms=min((b - a) * 1000 for a, b in itertools.pairwise(sorted(self.dialled_at_s))) if len(self.dialled_at_s) > 1 else None,
+            dials_span_s=max(self.dialled_at_s) - min(self.dialled_at_s) if self.dialled_at_s else None,
         )
 
 

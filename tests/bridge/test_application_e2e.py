@@ -459,9 +459,12 @@ async def test_the_application_hears_of_the_call_as_it_goes_and_gets_its_report(
     the reply cut off, the call's length."""
     recorder = engine()
     agent_app.Recorder.events.clear()
+    # the greeting plays about 3 s from the stream's start: the first utterance comes 1.5 s after that, so that a stream
+    # opened late on a loaded machine does not put the greeting's end under it (at 3.5 s, a bandwidth stream opened
+    # 0.77 s late had its greeting paused and cut by it: two barge-ins, in a full run of the suite)
     script = CallerScript(
-        utterances=((3500, short_speech(1000)), (5500, short_speech(1500))), interrupt_after_agent_ms=None,
-        dtmf=((8000, "5"),), hangup_at_ms=9000,
+        utterances=((4500, short_speech(1000)), (6500, short_speech(1500))), interrupt_after_agent_ms=None,
+        dtmf=((9000, "5"),), hangup_at_ms=10_000,
     )  # fmt: skip
     async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder, provider=provider) as bridge:
         result = await bridge.carrier.place_call(script)

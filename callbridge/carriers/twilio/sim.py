@@ -319,7 +319,7 @@ class SimulatedTwilio(SimulatedCarrier):
     """``<Stream codec="…">`` values the dialect takes, and the ``mediaFormat`` each gets."""
     rest_prefix: ClassVar[str] = ""
     places_calls: ClassVar[bool] = True
-    """It takes the REST dial (a dialect's simulator does not yet)."""
+    """It takes the REST dial (``POST …/Calls.json``): the bridge places calls through it."""
     stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/2010-04-01/Accounts/{account}/Calls.json"})
     """The dial names no call yet: a load test split across processes sends it to any one, which runs the call."""
 
