@@ -89,6 +89,7 @@ class AgentTurns:
         hung up on), or how the audio goes to the engine (*listen*, while a reply is held), or None: as any caller's."""
         gate = self.answer_gate
         if gate is None or not gate.listening:
+            self.answer_gate = None  # decided: nothing more to judge
             return None
         end = gate.heard(audio, now_ms)
         if end is not None:

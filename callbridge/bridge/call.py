@@ -501,8 +501,8 @@ class CallSession:
         if self.phase.state is not CallState.LIVE:
             self.caller.inbound.hold(audio)
         elif audio:
-            if self._answer_took(audio, now_ms):
-                return
+            if self.turns.answer_gate is not None and self._answer_took(audio, now_ms):
+                return  # a placed call's callee, while who answered is not known
             if self.turns.greeting.muted_until_ms is not None and self.turns.mutes_caller(now_ms):
                 audio = bytes(len(audio))  # the caller's words over a greeting that may not be cut: not heard
             self._out.extend(ToEngine(c) for c in self.barge_in.caller_audio(audio, self.caller.input_ms, now_ms, self.speech, said_until_ms=self.caller.said_until_ms(now_ms)))
