@@ -251,13 +251,8 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
 
     @router.post(dialect.status_path)
     async def stream_status(request: Request) -> Response:
-        form = {key: str(value) for key, value in (await request.form()).items()}
-        base = public_base(settings, str(request.base_url))
-        signature, checked = request.headers.get(header), base + dialect.status_path
-        if not signatures.valid(checked, form, signature):
-            log.warning("signature_invalid", provider=name, path=dialect.status_path, url_checked=checked)
-            return Response(status_code=_FORBIDDEN)
-        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
+        form = await signed_callback(request, services, dialect, signatures, dialect.status_path)
+        if form is None:
             return Response(status_code=_FORBIDDEN)
         event = form.get("StreamEvent", "unknown")
         services.metrics.stream_status.labels(name, event).inc()
@@ -269,25 +264,35 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
     return router
 
 
+async def signed_callback(
+    request: Request, services: CarrierServices, dialect: TwilioDialect, signatures: TwilioSignatures, path: str
+) -> dict[str, str] | None:
+    """The form of a status callback to ``path``, signed for the public URL and not seen before; None where it is not
+    (logged): the caller answers 403."""
+    form = {key: str(value) for key, value in (await request.form()).items()}
+    signature = request.headers.get(dialect.signature_header)
+    checked = public_base(services.settings, str(request.base_url)) + path
+    if not signatures.valid(checked, form, signature):
+        log.warning("signature_invalid", provider=dialect.name, path=path, url_checked=checked)
+        return None
+    if signatures.enabled and signature is not None and not await services.replays.first_sight(request, dialect.name, signature):
+        return None
+    return form
+
+
 def call_status_route(services: CarrierServices, dialect: TwilioDialect, signatures: TwilioSignatures) -> Callable[[Request], Awaitable[Response]]:
     """The call status callback of a call the bridge placed: its progress to the dialer."""
-    settings, name, header = services.settings, dialect.name, dialect.signature_header
 
     async def call_status(request: Request) -> Response:
         """How a call the bridge placed goes (``StatusCallback``): ringing, answered, and how it ended."""
-        form = {key: str(value) for key, value in (await request.form()).items()}
-        base = public_base(settings, str(request.base_url))
-        signature, checked = request.headers.get(header), base + dialect.call_status_path
-        if not signatures.valid(checked, form, signature):
-            log.warning("signature_invalid", provider=name, path=dialect.call_status_path, url_checked=checked)
-            return Response(status_code=_FORBIDDEN)
-        if signatures.enabled and signature is not None and not await services.replays.first_sight(request, name, signature):
+        form = await signed_callback(request, services, dialect, signatures, dialect.call_status_path)
+        if form is None:
             return Response(status_code=_FORBIDDEN)
         progress = _CALL_PROGRESS.get(form.get("CallStatus", ""))
         call_id = form.get("CallSid")
         if progress is not None and call_id and services.dialer is not None:
             detail = f"{form.get('CallStatus')}" + (f" (SIP {form['SipResponseCode']})" if form.get("SipResponseCode") else "")
-            services.dialer.progress(name, call_id, progress, detail)
+            services.dialer.progress(dialect.name, call_id, progress, detail)
         return Response(status_code=204)
 
     return call_status
