@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from twilio.request_validator import RequestValidator
 
 from callbridge.application.events import CallReport
 from callbridge.carriers.twilio.sim import SimulatedTwilio
@@ -226,3 +227,41 @@ async def test_a_python_application_places_calls_from_its_started_hook() -> None
         await until(lambda: "call.failed" in events_of(taken.dial_id), timeout_s=5)
     assert events_of(taken.dial_id) == ["call.dialing", "call.ringing", "call.failed"]
     assert all(call.metadata == {"k": 1} for call, _ in agent_app.CallsOut.events)
+
+
+async def test_a_forged_or_replayed_status_callback_is_refused_and_reports_nothing() -> None:
+    """``/twilio/call-status`` takes only what Twilio signed, once: unsigned, forged or replayed — 403, and the
+    application hears nothing of it (a forger cannot fail someone's call)."""
+    async with running_bridge(outbound_settings(), engine()) as bridge:
+        carrier = bridge.carrier
+        assert isinstance(carrier, SimulatedTwilio)
+        carrier.callees[CALLEE] = Callee(outcome="no_answer")
+        dial_id = (await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "ring_timeout_s": 30})).json()["dial_id"]
+        await until(lambda: "call.ringing" in events_of(dial_id))
+        (call_sid,) = carrier.dialled
+        url = f"{bridge.base_url}/twilio/call-status"
+        params = {"CallSid": call_sid, "AccountSid": carrier.account_sid, "CallStatus": "busy"}
+        signed = {"X-Twilio-Signature": RequestValidator(carrier.auth_token).compute_signature(url, params)}
+        async with http_client(timeout=5.0) as http:
+            unsigned = await http.post(url, data=params)
+            forged = await http.post(url, data=params, headers={"X-Twilio-Signature": "forged"})
+            first = await http.post(url, data=params, headers=signed)
+            replayed = await http.post(url, data=params, headers=signed)
+        assert (unsigned.status_code, forged.status_code, first.status_code, replayed.status_code) == (403, 403, 204, 403)
+        await until(lambda: "call.failed" in events_of(dial_id))
+    assert events_of(dial_id) == ["call.dialing", "call.ringing", "call.failed"]  # the signed one, once
+
+
+async def test_a_dial_the_carrier_refuses_fails_the_call_with_its_reason() -> None:
+    """Twilio refuses the create-call request (here: the account's credentials are wrong, 401 20003): the application
+    hears ``call.failed`` ``failed`` with Twilio's code, and the pacing slot is free again."""
+    async with running_bridge(outbound_settings(outbound={"max_concurrent": 1, "calls_per_second": 100.0}), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        bridge.carrier.auth_token = "not-what-the-bridge-has"  # the bridge's requests no longer authenticate
+        dial_id = (await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})).json()["dial_id"]
+        await until(lambda: "call.failed" in events_of(dial_id))
+        failed = next(event for call, event in agent_app.CallsOut.events if event.type == "call.failed")
+        again = await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})
+    assert failed.data["reason"] == "failed" and "401" in failed.data["detail"] and "20003" in failed.data["detail"], failed.data
+    assert failed.call_id == dial_id  # Twilio never named the call
+    assert again.json()["status"] == "dialing"  # the one slot is free
