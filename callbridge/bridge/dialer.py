@@ -30,6 +30,7 @@ from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
 __all__ = [
     "Answering",
+    "CancelOutcome",
     "CarrierDialer",
     "ApplicationCalls",
     "DialLeg",
@@ -55,6 +56,8 @@ _MAX_KNOWN: Final = 100_000
 DialProgress = Literal["ringing", "answered", "completed", "busy", "no_answer", "declined", "failed", "canceled"]
 """What a carrier reports of a call it dialled, in callbridge's words (each carrier maps its own)."""
 FailReason = Literal["busy", "no_answer", "declined", "failed", "canceled"]
+CancelOutcome = Literal["canceled", "canceling", "answered", "not_found"]
+"""What ``Dialer.cancel`` did: never dialled now; asked of the carrier (it reports the end); too late; no such call."""
 _FAILURES: Final[frozenset[str]] = frozenset({"busy", "no_answer", "declined", "failed", "canceled"})
 
 
@@ -92,6 +95,10 @@ class CarrierDialer(Protocol):
         """Ask the carrier to call ``leg.to``; its id for the call. Raises ``DialRejected``."""
         ...
 
+    async def cancel(self, call_id: str) -> bool:
+        """Stop a call it dialled that is still ringing; False where that was not done (answered, over, refused)."""
+        ...
+
 
 class DialerHost(Protocol):
     """What the dialer reads of its bridge process (``BridgeServices``)."""
@@ -120,6 +127,9 @@ class _Placed:
     base_url: str
     ring_timeout_s: int
     carrier_call_id: str | None = None
+    dialling: bool = False
+    """Its dial has gone to the carrier (whose answer may still be on its way)."""
+    cancel_asked: bool = False
     answered: bool = False
     reported: set[str] = field(default_factory=set)
 
@@ -206,6 +216,30 @@ class Dialer:
         elif status == "completed" or status in _FAILURES:
             self._forget(placed)
 
+    def cancel(self, dial_id: str) -> CancelOutcome:
+        """The application gives up on a call it placed: one still waiting for its turn is never dialled
+        (``call.failed`` canceled, now); one ringing is canceled at the carrier, which reports it (``call.failed``
+        canceled, then); one answered is a call like any other, and ends as they do."""
+        placed = self._placed.get(dial_id)
+        if placed is None:
+            return "not_found"
+        if placed.answered:
+            return "answered"
+        if not placed.dialling:
+            self._failed(placed, "canceled", "canceled by the application: never dialled")
+            return "canceled"
+        if placed.cancel_asked:
+            return "canceling"  # asked already: the carrier's report is to come
+        placed.cancel_asked = True
+        if placed.carrier_call_id is not None:  # else once the carrier names the call (``_dial``)
+            self._host.spawn(self._cancel_at_carrier(placed))
+        return "canceling"
+
+    async def _cancel_at_carrier(self, placed: _Placed) -> None:
+        assert placed.carrier_call_id is not None
+        if not await self._dialers[placed.request.carrier].cancel(placed.carrier_call_id):  # answered meanwhile, or over
+            log.info("cancel_not_taken", dial_id=placed.dial_id, carrier=placed.request.carrier, call_id=placed.carrier_call_id)
+
     def call_over(self, call_id: str) -> None:
         """A call has ended here (the bridge's own word, whatever the carrier's status callback says or fails to):
         a call placed here frees its pacing slot."""
@@ -219,6 +253,7 @@ class Dialer:
         if placed is None:
             return
         request = placed.request
+        placed.dialling = True
         leg = DialLeg(dial_id, request.to, request.from_, placed.ring_timeout_s, placed.base_url)
         try:
             carrier_call_id = await self._dialers[request.carrier].dial(leg)
@@ -231,6 +266,8 @@ class Dialer:
         self._known_as(placed, carrier_call_id)
         log.info("call_dialing", dial_id=dial_id, carrier=request.carrier, call_id=carrier_call_id)
         self._emit(placed, "call.dialing", {"dial_id": dial_id})
+        if placed.cancel_asked:
+            self._host.spawn(self._cancel_at_carrier(placed))
         self._host.spawn(self._give_up_unreported(dial_id, placed.ring_timeout_s + _REPORT_GRACE_S))
 
     async def _give_up_unreported(self, dial_id: str, after_s: float) -> None:
@@ -308,6 +345,9 @@ class ApplicationCalls:
 
     def place(self, request: DialRequest) -> DialAccepted | DialRefusal:
         return self._dialer.place(request, self._base_url)
+
+    def cancel(self, dial_id: str) -> CancelOutcome:
+        return self._dialer.cancel(dial_id)
 
 
 def _now_ms() -> int:

@@ -1,4 +1,6 @@
-"""``POST /calls``: the agent places a call (#42). ``Authorization: Bearer <outbound.api_token>`` is checked before
+"""``POST /calls``: the agent places a call (#42); ``DELETE /calls/{dial_id}`` gives up on one not answered yet
+(200 ``canceled``: never dialled; 202 ``canceling``: the carrier stops its ringing and reports it; 409 answered;
+404). ``Authorization: Bearer <outbound.api_token>`` is checked before
 the body is read (none configured: every request is refused, 403); the body is a ``DialRequest`` as JSON, at most
 ``MAX_REQUEST_BYTES``. Taken: ``202 {"dial_id", "status": "dialing" | "queued", "queued_behind"}`` at once, the
 call's progress following as events. Refused: ``{"error": reason, "detail"}`` with 400 (a bad request, a carrier
@@ -40,8 +42,8 @@ def outbound_router(settings: Settings, dialer: Dialer) -> APIRouter:
         log.info("outbound_not_configured", detail="no outbound.api_token: every POST /calls gets 403")
     router = APIRouter()
 
-    @router.post("/calls")
-    async def place_call(request: Request) -> JSONResponse:
+    def unauthorized(request: Request) -> JSONResponse | None:
+        """The refusal of a request without the token (none configured: 403; none or another sent: 401), or None."""
         if expected is None:
             return _refused(403, "not_configured", "outbound calls are off here: set outbound.api_token")
         authorization = request.headers.get("authorization")
@@ -49,6 +51,13 @@ def outbound_router(settings: Settings, dialer: Dialer) -> APIRouter:
             log.warning("outbound_unauthorized", peer=request.client.host if request.client else None)
             return JSONResponse({"error": "unauthorized", "detail": "Authorization: Bearer <outbound.api_token>"}, status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return None
+
+    @router.post("/calls")
+    async def place_call(request: Request) -> JSONResponse:
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
@@ -67,5 +76,19 @@ def outbound_router(settings: Settings, dialer: Dialer) -> APIRouter:
             return _refused(placed.status, placed.reason, placed.detail)
         status = "queued" if placed.queued_behind else "dialing"
         return JSONResponse({"dial_id": placed.dial_id, "status": status, "queued_behind": placed.queued_behind}, status_code=202)
+
+    @router.delete("/calls/{dial_id}")
+    async def cancel_call(dial_id: str, request: Request) -> JSONResponse:
+        refused = unauthorized(request)
+        if refused is not None:
+            return refused
+        match dialer.cancel(dial_id):
+            case "canceled":
+                return JSONResponse({"dial_id": dial_id, "status": "canceled"})
+            case "canceling":
+                return JSONResponse({"dial_id": dial_id, "status": "canceling"}, status_code=202)
+            case "answered":
+                return _refused(409, "answered", "the call was answered: it ends as any call does")
+        return _refused(404, "not_found", "no call placed here and not over has this dial id")
 
     return router

@@ -100,3 +100,8 @@ class Calls(Protocol):
     to the application's ``event`` hook) or refused with the reason, at once."""
 
     def place(self, request: DialRequest) -> DialAccepted | DialRefusal: ...
+
+    def cancel(self, dial_id: str) -> Literal["canceled", "canceling", "answered", "not_found"]:
+        """Give up on a call placed (``DELETE /calls/{dial_id}``): never dialled (``canceled``), or canceled at the
+        carrier while it rings (``canceling``: ``call.failed`` follows); too late once ``answered``."""
+        ...

@@ -43,9 +43,13 @@ class Host:
 
     async def run_dials(self) -> None:
         """Run what was spawned to dial (the watchdogs that wait out a ring timeout are dropped)."""
+        await self.run_dials_and(())
+
+    async def run_dials_and(self, also: tuple[str, ...]) -> None:
+        """``run_dials``, and what was spawned of ``also`` (by name) too."""
         while self.spawned:
             work = self.spawned.pop(0)
-            if work.cr_code.co_name == "_dial":  # type: ignore[attr-defined]
+            if work.cr_code.co_name in ("_dial", *also):  # type: ignore[attr-defined]
                 await work
             else:
                 work.close()
@@ -56,12 +60,21 @@ class Carrier:
         self.can_dial = can_dial
         self.rejects = rejects
         self.legs: list[DialLeg] = []
+        self.canceled: list[str] = []
+        self.hold: asyncio.Event | None = None
+        """Set: the dial waits for it (a carrier slow to answer)."""
 
     async def dial(self, leg: DialLeg) -> str:
         self.legs.append(leg)
+        if self.hold is not None:
+            await self.hold.wait()
         if self.rejects is not None:
             raise self.rejects
         return f"CA{len(self.legs):032d}"
+
+    async def cancel(self, call_id: str) -> bool:
+        self.canceled.append(call_id)
+        return True
 
 
 def request(**fields: object) -> DialRequest:
@@ -175,3 +188,42 @@ async def test_a_call_that_ends_here_frees_its_slot_whatever_the_carrier_says() 
     await asyncio.sleep(0.02)  # the pacer's wake-up
     await host.run_dials()
     assert [leg.dial_id for leg in carrier.legs][1] == second.dial_id
+
+
+async def test_a_call_given_up_while_it_waits_its_turn_is_never_dialled() -> None:
+    host, carrier = Host(settings=Settings.model_validate({"outbound": {"calls_per_second": 1}})), Carrier()
+    dialer = Dialer(host, {"twilio": carrier})
+    first = dialer.place(request(), "https://bridge.example")
+    second = dialer.place(request(), "https://bridge.example")
+    assert isinstance(first, DialAccepted) and isinstance(second, DialAccepted) and second.queued_behind == 1
+    assert dialer.cancel(second.dial_id) == "canceled"
+    assert [(call.dial_id, event.data["reason"]) for call, event in host.events.seen] == [(second.dial_id, "canceled")]
+    await host.run_dials()
+    assert [leg.dial_id for leg in carrier.legs] == [first.dial_id]
+
+
+async def test_a_call_given_up_as_its_dial_goes_is_canceled_once_the_carrier_names_it() -> None:
+    host, carrier = Host(), Carrier()
+    carrier.hold = asyncio.Event()
+    dialer = Dialer(host, {"twilio": carrier})
+    taken = dialer.place(request(), "https://bridge.example")
+    assert isinstance(taken, DialAccepted)
+    dialling = asyncio.ensure_future(host.spawned.pop(0))
+    await asyncio.sleep(0)  # the dial is with the carrier
+    assert dialer.cancel(taken.dial_id) == "canceling" and carrier.canceled == []
+    carrier.hold.set()
+    await dialling
+    await host.run_dials_and(("_cancel_at_carrier",))
+    assert carrier.canceled == ["CA" + "1".rjust(32, "0")]
+    assert dialer.cancel(taken.dial_id) == "canceling" and host.spawned == []  # asked again: asked of the carrier once
+
+
+def test_an_answered_call_is_too_late_to_give_up_and_an_unknown_one_is_not_found() -> None:
+    host = Host()
+    dialer = Dialer(host, {"twilio": Carrier()})
+    taken = dialer.place(request(), "https://bridge.example")
+    assert isinstance(taken, DialAccepted)
+    assert dialer.answering(taken.dial_id, "twilio", "CA1") is not None and dialer.cancel(taken.dial_id) == "answered"
+    assert dialer.cancel("dl_none") == "not_found"
+    for work in host.spawned:
+        work.close()

@@ -265,3 +265,42 @@ async def test_a_dial_the_carrier_refuses_fails_the_call_with_its_reason() -> No
     assert failed.data["reason"] == "failed" and "401" in failed.data["detail"] and "20003" in failed.data["detail"], failed.data
     assert failed.call_id == dial_id  # Twilio never named the call
     assert again.json()["status"] == "dialing"  # the one slot is free
+
+
+async def delete_call(bridge: RunningBridge, dial_id: str, *, token: str | None = TOKEN) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with http_client(timeout=5.0) as http:
+        return await http.delete(f"{bridge.base_url}/calls/{dial_id}", headers=headers)
+
+
+async def test_the_application_gives_up_on_calls_it_placed() -> None:
+    """``DELETE /calls/{dial_id}``: a call still waiting for the carrier's rate is never dialled (200 canceled,
+    ``call.failed`` canceled at once); a ringing one is canceled at the carrier (202 canceling: Twilio stops its
+    ringing and reports ``canceled``, then ``call.failed`` canceled) long before its ring timeout; an answered one is a
+    call like any other (409); an unknown one 404; without the token 401."""
+    async with running_bridge(outbound_settings(), engine()) as bridge:  # one dial a second
+        carrier = bridge.carrier
+        assert isinstance(carrier, SimulatedTwilio)
+        carrier.callees[CALLEE] = Callee(outcome="no_answer")
+        carrier.callees["+15005550124"] = Callee(ring_ms=100, script=CallerScript(hangup_at_ms=3000))
+        ringing = (await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS, "ring_timeout_s": 60})).json()["dial_id"]
+        waiting = (await post_call(bridge, {"carrier": "twilio", "to": CALLEE, "from": OURS})).json()["dial_id"]
+        assert (await delete_call(bridge, waiting, token=None)).status_code == 401
+        gone = await delete_call(bridge, waiting)
+        assert (gone.status_code, gone.json()["status"]) == (200, "canceled")
+        await until(lambda: "call.ringing" in events_of(ringing))
+        asked_at = time.monotonic()
+        canceling = await delete_call(bridge, ringing)
+        assert (canceling.status_code, canceling.json()["status"]) == (202, "canceling")
+        await until(lambda: "call.failed" in events_of(ringing), timeout_s=5)
+        assert time.monotonic() - asked_at < 2.0  # not its 60 s ring timeout
+        answered = (await post_call(bridge, {"carrier": "twilio", "to": "+15005550124", "from": OURS})).json()["dial_id"]
+        await until(lambda: "call.answered" in events_of(answered), timeout_s=5)
+        assert (await delete_call(bridge, answered)).status_code == 409
+        assert (await delete_call(bridge, "dl_nothing")).status_code == 404
+        await until(lambda: "call.ended" in events_of(answered), timeout_s=8)
+    assert events_of(waiting) == ["call.failed"]
+    assert len(carrier.dialled) == 2  # the one waiting was never dialled
+    assert [status for sid, status in carrier.status_reports if sid == next(iter(carrier.dialled))][-1] == "canceled"
+    failures = {call.dial_id: event.data for call, event in agent_app.CallsOut.events if event.type == "call.failed"}
+    assert failures[waiting]["reason"] == failures[ringing]["reason"] == "canceled", failures

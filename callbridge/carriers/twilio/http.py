@@ -362,6 +362,21 @@ class TwilioRest:
             return  # already over
         response.raise_for_status()
 
+    async def cancel(self, call_id: str) -> bool:
+        """Cancel a call this account created that has not been answered (``Status=canceled``): Twilio stops its
+        ringing and reports it ``canceled``. False where it is not ringing any more (answered, over) or Twilio did
+        not take the request."""
+        if self._account is None or self._token is None:
+            return False
+        try:
+            response = await self._client.post(
+                f"{self._base}/2010-04-01/Accounts/{self._account}/Calls/{call_id}.json", data={"Status": "canceled"},
+                auth=(self._username or self._account, self._token),
+            )  # fmt: skip
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 300
+
     async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
         """A transfer replaces the call's TwiML with ``<Dial>`` (the stream ends, the call leaves the bridge).
         DTMF is unsupported: the only TwiML for it (``<Play digits>``) would end the stream too."""

@@ -18,7 +18,8 @@ It does what Twilio does for an inbound call on ``<Connect><Stream>``:
   ``StatusCallbackEvent``, ``Timeout`` checked as Twilio's API checks them, 400 with its code otherwise), rings
   the number's ``Callee`` (``callees``), reports ``initiated`` / ``ringing`` / ``answered`` / the end to the signed
   ``StatusCallback``, and, answered, POSTs ``Url`` (``Direction=outbound-api``) and streams as for an inbound
-  call (``dialled`` holds each such call's ``CallResult``);
+  call (``dialled`` holds each such call's ``CallResult``); ``Status=canceled`` (or ``completed``) while it rings
+  cancels it (``canceled`` reported);
 - serves the REST hang-up (``POST …/Calls/{CallSid}.json`` ``Status=completed``,
   basic auth): the call ends, the stream gets ``stop``; and the call update
   with new ``Twiml`` (a transfer's ``<Dial>``): the TwiML is recorded in
@@ -35,6 +36,7 @@ import asyncio
 import audioop
 import base64
 import binascii
+import contextlib
 import hashlib
 import re
 import secrets
@@ -328,6 +330,8 @@ class SimulatedTwilio(SimulatedCarrier):
         self.auth_token = auth_token
         self.account_sid = account_sid or account_of(auth_token)
         self._outbound: dict[str, OutboundLeg] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        """A created call's cancel (``Status=canceled`` while it rings), by CallSid."""
         self._validator = RequestValidator(auth_token)
         self._http = webhook_client()
         self.call_updates: list[tuple[str, str]] = []
@@ -376,11 +380,17 @@ class SimulatedTwilio(SimulatedCarrier):
         """The call the REST API created: it rings, and is answered (then runs as an inbound call does), or not."""
         await self._report(leg, "initiated", "initiated")
         await self._report(leg, "ringing", "ringing")
+        ring_s = leg.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, leg.timeout_s)
+        cancel = self._cancels[leg.call_sid] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[leg.call_sid]
+        if cancel.is_set():
+            await self._report(leg, "completed", "canceled")
+            return None
         if callee.outcome == "no_answer":
-            await asyncio.sleep(leg.timeout_s)
             await self._report(leg, "completed", "no-answer")
             return None
-        await asyncio.sleep(min(callee.ring_ms / 1000, leg.timeout_s))
         if callee.outcome != "answers" or callee.ring_ms > leg.timeout_s * 1000:
             status = {"busy": "busy", "fails": "failed"}.get(callee.outcome, "no-answer")
             await self._report(leg, "completed", status)
@@ -413,6 +423,10 @@ class SimulatedTwilio(SimulatedCarrier):
         if not self._authenticated(request):
             return JSONResponse({"code": 20003, "message": "Authenticate"}, status_code=401)
         form = await request.form()
+        ringing = self._cancels.get(request.path_params["call"])
+        if ringing is not None and form.get("Status") in ("canceled", "completed"):  # a created call not answered yet
+            ringing.set()
+            return JSONResponse({"sid": request.path_params["call"], "status": "canceled"})
         call = self.calls.get(request.path_params["call"])
         if call is None or call.ended.is_set():
             return JSONResponse({"code": 20404, "message": "not found"}, status_code=404)
