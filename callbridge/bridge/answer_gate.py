@@ -109,7 +109,11 @@ class AnswerGate:
             self._speech.drain()
             return False
         self._drop_held(now_ms)
-        return self.detection.mode == "hang_up"
+        if self.detection.mode == "hang_up":
+            return True
+        if decided.answered_by == "uncertain":  # nobody heard, taken for a machine: no greeting to wait out
+            self._leave_message(MessageCue(decided.at_ms, "silence"), now_ms)
+        return False
 
     def _leave_message(self, cue: MessageCue, now_ms: int) -> None:
         """The machine's greeting is over: the replies to it dropped, the voicemail message asked for and played,

@@ -113,3 +113,20 @@ def test_late_audio_of_a_reply_to_the_machine_is_dropped() -> None:
     h.engine(AudioDelta(agent_audio(400), 24000, "resp-1", "item_resp-1", 0))
     says(h, load_wav_8k(ANSWERS / "machine-0-m3.wav")[16 * 3000 :] + silence(300) + beep() + silence(40))
     assert h.media_frames() == []
+
+
+def test_nobody_heard_taken_for_a_machine_gets_the_message_at_once() -> None:
+    """``on_uncertain`` machine: 3 s of nobody is no greeting to wait out — the message is asked for then (the
+    classifier cues only a machine it heard)."""
+    h = greeted(MachineDetection(mode="voicemail", voicemail_message="Say the clinic called.", on_uncertain="machine"))
+    says(h, silence(3100))
+    assert answered_by(h) == ["uncertain:silence"]
+    assert [c.text for c in h.of(CreateTextItem)] == [GREETING, "Say the clinic called."]
+    h.engine(AudioDelta(agent_audio(400), 24000, "resp-2", "item_resp-2", 0))
+    assert h.media_frames()  # the message plays
+
+
+def test_nobody_heard_taken_for_a_person_hears_the_greeting() -> None:
+    h = greeted(VOICEMAIL)  # on_uncertain: person
+    says(h, silence(3100))
+    assert answered_by(h) == ["uncertain:silence"] and h.media_frames()
