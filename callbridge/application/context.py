@@ -44,6 +44,8 @@ class CallContext(BaseModel):
     """A call the agent placed (``POST /calls``): the id its request was answered with."""
     metadata: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     """A call the agent placed: the request's metadata, in every event of the call."""
+    ring_ms: int | None = None
+    """A call the agent placed, answered: how long it rang (the carrier's ringing report → its answer webhook)."""
 
     def log_fields(self) -> dict[str, object]:
         """What the call's first log line shows of it (the parameters by name only: their values may be private)."""

@@ -119,3 +119,6 @@ class CallReport(BaseModel):
     """A call the agent placed with ``machine_detection``: who answered, as the bridge decided."""
     answered_by_after_ms: int | None = None
     """When it was decided, from the answer (the callee's first audio)."""
+    first_agent_audio_ms: int | None = None
+    """The answer (the call's engine session bound) → the first audio sent to the caller: the greeting's first frame,
+    for a placed call with machine detection once a person is known; None: the agent never spoke."""

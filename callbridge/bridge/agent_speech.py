@@ -79,7 +79,7 @@ class AgentSpeech:
 
     __slots__ = (
         "options", "ledger", "audio", "heard", "_late", "late_deltas_dropped", "flushes", "pauses", "resumes", "echo_ms", "capabilities", "_out",
-        "_link",
+        "_link", "bound_at_ms",
     )  # fmt: skip
 
     def __init__(self, options: CallOptions, out: list[CallOutput], link: CarrierLink) -> None:
@@ -100,6 +100,8 @@ class AgentSpeech:
         self._out = out
         self._link = link
         """The carrier's connection: what the ledger plays goes out through it."""
+        self.bound_at_ms: int | None = None
+        """When the engine session was bound (the call answered, as far as the stream knows)."""
 
     def start(self, profile: CarrierProfile, encoding: AudioEncoding, rate_hz: int) -> None:
         """The stream started: the agent's audio goes out in ``encoding`` at ``rate_hz``, played the carrier's way."""
@@ -108,6 +110,7 @@ class AgentSpeech:
 
     def bound(self, binding: EngineBinding, now_ms: int, *, hold_tells_ms: int) -> None:
         """The engine session is bound: what a resumed call's earlier streams left of the account."""
+        self.bound_at_ms = now_ms
         if binding.taken_over:
             self.heard.hold_tells_until(now_ms + hold_tells_ms)
         self.capabilities = binding.capabilities
@@ -265,6 +268,13 @@ class AgentSpeech:
             self._out.append(Observed("barge-in-resume"))
         self.ledger.resume(now_ms)
         self.drain()
+
+    @property
+    def first_audio_after_ms(self) -> int | None:
+        """The bind → the first audio sent to the caller (the agent's, or the failure tone where the engine failed
+        first); None: none was sent."""
+        first, bound = self.ledger.first_sent_ms, self.bound_at_ms
+        return None if first is None or bound is None else max(0, first - bound)
 
     def with_mark_lags(self, out: list[CallOutput]) -> list[CallOutput]:
         """``out`` and, after it, each marker echo's lag since the last time (``MarkLag``: every few frames)."""

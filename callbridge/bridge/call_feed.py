@@ -158,6 +158,8 @@ class CallFeed:
         if builder is None or self._setup is None:
             return
         builder.agent_audio_ms += report.output_ms
+        if builder.first_agent_audio_ms is None:  # the call's first stream's (its answer's)
+            builder.first_agent_audio_ms = report.first_agent_audio_ms
         builder.barge_in_echo_ms += report.barge_in_echo_ms
         # the stream's end as its media says: a carrier whose hang-up comes by a webhook before its socket closes
         # had the webhook's handling counted in the call's length (9,392 ms reported for 9,010 on a loaded

@@ -156,6 +156,8 @@ class StreamReport:
     barge_in_resumes: int = 0
     barge_in_echo_ms: int = 0
     """Bridge-mode barge-in: the caller's line that was only the agent's own echo (``AgentSpeech.echo_ms``)."""
+    first_agent_audio_ms: int | None = None
+    """The bind → the first audio sent to the caller (``AgentSpeech.first_audio_after_ms``)."""
     media_until_ms: int | None = None
     """Where the caller's media ended, on the driver's monotonic clock (its first payload's time plus the media it
     carried): when the call ended as the carrier's audio says, whenever its end was read (a hang-up webhook

@@ -52,6 +52,7 @@ class CallReportBuilder:
     answered_by: str | None = None
     """A placed call with machine detection: ``person``, ``machine`` or ``uncertain``, and why (``machine:beep``)."""
     answered_by_after_ms: int | None = None
+    first_agent_audio_ms: int | None = None
 
     def bound(self, resumed: bool, endpoint: str | None) -> None:
         """A stream bound the call's engine session: a new one, or resumed; on ``endpoint`` (None: embedded)."""
@@ -148,6 +149,7 @@ class CallReportBuilder:
             metadata=metadata or {},
             answered_by=self.answered_by.partition(":")[0] if self.answered_by else None,  # type: ignore[arg-type]
             answered_by_after_ms=self.answered_by_after_ms,
+            first_agent_audio_ms=self.first_agent_audio_ms,
         )
 
 

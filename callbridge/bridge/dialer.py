@@ -130,6 +130,8 @@ class _Placed:
     dialling: bool = False
     """Its dial has gone to the carrier (whose answer may still be on its way)."""
     cancel_asked: bool = False
+    ringing_at_ms: int | None = None
+    ring_ms: int | None = None
     answered: bool = False
     reported: set[str] = field(default_factory=set)
 
@@ -138,6 +140,7 @@ class _Placed:
         return CallContext(
             call_id=self.carrier_call_id or self.dial_id, carrier=request.carrier, direction="outbound",
             caller_number=request.from_, called_number=request.to, dial_id=self.dial_id, metadata=request.metadata,
+            ring_ms=self.ring_ms,
         )  # fmt: skip
 
 
@@ -198,6 +201,8 @@ class Dialer:
             return None
         self._known_as(placed, carrier_call_id)
         placed.answered = True
+        if placed.ringing_at_ms is not None:
+            placed.ring_ms = max(0, _now_ms() - placed.ringing_at_ms)
         return Answering(placed.context(), placed.request.assistant, placed.request.detection())
 
     def progress(self, carrier: str, carrier_call_id: str, status: DialProgress, detail: str = "") -> None:
@@ -208,6 +213,7 @@ class Dialer:
             return
         placed.reported.add(status)
         if status == "ringing" and not placed.answered:
+            placed.ringing_at_ms = _now_ms()
             self._emit(placed, "call.ringing", {"dial_id": placed.dial_id})
         elif status == "answered":
             placed.answered = True

@@ -189,6 +189,8 @@ class PlayoutLedger:
         self.gated = False
         """Nothing goes to the carrier, all is queued (a placed call's answer not yet known: ``answer_gate``);
         ``ungate`` sends it."""
+        self.first_sent_ms: int | None = None
+        """When the first frame went to the carrier (None: none yet)."""
 
     # ------------------------------------------------------------------ inputs
 
@@ -434,6 +436,8 @@ class PlayoutLedger:
 
     def _send_frames(self, response: _Response, frames: list[bytes], now_ms: int) -> None:
         """One message of ``response``'s next ``frames``, then a marker if it reached the next one's place."""
+        if self.first_sent_ms is None:
+            self.first_sent_ms = now_ms
         if self._current is not response:
             self._current = response
             self._clear_segments()

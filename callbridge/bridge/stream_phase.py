@@ -191,4 +191,5 @@ class StreamPhase:
             heard_corrections=ledger.corrections,
             playout_underruns=ledger.underruns,
             media_until_ms=caller.media_until_ms,
+            first_agent_audio_ms=speech.first_audio_after_ms,
         )

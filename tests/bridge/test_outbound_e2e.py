@@ -89,8 +89,10 @@ async def test_an_outbound_call_reaches_a_person_and_the_application_hears_it_go
         assert event.call_id == call_sid, event.type
     (asked,) = agent_app.CallsOut.asked
     assert (asked.direction, asked.called_number, asked.caller_number, asked.call_id) == ("outbound", CALLEE, OURS, call_sid)
+    assert asked.ring_ms is not None and asked.ring_ms >= 250  # it rang 300 ms (a lower bound: load only lengthens it)
     report = CallReport.model_validate(agent_app.CallsOut.events[-1][1].data["report"])
     assert report.call.direction == "outbound" and report.call.dial_id == dial_id
+    assert report.first_agent_audio_ms is not None  # the greeting
     assert result.agent_runs_ms, result.render()  # the person heard the agent
     (session_id,) = recorder.opened
     texts = [c.text for c in recorder.commands[session_id] if isinstance(c, CreateTextItem)]
