@@ -5,7 +5,7 @@ server, the simulated Twilio's REST dial and callee, the embedded engine (echo a
     python bench/outbound_calls.py [--noise-db 35] [--concurrent 10]
 
 A person says their greeting 300 ms after the pick-up and waits; a machine says its greeting, then a 400 ms beep at
-1000 Hz 300 ms later, then records (silence). Printed: persons decided persons, and when they first heard the agent
+1000 Hz 300 ms later, then records (silence); an IVR menu says itself and waits (no beep). Printed: persons decided persons, and when they first heard the agent
 after their greeting's end (what was held — the greeting — plays once they are known); machines decided machines,
 whether any heard the agent before their beep had ended (never, asked), when the voicemail message began after it,
 and whether it played whole before the hang-up (the call ended ``voicemail_left``, nothing of it cut). The shipped
@@ -67,10 +67,10 @@ def beep() -> bytes:
 
 async def one(bridge: RunningBridge, number: str, name: str, noise_db: float) -> Outcome:
     greeting = load_wav_8k(ANSWERS / f"{name}.wav")
-    person = name.startswith("person")
+    person, menu = name.startswith("person"), name.startswith("ivr")
     greeting_end_ms = SPEAKS_AT_MS + len(greeting) // 16
-    answer = greeting if person else greeting + bytes(16 * BEEP_AFTER_MS) + beep()
-    beep_end_ms = None if person else greeting_end_ms + BEEP_AFTER_MS + BEEP_MS
+    answer = greeting if person or menu else greeting + bytes(16 * BEEP_AFTER_MS) + beep()  # a menu has no beep
+    beep_end_ms = None if person or menu else greeting_end_ms + BEEP_AFTER_MS + BEEP_MS
     script = CallerScript(utterances=((SPEAKS_AT_MS, answer),), hangup_at_ms=greeting_end_ms + 2500 if person else 30_000, noise_db=noise_db, band=True)
     carrier = bridge.carrier
     assert isinstance(carrier, SimulatedTwilio)
@@ -106,11 +106,12 @@ def main() -> None:
     parser.add_argument("--noise-db", type=float, default=35.0)
     parser.add_argument("--concurrent", type=int, default=10)
     args = parser.parse_args()
-    names = [path.stem for path in sorted(ANSWERS.glob("*.wav")) if path.stem.startswith(("person", "machine"))]
+    names = [path.stem for path in sorted(ANSWERS.glob("*.wav")) if path.stem.startswith(("person", "machine", "ivr"))]
     print(f"Machine: {platform.processor() or platform.machine()}, Python {platform.python_version()}; {len(names)} answers, line noise {args.noise_db:g} dB")
     outcomes = asyncio.run(run(names, args.noise_db, args.concurrent))
     persons = [o for o in outcomes if o.person]
-    machines = [o for o in outcomes if not o.person]
+    machines = [o for o in outcomes if o.name.startswith("machine")]
+    menus = [o for o in outcomes if o.name.startswith("ivr")]
     right_persons = [o for o in persons if o.report is not None and o.report.answered_by == "person"]
     after = [o.first_heard_ms - o.greeting_end_ms for o in right_persons if o.first_heard_ms is not None]
     print(f"persons: decided persons {len(right_persons)}/{len(persons)}; first heard the agent after their greeting's end "
@@ -126,6 +127,11 @@ def main() -> None:
           f"{len(early)}{' (' + ', '.join(early) + ')' if early else ''}; the message began after the beep's end p50 "
           f"{percentile(message_after, 0.5)} p95 {percentile(message_after, 0.95)} max {max(message_after, default=0)} ms; "
           f"played whole, then the hang-up: {len(whole)}/{len(right_machines)}")  # fmt: skip
+    menu_machines = [o for o in menus if o.report is not None and o.report.answered_by == "machine"]
+    menu_early = [o.name for o in menus if o.first_heard_ms is not None and o.first_heard_ms < o.greeting_end_ms]
+    after_menu = [o.first_heard_ms - o.greeting_end_ms for o in menu_machines if o.first_heard_ms is not None]
+    print(f"IVR menus (no beep): decided machines {len(menu_machines)}/{len(menus)}; heard the agent before the menu ended: "
+          f"{len(menu_early)}; the message began after the menu's end p50 {percentile(after_menu, 0.5)} max {max(after_menu, default=0)} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

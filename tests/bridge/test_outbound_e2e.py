@@ -306,3 +306,22 @@ async def test_the_application_gives_up_on_calls_it_placed() -> None:
     assert [status for sid, status in carrier.status_reports if sid == next(iter(carrier.dialled))][-1] == "canceled"
     failures = {call.dial_id: event.data for call, event in agent_app.CallsOut.events if event.type == "call.failed"}
     assert failures[waiting]["reason"] == failures[ringing]["reason"] == "canceled", failures
+
+
+async def test_the_campaign_example_places_a_csv_through_the_bridge() -> None:
+    """``examples/campaign.py``: each row of the CSV a ``POST /calls``, its other columns the call's metadata; a bad
+    number is refused with its reason and the rest go on."""
+    from examples.campaign import place_all
+
+    rows = [{"to": "+15005550201", "name": "Ada"}, {"to": "not-a-number", "name": "Bob"}, {"to": "+15005550202", "name": "Cy"}]
+    async with running_bridge(outbound_settings(outbound={"calls_per_second": 10.0}), engine()) as bridge:
+        assert isinstance(bridge.carrier, SimulatedTwilio)
+        for row in rows:
+            bridge.carrier.callees[row["to"]] = Callee(outcome="busy", ring_ms=50)
+        placed = await place_all(rows, bridge=bridge.base_url, token=TOKEN, carrier="twilio", from_=OURS, per_second=20.0)
+        dial_ids = [outcome for _, outcome in placed if outcome.startswith("dl_")]
+        await until(lambda: all("call.failed" in events_of(dial_id) for dial_id in dial_ids), timeout_s=5)
+    assert [outcome.split(":")[0] for _, outcome in placed] == [dial_ids[0], "refused", dial_ids[1]]
+    assert "invalid_request" in placed[1][1]
+    names = {call.dial_id: call.metadata.get("name") for call, _ in agent_app.CallsOut.events}
+    assert [names[dial_id] for dial_id in dial_ids] == ["Ada", "Cy"]
