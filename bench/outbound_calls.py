@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from barge_in_corpus import percentile  # noqa: E402
@@ -32,7 +30,8 @@ from callbridge.application.events import CallReport  # noqa: E402
 from callbridge.carriers.twilio.sim import SimulatedTwilio  # noqa: E402
 from callbridge.sim.callee import Callee  # noqa: E402
 from callbridge.sim.caller import CallResult  # noqa: E402
-from callbridge.sim.carrier import FRAME_MS, CallerScript  # noqa: E402
+from callbridge.sim.carrier import CallerScript  # noqa: E402
+from callbridge.sim.placed_call import beep  # noqa: E402
 from callbridge.sim.runner import RunningBridge, load_wav_8k, running_bridge  # noqa: E402
 from tests.bridge import agent_app  # noqa: E402
 from tests.bridge.test_outbound_e2e import OURS, outbound_settings, post_call  # noqa: E402
@@ -56,13 +55,7 @@ class Outcome:
 
     @property
     def first_heard_ms(self) -> int | None:
-        ticks = bytes(self.result.agent_ticks)
-        return ticks.index(1) * FRAME_MS if 1 in ticks else None
-
-
-def beep() -> bytes:
-    t = np.arange(8 * BEEP_MS) / 8000
-    return (6000 * np.sin(2 * np.pi * 1000.0 * t)).astype("<i2").tobytes()
+        return self.result.first_agent_heard_ms
 
 
 async def one(bridge: RunningBridge, number: str, name: str, noise_db: float) -> Outcome:

@@ -58,7 +58,8 @@ DialProgress = Literal["ringing", "answered", "completed", "busy", "no_answer", 
 FailReason = Literal["busy", "no_answer", "declined", "failed", "canceled"]
 CancelOutcome = Literal["canceled", "canceling", "answered", "not_found"]
 """What ``Dialer.cancel`` did: never dialled now; asked of the carrier (it reports the end); too late; no such call."""
-_FAILURES: Final[frozenset[str]] = frozenset({"busy", "no_answer", "declined", "failed", "canceled"})
+_FAILURES: Final[dict[str, FailReason]] = {"busy": "busy", "no_answer": "no_answer", "declined": "declined", "failed": "failed", "canceled": "canceled"}
+"""The progress that ends a call nobody answered, and the reason it fails with."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +119,11 @@ class Answering:
     context: CallContext
     assistant: AssistantConfig | None
     machine_detection: MachineDetection | None
+
+    def applied_to(self, webhook: CallContext) -> CallContext:
+        """The call's context as its answer webhook tells it, with what the dial adds (its id, metadata, ring time)."""
+        placed = self.context
+        return webhook.model_copy(update={"dial_id": placed.dial_id, "metadata": placed.metadata, "ring_ms": placed.ring_ms})
 
 
 @dataclass(slots=True)
@@ -218,7 +224,7 @@ class Dialer:
         elif status == "answered":
             placed.answered = True
         elif status in _FAILURES and not placed.answered:
-            self._failed(placed, status, detail)  # type: ignore[arg-type]
+            self._failed(placed, _FAILURES[status], detail)
         elif status == "completed" or status in _FAILURES:
             self._forget(placed)
 

@@ -100,6 +100,12 @@ class CallResult:
     def heard_ms(self) -> int:
         return len(self.heard) // 16
 
+    @property
+    def first_agent_heard_ms(self) -> int | None:
+        """When the caller first heard the agent (the start of its tick), from the call's start; None: never."""
+        first = self.agent_ticks.find(1)
+        return first * FRAME_MS if first >= 0 else None
+
     def render(self) -> str:
         return "\n".join(f"{e.at_ms / 1000:8.3f} s  {e.who:<7} {e.what}" for e in self.timeline)
 

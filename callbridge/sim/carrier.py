@@ -326,7 +326,8 @@ class SimulatedCarrier(ABC):
         """Called with each message the bridge sends, as it arrives."""
         self.on_answered: Callable[[str, str], None] | None = None
         """A call the bridge dialled was answered (the number, the carrier's call id): whoever set this runs it (a
-        load test) — the carrier's own ``Callee`` does not; None: the ``Callee`` does."""
+        load test) — the carrier's own ``Callee`` does not, and no ``completed`` report follows (the bridge frees the
+        call's pacing slot on its own word, ``Dialer.call_over``); None: the ``Callee`` does."""
         self.dialled_at: list[float] = []
         """When each dial the bridge asked for was taken (``time.monotonic()``)."""
         self.callees: dict[str, Callee] = {}

@@ -19,7 +19,7 @@ from callbridge.sim.callee import Callee
 from callbridge.sim.caller import CallerScript, CallResult
 from callbridge.sim.runner import running_bridge, with_overrides
 
-__all__ = ["CALLEE_KINDS", "PlacedCall", "simulate_placed_call", "voicemail_answer"]
+__all__ = ["CALLEE_KINDS", "PlacedCall", "beep", "simulate_placed_call", "voicemail_answer"]
 
 CalleeKind = Literal["person", "voicemail", "busy", "no-answer"]
 CALLEE_KINDS: Final[tuple[CalleeKind, ...]] = ("person", "voicemail", "busy", "no-answer")
@@ -41,11 +41,15 @@ class PlacedCall:
     """What the carrier reported of the call, in order (its status callbacks: ``ringing``, ``busy``…)."""
 
 
+def beep(ms: int = _BEEP_MS, hz: float = 1000.0) -> bytes:
+    """A voicemail's beep: a tone, PCM16 8 kHz."""
+    t = np.arange(8 * ms) / 8000
+    return (6000 * np.sin(2 * np.pi * hz * t)).astype("<i2").tobytes()
+
+
 def voicemail_answer(greeting: bytes, *, beep_after_ms: int = 300) -> bytes:
     """A voicemail's answer: ``greeting`` (PCM16 8 kHz), ``beep_after_ms`` of silence, a 400 ms beep at 1 kHz."""
-    t = np.arange(8 * _BEEP_MS) / 8000
-    beep = (6000 * np.sin(2 * np.pi * 1000 * t)).astype("<i2").tobytes()
-    return greeting + bytes(16 * beep_after_ms) + beep
+    return greeting + bytes(16 * beep_after_ms) + beep()
 
 
 def first_words(speech: bytes, *, pause_ms: int = 100) -> tuple[bytes, bytes]:

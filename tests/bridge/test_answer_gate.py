@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from callbridge.application import MachineDetection
@@ -13,6 +12,7 @@ from callbridge.bridge.call_outputs import HangUpCall, Observed
 from callbridge.codecs import pcm16_to_ulaw
 from callbridge.engine.commands import AppendAudio, CancelResponse, CloseSession, CreateResponse, CreateTextItem
 from callbridge.engine.events import AudioDelta, ResponseDone
+from callbridge.sim.placed_call import beep
 from callbridge.sim.runner import load_wav_8k
 from tests.bridge.test_call import CallerSays, Harness, agent_audio
 
@@ -31,11 +31,6 @@ def frames(pcm: bytes) -> list[bytes]:
 
 def silence(ms: int) -> bytes:
     return bytes(16 * ms)
-
-
-def beep(ms: int = 400) -> bytes:
-    t = np.arange(8 * ms) / 8000
-    return (6000 * np.sin(2 * np.pi * 1000 * t)).astype("<i2").tobytes()
 
 
 def says(h: Harness, pcm: bytes) -> None:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from callbridge.application.events import CallReport
 from callbridge.carriers.twilio.sim import SimulatedTwilio
 from callbridge.sim.callee import Callee
 from callbridge.sim.caller import CallResult
-from callbridge.sim.carrier import FRAME_MS, CallerScript
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.placed_call import beep
 from callbridge.sim.runner import load_wav_8k, running_bridge
 from tests.bridge import agent_app
 from tests.bridge.test_outbound_e2e import CALLEE, OURS, events_of, outbound_settings, post_call
@@ -24,16 +24,6 @@ SPEAKS_AT_MS = 300
 """The callee's first word, after the answer."""
 BEEP_MS = 400
 MESSAGE = "Leave a message that the clinic called about tomorrow's appointment."
-
-
-def beep(ms: int = BEEP_MS, hz: float = 1000.0) -> bytes:
-    t = np.arange(8 * ms) / 8000
-    return (6000 * np.sin(2 * np.pi * hz * t)).astype("<i2").tobytes()
-
-
-def first_agent_ms(result: CallResult) -> int | None:
-    ticks = bytes(result.agent_ticks)
-    return ticks.index(1) * FRAME_MS if 1 in ticks else None
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +58,7 @@ async def test_a_person_hears_the_agent_soon_after_their_hello() -> None:
         CallerScript(utterances=((SPEAKS_AT_MS, hello),), hangup_at_ms=4000), machine_detection="voicemail", voicemail_message=MESSAGE
     )
     hello_end_ms = SPEAKS_AT_MS + len(hello) // 16
-    first = first_agent_ms(result)
+    first = result.first_agent_heard_ms
     assert first is not None and hello_end_ms <= first <= hello_end_ms + 500, (first, hello_end_ms, result.render())
     assert kinds[:5] == ["call.dialing", "call.ringing", "call.started", "call.answered", "call.machine_detected"], kinds
     detected = next(event for call, event in agent_app.CallsOut.events if event.type == "call.machine_detected")
@@ -90,7 +80,7 @@ async def test_a_machine_hears_nothing_before_its_beep_then_the_whole_message() 
         CallerScript(utterances=((SPEAKS_AT_MS, answer),), hangup_at_ms=25_000), machine_detection="voicemail", voicemail_message=MESSAGE
     )
     beep_end_ms = beep_at_ms + BEEP_MS
-    first = first_agent_ms(result)
+    first = result.first_agent_heard_ms
     assert first is not None and beep_end_ms <= first <= beep_end_ms + 500, (first, beep_end_ms, result.render())
     assert result.hung_up_by == "bridge" and set(result.played_ms_at_clear) <= {0}, result.render()  # nothing heard was cut
     assert report.end_reason == "voicemail_left" and report.ended_by == "agent" and report.answered_by == "machine", report
@@ -104,7 +94,7 @@ async def test_a_machine_is_hung_up_on_and_never_hears_the_agent() -> None:
     machine heard nothing of the agent."""
     greeting = load_wav_8k(ANSWERS / "machine-0-m3.wav")
     result, kinds, report = await place(CallerScript(utterances=((SPEAKS_AT_MS, greeting + beep()),), hangup_at_ms=25_000), machine_detection="hang_up")
-    assert first_agent_ms(result) is None, result.render()
+    assert result.first_agent_heard_ms is None, result.render()
     assert result.hung_up_by == "bridge"
     assert report.end_reason == "machine_detected" and report.answered_by == "machine", report
     assert report.answered_by_after_ms is not None and report.answered_by_after_ms <= SPEAKS_AT_MS + 2500 + 200, report

@@ -216,7 +216,7 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
         context = twilio_context(name, [*answer_url_parameters(request), *form.items()], settings.app.context_parameters)
         placed = services.dialer.answering(request.query_params.get("dial"), name, call_id) if services.dialer else None
         if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = context.model_copy(update={"dial_id": placed.context.dial_id, "metadata": placed.context.metadata, "ring_ms": placed.context.ring_ms})
+            context = placed.applied_to(context)
         decision = await services.desk.decide_answer(
             call_id, name, context=context, assistant=placed.assistant if placed else None,
             machine_detection=placed.machine_detection if placed else None,

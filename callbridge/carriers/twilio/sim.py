@@ -132,6 +132,13 @@ class OutboundLeg:
     status_events: frozenset[str]
     timeout_s: int
 
+    def params(self, account_sid: str, status: str) -> dict[str, str]:
+        """What Twilio's requests about the call say of it (its answer webhook, its status callbacks)."""
+        return {
+            "AccountSid": account_sid, "ApiVersion": "2010-04-01", "CallSid": self.call_sid, "CallStatus": status,
+            "Direction": "outbound-api", "From": self.from_, "To": self.to, "Called": self.to, "Caller": self.from_,
+        }  # fmt: skip
+
 
 _MAX_REDIRECTS = 10
 """Redirects one webhook may chain before the simulated Twilio gives up on the call (Twilio's own limit is
@@ -409,12 +416,8 @@ class SimulatedTwilio(SimulatedCarrier):
         """The signed status callback for ``event`` (where the dial asked for it)."""
         if leg.status_callback is None or event not in leg.status_events:
             return
-        params = {
-            "AccountSid": self.account_sid, "ApiVersion": "2010-04-01", "CallSid": leg.call_sid, "CallStatus": status,
-            "Direction": "outbound-api", "From": leg.from_, "To": leg.to, "Called": leg.to, "Caller": leg.from_,
-            "CallbackSource": "call-progress-events", "SequenceNumber": str(sum(sid == leg.call_sid for sid, _ in self.status_reports)),
-            **extra,
-        }  # fmt: skip
+        sequence = str(sum(sid == leg.call_sid for sid, _ in self.status_reports))
+        params = {**leg.params(self.account_sid, status), "CallbackSource": "call-progress-events", "SequenceNumber": sequence, **extra}
         self.status_reports.append((leg.call_sid, status))
         signature = self._validator.compute_signature(leg.status_callback, params)
         await self._http.post(leg.status_callback, data=params, headers={self.signature_header: signature})
@@ -466,10 +469,7 @@ class SimulatedTwilio(SimulatedCarrier):
     def answer_params(self, call_id: str, first: bool) -> dict[str, str]:
         leg = self._outbound.get(call_id)
         if leg is not None:  # a call the REST API created, answered
-            return {
-                "AccountSid": self.account_sid, "ApiVersion": "2010-04-01", "CallSid": call_id, "CallStatus": "in-progress",
-                "Direction": "outbound-api", "From": leg.from_, "To": leg.to, "Called": leg.to, "Caller": leg.from_,
-            }  # fmt: skip
+            return leg.params(self.account_sid, "in-progress")
         return {
             "AccountSid": self.account_sid,
             "ApiVersion": "2010-04-01",
