@@ -516,7 +516,10 @@ async def test_a_stall_as_the_greeting_starts_leaves_the_barge_in_to_the_bridge(
     for speech over silence (the caller's time had run 0.47 s ahead of the clock, and the engine's VAD barged in)."""
     recorder = engine()
     agent_app.Recorder.events.clear()
-    script = CallerScript(utterances=((3500, short_speech(1000)), (5500, short_speech(1500))), interrupt_after_agent_ms=None, hangup_at_ms=8000)
+    # the caller speaks 1 s later than it did: at 3.5 s the first utterance fell on the greeting's end where its first
+    # audio came late (1.67 s in a clean-clone CI run: two barge-ins), as in the test above; the caller's time, ahead
+    # of the clock after the stall for the rest of the call, is judged the same at the later interruption
+    script = CallerScript(utterances=((4500, short_speech(1000)), (6500, short_speech(1500))), interrupt_after_agent_ms=None, hangup_at_ms=9000)
     async with running_bridge(settings(app={"module": MODULE + "Recorder"}), recorder, provider=provider) as bridge:
         stalls = stall_once_after_first_audio(bridge, 0.0, 0.45)
         result = await bridge.carrier.place_call(script)
