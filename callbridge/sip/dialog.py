@@ -43,6 +43,7 @@ What it does:
   first final status line decides (2xx: done; else failed), as does a
   subscription terminated without one, or no final NOTIFY within 64·T1.
   Ending the call after a successful transfer (our BYE) is the server's.
+- A dialog our own INVITE made (``adopt``, from ``sip/uac.py``) is served like one we answered.
 - Unknown dialog → 481; a method we know but do not do → 405 + ``Allow``; one
   we do not know → 501; a malformed request with enough headers to answer →
   400; anything else is dropped (``Dropped``, counted by the server).
@@ -195,6 +196,13 @@ class SipUas:
         # still gets its 200
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.RELIABLE_1XX]
         self._answer_invite(dialog, dialog.invite, now_ms)
+
+    def adopt(self, dialog: Dialog) -> None:
+        """A dialog our own INVITE made (``sip/uac.py``: a call the agent placed, confirmed, its ACK sent): from now
+        on this serves it as one it answered — BYE either way, re-INVITE, INFO, REFER, OPTIONS."""
+        if dialog.state is not DialogState.CONFIRMED or dialog.call_id in self.dialogs:
+            raise DialogStateError(f"cannot adopt {dialog.call_id} ({dialog.state.value})")
+        self.dialogs[dialog.call_id] = dialog
 
     def ring(self, call_id: str, now_ms: int) -> None:
         """``180 Ringing`` for an offered call (the server answers after ``sip.answer_delay_ms``). Reliable when

@@ -20,7 +20,7 @@ from callbridge.sip.transaction import Address
 from callbridge.sip.uas_messages import SUPPORTED
 from callbridge.sources import source_allowed
 
-__all__ = ["Admission", "Refusal", "read_offer"]
+__all__ = ["Admission", "Refusal", "placeholder_choice", "read_offer"]
 
 _MAX_NONCES: Final = 1024
 
@@ -67,7 +67,7 @@ def read_offer(request: SipRequest, source: Address) -> MediaChoice | Refusal:
     if request.body and request.media_type != "application/sdp":
         return Refusal(415, [("Accept", "application/sdp")])
     try:
-        choice = choose(request.body.decode("utf-8", "replace")) if request.body else _placeholder(source)
+        choice = choose(request.body.decode("utf-8", "replace")) if request.body else placeholder_choice(source)
     except SdpError as exc:
         return Refusal(400, [], f"Bad Request (SDP: {exc})")
     if choice is None:  # nothing we take
@@ -75,7 +75,7 @@ def read_offer(request: SipRequest, source: Address) -> MediaChoice | Refusal:
     return choice
 
 
-def _placeholder(source: Address) -> MediaChoice:
+def placeholder_choice(source: Address) -> MediaChoice:
     """The media of a delayed offer until the answer comes: PCMU, nowhere to send yet."""
     line = "m=audio 0 RTP/AVP 0 8"
     return MediaChoice(AudioEncoding.PCMU, 0, None, source[0], 0, Direction.SENDRECV, None, 0, (line,))

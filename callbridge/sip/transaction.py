@@ -1,8 +1,9 @@
 """SIP's retransmission timers (RFC 3261 §17, RFC 3262 §3), once, for every message we send and repeat until it is
-answered: the UAS's responses and in-dialog requests (``dialog.py``) and REGISTER (``registration.py``).
+answered: the UAS's responses and in-dialog requests (``dialog.py``), REGISTER (``registration.py``), and the
+INVITE and CANCEL of a call we place (``uac.py``).
 
 A ``Retransmission`` holds one message and its timer; its ``kind`` (``TxKind``) says what ends it and how it repeats:
-over UDP every kind goes again at T1, doubling to T2 (Timers A/E/G); a 2xx to an INVITE (§13.3.1.4) and a reliable
+over UDP every kind goes again at T1, doubling to T2 (Timers E/G; an INVITE's Timer A doubles uncapped); a 2xx to an INVITE (§13.3.1.4) and a reliable
 1xx (RFC 3262 §3, doubling without the T2 cap) go again over any transport, since they are end to end. Each gives
 up at 64·T1 (Timers B/F/H). Sans-I/O: the caller asks what is due (``due``) with the time, and sends the datagram
 ``resend`` says goes.
@@ -49,6 +50,10 @@ class TxKind(enum.Enum):
     """Our REFER, until a final response (Timer E)."""
     REGISTER = "register"
     """Our REGISTER, until a final response (Timer E; a provisional one slows it to T2)."""
+    INVITE = "invite"
+    """Our INVITE (``uac.py``), until any response (Timer A, doubling without the T2 cap; Timer B at 64·T1)."""
+    CANCEL = "cancel"
+    """Our CANCEL of an INVITE still ringing, until a final response (Timer E)."""
 
     @property
     def end_to_end(self) -> bool:
@@ -93,7 +98,7 @@ class Retransmission:
         again on this transport now (UDP, or an end-to-end kind)."""
         goes = self.transport == "UDP" or self.kind.end_to_end
         doubled = self.interval_ms * 2
-        self.interval_ms = doubled if self.kind is TxKind.RELIABLE_1XX else min(doubled, T2_MS)
+        self.interval_ms = doubled if self.kind in (TxKind.RELIABLE_1XX, TxKind.INVITE) else min(doubled, T2_MS)
         self.next_ms = now_ms + self.interval_ms
         return goes
 
