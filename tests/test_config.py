@@ -147,10 +147,16 @@ class TestExampleFile:
         text = EXAMPLE.read_text()
         active = tomllib.loads(text)
         defaults = Settings().public_dict()
+        for name, values in list(defaults.items()):  # a nested section (``[sip.outbound]``) is checked as its own
+            for key, value in list(values.items()):
+                if isinstance(value, dict) and f"[{name}.{key}]" in text:
+                    defaults[f"{name}.{key}"] = value
+                    active[f"{name}.{key}"] = active.get(name, {}).pop(key, {})
+                    del values[key]
         section = None
         documented: dict[str, list[str]] = {}
         for line in text.splitlines():
-            if m := re.fullmatch(r"\[(\w+)\]", line):
+            if m := re.fullmatch(r"\[(\w+(?:\.\w+)?)\]", line):
                 section = m.group(1)
                 documented.setdefault(section, [])
             elif section and (m := re.match(r"^#? ?(\w+) = ", line)):

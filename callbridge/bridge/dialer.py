@@ -170,6 +170,10 @@ class Dialer:
         """The carrier's call id → dial id."""
         self._wake: asyncio.TimerHandle | None = None
 
+    def add(self, carrier: str, dialer: CarrierDialer) -> None:
+        """A carrier that dials without a REST client of its own (the SIP listener, once it is up)."""
+        self._dialers[carrier] = dialer
+
     def place(self, request: DialRequest, base_url: str) -> DialAccepted | DialRefusal:
         """Take ``request`` (dialled now, or queued for the carrier's rate), or refuse it with the reason."""
         dialer = self._dialers.get(request.carrier)

@@ -184,6 +184,11 @@ class SipUac:
                 deadlines.append(dial.invited_at_ms + dial.invitation.ring_timeout_ms)
         return min(deadlines) if deadlines else None
 
+    @property
+    def idle(self) -> bool:
+        """No dial known (a datagram need not be read for one)."""
+        return not self._dials
+
     def dialling(self, call_id: str) -> bool:
         """A dial of ours not answered or ended yet."""
         dial = self._dials.get(call_id)

@@ -51,6 +51,7 @@ from callbridge.bridge.call_setup import TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.sip.dialing import SipDialing
 from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
@@ -159,10 +160,12 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             )
         )
         self.registrations = RegistrationClients(
-            settings.registrations, services.metrics, self._send_registration, lambda: services.desk.draining
+            settings.registrations, services.metrics, self.send_own, lambda: services.desk.draining
         )
         """Our REGISTERs (``sip.registrations``), sent from this listener's UDP socket (or over TCP connections it
         reads like the ones it accepts)."""
+        self.dialing = SipDialing(self, settings.outbound, settings.port)
+        """The calls the agent places through the trunk (``sip.outbound``)."""
         self.calls: dict[str, _Call] = {}
         self.finished: deque[tuple[str, SipRtpCodec, RtpTransport]] = deque(maxlen=_FINISHED_KEPT)
         """The last calls served (call id, codec, transport): their counters, for metrics and tests."""
@@ -207,6 +210,9 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
         self._timer = asyncio.create_task(self._run_timers())
         self.registrations.start(self.address, self.port or self.settings.port)
+        self.dialing.started(self.port or self.settings.port)
+        if self.services.dialer is not None:
+            self.services.dialer.add(PROVIDER, self.dialing)
         self.services.carrier_state[PROVIDER] = self
         self.services.action_performers[PROVIDER] = self
         log.info("sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp", allowed_ips=self.settings.allowed_ips)
@@ -248,12 +254,18 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
     def datagram_received(self, data: bytes, source: tuple[str, int]) -> None:
         if self.registrations.receive(data):
             return
-        self.uas.receive_datagram(data, source, _now_ms())
+        if not self.dialing.receive(data, source):
+            self.uas.receive_datagram(data, source, _now_ms())
         self._drain()
 
-    def _send_registration(self, out: Outgoing) -> None:
-        """A REGISTER: over UDP from our socket; over TCP on the connection to the registrar, opened when there is
-        none (then read like an accepted one: the registrar may send its INVITEs on it)."""
+    def flush(self) -> None:
+        """Send what the SIP cores produced and act on their events (after an input from outside a datagram)."""
+        self._drain()
+
+    def send_own(self, out: Outgoing) -> None:
+        """A request of our own that opens a conversation (a REGISTER, the INVITE of a call we place, its CANCEL and
+        ACK): over UDP from our socket; over TCP on the connection to the registrar or trunk, opened when there is
+        none (then read like an accepted one: the registrar may send its INVITEs on it, the trunk its responses)."""
         if out.transport == "TCP":
             writer = self._tcp_writers.get(out.address)
             if writer is not None and not writer.is_closing():
@@ -272,7 +284,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         try:
             async with asyncio.timeout(_TCP_CONNECT_S):
                 reader, writer = await asyncio.open_connection(*out.address)
-        except (OSError, TimeoutError):  # the REGISTER times out: a failure, retried after the backoff
+        except (OSError, TimeoutError):  # the REGISTER (or INVITE) times out: a failure, retried after the backoff
             self.dropped["tcp_connect_failed"] += 1
             return
         self._tcp_writers[out.address] = writer
@@ -280,8 +292,12 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         await self._tcp_connection(reader, writer)
 
     def _drain(self, *, wake_timer: bool = True) -> None:
-        """Send what the UAS produced and act on its events; the timer task then sees the new deadline."""
+        """Send what the UAC and the UAS produced and act on their events; the timer task then sees the new
+        deadline. The UAC's first: a call it placed may be handed to the UAS (and ended there at once)."""
         transport = self._transport
+        for out in self.dialing.uac.datagrams_to_send():
+            self.send_own(out)
+        self.dialing.take_events()
         for out in self.uas.datagrams_to_send():
             if out.transport == "TCP":
                 writer = self._tcp_writers.get(out.address)
@@ -330,7 +346,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 case CallConfirmed():
                     pass
         if wake_timer:  # only when something is due sooner than the timer sleeps for (not for every datagram)
-            due = self.uas.next_deadline_ms()
+            due = self._next_deadline_ms()
             if due is not None and (self._timer_due_ms is None or due < self._timer_due_ms):
                 self._wake.set()
 
@@ -357,7 +373,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 for message in messages:
                     if self.registrations.receive(message):
                         continue
-                    self.uas.receive_datagram(message, address, _now_ms(), transport="TCP")
+                    if not self.dialing.receive(message, address):
+                        self.uas.receive_datagram(message, address, _now_ms(), transport="TCP")
                     self._drain()
         finally:
             if self._tcp_writers.get(address) is writer:
@@ -366,14 +383,20 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
 
     async def _run_timers(self) -> None:
         while True:
-            deadline = self._timer_due_ms = self.uas.next_deadline_ms()
+            deadline = self._timer_due_ms = self._next_deadline_ms()
             timeout = None if deadline is None else max(0.0, (deadline - _now_ms()) / 1000)
             with suppress(TimeoutError):
                 async with asyncio.timeout(timeout):
                     await self._wake.wait()
             self._wake.clear()
-            self.uas.tick(_now_ms())
+            now = _now_ms()
+            self.uas.tick(now)
+            self.dialing.uac.tick(now)
             self._drain(wake_timer=False)
+
+    def _next_deadline_ms(self) -> int | None:
+        deadlines = [d for d in (self.uas.next_deadline_ms(), self.dialing.uac.next_deadline_ms()) if d is not None]
+        return min(deadlines) if deadlines else None
 
     # ---------------------------------------------------------------- calls
 
@@ -406,7 +429,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 return
         codec = SipRtpCodec(call_id, offer.choice, caller=offer.caller, callee=offer.callee)
         transport = RtpTransport(self, call_id, codec, offer.source[0])
-        port = await self._bind_rtp(transport)
+        port = await self.bind_rtp(transport)
         dialog = self.uas.dialogs.get(call_id)
         if dialog is None or dialog.state is not DialogState.OFFERED:  # cancelled meanwhile
             if transport.transport is not None:
@@ -437,6 +460,15 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         choice = codec.choice
         log.info("sip_call_answered", provider=PROVIDER, call_id=call_id, peer=offer.source[0], rtp_port=port,
                  codec=choice.encoding.value, remote_rtp=f"{choice.remote_host}:{choice.remote_port}", delayed_offer=offer.delayed_offer)
+        await self.serve(transport, codec)
+
+    async def serve(self, transport: RtpTransport, codec: SipRtpCodec) -> None:
+        """An answered call (ours to an INVITE, or the far end's to ours): its media through the call core until it
+        ends, then its counters kept (``finished``, ``dropped``)."""
+        call_id = transport.call_id
+        call = self.calls.get(call_id)
+        if call is None or call.transport is not transport:
+            call = self.calls[call_id] = _Call(transport)
         transport.start()
         call.task = asyncio.current_task()
         try:
@@ -453,7 +485,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 if count:
                     self.dropped[reason] += count
 
-    async def _bind_rtp(self, transport: RtpTransport) -> int | None:
+    async def bind_rtp(self, transport: RtpTransport) -> int | None:
         """Bind ``transport`` to a free even port of the range and its RTCP to the next (a random start spreads
         the calls)."""
         low, high = self.settings.rtp_port_min + (self.settings.rtp_port_min % 2), self.settings.rtp_port_max - 1
@@ -504,6 +536,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
     def _refuse(self, reason: str, call_id: str, peer: str) -> None:
         self.services.metrics.stream_refused.labels(PROVIDER, reason).inc()
         log.warning("stream_refused", provider=PROVIDER, reason=reason, call_id=call_id, peer=peer)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as one of the listener's tasks (waited for at shutdown)."""
+        self._spawn(work)
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

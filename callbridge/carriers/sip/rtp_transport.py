@@ -60,6 +60,9 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.closed = False
         self.overflow = 0
+        self.ringing = False
+        """A call we place (``sip/dialing.py``), until its answer (``answered``): RTP before it is not read."""
+        self.early_media = 0
         self.send_errors = 0
         self.timed_out = False
         self._last_sent_s = 0.0
@@ -79,6 +82,9 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         if self.closed:
+            return
+        if self.ringing:  # a call we place, not answered yet: its early media (ringback, an announcement) is no one's
+            self.early_media += 1
             return
         if not self.latch.admit((str(addr[0]), int(addr[1]))):
             self.listener.dropped["rtp_unexpected_source"] += 1
@@ -132,7 +138,9 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     # the SIP layer
     def answered(self, codec: SipRtpCodec) -> None:
-        """A delayed offer's answer came (before ``start``): its codec, and the latch aimed where it says."""
+        """The answer came before ``start`` (a delayed offer's, in the ACK; a call we placed, its 2xx): its codec,
+        and the latch aimed where it says."""
+        self.ringing = False
         self.codec = codec
         signalled = (codec.choice.remote_host, codec.choice.remote_port)
         self.latch = Latch(signalled, self.latch.trusted_hosts | {signalled[0]})

@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr
 
 from callbridge.config_types import Host, Network, Port, Section
 
-__all__ = ["SipRegistrationSettings", "SipSettings"]
+__all__ = ["SipOutboundSettings", "SipRegistrationSettings", "SipSettings"]
 
 
 class SipRegistrationSettings(Section):
@@ -40,6 +40,31 @@ class SipRegistrationSettings(Section):
             raise ValueError(f"aor: {self.aor!r} has no user part (sip:user@domain)")
 
 
+class SipOutboundSettings(Section):
+    """The calls the agent places through the SIP trunk (``callbridge call --carrier sip``, ``POST /calls``): an
+    INVITE to ``sip:<to>@<trunk host>``, from ``sip:<from>@<from_domain>`` (``callbridge.sip.uac``)."""
+
+    trunk: str | None = None
+    """The trunk's URI, ``sip:host[:port]``; None: the SIP listener places no calls."""
+    outbound_proxy: str | None = None
+    """A proxy every INVITE goes through (``sip:host[:port]``, put in Route); None: straight to the trunk."""
+    from_domain: str | None = None
+    """The From URI's host; None: the trunk's."""
+    username: str | None = None
+    password: SecretStr | None = None
+    """Digest credentials for the trunk's 401 / 407 challenges."""
+    transport: Literal["udp", "tcp"] = "udp"
+    """udp: from the listener's socket; tcp: over a connection to the trunk (or proxy), opened for it."""
+
+    def model_post_init(self, context: Any) -> None:
+        for key in ("trunk", "outbound_proxy"):
+            value = getattr(self, key)
+            if value is not None and (not value.lower().startswith("sip:") or "@" in value):
+                raise ValueError(f"{key}: {value!r} is not a sip:host[:port] URI")
+        if (self.username is None) != (self.password is None):
+            raise ValueError("username and password go together")
+
+
 class SipSettings(Section):
     """SIP trunk ingress: a UDP user-agent server, one RTP port per call (``callbridge.sip``)."""
 
@@ -61,6 +86,8 @@ class SipSettings(Section):
     """A call whose peer sends no RTP for this long (unless it holds the call) is ended with a BYE; 0: never. Time
     this process itself did not run (stopped, its VM frozen) is not taken for the peer's silence: the verdict waits
     until what came meanwhile is read."""
+    outbound: SipOutboundSettings = Field(default_factory=SipOutboundSettings)
+    """Calls placed through the trunk (#42): none unless ``outbound.trunk`` is set."""
     registrations: list[SipRegistrationSettings] = Field(default_factory=list)
     """Registrars to keep our contact bound at (REGISTER, refreshed; un-REGISTER at drain and shutdown)."""
     source_requests_per_s: Annotated[float, Field(gt=0)] = 200.0
