@@ -15,6 +15,7 @@ import pytest
 from callbridge.engine.commands import AppendAudio
 from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
+from tests.bridge.test_outbound_e2e import TOKEN, post_call
 from tests.bridge.twilio_e2e import engine, settings, until
 from tests.sip.test_sipp_e2e import listener
 
@@ -24,13 +25,13 @@ SPEECH_S = 3.69
 """The bundled caller utterance; followed by silence so the phone stays on the line for the reply."""
 
 
-def configure(directory: Path, caller_wav: Path) -> Path:
+def configure(directory: Path, caller_wav: Path, *, account: str = "<sip:caller@127.0.0.1>;regint=0", port: int | None = None) -> Path:
     config = directory / "cfg"
     config.mkdir()
     (directory / "snd").mkdir()
     lines = [
         "poll_method epoll",
-        f"sip_listen 127.0.0.1:{free_port()}",
+        f"sip_listen 127.0.0.1:{port or free_port()}",
         "audio_player alsa,null",  # ALSA's null device: nothing to play to, the sndfile filter records
         "audio_alert alsa,null",
         f"audio_source aufile,{caller_wav}",
@@ -39,7 +40,7 @@ def configure(directory: Path, caller_wav: Path) -> Path:
         f"snd_path {directory / 'snd'}",
     ]
     (config / "config").write_text("\n".join(lines) + "\n")
-    (config / "accounts").write_text("<sip:caller@127.0.0.1>;regint=0\n")
+    (config / "accounts").write_text(account + "\n")
     return config
 
 
@@ -87,3 +88,46 @@ async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the echo of a 3.7 s utterance
     assert transport.latch.latched is not None and transport.latch.latched[0] == "127.0.0.1"  # sent where its RTP came from
     assert codec.jitter.late == 0 and codec.malformed == 0
+
+
+@pytest.mark.long
+async def test_the_agent_calls_baresip_which_answers_and_hears_it(tmp_path: Path) -> None:
+    """A call the agent places (#42) to a real SIP phone that answers by itself (``answermode=auto``): the phone's
+    microphone (the WAV file) reaches the engine, the agent's reply is in what the phone recorded, and the phone's
+    BYE at the end of its file ends the call."""
+    caller_wav = tmp_path / "callee.wav"
+    with wave.open(str(caller_wav), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(8000)
+        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+    phone_port = free_port()
+    config = configure(tmp_path, caller_wav, account="<sip:+15005550123@127.0.0.1>;regint=0;answermode=auto", port=phone_port)
+    recorder = engine()
+    dialing = settings(
+        sip={"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": {"trunk": f"sip:127.0.0.1:{phone_port}"}},
+        outbound={"api_token": TOKEN},
+    )
+    async with running_bridge(dialing, recorder, provider="twilio") as bridge:
+        phone = await asyncio.create_subprocess_exec(
+            "baresip", "-f", str(config), "-t", "20", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            await asyncio.sleep(1.0)  # its SIP socket up
+            response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
+            assert response.status_code == 202, response.text
+            sip = listener(bridge)
+            await until(lambda: len(sip.finished) == 1, timeout_s=30)  # the phone hangs up at the end of its WAV file
+        finally:
+            phone.terminate()
+            output, _ = await phone.communicate()
+        _, codec, transport = sip.finished[0]
+    log = output.decode(errors="replace")
+    assert "Call established" in log or "call established" in log.lower(), log[-2000:]
+    (session_id,) = recorder.opened
+    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
+    heard_s = sum(len(c.pcm) for c in appended) / (2 * appended[0].rate_hz)
+    assert heard_s > SPEECH_S, heard_s  # the callee's whole utterance reached the engine
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")  # what the phone heard
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the echo of a 3.7 s utterance
+    assert codec.jitter.late == 0 and codec.malformed == 0 and transport.send_errors == 0
