@@ -16,19 +16,25 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+import orjson
+
 from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.events import CallEvent
 from callbridge.bridge.app_events import EventDelivery
+from callbridge.bridge.fleet import SignalHandler
+from callbridge.bridge.registry import CallRegistry, CallSignal, RegistryUnavailable, SignalKind
 from callbridge.config import Settings
 from callbridge.logging import get_logger
 from callbridge.outbound.pacing import Dial, OutboundPacer, PacingSettings, Queued, Refused
 from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
 __all__ = [
+    "PLACED_NOTE",
     "Answering",
     "CancelOutcome",
     "CarrierDialer",
@@ -52,6 +58,8 @@ reached the simulated carrier as close as 95 ms apart when the bridge sent them 
 ``callbridge loadtest --outbound``), which a carrier counting by its own clock takes for 11 in a second."""
 _MAX_KNOWN: Final = 100_000
 """Placed calls followed at most (a bound on memory whatever the settings say)."""
+PLACED_NOTE: Final = "placed"
+"""The registry note (keyed by the dial id) that lets any process of the fleet answer a call placed by another."""
 
 DialProgress = Literal["ringing", "answered", "completed", "busy", "no_answer", "declined", "failed", "canceled"]
 """What a carrier reports of a call it dialled, in callbridge's words (each carrier maps its own)."""
@@ -107,8 +115,13 @@ class DialerHost(Protocol):
     settings: Settings
     draining: bool
     events: EventDelivery | None
+    registry: CallRegistry
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None: ...
+
+    def on_signal(self, kind: SignalKind, handler: SignalHandler) -> None: ...
+
+    async def send_signal(self, call_id: str, kind: SignalKind, detail: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +182,10 @@ class Dialer:
         self._by_call_id: dict[str, str] = {}
         """The carrier's call id → dial id."""
         self._wake: asyncio.TimerHandle | None = None
+        self._answered_here: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Calls another process placed whose answer came here (carrier call id → dial id, carrier): their end is
+        told to it."""
+        host.on_signal(SignalKind.DIAL_PROGRESS, self._on_signal)
 
     def add(self, carrier: str, dialer: CarrierDialer) -> None:
         """A carrier that dials without a REST client of its own (the SIP listener, once it is up)."""
@@ -202,12 +219,15 @@ class Dialer:
         self._schedule()
         return DialAccepted(dial_id, decision.ahead + 1)
 
-    def answering(self, dial_id: str | None, carrier: str, carrier_call_id: str) -> Answering | None:
-        """The carrier's answer webhook for a call placed here (its answer URL names ``dial_id``): what the call's
+    async def answering(self, dial_id: str | None, carrier: str, carrier_call_id: str) -> Answering | None:
+        """The carrier's answer webhook for a call the agent placed (its answer URL names ``dial_id``): what the call's
         context gets from the request (its dial id and metadata), the request's assistant and machine detection.
-        None: not a call placed here (or not this one)."""
+        A call another process placed is read from its note in the registry (``PLACED_NOTE``), and that process told
+        it was answered. None: not a placed call (or not this one)."""
         placed = self._placed.get(dial_id) if dial_id else None
-        if placed is None or placed.request.carrier != carrier or placed.carrier_call_id not in (None, carrier_call_id):
+        if placed is None:
+            return await self._placed_elsewhere(dial_id, carrier, carrier_call_id) if dial_id else None
+        if placed.request.carrier != carrier or placed.carrier_call_id not in (None, carrier_call_id):
             return None
         self._known_as(placed, carrier_call_id)
         placed.answered = True
@@ -215,11 +235,38 @@ class Dialer:
             placed.ring_ms = max(0, _now_ms() - placed.ringing_at_ms)
         return Answering(placed.context(), placed.request.assistant, placed.request.detection())
 
+    async def _placed_elsewhere(self, dial_id: str, carrier: str, carrier_call_id: str) -> Answering | None:
+        """A call another process of the fleet placed, answered here (the load balancer sent its webhook here)."""
+        try:
+            note = await self._host.registry.note(dial_id, PLACED_NOTE)
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, dial_id=dial_id)
+            return None
+        if note is None:
+            return None
+        request = DialRequest.model_validate(orjson.loads(note)["request"])
+        if request.carrier != carrier:
+            return None
+        placed = _Placed(request, dial_id, "", 0, carrier_call_id=carrier_call_id, answered=True)
+        self._answered_here[carrier_call_id] = (dial_id, carrier)
+        while len(self._answered_here) > _MAX_KNOWN:
+            self._answered_here.popitem(last=False)
+        self._tell_placer(carrier, carrier_call_id, "answered", "", dial_id)
+        log.info("placed_call_answered_here", dial_id=dial_id, carrier=carrier, call_id=carrier_call_id)
+        return Answering(placed.context(), request.assistant, request.detection())
+
     def progress(self, carrier: str, carrier_call_id: str, status: DialProgress, detail: str = "") -> None:
-        """The carrier's report on a call it dialled (its status callback)."""
+        """The carrier's report on a call it dialled (its status callback); one placed by another process of the
+        fleet is told to it (``SignalKind.DIAL_PROGRESS``)."""
         dial_id = self._by_call_id.get(carrier_call_id)
         placed = self._placed.get(dial_id) if dial_id else None
-        if placed is None or placed.request.carrier != carrier or status in placed.reported:
+        if placed is None:
+            self._tell_placer(carrier, carrier_call_id, status, detail, self._answered_here.get(carrier_call_id, (None, ""))[0])
+            return
+        self._progress_here(placed, carrier, status, detail)
+
+    def _progress_here(self, placed: _Placed, carrier: str, status: str, detail: str) -> None:
+        if placed.request.carrier != carrier or status in placed.reported:
             return
         placed.reported.add(status)
         if status == "ringing" and not placed.answered:
@@ -258,11 +305,38 @@ class Dialer:
 
     def call_over(self, call_id: str) -> None:
         """A call has ended here (the bridge's own word, whatever the carrier's status callback says or fails to):
-        a call placed here frees its pacing slot."""
+        a call placed here frees its pacing slot; one another process placed, answered here, is told to it."""
         dial_id = self._by_call_id.get(call_id)
         placed = self._placed.get(dial_id) if dial_id else None
         if placed is not None:
             self._forget(placed)
+        elif (elsewhere := self._answered_here.pop(call_id, None)) is not None:
+            dial_id, carrier = elsewhere
+            self._tell_placer(carrier, call_id, "completed", "", dial_id)
+
+    def _tell_placer(self, carrier: str, carrier_call_id: str, status: str, detail: str, dial_id: str | None) -> None:
+        """Word on a call this process did not place, for the one that did (with a shared registry: a fleet)."""
+        if not self._host.registry.shared:
+            return
+        body = orjson.dumps({"carrier": carrier, "status": status, "detail": detail[:300], "dial_id": dial_id}).decode()
+        self._host.spawn(self._host.send_signal(carrier_call_id, SignalKind.DIAL_PROGRESS, body))
+
+    async def _on_signal(self, signal: CallSignal) -> None:
+        """Another process's word on a call: followed where it was placed here, else ignored."""
+        try:
+            word = orjson.loads(signal.detail)
+            carrier, status, detail, dial_id = str(word["carrier"]), str(word["status"]), str(word["detail"]), word.get("dial_id")
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return
+        known = dial_id if isinstance(dial_id, str) and dial_id in self._placed else self._by_call_id.get(signal.call_id)
+        placed = self._placed.get(known) if known else None
+        if placed is None:
+            return
+        if placed.carrier_call_id is None:
+            self._known_as(placed, signal.call_id)
+        if status == "answered" and placed.ringing_at_ms is not None and placed.ring_ms is None:
+            placed.ring_ms = max(0, _now_ms() - placed.ringing_at_ms)
+        self._progress_here(placed, carrier, status, detail)
 
     async def _dial(self, dial_id: str) -> None:
         placed = self._placed.get(dial_id)
@@ -270,6 +344,8 @@ class Dialer:
             return
         request = placed.request
         placed.dialling = True
+        if self._host.registry.shared:  # the answer webhook may reach another process of the fleet: it reads this
+            await self._keep_note(placed)
         leg = DialLeg(dial_id, request.to, request.from_, placed.ring_timeout_s, placed.base_url)
         try:
             carrier_call_id = await self._dialers[request.carrier].dial(leg)
@@ -285,6 +361,16 @@ class Dialer:
         if placed.cancel_asked:
             self._host.spawn(self._cancel_at_carrier(placed))
         self._host.spawn(self._give_up_unreported(dial_id, placed.ring_timeout_s + _REPORT_GRACE_S))
+
+    async def _keep_note(self, placed: _Placed) -> None:
+        """The request, for whichever process of the fleet gets the call's answer webhook (``answering``); kept as
+        long as the call may last. A registry that does not answer: logged, the call dialled all the same."""
+        keep_s = placed.ring_timeout_s + _REPORT_GRACE_S + self._host.settings.server.max_call_duration_s
+        note = orjson.dumps({"request": placed.request.model_dump(mode="json", by_alias=True)}).decode()
+        try:
+            await self._host.registry.keep_note(placed.dial_id, PLACED_NOTE, note, int(keep_s * 1000))
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, dial_id=placed.dial_id)
 
     async def _give_up_unreported(self, dial_id: str, after_s: float) -> None:
         """The carrier's word on a call that never comes: unanswered, the call is failed as such; answered, its slot

@@ -159,6 +159,10 @@ class SignalKind(enum.Enum):
     process that admitted the call's answer lets that slot go (held until ``engine.open_at_answer_ttl_s``, it counted
     the call a second time against its ``server.max_calls`` and CPU budget: ``serve --workers N`` refused calls at
     about half their capacity). Sent only by a process that had not admitted the call itself."""
+    DIAL_PROGRESS = "dial_progress"
+    """A carrier's word on a call the agent placed (a status callback, its answer webhook) reached a process that did
+    not place it: ``detail`` is JSON (``carrier``, ``status``, ``detail``, ``dial_id``); the process that placed the
+    call follows it as its own (``Dialer``), the others ignore it."""
     STREAM_ENDED = "stream_ended"
     """A carrier's webhook says a media socket ended as the end of the call (the websocket leg
     ``completed``); ``detail`` is the stream's token. The call ends as on a stop, if that stream is still its stream."""

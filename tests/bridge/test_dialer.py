@@ -13,6 +13,8 @@ import pytest
 from callbridge.application import AssistantConfig, CallContext, MachineDetection
 from callbridge.application.events import CallEvent
 from callbridge.bridge.dialer import Dialer, DialLeg, DialRejected
+from callbridge.bridge.fleet import SignalHandler
+from callbridge.bridge.registry import CallSignal, SignalKind
 from callbridge.config import Settings
 from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
@@ -31,15 +33,40 @@ class Events:
         return [event.type for _, event in self.seen]
 
 
+class Registry:
+    """The registry's notes, one process's or a fleet's (``shared``)."""
+
+    def __init__(self, *, shared: bool = False) -> None:
+        self.shared = shared
+        self.notes: dict[tuple[str, str], str] = {}
+
+    async def keep_note(self, call_id: str, kind: str, text: str, keep_ms: int) -> None:
+        self.notes[(call_id, kind)] = text
+
+    async def note(self, call_id: str, kind: str) -> str | None:
+        return self.notes.get((call_id, kind))
+
+
 @dataclass
 class Host:
     settings: Settings = field(default_factory=lambda: Settings.model_validate({"outbound": {"max_queued": 1}}))
     draining: bool = False
     events: Any = field(default_factory=Events)
     spawned: list[Coroutine[Any, Any, None]] = field(default_factory=list)
+    registry: Any = field(default_factory=Registry)
+    handlers: dict[SignalKind, SignalHandler] = field(default_factory=dict)
+    peers: list[Host] = field(default_factory=list)
+    """The other processes of its fleet (their signal handlers get what this one sends)."""
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self.spawned.append(work)
+
+    def on_signal(self, kind: SignalKind, handler: SignalHandler) -> None:
+        self.handlers[kind] = handler
+
+    async def send_signal(self, call_id: str, kind: SignalKind, detail: str) -> None:
+        for peer in self.peers:
+            await peer.handlers[kind](CallSignal(call_id, kind, detail, "another process"))
 
     async def run_dials(self) -> None:
         """Run what was spawned to dial (the watchdogs that wait out a ring timeout are dropped)."""
@@ -101,7 +128,7 @@ async def test_a_dialled_call_is_followed_to_its_failure_once() -> None:
     for call, event in host.events.seen:
         assert (call.call_id, call.dial_id, call.metadata, call.direction, event.call_id) == (call_id, dial_id, {"crm_id": 7}, "outbound", call_id)
     assert host.events.seen[-1][1].data == {"dial_id": dial_id, "reason": "busy", "detail": ""}
-    assert dialer.answering(dial_id, "twilio", call_id) is None  # over: an answer for it now is not this call's
+    assert await dialer.answering(dial_id, "twilio", call_id) is None  # over: an answer for it now is not this call's
 
 
 async def test_an_answered_call_is_the_requests_and_does_not_fail_after() -> None:
@@ -109,10 +136,10 @@ async def test_an_answered_call_is_the_requests_and_does_not_fail_after() -> Non
     assistant = AssistantConfig(greeting="Say you are calling from the clinic.")
     dialer, dial_id = await placed(host, Carrier(), assistant=assistant.model_dump(exclude_unset=True), metadata={"k": "v"})
     call_id = "CA" + "1".rjust(32, "0")
-    assert dialer.answering(dial_id, "twilio", "CA-someone-else") is None
-    assert dialer.answering(dial_id, "telnyx", call_id) is None
-    assert dialer.answering(None, "twilio", call_id) is None
-    found = dialer.answering(dial_id, "twilio", call_id)
+    assert await dialer.answering(dial_id, "twilio", "CA-someone-else") is None
+    assert await dialer.answering(dial_id, "telnyx", call_id) is None
+    assert await dialer.answering(None, "twilio", call_id) is None
+    found = await dialer.answering(dial_id, "twilio", call_id)
     assert found is not None
     context = found.context
     assert (context.dial_id, context.metadata, context.direction, found.assistant) == (dial_id, {"k": "v"}, "outbound", assistant)
@@ -160,7 +187,7 @@ async def test_past_the_queue_a_request_is_refused() -> None:
 
 async def test_an_answered_call_carries_its_machine_detection() -> None:
     dialer, dial_id = await placed(Host(), Carrier(), machine_detection="voicemail", voicemail_message="Say we called.", on_uncertain="machine")
-    found = dialer.answering(dial_id, "twilio", "CA" + "1".rjust(32, "0"))
+    found = await dialer.answering(dial_id, "twilio", "CA" + "1".rjust(32, "0"))
     assert found is not None and found.machine_detection == MachineDetection(mode="voicemail", voicemail_message="Say we called.", on_uncertain="machine")
 
 
@@ -218,12 +245,50 @@ async def test_a_call_given_up_as_its_dial_goes_is_canceled_once_the_carrier_nam
     assert dialer.cancel(taken.dial_id) == "canceling" and host.spawned == []  # asked again: asked of the carrier once
 
 
-def test_an_answered_call_is_too_late_to_give_up_and_an_unknown_one_is_not_found() -> None:
+async def test_an_answered_call_is_too_late_to_give_up_and_an_unknown_one_is_not_found() -> None:
     host = Host()
     dialer = Dialer(host, {"twilio": Carrier()})
     taken = dialer.place(request(), "https://bridge.example")
     assert isinstance(taken, DialAccepted)
-    assert dialer.answering(taken.dial_id, "twilio", "CA1") is not None and dialer.cancel(taken.dial_id) == "answered"
+    assert await dialer.answering(taken.dial_id, "twilio", "CA1") is not None and dialer.cancel(taken.dial_id) == "answered"
     assert dialer.cancel("dl_none") == "not_found"
     for work in host.spawned:
         work.close()
+
+
+async def test_a_call_placed_by_one_process_is_answered_and_followed_by_another() -> None:
+    """A fleet: the load balancer sends the call's answer webhook and status callbacks to process B, not to A that
+    placed it. B reads the request from A's note (the dial id, metadata, assistant, machine detection) and tells A
+    the call was answered and when it ended; a status callback B cannot place goes to A too. A emits the events and
+    frees the call's pacing slot; nothing is emitted twice."""
+    registry = Registry(shared=True)
+    a, b = Host(registry=registry), Host(registry=registry)
+    a.peers, b.peers = [b], [a]
+    assistant = AssistantConfig(instructions="Remind them of the appointment.")
+    dialer_a, dial_id = await placed(a, Carrier(), metadata={"crm_id": 7}, assistant=assistant.model_dump(), machine_detection="hang_up")
+    dialer_b = Dialer(b, {"twilio": Carrier()})
+    call_id = "CA" + "1".rjust(32, "0")
+    dialer_b.progress("twilio", call_id, "ringing")  # B cannot place it: told to A
+    await b.run_dials_and(("send_signal",))
+    found = await dialer_b.answering(dial_id, "twilio", call_id)
+    assert found is not None
+    assert (found.context.dial_id, found.context.metadata, found.context.direction, found.context.call_id) == (dial_id, {"crm_id": 7}, "outbound", call_id)
+    assert found.assistant == assistant and found.machine_detection is not None and found.machine_detection.mode == "hang_up"
+    await b.run_dials_and(("send_signal",))
+    assert await dialer_a.answering(dial_id, "twilio", call_id) is not None  # A knows the call: it stays A's
+    assert dialer_a.cancel(dial_id) == "answered"
+    assert a.events.types == ["call.dialing", "call.ringing"] and b.events.types == []
+    dialer_b.call_over(call_id)  # the call ended on B's stream: A frees its slot
+    await b.run_dials_and(("send_signal",))
+    assert dialer_a.cancel(dial_id) == "not_found"
+    assert await dialer_b.answering("dl_unknown", "twilio", "CA2") is None
+    assert await dialer_b.answering(dial_id, "telnyx", call_id) is None  # not the carrier it was placed with
+
+
+async def test_without_a_shared_registry_nothing_is_noted_or_signalled() -> None:
+    host = Host()
+    dialer, dial_id = await placed(host, Carrier())
+    assert host.registry.notes == {}
+    dialer.progress("twilio", "CA-not-placed-here", "ringing")
+    assert host.spawned == []
+    assert await dialer.answering("dl_elsewhere", "twilio", "CA9") is None

@@ -200,7 +200,7 @@ class SipDialing:
         """The far end answered: the placed call's context and assistant, then the call served like any other."""
         listener, leg, transport = self._listener, ringing.leg, ringing.transport
         services, call_id = listener.services, transport.call_id
-        placed = services.dialer.answering(leg.dial_id, PROVIDER, call_id) if services.dialer is not None else None
+        placed = await services.dialer.answering(leg.dial_id, PROVIDER, call_id) if services.dialer is not None else None
         if placed is not None and (services.assistants is not None or placed.assistant is not None or placed.machine_detection is not None):
             chosen = await services.desk.choose_assistant(placed.context, placed.assistant, placed.machine_detection)
             if not isinstance(chosen, CallSetup):  # the application will not have the call it placed after all

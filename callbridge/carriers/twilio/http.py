@@ -214,7 +214,7 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
         if not call_id:
             return Response("CallSid missing", status_code=400)
         context = twilio_context(name, [*answer_url_parameters(request), *form.items()], settings.app.context_parameters)
-        placed = services.dialer.answering(request.query_params.get("dial"), name, call_id) if services.dialer else None
+        placed = await services.dialer.answering(request.query_params.get("dial"), name, call_id) if services.dialer else None
         if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
             context = placed.applied_to(context)
         decision = await services.desk.decide_answer(
