@@ -33,6 +33,7 @@ from callbridge.application.context import call_context
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
@@ -80,6 +81,11 @@ TOKEN_EARLY_S: Final = 60.0
 """A bearer token is renewed this long before Bandwidth says it expires."""
 
 _FORBIDDEN = 403
+_DISCONNECT_PROGRESS: Final[dict[str, DialProgress]] = {
+    "hangup": "completed", "busy": "busy", "timeout": "no_answer", "cancel": "canceled", "rejected": "declined",
+}  # fmt: skip
+"""A ``disconnect``'s cause, as the dialer follows a placed call (any other cause — ``error``, ``callback-error``,
+``account-limit`` … — is ``failed``; the dialer takes a failure only of a call not answered)."""
 _HANGUP: Final = '<?xml version="1.0" encoding="UTF-8"?><Response><Hangup/></Response>'
 
 
@@ -179,7 +185,14 @@ class _BandwidthWebhooks:
             parameters=[*answer_url_parameters(request), *((key, value) for key, value in event.items() if isinstance(value, str))],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        decision = await self.services.desk.decide_answer(call_id, "bandwidth", context=context)
+        dialer = self.services.dialer
+        placed = await dialer.answering(request.query_params.get("dial"), "bandwidth", call_id) if dialer is not None else None
+        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
+            context = placed.applied_to(context)
+        decision = await self.services.desk.decide_answer(
+            call_id, "bandwidth", context=context, assistant=placed.assistant if placed else None,
+            machine_detection=placed.machine_detection if placed else None,
+        )  # fmt: skip
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP
@@ -204,7 +217,11 @@ class _BandwidthWebhooks:
             return Response(status_code=_FORBIDDEN)
         call_id = event.get("callId")
         if event.get("eventType") == "disconnect" and isinstance(call_id, str) and call_id:
-            log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=event.get("cause"))
+            cause = str(event.get("cause", "unknown"))
+            log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=cause)
+            if self.services.dialer is not None:  # a call the agent placed: how it went (its answer, if any, came first)
+                detail = f"{cause}: {event.get('errorMessage')}" if event.get("errorMessage") else cause
+                self.services.dialer.progress("bandwidth", call_id, _DISCONNECT_PROGRESS.get(cause, "failed"), detail[:300])
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(event.get("cause", "unknown"))))
         return Response(status_code=204)
 
@@ -276,7 +293,8 @@ def bandwidth_router(services: CarrierServices) -> APIRouter:
 
 class BandwidthRest:
     """The Voice API calls the bridge makes, with an OAuth 2.0 bearer token (``client_credentials``, kept until a
-    minute before it expires): end a call (``{"state": "completed"}``) and restart its stream (``redirectUrl``)."""
+    minute before it expires): end a call (``{"state": "completed"}``), restart its stream (``redirectUrl``), and
+    create one (a call the agent places: ``dial``; ``cancel`` ends it while it rings)."""
 
     def __init__(self, config: BandwidthSettings, *, client: httpx.AsyncClient | None = None) -> None:
         self._base = config.api_base_url.rstrip("/")
@@ -320,6 +338,50 @@ class BandwidthRest:
     async def hang_up(self, call_id: str, account_id: str | None) -> None:
         """End the call; one that has already ended (404) counts as done. Raises ``httpx.HTTPError``."""
         await self._update(call_id, account_id, {"state": "completed"})
+
+    @property
+    def can_dial(self) -> bool:
+        config = self._config
+        return bool(config.account_id and config.application_id and config.client_id and config.client_secret is not None)
+
+    async def dial(self, leg: DialLeg) -> str:
+        """Create the call (``POST …/accounts/{account}/calls``): Bandwidth rings ``leg.to`` for the ring timeout
+        (``callTimeout``), POSTs the ``answer`` webhook (its URL names the dial) when it is answered and the
+        ``disconnect`` webhook when it ends, answered or not, with the callback credentials. Its ``callId``;
+        raises ``DialRejected`` with Bandwidth's error."""
+        config = self._config
+        if not self.can_dial:
+            raise DialRejected("not_configured", "dialling needs bandwidth.account_id, application_id, client_id and client_secret")
+        body: dict[str, object] = {
+            "from": leg.from_, "to": leg.to, "applicationId": config.application_id, "callTimeout": leg.ring_timeout_s,
+            "answerUrl": f"{leg.base_url}{ANSWER_PATH}?dial={leg.dial_id}", "answerMethod": "POST",
+            "disconnectUrl": f"{leg.base_url}{STATUS_PATH}", "disconnectMethod": "POST",
+        }  # fmt: skip
+        if config.callback_username is not None and config.callback_password is not None:
+            body |= {"username": config.callback_username, "password": config.callback_password.get_secret_value()}
+        try:
+            url = f"{self._base}/accounts/{quote(str(config.account_id), safe='')}/calls"
+            response = await self._client.post(url, json=body, headers={"Authorization": f"Bearer {await self._bearer()}"})
+        except (httpx.HTTPError, RuntimeError) as exc:
+            raise DialRejected("unreachable", repr(exc)) from exc
+        if response.status_code == 401:
+            self._token = None
+        try:
+            answer = response.json() if response.content else {}
+        except ValueError:
+            answer = {}
+        if response.status_code != 201 or not isinstance(answer, dict) or not isinstance(answer.get("callId"), str):
+            kind, description = (answer.get("type"), answer.get("description")) if isinstance(answer, dict) else (None, None)
+            raise DialRejected("refused", f"HTTP {response.status_code} {kind or ''} {description or response.text[:200]}".strip())
+        return str(answer["callId"])
+
+    async def cancel(self, call_id: str) -> bool:
+        """End a call this application created while it rings (Bandwidth reports its ``disconnect``, cause
+        ``cancel``); False where it is not live any more or the request was not taken."""
+        try:
+            return await self._update(call_id, None, {"state": "completed"})
+        except (httpx.HTTPError, RuntimeError):
+            return False
 
     async def redirect(self, call_id: str, url: str) -> bool:
         """Send the call to ``url`` for new BXML (a new stream); False when the call is not live."""

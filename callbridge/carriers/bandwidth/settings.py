@@ -16,6 +16,8 @@ _PCM_RATES_HZ: Final = {"pcm8k": 8000, "pcm16k": 16000, "pcm24k": 24000}
 class BandwidthSettings(Section):
     account_id: str | None = None
     """The Bandwidth account whose Voice API the REST calls use (hang-up, stream restart)."""
+    application_id: str | None = None
+    """The Voice application a call the agent places belongs to (``POST …/calls``): needed only to dial."""
     client_id: str | None = None
     """OAuth 2.0 client credentials for the Voice API (Bandwidth's identity provider issues a bearer token)."""
     client_secret: SecretStr | None = None

@@ -20,7 +20,14 @@ What Bandwidth does for an inbound call, and what this does:
   call waits for the bridge's Voice API ``redirectUrl`` to run new BXML;
 - serves the Voice API: ``POST /api/v1/oauth2/token`` (``client_credentials``, Basic client id and secret) and
   ``POST /api/v2/accounts/{account}/calls/{call}`` with the bearer token: ``{"state": "completed"}`` ends the
-  call, ``{"redirectUrl": …}`` redirects it; 404 for a call that is not live, 401 without a valid token.
+  call, ``{"redirectUrl": …}`` redirects it; 404 for a call that is not live, 401 without a valid token;
+- creates calls (``POST /api/v2/accounts/{account}/calls``, #42): ``from``, ``to`` (E.164), ``applicationId`` (the
+  account's application), ``answerUrl`` (http/https), ``callTimeout`` 1–300 s, as Bandwidth's API checks them (400
+  ``validation`` otherwise); 201 with the ``callId``. The call rings its ``Callee`` (no callback while it rings:
+  Bandwidth has none); answered, the ``answer`` event (``direction`` outbound) goes to the ``answerUrl`` with the
+  request's callback credentials and the call runs as an inbound one; unanswered, the ``disconnect`` event goes to
+  the ``disconnectUrl`` with its cause: ``timeout``, ``busy``, ``error``, or ``cancel`` (``{"state": "completed"}``
+  while it rings).
 """
 
 from __future__ import annotations
@@ -32,10 +39,13 @@ import binascii
 import contextlib
 import hashlib
 import hmac
+import re
 import secrets
+import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 import httpx
@@ -47,6 +57,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.carriers.bandwidth.wire import PLAYBACK_RATES, playback_content_type
+from callbridge.sim.callee import Callee
+from callbridge.sim.caller import CallResult
 from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
 from callbridge.sim.transfer import sent_on
 
@@ -63,6 +75,44 @@ _STREAM_ATTRIBUTES: Final = frozenset({"name", "mode", "tracks", "destination", 
 _PLAYBACK_RATES: Final[dict[str, int | None]] = {playback_content_type(rate): rate for rate in (None, *sorted(PLAYBACK_RATES))}
 """``playAudio`` content types → the PCM rate (None: μ-law 8 kHz)."""
 _OUTBOUND_KEYS: Final = {"playAudio": {"eventType", "media"}, "clear": {"eventType"}}
+
+
+_E164: Final = re.compile(r"^\+[1-9][0-9]{6,14}$")
+
+
+@dataclass(frozen=True, slots=True)
+class _CreatedCall:
+    """A call the Voice API created: what it was asked."""
+
+    call_id: str
+    to: str
+    from_: str
+    answer_url: str
+    disconnect_url: str | None
+    timeout_s: int
+    auth: dict[str, str]
+    """The request's callback credentials, as its webhooks carry them."""
+
+
+def _create_refusal(body: object, application_id: str) -> str | None:
+    """What Bandwidth's create-call API refuses in ``body`` (its 400 ``validation`` description), or None."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    for key in ("from", "to", "applicationId", "answerUrl"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            return f"{key} is required"
+    if body["applicationId"] != application_id:
+        return f"application {body['applicationId']} is not this account's"
+    for key in ("from", "to"):
+        if not _E164.match(body[key]):
+            return f"{key} must be an E.164 number"
+    for key in ("answerUrl", "disconnectUrl"):
+        if key in body and not (isinstance(body[key], str) and body[key].startswith(("http://", "https://"))):
+            return f"{key} must be an http or https URL"
+    timeout = body.get("callTimeout", 30)
+    if not isinstance(timeout, int | float) or not 1 <= timeout <= 300:
+        return "callTimeout must be 1 to 300 seconds"
+    return None
 
 
 def _basic(user: str, password: str) -> str:
@@ -155,6 +205,7 @@ class SimulatedBandwidth(SimulatedCarrier):
     """Bandwidth's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str] = "bandwidth"
+    places_calls: ClassVar[bool] = True
     stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/api/v1/oauth2/token"})
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = True
@@ -172,11 +223,16 @@ class SimulatedBandwidth(SimulatedCarrier):
         """call → its ``<StartGather>``: the dtmfUrl and the headers to send with it."""
         self._streams: dict[str, BandwidthStream] = {}
         self._background: set[asyncio.Task[object]] = set()
+        self.application_id = APPLICATION_ID
+        """The account's Voice application: a call created for another is refused."""
+        self._created: dict[str, _CreatedCall] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        """A created call's cancel (``{"state": "completed"}`` while it rings), by call id."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
         bandwidth = {
-            "account_id": ACCOUNT_ID, "client_id": CLIENT_ID, "client_secret": secret, "callback_username": CALLBACK_USER,
+            "account_id": ACCOUNT_ID, "application_id": APPLICATION_ID, "client_id": CLIENT_ID, "client_secret": secret, "callback_username": CALLBACK_USER,
             "callback_password": secret, "api_base_url": rest_url + "/api/v2", "token_url": rest_url + "/api/v1/oauth2/token",
         }  # fmt: skip
         return {"bandwidth": bandwidth}
@@ -194,8 +250,66 @@ class SimulatedBandwidth(SimulatedCarrier):
     def rest_routes(self) -> list[BaseRoute]:
         return [
             Route("/api/v1/oauth2/token", self._token, methods=["POST"]),
+            Route("/api/v2/accounts/{account}/calls", self._create_call, methods=["POST"]),
             Route("/api/v2/accounts/{account}/calls/{call}", self._update_call, methods=["POST"]),
         ]
+
+    async def _create_call(self, request: Request) -> Response:
+        """``POST …/accounts/{account}/calls``: 201 with the ``callId``, then the call goes as its ``Callee`` says."""
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not self._token_valid(token) or request.path_params["account"] != ACCOUNT_ID:
+            return JSONResponse({"type": "authentication-error"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        refused = _create_refusal(body, self.application_id)
+        if refused is not None:
+            return JSONResponse({"type": "validation", "description": refused}, status_code=400)
+        assert isinstance(body, dict)
+        username, password = body.get("username"), body.get("password")
+        auth = {"authorization": _basic(username, password)} if isinstance(username, str) and isinstance(password, str) else {}
+        created = _CreatedCall(
+            self.new_call_id(), body["to"], body["from"], body["answerUrl"], body.get("disconnectUrl"), int(body.get("callTimeout", 30)), auth,
+        )  # fmt: skip
+        self._created[created.call_id] = created
+        self.dialled_at.append(time.monotonic())
+        self.dialled[created.call_id] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        answer = {"callId": created.call_id, "accountId": ACCOUNT_ID, "applicationId": APPLICATION_ID, "to": created.to,
+                  "from": created.from_, "answerUrl": created.answer_url, "callTimeout": created.timeout_s}  # fmt: skip
+        return JSONResponse(answer, status_code=201)
+
+    async def _ring(self, created: _CreatedCall, callee: Callee) -> CallResult | None:
+        """The created call rings, and is answered (then runs as an inbound call does), or not (``disconnect``)."""
+        ring_s = created.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.timeout_s)
+        cancel = self._cancels[created.call_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[created.call_id]
+        if cancel.is_set():
+            cause = "cancel"
+        elif callee.outcome != "answers" or callee.ring_ms > created.timeout_s * 1000:
+            cause = {"busy": "busy", "fails": "error"}.get(callee.outcome, "timeout")
+        else:
+            self.status_reports.append((created.call_id, "answer"))
+            if self.on_answered is not None:  # a load test runs it
+                self.on_answered(created.to, created.call_id)
+                return None
+            return await self.place_call(callee.script, call_id=created.call_id)
+        await self._created_disconnect(created, cause)
+        return None
+
+    async def _created_disconnect(self, created: _CreatedCall, cause: str) -> None:
+        self.status_reports.append((created.call_id, cause))
+        if created.disconnect_url is None:
+            return
+        event = self.event("disconnect", created.call_id, cause=cause, direction="outbound", to=created.to, **{"from": created.from_})
+        if cause == "error":
+            event["errorMessage"] = "Service unavailable"
+        try:
+            await self._http.post(created.disconnect_url, content=orjson.dumps(event), headers={"content-type": "application/json", **created.auth})
+        except httpx.HTTPError:
+            pass
 
     async def _token(self, request: Request) -> Response:
         form = await request.form()
@@ -219,12 +333,16 @@ class SimulatedBandwidth(SimulatedCarrier):
             return JSONResponse({"type": "authentication-error"}, status_code=401)
         call_id = request.path_params["call"]
         call = self.calls.get(call_id)
-        if call is None or call.ended.is_set():
-            return JSONResponse({"type": "call-not-found"}, status_code=404)
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse({"type": "validation"}, status_code=400)
+        ringing = self._cancels.get(call_id)
+        if ringing is not None and isinstance(body, dict) and body.get("state") == "completed":  # created, not answered
+            ringing.set()
+            return Response(status_code=200)
+        if call is None or call.ended.is_set():
+            return JSONResponse({"type": "call-not-found"}, status_code=404)
         if body.get("state") == "completed":
             self.end_call(call_id)
             return Response(status_code=200)
@@ -302,7 +420,11 @@ class SimulatedBandwidth(SimulatedCarrier):
         """``initiate`` → BXML; after a drop, ``mediaStreamStopped`` → the bridge's redirect → ``redirect`` →
         BXML; then the stream the BXML starts."""
         result = call.result
-        if reason == "answer":
+        created = self._created.get(call.call_id)
+        if reason == "answer" and created is not None:  # a call the Voice API created, answered
+            url = created.answer_url
+            event = self.event("answer", call.call_id, direction="outbound", to=created.to, **{"from": created.from_})
+        elif reason == "answer":
             url, event = self.with_answer_query(f"{self.bridge_url}/bandwidth/answer"), self.event("initiate", call.call_id)
         else:
             old = self._streams.pop(call.call_id, None)
