@@ -35,6 +35,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
@@ -47,6 +48,8 @@ __all__ = [
     "ANSWER_PATH",
     "CARRIER",
     "HANGUP_PATH",
+    "RING_PATH",
+    "placed_call_progress",
     "MEDIA_PATH",
     "STATUS_PATH",
     "TRANSFER_PATH",
@@ -66,6 +69,8 @@ ANSWER_PATH: Final = "/plivo/answer"
 MEDIA_PATH: Final = "/plivo/media"
 STATUS_PATH: Final = "/plivo/stream-status"
 HANGUP_PATH: Final = "/plivo/hangup"
+RING_PATH: Final = "/plivo/ring"
+"""A call the agent placed rings (its ``ring_url``)."""
 TRANSFER_PATH: Final = "/plivo/transfer"
 """Where a transferred call's new XML comes from (the Transfer API's ``aleg_url``, ``?target=…``)."""
 
@@ -267,7 +272,15 @@ class _PlivoWebhooks:
             parameters=[*answer_url_parameters(request), *((key, value) for key in params if (value := _first(params, key)) is not None)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are X-PH-… parameters
-        decision = await self.services.desk.decide_answer(call_id, "plivo", context=context)
+        dialer = self.services.dialer
+        request_uuid = _first(params, "RequestUUID") or call_id  # a placed call's: the id its Call API answer gave
+        placed = await dialer.answering(request.query_params.get("dial"), "plivo", request_uuid) if dialer is not None else None
+        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
+            context = placed.applied_to(context)
+        decision = await self.services.desk.decide_answer(
+            call_id, "plivo", context=context, assistant=placed.assistant if placed else None,
+            machine_detection=placed.machine_detection if placed else None,
+        )  # fmt: skip
         match decision.kind:
             case AnswerKind.HANG_UP:
                 xml = _HANGUP
@@ -338,8 +351,23 @@ class _PlivoWebhooks:
         call_id = _first(params, "CallUUID")
         if not call_id:
             return Response(status_code=204)
-        log.info("call_hangup_callback", provider="plivo", call_id=call_id, cause=_first(params, "HangupCause"))
+        cause = _first(params, "HangupCause") or ""
+        log.info("call_hangup_callback", provider="plivo", call_id=call_id, cause=cause)
+        request_uuid = _first(params, "RequestUUID")
+        if self.services.dialer is not None and request_uuid:  # a call the agent placed: how it went
+            status = _first(params, "CallStatus") or ""
+            self.services.dialer.progress("plivo", request_uuid, placed_call_progress(status, cause), f"{status}: {cause}"[:300])
         await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP))
+        return Response(status_code=204)
+
+    async def ring(self, request: Request) -> Response:
+        """A call the agent placed rings (the ``ring_url`` its Call API request named)."""
+        params = await self._checked(request, RING_PATH)
+        if params is None:
+            return Response(status_code=_FORBIDDEN)
+        request_uuid = _first(params, "RequestUUID")
+        if self.services.dialer is not None and request_uuid:
+            self.services.dialer.progress("plivo", request_uuid, "ringing")
         return Response(status_code=204)
 
 
@@ -352,6 +380,7 @@ def plivo_router(services: CarrierServices) -> APIRouter:
     router.add_api_route(STATUS_PATH, routes.stream_status, methods=["GET", "POST"])
     router.add_api_route(TRANSFER_PATH, routes.transfer, methods=["GET", "POST"])
     router.add_api_route(HANGUP_PATH, routes.hangup, methods=["GET", "POST"])
+    router.add_api_route(RING_PATH, routes.ring, methods=["GET", "POST"])
     return router
 
 
@@ -393,6 +422,49 @@ class PlivoRest:
             return  # already over
         response.raise_for_status()
 
+    @property
+    def can_dial(self) -> bool:
+        return self._auth_id is not None and self._token is not None
+
+    async def dial(self, leg: DialLeg) -> str:
+        """Make the call (``POST …/Account/{auth_id}/Call/``): Plivo rings ``leg.to`` for the ring timeout, POSTs the
+        ``ring_url`` while it rings, the ``answer_url`` (naming the dial) when it is answered and the ``hangup_url``
+        when it ends, answered or not. Its ``request_uuid`` (the callbacks carry it as ``RequestUUID``); raises
+        ``DialRejected`` with Plivo's error."""
+        if self._auth_id is None or self._token is None:
+            raise DialRejected("not_configured", "dialling needs plivo.auth_id and plivo.auth_token")
+        body = {
+            "from": leg.from_.removeprefix("+"), "to": leg.to.removeprefix("+"), "ring_timeout": leg.ring_timeout_s,
+            "answer_url": f"{leg.base_url}{ANSWER_PATH}?dial={leg.dial_id}", "answer_method": "POST",
+            "ring_url": f"{leg.base_url}{RING_PATH}", "ring_method": "POST",
+            "hangup_url": f"{leg.base_url}{HANGUP_PATH}", "hangup_method": "POST",
+        }  # fmt: skip; Plivo's numbers: E.164 without the +
+        try:
+            response = await self._client.post(f"{self._base}/v1/Account/{quote(self._auth_id, safe='')}/Call/", json=body, auth=(self._auth_id, self._token))
+        except httpx.HTTPError as exc:
+            raise DialRejected("unreachable", repr(exc)) from exc
+        try:
+            answer = response.json() if response.content else {}
+        except ValueError:
+            answer = {}
+        request_uuid = answer.get("request_uuid") if isinstance(answer, dict) else None
+        if response.status_code != 201 or not isinstance(request_uuid, str) or not request_uuid:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            raise DialRejected("refused", f"HTTP {response.status_code} {error or response.text[:200]}".strip())
+        return request_uuid
+
+    async def cancel(self, call_id: str) -> bool:
+        """Cancel a call this account made that is not answered yet (``DELETE …/Request/{request_uuid}/``); Plivo
+        reports it to the hang-up URL. False where it is not ringing any more or the request was not taken."""
+        if self._auth_id is None or self._token is None:
+            return False
+        url = f"{self._base}/v1/Account/{quote(self._auth_id, safe='')}/Request/{quote(call_id, safe='')}/"
+        try:
+            response = await self._client.delete(url, auth=(self._auth_id, self._token))
+        except httpx.HTTPError:
+            return False
+        return response.status_code < 300
+
     async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
         auth_id = self._auth_id or account_id
         if not auth_id or not self._token:
@@ -414,6 +486,18 @@ class PlivoRest:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def placed_call_progress(status: str, cause: str) -> DialProgress:
+    """A placed call's hang-up callback, as the dialer follows it: its ``CallStatus`` (``busy``, ``no-answer``,
+    ``timeout``, ``cancel``, ``failed``, ``completed``), a rejection told apart by its ``HangupCause``."""
+    if status == "completed":
+        return "completed"
+    if status in ("no-answer", "timeout"):
+        return "no_answer"
+    if status in ("busy", "cancel"):
+        return "busy" if status == "busy" else "canceled"
+    return "declined" if "reject" in cause.lower() else "failed"
 
 
 def plivo_rest(settings: Settings) -> PlivoRest:

@@ -27,11 +27,18 @@ What Plivo does for an inbound call, and what this does:
   and POSTs the application's hang-up URL (``/plivo/hangup``, signed);
 - serves the REST hang-up (``DELETE /v1/Account/{auth_id}/Call/{uuid}/``,
   basic auth ``auth_id:auth_token``): 204, 404 for a call that is not live,
-  401 without the credentials.
+  401 without the credentials;
+- makes calls (#42): ``POST /v1/Account/{auth_id}/Call/`` (JSON ``from``, ``to``: digits, E.164 without the +;
+  ``answer_url``; ``ring_timeout`` 5–120 s; URLs http/https; 400 ``{"error": …}`` otherwise), 201 with the
+  ``request_uuid``. The call rings its ``Callee``: the ``ring_url`` hears ``ringing``; answered, the ``answer_url``
+  gets the call (``Direction`` outbound, ``RequestUUID``) and it runs as an inbound one; unanswered, the
+  ``hangup_url`` gets its ``CallStatus`` and ``HangupCause`` (``busy`` ``USER_BUSY``, ``no-answer`` ``NO_ANSWER``,
+  ``failed`` ``NETWORK_OUT_OF_ORDER``, ``cancel`` ``ORIGINATOR_CANCEL`` after ``DELETE …/Request/{request_uuid}/``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import audioop
 import base64
 import binascii
@@ -42,6 +49,7 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 import httpx
@@ -54,6 +62,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from callbridge.carriers.plivo.http import plivo_signature_v3
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
+from callbridge.sim.callee import Callee
+from callbridge.sim.caller import CallResult
 from callbridge.sim.carrier import (
     OpenReason,
     SimCall,
@@ -79,6 +89,40 @@ _OUTBOUND_KEYS: Final = {
 }
 """Plivo's inbound events: (required keys, optional keys)."""
 _EXTRA_HEADERS_MAX: Final = 512
+
+
+@dataclass(frozen=True, slots=True)
+class _MadeCall:
+    """A call the Call API made: what it was asked."""
+
+    request_uuid: str
+    call_uuid: str
+    to: str
+    from_: str
+    answer_url: str
+    ring_url: str | None
+    hangup_url: str | None
+    ring_timeout_s: int
+
+
+def _make_refusal(body: object) -> str | None:
+    """What Plivo's Call API refuses in ``body`` (its 400 ``error``), or None."""
+    if not isinstance(body, dict):
+        return "invalid JSON body"
+    for key in ("from", "to", "answer_url"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            return f"{key} is a required parameter"
+    for key in ("from", "to"):
+        digits = body[key].removeprefix("+")
+        if not digits.isascii() or not digits.isdigit() or not 7 <= len(digits) <= 15:
+            return f"{key} is not a valid phone number"
+    for key in ("answer_url", "ring_url", "hangup_url"):
+        if key in body and not (isinstance(body[key], str) and body[key].startswith(("http://", "https://"))):
+            return f"{key} is not a valid URL"
+    timeout = body.get("ring_timeout", 60)
+    if not isinstance(timeout, int) or not 5 <= timeout <= 120:
+        return "ring_timeout must be between 5 and 120"
+    return None
 
 
 def auth_id_for(secret: str) -> str:
@@ -202,6 +246,7 @@ class SimulatedPlivo(SimulatedCarrier):
     """Plivo's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str] = "plivo"
+    places_calls: ClassVar[bool] = True
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = False
     calls_hangup_url: ClassVar[bool] = True
@@ -214,6 +259,10 @@ class SimulatedPlivo(SimulatedCarrier):
         self._http = webhook_client()
         self._redirects: dict[str, str] = {}
         """call → the ``<Redirect>`` URL that follows its stream."""
+        self._made: dict[str, _MadeCall] = {}
+        """CallUUID → a call the Call API made."""
+        self._cancels: dict[str, asyncio.Event] = {}
+        """request_uuid → its cancel, while it rings."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -226,15 +275,81 @@ class SimulatedPlivo(SimulatedCarrier):
     # ------------------------------------------------------------------ REST
 
     def rest_routes(self) -> list[BaseRoute]:
-        return [Route("/v1/Account/{auth_id}/Call/{call}/", self._rest_hang_up, methods=["DELETE"])]
+        return [
+            Route("/v1/Account/{auth_id}/Call/", self._make_call, methods=["POST"]),
+            Route("/v1/Account/{auth_id}/Call/{call}/", self._rest_hang_up, methods=["DELETE"]),
+            Route("/v1/Account/{auth_id}/Request/{request}/", self._cancel_request, methods=["DELETE"]),
+        ]
+
+    def _authenticated(self, request: Request) -> bool:
+        expected = "Basic " + base64.b64encode(f"{self.auth_id}:{self.auth_token}".encode()).decode()
+        return request.headers.get("authorization") == expected and request.path_params["auth_id"] == self.auth_id
 
     async def _rest_hang_up(self, request: Request) -> Response:
-        expected = "Basic " + base64.b64encode(f"{self.auth_id}:{self.auth_token}".encode()).decode()
-        if request.headers.get("authorization") != expected or request.path_params["auth_id"] != self.auth_id:
+        if not self._authenticated(request):
             return JSONResponse({"error": "authentication failed"}, status_code=401)
         if not self.end_call(request.path_params["call"]):
             return JSONResponse({"error": "call not found"}, status_code=404)
         return Response(status_code=204)
+
+    async def _make_call(self, request: Request) -> Response:
+        """``POST …/Call/``: 201 with the ``request_uuid``, then the call goes as its ``Callee`` says."""
+        if not self._authenticated(request):
+            return JSONResponse({"error": "authentication failed"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        refused = _make_refusal(body)
+        if refused is not None:
+            return JSONResponse({"api_id": str(uuid.uuid4()), "error": refused}, status_code=400)
+        assert isinstance(body, dict)
+        made = _MadeCall(
+            str(uuid.uuid4()), self.new_call_id(), "+" + body["to"].removeprefix("+"), "+" + body["from"].removeprefix("+"),
+            body["answer_url"], body.get("ring_url"), body.get("hangup_url"), int(body.get("ring_timeout", 60)),
+        )  # fmt: skip
+        self._made[made.call_uuid] = made
+        self.dialled_at.append(time.monotonic())
+        self.dialled[made.request_uuid] = asyncio.create_task(self._ring(made, self.callees.get(made.to, Callee())))
+        return JSONResponse({"api_id": str(uuid.uuid4()), "message": "call fired", "request_uuid": made.request_uuid}, status_code=201)
+
+    async def _cancel_request(self, request: Request) -> Response:
+        if not self._authenticated(request):
+            return JSONResponse({"error": "authentication failed"}, status_code=401)
+        ringing = self._cancels.get(request.path_params["request"])
+        if ringing is None:
+            return JSONResponse({"error": "not found"}, status_code=404)
+        ringing.set()
+        return Response(status_code=204)
+
+    async def _ring(self, made: _MadeCall, callee: Callee) -> CallResult | None:
+        """The call rings (``ring_url``), and is answered (then runs as an inbound call does), or not (its
+        ``hangup_url`` says how)."""
+        await self._made_callback(made, made.ring_url, "ringing", Event="Ring")
+        ring_s = made.ring_timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, made.ring_timeout_s)
+        cancel = self._cancels[made.request_uuid] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[made.request_uuid]
+        if cancel.is_set():
+            status, cause = "cancel", "ORIGINATOR_CANCEL"
+        elif callee.outcome != "answers" or callee.ring_ms > made.ring_timeout_s * 1000:
+            status, cause = {"busy": ("busy", "USER_BUSY"), "fails": ("failed", "NETWORK_OUT_OF_ORDER")}.get(callee.outcome, ("no-answer", "NO_ANSWER"))
+        else:
+            if self.on_answered is not None:  # a load test runs it
+                self.on_answered(made.to, made.call_uuid)
+                return None
+            return await self.place_call(callee.script, call_id=made.call_uuid)
+        await self._made_callback(made, made.hangup_url, status, Event="Hangup", HangupCause=cause, Duration="0")
+        return None
+
+    async def _made_callback(self, made: _MadeCall, url: str | None, status: str, **extra: str) -> None:
+        self.status_reports.append((made.request_uuid, status))
+        if url is None:
+            return
+        params = {**self.call_params(made.call_uuid, status), **extra}
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(url, data=params, headers=self._signed("POST", url, params))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -248,6 +363,14 @@ class SimulatedPlivo(SimulatedCarrier):
         return {"X-Plivo-Signature-V3": signature, "X-Plivo-Signature-V3-Nonce": nonce}
 
     def call_params(self, call_id: str, status: str) -> dict[str, str]:
+        made = self._made.get(call_id)
+        if made is not None:  # a call the Call API made
+            return {
+                "CallUUID": call_id, "RequestUUID": made.request_uuid, "From": made.from_.removeprefix("+"),
+                "To": made.to.removeprefix("+"), "CallStatus": status, "Direction": "outbound",
+                "Event": "StartApp" if status == "in-progress" else status, "ALegUUID": call_id,
+                "ALegRequestUUID": made.request_uuid, "BillRate": "0.00850",
+            }  # fmt: skip
         return {
             "CallUUID": call_id,
             "From": "14155550006",
@@ -264,10 +387,12 @@ class SimulatedPlivo(SimulatedCarrier):
     async def open_stream(self, call: SimCall, reason: OpenReason) -> PlivoStream | None:
         """Fetch the answer URL (after a stream ends: the ``<Redirect>`` that follows it) and open the stream."""
         result = call.result
-        url = self._redirects.pop(call.call_id, self.with_answer_query(f"{self.bridge_url}/plivo/answer"))
+        made = self._made.get(call.call_id)
+        first = made.answer_url if made is not None else self.with_answer_query(f"{self.bridge_url}/plivo/answer")
+        url = self._redirects.pop(call.call_id, first)
         if reason != "answer":
             result.log(call.clock(), self.provider, "the stream ended: the XML goes on to <Redirect>")
-        params = self.call_params(call.call_id, "ringing" if reason == "answer" else "in-progress")
+        params = self.call_params(call.call_id, "ringing" if reason == "answer" and made is None else "in-progress")
         response = await self._http.post(url, data=params, headers=self._signed("POST", url, params))
         if response.status_code != 200:
             result.log(call.clock(), self.provider, f"answer URL failed: HTTP {response.status_code}")
