@@ -73,6 +73,7 @@ from callbridge.bridge.answer_policy import AnswerKind
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.carrier_transport import WebSocketTransport
+from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import CallSignal, SignalKind, counters_kept_ms
@@ -99,6 +100,11 @@ log = get_logger(__name__)
 ANSWER_PATH: Final = "/vonage/answer"
 MEDIA_PATH: Final = "/vonage/media"
 EVENTS_PATH: Final = "/vonage/events"
+_PLACED_PROGRESS: Final[dict[str, DialProgress]] = {
+    "ringing": "ringing", "answered": "answered", "busy": "busy", "timeout": "no_answer", "unanswered": "no_answer",
+    "rejected": "declined", "failed": "failed", "cancelled": "canceled", "completed": "completed",
+}  # fmt: skip
+"""A placed call's event ``status``, as the dialer follows it."""
 
 _FORBIDDEN: Final = 403
 _MAX_RECONNECTS: Final = 10
@@ -382,7 +388,14 @@ class _VonageWebhooks:
             parameters=[(key, str(value)) for key, value in params.items() if isinstance(value, str | int | float)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are SipHeader_X-… fields
-        decision = await self.services.desk.decide_answer(call_id, "vonage", retries=False, context=context)
+        dialer = self.services.dialer
+        placed = await dialer.answering(request.query_params.get("dial"), "vonage", call_id) if dialer is not None else None
+        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
+            context = placed.applied_to(context)
+        decision = await self.services.desk.decide_answer(
+            call_id, "vonage", retries=False, context=context, assistant=placed.assistant if placed else None,
+            machine_detection=placed.machine_detection if placed else None,
+        )  # fmt: skip
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return _ncco(connect_ncco(decision.target))
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
@@ -416,6 +429,10 @@ class _VonageWebhooks:
         conversation = params.get("conversation_uuid")
         self.services.metrics.stream_status.labels("vonage", status if status in _STATUSES else "other").inc()
         token = headers.get("token") if isinstance(headers, dict) else None
+        placed_progress = _PLACED_PROGRESS.get(str(status))
+        if placed_progress is not None and header_call is None and isinstance(leg, str) and params.get("direction") == "outbound":
+            if self.services.dialer is not None:  # a call the agent placed (not our websocket leg: that one has headers)
+                self.services.dialer.progress("vonage", leg, placed_progress, str(status))
         if status == "disconnected":
             call_id = header_call if isinstance(header_call, str) else self.calls.conversations.get(str(conversation))
             return await self.reconnect(request, call_id, token, leg)
@@ -480,8 +497,8 @@ def vonage_router(services: CarrierServices) -> APIRouter:
 
 
 class VonageRest:
-    """The one REST call the bridge makes: ``PUT /v1/calls/{uuid}`` ``{"action":"hangup"}``, authorised by a
-    RS256 JWT signed with the application's private key."""
+    """The Voice API calls the bridge makes, authorised by a RS256 JWT signed with the application's private key:
+    ``PUT /v1/calls/{uuid}`` (hang up, DTMF, transfer), and ``POST /v1/calls`` (a call the agent places)."""
 
     def __init__(
         self,
@@ -521,6 +538,45 @@ class VonageRest:
         if response.status_code in (400, 409) and "complete" in response.text.lower():
             return  # already completed
         response.raise_for_status()
+
+    @property
+    def can_dial(self) -> bool:
+        return bool(self._application_id) and self._key_path is not None
+
+    async def dial(self, leg: DialLeg) -> str:
+        """Create the call (``POST /v1/calls``): Vonage rings ``leg.to`` for the ring timeout (``ringing_timer``),
+        GETs the answer URL (naming the dial) when it is answered, and POSTs the call's events (``started``,
+        ``ringing``, ``answered`` … or ``busy``, ``timeout``, ``rejected``, ``failed``, ``cancelled``) to the event
+        URL. Its ``uuid``; raises ``DialRejected`` with Vonage's error."""
+        if not self.can_dial:
+            raise DialRejected("not_configured", "dialling needs vonage.application_id and vonage.private_key_path")
+        body = {
+            "to": [{"type": "phone", "number": leg.to.removeprefix("+")}], "from": {"type": "phone", "number": leg.from_.removeprefix("+")},
+            "answer_url": [f"{leg.base_url}{ANSWER_PATH}?dial={leg.dial_id}"], "answer_method": "GET",
+            "event_url": [f"{leg.base_url}{EVENTS_PATH}"], "event_method": "POST", "ringing_timer": leg.ring_timeout_s,
+        }  # fmt: skip; Vonage's numbers: E.164 without the +
+        try:
+            response = await self._client.post(f"{self._base}/v1/calls", json=body, headers={"Authorization": f"Bearer {self.token()}"})
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            raise DialRejected("unreachable", repr(exc)) from exc
+        try:
+            answer = response.json() if response.content else {}
+        except ValueError:
+            answer = {}
+        call_id = answer.get("uuid") if isinstance(answer, dict) else None
+        if response.status_code != 201 or not isinstance(call_id, str) or not call_id:
+            title, detail = (answer.get("title"), answer.get("detail")) if isinstance(answer, dict) else (None, None)
+            raise DialRejected("refused", f"HTTP {response.status_code} {title or ''} {detail or response.text[:200]}".strip())
+        return call_id
+
+    async def cancel(self, call_id: str) -> bool:
+        """End a call the application created while it rings (Vonage reports it ``cancelled``); False where it is
+        not live any more or the request was not taken."""
+        try:
+            response = await self._client.put(f"{self._base}/v1/calls/{call_id}", json={"action": "hangup"}, headers={"Authorization": f"Bearer {self.token()}"})
+        except (httpx.HTTPError, OSError, ValueError, RuntimeError):
+            return False
+        return response.status_code < 300
 
     async def perform(self, call_id: str, account_id: str | None, action: CarrierCallAction) -> ActionResult:
         """The agent's actions on the Voice API: ``PUT /v1/calls/{uuid}/dtmf`` ``{"digits"}``, or a transfer of the

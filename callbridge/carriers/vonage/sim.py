@@ -26,7 +26,12 @@ It does what Vonage does for an inbound call whose answer URL is the bridge:
   event URL, the bridge's ``/vonage/events``);
 - serves the REST hang-up, ``PUT /v1/calls/{uuid}`` ``{"action":"hangup"}``,
   checking the RS256 application JWT with the public key of the key pair it
-  generated for the bridge.
+  generated for the bridge;
+- creates calls (#42): ``POST /v1/calls`` with that JWT — one phone endpoint in ``to``, a phone ``from`` (digits,
+  E.164 without the +), one http(s) ``answer_url``, ``ringing_timer`` 1–120 s (400 with ``invalid_parameters``
+  otherwise); 201 with the ``uuid``. The call's events go to its ``event_url``, signed: ``started``, ``ringing``;
+  answered, ``answered``, the answer URL is fetched and the call runs as an inbound one (``completed`` at its end);
+  unanswered, ``busy``, ``timeout``, ``failed``, or ``cancelled`` after a hang-up while it rings.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ from websockets.exceptions import InvalidStatus
 from websockets.protocol import State
 
 from callbridge.config import Settings
+from callbridge.sim.callee import Callee
+from callbridge.sim.caller import CallResult
 from callbridge.sim.carrier import (
     OpenReason,
     SimCall,
@@ -108,6 +115,44 @@ class _Leg:
     ws_leg: str | None = None
     headers: dict[str, Any] = field(default_factory=dict)
     synchronous: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Created:
+    """A call ``POST /v1/calls`` created: what it was asked."""
+
+    call_id: str
+    conversation_uuid: str
+    to: str
+    from_: str
+    answer_url: str
+    event_url: str | None
+    ringing_s: int
+
+
+def _create_refusal(body: object) -> str | None:
+    """What Vonage's create-call API refuses in ``body`` (an invalid parameter), or None."""
+    if not isinstance(body, dict):
+        return "body: not a JSON object"
+    to, from_ = body.get("to"), body.get("from")
+    if not (isinstance(to, list) and len(to) == 1 and isinstance(to[0], dict) and to[0].get("type") == "phone"):
+        return "to: one phone endpoint"
+    if not (isinstance(from_, dict) and from_.get("type") == "phone"):
+        return "from: a phone endpoint"
+    for name, endpoint in (("to", to[0]), ("from", from_)):
+        number = endpoint.get("number")
+        if not (isinstance(number, str) and number.isascii() and number.isdigit() and 7 <= len(number) <= 15):
+            return f"{name}.number: digits, E.164 without the +"
+    for key in ("answer_url", "event_url"):
+        urls = body.get(key)
+        if key == "event_url" and urls is None:
+            continue
+        if not (isinstance(urls, list) and len(urls) == 1 and isinstance(urls[0], str) and urls[0].startswith(("http://", "https://"))):
+            return f"{key}: one http or https URL"
+    timer = body.get("ringing_timer", 60)
+    if not isinstance(timer, int) or not 1 <= timer <= 120:
+        return "ringing_timer: 1 to 120"
+    return None
 
 
 class VonageConnection(WebSocketConnection):
@@ -192,6 +237,7 @@ class SimulatedVonage(SimulatedCarrier):
     """Vonage's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str] = "vonage"
+    places_calls: ClassVar[bool] = True
 
     def __init__(self, bridge_url: str, secret: str) -> None:
         super().__init__(bridge_url, secret)
@@ -203,6 +249,9 @@ class SimulatedVonage(SimulatedCarrier):
         self._public_key: PublicKeyTypes | None = None
         self._key_dir: Path | None = None
         self._http = webhook_client()
+        self._created: dict[str, _Created] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        """A created call's hang-up while it rings, by its uuid."""
 
     # --------------------------------------------------------------- setup
 
@@ -255,7 +304,63 @@ class SimulatedVonage(SimulatedCarrier):
     # ---------------------------------------------------------------- REST
 
     def rest_routes(self) -> list[BaseRoute]:
-        return [Route("/v1/calls/{uuid}", self._rest_call, methods=["PUT"])]
+        return [Route("/v1/calls", self._create_call, methods=["POST"]), Route("/v1/calls/{uuid}", self._rest_call, methods=["PUT"])]
+
+    async def _create_call(self, request: Request) -> Response:
+        """``POST /v1/calls``: 201 with the call's ``uuid``, then it goes as its ``Callee`` says."""
+        if not self._authorised(request.headers.get("authorization")):
+            self.rest_refusals.append("unauthorised")
+            return JSONResponse({"type": "https://developer.nexmo.com/api-errors#unauthorized", "title": "Unauthorized"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        refused = _create_refusal(body)
+        if refused is not None:
+            name, _, reason = refused.partition(": ")
+            return JSONResponse({"title": "Bad Request", "detail": refused, "invalid_parameters": [{"name": name, "reason": reason}]}, status_code=400)
+        assert isinstance(body, dict)
+        event_urls = body.get("event_url")
+        created = _Created(
+            self.new_call_id(), "CON-" + str(uuid.uuid4()), "+" + body["to"][0]["number"], "+" + body["from"]["number"],
+            body["answer_url"][0], event_urls[0] if event_urls else None, int(body.get("ringing_timer", 60)),
+        )  # fmt: skip
+        self._created[created.call_id] = created
+        self.dialled_at.append(time.monotonic())
+        self.dialled[created.call_id] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        answer = {"uuid": created.call_id, "status": "started", "direction": "outbound", "conversation_uuid": created.conversation_uuid}
+        return JSONResponse(answer, status_code=201)
+
+    async def _ring(self, created: _Created, callee: Callee) -> CallResult | None:
+        """The created call rings, and is answered (then runs as an inbound call does), or not."""
+        await self._created_event(created, "started")
+        await self._created_event(created, "ringing")
+        ring_s = created.ringing_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.ringing_s)
+        cancel = self._cancels[created.call_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[created.call_id]
+        if cancel.is_set():
+            status = "cancelled"
+        elif callee.outcome != "answers" or callee.ring_ms > created.ringing_s * 1000:
+            status = {"busy": "busy", "fails": "failed"}.get(callee.outcome, "timeout")
+        else:
+            await self._created_event(created, "answered")
+            if self.on_answered is not None:  # a load test runs it
+                self.on_answered(created.to, created.call_id)
+                return None
+            return await self.place_call(callee.script, call_id=created.call_id)
+        await self._created_event(created, status)
+        return None
+
+    async def _created_event(self, created: _Created, status: str) -> None:
+        self.status_reports.append((created.call_id, status))
+        if created.event_url is None:
+            return
+        event = {"from": created.from_.removeprefix("+"), "to": created.to.removeprefix("+"), "uuid": created.call_id,
+                 "conversation_uuid": created.conversation_uuid, "status": status, "direction": "outbound", "timestamp": _timestamp()}  # fmt: skip
+        with contextlib.suppress(httpx.HTTPError):
+            await self._post_event(created.event_url, event)
 
     def _authorised(self, authorization: str | None) -> bool:
         if self._public_key is None or not authorization or not authorization.startswith("Bearer "):
@@ -283,6 +388,10 @@ class SimulatedVonage(SimulatedCarrier):
             self.rest_refusals.append(f"bad body {body!r}")
             return JSONResponse({"title": "Bad Request", "detail": "unsupported action"}, status_code=400)
         call_id = request.path_params["uuid"]
+        ringing = self._cancels.get(call_id)
+        if ringing is not None:  # a created call not answered yet: it stops ringing (``cancelled``)
+            ringing.set()
+            return Response(status_code=204)
         if not self.end_call(call_id):
             return JSONResponse({"title": "Not Found", "detail": f"call {call_id} not found"}, status_code=404)
         self.hangups.append(call_id)
@@ -318,10 +427,13 @@ class SimulatedVonage(SimulatedCarrier):
         if leg is None:
             return
         now = _timestamp()
+        created = self._created.get(call.call_id)
         call_event = {"from": _CALLER, "to": _VONAGE_NUMBER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
                       "status": "completed", "direction": "inbound", "timestamp": now, "duration": "1"}  # fmt: skip
+        if created is not None:  # a call the REST API created
+            call_event |= {"from": created.from_.removeprefix("+"), "to": created.to.removeprefix("+"), "direction": "outbound"}
         with contextlib.suppress(httpx.HTTPError):
-            response = await self._post_event(self.event_url, call_event)
+            response = await self._post_event(created.event_url if created is not None and created.event_url else self.event_url, call_event)
             if response.status_code >= 300:
                 call.result.warnings.append(f"completed event answered HTTP {response.status_code}")
         del self.legs[call.call_id]
@@ -332,7 +444,16 @@ class SimulatedVonage(SimulatedCarrier):
         """Answer the call (GET the answer URL), or report the dropped socket (``disconnected``), and follow the
         NCCO that comes back."""
         result = call.result
-        if reason == "answer":
+        created = self._created.get(call.call_id)
+        if reason == "answer" and created is not None:  # a call the REST API created, answered
+            leg = self.legs[call.call_id] = _Leg(created.conversation_uuid)
+            url, query = created.answer_url.split("?", 1) if "?" in created.answer_url else (created.answer_url, "")
+            params = {"to": created.to.removeprefix("+"), "from": created.from_.removeprefix("+"), "uuid": call.call_id,
+                      "conversation_uuid": leg.conversation_uuid, "region_url": "https://api-eu-1.vonage.com"}  # fmt: skip
+            response = await self._http.get(
+                url, params=[*parse_qsl(query), *params.items()], headers={"Authorization": sign_webhook(self.secret, self.application_id)}
+            )
+        elif reason == "answer":
             leg = self.legs[call.call_id] = _Leg("CON-" + str(uuid.uuid4()))
             params = {"to": _VONAGE_NUMBER, "from": _CALLER, "uuid": call.call_id, "conversation_uuid": leg.conversation_uuid,
                       "region_url": "https://api-eu-1.vonage.com"}  # fmt: skip
