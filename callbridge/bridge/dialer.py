@@ -135,7 +135,7 @@ class Answering:
 
     def applied_to(self, webhook: CallContext) -> CallContext:
         """The call's context as its answer webhook tells it, with what the dial adds (its id, metadata, ring time),
-        and outbound, whether or not the webhook says so (Vonage's answer does not)."""
+        and outbound, whether or not the webhook says so (not every carrier's answer webhook does)."""
         placed = self.context
         return webhook.model_copy(update={"dial_id": placed.dial_id, "metadata": placed.metadata, "ring_ms": placed.ring_ms, "direction": "outbound"})
 

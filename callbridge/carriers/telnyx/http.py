@@ -54,6 +54,7 @@ from callbridge.bridge.actions import ActionResult, CarrierCallAction, SendDtmf
 from callbridge.bridge.call_setup import Chosen, TransferTo
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.dialer import Answering, DialLeg, DialProgress, DialRejected
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
 from callbridge.bridge.registry import RegistryUnavailable, counters_kept_ms
@@ -75,6 +76,9 @@ __all__ = [
     "TelnyxCalls",
     "TelnyxRest",
     "TelnyxSignatures",
+    "dial_of",
+    "dial_state",
+    "placed_call_progress",
     "stream_parameters",
     "telnyx_router",
 ]
@@ -98,6 +102,11 @@ RESTARTS: Final = "telnyx_restarts"
 """Counter: streams restarted for the call."""
 
 _FORBIDDEN: Final = 403
+_DIAL_STATE: Final = "callbridge-dial:"
+_HANGUP_PROGRESS: Final[dict[str, DialProgress]] = {
+    "normal_clearing": "completed", "user_busy": "busy", "timeout": "no_answer", "no_answer": "no_answer",
+    "call_rejected": "declined", "originator_cancel": "canceled",
+}  # fmt: skip
 
 
 class TelnyxSignatures:
@@ -141,12 +150,57 @@ def stream_parameters(stream_url: str, token: str, codec: str) -> dict[str, Any]
 
 
 class TelnyxRest:
-    """The Call Control commands the bridge sends (Bearer API key). Each raises ``httpx.HTTPError`` on failure."""
+    """The Call Control commands the bridge sends (Bearer API key). Each raises ``httpx.HTTPError`` on failure; a
+    call the agent places is ``dial``, which raises ``DialRejected``."""
 
-    def __init__(self, base_url: str, api_key: SecretStr | None, *, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, base_url: str, api_key: SecretStr | None, *, client: httpx.AsyncClient | None = None, connection_id: str | None = None
+    ) -> None:
         self._base = base_url.rstrip("/")
         self._key = api_key.get_secret_value() if api_key else None
         self._client = client or http_client(timeout=10.0)
+        self._connection_id = connection_id
+
+    @property
+    def can_dial(self) -> bool:
+        return self._key is not None and self._connection_id is not None
+
+    async def dial(self, leg: DialLeg) -> str:
+        """``POST /v2/calls`` on the connection: Telnyx rings ``leg.to`` for the ring timeout (``timeout_secs``) and
+        sends the call's webhooks (``call.initiated``, ``call.answered``, ``call.hangup``) to our events URL, each
+        with the ``client_state`` that names the dial. Its ``call_control_id``; raises ``DialRejected``."""
+        if not self.can_dial:
+            raise DialRejected("not_configured", "dialling needs telnyx.api_key and telnyx.connection_id")
+        body = {
+            "connection_id": self._connection_id, "to": leg.to, "from": leg.from_, "timeout_secs": leg.ring_timeout_s,
+            "webhook_url": f"{leg.base_url}{EVENTS_PATH}", "webhook_url_method": "POST", "client_state": dial_state(leg.dial_id),
+        }  # fmt: skip
+        try:
+            response = await self._client.post(
+                f"{self._base}/v2/calls", content=orjson.dumps(body),
+                headers={"Authorization": f"Bearer {self._key}", "Content-Type": "application/json", "Accept": "application/json"},
+            )  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise DialRejected("unreachable", repr(exc)) from exc
+        try:
+            answer = response.json() if response.content else {}
+        except ValueError:
+            answer = {}
+        data = answer.get("data") if isinstance(answer, dict) else None
+        call_id = data.get("call_control_id") if isinstance(data, dict) else None
+        if response.status_code >= 300 or not isinstance(call_id, str) or not call_id:
+            errors = answer.get("errors") if isinstance(answer, dict) else None
+            first = errors[0] if isinstance(errors, list) and errors and isinstance(errors[0], dict) else {}
+            raise DialRejected("refused", f"HTTP {response.status_code} {first.get('code', '')} {first.get('detail') or first.get('title') or response.text[:200]}".strip())
+        return call_id
+
+    async def cancel(self, call_id: str) -> bool:
+        """Hang up a call the agent placed while it rings (Telnyx reports ``originator_cancel``); False where it had
+        ended already or the command failed."""
+        try:
+            return await self.command(call_id, "hangup")
+        except (httpx.HTTPError, RuntimeError):
+            return False
 
     async def command(self, call_id: str, action: str, body: dict[str, Any] | None = None) -> bool:
         """``POST /v2/calls/{call_id}/actions/{action}``: True when done, False when the call had already ended."""
@@ -177,6 +231,27 @@ class TelnyxRest:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def dial_state(dial_id: str) -> str:
+    """The ``client_state`` of a call the agent places (Telnyx echoes it in every webhook of the call)."""
+    return base64.b64encode(f"{_DIAL_STATE}{dial_id}".encode()).decode()
+
+
+def dial_of(client_state: object) -> str | None:
+    """The dial id a webhook's ``client_state`` names, or None (not a call placed here, or not readable)."""
+    if not isinstance(client_state, str) or len(client_state) > 256:
+        return None
+    try:
+        text = base64.b64decode(client_state, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return text.removeprefix(_DIAL_STATE) if text.startswith(_DIAL_STATE) else None
+
+
+def placed_call_progress(cause: str) -> DialProgress:
+    """A placed call's ``call.hangup`` cause, as the dialer follows it."""
+    return _HANGUP_PROGRESS.get(cause, "failed")
 
 
 def _error_codes(response: httpx.Response) -> set[str]:
@@ -221,6 +296,8 @@ class TelnyxCalls:
             return
         if event_type == "call.initiated":
             await self._initiated(call_id, payload, base, url_parameters)
+        elif event_type == "call.answered" and payload.get("direction") == "outgoing":
+            await self._placed_answered(call_id, payload, base)
         elif event_type in ("streaming.stopped", "streaming.failed"):
             self.services.metrics.stream_status.labels("telnyx", event_type).inc()
             await self._stream_ended(call_id, event_type, payload, base)
@@ -228,14 +305,32 @@ class TelnyxCalls:
             self.services.metrics.stream_status.labels("telnyx", event_type).inc()
             log.info("stream_status", provider="telnyx", call_id=call_id, stream_id=payload.get("stream_id"), stream_event=event_type)
         elif event_type == "call.hangup":
+            if self.services.dialer is not None and dial_of(payload.get("client_state")) is not None:  # a call we placed
+                cause = str(payload.get("hangup_cause", "unknown"))
+                self.services.dialer.progress("telnyx", call_id, placed_call_progress(cause), cause)
             await self._count(call_id, OVER)
             # a live stream (no ``stop`` on its socket yet) ends as on a stop; a later stream or restart is refused
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(payload.get("hangup_cause", "unknown"))))
             log.info("call_hangup_event", provider="telnyx", call_id=call_id, cause=payload.get("hangup_cause"), source=payload.get("hangup_source"))
 
-    async def _initiated(self, call_id: str, payload: dict[str, Any], base: str, url_parameters: Sequence[tuple[str, str]]) -> None:
+    async def _placed_answered(self, call_id: str, payload: dict[str, Any], base: str) -> None:
+        """A call the agent placed was answered: its stream starts (``streaming_start``), as an inbound call's
+        answer would start it, once it is admitted and its assistant chosen; else it is hung up."""
+        dialer = self.services.dialer
+        dial_id = dial_of(payload.get("client_state"))
+        placed = await dialer.answering(dial_id, "telnyx", call_id) if dialer is not None and dial_id is not None else None
+        if placed is None:
+            log.info("telnyx_event_ignored", event_type="call.answered", call_id=call_id, reason="not a call placed here")
+            return
+        await self._initiated(call_id, payload, base, (), placed)
+
+    async def _initiated(
+        self, call_id: str, payload: dict[str, Any], base: str, url_parameters: Sequence[tuple[str, str]], placed: Answering | None = None
+    ) -> None:
+        """An inbound call's ``call.initiated`` (answered with our stream), or a placed call's ``call.answered``
+        (``placed``: its stream started); refused, it is rejected — or, placed and answered already, hung up."""
         services = self.services
-        if payload.get("direction", "incoming") != "incoming":
+        if placed is None and payload.get("direction", "incoming") != "incoming":
             return  # a call we did not get: nothing to answer
         try:
             if await services.registry.ended_reason(call_id) is not None:
@@ -249,7 +344,7 @@ class TelnyxCalls:
         try:
             refusal = await services.desk.stream_refusal(call_id)
             admitted = refusal is None
-            chosen = await self._assistant(call_id, payload, url_parameters) if admitted else None
+            chosen = await self._assistant(call_id, payload, url_parameters, placed) if admitted else None
             if isinstance(chosen, TransferTo):  # sent on: Telnyx dials the target (UNSURE: on a parked call unanswered)
                 services.desk.not_answered_by_application(call_id, "telnyx", chosen)
                 await self.rest.command(call_id, "transfer", {"to": chosen.target})
@@ -258,7 +353,7 @@ class TelnyxCalls:
                 return
             if isinstance(chosen, str):  # the application refused the call
                 services.desk.not_answered_by_application(call_id, "telnyx", chosen)
-                await self.rest.reject(call_id, "USER_BUSY" if chosen == "busy" else "CALL_REJECTED")
+                await self._refuse(call_id, "USER_BUSY" if chosen == "busy" else "CALL_REJECTED", placed)
                 settled = True
                 await self._count(call_id, OVER)
                 return
@@ -266,12 +361,15 @@ class TelnyxCalls:
                 reason = refusal or "engine_capacity"
                 log.warning("call_refused", call_id=call_id, provider="telnyx", reason=reason)
                 services.desk.give_back_admission(call_id)  # refused after all: its slot goes back
-                await self.rest.reject(call_id)
+                await self._refuse(call_id, "USER_BUSY", placed)
                 settled = True
                 await self._count(call_id, OVER)
                 return
             token = await services.tokens.mint(call_id)
-            answered = await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
+            if placed is not None:
+                answered = await self.rest.start_streaming(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
+            else:
+                answered = await self.rest.answer(call_id, ws_url(base) + MEDIA_PATH, token, self.codec)
             settled = True
             if answered:
                 log.info("call_answered", call_id=call_id, provider="telnyx", caller=payload.get("from"))
@@ -287,12 +385,22 @@ class TelnyxCalls:
                 with suppress(RegistryUnavailable):
                     await self._count(call_id, ANSWERED, -1)
 
-    async def _assistant(self, call_id: str, payload: dict[str, Any], url_parameters: Sequence[tuple[str, str]]) -> Chosen | None:
-        """With an application, the call's assistant it chose from ``call.initiated`` (or how it refused the call);
-        None without one. SIP headers come as ``custom_headers`` (name and value), ``client_state`` base64; the
-        webhook URL's query parameters before them."""
+    async def _refuse(self, call_id: str, cause: str, placed: Answering | None) -> None:
+        """An inbound call not taken is rejected; a placed one, answered already, is hung up."""
+        if placed is None:
+            await self.rest.reject(call_id, cause)
+        else:
+            await self.rest.hang_up(call_id, None)
+
+    async def _assistant(
+        self, call_id: str, payload: dict[str, Any], url_parameters: Sequence[tuple[str, str]], placed: Answering | None = None
+    ) -> Chosen | None:
+        """With an application (or a placed call's own assistant or machine detection), the call's assistant chosen
+        from ``call.initiated`` (or how the application refused the call); None without one. SIP headers come as
+        ``custom_headers`` (name and value), ``client_state`` base64; the webhook URL's query parameters before
+        them. A placed call's context carries its dial id and metadata."""
         services = self.services
-        if services.assistants is None:
+        if services.assistants is None and (placed is None or (placed.assistant is None and placed.machine_detection is None)):
             return None
         parameters = [*url_parameters, *_custom_headers(payload.get("custom_headers"))]
         if isinstance(state := payload.get("client_state"), str):
@@ -302,6 +410,8 @@ class TelnyxCalls:
             caller_name=payload.get("caller_id_name"), carrier_call_id=payload.get("call_session_id"),
             account_id=payload.get("connection_id"), parameters=parameters, allowed=services.settings.app.context_parameters,
         )  # fmt: skip
+        if placed is not None:
+            return await services.desk.choose_assistant(placed.applied_to(context), placed.assistant, placed.machine_detection)
         return await services.desk.choose_assistant(context)
 
     async def _refuse_busy(self, call_id: str, exc: RegistryUnavailable) -> None:
@@ -425,7 +535,7 @@ def telnyx_router(services: CarrierServices) -> APIRouter:
 
 
 def telnyx_rest(settings: Settings) -> TelnyxRest:
-    return TelnyxRest(settings.telnyx.api_base_url, settings.telnyx.api_key)
+    return TelnyxRest(settings.telnyx.api_base_url, settings.telnyx.api_key, connection_id=settings.telnyx.connection_id)
 
 
 CARRIER: Final = Carrier(name="telnyx", router=telnyx_router, rest=telnyx_rest, listener=_lifetime)

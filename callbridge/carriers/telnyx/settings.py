@@ -20,5 +20,7 @@ class TelnyxSettings(Section):
     """Check ``telnyx-signature-ed25519`` on the webhooks. Switch off only for local development."""
     api_base_url: HttpUrl = "https://api.telnyx.com"
     """Where the Call Control API is (``/v2/calls/…``); a simulated Telnyx in tests."""
+    connection_id: str | None = None
+    """The Call Control application (connection) a call the agent places goes out on (``POST /v2/calls``)."""
     codec: Literal["PCMU", "PCMA"] = "PCMU"
     """The stream codec both ways (``stream_codec`` and ``stream_bidirectional_codec``): G.711 μ-law or A-law."""

@@ -25,7 +25,13 @@ What Telnyx does for an inbound call, and what this does:
   ``call.hangup`` and ``streaming.stopped`` webhooks;
 - serves Call Control (``POST /v2/calls/{id}/actions/{answer,streaming_start,
   hangup,reject}``, Bearer API key): 401 without the key, 422 code 90018 for a
-  call that has already ended.
+  call that has already ended;
+- dials (#42): ``POST /v2/calls`` (the account's ``connection_id``, E.164 ``to``/``from``, ``timeout_secs`` 5–600,
+  an http(s) ``webhook_url``; 422 with Telnyx's error otherwise), answered with the ``call_control_id``. Every
+  webhook of the call goes to its ``webhook_url`` with its ``client_state``: ``call.initiated`` (``outgoing``);
+  answered, ``call.answered``, after which the bridge's ``streaming_start`` opens the stream and the call runs as an
+  inbound one; unanswered, ``call.hangup`` with ``user_busy``, ``timeout``, ``unspecified``, or
+  ``originator_cancel`` after a ``hangup`` command while it rings.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import re
 import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Final
 
@@ -53,6 +61,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from callbridge.codecs import AudioEncoding, decode_to_pcm16, encode_from_pcm16
+from callbridge.sim.callee import Callee
+from callbridge.sim.caller import CallResult
 from callbridge.sim.carrier import (
     OpenReason,
     SimCall,
@@ -63,7 +73,9 @@ from callbridge.sim.carrier import (
 )
 from callbridge.sim.transfer import sent_on
 
-__all__ = ["SimulatedTelnyx", "TelnyxStream", "signing_key"]
+__all__ = ["SimulatedTelnyx", "TelnyxStream", "connection_of", "signing_key"]
+
+_E164: Final = re.compile(r"^\+[1-9][0-9]{6,14}$")
 
 _CODECS: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA}
 _STREAM_KEYS: Final = {
@@ -219,6 +231,7 @@ class SimulatedTelnyx(SimulatedCarrier):
     """Telnyx's side of inbound Call Control calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str] = "telnyx"
+    places_calls: ClassVar[bool] = True
     swap_every: ClassVar[int] = 7
     """Every 7th media frame goes out after the next one (0: always in order)."""
 
@@ -226,7 +239,7 @@ class SimulatedTelnyx(SimulatedCarrier):
         super().__init__(bridge_url, secret)
         self.api_key = secret
         self.key = signing_key(secret)
-        self.connection_id = str(secrets.randbelow(10**18))
+        self.connection_id = connection_of(secret)
         self.commands: list[tuple[str, str, dict[str, Any]]] = []
         """Every Call Control command received: (call_control_id, action, body)."""
         self._pending: dict[str, asyncio.Future[tuple[str, dict[str, Any]]]] = {}
@@ -234,10 +247,14 @@ class SimulatedTelnyx(SimulatedCarrier):
         self._background: set[asyncio.Task[object]] = set()
         self.user_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, self.api_key))
         self._http = webhook_client()
+        self._dialled: dict[str, _Dialled] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        """A dialled call's hang-up while it rings, by its call control id."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
-        return {"telnyx": {"api_key": secret, "public_key": public_key_b64(signing_key(secret)), "api_base_url": rest_url, "validate_signatures": True}}
+        telnyx = {"api_key": secret, "public_key": public_key_b64(signing_key(secret)), "api_base_url": rest_url, "validate_signatures": True}
+        return {"telnyx": {**telnyx, "connection_id": connection_of(secret)}}
 
     def new_call_id(self) -> str:
         return "v3:" + secrets.token_urlsafe(30)
@@ -251,6 +268,9 @@ class SimulatedTelnyx(SimulatedCarrier):
         return {"telnyx-signature-ed25519": base64.b64encode(signature).decode(), "telnyx-timestamp": sent_at, "content-type": "application/json"}
 
     def webhook_body(self, event_type: str, call_id: str, **payload: Any) -> bytes:
+        dialled = self._dialled.get(call_id)
+        if dialled is not None:  # a call the bridge dialled: every webhook echoes its client_state
+            payload = {"client_state": dialled.client_state, "direction": "outgoing", "from": dialled.from_, "to": dialled.to, **payload}
         data = {
             "record_type": "event",
             "event_type": event_type,
@@ -260,21 +280,71 @@ class SimulatedTelnyx(SimulatedCarrier):
         }
         return orjson.dumps({"data": data, "meta": {"attempt": 1, "delivered_to": self.bridge_url + "/telnyx/events"}})
 
-    async def post_webhook(self, event_type: str, call: SimCall, **payload: Any) -> int:
-        body = self.webhook_body(event_type, call.call_id, **payload)
+    async def post_webhook(self, event_type: str, call: SimCall | str, **payload: Any) -> int:
+        """POST a signed webhook for ``call`` (a call id: one that rings, with no ``SimCall`` yet); its status, 0 when
+        it could not be sent."""
+        call_id = call if isinstance(call, str) else call.call_id
+        body = self.webhook_body(event_type, call_id, **payload)
+        dialled = self._dialled.get(call_id)
+        url = dialled.webhook_url if dialled is not None else self.with_answer_query(self.bridge_url + "/telnyx/events")
         try:
-            response = await self._http.post(self.with_answer_query(self.bridge_url + "/telnyx/events"), content=body, headers=self.signed(body))
+            response = await self._http.post(url, content=body, headers=self.signed(body))
         except (httpx.HTTPError, RuntimeError) as exc:  # the bridge is gone (shutting down), or we are
-            call.result.log(call.clock(), self.provider, f"webhook {event_type} failed: {exc!r}")
+            if not isinstance(call, str):
+                call.result.log(call.clock(), self.provider, f"webhook {event_type} failed: {exc!r}")
             return 0
-        if response.status_code != 200:
+        if response.status_code != 200 and not isinstance(call, str):
             call.result.warnings.append(f"webhook {event_type} answered HTTP {response.status_code}")
         return response.status_code
 
     # -------------------------------------------------------------- Call Control
 
     def rest_routes(self) -> list[BaseRoute]:
-        return [Route("/v2/calls/{call_control_id}/actions/{action}", self._command, methods=["POST"])]
+        return [Route("/v2/calls", self._dial, methods=["POST"]), Route("/v2/calls/{call_control_id}/actions/{action}", self._command, methods=["POST"])]
+
+    async def _dial(self, request: Request) -> Response:
+        """``POST /v2/calls``: the call control id at once, then the call goes as its ``Callee`` says."""
+        if request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return _error_body("10009", "Authentication failed", 401)
+        try:
+            body = orjson.loads(await request.body() or b"{}")
+        except orjson.JSONDecodeError:
+            return _error_body("10015", "Invalid JSON", 400)
+        problem = _dial_problem(body, self.connection_id)
+        if problem is not None:
+            return _error_body("10015", problem, 422)
+        dialled = _Dialled(
+            self.new_call_id(), body["to"], body["from"], body.get("webhook_url") or self.bridge_url + "/telnyx/events",
+            int(body.get("timeout_secs", 30)), str(body.get("client_state", "")),
+        )  # fmt: skip
+        self._dialled[dialled.call_id] = dialled
+        self.dialled_at.append(time.monotonic())
+        self.dialled[dialled.call_id] = asyncio.create_task(self._ring(dialled, self.callees.get(dialled.to, Callee())))
+        data = {"call_control_id": dialled.call_id, "call_leg_id": str(uuid.uuid5(uuid.NAMESPACE_URL, dialled.call_id)),
+                "call_session_id": str(uuid.uuid5(uuid.NAMESPACE_OID, dialled.call_id)), "is_alive": False, "record_type": "call"}  # fmt: skip
+        return JSONResponse({"data": data})
+
+    async def _ring(self, dialled: _Dialled, callee: Callee) -> CallResult | None:
+        """The dialled call rings, and is answered (``call.answered``: the bridge starts its stream), or not."""
+        await self.post_webhook("call.initiated", dialled.call_id, state="bridging")
+        ring_s = dialled.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, dialled.timeout_s)
+        cancel = self._cancels[dialled.call_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[dialled.call_id]
+        if cancel.is_set():
+            cause = "originator_cancel"
+        elif callee.outcome != "answers" or callee.ring_ms > dialled.timeout_s * 1000:
+            cause = {"busy": "user_busy", "fails": "unspecified"}.get(callee.outcome, "timeout")
+        else:
+            self.status_reports.append((dialled.call_id, "answered"))
+            if self.on_answered is not None:  # a load test runs it
+                self.on_answered(dialled.to, dialled.call_id)
+                return None
+            return await self.place_call(callee.script, call_id=dialled.call_id)
+        self.status_reports.append((dialled.call_id, cause))
+        await self.post_webhook("call.hangup", dialled.call_id, hangup_cause=cause, hangup_source="callee")
+        return None
 
     async def _command(self, request: Request) -> Response:
         if request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -287,6 +357,10 @@ class SimulatedTelnyx(SimulatedCarrier):
         if not isinstance(body, dict):
             return _error_body("10015", "Invalid JSON", 400)
         self.commands.append((call_id, action, body))
+        ringing = self._cancels.get(call_id)
+        if ringing is not None and action == "hangup":  # a dialled call not answered yet: it stops ringing
+            ringing.set()
+            return JSONResponse({"data": {"result": "ok"}})
         call = self.calls.get(call_id)
         if call is None:
             return _error_body("90015", "Invalid call control id", 422)
@@ -339,7 +413,9 @@ class SimulatedTelnyx(SimulatedCarrier):
     async def open_stream(self, call: SimCall, reason: OpenReason) -> TelnyxStream | None:
         """``call.initiated`` → ``answer``; after a drop ``streaming.stopped`` → ``streaming_start``; then the stream."""
         result = call.result
-        if reason == "answer":
+        if reason == "answer" and call.call_id in self._dialled:  # a call the bridge dialled, answered
+            command = await self._webhook_then_command(call, "call.answered", state="answered")
+        elif reason == "answer":
             command = await self._webhook_then_command(
                 call, "call.initiated", direction="incoming", state="parked", **{"from": "+13122010094", "to": "+13122123456"}
             )
@@ -467,6 +543,42 @@ class SimulatedTelnyx(SimulatedCarrier):
                 async for _ in ws:
                     pass
             return ws.close_code == 1008
+
+
+def connection_of(secret: str) -> str:
+    """The simulated account's Call Control connection id (derived from its secret: the settings and the carrier
+    agree)."""
+    return str(int(hashlib.sha256(b"telnyx-connection:" + secret.encode()).hexdigest()[:15], 16))
+
+
+@dataclass(frozen=True, slots=True)
+class _Dialled:
+    """A call ``POST /v2/calls`` dialled: what it was asked."""
+
+    call_id: str
+    to: str
+    from_: str
+    webhook_url: str
+    timeout_s: int
+    client_state: str
+
+
+def _dial_problem(body: object, connection_id: str) -> str | None:
+    """What Telnyx's dial command refuses in ``body``, or None."""
+    if not isinstance(body, dict):
+        return "Invalid JSON"
+    if body.get("connection_id") != connection_id:
+        return "connection_id: not a connection of this account"
+    for key in ("to", "from"):
+        if not isinstance(body.get(key), str) or not _E164.match(body[key]):
+            return f"{key}: must be an E.164 number"
+    timeout = body.get("timeout_secs", 30)
+    if not isinstance(timeout, int) or not 5 <= timeout <= 600:
+        return "timeout_secs: 5 to 600"
+    url = body.get("webhook_url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        return "webhook_url: an http or https URL"
+    return None
 
 
 def _stream_problem(body: dict[str, Any]) -> str | None:
