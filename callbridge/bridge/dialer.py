@@ -275,8 +275,8 @@ class Dialer:
             self._emit(placed, "call.ringing", {"dial_id": placed.dial_id})
         elif status == "answered":
             placed.answered = True
-        elif status in _FAILURES and not placed.answered:
-            self._failed(placed, _FAILURES[status], detail)
+        elif status in _FAILURES and not placed.answered:  # a carrier with no word for "canceled" says no answer
+            self._failed(placed, "canceled" if placed.cancel_asked and status == "no_answer" else _FAILURES[status], detail)
         elif status == "completed" or status in _FAILURES:
             self._forget(placed)
 

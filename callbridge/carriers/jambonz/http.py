@@ -32,6 +32,7 @@ from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.jambonz.rest import ANSWER_PATH, STATUS_PATH, jambonz_rest, placed_call_progress
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL, TOKEN_KEY, JambonzCodec
 from callbridge.carriers.spec import UpgradeCheck, UpgradeProof
@@ -56,9 +57,7 @@ __all__ = [
 
 log = get_logger(__name__)
 
-ANSWER_PATH: Final = "/jambonz/call"
 ACTION_PATH: Final = "/jambonz/action"
-STATUS_PATH: Final = "/jambonz/status"
 MEDIA_PATH: Final = "/jambonz/media"
 SIGNATURE_HEADER: Final = "jambonz-signature"
 SIGNATURE_TOLERANCE_S: Final = 300
@@ -171,7 +170,14 @@ class _JambonzWebhooks:
             parameters=[*answer_url_parameters(request), *_sip_headers(headers)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        decision = await self.services.desk.decide_answer(call_id, "jambonz", retries=False, context=context)
+        dialer = self.services.dialer
+        placed = await dialer.answering(request.query_params.get("dial"), "jambonz", call_id) if dialer is not None and path == ANSWER_PATH else None
+        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
+            context = placed.applied_to(context)
+        decision = await self.services.desk.decide_answer(
+            call_id, "jambonz", retries=False, context=context, assistant=placed.assistant if placed else None,
+            machine_detection=placed.machine_detection if placed else None,
+        )  # fmt: skip
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return Response(dial_verbs(decision.target), media_type="application/json")
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
@@ -197,6 +203,10 @@ class _JambonzWebhooks:
             return Response(status_code=_FORBIDDEN)
         call_id = payload.get("call_sid", payload.get("callSid"))
         call_status = payload.get("call_status", payload.get("callStatus"))
+        if self.services.dialer is not None and isinstance(call_id, str) and call_id and payload.get("direction") == "outbound":
+            progress = placed_call_progress(str(call_status), payload.get("sip_status", payload.get("sipStatus")))
+            if progress is not None:  # a call the agent placed (or another outbound call: the dialer knows which)
+                self.services.dialer.progress("jambonz", call_id, progress, f"{call_status} {payload.get('sip_status', '')}".strip())
         if isinstance(call_id, str) and call_id and call_status in _ENDED_STATUSES:
             log.info("call_hangup_event", provider="jambonz", call_id=call_id, status=call_status)
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, call_status))
@@ -233,7 +243,7 @@ def jambonz_upgrade(settings: Settings) -> UpgradeCheck:
     return check
 
 
-CARRIER: Final = Carrier(name="jambonz", router=jambonz_router, generic_upgrade=jambonz_upgrade, subprotocol=SUBPROTOCOL)
+CARRIER: Final = Carrier(name="jambonz", router=jambonz_router, rest=jambonz_rest, generic_upgrade=jambonz_upgrade, subprotocol=SUBPROTOCOL)
 
 
 def _sip_headers(headers: object) -> list[tuple[str, str]]:

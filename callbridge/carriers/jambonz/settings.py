@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, SecretStr
 
-from callbridge.config_types import Section, whole_number
+from callbridge.config_types import HttpUrl, Section, whole_number
 
 __all__ = ["JambonzSettings"]
 
@@ -22,3 +22,9 @@ class JambonzSettings(Section):
     ws_password: SecretStr | None = None
     sample_rate_hz: Annotated[Literal[8000, 16000], BeforeValidator(whole_number)] = 16000
     """L16 both ways at this rate (``listen`` ``sampleRate`` and ``bidirectionalAudio.sampleRate``)."""
+    api_base_url: HttpUrl = "https://jambonz.cloud/api"
+    """The jambonz REST API (``…/v1/Accounts/{account_sid}/Calls``): jambonz.cloud's, or your own api-server's."""
+    account_sid: str | None = None
+    """The account a call the agent places is made from (``POST /calls`` with ``"carrier": "jambonz"``)."""
+    api_key: SecretStr | None = None
+    """The account's API key (``Authorization: Bearer``) for the REST API."""

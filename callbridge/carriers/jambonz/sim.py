@@ -16,7 +16,12 @@ What jambonz does for an inbound call, and what this does:
   anything else is a warning;
 - when its socket drops mid-call, the listen ends too: the ``actionHook``'s verbs give the call its next listen;
 - when the caller hangs up: the socket closes (nothing said on it) and the call-status webhook (``/jambonz/status``)
-  gets ``call_status: completed``.
+  gets ``call_status: completed``;
+- creates calls (#42): ``POST /v1/Accounts/{account_sid}/Calls`` (Bearer API key; ``from``, a ``to`` of type
+  ``phone``, a ``call_hook`` URL, ``timeout`` 1–300 s; 400 ``{"msg": …}`` otherwise), 201 with the ``sid``. Its status
+  changes go to its ``call_status_hook`` (``trying``, ``ringing``; then ``in-progress`` … ``completed``, or ``busy``,
+  ``no-answer``, ``failed`` with the SIP status); answered, its ``call_hook`` gets the call (``direction`` outbound)
+  and the call runs as an inbound one. ``PUT …/Calls/{sid}`` ``{"call_status": "no-answer"}`` stops one ringing.
 """
 
 from __future__ import annotations
@@ -28,15 +33,21 @@ import contextlib
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 import httpx
 import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from callbridge.carriers.jambonz.http import jambonz_signature
 from callbridge.carriers.jambonz.wire import SUBPROTOCOL
+from callbridge.sim.callee import Callee
+from callbridge.sim.caller import CallResult
 from callbridge.sim.carrier import OpenReason, SimCall, SimStream, SimulatedCarrier, WebSocketConnection, webhook_client
 from callbridge.sim.transfer import sent_on
 
@@ -46,6 +57,43 @@ ACCOUNT_SID: Final = "9351f46a-678c-43f5-b8a6-d4eb58d131af"
 APPLICATION_SID: Final = "0dddaabf-0a30-43e3-84e8-426873b1a78b"
 WS_USERNAME: Final = "jambonz"
 _RATES: Final = frozenset({8000, 16000})
+
+
+@dataclass(frozen=True, slots=True)
+class _Created:
+    """A call the REST API created: what it was asked."""
+
+    call_sid: str
+    to: str
+    from_: str
+    call_hook: str
+    status_hook: str | None
+    timeout_s: int
+
+
+def _hook_url(hook: object) -> str | None:
+    """A webhook spec's URL (jambonz takes ``{"url", "method"}`` or a bare URL)."""
+    url = hook.get("url") if isinstance(hook, dict) else hook
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+def _create_refusal(body: object) -> str | None:
+    """What jambonz's create-call API refuses in ``body`` (its 400 ``msg``), or None."""
+    if not isinstance(body, dict):
+        return "invalid JSON"
+    to = body.get("to")
+    if not isinstance(body.get("from"), str) or not body["from"]:
+        return "missing from"
+    if not (isinstance(to, dict) and to.get("type") == "phone" and isinstance(to.get("number"), str) and to["number"]):
+        return "to must be a phone target with a number"
+    if _hook_url(body.get("call_hook")) is None and "application_sid" not in body:
+        return "call_hook or application_sid is required"
+    if "call_status_hook" in body and _hook_url(body["call_status_hook"]) is None:
+        return "invalid call_status_hook"
+    timeout = body.get("timeout", 60)
+    if not isinstance(timeout, int) or not 1 <= timeout <= 300:
+        return "timeout must be 1 to 300 seconds"
+    return None
 
 
 class JambonzStream(SimStream):
@@ -116,6 +164,7 @@ class SimulatedJambonz(SimulatedCarrier):
     """jambonz's side of inbound calls, against a bridge at ``bridge_url`` (its public base URL)."""
 
     provider: ClassVar[str] = "jambonz"
+    places_calls: ClassVar[bool] = True
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = False
     uses_marks: ClassVar[bool] = False
@@ -125,10 +174,95 @@ class SimulatedJambonz(SimulatedCarrier):
         self.secret = secret
         self._http = webhook_client()
         self._streams: dict[str, JambonzStream] = {}
+        self._created: dict[str, _Created] = {}
+        self._cancels: dict[str, asyncio.Event] = {}
+        """A created call's stop while it rings, by its sid."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
-        return {"jambonz": {"webhook_secret": secret, "ws_username": WS_USERNAME, "ws_password": secret, "validate_signatures": True}}
+        jambonz = {"webhook_secret": secret, "ws_username": WS_USERNAME, "ws_password": secret, "validate_signatures": True}
+        return {"jambonz": {**jambonz, "api_base_url": rest_url, "account_sid": ACCOUNT_SID, "api_key": secret}}
+
+    # ------------------------------------------------------------------ REST
+
+    def rest_routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/Accounts/{account}/Calls", self._create_call, methods=["POST"]),
+            Route("/v1/Accounts/{account}/Calls/{sid}", self._update_call, methods=["PUT"]),
+        ]
+
+    def _authorised(self, request: Request) -> bool:
+        return request.headers.get("authorization") == f"Bearer {self.secret}" and request.path_params["account"] == ACCOUNT_SID
+
+    async def _create_call(self, request: Request) -> Response:
+        """``POST …/Calls``: 201 with the call's ``sid``, then it goes as its ``Callee`` says."""
+        if not self._authorised(request):
+            return JSONResponse({"msg": "unauthorized"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        refused = _create_refusal(body)
+        if refused is not None:
+            return JSONResponse({"msg": refused}, status_code=400)
+        assert isinstance(body, dict)
+        call_hook = _hook_url(body.get("call_hook"))
+        assert call_hook is not None
+        created = _Created(
+            self.new_call_id(), body["to"]["number"], body["from"], call_hook, _hook_url(body.get("call_status_hook")), int(body.get("timeout", 60))
+        )
+        self._created[created.call_sid] = created
+        self.dialled_at.append(time.monotonic())
+        self.dialled[created.call_sid] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        return JSONResponse({"sid": created.call_sid}, status_code=201)
+
+    async def _update_call(self, request: Request) -> Response:
+        if not self._authorised(request):
+            return JSONResponse({"msg": "unauthorized"}, status_code=401)
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            body = None
+        sid = request.path_params["sid"]
+        status = body.get("call_status") if isinstance(body, dict) else None
+        ringing = self._cancels.get(sid)
+        if ringing is not None and status == "no-answer":
+            ringing.set()
+            return Response(status_code=202)
+        if status == "completed" and self.end_call(sid):
+            return Response(status_code=202)
+        return JSONResponse({"msg": "call not found"}, status_code=404)
+
+    async def _ring(self, created: _Created, callee: Callee) -> CallResult | None:
+        """The created call rings, and is answered (then runs as an inbound call does), or not."""
+        await self._created_status(created, "trying", 100)
+        await self._created_status(created, "ringing", 180)
+        ring_s = created.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.timeout_s)
+        cancel = self._cancels[created.call_sid] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancel.wait(), ring_s)
+        del self._cancels[created.call_sid]
+        if cancel.is_set():
+            status, sip = "no-answer", 487
+        elif callee.outcome != "answers" or callee.ring_ms > created.timeout_s * 1000:
+            status, sip = {"busy": ("busy", 486), "fails": ("failed", 503)}.get(callee.outcome, ("no-answer", 487))
+        else:
+            await self._created_status(created, "in-progress", 200)
+            if self.on_answered is not None:  # a load test runs it
+                self.on_answered(created.to, created.call_sid)
+                return None
+            return await self.place_call(callee.script, call_id=created.call_sid)
+        await self._created_status(created, status, sip)
+        return None
+
+    async def _created_status(self, created: _Created, status: str, sip_status: int) -> None:
+        self.status_reports.append((created.call_sid, status))
+        if created.status_hook is None:
+            return
+        body = orjson.dumps(self._snake({**self.attributes(created.call_sid, status), "sipStatus": sip_status}))
+        headers = {"content-type": "application/json", "jambonz-signature": jambonz_signature(self.secret, int(time.time()), body)}
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(created.status_hook, content=body, headers=headers)
 
     def new_call_id(self) -> str:
         return str(uuid.uuid4())
@@ -141,11 +275,15 @@ class SimulatedJambonz(SimulatedCarrier):
 
     def attributes(self, call_id: str, status: str) -> dict[str, Any]:
         """The call's attributes as jambonz keeps them (camelCase; webhooks send them snake_case)."""
-        return {
+        attributes = {
             "callSid": call_id, "direction": "inbound", "from": "+15083728299", "to": "+15083871234",
             "callId": f"{secrets.token_hex(8)}@192.168.1.10", "sipStatus": 200, "callStatus": status,
             "callerId": "+15083728299", "accountSid": ACCOUNT_SID, "applicationSid": APPLICATION_SID,
         }  # fmt: skip
+        created = self._created.get(call_id)
+        if created is not None:  # a call the REST API created
+            attributes |= {"direction": "outbound", "from": created.from_, "to": created.to, "callerId": created.from_}
+        return attributes
 
     @staticmethod
     def _snake(attributes: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +310,10 @@ class SimulatedJambonz(SimulatedCarrier):
         """The calling webhook; after a listen ends, its ``actionHook``: then the verbs they answer."""
         result = call.result
         old = self._streams.pop(call.call_id, None)
-        if reason == "answer" or old is None:
+        created = self._created.get(call.call_id)
+        if (reason == "answer" or old is None) and created is not None:
+            url = created.call_hook
+        elif reason == "answer" or old is None:
             url = self.with_answer_query(f"{self.bridge_url}/jambonz/call")
         else:
             why = "the bridge said disconnect" if old.disconnected else "its socket dropped" if reason == "network_drop" else "the bridge closed its socket"
