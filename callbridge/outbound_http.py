@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["http_client", "tls_context"]
+__all__ = ["http_client", "response_object", "tls_context"]
 
 
 @functools.cache
@@ -28,3 +28,12 @@ def tls_context() -> ssl.SSLContext:
 def http_client(**options: Any) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` with ``options``, verifying servers with the process's one TLS context."""
     return httpx.AsyncClient(verify=tls_context(), **options)
+
+
+def response_object(response: httpx.Response) -> dict[str, Any]:
+    """A REST answer's JSON object: {} when its body is empty, not JSON, or not an object (an error page)."""
+    try:
+        answer = response.json() if response.content else {}
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}

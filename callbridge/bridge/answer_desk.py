@@ -32,6 +32,7 @@ from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_config import session_config
 from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, Chosen, Rejection, TransferTo, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
+from callbridge.bridge.dialer import Dialer
 from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable, StreamTokens
@@ -72,6 +73,7 @@ class DeskHost(Protocol):
     answer_sessions: AnswerSessions | None
     events: EventDelivery | None
     assistants: AssistantSource | None
+    dialer: Dialer | None
 
     @property
     def active_calls(self) -> set[str]: ...
@@ -131,8 +133,8 @@ class AnswerDesk:
         *,
         retries: bool = True,
         context: CallContext | None = None,
-        assistant: AssistantConfig | None = None,
-        machine_detection: MachineDetection | None = None,
+        dial_id: str | None = None,
+        dialled_as: str | None = None,
     ) -> AnswerDecision:
         """A carrier's answer webhook for ``call_id``, decided the one way every carrier answers
         (``answer_policy.answer_step``: over already → hang up; draining, and another process can resume it
@@ -141,12 +143,19 @@ class AnswerDesk:
         asks for. A registry that does not answer is a busy refusal too, logged as a warning: the caller hears
         busy rather than the carrier's "application error". With an application (``[app]``), a new call admitted is
         its to answer or refuse (``choose_assistant``, from ``context``: what the carrier's webhook said), and its
-        engine session opens with the assistant chosen. ``assistant``: a call the agent placed whose request gave
-        one (``Dialer.answering``): the call's, the application not asked; ``machine_detection``: a placed call's, put
-        on the assistant chosen."""
+        engine session opens with the assistant chosen. ``dial_id``: the answer webhook's of a call the agent placed
+        (its answer URL names it; ``dialled_as``: the id the carrier's dial API gave, where not the call's): the
+        call's context gets the dial id and metadata, its assistant is the request's where it gave one (the
+        application not asked), and the request's machine detection is put on the assistant chosen."""
         facts: dict[AnswerFact, bool] = {}
-        asked = _Asked(context or CallContext(call_id=call_id, carrier=provider), preset=assistant, detection=machine_detection)
-        asks_application = self._host.assistants is not None or assistant is not None or machine_detection is not None
+        dialer = self._host.dialer
+        placed = await dialer.answering(dial_id, provider, dialled_as or call_id) if dialer is not None and dial_id else None
+        context = context or CallContext(call_id=call_id, carrier=provider)
+        if placed is not None:
+            context = placed.applied_to(context)
+        assistant, detection = (placed.assistant, placed.machine_detection) if placed is not None else (None, None)
+        asked = _Asked(context, preset=assistant, detection=detection)
+        asks_application = self._host.assistants is not None or assistant is not None or detection is not None
         try:
             while isinstance(
                 step := answer_step(facts, retries=retries, draining=self._host.draining, asks_application=asks_application), AnswerFact

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import audioop
+import contextlib
 import math
 import secrets
 import socket
 import time
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -51,6 +52,7 @@ __all__ = [
     "CallResult",
     "CallerScript",
     "OpenReason",
+    "RingEnd",
     "SimCall",
     "SimConnection",
     "SimStream",
@@ -73,6 +75,8 @@ def webhook_client() -> httpx.AsyncClient:
 _SILENCE_8K = bytes(320)
 
 OpenReason = Literal["answer", "network_drop", "closed_by_bridge", "redirected"]
+RingEnd = Literal["answered", "canceled", "busy", "no_answer", "fails"]
+"""How a dialled call's ringing ended (``SimulatedCarrier.ring``)."""
 """Why a media connection is being opened: a new call, or the last one dropped / was closed by the bridge; or
 why a webhook is being sent again: the bridge answered the last one with a redirect (a draining process)."""
 
@@ -337,6 +341,8 @@ class SimulatedCarrier(ABC):
         None where it was never answered (or a load test ran it: ``on_answered``)."""
         self.status_reports: list[tuple[str, str]] = []
         """(call id, status) of every progress report sent to the bridge on a call it dialled, in order."""
+        self._ringing: dict[str, asyncio.Event] = {}
+        """A dialled call that rings → its stop (``stop_ringing``)."""
         self.route: Callable[[OpenReason], str] | None = None
         """Picks the bridge for each media connection a call opens (a load balancer in front of several bridge
         processes: a reconnect may land on another one); what it returns becomes ``bridge_url``."""
@@ -424,6 +430,43 @@ class SimulatedCarrier(ABC):
         if call is None or call.ended.is_set():
             return False
         call.ended.set()
+        return True
+
+    def dial_taken(self, call_id: str, rings: Coroutine[Any, Any, CallResult | None]) -> None:
+        """A dial the carrier's API took: ``rings`` (its ringing, then the call or its failure) runs as ``dialled[call_id]``."""
+        self.dialled_at.append(time.monotonic())
+        self.dialled[call_id] = asyncio.create_task(rings)
+
+    async def ring(self, call_id: str, callee: Callee, timeout_s: float) -> RingEnd:
+        """A dialled call rings until its ``Callee`` answers (or says busy, or fails) or ``timeout_s`` passes, or the
+        bridge stops it (``stop_ringing``); how it ended. Each carrier tells the bridge in its own words."""
+        ring_s = timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, timeout_s)
+        stopped = self._ringing[call_id] = asyncio.Event()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), ring_s)
+        finally:
+            del self._ringing[call_id]
+        if stopped.is_set():
+            return "canceled"
+        if callee.outcome == "answers" and callee.ring_ms <= timeout_s * 1000:
+            return "answered"
+        return "busy" if callee.outcome == "busy" else "fails" if callee.outcome == "fails" else "no_answer"
+
+    async def take_answered(self, call_id: str, to: str, callee: Callee) -> CallResult | None:
+        """A dialled call answered: it runs as an inbound call does (its ``Callee``'s script) — or, where a load test
+        set ``on_answered``, that runs it (None)."""
+        if self.on_answered is not None:
+            self.on_answered(to, call_id)
+            return None
+        return await self.place_call(callee.script, call_id=call_id)
+
+    def stop_ringing(self, call_id: str) -> bool:
+        """The bridge gives up on a dialled call that rings (its API's cancel): False where it is not ringing."""
+        ringing = self._ringing.get(call_id)
+        if ringing is None:
+            return False
+        ringing.set()
         return True
 
     async def stop_dialled(self) -> None:

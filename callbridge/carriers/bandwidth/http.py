@@ -48,7 +48,7 @@ from callbridge.carriers.webhooks import (
 )
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = [
     "ANSWER_PATH",
@@ -185,14 +185,7 @@ class _BandwidthWebhooks:
             parameters=[*answer_url_parameters(request), *((key, value) for key, value in event.items() if isinstance(value, str))],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        dialer = self.services.dialer
-        placed = await dialer.answering(request.query_params.get("dial"), "bandwidth", call_id) if dialer is not None else None
-        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = placed.applied_to(context)
-        decision = await self.services.desk.decide_answer(
-            call_id, "bandwidth", context=context, assistant=placed.assistant if placed else None,
-            machine_detection=placed.machine_detection if placed else None,
-        )  # fmt: skip
+        decision = await self.services.desk.decide_answer(call_id, "bandwidth", context=context, dial_id=request.query_params.get("dial"))
         match decision.kind:
             case AnswerKind.HANG_UP | AnswerKind.BUSY:
                 bxml = _HANGUP
@@ -366,12 +359,9 @@ class BandwidthRest:
             raise DialRejected("unreachable", repr(exc)) from exc
         if response.status_code == 401:
             self._token = None
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        if response.status_code != 201 or not isinstance(answer, dict) or not isinstance(answer.get("callId"), str):
-            kind, description = (answer.get("type"), answer.get("description")) if isinstance(answer, dict) else (None, None)
+        answer = response_object(response)
+        if response.status_code != 201 or not isinstance(answer.get("callId"), str):
+            kind, description = (answer.get("type"), answer.get("description"))
             raise DialRejected("refused", f"HTTP {response.status_code} {kind or ''} {description or response.text[:200]}".strip())
         return str(answer["callId"])
 

@@ -41,7 +41,6 @@ import hashlib
 import hmac
 import re
 import secrets
-import time
 import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Coroutine
@@ -226,8 +225,6 @@ class SimulatedBandwidth(SimulatedCarrier):
         self.application_id = APPLICATION_ID
         """The account's Voice application: a call created for another is refused."""
         self._created: dict[str, _CreatedCall] = {}
-        self._cancels: dict[str, asyncio.Event] = {}
-        """A created call's cancel (``{"state": "completed"}`` while it rings), by call id."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -273,31 +270,19 @@ class SimulatedBandwidth(SimulatedCarrier):
             self.new_call_id(), body["to"], body["from"], body["answerUrl"], body.get("disconnectUrl"), int(body.get("callTimeout", 30)), auth,
         )  # fmt: skip
         self._created[created.call_id] = created
-        self.dialled_at.append(time.monotonic())
-        self.dialled[created.call_id] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        self.dial_taken(created.call_id, self._ring(created, self.callees.get(created.to, Callee())))
         answer = {"callId": created.call_id, "accountId": ACCOUNT_ID, "applicationId": APPLICATION_ID, "to": created.to,
                   "from": created.from_, "answerUrl": created.answer_url, "callTimeout": created.timeout_s}  # fmt: skip
         return JSONResponse(answer, status_code=201)
 
     async def _ring(self, created: _CreatedCall, callee: Callee) -> CallResult | None:
         """The created call rings, and is answered (then runs as an inbound call does), or not (``disconnect``)."""
-        ring_s = created.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.timeout_s)
-        cancel = self._cancels[created.call_id] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[created.call_id]
-        if cancel.is_set():
-            cause = "cancel"
-        elif callee.outcome != "answers" or callee.ring_ms > created.timeout_s * 1000:
-            cause = {"busy": "busy", "fails": "error"}.get(callee.outcome, "timeout")
-        else:
-            self.status_reports.append((created.call_id, "answer"))
-            if self.on_answered is not None:  # a load test runs it
-                self.on_answered(created.to, created.call_id)
-                return None
-            return await self.place_call(callee.script, call_id=created.call_id)
-        await self._created_disconnect(created, cause)
-        return None
+        end = await self.ring(created.call_id, callee, created.timeout_s)
+        if end != "answered":
+            await self._created_disconnect(created, {"canceled": "cancel", "busy": "busy", "fails": "error"}.get(end, "timeout"))
+            return None
+        self.status_reports.append((created.call_id, "answer"))
+        return await self.take_answered(created.call_id, created.to, callee)
 
     async def _created_disconnect(self, created: _CreatedCall, cause: str) -> None:
         self.status_reports.append((created.call_id, cause))
@@ -337,9 +322,7 @@ class SimulatedBandwidth(SimulatedCarrier):
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse({"type": "validation"}, status_code=400)
-        ringing = self._cancels.get(call_id)
-        if ringing is not None and isinstance(body, dict) and body.get("state") == "completed":  # created, not answered
-            ringing.set()
+        if isinstance(body, dict) and body.get("state") == "completed" and self.stop_ringing(call_id):  # created, not answered
             return Response(status_code=200)
         if call is None or call.ended.is_set():
             return JSONResponse({"type": "call-not-found"}, status_code=404)

@@ -170,14 +170,8 @@ class _JambonzWebhooks:
             parameters=[*answer_url_parameters(request), *_sip_headers(headers)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip
-        dialer = self.services.dialer
-        placed = await dialer.answering(request.query_params.get("dial"), "jambonz", call_id) if dialer is not None and path == ANSWER_PATH else None
-        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = placed.applied_to(context)
-        decision = await self.services.desk.decide_answer(
-            call_id, "jambonz", retries=False, context=context, assistant=placed.assistant if placed else None,
-            machine_detection=placed.machine_detection if placed else None,
-        )  # fmt: skip
+        dial_id = request.query_params.get("dial") if path == ANSWER_PATH else None
+        decision = await self.services.desk.decide_answer(call_id, "jambonz", retries=False, context=context, dial_id=dial_id)
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return Response(dial_verbs(decision.target), media_type="application/json")
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:

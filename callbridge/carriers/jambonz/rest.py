@@ -12,7 +12,7 @@ import httpx
 from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.carriers.jambonz.settings import JambonzSettings
 from callbridge.config import Settings
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = ["JambonzRest", "jambonz_rest", "placed_call_progress"]
 
@@ -69,13 +69,10 @@ class JambonzRest:
             response = await self._client.post(self._calls_url(), json=body, headers={"Authorization": f"Bearer {self._key}"})
         except httpx.HTTPError as exc:
             raise DialRejected("unreachable", repr(exc)) from exc
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        sid = answer.get("sid") if isinstance(answer, dict) else None
+        answer = response_object(response)
+        sid = answer.get("sid")
         if response.status_code != 201 or not isinstance(sid, str) or not sid:
-            message = answer.get("msg") or answer.get("message") if isinstance(answer, dict) else None
+            message = answer.get("msg") or answer.get("message")
             raise DialRejected("refused", f"HTTP {response.status_code} {message or response.text[:200]}".strip())
         return sid
 

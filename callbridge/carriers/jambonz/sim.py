@@ -175,8 +175,6 @@ class SimulatedJambonz(SimulatedCarrier):
         self._http = webhook_client()
         self._streams: dict[str, JambonzStream] = {}
         self._created: dict[str, _Created] = {}
-        self._cancels: dict[str, asyncio.Event] = {}
-        """A created call's stop while it rings, by its sid."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -212,8 +210,7 @@ class SimulatedJambonz(SimulatedCarrier):
             self.new_call_id(), body["to"]["number"], body["from"], call_hook, _hook_url(body.get("call_status_hook")), int(body.get("timeout", 60))
         )
         self._created[created.call_sid] = created
-        self.dialled_at.append(time.monotonic())
-        self.dialled[created.call_sid] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        self.dial_taken(created.call_sid, self._ring(created, self.callees.get(created.to, Callee())))
         return JSONResponse({"sid": created.call_sid}, status_code=201)
 
     async def _update_call(self, request: Request) -> Response:
@@ -225,9 +222,7 @@ class SimulatedJambonz(SimulatedCarrier):
             body = None
         sid = request.path_params["sid"]
         status = body.get("call_status") if isinstance(body, dict) else None
-        ringing = self._cancels.get(sid)
-        if ringing is not None and status == "no-answer":
-            ringing.set()
+        if status == "no-answer" and self.stop_ringing(sid):
             return Response(status_code=202)
         if status == "completed" and self.end_call(sid):
             return Response(status_code=202)
@@ -237,23 +232,13 @@ class SimulatedJambonz(SimulatedCarrier):
         """The created call rings, and is answered (then runs as an inbound call does), or not."""
         await self._created_status(created, "trying", 100)
         await self._created_status(created, "ringing", 180)
-        ring_s = created.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.timeout_s)
-        cancel = self._cancels[created.call_sid] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[created.call_sid]
-        if cancel.is_set():
-            status, sip = "no-answer", 487
-        elif callee.outcome != "answers" or callee.ring_ms > created.timeout_s * 1000:
-            status, sip = {"busy": ("busy", 486), "fails": ("failed", 503)}.get(callee.outcome, ("no-answer", 487))
-        else:
-            await self._created_status(created, "in-progress", 200)
-            if self.on_answered is not None:  # a load test runs it
-                self.on_answered(created.to, created.call_sid)
-                return None
-            return await self.place_call(callee.script, call_id=created.call_sid)
-        await self._created_status(created, status, sip)
-        return None
+        end = await self.ring(created.call_sid, callee, created.timeout_s)
+        if end != "answered":
+            status, sip = {"busy": ("busy", 486), "fails": ("failed", 503)}.get(end, ("no-answer", 487))
+            await self._created_status(created, status, sip)
+            return None
+        await self._created_status(created, "in-progress", 200)
+        return await self.take_answered(created.call_sid, created.to, callee)
 
     async def _created_status(self, created: _Created, status: str, sip_status: int) -> None:
         self.status_reports.append((created.call_sid, status))

@@ -42,7 +42,7 @@ from callbridge.carriers.plivo.wire import PlivoCodec, stream_token_header
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = [
     "ANSWER_PATH",
@@ -272,15 +272,9 @@ class _PlivoWebhooks:
             parameters=[*answer_url_parameters(request), *((key, value) for key in params if (value := _first(params, key)) is not None)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are X-PH-… parameters
-        dialer = self.services.dialer
-        request_uuid = _first(params, "RequestUUID") or call_id  # a placed call's: the id its Call API answer gave
-        placed = await dialer.answering(request.query_params.get("dial"), "plivo", request_uuid) if dialer is not None else None
-        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = placed.applied_to(context)
-        decision = await self.services.desk.decide_answer(
-            call_id, "plivo", context=context, assistant=placed.assistant if placed else None,
-            machine_detection=placed.machine_detection if placed else None,
-        )  # fmt: skip
+        decision = await self.services.desk.decide_answer(  # a placed call: its RequestUUID is what the Call API gave
+            call_id, "plivo", context=context, dial_id=request.query_params.get("dial"), dialled_as=_first(params, "RequestUUID")
+        )
         match decision.kind:
             case AnswerKind.HANG_UP:
                 xml = _HANGUP
@@ -443,13 +437,10 @@ class PlivoRest:
             response = await self._client.post(f"{self._base}/v1/Account/{quote(self._auth_id, safe='')}/Call/", json=body, auth=(self._auth_id, self._token))
         except httpx.HTTPError as exc:
             raise DialRejected("unreachable", repr(exc)) from exc
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        request_uuid = answer.get("request_uuid") if isinstance(answer, dict) else None
+        answer = response_object(response)
+        request_uuid = answer.get("request_uuid")
         if response.status_code != 201 or not isinstance(request_uuid, str) or not request_uuid:
-            error = answer.get("error") if isinstance(answer, dict) else None
+            error = answer.get("error")
             raise DialRejected("refused", f"HTTP {response.status_code} {error or response.text[:200]}".strip())
         return request_uuid
 

@@ -38,7 +38,6 @@ What Plivo does for an inbound call, and what this does:
 
 from __future__ import annotations
 
-import asyncio
 import audioop
 import base64
 import binascii
@@ -89,6 +88,13 @@ _OUTBOUND_KEYS: Final = {
 }
 """Plivo's inbound events: (required keys, optional keys)."""
 _EXTRA_HEADERS_MAX: Final = 512
+
+
+_UNANSWERED: Final = {
+    "canceled": ("cancel", "ORIGINATOR_CANCEL"), "busy": ("busy", "USER_BUSY"), "fails": ("failed", "NETWORK_OUT_OF_ORDER"),
+    "no_answer": ("no-answer", "NO_ANSWER"),
+}  # fmt: skip
+"""How a made call that was not answered ends: its hang-up callback's ``CallStatus`` and ``HangupCause``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +267,6 @@ class SimulatedPlivo(SimulatedCarrier):
         """call → the ``<Redirect>`` URL that follows its stream."""
         self._made: dict[str, _MadeCall] = {}
         """CallUUID → a call the Call API made."""
-        self._cancels: dict[str, asyncio.Event] = {}
-        """request_uuid → its cancel, while it rings."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -309,39 +313,26 @@ class SimulatedPlivo(SimulatedCarrier):
             body["answer_url"], body.get("ring_url"), body.get("hangup_url"), int(body.get("ring_timeout", 60)),
         )  # fmt: skip
         self._made[made.call_uuid] = made
-        self.dialled_at.append(time.monotonic())
-        self.dialled[made.request_uuid] = asyncio.create_task(self._ring(made, self.callees.get(made.to, Callee())))
+        self.dial_taken(made.request_uuid, self._ring(made, self.callees.get(made.to, Callee())))
         return JSONResponse({"api_id": str(uuid.uuid4()), "message": "call fired", "request_uuid": made.request_uuid}, status_code=201)
 
     async def _cancel_request(self, request: Request) -> Response:
         if not self._authenticated(request):
             return JSONResponse({"error": "authentication failed"}, status_code=401)
-        ringing = self._cancels.get(request.path_params["request"])
-        if ringing is None:
+        if not self.stop_ringing(request.path_params["request"]):
             return JSONResponse({"error": "not found"}, status_code=404)
-        ringing.set()
         return Response(status_code=204)
 
     async def _ring(self, made: _MadeCall, callee: Callee) -> CallResult | None:
         """The call rings (``ring_url``), and is answered (then runs as an inbound call does), or not (its
         ``hangup_url`` says how)."""
         await self._made_callback(made, made.ring_url, "ringing", Event="Ring")
-        ring_s = made.ring_timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, made.ring_timeout_s)
-        cancel = self._cancels[made.request_uuid] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[made.request_uuid]
-        if cancel.is_set():
-            status, cause = "cancel", "ORIGINATOR_CANCEL"
-        elif callee.outcome != "answers" or callee.ring_ms > made.ring_timeout_s * 1000:
-            status, cause = {"busy": ("busy", "USER_BUSY"), "fails": ("failed", "NETWORK_OUT_OF_ORDER")}.get(callee.outcome, ("no-answer", "NO_ANSWER"))
-        else:
-            if self.on_answered is not None:  # a load test runs it
-                self.on_answered(made.to, made.call_uuid)
-                return None
-            return await self.place_call(callee.script, call_id=made.call_uuid)
-        await self._made_callback(made, made.hangup_url, status, Event="Hangup", HangupCause=cause, Duration="0")
-        return None
+        end = await self.ring(made.request_uuid, callee, made.ring_timeout_s)
+        if end != "answered":
+            status, cause = _UNANSWERED[end]
+            await self._made_callback(made, made.hangup_url, status, Event="Hangup", HangupCause=cause, Duration="0")
+            return None
+        return await self.take_answered(made.call_uuid, made.to, callee)
 
     async def _made_callback(self, made: _MadeCall, url: str | None, status: str, **extra: str) -> None:
         self.status_reports.append((made.request_uuid, status))

@@ -62,7 +62,7 @@ from callbridge.carriers.telnyx.wire import TelnyxCodec
 from callbridge.carriers.webhooks import answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = [
     "ALREADY_ENDED",
@@ -182,14 +182,11 @@ class TelnyxRest:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             raise DialRejected("unreachable", repr(exc)) from exc
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        data = answer.get("data") if isinstance(answer, dict) else None
+        answer = response_object(response)
+        data = answer.get("data")
         call_id = data.get("call_control_id") if isinstance(data, dict) else None
         if response.status_code >= 300 or not isinstance(call_id, str) or not call_id:
-            errors = answer.get("errors") if isinstance(answer, dict) else None
+            errors = answer.get("errors")
             first = errors[0] if isinstance(errors, list) and errors and isinstance(errors[0], dict) else {}
             raise DialRejected("refused", f"HTTP {response.status_code} {first.get('code', '')} {first.get('detail') or first.get('title') or response.text[:200]}".strip())
         return call_id

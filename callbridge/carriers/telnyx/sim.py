@@ -248,8 +248,6 @@ class SimulatedTelnyx(SimulatedCarrier):
         self.user_id = str(uuid.uuid5(uuid.NAMESPACE_DNS, self.api_key))
         self._http = webhook_client()
         self._dialled: dict[str, _Dialled] = {}
-        self._cancels: dict[str, asyncio.Event] = {}
-        """A dialled call's hang-up while it rings, by its call control id."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -318,8 +316,7 @@ class SimulatedTelnyx(SimulatedCarrier):
             int(body.get("timeout_secs", 30)), str(body.get("client_state", "")),
         )  # fmt: skip
         self._dialled[dialled.call_id] = dialled
-        self.dialled_at.append(time.monotonic())
-        self.dialled[dialled.call_id] = asyncio.create_task(self._ring(dialled, self.callees.get(dialled.to, Callee())))
+        self.dial_taken(dialled.call_id, self._ring(dialled, self.callees.get(dialled.to, Callee())))
         data = {"call_control_id": dialled.call_id, "call_leg_id": str(uuid.uuid5(uuid.NAMESPACE_URL, dialled.call_id)),
                 "call_session_id": str(uuid.uuid5(uuid.NAMESPACE_OID, dialled.call_id)), "is_alive": False, "record_type": "call"}  # fmt: skip
         return JSONResponse({"data": data})
@@ -327,24 +324,14 @@ class SimulatedTelnyx(SimulatedCarrier):
     async def _ring(self, dialled: _Dialled, callee: Callee) -> CallResult | None:
         """The dialled call rings, and is answered (``call.answered``: the bridge starts its stream), or not."""
         await self.post_webhook("call.initiated", dialled.call_id, state="bridging")
-        ring_s = dialled.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, dialled.timeout_s)
-        cancel = self._cancels[dialled.call_id] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[dialled.call_id]
-        if cancel.is_set():
-            cause = "originator_cancel"
-        elif callee.outcome != "answers" or callee.ring_ms > dialled.timeout_s * 1000:
-            cause = {"busy": "user_busy", "fails": "unspecified"}.get(callee.outcome, "timeout")
-        else:
-            self.status_reports.append((dialled.call_id, "answered"))
-            if self.on_answered is not None:  # a load test runs it
-                self.on_answered(dialled.to, dialled.call_id)
-                return None
-            return await self.place_call(callee.script, call_id=dialled.call_id)
-        self.status_reports.append((dialled.call_id, cause))
-        await self.post_webhook("call.hangup", dialled.call_id, hangup_cause=cause, hangup_source="callee")
-        return None
+        end = await self.ring(dialled.call_id, callee, dialled.timeout_s)
+        if end != "answered":
+            cause = {"canceled": "originator_cancel", "busy": "user_busy", "fails": "unspecified"}.get(end, "timeout")
+            self.status_reports.append((dialled.call_id, cause))
+            await self.post_webhook("call.hangup", dialled.call_id, hangup_cause=cause, hangup_source="callee")
+            return None
+        self.status_reports.append((dialled.call_id, "answered"))
+        return await self.take_answered(dialled.call_id, dialled.to, callee)
 
     async def _command(self, request: Request) -> Response:
         if request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -357,9 +344,7 @@ class SimulatedTelnyx(SimulatedCarrier):
         if not isinstance(body, dict):
             return _error_body("10015", "Invalid JSON", 400)
         self.commands.append((call_id, action, body))
-        ringing = self._cancels.get(call_id)
-        if ringing is not None and action == "hangup":  # a dialled call not answered yet: it stops ringing
-            ringing.set()
+        if action == "hangup" and self.stop_ringing(call_id):  # a dialled call not answered yet: it stops ringing
             return JSONResponse({"data": {"result": "ok"}})
         call = self.calls.get(call_id)
         if call is None:

@@ -43,7 +43,7 @@ from callbridge.carriers.twilio.wire import ACCOUNT_PARAM, TwilioCodec
 from callbridge.carriers.webhooks import DRAIN_RETRY_PAUSE_S, answer_url_parameters, public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = [
     "CARRIER",
@@ -214,13 +214,7 @@ def twilio_compatible_router(services: CarrierServices, dialect: TwilioDialect) 
         if not call_id:
             return Response("CallSid missing", status_code=400)
         context = twilio_context(name, [*answer_url_parameters(request), *form.items()], settings.app.context_parameters)
-        placed = await services.dialer.answering(request.query_params.get("dial"), name, call_id) if services.dialer else None
-        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = placed.applied_to(context)
-        decision = await services.desk.decide_answer(
-            call_id, name, context=context, assistant=placed.assistant if placed else None,
-            machine_detection=placed.machine_detection if placed else None,
-        )  # fmt: skip
+        decision = await services.desk.decide_answer(call_id, name, context=context, dial_id=request.query_params.get("dial"))
         match decision.kind:
             case AnswerKind.HANG_UP:
                 twiml = _HANGUP
@@ -340,12 +334,9 @@ class TwilioRest:
             )
         except httpx.HTTPError as exc:
             raise DialRejected("unreachable", repr(exc)) from exc
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        if response.status_code not in (200, 201) or not isinstance(answer, dict) or not isinstance(answer.get("sid"), str):
-            code, message = (answer.get("code"), answer.get("message")) if isinstance(answer, dict) else (None, None)
+        answer = response_object(response)
+        if response.status_code not in (200, 201) or not isinstance(answer.get("sid"), str):
+            code, message = (answer.get("code"), answer.get("message"))
             raise DialRejected("refused", f"HTTP {response.status_code} {code or ''} {message or response.text[:200]}".strip())
         return str(answer["sid"])
 

@@ -36,11 +36,9 @@ import asyncio
 import audioop
 import base64
 import binascii
-import contextlib
 import hashlib
 import re
 import secrets
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -337,8 +335,6 @@ class SimulatedTwilio(SimulatedCarrier):
         self.auth_token = auth_token
         self.account_sid = account_sid or account_of(auth_token)
         self._outbound: dict[str, OutboundLeg] = {}
-        self._cancels: dict[str, asyncio.Event] = {}
-        """A created call's cancel (``Status=canceled`` while it rings), by CallSid."""
         self._validator = RequestValidator(auth_token)
         self._http = webhook_client()
         self.call_updates: list[tuple[str, str]] = []
@@ -377,8 +373,7 @@ class SimulatedTwilio(SimulatedCarrier):
             frozenset(str(v) for v in form.getlist("StatusCallbackEvent")) | {"completed"}, int(values.get("Timeout", "60")),
         )  # fmt: skip
         self._outbound[leg.call_sid] = leg
-        self.dialled_at.append(time.monotonic())
-        self.dialled[leg.call_sid] = asyncio.create_task(self._ring(leg, self.callees.get(leg.to, Callee())))
+        self.dial_taken(leg.call_sid, self._ring(leg, self.callees.get(leg.to, Callee())))
         body = {"sid": leg.call_sid, "account_sid": self.account_sid, "to": leg.to, "from": leg.from_, "status": "queued",
                 "direction": "outbound-api", "api_version": "2010-04-01"}  # fmt: skip
         return JSONResponse(body, status_code=201)
@@ -387,27 +382,15 @@ class SimulatedTwilio(SimulatedCarrier):
         """The call the REST API created: it rings, and is answered (then runs as an inbound call does), or not."""
         await self._report(leg, "initiated", "initiated")
         await self._report(leg, "ringing", "ringing")
-        ring_s = leg.timeout_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, leg.timeout_s)
-        cancel = self._cancels[leg.call_sid] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[leg.call_sid]
-        if cancel.is_set():
-            await self._report(leg, "completed", "canceled")
-            return None
-        if callee.outcome == "no_answer":
-            await self._report(leg, "completed", "no-answer")
-            return None
-        if callee.outcome != "answers" or callee.ring_ms > leg.timeout_s * 1000:
-            status = {"busy": "busy", "fails": "failed"}.get(callee.outcome, "no-answer")
-            await self._report(leg, "completed", status)
+        end = await self.ring(leg.call_sid, callee, leg.timeout_s)
+        if end != "answered":
+            await self._report(leg, "completed", {"canceled": "canceled", "busy": "busy", "fails": "failed"}.get(end, "no-answer"))
             return None
         await self._report(leg, "answered", "in-progress")
-        if self.on_answered is not None:  # a load test runs it
-            self.on_answered(leg.to, leg.call_sid)
-            return None
         answered = asyncio.get_running_loop().time()
-        result = await self.place_call(callee.script, call_id=leg.call_sid)
+        result = await self.take_answered(leg.call_sid, leg.to, callee)
+        if result is None:  # a load test runs it
+            return None
         duration = str(max(1, round(asyncio.get_running_loop().time() - answered)))
         await self._report(leg, "completed", "completed", CallDuration=duration)
         return result
@@ -426,9 +409,7 @@ class SimulatedTwilio(SimulatedCarrier):
         if not self._authenticated(request):
             return JSONResponse({"code": 20003, "message": "Authenticate"}, status_code=401)
         form = await request.form()
-        ringing = self._cancels.get(request.path_params["call"])
-        if ringing is not None and form.get("Status") in ("canceled", "completed"):  # a created call not answered yet
-            ringing.set()
+        if form.get("Status") in ("canceled", "completed") and self.stop_ringing(request.path_params["call"]):  # not answered yet
             return JSONResponse({"sid": request.path_params["call"], "status": "canceled"})
         call = self.calls.get(request.path_params["call"])
         if call is None or call.ended.is_set():

@@ -81,7 +81,7 @@ from callbridge.carriers.vonage.wire import VonageCodec, content_type
 from callbridge.carriers.webhooks import public_base, ws_url
 from callbridge.config import Settings
 from callbridge.logging import get_logger
-from callbridge.outbound_http import http_client
+from callbridge.outbound_http import http_client, response_object
 
 __all__ = [
     "ANSWER_PATH",
@@ -388,14 +388,7 @@ class _VonageWebhooks:
             parameters=[(key, str(value)) for key, value in params.items() if isinstance(value, str | int | float)],
             allowed=self.settings.app.context_parameters,
         )  # fmt: skip; SIP headers are SipHeader_X-… fields
-        dialer = self.services.dialer
-        placed = await dialer.answering(request.query_params.get("dial"), "vonage", call_id) if dialer is not None else None
-        if placed is not None:  # a call the agent placed: its request's dial id, metadata, assistant, machine detection
-            context = placed.applied_to(context)
-        decision = await self.services.desk.decide_answer(
-            call_id, "vonage", retries=False, context=context, assistant=placed.assistant if placed else None,
-            machine_detection=placed.machine_detection if placed else None,
-        )  # fmt: skip
+        decision = await self.services.desk.decide_answer(call_id, "vonage", retries=False, context=context, dial_id=request.query_params.get("dial"))
         if decision.kind is AnswerKind.TRANSFER and decision.target is not None:
             return _ncco(connect_ncco(decision.target))
         if decision.kind is not AnswerKind.ANSWER or decision.token is None:
@@ -559,13 +552,10 @@ class VonageRest:
             response = await self._client.post(f"{self._base}/v1/calls", json=body, headers={"Authorization": f"Bearer {self.token()}"})
         except (httpx.HTTPError, OSError, ValueError) as exc:
             raise DialRejected("unreachable", repr(exc)) from exc
-        try:
-            answer = response.json() if response.content else {}
-        except ValueError:
-            answer = {}
-        call_id = answer.get("uuid") if isinstance(answer, dict) else None
+        answer = response_object(response)
+        call_id = answer.get("uuid")
         if response.status_code != 201 or not isinstance(call_id, str) or not call_id:
-            title, detail = (answer.get("title"), answer.get("detail")) if isinstance(answer, dict) else (None, None)
+            title, detail = (answer.get("title"), answer.get("detail"))
             raise DialRejected("refused", f"HTTP {response.status_code} {title or ''} {detail or response.text[:200]}".strip())
         return call_id
 

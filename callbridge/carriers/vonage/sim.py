@@ -250,8 +250,6 @@ class SimulatedVonage(SimulatedCarrier):
         self._key_dir: Path | None = None
         self._http = webhook_client()
         self._created: dict[str, _Created] = {}
-        self._cancels: dict[str, asyncio.Event] = {}
-        """A created call's hang-up while it rings, by its uuid."""
 
     # --------------------------------------------------------------- setup
 
@@ -326,8 +324,7 @@ class SimulatedVonage(SimulatedCarrier):
             body["answer_url"][0], event_urls[0] if event_urls else None, int(body.get("ringing_timer", 60)),
         )  # fmt: skip
         self._created[created.call_id] = created
-        self.dialled_at.append(time.monotonic())
-        self.dialled[created.call_id] = asyncio.create_task(self._ring(created, self.callees.get(created.to, Callee())))
+        self.dial_taken(created.call_id, self._ring(created, self.callees.get(created.to, Callee())))
         answer = {"uuid": created.call_id, "status": "started", "direction": "outbound", "conversation_uuid": created.conversation_uuid}
         return JSONResponse(answer, status_code=201)
 
@@ -335,23 +332,12 @@ class SimulatedVonage(SimulatedCarrier):
         """The created call rings, and is answered (then runs as an inbound call does), or not."""
         await self._created_event(created, "started")
         await self._created_event(created, "ringing")
-        ring_s = created.ringing_s if callee.outcome == "no_answer" else min(callee.ring_ms / 1000, created.ringing_s)
-        cancel = self._cancels[created.call_id] = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cancel.wait(), ring_s)
-        del self._cancels[created.call_id]
-        if cancel.is_set():
-            status = "cancelled"
-        elif callee.outcome != "answers" or callee.ring_ms > created.ringing_s * 1000:
-            status = {"busy": "busy", "fails": "failed"}.get(callee.outcome, "timeout")
-        else:
-            await self._created_event(created, "answered")
-            if self.on_answered is not None:  # a load test runs it
-                self.on_answered(created.to, created.call_id)
-                return None
-            return await self.place_call(callee.script, call_id=created.call_id)
-        await self._created_event(created, status)
-        return None
+        end = await self.ring(created.call_id, callee, created.ringing_s)
+        if end != "answered":
+            await self._created_event(created, {"canceled": "cancelled", "busy": "busy", "fails": "failed"}.get(end, "timeout"))
+            return None
+        await self._created_event(created, "answered")
+        return await self.take_answered(created.call_id, created.to, callee)
 
     async def _created_event(self, created: _Created, status: str) -> None:
         self.status_reports.append((created.call_id, status))
@@ -388,9 +374,7 @@ class SimulatedVonage(SimulatedCarrier):
             self.rest_refusals.append(f"bad body {body!r}")
             return JSONResponse({"title": "Bad Request", "detail": "unsupported action"}, status_code=400)
         call_id = request.path_params["uuid"]
-        ringing = self._cancels.get(call_id)
-        if ringing is not None:  # a created call not answered yet: it stops ringing (``cancelled``)
-            ringing.set()
+        if self.stop_ringing(call_id):  # a created call not answered yet: it stops ringing (``cancelled``)
             return Response(status_code=204)
         if not self.end_call(call_id):
             return JSONResponse({"title": "Not Found", "detail": f"call {call_id} not found"}, status_code=404)
