@@ -91,7 +91,7 @@ from callbridge.sip.message import (
 )
 from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
-from callbridge.sip.sdp import SdpError, answer, choose, offer, read_answer
+from callbridge.sip.sdp import MediaChoice, SdpError, answer, choose, offer, read_answer
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
 from callbridge.sip.uas_messages import (
     ALLOW,
@@ -367,13 +367,7 @@ class SipUas:
             if choice is None or choice.encoding is not dialog.choice.encoding:
                 self._responses.final(request, source, 488, now_ms, to_tag=dialog.local_tag)
                 return
-            changed = (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type) != (
-                dialog.choice.direction,
-                dialog.choice.remote_host,
-                dialog.choice.remote_port,
-                dialog.choice.payload_type,
-                dialog.choice.dtmf_payload_type,
-            )
+            changed = _media_of(choice) != _media_of(dialog.choice)
             dialog.choice = choice
             sdp = answer(choice, host=dialog.sdp_host, port=dialog.rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
             if sdp != dialog.sdp:  # our SDP changes: its version goes up by one (RFC 3264 §8)
@@ -576,3 +570,8 @@ class SipUas:
             dialog.state = TRANSITIONS[(dialog.state, trigger)]
         except KeyError:
             raise DialogStateError(f"{trigger.value} while {dialog.state.value} ({dialog.call_id})") from None
+
+
+def _media_of(choice: MediaChoice) -> tuple[object, ...]:
+    """What of a media choice, changed by a re-INVITE, the call's RTP must follow."""
+    return (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type)
