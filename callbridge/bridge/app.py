@@ -204,6 +204,8 @@ def create_app(
                 if carrier.listener is not None:
                     await listeners.enter_async_context(carrier.listener(state.services))
             await state.services.engine.warm_up()  # before the first call, not on its audio's time
+            if state.services.dialer is not None:  # a dial's first credentials before the pacer times it
+                await state.services.dialer.prepare()
             await _application_started(state.services, settings)
             log.info(
                 "bridge_started", host=settings.server.host, port=settings.server.port, engine=settings.engine.kind, version=__version__,

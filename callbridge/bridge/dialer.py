@@ -108,6 +108,12 @@ class CarrierDialer(Protocol):
         """Stop a call it dialled that is still ringing; False where that was not done (answered, over, refused)."""
         ...
 
+    async def prepare(self) -> None:
+        """Get ready to dial before the first call (read a signing key, fetch a token): what a dial does first it
+        would do after the pacer let it go, and the carrier would see that dial late and the next one too soon
+        after it. Raises where it cannot (logged; the dial tries again)."""
+        ...
+
 
 class DialerHost(Protocol):
     """What the dialer reads of its bridge process (``BridgeServices``)."""
@@ -187,6 +193,16 @@ class Dialer:
         """Calls another process placed whose answer came here (carrier call id → dial id, carrier): their end is
         told to it."""
         host.on_signal(SignalKind.DIAL_PROGRESS, self._on_signal)
+
+    async def prepare(self) -> None:
+        """Each carrier that can dial gets ready to (``CarrierDialer.prepare``), at the process's start."""
+        for name, dialer in self._dialers.items():
+            if not dialer.can_dial:
+                continue
+            try:
+                await dialer.prepare()
+            except Exception as exc:  # noqa: BLE001 - a carrier not ready is tried again by its first dial; the bridge starts
+                log.warning("dialer_not_ready", carrier=name, error=repr(exc)[:300])
 
     def add(self, carrier: str, dialer: CarrierDialer) -> None:
         """A carrier that dials without a REST client of its own (the SIP listener, once it is up)."""

@@ -90,6 +90,7 @@ class Carrier:
         self.canceled: list[str] = []
         self.hold: asyncio.Event | None = None
         """Set: the dial waits for it (a carrier slow to answer)."""
+        self.prepared = 0
 
     async def dial(self, leg: DialLeg) -> str:
         self.legs.append(leg)
@@ -102,6 +103,11 @@ class Carrier:
     async def cancel(self, call_id: str) -> bool:
         self.canceled.append(call_id)
         return True
+
+    async def prepare(self) -> None:
+        self.prepared += 1
+        if self.rejects is not None:
+            raise RuntimeError("no token")
 
 
 def request(**fields: object) -> DialRequest:
@@ -292,3 +298,13 @@ async def test_without_a_shared_registry_nothing_is_noted_or_signalled() -> None
     dialer.progress("twilio", "CA-not-placed-here", "ringing")
     assert host.spawned == []
     assert await dialer.answering("dl_elsewhere", "twilio", "CA9") is None
+
+
+async def test_carriers_that_can_dial_get_ready_at_the_start_and_one_that_cannot_is_only_logged() -> None:
+    """``Dialer.prepare`` (the app's start): each carrier that can dial reads its key or fetches its token then, not
+    in its first dial's time (which would put that dial late and the next one too close behind it); one that fails
+    to is logged, the others still prepared."""
+    ready, unconfigured, failing = Carrier(), Carrier(can_dial=False), Carrier(rejects=DialRejected("refused", "x"))
+    dialer = Dialer(Host(), {"twilio": failing, "plivo": unconfigured, "vonage": ready})
+    await dialer.prepare()
+    assert (ready.prepared, unconfigured.prepared, failing.prepared) == (1, 0, 1)

@@ -365,6 +365,10 @@ class BandwidthRest:
             raise DialRejected("refused", f"HTTP {response.status_code} {kind or ''} {description or response.text[:200]}".strip())
         return str(answer["callId"])
 
+    async def prepare(self) -> None:
+        """The Voice API's bearer token, fetched now rather than by the first dial (its own round trip)."""
+        await self._bearer()
+
     async def cancel(self, call_id: str) -> bool:
         """End a call this application created while it rings (Bandwidth reports its ``disconnect``, cause
         ``cancel``); False where it is not live any more or the request was not taken."""

@@ -83,6 +83,9 @@ class JambonzRest:
         response.raise_for_status()
         return True
 
+    async def prepare(self) -> None:
+        """Nothing to get ready: every dial is one request with the credentials as they are."""
+
     async def cancel(self, call_id: str) -> bool:
         """Stop a placed call that rings (``call_status`` ``no-answer``); False where it is not ringing any more or the
         request was not taken."""

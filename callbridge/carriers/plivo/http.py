@@ -444,6 +444,9 @@ class PlivoRest:
             raise DialRejected("refused", f"HTTP {response.status_code} {error or response.text[:200]}".strip())
         return request_uuid
 
+    async def prepare(self) -> None:
+        """Nothing to get ready: every dial is one request with the credentials as they are."""
+
     async def cancel(self, call_id: str) -> bool:
         """Cancel a call this account made that is not answered yet (``DELETE …/Request/{request_uuid}/``); Plivo
         reports it to the hang-up URL. False where it is not ringing any more or the request was not taken."""

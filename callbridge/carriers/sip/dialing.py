@@ -149,6 +149,9 @@ class SipDialing:
         log.info("sip_dialing", provider=PROVIDER, call_id=call_id, dial_id=leg.dial_id, to=leg.to, via=host_port(*destination), rtp_port=rtp_port)
         return call_id
 
+    async def prepare(self) -> None:
+        """Nothing to get ready: every dial is one request with the credentials as they are."""
+
     async def cancel(self, call_id: str) -> bool:
         """CANCEL a dial still ringing (its 487 reports it ``canceled``); False: answered or over already."""
         if not self.uac.dialling(call_id):

@@ -191,6 +191,9 @@ class TelnyxRest:
             raise DialRejected("refused", f"HTTP {response.status_code} {first.get('code', '')} {first.get('detail') or first.get('title') or response.text[:200]}".strip())
         return call_id
 
+    async def prepare(self) -> None:
+        """Nothing to get ready: every dial is one request with the credentials as they are."""
+
     async def cancel(self, call_id: str) -> bool:
         """Hang up a call the agent placed while it rings (Telnyx reports ``originator_cancel``); False where it had
         ended already or the command failed."""

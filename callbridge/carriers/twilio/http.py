@@ -353,6 +353,9 @@ class TwilioRest:
             return  # already over
         response.raise_for_status()
 
+    async def prepare(self) -> None:
+        """Nothing to get ready: every dial is one request with the credentials as they are."""
+
     async def cancel(self, call_id: str) -> bool:
         """Cancel a call this account created that has not been answered (``Status=canceled``): Twilio stops its
         ringing and reports it ``canceled``. False where it is not ringing any more (answered, over) or Twilio did
