@@ -96,8 +96,9 @@ async def test_every_carrier_can_share_its_rest_api_across_processes(provider: s
             "telnyx": "/v2/calls/{call}/actions/hangup",
             "plivo": "/v1/Account/MA1/Call/{call}/",
             "vonage": "/v1/calls/{call}",
+            "jambonz": "/v1/Accounts/9351f46a-678c-43f5-b8a6-d4eb58d131af/Calls/{call}",
         }
-        methods = {"twilio": "POST", "signalwire": "POST", "telnyx": "POST", "plivo": "DELETE", "vonage": "PUT", "bandwidth": "POST"}
+        methods = {"twilio": "POST", "signalwire": "POST", "telnyx": "POST", "plivo": "DELETE", "vonage": "PUT", "bandwidth": "POST", "jambonz": "PUT"}
         if provider in paths:
             for _ in range(20):
                 call_id = carrier.new_call_id()

@@ -259,10 +259,12 @@ class Dialer:
         except RegistryUnavailable as exc:
             log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, dial_id=dial_id)
             return None
-        if note is None:
+        try:
+            request = DialRequest.model_validate(orjson.loads(note)["request"]) if note is not None else None
+        except (ValueError, KeyError, TypeError):  # not a note this code wrote (another version's): not a placed call here
+            log.warning("placed_note_unreadable", dial_id=dial_id)
             return None
-        request = DialRequest.model_validate(orjson.loads(note)["request"])
-        if request.carrier != carrier:
+        if request is None or request.carrier != carrier:
             return None
         placed = _Placed(request, dial_id, "", 0, carrier_call_id=carrier_call_id, answered=True)
         self._answered_here[carrier_call_id] = (dial_id, carrier)

@@ -55,7 +55,7 @@ __all__ = ["CALLS_PER_PROCESS", "processes_for", "run_pooled", "shareable_proble
 CALLS_PER_PROCESS: Final = 120
 """``--processes auto``: at most this many calls per generator process (one process keeps its tick lag low up to
 about this many on this machine class), and never more processes than CPUs."""
-_CALL_PARAMS: Final = ("call", "call_control_id", "uuid")
+_CALL_PARAMS: Final = ("call", "call_control_id", "uuid", "sid", "request")
 """The path parameter that names the call in each simulated carrier's REST routes."""
 _READY_TIMEOUT_S: Final = 120.0
 """Spawning a child imports numpy, the carriers and their crypto: seconds on a busy machine."""

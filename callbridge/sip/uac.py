@@ -184,10 +184,10 @@ class SipUac:
                 deadlines.append(dial.invited_at_ms + dial.invitation.ring_timeout_ms)
         return min(deadlines) if deadlines else None
 
-    @property
-    def idle(self) -> bool:
-        """No dial known (a datagram need not be read for one)."""
-        return not self._dials
+    def awaits(self, source: Address) -> bool:
+        """A dial of ours went to ``source`` (and is not forgotten): a datagram from anywhere else is not read here
+        (it goes to the UAS, behind its flood budgets)."""
+        return any(dial.invitation.destination == source for dial in self._dials.values())
 
     def dialling(self, call_id: str) -> bool:
         """A dial of ours not answered or ended yet."""

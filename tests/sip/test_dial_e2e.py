@@ -150,7 +150,7 @@ async def test_the_ring_timeout_cancels_the_call(tmp_path: Path) -> None:
     kinds = [kind for kind, _ in events_of(dial_id)]
     assert kinds == ["call.dialing", "call.ringing", "call.failed"], kinds
     assert events_of(dial_id)[-1][1]["reason"] == "no_answer"
-    assert 5.0 <= elapsed_s < 7.0, elapsed_s
+    assert 5.0 <= elapsed_s < 30.0, elapsed_s  # at the ring timeout (a lower bound: load only delays it), not SIPp's 60 s
 
 
 async def test_the_application_cancels_a_ringing_call(tmp_path: Path) -> None:

@@ -306,3 +306,4 @@ def test_responses_that_are_not_ours_are_left_alone() -> None:
     assert not client.receive_response(stranger, TRUNK, 10)
     with pytest.raises(ValueError):
         client.invite(invitation(), 20)
+    assert client.awaits(TRUNK) and not client.awaits(("203.0.113.9", 5060))  # a stranger's datagrams go to the UAS

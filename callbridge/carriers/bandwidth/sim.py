@@ -205,7 +205,7 @@ class SimulatedBandwidth(SimulatedCarrier):
 
     provider: ClassVar[str] = "bandwidth"
     places_calls: ClassVar[bool] = True
-    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/api/v1/oauth2/token"})
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/api/v1/oauth2/token", "/api/v2/accounts/{account}/calls"})
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = True
     uses_marks: ClassVar[bool] = False

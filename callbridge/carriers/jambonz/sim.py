@@ -165,6 +165,7 @@ class SimulatedJambonz(SimulatedCarrier):
 
     provider: ClassVar[str] = "jambonz"
     places_calls: ClassVar[bool] = True
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/v1/Accounts/{account}/Calls"})
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = False
     uses_marks: ClassVar[bool] = False

@@ -253,6 +253,7 @@ class SimulatedPlivo(SimulatedCarrier):
 
     provider: ClassVar[str] = "plivo"
     places_calls: ClassVar[bool] = True
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/v1/Account/{auth_id}/Call/"})
     can_reconnect: ClassVar[bool] = True
     says_goodbye: ClassVar[bool] = False
     calls_hangup_url: ClassVar[bool] = True

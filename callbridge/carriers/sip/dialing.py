@@ -160,11 +160,18 @@ class SipDialing:
         self._listener.flush()
         return True
 
+    def stop(self) -> None:
+        """The listener is closing: every dial still ringing is canceled (CANCEL, where a provisional came), so no
+        phone rings on for a bridge that is gone."""
+        for call_id in list(self._ringing):
+            self.uac.cancel(call_id, _now_ms())
+        self._listener.flush()
+
     # --------------------------------------------------------------- the listener
 
     def receive(self, data: bytes, source: Address) -> bool:
         """A datagram (or a message cut from a TCP stream): True when it was a response to our INVITE or CANCEL."""
-        if self.uac.idle or not data.startswith(b"SIP/2.0 "):
+        if not data.startswith(b"SIP/2.0 ") or not self.uac.awaits(source):
             return False
         try:
             message = parse_message(data)

@@ -224,6 +224,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         if self._transport is None:
             return
         await self.registrations.stop()  # Expires: 0 first: the registrar stops sending calls here
+        self.dialing.stop()  # the calls we place that still ring: canceled
         for call in list(self.calls.values()):
             await call.transport.close()  # our BYE; the driver closes the engine session
         tasks = {c.task for c in self.calls.values() if c.task is not None} | self._tasks

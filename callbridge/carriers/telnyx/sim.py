@@ -232,6 +232,7 @@ class SimulatedTelnyx(SimulatedCarrier):
 
     provider: ClassVar[str] = "telnyx"
     places_calls: ClassVar[bool] = True
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/v2/calls"})
     swap_every: ClassVar[int] = 7
     """Every 7th media frame goes out after the next one (0: always in order)."""
 

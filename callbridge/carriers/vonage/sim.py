@@ -238,6 +238,7 @@ class SimulatedVonage(SimulatedCarrier):
 
     provider: ClassVar[str] = "vonage"
     places_calls: ClassVar[bool] = True
+    stateless_rest_paths: ClassVar[frozenset[str]] = frozenset({"/v1/calls"})
 
     def __init__(self, bridge_url: str, secret: str) -> None:
         super().__init__(bridge_url, secret)
