@@ -64,8 +64,11 @@ async def test_a_person_hears_the_agent_soon_after_their_hello() -> None:
     detected = next(event for call, event in agent_app.CallsOut.events if event.type == "call.machine_detected")
     assert (detected.data["answered_by"], detected.data["why"]) == ("person", "short_greeting"), detected.data
     assert report.answered_by == "person" and report.end_reason.startswith("caller_hung_up"), report
-    # held until the person was known, 300 ms after their hello's end (780 ms after the answer): a lower bound
-    assert report.first_agent_audio_ms is not None and report.first_agent_audio_ms >= 900, report
+    # known 300 ms after their hello's end (780 ms after the answer), on the callee's audio clock; that nothing was
+    # heard before is the callee's own timeline above (the agent's first audio, timed from the engine's bind, comes
+    # sooner after the bind where a loaded process bound late: no bound on it)
+    assert report.answered_by_after_ms is not None and report.answered_by_after_ms >= 1060, report
+    assert report.first_agent_audio_ms is not None, report
     assert "call.voicemail_left" not in kinds
 
 
