@@ -32,7 +32,7 @@ from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_config import session_config
 from callbridge.bridge.call_setup import SETUP_NOTE, CallSetup, Chosen, Rejection, TransferTo, setup_kept_ms
 from callbridge.bridge.cpu import CpuMeter
-from callbridge.bridge.dialer import Dialer
+from callbridge.bridge.dialer import Answering, Dialer
 from callbridge.bridge.fleet import DRAIN_NEW_CALL_BOUNCES
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable, StreamTokens
@@ -200,6 +200,14 @@ class AnswerDesk:
                 return await self.admits(call_id)
             case AnswerFact.ENGINE_TAKES:
                 return await self.engine_takes(call_id, asked.setup.assistant if asked.setup is not None else None)
+
+    async def choose_for_placed(self, placed: Answering, context: CallContext) -> Chosen | None:
+        """A placed call's assistant, answered without ``decide_answer`` (a SIP dial, a call-control answer event):
+        the request's own, else the application's, asked with ``context`` as the answer tells it plus what the dial
+        adds; the request's machine detection on it. None: neither gives one (the configured assistant serves)."""
+        if self._host.assistants is None and placed.assistant is None and placed.machine_detection is None:
+            return None
+        return await self.choose_assistant(placed.applied_to(context), placed.assistant, placed.machine_detection)
 
     async def choose_assistant(
         self, context: CallContext, preset: AssistantConfig | None = None, detection: MachineDetection | None = None

@@ -161,6 +161,12 @@ class _Placed:
     answered: bool = False
     reported: set[str] = field(default_factory=set)
 
+    def answer(self) -> None:
+        """It was answered (its answer webhook here, or another process's word): how long it rang, once."""
+        if not self.answered and self.ringing_at_ms is not None:
+            self.ring_ms = max(0, _now_ms() - self.ringing_at_ms)
+        self.answered = True
+
     def context(self) -> CallContext:
         request = self.request
         return CallContext(
@@ -247,9 +253,7 @@ class Dialer:
         if placed.request.carrier != carrier or placed.carrier_call_id not in (None, carrier_call_id):
             return None
         self._known_as(placed, carrier_call_id)
-        placed.answered = True
-        if placed.ringing_at_ms is not None:
-            placed.ring_ms = max(0, _now_ms() - placed.ringing_at_ms)
+        placed.answer()
         return Answering(placed.context(), placed.request.assistant, placed.request.detection())
 
     async def _placed_elsewhere(self, dial_id: str, carrier: str, carrier_call_id: str) -> Answering | None:
@@ -292,7 +296,7 @@ class Dialer:
             placed.ringing_at_ms = _now_ms()
             self._emit(placed, "call.ringing", {"dial_id": placed.dial_id})
         elif status == "answered":
-            placed.answered = True
+            placed.answer()
         elif status in _FAILURES and not placed.answered:  # a carrier with no word for "canceled" says no answer
             self._failed(placed, "canceled" if placed.cancel_asked and status == "no_answer" else _FAILURES[status], detail)
         elif status == "completed" or status in _FAILURES:
@@ -353,8 +357,6 @@ class Dialer:
             return
         if placed.carrier_call_id is None:
             self._known_as(placed, signal.call_id)
-        if status == "answered" and placed.ringing_at_ms is not None and placed.ring_ms is None:
-            placed.ring_ms = max(0, _now_ms() - placed.ringing_at_ms)
         self._progress_here(placed, carrier, status, detail)
 
     async def _dial(self, dial_id: str) -> None:

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Protocol
 
 import httpx
+import orjson
 import uvicorn
 from starlette.applications import Starlette
+from starlette.requests import Request
 from starlette.routing import BaseRoute
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
@@ -431,6 +433,15 @@ class SimulatedCarrier(ABC):
             return False
         call.ended.set()
         return True
+
+    @staticmethod
+    async def json_body(request: Request) -> object | None:
+        """A REST request's JSON body as sent (None: not JSON); each carrier's API checks its shape its own way."""
+        try:
+            body: object = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return None
+        return body
 
     def dial_taken(self, call_id: str, rings: Coroutine[Any, Any, CallResult | None]) -> None:
         """A dial the carrier's API took: ``rings`` (its ringing, then the call or its failure) runs as ``dialled[call_id]``."""

@@ -44,6 +44,16 @@ def configure(directory: Path, caller_wav: Path, *, account: str = "<sip:caller@
     return config
 
 
+def microphone(path: Path) -> Path:
+    """The phone's microphone: the bundled utterance, then 7 s of silence (it stays on the line for the reply)."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(8000)
+        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+    return path
+
+
 def loud_ms(path: Path) -> int:
     """How much of a recording is not silence (20 ms frames above an RMS of 300)."""
     with wave.open(str(path)) as recording:
@@ -54,12 +64,7 @@ def loud_ms(path: Path) -> int:
 
 @pytest.mark.long
 async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
-    caller_wav = tmp_path / "caller.wav"
-    with wave.open(str(caller_wav), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(8000)
-        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+    caller_wav = microphone(tmp_path / "caller.wav")
     config = configure(tmp_path, caller_wav)
     recorder = engine()
     sip_settings = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS})
@@ -95,12 +100,7 @@ async def test_the_agent_calls_baresip_which_answers_and_hears_it(tmp_path: Path
     """A call the agent places (#42) to a real SIP phone that answers by itself (``answermode=auto``): the phone's
     microphone (the WAV file) reaches the engine, the agent's reply is in what the phone recorded, and the phone's
     BYE at the end of its file ends the call."""
-    caller_wav = tmp_path / "callee.wav"
-    with wave.open(str(caller_wav), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(8000)
-        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+    caller_wav = microphone(tmp_path / "callee.wav")
     phone_port = free_port()
     config = configure(tmp_path, caller_wav, account="<sip:+15005550123@127.0.0.1>;regint=0;answermode=auto", port=phone_port)
     recorder = engine()

@@ -212,7 +212,7 @@ class _BandwidthWebhooks:
         if event.get("eventType") == "disconnect" and isinstance(call_id, str) and call_id:
             cause = str(event.get("cause", "unknown"))
             log.info("call_hangup_event", provider="bandwidth", call_id=call_id, cause=cause)
-            if self.services.dialer is not None:  # a call the agent placed: how it went (its answer, if any, came first)
+            if self.services.dialer is not None and event.get("direction") == "outbound":  # a placed call's: how it went
                 detail = f"{cause}: {event.get('errorMessage')}" if event.get("errorMessage") else cause
                 self.services.dialer.progress("bandwidth", call_id, _DISCONNECT_PROGRESS.get(cause, "failed"), detail[:300])
             await self.services.call_ended_by_carrier(call_id, EndCause(EndReason.CALLER_HUNG_UP, str(event.get("cause", "unknown"))))

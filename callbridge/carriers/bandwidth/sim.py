@@ -256,10 +256,7 @@ class SimulatedBandwidth(SimulatedCarrier):
         token = request.headers.get("authorization", "").removeprefix("Bearer ")
         if not self._token_valid(token) or request.path_params["account"] != ACCOUNT_ID:
             return JSONResponse({"type": "authentication-error"}, status_code=401)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            body = None
+        body = await self.json_body(request)
         refused = _create_refusal(body, self.application_id)
         if refused is not None:
             return JSONResponse({"type": "validation", "description": refused}, status_code=400)
@@ -288,7 +285,7 @@ class SimulatedBandwidth(SimulatedCarrier):
         self.status_reports.append((created.call_id, cause))
         if created.disconnect_url is None:
             return
-        event = self.event("disconnect", created.call_id, cause=cause, direction="outbound", to=created.to, **{"from": created.from_})
+        event = self.event("disconnect", created.call_id, cause=cause)
         if cause == "error":
             event["errorMessage"] = "Service unavailable"
         try:
@@ -359,9 +356,14 @@ class SimulatedBandwidth(SimulatedCarrier):
     # ------------------------------------------------------------- webhooks
 
     def event(self, event_type: str, call_id: str, **fields: Any) -> dict[str, Any]:
+        """A webhook's event about the call: a call the Voice API created says ``outbound``, its own numbers."""
+        created = self._created.get(call_id)
+        parties = {"from": "+19195551212", "to": "+19195554321", "direction": "inbound"}
+        if created is not None:
+            parties = {"from": created.from_, "to": created.to, "direction": "outbound"}
         return {
             "eventType": event_type, "eventTime": "2026-12-02T12:00:00.000Z", "accountId": ACCOUNT_ID,
-            "applicationId": APPLICATION_ID, "from": "+19195551212", "to": "+19195554321", "direction": "inbound",
+            "applicationId": APPLICATION_ID, **parties,
             "callId": call_id, "callUrl": f"https://voice.bandwidth.com/api/v2/accounts/{ACCOUNT_ID}/calls/{call_id}",
             "startTime": "2026-12-02T12:00:00.000Z", **fields,
         }  # fmt: skip
@@ -406,7 +408,7 @@ class SimulatedBandwidth(SimulatedCarrier):
         created = self._created.get(call.call_id)
         if reason == "answer" and created is not None:  # a call the Voice API created, answered
             url = created.answer_url
-            event = self.event("answer", call.call_id, direction="outbound", to=created.to, **{"from": created.from_})
+            event = self.event("answer", call.call_id)
         elif reason == "answer":
             url, event = self.with_answer_query(f"{self.bridge_url}/bandwidth/answer"), self.event("initiate", call.call_id)
         else:

@@ -197,10 +197,7 @@ class SimulatedJambonz(SimulatedCarrier):
         """``POST …/Calls``: 201 with the call's ``sid``, then it goes as its ``Callee`` says."""
         if not self._authorised(request):
             return JSONResponse({"msg": "unauthorized"}, status_code=401)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            body = None
+        body = await self.json_body(request)
         refused = _create_refusal(body)
         if refused is not None:
             return JSONResponse({"msg": refused}, status_code=400)
@@ -217,10 +214,7 @@ class SimulatedJambonz(SimulatedCarrier):
     async def _update_call(self, request: Request) -> Response:
         if not self._authorised(request):
             return JSONResponse({"msg": "unauthorized"}, status_code=401)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            body = None
+        body = await self.json_body(request)
         sid = request.path_params["sid"]
         status = body.get("call_status") if isinstance(body, dict) else None
         if status == "no-answer" and self.stop_ringing(sid):

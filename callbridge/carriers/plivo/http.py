@@ -71,6 +71,9 @@ STATUS_PATH: Final = "/plivo/stream-status"
 HANGUP_PATH: Final = "/plivo/hangup"
 RING_PATH: Final = "/plivo/ring"
 """A call the agent placed rings (its ``ring_url``)."""
+_HANGUP_PROGRESS: Final[dict[str, DialProgress]] = {
+    "completed": "completed", "no-answer": "no_answer", "timeout": "no_answer", "busy": "busy", "cancel": "canceled",
+}  # fmt: skip
 TRANSFER_PATH: Final = "/plivo/transfer"
 """Where a transferred call's new XML comes from (the Transfer API's ``aleg_url``, ``?target=…``)."""
 
@@ -485,13 +488,7 @@ class PlivoRest:
 def placed_call_progress(status: str, cause: str) -> DialProgress:
     """A placed call's hang-up callback, as the dialer follows it: its ``CallStatus`` (``busy``, ``no-answer``,
     ``timeout``, ``cancel``, ``failed``, ``completed``), a rejection told apart by its ``HangupCause``."""
-    if status == "completed":
-        return "completed"
-    if status in ("no-answer", "timeout"):
-        return "no_answer"
-    if status in ("busy", "cancel"):
-        return "busy" if status == "busy" else "canceled"
-    return "declined" if "reject" in cause.lower() else "failed"
+    return _HANGUP_PROGRESS.get(status) or ("declined" if "reject" in cause.lower() else "failed")
 
 
 def plivo_rest(settings: Settings) -> PlivoRest:

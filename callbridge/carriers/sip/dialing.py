@@ -204,16 +204,16 @@ class SipDialing:
                         continue
                     ringing = self._ringing.pop(call_id, None)
                     if ringing is not None:
-                        self._spawn(self._answered(ringing, choice))
+                        self._listener.spawn(self._answered(ringing, choice))
 
     async def _answered(self, ringing: _Ringing, choice: MediaChoice) -> None:
         """The far end answered: the placed call's context and assistant, then the call served like any other."""
         listener, leg, transport = self._listener, ringing.leg, ringing.transport
         services, call_id = listener.services, transport.call_id
         placed = await services.dialer.answering(leg.dial_id, PROVIDER, call_id) if services.dialer is not None else None
-        if placed is not None and (services.assistants is not None or placed.assistant is not None or placed.machine_detection is not None):
-            chosen = await services.desk.choose_assistant(placed.context, placed.assistant, placed.machine_detection)
-            if not isinstance(chosen, CallSetup):  # the application will not have the call it placed after all
+        if placed is not None:
+            chosen = await services.desk.choose_for_placed(placed, placed.context)
+            if chosen is not None and not isinstance(chosen, CallSetup):  # the application will not have the call it placed
                 log.info("sip_dial_answered_refused", provider=PROVIDER, call_id=call_id, dial_id=leg.dial_id)
                 services.desk.give_back_admission(call_id)
                 await transport.close()  # our BYE
@@ -229,14 +229,8 @@ class SipDialing:
         ringing = self._ringing.pop(call_id, None)
         if ringing is None:
             return
-        ringing.transport.closed = True
-        if ringing.transport.transport is not None:
-            ringing.transport.transport.close()
-        ringing.transport.rtcp.close()
+        ringing.transport.release()
         self._listener.services.desk.give_back_admission(call_id)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self._listener.spawn(work)
 
 
 async def _resolve(hostport: str, transport: str) -> Address:

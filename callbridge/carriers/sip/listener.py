@@ -433,9 +433,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         port = await self.bind_rtp(transport)
         dialog = self.uas.dialogs.get(call_id)
         if dialog is None or dialog.state is not DialogState.OFFERED:  # cancelled meanwhile
-            if transport.transport is not None:
-                transport.transport.close()
-            transport.rtcp.close()
+            transport.release()
             return
         if port is None:
             self._refuse("no_rtp_port", call_id, offer.source[0])

@@ -136,6 +136,14 @@ class RtpTransport(asyncio.DatagramProtocol):
             self.transport.close()
         self.queue.put_nowait(None)
 
+    def release(self) -> None:
+        """Close the sockets of a call that never started (cancelled while it was set up, a dial not answered):
+        no BYE, no RTCP BYE — there is no session to end."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        self.rtcp.close()
+
     # the SIP layer
     def answered(self, codec: SipRtpCodec) -> None:
         """The answer came before ``start`` (a delayed offer's, in the ACK; a call we placed, its 2xx): its codec,

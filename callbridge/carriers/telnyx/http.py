@@ -400,7 +400,7 @@ class TelnyxCalls:
         ``custom_headers`` (name and value), ``client_state`` base64; the webhook URL's query parameters before
         them. A placed call's context carries its dial id and metadata."""
         services = self.services
-        if services.assistants is None and (placed is None or (placed.assistant is None and placed.machine_detection is None)):
+        if services.assistants is None and placed is None:
             return None
         parameters = [*url_parameters, *_custom_headers(payload.get("custom_headers"))]
         if isinstance(state := payload.get("client_state"), str):
@@ -411,7 +411,7 @@ class TelnyxCalls:
             account_id=payload.get("connection_id"), parameters=parameters, allowed=services.settings.app.context_parameters,
         )  # fmt: skip
         if placed is not None:
-            return await services.desk.choose_assistant(placed.applied_to(context), placed.assistant, placed.machine_detection)
+            return await services.desk.choose_for_placed(placed, context)
         return await services.desk.choose_assistant(context)
 
     async def _refuse_busy(self, call_id: str, exc: RegistryUnavailable) -> None:

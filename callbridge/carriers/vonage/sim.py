@@ -307,13 +307,9 @@ class SimulatedVonage(SimulatedCarrier):
 
     async def _create_call(self, request: Request) -> Response:
         """``POST /v1/calls``: 201 with the call's ``uuid``, then it goes as its ``Callee`` says."""
-        if not self._authorised(request.headers.get("authorization")):
-            self.rest_refusals.append("unauthorised")
-            return JSONResponse({"type": "https://developer.nexmo.com/api-errors#unauthorized", "title": "Unauthorized"}, status_code=401)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            body = None
+        if (unauthorised := self._unauthorised(request)) is not None:
+            return unauthorised
+        body = await self.json_body(request)
         refused = _create_refusal(body)
         if refused is not None:
             name, _, reason = refused.partition(": ")
@@ -349,6 +345,13 @@ class SimulatedVonage(SimulatedCarrier):
         with contextlib.suppress(httpx.HTTPError):
             await self._post_event(created.event_url, event)
 
+    def _unauthorised(self, request: Request) -> Response | None:
+        """The Voice API's 401 for a request without the application's JWT (recorded), or None."""
+        if self._authorised(request.headers.get("authorization")):
+            return None
+        self.rest_refusals.append("unauthorised")
+        return JSONResponse({"type": "https://developer.nexmo.com/api-errors#unauthorized", "title": "Unauthorized"}, status_code=401)
+
     def _authorised(self, authorization: str | None) -> bool:
         if self._public_key is None or not authorization or not authorization.startswith("Bearer "):
             return False
@@ -364,13 +367,9 @@ class SimulatedVonage(SimulatedCarrier):
         return bool(claims.get("application_id") == self.application_id)
 
     async def _rest_call(self, request: Request) -> Response:
-        if not self._authorised(request.headers.get("authorization")):
-            self.rest_refusals.append("unauthorised")
-            return JSONResponse({"type": "https://developer.nexmo.com/api-errors#unauthorized", "title": "Unauthorized"}, status_code=401)
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            body = None
+        if (unauthorised := self._unauthorised(request)) is not None:
+            return unauthorised
+        body = await self.json_body(request)
         if not isinstance(body, dict) or body.get("action") != "hangup":
             self.rest_refusals.append(f"bad body {body!r}")
             return JSONResponse({"title": "Bad Request", "detail": "unsupported action"}, status_code=400)
