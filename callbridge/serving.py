@@ -69,7 +69,8 @@ def run_uvicorn(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _after_graceful_shutdown)
     server.run(sockets=sockets)
-    return EXIT_OK if server.started else EXIT_FAILED
+    # not started: its startup failed (the lifespan refused), or it was told to stop before it finished starting
+    return EXIT_OK if server.started or server.stopped_while_starting else EXIT_FAILED
 
 
 def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
@@ -77,30 +78,31 @@ def _after_graceful_shutdown(signum: int, frame: FrameType | None) -> None:
 
 
 def _draining_server(uvicorn: Any, drain: Callable[[], Awaitable[None]] | None) -> Callable[[Any], Any]:
-    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT runs ``drain`` on the event loop before the usual
-    shutdown (which stops listening at once, too early for a load balancer to read ``/readyz``)."""
-    if drain is None:
-        return uvicorn.Server  # type: ignore[no-any-return]
+    """A ``uvicorn.Server`` whose first SIGTERM/SIGINT runs ``drain`` (where given) on the event loop before the
+    usual shutdown (which stops listening at once, too early for a load balancer to read ``/readyz``), and which
+    remembers a signal that came before its startup finished (``stopped_while_starting``: told to stop, not
+    failed)."""
     import asyncio
     import concurrent.futures
-
-    run_drain = drain
 
     class DrainingServer(uvicorn.Server):  # type: ignore[misc]
         _loop: asyncio.AbstractEventLoop | None = None
         _draining: concurrent.futures.Future[None] | None = None
+        stopped_while_starting = False
 
         async def serve(self, sockets: Any = None) -> None:
             self._loop = asyncio.get_running_loop()
             await super().serve(sockets)
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if self._draining is not None or self._loop is None or not self.started:
-                super().handle_exit(sig, frame)  # a second signal, or before startup: stop now
+            if not self.started:
+                self.stopped_while_starting = True
+            if drain is None or self._draining is not None or self._loop is None or not self.started:
+                super().handle_exit(sig, frame)  # no drain, a second signal, or before startup: stop now
                 return
-            self._draining = asyncio.run_coroutine_threadsafe(self._drain_then_exit(), self._loop)
+            self._draining = asyncio.run_coroutine_threadsafe(self._drain_then_exit(drain), self._loop)
 
-        async def _drain_then_exit(self) -> None:
+        async def _drain_then_exit(self, run_drain: Callable[[], Awaitable[None]]) -> None:
             try:
                 await run_drain()
             finally:

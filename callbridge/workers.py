@@ -17,7 +17,8 @@ Signals: the workers run in their own process group, so a terminal's Ctrl+C reac
 The supervisor forwards SIGTERM/SIGINT to every worker once per signal it gets: the first drains each
 worker (``BridgeServices.drain``), a second stops them at once. A worker that dies while the supervisor is
 not stopping is replaced; a worker whose supervisor died drains and exits. Exit 0 when every worker
-exited 0.
+exited 0, or died by the SIGTERM it was sent: a worker still starting (a replacement, on a busy host seconds in
+its imports) has no handler yet and nothing to drain; one that serves has uvicorn's and exits 0.
 
 Metrics: the workers keep them in files of one directory the supervisor owns (``group_metrics``), so
 ``/metrics`` on the shared port answers for the whole group, whichever worker takes the scrape; the supervisor
@@ -42,7 +43,7 @@ from callbridge.logging import configure_logging, get_logger
 if TYPE_CHECKING:
     from callbridge.bridge.registry_host import HostAddress
 
-__all__ = ["serve_workers"]
+__all__ = ["group_exit_code", "serve_workers"]
 
 log = get_logger(__name__)
 
@@ -152,4 +153,10 @@ def serve_workers(settings: Settings, sock: socket.socket) -> int:
         host.close()
     exit_codes = [process.exitcode for process in workers]
     log.info("workers_stopped", exit_codes=exit_codes)
-    return 0 if all(code == 0 for code in exit_codes) else 1
+    return group_exit_code(exit_codes)
+
+
+def group_exit_code(exit_codes: list[int | None]) -> int:
+    """The group's exit code from its workers' once stopped: 0 where each exited 0 or died by the SIGTERM it was
+    sent (still starting: no handler yet, nothing to drain), else 1."""
+    return 0 if all(code == 0 or code == -signal.SIGTERM for code in exit_codes) else 1

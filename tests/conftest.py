@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -19,6 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from callbridge.compiled import compiled_modules
 from callbridge.sim.runner import free_port
 from tests.bytecode_cache import cache_bytecode
+from tests.cpu_share import sharing_the_cpu
 
 # The fuzzers (tests/fuzz/) run on a fixed budget: ``ci`` (the default) is derandomized, so every run draws the
 # same examples; ``HYPOTHESIS_PROFILE=deep`` draws 25 times as many, at random, for a long local run (20,000 a
@@ -74,6 +75,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for n, item in enumerate(long):
         shares[n % workers].insert(n // workers, item)
     items[:] = [item for share in shares for item in share]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """How the test shares the cores with the others of a parallel run (``tests/cpu_share.py``)."""
+    with sharing_the_cpu(item):
+        yield
 
 
 _PROBE_CORE = os.environ.get("CALLBRIDGE_PROBE_CORE") == "1"

@@ -22,6 +22,8 @@ import pytest
 
 from callbridge.sim.runner import free_port
 
+pytestmark = pytest.mark.background
+
 _MULAW_WAV = (
     b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x07\x00\x01\x00@\x1f\x00\x00@\x1f\x00\x00\x01\x00\x08\x00"
     b"data\x00\x00\x00\x00"

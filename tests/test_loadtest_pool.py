@@ -30,6 +30,8 @@ from callbridge.sim.loadtest_pool import _RestRouter, processes_for, shareable_p
 from callbridge.sim.ports import free_port
 from callbridge.sim.simulators import simulated
 
+pytestmark = pytest.mark.processes
+
 SIMULATED = simulated()
 
 

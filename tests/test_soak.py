@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 SOAK = Path(__file__).parent.parent / "bench" / "soak.py"
 
 

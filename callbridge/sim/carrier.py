@@ -176,6 +176,8 @@ class SimStream(ABC):
         self.pending_marks: list[tuple[int, str]] = []
         """(byte position in ``queue`` where the marker falls, name)."""
         self.played_bytes = 0
+        self.next_play_s: float | None = None
+        """When (monotonic s) the caller's next 20 ms is due to play: the tick after the last ``play``."""
         self.dropped = False
         """The connection is gone (a network drop, or closed by either side)."""
         self.network_drop = False
@@ -253,6 +255,8 @@ class SimStream(ABC):
         catching up, plays what was queued by its time, not audio that came after it (a carrier plays in real time:
         what it did not have yet is silence then, and plays later)."""
         size = self.frame_bytes
+        if until_s != math.inf:
+            self.next_play_s = until_s
         playable, arrivals = 0, self._arrivals
         for piece in arrivals:
             if playable >= size or piece.at_s > until_s:
@@ -283,6 +287,12 @@ class SimStream(ABC):
             frame, self._to_8k = audioop.ratecv(frame, 2, 1, self.rate_hz, 8000, self._to_8k)
             frame = frame[:320].ljust(320, b"\x00")
         return frame, True
+
+    def overdue_ms(self, now_s: float) -> float:
+        """How much this simulator owes the caller's ear at ``now_s``: its tick is that late (a busy machine delays
+        it; it shares an event loop with the bridge in the tests), and plays that much of ``queue`` at once when it
+        runs. Audio queued beyond it is what the bridge sent ahead of real time."""
+        return 0.0 if self.next_play_s is None else max(0.0, (now_s - self.next_play_s) * 1000)
 
     def _echo_mark(self, name: str) -> None:
         self.call.result.marks_echoed.append(name)

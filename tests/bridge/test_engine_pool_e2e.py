@@ -30,7 +30,7 @@ from callbridge.sim.runner import RunningBridge, free_port, running_bridge
 from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import wait_http_ok
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.processes]
 
 TOKEN = "admin-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -48,7 +48,7 @@ from tests.redis_server import redis_url
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 SECRET = "fleet-secret-0123456789abcdef"
 
@@ -606,7 +606,7 @@ async def test_a_bridge_stalled_past_the_idle_limit_keeps_its_call_when_it_runs_
     assert fleet.a.events("call_limit_reached") == [], fleet.a.call_log(result.call_sid)
     assert _agent_heard_after(result, int(stall_s * 1000) + 3000), result.render()
     stalled = fleet.a.events("event_loop_stalled", level="warning")  # the operator reads that the process did not run
-    assert any(stall_s - 1 <= line["late_s"] <= stall_s + 1 and line["calls"] == 1 for line in stalled), stalled
+    assert any(stall_s - 1 <= line["late_s"] and line["calls"] == 1 for line in stalled), stalled  # a lower bound: load only lengthens it
 
 
 @pytest.mark.long
@@ -656,7 +656,9 @@ async def test_a_bridge_stalled_half_a_minute_keeps_its_sip_audiosocket_and_twil
         assert served.events("sip_rtp_timeout") == [] and served.events("audiosocket_timeout") == []
         assert served.events("call_limit_reached") == [] and served.events("call_hung_up") == []
         stalled = served.events("event_loop_stalled", level="warning")
-        assert any(stall_s - 1 <= line["late_s"] <= stall_s + 1 and line["calls"] == 3 for line in stalled), stalled
+        # the stall logged with its three calls: at least as long as it was (a lower bound: on a busy machine the
+        # process, running again, waits for a core before its timer fires, 2.3 s more seen beside the suite)
+        assert any(stall_s - 1 <= line["late_s"] and line["calls"] == 3 for line in stalled), stalled
     finally:
         served.stop()
         await twilio.aclose()

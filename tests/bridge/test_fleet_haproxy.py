@@ -44,7 +44,7 @@ from tests.bridge.twilio_e2e import short_speech, until
 from tests.conftest import peer_binary
 from tests.redis_server import redis_server, start_redis, stop_process
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
 

@@ -34,7 +34,7 @@ from tests.redis_server import redis_url
 
 __all__ = ["redis_url"]  # the fixture, imported for pytest
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.processes]
 
 SECRET = "group-secret-0123456789abcdef"
 COUNTER = "callbridge_stream_status_total"

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from callbridge.carriers.exotel.http import ExotelAdmission
 from callbridge.carriers.webhooks import BasicCredentials
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 ADMISSION = ExotelAdmission(validate_credentials=True, credentials=BasicCredentials("key", SecretStr("token")))

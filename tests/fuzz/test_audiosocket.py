@@ -14,7 +14,7 @@ from callbridge.carriers.audiosocket.wire import AUDIO_KINDS, AudioSocketCodec, 
 from callbridge.carriers.base import CarrierEvent, RemoteProtocolError
 from tests.fuzz.contract import CodecRun
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 CALL = uuid.UUID("40325ec2-5efd-4bd3-805f-53576e581d13")

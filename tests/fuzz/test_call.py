@@ -27,7 +27,7 @@ from tests.fuzz.test_audiosocket import UUID_FRAME, _frames
 from tests.fuzz.test_codecs import CODECS, opening
 from tests.fuzz.test_engine_wire import PCM, SERVER_EVENTS
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 CAPS = Capabilities(

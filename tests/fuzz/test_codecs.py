@@ -37,7 +37,7 @@ from tests.carriers.test_detect import FIRST_MESSAGES
 from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import json_text, messages, sequences
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 

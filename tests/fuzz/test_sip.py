@@ -30,7 +30,7 @@ from tests.fuzz.contract import CodecRun
 from tests.fuzz.strategies import TRICKY, budget
 from tests.sip.test_dialog import LOCAL, PEER, SDP, request
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 _text = st.sampled_from([t for t in TRICKY if isinstance(t, str)]) | st.text(max_size=30)

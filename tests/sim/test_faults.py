@@ -33,7 +33,7 @@ from callbridge.sim.faults import (
 )
 from tests.conftest import PATCHES_A_COMPILED_METHOD
 
-pytestmark = pytest.mark.hot_path
+pytestmark = [pytest.mark.hot_path, pytest.mark.background]
 """Run again on the compiled build (``-m 'core or hot_path'``, .ci/run)."""
 
 SEEDS_PER_TEST = 100

@@ -41,6 +41,7 @@ import asyncio
 import audioop
 import contextlib
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
@@ -169,8 +170,9 @@ class AudioSocketStream(SimStream):
             self.enqueue_audio(payload)
 
     def _note_ahead(self) -> None:
-        """How far ahead of real time this frame arrives: what is still waiting to be played before it."""
-        ahead_ms = len(self.queue) * 1000 / (self.rate_hz * 2)
+        """How far ahead of real time this frame arrives: what is still waiting to be played before it, but for
+        what this simulator's own late tick owes (``overdue_ms``)."""
+        ahead_ms = len(self.queue) * 1000 / (self.rate_hz * 2) - self.overdue_ms(time.monotonic())
         self.max_ahead_ms = max(self.max_ahead_ms, ahead_ms)
         calls = self.carrier.max_ahead_ms
         calls[self.call.call_id] = max(calls.get(self.call.call_id, 0.0), ahead_ms)

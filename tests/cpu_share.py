@@ -1,0 +1,81 @@
+"""How a parallel run shares the machine's two cores between tests that keep real time and tests that do not.
+
+The end-to-end tests run calls at real time (20 ms frames, timers of a few hundred ms); the rest of the suite (the
+core tier, the fault simulator's virtual clock, the fuzzers, the command line's mistakes) is CPU work with no clock
+to keep. On a slow machine twelve workers keep both cores busy from start to end (session 40: 527 s of wall time,
+all of it CPU-bound), and a real-time test then measures the machine, not the bridge: a reply late by seconds, a
+worker started too slowly to take its SIGTERM. Two rules, both outside the tests themselves:
+
+- ``background`` (and ``core``) tests run at a lower CPU priority (``nice`` 10, restored after the test), so that
+  the real-time tests beside them are served first. Raising the priority back needs root (CAP_SYS_NICE): where the
+  run is not root (a laptop, fast enough not to need it) nothing is changed.
+- ``processes`` tests (a fleet, a worker group behind a load balancer: several ``callbridge`` processes carrying
+  calls at real time, most of a core each while they run) take one of ``PROCESS_SLOTS`` slots, file locks shared
+  by the run's workers, before they start: at most that many at once, however the schedule falls.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import pytest
+
+__all__ = ["BACKGROUND_NICE", "PROCESS_SLOTS", "sharing_the_cpu"]
+
+BACKGROUND_NICE: Final = 10
+PROCESS_SLOTS: Final = 4
+_SLOT_POLL_S: Final = 0.1
+
+
+def _can_renice() -> bool:
+    """Whether a thread may lower its nice value again (root): only then is a test's priority changed."""
+    return hasattr(os, "setpriority") and os.geteuid() == 0
+
+
+def _take_slot(folder: Path) -> int:
+    """Wait for one of the run's ``PROCESS_SLOTS`` slots; the file descriptor holding its lock."""
+    folder.mkdir(exist_ok=True)
+    while True:
+        for index in range(PROCESS_SLOTS):
+            fd = os.open(folder / f"slot-{index}", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return fd
+        time.sleep(_SLOT_POLL_S)
+
+
+def _slots_folder(item: pytest.Item) -> Path | None:
+    """The run's slot files (one folder per parallel run); None outside xdist's workers: one test at a time."""
+    workerinput = getattr(item.config, "workerinput", None)
+    if workerinput is None:
+        return None
+    return Path(tempfile.gettempdir()) / f"callbridge-process-slots-{workerinput['testrunuid']}"
+
+
+@contextmanager
+def sharing_the_cpu(item: pytest.Item) -> Iterator[None]:
+    """Around one test's whole protocol (its fixtures too, and before its timeout starts: ``tests/conftest.py``'s
+    outermost ``pytest_runtest_protocol`` wrapper): its slot and its priority."""
+    folder = _slots_folder(item) if item.get_closest_marker("processes") is not None else None
+    slot = _take_slot(folder) if folder is not None else None
+    background = item.get_closest_marker("background") is not None or item.get_closest_marker("core") is not None
+    reniced = background and _can_renice()
+    if reniced:
+        os.setpriority(os.PRIO_PROCESS, 0, BACKGROUND_NICE)  # this thread: the test's
+    try:
+        yield
+    finally:
+        if reniced:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        if slot is not None:
+            os.close(slot)  # closing the descriptor releases its lock
