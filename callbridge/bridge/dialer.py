@@ -1,5 +1,6 @@
-"""The calls the agent places (#42): a request is taken (``place``), paced per carrier (``OutboundPacer``), dialled
-through the carrier's REST API (``CarrierDialer``), and followed by the carrier's progress reports (``progress``)
+"""The calls the agent places (#42): a request is taken (``place``), paced per carrier (``OutboundPacer``; with a
+shared registry, the fleet's turns too: ``CallRegistry.reserve_dial``, so N processes dial at the carrier's rate, not N
+times it), dialled through the carrier's REST API (``CarrierDialer``), and followed by the carrier's progress reports (``progress``)
 until it is answered — then it is a call like any other, through the carrier's answer webhook, with the request's
 dial id and metadata in its ``CallContext`` and its assistant, where the request gave one (``answering``).
 
@@ -365,7 +366,9 @@ class Dialer:
             return
         request = placed.request
         placed.dialling = True
-        if self._host.registry.shared:  # the answer webhook may reach another process of the fleet: it reads this
+        if self._host.registry.shared:  # other processes dial through the carrier too; and read this at its answer
+            if not await self._fleet_turn(placed):
+                return
             await self._keep_note(placed)
         leg = DialLeg(dial_id, request.to, request.from_, placed.ring_timeout_s, placed.base_url)
         try:
@@ -382,6 +385,28 @@ class Dialer:
         if placed.cancel_asked:
             self._host.spawn(self._cancel_at_carrier(placed))
         self._host.spawn(self._give_up_unreported(dial_id, placed.ring_timeout_s + _REPORT_GRACE_S))
+
+    async def _fleet_turn(self, placed: _Placed) -> bool:
+        """With a shared registry this process's pacer is one of several dialling through the carrier: the dial waits
+        for the fleet's next turn (``CallRegistry.reserve_dial``, the pacer's interval after the last any process
+        reserved), so that together they keep the carrier's rate. False: not dialled, and failed — the turn further
+        than ``outbound.max_wait_s`` away, the application's cancel meanwhile, or a registry that does not answer
+        (the fleet's rate could not be kept)."""
+        carrier = placed.request.carrier
+        try:
+            wait_ms = await self._host.registry.reserve_dial(carrier, self._pacers[carrier].interval_ms, self._pacing.max_wait_ms)
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail, dial_id=placed.dial_id)
+            self._failed(placed, "failed", "not dialled: the fleet's registry did not answer, so the carrier's rate could not be kept")
+            return False
+        if wait_ms is None:
+            self._failed(placed, "canceled", f"never dialled: the fleet's turns to dial through {carrier} are taken for {self._pacing.max_wait_ms // 1000} s")
+            return False
+        if wait_ms:
+            await asyncio.sleep(wait_ms / 1000)
+        if placed.cancel_asked and placed.dial_id in self._placed:
+            self._failed(placed, "canceled", "canceled by the application: never dialled")
+        return placed.dial_id in self._placed
 
     async def _keep_note(self, placed: _Placed) -> None:
         """The request, for whichever process of the fleet gets the call's answer webhook (``answering``); kept as

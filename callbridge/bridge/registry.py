@@ -17,6 +17,7 @@ import abc
 import asyncio
 import enum
 import hmac
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -282,6 +283,12 @@ class CallRegistry(abc.ABC):
         admitted again. It is counted for ``hold_ms`` from now (``hold`` keeps it), or until ``release``."""
 
     @abc.abstractmethod
+    async def reserve_dial(self, carrier: str, interval_ms: float, max_wait_ms: int) -> int | None:
+        """A turn to dial through ``carrier``, ``interval_ms`` after the turn before it that any process sharing this
+        registry reserved (atomically: the fleet's dials through one carrier are never closer than that): how many
+        ms from now this one's is. None, and nothing reserved, where it would be more than ``max_wait_ms`` away."""
+
+    @abc.abstractmethod
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         """True, and ``key`` remembered ``keep_ms`` from now, if it is not remembered already (atomically: of two
         processes that ask at once, one gets True); False while it is. What a signed webhook proves itself by
@@ -384,6 +391,8 @@ class MemoryCallRegistry(CallRegistry):
         self._notes_pruned_at_ms = clock()
         self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
         self._admitted: dict[str, int] = {}
+        self._dial_turns: dict[str, float] = {}
+        """Carrier → when (this clock, ms) the next dial through it may go (``reserve_dial``)."""
         """call id → until when it counts against the fleet's limit (``admit``)."""
         self._remembered: dict[str, int] = {}
         """``remember_once``'s keys → when each is forgotten; at most ``MAX_REMEMBERED`` (the oldest goes first)."""
@@ -528,6 +537,14 @@ class MemoryCallRegistry(CallRegistry):
             return False
         admitted[call_id] = now + hold_ms
         return True
+
+    async def reserve_dial(self, carrier: str, interval_ms: float, max_wait_ms: int) -> int | None:
+        now = self._clock()
+        turn = max(float(now), self._dial_turns.get(carrier, -math.inf))
+        if turn - now > max_wait_ms:
+            return None
+        self._dial_turns[carrier] = turn + interval_ms
+        return math.ceil(turn - now)
 
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         self._prune()

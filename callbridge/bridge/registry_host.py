@@ -84,7 +84,7 @@ _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
         "get", "detach", "claim_ticket", "claim_call", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
-        "keep_note", "note", "signal", "listening", "admit", "remember_once", "forget", "hold", "release",
+        "keep_note", "note", "signal", "listening", "admit", "reserve_dial", "remember_once", "forget", "hold", "release",
     }),
     _TOKENS: frozenset({"mint", "consume"}),
 }  # fmt: skip
@@ -392,6 +392,10 @@ class HostedCallRegistry(CallRegistry):
 
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         return bool(await self._call("admit", call_id, limit, hold_ms))
+
+    async def reserve_dial(self, carrier: str, interval_ms: float, max_wait_ms: int) -> int | None:
+        wait_ms = await self._call("reserve_dial", carrier, interval_ms, max_wait_ms)
+        return None if wait_ms is None else int(wait_ms)
 
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         return bool(await self._call("remember_once", key, keep_ms))

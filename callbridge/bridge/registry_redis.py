@@ -15,6 +15,9 @@ Layout (one key per call, one per token; Redis expires both, so nothing is swept
   whether that process is alive (``listening``).
 - ``callbridge:admitted``: with ``server.max_calls_fleet``, the calls the fleet holds (a sorted set, each scored
   with until when it counts: kept by the process holding it, released at its end, lapsed when that one died).
+- ``callbridge:dial_turn:{carrier}``: when (Redis's clock, ms) the fleet's next dial through that carrier may go:
+  each dial reserves its turn and moves it on by the carrier's interval (``reserve_dial``, one script); it expires a
+  second after the last turn.
 
 A claim is one Lua script (read, compare, delete the ticket), so of two processes resuming one call only
 one gets the engine session; Redis runs scripts atomically. A new stream's first look at its call is one too
@@ -118,6 +121,18 @@ return 1
 """KEYS[1] the admitted calls (a sorted set: call id → until when, Redis's clock); ARGV the call, the limit, the
 hold (ms). Returns 1 when admitted."""
 
+_RESERVE_DIAL = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local turn = math.max(now, tonumber(redis.call('GET', KEYS[1]) or '0'))
+if turn - now > tonumber(ARGV[2]) then return -1 end
+local following = turn + tonumber(ARGV[1])
+redis.call('SET', KEYS[1], string.format('%.3f', following), 'PX', math.ceil(following - now) + 1000)
+return math.ceil(turn - now)
+"""
+"""KEYS[1] the carrier's next turn to dial (ms, Redis's clock); ARGV the interval (ms), the most a turn may be
+away (ms). Returns how many ms from now the turn reserved is, -1 where none was (too far away)."""
+
 _HOLD = """
 local t = redis.call('TIME')
 local kept_until = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
@@ -197,6 +212,7 @@ class RedisCallRegistry(CallRegistry):
         self._checkpoint: Any = client.register_script(_CHECKPOINT)
         self._detach: Any = client.register_script(_DETACH)
         self._admit: Any = client.register_script(_ADMIT)
+        self._reserve_dial: Any = client.register_script(_RESERVE_DIAL)
         self._hold: Any = client.register_script(_HOLD)
         self._claim_live: Any = client.register_script(_CLAIM_LIVE)
 
@@ -305,6 +321,11 @@ class RedisCallRegistry(CallRegistry):
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         with _unavailable("admit"):
             return bool(await self._admit(keys=[_ADMITTED], args=[call_id, limit, hold_ms]))
+
+    async def reserve_dial(self, carrier: str, interval_ms: float, max_wait_ms: int) -> int | None:
+        with _unavailable("reserve_dial"):
+            wait_ms = int(await self._reserve_dial(keys=[f"{_PREFIX}dial_turn:{carrier}"], args=[interval_ms, max_wait_ms]))
+        return None if wait_ms < 0 else wait_ms
 
     async def hold(self, call_ids: list[str], hold_ms: int) -> None:
         if call_ids:

@@ -14,7 +14,7 @@ from callbridge.application import AssistantConfig, CallContext, MachineDetectio
 from callbridge.application.events import CallEvent
 from callbridge.bridge.dialer import Dialer, DialLeg, DialRejected
 from callbridge.bridge.fleet import SignalHandler
-from callbridge.bridge.registry import CallSignal, SignalKind
+from callbridge.bridge.registry import CallSignal, RegistryUnavailable, SignalKind
 from callbridge.config import Settings
 from callbridge.outbound.request import DialAccepted, DialRefusal, DialRequest
 
@@ -39,6 +39,16 @@ class Registry:
     def __init__(self, *, shared: bool = False) -> None:
         self.shared = shared
         self.notes: dict[tuple[str, str], str] = {}
+        self.turns: list[int | None | RegistryUnavailable] = []
+        """What the next ``reserve_dial`` calls answer (then 0: at once)."""
+        self.reserved: list[tuple[str, float, int]] = []
+
+    async def reserve_dial(self, carrier: str, interval_ms: float, max_wait_ms: int) -> int | None:
+        self.reserved.append((carrier, interval_ms, max_wait_ms))
+        turn = self.turns.pop(0) if self.turns else 0
+        if isinstance(turn, RegistryUnavailable):
+            raise turn
+        return turn
 
     async def keep_note(self, call_id: str, kind: str, text: str, keep_ms: int) -> None:
         self.notes[(call_id, kind)] = text
@@ -289,6 +299,54 @@ async def test_a_call_placed_by_one_process_is_answered_and_followed_by_another(
     assert dialer_a.cancel(dial_id) == "not_found"
     assert await dialer_b.answering("dl_unknown", "twilio", "CA2") is None
     assert await dialer_b.answering(dial_id, "telnyx", call_id) is None  # not the carrier it was placed with
+
+
+async def fleet_dial(turn: int | None | RegistryUnavailable) -> tuple[Host, Carrier, str]:
+    """One call placed by a process of a fleet, whose registry answers ``turn`` to its reservation."""
+    registry = Registry(shared=True)
+    registry.turns = [turn]
+    host, carrier = Host(registry=registry, settings=Settings.model_validate({"outbound": {"calls_per_second": 5}})), Carrier()
+    _, dial_id = await placed(host, carrier)
+    assert registry.reserved == [("twilio", pytest.approx(200 + 10), 60_000)]  # the interval, its 5 % margin; the wait
+    return host, carrier, dial_id
+
+
+@pytest.mark.parametrize(
+    ("turn", "dialled", "reason", "detail"),
+    [
+        (30, True, None, ""),
+        (None, False, "canceled", "the fleet's turns to dial through twilio are taken for 60 s"),
+        (RegistryUnavailable("reserve_dial", "timed out"), False, "failed", "the fleet's registry did not answer"),
+    ],
+)
+async def test_in_a_fleet_a_dial_waits_for_the_fleets_turn_and_one_it_cannot_get_is_failed(
+    turn: int | None | RegistryUnavailable, dialled: bool, reason: str | None, detail: str
+) -> None:
+    """A shared registry: a dial reserves the fleet's turn through its carrier (the pacer's interval, at most the
+    queue's wait) and goes when it comes; a turn too far away fails the call canceled; a registry that does not
+    answer fails it (the fleet's rate cannot be kept)."""
+    host, carrier, dial_id = await fleet_dial(turn)
+    assert [leg.dial_id for leg in carrier.legs] == ([dial_id] if dialled else [])
+    failed = [event.data for _, event in host.events.seen if event.type == "call.failed"]
+    if reason is None:
+        assert failed == [] and host.events.types == ["call.dialing"]
+    else:
+        assert [(data["reason"], detail in data["detail"]) for data in failed] == [(reason, True)], failed
+
+
+async def test_a_call_canceled_while_it_waits_for_the_fleets_turn_is_never_dialled() -> None:
+    registry = Registry(shared=True)
+    host, carrier = Host(registry=registry), Carrier()
+    registry.turns = [20]
+    dialer = Dialer(host, {"twilio": carrier})
+    taken = dialer.place(request(), "https://bridge.example")
+    assert isinstance(taken, DialAccepted)
+    dialling = asyncio.ensure_future(host.spawned.pop(0))
+    await asyncio.sleep(0)  # waiting for its turn
+    assert dialer.cancel(taken.dial_id) == "canceling"
+    await dialling
+    assert carrier.legs == [] and host.events.types == ["call.failed"]
+    assert host.events.seen[0][1].data["reason"] == "canceled" and dialer.cancel(taken.dial_id) == "not_found"
 
 
 async def test_without_a_shared_registry_nothing_is_noted_or_signalled() -> None:

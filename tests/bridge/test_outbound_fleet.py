@@ -6,6 +6,9 @@ call ends on B."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 
 from callbridge.bridge.app import create_app
@@ -62,3 +65,42 @@ async def test_a_call_placed_on_one_process_is_answered_on_another(redis_url: st
     (asked,) = agent_app.CallsOut.asked  # B asked the application, with the placed call's context
     assert (asked.direction, asked.dial_id, asked.metadata, asked.call_id) == ("outbound", dial_id, {"crm_id": 9}, call_sid)
     assert result.agent_runs_ms, result.render()  # the callee heard the agent
+
+
+async def test_two_processes_dialling_through_one_carrier_keep_its_rate_together(redis_url: str) -> None:
+    """``outbound.calls_per_second`` 4 on each of two bridges sharing Redis, three calls asked of each at once: each
+    process's pacer alone would let both first dials go at the same moment (8 a second at the carrier); the fleet's
+    turns (``reserve_dial``) space all six about 262 ms apart (the interval and its 5 % margin), whichever process
+    dials."""
+    registry = {"backend": "redis", "redis_url": redis_url}
+    outbound = {"calls_per_second": 4.0}
+    async with running_bridge(outbound_settings(registry=registry, outbound=outbound), engine(), provider="twilio") as a:
+        carrier = a.carrier
+        assert isinstance(carrier, SimulatedTwilio)
+        listener = bound_socket()
+        b_url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        b_settings = with_overrides(a.settings, {"server": {"port": listener.getsockname()[1], "public_url": b_url}})
+        b_app = create_app(b_settings, engine())
+        async with serving(b_app, listener):
+            released: list[tuple[str, float]] = []
+            for name, app in (("a", a.app), ("b", b_app)):
+                rest = app.state.bridge.services.carrier_rests["twilio"]
+                dial = rest.dial
+
+                async def timed(leg: Any, dial: Any = dial, name: str = name) -> str:  # when the fleet's turn let it go
+                    released.append((name, time.monotonic()))
+                    return await dial(leg)
+
+                rest.dial = timed
+            for n in range(6):
+                carrier.callees[f"+1500555030{n}"] = Callee(outcome="busy", ring_ms=50)
+            places = [
+                ApplicationCalls(app.state.bridge.services.dialer, url).place
+                for app, url in ((a.app, a.base_url), (b_app, b_url))
+            ]
+            taken = [places[n % 2](DialRequest.model_validate({"carrier": "twilio", "to": f"+1500555030{n}", "from": OURS})) for n in range(6)]
+            assert all(isinstance(t, DialAccepted) for t in taken), taken
+            await until(lambda: len(released) == 6, timeout_s=10)
+    times = sorted(at for _, at in released)
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    assert {name for name, _ in released} == {"a", "b"} and min(gaps) >= 0.2, (released, gaps)  # 262 ms, less a late wake-up

@@ -403,6 +403,22 @@ async def test_the_fleet_admits_exactly_its_limit_at_once_and_lets_go_of_what_is
     assert await views[2].admit("CA-fleet-a", 2, 60_000) and await views[2].admit("CA-fleet-b", 2, 60_000)
 
 
+async def test_the_fleets_dials_through_one_carrier_take_turns_an_interval_apart(backend: Backend) -> None:
+    """``reserve_dial`` from three processes at once, six dials through one carrier at 100 ms: turns 0, 100, …, 500 ms
+    from now, one each (the fleet's dials keep the carrier's rate together); another carrier's turns are its own; a
+    turn further than the most a dial may wait is not reserved, and takes nothing from the next; once the turns are
+    past, the next dial goes at once."""
+    views = [(await backend.view())[0] for _ in range(3)]
+    waits = await asyncio.gather(*(views[i % 3].reserve_dial("twilio", 100.0, 10_000) for i in range(6)))
+    assert all(wait is not None for wait in waits)
+    assert sorted(waits) == pytest.approx([0, 100, 200, 300, 400, 500], abs=40), waits  # Redis's clock runs meanwhile
+    assert await views[1].reserve_dial("telnyx", 100.0, 10_000) == 0
+    assert await views[2].reserve_dial("twilio", 100.0, 450) is None  # 600 ms away
+    assert await views[0].reserve_dial("twilio", 100.0, 10_000) == pytest.approx(600, abs=40)
+    await backend.advance(800)
+    assert await views[1].reserve_dial("twilio", 100.0, 10_000) == 0
+
+
 async def test_every_pooled_connection_works_again_the_moment_redis_is_back() -> None:
     """Redis restarted while the client's pool held several connections (calls answered at once) and nothing used
     them meanwhile: the first operations after its return each succeed, none on a connection Redis closed. Before,
