@@ -249,10 +249,10 @@ def _with_listeners(settings: Settings, args: argparse.Namespace, section: str, 
     """``serve`` on the HTTP socket of ``section`` (``server``, ``engine_server``), once nothing the settings need
     is missing and every listener they enable can have its address; else one line for each problem, and the exit
     code."""
-    from callbridge.preflight import ListenerUnavailable, bind_http, listener_problems, missing_extras
+    from callbridge.preflight import ListenerUnavailable, bind_http, file_problems, listener_problems, missing_extras
 
     command = f"callbridge {args.command}"
-    missing = missing_extras(settings)
+    missing = missing_extras(settings) + (file_problems(settings) if section == "server" else [])
     for sentence in missing:
         print(f"{command}: {sentence}", file=sys.stderr)
     if missing:
@@ -462,12 +462,18 @@ def _run_load(run: Any) -> LoadSamples | int:
 
 
 def _config_check(settings: Settings, args: argparse.Namespace) -> int:
+    """The effective settings; then, on stderr, what is wrong with the files they name (exit 2 where anything is)."""
+    from callbridge.preflight import file_problems
+
     values = settings.public_dict()
     if args.output_format == "json":
         print(json.dumps(values, indent=2))
     else:
         print(_to_toml(values), end="")
-    return EXIT_OK
+    problems = file_problems(settings)
+    for problem in problems:
+        print(f"callbridge config check: {problem}", file=sys.stderr)
+    return EXIT_USAGE if problems else EXIT_OK
 
 
 def _to_toml(sections: dict[str, Any]) -> str:

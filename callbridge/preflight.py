@@ -12,6 +12,7 @@ import errno
 import importlib.util
 import socket
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final, Literal
 
 from callbridge.carriers import CARRIERS
@@ -97,8 +98,24 @@ def listener_problems(settings: Settings) -> list[ListenerProblem]:
         section = getattr(settings, spec.section) if spec.section is not None and spec.sockets else None
         if section is not None and section.enabled:
             wanted += [(f"{spec.section}.port", section.host, section.port, transport) for transport in spec.sockets]
+            beside = getattr(section, "listeners_beside_port", None)  # a second port of its own (SIP's TLS)
+            if beside is not None:
+                wanted += [(f"{spec.section}.{key}", section.host, port, "tcp") for key, port in beside()]
     found = (_try_bind(*listener) for listener in wanted)
     return [problem for problem in found if problem is not None]
+
+
+def file_problems(settings: Settings, now: datetime | None = None) -> list[str]:
+    """One sentence for each file the settings name that cannot serve (a carrier section's ``file_problems``: SIP's
+    TLS certificate unreadable, not its key's, expired)."""
+    at = now or datetime.now(UTC)
+    problems: list[str] = []
+    for spec in CARRIERS:
+        section = getattr(settings, spec.section) if spec.section is not None else None
+        check = getattr(section, "file_problems", None)
+        if check is not None:
+            problems += check(at)
+    return problems
 
 
 def _installed(module: str) -> bool:

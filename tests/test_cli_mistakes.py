@@ -3,8 +3,8 @@
 Each gets one line on stderr that names the setting, option or file, says what is wrong and what to do, and a
 documented exit code (2: usage or configuration, 3: a listener's address cannot be had, 1: the run failed): never
 a traceback, never a run that goes ahead and fails later (a whole load test, then the PNG's folder is missing).
-Rows hold ``{tmp}`` (a folder of this test), ``{held_tcp}`` / ``{held_udp}`` (a port another socket holds) and
-``{free}`` (a port nothing listens on).
+Rows hold ``{tmp}`` (a folder of this test), ``{held_tcp}`` / ``{held_udp}`` (a port another socket holds),
+``{free}`` and ``{free2}`` (ports nothing listens on).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import trustme
 
 from callbridge.sim.runner import free_port
 
@@ -66,6 +67,14 @@ def _header_only_wav() -> bytes:
     return buffer.getvalue()
 
 
+def _tls_pair() -> dict[str, bytes]:
+    """A certificate and its key for SIP over TLS (a test CA's), as files of the mistake's folder."""
+    leaf = trustme.CA().issue_cert("127.0.0.1")
+    return {"sip.crt": leaf.cert_chain_pems[0].bytes(), "sip.key": leaf.private_key_pem.bytes()}
+
+
+_TLS_PAIR = _tls_pair()
+
 MISTAKES = [
     # Configuration: the key, what is wrong (the value given, unless it is a secret).
     Mistake("port out of range", ("serve", "--port", "99999"), 2, ("server.port", "65535", "'99999'")),
@@ -93,6 +102,12 @@ MISTAKES = [
         ("vonage.private_key_path", "not a PEM private key"), files={"garbage.key": b"not a key\n"},
     ),  # fmt: skip
     Mistake("no workers", ("serve", "--workers", "0"), 2, ("server.workers", "greater than or equal to 1")),
+    Mistake(
+        "SIP TLS certificate missing",
+        ("serve", "--port", "{free}", "--set", "sip.enabled=true", "--set", "sip.port={free2}", "--set", "sip.tls_certificate={tmp}/none.crt",
+         "--set", "sip.tls_private_key={tmp}/none.key"), 2, ("sip.tls_certificate", "none.crt", "cannot be read"),
+    ),  # fmt: skip
+    Mistake("SIP TLS key without its certificate", ("config", "check", "--set", "sip.tls_private_key=/k.pem"), 2, ("tls_certificate and tls_private_key go together",)),
     # Found in session 14: each passed config check, then a traceback at serve (Exotel's CIDR) or broken calls.
     Mistake("exotel source not a CIDR", ("serve", "--set", "exotel.allowed_sources=[1.2.3.4/99]"), 2, ("exotel.allowed_sources.0", "CIDR", "'1.2.3.4/99'")),
     Mistake("SIP trusted address not an IP", ("config", "check", "--set", "sip.allowed_ips=[10.0.0.0/8,trunk]"), 2, ("sip.allowed_ips.1", "CIDR", "'trunk'")),
@@ -113,6 +128,12 @@ MISTAKES = [
     Mistake(
         "SIP port in use", ("serve", "--port", "{free}", "--set", "sip.enabled=true", "--set", "sip.port={held_udp}"), 3,
         ("sip.port", "/udp", "address already in use"),
+    ),  # fmt: skip
+    Mistake(
+        "SIP TLS port in use",
+        ("serve", "--port", "{free}", "--set", "sip.enabled=true", "--set", "sip.port={free2}", "--set", "sip.tls_certificate={tmp}/sip.crt",
+         "--set", "sip.tls_private_key={tmp}/sip.key", "--set", "sip.tls_port={held_tcp}"), 3,
+        ("sip.tls_port", "address already in use"), files=_TLS_PAIR,
     ),  # fmt: skip
     Mistake(
         "AudioSocket port in use", ("serve", "--port", "{free}", "--set", "audiosocket.enabled=true", "--set", "audiosocket.port={held_tcp}"),
@@ -175,7 +196,7 @@ def test_each_mistake_is_one_line_naming_what_to_fix(mistake: Mistake, tmp_path:
     for name, content in mistake.files.items():
         (tmp_path / name).write_bytes(content)
     held_tcp, held_udp = held_ports
-    places = {"{tmp}": str(tmp_path), "{held_tcp}": str(held_tcp), "{held_udp}": str(held_udp), "{free}": str(free_port())}
+    places = {"{tmp}": str(tmp_path), "{held_tcp}": str(held_tcp), "{held_udp}": str(held_udp), "{free}": str(free_port()), "{free2}": str(free_port())}
     args = []
     for arg in mistake.args:
         for place, value in places.items():

@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final
 
-from callbridge.sip.message import SipRequest
+from callbridge.sip.message import SipRequest, host_port
 from callbridge.sip.refer import Transfer
 from callbridge.sip.sdp import MediaChoice
 from callbridge.sip.transaction import Address, Retransmission
@@ -156,6 +156,8 @@ class UasConfig:
     host: str
     """The address we advertise (Contact, Via of our BYE, SDP)."""
     port: int
+    tls_port: int | None = None
+    """Where our TLS listener is (a dialog that came over TLS advertises it), if there is one."""
     allowed_networks: tuple[Network, ...] = ()
     username: str | None = None
     password: str | None = None
@@ -165,6 +167,10 @@ class UasConfig:
     """Datagrams a source may send a second (twice that in a burst) before the rest are dropped unread."""
     requests_per_s: float = 2000.0
     """Datagrams read a second from all sources together (twice that in a burst)."""
+
+    def host_port(self, transport: str) -> str:
+        """Our ``host:port`` for a message on ``transport`` (TLS: the TLS listener's port)."""
+        return host_port(self.host, self.tls_port if transport == "TLS" and self.tls_port is not None else self.port)
 
 
 @dataclass(slots=True)

@@ -45,8 +45,10 @@ def capabilities() -> list[tuple[str, str]]:
 
 
 def contact(config: UasConfig, request: SipRequest) -> str:
-    suffix = ";transport=tcp" if request.transport == "TCP" else ""
-    return f"<sip:callbridge@{host_port(config.host, config.port)}{suffix}>"
+    """Our Contact in a dialog that came on ``request``'s transport: the peer's requests in it come back on that
+    transport, at our port for it (RFC 3261 §8.1.1.8; TLS: RFC 5630 keeps ``sip:`` with ``;transport=tls``)."""
+    suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(request.transport, "")
+    return f"<sip:callbridge@{config.host_port(request.transport)}{suffix}>"
 
 
 def in_dialog_request(config: UasConfig, dialog: Dialog, method: str) -> SipRequest:
@@ -56,7 +58,7 @@ def in_dialog_request(config: UasConfig, dialog: Dialog, method: str) -> SipRequ
     dialog.local_cseq += 1
     request = SipRequest(method=method, uri=uri_of(invite.header("Contact") or invite.header("From") or ""))
     branch = "z9hG4bK" + secrets.token_hex(8)
-    request.add("Via", f"SIP/2.0/{invite.transport} {host_port(config.host, config.port)};branch={branch};rport")
+    request.add("Via", f"SIP/2.0/{invite.transport} {config.host_port(invite.transport)};branch={branch};rport")
     request.add("Max-Forwards", "70")
     to = invite.header("To") or ""
     if header_param(to, "tag") is None:

@@ -25,7 +25,10 @@ SPEECH_S = 3.69
 """The bundled caller utterance; followed by silence so the phone stays on the line for the reply."""
 
 
-def configure(directory: Path, caller_wav: Path, *, account: str = "<sip:caller@127.0.0.1>;regint=0", port: int | None = None) -> Path:
+def configure(
+    directory: Path, caller_wav: Path, *, account: str = "<sip:caller@127.0.0.1>;regint=0", port: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> Path:
     config = directory / "cfg"
     config.mkdir()
     (directory / "snd").mkdir()
@@ -38,6 +41,7 @@ def configure(directory: Path, caller_wav: Path, *, account: str = "<sip:caller@
         "module_path /usr/lib/baresip/modules",
         *(f"module {name}.so" for name in ("g711", "aufile", "alsa", "sndfile", "menu", "account")),
         f"snd_path {directory / 'snd'}",
+        *extra,
     ]
     (config / "config").write_text("\n".join(lines) + "\n")
     (config / "accounts").write_text(account + "\n")
@@ -131,3 +135,38 @@ async def test_the_agent_calls_baresip_which_answers_and_hears_it(tmp_path: Path
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")  # what the phone heard
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the echo of a 3.7 s utterance
     assert codec.jitter.late == 0 and codec.malformed == 0 and transport.send_errors == 0
+
+
+@pytest.mark.long
+async def test_baresip_calls_over_tls_and_hears_the_echo_agent(tmp_path: Path) -> None:
+    """baresip dials ``sip:agent@…;transport=tls`` trusting the test CA (``sip_cafile``): its call is answered over
+    TLS and it hears the echo agent, as over UDP."""
+    from tests.sip.test_tls import issue  # trustme: the test extra
+
+    pki = issue(tmp_path)
+    (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
+    caller_wav = microphone(tmp_path / "caller.wav")
+    config = configure(tmp_path, caller_wav, extra=(f"sip_cafile {tmp_path / 'ca.pem'}",))
+    values = {
+        "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS,
+        "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
+    }  # fmt: skip
+    async with running_bridge(settings(sip=values), engine(), provider="twilio") as bridge:
+        uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls"
+        phone = await asyncio.create_subprocess_exec(
+            "baresip", "-f", str(config), "-e", f"/dial {uri}", "-t", "15",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            output, _ = await asyncio.wait_for(phone.communicate(), 40)
+        except TimeoutError:
+            phone.kill()
+            await phone.wait()
+            raise
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        assert sip.tls is not None and sip.tls.served == 1 and not sip.dropped, sip.dropped  # the call came over TLS
+    log = output.decode(errors="replace")
+    assert "Call established" in log, log[-2000:]
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)

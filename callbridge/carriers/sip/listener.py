@@ -1,5 +1,5 @@
-"""The SIP trunk listener: the asyncio driver of ``SipUas`` (UDP and TCP on the same port) and of one RTP
-socket (and its RTCP socket) per call.
+"""The SIP trunk listener: the asyncio driver of ``SipUas`` (UDP and TCP on the same port, TLS on ``sip.tls_port``
+where a certificate is configured: ``tls.TlsAcceptor``) and of one RTP socket (and its RTCP socket) per call.
 
 Each answered call is served by the shared ``MediaStreamDriver`` over an
 ``RtpTransport`` (a ``CarrierTransport``) with the ``SipRtpCodec``: the SIP
@@ -54,6 +54,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.sip.dialing import SipDialing
 from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
+from callbridge.carriers.sip.tls import TlsAcceptor, TlsCertificate
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import (
@@ -72,6 +73,7 @@ from callbridge.sip.dialog import (
 from callbridge.sip.message import SipParseError, split_stream
 from callbridge.sip.sdp import MediaChoice
 from callbridge.sip.transaction import Outgoing
+from callbridge.sources import source_allowed
 
 __all__ = ["CARRIER", "RtpTransport", "SipListener"]
 
@@ -151,6 +153,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             UasConfig(
                 host=self.address,
                 port=settings.port,
+                tls_port=settings.tls_port if settings.tls else None,
                 allowed_networks=tuple(ipaddress.ip_network(s, strict=False) for s in settings.allowed_ips),
                 username=settings.username,
                 password=settings.password.get_secret_value() if settings.password is not None else None,
@@ -173,6 +176,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         """What was dropped unanswered, by reason (also ``callbridge_sip_dropped_total``)."""
         self._transport: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
+        self.tls: TlsAcceptor | None = None
+        """The TLS port (``sip.tls_certificate``), its connections served as TCP ones are."""
         self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
         self._outbound_tcp: set[asyncio.Task[None]] = set()
         """Connections we opened to a registrar (``sip.registrations`` over TCP), read like accepted ones."""
@@ -207,7 +212,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             lambda: _SipProtocol(self), local_addr=(self.settings.host, self.settings.port)
         )
         _size_receive_buffer(self._transport.get_extra_info("socket"), self.settings.receive_buffer_bytes)
-        self._tcp = await asyncio.start_server(self._tcp_connection, self.settings.host, self.port)
+        self._tcp = await asyncio.start_server(self._stream_connection, self.settings.host, self.port)
+        if self.settings.tls:
+            self.tls = self._tls_acceptor()
+            await self.tls.start(self.settings.host, self.settings.tls_port)
         self._timer = asyncio.create_task(self._run_timers())
         self.registrations.start(self.address, self.port or self.settings.port)
         self.dialing.started(self.port or self.settings.port)
@@ -215,7 +223,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             self.services.dialer.add(PROVIDER, self.dialing)
         self.services.carrier_state[PROVIDER] = self
         self.services.action_performers[PROVIDER] = self
-        log.info("sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp", allowed_ips=self.settings.allowed_ips)
+        log.info(
+            "sip_listening", host=self.settings.host, port=self.port, transports="udp,tcp,tls" if self.tls else "udp,tcp",
+            tls_port=self.tls.port if self.tls else None, allowed_ips=self.settings.allowed_ips,
+        )  # fmt: skip
         return self
 
     async def __aexit__(
@@ -248,6 +259,9 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 async with asyncio.timeout(1.0):
                     await self._tcp.wait_closed()
             self._tcp = None
+        if self.tls is not None:
+            await self.tls.close()
+            self.tls = None
         log.info("sip_stopped", dropped=dict(self.dropped))
 
     # ------------------------------------------------------------------ SIP
@@ -290,7 +304,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             return
         self._tcp_writers[out.address] = writer
         writer.write(out.data)
-        await self._tcp_connection(reader, writer)
+        await self._stream_connection(reader, writer)
 
     def _drain(self, *, wake_timer: bool = True) -> None:
         """Send what the UAC and the UAS produced and act on their events; the timer task then sees the new
@@ -300,7 +314,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             self.send_own(out)
         self.dialing.take_events()
         for out in self.uas.datagrams_to_send():
-            if out.transport == "TCP":
+            if out.transport in ("TCP", "TLS"):
                 writer = self._tcp_writers.get(out.address)
                 if writer is None or writer.is_closing():
                     self.dropped["tcp_connection_gone"] += 1
@@ -351,8 +365,21 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             if due is not None and (self._timer_due_ms is None or due < self._timer_due_ms):
                 self._wake.set()
 
-    async def _tcp_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One TCP connection: messages cut from the stream go to the UAS; its responses come back on it."""
+    def _tls_acceptor(self) -> TlsAcceptor:
+        """The TLS port's acceptor: a source may connect where it could place a call (in ``sip.allowed_ips``, or
+        anywhere when digest credentials are configured)."""
+        settings = self.settings
+        assert settings.tls_certificate is not None and settings.tls_private_key is not None
+        networks, digest = self.uas.config.allowed_networks, settings.username is not None
+        return TlsAcceptor(
+            TlsCertificate(settings.tls_certificate, settings.tls_private_key),
+            may_call=lambda host: digest or source_allowed(host, networks),
+            serve=self._stream_connection, dropped=self.dropped,
+            max_connections=settings.max_tls_connections, handshake_timeout_s=settings.tls_handshake_timeout_s,
+        )  # fmt: skip
+
+    async def _stream_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: str = "TCP") -> None:
+        """One TCP (or TLS) connection: messages cut from the stream go to the UAS; its responses come back on it."""
         peer = writer.get_extra_info("peername")
         address = (str(peer[0]), int(peer[1]))
         self._tcp_writers[address] = writer
@@ -375,7 +402,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                     if self.registrations.receive(message):
                         continue
                     if not self.dialing.receive(message, address):
-                        self.uas.receive_datagram(message, address, _now_ms(), transport="TCP")
+                        self.uas.receive_datagram(message, address, _now_ms(), transport=transport)
                     self._drain()
         finally:
             if self._tcp_writers.get(address) is writer:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr
@@ -94,6 +96,16 @@ class SipSettings(Section):
     """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
     requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
     """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
+    tls_certificate: Path | None = None
+    """SIP over TLS (#43): this certificate (PEM, the chain after it) and ``tls_private_key`` — a TLS listener on
+    ``tls_port``, beside UDP and TCP on ``port``. Read again when either file changes (the next connection's
+    handshake has the new one: a renewed certificate needs no restart)."""
+    tls_private_key: Path | None = None
+    tls_port: Port = 5061
+    tls_handshake_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
+    """A connection that has not finished its handshake by then is closed (it holds a socket and a little state)."""
+    max_tls_connections: Annotated[int, Field(ge=1)] = 256
+    """TLS connections open at once, at most (a trunk keeps one or a few); past it a new one is closed at once."""
     receive_buffer_bytes: Annotated[int, Field(ge=65536)] = 4 * 1024 * 1024
     """The SIP socket's receive buffer (``SO_RCVBUF``), so a burst waits in the kernel rather than being lost;
     the kernel caps it at ``net.core.rmem_max`` unless the process may force it (logged at start)."""
@@ -103,3 +115,23 @@ class SipSettings(Section):
             raise ValueError("rtp_port_max must be above rtp_port_min")
         if (self.username is None) != (self.password is None):
             raise ValueError("username and password go together")
+        if (self.tls_certificate is None) != (self.tls_private_key is None):
+            raise ValueError("tls_certificate and tls_private_key go together")
+
+    @property
+    def tls(self) -> bool:
+        """SIP over TLS is configured (a certificate and its key)."""
+        return self.tls_certificate is not None
+
+    def listeners_beside_port(self) -> list[tuple[str, int]]:
+        """The listeners this section opens besides ``port`` (``preflight.listener_problems`` binds each first):
+        the TLS port, where TLS is configured."""
+        return [("tls_port", self.tls_port)] if self.tls else []
+
+    def file_problems(self, now: datetime) -> list[str]:
+        """What is wrong with the files this section names (the TLS certificate and key), one sentence each."""
+        if not self.enabled or self.tls_certificate is None or self.tls_private_key is None:
+            return []
+        from callbridge.carriers.sip.tls import certificate_problems
+
+        return [f"sip.tls_certificate: {problem}" for problem in certificate_problems(self.tls_certificate, self.tls_private_key, now)]
