@@ -26,7 +26,7 @@ from tests.bridge.twilio_e2e import short_speech, until
 from tests.engine.vllm_omni_stack import VllmOmniProcess
 from tests.engine.vllm_omni_wheel import require_wheel
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 @pytest.fixture

@@ -34,6 +34,8 @@ from tests.engine.serving import engine_server
 from tests.engine.vllm_omni_stack import VllmOmniProcess
 from tests.engine.vllm_omni_wheel import require_wheel
 
+pytestmark = pytest.mark.processes  # vllm-omni's serving stack beside our engine server, at real time
+
 #: Keys that only an event shaped by the model's timing carries: a transcript delta of text that ran ahead
 #: of its audio (the stand-in's thinker text, like Qwen3-Omni's, comes before the first audio chunk) carries
 #: the reply's ``metadata``; one paired with an audio chunk does not. Our echo agent never runs text ahead.
