@@ -61,6 +61,12 @@ class UacConfig:
     username: str | None = None
     password: str | None = None
     """Digest credentials for the trunk's 401 / 407; None: a challenge ends the dial."""
+    tls_port: int | None = None
+    """Our TLS listener's port, where there is one: a dial over TLS advertises it (Via, Contact)."""
+
+    def host_port(self, transport: str) -> str:
+        """Our ``host:port`` for a request on ``transport``."""
+        return host_port(self.host, self.tls_port if transport == "TLS" and self.tls_port is not None else self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +333,8 @@ class SipUac:
             dial.cseq += 1
         dial.branch = "z9hG4bK" + secrets.token_hex(8)
         request = self._request(dial, "INVITE", dial.cseq)
-        suffix = ";transport=tcp" if invitation.transport == "TCP" else ""
-        request.add("Contact", f"<sip:callbridge@{host_port(config.host, config.port)}{suffix}>")
+        suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(invitation.transport, "")
+        request.add("Contact", f"<sip:callbridge@{config.host_port(invitation.transport)}{suffix}>")
         request.add("Allow", _ALLOW)
         for name, value in (*credentials, *invitation.extra_headers):
             request.add(name, value)
@@ -350,7 +356,7 @@ class SipUac:
         """A request on the INVITE's transaction path: its Request-URI, Via branch, From, To and Route."""
         invitation, config = dial.invitation, self.config
         request = SipRequest(method=method, uri=invitation.request_uri)
-        request.add("Via", f"SIP/2.0/{invitation.transport} {host_port(config.host, config.port)};branch={dial.branch};rport")
+        request.add("Via", f"SIP/2.0/{invitation.transport} {config.host_port(invitation.transport)};branch={dial.branch};rport")
         request.add("Max-Forwards", "70")
         request.add("From", f"<{invitation.from_uri}>;tag={dial.from_tag}")
         request.add("To", f"<{invitation.request_uri}>" + (f";tag={to_tag}" if to_tag else ""))
@@ -371,7 +377,7 @@ class SipUac:
         through the route set (§12.2.1.1)."""
         mirror = dialog.invite
         request = SipRequest(method=method, uri=uri_of(mirror.header("Contact") or "") or dial.invitation.request_uri)
-        request.add("Via", f"SIP/2.0/{dial.invitation.transport} {host_port(self.config.host, self.config.port)};branch=z9hG4bK{secrets.token_hex(8)};rport")
+        request.add("Via", f"SIP/2.0/{dial.invitation.transport} {self.config.host_port(dial.invitation.transport)};branch=z9hG4bK{secrets.token_hex(8)};rport")
         request.add("Max-Forwards", "70")
         request.add("From", mirror.header("To") or "")
         request.add("To", mirror.header("From") or "")

@@ -170,3 +170,54 @@ async def test_baresip_calls_over_tls_and_hears_the_echo_agent(tmp_path: Path) -
     assert "Call established" in log, log[-2000:]
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)
+
+
+def _port_pair() -> int:
+    """A free port whose next is free too: baresip listens for TLS one above its ``sip_listen`` port."""
+    import socket
+
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+@pytest.mark.long
+async def test_the_agent_calls_baresip_over_tls_which_answers_and_hears_it(tmp_path: Path) -> None:
+    """A call the agent places over TLS (``sip.outbound.transport = "tls"``, the test CA in ``tls_ca_file``) to
+    baresip listening with a certificate for 127.0.0.1: answered, the agent heard, the phone's BYE on the same
+    connection ends the call."""
+    from tests.sip.test_tls import issue
+
+    pki = issue(tmp_path)
+    (tmp_path / "phone.pem").write_bytes(pki.certificate.read_bytes() + pki.private_key.read_bytes())
+    (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
+    phone_port = _port_pair()
+    config = configure(
+        tmp_path, microphone(tmp_path / "callee.wav"), account="<sip:+15005550123@127.0.0.1>;regint=0;answermode=auto",
+        port=phone_port, extra=(f"sip_certificate {tmp_path / 'phone.pem'}",),
+    )  # fmt: skip
+    outbound = {"trunk": f"sip:127.0.0.1:{phone_port + 1}", "transport": "tls", "tls_ca_file": str(tmp_path / "ca.pem")}
+    dialing = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": outbound}, outbound={"api_token": TOKEN})
+    async with running_bridge(dialing, engine(), provider="twilio") as bridge:
+        phone = await asyncio.create_subprocess_exec(
+            "baresip", "-f", str(config), "-t", "20", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            await asyncio.sleep(1.0)  # its SIP sockets up
+            response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
+            assert response.status_code == 202, response.text
+            sip = listener(bridge)
+            await until(lambda: len(sip.finished) == 1, timeout_s=30)
+            assert not sip.dropped, sip.dropped
+        finally:
+            phone.terminate()
+            output, _ = await phone.communicate()
+    log = output.decode(errors="replace")
+    assert "call established" in log.lower(), log[-2000:]
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)

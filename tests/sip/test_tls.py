@@ -23,6 +23,7 @@ from callbridge.preflight import file_problems
 from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import split_stream
+from tests.bridge.test_outbound_e2e import TOKEN, post_call
 from tests.bridge.twilio_e2e import engine, settings, until
 from tests.sip.test_sipp_e2e import listener
 
@@ -37,6 +38,11 @@ class Pki:
         context = ssl.create_default_context()
         self.ca.configure_trust(context)
         return context
+
+    def ca_file(self, directory: Path) -> Path:
+        path = directory / "ca.pem"
+        path.write_bytes(self.ca.cert_pem.bytes())
+        return path
 
 
 def issue(directory: Path, ca: trustme.CA | None = None) -> Pki:
@@ -227,3 +233,41 @@ def test_config_check_says_what_is_wrong_with_a_certificate(tmp_path: Path) -> N
         (tmp_path / f"{name}.crt").write_bytes(leaf.cert_chain_pems[0].bytes())
         (found,) = problems(tls_certificate=str(tmp_path / f"{name}.crt"), tls_private_key=str(tmp_path / f"{name}.key"))
         assert found.startswith(f"sip.tls_certificate: {tmp_path / f'{name}.crt'} {said} "), found
+
+
+async def test_a_dial_over_tls_to_a_trunk_whose_certificate_is_not_trusted_sends_nothing(tmp_path: Path) -> None:
+    """``sip.outbound.transport = "tls"`` with the system's CAs: the trunk's certificate (a test CA's) is refused in
+    the handshake, counted and logged, and the INVITE never leaves (its timer then fails the dial); with the CA in
+    ``tls_ca_file`` the same trunk gets it."""
+    pki = issue(tmp_path)
+    received: list[bytes] = []
+
+    async def trunk_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(65536))
+        writer.close()
+
+    server = await asyncio.start_server(trunk_side, "127.0.0.1", 0, ssl=_server_context(pki))
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for ca_file, sent in ((None, False), (str(pki.ca_file(tmp_path)), True)):
+            outbound = {"trunk": f"sip:127.0.0.1:{port}", "transport": "tls", "tls_ca_file": ca_file}
+            values = {"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": outbound}
+            async with running_bridge(settings(sip=values, outbound={"api_token": TOKEN}), engine(), provider="twilio") as bridge:
+                response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
+                assert response.status_code == 202, response.text
+                sip = listener(bridge)
+                if sent:
+                    await until(lambda: len(received) == 1)
+                    assert received[0].startswith(b"INVITE sip:+15005550123@127.0.0.1:") and b"SIP/2.0/TLS" in received[0]
+                    assert b";transport=tls>" in received[0]
+                else:
+                    await until(lambda: sip.dropped["tls_connect_failed"] == 1)
+                    assert received == []
+    finally:
+        server.close()
+
+
+def _server_context(pki: Pki) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.certificate, pki.private_key)
+    return context

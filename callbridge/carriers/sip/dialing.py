@@ -76,6 +76,10 @@ class DialingHost(RtpOwner, Protocol):
     def port(self) -> int | None:
         """Where the listener is bound (None: not up)."""
 
+    @property
+    def tls_names(self) -> dict[tuple[str, int], str]:
+        """The host name each address we open TLS to was resolved from (its certificate's name)."""
+
     async def bind_rtp(self, transport: RtpTransport) -> int | None: ...
 
     async def serve(self, transport: RtpTransport, codec: SipRtpCodec) -> None:
@@ -103,9 +107,9 @@ class SipDialing:
         self.uac = SipUac(UacConfig(host=listener.address, port=port, username=settings.username, password=password))
         self._ringing: dict[str, _Ringing] = {}
 
-    def started(self, port: int) -> None:
-        """The listener is up on ``port`` (our Via and Contact)."""
-        self.uac.config = replace(self.uac.config, port=port)
+    def started(self, port: int, tls_port: int | None = None) -> None:
+        """The listener is up on ``port`` (and TLS on ``tls_port``): our Via and Contact."""
+        self.uac.config = replace(self.uac.config, port=port, tls_port=tls_port)
 
     # ------------------------------------------------------------ CarrierDialer
 
@@ -129,6 +133,8 @@ class SipDialing:
         except OSError as exc:
             services.desk.give_back_admission(call_id)
             raise DialRejected("unreachable", f"{next_hop}: {exc}") from None
+        if settings.transport == "tls":  # its certificate is checked against the name, not the address
+            listener.tls_names[destination] = via_sent_by(next_hop)[0].strip("[]")
         codec = SipRtpCodec(call_id, placeholder_choice(destination), caller=leg.from_, callee=leg.to)
         transport = RtpTransport(listener, call_id, codec, destination[0])
         transport.ringing = True
@@ -234,9 +240,12 @@ class SipDialing:
 
 
 async def _resolve(hostport: str, transport: str) -> Address:
-    """``host[:port]`` → the first IPv4 or IPv6 address it names (a literal is taken as it is). Raises ``OSError``."""
+    """``host[:port]`` → the first IPv4 or IPv6 address it names (a literal is taken as it is; no port: 5060, over
+    TLS 5061). Raises ``OSError``."""
     host, port = via_sent_by(hostport)
-    kind = socket.SOCK_STREAM if transport == "tcp" else socket.SOCK_DGRAM
+    if transport == "tls" and ":" not in hostport.rsplit("]", 1)[-1]:  # no port named (``[v6]`` has its own colons)
+        port = 5061
+    kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
     infos = await asyncio.get_running_loop().getaddrinfo(host.strip("[]"), port, type=kind)
     if not infos:
         raise OSError(f"{host} has no address")

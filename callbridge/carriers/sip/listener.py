@@ -32,6 +32,7 @@ import asyncio
 import ipaddress
 import secrets
 import socket
+import ssl
 import sys
 import time
 from collections import Counter, deque
@@ -178,6 +179,8 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._tcp: asyncio.Server | None = None
         self.tls: TlsAcceptor | None = None
         """The TLS port (``sip.tls_certificate``), its connections served as TCP ones are."""
+        self.tls_names: dict[tuple[str, int], str] = {}
+        """The host name each address we open TLS to was resolved from (the name its certificate must bear)."""
         self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
         self._outbound_tcp: set[asyncio.Task[None]] = set()
         """Connections we opened to a registrar (``sip.registrations`` over TCP), read like accepted ones."""
@@ -218,7 +221,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             await self.tls.start(self.settings.host, self.settings.tls_port)
         self._timer = asyncio.create_task(self._run_timers())
         self.registrations.start(self.address, self.port or self.settings.port)
-        self.dialing.started(self.port or self.settings.port)
+        self.dialing.started(self.port or self.settings.port, self.tls.port if self.tls else None)
         if self.services.dialer is not None:
             self.services.dialer.add(PROVIDER, self.dialing)
         self.services.carrier_state[PROVIDER] = self
@@ -281,7 +284,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         """A request of our own that opens a conversation (a REGISTER, the INVITE of a call we place, its CANCEL and
         ACK): over UDP from our socket; over TCP on the connection to the registrar or trunk, opened when there is
         none (then read like an accepted one: the registrar may send its INVITEs on it, the trunk its responses)."""
-        if out.transport == "TCP":
+        if out.transport in ("TCP", "TLS"):
             writer = self._tcp_writers.get(out.address)
             if writer is not None and not writer.is_closing():
                 writer.write(out.data)
@@ -296,15 +299,22 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 self.dropped["send_failed"] += 1
 
     async def _connect_and_send(self, out: Outgoing) -> None:
+        tls = None
+        if out.transport == "TLS":  # the trunk's certificate, checked against the name we resolved
+            tls = ssl.create_default_context(cafile=self.settings.outbound.tls_ca_file)
         try:
             async with asyncio.timeout(_TCP_CONNECT_S):
-                reader, writer = await asyncio.open_connection(*out.address)
-        except (OSError, TimeoutError):  # the REGISTER (or INVITE) times out: a failure, retried after the backoff
-            self.dropped["tcp_connect_failed"] += 1
+                reader, writer = await asyncio.open_connection(
+                    *out.address, ssl=tls, server_hostname=self.tls_names.get(out.address, out.address[0]) if tls else None
+                )
+        except (OSError, TimeoutError) as exc:  # the REGISTER (or INVITE) times out: a failure, retried after the backoff
+            self.dropped["tls_connect_failed" if tls else "tcp_connect_failed"] += 1
+            if tls:
+                log.warning("sip_tls_connect_failed", peer=out.address[0], name=self.tls_names.get(out.address), detail=repr(exc)[:300])
             return
         self._tcp_writers[out.address] = writer
         writer.write(out.data)
-        await self._stream_connection(reader, writer)
+        await self._stream_connection(reader, writer, out.transport)
 
     def _drain(self, *, wake_timer: bool = True) -> None:
         """Send what the UAC and the UAS produced and act on their events; the timer task then sees the new

@@ -55,8 +55,11 @@ class SipOutboundSettings(Section):
     username: str | None = None
     password: SecretStr | None = None
     """Digest credentials for the trunk's 401 / 407 challenges."""
-    transport: Literal["udp", "tcp"] = "udp"
-    """udp: from the listener's socket; tcp: over a connection to the trunk (or proxy), opened for it."""
+    transport: Literal["udp", "tcp", "tls"] = "udp"
+    """udp: from the listener's socket; tcp: over a connection to the trunk (or proxy), opened for it; tls: the same
+    over TLS (port 5061 where the URI names none), the trunk's certificate checked against its host name."""
+    tls_ca_file: Path | None = None
+    """The CAs (PEM) the trunk's certificate must chain to over TLS; None: the system's."""
 
     def model_post_init(self, context: Any) -> None:
         for key in ("trunk", "outbound_proxy"):
