@@ -55,5 +55,7 @@ async def test_an_options_flood_is_dropped_beyond_its_budget_and_calls_go_on() -
     assert result.hung_up_by == "caller" and result.agent_speech_ms >= 1000, result.render()
     assert packets.count >= 0.75 * 4000 / 20, packets.count  # the call's RTP kept coming through the flood
     assert answered.streams and answered.agent_speech_ms >= 800, answered.render()
-    # 2 s at 1,000/s from one source against a budget of 200/s and a burst of 400: about 800 answered
-    assert sent >= 1500 and answers <= 400 + 2.5 * 200 and dropped is not None and dropped >= sent - answers - 50
+    # 2 s at 1,000/s from one source against a budget of 200/s and a burst of 400: about 800 answered, and never
+    # more than the burst and 3 s of the rate (the budget is spent as the bridge reads, which a loaded machine
+    # delays: 958 were answered once; the flood counts answers for 1 s after its last request)
+    assert sent >= 1500 and answers <= 400 + 3.0 * 200 and dropped is not None and dropped >= sent - answers - 50
