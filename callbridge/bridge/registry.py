@@ -391,9 +391,9 @@ class MemoryCallRegistry(CallRegistry):
         self._notes_pruned_at_ms = clock()
         self._listeners: list[tuple[str, asyncio.Queue[CallSignal]]] = []
         self._admitted: dict[str, int] = {}
+        """call id → until when it counts against the fleet's limit (``admit``)."""
         self._dial_turns: dict[str, float] = {}
         """Carrier → when (this clock, ms) the next dial through it may go (``reserve_dial``)."""
-        """call id → until when it counts against the fleet's limit (``admit``)."""
         self._remembered: dict[str, int] = {}
         """``remember_once``'s keys → when each is forgotten; at most ``MAX_REMEMBERED`` (the oldest goes first)."""
 

@@ -271,3 +271,17 @@ def _server_context(pki: Pki) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.certificate, pki.private_key)
     return context
+
+
+@pytest.mark.core
+def test_a_certificate_gone_while_it_is_replaced_serves_on_and_its_successor_is_read(tmp_path: Path) -> None:
+    """The files removed (a renewal writing them anew): the certificate in use serves on; once they are back, the
+    next look reads them."""
+    pki = issue(tmp_path)
+    held = TlsCertificate(pki.certificate, pki.private_key)
+    in_use = held.context
+    pki.certificate.unlink()
+    assert not held.refresh() and not held.refresh() and held.context is in_use
+    issue(tmp_path)
+    assert held.refresh() and held.context is not in_use and held.reloads == 1
+    assert not held.refresh()  # unchanged since

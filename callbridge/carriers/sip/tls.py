@@ -51,18 +51,21 @@ class TlsCertificate:
     def __init__(self, certificate: Path, private_key: Path) -> None:
         self.certificate = certificate
         self.private_key = private_key
-        self._stamps = self._read_stamps()
+        self._stamps: tuple[tuple[int, int], tuple[int, int]] | None = self._read_stamps()
+        """The files' times and sizes at the last look (None: they could not be read then)."""
         self.context = self._load()
         self.reloads = 0
 
     def refresh(self) -> bool:
         """Load the files again where they changed since the last look; True when a new certificate is in use."""
         try:
-            stamps = self._read_stamps()
-        except OSError as exc:
-            log.warning("sip_tls_certificate_unreadable", path=str(self.certificate), detail=str(exc)[:200])
-            return False
-        if stamps == self._stamps:
+            stamps: tuple[tuple[int, int], tuple[int, int]] | None = self._read_stamps()
+        except OSError as exc:  # gone (being replaced, perhaps): the one in use serves on; said once
+            if self._stamps is not None:
+                log.warning("sip_tls_certificate_unreadable", path=str(self.certificate), detail=str(exc)[:200])
+            stamps = None
+        if stamps is None or stamps == self._stamps:
+            self._stamps = stamps
             return False
         self._stamps = stamps  # a pair that fails is not tried again until it changes again
         try:
@@ -172,7 +175,7 @@ class TlsAcceptor:
                     await writer.start_tls(self.certificate.context)
             except (ssl.SSLError, OSError, TimeoutError) as exc:
                 self._dropped["tls_handshake_failed"] += 1
-                log.info("sip_tls_handshake_failed", peer=str(peer[0]), detail=repr(exc)[:200])
+                log.debug("sip_tls_handshake_failed", peer=str(peer[0]), detail=repr(exc)[:200])  # counted: anyone can cause one
                 writer.close()
                 return
             self.served += 1
