@@ -326,7 +326,7 @@ class SipUas:
             if existing.invite_branch != server_transaction_key(request):
                 self._responses.respond(request, source, 482, now_ms)  # the same call again on another path
             return
-        offered = self._admission.refusal(request, source) or read_offer(request, source)
+        offered = self._admission.refusal(request, source) or read_offer(request, source, self.config.media_encryption)
         if isinstance(offered, Refusal):
             self._responses.final(request, source, offered.status, now_ms, extra=offered.extra, reason=offered.reason)
             return
@@ -360,11 +360,11 @@ class SipUas:
             return
         dialog.remote_cseq = cseq
         if request.body:
-            try:
-                choice = choose(request.body.decode("utf-8", "replace"))
+            try:  # our SRTP key stays the call's
+                choice = choose(request.body.decode("utf-8", "replace"), encryption=self.config.media_encryption, local_key=keys.local_key if (keys := dialog.choice.srtp) else None)
             except SdpError:
                 choice = None
-            if choice is None or choice.encoding is not dialog.choice.encoding:
+            if choice is None or choice.encoding is not dialog.choice.encoding or (choice.srtp is None) != (keys is None):
                 self._responses.final(request, source, 488, now_ms, to_tag=dialog.local_tag)
                 return
             changed = _media_of(choice) != _media_of(dialog.choice)
@@ -574,4 +574,4 @@ class SipUas:
 
 def _media_of(choice: MediaChoice) -> tuple[object, ...]:
     """What of a media choice, changed by a re-INVITE, the call's RTP must follow."""
-    return (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type)
+    return (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type, choice.srtp)

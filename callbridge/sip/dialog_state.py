@@ -10,7 +10,7 @@ from typing import Final
 
 from callbridge.sip.message import SipRequest, host_port
 from callbridge.sip.refer import Transfer
-from callbridge.sip.sdp import MediaChoice
+from callbridge.sip.sdp import Encryption, MediaChoice
 from callbridge.sip.transaction import Address, Retransmission
 from callbridge.sources import Network
 
@@ -158,6 +158,8 @@ class UasConfig:
     port: int
     tls_port: int | None = None
     """Where our TLS listener is (a dialog that came over TLS advertises it), if there is one."""
+    media_encryption: Encryption = "optional"
+    """SRTP: taken where offered (``optional``), demanded (``required``: a plain offer is refused 488), or never."""
     allowed_networks: tuple[Network, ...] = ()
     username: str | None = None
     password: str | None = None

@@ -8,6 +8,11 @@ the same number and order of ``m=`` lines, every stream but the chosen one
 rejected with port 0, exactly one audio codec (plus telephone-event), the
 answering direction (``sendonly`` → ``recvonly``, …). Any ``ptime`` the peer
 uses is accepted: the receiver derives durations from payload sizes.
+
+SRTP (``encryption``, ``sip.media_encryption``): an ``RTP/SAVP`` (or ``RTP/SAVPF``) stream with an ``a=crypto`` line we
+take (``srtp.parse_crypto``) is taken unless encryption is ``none``, and answered in kind with our key
+(``MediaChoice.srtp``); a plain ``RTP/AVP`` stream is not taken where it is ``required``. Streams are weighed in the
+offer's order, so an offer of SRTP first with RTP as the fallback gets SRTP where we may.
 """
 
 from __future__ import annotations
@@ -15,11 +20,19 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from callbridge.codecs import AudioEncoding
+from callbridge.sip.srtp import SrtpKeys, parse_crypto, pick
 
-__all__ = ["OFFER_DTMF_PT", "Direction", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer"]
+__all__ = [
+    "OFFER_DTMF_PT", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
+]  # fmt: skip
+
+Encryption = Literal["none", "optional", "required"]
+"""Whether a call's media may (``optional``), must (``required``) or may not (``none``) be SRTP."""
+_PLAIN: Final = ("RTP/AVP", "RTP/AVPF")
+_SECURE: Final = ("RTP/SAVP", "RTP/SAVPF")
 
 _STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA}
 _NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA}
@@ -74,6 +87,10 @@ class MediaChoice:
     """Which ``m=`` line (0-based) carries it."""
     media_lines: tuple[str, ...]
     """Every ``m=`` line of the offer (kept to answer with the same number and order)."""
+    srtp: SrtpKeys | None = None
+    """The stream is SRTP: the offer's key and ours (None: plain RTP)."""
+    proto: str = "RTP/AVP"
+    """The chosen stream's transport protocol, answered in kind."""
 
 
 @dataclass(slots=True)
@@ -84,6 +101,7 @@ class _Media:
     proto: str
     formats: list[str]
     rtpmap: dict[int, str]
+    crypto: list[str]
     host: str | None = None
     direction: Direction | None = None
     ptime_ms: int | None = None
@@ -124,7 +142,7 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
             port = _number(parts[1].split("/")[0]) if len(parts) >= 4 else None
             if port is None or port > 65535:
                 raise SdpError(f"bad m= line: {value!r}")
-            media.append(_Media(line, parts[0], port, parts[2], parts[3:], {}))
+            media.append(_Media(line, parts[0], port, parts[2], parts[3:], {}, []))
         elif kind == "a":
             name, _, rest = value.partition(":")
             if name in Direction._value2member_map_:
@@ -138,16 +156,27 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
                     current.rtpmap[pt] = encoding.strip()
             elif name == "ptime" and current is not None and (ptime := _number(rest.strip())) is not None:
                 current.ptime_ms = ptime
+            elif name == "crypto" and current is not None:
+                current.crypto.append(rest)
     if not saw_version:
         raise SdpError("no v=0 line")
     return session_host, session_direction, media
 
 
-def choose(offer: str) -> MediaChoice | None:
-    """What we take from ``offer`` (see the module docstring); None when no stream fits. Raises ``SdpError``."""
+def choose(offer: str, *, encryption: Encryption = "optional", local_key: bytes | None = None) -> MediaChoice | None:
+    """What we take from ``offer`` (see the module docstring); None when no stream fits. ``local_key``: our SRTP key
+    where the call has one already (a re-INVITE's), else a new one. Raises ``SdpError``."""
     session_host, session_direction, media = _parse(offer)
     for index, m in enumerate(media):
-        if m.kind != "audio" or m.port == 0 or m.proto not in ("RTP/AVP", "RTP/AVPF"):
+        if m.kind != "audio" or m.port == 0:
+            continue
+        srtp: SrtpKeys | None = None
+        if m.proto in _SECURE and encryption != "none":
+            offered = pick([c for c in map(parse_crypto, m.crypto) if c is not None])
+            if offered is None:
+                continue
+            srtp = SrtpKeys.answering(offered, local_key)
+        elif m.proto not in _PLAIN or encryption == "required":
             continue
         codec: tuple[AudioEncoding, int] | None = None
         dtmf: int | None = None
@@ -187,6 +216,8 @@ def choose(offer: str) -> MediaChoice | None:
             ptime_ms=m.ptime_ms,
             media_index=index,
             media_lines=tuple(x.line for x in media),
+            srtp=srtp,
+            proto=m.proto,
         )
     return None
 
@@ -208,13 +239,15 @@ def answer(choice: MediaChoice, *, host: str, port: int, session_id: int, versio
         formats = [str(choice.payload_type)]
         if choice.dtmf_payload_type is not None:
             formats.append(str(choice.dtmf_payload_type))
-        lines.append(f"m=audio {port} RTP/AVP {' '.join(formats)}")
+        lines.append(f"m=audio {port} {choice.proto} {' '.join(formats)}")
         lines.append(f"a=rtpmap:{choice.payload_type} {_RTPMAP[choice.encoding]}")
         if choice.dtmf_payload_type is not None:
             lines.append(f"a=rtpmap:{choice.dtmf_payload_type} telephone-event/8000")
             lines.append(f"a=fmtp:{choice.dtmf_payload_type} 0-15")
         lines.append("a=ptime:20")
         lines.append(f"a={choice.direction.value}")
+        if choice.srtp is not None:
+            lines.append(choice.srtp.answer_line())
     return "\r\n".join(lines) + "\r\n"
 
 
@@ -241,7 +274,7 @@ def offer(*, host: str, port: int, session_id: int, version: int) -> str:
 def read_answer(text: str) -> MediaChoice | None:
     """The peer's answer to ``offer`` (RFC 3264 §6): what it took, or None when the answer is not one to our offer
     (a codec or telephone-event payload type we did not offer, no audio stream). Raises ``SdpError``."""
-    choice = choose(text)
+    choice = choose(text, encryption="none")  # we offered plain RTP
     if choice is None or choice.payload_type not in _STATIC or len(choice.media_lines) != 1:
         return None
     if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT):

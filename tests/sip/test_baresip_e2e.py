@@ -14,7 +14,7 @@ import pytest
 
 from callbridge.engine.commands import AppendAudio
 from callbridge.sim.ports import RTP_PORTS, free_port
-from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
+from callbridge.sim.runner import RunningBridge, load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge.test_outbound_e2e import TOKEN, post_call
 from tests.bridge.twilio_e2e import engine, settings, until
 from tests.sip.test_sipp_e2e import listener
@@ -39,9 +39,9 @@ def configure(
         "audio_alert alsa,null",
         f"audio_source aufile,{caller_wav}",
         "module_path /usr/lib/baresip/modules",
+        *extra,  # before the modules: an account's mediaenc needs its module loaded first
         *(f"module {name}.so" for name in ("g711", "aufile", "alsa", "sndfile", "menu", "account")),
         f"snd_path {directory / 'snd'}",
-        *extra,
     ]
     (config / "config").write_text("\n".join(lines) + "\n")
     (config / "accounts").write_text(account + "\n")
@@ -66,6 +66,39 @@ def loud_ms(path: Path) -> int:
     return int((np.sqrt((frames**2).mean(axis=1)) > 300).sum()) * 20
 
 
+async def dial_from_baresip(config: Path, uri: str) -> bytes:
+    """baresip with ``config`` dials ``uri``, and hangs up at the end of its WAV file; what it printed."""
+    phone = await asyncio.create_subprocess_exec(
+        "baresip", "-f", str(config), "-e", f"/dial {uri}", "-t", "15",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(phone.communicate(), 40)
+    except TimeoutError:
+        phone.kill()
+        await phone.wait()
+        raise
+    return output
+
+
+async def call_baresip(bridge: RunningBridge, config: Path) -> bytes:
+    """The agent calls baresip (``config`` answering by itself) through the SIP trunk, until the phone hangs up at the
+    end of its WAV file; what the phone printed."""
+    phone = await asyncio.create_subprocess_exec(
+        "baresip", "-f", str(config), "-t", "20", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    try:
+        await asyncio.sleep(1.0)  # its SIP sockets up
+        response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
+        assert response.status_code == 202, response.text
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1, timeout_s=30)
+    finally:
+        phone.terminate()
+        output, _ = await phone.communicate()
+    return output
+
+
 @pytest.mark.long
 async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
     caller_wav = microphone(tmp_path / "caller.wav")
@@ -74,16 +107,7 @@ async def test_baresip_hears_the_echo_agent(tmp_path: Path) -> None:
     sip_settings = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS})
     async with running_bridge(sip_settings, recorder, provider="twilio") as bridge:
         uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.port}"
-        phone = await asyncio.create_subprocess_exec(
-            "baresip", "-f", str(config), "-e", f"/dial {uri}", "-t", "15",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(phone.communicate(), 40)  # it hangs up at the end of its WAV file
-        except TimeoutError:
-            phone.kill()
-            await phone.wait()
-            raise
+        output = await dial_from_baresip(config, uri)
         sip = listener(bridge)
         await until(lambda: len(sip.finished) == 1)
         _, codec, transport = sip.finished[0]
@@ -113,18 +137,8 @@ async def test_the_agent_calls_baresip_which_answers_and_hears_it(tmp_path: Path
         outbound={"api_token": TOKEN},
     )
     async with running_bridge(dialing, recorder, provider="twilio") as bridge:
-        phone = await asyncio.create_subprocess_exec(
-            "baresip", "-f", str(config), "-t", "20", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        try:
-            await asyncio.sleep(1.0)  # its SIP socket up
-            response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
-            assert response.status_code == 202, response.text
-            sip = listener(bridge)
-            await until(lambda: len(sip.finished) == 1, timeout_s=30)  # the phone hangs up at the end of its WAV file
-        finally:
-            phone.terminate()
-            output, _ = await phone.communicate()
+        output = await call_baresip(bridge, config)
+        sip = listener(bridge)
         _, codec, transport = sip.finished[0]
     log = output.decode(errors="replace")
     assert "Call established" in log or "call established" in log.lower(), log[-2000:]
@@ -153,16 +167,7 @@ async def test_baresip_calls_over_tls_and_hears_the_echo_agent(tmp_path: Path) -
     }  # fmt: skip
     async with running_bridge(settings(sip=values), engine(), provider="twilio") as bridge:
         uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls"
-        phone = await asyncio.create_subprocess_exec(
-            "baresip", "-f", str(config), "-e", f"/dial {uri}", "-t", "15",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
-        try:
-            output, _ = await asyncio.wait_for(phone.communicate(), 40)
-        except TimeoutError:
-            phone.kill()
-            await phone.wait()
-            raise
+        output = await dial_from_baresip(config, uri)
         sip = listener(bridge)
         await until(lambda: len(sip.finished) == 1)
         assert sip.tls is not None and sip.tls.served == 1 and not sip.dropped, sip.dropped  # the call came over TLS
@@ -204,20 +209,43 @@ async def test_the_agent_calls_baresip_over_tls_which_answers_and_hears_it(tmp_p
     outbound = {"trunk": f"sip:127.0.0.1:{phone_port + 1}", "transport": "tls", "tls_ca_file": str(tmp_path / "ca.pem")}
     dialing = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": outbound}, outbound={"api_token": TOKEN})
     async with running_bridge(dialing, engine(), provider="twilio") as bridge:
-        phone = await asyncio.create_subprocess_exec(
-            "baresip", "-f", str(config), "-t", "20", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        try:
-            await asyncio.sleep(1.0)  # its SIP sockets up
-            response = await post_call(bridge, {"carrier": "sip", "to": "+15005550123", "from": "+15005550006"})
-            assert response.status_code == 202, response.text
-            sip = listener(bridge)
-            await until(lambda: len(sip.finished) == 1, timeout_s=30)
-            assert not sip.dropped, sip.dropped
-        finally:
-            phone.terminate()
-            output, _ = await phone.communicate()
+        output = await call_baresip(bridge, config)
+        assert not listener(bridge).dropped, listener(bridge).dropped  # no TLS connection refused
     log = output.decode(errors="replace")
     assert "call established" in log.lower(), log[-2000:]
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)
+
+
+@pytest.mark.long
+async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agent(tmp_path: Path) -> None:
+    """baresip with ``mediaenc=srtp-mand`` (SDES keys in its offer, ``RTP/SAVP``) over TLS: the bridge answers in kind
+    with a key of its own (``sip.media_encryption = "required"``), every packet both ways is SRTP, and the phone hears
+    the echo agent."""
+    from tests.sip.test_tls import issue
+
+    pki = issue(tmp_path)
+    (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
+    config = configure(
+        tmp_path, microphone(tmp_path / "caller.wav"), account="<sip:caller@127.0.0.1>;regint=0;mediaenc=srtp-mand",
+        extra=(f"sip_cafile {tmp_path / 'ca.pem'}", "module srtp.so"),
+    )  # fmt: skip
+    values = {
+        "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS, "media_encryption": "required",
+        "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
+    }  # fmt: skip
+    async with running_bridge(settings(sip=values), engine(), provider="twilio") as bridge:
+        output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, transport = sip.finished[0]
+        assert not sip.dropped, sip.dropped  # no SRTP packet refused, no TLS connection
+    log = output.decode(errors="replace")
+    assert "Call established" in log, log[-2000:]
+    srtp = transport.srtp
+    assert srtp is not None and srtp.keys.suite == "AES_CM_128_HMAC_SHA1_80"  # baresip's first choice
+    # every RTP packet of the phone's authenticated (none dropped, above); what baresip 1.0 sends on the RTCP port
+    # unprotected (an APP "PING" keepalive, its BYE) is refused, as a forged packet would be
+    assert codec.malformed == 0 and codec.jitter.late == 0
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the agent's SRTP, decrypted by the phone

@@ -463,3 +463,30 @@ def test_delayed_offer_without_a_usable_answer_ends_with_our_bye() -> None:
         message = parse_message(bye.data)
         assert isinstance(message, SipRequest) and message.method == "BYE" and bye.address == PEER
         assert core.dialogs["c1"].state is DialogState.ENDING
+
+
+def test_an_srtp_call_keeps_our_key_through_a_hold_and_cannot_drop_to_plain_rtp() -> None:
+    """An SDES offer answered in kind; a re-INVITE (hold) with the same key gets the same answer key and changes only
+    the direction; one that falls back to plain RTP is refused 488 (the media would go out unprotected)."""
+    inline = "a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:" + "A" * 40 + "\r\n"
+    srtp_sdp = SDP.replace("RTP/AVP", "RTP/SAVP") + inline
+    core = uas()
+    core.receive_datagram(request("INVITE", body=srtp_sdp), PEER, 0)
+    assert statuses(core) == [100]
+    (offered,) = core.events()
+    assert isinstance(offered, CallOffered) and offered.choice.srtp is not None
+    core.accept("c1", "127.0.0.1", 40000, 0)
+    (ok,) = responses(core)
+    ours = [line for line in ok.body.decode().split("\r\n") if line.startswith("a=crypto:1 ")]
+    assert b"RTP/SAVP" in ok.body and len(ours) == 1
+    tag = header_param(ok.header("To") or "", "tag")
+    core.receive_datagram(request("ACK", branch="z9hG4bKa1", to_tag=tag), PEER, 10)
+    core.events()
+    core.receive_datagram(request("INVITE", cseq=2, branch="z9hG4bKh", to_tag=tag, body=srtp_sdp + "a=sendonly\r\n"), PEER, 1000)
+    (hold,) = responses(core)
+    assert hold.status == 200 and ours[0].encode() in hold.body and b"a=recvonly" in hold.body
+    (changed,) = core.events()
+    assert isinstance(changed, MediaChanged) and changed.choice.srtp == offered.choice.srtp
+    core.receive_datagram(request("ACK", cseq=2, branch="z9hG4bKa2", to_tag=tag), PEER, 1010)
+    core.receive_datagram(request("INVITE", cseq=3, branch="z9hG4bKp", to_tag=tag, body=SDP), PEER, 2000)
+    assert statuses(core) == [488]

@@ -123,6 +123,8 @@ class SipDialing:
         services = listener.services
         if settings.trunk is None or listener.port is None:
             raise DialRejected("not_configured", "sip.outbound.trunk is not set, or the SIP listener is not up")
+        if listener.uas.config.media_encryption == "required":  # our offer is plain RTP
+            raise DialRejected("not_configured", "sip.media_encryption is required, and a placed call's offer is plain RTP (SRTP for placed calls is to come)")
         call_id = f"{secrets.token_hex(16)}@callbridge"
         if (refusal := await services.desk.stream_refusal(call_id)) is not None:
             raise DialRejected("refused", "this process is draining" if refusal is StreamRefusal.DRAINING else "no capacity for another call")

@@ -155,6 +155,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 host=self.address,
                 port=settings.port,
                 tls_port=settings.tls_port if settings.tls else None,
+                media_encryption=settings.media_encryption,
                 allowed_networks=tuple(ipaddress.ip_network(s, strict=False) for s in settings.allowed_ips),
                 username=settings.username,
                 password=settings.password.get_secret_value() if settings.password is not None else None,

@@ -1,7 +1,9 @@
 """One SIP call's RTP socket (and its RTCP socket) as a ``CarrierTransport`` for the shared ``MediaStreamDriver``
 (``carriers/sip/listener.py`` makes one per answered call): datagrams in through the peer's latch, the agent's
 packets out, the 20 ms cadence kept with silence between its utterances, RFC 4733 digits, RTCP reports, and the
-SIP layer's news (``start``, ``bye``, ``dtmf:<d>``) as text messages for the codec."""
+SIP layer's news (``start``, ``bye``, ``dtmf:<d>``) as text messages for the codec. Where the call's media is SRTP
+(``MediaChoice.srtp``), every packet out is protected and every packet in unprotected here, RTCP too; one that fails
+its check is dropped (``srtp_refused``) before it can latch the peer's address."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from callbridge.logging import get_logger
 from callbridge.sip import rtcp
 from callbridge.sip.dtmf import dtmf_train
 from callbridge.sip.rtp import Latch
+from callbridge.sip.srtp import SrtpKeys, SrtpSession
 
 __all__ = ["RtpOwner", "RtpTransport"]
 
@@ -75,6 +78,24 @@ class RtpTransport(asyncio.DatagramProtocol):
         self._rtcp_task: asyncio.Task[None] | None = None
         self.rtcp = _RtcpProtocol()
         self.cname = f"callbridge-{secrets.token_hex(4)}@{listener.address}"
+        self._srtp: SrtpSession | None = None
+
+    @property
+    def srtp(self) -> SrtpSession | None:
+        """The call's SRTP contexts, for the keys its media choice holds now (a re-INVITE may change them)."""
+        keys: SrtpKeys | None = self.codec.choice.srtp
+        if keys is None:
+            self._srtp = None
+        elif self._srtp is None or self._srtp.keys != keys:
+            self._srtp = SrtpSession(keys)
+        self.rtcp.srtp = self._srtp
+        return self._srtp
+
+    def _send_rtp(self, packet: bytes) -> None:
+        """One RTP packet to the peer, protected where the media is SRTP. Raises ``OSError``."""
+        assert self.transport is not None
+        srtp = self.srtp
+        self.transport.sendto(srtp.protect(packet) if srtp is not None else packet, self.latch.peer)
 
     # DatagramProtocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -86,6 +107,12 @@ class RtpTransport(asyncio.DatagramProtocol):
         if self.ringing:  # a call we place, not answered yet: its early media (ringback, an announcement) is no one's
             self.early_media += 1
             return
+        if (srtp := self.srtp) is not None:
+            plain = srtp.unprotect(data)
+            if plain is None:  # forged, replayed or corrupt: not the peer's (and not to latch on)
+                self.listener.dropped["srtp_refused"] += 1
+                return
+            data = plain
         if not self.latch.admit((str(addr[0]), int(addr[1]))):
             self.listener.dropped["rtp_unexpected_source"] += 1
             return
@@ -117,7 +144,7 @@ class RtpTransport(asyncio.DatagramProtocol):
             raise ConnectionError("RTP socket closed")
         if isinstance(message, str):
             raise TypeError("RTP carries bytes only")
-        self.transport.sendto(message, self.latch.peer)
+        self._send_rtp(message)
         now = self._last_sent_s = asyncio.get_running_loop().time()
         self._playout_end_s = max(now, self._playout_end_s) + _CADENCE_S
         self._silence_last = False
@@ -154,6 +181,7 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.latch = Latch(signalled, self.latch.trusted_hosts | {signalled[0]})
 
     def start(self) -> None:
+        _ = self.srtp  # the RTCP socket's too, before the peer's first report
         self.queue.put_nowait("start")
         self._cadence = asyncio.create_task(self._keep_cadence())
         self._rtcp_task = asyncio.create_task(self._report())
@@ -177,10 +205,9 @@ class RtpTransport(asyncio.DatagramProtocol):
             if now < due:
                 await asyncio.sleep(due - now)
                 continue  # the agent's audio may have been sent meanwhile: due again from it
-            transport = self.transport
-            if transport is not None and (packet := self.codec.silence()) is not None:
+            if self.transport is not None and (packet := self.codec.silence()) is not None:
                 try:
-                    transport.sendto(packet, self.latch.peer)
+                    self._send_rtp(packet)
                 except OSError:
                     self.send_errors += 1
             # the grid kept while the loop is on time; after a stall (or before anything was sent), from now
@@ -206,7 +233,7 @@ class RtpTransport(asyncio.DatagramProtocol):
                 if self.closed or self.transport is None:
                     return False
                 try:
-                    self.transport.sendto(packet, self.latch.peer)
+                    self._send_rtp(packet)
                 except OSError:
                     self.send_errors += 1
                 self._last_sent_s = loop.time()
@@ -243,6 +270,8 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.DatagramTransport | None = None
+        self.srtp: SrtpSession | None = None
+        """The call's SRTP, where its media is (SRTCP: reports protected out, unprotected in)."""
         self.source: tuple[str, int] | None = None
         self.received = 0
         self.malformed = 0
@@ -252,6 +281,12 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if self.srtp is not None:
+            plain = self.srtp.unprotect_rtcp(data)
+            if plain is None:
+                self.malformed += 1
+                return
+            data = plain
         try:
             rtcp.parse_rtcp(data)
         except rtcp.RtcpError:
@@ -267,7 +302,7 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
     def send(self, packet: bytes, address: tuple[str, int]) -> None:
         if self.transport is not None and not self.transport.is_closing():
             with suppress(OSError):
-                self.transport.sendto(packet, address)
+                self.transport.sendto(self.srtp.protect_rtcp(packet) if self.srtp is not None else packet, address)
                 self.sent += 1
 
     def close(self) -> None:

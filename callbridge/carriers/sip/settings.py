@@ -99,6 +99,11 @@ class SipSettings(Section):
     """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
     requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
     """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
+    media_encryption: Literal["none", "optional", "required"] = "optional"
+    """SRTP with SDES keys (RFC 4568, #43): an offer of ``RTP/SAVP`` with a key we take is answered in kind
+    (``optional``, ``required``); where ``required``, an offer of plain RTP, or none (a delayed offer), is refused
+    488, and calls are not placed (their offer is plain RTP); ``none``: plain RTP only, as before. The keys travel in
+    the SDP: without TLS signalling anyone on the path reads them."""
     tls_certificate: Path | None = None
     """SIP over TLS (#43): this certificate (PEM, the chain after it) and ``tls_private_key`` — a TLS listener on
     ``tls_port``, beside UDP and TCP on ``port``. Read again when either file changes (the next connection's

@@ -1,0 +1,122 @@
+"""SRTP with SDES keys (#43): what an offer's ``a=crypto`` lines give, how the answer carries our key, what each
+``sip.media_encryption`` takes and refuses, and the packets both ways through libsrtp (``callbridge/sip/srtp.py``)."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+
+import pytest
+
+from callbridge.sip.invite_offer import Refusal, read_offer
+from callbridge.sip.message import SipRequest
+from callbridge.sip.sdp import answer, choose
+from callbridge.sip.srtp import KEY_BYTES, SrtpKeys, SrtpSession, parse_crypto
+
+pytestmark = pytest.mark.core
+
+KEY = bytes(range(KEY_BYTES))
+INLINE = base64.b64encode(KEY).decode()
+
+
+def offer(*media: str) -> str:
+    return "\r\n".join(["v=0", "o=- 1 1 IN IP4 192.0.2.7", "s=-", "c=IN IP4 192.0.2.7", "t=0 0", *media]) + "\r\n"
+
+
+SAVP = (
+    "m=audio 40000 RTP/SAVP 0 101\r\na=rtpmap:0 PCMU/8000\r\na=rtpmap:101 telephone-event/8000\r\n"
+    f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{INLINE}|2^20\r\na=crypto:2 AES_CM_128_HMAC_SHA1_32 inline:{INLINE}"
+)
+AVP = "m=audio 40002 RTP/AVP 8\r\na=rtpmap:8 PCMA/8000"
+
+
+def test_an_srtp_offer_is_answered_in_kind_with_our_key_under_its_tag() -> None:
+    choice = choose(offer(SAVP))
+    assert choice is not None and choice.srtp is not None and choice.proto == "RTP/SAVP"
+    keys = choice.srtp
+    assert (keys.suite, keys.tag, keys.remote_key) == ("AES_CM_128_HMAC_SHA1_80", 1, KEY)  # the offer's first
+    assert len(keys.local_key) == KEY_BYTES and keys.local_key != KEY
+    sdp = answer(choice, host="198.51.100.1", port=30000, session_id=1, version=1)
+    assert "m=audio 30000 RTP/SAVP 0 101\r\n" in sdp
+    (line,) = [x for x in sdp.split("\r\n") if x.startswith("a=crypto:")]
+    assert line == f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(keys.local_key).decode()}"
+
+
+@pytest.mark.parametrize(
+    ("encryption", "media", "taken"),
+    [
+        ("optional", (SAVP, AVP), "RTP/SAVP"),  # SRTP first, plain as the fallback: SRTP where we may
+        ("optional", (AVP,), "RTP/AVP"),
+        ("required", (AVP, SAVP), "RTP/SAVP"),  # the plain stream passed over
+        ("required", (AVP,), None),
+        ("none", (SAVP, AVP), "RTP/AVP"),
+        ("none", (SAVP,), None),
+    ],
+)
+def test_what_each_setting_takes(encryption: str, media: tuple[str, ...], taken: str | None) -> None:
+    choice = choose(offer(*media), encryption=encryption)  # type: ignore[arg-type]
+    assert (choice.proto if choice else None) == taken
+    assert choice is None or (choice.srtp is not None) == (taken == "RTP/SAVP")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"1 AES_256_CM_HMAC_SHA1_80 inline:{INLINE}",  # a suite we do not speak
+        f"1 AES_CM_128_HMAC_SHA1_80 inline:{INLINE}|2^20|1:4",  # an MKI
+        f"1 AES_CM_128_HMAC_SHA1_80 inline:{INLINE};inline:{INLINE}",  # two keys
+        f"1 AES_CM_128_HMAC_SHA1_80 inline:{INLINE} UNENCRYPTED_SRTP",  # session parameters
+        "1 AES_CM_128_HMAC_SHA1_80 inline:c2hvcnQ=",  # a key that is not 30 bytes
+        "1 AES_CM_128_HMAC_SHA1_80 inline:!!notbase64!!",
+        f"x AES_CM_128_HMAC_SHA1_80 inline:{INLINE}",
+    ],
+)
+def test_a_crypto_line_we_cannot_take_is_passed_over(value: str) -> None:
+    assert parse_crypto(value) is None
+    only_that = offer(f"m=audio 40000 RTP/SAVP 0\r\na=rtpmap:0 PCMU/8000\r\na=crypto:{value}")
+    assert choose(only_that) is None and choose(offer(f"m=audio 40000 RTP/SAVP 0\r\na=crypto:{value}\r\na=crypto:2 AES_CM_128_HMAC_SHA1_32 inline:{INLINE}")) is not None
+
+
+def test_a_reinvite_keeps_our_key() -> None:
+    first = choose(offer(SAVP))
+    assert first is not None and first.srtp is not None
+    again = choose(offer(SAVP), local_key=first.srtp.local_key)
+    assert again is not None and again.srtp == first.srtp
+
+
+def _invite(body: str) -> SipRequest:
+    request = SipRequest(method="INVITE", uri="sip:agent@198.51.100.1")
+    if body:
+        request.add("Content-Type", "application/sdp")
+        request.body = body.encode()
+    return request
+
+
+def test_with_srtp_required_a_plain_offer_and_a_delayed_one_are_refused_488_saying_why() -> None:
+    for body in (offer(AVP), ""):
+        refused = read_offer(_invite(body), ("192.0.2.7", 5060), "required")
+        assert isinstance(refused, Refusal) and refused.status == 488
+        assert "SRTP" in dict(refused.extra)["Warning"]
+    assert not isinstance(read_offer(_invite(offer(SAVP)), ("192.0.2.7", 5060), "required"), Refusal)
+
+
+def _rtp(seq: int) -> bytes:
+    return bytes([0x80, 0, seq >> 8, seq & 0xFF]) + (160 * seq).to_bytes(4, "big") + b"\x00\x00\x30\x39" + b"\xff" * 160
+
+
+def test_packets_both_ways_and_what_is_refused() -> None:
+    """Our session protects with our key, the peer's (its keys mirrored) unprotects; a replayed or tampered packet,
+    or one under another key, is None and counted."""
+    keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", 1, secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES))
+    ours, theirs = SrtpSession(keys), SrtpSession(SrtpKeys(keys.suite, 1, keys.local_key, keys.remote_key))
+    sent = ours.protect(_rtp(1))
+    assert len(sent) == len(_rtp(1)) + 10 and sent[12:] != _rtp(1)[12:]  # encrypted, a 80-bit tag
+    assert theirs.unprotect(sent) == _rtp(1)
+    assert theirs.unprotect(sent) is None  # a replay
+    tampered = bytearray(ours.protect(_rtp(2)))
+    tampered[20] ^= 1
+    assert theirs.unprotect(bytes(tampered)) is None
+    assert SrtpSession(SrtpKeys(keys.suite, 1, secrets.token_bytes(KEY_BYTES), keys.local_key)).unprotect(ours.protect(_rtp(3))) is None
+    assert theirs.refused == 2
+    report = bytes([0x80, 200, 0, 6]) + b"\x00\x00\x30\x39" + bytes(20)
+    assert ours.unprotect_rtcp(theirs.protect_rtcp(report)) == report and ours.unprotect_rtcp(report) is None
