@@ -48,7 +48,8 @@ async def test_an_options_flood_is_dropped_beyond_its_budget_and_calls_go_on() -
         await asyncio.sleep(1.0)
         late = SimulatedSip(bridge.base_url, trunk.secret)  # a second call from the trunk, mid-flood
         late.configure(bridge.settings)
-        answered = await late.place_call(CallerScript(utterances=((300, short_speech(800)),), hangup_at_ms=2500))
+        # on the line until the echo of its 800 ms has played whole, however late the reply comes (0.62 s once, loaded)
+        answered = await late.place_call(CallerScript(utterances=((300, short_speech(800)),), hangup_at_ms=3500))
         sent, answers = await flood
         result = await call
         dropped = bridge.app.state.bridge.registry.get_sample_value("callbridge_sip_dropped_total", {"reason": "source_rate"})
