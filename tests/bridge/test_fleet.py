@@ -316,6 +316,7 @@ async def test_workers_share_one_port_and_the_registry_and_drain_together(fleet:
     port = free_port()
     args = ["serve", "--workers", "2", "--set", f"registry.backend={backend}"]
     served = await asyncio.to_thread(fleet.spawn, "workers", args, port, "/readyz")
+    await until(lambda: len(served.events("bridge_started")) == 2, timeout_s=30)  # both up (one answers /readyz first)
     speech = short_speech(800)
     fleet.twilio.route = lambda reason: served.url
     script = CallerScript(utterances=((300, speech), (2800, speech), (5300, speech)), drop_stream_at_ms=(2200, 4700), hangup_at_ms=7200)
@@ -387,6 +388,7 @@ async def test_a_group_without_redis_drains_in_place(fleet: Fleet) -> None:
     supervisor's), so each worker serves its calls on to their end, refusing new ones, then the group exits 0."""
     port = free_port()
     served = await asyncio.to_thread(fleet.spawn, "workers", ["serve", "--workers", "2", "--set", "registry.backend=memory"], port, "/readyz")
+    await until(lambda: len(served.events("bridge_started")) == 2, timeout_s=30)  # both up (one answers /readyz first)
     fleet.twilio.route = lambda reason: served.url
     speech = short_speech(800)
     call = asyncio.create_task(fleet.twilio.place_call(CallerScript(utterances=((300, speech), (3500, speech)), hangup_at_ms=6000)))
