@@ -97,9 +97,23 @@ class SrtpSession:
         self.keys = keys
         profile = SUITES[keys.suite]
         self._out = Session(Policy(key=keys.local_key, ssrc_type=Policy.SSRC_ANY_OUTBOUND, srtp_profile=profile))
-        self._in = Session(Policy(key=keys.remote_key, ssrc_type=Policy.SSRC_ANY_INBOUND, srtp_profile=profile))
+        self._in = self._inbound(keys)
         self.refused = 0
         """Packets from the peer that failed their authentication or replay check."""
+
+    def follow(self, keys: SrtpKeys) -> None:
+        """The call's keys now (a re-INVITE's answer): a new key of the peer's gets a new inbound context; ours keeps
+        its outbound one (its rollover counter goes on with our sequence numbers, as the peer's context for our key
+        does)."""
+        if keys.suite != self.keys.suite or keys.local_key != self.keys.local_key:
+            raise ValueError("our SRTP key and suite stay the call's")
+        if keys.remote_key != self.keys.remote_key:
+            self._in = self._inbound(keys)
+        self.keys = keys
+
+    @staticmethod
+    def _inbound(keys: SrtpKeys) -> Session:
+        return Session(Policy(key=keys.remote_key, ssrc_type=Policy.SSRC_ANY_INBOUND, srtp_profile=SUITES[keys.suite]))
 
     def protect(self, rtp: bytes) -> bytes:
         return bytes(self._out.protect(rtp))

@@ -120,3 +120,18 @@ def test_packets_both_ways_and_what_is_refused() -> None:
     assert theirs.refused == 2
     report = bytes([0x80, 200, 0, 6]) + b"\x00\x00\x30\x39" + bytes(20)
     assert ours.unprotect_rtcp(theirs.protect_rtcp(report)) == report and ours.unprotect_rtcp(report) is None
+
+
+def test_a_new_key_of_the_peers_keeps_our_outbound_context() -> None:
+    """A re-INVITE with a new key of the peer's: what it sends under the new key is read, what we send goes on in
+    the same context (a fresh one would restart its rollover counter where the peer's has moved on)."""
+    keys = SrtpKeys("AES_CM_128_HMAC_SHA1_80", 1, secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES))
+    ours = SrtpSession(keys)
+    peer_out = SrtpSession(SrtpKeys(keys.suite, 1, keys.local_key, keys.remote_key))
+    assert peer_out.unprotect(ours.protect(_rtp(1))) == _rtp(1)
+    new_key = secrets.token_bytes(KEY_BYTES)
+    ours.follow(SrtpKeys(keys.suite, 1, new_key, keys.local_key))
+    assert ours.unprotect(SrtpSession(SrtpKeys(keys.suite, 1, keys.local_key, new_key)).protect(_rtp(5))) == _rtp(5)
+    assert peer_out.unprotect(ours.protect(_rtp(2))) == _rtp(2)  # our context went on
+    with pytest.raises(ValueError):
+        ours.follow(SrtpKeys(keys.suite, 1, new_key, secrets.token_bytes(KEY_BYTES)))

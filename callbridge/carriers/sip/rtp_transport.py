@@ -86,8 +86,10 @@ class RtpTransport(asyncio.DatagramProtocol):
         keys: SrtpKeys | None = self.codec.choice.srtp
         if keys is None:
             self._srtp = None
-        elif self._srtp is None or self._srtp.keys != keys:
+        elif self._srtp is None:
             self._srtp = SrtpSession(keys)
+        elif self._srtp.keys != keys:
+            self._srtp.follow(keys)  # a re-INVITE keeps our key (``sdp.choose``'s ``local_key``) and our suite
         self.rtcp.srtp = self._srtp
         return self._srtp
 
