@@ -209,11 +209,15 @@ def options_flood(target: tuple[str, int], rate_per_s: int, seconds: float, sour
                 break
             answered += 1
         time.sleep(0.01)
-    deadline = time.monotonic() + 1.0
-    while time.monotonic() < deadline:  # the last answers
+    # the last answers: for 1 s, and on while they keep coming (a loaded bridge reads its backlog late) until 0.5 s
+    # pass without one, 10 s at most
+    now = time.monotonic()
+    quiet_from, deadline, last = now + 1.0, now + 10.0, now
+    while (now := time.monotonic()) < deadline and (now < quiet_from or now - last < 0.5):
         try:
             sock.recv(65536)
             answered += 1
+            last = now
         except BlockingIOError:
             time.sleep(0.01)
     sock.close()
