@@ -96,11 +96,12 @@ class Peer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), remaining)
 
-    async def speak_until(self, pcm: bytes, event_type: str, *, rate_hz: int = 16000) -> None:
-        """Append ``pcm`` in 20 ms frames, paced, stopping at the frame after which ``event_type`` arrives."""
+    async def speak_until(self, pcm: bytes, event_type: str, *, rate_hz: int = 16000, **hints: Any) -> None:
+        """Append ``pcm`` in 20 ms frames, paced, each carrying ``hints``, stopping at the frame after which
+        ``event_type`` arrives."""
         start = len(self.events)
         for frame in chunks(pcm, rate_hz):
-            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+            await self.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode(), **hints})
             await asyncio.sleep(0.02)
             if any(e["type"] == event_type for e in self.events[start:]):
                 return
@@ -256,7 +257,11 @@ async def listen_over_the_reply(url: str) -> list[dict[str, Any]]:
     """Server VAD, bridge-mode barge-in (#41): the caller talks over the reply with every append marked
     ``overlap_action: "listen"`` (the bridge deciding, not the engine), then the bridge confirms a barge-in itself."""
     peer = await opened(url)
-    await peer.speak_until(caller_speech_16k() + silence(1500), "input_audio_buffer.speech_stopped")
+    await peer.speak(caller_speech_16k())
+    # the silence after it marked *listen* too: the frames sent before the turn's end reached us may be judged
+    # after the reply began (a busy machine: vllm-omni's server judged them silence_or_noise, ours not yet) — each
+    # then gets the verdict of the *listen* frames after it, or the idle one of those before, on either server
+    await peer.speak_until(silence(1500), "input_audio_buffer.speech_stopped", overlap_action="listen")
     await peer.until("response.output_audio.delta")
     await peer.speak(caller_speech_16k()[: 16000 * 2] + silence(800), overlap_action="listen")
     await peer.send({"type": "barge_in"})
