@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -122,15 +123,15 @@ class SrtpSession:
         return bytes(self._out.protect_rtcp(rtcp))
 
     def unprotect(self, srtp: bytes) -> bytes | None:
-        try:
-            return bytes(self._in.unprotect(srtp))
-        except SrtpError:
-            self.refused += 1
-            return None
+        return self._checked(self._in.unprotect, srtp)
 
     def unprotect_rtcp(self, srtcp: bytes) -> bytes | None:
+        return self._checked(self._in.unprotect_rtcp, srtcp)
+
+    def _checked(self, unprotect: Callable[[bytes], bytes], packet: bytes) -> bytes | None:
+        """``packet`` unprotected, or None (counted) where it fails its authentication or replay check."""
         try:
-            return bytes(self._in.unprotect_rtcp(srtcp))
+            return bytes(unprotect(packet))
         except SrtpError:
             self.refused += 1
             return None

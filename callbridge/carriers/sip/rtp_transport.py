@@ -82,8 +82,12 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     @property
     def srtp(self) -> SrtpSession | None:
-        """The call's SRTP contexts, for the keys its media choice holds now (a re-INVITE may change them)."""
+        """The call's SRTP contexts, for the keys its media choice holds now (a re-INVITE may change them). Read for
+        every packet: unchanged keys (the same object) cost one comparison."""
         keys: SrtpKeys | None = self.codec.choice.srtp
+        current = self._srtp
+        if keys is None if current is None else current.keys is keys:
+            return current
         if keys is None:
             self._srtp = None
         elif self._srtp is None:
