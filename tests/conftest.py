@@ -19,7 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from callbridge.compiled import compiled_modules
 from callbridge.sim.runner import free_port
 from tests.bytecode_cache import cache_bytecode
-from tests.cpu_share import give_background_tests_time, sharing_the_cpu
+from tests.cpu_share import give_background_tests_time, rerun_real_time_tests, sharing_the_cpu
 
 # The fuzzers (tests/fuzz/) run on a fixed budget: ``ci`` (the default) is derandomized, so every run draws the
 # same examples; ``HYPOTHESIS_PROFILE=deep`` draws 25 times as many, at random, for a long local run (20,000 a
@@ -66,8 +66,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     schedule (``--dist worksteal``) gives each worker a contiguous share of the collection, so each long test starts
     at once beside the others, instead of several in one worker's share one after another, or one starting last and
     running alone at the end of the run. Every worker sorts the same collection the same way (the same count). The
-    background tests get their hang guard (``tests/cpu_share.py``)."""
+    background tests get their hang guard, the real-time ones their second try (``tests/cpu_share.py``)."""
     give_background_tests_time(items)
+    rerun_real_time_tests(items)
     long = [item for item in items if item.get_closest_marker("long") is not None]
     if not long:
         return
