@@ -54,10 +54,14 @@ class AudioEncoding(enum.Enum):
     PCMA = "pcma"  # G.711 A-law, 1 byte/sample
     L16 = "l16"  # signed 16-bit little-endian (most carriers' PCM)
     L16_BE = "l16-be"  # signed 16-bit big-endian (RFC 3551 L16 over RTP)
+    G722 = "g722"
+    """G.722 wideband over RTP (one byte per tick of its 8 kHz RTP clock, two 16 kHz samples): stateful, so only
+    the SIP media edge (``carriers/sip/wire.py``) has it, with a coder per stream (``codecs/g722.py``); what it
+    gives the bridge is L16 at 16 kHz. ``decode_to_pcm16`` and ``encode_from_pcm16`` refuse it."""
 
     @property
     def sample_bytes(self) -> int:
-        return 1 if self in (AudioEncoding.PCMU, AudioEncoding.PCMA) else 2
+        return 2 if self in (AudioEncoding.L16, AudioEncoding.L16_BE) else 1
 
     @property
     def silence_byte(self) -> int:
@@ -70,6 +74,7 @@ _SILENCE_BYTE: Final = {
     AudioEncoding.PCMA: 0xD5,
     AudioEncoding.L16: 0x00,
     AudioEncoding.L16_BE: 0x00,
+    AudioEncoding.G722: 0xFC,  # codecs/g722.py: SILENCE_BYTE
 }
 
 def ulaw_to_pcm16(data: Buffer) -> bytes:
@@ -109,7 +114,9 @@ def decode_to_pcm16(encoding: AudioEncoding, payload: Buffer) -> Buffer:
         return audioop.alaw2lin(payload, _WIDTH)
     if encoding is AudioEncoding.L16:
         return payload
-    return audioop.byteswap(payload, _WIDTH)
+    if encoding is AudioEncoding.L16_BE:
+        return audioop.byteswap(payload, _WIDTH)
+    raise ValueError(f"{encoding.name} keeps state: a stream's own coder decodes it (callbridge.codecs.g722)")
 
 
 def encode_from_pcm16(encoding: AudioEncoding, pcm: Buffer) -> Buffer:
@@ -120,4 +127,6 @@ def encode_from_pcm16(encoding: AudioEncoding, pcm: Buffer) -> Buffer:
         return audioop.lin2alaw(pcm, _WIDTH)
     if encoding is AudioEncoding.L16:
         return pcm
-    return audioop.byteswap(pcm, _WIDTH)
+    if encoding is AudioEncoding.L16_BE:
+        return audioop.byteswap(pcm, _WIDTH)
+    raise ValueError(f"{encoding.name} keeps state: a stream's own coder encodes it (callbridge.codecs.g722)")

@@ -189,7 +189,7 @@ class SipUas:
         dialog.session_id = secrets.randbelow(2**31)
         dialog.sdp_version = dialog.session_id
         if dialog.delayed_offer:
-            dialog.sdp = offer(host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+            dialog.sdp = offer(host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version, codecs=self.config.codecs)
         else:
             dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
         # RFC 3262 §3: our 180 has no SDP, so the 200 need not wait for its PRACK; the 180 stops, a late PRACK
@@ -326,7 +326,7 @@ class SipUas:
             if existing.invite_branch != server_transaction_key(request):
                 self._responses.respond(request, source, 482, now_ms)  # the same call again on another path
             return
-        offered = self._admission.refusal(request, source) or read_offer(request, source, self.config.media_encryption)
+        offered = self._admission.refusal(request, source) or read_offer(request, source, self.config.media_encryption, self.config.codecs)
         if isinstance(offered, Refusal):
             self._responses.final(request, source, offered.status, now_ms, extra=offered.extra, reason=offered.reason)
             return
@@ -361,7 +361,7 @@ class SipUas:
         dialog.remote_cseq = cseq
         if request.body:
             try:  # our SRTP key stays the call's
-                choice = choose(request.body.decode("utf-8", "replace"), encryption=self.config.media_encryption, local_key=keys.local_key if (keys := dialog.choice.srtp) else None)
+                choice = choose(request.body.decode("utf-8", "replace"), encryption=self.config.media_encryption, local_key=keys.local_key if (keys := dialog.choice.srtp) else None, codecs=self.config.codecs)
             except SdpError:
                 choice = None
             if choice is None or choice.encoding is not dialog.choice.encoding or (choice.srtp is None) != (keys is None):
@@ -402,7 +402,7 @@ class SipUas:
         leaves no other way to end a confirmed dialog whose offer/answer failed)."""
         dialog.delayed_offer = False
         try:
-            choice = read_answer(ack.body.decode("utf-8", "replace")) if ack.body and ack.media_type == "application/sdp" else None
+            choice = read_answer(ack.body.decode("utf-8", "replace"), self.config.codecs) if ack.body and ack.media_type == "application/sdp" else None
         except SdpError:
             choice = None
         if choice is None:

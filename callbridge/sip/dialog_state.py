@@ -8,9 +8,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Final
 
+from callbridge.codecs import AudioEncoding
 from callbridge.sip.message import SipRequest, host_port
 from callbridge.sip.refer import Transfer
-from callbridge.sip.sdp import Encryption, MediaChoice
+from callbridge.sip.sdp import DEFAULT_CODECS, Encryption, MediaChoice
 from callbridge.sip.transaction import Address, Retransmission
 from callbridge.sources import Network
 
@@ -160,6 +161,8 @@ class UasConfig:
     """Where our TLS listener is (a dialog that came over TLS advertises it), if there is one."""
     media_encryption: Encryption = "optional"
     """SRTP: taken where offered (``optional``), demanded (``required``: a plain offer is refused 488), or never."""
+    codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS
+    """The codecs we take (in the offer's order) and offer (in this order): ``sip.codecs``."""
     allowed_networks: tuple[Network, ...] = ()
     username: str | None = None
     password: str | None = None

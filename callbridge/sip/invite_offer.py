@@ -15,7 +15,7 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip import digest
 from callbridge.sip.dialog_state import UasConfig
 from callbridge.sip.message import SipRequest
-from callbridge.sip.sdp import Direction, Encryption, MediaChoice, SdpError, choose
+from callbridge.sip.sdp import DEFAULT_CODECS, Direction, Encryption, MediaChoice, SdpError, choose
 from callbridge.sip.transaction import Address
 from callbridge.sip.uas_messages import SUPPORTED
 from callbridge.sources import source_allowed
@@ -58,7 +58,9 @@ class Admission:
         return Refusal(401, [("WWW-Authenticate", challenge) for challenge in digest.challenges(config.realm, nonce)])
 
 
-def read_offer(request: SipRequest, source: Address, encryption: Encryption = "optional") -> MediaChoice | Refusal:
+def read_offer(
+    request: SipRequest, source: Address, encryption: Encryption = "optional", codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS
+) -> MediaChoice | Refusal:
     """The audio a new INVITE offers, as we take it (a delayed offer, with no body: a placeholder until the ACK's
     answer), or its refusal (488 where SRTP is ``required`` and the offer has none we take)."""
     unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in SUPPORTED]
@@ -69,11 +71,12 @@ def read_offer(request: SipRequest, source: Address, encryption: Encryption = "o
     if not request.body and encryption == "required":  # our offer would be plain RTP (an SRTP offer of ours is to come)
         return Refusal(488, [("Warning", '304 callbridge "an SDP offer with SRTP (SDES) required"')])
     try:
-        choice = choose(request.body.decode("utf-8", "replace"), encryption=encryption) if request.body else placeholder_choice(source)
+        choice = choose(request.body.decode("utf-8", "replace"), encryption=encryption, codecs=codecs) if request.body else placeholder_choice(source)
     except SdpError as exc:
         return Refusal(400, [], f"Bad Request (SDP: {exc})")
     if choice is None:  # nothing we take
-        needed = "SRTP (SDES) with PCMU or PCMA audio" if encryption == "required" else "PCMU or PCMA audio"
+        audio = f"{', '.join(encoding.name for encoding in codecs[:-1])} or {codecs[-1].name} audio" if len(codecs) > 1 else f"{codecs[0].name} audio"
+        needed = f"SRTP (SDES) with {audio}" if encryption == "required" else audio
         return Refusal(488, [("Warning", f'304 callbridge "{needed} required"')])
     return choice
 

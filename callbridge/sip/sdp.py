@@ -1,8 +1,10 @@
-"""SDP offer/answer for one G.711 audio stream (RFC 3264; syntax RFC 8866; telephony-protocols.md §5.2).
+"""SDP offer/answer for one audio stream, G.711 or G.722 (RFC 3264; syntax RFC 8866; telephony-protocols.md §5.2).
 
 ``choose(offer)`` reads an offer and picks what we take: the first audio
-stream with a port, PCMU or PCMA (whichever the offer lists first), and
-telephone-event if offered, with the offer's payload-type numbers. None:
+stream with a port, the first of its codecs we take (``codecs``, from
+``sip.codecs``: PCMU, PCMA, G.722 — in the offer's order, the offerer's
+preference, RFC 3264 §6.1), and telephone-event if offered, with the
+offer's payload-type numbers. None:
 nothing fits (the caller answers ``488``). ``answer(...)`` writes our answer:
 the same number and order of ``m=`` lines, every stream but the chosen one
 rejected with port 0, exactly one audio codec (plus telephone-event), the
@@ -26,7 +28,7 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip.srtp import SrtpKeys, parse_crypto, pick
 
 __all__ = [
-    "OFFER_DTMF_PT", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
+    "DEFAULT_CODECS", "OFFER_DTMF_PT", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
 ]  # fmt: skip
 
 Encryption = Literal["none", "optional", "required"]
@@ -34,9 +36,13 @@ Encryption = Literal["none", "optional", "required"]
 _PLAIN: Final = ("RTP/AVP", "RTP/AVPF")
 _SECURE: Final = ("RTP/SAVP", "RTP/SAVPF")
 
-_STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA}
-_NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA}
-_RTPMAP: Final = {AudioEncoding.PCMU: "PCMU/8000", AudioEncoding.PCMA: "PCMA/8000"}
+_STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA, 9: AudioEncoding.G722}
+_NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA, "G722": AudioEncoding.G722}
+_RTPMAP: Final = {AudioEncoding.PCMU: "PCMU/8000", AudioEncoding.PCMA: "PCMA/8000", AudioEncoding.G722: "G722/8000"}
+"""G.722's RTP clock is 8000 though its audio is sampled at 16000 (RFC 3551 §4.5.2): its rtpmap says 8000."""
+_PAYLOAD_TYPE: Final = {encoding: pt for pt, encoding in _STATIC.items()}
+DEFAULT_CODECS: Final = (AudioEncoding.PCMU, AudioEncoding.PCMA, AudioEncoding.G722)
+"""``sip.codecs``' default: what we take, and offer in this order."""
 
 
 class SdpError(Exception):
@@ -163,7 +169,9 @@ def _parse(offer: str) -> tuple[str | None, Direction, list[_Media]]:
     return session_host, session_direction, media
 
 
-def choose(offer: str, *, encryption: Encryption = "optional", local_key: bytes | None = None) -> MediaChoice | None:
+def choose(
+    offer: str, *, encryption: Encryption = "optional", local_key: bytes | None = None, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS
+) -> MediaChoice | None:
     """What we take from ``offer`` (see the module docstring); None when no stream fits. ``local_key``: our SRTP key
     where the call has one already (a re-INVITE's), else a new one. Raises ``SdpError``."""
     session_host, session_direction, media = _parse(offer)
@@ -189,9 +197,9 @@ def choose(offer: str, *, encryption: Encryption = "optional", local_key: bytes 
             rate_hz = rate.split("/")[0]
             if codec is None:
                 if pt in _STATIC and (not name or (encoding_name.upper() == _STATIC[pt].name and rate_hz == "8000")):
-                    codec = (_STATIC[pt], pt)
+                    codec = (_STATIC[pt], pt) if _STATIC[pt] in codecs else None
                 elif encoding_name.upper() in _NAMES and rate_hz == "8000" and pt >= 96:
-                    codec = (_NAMES[encoding_name.upper()], pt)
+                    codec = (_NAMES[encoding_name.upper()], pt) if _NAMES[encoding_name.upper()] in codecs else None
             if dtmf is None and encoding_name.lower() == "telephone-event" and rate_hz == "8000":
                 dtmf = pt
         if codec is None:
@@ -255,14 +263,15 @@ OFFER_DTMF_PT: Final = 101
 """telephone-event's payload type in our own offer (a delayed offer: the INVITE came without SDP)."""
 
 
-def offer(*, host: str, port: int, session_id: int, version: int) -> str:
-    """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK): PCMU and
-    PCMA, telephone-event, 20 ms, sendrecv (CRLF line ends)."""
+def offer(*, host: str, port: int, session_id: int, version: int, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS) -> str:
+    """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK) and for the calls
+    we place: ``codecs`` in their order (our preference) by their static payload types, telephone-event, 20 ms,
+    sendrecv (CRLF line ends)."""
+    types = [_PAYLOAD_TYPE[encoding] for encoding in codecs]
     lines = [
         *_session_lines(host, session_id, version),
-        f"m=audio {port} RTP/AVP 0 8 {OFFER_DTMF_PT}",
-        "a=rtpmap:0 PCMU/8000",
-        "a=rtpmap:8 PCMA/8000",
+        f"m=audio {port} RTP/AVP {' '.join(map(str, types))} {OFFER_DTMF_PT}",
+        *(f"a=rtpmap:{pt} {_RTPMAP[_STATIC[pt]]}" for pt in types),
         f"a=rtpmap:{OFFER_DTMF_PT} telephone-event/8000",
         f"a=fmtp:{OFFER_DTMF_PT} 0-15",
         "a=ptime:20",
@@ -271,10 +280,11 @@ def offer(*, host: str, port: int, session_id: int, version: int) -> str:
     return "\r\n".join(lines) + "\r\n"
 
 
-def read_answer(text: str) -> MediaChoice | None:
-    """The peer's answer to ``offer`` (RFC 3264 §6): what it took, or None when the answer is not one to our offer
-    (a codec or telephone-event payload type we did not offer, no audio stream). Raises ``SdpError``."""
-    choice = choose(text, encryption="none")  # we offered plain RTP
+def read_answer(text: str, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS) -> MediaChoice | None:
+    """The peer's answer to ``offer(codecs=codecs)`` (RFC 3264 §6): what it took, or None when the answer is not
+    one to our offer (a codec or telephone-event payload type we did not offer, no audio stream). Raises
+    ``SdpError``."""
+    choice = choose(text, encryption="none", codecs=codecs)  # we offered plain RTP
     if choice is None or choice.payload_type not in _STATIC or len(choice.media_lines) != 1:
         return None
     if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT):

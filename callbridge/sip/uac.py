@@ -35,11 +35,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from callbridge.codecs import AudioEncoding
 from callbridge.sip.dialog_state import Dialog, DialogState
 from callbridge.sip.digest import authorization, best_challenge
 from callbridge.sip.invite_offer import placeholder_choice
 from callbridge.sip.message import SipRequest, SipResponse, header_param, host_port, uri_of, via_sent_by
-from callbridge.sip.sdp import MediaChoice, SdpError, read_answer
+from callbridge.sip.sdp import DEFAULT_CODECS, MediaChoice, SdpError, read_answer
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
 
 __all__ = ["DialAnswered", "DialEnded", "DialEndCause", "Invitation", "Provisional", "SipUac", "UacConfig", "UacEvent"]
@@ -63,6 +64,8 @@ class UacConfig:
     """Digest credentials for the trunk's 401 / 407; None: a challenge ends the dial."""
     tls_port: int | None = None
     """Our TLS listener's port, where there is one: a dial over TLS advertises it (Via, Contact)."""
+    codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS
+    """What our offer lists (``sip.codecs``): an answer that took another is not one to it."""
 
     def host_port(self, transport: str) -> str:
         """Our ``host:port`` for a request on ``transport``."""
@@ -270,7 +273,7 @@ class SipUac:
         dial.retransmit = None  # §17.1.1.2: any provisional response stops Timer A and Timer B
         dial.stage = _Stage.PROCEEDING
         if response.body and response.media_type == "application/sdp" and dial.early is None:
-            dial.early = _answer_in(response)
+            dial.early = _answer_in(response, self.config.codecs)
         if response.status in (180, 183) and response.status not in dial.told:
             dial.told.add(response.status)
             self._events.append(Provisional(dial.invitation.call_id, response.status, dial.early))
@@ -285,7 +288,7 @@ class SipUac:
             else:  # another fork answered too, or a 2xx after we gave up: ACK it and end it (§13.2.2.4)
                 self._ack_and_bye(dial, response)
             return
-        choice = _answer_in(response) if response.body else None
+        choice = _answer_in(response, self.config.codecs) if response.body else None
         dialog = self._dialog(dial, response)
         ack = self._in_dialog(dial, dialog, "ACK", dial.cseq)
         dial.ack = Outgoing(ack.serialize(), dialog.source, dial.invitation.transport)
@@ -411,7 +414,7 @@ class SipUac:
             mirror.add("Record-Route", route)
         return Dialog(
             call_id=invitation.call_id, state=DialogState.CONFIRMED, invite=mirror, source=self._next_hop(dial, record_route, remote_target),
-            local_tag=dial.from_tag, remote_cseq=0, choice=_answer_in(response) or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
+            local_tag=dial.from_tag, remote_cseq=0, choice=_answer_in(response, self.config.codecs) or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
             local_cseq=dial.cseq, sdp_host=invitation.rtp_host, rtp_port=invitation.rtp_port, session_id=invitation.session_id,
             sdp_version=invitation.session_id, sdp=invitation.offer,
         )  # fmt: skip
@@ -443,12 +446,12 @@ class SipUac:
             self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
 
 
-def _answer_in(response: SipResponse) -> MediaChoice | None:
+def _answer_in(response: SipResponse, codecs: tuple[AudioEncoding, ...]) -> MediaChoice | None:
     """The SDP answer a response carries to our offer; None: none, or not one to our offer."""
     if not response.body or response.media_type != "application/sdp":
         return None
     try:
-        return read_answer(response.body.decode("utf-8", "replace"))
+        return read_answer(response.body.decode("utf-8", "replace"), codecs)
     except SdpError:
         return None
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from callbridge.codecs import AudioEncoding, ResamplerQuality, StreamResampler
 from callbridge.engine.commands import AppendAudio
 from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, load_wav_8k, running_bridge, sample_caller_wav
@@ -27,7 +28,7 @@ SPEECH_S = 3.69
 
 def configure(
     directory: Path, caller_wav: Path, *, account: str = "<sip:caller@127.0.0.1>;regint=0", port: int | None = None,
-    extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (), codecs: tuple[str, ...] = ("g711",),
 ) -> Path:
     config = directory / "cfg"
     config.mkdir()
@@ -40,7 +41,7 @@ def configure(
         f"audio_source aufile,{caller_wav}",
         "module_path /usr/lib/baresip/modules",
         *extra,  # before the modules: an account's mediaenc needs its module loaded first
-        *(f"module {name}.so" for name in ("g711", "aufile", "alsa", "sndfile", "menu", "account")),
+        *(f"module {name}.so" for name in (*codecs, "aufile", "alsa", "sndfile", "menu", "account")),
         f"snd_path {directory / 'snd'}",
     ]
     (config / "config").write_text("\n".join(lines) + "\n")
@@ -62,7 +63,8 @@ def loud_ms(path: Path) -> int:
     """How much of a recording is not silence (20 ms frames above an RMS of 300)."""
     with wave.open(str(path)) as recording:
         samples = np.frombuffer(recording.readframes(recording.getnframes()), dtype="<i2").astype(np.float64)
-    frames = samples[: len(samples) // 160 * 160].reshape(-1, 160)
+        frame = recording.getframerate() // 50
+    frames = samples[: len(samples) // frame * frame].reshape(-1, frame)
     return int((np.sqrt((frames**2).mean(axis=1)) > 300).sum()) * 20
 
 
@@ -249,3 +251,56 @@ async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agen
     assert codec.malformed == 0 and codec.jitter.late == 0
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)  # the agent's SRTP, decrypted by the phone
+
+
+WIDEBAND_TONE_HZ = 6000
+"""Past G.711's band (it ends below 4 kHz): only a wideband call carries it to the model."""
+
+
+def wideband_microphone(path: Path) -> Path:
+    """The bundled utterance at 16 kHz, a second of a 6 kHz tone after it, then 6 s of silence."""
+    up = StreamResampler(8000, 16000, ResamplerQuality.HQ)
+    speech = up.process(load_wav_8k(sample_caller_wav())) + up.flush()
+    t = np.arange(16000) / 16000
+    whistle = (3000 * np.sin(2 * np.pi * WIDEBAND_TONE_HZ * t)).astype("<i2").tobytes()
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(speech + whistle + bytes(32000 * 6))
+    return path
+
+
+def band_share(pcm: bytes, rate_hz: int, low_hz: float, high_hz: float) -> float:
+    """The share of ``pcm``'s energy between ``low_hz`` and ``high_hz``."""
+    spectrum = np.abs(np.fft.rfft(np.frombuffer(pcm, dtype="<i2").astype(np.float64))) ** 2
+    hz = np.fft.rfftfreq(len(pcm) // 2, 1 / rate_hz)
+    return float(spectrum[(hz >= low_hz) & (hz <= high_hz)].sum() / spectrum.sum())
+
+
+@pytest.mark.long
+async def test_baresip_offering_only_g722_gets_a_wideband_call_end_to_end(tmp_path: Path) -> None:
+    """baresip with only its ``g722`` module offers G.722 alone: the bridge answers G722/8000, the caller's 6 kHz
+    tone (which no G.711 call carries) reaches the engine, and the phone hears the echo agent through G.722."""
+    config = configure(tmp_path, wideband_microphone(tmp_path / "caller.wav"), codecs=("g722",))
+    recorder = engine()
+    async with running_bridge(settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS}), recorder, provider="twilio") as bridge:
+        output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.port}")
+        sip = listener(bridge)
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, _ = sip.finished[0]
+    log = output.decode(errors="replace")
+    assert "Call established" in log, log[-2000:]
+    assert codec.choice.encoding is AudioEncoding.G722 and codec.choice.payload_type == 9
+    assert codec.malformed == 0 and codec.other_payload_types == 0
+    (session_id,) = recorder.opened
+    appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
+    rate_hz = appended[0].rate_hz
+    heard = b"".join(c.pcm for c in appended)
+    assert len(heard) / (2 * rate_hz) > SPEECH_S + 1  # the utterance and the tone
+    share = band_share(heard, rate_hz, WIDEBAND_TONE_HZ - 200, WIDEBAND_TONE_HZ + 200)
+    assert rate_hz >= 16000 and share > 0.01, (rate_hz, share)  # the tone came through (0.04 in a run here)
+    (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
+    with wave.open(str(decoded)) as recording:
+        assert recording.getframerate() == 16000
+    assert loud_ms(decoded) >= 1500, loud_ms(decoded)

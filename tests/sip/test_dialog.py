@@ -430,7 +430,7 @@ def test_delayed_offer_our_offer_in_the_200_the_answer_in_the_ack() -> None:
     (ok,) = responses(core)
     assert ok.status == 200 and ok.header("Content-Type") == "application/sdp"
     sdp = ok.body.decode()
-    assert "m=audio 40000 RTP/AVP 0 8 101\r\n" in sdp and "a=rtpmap:8 PCMA/8000" in sdp and "a=sendrecv" in sdp
+    assert "m=audio 40000 RTP/AVP 0 8 9 101\r\n" in sdp and "a=rtpmap:8 PCMA/8000" in sdp and "a=sendrecv" in sdp
     version = int(sdp.split("\r\n")[1].split()[2])
     tag = header_param(ok.header("To") or "", "tag")
     answer = SDP.replace("0 101", "8 101").replace("a=rtpmap:101", "a=rtpmap:8 PCMA/8000\r\na=rtpmap:101")

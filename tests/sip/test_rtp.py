@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from callbridge.carriers.base import (
@@ -17,6 +18,7 @@ from callbridge.carriers.base import (
 )
 from callbridge.carriers.sip.wire import PROFILE, SipRtpCodec
 from callbridge.codecs import AudioEncoding
+from callbridge.codecs.g722 import G722Decoder, G722Encoder
 from callbridge.sip.dtmf import DtmfReceiver, dtmf_packets, event_payload
 from callbridge.sip.rtcp import (
     ReceptionStats,
@@ -172,6 +174,48 @@ def test_codec_profile_and_flow() -> None:
     assert codec.receive_message(build_rtp(8, 20, 0, 9, b"\x00" * 240)) == []  # after bye: ignored
     with pytest.raises(RemoteProtocolError):
         codec.receive_message("start")
+
+
+def test_a_g722_call_is_l16_at_16_khz_to_the_bridge_and_g722_on_the_wire() -> None:
+    """G.722 is coded at the edge, a coder per direction (it keeps state): the bridge is told L16 at 16 kHz, gets
+    640 bytes of PCM a 20 ms packet and sends 640; the wire carries 160 bytes a packet, the timestamp stepping 160
+    (RTP's 8 kHz clock for G.722), and a lost packet comes out as (near) silence of its length."""
+    choice = choose(OFFER.replace("RTP/AVP 8 101", "RTP/AVP 9 101"))
+    assert choice is not None and choice.encoding is AudioEncoding.G722
+    codec = SipRtpCodec("call-w", choice)
+    started = codec.receive_message("start")[-1]
+    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
+    t = np.arange(320 * 6) / 16000
+    caller = (6000 * np.sin(2 * np.pi * 5000 * t)).astype("<i2").tobytes()  # above G.711's band
+    phone = G722Encoder()
+    wire = [phone.encode(caller[i : i + 640]) for i in range(0, len(caller), 640)]
+    events = [e for seq, payload in enumerate(wire, 1) if seq != 4 for e in codec.receive_message(build_rtp(9, seq, seq * 160, 5, payload))]
+    events += codec.receive_message("bye")
+    heard = [e.payload for e in events if isinstance(e, MediaReceived)]
+    assert [len(pcm) for pcm in heard] == [640] * 6  # the fourth lost, concealed
+    assert np.abs(np.frombuffer(heard[3], dtype="<i2")[-160:]).max() < 3000  # silence of a sort, not the tone
+    level = np.sqrt(np.mean(np.frombuffer(heard[1], dtype="<i2").astype(np.float64) ** 2))
+    assert level > 3000  # the 5 kHz tone came through
+    codec = SipRtpCodec("call-w2", choice)
+    codec.receive_message("start")
+    first, second = (parse_rtp(codec.send(SendMedia(caller[i : i + 640])) or b"") for i in (0, 640))
+    assert (first.payload_type, len(first.payload), len(second.payload)) == (9, 160, 160)
+    assert (second.timestamp - first.timestamp) & 0xFFFFFFFF == 160
+    decoded = G722Decoder().decode(first.payload + second.payload)
+    assert np.sqrt(np.mean(np.frombuffer(decoded, dtype="<i2")[200:].astype(np.float64) ** 2)) > 3000
+    quiet = parse_rtp(codec.silence() or b"")
+    assert len(quiet.payload) == 160 and (quiet.timestamp - second.timestamp) & 0xFFFFFFFF == 160
+
+
+def test_a_placed_calls_codec_is_the_answers_set_before_the_stream_starts() -> None:
+    placeholder = choose(OFFER.replace("RTP/AVP 8 101", "RTP/AVP 0 8 101"))
+    answered = choose(OFFER.replace("RTP/AVP 8 101", "RTP/AVP 9 101"))
+    assert placeholder is not None and answered is not None
+    codec = SipRtpCodec("call-out", placeholder)
+    codec.update(answered)
+    started = codec.receive_message("start")[-1]
+    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
+    assert len(parse_rtp(codec.send(SendMedia(bytes(640))) or b"").payload) == 160
 
 
 def test_rtcp_reports_and_bye() -> None:

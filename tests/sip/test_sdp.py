@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from callbridge.carriers.sip.settings import SipSettings
 from callbridge.codecs import AudioEncoding
-from callbridge.sip.sdp import Direction, SdpError, answer, choose
+from callbridge.sip.invite_offer import Refusal, read_offer
+from callbridge.sip.message import SipRequest
+from callbridge.sip.sdp import Direction, SdpError, answer, choose, offer, read_answer
 
 pytestmark = pytest.mark.core
 
@@ -104,3 +107,49 @@ def test_mutated_offers_raise_only_sdp_error() -> None:
 def test_payload_types_above_127_are_ignored() -> None:
     choice = choose("v=0\r\nc=IN IP4 10.0.0.9\r\nm=audio 5004 RTP/AVP 1000 0 1001\r\na=rtpmap:1000 PCMA/8000\r\na=rtpmap:1001 telephone-event/8000\r\n")
     assert choice is not None and choice.payload_type == 0 and choice.dtmf_payload_type is None
+
+
+WIDEBAND_PHONE = TRUNK_OFFER.replace("m=audio 30000 RTP/AVP 18 8 0 101", "m=audio 30000 RTP/AVP 9 0 8 101").replace(
+    "a=rtpmap:18 G729/8000", "a=rtpmap:9 G722/8000"
+)
+"""A desk phone's offer: G.722 first, then G.711."""
+
+
+def test_g722_first_in_the_offer_is_taken_and_answered_at_its_8000_hz_rtp_clock() -> None:
+    choice = choose(WIDEBAND_PHONE)
+    assert choice is not None and (choice.encoding, choice.payload_type) == (AudioEncoding.G722, 9)
+    lines = answer(choice, host="203.0.113.10", port=40000, session_id=7, version=7).split("\r\n")
+    assert "m=audio 40000 RTP/AVP 9 101" in lines and "a=rtpmap:9 G722/8000" in lines
+
+
+def test_the_offers_order_decides_and_sip_codecs_leaves_out_what_it_does_not_name() -> None:
+    g711_first = WIDEBAND_PHONE.replace("RTP/AVP 9 0 8 101", "RTP/AVP 0 9 8 101")
+    assert (choice := choose(g711_first)) is not None and choice.encoding is AudioEncoding.PCMU
+    narrow_only = (AudioEncoding.PCMU, AudioEncoding.PCMA)
+    assert (choice := choose(WIDEBAND_PHONE, codecs=narrow_only)) is not None and choice.encoding is AudioEncoding.PCMU
+    assert choose(WIDEBAND_PHONE.replace("RTP/AVP 9 0 8 101", "RTP/AVP 9 101"), codecs=narrow_only) is None
+    dynamic = WIDEBAND_PHONE.replace("RTP/AVP 9 0 8 101", "RTP/AVP 112 0 101").replace("a=rtpmap:9 G722/8000", "a=rtpmap:112 G722/8000")
+    assert (choice := choose(dynamic)) is not None and (choice.encoding, choice.payload_type) == (AudioEncoding.G722, 112)
+    sixteen = dynamic.replace("a=rtpmap:112 G722/8000", "a=rtpmap:112 G722/16000")  # a clock G.722 never has
+    assert (choice := choose(sixteen)) is not None and choice.encoding is AudioEncoding.PCMU
+
+
+def test_our_offer_lists_sip_codecs_in_their_order_and_an_answer_must_take_one_of_them() -> None:
+    ours = offer(host="203.0.113.10", port=40000, session_id=1, version=1, codecs=(AudioEncoding.G722, AudioEncoding.PCMU))
+    assert "m=audio 40000 RTP/AVP 9 0 101\r\n" in ours and "a=rtpmap:9 G722/8000\r\na=rtpmap:0 PCMU/8000\r\n" in ours
+    assert "m=audio 40000 RTP/AVP 0 8 9 101\r\n" in offer(host="203.0.113.10", port=40000, session_id=1, version=1)
+    took_g722 = WIDEBAND_PHONE.replace("RTP/AVP 9 0 8 101", "RTP/AVP 9 101")
+    assert (choice := read_answer(took_g722, (AudioEncoding.G722, AudioEncoding.PCMU))) is not None and choice.encoding is AudioEncoding.G722
+    assert read_answer(took_g722, (AudioEncoding.PCMU, AudioEncoding.PCMA)) is None  # we did not offer it
+
+
+def test_sip_codecs_names_each_codec_once_of_the_three_and_an_offer_of_none_is_refused_naming_them() -> None:
+    assert SipSettings().codecs == ["PCMU", "PCMA", "G722"]
+    for wrong in (["G722", "G722"], ["G729"], []):
+        with pytest.raises(ValueError, match="codecs"):
+            SipSettings(codecs=wrong)
+    body = TRUNK_OFFER.replace(" 8 0 101", " 101").encode()
+    invite = SipRequest(headers=[("Content-Type", "application/sdp")], body=body, method="INVITE", uri="sip:agent@127.0.0.1")
+    refusal = read_offer(invite, ("198.51.100.7", 5060), "optional", (AudioEncoding.PCMU, AudioEncoding.G722))
+    assert isinstance(refusal, Refusal) and refusal.status == 488
+    assert refusal.extra == [("Warning", '304 callbridge "PCMU or G722 audio required"')]

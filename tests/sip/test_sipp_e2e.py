@@ -8,6 +8,7 @@ import asyncio
 import json
 import shutil
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,28 @@ async def test_uac_pcap_audio_and_digit_reach_the_engine_and_the_agent_answers(t
     assert transport.rtcp.sent >= 2  # at least one SR (every 5 s ± 50 %) and the BYE
 
 
+async def test_a_digit_just_before_the_bye_reaches_the_engine_though_both_waited_out_a_stall(tmp_path: Path) -> None:
+    """The bridge's loop stalls (1.5 s, ``time.sleep`` in the loop itself: the process descheduled, a long garbage
+    collection) while SIPp sends a digit and, 300 ms after it began, the BYE. When the loop wakes both wait in the
+    kernel; asyncio reads one datagram per turn from the RTP socket and the BYE from the SIP socket in the first: the
+    code before read the digit's first packet and ended the stream, its end packet unread (``CreateTextItem`` never
+    sent, 3 of 3 runs). Now the BYE reads what waits on the RTP socket first."""
+    recorder = engine()
+    async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
+        sip = listener(bridge)
+        phone = asyncio.create_task(sipp(bridge, "dtmf_then_bye.xml", tmp_path, "-m", "1"))
+        await until(lambda: any(call.transport.codec.started for call in sip.calls.values()), timeout_s=10)
+        await asyncio.sleep(0.3)
+        time.sleep(1.5)  # the stall: SIPp's digit (0.8 to 0.94 s after its ACK) and BYE (1.1 s) come meanwhile
+        rc, output = await phone
+        await until(lambda: len(sip.finished) == 1)
+        _, codec, transport = sip.finished[0]
+    assert rc == 0, output
+    (session_id,) = recorder.opened
+    assert recorder.commands[session_id].count(CreateTextItem("DTMF 1")) == 1, (codec.dtmf.malformed, transport.overflow)
+    assert codec.stopped and transport.latch.unexpected_source == 0
+
+
 async def test_uac_pcap_over_tcp(tmp_path: Path) -> None:
     recorder = engine()
     async with running_bridge(sip_settings(), recorder, provider="twilio") as bridge:
@@ -128,7 +151,7 @@ async def test_concurrent_media_calls_each_reach_their_own_session(tmp_path: Pat
     for session_id in recorder.opened:
         commands = recorder.commands[session_id]
         heard_ms.append(caller_audio_ms(commands))
-        assert commands.count(CreateTextItem("DTMF 1")) == 1
+        assert commands.count(CreateTextItem("DTMF 1")) == 1, [(c.jitter.received, c.dtmf.malformed, t.overflow) for _, c, t in sip.finished]
     # each call's audio, once, in its own session: no session heard two calls' (SIPp plays 7 s each), and every
     # RTP packet the bridge took reached an engine (a starved SIPp may end its pcap early: not the bridge's loss)
     assert all(3000 <= ms <= 7500 for ms in heard_ms), heard_ms

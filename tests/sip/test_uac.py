@@ -77,7 +77,7 @@ def test_the_invite_carries_our_offer_and_is_retransmitted_until_timer_b() -> No
     (invite,) = sent(client)
     assert invite.method == "INVITE" and invite.uri == "sip:+15551230000@trunk.example.com"
     assert header_param(invite.header("From") or "", "tag") and header_param(invite.header("To") or "", "tag") is None
-    assert invite.media_type == "application/sdp" and b"m=audio 20000 RTP/AVP 0 8 101" in invite.body
+    assert invite.media_type == "application/sdp" and b"m=audio 20000 RTP/AVP 0 8 9 101" in invite.body
     assert invite.header("Require") is None and "100rel" not in (invite.header("Supported") or "")
     times = []
     now = 0

@@ -104,7 +104,8 @@ class SipDialing:
         self._listener = listener
         self._settings = settings
         password = settings.password.get_secret_value() if settings.password is not None else None
-        self.uac = SipUac(UacConfig(host=listener.address, port=port, username=settings.username, password=password))
+        codecs = listener.uas.config.codecs
+        self.uac = SipUac(UacConfig(host=listener.address, port=port, username=settings.username, password=password, codecs=codecs))
         self._ringing: dict[str, _Ringing] = {}
 
     def started(self, port: int, tls_port: int | None = None) -> None:
@@ -147,7 +148,7 @@ class SipDialing:
         session_id = secrets.randbelow(2**31)
         invitation = Invitation(
             call_id=call_id, request_uri=f"sip:{leg.to}@{trunk_host}", from_uri=f"sip:{leg.from_}@{settings.from_domain or via_sent_by(trunk_host)[0]}",
-            destination=destination, offer=offer(host=listener.address, port=rtp_port, session_id=session_id, version=session_id),
+            destination=destination, offer=offer(host=listener.address, port=rtp_port, session_id=session_id, version=session_id, codecs=self.uac.config.codecs),
             rtp_host=listener.address, rtp_port=rtp_port, session_id=session_id, ring_timeout_ms=leg.ring_timeout_s * 1000,
             transport=settings.transport.upper(), route=(f"<{settings.outbound_proxy};lr>",) if settings.outbound_proxy else (),
         )  # fmt: skip

@@ -57,6 +57,7 @@ from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
 from callbridge.carriers.sip.tls import TlsAcceptor, TlsCertificate
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
+from callbridge.codecs import AudioEncoding
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import (
     CallConfirmed,
@@ -156,6 +157,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 port=settings.port,
                 tls_port=settings.tls_port if settings.tls else None,
                 media_encryption=settings.media_encryption,
+                codecs=tuple(AudioEncoding[name] for name in settings.codecs),
                 allowed_networks=tuple(ipaddress.ip_network(s, strict=False) for s in settings.allowed_ips),
                 username=settings.username,
                 password=settings.password.get_secret_value() if settings.password is not None else None,
@@ -529,16 +531,23 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         ports = list(range(low, high + 1, 2))
         start = secrets.randbelow(len(ports))
         loop = asyncio.get_running_loop()
+        host = self.settings.host
+        family = await _udp_family(host)
         for port in ports[start:] + ports[:start]:
+            sock = socket.socket(family, socket.SOCK_DGRAM)  # ours, so the BYE can read it at once (``read_waiting``)
             try:
-                rtp_socket, _ = await loop.create_datagram_endpoint(lambda: transport, local_addr=(self.settings.host, port))
+                sock.setblocking(False)
+                sock.bind((host, port))
+                rtp_socket, _ = await loop.create_datagram_endpoint(lambda: transport, sock=sock)
             except OSError:
+                sock.close()
                 continue
             try:
                 await loop.create_datagram_endpoint(lambda: transport.rtcp, local_addr=(self.settings.host, port + 1))
             except OSError:
                 rtp_socket.close()
                 continue
+            transport.rtp_socket = sock
             return port
         return None
 
@@ -593,3 +602,11 @@ def sip_context(offer: CallOffered, allowed: list[str]) -> CallContext:
         call_id=offer.call_id, carrier=PROVIDER, caller=offer.caller, called=offer.callee, caller_name=offer.caller_name,
         parameters=offer.extension_headers, allowed=allowed,
     )
+
+
+async def _udp_family(host: str) -> int:
+    """The address family of ``host``: an address's, or a name's, looked up."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return (await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM))[0][0]

@@ -3,12 +3,18 @@
 packets out, the 20 ms cadence kept with silence between its utterances, RFC 4733 digits, RTCP reports, and the
 SIP layer's news (``start``, ``bye``, ``dtmf:<d>``) as text messages for the codec. Where the call's media is SRTP
 (``MediaChoice.srtp``), every packet out is protected and every packet in unprotected here, RTCP too; one that fails
-its check is dropped (``srtp_refused``) before it can latch the peer's address."""
+its check is dropped (``srtp_refused``) before it can latch the peer's address.
+
+The BYE comes on the SIP socket, the media before it on the RTP socket, and after a stall (the process descheduled,
+a long collection) both wait in the kernel: asyncio reads a datagram socket one datagram per turn of the loop, so the
+BYE, read in the first turn, would end the stream with the caller's last packets (their last words, a digit's end
+packet) still unread. ``signal("bye")`` first reads what waits on the RTP socket (``read_waiting``)."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 from collections import Counter
 from contextlib import suppress
@@ -27,6 +33,8 @@ __all__ = ["RtpOwner", "RtpTransport"]
 log = get_logger(__name__)
 
 _MAX_QUEUED: Final = 500
+_DATAGRAM_BYTES: Final = 2048
+"""More than any RTP packet a trunk sends (a 20 ms G.711 or G.722 packet is 172 bytes; SRTP adds 10 to 14)."""
 """Datagrams one call may have waiting (10 s of 20 ms packets); beyond: dropped and counted."""
 _CADENCE_S: Final = 0.02
 
@@ -61,6 +69,8 @@ class RtpTransport(asyncio.DatagramProtocol):
         self.latch = Latch(signalled, frozenset({signalled[0], sip_peer_host}))
         self.queue: asyncio.Queue[str | bytes | None] = asyncio.Queue()
         self.transport: asyncio.DatagramTransport | None = None
+        self.rtp_socket: socket.socket | None = None
+        """The RTP socket itself (``listener.bind_rtp`` makes it), read at once at the BYE."""
         self.closed = False
         self.overflow = 0
         self.ringing = False
@@ -194,7 +204,24 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     def signal(self, message: str) -> None:
         if not self.closed:
+            if message == "bye":
+                self.read_waiting()
             self.queue.put_nowait(message)
+
+    def read_waiting(self) -> int:
+        """Read now what waits on the RTP socket (see the module docstring), at most as much as the queue takes;
+        how many datagrams."""
+        sock, read = self.rtp_socket, 0
+        while sock is not None and not self.closed and read < _MAX_QUEUED:
+            try:
+                data, address = sock.recvfrom(_DATAGRAM_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break  # the socket's own error (an ICMP report): the loop's reader sees it too
+            read += 1
+            self.datagram_received(data, address)
+        return read
 
     async def _keep_cadence(self) -> None:
         """Silence between the agent's packets: after its last one, once the far end has played what was sent (and a

@@ -104,6 +104,11 @@ class SipSettings(Section):
     (``optional``, ``required``); where ``required``, an offer of plain RTP, or none (a delayed offer), is refused
     488, and calls are not placed (their offer is plain RTP); ``none``: plain RTP only, as before. The keys travel in
     the SDP: without TLS signalling anyone on the path reads them."""
+    codecs: Annotated[list[Literal["PCMU", "PCMA", "G722"]], Field(min_length=1, max_length=3)] = ["PCMU", "PCMA", "G722"]
+    """The audio codecs a call may use (#43): an offer's first one of these is taken (the offerer's preference,
+    RFC 3264), and our own offers (a delayed offer's answer, the calls placed) list them in this order. G722 is
+    wideband (16 kHz audio: the model hears the caller's consonants), at 64 kbit/s like G.711; put it first for
+    the calls we place to prefer it. An offer with none of them is refused 488."""
     tls_certificate: Path | None = None
     """SIP over TLS (#43): this certificate (PEM, the chain after it) and ``tls_private_key`` — a TLS listener on
     ``tls_port``, beside UDP and TCP on ``port``. Read again when either file changes (the next connection's
@@ -125,6 +130,8 @@ class SipSettings(Section):
             raise ValueError("username and password go together")
         if (self.tls_certificate is None) != (self.tls_private_key is None):
             raise ValueError("tls_certificate and tls_private_key go together")
+        if len(set(self.codecs)) != len(self.codecs):
+            raise ValueError(f"codecs: {self.codecs!r} names a codec twice")
 
     @property
     def tls(self) -> bool:

@@ -17,6 +17,10 @@ RTP has no buffer on our side, so the lead is one frame and a barge-in just
 stops sending; there are no markers (``uses_marks=False``: the heard position
 is the send clock). On hold (the peer's ``sendonly``/``inactive``) nothing
 is sent. Hanging up is closing the transport: the listener sends the BYE.
+
+G.722 (wideband, #43) is transcoded here, at the edge, by a coder per direction (``codecs/g722.py``: it keeps
+state): the bridge sees L16 at 16 kHz, in and out, as it does a wideband carrier's. A placed call's codec is known
+only from the answer (``update`` before the stream starts); a re-INVITE may not change it (the dialog answers 488).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
+from callbridge.codecs import AudioEncoding
+from callbridge.codecs.g722 import RATE_HZ, G722Decoder, G722Encoder
 from callbridge.sip.dtmf import DIGITS, DtmfReceiver, dtmf_packets
 from callbridge.sip.rtcp import ReceptionStats
 from callbridge.sip.rtp import JitterBuffer, RtpError, RtpSender, parse_rtp
@@ -82,6 +88,8 @@ class SipRtpCodec:
         self.playing_events = False
         """An RFC 4733 digit train is going out (``RtpTransport.play_dtmf``): no audio meanwhile."""
         self.suppressed_for_events = 0
+        self._coders: tuple[G722Encoder, G722Decoder] | None = _coders_for(choice)
+        """G.722's encoder (to the peer) and decoder (from it); None for G.711, which the bridge codes itself."""
 
     @property
     def sending(self) -> bool:
@@ -89,8 +97,12 @@ class SipRtpCodec:
         return self.started and not self.stopped and self.choice.direction.we_send
 
     def update(self, choice: MediaChoice) -> None:
-        """A re-INVITE changed the media (hold, resume, a new address): same codec, maybe new payload types."""
+        """A re-INVITE changed the media (hold, resume, a new address): same codec, maybe new payload types. Before
+        the stream starts (a placed call's answer, a delayed offer's), the codec too."""
         resumed = choice.direction.we_send and not self.choice.direction.we_send
+        if not self.started and choice.encoding is not self.choice.encoding:
+            self.jitter.silence_byte = choice.encoding.silence_byte
+            self._coders = _coders_for(choice)
         self.choice = choice
         if resumed:
             self.sender.talk_spurt = True
@@ -109,7 +121,7 @@ class SipRtpCodec:
             return []
         choice = self.choice
         if packet.payload_type == choice.payload_type:
-            return [MediaReceived(payload) for payload in self.jitter.push(packet) if payload]
+            return [MediaReceived(self._decoded(payload)) for payload in self.jitter.push(packet) if payload]
         if packet.payload_type == choice.dtmf_payload_type:
             return [DtmfReceived(digit) for digit in self.dtmf.receive(packet)]
         if packet.payload_type != COMFORT_NOISE_PT:
@@ -120,10 +132,11 @@ class SipRtpCodec:
         if message == "start" and not self.started:
             self.started = True
             parameters = {"from": self.caller, "to": self.callee}
-            return [StreamConnected(), StreamStarted(self.call_id, self.call_id, None, self.choice.encoding, 8000, parameters)]
+            encoding, rate_hz = (AudioEncoding.L16, RATE_HZ) if self._coders is not None else (self.choice.encoding, 8000)
+            return [StreamConnected(), StreamStarted(self.call_id, self.call_id, None, encoding, rate_hz, parameters)]
         if message == "bye" and self.started and not self.stopped:
             self.stopped = True
-            events: list[CarrierEvent] = [MediaReceived(payload) for payload in self.jitter.drain() if payload]
+            events: list[CarrierEvent] = [MediaReceived(self._decoded(payload)) for payload in self.jitter.drain() if payload]
             events.append(StreamStopped())
             return events
         if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in _DIGITS:
@@ -143,7 +156,8 @@ class SipRtpCodec:
                 self.suppressed_on_hold += self.started and not self.stopped and bool(action.payload)
                 return None
             self.media_packets_sent += 1
-            return self.sender.packet(self.choice.payload_type, action.payload, len(action.payload))
+            payload = action.payload if self._coders is None else self._coders[0].encode(action.payload)
+            return self.sender.packet(self.choice.payload_type, payload, len(payload))  # G.722 too: a byte a tick
         if isinstance(action, SendClear):
             self.sender.talk_spurt = True  # the next audio starts a new talk-spurt
         return None  # markers are not used; hang-up is closing the transport (the listener's BYE)
@@ -156,7 +170,12 @@ class SipRtpCodec:
             self.suppressed_on_hold += self.started and not self.stopped
             return None
         samples = 8 * ms
+        if self._coders is not None:
+            return self.sender.packet(self.choice.payload_type, self._coders[0].silence(ms), samples)
         return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * samples, samples)
+
+    def _decoded(self, payload: bytes) -> bytes:
+        return payload if self._coders is None else self._coders[1].decode(payload)
 
     def reception(self) -> ReceptionStats | None:
         """The caller's stream as an RTCP report block sees it; None before any packet."""
@@ -170,3 +189,7 @@ class SipRtpCodec:
         if self.choice.dtmf_payload_type is None or not self.sending:
             return []
         return dtmf_packets(self.sender, self.choice.dtmf_payload_type, digit)
+
+
+def _coders_for(choice: MediaChoice) -> tuple[G722Encoder, G722Decoder] | None:
+    return (G722Encoder(), G722Decoder()) if choice.encoding is AudioEncoding.G722 else None
