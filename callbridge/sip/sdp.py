@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from callbridge.codecs import AudioEncoding
-from callbridge.sip.srtp import SrtpKeys, parse_crypto, pick
+from callbridge.sip.srtp import OFFER_CRYPTO_TAG, OFFER_SUITE, SrtpKeys, offer_line, parse_crypto, pick
 
 __all__ = [
     "DEFAULT_CODECS", "OFFER_DTMF_PT", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
@@ -263,28 +263,39 @@ OFFER_DTMF_PT: Final = 101
 """telephone-event's payload type in our own offer (a delayed offer: the INVITE came without SDP)."""
 
 
-def offer(*, host: str, port: int, session_id: int, version: int, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS) -> str:
+def offer(
+    *, host: str, port: int, session_id: int, version: int, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS,
+    srtp_key: bytes | None = None,
+) -> str:
     """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK) and for the calls
     we place: ``codecs`` in their order (our preference) by their static payload types, telephone-event, 20 ms,
-    sendrecv (CRLF line ends)."""
+    sendrecv (CRLF line ends). ``srtp_key``: SRTP (``RTP/SAVP`` and one ``a=crypto`` line with this key of ours, what
+    a placed call offers where ``sip.media_encryption`` is ``required``)."""
     types = [_PAYLOAD_TYPE[encoding] for encoding in codecs]
+    proto = "RTP/SAVP" if srtp_key is not None else "RTP/AVP"
     lines = [
         *_session_lines(host, session_id, version),
-        f"m=audio {port} RTP/AVP {' '.join(map(str, types))} {OFFER_DTMF_PT}",
+        f"m=audio {port} {proto} {' '.join(map(str, types))} {OFFER_DTMF_PT}",
         *(f"a=rtpmap:{pt} {_RTPMAP[_STATIC[pt]]}" for pt in types),
         f"a=rtpmap:{OFFER_DTMF_PT} telephone-event/8000",
         f"a=fmtp:{OFFER_DTMF_PT} 0-15",
         "a=ptime:20",
         "a=sendrecv",
+        *([offer_line(srtp_key)] if srtp_key is not None else []),
     ]
     return "\r\n".join(lines) + "\r\n"
 
 
-def read_answer(text: str, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS) -> MediaChoice | None:
-    """The peer's answer to ``offer(codecs=codecs)`` (RFC 3264 §6): what it took, or None when the answer is not
-    one to our offer (a codec or telephone-event payload type we did not offer, no audio stream). Raises
-    ``SdpError``."""
-    choice = choose(text, encryption="none", codecs=codecs)  # we offered plain RTP
+def read_answer(text: str, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS, srtp_key: bytes | None = None) -> MediaChoice | None:
+    """The peer's answer to ``offer(codecs=codecs, srtp_key=srtp_key)`` (RFC 3264 §6): what it took, or None when the
+    answer is not one to our offer (a codec or telephone-event payload type we did not offer, no audio stream; to an
+    SRTP offer, plain RTP, or a crypto line of another tag or suite). Raises ``SdpError``."""
+    if srtp_key is None:
+        choice = choose(text, encryption="none", codecs=codecs)  # we offered plain RTP
+    else:
+        choice = choose(text, encryption="required", local_key=srtp_key, codecs=codecs)
+        if choice is not None and (choice.srtp is None or (choice.srtp.tag, choice.srtp.suite) != (OFFER_CRYPTO_TAG, OFFER_SUITE)):
+            return None
     if choice is None or choice.payload_type not in _STATIC or len(choice.media_lines) != 1:
         return None
     if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT):

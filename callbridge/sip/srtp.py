@@ -24,7 +24,9 @@ from typing import Final
 from pylibsrtp import Error as SrtpError
 from pylibsrtp import Policy, Session
 
-__all__ = ["KEY_BYTES", "SUITES", "SdesCrypto", "SrtpKeys", "SrtpSession", "parse_crypto", "pick"]
+__all__ = [
+    "KEY_BYTES", "OFFER_CRYPTO_TAG", "OFFER_SUITE", "SUITES", "SdesCrypto", "SrtpKeys", "SrtpSession", "offer_line", "parse_crypto", "pick",
+]  # fmt: skip
 
 SUITES: Final = {
     "AES_CM_128_HMAC_SHA1_80": Policy.SRTP_PROFILE_AES128_CM_SHA1_80,
@@ -89,6 +91,16 @@ class SrtpKeys:
 
     def answer_line(self) -> str:
         return SdesCrypto(self.tag, self.suite, self.local_key).line()
+
+
+OFFER_CRYPTO_TAG: Final = 1
+OFFER_SUITE: Final = "AES_CM_128_HMAC_SHA1_80"
+"""What our own offer (a call we place with SRTP) names: one line, tag 1, the suite every SDES peer speaks first."""
+
+
+def offer_line(local_key: bytes) -> str:
+    """Our offer's ``a=crypto`` line, with ``local_key`` (what we will send with)."""
+    return SdesCrypto(OFFER_CRYPTO_TAG, OFFER_SUITE, local_key).line()
 
 
 class SrtpSession:

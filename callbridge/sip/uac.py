@@ -94,6 +94,8 @@ class Invitation:
     route: tuple[str, ...] = ()
     """``Route`` values (an outbound proxy: ``<sip:proxy;lr>``)."""
     extra_headers: tuple[tuple[str, str], ...] = ()
+    srtp_key: bytes | None = None
+    """Our SRTP key where the offer is SRTP (``sdp.offer(srtp_key=…)``): the answer must take it in kind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +275,7 @@ class SipUac:
         dial.retransmit = None  # §17.1.1.2: any provisional response stops Timer A and Timer B
         dial.stage = _Stage.PROCEEDING
         if response.body and response.media_type == "application/sdp" and dial.early is None:
-            dial.early = _answer_in(response, self.config.codecs)
+            dial.early = _answer_in(response, self.config.codecs, dial.invitation.srtp_key)
         if response.status in (180, 183) and response.status not in dial.told:
             dial.told.add(response.status)
             self._events.append(Provisional(dial.invitation.call_id, response.status, dial.early))
@@ -288,7 +290,7 @@ class SipUac:
             else:  # another fork answered too, or a 2xx after we gave up: ACK it and end it (§13.2.2.4)
                 self._ack_and_bye(dial, response)
             return
-        choice = _answer_in(response, self.config.codecs) if response.body else None
+        choice = _answer_in(response, self.config.codecs, dial.invitation.srtp_key) if response.body else None
         dialog = self._dialog(dial, response)
         ack = self._in_dialog(dial, dialog, "ACK", dial.cseq)
         dial.ack = Outgoing(ack.serialize(), dialog.source, dial.invitation.transport)
@@ -414,7 +416,7 @@ class SipUac:
             mirror.add("Record-Route", route)
         return Dialog(
             call_id=invitation.call_id, state=DialogState.CONFIRMED, invite=mirror, source=self._next_hop(dial, record_route, remote_target),
-            local_tag=dial.from_tag, remote_cseq=0, choice=_answer_in(response, self.config.codecs) or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
+            local_tag=dial.from_tag, remote_cseq=0, choice=_answer_in(response, self.config.codecs, dial.invitation.srtp_key) or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
             local_cseq=dial.cseq, sdp_host=invitation.rtp_host, rtp_port=invitation.rtp_port, session_id=invitation.session_id,
             sdp_version=invitation.session_id, sdp=invitation.offer,
         )  # fmt: skip
@@ -446,12 +448,12 @@ class SipUac:
             self._out.append(Outgoing(retransmit.data, retransmit.address, retransmit.transport))
 
 
-def _answer_in(response: SipResponse, codecs: tuple[AudioEncoding, ...]) -> MediaChoice | None:
+def _answer_in(response: SipResponse, codecs: tuple[AudioEncoding, ...], srtp_key: bytes | None) -> MediaChoice | None:
     """The SDP answer a response carries to our offer; None: none, or not one to our offer."""
     if not response.body or response.media_type != "application/sdp":
         return None
     try:
-        return read_answer(response.body.decode("utf-8", "replace"), codecs)
+        return read_answer(response.body.decode("utf-8", "replace"), codecs, srtp_key)
     except SdpError:
         return None
 

@@ -194,27 +194,32 @@ def _port_pair() -> int:
 
 
 @pytest.mark.long
-async def test_the_agent_calls_baresip_over_tls_which_answers_and_hears_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("srtp", [False, True], ids=["rtp", "srtp"])
+async def test_the_agent_calls_baresip_over_tls_which_answers_and_hears_it(tmp_path: Path, srtp: bool) -> None:
     """A call the agent places over TLS (``sip.outbound.transport = "tls"``, the test CA in ``tls_ca_file``) to
     baresip listening with a certificate for 127.0.0.1: answered, the agent heard, the phone's BYE on the same
-    connection ends the call."""
+    connection ends the call. ``srtp``: with ``sip.media_encryption = "required"`` our offer is SRTP (SDES, our key),
+    and baresip, taking only SRTP (``mediaenc=srtp-mand``), answers it in kind: the agent is heard through it."""
     from tests.sip.test_tls import issue
 
     pki = issue(tmp_path)
     (tmp_path / "phone.pem").write_bytes(pki.certificate.read_bytes() + pki.private_key.read_bytes())
     (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
     phone_port = _port_pair()
-    config = configure(
-        tmp_path, microphone(tmp_path / "callee.wav"), account="<sip:+15005550123@127.0.0.1>;regint=0;answermode=auto",
-        port=phone_port, extra=(f"sip_certificate {tmp_path / 'phone.pem'}",),
-    )  # fmt: skip
+    account = "<sip:+15005550123@127.0.0.1>;regint=0;answermode=auto" + (";mediaenc=srtp-mand" if srtp else "")
+    extra = (f"sip_certificate {tmp_path / 'phone.pem'}", *(["module srtp.so"] if srtp else []))
+    config = configure(tmp_path, microphone(tmp_path / "callee.wav"), account=account, port=phone_port, extra=extra)
     outbound = {"trunk": f"sip:127.0.0.1:{phone_port + 1}", "transport": "tls", "tls_ca_file": str(tmp_path / "ca.pem")}
-    dialing = settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": outbound}, outbound={"api_token": TOKEN})
-    async with running_bridge(dialing, engine(), provider="twilio") as bridge:
+    encryption = {"media_encryption": "required"} if srtp else {}
+    sip_values = {"enabled": True, "port": free_port(), **RTP_PORTS, "outbound": outbound, **encryption}
+    async with running_bridge(settings(sip=sip_values, outbound={"api_token": TOKEN}), engine(), provider="twilio") as bridge:
         output = await call_baresip(bridge, config)
-        assert not listener(bridge).dropped, listener(bridge).dropped  # no TLS connection refused
+        sip = listener(bridge)
+        assert not sip.dropped, sip.dropped  # no TLS connection refused, no SRTP packet
+        _, codec, transport = sip.finished[0]
     log = output.decode(errors="replace")
     assert "call established" in log.lower(), log[-2000:]
+    assert (transport.srtp is not None) == srtp and (codec.choice.proto == "RTP/SAVP") == srtp
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)
 

@@ -10,7 +10,8 @@ import pytest
 
 from callbridge.sip.invite_offer import Refusal, read_offer
 from callbridge.sip.message import SipRequest
-from callbridge.sip.sdp import answer, choose
+from callbridge.sip.sdp import answer, choose, read_answer
+from callbridge.sip.sdp import offer as sdp_offer
 from callbridge.sip.srtp import KEY_BYTES, SrtpKeys, SrtpSession, parse_crypto
 
 pytestmark = pytest.mark.core
@@ -135,3 +136,22 @@ def test_a_new_key_of_the_peers_keeps_our_outbound_context() -> None:
     assert peer_out.unprotect(ours.protect(_rtp(2))) == _rtp(2)  # our context went on
     with pytest.raises(ValueError):
         ours.follow(SrtpKeys(keys.suite, 1, new_key, secrets.token_bytes(KEY_BYTES)))
+
+
+def test_a_placed_calls_srtp_offer_and_the_answers_it_takes() -> None:
+    """``sip.media_encryption = "required"``: a call we place offers ``RTP/SAVP`` with one crypto line (tag 1,
+    ``AES_CM_128_HMAC_SHA1_80``, our key); the answer must take it in kind, and its key is then what we unprotect
+    with. Plain RTP, another tag or suite, or no key in the answer: not an answer to our offer (the call is ended)."""
+    ours = secrets.token_bytes(KEY_BYTES)
+    sdp = sdp_offer(host="203.0.113.10", port=40000, session_id=1, version=1, srtp_key=ours)
+    assert "m=audio 40000 RTP/SAVP 0 8 9 101\r\n" in sdp
+    assert f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(ours).decode()}\r\n" in sdp
+    answered = offer(f"m=audio 41000 RTP/SAVP 0 101\r\na=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{INLINE}")
+    choice = read_answer(answered, srtp_key=ours)
+    assert choice is not None and choice.srtp == SrtpKeys("AES_CM_128_HMAC_SHA1_80", 1, KEY, ours)
+    assert choice.proto == "RTP/SAVP"
+    assert read_answer(offer("m=audio 41000 RTP/AVP 0 101"), srtp_key=ours) is None
+    assert read_answer(answered.replace("crypto:1", "crypto:2"), srtp_key=ours) is None
+    assert read_answer(answered.replace("SHA1_80", "SHA1_32"), srtp_key=ours) is None
+    assert read_answer(offer("m=audio 41000 RTP/SAVP 0 101"), srtp_key=ours) is None
+    assert read_answer(answered) is None  # a plain offer's answer in SRTP: not ours either

@@ -4,6 +4,8 @@ way as in a dialog it answered."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from callbridge.sip.dialog import CallEnded, SipUas, UasConfig
@@ -307,3 +309,25 @@ def test_responses_that_are_not_ours_are_left_alone() -> None:
     with pytest.raises(ValueError):
         client.invite(invitation(), 20)
     assert client.awaits(TRUNK) and not client.awaits(("203.0.113.9", 5060))  # a stranger's datagrams go to the UAS
+
+
+def test_an_srtp_offer_takes_only_an_srtp_answer_with_the_key_it_carries() -> None:
+    """A dial whose offer is SRTP (``Invitation.srtp_key``): the 200's answer in kind gives the call its keys (ours,
+    and the far end's from its crypto line); a plain answer to it is none (the call is ended with our BYE)."""
+    ours, theirs = bytes(range(30)), bytes(range(30, 60))
+    line = f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(theirs).decode()}\r\n"
+    srtp_answer = SDP_ANSWER.replace("RTP/AVP", "RTP/SAVP") + line
+    for body, keyed in ((srtp_answer, True), (SDP_ANSWER, False)):
+        client = uac()
+        srtp_offer = offer(host="198.51.100.7", port=20000, session_id=7, version=7, srtp_key=ours)
+        client.invite(invitation(offer=srtp_offer, srtp_key=ours), 0)
+        (invite,) = sent(client)
+        assert b"RTP/SAVP" in invite.body
+        client.receive_response(reply(invite, 200, ("Contact", "<sip:far@192.0.2.44:5080>"), body=body), TRUNK, 100)
+        (event,) = client.events()
+        assert isinstance(event, DialAnswered)
+        if keyed:
+            assert event.choice is not None and event.choice.srtp is not None
+            assert (event.choice.srtp.local_key, event.choice.srtp.remote_key) == (ours, theirs)
+        else:
+            assert event.choice is None

@@ -35,6 +35,7 @@ from callbridge.sip.dialog import SipUas
 from callbridge.sip.invite_offer import placeholder_choice
 from callbridge.sip.message import SipParseError, SipResponse, host_port, parse_message, uri_of, via_sent_by
 from callbridge.sip.sdp import MediaChoice, offer
+from callbridge.sip.srtp import KEY_BYTES
 from callbridge.sip.transaction import Address
 from callbridge.sip.uac import DialAnswered, DialEnded, Invitation, Provisional, SipUac, UacConfig
 
@@ -124,8 +125,6 @@ class SipDialing:
         services = listener.services
         if settings.trunk is None or listener.port is None:
             raise DialRejected("not_configured", "sip.outbound.trunk is not set, or the SIP listener is not up")
-        if listener.uas.config.media_encryption == "required":  # our offer is plain RTP
-            raise DialRejected("not_configured", "sip.media_encryption is required, and a placed call's offer is plain RTP (SRTP for placed calls is to come)")
         call_id = f"{secrets.token_hex(16)}@callbridge"
         if (refusal := await services.desk.stream_refusal(call_id)) is not None:
             raise DialRejected("refused", "this process is draining" if refusal is StreamRefusal.DRAINING else "no capacity for another call")
@@ -146,9 +145,13 @@ class SipDialing:
             services.desk.give_back_admission(call_id)
             raise DialRejected("refused", "no free RTP port")
         session_id = secrets.randbelow(2**31)
+        # SRTP where it is required (SDES, our key in the offer; the answer must take it in kind); else plain RTP, which
+        # every trunk takes (an SRTP offer to a trunk without it would be refused, 488, and the call not placed)
+        srtp_key = secrets.token_bytes(KEY_BYTES) if listener.uas.config.media_encryption == "required" else None
         invitation = Invitation(
             call_id=call_id, request_uri=f"sip:{leg.to}@{trunk_host}", from_uri=f"sip:{leg.from_}@{settings.from_domain or via_sent_by(trunk_host)[0]}",
-            destination=destination, offer=offer(host=listener.address, port=rtp_port, session_id=session_id, version=session_id, codecs=self.uac.config.codecs),
+            destination=destination, srtp_key=srtp_key,
+            offer=offer(host=listener.address, port=rtp_port, session_id=session_id, version=session_id, codecs=self.uac.config.codecs, srtp_key=srtp_key),
             rtp_host=listener.address, rtp_port=rtp_port, session_id=session_id, ring_timeout_ms=leg.ring_timeout_s * 1000,
             transport=settings.transport.upper(), route=(f"<{settings.outbound_proxy};lr>",) if settings.outbound_proxy else (),
         )  # fmt: skip
