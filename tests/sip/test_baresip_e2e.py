@@ -284,19 +284,33 @@ def band_share(pcm: bytes, rate_hz: int, low_hz: float, high_hz: float) -> float
 
 
 @pytest.mark.long
-async def test_baresip_offering_only_g722_gets_a_wideband_call_end_to_end(tmp_path: Path) -> None:
-    """baresip with only its ``g722`` module offers G.722 alone: the bridge answers G722/8000, the caller's 6 kHz
-    tone (which no G.711 call carries) reaches the engine, and the phone hears the echo agent through G.722."""
-    config = configure(tmp_path, wideband_microphone(tmp_path / "caller.wav"), codecs=("g722",))
+async def test_baresip_offering_only_g722_over_tls_with_srtp_required_gets_a_wideband_call_end_to_end(tmp_path: Path) -> None:
+    """baresip with only its ``g722`` module offers G.722 alone, over TLS with SRTP required (``mediaenc=srtp-mand``):
+    the bridge answers ``G722/8000`` in ``RTP/SAVP``, the caller's 6 kHz tone (which no G.711 call carries) reaches the
+    engine, and the echo agent's reply, tone and all, reaches the phone: energy above 4 kHz in what it decoded."""
+    from tests.sip.test_tls import issue
+
+    pki = issue(tmp_path)
+    (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
+    config = configure(
+        tmp_path, wideband_microphone(tmp_path / "caller.wav"), account="<sip:caller@127.0.0.1>;regint=0;mediaenc=srtp-mand",
+        extra=(f"sip_cafile {tmp_path / 'ca.pem'}", "module srtp.so"), codecs=("g722",),
+    )  # fmt: skip
+    values = {
+        "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS, "media_encryption": "required",
+        "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
+    }  # fmt: skip
     recorder = engine()
-    async with running_bridge(settings(sip={"enabled": True, "port": free_port(), **RTP_PORTS}), recorder, provider="twilio") as bridge:
-        output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.port}")
+    async with running_bridge(settings(sip=values), recorder, provider="twilio") as bridge:
+        output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls")
         sip = listener(bridge)
         await until(lambda: len(sip.finished) == 1)
-        _, codec, _ = sip.finished[0]
+        _, codec, transport = sip.finished[0]
+        assert not sip.dropped, sip.dropped
     log = output.decode(errors="replace")
     assert "Call established" in log, log[-2000:]
     assert codec.choice.encoding is AudioEncoding.G722 and codec.choice.payload_type == 9
+    assert transport.srtp is not None and codec.choice.proto == "RTP/SAVP"
     assert codec.malformed == 0 and codec.other_payload_types == 0
     (session_id,) = recorder.opened
     appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
@@ -308,4 +322,7 @@ async def test_baresip_offering_only_g722_gets_a_wideband_call_end_to_end(tmp_pa
     (decoded,) = (tmp_path / "snd").glob("dump-*-dec.wav")
     with wave.open(str(decoded)) as recording:
         assert recording.getframerate() == 16000
+        played = recording.readframes(recording.getnframes())
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)
+    above = band_share(played, 16000, 4000, 8000)
+    assert above > 0.01, above  # the agent's voice reached the phone wideband (G.711 ends below 4 kHz)
