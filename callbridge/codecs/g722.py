@@ -7,7 +7,7 @@ decoder, and sample-serial (each sample's step adapts on the last), so Python or
 
 Unlike G.711 it keeps state: each direction of a call has its own ``G722Encoder`` or ``G722Decoder``, fed the
 stream in order (a lost packet is fed too, as ``SILENCE_BYTE``: the decoder's state stays in step with the
-peer's encoder, and what comes out is near silence). Two PCM samples make one byte, so 20 ms is 320 samples and
+peer's encoder, and what comes out decays to silence). Two PCM samples make one byte, so 20 ms is 320 samples and
 160 bytes, and RTP's clock for G.722 runs at 8000 Hz though the audio is sampled at 16000 (RFC 3551 §4.5.2): the
 byte count is the timestamp step, as for G.711.
 """
@@ -27,8 +27,8 @@ RATE_HZ: Final = 16000
 """The audio's sample rate (RTP's clock for G.722 is 8000 all the same)."""
 BYTES_PER_MS: Final = 8
 SILENCE_BYTE: Final = 0xFC
-"""A code the decoder turns into silence (from a fresh state: zeros; mid-stream it decays within 20 ms), what the jitter buffer
-conceals a lost packet with."""
+"""A code the decoder turns into silence (from a fresh state: zeros; mid-stream it decays within 20 ms): what the
+jitter buffer conceals a lost packet with."""
 _BIT_RATE: Final = 64000
 
 

@@ -121,6 +121,8 @@ class SipRtpCodec:
             return []
         choice = self.choice
         if packet.payload_type == choice.payload_type:
+            if self._coders is None:  # G.711: the bridge decodes it
+                return [MediaReceived(payload) for payload in self.jitter.push(packet) if payload]
             return [MediaReceived(self._decoded(payload)) for payload in self.jitter.push(packet) if payload]
         if packet.payload_type == choice.dtmf_payload_type:
             return [DtmfReceived(digit) for digit in self.dtmf.receive(packet)]
