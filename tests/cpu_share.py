@@ -26,9 +26,8 @@ for most of a second (a reply late, a recording run 480 ms apart where 400 are a
 its answer took 1.3 s). A second failure fails the run; every rerun is listed in the run's summary (``-rR``, in
 ``addopts``) under "rerun test summary info", so a test that needs its second try is seen, not hidden. (It did
 not hide a real bug: a BYE read before the caller's last RTP packets lost a digit in 9 of 10 SIPp calls, and that
-test failed both tries.) The pure
-tests (``core``) and the virtual-clock and fuzzing ones (``background``) never get a second try: nothing of theirs
-depends on the machine's speed.
+test failed both tries.) The pure tests (``core``) and the virtual-clock and fuzzing ones (``background``) never get
+a second try: nothing of theirs depends on the machine's speed.
 
 And one rule for the heap each worker keeps: after every test, a full garbage collection and ``gc.freeze()`` (what
 survived is moved out of the collector's view). A worker's heap grows over its hundreds of tests (the fuzzers'

@@ -30,6 +30,8 @@ SILENCE_BYTE: Final = 0xFC
 """A code the decoder turns into silence (from a fresh state: zeros; mid-stream it decays within 20 ms): what the
 jitter buffer conceals a lost packet with."""
 _BIT_RATE: Final = 64000
+_ZEROS: Final = bytes(2 * RATE_HZ * 60 // 1000)
+"""Digital silence, as long as the longest ``G722Encoder.silence`` asks (the cadence's packets are 20 ms)."""
 
 
 class G722Encoder:
@@ -46,7 +48,7 @@ class G722Encoder:
 
     def silence(self, ms: int) -> bytes:
         """``ms`` of digital silence, encoded (through the encoder, so the peer's decoder stays in step)."""
-        return self.encode(bytes(2 * RATE_HZ * ms // 1000))
+        return self.encode(memoryview(_ZEROS)[: 2 * RATE_HZ * ms // 1000])
 
 
 class G722Decoder:

@@ -68,7 +68,7 @@ def read_offer(
         return Refusal(420, [("Unsupported", ", ".join(unsupported))])
     if request.body and request.media_type != "application/sdp":
         return Refusal(415, [("Accept", "application/sdp")])
-    if not request.body and encryption == "required":  # our offer would be plain RTP (an SRTP offer of ours is to come)
+    if not request.body and encryption == "required":  # our offer in the 200 is plain RTP (SRTP is offered only on the calls we place)
         return Refusal(488, [("Warning", '304 callbridge "an SDP offer with SRTP (SDES) required"')])
     try:
         choice = choose(request.body.decode("utf-8", "replace"), encryption=encryption, codecs=codecs) if request.body else placeholder_choice(source)

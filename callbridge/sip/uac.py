@@ -290,8 +290,8 @@ class SipUac:
             else:  # another fork answered too, or a 2xx after we gave up: ACK it and end it (§13.2.2.4)
                 self._ack_and_bye(dial, response)
             return
-        choice = _answer_in(response, self.config.codecs, dial.invitation.srtp_key) if response.body else None
-        dialog = self._dialog(dial, response)
+        choice = _answer_in(response, self.config.codecs, dial.invitation.srtp_key)
+        dialog = self._dialog(dial, response, choice)
         ack = self._in_dialog(dial, dialog, "ACK", dial.cseq)
         dial.ack = Outgoing(ack.serialize(), dialog.source, dial.invitation.transport)
         self._out.append(dial.ack)
@@ -394,15 +394,16 @@ class SipUac:
         return request
 
     def _ack_and_bye(self, dial: _Dial, response: SipResponse) -> None:
-        dialog = self._dialog(dial, response)
+        dialog = self._dialog(dial, response, None)  # only to address the ACK and BYE: its media is never used
         for method in ("ACK", "BYE"):
             request = self._in_dialog(dial, dialog, method, dial.cseq if method == "ACK" else dial.cseq + 1)
             self._out.append(Outgoing(request.serialize(), dialog.source, dial.invitation.transport))
 
-    def _dialog(self, dial: _Dial, response: SipResponse) -> Dialog:
+    def _dialog(self, dial: _Dial, response: SipResponse, choice: MediaChoice | None) -> Dialog:
         """The dialog a 2xx makes, in the form ``SipUas`` keeps its own: ``invite`` is the INVITE as the far end
         would have sent it (its To in From, our From in To, its Contact, the route set as Record-Route), so that
-        the UAS writes and matches every later request in it as in a dialog it answered."""
+        the UAS writes and matches every later request in it as in a dialog it answered. ``choice``: the 2xx's
+        answer, read once by the caller (else the 183's, else a placeholder)."""
         invitation = dial.invitation
         mirror = SipRequest(method="INVITE", uri=invitation.request_uri, transport=invitation.transport)
         mirror.add("From", response.header("To") or "")
@@ -416,7 +417,7 @@ class SipUac:
             mirror.add("Record-Route", route)
         return Dialog(
             call_id=invitation.call_id, state=DialogState.CONFIRMED, invite=mirror, source=self._next_hop(dial, record_route, remote_target),
-            local_tag=dial.from_tag, remote_cseq=0, choice=_answer_in(response, self.config.codecs, dial.invitation.srtp_key) or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
+            local_tag=dial.from_tag, remote_cseq=0, choice=choice or dial.early or placeholder_choice(dial.invitation.destination), invite_branch=dial.branch,
             local_cseq=dial.cseq, sdp_host=invitation.rtp_host, rtp_port=invitation.rtp_port, session_id=invitation.session_id,
             sdp_version=invitation.session_id, sdp=invitation.offer,
         )  # fmt: skip

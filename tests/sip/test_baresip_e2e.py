@@ -8,10 +8,13 @@ import asyncio
 import shutil
 import wave
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from callbridge.carriers.sip.rtp_transport import RtpTransport
+from callbridge.carriers.sip.wire import SipRtpCodec
 from callbridge.codecs import AudioEncoding, ResamplerQuality, StreamResampler
 from callbridge.engine.commands import AppendAudio
 from callbridge.sim.ports import RTP_PORTS, free_port
@@ -51,11 +54,15 @@ def configure(
 
 def microphone(path: Path) -> Path:
     """The phone's microphone: the bundled utterance, then 7 s of silence (it stays on the line for the reply)."""
+    return _wav(path, 8000, load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+
+
+def _wav(path: Path, rate_hz: int, pcm: bytes) -> Path:
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
-        out.setframerate(8000)
-        out.writeframes(load_wav_8k(sample_caller_wav()) + bytes(16000 * 7))
+        out.setframerate(rate_hz)
+        out.writeframes(pcm)
     return path
 
 
@@ -224,30 +231,39 @@ async def test_the_agent_calls_baresip_over_tls_which_answers_and_hears_it(tmp_p
     assert loud_ms(decoded) >= 1500, loud_ms(decoded)
 
 
-@pytest.mark.long
-async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agent(tmp_path: Path) -> None:
-    """baresip with ``mediaenc=srtp-mand`` (SDES keys in its offer, ``RTP/SAVP``) over TLS: the bridge answers in kind
-    with a key of its own (``sip.media_encryption = "required"``), every packet both ways is SRTP, and the phone hears
-    the echo agent."""
+async def call_over_tls_with_srtp_required(
+    tmp_path: Path, caller_wav: Path, recorder: Any, codecs: tuple[str, ...] = ("g711",)
+) -> tuple[str, SipRtpCodec, RtpTransport]:
+    """baresip with ``codecs`` and ``mediaenc=srtp-mand`` (SDES keys in its offer), trusting the test CA, dials the
+    bridge's TLS port where ``sip.media_encryption`` is ``required``, with ``caller_wav`` as its microphone; what it
+    printed, and the call's RTP codec and transport once it ended (no SRTP packet and no TLS connection refused)."""
     from tests.sip.test_tls import issue
 
     pki = issue(tmp_path)
     (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
     config = configure(
-        tmp_path, microphone(tmp_path / "caller.wav"), account="<sip:caller@127.0.0.1>;regint=0;mediaenc=srtp-mand",
-        extra=(f"sip_cafile {tmp_path / 'ca.pem'}", "module srtp.so"),
+        tmp_path, caller_wav, account="<sip:caller@127.0.0.1>;regint=0;mediaenc=srtp-mand",
+        extra=(f"sip_cafile {tmp_path / 'ca.pem'}", "module srtp.so"), codecs=codecs,
     )  # fmt: skip
     values = {
         "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS, "media_encryption": "required",
         "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
     }  # fmt: skip
-    async with running_bridge(settings(sip=values), engine(), provider="twilio") as bridge:
+    async with running_bridge(settings(sip=values), recorder, provider="twilio") as bridge:
         output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls")
         sip = listener(bridge)
         await until(lambda: len(sip.finished) == 1)
         _, codec, transport = sip.finished[0]
         assert not sip.dropped, sip.dropped  # no SRTP packet refused, no TLS connection
-    log = output.decode(errors="replace")
+    return output.decode(errors="replace"), codec, transport
+
+
+@pytest.mark.long
+async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agent(tmp_path: Path) -> None:
+    """baresip with ``mediaenc=srtp-mand`` (SDES keys in its offer, ``RTP/SAVP``) over TLS: the bridge answers in kind
+    with a key of its own (``sip.media_encryption = "required"``), every packet both ways is SRTP, and the phone hears
+    the echo agent."""
+    log, codec, transport = await call_over_tls_with_srtp_required(tmp_path, microphone(tmp_path / "caller.wav"), engine())
     assert "Call established" in log, log[-2000:]
     srtp = transport.srtp
     assert srtp is not None and srtp.keys.suite == "AES_CM_128_HMAC_SHA1_80"  # baresip's first choice
@@ -268,12 +284,7 @@ def wideband_microphone(path: Path) -> Path:
     speech = up.process(load_wav_8k(sample_caller_wav())) + up.flush()
     t = np.arange(16000) / 16000
     whistle = (3000 * np.sin(2 * np.pi * WIDEBAND_TONE_HZ * t)).astype("<i2").tobytes()
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(16000)
-        out.writeframes(speech + whistle + bytes(32000 * 6))
-    return path
+    return _wav(path, 16000, speech + whistle + bytes(32000 * 6))
 
 
 def band_share(pcm: bytes, rate_hz: int, low_hz: float, high_hz: float) -> float:
@@ -288,26 +299,8 @@ async def test_baresip_offering_only_g722_over_tls_with_srtp_required_gets_a_wid
     """baresip with only its ``g722`` module offers G.722 alone, over TLS with SRTP required (``mediaenc=srtp-mand``):
     the bridge answers ``G722/8000`` in ``RTP/SAVP``, the caller's 6 kHz tone (which no G.711 call carries) reaches the
     engine, and the echo agent's reply, tone and all, reaches the phone: energy above 4 kHz in what it decoded."""
-    from tests.sip.test_tls import issue
-
-    pki = issue(tmp_path)
-    (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
-    config = configure(
-        tmp_path, wideband_microphone(tmp_path / "caller.wav"), account="<sip:caller@127.0.0.1>;regint=0;mediaenc=srtp-mand",
-        extra=(f"sip_cafile {tmp_path / 'ca.pem'}", "module srtp.so"), codecs=("g722",),
-    )  # fmt: skip
-    values = {
-        "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS, "media_encryption": "required",
-        "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
-    }  # fmt: skip
     recorder = engine()
-    async with running_bridge(settings(sip=values), recorder, provider="twilio") as bridge:
-        output = await dial_from_baresip(config, f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls")
-        sip = listener(bridge)
-        await until(lambda: len(sip.finished) == 1)
-        _, codec, transport = sip.finished[0]
-        assert not sip.dropped, sip.dropped
-    log = output.decode(errors="replace")
+    log, codec, transport = await call_over_tls_with_srtp_required(tmp_path, wideband_microphone(tmp_path / "caller.wav"), recorder, ("g722",))
     assert "Call established" in log, log[-2000:]
     assert codec.choice.encoding is AudioEncoding.G722 and codec.choice.payload_type == 9
     assert transport.srtp is not None and codec.choice.proto == "RTP/SAVP"

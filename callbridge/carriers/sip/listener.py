@@ -532,7 +532,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         start = secrets.randbelow(len(ports))
         loop = asyncio.get_running_loop()
         host = self.settings.host
-        family = await _udp_family(host)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as preflight binds it: a name is looked up as IPv4
         for port in ports[start:] + ports[:start]:
             sock = socket.socket(family, socket.SOCK_DGRAM)  # ours, so the BYE can read it at once (``read_waiting``)
             try:
@@ -602,11 +602,3 @@ def sip_context(offer: CallOffered, allowed: list[str]) -> CallContext:
         call_id=offer.call_id, carrier=PROVIDER, caller=offer.caller, called=offer.callee, caller_name=offer.caller_name,
         parameters=offer.extension_headers, allowed=allowed,
     )
-
-
-async def _udp_family(host: str) -> int:
-    """The address family of ``host``: an address's, or a name's, looked up."""
-    try:
-        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
-        return (await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_DGRAM))[0][0]

@@ -33,9 +33,9 @@ __all__ = ["RtpOwner", "RtpTransport"]
 log = get_logger(__name__)
 
 _MAX_QUEUED: Final = 500
+"""Datagrams one call may have waiting (10 s of 20 ms packets); beyond: dropped and counted."""
 _DATAGRAM_BYTES: Final = 2048
 """More than any RTP packet a trunk sends (a 20 ms G.711 or G.722 packet is 172 bytes; SRTP adds 10 to 14)."""
-"""Datagrams one call may have waiting (10 s of 20 ms packets); beyond: dropped and counted."""
 _CADENCE_S: Final = 0.02
 
 

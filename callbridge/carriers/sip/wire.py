@@ -123,7 +123,8 @@ class SipRtpCodec:
         if packet.payload_type == choice.payload_type:
             if self._coders is None:  # G.711: the bridge decodes it
                 return [MediaReceived(payload) for payload in self.jitter.push(packet) if payload]
-            return [MediaReceived(self._decoded(payload)) for payload in self.jitter.push(packet) if payload]
+            decode = self._coders[1].decode
+            return [MediaReceived(decode(payload)) for payload in self.jitter.push(packet) if payload]
         if packet.payload_type == choice.dtmf_payload_type:
             return [DtmfReceived(digit) for digit in self.dtmf.receive(packet)]
         if packet.payload_type != COMFORT_NOISE_PT:
@@ -138,7 +139,8 @@ class SipRtpCodec:
             return [StreamConnected(), StreamStarted(self.call_id, self.call_id, None, encoding, rate_hz, parameters)]
         if message == "bye" and self.started and not self.stopped:
             self.stopped = True
-            events: list[CarrierEvent] = [MediaReceived(self._decoded(payload)) for payload in self.jitter.drain() if payload]
+            decode = self._coders[1].decode if self._coders is not None else bytes
+            events: list[CarrierEvent] = [MediaReceived(decode(payload)) for payload in self.jitter.drain() if payload]
             events.append(StreamStopped())
             return events
         if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in _DIGITS:
@@ -175,9 +177,6 @@ class SipRtpCodec:
         if self._coders is not None:
             return self.sender.packet(self.choice.payload_type, self._coders[0].silence(ms), samples)
         return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * samples, samples)
-
-    def _decoded(self, payload: bytes) -> bytes:
-        return payload if self._coders is None else self._coders[1].decode(payload)
 
     def reception(self) -> ReceptionStats | None:
         """The caller's stream as an RTCP report block sees it; None before any packet."""
