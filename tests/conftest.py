@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
+from callbridge.codecs.opus import problem as opus_problem
 from callbridge.compiled import compiled_modules
 from callbridge.sim.runner import free_port
 from tests.bytecode_cache import cache_bytecode
@@ -43,6 +44,10 @@ PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "bares
 tests skip, saying why."""
 
 
+NEEDS_LIBOPUS = pytest.mark.skipif(opus_problem() is not None, reason=f"Opus: {opus_problem()}")
+"""For the tests that code Opus (``callbridge/codecs/opus.py`` loads Debian's ``libopus0``): CI requires it."""
+
+
 def peer_binary(name: str) -> str | None:
     """Where a peer's binary is: on ``PATH``, or in the sbin directories Debian puts daemons in (HAProxy)."""
     return shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
@@ -53,12 +58,13 @@ def pytest_configure(config: pytest.Config) -> None:
     parallel run makes the bytecode the workers share (``tests/bytecode_cache.py``)."""
     if os.environ.get("CALLBRIDGE_REQUIRE_PEERS") == "1":
         missing = [f"{binary} (apt-get install {package})" for binary, package in PEERS.items() if peer_binary(binary) is None]
+        missing += [f"libopus ({problem})" for problem in [opus_problem()] if problem is not None]
         if missing:
             raise pytest.UsageError(f"CALLBRIDGE_REQUIRE_PEERS=1 but missing: {', '.join(missing)}")
     if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
         cache_bytecode(config)  # once, before the workers start (each would rewrite every test module)
 
-__all__ = ["ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
+__all__ = ["NEEDS_LIBOPUS", "ServedBridge", "free_port", "peer_binary", "wait_http_ok"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -58,6 +58,10 @@ class AudioEncoding(enum.Enum):
     """G.722 wideband over RTP (one byte per tick of its 8 kHz RTP clock, two 16 kHz samples): stateful, so only
     the SIP media edge (``carriers/sip/wire.py``) has it, with a coder per stream (``codecs/g722.py``); what it
     gives the bridge is L16 at 16 kHz. ``decode_to_pcm16`` and ``encode_from_pcm16`` refuse it."""
+    OPUS = "opus"
+    """Opus over RTP (RFC 7587): packets of any size on a 48 kHz RTP clock, coded at the SIP media edge as G.722
+    is (``codecs/opus.py``), L16 at 16 kHz to the bridge. It has no silence byte: a lost packet is concealed by its
+    decoder (``silence_byte`` raises ``KeyError``)."""
 
     @property
     def sample_bytes(self) -> int:
@@ -65,7 +69,7 @@ class AudioEncoding(enum.Enum):
 
     @property
     def silence_byte(self) -> int:
-        """The byte that fills silence: μ-law 0xFF, A-law 0xD5 (§6.3), L16 zero."""
+        """The byte that fills silence: μ-law 0xFF, A-law 0xD5 (§6.3), L16 zero (Opus has none: ``KeyError``)."""
         return _SILENCE_BYTE[self]
 
 
@@ -116,7 +120,7 @@ def decode_to_pcm16(encoding: AudioEncoding, payload: Buffer) -> Buffer:
         return payload
     if encoding is AudioEncoding.L16_BE:
         return audioop.byteswap(payload, _WIDTH)
-    raise ValueError(f"{encoding.name} keeps state: a stream's own coder decodes it (callbridge.codecs.g722)")
+    raise ValueError(f"{encoding.name} keeps state: a stream's own coder decodes it (callbridge.codecs.g722, .opus)")
 
 
 def encode_from_pcm16(encoding: AudioEncoding, pcm: Buffer) -> Buffer:
@@ -129,4 +133,4 @@ def encode_from_pcm16(encoding: AudioEncoding, pcm: Buffer) -> Buffer:
         return pcm
     if encoding is AudioEncoding.L16_BE:
         return audioop.byteswap(pcm, _WIDTH)
-    raise ValueError(f"{encoding.name} keeps state: a stream's own coder encodes it (callbridge.codecs.g722)")
+    raise ValueError(f"{encoding.name} keeps state: a stream's own coder encodes it (callbridge.codecs.g722, .opus)")

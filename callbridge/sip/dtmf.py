@@ -63,25 +63,31 @@ class DtmfReceiver:
         return [DIGITS[code]] if code < len(DIGITS) else []
 
 
-def dtmf_packets(sender: RtpSender, payload_type: int, digit: str, *, duration_ms: int = 100, step_ms: int = 20) -> list[bytes]:
+def dtmf_packets(
+    sender: RtpSender, payload_type: int, digit: str, *, duration_ms: int = 100, step_ms: int = 20, event_hz: int = 8000,
+    media_hz: int = 8000,
+) -> list[bytes]:
     """The packets of one digit: updates every ``step_ms`` (the first with the marker), then the end packet
     three times (RFC 4733 §2.5.1.4). The caller sends them ``step_ms`` apart; the media timestamp then moves
-    past the event (``sender.timestamp`` advances by its duration)."""
+    past the event (``sender.timestamp`` advances by its duration). Durations count in telephone-event's clock
+    (``event_hz``, as negotiated), the timestamp in the audio's (``media_hz``: Opus's is 48000, and a peer may
+    have offered telephone-event at 8000 beside it)."""
     code = DIGITS.index(digit.upper())
     start = sender.timestamp
-    total = duration_ms * 8
+    total, step = duration_ms * event_hz // 1000, step_ms * event_hz // 1000
     packets: list[bytes] = []
-    for elapsed in range(step_ms * 8, total, step_ms * 8):
+    for elapsed in range(step, total, step):
         packets.append(sender.event_packet(payload_type, event_payload(code, end=False, duration=elapsed), start, marker=not packets))
     end = event_payload(code, end=True, duration=total)
     for _ in range(3):
         packets.append(sender.event_packet(payload_type, end, start, marker=not packets))
-    sender.timestamp = (start + total) & 0xFFFFFFFF
+    sender.timestamp = (start + duration_ms * media_hz // 1000) & 0xFFFFFFFF
     return packets
 
 
 def dtmf_train(
-    sender: RtpSender, payload_type: int, digits: str, *, duration_ms: int = 100, pause_ms: int = 100, step_ms: int = 20
+    sender: RtpSender, payload_type: int, digits: str, *, duration_ms: int = 100, pause_ms: int = 100, step_ms: int = 20,
+    event_hz: int = 8000, media_hz: int = 8000,
 ) -> tuple[list[tuple[int, bytes]], int]:
     """Packets for ``digits`` with the ms (from now) each is due, and how long the train lasts.
 
@@ -89,7 +95,7 @@ def dtmf_train(
     (``sender.timestamp``); its packets go ``step_ms`` apart, each reporting the duration so far, the end
     packet three times (RFC 4733 §2.5.1.4), all within the pause. Afterwards the media clock stands at the
     train's end, as if audio had been sent all along, and the next audio packet starts a talk-spurt. Send no
-    audio while the train plays (its timestamps would overlap the events').
+    audio while the train plays (its timestamps would overlap the events'). The clocks: as ``dtmf_packets``.
     """
     period_ms = duration_ms + pause_ms
     if pause_ms < 3 * step_ms:
@@ -97,10 +103,11 @@ def dtmf_train(
     base = sender.timestamp
     schedule: list[tuple[int, bytes]] = []
     for k, digit in enumerate(digits):
-        sender.timestamp = (base + k * period_ms * 8) & 0xFFFFFFFF
-        for i, packet in enumerate(dtmf_packets(sender, payload_type, digit, duration_ms=duration_ms, step_ms=step_ms)):
+        sender.timestamp = (base + k * period_ms * media_hz // 1000) & 0xFFFFFFFF
+        clocks = {"event_hz": event_hz, "media_hz": media_hz}
+        for i, packet in enumerate(dtmf_packets(sender, payload_type, digit, duration_ms=duration_ms, step_ms=step_ms, **clocks)):
             schedule.append((k * period_ms + (i + 1) * step_ms, packet))
     total_ms = len(digits) * period_ms
-    sender.timestamp = (base + total_ms * 8) & 0xFFFFFFFF
+    sender.timestamp = (base + total_ms * media_hz // 1000) & 0xFFFFFFFF
     sender.talk_spurt = True
     return schedule, total_ms

@@ -15,7 +15,7 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip import digest
 from callbridge.sip.dialog_state import UasConfig
 from callbridge.sip.message import SipRequest
-from callbridge.sip.sdp import DEFAULT_CODECS, Direction, Encryption, MediaChoice, SdpError, choose
+from callbridge.sip.sdp import DEFAULT_CODECS, Direction, Encryption, MediaChoice, SdpError, choose, codec_name
 from callbridge.sip.transaction import Address
 from callbridge.sip.uas_messages import SUPPORTED
 from callbridge.sources import source_allowed
@@ -75,7 +75,8 @@ def read_offer(
     except SdpError as exc:
         return Refusal(400, [], f"Bad Request (SDP: {exc})")
     if choice is None:  # nothing we take
-        audio = f"{', '.join(encoding.name for encoding in codecs[:-1])} or {codecs[-1].name} audio" if len(codecs) > 1 else f"{codecs[0].name} audio"
+        names = [codec_name(encoding) for encoding in codecs]
+        audio = f"{', '.join(names[:-1])} or {names[-1]} audio" if len(names) > 1 else f"{names[0]} audio"
         needed = f"SRTP (SDES) with {audio}" if encryption == "required" else audio
         return Refusal(488, [("Warning", f'304 callbridge "{needed} required"')])
     return choice

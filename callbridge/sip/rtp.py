@@ -117,11 +117,12 @@ class JitterBuffer:
     """Re-order by sequence number; conceal losses with silence; drop and count late packets (module docstring;
     the ordering is ``callbridge.reorder.Reorder``'s, with ``depth`` as its reach).
 
-    ``push`` returns the payloads now due, in order (a lost packet as ``silence`` of the last payload's
-    size). ``drain`` releases what is held (the stream ended).
+    ``push`` returns the payloads now due, in order (a lost packet as ``silence_byte`` times the last payload's
+    size; where that is None, a codec whose decoder conceals a loss itself, Opus: as ``b""``). ``drain`` releases
+    what is held (the stream ended).
     """
 
-    def __init__(self, depth: int = 2, silence_byte: int = 0xFF, *, max_gap: int = 50) -> None:
+    def __init__(self, depth: int = 2, silence_byte: int | None = 0xFF, *, max_gap: int = 50) -> None:
         self.depth = depth
         self.silence_byte = silence_byte
         self.max_gap = max_gap
@@ -161,7 +162,8 @@ class JitterBuffer:
             self.duplicates += 1
         for payload in due:
             if isinstance(payload, Missing):  # lost: silence of the usual size
-                out.extend([bytes((self.silence_byte,)) * self.last_size] * payload.count)
+                lost = b"" if self.silence_byte is None else bytes((self.silence_byte,)) * self.last_size
+                out.extend([lost] * payload.count)
                 self.concealed += payload.count
             else:
                 if payload:

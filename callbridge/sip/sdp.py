@@ -1,10 +1,10 @@
-"""SDP offer/answer for one audio stream, G.711 or G.722 (RFC 3264; syntax RFC 8866; telephony-protocols.md §5.2).
+"""SDP offer/answer for one audio stream, G.711, G.722 or Opus (RFC 3264; syntax RFC 8866; telephony-protocols.md §5.2).
 
 ``choose(offer)`` reads an offer and picks what we take: the first audio
 stream with a port, the first of its codecs we take (``codecs``, from
-``sip.codecs``: PCMU, PCMA, G.722 — in the offer's order, the offerer's
-preference, RFC 3264 §6.1), and telephone-event if offered, with the
-offer's payload-type numbers. None:
+``sip.codecs``: PCMU, PCMA, G.722, Opus — in the offer's order, the offerer's
+preference, RFC 3264 §6.1), and telephone-event if offered (at the codec's
+clock where offered so, else at 8000), with the offer's payload-type numbers. None:
 nothing fits (the caller answers ``488``). ``answer(...)`` writes our answer:
 the same number and order of ``m=`` lines, every stream but the chosen one
 rejected with port 0, exactly one audio codec (plus telephone-event), the
@@ -28,7 +28,7 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip.srtp import OFFER_CRYPTO_TAG, OFFER_SUITE, SrtpKeys, offer_line, parse_crypto, pick
 
 __all__ = [
-    "DEFAULT_CODECS", "OFFER_DTMF_PT", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
+    "CLOCK_HZ", "DEFAULT_CODECS", "codec_name", "OFFER_DTMF_PT", "OFFER_OPUS_PT", "OPUS_FMTP", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
 ]  # fmt: skip
 
 Encryption = Literal["none", "optional", "required"]
@@ -37,12 +37,25 @@ _PLAIN: Final = ("RTP/AVP", "RTP/AVPF")
 _SECURE: Final = ("RTP/SAVP", "RTP/SAVPF")
 
 _STATIC: Final = {0: AudioEncoding.PCMU, 8: AudioEncoding.PCMA, 9: AudioEncoding.G722}
-_NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA, "G722": AudioEncoding.G722}
-_RTPMAP: Final = {AudioEncoding.PCMU: "PCMU/8000", AudioEncoding.PCMA: "PCMA/8000", AudioEncoding.G722: "G722/8000"}
-"""G.722's RTP clock is 8000 though its audio is sampled at 16000 (RFC 3551 §4.5.2): its rtpmap says 8000."""
-_PAYLOAD_TYPE: Final = {encoding: pt for pt, encoding in _STATIC.items()}
+_NAMES: Final = {"PCMU": AudioEncoding.PCMU, "PCMA": AudioEncoding.PCMA, "G722": AudioEncoding.G722, "OPUS": AudioEncoding.OPUS}
+CLOCK_HZ: Final = {AudioEncoding.PCMU: 8000, AudioEncoding.PCMA: 8000, AudioEncoding.G722: 8000, AudioEncoding.OPUS: 48000}
+"""Each codec's RTP clock. G.722's is 8000 though its audio is sampled at 16000 (RFC 3551 §4.5.2); Opus's is 48000
+whatever its audio's rate (RFC 7587 §4.1)."""
+_RTPMAP: Final = {encoding: f"{encoding.name}/{hz}" for encoding, hz in CLOCK_HZ.items()} | {AudioEncoding.OPUS: "opus/48000/2"}
+"""Opus is always "opus/48000/2", mono or not (RFC 7587 §7)."""
+OPUS_FMTP: Final = "useinbandfec=1;maxplaybackrate=16000;sprop-maxcapturerate=16000"
+"""What we say of Opus in our SDP: we decode its in-band FEC, play it at 16 kHz and capture at 16 kHz (so the peer
+need not spend bits above 8 kHz: the engine hears 16 kHz)."""
+OFFER_OPUS_PT: Final = 111
+"""Opus's payload type in our own offers (dynamic: no static one exists)."""
+_PAYLOAD_TYPE: Final = {encoding: pt for pt, encoding in _STATIC.items()} | {AudioEncoding.OPUS: OFFER_OPUS_PT}
 DEFAULT_CODECS: Final = (AudioEncoding.PCMU, AudioEncoding.PCMA, AudioEncoding.G722)
 """``sip.codecs``' default: what we take, and offer in this order."""
+
+
+def codec_name(encoding: AudioEncoding) -> str:
+    """A codec's name as SDP spells it (``sip.codecs`` too): "PCMU", "G722", "opus"."""
+    return _RTPMAP[encoding].partition("/")[0]
 
 
 class SdpError(Exception):
@@ -97,6 +110,13 @@ class MediaChoice:
     """The stream is SRTP: the offer's key and ours (None: plain RTP)."""
     proto: str = "RTP/AVP"
     """The chosen stream's transport protocol, answered in kind."""
+    dtmf_clock_hz: int = 8000
+    """telephone-event's RTP clock (its durations count in it): 8000, or the codec's where offered so."""
+
+    @property
+    def clock_hz(self) -> int:
+        """The codec's RTP clock: timestamps advance by this a second."""
+        return CLOCK_HZ[self.encoding]
 
 
 @dataclass(slots=True)
@@ -187,23 +207,26 @@ def choose(
         elif m.proto not in _PLAIN or encryption == "required":
             continue
         codec: tuple[AudioEncoding, int] | None = None
-        dtmf: int | None = None
+        events: dict[int, int] = {}
+        """telephone-event's payload type at each clock offered (the first of each)."""
         for fmt in m.formats:
             pt = _number(fmt)
             if pt is None or pt > 127:
                 continue
             name = m.rtpmap.get(pt, "")
             encoding_name, _, rate = name.partition("/")
-            rate_hz = rate.split("/")[0]
+            rate_hz = _number(rate.split("/")[0])
             if codec is None:
-                if pt in _STATIC and (not name or (encoding_name.upper() == _STATIC[pt].name and rate_hz == "8000")):
+                if pt in _STATIC and (not name or (encoding_name.upper() == _STATIC[pt].name and rate_hz == 8000)):
                     codec = (_STATIC[pt], pt) if _STATIC[pt] in codecs else None
-                elif encoding_name.upper() in _NAMES and rate_hz == "8000" and pt >= 96:
-                    codec = (_NAMES[encoding_name.upper()], pt) if _NAMES[encoding_name.upper()] in codecs else None
-            if dtmf is None and encoding_name.lower() == "telephone-event" and rate_hz == "8000":
-                dtmf = pt
+                elif (named := _NAMES.get(encoding_name.upper())) is not None and rate_hz == CLOCK_HZ[named] and pt >= 96:
+                    codec = (named, pt) if named in codecs else None
+            if encoding_name.lower() == "telephone-event" and rate_hz is not None:
+                events.setdefault(rate_hz, pt)
         if codec is None:
             continue
+        dtmf_clock_hz = CLOCK_HZ[codec[0]] if CLOCK_HZ[codec[0]] in events else 8000
+        dtmf = events.get(dtmf_clock_hz)
         host = m.host or session_host
         if host is None:
             raise SdpError("no c= line for the audio stream")
@@ -226,6 +249,7 @@ def choose(
             media_lines=tuple(x.line for x in media),
             srtp=srtp,
             proto=m.proto,
+            dtmf_clock_hz=dtmf_clock_hz,
         )
     return None
 
@@ -249,8 +273,10 @@ def answer(choice: MediaChoice, *, host: str, port: int, session_id: int, versio
             formats.append(str(choice.dtmf_payload_type))
         lines.append(f"m=audio {port} {choice.proto} {' '.join(formats)}")
         lines.append(f"a=rtpmap:{choice.payload_type} {_RTPMAP[choice.encoding]}")
+        if choice.encoding is AudioEncoding.OPUS:
+            lines.append(f"a=fmtp:{choice.payload_type} {OPUS_FMTP}")
         if choice.dtmf_payload_type is not None:
-            lines.append(f"a=rtpmap:{choice.dtmf_payload_type} telephone-event/8000")
+            lines.append(f"a=rtpmap:{choice.dtmf_payload_type} telephone-event/{choice.dtmf_clock_hz}")
             lines.append(f"a=fmtp:{choice.dtmf_payload_type} 0-15")
         lines.append("a=ptime:20")
         lines.append(f"a={choice.direction.value}")
@@ -268,7 +294,8 @@ def offer(
     srtp_key: bytes | None = None,
 ) -> str:
     """Our SDP offer, for an INVITE that had none (RFC 3261 §13.2.1: the answer comes in the ACK) and for the calls
-    we place: ``codecs`` in their order (our preference) by their static payload types, telephone-event, 20 ms,
+    we place: ``codecs`` in their order (our preference) by their static payload types (Opus: ``OFFER_OPUS_PT``),
+    telephone-event at 8000, 20 ms,
     sendrecv (CRLF line ends). ``srtp_key``: SRTP (``RTP/SAVP`` and one ``a=crypto`` line with this key of ours, what
     a placed call offers where ``sip.media_encryption`` is ``required``)."""
     types = [_PAYLOAD_TYPE[encoding] for encoding in codecs]
@@ -276,7 +303,8 @@ def offer(
     lines = [
         *_session_lines(host, session_id, version),
         f"m=audio {port} {proto} {' '.join(map(str, types))} {OFFER_DTMF_PT}",
-        *(f"a=rtpmap:{pt} {_RTPMAP[_STATIC[pt]]}" for pt in types),
+        *(f"a=rtpmap:{_PAYLOAD_TYPE[encoding]} {_RTPMAP[encoding]}" for encoding in codecs),
+        *([f"a=fmtp:{OFFER_OPUS_PT} {OPUS_FMTP}"] if AudioEncoding.OPUS in codecs else []),
         f"a=rtpmap:{OFFER_DTMF_PT} telephone-event/8000",
         f"a=fmtp:{OFFER_DTMF_PT} 0-15",
         "a=ptime:20",
@@ -296,8 +324,8 @@ def read_answer(text: str, codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS, s
         choice = choose(text, encryption="required", local_key=srtp_key, codecs=codecs)
         if choice is not None and (choice.srtp is None or (choice.srtp.tag, choice.srtp.suite) != (OFFER_CRYPTO_TAG, OFFER_SUITE)):
             return None
-    if choice is None or choice.payload_type not in _STATIC or len(choice.media_lines) != 1:
+    if choice is None or choice.payload_type != _PAYLOAD_TYPE[choice.encoding] or len(choice.media_lines) != 1:
         return None
-    if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT):
+    if choice.dtmf_payload_type not in (None, OFFER_DTMF_PT) or choice.dtmf_clock_hz != 8000:
         return None
     return choice

@@ -19,6 +19,7 @@ from callbridge.carriers.base import (
 from callbridge.carriers.sip.wire import PROFILE, SipRtpCodec
 from callbridge.codecs import AudioEncoding
 from callbridge.codecs.g722 import G722Decoder, G722Encoder
+from callbridge.codecs.opus import OpusDecoder, OpusEncoder
 from callbridge.sip.dtmf import DtmfReceiver, dtmf_packets, event_payload
 from callbridge.sip.rtcp import (
     ReceptionStats,
@@ -38,6 +39,7 @@ from callbridge.sip.rtp import (
     parse_rtp,
 )
 from callbridge.sip.sdp import Direction, choose
+from tests.conftest import NEEDS_LIBOPUS
 
 pytestmark = pytest.mark.core
 
@@ -205,6 +207,61 @@ def test_a_g722_call_is_l16_at_16_khz_to_the_bridge_and_g722_on_the_wire() -> No
     assert np.sqrt(np.mean(np.frombuffer(decoded, dtype="<i2")[200:].astype(np.float64) ** 2)) > 3000
     quiet = parse_rtp(codec.silence() or b"")
     assert len(quiet.payload) == 160 and (quiet.timestamp - second.timestamp) & 0xFFFFFFFF == 160
+
+
+OPUS_OFFER = (
+    "v=0\r\nc=IN IP4 127.0.0.1\r\nm=audio 4000 RTP/AVP 107 101\r\na=rtpmap:107 opus/48000/2\r\n"
+    "a=rtpmap:101 telephone-event/8000\r\n"
+)
+
+
+@NEEDS_LIBOPUS
+def test_an_opus_call_is_l16_at_16_khz_to_the_bridge_opus_at_48_khz_rtp_clock_on_the_wire_and_a_loss_is_rebuilt() -> None:
+    """Opus is coded at the edge like G.722: the bridge is told L16 at 16 kHz both ways; the wire carries one packet
+    a 20 ms frame, the timestamp stepping 960 (RTP's 48 kHz clock for Opus), the cadence's silence too; a lost
+    packet comes out as 20 ms rebuilt from the next packet's FEC (close to what was lost, not silence)."""
+    choice = choose(OPUS_OFFER, codecs=(AudioEncoding.PCMA, AudioEncoding.OPUS))
+    assert choice is not None and (choice.encoding, choice.payload_type) == (AudioEncoding.OPUS, 107)
+    codec = SipRtpCodec("call-o", choice)
+    started = codec.receive_message("start")[-1]
+    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
+    t = np.arange(320 * 12) / 16000
+    caller = (6000 * np.sin(2 * np.pi * 5000 * t)).astype("<i2").tobytes()  # above G.711's band
+    phone = OpusEncoder()
+    wire = [phone.encode(caller[i : i + 640]) for i in range(0, len(caller), 640)]
+    events = [
+        e for seq, payload in enumerate(wire, 1) if seq != 8 for e in codec.receive_message(build_rtp(107, seq, seq * 960, 5, payload))
+    ]
+    events += codec.receive_message("bye")
+    heard = [e.payload for e in events if isinstance(e, MediaReceived)]
+    assert [len(pcm) for pcm in heard] == [640] * 12  # the eighth lost, rebuilt
+    level = [np.sqrt(np.mean(np.frombuffer(pcm, dtype="<i2").astype(np.float64) ** 2)) for pcm in heard]
+    assert min(level[4:]) > 3000  # the 5 kHz tone came through, the lost packet's 20 ms too
+    codec = SipRtpCodec("call-o2", choice)
+    codec.receive_message("start")
+    first, second = (parse_rtp(codec.send(SendMedia(caller[i : i + 640])) or b"") for i in (0, 640))
+    assert (first.payload_type, second.payload_type) == (107, 107) and (second.timestamp - first.timestamp) & 0xFFFFFFFF == 960
+    decoder = OpusDecoder()
+    assert [len(decoder.decode(p.payload)) for p in (first, second)] == [640, 640]
+    quiet = parse_rtp(codec.silence() or b"")
+    assert len(decoder.decode(quiet.payload)) == 640 and (quiet.timestamp - second.timestamp) & 0xFFFFFFFF == 960
+
+
+@NEEDS_LIBOPUS
+def test_a_digit_on_an_opus_call_counts_its_duration_in_telephone_events_clock_and_moves_the_audios_by_48_khz() -> None:
+    choice = choose(OPUS_OFFER, codecs=(AudioEncoding.OPUS,))
+    assert choice is not None and (choice.dtmf_clock_hz, choice.clock_hz) == (8000, 48000)
+    codec = SipRtpCodec("call-o3", choice)
+    codec.receive_message("start")
+    before = codec.sender.timestamp
+    events = [parse_rtp(p) for p in codec.dtmf_packets("7")]
+    assert int.from_bytes(events[-1].payload[2:4], "big") == 800  # 100 ms at telephone-event's 8000
+    assert (codec.sender.timestamp - before) & 0xFFFFFFFF == 4800  # 100 ms at Opus's 48000
+    at_48k = choose(OPUS_OFFER.replace("telephone-event/8000", "telephone-event/48000"), codecs=(AudioEncoding.OPUS,))
+    assert at_48k is not None and at_48k.dtmf_clock_hz == 48000
+    codec = SipRtpCodec("call-o4", at_48k)
+    codec.receive_message("start")
+    assert int.from_bytes(parse_rtp(codec.dtmf_packets("7")[-1]).payload[2:4], "big") == 4800
 
 
 def test_a_placed_calls_codec_is_the_answers_set_before_the_stream_starts() -> None:

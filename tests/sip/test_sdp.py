@@ -153,3 +153,44 @@ def test_sip_codecs_names_each_codec_once_of_the_three_and_an_offer_of_none_is_r
     refusal = read_offer(invite, ("198.51.100.7", 5060), "optional", (AudioEncoding.PCMU, AudioEncoding.G722))
     assert isinstance(refusal, Refusal) and refusal.status == 488
     assert refusal.extra == [("Warning", '304 callbridge "PCMU or G722 audio required"')]
+
+
+SOFTPHONE_OPUS = TRUNK_OFFER.replace("m=audio 30000 RTP/AVP 18 8 0 101", "m=audio 30000 RTP/AVP 107 0 8 110 101").replace(
+    "a=rtpmap:18 G729/8000", "a=rtpmap:107 opus/48000/2\na=fmtp:107 useinbandfec=1;stereo=1\na=rtpmap:110 telephone-event/48000"
+)
+"""A softphone's offer: Opus first (dynamic, at RTP's 48 kHz clock, as RFC 7587 spells it), then G.711; telephone-event
+at Opus's clock and at 8000."""
+WITH_OPUS = (AudioEncoding.PCMU, AudioEncoding.PCMA, AudioEncoding.G722, AudioEncoding.OPUS)
+
+
+def test_opus_first_is_taken_where_sip_codecs_names_it_and_answered_as_rfc_7587_spells_it() -> None:
+    assert (choice := choose(SOFTPHONE_OPUS)) is not None and choice.encoding is AudioEncoding.PCMU  # not by default
+    choice = choose(SOFTPHONE_OPUS, codecs=WITH_OPUS)
+    assert choice is not None and (choice.encoding, choice.payload_type, choice.clock_hz) == (AudioEncoding.OPUS, 107, 48000)
+    assert (choice.dtmf_payload_type, choice.dtmf_clock_hz) == (110, 48000)  # telephone-event at the audio's clock
+    lines = answer(choice, host="203.0.113.10", port=40000, session_id=7, version=7).split("\r\n")
+    assert "m=audio 40000 RTP/AVP 107 110" in lines and "a=rtpmap:107 opus/48000/2" in lines
+    assert "a=fmtp:107 useinbandfec=1;maxplaybackrate=16000;sprop-maxcapturerate=16000" in lines
+    assert "a=rtpmap:110 telephone-event/48000" in lines
+    only_8000 = SOFTPHONE_OPUS.replace("a=rtpmap:110 telephone-event/48000", "a=rtpmap:110 telephone-event/16000")
+    assert (choice := choose(only_8000, codecs=WITH_OPUS)) is not None and (choice.dtmf_payload_type, choice.dtmf_clock_hz) == (101, 8000)
+    at_8000 = SOFTPHONE_OPUS.replace("a=rtpmap:107 opus/48000/2", "a=rtpmap:107 opus/8000")  # not Opus as RFC 7587 has it
+    assert (choice := choose(at_8000, codecs=WITH_OPUS)) is not None and choice.encoding is AudioEncoding.PCMU
+
+
+def test_our_offer_with_opus_names_it_at_111_and_an_answer_must_keep_that_number() -> None:
+    ours = offer(host="203.0.113.10", port=40000, session_id=1, version=1, codecs=(AudioEncoding.OPUS, AudioEncoding.PCMU))
+    assert "m=audio 40000 RTP/AVP 111 0 101\r\n" in ours and "a=rtpmap:111 opus/48000/2\r\na=rtpmap:0 PCMU/8000\r\n" in ours
+    assert "a=fmtp:111 useinbandfec=1;maxplaybackrate=16000;sprop-maxcapturerate=16000\r\n" in ours
+    took = SOFTPHONE_OPUS.replace("RTP/AVP 107 0 8 110 101", "RTP/AVP 111 101").replace("a=rtpmap:107 ", "a=rtpmap:111 ")
+    assert (choice := read_answer(took, (AudioEncoding.OPUS, AudioEncoding.PCMU))) is not None and choice.encoding is AudioEncoding.OPUS
+    renumbered = took.replace("RTP/AVP 111 101", "RTP/AVP 112 101").replace("a=rtpmap:111 ", "a=rtpmap:112 ")
+    assert read_answer(renumbered, (AudioEncoding.OPUS, AudioEncoding.PCMU)) is None
+
+
+def test_sip_codecs_may_name_opus_and_a_refusal_spells_it_as_sdp_does() -> None:
+    assert SipSettings(codecs=["opus", "PCMU"]).encodings == (AudioEncoding.OPUS, AudioEncoding.PCMU)
+    body = TRUNK_OFFER.replace(" 8 0 101", " 101").encode()
+    invite = SipRequest(headers=[("Content-Type", "application/sdp")], body=body, method="INVITE", uri="sip:agent@127.0.0.1")
+    refusal = read_offer(invite, ("198.51.100.7", 5060), "optional", (AudioEncoding.OPUS, AudioEncoding.G722))
+    assert isinstance(refusal, Refusal) and refusal.extra == [("Warning", '304 callbridge "opus or G722 audio required"')]

@@ -57,7 +57,6 @@ from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
 from callbridge.carriers.sip.tls import TlsAcceptor, TlsCertificate
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
-from callbridge.codecs import AudioEncoding
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import (
     CallConfirmed,
@@ -157,7 +156,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 port=settings.port,
                 tls_port=settings.tls_port if settings.tls else None,
                 media_encryption=settings.media_encryption,
-                codecs=tuple(AudioEncoding[name] for name in settings.codecs),
+                codecs=settings.encodings,
                 allowed_networks=tuple(ipaddress.ip_network(s, strict=False) for s in settings.allowed_ips),
                 username=settings.username,
                 password=settings.password.get_secret_value() if settings.password is not None else None,

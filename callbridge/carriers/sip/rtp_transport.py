@@ -260,7 +260,8 @@ class RtpTransport(asyncio.DatagramProtocol):
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            schedule, total_ms = dtmf_train(codec.sender, payload_type, digits)
+            clocks = {"event_hz": codec.choice.dtmf_clock_hz, "media_hz": codec.choice.clock_hz}
+            schedule, total_ms = dtmf_train(codec.sender, payload_type, digits, **clocks)
             for due_ms, packet in schedule:
                 await asyncio.sleep(max(0.0, started + due_ms / 1000 - loop.time()))
                 if self.closed or self.transport is None:

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr
 
+from callbridge.codecs import AudioEncoding
+from callbridge.codecs.opus import problem as opus_problem
 from callbridge.config_types import Host, Network, Port, Section
 
 __all__ = ["SipOutboundSettings", "SipRegistrationSettings", "SipSettings"]
@@ -105,11 +107,14 @@ class SipSettings(Section):
     488, and the calls placed offer SRTP (``RTP/SAVP``, one crypto line with our key: an answer not in kind ends the
     call); where ``optional``, they offer plain RTP, which every trunk takes; ``none``: plain RTP only. The keys travel in
     the SDP: without TLS signalling anyone on the path reads them."""
-    codecs: Annotated[list[Literal["PCMU", "PCMA", "G722"]], Field(min_length=1, max_length=3)] = ["PCMU", "PCMA", "G722"]
+    codecs: Annotated[list[Literal["PCMU", "PCMA", "G722", "opus"]], Field(min_length=1, max_length=4)] = ["PCMU", "PCMA", "G722"]
     """The audio codecs a call may use (#43): an offer's first one of these is taken (the offerer's preference,
     RFC 3264), and our own offers (a delayed offer's answer, the calls placed) list them in this order. G722 is
     wideband (16 kHz audio: the model hears the caller's consonants), at 64 kbit/s like G.711; put it first for
-    the calls we place to prefer it. An offer with none of them is refused 488."""
+    the calls we place to prefer it. ``opus`` is wideband too (coded at 16 kHz, 32 kbit/s, FEC on: what loses
+    least on a lossy path), but not in the default: it needs libopus (Debian: ``libopus0``; ``callbridge config
+    check`` says when it is missing) and a call costs more CPU (``bench/wideband_cost.py``). An offer with none of
+    them is refused 488."""
     tls_certificate: Path | None = None
     """SIP over TLS (#43): this certificate (PEM, the chain after it) and ``tls_private_key`` — a TLS listener on
     ``tls_port``, beside UDP and TCP on ``port``. Read again when either file changes (the next connection's
@@ -144,10 +149,21 @@ class SipSettings(Section):
         the TLS port, where TLS is configured."""
         return [("tls_port", self.tls_port)] if self.tls else []
 
+    @property
+    def encodings(self) -> tuple[AudioEncoding, ...]:
+        """``codecs`` as the SDP code takes them."""
+        return tuple(AudioEncoding[name.upper()] for name in self.codecs)
+
     def file_problems(self, now: datetime) -> list[str]:
-        """What is wrong with the files this section names (the TLS certificate and key), one sentence each."""
-        if not self.enabled or self.tls_certificate is None or self.tls_private_key is None:
+        """What is wrong with the files this section names (the TLS certificate and key, the Opus library where
+        ``codecs`` names it), one sentence each."""
+        if not self.enabled:
             return []
+        problems: list[str] = []
+        if "opus" in self.codecs and (missing := opus_problem()) is not None:
+            problems.append(f"sip.codecs names opus: {missing}")
+        if self.tls_certificate is None or self.tls_private_key is None:
+            return problems
         from callbridge.carriers.sip.tls import certificate_problems
 
-        return [f"sip.tls_certificate: {problem}" for problem in certificate_problems(self.tls_certificate, self.tls_private_key, now)]
+        return problems + [f"sip.tls_certificate: {problem}" for problem in certificate_problems(self.tls_certificate, self.tls_private_key, now)]

@@ -18,14 +18,16 @@ stops sending; there are no markers (``uses_marks=False``: the heard position
 is the send clock). On hold (the peer's ``sendonly``/``inactive``) nothing
 is sent. Hanging up is closing the transport: the listener sends the BYE.
 
-G.722 (wideband, #43) is transcoded here, at the edge, by a coder per direction (``codecs/g722.py``: it keeps
-state): the bridge sees L16 at 16 kHz, in and out, as it does a wideband carrier's. A placed call's codec is known
-only from the answer (``update`` before the stream starts); a re-INVITE may not change it (the dialog answers 488).
+G.722 and Opus (wideband, #43) are transcoded here, at the edge, by a coder per direction (``codecs/g722.py``,
+``codecs/opus.py``: they keep state): the bridge sees L16 at 16 kHz, in and out, as it does a wideband carrier's.
+An Opus packet lost on the way is concealed by its decoder (from the next packet's FEC where that is here already),
+not with silence bytes. A placed call's codec is known only from the answer (``update`` before the stream starts); a
+re-INVITE may not change it (the dialog answers 488).
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Protocol
 
 from callbridge.carriers.base import (
     CarrierAction,
@@ -42,8 +44,9 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.codecs import AudioEncoding
+from callbridge.codecs import AudioEncoding, Buffer
 from callbridge.codecs.g722 import RATE_HZ, G722Decoder, G722Encoder
+from callbridge.codecs.opus import OpusDecoder, OpusEncoder
 from callbridge.sip.dtmf import DIGITS, DtmfReceiver, dtmf_packets
 from callbridge.sip.rtcp import ReceptionStats
 from callbridge.sip.rtp import JitterBuffer, RtpError, RtpSender, parse_rtp
@@ -76,7 +79,7 @@ class SipRtpCodec:
         self.caller = caller
         self.callee = callee
         self.sender = RtpSender()
-        self.jitter = JitterBuffer(jitter_depth, choice.encoding.silence_byte)
+        self.jitter = JitterBuffer(jitter_depth, _concealment(choice))
         self.dtmf = DtmfReceiver()
         self.started = False
         self.stopped = False
@@ -88,8 +91,8 @@ class SipRtpCodec:
         self.playing_events = False
         """An RFC 4733 digit train is going out (``RtpTransport.play_dtmf``): no audio meanwhile."""
         self.suppressed_for_events = 0
-        self._coders: tuple[G722Encoder, G722Decoder] | None = _coders_for(choice)
-        """G.722's encoder (to the peer) and decoder (from it); None for G.711, which the bridge codes itself."""
+        self._coder: WidebandCoder | None = _coder_for(choice)
+        """G.722's or Opus's coders (to the peer and from it); None for G.711, which the bridge codes itself."""
 
     @property
     def sending(self) -> bool:
@@ -101,8 +104,8 @@ class SipRtpCodec:
         the stream starts (a placed call's answer, a delayed offer's), the codec too."""
         resumed = choice.direction.we_send and not self.choice.direction.we_send
         if not self.started and choice.encoding is not self.choice.encoding:
-            self.jitter.silence_byte = choice.encoding.silence_byte
-            self._coders = _coders_for(choice)
+            self.jitter.silence_byte = _concealment(choice)
+            self._coder = _coder_for(choice)
         self.choice = choice
         if resumed:
             self.sender.talk_spurt = True
@@ -121,10 +124,9 @@ class SipRtpCodec:
             return []
         choice = self.choice
         if packet.payload_type == choice.payload_type:
-            if self._coders is None:  # G.711: the bridge decodes it
+            if self._coder is None:  # G.711: the bridge decodes it
                 return [MediaReceived(payload) for payload in self.jitter.push(packet) if payload]
-            decode = self._coders[1].decode
-            return [MediaReceived(decode(payload)) for payload in self.jitter.push(packet) if payload]
+            return [MediaReceived(pcm) for pcm in self._coder.decode(self.jitter.push(packet)) if pcm]
         if packet.payload_type == choice.dtmf_payload_type:
             return [DtmfReceived(digit) for digit in self.dtmf.receive(packet)]
         if packet.payload_type != COMFORT_NOISE_PT:
@@ -135,12 +137,13 @@ class SipRtpCodec:
         if message == "start" and not self.started:
             self.started = True
             parameters = {"from": self.caller, "to": self.callee}
-            encoding, rate_hz = (AudioEncoding.L16, RATE_HZ) if self._coders is not None else (self.choice.encoding, 8000)
+            encoding, rate_hz = (AudioEncoding.L16, RATE_HZ) if self._coder is not None else (self.choice.encoding, 8000)
             return [StreamConnected(), StreamStarted(self.call_id, self.call_id, None, encoding, rate_hz, parameters)]
         if message == "bye" and self.started and not self.stopped:
             self.stopped = True
-            decode = self._coders[1].decode if self._coders is not None else bytes
-            events: list[CarrierEvent] = [MediaReceived(decode(payload)) for payload in self.jitter.drain() if payload]
+            held = self.jitter.drain()
+            pcm = held if self._coder is None else self._coder.decode(held)
+            events: list[CarrierEvent] = [MediaReceived(payload) for payload in pcm if payload]
             events.append(StreamStopped())
             return events
         if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in _DIGITS:
@@ -160,8 +163,10 @@ class SipRtpCodec:
                 self.suppressed_on_hold += self.started and not self.stopped and bool(action.payload)
                 return None
             self.media_packets_sent += 1
-            payload = action.payload if self._coders is None else self._coders[0].encode(action.payload)
-            return self.sender.packet(self.choice.payload_type, payload, len(payload))  # G.722 too: a byte a tick
+            if self._coder is None:  # G.711: a byte a tick
+                return self.sender.packet(self.choice.payload_type, action.payload, len(action.payload))
+            ticks = len(action.payload) // 2 * self.choice.clock_hz // RATE_HZ
+            return self.sender.packet(self.choice.payload_type, self._coder.encode(action.payload), ticks)
         if isinstance(action, SendClear):
             self.sender.talk_spurt = True  # the next audio starts a new talk-spurt
         return None  # markers are not used; hang-up is closing the transport (the listener's BYE)
@@ -173,10 +178,10 @@ class SipRtpCodec:
         if not self.sending:
             self.suppressed_on_hold += self.started and not self.stopped
             return None
-        samples = 8 * ms
-        if self._coders is not None:
-            return self.sender.packet(self.choice.payload_type, self._coders[0].silence(ms), samples)
-        return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * samples, samples)
+        ticks = self.choice.clock_hz * ms // 1000
+        if self._coder is not None:
+            return self.sender.packet(self.choice.payload_type, self._coder.silence(ms), ticks)
+        return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * ticks, ticks)
 
     def reception(self) -> ReceptionStats | None:
         """The caller's stream as an RTCP report block sees it; None before any packet."""
@@ -189,8 +194,67 @@ class SipRtpCodec:
         """An RFC 4733 digit to the caller (empty when telephone-event was not negotiated)."""
         if self.choice.dtmf_payload_type is None or not self.sending:
             return []
-        return dtmf_packets(self.sender, self.choice.dtmf_payload_type, digit)
+        clocks = {"event_hz": self.choice.dtmf_clock_hz, "media_hz": self.choice.clock_hz}
+        return dtmf_packets(self.sender, self.choice.dtmf_payload_type, digit, **clocks)
 
 
-def _coders_for(choice: MediaChoice) -> tuple[G722Encoder, G722Decoder] | None:
-    return (G722Encoder(), G722Decoder()) if choice.encoding is AudioEncoding.G722 else None
+class WidebandCoder(Protocol):
+    """A wideband codec's two directions at the edge: the bridge's side is PCM16 at 16 kHz."""
+
+    def decode(self, payloads: list[bytes]) -> list[bytes]:
+        """The jitter buffer's payloads, in order (``b""``: a lost packet, where the codec conceals its own), as
+        PCM16."""
+        ...
+
+    def encode(self, pcm: Buffer) -> bytes: ...
+
+    def silence(self, ms: int) -> bytes: ...
+
+
+class _G722Coder:
+    __slots__ = ("decoder", "encoder")
+
+    def __init__(self) -> None:
+        self.encoder, self.decoder = G722Encoder(), G722Decoder()
+
+    def decode(self, payloads: list[bytes]) -> list[bytes]:
+        decode = self.decoder.decode
+        return [decode(payload) for payload in payloads if payload]  # a loss came as SILENCE_BYTEs: decoded in step
+
+    def encode(self, pcm: Buffer) -> bytes:
+        return self.encoder.encode(pcm)
+
+    def silence(self, ms: int) -> bytes:
+        return self.encoder.silence(ms)
+
+
+class _OpusCoder:
+    __slots__ = ("decoder", "encoder")
+
+    def __init__(self) -> None:
+        self.encoder, self.decoder = OpusEncoder(), OpusDecoder()
+
+    def decode(self, payloads: list[bytes]) -> list[bytes]:
+        decoder = self.decoder
+        return [
+            decoder.decode(payload) if payload else decoder.conceal(payloads[i + 1] if i + 1 < len(payloads) else None)
+            for i, payload in enumerate(payloads)
+        ]
+
+    def encode(self, pcm: Buffer) -> bytes:
+        return self.encoder.encode(pcm)
+
+    def silence(self, ms: int) -> bytes:
+        return self.encoder.silence(ms)
+
+
+def _coder_for(choice: MediaChoice) -> WidebandCoder | None:
+    if choice.encoding is AudioEncoding.G722:
+        return _G722Coder()
+    return _OpusCoder() if choice.encoding is AudioEncoding.OPUS else None
+
+
+def _concealment(choice: MediaChoice) -> int | None:
+    """What the jitter buffer fills a lost packet with: the codec's silence byte; None (an empty payload) for Opus,
+    whose decoder conceals it."""
+    return None if choice.encoding is AudioEncoding.OPUS else choice.encoding.silence_byte
