@@ -39,6 +39,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 callbridge \
     && useradd --system --uid 10001 --gid callbridge --home-dir /app --shell /usr/sbin/nologin callbridge
 
+# libopus0: Opus for SIP calls where sip.codecs names it (callbridge/codecs/opus.py loads it; nothing else needs it).
+# DL3008: Debian's own version of the slim base.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libopus0 \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /app
 COPY config ./config
 COPY --from=build /wheels /wheels
