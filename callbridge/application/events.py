@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from callbridge.application.context import CallContext
 
-__all__ = ["CallEvent", "CallReport", "EventType", "Latency", "SpokenLine"]
+__all__ = ["CallEvent", "CallReport", "EventType", "Latency", "MediaQuality", "SpokenLine"]
 
 EventType = Literal[
     "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "call.machine_detected",
@@ -48,6 +48,34 @@ class Latency(BaseModel):
     count: int
     p50_ms: int
     max_ms: int
+
+
+class MediaQuality(BaseModel):
+    """A SIP call's media and what the network did to it (``callbridge/sip/call_quality.py`` says how each figure is
+    made): the caller's stream as it reached us, ours as the peer's RTCP says it reached them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    codec: str
+    """As SDP names it: ``PCMU``, ``PCMA``, ``G722``, ``opus``."""
+    encryption: Literal["srtp", "none"]
+    packets_expected: int
+    """The caller's media packets, by their sequence numbers."""
+    packets_lost: int
+    """Of those, concealed (never came, or came too late: ``packets_late``)."""
+    packets_late: int
+    loss_percent: float
+    jitter_ms: float
+    """RFC 3550's interarrival jitter at the call's end."""
+    jitter_max_ms: float
+    round_trip_ms: float | None
+    """The last round trip the peer's RTCP showed (None: it sent no report of our stream after seeing an SR of ours)."""
+    round_trip_max_ms: float | None
+    peer_loss_percent: float | None
+    """Our stream as the peer's last report says it arrived (None: no report)."""
+    peer_jitter_ms: float | None
+    mos: float
+    """E-model estimate (ITU-T G.107) of the network's part, 1–4.5: loss, and delay where the round trip is known."""
 
 
 class SpokenLine(BaseModel):
@@ -122,3 +150,6 @@ class CallReport(BaseModel):
     first_agent_audio_ms: int | None = None
     """The answer (the call's engine session bound) → the first audio sent to the caller: the greeting's first frame,
     for a placed call with machine detection once a person is known; None: the agent never spoke."""
+    media: MediaQuality | None = None
+    """A SIP call's codec, encryption and network figures (jitter, loss, round trip, MOS); None for the other
+    carriers (their media comes over TCP: the carrier's own network is not ours to see)."""

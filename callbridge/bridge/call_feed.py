@@ -17,7 +17,7 @@ from typing import Any
 
 from structlog.stdlib import BoundLogger
 
-from callbridge.application.events import CallEvent, CallReport, EventType
+from callbridge.application.events import CallEvent, CallReport, EventType, MediaQuality
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_outputs import Observed, StreamReport
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
@@ -150,6 +150,11 @@ class CallFeed:
             self.report.recording = str(path)
 
     # ------------------------------------------------------------------- end
+
+    def measured(self, media: MediaQuality) -> None:
+        """The stream's line, as its transport measured it (SIP's RTP): the report's ``media``."""
+        if self.report is not None:
+            self.report.media = media.model_dump(mode="json")
 
     async def stream_ended(self, call_id: str, report: StreamReport, session_id: str | None) -> None:
         """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else

@@ -12,7 +12,7 @@ from typing import Any, Final, Literal
 import orjson
 
 from callbridge.application import CallContext
-from callbridge.application.events import CallReport, Latency, SpokenLine
+from callbridge.application.events import CallReport, Latency, MediaQuality, SpokenLine
 from callbridge.bridge.call_outputs import Observed
 from callbridge.bridge.end_reason import EndCause, EndReason
 
@@ -53,6 +53,8 @@ class CallReportBuilder:
     """A placed call with machine detection: ``person``, ``machine`` or ``uncertain``, and why (``machine:beep``)."""
     answered_by_after_ms: int | None = None
     first_agent_audio_ms: int | None = None
+    media: dict[str, Any] | None = None
+    """A SIP call's line (``MediaQuality``, as JSON): its last stream's."""
 
     def bound(self, resumed: bool, endpoint: str | None) -> None:
         """A stream bound the call's engine session: a new one, or resumed; on ``endpoint`` (None: embedded)."""
@@ -150,6 +152,7 @@ class CallReportBuilder:
             answered_by=self.answered_by.partition(":")[0] if self.answered_by else None,  # type: ignore[arg-type]
             answered_by_after_ms=self.answered_by_after_ms,
             first_agent_audio_ms=self.first_agent_audio_ms,
+            media=MediaQuality.model_validate(self.media) if self.media is not None else None,
         )
 
 

@@ -9,10 +9,13 @@ from typing import Final, Protocol, TypeVar, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
+from callbridge.application.events import MediaQuality
 from callbridge.bridge.ws_protocol import DATA_FRAMES_EXTENSION, DataFramesWriter, allow_messages_up_to
 from callbridge.stall import PROCESS_STALL_MS
 
-__all__ = ["BatchingTransport", "CarrierTransport", "SizeLimitedTransport", "WebSocketTransport", "receive_within"]
+__all__ = [
+    "BatchingTransport", "CarrierTransport", "MeasuredTransport", "SizeLimitedTransport", "WebSocketTransport", "receive_within",
+]  # fmt: skip
 
 T = TypeVar("T")
 
@@ -40,6 +43,16 @@ class BatchingTransport(Protocol):
 
     async def send_many(self, messages: Sequence[str | bytes]) -> None:
         """``messages``, in order, as ``send`` would send each."""
+        ...
+
+
+@runtime_checkable
+class MeasuredTransport(Protocol):
+    """A carrier transport that sees the network its media crosses (SIP's RTP: jitter, loss, round trip): the figures
+    go in the call's report (``CallReport.media``) and the metrics."""
+
+    def media_quality(self) -> MediaQuality | None:
+        """The call's codec, encryption and line figures now; None where its media never started."""
         ...
 
 

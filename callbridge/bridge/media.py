@@ -47,6 +47,7 @@ from callbridge.bridge.call_setup import CallSetup, Rejection
 from callbridge.bridge.carrier_transport import (
     BatchingTransport,
     CarrierTransport,
+    MeasuredTransport,
     SizeLimitedTransport,
     WebSocketTransport,
 )
@@ -489,6 +490,9 @@ class MediaStreamDriver:
                 del services.live_streams[start.call_id]
             services.metrics.calls_active.labels(self.provider).dec()
         await self._feed.close_recording(self.call.caller.recorder, _now_ms())
+        if isinstance(self.transport, MeasuredTransport) and (media := self.transport.media_quality()) is not None:
+            self._feed.measured(media)
+            services.metrics.observe_line(media)
         if start is not None:
             await self._feed.stream_ended(start.call_id, report, session.session_id if session is not None else None)
         if life is not None:

@@ -9,6 +9,7 @@ from typing import Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from callbridge.application.events import MediaQuality
 from callbridge.bridge.registry import CallRegistry
 from callbridge.engine.port import DuplexEngine
 
@@ -88,6 +89,33 @@ class BridgeMetrics:
         )  # fmt: skip
         self.engine_errors = Counter("callbridge_engine_errors_total", "Engine error events, by code", ["code"], registry=registry)
 
+    def _count_sip_lines(self, registry: CollectorRegistry) -> None:
+        """Each SIP call's line as it ended (``CallReport.media``), by codec."""
+        self.sip_call_mos = Histogram(
+            "callbridge_sip_call_mos", "SIP calls' E-model MOS estimate of their line at the end (1-4.5)", ["codec"],
+            buckets=(1.5, 2.0, 2.5, 3.0, 3.3, 3.6, 3.9, 4.1, 4.3, 4.5), registry=registry,
+        )  # fmt: skip
+        self.sip_call_jitter_seconds = Histogram(
+            "callbridge_sip_call_jitter_seconds", "SIP calls' interarrival jitter of the caller's RTP at the end (RFC 3550)",
+            ["codec"], buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32), registry=registry,
+        )  # fmt: skip
+        self.sip_call_loss_ratio = Histogram(
+            "callbridge_sip_call_loss_ratio", "SIP calls' share of the caller's RTP packets lost or too late", ["codec"],
+            buckets=(0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5), registry=registry,
+        )  # fmt: skip
+        self.sip_call_round_trip_seconds = Histogram(
+            "callbridge_sip_call_round_trip_seconds", "SIP calls' last round trip their peer's RTCP showed (calls with one)",
+            ["codec"], buckets=(0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0), registry=registry,
+        )  # fmt: skip
+
+    def observe_line(self, media: MediaQuality) -> None:
+        """A SIP call's line as it ended."""
+        self.sip_call_mos.labels(media.codec).observe(media.mos)
+        self.sip_call_jitter_seconds.labels(media.codec).observe(media.jitter_ms / 1000)
+        self.sip_call_loss_ratio.labels(media.codec).observe(media.loss_percent / 100)
+        if media.round_trip_ms is not None:
+            self.sip_call_round_trip_seconds.labels(media.codec).observe(media.round_trip_ms / 1000)
+
     def _count_sip_and_engine(self, registry: CollectorRegistry) -> None:
         """SIP's drops and registrations, the event loop, the engine's failures, the playout model's corrections."""
         self.sip_dropped = Counter(
@@ -103,6 +131,7 @@ class BridgeMetrics:
             "callbridge_sip_registration_failures_total", "REGISTERs that ended without a binding, by reason",
             ["registration", "reason"], registry=registry,
         )  # fmt: skip
+        self._count_sip_lines(registry)
         self.event_loop_lag_seconds = Histogram(
             "callbridge_event_loop_lag_seconds",
             "How late the event loop runs a timer (sampled twice a second): every call's pacing waits on it",

@@ -2,12 +2,14 @@
 
 We send a compound packet every ~5 s (randomised ×[0.5, 1.5], §6.3.1): an
 SR while we send media (an RR otherwise), with one report block about the
-caller's stream when we receive one, then SDES with our CNAME; and a BYE when
-the call ends. What the peer sends is only parsed far enough to count it
-(``parse_rtcp`` → the packet types of a compound packet; ``RtcpError`` for
-anything else). Clocks come in as arguments: the NTP time as seconds since
-1970 (``time.time()`` at the driver), the RTP timestamp of "now" from the
-sender.
+caller's stream when we receive one (its loss, jitter, and the LSR/DLSR of the
+peer's last SR, so the peer can time its round trip), then SDES with our CNAME;
+and a BYE when the call ends. What the peer sends is checked (``parse_rtcp`` →
+the packet types of a compound packet; ``RtcpError`` for anything else) and
+its SR/RR read (``read_reports``: its NTP time, its report blocks — the one
+about our stream times our round trip, ``sip/call_quality.py``). Clocks come in
+as arguments: the NTP time as seconds since 1970 (``time.time()`` at the
+driver), the RTP timestamp of "now" from the sender.
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ import random
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["RTCP_INTERVAL_MS", "ReceptionStats", "RtcpError", "bye", "next_interval_ms", "parse_rtcp", "report"]
+__all__ = [
+    "RTCP_INTERVAL_MS", "PeerReport", "ReceptionStats", "ReportBlock", "RtcpError", "bye", "next_interval_ms", "parse_rtcp",
+    "read_reports", "report",
+]  # fmt: skip
 
 RTCP_INTERVAL_MS: Final = 5000
 SR, RR, SDES, BYE, APP = 200, 201, 202, 203, 204
@@ -37,6 +42,35 @@ class ReceptionStats:
     lost: int
     highest_sequence: int
     """Extended highest sequence number received."""
+    jitter: int = 0
+    """Interarrival jitter, in RTP clock units."""
+    lsr: int = 0
+    """The middle 32 bits of the NTP time of the peer's last SR (0: none yet)."""
+    dlsr: int = 0
+    """How long ago that SR came, in 1/65536 s."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportBlock:
+    """One report block of the peer's SR or RR: what it received of the stream ``ssrc`` (ours, where it is)."""
+
+    ssrc: int
+    fraction_lost: int
+    """Lost since its last report, out of 256."""
+    cumulative_lost: int
+    highest_sequence: int
+    jitter: int
+    lsr: int
+    dlsr: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeerReport:
+    """An SR or RR the peer sent."""
+
+    ntp_middle: int | None
+    """An SR's NTP time, its middle 32 bits (what our next report block returns as LSR); None for an RR."""
+    blocks: tuple[ReportBlock, ...]
 
 
 def next_interval_ms(rng: random.Random | None = None) -> int:
@@ -56,7 +90,9 @@ def _report_block(stats: ReceptionStats) -> bytes:
         + bytes((fraction,))
         + lost.to_bytes(3, "big")
         + (stats.highest_sequence & 0xFFFFFFFF).to_bytes(4, "big")
-        + bytes(12)  # jitter, LSR, DLSR: not tracked
+        + (max(0, stats.jitter) & 0xFFFFFFFF).to_bytes(4, "big")
+        + (stats.lsr & 0xFFFFFFFF).to_bytes(4, "big")
+        + (stats.dlsr & 0xFFFFFFFF).to_bytes(4, "big")
     )
 
 
@@ -124,3 +160,35 @@ def parse_rtcp(data: bytes) -> list[int]:
     if not types or types[0] not in (SR, RR):
         raise RtcpError("a compound packet starts with SR or RR")
     return types
+
+
+def read_reports(data: bytes) -> list[PeerReport]:
+    """The SRs and RRs of a compound RTCP packet ``parse_rtcp`` took; a report block past its packet's length is
+    left out."""
+    reports: list[PeerReport] = []
+    pos = 0
+    while pos + 4 <= len(data):
+        count, packet_type = data[pos] & 0x1F, data[pos + 1]
+        end = min(len(data), pos + (int.from_bytes(data[pos + 2 : pos + 4], "big") + 1) * 4)
+        if packet_type in (SR, RR):
+            body = pos + 8  # past the header and the sender's SSRC
+            ntp: int | None = None
+            if packet_type == SR and body + 20 <= end:
+                ntp = int.from_bytes(data[body + 2 : body + 6], "big")
+                body += 20  # NTP, RTP timestamp, packet and octet counts
+            blocks = []
+            for start in range(body, body + 24 * count, 24):
+                if start + 24 > end:
+                    break
+                block = data[start : start + 24]
+                blocks.append(
+                    ReportBlock(
+                        ssrc=int.from_bytes(block[0:4], "big"), fraction_lost=block[4],
+                        cumulative_lost=int.from_bytes(block[5:8], "big"), highest_sequence=int.from_bytes(block[8:12], "big"),
+                        jitter=int.from_bytes(block[12:16], "big"), lsr=int.from_bytes(block[16:20], "big"),
+                        dlsr=int.from_bytes(block[20:24], "big"),
+                    )  # fmt: skip
+                )
+            reports.append(PeerReport(ntp, tuple(blocks)))
+        pos = end
+    return reports

@@ -319,6 +319,9 @@ async def test_baresip_offering_only_a_wideband_codec_over_tls_with_srtp_require
     assert codec.choice.encoding is {"g722": AudioEncoding.G722, "opus": AudioEncoding.OPUS}[module]
     assert transport.srtp is not None and codec.choice.proto == "RTP/SAVP"
     assert codec.malformed == 0 and codec.other_payload_types == 0
+    media = transport.media_quality()  # the report's line (#43): baresip's SRTCP reports give the round trip
+    assert media is not None and (media.codec, media.encryption) == ({"g722": "G722", "opus": "opus"}[module], "srtp")
+    assert media.packets_lost == 0 and media.round_trip_ms is not None and media.round_trip_ms < 100 and media.mos >= 4.2, media
     (session_id,) = recorder.opened
     appended = [c for c in recorder.commands[session_id] if isinstance(c, AppendAudio)]
     rate_hz = appended[0].rate_hz

@@ -118,6 +118,10 @@ async def test_a_placed_call_reaches_the_callee_talks_and_ends_with_its_bye(tmp_
     for call, event in agent_app.CallsOut.events:  # every event names the placed call
         assert (call.dial_id, call.metadata, call.direction) == (dial_id, {"crm_id": 7}, "outbound"), event.type
     assert asked.ring_ms is not None and asked.ring_ms >= 250  # it rang 300 ms (a lower bound: load only lengthens it)
+    ((_, ended),) = [(kind, data) for kind, data in events_of(dial_id) if kind == "call.ended"]
+    media = ended["report"]["media"]  # the line, as the report gives it the application (#43); the pcap: 7 s, 30 ms a packet
+    assert (media["codec"], media["encryption"], media["packets_lost"], media["loss_percent"]) == ("PCMA", "none", 0, 0.0), media
+    assert 220 <= media["packets_expected"] <= 250 and media["jitter_ms"] < 20 and media["mos"] >= 4.2, media
 
 
 @pytest.mark.parametrize(("status", "reason"), [(486, "busy"), (600, "busy"), (603, "declined"), (480, "no_answer"), (404, "failed")])

@@ -196,10 +196,6 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         """Calls with a delayed offer, waiting for the answer in the ACK (None: the call ended without one)."""
         """call id → our REFER's outcome, awaited by ``perform``."""
 
-    @property
-    def rtp_timeout_s(self) -> float:
-        """``sip.rtp_timeout_s``: a call's peer silent this long (where it should send RTP) is gone."""
-        return self.settings.rtp_timeout_s
 
     @property
     def port(self) -> int | None:

@@ -17,10 +17,14 @@ import secrets
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Final, Protocol, cast
 
+from callbridge.application.events import MediaQuality
 from callbridge.bridge.carrier_transport import receive_within
+from callbridge.carriers.sip.line_quality import LineQuality
+from callbridge.carriers.sip.settings import SipSettings
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
 from callbridge.logging import get_logger
 from callbridge.sip import rtcp
@@ -51,8 +55,9 @@ class RtpOwner(Protocol):
         """Datagrams dropped, by reason."""
 
     @property
-    def rtp_timeout_s(self) -> float:
-        """No RTP from a peer that should send it this long: the call is over (0: never)."""
+    def settings(self) -> SipSettings:
+        """``sip``: its ``rtp_timeout_s`` (no RTP from a peer that should send it this long: the call is over; 0:
+        never) and ``quality_floor_mos`` (a call whose MOS estimate falls below it is logged, once)."""
 
     def call_closed(self, call_id: str) -> None: ...
 
@@ -86,9 +91,13 @@ class RtpTransport(asyncio.DatagramProtocol):
         """The last packet sent was the cadence's silence (not the agent's audio, nor DTMF)."""
         self._cadence: asyncio.Task[None] | None = None
         self._rtcp_task: asyncio.Task[None] | None = None
-        self.rtcp = _RtcpProtocol()
+        self.rtcp = _RtcpProtocol(self._peer_reports)
         self.cname = f"callbridge-{secrets.token_hex(4)}@{listener.address}"
         self._srtp: SrtpSession | None = None
+        self.quality = LineQuality(codec.choice.clock_hz)
+        """The line's jitter, loss and round trip (the report's ``media``); made again at ``start`` (the codec's clock
+        is the answer's)."""
+        self.quality_warned = False
 
     @property
     def srtp(self) -> SrtpSession | None:
@@ -135,6 +144,8 @@ class RtpTransport(asyncio.DatagramProtocol):
         if self.queue.qsize() >= _MAX_QUEUED:
             self.overflow += 1
             return
+        if len(data) >= 12 and data[1] & 0x7F == self.codec.choice.payload_type:
+            self.quality.media_arrived(data, time.monotonic())
         self.queue.put_nowait(data)
 
     def error_received(self, exc: Exception) -> None:
@@ -144,7 +155,7 @@ class RtpTransport(asyncio.DatagramProtocol):
     async def receive(self) -> str | bytes | None:
         """The next datagram or SIP-layer message; ``bye`` when the peer has sent no RTP for
         ``sip.rtp_timeout_s`` while it should (a trunk gone without a BYE); None once closed."""
-        timeout_s = self.listener.rtp_timeout_s or None
+        timeout_s = self.listener.settings.rtp_timeout_s or None
         while not (self.closed and self.queue.empty()):
             try:
                 return await receive_within(self.queue.get, timeout_s)
@@ -198,6 +209,7 @@ class RtpTransport(asyncio.DatagramProtocol):
 
     def start(self) -> None:
         _ = self.srtp  # the RTCP socket's too, before the peer's first report
+        self.quality = LineQuality(self.codec.choice.clock_hz)
         self.queue.put_nowait("start")
         self._cadence = asyncio.create_task(self._keep_cadence())
         self._rtcp_task = asyncio.create_task(self._report())
@@ -294,15 +306,39 @@ class RtpTransport(asyncio.DatagramProtocol):
                 packets_sent=sender.packets_sent,
                 octets_sent=sender.octets_sent,
                 sending=self.codec.sending,
-                received=self.codec.reception(),
+                received=self.quality.our_block(self.codec.reception(), time.time()),
             )
             self.rtcp.send(packet, self._rtcp_peer())
+            self._check_quality()
+
+    def media_quality(self) -> MediaQuality | None:
+        """The call's codec, encryption and line figures (``bridge/carrier_transport.MeasuredTransport``); None for a
+        call whose media never started."""
+        if not self.codec.started:
+            return None
+        return self.quality.summary(self.codec, encrypted=self.codec.choice.srtp is not None)
+
+    def _check_quality(self) -> None:
+        """The first time the call's MOS estimate is below ``sip.quality_floor_mos``: a warning with the figures."""
+        quality = self.media_quality()
+        if quality is None or self.quality_warned or quality.mos >= self.listener.settings.quality_floor_mos:
+            return
+        self.quality_warned = True
+        log.warning(
+            "sip_call_quality_low", provider=PROVIDER, call_id=self.call_id, mos=quality.mos, floor=self.listener.settings.quality_floor_mos,
+            loss_percent=quality.loss_percent, jitter_ms=quality.jitter_ms, round_trip_ms=quality.round_trip_ms, codec=quality.codec,
+        )  # fmt: skip
+
+    def _peer_reports(self, reports: list[rtcp.PeerReport]) -> None:
+        self.quality.peer_reports(reports, self.codec.sender.ssrc, time.time())
 
 
 class _RtcpProtocol(asyncio.DatagramProtocol):
     """A call's RTCP socket (RTP port + 1): sends our reports, counts the peer's."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_reports: Callable[[list[rtcp.PeerReport]], None]) -> None:
+        self.on_reports = on_reports
+        """Where the peer's SRs and RRs go (the call's ``LineQuality``)."""
         self.transport: asyncio.DatagramTransport | None = None
         self.srtp: SrtpSession | None = None
         """The call's SRTP, where its media is (SRTCP: reports protected out, unprotected in)."""
@@ -327,6 +363,7 @@ class _RtcpProtocol(asyncio.DatagramProtocol):
             self.malformed += 1
             return
         self.received += 1
+        self.on_reports(rtcp.read_reports(data))
         if self.source is None:
             self.source = (str(addr[0]), int(addr[1]))
 

@@ -115,6 +115,10 @@ class SipSettings(Section):
     least on a lossy path), but not in the default: it needs libopus (Debian: ``libopus0``; ``callbridge config
     check`` says when it is missing) and a call costs more CPU (``bench/wideband_cost.py``). An offer with none of
     them is refused 488."""
+    quality_floor_mos: Annotated[float, Field(ge=1.0, le=4.5)] = 3.6
+    """A call whose line's MOS estimate (the E-model's, from loss, jitter and round trip: ``callbridge/sip/
+    call_quality.py``) falls below this is logged once, ``sip_call_quality_low``, with its figures (about 7 % loss
+    at a short round trip, or 2 % beside a 600 ms one). Every SIP call's report has the figures (``media``)."""
     tls_certificate: Path | None = None
     """SIP over TLS (#43): this certificate (PEM, the chain after it) and ``tls_private_key`` — a TLS listener on
     ``tls_port``, beside UDP and TCP on ``port``. Read again when either file changes (the next connection's
