@@ -9,7 +9,8 @@ resampler more) and it cannot conceal a lost packet (FFmpeg takes an empty packe
 itself is never ours: only the calls into it.
 
 Opus is coded at 16 kHz both ways (libopus resamples inside itself: a fullband peer's packets decode to 16 kHz, and
-ours carry wideband speech), 20 ms a packet, mono, in-band FEC on with the loss it is sized for. RTP's clock for Opus
+ours carry wideband speech), 20 ms a packet, mono, in-band FEC on with the loss it is sized for (or off:
+``sip.opus_fec``, for CPU). RTP's clock for Opus
 is 48000 whatever the audio's rate (RFC 7587 §4.1), so 20 ms is 960 ticks. Each direction of a call keeps its own
 state: one ``OpusEncoder`` and one ``OpusDecoder`` a call, fed the stream in order. A lost packet is concealed by
 the decoder itself (``OpusDecoder.conceal``): from the next packet's FEC where that has come, else libopus's packet
@@ -42,11 +43,14 @@ BITRATE: Final = 32000
 """Bits a second we send: wideband speech is transparent from about 24 kbit/s, and FEC takes its share of these."""
 LOSS_PERCENT: Final = 5
 """The packet loss our encoder's FEC is sized for (libopus adds FEC only when told to expect some)."""
-COMPLEXITY: Final = 1
-"""libopus's effort, 0–10. Encoding speech at 16 kHz cost 5.4 CPU-ms a call-second at 1, 11.4 at 3, 14.0 at 5 and
-27.6 at 10 on the machine of the session that chose it (libopus 1.3.1; decoding 1.5 at any): at 1 an Opus call
-stays within twice a G.711 call's CPU (#43). What is lost is analysis effort (pitch search, noise shaping), not
-bandwidth: the packets still carry 8 kHz of audio band at our bit rate."""
+COMPLEXITY_WITH_FEC: Final = 2
+"""libopus's effort, 0–10, where FEC is on: 2 is the least at which libopus 1.3 adds FEC at all (at 0 and 1 a lost
+packet rebuilt from the next one's FEC was no better than concealment: 5 dB against 16–18 at 2 and 3,
+``tests/codecs/test_opus.py``). Encoding speech at 16 kHz with FEC cost 10.7 CPU-ms a call-second at 2, 11.0 at 3
+(14.0 at 5, 27.6 at 10 without), on the machine of the session that chose it; decoding 1.5 at any."""
+COMPLEXITY_WITHOUT_FEC: Final = 1
+"""Without FEC: 5.4 CPU-ms a call-second encoding speech (7.1 at 2). What is lost below 5 is analysis effort (pitch
+search, noise shaping), not bandwidth: the packets still carry 8 kHz of audio band at our bit rate."""
 _MAX_SAMPLES: Final = RATE_HZ * 120 // 1000
 """The longest packet Opus has, 120 ms, at our rate: what a decode is given room for."""
 _MAX_PACKET: Final = 1500
@@ -111,20 +115,22 @@ def problem() -> str | None:
 
 class OpusEncoder:
     """One stream's encoder: PCM16 little-endian at 16 kHz, a packet's worth at a time (2.5–60 ms; 20 ms on a
-    call) → one Opus packet."""
+    call) → one Opus packet. ``fec``: each packet carries the last one again, coarser, for a peer that lost it (at
+    the least complexity that does it: ``COMPLEXITY_WITH_FEC``)."""
 
     __slots__ = ("_lib", "_out", "_state")
 
-    def __init__(self, *, bitrate: int = BITRATE, complexity: int = COMPLEXITY, loss_percent: int = LOSS_PERCENT) -> None:
+    def __init__(self, *, fec: bool = True, bitrate: int = BITRATE, complexity: int | None = None) -> None:
         lib = library()
         error = ctypes.c_int()
         state = lib.opus_encoder_create(RATE_HZ, 1, _APPLICATION_VOIP, ctypes.byref(error))
         if not state or error.value != 0:
             raise OpusUnavailable(f"opus_encoder_create failed ({error.value})")
         self._lib, self._state = lib, ctypes.c_void_p(state)
+        effort = complexity if complexity is not None else COMPLEXITY_WITH_FEC if fec else COMPLEXITY_WITHOUT_FEC
         for request, value in (
-            (_SET_BITRATE, bitrate), (_SET_COMPLEXITY, complexity), (_SET_INBAND_FEC, 1),
-            (_SET_PACKET_LOSS_PERC, loss_percent), (_SET_SIGNAL, _SIGNAL_VOICE),
+            (_SET_BITRATE, bitrate), (_SET_COMPLEXITY, effort), (_SET_INBAND_FEC, int(fec)),
+            (_SET_PACKET_LOSS_PERC, LOSS_PERCENT if fec else 0), (_SET_SIGNAL, _SIGNAL_VOICE),
         ):  # fmt: skip
             if (status := lib.opus_encoder_ctl(self._state, ctypes.c_int(request), ctypes.c_int(value))) != 0:
                 raise ValueError(f"opus_encoder_ctl({request}, {value}) failed ({status})")

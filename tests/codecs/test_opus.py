@@ -121,3 +121,16 @@ def test_without_libopus_the_reason_is_one_line_that_says_what_to_install(monkey
         monkeypatch.undo()
         opus.library.cache_clear()
     assert opus.problem() is None
+
+
+def test_without_fec_the_next_packet_rebuilds_nothing_and_costs_less_to_make() -> None:
+    """``sip.opus_fec`` off: packets carry no copy of the last one, so a loss is only concealed (and the encoder runs at
+    a lower complexity: ``COMPLEXITY_WITHOUT_FEC``)."""
+    encoded = packets(voiced(2000), OpusEncoder(fec=False))
+    whole = OpusDecoder()
+    reference_audio = [whole.decode(p) for p in encoded]
+    from_next, guessed = OpusDecoder(), OpusDecoder()
+    rebuilt = [from_next.decode(p) if i != 55 else from_next.conceal(encoded[i + 1]) for i, p in enumerate(encoded)]
+    concealed = [guessed.decode(p) if i != 55 else guessed.conceal() for i, p in enumerate(encoded)]
+    assert abs(snr_db(reference_audio[55], rebuilt[55]) - snr_db(reference_audio[55], concealed[55])) < 0.5
+    assert opus.COMPLEXITY_WITHOUT_FEC < opus.COMPLEXITY_WITH_FEC

@@ -137,7 +137,8 @@ class SipDialing:
             raise DialRejected("unreachable", f"{next_hop}: {exc}") from None
         if settings.transport == "tls":  # its certificate is checked against the name, not the address
             listener.tls_names[destination] = via_sent_by(next_hop)[0].strip("[]")
-        codec = SipRtpCodec(call_id, placeholder_choice(destination), caller=leg.from_, callee=leg.to)
+        fec = listener.settings.opus_fec
+        codec = SipRtpCodec(call_id, placeholder_choice(destination), caller=leg.from_, callee=leg.to, opus_fec=fec)
         transport = RtpTransport(listener, call_id, codec, destination[0])
         transport.ringing = True
         rtp_port = await listener.bind_rtp(transport)
@@ -230,7 +231,7 @@ class SipDialing:
                 services.desk.give_back_admission(call_id)
                 await transport.close()  # our BYE
                 return
-        codec = SipRtpCodec(call_id, choice, caller=leg.from_, callee=leg.to)
+        codec = SipRtpCodec(call_id, choice, caller=leg.from_, callee=leg.to, opus_fec=transport.codec.opus_fec)
         transport.answered(codec)
         log.info("sip_call_answered", provider=PROVIDER, call_id=call_id, direction="outbound", dial_id=leg.dial_id,
                  codec=choice.encoding.value, remote_rtp=f"{choice.remote_host}:{choice.remote_port}")  # fmt: skip

@@ -463,7 +463,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             dialog = self.uas.dialogs.get(call_id)
             if dialog is None or dialog.state is not DialogState.OFFERED:  # cancelled while ringing
                 return
-        codec = SipRtpCodec(call_id, offer.choice, caller=offer.caller, callee=offer.callee)
+        codec = SipRtpCodec(call_id, offer.choice, caller=offer.caller, callee=offer.callee, opus_fec=self.settings.opus_fec)
         transport = RtpTransport(self, call_id, codec, offer.source[0])
         port = await self.bind_rtp(transport)
         dialog = self.uas.dialogs.get(call_id)
@@ -489,7 +489,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 if self.calls.get(call_id) is call:
                     del self.calls[call_id]
                 return
-            codec = SipRtpCodec(call_id, choice, caller=offer.caller, callee=offer.callee)
+            codec = SipRtpCodec(call_id, choice, caller=offer.caller, callee=offer.callee, opus_fec=self.settings.opus_fec)
             transport.answered(codec)
         choice = codec.choice
         log.info("sip_call_answered", provider=PROVIDER, call_id=call_id, peer=offer.source[0], rtp_port=port,

@@ -72,7 +72,9 @@ class SipRtpCodec:
     profile: Final = PROFILE
     provider: Final = PROVIDER
 
-    def __init__(self, call_id: str, choice: MediaChoice, *, caller: str = "", callee: str = "", jitter_depth: int = 2) -> None:
+    def __init__(
+        self, call_id: str, choice: MediaChoice, *, caller: str = "", callee: str = "", jitter_depth: int = 2, opus_fec: bool = True
+    ) -> None:
         self.call_id = call_id
         self.stream_id: str | None = call_id
         self.choice = choice
@@ -91,7 +93,9 @@ class SipRtpCodec:
         self.playing_events = False
         """An RFC 4733 digit train is going out (``RtpTransport.play_dtmf``): no audio meanwhile."""
         self.suppressed_for_events = 0
-        self._coder: WidebandCoder | None = _coder_for(choice)
+        self.opus_fec = opus_fec
+        """``sip.opus_fec``: an Opus call's packets carry FEC for the peer."""
+        self._coder: WidebandCoder | None = _coder_for(choice, opus_fec)
         """G.722's or Opus's coders (to the peer and from it); None for G.711, which the bridge codes itself."""
 
     @property
@@ -105,7 +109,7 @@ class SipRtpCodec:
         resumed = choice.direction.we_send and not self.choice.direction.we_send
         if not self.started and choice.encoding is not self.choice.encoding:
             self.jitter.silence_byte = _concealment(choice)
-            self._coder = _coder_for(choice)
+            self._coder = _coder_for(choice, self.opus_fec)
         self.choice = choice
         if resumed:
             self.sender.talk_spurt = True
@@ -231,8 +235,8 @@ class _G722Coder:
 class _OpusCoder:
     __slots__ = ("decoder", "encoder")
 
-    def __init__(self) -> None:
-        self.encoder, self.decoder = OpusEncoder(), OpusDecoder()
+    def __init__(self, fec: bool) -> None:
+        self.encoder, self.decoder = OpusEncoder(fec=fec), OpusDecoder()
 
     def decode(self, payloads: list[bytes]) -> list[bytes]:
         decoder = self.decoder
@@ -248,10 +252,10 @@ class _OpusCoder:
         return self.encoder.silence(ms)
 
 
-def _coder_for(choice: MediaChoice) -> WidebandCoder | None:
+def _coder_for(choice: MediaChoice, opus_fec: bool) -> WidebandCoder | None:
     if choice.encoding is AudioEncoding.G722:
         return _G722Coder()
-    return _OpusCoder() if choice.encoding is AudioEncoding.OPUS else None
+    return _OpusCoder(opus_fec) if choice.encoding is AudioEncoding.OPUS else None
 
 
 def _concealment(choice: MediaChoice) -> int | None:
