@@ -21,6 +21,7 @@ from callbridge.carriers.sip.sim_wire import (
 from callbridge.sim.carrier import CallResult, SimCall
 from callbridge.sip.dtmf import dtmf_train, event_payload
 from callbridge.sip.rtp import RtpSender, build_rtp
+from callbridge.sip.srtp import SdesCrypto
 
 pytestmark = pytest.mark.core
 
@@ -87,6 +88,22 @@ def test_a_malformed_message_is_a_warning(data: bytes, problem: str) -> None:
 def test_an_answer_a_trunk_would_reject_is_a_warning(change: tuple[str, str], problem: str) -> None:
     found = parse_sdp_answer(ANSWER.replace(*change).encode(), (0, 8))
     assert isinstance(found, str) and problem in found, found
+
+
+def test_an_answer_to_an_opus_srtp_offer_must_be_opus_as_rfc_7587_names_it_in_srtp_with_one_key() -> None:
+    ours, theirs = bytes(range(30)), bytes(range(1, 31))
+    opus = ANSWER.replace("RTP/AVP 0 101", "RTP/SAVP 111 101").replace("a=rtpmap:0 PCMU/8000", "a=rtpmap:111 opus/48000/2")
+    keyed = opus + SdesCrypto(1, "AES_CM_128_HMAC_SHA1_80", theirs).line() + "\r\n"
+    found = parse_sdp_answer(keyed.encode(), (111,), ours)
+    assert isinstance(found, SdpAnswer) and found.payload_type == 111 and found.srtp is not None
+    assert (found.srtp.remote_key, found.srtp.local_key) == (theirs, ours)
+    for wrong, problem in (
+        (opus, "one crypto line"), (keyed.replace("RTP/SAVP", "RTP/AVP"), "m="),
+        (keyed.replace("opus/48000/2", "opus/16000"), "rtpmap"), (keyed.replace("a=crypto:1", "a=crypto:2"), "tag 1"),
+    ):  # fmt: skip
+        refused = parse_sdp_answer(wrong.encode(), (111,), ours)
+        assert isinstance(refused, str) and problem in refused, (refused, problem)
+    assert "crypto line in the answer to plain RTP" in str(parse_sdp_answer((ANSWER + keyed.splitlines()[-1] + "\r\n").encode(), (0, 8)))
 
 
 def test_digest_answers_the_challenge_rfc_2617() -> None:

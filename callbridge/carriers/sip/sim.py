@@ -5,14 +5,18 @@ Each call is a user-agent client over UDP, as a trunk's SBC or a phone is:
 
 - one SIP socket and one (even) RTP socket per call on the caller's address;
   ``INVITE`` with an SDP offer (PCMU and PCMA, or the one ``codec`` given
-  first, and ``telephone-event``), retransmitted at T1, 2·T1 … until a
+  first, and ``telephone-event``; G.722 or Opus alone where the bridge's
+  ``sip.codecs`` names it first, SRTP with a key of ours where its
+  ``sip.media_encryption`` is ``required``: a wideband, encrypting phone),
+  retransmitted at T1, 2·T1 … until a
   response (Timer A); ``100``/``180`` then ``200`` with the SDP answer, or a
   ``401`` answered once with digest credentials (RFC 2617 ``qop=auth``: the
   simulated account's ``secret`` is the trunk's password), or another final
   response (acknowledged, the call refused); ``ACK`` to the ``200``'s
   ``Contact``, sent again for every retransmitted ``200``;
-- the caller's audio as G.711 RTP every 20 ms from the shared timer: one SSRC,
-  sequence +1 and timestamp +160 per packet, the marker on the first; a digit
+- the caller's audio as RTP every 20 ms from the shared timer (G.711, or coded
+  at 16 kHz as G.722 or Opus: ``sim_media.py``; protected where SRTP): one SSRC,
+  sequence +1 and timestamp +160 per packet (+960 for Opus), the marker on the first; a digit
   as RFC 4733 events in place of the audio packets (updates every 20 ms, the
   end packet three times, the media timestamp then moved on by the time the
   event took);
@@ -54,7 +58,9 @@ from typing import Any, ClassVar, Final
 
 from callbridge.carriers.sip.sim_stream import SipConnection, SipStream, _Datagrams, _Dialog, bind_udp
 from callbridge.carriers.sip.sim_wire import (
+    CODEC_PT,
     DTMF_PT,
+    RTPMAP,
     Address,
     SipReply,
     digest_authorization,
@@ -71,13 +77,13 @@ from callbridge.sim.transfer import sent_on
 from callbridge.sip.dtmf import event_payload
 from callbridge.sip.message import SipRequest
 from callbridge.sip.rtp import RtpSender, build_rtp
+from callbridge.sip.srtp import KEY_BYTES, offer_line
 
 __all__ = ["SimulatedSip", "SipConnection", "SipStream"]
 
 T1_S: Final = 0.5
 _INVITE_TIMEOUT_S: Final = 10.0
 """How long a trunk waits for a final response before it gives up on the call (Timer B is 32 s)."""
-_PT_NAMES: Final = {0: "PCMU", 8: "PCMA"}
 _STRAY_RESPONSE: Final = (
     "SIP/2.0 200 OK\r\nVia: SIP/2.0/UDP 127.0.0.1:9;branch=z9hG4bKstray\r\nFrom: <sip:a@b>;tag=1\r\n"
     "To: <sip:c@d>;tag=2\r\nCall-ID: stray@sim\r\nCSeq: 1 BYE\r\nContent-Length: 0\r\n\r\n"
@@ -105,6 +111,8 @@ class SimulatedSip(SimulatedCarrier):
         super().__init__(bridge_url, secret)
         self.offer = (8, 0) if codec == "PCMA" else (0, 8) if codec is None else (0,)
         """Payload types offered, in our order of preference."""
+        self.srtp_key: bytes | None = None
+        """SRTP: our key, offered in every INVITE (each call's own context: the key is what the offer says)."""
         self.local_host = local_host
         self.transfer_status = transfer_status
         """What a transfer target answers when the bridge REFERs a call (200: the transfer succeeds)."""
@@ -123,6 +131,11 @@ class SimulatedSip(SimulatedCarrier):
 
     def configure(self, settings: Settings) -> None:
         self.host, self.port = (settings.sip.public_address or settings.sip.host, settings.sip.port)
+        first = settings.sip.codecs[0]
+        if first in ("G722", "opus"):  # a wideband phone, offering the codec the bridge prefers
+            self.offer = (CODEC_PT[first],)
+        if settings.sip.media_encryption == "required":
+            self.srtp_key = secrets.token_bytes(KEY_BYTES)
 
     def new_call_id(self) -> str:
         return f"{secrets.token_hex(12)}@sim.callbridge"
@@ -141,9 +154,10 @@ class SimulatedSip(SimulatedCarrier):
         formats = " ".join(str(pt) for pt in (*self.offer, DTMF_PT))
         lines = [
             "v=0", f"o=sim {session} {session} IN IP4 {self.local_host}", "s=sim", f"c=IN IP4 {self.local_host}", "t=0 0",
-            f"m=audio {rtp_port} RTP/AVP {formats}",
-            *(f"a=rtpmap:{pt} {_PT_NAMES[pt]}/8000" for pt in self.offer),
+            f"m=audio {rtp_port} {'RTP/AVP' if self.srtp_key is None else 'RTP/SAVP'} {formats}",
+            *(f"a=rtpmap:{pt} {RTPMAP[pt]}" for pt in self.offer),
             f"a=rtpmap:{DTMF_PT} telephone-event/8000", f"a=fmtp:{DTMF_PT} 0-16", "a=ptime:20", "a=sendrecv",
+            *([offer_line(self.srtp_key)] if self.srtp_key is not None else []),
         ]  # fmt: skip
         return ("\r\n".join(lines) + "\r\n").encode()
 
@@ -299,7 +313,7 @@ class SimulatedSip(SimulatedCarrier):
         contact = name_addr_uri(ok.get("contact"))
         target = uri_target(contact)
         answer = (
-            parse_sdp_answer(ok.body, self.offer)
+            parse_sdp_answer(ok.body, self.offer, self.srtp_key)
             if ok.get("content-type").lower() == "application/sdp"
             else "no SDP in the 200"
         )
@@ -320,7 +334,7 @@ class SimulatedSip(SimulatedCarrier):
         )  # fmt: skip
         stream = SipStream(conn, call, dialog, answer, ack, lambda: self.end_call(call.call_id), self.transfer_status)
         self.streams[call.call_id] = stream
-        result.log(call.clock(), "sip", f"200 OK: {_PT_NAMES[answer.payload_type]} to {answer.host}:{answer.port}")
+        result.log(call.clock(), "sip", f"200 OK: {RTPMAP[answer.payload_type]} to {answer.host}:{answer.port}")
         return stream
 
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:

@@ -6,7 +6,6 @@ shared timer, the bridge's RTP read strictly and played, digits, BYE, REFER and 
 from __future__ import annotations
 
 import asyncio
-import audioop
 import contextlib
 import math
 import re
@@ -17,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import ClassVar, Final, cast
 
+from callbridge.carriers.sip.sim_media import PhoneCodec
 from callbridge.carriers.sip.sim_wire import (
     Address,
     SdpAnswer,
@@ -29,14 +29,13 @@ from callbridge.sim.carrier import FRAME_MS, SimCall, SimStream
 from callbridge.sip.dtmf import dtmf_packets
 from callbridge.sip.message import SipRequest
 from callbridge.sip.rtp import RtpSender
+from callbridge.sip.srtp import SrtpSession
 
 __all__ = ["SipConnection", "SipStream", "bind_udp"]
 
 
 T1_S: Final = 0.5
 _BYE_TIMEOUT_S: Final = 4.0
-_SILENCE_BYTE: Final = {0: 0xFF, 8: 0xD5}
-_SAMPLES_PER_FRAME: Final = 160
 MAX_AHEAD_MS: Final = 200
 """Beyond this, the bridge's RTP arrived so far ahead of real time that a phone's (adaptive) jitter buffer would
 overflow and drop audio. The bridge's lead is 60 ms (``bridge.providers.sip.PROFILE``); the margin above it
@@ -213,7 +212,9 @@ class SipStream(SimStream):
         self.answer = answer
         self.invite_ack = invite_ack
         self.sender = RtpSender()
-        self.silence_byte = _SILENCE_BYTE[answer.payload_type]
+        self.codec = PhoneCodec(answer.payload_type)
+        self.srtp = SrtpSession(answer.srtp) if answer.srtp is not None else None
+        """SRTP: what we send is protected, what the bridge sends must authenticate."""
         self.dtmf_train: list[bytes] = []
         self.bye_received = False
         self.bye_answered = asyncio.Event()
@@ -246,10 +247,13 @@ class SipStream(SimStream):
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.dtmf_train:  # a phone sends the digit's events instead of its audio
             await self.send(self.dtmf_train.pop(0))
-            self.sender.timestamp = (self.sender.timestamp + _SAMPLES_PER_FRAME) & 0xFFFFFFFF  # the media clock runs on
+            self.sender.timestamp = (self.sender.timestamp + self.codec.ticks_per_frame) & 0xFFFFFFFF  # the media clock runs on
             return
-        encode = audioop.lin2ulaw if self.answer.payload_type == 0 else audioop.lin2alaw
-        await self.send(self.sender.packet(self.answer.payload_type, encode(pcm_8k, 2), _SAMPLES_PER_FRAME))
+        await self.send(self.sender.packet(self.answer.payload_type, self.codec.encode(pcm_8k), self.codec.ticks_per_frame))
+
+    async def send(self, message: str | bytes) -> None:
+        """RTP (bytes) protected where the call is SRTP."""
+        await super().send(self.srtp.protect(message) if isinstance(message, bytes) and self.srtp is not None else message)
 
     async def send_dtmf(self, digit: str) -> None:
         """RFC 4733: the event's packets go out one per 20 ms tick in place of audio (``send_audio``)."""
@@ -257,7 +261,7 @@ class SipStream(SimStream):
             self.warn("a key press, but the bridge's answer has no telephone-event")
             return
         start = self.sender.timestamp
-        train = dtmf_packets(self.sender, self.answer.dtmf_payload_type, digit)
+        train = dtmf_packets(self.sender, self.answer.dtmf_payload_type, digit, media_hz=self.codec.clock_hz)
         self.sender.timestamp = start  # advanced per packet sent, as real time passes (send_audio)
         self.dtmf_train.extend(train)
 
@@ -338,7 +342,11 @@ class SipStream(SimStream):
 
     def receive(self, message: str | bytes) -> None:
         if isinstance(message, bytes):
-            self._receive_rtp(message)
+            plain = self.srtp.unprotect(message) if self.srtp is not None else message
+            if plain is None:
+                self.once("an RTP packet from the bridge that fails SRTP's authentication")
+                return
+            self._receive_rtp(plain)
             return
         reply = read_sip(message.encode("utf-8", "surrogateescape"))
         if isinstance(reply, str):
@@ -496,24 +504,25 @@ class SipStream(SimStream):
         if payload_type != self.answer.payload_type:
             self.once(f"RTP payload type {payload_type}, negotiated {self.answer.payload_type}")
             return
+        codec = self.codec
         self._check_clock(timestamp, contiguous=timestamp == (self._timestamp + self._payload_samples) & 0xFFFFFFFF)
-        self._timestamp, self._payload_samples = timestamp, len(payload)
-        if len(payload) != _SAMPLES_PER_FRAME:
+        self._timestamp, self._payload_samples = timestamp, len(payload) if codec.narrowband else codec.ticks_per_frame
+        if codec.narrowband and len(payload) != codec.ticks_per_frame:
             self.once(f"a {len(payload)}-sample RTP payload: the answer said ptime 20")
+        pcm = codec.decode(payload)
         if not self.agent_started:
-            if payload.count(self.silence_byte) == len(payload):
+            if codec.silent(payload, pcm):
                 return  # the bridge's cadence before the agent says anything
             self.agent_started = True
-        decode = audioop.ulaw2lin if self.answer.payload_type == 0 else audioop.alaw2lin
         # how far ahead of real time this packet is: a phone's playout clock (wall time, not this simulator's
         # ticks, which a busy machine delays) plays each packet 20 ms after the previous one or on arrival
         now_s = time.monotonic()
-        self._playout_end_s = max(self._playout_end_s, now_s) + len(payload) / 8000
+        self._playout_end_s = max(self._playout_end_s, now_s) + len(pcm) / 16000
         ahead_ms = (self._playout_end_s - now_s) * 1000 - FRAME_MS
         self.max_ahead_ms = max(self.max_ahead_ms, ahead_ms)
         if ahead_ms > MAX_AHEAD_MS:
             self.once(f"RTP arrived {ahead_ms:.0f} ms ahead of real time: a phone's jitter buffer overflows")
-        self.enqueue_audio(decode(payload, 2))
+        self.enqueue_audio(pcm)
 
     def _check_clock(self, timestamp: int, *, contiguous: bool) -> None:
         """The bridge's RTP clock against wall time, as a phone's playout sees it (the timestamps alone cannot show a
@@ -525,7 +534,7 @@ class SipStream(SimStream):
         self._last_arrival_s = now_s
         start_s, start_timestamp = self._clock_run
         wall_s = now_s - start_s
-        media_s = ((timestamp - start_timestamp) & 0xFFFFFFFF) / 8000
+        media_s = ((timestamp - start_timestamp) & 0xFFFFFFFF) / self.codec.clock_hz
         if wall_s >= CLOCK_CHECK_AFTER_S and media_s < MIN_CLOCK_RATE * wall_s:
             self.once(
                 f"the bridge's RTP covered {media_s * 1000:.0f} ms of media in {wall_s * 1000:.0f} ms of wall time: "

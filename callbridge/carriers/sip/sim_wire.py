@@ -21,8 +21,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Final
 
+from callbridge.sip.srtp import OFFER_CRYPTO_TAG, OFFER_SUITE, SrtpKeys, parse_crypto
+
 __all__ = [
+    "CODEC_PT",
     "DTMF_PT",
+    "RTPMAP",
     "Address",
     "SdpAnswer",
     "SipReply",
@@ -35,6 +39,9 @@ __all__ = [
 ]
 
 DTMF_PT: Final = 101
+CODEC_PT: Final = {"PCMU": 0, "PCMA": 8, "G722": 9, "opus": 111}
+"""The payload types the simulated trunk offers, by the codec's name in ``sip.codecs`` (Opus's is dynamic: ours)."""
+RTPMAP: Final = {0: "PCMU/8000", 8: "PCMA/8000", 9: "G722/8000", 111: "opus/48000/2"}
 """The telephone-event payload type the simulated trunk offers."""
 _COMPACT: Final = {
     "i": "call-id",
@@ -137,10 +144,14 @@ class SdpAnswer:
     port: int
     payload_type: int
     dtmf_payload_type: int | None
+    srtp: SrtpKeys | None = None
+    """SRTP: the answer's key (what the bridge sends with) and ours."""
 
 
-def parse_sdp_answer(body: bytes, offered: tuple[int, ...]) -> SdpAnswer | str:
-    """The bridge's answer to our one-stream offer (RFC 3264 §6), read strictly: the answer, or what is wrong."""
+def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | None = None) -> SdpAnswer | str:
+    """The bridge's answer to our one-stream offer (RFC 3264 §6), read strictly: the answer, or what is wrong.
+    ``srtp_key``: we offered SRTP with this key (``RTP/SAVP``, one crypto line of tag 1): the answer must be in kind,
+    with one crypto line of its own."""
     try:
         text = body.decode("ascii")
     except UnicodeDecodeError:
@@ -167,7 +178,7 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...]) -> SdpAnswer | str:
     if (
         len(media) < 4
         or media[0] != "audio"
-        or media[2] != "RTP/AVP"
+        or media[2] != ("RTP/AVP" if srtp_key is None else "RTP/SAVP")
         or not media[1].isdigit()
         or not 0 < int(media[1]) < 65536
     ):
@@ -186,7 +197,14 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...]) -> SdpAnswer | str:
         return "the answer to a sendrecv offer is not sendrecv"
     if any(a.startswith("ptime:") and a != "ptime:20" for a in attributes):
         return "ptime other than 20"
-    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf)
+    if f"rtpmap:{codecs[0]} {RTPMAP[codecs[0]]}" not in attributes and codecs[0] >= 96:
+        return f"payload type {codecs[0]} without its rtpmap {RTPMAP[codecs[0]]}"
+    crypto = [parse_crypto(a[len("crypto:") :]) for a in attributes if a.startswith("crypto:")]
+    if srtp_key is None:
+        return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf) if not crypto else "a crypto line in the answer to plain RTP"
+    if len(crypto) != 1 or crypto[0] is None or (crypto[0].tag, crypto[0].suite) != (OFFER_CRYPTO_TAG, OFFER_SUITE):
+        return f"the answer to our SRTP offer needs one crypto line of tag {OFFER_CRYPTO_TAG}, {OFFER_SUITE}"
+    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf, SrtpKeys(OFFER_SUITE, OFFER_CRYPTO_TAG, crypto[0].key, srtp_key))
 
 
 def _md5(text: str) -> str:
