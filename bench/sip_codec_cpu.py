@@ -8,7 +8,9 @@ interleaved round by round so the machine's drift falls on all; the server's CPU
     python bench/sip_codec_cpu.py [--calls 20] [--duration 20] [--ramp 5] [--rounds 3]
 
 The phones' speech is the load test's (the bundled utterance and the loopback agent's reply, both ways at once);
-the generator's own coding (it is a wideband phone too) is on its own CPU, not in the figure.
+the generator's own coding (it is a wideband phone too) is on its own CPU, not in the figure. The click round trip
+(the load test's: a click in the caller's audio → back from the loopback agent) goes through both phones' coders too:
+what the codec adds to a turn, against G.711.
 """
 
 from __future__ import annotations
@@ -56,22 +58,28 @@ def main() -> None:
     names = [name.strip() for name in args.cases.split(",")]
     calls = int(args.calls)
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    trip: dict[str, list[float]] = {name: [] for name in names}
     failed: dict[str, int] = {name: 0 for name in names}
     warnings: dict[str, int] = {name: 0 for name in names}
     for round_no in range(args.rounds):
         for name in names:
             report = run_case(name, calls, round_no, args)
             cpu[name].append(float(report["server_cpu_ms_per_call_second"]))  # type: ignore[arg-type]
+            trip[name].append(float(report["round_trip_ms"]["p50"]))  # type: ignore[index]
             failed[name] += int(report["failed_calls"])  # type: ignore[call-overload]
             warnings[name] += int(report["protocol_warnings"])  # type: ignore[call-overload]
             print(json.dumps({"case": name, "round": round_no, "server_cpu_ms_per_call_second": cpu[name][-1]}), flush=True)
-    base = statistics.median(cpu[names[0]])
+    base, base_trip = statistics.median(cpu[names[0]]), statistics.median(trip[names[0]])
     rows = [
         f"| {name} | {calls} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} "
-        f"| {statistics.median(values) / base:.2f}x | {failed[name]} | {warnings[name]} |"
+        f"| {statistics.median(values) / base:.2f}x | {statistics.median(trip[name]):.1f} ({statistics.median(trip[name]) - base_trip:+.1f}) "
+        f"| {failed[name]} | {warnings[name]} |"
         for name, values in cpu.items()
     ]
-    columns = ["case", "calls", "server CPU-ms per call-second (median)", "rounds", f"against {names[0]}", "failed calls", "warnings"]
+    columns = [
+        "case", "calls", "server CPU-ms per call-second (median)", "rounds", f"against {names[0]}",
+        f"click round trip p50 ms (against {names[0]})", "failed calls", "warnings",
+    ]  # fmt: skip
     print_table(args, columns, rows)
 
 
