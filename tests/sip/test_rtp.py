@@ -38,7 +38,7 @@ from callbridge.sip.rtp import (
     build_rtp,
     parse_rtp,
 )
-from callbridge.sip.sdp import Direction, choose
+from callbridge.sip.sdp import Direction, MediaChoice, choose
 from tests.conftest import NEEDS_LIBOPUS
 
 pytestmark = pytest.mark.core
@@ -178,22 +178,32 @@ def test_codec_profile_and_flow() -> None:
         codec.receive_message("start")
 
 
+def tone_over(choice: MediaChoice, phone: G722Encoder | OpusEncoder, *, packets: int, lost: int) -> tuple[bytes, list[bytes]]:
+    """A wideband call (``choice``) whose caller's phone (``phone``) sends ``packets`` of a 5 kHz tone (above G.711's
+    band), the ``lost``-th lost, then hangs up: the tone, and what the bridge got of it packet by packet. The bridge is
+    told L16 at 16 kHz."""
+    codec = SipRtpCodec("call-w", choice)
+    started = codec.receive_message("start")[-1]
+    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
+    t = np.arange(320 * packets) / 16000
+    caller = (6000 * np.sin(2 * np.pi * 5000 * t)).astype("<i2").tobytes()
+    ticks = choice.clock_hz // 50
+    wire = [phone.encode(caller[i : i + 640]) for i in range(0, len(caller), 640)]
+    events = [
+        e for seq, payload in enumerate(wire, 1) if seq != lost
+        for e in codec.receive_message(build_rtp(choice.payload_type, seq, seq * ticks, 5, payload))
+    ]  # fmt: skip
+    events += codec.receive_message("bye")
+    return caller, [e.payload for e in events if isinstance(e, MediaReceived)]
+
+
 def test_a_g722_call_is_l16_at_16_khz_to_the_bridge_and_g722_on_the_wire() -> None:
     """G.722 is coded at the edge, a coder per direction (it keeps state): the bridge is told L16 at 16 kHz, gets
     640 bytes of PCM a 20 ms packet and sends 640; the wire carries 160 bytes a packet, the timestamp stepping 160
     (RTP's 8 kHz clock for G.722), and a lost packet comes out as (near) silence of its length."""
     choice = choose(OFFER.replace("RTP/AVP 8 101", "RTP/AVP 9 101"))
     assert choice is not None and choice.encoding is AudioEncoding.G722
-    codec = SipRtpCodec("call-w", choice)
-    started = codec.receive_message("start")[-1]
-    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
-    t = np.arange(320 * 6) / 16000
-    caller = (6000 * np.sin(2 * np.pi * 5000 * t)).astype("<i2").tobytes()  # above G.711's band
-    phone = G722Encoder()
-    wire = [phone.encode(caller[i : i + 640]) for i in range(0, len(caller), 640)]
-    events = [e for seq, payload in enumerate(wire, 1) if seq != 4 for e in codec.receive_message(build_rtp(9, seq, seq * 160, 5, payload))]
-    events += codec.receive_message("bye")
-    heard = [e.payload for e in events if isinstance(e, MediaReceived)]
+    caller, heard = tone_over(choice, G722Encoder(), packets=6, lost=4)
     assert [len(pcm) for pcm in heard] == [640] * 6  # the fourth lost, concealed
     assert np.abs(np.frombuffer(heard[3], dtype="<i2")[-160:]).max() < 3000  # silence of a sort, not the tone
     level = np.sqrt(np.mean(np.frombuffer(heard[1], dtype="<i2").astype(np.float64) ** 2))
@@ -222,18 +232,7 @@ def test_an_opus_call_is_l16_at_16_khz_to_the_bridge_opus_at_48_khz_rtp_clock_on
     packet comes out as 20 ms rebuilt from the next packet's FEC (close to what was lost, not silence)."""
     choice = choose(OPUS_OFFER, codecs=(AudioEncoding.PCMA, AudioEncoding.OPUS))
     assert choice is not None and (choice.encoding, choice.payload_type) == (AudioEncoding.OPUS, 107)
-    codec = SipRtpCodec("call-o", choice)
-    started = codec.receive_message("start")[-1]
-    assert isinstance(started, StreamStarted) and (started.encoding, started.rate_hz) == (AudioEncoding.L16, 16000)
-    t = np.arange(320 * 12) / 16000
-    caller = (6000 * np.sin(2 * np.pi * 5000 * t)).astype("<i2").tobytes()  # above G.711's band
-    phone = OpusEncoder()
-    wire = [phone.encode(caller[i : i + 640]) for i in range(0, len(caller), 640)]
-    events = [
-        e for seq, payload in enumerate(wire, 1) if seq != 8 for e in codec.receive_message(build_rtp(107, seq, seq * 960, 5, payload))
-    ]
-    events += codec.receive_message("bye")
-    heard = [e.payload for e in events if isinstance(e, MediaReceived)]
+    caller, heard = tone_over(choice, OpusEncoder(), packets=12, lost=8)
     assert [len(pcm) for pcm in heard] == [640] * 12  # the eighth lost, rebuilt
     level = [np.sqrt(np.mean(np.frombuffer(pcm, dtype="<i2").astype(np.float64) ** 2)) for pcm in heard]
     assert min(level[4:]) > 3000  # the 5 kHz tone came through, the lost packet's 20 ms too
