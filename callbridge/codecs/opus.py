@@ -50,7 +50,7 @@ packet rebuilt from the next one's FEC was no better than concealment: 5 dB agai
 (14.0 at 5, 27.6 at 10 without), on the machine of the session that chose it; decoding 1.5 at any."""
 COMPLEXITY_WITHOUT_FEC: Final = 1
 """Without FEC: 5.4 CPU-ms a call-second encoding speech (7.1 at 2). What is lost below 5 is analysis effort (pitch
-search, noise shaping), not bandwidth: the packets still carry 8 kHz of audio band at our bit rate."""
+search, noise shaping), not band: the packets still carry 8 kHz of audio at our bit rate."""
 _MAX_SAMPLES: Final = RATE_HZ * 120 // 1000
 """The longest packet Opus has, 120 ms, at our rate: what a decode is given room for."""
 _MAX_PACKET: Final = 1500
@@ -152,7 +152,7 @@ class OpusEncoder:
 
 
 class OpusDecoder:
-    """One stream's decoder: an Opus packet (any bandwidth, mono or stereo) → PCM16 little-endian at 16 kHz."""
+    """One stream's decoder: an Opus packet (narrowband to fullband, mono or stereo) → PCM16 little-endian at 16 kHz."""
 
     __slots__ = ("_lib", "_pcm", "_state", "last_samples")
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from callbridge.carriers.sip import rtp_transport
 from callbridge.carriers.sip.line_quality import LineQuality
 from callbridge.carriers.sip.rtp_transport import RtpTransport
 from callbridge.carriers.sip.settings import SipSettings
@@ -99,11 +100,13 @@ def test_a_calls_summary_has_its_codec_its_loss_its_jitter_and_a_lower_mos_for_t
     assert ours is not None and ours.jitter == int(line.arrivals.jitter) and ours.lost == 10 and (ours.lsr, ours.dlsr) == (0, 0)
 
 
-def test_a_call_below_the_floor_is_logged_once_with_its_figures(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_call_below_the_floor_is_logged_once_with_its_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """At each RTCP report (every ~5 s) the call's figures are checked against ``sip.quality_floor_mos``: the first
     time below it, one warning naming the MOS, the loss and the jitter; a call above it logs nothing."""
     choice = choose(OFFER)
     assert choice is not None
+    warned: list[tuple[str, dict[str, object]]] = []
+    monkeypatch.setattr(rtp_transport.log, "warning", lambda event, **fields: warned.append((event, fields)))
     owner = SimpleNamespace(address="127.0.0.1", dropped=Counter(), settings=SipSettings(), call_closed=lambda call_id: None)
     clean, lossy = RtpTransport(owner, "clean", SipRtpCodec("clean", choice), "127.0.0.1"), RtpTransport(owner, "lossy", SipRtpCodec("lossy", choice), "127.0.0.1")
     for transport, every in ((clean, 0), (lossy, 8)):  # the lossy line loses one packet in eight: 12.5 %
@@ -114,6 +117,7 @@ def test_a_call_below_the_floor_is_logged_once_with_its_figures(capsys: pytest.C
             transport.codec.receive_message(build_rtp(0, seq, 160 * seq, 5, b"\xff" * 160))
         for _ in range(2):
             transport._check_quality()
-    logged = [line for line in capsys.readouterr().out.splitlines() if "sip_call_quality_low" in line]
-    assert len(logged) == 1 and "call_id=lossy" in logged[0] and "loss_percent=12." in logged[0] and "floor=3.6" in logged[0], logged
+    ((event, fields),) = warned
+    assert event == "sip_call_quality_low" and fields["call_id"] == "lossy" and fields["floor"] == 3.6, warned
+    assert 12 < fields["loss_percent"] < 13 and fields["mos"] < 3.6 and fields["codec"] == "PCMU", fields  # type: ignore[operator]
     assert lossy.quality_warned and not clean.quality_warned
