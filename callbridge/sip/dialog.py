@@ -92,6 +92,7 @@ from callbridge.sip.message import (
 from callbridge.sip.rate_limit import SourceBudgets
 from callbridge.sip.refer import Transfer, TransferOutcome, notify_status, refer_to
 from callbridge.sip.sdp import MediaChoice, SdpError, answer, choose, offer, read_answer
+from callbridge.sip.srtp import KEY_BYTES
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
 from callbridge.sip.uas_messages import (
     ALLOW,
@@ -188,10 +189,7 @@ class SipUas:
         dialog.sdp_host, dialog.rtp_port = sdp_host, rtp_port
         dialog.session_id = secrets.randbelow(2**31)
         dialog.sdp_version = dialog.session_id
-        if dialog.delayed_offer:
-            dialog.sdp = offer(host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version, codecs=self.config.codecs)
-        else:
-            dialog.sdp = answer(dialog.choice, host=sdp_host, port=rtp_port, session_id=dialog.session_id, version=dialog.sdp_version)
+        dialog.sdp = _our_sdp(dialog, self.config)
         # RFC 3262 §3: our 180 has no SDP, so the 200 need not wait for its PRACK; the 180 stops, a late PRACK
         # still gets its 200
         dialog.retransmits = [r for r in dialog.retransmits if r.kind is not TxKind.RELIABLE_1XX]
@@ -402,7 +400,8 @@ class SipUas:
         leaves no other way to end a confirmed dialog whose offer/answer failed)."""
         dialog.delayed_offer = False
         try:
-            choice = read_answer(ack.body.decode("utf-8", "replace"), self.config.codecs) if ack.body and ack.media_type == "application/sdp" else None
+            body = ack.body.decode("utf-8", "replace") if ack.body and ack.media_type == "application/sdp" else None
+            choice = read_answer(body, self.config.codecs, dialog.offer_srtp_key) if body is not None else None
         except SdpError:
             choice = None
         if choice is None:
@@ -575,3 +574,13 @@ class SipUas:
 def _media_of(choice: MediaChoice) -> tuple[object, ...]:
     """What of a media choice, changed by a re-INVITE, the call's RTP must follow."""
     return (choice.direction, choice.remote_host, choice.remote_port, choice.payload_type, choice.dtmf_payload_type, choice.srtp)
+
+
+def _our_sdp(dialog: Dialog, config: UasConfig) -> str:
+    """Our 200's SDP: the answer to the INVITE's offer; for a delayed offer, our offer (``sip.codecs``), SRTP with a new
+    key of ours (kept for reading the ACK's answer) where ``media_encryption`` is ``required``."""
+    host, port, session, version = dialog.sdp_host, dialog.rtp_port, dialog.session_id, dialog.sdp_version
+    if not dialog.delayed_offer:
+        return answer(dialog.choice, host=host, port=port, session_id=session, version=version)
+    dialog.offer_srtp_key = secrets.token_bytes(KEY_BYTES) if config.media_encryption == "required" else None
+    return offer(host=host, port=port, session_id=session, version=version, codecs=config.codecs, srtp_key=dialog.offer_srtp_key)

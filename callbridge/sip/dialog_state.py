@@ -201,6 +201,8 @@ class Dialog:
     ended_at_ms: int | None = None
     delayed_offer: bool = False
     """Our 200 carries the offer; the ACK must carry the answer (RFC 3261 §13.2.1)."""
+    offer_srtp_key: bytes | None = None
+    """Our key in that offer, where SRTP is ``required`` (``RTP/SAVP``, one crypto line): the answer must be in kind."""
     transfer: Transfer | None = None
     reliable_provisional: bool = False
     """The INVITE had ``Require: 100rel``: our 180 goes reliably (RFC 3262)."""

@@ -62,14 +62,13 @@ def read_offer(
     request: SipRequest, source: Address, encryption: Encryption = "optional", codecs: tuple[AudioEncoding, ...] = DEFAULT_CODECS
 ) -> MediaChoice | Refusal:
     """The audio a new INVITE offers, as we take it (a delayed offer, with no body: a placeholder until the ACK's
-    answer), or its refusal (488 where SRTP is ``required`` and the offer has none we take)."""
+    answer; where SRTP is ``required`` our offer in the 200 is SRTP), or its refusal (488 where SRTP is ``required``
+    and the offer has none we take)."""
     unsupported = [opt for opt in (request.headers_all("Require") + request.headers_all("Proxy-Require")) if opt.lower() not in SUPPORTED]
     if unsupported:
         return Refusal(420, [("Unsupported", ", ".join(unsupported))])
     if request.body and request.media_type != "application/sdp":
         return Refusal(415, [("Accept", "application/sdp")])
-    if not request.body and encryption == "required":  # our offer in the 200 is plain RTP (SRTP is offered only on the calls we place)
-        return Refusal(488, [("Warning", '304 callbridge "an SDP offer with SRTP (SDES) required"')])
     try:
         choice = choose(request.body.decode("utf-8", "replace"), encryption=encryption, codecs=codecs) if request.body else placeholder_choice(source)
     except SdpError as exc:

@@ -93,12 +93,43 @@ def _invite(body: str) -> SipRequest:
     return request
 
 
-def test_with_srtp_required_a_plain_offer_and_a_delayed_one_are_refused_488_saying_why() -> None:
-    for body in (offer(AVP), ""):
-        refused = read_offer(_invite(body), ("192.0.2.7", 5060), "required")
-        assert isinstance(refused, Refusal) and refused.status == 488
-        assert "SRTP" in dict(refused.extra)["Warning"]
+def test_with_srtp_required_a_plain_offer_is_refused_488_saying_why_and_a_delayed_one_is_taken() -> None:
+    refused = read_offer(_invite(offer(AVP)), ("192.0.2.7", 5060), "required")
+    assert isinstance(refused, Refusal) and refused.status == 488
+    assert "SRTP" in dict(refused.extra)["Warning"]
     assert not isinstance(read_offer(_invite(offer(SAVP)), ("192.0.2.7", 5060), "required"), Refusal)
+    assert not isinstance(read_offer(_invite(""), ("192.0.2.7", 5060), "required"), Refusal)  # our 200 offers SRTP
+
+
+def test_a_delayed_offer_under_required_gets_our_srtp_offer_and_takes_only_an_answer_in_kind() -> None:
+    """No SDP in the INVITE, ``media_encryption = "required"``: our 200 offers ``RTP/SAVP`` with one crypto line of a
+    new key of ours; an ACK answering in kind gives the call SRTP with both keys; a plain answer ends it (our BYE)."""
+    from callbridge.sip.dialog import OfferAnswered
+    from tests.sip.test_dialog import PEER, SDP, request, responses, uas
+
+    for in_kind in (True, False):
+        core = uas(media_encryption="required")
+        core.receive_datagram(request("INVITE"), PEER, 0)
+        core.datagrams_to_send()
+        core.events()
+        core.accept("c1", "127.0.0.1", 40000, 0)
+        (ok,) = responses(core)
+        ours = ok.body.decode()
+        assert "m=audio 40000 RTP/SAVP 0 8 9 101\r\n" in ours and ours.count("a=crypto:") == 1
+        key = core.dialogs["c1"].offer_srtp_key
+        assert key is not None and parse_crypto(ours.split("a=crypto:")[1].split("\r\n")[0]) is not None
+        theirs = secrets.token_bytes(KEY_BYTES)
+        plain = SDP.replace("0 101", "8 101").replace("a=rtpmap:101", "a=rtpmap:8 PCMA/8000\r\na=rtpmap:101")
+        kind = plain.replace("RTP/AVP", "RTP/SAVP") + f"a=crypto:1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(theirs).decode()}\r\n"
+        tag = ok.header("To").split("tag=")[1]  # type: ignore[union-attr]
+        core.receive_datagram(request("ACK", branch="z9hG4bKack", to_tag=tag, body=kind if in_kind else plain), PEER, 100)
+        events = core.events()
+        if in_kind:
+            answered = events[0]
+            assert isinstance(answered, OfferAnswered) and (srtp := answered.choice.srtp) is not None, events
+            assert (srtp.local_key, srtp.remote_key) == (key, theirs)
+        else:
+            assert [type(event).__name__ for event in events] == ["CallEnded"], events
 
 
 def _rtp(seq: int) -> bytes:

@@ -103,9 +103,9 @@ class SipSettings(Section):
     """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
     media_encryption: Literal["none", "optional", "required"] = "optional"
     """SRTP with SDES keys (RFC 4568, #43): an offer of ``RTP/SAVP`` with a key we take is answered in kind
-    (``optional``, ``required``); where ``required``, an offer of plain RTP, or none (a delayed offer), is refused
-    488, and the calls placed offer SRTP (``RTP/SAVP``, one crypto line with our key: an answer not in kind ends the
-    call); where ``optional``, they offer plain RTP, which every trunk takes; ``none``: plain RTP only. The keys travel in
+    (``optional``, ``required``); where ``required``, an offer of plain RTP is refused 488, and our own offers (the
+    calls placed, the 200 to an INVITE without SDP) are SRTP (``RTP/SAVP``, one crypto line with our key: an answer
+    not in kind ends the call); where ``optional``, they offer plain RTP, which every trunk takes; ``none``: plain RTP only. The keys travel in
     the SDP: without TLS signalling anyone on the path reads them."""
     codecs: Annotated[list[Literal["PCMU", "PCMA", "G722", "opus"]], Field(min_length=1, max_length=4)] = ["PCMU", "PCMA", "G722"]
     """The audio codecs a call may use (#43): an offer's first one of these is taken (the offerer's preference,
