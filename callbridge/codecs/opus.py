@@ -4,7 +4,7 @@ Through libopus, Xiph's reference coder (the one every WebRTC stack, FreeSWITCH,
 ``libopus0``), bound here with ``ctypes`` to the seven functions a call needs. Why not a Python package: ``opuslib``
 has not been released since 2018; ``opuslib-next`` (one maintainer) copies each decoded frame through a Python list
 (3.1 against 1.5 CPU-ms a call-second here); PyAV is well kept and bundles libopus, but through FFmpeg's frame API a
-call-second cost 13 CPU-ms against 5.4 (``bench/wideband_cost.py``'s machine), its decoder gives 48 kHz only (a
+call-second cost 13 CPU-ms against 5.4 (one script, both ways, this project's machine, session 42), its decoder gives 48 kHz only (a
 resampler more) and it cannot conceal a lost packet (FFmpeg takes an empty packet for the stream's end). The codec
 itself is never ours: only the calls into it.
 
