@@ -15,7 +15,7 @@ in arrivals, the peer's RTCP reports and the clocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 __all__ = ["ArrivalJitter", "RoundTrip", "e_model_mos", "ntp_middle"]
@@ -71,7 +71,9 @@ class ArrivalJitter:
 class RoundTrip:
     """Round trips from the peer's reports of our stream, and what our own report blocks say back (LSR, DLSR)."""
 
-    samples_ms: list[float] = field(default_factory=list)
+    last_ms: float | None = None
+    """The last round trip a report showed (None: none yet)."""
+    max_ms: float | None = None
     peer_sr: tuple[int, float] | None = None
     """The peer's last SR: its NTP time's middle 32 bits, and when it came (Unix seconds)."""
 
@@ -87,9 +89,9 @@ class RoundTrip:
         seconds = units / 65536
         if seconds >= _MAX_ROUND_TRIP_S:
             return None
-        if len(self.samples_ms) < 1000:
-            self.samples_ms.append(seconds * 1000)
-        return seconds * 1000
+        self.last_ms = seconds * 1000
+        self.max_ms = max(self.max_ms or 0.0, self.last_ms)
+        return self.last_ms
 
     def our_block_fields(self, now_s: float) -> tuple[int, int]:
         """LSR and DLSR for our next report block: the peer's last SR and how long ago it came (1/65536 s)."""
@@ -97,10 +99,6 @@ class RoundTrip:
             return 0, 0
         lsr, at_s = self.peer_sr
         return lsr, int(max(0.0, now_s - at_s) * 65536) & 0xFFFFFFFF
-
-    @property
-    def last_ms(self) -> float | None:
-        return self.samples_ms[-1] if self.samples_ms else None
 
 
 def e_model_mos(*, loss_percent: float, one_way_ms: float) -> float:

@@ -102,9 +102,9 @@ def dtmf_train(
         raise ValueError("the pause must hold the three end packets")
     base = sender.timestamp
     schedule: list[tuple[int, bytes]] = []
+    clocks = {"event_hz": event_hz, "media_hz": media_hz}
     for k, digit in enumerate(digits):
         sender.timestamp = (base + k * period_ms * media_hz // 1000) & 0xFFFFFFFF
-        clocks = {"event_hz": event_hz, "media_hz": media_hz}
         for i, packet in enumerate(dtmf_packets(sender, payload_type, digit, duration_ms=duration_ms, step_ms=step_ms, **clocks)):
             schedule.append((k * period_ms + (i + 1) * step_ms, packet))
     total_ms = len(digits) * period_ms

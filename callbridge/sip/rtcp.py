@@ -15,6 +15,7 @@ driver), the RTP timestamp of "now" from the sender.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +59,7 @@ class ReportBlock:
     fraction_lost: int
     """Lost since its last report, out of 256."""
     cumulative_lost: int
+    """Signed (24 bits): duplicates can make it negative."""
     highest_sequence: int
     jitter: int
     lsr: int
@@ -140,9 +142,9 @@ def bye(ssrc: int, cname: str) -> bytes:
     return _header(0, RR, ssrc.to_bytes(4, "big")) + _sdes(ssrc, cname) + _header(1, BYE, ssrc.to_bytes(4, "big"))
 
 
-def parse_rtcp(data: bytes) -> list[int]:
-    """The packet types of a compound RTCP packet. Raises ``RtcpError``."""
-    types: list[int] = []
+def _packets(data: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """Each packet of a compound RTCP packet: its type, its count field, where it starts and ends. Raises
+    ``RtcpError``."""
     pos = 0
     while pos < len(data):
         if len(data) - pos < 4:
@@ -152,11 +154,16 @@ def parse_rtcp(data: bytes) -> list[int]:
         packet_type = data[pos + 1]
         if not SR <= packet_type <= APP and packet_type not in (205, 206, 207):
             raise RtcpError(f"packet type {packet_type}")
-        length = (int.from_bytes(data[pos + 2 : pos + 4], "big") + 1) * 4
-        if pos + length > len(data):
+        end = pos + (int.from_bytes(data[pos + 2 : pos + 4], "big") + 1) * 4
+        if end > len(data):
             raise RtcpError("length past the datagram")
-        types.append(packet_type)
-        pos += length
+        yield packet_type, data[pos] & 0x1F, pos, end
+        pos = end
+
+
+def parse_rtcp(data: bytes) -> list[int]:
+    """The packet types of a compound RTCP packet. Raises ``RtcpError``."""
+    types = [packet_type for packet_type, _, _, _ in _packets(data)]
     if not types or types[0] not in (SR, RR):
         raise RtcpError("a compound packet starts with SR or RR")
     return types
@@ -164,12 +171,9 @@ def parse_rtcp(data: bytes) -> list[int]:
 
 def read_reports(data: bytes) -> list[PeerReport]:
     """The SRs and RRs of a compound RTCP packet ``parse_rtcp`` took; a report block past its packet's length is
-    left out."""
+    left out. Raises ``RtcpError``."""
     reports: list[PeerReport] = []
-    pos = 0
-    while pos + 4 <= len(data):
-        count, packet_type = data[pos] & 0x1F, data[pos + 1]
-        end = min(len(data), pos + (int.from_bytes(data[pos + 2 : pos + 4], "big") + 1) * 4)
+    for packet_type, count, pos, end in _packets(data):
         if packet_type in (SR, RR):
             body = pos + 8  # past the header and the sender's SSRC
             ntp: int | None = None
@@ -184,11 +188,11 @@ def read_reports(data: bytes) -> list[PeerReport]:
                 blocks.append(
                     ReportBlock(
                         ssrc=int.from_bytes(block[0:4], "big"), fraction_lost=block[4],
-                        cumulative_lost=int.from_bytes(block[5:8], "big"), highest_sequence=int.from_bytes(block[8:12], "big"),
+                        cumulative_lost=int.from_bytes(block[5:8], "big", signed=True),  # duplicates make it negative
+                        highest_sequence=int.from_bytes(block[8:12], "big"),
                         jitter=int.from_bytes(block[12:16], "big"), lsr=int.from_bytes(block[16:20], "big"),
                         dlsr=int.from_bytes(block[20:24], "big"),
                     )  # fmt: skip
                 )
             reports.append(PeerReport(ntp, tuple(blocks)))
-        pos = end
     return reports

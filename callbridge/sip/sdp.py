@@ -28,7 +28,8 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip.srtp import OFFER_CRYPTO_TAG, OFFER_SUITE, SrtpKeys, offer_line, parse_crypto, pick
 
 __all__ = [
-    "CLOCK_HZ", "DEFAULT_CODECS", "codec_name", "OFFER_DTMF_PT", "OFFER_OPUS_PT", "OPUS_FMTP", "Direction", "Encryption", "MediaChoice", "SdpError", "answer", "choose", "offer", "read_answer",
+    "CLOCK_HZ", "DEFAULT_CODECS", "OFFER_DTMF_PT", "OFFER_OPUS_PT", "OPUS_FMTP", "Direction", "Encryption", "MediaChoice", "SdpError",
+    "answer", "choose", "codec_name", "offer", "read_answer",
 ]  # fmt: skip
 
 Encryption = Literal["none", "optional", "required"]

@@ -75,8 +75,10 @@ def test_our_report_block_carries_jitter_lsr_and_dlsr_and_the_peers_report_reads
     assert read.ntp_middle == ntp_middle(1_700_000_000.5)
     rr = report(7, "cb", unix_time_s=0, rtp_timestamp=0, packets_sent=0, octets_sent=0, sending=False, received=None)
     assert [(r.ntp_middle, r.blocks) for r in read_reports(rr)] == [(None, ())]
-    truncated = bytes((0x81,)) + sr[1:28]  # an SR that claims a block it has no room for (its length says 7 words)
+    truncated = bytes((0x81, 200, 0, 6)) + sr[4:28]  # an SR that claims a block it has no room for (its length says 7 words)
     assert [r.blocks for r in read_reports(truncated)] == [()]
+    duplicated = sr[:33] + (-3 & 0xFFFFFF).to_bytes(3, "big") + sr[36:]  # more came than was sent: RFC 3550's signed 24 bits
+    assert [b.cumulative_lost for r in read_reports(duplicated) for b in r.blocks] == [-3]
 
 
 def test_a_calls_summary_has_its_codec_its_loss_its_jitter_and_a_lower_mos_for_the_loss() -> None:

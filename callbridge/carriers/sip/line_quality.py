@@ -63,8 +63,7 @@ class LineQuality:
         in_time = max(0, jitter.received - jitter.late - jitter.duplicates)
         expected = in_time + jitter.concealed
         loss = 100 * jitter.concealed / expected if expected else 0.0
-        samples = self.round_trip.samples_ms
-        round_trip = self.round_trip.last_ms
+        round_trip, round_trip_max = self.round_trip.last_ms, self.round_trip.max_ms
         one_way = (round_trip or 0.0) / 2 + _PACKET_MS + jitter.depth * _PACKET_MS
         peer = self.peer_block
         sent = codec.sender.packets_sent
@@ -78,8 +77,8 @@ class LineQuality:
             jitter_ms=round(self.arrivals.ms, 2),
             jitter_max_ms=round(self.arrivals.max_ms, 2),
             round_trip_ms=None if round_trip is None else round(round_trip, 1),
-            round_trip_max_ms=round(max(samples), 1) if samples else None,
-            peer_loss_percent=None if peer is None else round(100 * min(peer.cumulative_lost, sent) / max(sent, 1), 2),
+            round_trip_max_ms=None if round_trip_max is None else round(round_trip_max, 1),
+            peer_loss_percent=None if peer is None else round(100 * min(max(0, peer.cumulative_lost), sent) / max(sent, 1), 2),
             peer_jitter_ms=None if peer is None else round(peer.jitter * 1000 / codec.choice.clock_hz, 2),
             mos=e_model_mos(loss_percent=loss, one_way_ms=one_way),
         )

@@ -196,7 +196,6 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         """Calls with a delayed offer, waiting for the answer in the ACK (None: the call ended without one)."""
         """call id → our REFER's outcome, awaited by ``perform``."""
 
-
     @property
     def port(self) -> int | None:
         if self._transport is None:

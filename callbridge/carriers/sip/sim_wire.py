@@ -39,10 +39,11 @@ __all__ = [
 ]
 
 DTMF_PT: Final = 101
+"""The telephone-event payload type the simulated trunk offers."""
 CODEC_PT: Final = {"PCMU": 0, "PCMA": 8, "G722": 9, "opus": 111}
 """The payload types the simulated trunk offers, by the codec's name in ``sip.codecs`` (Opus's is dynamic: ours)."""
 RTPMAP: Final = {0: "PCMU/8000", 8: "PCMA/8000", 9: "G722/8000", 111: "opus/48000/2"}
-"""The telephone-event payload type the simulated trunk offers."""
+"""What the answer must call each (the simulator's own table: it checks the bridge's, it does not share it)."""
 _COMPACT: Final = {
     "i": "call-id",
     "v": "via",

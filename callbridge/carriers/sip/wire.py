@@ -44,7 +44,7 @@ from callbridge.carriers.base import (
     StreamStarted,
     StreamStopped,
 )
-from callbridge.codecs import AudioEncoding, Buffer
+from callbridge.codecs import AudioEncoding
 from callbridge.codecs.g722 import RATE_HZ, G722Decoder, G722Encoder
 from callbridge.codecs.opus import OpusDecoder, OpusEncoder
 from callbridge.sip.dtmf import DIGITS, DtmfReceiver, dtmf_packets
@@ -170,7 +170,7 @@ class SipRtpCodec:
             if self._coder is None:  # G.711: a byte a tick
                 return self.sender.packet(self.choice.payload_type, action.payload, len(action.payload))
             ticks = len(action.payload) // 2 * self.choice.clock_hz // RATE_HZ
-            return self.sender.packet(self.choice.payload_type, self._coder.encode(action.payload), ticks)
+            return self.sender.packet(self.choice.payload_type, self._coder.encoder.encode(action.payload), ticks)
         if isinstance(action, SendClear):
             self.sender.talk_spurt = True  # the next audio starts a new talk-spurt
         return None  # markers are not used; hang-up is closing the transport (the listener's BYE)
@@ -184,7 +184,7 @@ class SipRtpCodec:
             return None
         ticks = self.choice.clock_hz * ms // 1000
         if self._coder is not None:
-            return self.sender.packet(self.choice.payload_type, self._coder.silence(ms), ticks)
+            return self.sender.packet(self.choice.payload_type, self._coder.encoder.silence(ms), ticks)
         return self.sender.packet(self.choice.payload_type, bytes((self.choice.encoding.silence_byte,)) * ticks, ticks)
 
     def reception(self) -> ReceptionStats | None:
@@ -205,14 +205,15 @@ class SipRtpCodec:
 class WidebandCoder(Protocol):
     """A wideband codec's two directions at the edge: the bridge's side is PCM16 at 16 kHz."""
 
+    @property
+    def encoder(self) -> G722Encoder | OpusEncoder:
+        """To the peer: the agent's frames and the cadence's silence."""
+        ...
+
     def decode(self, payloads: list[bytes]) -> list[bytes]:
         """The jitter buffer's payloads, in order (``b""``: a lost packet, where the codec conceals its own), as
         PCM16."""
         ...
-
-    def encode(self, pcm: Buffer) -> bytes: ...
-
-    def silence(self, ms: int) -> bytes: ...
 
 
 class _G722Coder:
@@ -224,12 +225,6 @@ class _G722Coder:
     def decode(self, payloads: list[bytes]) -> list[bytes]:
         decode = self.decoder.decode
         return [decode(payload) for payload in payloads if payload]  # a loss came as SILENCE_BYTEs: decoded in step
-
-    def encode(self, pcm: Buffer) -> bytes:
-        return self.encoder.encode(pcm)
-
-    def silence(self, ms: int) -> bytes:
-        return self.encoder.silence(ms)
 
 
 class _OpusCoder:
@@ -244,12 +239,6 @@ class _OpusCoder:
             decoder.decode(payload) if payload else decoder.conceal(payloads[i + 1] if i + 1 < len(payloads) else None)
             for i, payload in enumerate(payloads)
         ]
-
-    def encode(self, pcm: Buffer) -> bytes:
-        return self.encoder.encode(pcm)
-
-    def silence(self, ms: int) -> bytes:
-        return self.encoder.silence(ms)
 
 
 def _coder_for(choice: MediaChoice, opus_fec: bool) -> WidebandCoder | None:
