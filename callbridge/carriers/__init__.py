@@ -27,6 +27,7 @@ from callbridge.carriers import (
     telnyx,
     twilio,
     vonage,
+    webrtc,
 )
 from callbridge.carriers.audiosocket import AudioSocketSettings
 from callbridge.carriers.bandwidth import BandwidthSettings
@@ -39,6 +40,7 @@ from callbridge.carriers.spec import CarrierSpec
 from callbridge.carriers.telnyx import TelnyxSettings
 from callbridge.carriers.twilio import TwilioSettings
 from callbridge.carriers.vonage import VonageSettings
+from callbridge.carriers.webrtc import WebRtcSettings
 
 __all__ = ["CARRIERS", "DEFAULT_SIMULATED", "CarrierSections", "carrier_spec", "direct_names", "simulated_names"]
 
@@ -53,6 +55,7 @@ CARRIERS: Final[tuple[CarrierSpec, ...]] = (
     jambonz.SPEC,
     audiosocket.SPEC,
     sip.SPEC,
+    webrtc.SPEC,
     generic.SPEC,
 )
 """In the order their routes are mounted (the generic ``/media`` last)."""
@@ -76,6 +79,7 @@ class CarrierSections(BaseModel):
     jambonz: JambonzSettings = JambonzSettings()
     audiosocket: AudioSocketSettings = AudioSocketSettings()
     sip: SipSettings = SipSettings()
+    webrtc: WebRtcSettings = WebRtcSettings()
 
 
 def carrier_spec(name: str) -> CarrierSpec:

@@ -20,9 +20,9 @@ from callbridge.carriers.base import ProviderCodec
 
 __all__ = ["Capabilities", "CarrierSpec", "FarEnd", "FarEndMessage", "Transport", "UpgradeCheck", "UpgradeProof"]
 
-Transport = Literal["websocket", "tcp", "sip"]
+Transport = Literal["websocket", "tcp", "sip", "webrtc"]
 """How the carrier's media reaches the bridge: a websocket (and so the generic ``/media`` URL too), a raw
-TCP stream, SIP and RTP."""
+TCP stream, SIP and RTP, a browser's peer connection."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,8 @@ def test_the_carrier_loads_under_its_name(spec: CarrierSpec) -> None:
 def test_capabilities_are_what_the_codec_and_the_simulator_do(spec: CarrierSpec) -> None:
     profile = _profile(spec)
     assert (profile.uses_marks, profile.flushes) == (spec.capabilities.marks, spec.capabilities.flush)
+    if spec.name == BROWSER:
+        return
     simulator = simulator_class(spec)
     assert simulator.provider == spec.name
     assert simulator.can_reconnect == spec.capabilities.reconnect
@@ -93,8 +95,13 @@ def test_each_carrier_recognises_only_its_own_first_message() -> None:
     assert recognise({"event": "start", "start": {}}, candidates) is None
 
 
-def test_every_carrier_but_the_generic_url_is_simulated() -> None:
-    assert set(simulated_names()) == set(SPECS) - {"generic"} == set(simulated())
+BROWSER = "webrtc"
+"""The browser phone: its far end is a browser (``carriers/webrtc/sim.py``'s aiortc peer, and Chromium on the page in
+``tests/carriers/test_talk_page_browser.py``), not a carrier's simulator."""
+
+
+def test_every_carrier_but_the_generic_url_and_the_browser_phone_is_simulated() -> None:
+    assert set(simulated_names()) == set(SPECS) - {"generic", BROWSER} == set(simulated())
 
 
 @pytest.mark.parametrize("spec", [spec for spec in CARRIERS if spec.simulator is not None], ids=lambda spec: spec.name)

@@ -1,0 +1,123 @@
+"""The browser calls of one process: an offer from ``/talk`` answered by aiortc, then served through the call core
+(``MediaStreamDriver``) as any carrier's stream, until it ends.
+
+Before anything is set up, an offer must pass the budgets a phone call's stream does (the process is not draining,
+``server.max_calls`` and the fleet's), and ``webrtc.max_calls`` of this process's browser calls: a refusal costs no
+peer connection. An offer aiortc cannot take (not SDP, no audio, no Opus) is refused and its connection closed. A call
+whose browser never connects gives its admission back at once."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, Self
+
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+
+from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.webrtc.settings import WebRtcSettings
+from callbridge.carriers.webrtc.transport import PeerTransport
+from callbridge.carriers.webrtc.wire import PROVIDER, WebRtcCodec
+from callbridge.logging import get_logger
+
+__all__ = ["Answered", "BrowserPhones"]
+
+log = get_logger(__name__)
+
+_SHUTDOWN_WAIT_S: Final = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """An offer answered (its call id and the answer's SDP), or refused: ``refusal`` is (HTTP status, reason, detail)."""
+
+    call_id: str = ""
+    sdp: str = ""
+    refusal: tuple[int, str, str] | None = None
+
+
+class BrowserPhones(AbstractAsyncContextManager["BrowserPhones"]):
+    """This process's browser calls, for the life of the app (``services.carrier_state["webrtc"]``: the routes find
+    them there)."""
+
+    def __init__(self, services: CarrierServices) -> None:
+        self.services = services
+        self.settings: WebRtcSettings = services.settings.webrtc
+        self.calls: dict[str, PeerTransport] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    async def __aenter__(self) -> Self:
+        self.services.carrier_state[PROVIDER] = self
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._closing = True
+        for transport in list(self.calls.values()):
+            await transport.close()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=_SHUTDOWN_WAIT_S)
+        for task in list(self._tasks):
+            task.cancel()
+            with suppress(asyncio.CancelledError, Exception):
+                await task
+        self.services.carrier_state.pop(PROVIDER, None)
+
+    async def answer(self, offer_sdp: str, parameters: Mapping[str, str], peer: str | None) -> Answered:
+        """The answer to a browser's offer, its call under way; or why it is refused (nothing of it kept)."""
+        if self._closing or self.services.desk.refusal_before_call_id() is not None:
+            return self._refused(503, "draining", "this bridge is shutting down", peer)
+        if len(self.calls) >= self.settings.max_calls:
+            return self._refused(503, "busy", f"{self.settings.max_calls} browser calls are up here (webrtc.max_calls)", peer)
+        call_id = f"webrtc-{secrets.token_hex(12)}"
+        if (refusal := await self.services.desk.stream_refusal(call_id)) is not None:
+            return self._refused(503, str(refusal), "no room for another call here", peer)
+        connection = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        transport = PeerTransport(
+            call_id, connection, connect_timeout_s=self.settings.connect_timeout_s, idle_timeout_s=self.settings.idle_timeout_s
+        )
+        try:
+            await connection.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+            audio = [t for t in connection.getTransceivers() if t.kind == "audio"]
+            if not audio:
+                raise ValueError("the offer has no audio")
+            opus = [codec for codec in RTCRtpSender.getCapabilities("audio").codecs if codec.mimeType.lower() == "audio/opus"]
+            audio[0].setCodecPreferences(opus)
+            connection.addTrack(transport.agent)
+            await connection.setLocalDescription(await connection.createAnswer())
+        except Exception as exc:  # aiortc's parsers raise what they raise: whatever it is, the offer is refused
+            with suppress(Exception):
+                await connection.close()
+            self.services.desk.give_back_admission(call_id)
+            return self._refused(400, "bad_offer", f"{type(exc).__name__}: {str(exc)[:200]}", peer)
+        local = connection.localDescription
+        self.calls[call_id] = transport
+        task = asyncio.create_task(self._serve(transport, WebRtcCodec(call_id, parameters)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        log.info("webrtc_call_answered", provider=PROVIDER, call_id=call_id, peer=peer)
+        return Answered(call_id, local.sdp)
+
+    async def _serve(self, transport: PeerTransport, codec: WebRtcCodec) -> None:
+        call_id = transport.call_id
+        try:
+            await MediaStreamDriver(transport, codec, self.services, check_token=False).run()
+        finally:
+            await transport.close()
+            self.calls.pop(call_id, None)
+            if not transport.connected:
+                self.services.desk.give_back_admission(call_id)
+                self.services.metrics.stream_refused.labels(PROVIDER, "no_connection").inc()
+            if transport.agent.dropped or transport.overflow or transport.control_dropped:
+                log.warning("webrtc_dropped", provider=PROVIDER, call_id=call_id, agent_frames=transport.agent.dropped,
+                            caller_frames=transport.overflow, control_messages=transport.control_dropped)  # fmt: skip
+
+    def _refused(self, status: int, reason: str, detail: str, peer: str | None) -> Answered:
+        self.services.metrics.stream_refused.labels(PROVIDER, reason).inc()
+        log.warning("stream_refused", provider=PROVIDER, reason=reason, peer=peer, detail=detail)
+        return Answered(refusal=(status, reason, detail))

@@ -1,0 +1,145 @@
+"""The browser phone end to end: an aiortc peer posts its offer to ``/talk/offer`` as the page does
+(``carriers/webrtc/sim.py``) on a real server, over real ICE, DTLS-SRTP and Opus on loopback, to the embedded engine.
+The page itself, in Chromium, is ``test_talk_page_browser.py``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from callbridge.application.events import CallReport
+from callbridge.carriers.webrtc.phones import BrowserPhones
+from callbridge.carriers.webrtc.sim import BrowserCall
+from callbridge.carriers.webrtc.transport import AgentTrack
+from callbridge.carriers.webrtc.wire import FRAME_BYTES, RATE_HZ
+from callbridge.sim.runner import RunningBridge, running_bridge
+from tests.bridge import agent_app
+from tests.bridge.twilio_e2e import engine, settings, short_speech, until
+
+TOKEN = "talk-token-0123456789"
+
+
+def phones(bridge: RunningBridge) -> BrowserPhones:
+    found = bridge.app.state.bridge.services.carrier_state["webrtc"]
+    assert isinstance(found, BrowserPhones)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def _fresh_app() -> None:
+    agent_app.Greeter.calls.clear()
+    agent_app.Recorder.events.clear()
+
+
+async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_up() -> None:
+    """The page's query string reaches the application's ``CallContext`` (allow-listed), the caller's "hello" comes
+    back from the echo agent after the greeting, the browser's hang-up ends the call, and its report says webrtc."""
+    app = {"module": "tests.bridge.agent_app:Recorder", "context_parameters": ["customer"]}
+    async with running_bridge(settings(app=app), engine()) as bridge:
+        browser = BrowserCall(bridge.base_url, short_speech(1200) + bytes(16000 * 4), parameters={"customer": "42", "other": "x"})
+        try:
+            response = await browser.offer()
+            assert response.status_code == 200, response.text
+            assert "opus/48000/2" in response.json()["sdp"]
+            await until(lambda: browser.microphone.spoke_at is not None, timeout_s=5)
+            assert browser.microphone.spoke_at is not None
+            spoke_until = browser.microphone.spoke_at + 1.2
+            await until(lambda: browser.heard.first_loud_at(after=spoke_until) is not None, timeout_s=6)  # the echo
+            await until(lambda: browser.heard.loud_ms() >= 400, timeout_s=3)
+        finally:
+            await browser.hang_up()
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+        assert not phones(bridge).calls
+    (asked,) = agent_app.Greeter.calls
+    assert (asked.carrier, asked.call_id, asked.parameters) == ("webrtc", browser.call_id, {"customer": "42"})
+    (ended,) = [e for e in agent_app.Recorder.events if e.type == "call.ended"]
+    report = CallReport.model_validate(ended.data["report"])
+    assert report.call.carrier == "webrtc" and report.first_agent_audio_ms is not None
+
+
+async def test_every_talk_route_refuses_without_the_token_and_a_bad_offer_costs_no_call() -> None:
+    async with running_bridge(settings(), engine()) as bridge, httpx.AsyncClient(base_url=bridge.base_url) as http:
+        # no token configured: a browser on this machine may call; through a proxy, or from elsewhere, nobody
+        assert (await http.get("/talk")).status_code == 200
+        forwarded = await http.get("/talk", headers={"X-Forwarded-For": "203.0.113.9"})
+        assert forwarded.status_code == 403 and forwarded.json()["error"] == "not_configured"
+        assert (await http.post("/talk/offer", json={}, headers={"Forwarded": "for=203.0.113.9"})).status_code == 403
+    with_token = settings(webrtc={"token": TOKEN})
+    async with running_bridge(with_token, engine()) as bridge, httpx.AsyncClient(base_url=bridge.base_url) as http:
+        for refused in (
+            await http.get("/talk"), await http.get("/talk", params={"token": "wrong-token-0123456789"}),
+            await http.post("/talk/offer", json={"type": "offer", "sdp": "v=0"}),
+            await http.post("/talk/offer", json={"type": "offer", "sdp": "v=0"}, headers={"Authorization": "Bearer nope"}),
+        ):  # fmt: skip
+            assert refused.status_code == 401 and refused.json()["error"] == "unauthorized", refused.text
+        page = await http.get("/talk", params={"token": TOKEN})
+        assert page.status_code == 200 and "RTCPeerConnection" in page.text
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await http.post("/talk/offer", content=b"{", headers=auth)).status_code == 400
+        assert (await http.post("/talk/offer", json={"type": "answer", "sdp": "v=0"}, headers=auth)).status_code == 400
+        assert (await http.post("/talk/offer", content=b" " * 40_000, headers=auth)).status_code == 413
+        bad = await http.post("/talk/offer", json={"type": "offer", "sdp": "v=0\r\nnonsense"}, headers=auth)
+        assert bad.status_code == 400 and bad.json()["error"] == "bad_offer", bad.text
+        assert not phones(bridge).calls
+    async with running_bridge(settings(webrtc={"enabled": False}), engine()) as bridge, httpx.AsyncClient(base_url=bridge.base_url) as http:
+        assert (await http.get("/talk")).status_code == 404
+        assert (await http.post("/talk/offer", json={})).status_code == 404
+
+
+async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_is_set_up() -> None:
+    async with running_bridge(settings(webrtc={"max_calls": 1}), engine()) as bridge:
+        first = BrowserCall(bridge.base_url, bytes(16000 * 3))
+        second = BrowserCall(bridge.base_url, bytes(16000))
+        try:
+            assert (await first.offer()).status_code == 200
+            refused = await second.offer()
+            assert refused.status_code == 503 and refused.json()["error"] == "busy", refused.text
+        finally:
+            await first.hang_up()
+            await second.close()
+        await until(lambda: not phones(bridge).calls, timeout_s=5)
+
+
+@pytest.mark.long
+async def test_a_browser_that_never_connects_ends_at_the_connect_deadline_and_frees_its_place() -> None:
+    """Its offer answered, the browser goes away before ICE: at ``webrtc.connect_timeout_s`` (10 s as shipped) the call
+    ends without an engine session, its place and admission given back."""
+    recorder = engine()
+    async with running_bridge(settings(webrtc={"max_calls": 1}), recorder) as bridge:
+        browser = BrowserCall(bridge.base_url, bytes(16000))
+        browser.connection.addTrack(browser.microphone)
+        await browser.connection.setLocalDescription(await browser.connection.createOffer())
+        sdp = browser.connection.localDescription.sdp
+        await browser.close()  # gone: nothing will answer the bridge's checks
+        async with httpx.AsyncClient(base_url=bridge.base_url) as http:
+            answered = await http.post("/talk/offer", json={"type": "offer", "sdp": sdp})
+        assert answered.status_code == 200, answered.text
+        started = time.monotonic()
+        await until(lambda: not phones(bridge).calls, timeout_s=15)
+        assert 9.0 < time.monotonic() - started < 12.0
+        assert recorder.opened == []
+        again = BrowserCall(bridge.base_url, bytes(16000))
+        try:
+            assert (await again.offer()).status_code == 200  # its place is free again
+        finally:
+            await again.close()
+
+
+async def test_the_track_plays_what_it_holds_then_silence_and_never_holds_more_than_200_ms() -> None:
+    track = AgentTrack()
+    track.play(b"\x01\x00" * 960 + b"\x02\x00" * 100)  # a frame and a short one, padded
+    assert len(track.held) == 2
+    first = await track.recv()
+    assert (first.sample_rate, first.samples, first.pts) == (RATE_HZ, 960, 0)
+    assert bytes(first.planes[0])[:4] == b"\x01\x00\x01\x00"
+    second = await track.recv()
+    assert bytes(second.planes[0])[198:202] == b"\x02\x00\x00\x00" and second.pts == 960
+    assert bytes((await track.recv()).planes[0]) == bytes(FRAME_BYTES)  # nothing held: silence
+    track.play(bytes(FRAME_BYTES) * 15)
+    assert len(track.held) == 10 and track.dropped == 5
+    track.stop()
+    await asyncio.sleep(0)
