@@ -39,9 +39,12 @@ PATCHES_A_COMPILED_METHOD = pytest.mark.skipif(
 """For the few tests that plant behaviour inside a core by patching its class: on the compiled build (CI's second
 pass) the core's calls to its own methods do not go through the class attribute."""
 
-PEERS = {"redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core", "haproxy": "haproxy", "gcc": "gcc"}
-"""Real peers some tests run (binary → Debian package; gcc: the Docker image's compiled build). Missing locally: those
-tests skip, saying why."""
+PEERS = {
+    "redis-server": "redis-server", "sipp": "sip-tester", "baresip": "baresip-core", "haproxy": "haproxy", "gcc": "gcc",
+    "chromium": "chromium", "chromedriver": "chromium-driver",
+}  # fmt: skip
+"""Real peers some tests run (binary → Debian package; gcc: the Docker image's compiled build; Chromium: the browser
+phone's page). Missing locally: those tests skip, saying why."""
 
 
 NEEDS_LIBOPUS = pytest.mark.skipif(opus_problem() is not None, reason=f"Opus: {opus_problem()}")
