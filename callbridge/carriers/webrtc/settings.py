@@ -26,6 +26,10 @@ class WebRtcSettings(Section):
     """From the answer, how long the browser has to connect (ICE, DTLS) and send its first audio; then the call ends."""
     idle_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     """A connected browser that sends no audio for this long is gone (a closed tab, a lost network): the call ends."""
+    jitter_frames: Annotated[int, Field(ge=0, le=8)] = 1
+    """How many 20 ms frames of the browser's audio arrive behind one before it is decoded and handed on: each is 20 ms
+    more between the caller's words and the agent hearing them, against packets that come late or out of order.
+    aiortc's own is 4 (80 ms); a browser on a LAN or this machine needs 0 or 1."""
     context_parameters_from_query: bool = True
     """The page's query string (less ``token``) goes in the call's start as its parameters, for the application's
     ``CallContext`` (kept only where ``app.context_parameters`` allows them, as for every carrier)."""

@@ -18,6 +18,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
+from callbridge.carriers.webrtc.transport import hold_less_audio
 from callbridge.codecs import ResamplerQuality, StreamResampler
 
 __all__ = ["BrowserCall", "Heard", "MicrophoneTrack"]
@@ -80,13 +81,19 @@ class Heard:
 class BrowserCall:
     """One call from a browser to ``base_url``'s ``/talk`` (see the module docstring)."""
 
-    def __init__(self, base_url: str, pcm_8k: bytes, *, token: str | None = None, parameters: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, base_url: str, pcm_8k: bytes, *, token: str | None = None, parameters: Mapping[str, str] | None = None,
+        jitter_frames: int | None = None,
+    ) -> None:
+        """``jitter_frames``: the frames its receiver holds (as ``webrtc.jitter_frames`` does the bridge's); None:
+        aiortc's own, 4."""
         self.base_url = base_url
         self.token = token
         self.parameters = dict(parameters or {})
         self.microphone = MicrophoneTrack(pcm_8k)
         self.heard = Heard()
         self.call_id: str | None = None
+        self.jitter_frames = jitter_frames
         self.connection = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.channel = self.connection.createDataChannel("control")
         self.hung_up_by_agent = asyncio.Event()
@@ -126,6 +133,8 @@ class BrowserCall:
             answer = response.json()
             self.call_id = answer["call_id"]
             await self.connection.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+            if self.jitter_frames is not None:
+                hold_less_audio(self.connection, self.jitter_frames)
         return response
 
     def send(self, message: str) -> None:

@@ -9,7 +9,8 @@ aiortc does ICE (host candidates), DTLS-SRTP and Opus; what is ours is the two t
   channel, no connection comes within ``webrtc.connect_timeout_s`` of the answer, or no audio for
   ``webrtc.idle_timeout_s`` (``timed_out`` says which).
 - Out: ``AgentTrack`` is what aiortc's sender reads: a frame every 20 ms on its own grid, the agent's next frame where
-  the bridge has given one, else silence. The bridge paces its frames a lead ahead (``wire.PROFILE``); what the track
+  the bridge has given one, else silence. While silence goes out, the agent's first frame goes the moment it comes
+  (the grid starts again from it) rather than at the next tick. The bridge paces its frames a lead ahead (``wire.PROFILE``); what the track
   holds past ``_MAX_HELD_FRAMES`` (a pacer gone wrong) is dropped, oldest first, and counted, so the browser is never
   far behind the heard position the bridge reckons.
 - Closing sends ``bye`` on the data channel (the page shows the call ended) and closes the peer connection.
@@ -24,6 +25,7 @@ from contextlib import suppress
 from typing import Final, Literal
 
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
@@ -32,7 +34,7 @@ from callbridge.carriers.webrtc.wire import FRAME_BYTES, PROVIDER, RATE_HZ
 from callbridge.codecs import AudioEncoding, FrameAssembler
 from callbridge.logging import get_logger
 
-__all__ = ["AgentTrack", "PeerTransport"]
+__all__ = ["AgentTrack", "PeerTransport", "hold_less_audio"]
 
 log = get_logger(__name__)
 
@@ -48,6 +50,24 @@ _CONTROL_BYTES: Final = 16
 
 TimedOut = Literal["no_connection", "idle"]
 
+_JITTER_BUFFER: Final = "_RTCRtpReceiver__jitter_buffer"
+"""aiortc's receiver's jitter buffer (private: ``hold_less_audio`` checks it is there, and a test pins it)."""
+_AUDIO_JITTER_CAPACITY: Final = 16
+"""aiortc's own for audio (a power of two): packets it keeps."""
+
+
+def hold_less_audio(connection: RTCPeerConnection, prefetch: int) -> bool:
+    """Give each audio receiver of ``connection`` a jitter buffer that hands a frame on once ``prefetch`` more have
+    arrived, where aiortc's waits for 4: 80 ms of the caller's every word (``webrtc.jitter_frames``). Whether it could
+    (False: this aiortc keeps its buffer elsewhere, and its own stays)."""
+    done = False
+    for transceiver in connection.getTransceivers():
+        receiver = transceiver.receiver
+        if transceiver.kind == "audio" and isinstance(getattr(receiver, _JITTER_BUFFER, None), JitterBuffer):
+            setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity=_AUDIO_JITTER_CAPACITY, prefetch=prefetch))
+            done = True
+    return done
+
 
 class AgentTrack(MediaStreamTrack):
     """The agent's audio to the browser: one 20 ms frame per tick of its own clock (see the module docstring)."""
@@ -62,6 +82,9 @@ class AgentTrack(MediaStreamTrack):
         self._silence = bytes(FRAME_BYTES)
         self._pts = 0
         self._start_s: float | None = None
+        self._silent = True
+        """The last frame out was silence (nothing was held)."""
+        self._arrived = asyncio.Event()
 
     def play(self, pcm: bytes) -> None:
         """Queue the agent's audio (whole 20 ms frames, as the bridge sends them; a short one is padded)."""
@@ -70,6 +93,7 @@ class AgentTrack(MediaStreamTrack):
         while len(self.held) > _MAX_HELD_FRAMES:
             self.held.popleft()
             self.dropped += 1
+        self._arrived.set()
 
     async def recv(self) -> AudioFrame:
         if self.readyState != "live":
@@ -81,9 +105,18 @@ class AgentTrack(MediaStreamTrack):
             self._pts += _SAMPLES
             due = self._start_s + self._pts / RATE_HZ
             if (wait := due - loop.time()) > 0:
-                await asyncio.sleep(wait)
+                if self.held or not self._silent:
+                    await asyncio.sleep(wait)
+                else:  # silence is going out: the agent's first frame goes when it comes, not at the next tick
+                    self._arrived.clear()
+                    with suppress(TimeoutError):
+                        async with asyncio.timeout(wait):
+                            await self._arrived.wait()
+                    if self.held:
+                        self._start_s = loop.time() - self._pts / RATE_HZ  # the grid from now
             elif wait < -10 * _FRAME_S:  # the loop stalled: a new grid from now, rather than a burst to catch up
                 self._start_s = loop.time() - self._pts / RATE_HZ
+        self._silent = not self.held
         frame = AudioFrame(format="s16", layout="mono", samples=_SAMPLES)
         frame.planes[0].update(self.held.popleft() if self.held else self._silence)
         frame.pts = self._pts
