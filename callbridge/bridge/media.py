@@ -425,6 +425,8 @@ class MediaStreamDriver:
                 case Notice() as notice:
                     self._seen.notice(notice)
                 case Observed() as seen:
+                    if seen.kind == "turn":
+                        self._seen.turn(seen.ms)
                     self._feed.observed(seen)
                 case RecordingChunk(data):
                     self._feed.record(data)

@@ -168,6 +168,12 @@ class BridgeMetrics:
             buckets=(0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05),
             registry=registry,
         )
+        self.turn_latency_seconds = Histogram(
+            "callbridge_turn_latency_seconds",
+            "A turn: the caller stopped speaking → the agent's reply on its way to the caller (the end-of-turn silence "
+            "the engine waits for is in it)",
+            ["provider"], buckets=(0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0), registry=registry,
+        )  # fmt: skip
         self.first_audio_seconds = Histogram(
             "callbridge_first_audio_to_engine_seconds",
             "A stream's first caller audio: read from the carrier to handed to the engine session (the engine's "

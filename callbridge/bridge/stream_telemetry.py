@@ -86,6 +86,10 @@ class StreamTelemetry:
             case Notice(CarrierNotice() as carrier_notice):
                 self.log.info("carrier_notice", notice=carrier_notice.name, detail=carrier_notice.detail)
 
+    def turn(self, latency_ms: int) -> None:
+        """A turn's latency (``Observed`` ``turn``): the caller's end of speech → the agent's reply on its way."""
+        self.metrics.turn_latency_seconds.labels(self.provider).observe(latency_ms / 1000)
+
     def mark_lag(self, ms: int) -> None:
         self.metrics.mark_lag_seconds.observe(ms / 1000)
 
