@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final, Protocol, TypeVar, runtime_checkable
+from typing import Final, Literal, Protocol, TypeVar, runtime_checkable
 
 from starlette.websockets import WebSocket, WebSocketState
 
@@ -14,7 +14,8 @@ from callbridge.bridge.ws_protocol import DATA_FRAMES_EXTENSION, DataFramesWrite
 from callbridge.stall import PROCESS_STALL_MS
 
 __all__ = [
-    "BatchingTransport", "CarrierTransport", "MeasuredTransport", "SizeLimitedTransport", "WebSocketTransport", "receive_within",
+    "BatchingTransport", "CarrierTransport", "MeasuredTransport", "SizeLimitedTransport", "TranscriptTransport", "WebSocketTransport",
+    "receive_within",
 ]  # fmt: skip
 
 T = TypeVar("T")
@@ -53,6 +54,16 @@ class MeasuredTransport(Protocol):
 
     def media_quality(self) -> MediaQuality | None:
         """The call's codec, encryption and line figures now; None where its media never started."""
+        ...
+
+
+@runtime_checkable
+class TranscriptTransport(Protocol):
+    """A carrier transport with a screen (the browser phone): what the engine transcribes of the conversation, as it
+    comes, where the engine gives it (the agent's replies; the caller's words where its model transcribes them)."""
+
+    def transcript(self, who: Literal["agent", "caller"], text: str, item_id: str | None) -> None:
+        """A piece of the agent's reply ``item_id`` (a delta), or a line the caller said (whole); never waits."""
         ...
 
 

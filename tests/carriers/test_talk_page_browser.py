@@ -97,6 +97,7 @@ async def test_chromium_on_the_talk_page_hears_the_agent_interrupts_it_and_hangs
             await until(lambda: any(e.type == "barge-in" for e in agent_app.Recorder.events), timeout_s=15)
             stats = await in_thread(driver.execute_async_script, "window.talk.stats().then(arguments[arguments.length - 1])")
             assert stats["packetsReceived"] > 50 and stats["packetsLost"] == 0, stats  # 20 ms packets: a second and more
+            await page_until(driver, "document.querySelectorAll('#transcript li').length > 0", 5)  # the engine's words, live
             hang_up = await in_thread(driver.find_element, webdriver.common.by.By.ID, "hangup")
             await in_thread(hang_up.click)
             await page_until(driver, "window.talk.state === 'ended'", 5)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+import wave
+from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from aiortc import RTCPeerConnection
 
@@ -35,11 +38,13 @@ def _fresh_app() -> None:
     agent_app.Recorder.events.clear()
 
 
-async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_up() -> None:
+async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_up(tmp_path: Path) -> None:
     """The page's query string reaches the application's ``CallContext`` (allow-listed), the caller's "hello" comes
-    back from the echo agent after the greeting, the browser's hang-up ends the call, and its report says webrtc."""
+    back from the echo agent after the greeting, its transcript reaches the page as it plays, the browser's hang-up
+    ends the call, and its report says webrtc; the call is recorded, in stereo at 48 kHz."""
     app = {"module": "tests.bridge.agent_app:Recorder", "context_parameters": ["customer"]}
-    async with running_bridge(settings(app=app), engine()) as bridge:
+    recording = {"enabled": True, "directory": str(tmp_path)}
+    async with running_bridge(settings(app=app, recording=recording), engine()) as bridge:
         browser = BrowserCall(bridge.base_url, short_speech(1200) + bytes(16000 * 4), parameters={"customer": "42", "other": "x"})
         try:
             response = await browser.offer()
@@ -50,6 +55,7 @@ async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_
             spoke_until = browser.microphone.spoke_at + 1.2
             await until(lambda: browser.heard.first_loud_at(after=spoke_until) is not None, timeout_s=6)  # the echo
             await until(lambda: browser.heard.loud_ms() >= 400, timeout_s=3)
+            await until(lambda: any("echo of" in (m["text"] or "") for m in browser.transcript), timeout_s=3)  # shown live
         finally:
             await browser.hang_up()
         await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
@@ -59,6 +65,11 @@ async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_
     (ended,) = [e for e in agent_app.Recorder.events if e.type == "call.ended"]
     report = CallReport.model_validate(ended.data["report"])
     assert report.call.carrier == "webrtc" and report.first_agent_audio_ms is not None
+    assert report.recording is not None
+    with wave.open(str(tmp_path / f"{browser.call_id}.wav")) as wav:
+        assert (wav.getnchannels(), wav.getframerate()) == (2, RATE_HZ)
+        stereo = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2").reshape(-1, 2)
+    assert np.abs(stereo[:, 0]).max() > 3000 and np.abs(stereo[:, 1]).max() > 3000  # the caller, and the agent
 
 
 async def test_every_talk_route_refuses_without_the_token_and_a_bad_offer_costs_no_call() -> None:

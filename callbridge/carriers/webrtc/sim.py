@@ -14,6 +14,7 @@ from typing import Final
 
 import httpx
 import numpy as np
+import orjson
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
@@ -97,6 +98,8 @@ class BrowserCall:
         self.connection = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.channel = self.connection.createDataChannel("control")
         self.hung_up_by_agent = asyncio.Event()
+        self.transcript: list[dict[str, str | None]] = []
+        """The transcript messages the page would show (``{"type": "transcript", "who", "id", "text"}``)."""
         self._listening: asyncio.Task[None] | None = None
         self._mono = AudioResampler(format="s16", layout="mono", rate=_RATE_HZ)
         self.channel.on("message", self._message)
@@ -105,6 +108,8 @@ class BrowserCall:
     def _message(self, message: str | bytes) -> None:
         if message == "bye":
             self.hung_up_by_agent.set()
+        elif isinstance(message, str) and message.startswith("{"):
+            self.transcript.append(orjson.loads(message))
 
     def _track(self, track: MediaStreamTrack) -> None:
         self._listening = asyncio.create_task(self._listen(track))

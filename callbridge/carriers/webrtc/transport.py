@@ -24,6 +24,7 @@ from collections import deque
 from contextlib import suppress
 from typing import Final, Literal
 
+import orjson
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
@@ -45,6 +46,7 @@ _MAX_HELD_FRAMES: Final = 10
 """200 ms: five times the bridge's lead. More means the pacer and this clock disagree; the oldest is dropped."""
 _MAX_QUEUED: Final = 100
 """Caller frames waiting for the call core (2 s): past it the browser's audio is dropped and counted."""
+_MAX_TRANSCRIPT_CHARS: Final = 4096
 _CONTROL_BYTES: Final = 16
 """A data channel message from the page at most (``bye``, ``dtmf:5``); longer ones are dropped unread."""
 
@@ -206,6 +208,14 @@ class PeerTransport:
                 log.warning("webrtc_timeout", provider=PROVIDER, call_id=self.call_id, waited_for=self.timed_out, waited_s=timeout_s)
                 return "bye" if self.connected else None
         return None
+
+    def transcript(self, who: Literal["agent", "caller"], text: str, item_id: str | None) -> None:
+        """To the page, on the data channel: ``{"type": "transcript", "who", "id", "text"}`` (the agent's as deltas of
+        its reply ``id``, the caller's a line at a time)."""
+        channel = self._channel
+        if channel is not None and channel.readyState == "open" and not self.closed:
+            with suppress(Exception):  # the page's screen only: the call goes on without it
+                channel.send(orjson.dumps({"type": "transcript", "who": who, "id": item_id, "text": text[:_MAX_TRANSCRIPT_CHARS]}).decode())
 
     async def send(self, message: str | bytes) -> None:
         if self.closed:
