@@ -47,6 +47,7 @@ _MAX_HELD_FRAMES: Final = 10
 _MAX_QUEUED: Final = 100
 """Caller frames waiting for the call core (2 s): past it the browser's audio is dropped and counted."""
 _MAX_TRANSCRIPT_CHARS: Final = 4096
+_MAX_UNSENT: Final = 32
 _CONTROL_BYTES: Final = 16
 """A data channel message from the page at most (``bye``, ``dtmf:5``); longer ones are dropped unread."""
 
@@ -144,6 +145,8 @@ class PeerTransport:
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
         self._channel: RTCDataChannel | None = None
+        self._unsent: list[str] = []
+        """Transcript messages from before the page's data channel opened (at most ``_MAX_UNSENT``)."""
         self._reader: asyncio.Task[None] | None = None
         self._frames = FrameAssembler(RATE_HZ, AudioEncoding.L16)
         self._mono = AudioResampler(format="s16", layout="mono", rate=RATE_HZ)
@@ -158,6 +161,9 @@ class PeerTransport:
 
     def _data_channel(self, channel: RTCDataChannel) -> None:
         self._channel = channel
+        channel.on("open", self._send_unsent)
+        if channel.readyState == "open":
+            self._send_unsent()
 
         @channel.on("message")
         def _message(message: str | bytes) -> None:
@@ -212,10 +218,23 @@ class PeerTransport:
     def transcript(self, who: Literal["agent", "caller"], text: str, item_id: str | None) -> None:
         """To the page, on the data channel: ``{"type": "transcript", "who", "id", "text"}`` (the agent's as deltas of
         its reply ``id``, the caller's a line at a time)."""
+        if self.closed or not text:
+            return
+        message = orjson.dumps({"type": "transcript", "who": who, "id": item_id, "text": text[:_MAX_TRANSCRIPT_CHARS]}).decode()
         channel = self._channel
-        if channel is not None and channel.readyState == "open" and not self.closed:
-            with suppress(Exception):  # the page's screen only: the call goes on without it
-                channel.send(orjson.dumps({"type": "transcript", "who": who, "id": item_id, "text": text[:_MAX_TRANSCRIPT_CHARS]}).decode())
+        if channel is None or channel.readyState != "open":  # the greeting's, said before the channel is up: kept
+            if len(self._unsent) < _MAX_UNSENT:
+                self._unsent.append(message)
+            return
+        with suppress(Exception):  # the page's screen only: the call goes on without it
+            channel.send(message)
+
+    def _send_unsent(self) -> None:
+        channel, self._unsent, unsent = self._channel, [], self._unsent
+        if channel is not None and not self.closed:
+            for message in unsent:
+                with suppress(Exception):
+                    channel.send(message)
 
     async def send(self, message: str | bytes) -> None:
         if self.closed:
