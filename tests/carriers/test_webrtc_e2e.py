@@ -19,6 +19,7 @@ from callbridge.carriers.webrtc.phones import BrowserPhones
 from callbridge.carriers.webrtc.sim import BrowserCall
 from callbridge.carriers.webrtc.transport import AgentTrack, hold_less_audio
 from callbridge.carriers.webrtc.wire import FRAME_BYTES, RATE_HZ
+from callbridge.engine.commands import CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
 from tests.bridge import agent_app
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
@@ -105,6 +106,22 @@ async def test_every_talk_route_refuses_without_the_token_and_a_bad_offer_costs_
     async with running_bridge(settings(webrtc={"enabled": False}), engine()) as bridge, httpx.AsyncClient(base_url=bridge.base_url) as http:
         assert (await http.get("/talk")).status_code == 404
         assert (await http.post("/talk/offer", json={})).status_code == 404
+
+
+async def test_the_keypad_reaches_the_engine_and_what_else_the_data_channel_carries_costs_the_call_nothing() -> None:
+    recorder = engine()
+    async with running_bridge(settings(), recorder) as bridge:
+        browser = BrowserCall(bridge.base_url, bytes(16000 * 4))
+        try:
+            assert (await browser.offer()).status_code == 200
+            await until(lambda: browser.channel.readyState == "open" and bool(recorder.opened), timeout_s=5)
+            for message in ("dtmf:x", "dtmf:55", "x" * 5000, "start", "dtmf:5"):
+                browser.send(message)
+            await until(lambda: [c.text for c in recorder.of(CreateTextItem)] == ["DTMF 5"], timeout_s=3)
+            assert phones(bridge).calls[browser.call_id or ""].control_dropped == 4
+        finally:
+            await browser.hang_up()
+        await until(lambda: not phones(bridge).calls, timeout_s=5)
 
 
 async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_is_set_up() -> None:

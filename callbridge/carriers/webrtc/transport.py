@@ -48,8 +48,8 @@ _MAX_QUEUED: Final = 100
 """Caller frames waiting for the call core (2 s): past it the browser's audio is dropped and counted."""
 _MAX_TRANSCRIPT_CHARS: Final = 4096
 _MAX_UNSENT: Final = 32
-_CONTROL_BYTES: Final = 16
-"""A data channel message from the page at most (``bye``, ``dtmf:5``); longer ones are dropped unread."""
+_KEYS: Final = frozenset("0123456789*#ABCD")
+"""The keys a ``dtmf:<key>`` message from the page may name; any other message is dropped and counted."""
 
 TimedOut = Literal["no_connection", "idle"]
 
@@ -167,9 +167,9 @@ class PeerTransport:
 
         @channel.on("message")
         def _message(message: str | bytes) -> None:
-            if isinstance(message, str) and len(message) <= _CONTROL_BYTES and (message == "bye" or message.startswith("dtmf:")):
+            if message == "bye" or (isinstance(message, str) and len(message) == 6 and message[:5] == "dtmf:" and message[5] in _KEYS):
                 self._signal(message)
-            else:
+            else:  # the page sends nothing else: whatever it is, the call goes on without it
                 self.control_dropped += 1
 
     async def _state_changed(self) -> None:
