@@ -1,7 +1,8 @@
 """What the call's application gets of one stream, as an observer of the call's outputs: its events (``call.answered``,
 turns, barge-ins, digits, silence, tools, transfers, ``call.ended``), its report across the call's streams, and the
-stream's share of its recording. The media driver (``bridge/media.py``) hands it what the call produced and moves
-no application plumbing itself.
+stream's share of its recording; and, where the caller has a screen (the browser phone's page), the transcript as it
+comes. The media driver (``bridge/media.py``) hands it what the call produced and moves no application plumbing
+itself.
 
 The report crosses streams through the registry: a stream that ends with the call still up hands it on (a note
 the next stream, on any process, picks up); the stream that ends the call sends it, once its recording is uploaded
@@ -22,6 +23,7 @@ from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_outputs import Observed, StreamReport
 from callbridge.bridge.call_report import REPORT_NOTE, CallReportBuilder
 from callbridge.bridge.call_setup import CallSetup
+from callbridge.bridge.carrier_transport import TranscriptTransport
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.pacing import monotonic_ms
 from callbridge.bridge.recording import StereoRecorder
@@ -46,10 +48,13 @@ class CallFeed:
         registry: CallRegistry,
         spawn: Callable[[Coroutine[Any, Any, None]], None],
         log: BoundLogger,
+        screen: TranscriptTransport | None = None,
     ) -> None:
         """``events``: the application's (None: it takes none); ``recordings``: where recordings go; ``registry``:
-        where the report waits for the call's next stream; ``spawn``: work left to the background (an upload)."""
+        where the report waits for the call's next stream; ``spawn``: work left to the background (an upload);
+        ``screen``: where the caller sees the transcript as it comes (the browser phone's page), if anywhere."""
         self._events, self._recordings, self._registry, self._spawn = events, recordings, registry, spawn
+        self._screen = screen
         self.log = log
         """``log``: the stream's, as bound once its session is (``bound``): nothing is said before."""
         self.report: CallReportBuilder | None = None
@@ -93,13 +98,18 @@ class CallFeed:
         events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
 
     def engine_event(self, event: EngineEvent) -> None:
-        """What the model said and heard, for the report's transcript."""
-        if self.report is None:
-            return
+        """What the model said and heard, for the report's transcript and the caller's screen."""
+        report, screen = self.report, self._screen
         if isinstance(event, TranscriptDelta):
-            self.report.transcribed(event.response_id, event.delta)
+            if report is not None:
+                report.transcribed(event.response_id, event.delta)
+            if screen is not None:
+                screen.transcript("agent", event.delta, event.response_id)
         elif isinstance(event, InputTranscript):
-            self.report.caller_said(event.item_id, event.transcript)
+            if report is not None:
+                report.caller_said(event.item_id, event.transcript)
+            if screen is not None:
+                screen.transcript("caller", event.transcript, event.item_id)
 
     def observed(self, seen: Observed) -> None:
         if self.report is None:

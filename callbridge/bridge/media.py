@@ -67,7 +67,7 @@ from callbridge.bridge.ws_protocol import MAX_MESSAGE_BYTES, PRE_AUTH_MAX_MESSAG
 from callbridge.carriers.base import ProviderCodec, StreamStarted
 from callbridge.engine.commands import AppendAudio
 from callbridge.engine.errors import EngineError, ErrorCode
-from callbridge.engine.events import EngineErrorEvent, EngineEvent, InputTranscript, TranscriptDelta, is_chunk_verdict
+from callbridge.engine.events import EngineErrorEvent, EngineEvent, is_chunk_verdict
 from callbridge.engine.port import DuplexSession
 from callbridge.logging import get_logger
 
@@ -82,13 +82,6 @@ _TIMED_EVERY_MESSAGES = 50
 
 
 _now_ms = monotonic_ms
-
-
-def _show_transcript(screen: TranscriptTransport, event: EngineEvent) -> None:
-    if isinstance(event, TranscriptDelta):
-        screen.transcript("agent", event.delta, event.response_id)
-    elif isinstance(event, InputTranscript):
-        screen.transcript("caller", event.transcript, event.item_id)
 
 
 def _call_ends_at_ms(setup: CallSetup | None) -> int | None:
@@ -112,8 +105,6 @@ class MediaStreamDriver:
     ) -> None:
         self.transport = WebSocketTransport(transport) if isinstance(transport, WebSocket) else transport
         self._send_many = self.transport.send_many if isinstance(self.transport, BatchingTransport) else None
-        self._screen = self.transport if isinstance(self.transport, TranscriptTransport) else None
-        """Where the conversation's transcript is shown as it comes (the browser phone's page)."""
         self.check_token = check_token
         self.services = services
         self.call = CallSession(codec, call_options(services.settings))
@@ -131,7 +122,8 @@ class MediaStreamDriver:
         """The carrier's ``start``, once the call accepted it."""
         self._token_check: asyncio.Future[bool] | None = None
         """The one check of the stream's single-use token (``token_is_ours``)."""
-        self._feed = CallFeed(services.events, services.recordings, services.registry, services.spawn, self.log)
+        screen = self.transport if isinstance(self.transport, TranscriptTransport) else None
+        self._feed = CallFeed(services.events, services.recordings, services.registry, services.spawn, self.log, screen)
         """The call's events, report and recording for its application, from what the call produces."""
         self._setup = StreamSetup(services.assistants, services.desk, services.settings.app)
         """The call's setup, and its application's tools."""
@@ -368,8 +360,6 @@ class MediaStreamDriver:
         if not self.call.takes_engine_events:  # ended, or its carrier gone (a failed send): kept for a resume
             return False
         self._feed.engine_event(event)
-        if self._screen is not None:
-            _show_transcript(self._screen, event)
         self._seen.engine_event_taken(event)
         self.call.receive_engine_event(event, _now_ms())
         return True
@@ -437,8 +427,7 @@ class MediaStreamDriver:
                 case Notice() as notice:
                     self._seen.notice(notice)
                 case Observed() as seen:
-                    if seen.kind == "turn":
-                        self._seen.turn(seen.ms)
+                    self._seen.observed(seen)
                     self._feed.observed(seen)
                 case RecordingChunk(data):
                     self._feed.record(data)

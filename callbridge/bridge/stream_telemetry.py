@@ -14,7 +14,7 @@ from collections.abc import Callable
 from structlog.stdlib import BoundLogger
 
 from callbridge.bridge.call import engine_failure_kind
-from callbridge.bridge.call_outputs import Notice, StreamReport
+from callbridge.bridge.call_outputs import Notice, Observed, StreamReport
 from callbridge.bridge.end_reason import EndCause, EndReason
 from callbridge.bridge.log_budget import LogBudget
 from callbridge.bridge.metrics import BridgeMetrics
@@ -86,9 +86,11 @@ class StreamTelemetry:
             case Notice(CarrierNotice() as carrier_notice):
                 self.log.info("carrier_notice", notice=carrier_notice.name, detail=carrier_notice.detail)
 
-    def turn(self, latency_ms: int) -> None:
-        """A turn's latency (``Observed`` ``turn``): the caller's end of speech → the agent's reply on its way."""
-        self.metrics.turn_latency_seconds.labels(self.provider).observe(latency_ms / 1000)
+    def observed(self, seen: Observed) -> None:
+        """What the call core saw of the conversation: a turn's latency (the caller's end of speech → the agent's
+        reply on its way) is measured."""
+        if seen.kind == "turn":
+            self.metrics.turn_latency_seconds.labels(self.provider).observe(seen.ms / 1000)
 
     def mark_lag(self, ms: int) -> None:
         self.metrics.mark_lag_seconds.observe(ms / 1000)

@@ -66,6 +66,8 @@ async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_
             await browser.hang_up()
         await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
         assert not phones(bridge).calls
+        turns = bridge.app.state.bridge.registry.get_sample_value("callbridge_turn_latency_seconds_count", {"provider": "webrtc"})
+        assert turns is not None and turns >= 1  # the echo's turn, in the metrics
     (asked,) = agent_app.Greeter.calls
     assert (asked.carrier, asked.call_id, asked.parameters) == ("webrtc", browser.call_id, {"customer": "42"})
     (ended,) = [e for e in agent_app.Recorder.events if e.type == "call.ended"]
