@@ -127,16 +127,18 @@ async def test_the_keypad_reaches_the_engine_and_what_else_the_data_channel_carr
 
 
 async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_is_set_up() -> None:
+    """Two offers at once for the last place: one is answered, the other refused (503 busy), none set up past it."""
     async with running_bridge(settings(webrtc={"max_calls": 1}), engine()) as bridge:
-        first = BrowserCall(bridge.base_url, bytes(16000 * 3))
-        second = BrowserCall(bridge.base_url, bytes(16000))
+        browsers = [BrowserCall(bridge.base_url, bytes(16000 * 3)) for _ in range(2)]
         try:
-            assert (await first.offer()).status_code == 200
-            refused = await second.offer()
-            assert refused.status_code == 503 and refused.json()["error"] == "busy", refused.text
+            responses = await asyncio.gather(*(browser.offer() for browser in browsers))
+            assert sorted(r.status_code for r in responses) == [200, 503], [r.text for r in responses]
+            (refused,) = [r for r in responses if r.status_code == 503]
+            assert refused.json()["error"] == "busy"
+            assert len(phones(bridge).calls) == 1
         finally:
-            await first.hang_up()
-            await second.close()
+            for browser in browsers:
+                await browser.hang_up()
         await until(lambda: not phones(bridge).calls, timeout_s=5)
 
 

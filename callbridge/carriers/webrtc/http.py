@@ -104,6 +104,8 @@ def talk_router(services: CarrierServices) -> APIRouter:
         if phones is None:
             return _refused(503, "not_running", "the browser phone is not running in this process")
         sdp, parameters = offer
+        if not settings.context_parameters_from_query:
+            parameters = {}
         answered = await phones.answer(sdp, parameters, request.client.host if request.client else None)
         if answered.refusal is not None:
             status, reason, detail = answered.refusal

@@ -51,6 +51,8 @@ class BrowserPhones(AbstractAsyncContextManager["BrowserPhones"]):
         self.calls: dict[str, PeerTransport] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._answering = 0
+        """Offers being answered now (each will be a call of ``calls``, or refused)."""
 
     async def __aenter__(self) -> Self:
         self.services.carrier_state[PROVIDER] = self
@@ -72,8 +74,15 @@ class BrowserPhones(AbstractAsyncContextManager["BrowserPhones"]):
         """The answer to a browser's offer, its call under way; or why it is refused (nothing of it kept)."""
         if self._closing or self.services.desk.refusal_before_call_id() is not None:
             return self._refused(503, "draining", "this bridge is shutting down", peer)
-        if len(self.calls) >= self.settings.max_calls:
+        if len(self.calls) + self._answering >= self.settings.max_calls:
             return self._refused(503, "busy", f"{self.settings.max_calls} browser calls are up here (webrtc.max_calls)", peer)
+        self._answering += 1  # its place held while it is answered: offers at once do not all pass the count
+        try:
+            return await self._answer(offer_sdp, parameters, peer)
+        finally:
+            self._answering -= 1
+
+    async def _answer(self, offer_sdp: str, parameters: Mapping[str, str], peer: str | None) -> Answered:
         call_id = f"webrtc-{secrets.token_hex(12)}"
         if (refusal := await self.services.desk.stream_refusal(call_id)) is not None:
             return self._refused(503, str(refusal), "no room for another call here", peer)
