@@ -15,9 +15,10 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from callbridge.application.events import CallReport
+from callbridge.carriers.webrtc import jitter
 from callbridge.carriers.webrtc.phones import BrowserPhones
 from callbridge.carriers.webrtc.sim import BrowserCall
-from callbridge.carriers.webrtc.transport import AgentTrack, hold_less_audio
+from callbridge.carriers.webrtc.transport import AgentTrack
 from callbridge.carriers.webrtc.wire import FRAME_BYTES, RATE_HZ
 from callbridge.engine.commands import CreateTextItem
 from callbridge.sim.runner import RunningBridge, running_bridge
@@ -136,6 +137,8 @@ async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_i
             (refused,) = [r for r in responses if r.status_code == 503]
             assert refused.json()["error"] == "busy"
             assert len(phones(bridge).calls) == 1
+            (answered,) = [b for b, r in zip(browsers, responses, strict=True) if r.status_code == 200]
+            await until(lambda: answered.channel.readyState == "open", timeout_s=5)  # connected: its bye will be heard
         finally:
             for browser in browsers:
                 await browser.hang_up()
@@ -183,12 +186,14 @@ async def test_the_track_plays_what_it_holds_then_silence_and_never_holds_more_t
     await asyncio.sleep(0)
 
 
-async def test_the_audio_jitter_buffer_is_ours_to_size_on_this_aiortc() -> None:
-    """``webrtc.jitter_frames`` reaches into aiortc's receiver (a private attribute): on an aiortc that keeps it
-    elsewhere the bridge logs that its own 4 frames stay; this says so before a user hears it."""
+async def test_the_audio_jitter_buffer_is_ours_to_replace_on_this_aiortc() -> None:
+    """``jitter.install`` reaches into aiortc's receiver (a private attribute): on an aiortc that keeps it elsewhere
+    the bridge logs that aiortc's own stays; this says so before a user hears it."""
     connection = RTCPeerConnection()
     connection.addTransceiver("audio")
     try:
-        assert hold_less_audio(connection, 1)
+        assert jitter.install(connection, 1)
+        (transceiver,) = connection.getTransceivers()
+        assert isinstance(getattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer"), jitter.AudioJitterBuffer)
     finally:
         await connection.close()

@@ -20,8 +20,9 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSession
 
 from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
+from callbridge.carriers.webrtc import jitter
 from callbridge.carriers.webrtc.settings import WebRtcSettings
-from callbridge.carriers.webrtc.transport import PeerTransport, hold_less_audio
+from callbridge.carriers.webrtc.transport import PeerTransport
 from callbridge.carriers.webrtc.wire import PROVIDER, WebRtcCodec
 from callbridge.logging import get_logger
 
@@ -92,8 +93,8 @@ class BrowserPhones(AbstractAsyncContextManager["BrowserPhones"]):
         )
         try:
             await connection.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            if not hold_less_audio(connection, self.settings.jitter_frames):
-                log.warning("webrtc_jitter_buffer_kept", call_id=call_id, detail="aiortc's own (4 frames): webrtc.jitter_frames not applied")
+            if not jitter.install(connection, self.settings.jitter_frames):
+                log.warning("webrtc_jitter_buffer_kept", call_id=call_id, detail="aiortc's own (4 frames, stalls on a loss): not replaced")
             audio = [t for t in connection.getTransceivers() if t.kind == "audio"]
             if not audio:
                 raise ValueError("the offer has no audio")

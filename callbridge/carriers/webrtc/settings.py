@@ -29,7 +29,8 @@ class WebRtcSettings(Section):
     jitter_frames: Annotated[int, Field(ge=0, le=8)] = 1
     """How many 20 ms frames of the browser's audio arrive behind one before it is decoded and handed on: each is 20 ms
     more between the caller's words and the agent hearing them, against packets that come late or out of order.
-    aiortc's own is 4 (80 ms); a browser on a LAN or this machine needs 0 or 1."""
+    aiortc's own is 4 (80 ms); a browser on a LAN or this machine needs 1 (0 is the same as 1: a frame is known whole
+    when the next arrives). A lost packet is waited for while 2 more arrive, then given up (``jitter.py``)."""
     context_parameters_from_query: bool = True
     """The page's query string (less ``token``) goes in the call's start as its parameters, for the application's
     ``CallContext`` (kept only where ``app.context_parameters`` allows them, as for every carrier)."""

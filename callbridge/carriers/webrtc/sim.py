@@ -19,7 +19,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSes
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
-from callbridge.carriers.webrtc.transport import hold_less_audio
+from callbridge.carriers.webrtc import jitter
 from callbridge.codecs import ResamplerQuality, StreamResampler
 
 __all__ = ["BrowserCall", "Heard", "MicrophoneTrack"]
@@ -139,7 +139,7 @@ class BrowserCall:
             self.call_id = answer["call_id"]
             await self.connection.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
             if self.jitter_frames is not None:
-                hold_less_audio(self.connection, self.jitter_frames)
+                jitter.install(self.connection, self.jitter_frames)
         return response
 
     def send(self, message: str) -> None:

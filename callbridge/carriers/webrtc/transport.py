@@ -26,7 +26,6 @@ from typing import Final, Literal
 
 import orjson
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
@@ -35,7 +34,7 @@ from callbridge.carriers.webrtc.wire import FRAME_BYTES, PROVIDER, RATE_HZ
 from callbridge.codecs import AudioEncoding, FrameAssembler
 from callbridge.logging import get_logger
 
-__all__ = ["AgentTrack", "PeerTransport", "hold_less_audio"]
+__all__ = ["AgentTrack", "PeerTransport"]
 
 log = get_logger(__name__)
 
@@ -52,25 +51,6 @@ _KEYS: Final = frozenset("0123456789*#ABCD")
 """The keys a ``dtmf:<key>`` message from the page may name; any other message is dropped and counted."""
 
 TimedOut = Literal["no_connection", "idle"]
-
-_JITTER_BUFFER: Final = "_RTCRtpReceiver__jitter_buffer"
-"""aiortc's receiver's jitter buffer (private: ``hold_less_audio`` checks it is there, and a test pins it)."""
-_AUDIO_JITTER_CAPACITY: Final = 16
-"""aiortc's own for audio (a power of two): packets it keeps."""
-
-
-def hold_less_audio(connection: RTCPeerConnection, prefetch: int) -> bool:
-    """Give each audio receiver of ``connection`` a jitter buffer that hands a frame on once ``prefetch`` more have
-    arrived, where aiortc's waits for 4: 80 ms of the caller's every word (``webrtc.jitter_frames``). Whether it could
-    (False: this aiortc keeps its buffer elsewhere, and its own stays)."""
-    done = False
-    for transceiver in connection.getTransceivers():
-        receiver = transceiver.receiver
-        if transceiver.kind == "audio" and isinstance(getattr(receiver, _JITTER_BUFFER, None), JitterBuffer):
-            setattr(receiver, _JITTER_BUFFER, JitterBuffer(capacity=_AUDIO_JITTER_CAPACITY, prefetch=prefetch))
-            done = True
-    return done
-
 
 class AgentTrack(MediaStreamTrack):
     """The agent's audio to the browser: one 20 ms frame per tick of its own clock (see the module docstring)."""
