@@ -57,15 +57,15 @@ async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_
             response = await browser.offer()
             assert response.status_code == 200, response.text
             assert "opus/48000/2" in response.json()["sdp"]
-            await until(lambda: browser.microphone.spoke_at is not None, timeout_s=5)
+            await until(lambda: browser.microphone.spoke_at is not None, timeout_s=15)
             assert browser.microphone.spoke_at is not None
             spoke_until = browser.microphone.spoke_at + (GREETING_MS + 1200) / 1000
-            await until(lambda: browser.heard.first_loud_at(after=spoke_until) is not None, timeout_s=6)  # the echo
+            await until(lambda: browser.heard.first_loud_at(after=spoke_until) is not None, timeout_s=15)  # the echo
             said = lambda: " ".join(m["text"] or "" for m in browser.transcript)  # noqa: E731
-            await until(lambda: agent_app.GREETING in said() and "echo of" in said(), timeout_s=3)  # shown as it came
+            await until(lambda: agent_app.GREETING in said() and "echo of" in said(), timeout_s=10)  # shown as it came
         finally:
             await browser.hang_up()
-        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
+        await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=10)
         assert not phones(bridge).calls
         turns = bridge.app.state.bridge.registry.get_sample_value("callbridge_turn_latency_seconds_count", {"provider": "webrtc"})
         assert turns is not None and turns >= 1  # the echo's turn, in the metrics
@@ -117,14 +117,14 @@ async def test_the_keypad_reaches_the_engine_and_what_else_the_data_channel_carr
         browser = BrowserCall(bridge.base_url, bytes(16000 * 4))
         try:
             assert (await browser.offer()).status_code == 200
-            await until(lambda: browser.channel.readyState == "open" and bool(recorder.opened), timeout_s=5)
+            await until(lambda: browser.channel.readyState == "open" and bool(recorder.opened), timeout_s=15)
             for message in ("dtmf:x", "dtmf:55", "x" * 5000, "start", "dtmf:5"):
                 browser.send(message)
-            await until(lambda: [c.text for c in recorder.of(CreateTextItem)] == ["DTMF 5"], timeout_s=3)
+            await until(lambda: [c.text for c in recorder.of(CreateTextItem)] == ["DTMF 5"], timeout_s=10)
             assert phones(bridge).calls[browser.call_id or ""].control_dropped == 4
         finally:
             await browser.hang_up()
-        await until(lambda: not phones(bridge).calls, timeout_s=5)
+        await until(lambda: not phones(bridge).calls, timeout_s=10)
 
 
 async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_is_set_up() -> None:
@@ -138,11 +138,11 @@ async def test_browser_calls_past_webrtc_max_calls_are_refused_before_anything_i
             assert refused.json()["error"] == "busy"
             assert len(phones(bridge).calls) == 1
             (answered,) = [b for b, r in zip(browsers, responses, strict=True) if r.status_code == 200]
-            await until(lambda: answered.channel.readyState == "open", timeout_s=5)  # connected: its bye will be heard
+            await until(lambda: answered.channel.readyState == "open", timeout_s=15)  # connected: its bye will be heard
         finally:
             for browser in browsers:
                 await browser.hang_up()
-        await until(lambda: not phones(bridge).calls, timeout_s=5)
+        await until(lambda: not phones(bridge).calls, timeout_s=10)
 
 
 @pytest.mark.long
@@ -160,8 +160,8 @@ async def test_a_browser_that_never_connects_ends_at_the_connect_deadline_and_fr
             answered = await http.post("/talk/offer", json={"type": "offer", "sdp": sdp})
         assert answered.status_code == 200, answered.text
         started = time.monotonic()
-        await until(lambda: not phones(bridge).calls, timeout_s=15)
-        assert 9.0 < time.monotonic() - started < 12.0
+        await until(lambda: not phones(bridge).calls, timeout_s=20)
+        assert 9.0 < time.monotonic() - started < 15.0  # at the deadline, not before (and not long after)
         assert recorder.opened == []
         again = BrowserCall(bridge.base_url, bytes(16000))
         try:
