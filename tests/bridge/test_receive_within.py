@@ -60,6 +60,12 @@ def run(work: Callable[[StallingLoop], Awaitable[T]]) -> tuple[T | BaseException
         loop.close()
 
 
+def on_time(took_s: float, expected_s: float) -> bool:
+    """``took_s`` is ``expected_s``: 50 ms early at most, and as late as a loaded machine makes the real part of the wait
+    (the loop's clock is real time plus the stalls: a CI run beside busy workers once took 12.553 s for 12.5)."""
+    return expected_s - 0.05 <= took_s <= expected_s + 0.3
+
+
 def through_a_stall(limit_s: float, stopped_s: float, sent: bytes | None = None) -> tuple[bytes | BaseException, float]:
     """``receive_within`` a queue of packets, ``limit_s``, this process stopped ``stopped_s`` at once; ``sent``: the
     packet the peer sent meanwhile, read after the late timers."""
@@ -75,20 +81,20 @@ def through_a_stall(limit_s: float, stopped_s: float, sent: bytes | None = None)
 def test_a_stall_past_the_rtp_timeout_reads_what_the_peer_sent_meanwhile() -> None:
     outcome, took_s = through_a_stall(RTP_TIMEOUT_S, RTP_TIMEOUT_S + 1, sent=b"rtp")
     assert outcome == b"rtp"
-    assert took_s == pytest.approx(RTP_TIMEOUT_S + 1 + READER_TURN_S, abs=0.05)
+    assert on_time(took_s, RTP_TIMEOUT_S + 1 + READER_TURN_S)
 
 
 def test_a_peer_silent_through_a_stall_times_out_once_the_reader_has_had_its_turn() -> None:
     outcome, took_s = through_a_stall(IDLE_TIMEOUT_S, IDLE_TIMEOUT_S + 2)
     assert isinstance(outcome, TimeoutError)
-    assert took_s == pytest.approx(IDLE_TIMEOUT_S + 2 + PROCESS_STALL_MS / 1000, abs=0.05)
+    assert on_time(took_s, IDLE_TIMEOUT_S + 2 + PROCESS_STALL_MS / 1000)
 
 
 def test_a_time_out_only_a_little_late_is_the_peers_silence_at_once() -> None:
     """Late by less than ``PROCESS_STALL_MS`` (a loaded loop, not a stopped process): the limit holds as it was."""
     outcome, took_s = through_a_stall(IDLE_TIMEOUT_S, IDLE_TIMEOUT_S + 0.2, sent=b"late")
     assert isinstance(outcome, TimeoutError)
-    assert took_s == pytest.approx(IDLE_TIMEOUT_S + 0.2, abs=0.05)
+    assert on_time(took_s, IDLE_TIMEOUT_S + 0.2)
 
 
 def test_the_extra_wait_is_given_once() -> None:
@@ -102,7 +108,7 @@ def test_the_extra_wait_is_given_once() -> None:
 
     outcome, took_s = run(work)
     assert isinstance(outcome, TimeoutError)
-    assert took_s == pytest.approx(RTP_TIMEOUT_S + 1 + 0.1 + 2, abs=0.05)
+    assert on_time(took_s, RTP_TIMEOUT_S + 1 + 0.1 + 2)
 
 
 def test_what_comes_in_time_is_returned_and_no_limit_waits_for_ever() -> None:
