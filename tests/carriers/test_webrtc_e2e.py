@@ -81,6 +81,19 @@ async def test_a_browser_call_reaches_the_application_hears_the_agent_and_hangs_
     assert np.abs(stereo[:, 0]).max() > 3000 and np.abs(stereo[:, 1]).max() > 3000  # the caller, and the agent
 
 
+async def test_the_query_string_stays_out_of_the_context_when_configured_so() -> None:
+    app = {"module": "tests.bridge.agent_app:Recorder", "context_parameters": ["customer"]}
+    async with running_bridge(settings(app=app, webrtc={"context_parameters_from_query": False}), engine()) as bridge:
+        browser = BrowserCall(bridge.base_url, bytes(16000 * 2), parameters={"customer": "42"})
+        try:
+            assert (await browser.offer()).status_code == 200
+            await until(lambda: bool(agent_app.Greeter.calls), timeout_s=15)
+        finally:
+            await browser.hang_up()
+    (asked,) = agent_app.Greeter.calls
+    assert (asked.carrier, asked.parameters) == ("webrtc", {})
+
+
 async def test_every_talk_route_refuses_without_the_token_and_a_bad_offer_costs_no_call() -> None:
     async with running_bridge(settings(), engine()) as bridge, httpx.AsyncClient(base_url=bridge.base_url) as http:
         # no token configured: a browser on this machine may call; through a proxy, or from elsewhere, nobody
