@@ -13,17 +13,28 @@ from __future__ import annotations
 
 from typing import Final
 
-from starlette.requests import ClientDisconnect
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from callbridge.logging import get_logger
 
-__all__ = ["MAX_BODY_BYTES", "BodyLimit"]
+__all__ = ["MAX_BODY_BYTES", "BodyLimit", "read_body"]
 
 log = get_logger(__name__)
 
 MAX_BODY_BYTES: Final = 256 * 1024
 """The largest request body any endpoint takes: a carrier's webhook is a few KiB of form or JSON."""
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes | None:
+    """The request's body, read as it comes; None as soon as it is over ``max_bytes`` (the rest is not read): a route's
+    own cap, under the app's ``MAX_BODY_BYTES``."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)
 
 
 class BodyLimit:

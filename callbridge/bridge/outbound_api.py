@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from callbridge.bridge.dialer import Dialer
+from callbridge.bridge.http_limits import read_body
 from callbridge.carriers.webhooks import public_base
 from callbridge.config import Settings
 from callbridge.logging import get_logger
@@ -58,11 +59,9 @@ def outbound_router(settings: Settings, dialer: Dialer) -> APIRouter:
         refused = unauthorized(request)
         if refused is not None:
             return refused
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_REQUEST_BYTES:
-                return _refused(413, "too_large", f"a call request is at most {MAX_REQUEST_BYTES} bytes")
+        body = await read_body(request, MAX_REQUEST_BYTES)
+        if body is None:
+            return _refused(413, "too_large", f"a call request is at most {MAX_REQUEST_BYTES} bytes")
         try:
             dial = DialRequest.model_validate(orjson.loads(body))
         except orjson.JSONDecodeError:

@@ -53,6 +53,11 @@ def graph(title: str, unit: str, targets: list[prometheus.Dataquery], descriptio
     return panel
 
 
+def tile(title: str, target: prometheus.Dataquery, description: str) -> stat.Panel:
+    """One figure, a quarter of the row wide."""
+    return stat.Panel().title(title).unit("short").datasource(PROMETHEUS).height(4).span(6).with_target(target).description(description)
+
+
 def _stacking() -> common.StackingConfig:
     return common.StackingConfig().mode(StackingMode.NORMAL)
 
@@ -65,26 +70,16 @@ def build() -> dict[str, object]:
         .with_variable(dashboard.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
     )  # fmt: skip
     board = board.with_row(dashboard.Row("Calls"))
-    board = board.with_panel(
-        stat.Panel().title("Calls up now").unit("short").datasource(PROMETHEUS).height(4).span(6)
-        .with_target(query("sum(callbridge_calls_active)", "calls"))
-        .description("Calls with a live media stream, every bridge")
-    )  # fmt: skip
-    board = board.with_panel(
-        stat.Panel().title("Engine sessions open").unit("short").datasource(PROMETHEUS).height(4).span(6)
-        .with_target(query("sum(callbridge_engine_sessions_open)", "sessions"))
-        .description("Duplex sessions the bridges hold on the engine")
-    )  # fmt: skip
-    board = board.with_panel(
-        stat.Panel().title("Detached sessions").unit("short").datasource(PROMETHEUS).height(4).span(6)
-        .with_target(query("max(callbridge_detached_sessions)", "detached"))
-        .description("Sessions waiting for their call's stream to come back (a drop, a drain, a move)")
-    )  # fmt: skip
-    board = board.with_panel(
-        stat.Panel().title("Refused in the last hour").unit("short").datasource(PROMETHEUS).height(4).span(6)
-        .with_target(query("sum(increase(callbridge_streams_refused_total[1h])) + sum(increase(callbridge_admission_refused_total[1h]))", "refused"))
-        .description("Streams not bridged and calls not admitted")
-    )  # fmt: skip
+    for title, expr, legend, description in (
+        ("Calls up now", "sum(callbridge_calls_active)", "calls", "Calls with a live media stream, every bridge"),
+        ("Engine sessions open", "sum(callbridge_engine_sessions_open)", "sessions", "Duplex sessions the bridges hold on the engine"),
+        ("Detached sessions", "max(callbridge_detached_sessions)", "detached",
+         "Sessions waiting for their call's stream to come back (a drop, a drain, a move)"),
+        ("Refused in the last hour",
+         "sum(increase(callbridge_streams_refused_total[1h])) + sum(increase(callbridge_admission_refused_total[1h]))",
+         "refused", "Streams not bridged and calls not admitted"),
+    ):  # fmt: skip
+        board = board.with_panel(tile(title, query(expr, legend), description))
     board = board.with_panel(graph(
         "Calls up, by carrier", "short", [query("sum by (provider) (callbridge_calls_active)", "{{provider}}")],
         "Calls with a live media stream, by carrier (webrtc: the browser phone)", stacked=True,

@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from callbridge.bridge.carrier_plugin import Carrier
 from callbridge.bridge.carrier_services import CarrierServices
+from callbridge.bridge.http_limits import read_body
 from callbridge.carriers.webrtc.wire import PROVIDER
 from callbridge.logging import get_logger
 
@@ -92,12 +93,10 @@ def talk_router(services: CarrierServices) -> APIRouter:
         refused = unauthorized(request, authorization[7:] if authorization.startswith("Bearer ") else None)
         if refused is not None:
             return refused
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_OFFER_BYTES:
-                return _refused(413, "too_large", f"an offer is at most {MAX_OFFER_BYTES} bytes")
-        offer = _offer(bytes(body))
+        body = await read_body(request, MAX_OFFER_BYTES)
+        if body is None:
+            return _refused(413, "too_large", f"an offer is at most {MAX_OFFER_BYTES} bytes")
+        offer = _offer(body)
         if isinstance(offer, str):
             return _refused(400, "invalid_offer", offer)
         phones = cast("BrowserPhones | None", services.carrier_state.get(PROVIDER))
