@@ -5,6 +5,8 @@ The page itself, in Chromium, is ``test_talk_page_browser.py``'s."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 import wave
 from pathlib import Path
@@ -210,3 +212,22 @@ async def test_the_audio_jitter_buffer_is_ours_to_replace_on_this_aiortc() -> No
         assert isinstance(getattr(transceiver.receiver, "_RTCRtpReceiver__jitter_buffer"), jitter.AudioJitterBuffer)
     finally:
         await connection.close()
+
+
+def test_a_bridge_that_takes_no_browser_call_never_loads_aiortc() -> None:
+    """aiortc and PyAV cost a process 0.6 s and 34 MB: the app, its routes and the browser phone's listener leave
+    them unloaded until the first offer."""
+    script = (
+        "import sys, asyncio\n"
+        "from callbridge.bridge.app import create_app\n"
+        "from callbridge.carriers.webrtc.http import browser_phones\n"
+        "from callbridge.config import Settings\n"
+        "app = create_app(Settings())\n"
+        "async def enter():\n"
+        "    async with browser_phones(app.state.bridge.services):\n"
+        "        pass\n"
+        "asyncio.run(enter())\n"
+        "print(sorted(m for m in ('aiortc', 'av') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

@@ -132,9 +132,8 @@ def _offer(body: bytes) -> tuple[str, dict[str, str]] | str:
 
 
 def browser_phones(services: CarrierServices) -> AbstractAsyncContextManager[object]:
-    """The process's browser calls (``phones.py``), imported when the app starts: reading the carrier registry (the
-    CLI's help, the configuration) does not load aiortc and PyAV."""
-    from callbridge.carriers.webrtc.phones import BrowserPhones
+    """The process's browser calls (``phones.py``; aiortc is loaded with the first offer)."""
+    from callbridge.carriers.webrtc.phones import BrowserPhones  # the call core: not for reading the carrier registry
 
     return BrowserPhones(services)
 

@@ -4,33 +4,38 @@
 Before anything is set up, an offer must pass the budgets a phone call's stream does (the process is not draining,
 ``server.max_calls`` and the fleet's), and ``webrtc.max_calls`` of this process's browser calls: a refusal costs no
 peer connection. An offer aiortc cannot take (not SDP, no audio, no Opus) is refused and its connection closed. A call
-whose browser never connects gives its admission back at once."""
+whose browser never connects gives its admission back at once.
+
+aiortc (and PyAV with it: about 0.6 s and 34 MB a process) is imported with the first offer, not at start: a bridge
+that never takes a browser call never loads it."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import secrets
+import sys
 from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, suppress
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Self
-
-from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from typing import TYPE_CHECKING, Final, Self
 
 from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.media import MediaStreamDriver
-from callbridge.carriers.webrtc import jitter
 from callbridge.carriers.webrtc.settings import WebRtcSettings
-from callbridge.carriers.webrtc.transport import PeerTransport
 from callbridge.carriers.webrtc.wire import PROVIDER, WebRtcCodec
 from callbridge.logging import get_logger
+
+if TYPE_CHECKING:
+    from callbridge.carriers.webrtc.transport import PeerTransport
 
 __all__ = ["Answered", "BrowserPhones"]
 
 log = get_logger(__name__)
 
 _SHUTDOWN_WAIT_S: Final = 5.0
+_TRANSPORT: Final = "callbridge.carriers.webrtc.transport"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,33 +92,21 @@ class BrowserPhones(AbstractAsyncContextManager["BrowserPhones"]):
         call_id = f"webrtc-{secrets.token_hex(12)}"
         if (refusal := await self.services.desk.stream_refusal(call_id)) is not None:
             return self._refused(503, str(refusal), "no room for another call here", peer)
-        connection = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        transport = PeerTransport(
-            call_id, connection, connect_timeout_s=self.settings.connect_timeout_s, idle_timeout_s=self.settings.idle_timeout_s
-        )
+        if _TRANSPORT not in sys.modules:  # the first offer: aiortc loaded beside the event loop, not in it (0.6 s)
+            await asyncio.to_thread(importlib.import_module, _TRANSPORT)
+        from callbridge.carriers.webrtc.transport import BadOffer, answer_offer
+
         try:
-            await connection.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
-            if not jitter.install(connection, self.settings.jitter_frames):
-                log.warning("webrtc_jitter_buffer_kept", call_id=call_id, detail="aiortc's own (4 frames, stalls on a loss): not replaced")
-            audio = [t for t in connection.getTransceivers() if t.kind == "audio"]
-            if not audio:
-                raise ValueError("the offer has no audio")
-            opus = [codec for codec in RTCRtpSender.getCapabilities("audio").codecs if codec.mimeType.lower() == "audio/opus"]
-            audio[0].setCodecPreferences(opus)
-            connection.addTrack(transport.agent)
-            await connection.setLocalDescription(await connection.createAnswer())
-        except Exception as exc:  # aiortc's parsers raise what they raise: whatever it is, the offer is refused
-            with suppress(Exception):
-                await connection.close()
+            transport, answer_sdp = await answer_offer(call_id, offer_sdp, self.settings)
+        except BadOffer as exc:
             self.services.desk.give_back_admission(call_id)
-            return self._refused(400, "bad_offer", f"{type(exc).__name__}: {str(exc)[:200]}", peer)
-        local = connection.localDescription
+            return self._refused(400, "bad_offer", str(exc), peer)
         self.calls[call_id] = transport
         task = asyncio.create_task(self._serve(transport, WebRtcCodec(call_id, parameters)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         log.info("webrtc_call_answered", provider=PROVIDER, call_id=call_id, peer=peer)
-        return Answered(call_id, local.sdp)
+        return Answered(call_id, answer_sdp)
 
     async def _serve(self, transport: PeerTransport, codec: WebRtcCodec) -> None:
         call_id = transport.call_id

@@ -25,16 +25,25 @@ from contextlib import suppress
 from typing import Final, Literal
 
 import orjson
-from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
 from aiortc.mediastreams import MediaStreamError
 from av import AudioFrame, AudioResampler
 
 from callbridge.bridge.carrier_transport import receive_within
+from callbridge.carriers.webrtc import jitter
+from callbridge.carriers.webrtc.settings import WebRtcSettings
 from callbridge.carriers.webrtc.wire import FRAME_BYTES, PROVIDER, RATE_HZ
 from callbridge.codecs import AudioEncoding, FrameAssembler
 from callbridge.logging import get_logger
 
-__all__ = ["AgentTrack", "PeerTransport"]
+__all__ = ["AgentTrack", "BadOffer", "PeerTransport", "answer_offer"]
 
 log = get_logger(__name__)
 
@@ -244,3 +253,30 @@ def _pcm(frame: AudioFrame) -> bytes:
     """A packed mono s16 frame's samples, little-endian."""
     samples = frame.to_ndarray().reshape(-1)
     return samples.astype("<i2", copy=False).tobytes()[: frame.samples * 2]
+
+
+class BadOffer(Exception):
+    """An offer aiortc could not answer (not SDP, no audio, no Opus): its connection is closed."""
+
+
+async def answer_offer(call_id: str, offer_sdp: str, settings: WebRtcSettings) -> tuple[PeerTransport, str]:
+    """A peer connection that answers the browser's offer with Opus only, our jitter buffer on its audio (``jitter.py``)
+    and the agent's track; the call's transport and the answer's SDP. Raises ``BadOffer``."""
+    connection = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    transport = PeerTransport(call_id, connection, connect_timeout_s=settings.connect_timeout_s, idle_timeout_s=settings.idle_timeout_s)
+    try:
+        await connection.setRemoteDescription(RTCSessionDescription(sdp=offer_sdp, type="offer"))
+        if not jitter.install(connection, settings.jitter_frames):
+            log.warning("webrtc_jitter_buffer_kept", call_id=call_id, detail="aiortc's own (4 frames, stalls on a loss): not replaced")
+        audio = [t for t in connection.getTransceivers() if t.kind == "audio"]
+        if not audio:
+            raise ValueError("the offer has no audio")
+        opus = [codec for codec in RTCRtpSender.getCapabilities("audio").codecs if codec.mimeType.lower() == "audio/opus"]
+        audio[0].setCodecPreferences(opus)
+        connection.addTrack(transport.agent)
+        await connection.setLocalDescription(await connection.createAnswer())
+    except Exception as exc:  # aiortc's parsers raise what they raise: whatever it is, the offer is refused
+        with suppress(Exception):
+            await connection.close()
+        raise BadOffer(f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+    return transport, connection.localDescription.sdp
