@@ -39,7 +39,7 @@ from av import AudioFrame, AudioResampler
 from callbridge.bridge.carrier_transport import receive_within
 from callbridge.carriers.webrtc import jitter
 from callbridge.carriers.webrtc.settings import WebRtcSettings
-from callbridge.carriers.webrtc.wire import FRAME_BYTES, PROVIDER, RATE_HZ
+from callbridge.carriers.webrtc.wire import FRAME_BYTES, KEYS, PROVIDER, RATE_HZ
 from callbridge.codecs import AudioEncoding, FrameAssembler
 from callbridge.logging import get_logger
 
@@ -56,10 +56,9 @@ _MAX_QUEUED: Final = 100
 """Caller frames waiting for the call core (2 s): past it the browser's audio is dropped and counted."""
 _MAX_TRANSCRIPT_CHARS: Final = 4096
 _MAX_UNSENT: Final = 32
-_KEYS: Final = frozenset("0123456789*#ABCD")
-"""The keys a ``dtmf:<key>`` message from the page may name; any other message is dropped and counted."""
 
 TimedOut = Literal["no_connection", "idle"]
+
 
 class AgentTrack(MediaStreamTrack):
     """The agent's audio to the browser: one 20 ms frame per tick of its own clock (see the module docstring)."""
@@ -156,7 +155,7 @@ class PeerTransport:
 
         @channel.on("message")
         def _message(message: str | bytes) -> None:
-            if message == "bye" or (isinstance(message, str) and len(message) == 6 and message[:5] == "dtmf:" and message[5] in _KEYS):
+            if message == "bye" or (isinstance(message, str) and len(message) == 6 and message[:5] == "dtmf:" and message[5] in KEYS):
                 self._signal(message)
             else:  # the page sends nothing else: whatever it is, the call goes on without it
                 self.control_dropped += 1
@@ -250,9 +249,9 @@ class PeerTransport:
 
 
 def _pcm(frame: AudioFrame) -> bytes:
-    """A packed mono s16 frame's samples, little-endian."""
-    samples = frame.to_ndarray().reshape(-1)
-    return samples.astype("<i2", copy=False).tobytes()[: frame.samples * 2]
+    """A packed mono s16 frame's samples (native order: little-endian on every platform PyAV ships for), one copy of
+    its plane (which may be padded past them)."""
+    return bytes(frame.planes[0])[: frame.samples * 2]
 
 
 class BadOffer(Exception):

@@ -32,7 +32,7 @@ from callbridge.carriers.base import (
 )
 from callbridge.codecs import AudioEncoding
 
-__all__ = ["FRAME_BYTES", "PROFILE", "PROVIDER", "RATE_HZ", "WebRtcCodec"]
+__all__ = ["FRAME_BYTES", "KEYS", "PROFILE", "PROVIDER", "RATE_HZ", "WebRtcCodec"]
 
 PROVIDER: Final = "webrtc"
 RATE_HZ: Final = 48_000
@@ -43,7 +43,8 @@ PROFILE: Final = CarrierProfile(
     frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=60, hang_up=HangUpMode.CLOSE, flushes=False
 )
 """As RTP's (``carriers/sip/wire.py``): the outgoing track plays what it is given at once on its 20 ms clock."""
-_DIGITS: Final = frozenset("0123456789*#ABCD")
+KEYS: Final = frozenset("0123456789*#ABCD")
+"""The keys a ``dtmf:<key>`` control message may name (the page's keypad)."""
 
 
 class WebRtcCodec:
@@ -80,7 +81,7 @@ class WebRtcCodec:
         if message == "bye" and not self.stopped:
             self.stopped = True
             return [StreamStopped()] if self.started else []
-        if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in _DIGITS and len(message) == 6:
+        if message.startswith("dtmf:") and self.started and not self.stopped and message[5:] in KEYS and len(message) == 6:
             return [DtmfReceived(message[5:])]
         raise RemoteProtocolError(
             ProtocolErrorReason.OUT_OF_ORDER, f"control {message[:16]!r}", provider=PROVIDER, stream_id=self.stream_id, call_id=self.call_id
