@@ -410,6 +410,24 @@ class OutboundSettings(Section):
     """How long a call rings unanswered before it is given up (a request may say otherwise)."""
 
 
+class ConsoleSettings(Section):
+    """``/console``: the operators' view of the calls across the fleet (``bridge/console_http.py``). Off (every route
+    404) unless ``token`` or ``password`` is set; then every route asks for one of them (401 without)."""
+
+    token: Annotated[SecretStr, Field(min_length=16)] | None = None
+    """``Authorization: Bearer <token>`` (a script), or HTTP basic with any user name and this as its password (a
+    browser's own prompt)."""
+    username: Annotated[str, Field(min_length=1, max_length=64)] = "operator"
+    password: Annotated[SecretStr, Field(min_length=12)] | None = None
+    """HTTP basic: ``username`` with this password."""
+    calls_kept: Annotated[int, Field(ge=10, le=100_000)] = 2000
+    """Finished calls the console keeps (the newest), each with its timeline."""
+    kept_hours: Annotated[float, Field(gt=0, le=2160)] = 24.0
+    """How long a call's timeline is kept after its last event."""
+    max_viewers: Annotated[int, Field(ge=1, le=100)] = 8
+    """Live views (``/console/api/live``) open at once, at most: each reads the registry twice a second."""
+
+
 class _BridgeSections(BaseSettings):
     """The sections that are callbridge's own (first when the settings are shown)."""
 
@@ -433,6 +451,7 @@ class _BridgeSections(BaseSettings):
     recording: RecordingSettings = RecordingSettings()
     barge_in: BargeInSettings = BargeInSettings()
     outbound: OutboundSettings = OutboundSettings()
+    console: ConsoleSettings = ConsoleSettings()
 
 
 class Settings(CarrierSections, _BridgeSections):

@@ -29,6 +29,8 @@ from callbridge.application.hooks import ModuleApplication
 from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.carrier_plugin import load_carrier
+from callbridge.bridge.console_http import console_on, console_router
+from callbridge.bridge.console_journal import CallJournal
 from callbridge.bridge.dialer import ApplicationCalls, Dialer
 from callbridge.bridge.engine_admin import install_engine_pool, start_engine_pool
 from callbridge.bridge.engine_factory import build_engine
@@ -95,8 +97,11 @@ class BridgeState:
             carrier_capabilities={spec.name: spec.capabilities for spec in CARRIERS},
             assistants=assistant_source(settings),
         )
-        if self.services.assistants is not None:
-            self.services.events = event_delivery(self.services.assistants.application, self.services.metrics)
+        application = self.services.assistants.application if self.services.assistants is not None else None
+        self.services.events = event_delivery(application, self.services.metrics, observed=console_on(settings.console))
+        if self.services.events is not None and console_on(settings.console):
+            self.services.journal = CallJournal(registry, settings.console, self.services.metrics)
+            self.services.events.observers.append(self.services.journal.observe)
         recording = settings.recording
         self.services.recordings = RecordingStore(
             recording.directory, self.services.metrics,
@@ -176,14 +181,16 @@ async def _application_started(services: BridgeServices, settings: Settings) -> 
 
 async def _close_services(services: BridgeServices) -> None:
     """At shutdown, once the listeners are closed: the background tasks, the engine, the registry, the carriers'
-    REST clients, the application's event delivery, the recordings' store and the application's client."""
+    REST clients, the application's event delivery and the console's journal, the recordings' store and the application's client."""
     await services.aclose_background()
     await services.engine.aclose()
+    if services.events is not None:
+        await services.events.aclose()
+    if services.journal is not None:  # the calls just ended, into the registry before it closes
+        await services.journal.aclose()
     await services.registry.aclose()
     for rest in services.carrier_rests.values():
         await rest.aclose()
-    if services.events is not None:
-        await services.events.aclose()
     if services.recordings is not None:
         await services.recordings.aclose()
     if services.assistants is not None:
@@ -238,6 +245,7 @@ def create_app(
             app.include_router(carrier.router(state.services))
     assert state.services.dialer is not None
     app.include_router(outbound_router(settings, state.services.dialer))
+    app.include_router(console_router(state.services))
     pool_metrics = install_engine_pool(app, state.registry, state.services.engine, settings)  # metrics, /admin/engines
     group_dir = group_metrics_dir()
     if group_dir is not None:

@@ -35,8 +35,9 @@ _RETRIED: Final = frozenset({"timeout", "unreachable", "status_429", "error"})
 class EventDelivery:
     """The process's one queue of events to the application, and its senders (``start`` … ``aclose``)."""
 
-    def __init__(self, application: WebhookApplication | ModuleApplication, metrics: BridgeMetrics, *, max_queued: int = MAX_QUEUED) -> None:
+    def __init__(self, application: WebhookApplication | ModuleApplication | None, metrics: BridgeMetrics, *, max_queued: int = MAX_QUEUED) -> None:
         self.application = application
+        """None: no application takes events (the observers do: the console's journal)."""
         self.metrics = metrics
         self.queue: asyncio.Queue[tuple[CallContext, CallEvent]] = asyncio.Queue(max_queued)
         self.senders: list[asyncio.Task[None]] = []
@@ -47,6 +48,8 @@ class EventDelivery:
         """Hand ``event`` over for delivery; never waits. Full: dropped and counted."""
         for observer in self.observers:
             observer(call, event)
+        if self.application is None:
+            return
         try:
             self.queue.put_nowait((call, event))
         except asyncio.QueueFull:
@@ -91,6 +94,7 @@ class EventDelivery:
 
     async def _attempt(self, call: CallContext, event: CallEvent) -> None:
         application = self.application
+        assert application is not None, "nothing is queued without an application"
         if isinstance(application, WebhookApplication):
             payload: dict[str, object] = {"type": "call-event", "call": call.model_dump(mode="json"), "event": event.model_dump(mode="json")}
             await application.post(payload, timeout_s=_ATTEMPT_TIMEOUT_S)
@@ -110,10 +114,11 @@ class EventDelivery:
         self.senders = []
 
 
-def event_delivery(application: object, metrics: BridgeMetrics) -> EventDelivery | None:
-    """Delivery for an application that takes events: a webhook, or a module with an ``event`` hook."""
+def event_delivery(application: object, metrics: BridgeMetrics, *, observed: bool = False) -> EventDelivery | None:
+    """Delivery for an application that takes events (a webhook, or a module with an ``event`` hook), or for
+    observers alone where ``observed`` (the console's journal); None: nobody takes them, and none are built."""
     if isinstance(application, WebhookApplication) or (
         isinstance(application, ModuleApplication) and callable(getattr(application.target, "event", None))
     ):
         return EventDelivery(application, metrics)
-    return None
+    return EventDelivery(None, metrics) if observed else None

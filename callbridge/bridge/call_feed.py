@@ -18,6 +18,7 @@ from typing import Any
 
 from structlog.stdlib import BoundLogger
 
+from callbridge.application import CallContext
 from callbridge.application.events import CallEvent, CallReport, EventType, MediaQuality
 from callbridge.bridge.app_events import EventDelivery
 from callbridge.bridge.call_outputs import Observed, StreamReport
@@ -58,23 +59,29 @@ class CallFeed:
         self.log = log
         """``log``: the stream's, as bound once its session is (``bound``): nothing is said before."""
         self.report: CallReportBuilder | None = None
-        """The call's report as this stream builds it (with an application that takes events)."""
+        """The call's report as this stream builds it (where an application takes events, or the console is on)."""
         self._setup: CallSetup | None = None
+        """As the call's application set it up (None: no application did)."""
+        self._context: CallContext | None = None
+        """The call as its events name it: its setup's, or as its stream's start says."""
         self._recording: CallRecording | None = None
         self._stream_ended_at: float | None = None
         """When the stream ended (``time.time()``): the call's end, if it does not come back."""
 
     async def bound(
-        self, call_id: str, setup: CallSetup | None, session: DuplexSession, log: BoundLogger, *, resumed: bool
-    ) -> None:
+        self, call_id: str, setup: CallSetup | None, session: DuplexSession, log: BoundLogger, *, resumed: bool,
+        context: Callable[[], CallContext],
+    ) -> None:  # fmt: skip
         """The stream's session is bound (``log``: the stream's, with the call and the session): the call's report is
         the one its last stream handed on, or begun here (its first stream: ``call.answered``). Looked for on a
-        stream with a new session too: the engine may have been lost mid-call. Nothing without an application that
-        takes events."""
+        stream with a new session too: the engine may have been lost mid-call. Nothing where nobody takes events
+        (no application that does, no console). ``context``: the call as its stream's start says, where no
+        application set the call up (``setup`` None)."""
         self.log = log
-        if setup is None or self._events is None:
+        if self._events is None:
             return
         self._setup = setup
+        self._context = setup.context if setup is not None else context()
         kept = None
         try:
             kept = await self._registry.note(call_id, REPORT_NOTE)
@@ -82,20 +89,21 @@ class CallFeed:
             self.log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
         self.report = report = CallReportBuilder.from_json(kept) if kept is not None else CallReportBuilder(started_at=time.time())
         report.streams += 1
-        if kept is None:
-            self.emit("call.answered")
         try:
             endpoint = session.resume_ticket().endpoint
         except Exception:  # a session gone this instant: where it was is not worth failing the stream for
             endpoint = None
-        report.bound(resumed, public_url(endpoint) if endpoint else None)
+        engine = public_url(endpoint) if endpoint else None
+        if kept is None:
+            self.emit("call.answered", engine=engine)
+        report.bound(resumed, engine)
 
     def emit(self, kind: EventType, **data: Any) -> None:
         """A call event to the application (``app_events``: queued, never waited for)."""
-        events, report, setup = self._events, self.report, self._setup
-        if events is None or report is None or setup is None:
+        events, report, context = self._events, self.report, self._context
+        if events is None or report is None or context is None:
             return
-        events.emit(setup.context, CallEvent(type=kind, call_id=setup.context.call_id, at=time.time(), seq=report.next_seq(), data=data))
+        events.emit(context, CallEvent(type=kind, call_id=context.call_id, at=time.time(), seq=report.next_seq(), data=data))
 
     def engine_event(self, event: EngineEvent) -> None:
         """What the model said and heard, for the report's transcript and the caller's screen."""
@@ -170,7 +178,7 @@ class CallFeed:
         """The stream ends: the call's report goes to the application (``call.ended``) where the call is over, else
         on to the call's next stream (the registry's note, written before the session is parked for it)."""
         builder = self.report
-        if builder is None or self._setup is None:
+        if builder is None or self._context is None:
             return
         builder.agent_audio_ms += report.output_ms
         if builder.first_agent_audio_ms is None:  # the call's first stream's (its answer's)
@@ -192,12 +200,12 @@ class CallFeed:
     def call_over(self, end_reason: EndCause, session_id: str | None) -> None:
         """The call is over: its report goes to the application (``call.ended``), once its recording is uploaded where
         its assistant asked for that. Its end is when its last stream ended."""
-        builder, setup = self.report, self._setup
-        if builder is None or setup is None:
+        builder, context = self.report, self._context
+        if builder is None or context is None:
             return
-        assistant = setup.assistant
+        assistant = self._setup.assistant if self._setup is not None else None
         call_report = builder.report(
-            setup.context, ended_at=self._stream_ended_at or time.time(), end_reason=end_reason,
+            context, ended_at=self._stream_ended_at or time.time(), end_reason=end_reason,
             engine_session_id=session_id, metadata=assistant.metadata if assistant is not None else None,
         )  # fmt: skip
         upload_to = assistant.recording_upload_url if assistant is not None else None

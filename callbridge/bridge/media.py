@@ -217,7 +217,7 @@ class MediaStreamDriver:
         setup = await self._setup.bound_setup(start, self.provider, self.log)
         assistant = setup.assistant if setup is not None else None
         resumed = bind.source in (BindSource.RESUMED, BindSource.TAKEN_OVER)
-        await self._feed.bound(start.call_id, setup, session, self.log, resumed=resumed)
+        await self._feed.bound(start.call_id, setup, session, self.log, resumed=resumed, context=lambda: self._setup.context(start, self.provider))
         try:
             await self._lock.acquire()
         except asyncio.CancelledError:  # the stream ended this instant (``_finish`` runs): park or close, as it ended

@@ -206,6 +206,10 @@ class BridgeMetrics:
             "callbridge_app_events_total", "Call events to the application, by type and outcome (delivered, dropped_…)",
             ["type", "outcome"], registry=registry,
         )  # fmt: skip
+        self.console_events = Counter(
+            "callbridge_console_events_total", "Call events written to the console's journal in the registry, or dropped (…_queue_full, …_registry_unavailable)",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
         self.recordings = Counter(
             "callbridge_recordings_total",
             "Call recordings: streams written, chunks dropped (the disk behind), writes failed, uploads and their failures",

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from callbridge.bridge.registry_journal import JournalPage, MemoryJournal
 from callbridge.engine.port import ResumeTicket
 
 __all__ = [
@@ -261,6 +262,24 @@ class CallRegistry(abc.ABC):
         """The call's note of ``kind`` (``keep_note``), or None: none kept, or expired."""
 
     @abc.abstractmethod
+    async def journal(
+        self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
+        ended_at: float | None = None, calls_kept: int = 2000,
+    ) -> None:  # fmt: skip
+        """Add ``entries`` (events, JSON) to the call's journal for the console (``registry_journal``), all of it kept
+        ``keep_ms`` from now: ``header`` (its context, JSON) replaces the one before; ``opened_at`` (Unix s) puts a
+        call not listed yet among the calls up now, ``ended_at`` moves it to the finished ones (the newest
+        ``calls_kept`` kept)."""
+
+    @abc.abstractmethod
+    async def journal_of(self, call_id: str) -> JournalPage:
+        """The call's journal (an empty page: none, or expired)."""
+
+    @abc.abstractmethod
+    async def journaled(self, live: bool, limit: int) -> list[str]:
+        """The calls up now (``live``: newest opened first) or finished (newest ended first), at most ``limit``."""
+
+    @abc.abstractmethod
     async def signal(self, signal: CallSignal) -> None:
         """Send ``signal`` to every other process's ``listen`` (fire and forget: a process not listening at that
         moment misses it)."""
@@ -396,6 +415,8 @@ class MemoryCallRegistry(CallRegistry):
         """Carrier → when (this clock, ms) the next dial through it may go (``reserve_dial``)."""
         self._remembered: dict[str, int] = {}
         """``remember_once``'s keys → when each is forgotten; at most ``MAX_REMEMBERED`` (the oldest goes first)."""
+        self._journal = MemoryJournal(clock)
+        """The console's journals of calls (``journal``)."""
 
     @property
     def entry_count(self) -> int:
@@ -527,6 +548,18 @@ class MemoryCallRegistry(CallRegistry):
     async def note(self, call_id: str, kind: str) -> str | None:
         held = self._notes.get((call_id, kind))
         return held[0] if held is not None and self._clock() < held[1] else None
+
+    async def journal(
+        self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
+        ended_at: float | None = None, calls_kept: int = 2000,
+    ) -> None:  # fmt: skip
+        self._journal.write(call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept)
+
+    async def journal_of(self, call_id: str) -> JournalPage:
+        return self._journal.read(call_id)
+
+    async def journaled(self, live: bool, limit: int) -> list[str]:
+        return self._journal.calls(live, limit)
 
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         now = self._clock()

@@ -57,6 +57,7 @@ from callbridge.bridge.registry import (
     RegistryUnavailable,
     StreamTokens,
 )
+from callbridge.bridge.registry_journal import JournalPage
 from callbridge.engine.port import ResumeTicket
 from callbridge.logging import get_logger
 
@@ -84,7 +85,7 @@ _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
         "get", "detach", "claim_ticket", "claim_call", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
-        "keep_note", "note", "signal", "listening", "admit", "reserve_dial", "remember_once", "forget", "hold", "release",
+        "keep_note", "note", "journal", "journal_of", "journaled", "signal", "listening", "admit", "reserve_dial", "remember_once", "forget", "hold", "release",
     }),
     _TOKENS: frozenset({"mint", "consume"}),
 }  # fmt: skip
@@ -383,6 +384,20 @@ class HostedCallRegistry(CallRegistry):
     async def note(self, call_id: str, kind: str) -> str | None:
         text: str | None = await self._call("note", call_id, kind)
         return text
+
+    async def journal(
+        self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
+        ended_at: float | None = None, calls_kept: int = 2000,
+    ) -> None:  # fmt: skip
+        await self._call("journal", call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept)
+
+    async def journal_of(self, call_id: str) -> JournalPage:
+        page: JournalPage = await self._call("journal_of", call_id)
+        return page
+
+    async def journaled(self, live: bool, limit: int) -> list[str]:
+        calls: list[str] = await self._call("journaled", live, limit)
+        return calls
 
     async def signal(self, signal: CallSignal) -> None:
         await self._call("signal", signal)

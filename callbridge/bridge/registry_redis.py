@@ -53,6 +53,7 @@ from callbridge.bridge.registry import (
     SignalKind,
     StreamTokens,
 )
+from callbridge.bridge.registry_journal import JOURNAL_ENTRIES, JournalPage
 from callbridge.config import Settings
 from callbridge.engine.port import ResumeTicket
 from callbridge.logging import get_logger
@@ -64,6 +65,8 @@ log = get_logger(__name__)
 _PREFIX = "callbridge:"
 _SIGNALS = _PREFIX + "signals"
 _ADMITTED = _PREFIX + "admitted"
+_JOURNAL_LIVE = _PREFIX + "journal_live"
+_JOURNAL_FINISHED = _PREFIX + "journal_finished"
 _LISTEN_POLL_S = 1.0
 """How long one wait for a signal blocks (below the client's socket timeout, which would end it as an error)."""
 _LISTEN_RETRY_S = 1.0
@@ -309,6 +312,42 @@ class RedisCallRegistry(CallRegistry):
     async def note(self, call_id: str, kind: str) -> str | None:
         with _unavailable("note"):
             return cast(str | None, await self._redis.get(f"{_PREFIX}note:{kind}:{call_id}"))
+
+    async def journal(
+        self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
+        ended_at: float | None = None, calls_kept: int = 2000,
+    ) -> None:  # fmt: skip
+        events, head, keep_ms = f"{_PREFIX}journal:{call_id}", f"{_PREFIX}journal_head:{call_id}", max(1, keep_ms)
+        with _unavailable("journal"):
+            async with self._redis.pipeline(transaction=True) as pipe:
+                if entries:
+                    pipe.rpush(events, *entries)
+                    pipe.ltrim(events, -JOURNAL_ENTRIES, -1)
+                pipe.pexpire(events, keep_ms)
+                if header is not None:
+                    pipe.set(head, header, px=keep_ms)
+                else:
+                    pipe.pexpire(head, keep_ms)
+                if opened_at is not None:
+                    pipe.zadd(_JOURNAL_LIVE, {call_id: opened_at}, nx=True)
+                    pipe.zremrangebyscore(_JOURNAL_LIVE, "-inf", opened_at - keep_ms / 1000)  # calls of a process that died
+                if ended_at is not None:
+                    pipe.zrem(_JOURNAL_LIVE, call_id)
+                    pipe.zadd(_JOURNAL_FINISHED, {call_id: ended_at})
+                    pipe.zremrangebyrank(_JOURNAL_FINISHED, 0, -calls_kept - 1)
+                await pipe.execute()
+
+    async def journal_of(self, call_id: str) -> JournalPage:
+        with _unavailable("journal_of"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.get(f"{_PREFIX}journal_head:{call_id}")
+                pipe.lrange(f"{_PREFIX}journal:{call_id}", 0, -1)
+                header, entries = await pipe.execute()
+        return JournalPage(cast(str | None, header), list(entries))
+
+    async def journaled(self, live: bool, limit: int) -> list[str]:
+        with _unavailable("journaled"):
+            return cast(list[str], await self._redis.zrevrange(_JOURNAL_LIVE if live else _JOURNAL_FINISHED, 0, max(0, limit - 1)))
 
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         with _unavailable("remember_once"):

@@ -23,6 +23,7 @@ from callbridge.bridge.admission import AdmissionBook
 from callbridge.bridge.answer_desk import AnswerDesk
 from callbridge.bridge.answer_sessions import AnswerSessions
 from callbridge.bridge.app_events import EventDelivery
+from callbridge.bridge.console_journal import CallJournal
 from callbridge.bridge.cpu import CpuMeter
 from callbridge.bridge.dialer import Dialer
 from callbridge.bridge.end_reason import EndCause
@@ -123,7 +124,10 @@ class BridgeServices:
     replays: ReplayGuard = field(init=False)
     """Which signed webhooks were taken already (fleet-wide with a shared registry): a replay is refused."""
     events: EventDelivery | None = None
-    """Call events to the application (an application that takes them); None: none are built."""
+    """Call events to the application (an application that takes them) and the console's journal; None: none are
+    built."""
+    journal: CallJournal | None = None
+    """The console's journal of calls in the registry (``console`` configured)."""
     recordings: RecordingStore | None = None
     """Where recorded calls are written (``[recording]``; built by the app)."""
     assistants: AssistantSource | None = None

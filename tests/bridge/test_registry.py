@@ -24,6 +24,7 @@ from callbridge.bridge.registry import (
 )
 from callbridge.bridge.registry_backend import build_registry
 from callbridge.bridge.registry_host import RegistryHost, hosted_registry
+from callbridge.bridge.registry_journal import JournalPage
 from callbridge.bridge.registry_redis import RedisCallRegistry, RedisStreamTokens
 from callbridge.config import ConfigError, load_settings
 from callbridge.engine.commands import AppendAudio, CloseSession
@@ -175,6 +176,27 @@ async def test_a_detach_after_the_end_keeps_the_end(backend: Backend) -> None:
     await registry.mark_ended("CA6", "engine_unavailable:capacity")
     await registry.detach("CA6", TICKET, 0, GRACE_MS)
     assert await registry.ended_reason("CA6") == "engine_unavailable:capacity"
+
+
+async def test_the_console_s_journal_is_one_for_every_process_live_then_finished(backend: Backend) -> None:
+    """Two processes write one call's journal (its stream moved): every view reads it whole, in order; the call is
+    among the live ones until its end, then among the finished, where only the newest ``calls_kept`` stay; a
+    journal expires ``keep_ms`` after its last write."""
+    one, _ = await backend.view()
+    two, _ = await backend.view()
+    await one.journal("CA1", ['{"n": 1}'], 60_000, header='{"call_id": "CA1"}', opened_at=100.0)
+    await one.journal("CA2", ['{"n": 1}'], 60_000, header='{"call_id": "CA2"}', opened_at=101.0)
+    await two.journal("CA1", ['{"n": 2}', '{"n": 3}'], 60_000, opened_at=105.0)  # a second process: its opened_at changes nothing
+    assert await two.journaled(True, 10) == ["CA2", "CA1"] and await one.journaled(False, 10) == []
+    assert await two.journal_of("CA1") == JournalPage('{"call_id": "CA1"}', ['{"n": 1}', '{"n": 2}', '{"n": 3}'])
+    await two.journal("CA1", ['{"end": 1}'], 60_000, ended_at=110.0, calls_kept=1)
+    await one.journal("CA2", ['{"end": 1}'], 60_000, ended_at=111.0, calls_kept=1)
+    assert await one.journaled(True, 10) == [] and await two.journaled(False, 10) == ["CA2"]
+    assert (await one.journal_of("CA2")).entries == ['{"n": 1}', '{"end": 1}']
+    await one.journal("CA3", ["{}"], 200, header="{}", opened_at=120.0)
+    await backend.advance(400)
+    assert await two.journal_of("CA3") == JournalPage(None, [])
+    assert await one.journal_of("nobody") == JournalPage(None, [])
 
 
 # -------------------------------------------------------------------- tokens

@@ -1,0 +1,253 @@
+"""``/console``: the operators' page and its API, over the registry's journal of calls (``registry_journal``), so every
+bridge sharing the registry shows the whole fleet's calls.
+
+    GET /console                               the page (``console.html``)
+    GET /console/api/calls?live=1              the calls up now, newest first (their cards: ``console_view.call_card``)
+    GET /console/api/calls?number=&carrier=&reason=&limit=
+                                               finished calls, newest first, searched (the newest ``SEARCHED`` of them)
+    GET /console/api/live                      the calls up now as server-sent events: a ``calls`` event whenever the
+                                               list changes (read every ``LIVE_EVERY_S``), a comment every 15 s
+    GET /console/api/calls/{call_id}           one call: its card, its timeline, its end-of-call report
+    GET /console/api/calls/{call_id}/recording its stereo WAV (left the caller, right the agent), where this process
+                                               can read it (``recording.directory``)
+
+Off (404, as any unknown path) unless ``console.token`` or ``console.password`` is set. Every route then asks for
+``Authorization: Bearer <token>`` or HTTP basic (``console.username`` and ``console.password``, or any user name with
+the token as its password): 401 with a basic challenge without them, checked before anything is read, in constant
+time. Nothing of a call (numbers, transcripts, audio) is served otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+from collections.abc import AsyncIterator
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import orjson
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from callbridge.bridge.console_view import CallCard, call_card, matches, timeline
+from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
+from callbridge.bridge.registry_journal import JournalPage
+from callbridge.bridge.services import BridgeServices
+from callbridge.config import ConsoleSettings
+from callbridge.logging import get_logger
+
+__all__ = ["LIVE_EVERY_S", "LIVE_LISTED", "SEARCHED", "console_on", "console_router"]
+
+log = get_logger(__name__)
+
+LIVE_EVERY_S: Final = 0.5
+"""How often the live list is read from the registry while anyone watches it: a call shows within a second of its start."""
+LIVE_LISTED: Final = 500
+"""Calls up now listed at most (the newest)."""
+SEARCHED: Final = 500
+"""Finished calls a search looks through (the newest): each is one registry read."""
+_KEEPALIVE_S: Final = 15.0
+_PAGE_HEADERS: Final = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; media-src 'self' blob:; img-src 'self' data:"
+    ),
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+}
+_CHALLENGE: Final = {"WWW-Authenticate": 'Basic realm="callbridge console", charset="UTF-8"'}
+
+
+def console_on(settings: ConsoleSettings) -> bool:
+    """The console is served (and the journal written) once it has a credential."""
+    return settings.token is not None or settings.password is not None
+
+
+def _credentials(settings: ConsoleSettings) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+    """What may be shown: bearer tokens, and basic (user, password) pairs (an empty user: any)."""
+    bearers, basics = [], []
+    if settings.token is not None:
+        bearers.append(settings.token.get_secret_value().encode())
+        basics.append((b"", settings.token.get_secret_value().encode()))
+    if settings.password is not None:
+        basics.append((settings.username.encode(), settings.password.get_secret_value().encode()))
+    return bearers, basics
+
+
+def _authorized(authorization: str | None, bearers: list[bytes], basics: list[tuple[bytes, bytes]]) -> bool:
+    if authorization is None or len(authorization) > 1024:
+        return False
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "bearer":
+        shown = value.strip().encode()
+        return any(hmac.compare_digest(shown, bearer) for bearer in bearers)
+    if scheme.lower() != "basic":
+        return False
+    try:
+        user, _, password = base64.b64decode(value.strip(), validate=True).partition(b":")
+    except (binascii.Error, ValueError):
+        return False
+    ok = False
+    for want_user, want_password in basics:  # every pair compared: the time says nothing of which matched
+        same_user = not want_user or hmac.compare_digest(user, want_user)
+        ok |= hmac.compare_digest(password, want_password) and same_user
+    return ok
+
+
+class _LiveBoard:
+    """The calls up now, read from the registry every ``LIVE_EVERY_S`` while anyone watches (one reader per process,
+    however many watch), and handed to each watcher as it changes."""
+
+    def __init__(self, registry: CallRegistry, max_viewers: int) -> None:
+        self._registry, self.max_viewers = registry, max_viewers
+        self.viewers = 0
+        self._changed = asyncio.Condition()
+        self.snapshot: bytes = b"[]"
+        self._reader: asyncio.Task[None] | None = None
+
+    async def watch(self) -> AsyncIterator[bytes]:
+        """The list as it is, then each time it changes (JSON); a comment (``b""``) after a quiet ``_KEEPALIVE_S``."""
+        self.viewers += 1
+        if self._reader is None or self._reader.done():
+            self.snapshot = orjson.dumps(await live_cards(self._registry))
+            self._reader = asyncio.get_running_loop().create_task(self._read_forever(), name="console-live")
+        try:
+            sent = self.snapshot
+            yield sent
+            while True:
+                async with self._changed:
+                    try:
+                        await asyncio.wait_for(self._changed.wait_for(lambda: self.snapshot is not sent), _KEEPALIVE_S)
+                    except TimeoutError:
+                        yield b""
+                        continue
+                sent = self.snapshot
+                yield sent
+        finally:
+            self.viewers -= 1
+
+    async def _read_forever(self) -> None:
+        while self.viewers > 0:
+            await asyncio.sleep(LIVE_EVERY_S)
+            try:
+                snapshot = orjson.dumps(await live_cards(self._registry))
+            except RegistryUnavailable as exc:
+                log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+                continue
+            if snapshot != self.snapshot:
+                async with self._changed:
+                    self.snapshot = snapshot
+                    self._changed.notify_all()
+
+
+async def live_cards(registry: CallRegistry) -> list[CallCard]:
+    """The calls up now across the fleet, newest first."""
+    cards = []
+    for call_id in await registry.journaled(True, LIVE_LISTED):
+        card = call_card(call_id, await registry.journal_of(call_id))
+        if card is not None:
+            cards.append(card)
+    return cards
+
+
+def console_router(services: BridgeServices) -> APIRouter:
+    """The console's routes (see the module docstring); none while it has no credential."""
+    settings = services.settings.console
+    router = APIRouter()
+    if not console_on(settings):
+        return router
+    bearers, basics = _credentials(settings)
+    registry = services.registry
+    board = _LiveBoard(registry, settings.max_viewers)
+    page = resources.files("callbridge.bridge").joinpath("console.html").read_text(encoding="utf-8")
+    recordings_dir = services.settings.recording.directory
+
+    def operator(request: Request) -> None:
+        if not _authorized(request.headers.get("authorization"), bearers, basics):
+            log.warning("console_unauthorized", peer=request.client.host if request.client else None, path=request.url.path)
+            raise HTTPException(401, "the console's credentials (console.token, or console.username and console.password)", headers=_CHALLENGE)
+
+    guarded = APIRouter(dependencies=[Depends(operator)])
+
+    @guarded.get("/console")
+    async def console_page() -> Response:
+        return HTMLResponse(page, headers=_PAGE_HEADERS)
+
+    @guarded.get("/console/api/calls")
+    async def calls(
+        live: bool = False, number: Annotated[str | None, Query(max_length=64)] = None,
+        carrier: Annotated[str | None, Query(max_length=32)] = None, reason: Annotated[str | None, Query(max_length=64)] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    ) -> JSONResponse:  # fmt: skip
+        try:
+            if live:
+                return JSONResponse({"calls": (await live_cards(registry))[:limit]})
+            found: list[CallCard] = []
+            for call_id in await registry.journaled(False, SEARCHED):
+                card = call_card(call_id, await registry.journal_of(call_id))
+                if card is not None and matches(card, number=number, carrier=carrier, reason=reason):
+                    found.append(card)
+                    if len(found) >= limit:
+                        break
+        except RegistryUnavailable as exc:
+            raise HTTPException(503, f"the registry: {exc.detail}") from None
+        return JSONResponse({"calls": found})
+
+    @guarded.get("/console/api/live")
+    async def live() -> Response:
+        if board.viewers >= board.max_viewers:
+            return JSONResponse({"error": "too_many_viewers", "detail": f"console.max_viewers is {board.max_viewers}"}, status_code=429)
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for snapshot in board.watch():
+                yield b"event: calls\ndata: " + snapshot + b"\n\n" if snapshot else b": still here\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    @guarded.get("/console/api/calls/{call_id}")
+    async def one_call(call_id: str) -> JSONResponse:
+        page_of = await _journal(registry, call_id)
+        card = call_card(call_id, page_of)
+        assert card is not None
+        events = timeline(page_of)
+        report = next((e["data"].get("report") for e in reversed(events) if e["type"] == "call.ended"), None)
+        return JSONResponse({"call": card, "timeline": events, "report": report})
+
+    @guarded.get("/console/api/calls/{call_id}/recording")
+    async def recording(call_id: str) -> Response:
+        page_of = await _journal(registry, call_id)
+        path = _recording_path(timeline(page_of), recordings_dir)
+        if path is None:
+            raise HTTPException(404, "no recording of this call that this process can read")
+        return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "no-store"})
+
+    router.include_router(guarded)
+    return router
+
+
+async def _journal(registry: CallRegistry, call_id: str) -> JournalPage:
+    if len(call_id) > 128:
+        raise HTTPException(404, "no such call")
+    try:
+        page = await registry.journal_of(call_id)
+    except RegistryUnavailable as exc:
+        raise HTTPException(503, f"the registry: {exc.detail}") from None
+    if page.header is None:
+        raise HTTPException(404, "no such call, or its timeline has expired")
+    return page
+
+
+def _recording_path(events: list[dict[str, Any]], directory: Path) -> Path | None:
+    """The call's recording as its report names it, where it is a WAV file in ``recording.directory`` (a report is
+    the bridge's own, but a path is only served from there)."""
+    named = next((e["data"].get("report", {}).get("recording") for e in reversed(events) if e["type"] == "call.ended"), None)
+    if not isinstance(named, str) or not named.endswith(".wav"):
+        return None
+    path = Path(named).resolve()
+    if path.parent != directory.resolve() or not path.is_file():
+        return None
+    return path

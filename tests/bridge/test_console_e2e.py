@@ -1,0 +1,122 @@
+"""``/console`` through the real server: a simulated call listed live (server-sent events) while it is up, then among
+the finished calls with its timeline and recording; every console and call-control route refusing a request without
+its credentials; the console off where none is configured."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+from fastapi.routing import APIRoute
+from starlette.routing import BaseRoute
+
+from callbridge.bridge.app import create_app
+from callbridge.sim.carrier import CallerScript
+from callbridge.sim.runner import running_bridge
+from tests.bridge.twilio_e2e import engine, settings, short_speech
+
+TOKEN = "console-token-0123456789"
+_GUARDED = re.compile(r"^/(console|calls|talk|admin)(/|$)")
+
+
+async def test_a_call_is_listed_live_within_a_second_then_found_with_its_timeline_and_recording(tmp_path: Path) -> None:
+    config = settings(console={"token": TOKEN}, recording={"enabled": True, "directory": str(tmp_path)})
+    async with running_bridge(config, engine()) as bridge:
+        async with httpx.AsyncClient(base_url=bridge.base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as http:
+            seen: dict[str, tuple[float, dict[str, Any]]] = {}
+            watching = asyncio.Event()
+
+            async def watch() -> None:
+                async with http.stream("GET", "/console/api/live") as response:
+                    assert response.headers["content-type"].startswith("text/event-stream")
+                    async for line in response.aiter_lines():
+                        watching.set()
+                        if line.startswith("data: "):
+                            for card in orjson.loads(line[6:]):
+                                seen.setdefault(card["call_id"], (time.time(), card))
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.wait_for(watching.wait(), 5)
+            result = await bridge.carrier.place_call(CallerScript(utterances=((600, short_speech(1000)),), hangup_at_ms=4000))
+            watcher.cancel()
+            call_id = result.call_sid
+            assert call_id in seen, seen
+            seen_at, card = seen[call_id]
+            assert (card["carrier"], card["direction"], card["state"]) == ("twilio", "inbound", "up")
+            assert seen_at - card["answered_at"] < 1.0, "the console lists a call within a second of its answer"
+
+            async def finished() -> list[dict[str, Any]]:
+                return (await http.get("/console/api/calls", params={"carrier": "twilio"})).json()["calls"]  # type: ignore[no-any-return]
+
+            deadline = time.monotonic() + 5
+            while not any(c["call_id"] == call_id for c in await finished()) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            listed = next(c for c in await finished() if c["call_id"] == call_id)
+            assert (listed["state"], listed["end_reason"], listed["recording"]) == ("ended", "caller_hung_up", True), listed
+            assert (await http.get("/console/api/calls", params={"live": 1})).json()["calls"] == []
+            assert (await http.get("/console/api/calls", params={"reason": "engine"})).json()["calls"] == []
+
+            detail = (await http.get(f"/console/api/calls/{call_id}")).json()
+            kinds = [line["type"] for line in detail["timeline"]]
+            assert kinds[0] == "call.answered" and "turn" in kinds and kinds[-1] == "call.ended", kinds
+            assert detail["report"]["end_reason"] == "caller_hung_up" and detail["call"]["turns"] >= 1
+
+            wav = await http.get(f"/console/api/calls/{call_id}/recording")
+            assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
+            assert wav.content[:4] == b"RIFF" and int.from_bytes(wav.content[22:24], "little") == 2  # stereo: caller, agent
+            assert (await http.get("/console/api/calls/nobody")).status_code == 404
+            assert (await http.get("/console/api/calls/nobody/recording")).status_code == 404
+
+
+def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
+    """Every HTTP route of the app, those of the routers it includes too (FastAPI keeps an included router whole)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif hasattr(route, "original_router"):
+            yield from _api_routes(route.original_router.routes)
+
+
+def _basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def test_every_console_and_call_control_route_refuses_a_request_without_its_credentials() -> None:
+    """The app's own route table walked: each route under /console, /calls, /talk and /admin, each of its methods,
+    with no credentials, a wrong bearer token and wrong basic credentials: 401, and nothing of a call in the answer."""
+    config = settings(
+        console={"token": TOKEN, "password": "console-password"}, outbound={"api_token": "outbound-token-0123456789"},
+        webrtc={"token": "webrtc-token-0123456789"}, server={"admin_token": "admin-token-0123456789"},
+    )  # fmt: skip
+    app = create_app(config, engine())
+    routes = [(route.path, method) for route in _api_routes(app.routes) if _GUARDED.match(route.path) for method in sorted(route.methods)]
+    assert {path for path, _ in routes} >= {
+        "/console", "/console/api/calls", "/console/api/live", "/console/api/calls/{call_id}", "/console/api/calls/{call_id}/recording",
+        "/calls", "/calls/{dial_id}", "/talk", "/talk/offer",
+    }  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
+        for path, method in routes:
+            url = re.sub(r"\{[^}]+\}", "CA0123", path)
+            for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": _basic("operator", "wrong-password")}):
+                response = await http.request(method, url, headers=headers, content=b'{"to": "+15551230000"}')
+                assert response.status_code == 401, (method, path, headers, response.status_code, response.text)
+                assert "CA0123" not in response.text and "+1555" not in response.text
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
+        response = await http.get("/console/api/calls", headers={"Authorization": _basic("operator", "console-password")})
+        assert response.status_code == 200 and response.json() == {"calls": []}
+        challenge = await http.get("/console")
+        assert challenge.headers["www-authenticate"].startswith('Basic realm="callbridge console"')
+
+
+async def test_the_console_is_not_served_without_a_credential() -> None:
+    app = create_app(settings(), engine())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
+        for path in ("/console", "/console/api/calls", "/console/api/live"):
+            assert (await http.get(path)).status_code == 404
