@@ -29,6 +29,7 @@ from callbridge.application.hooks import ModuleApplication
 from callbridge.bridge.app_events import event_delivery
 from callbridge.bridge.call_config import assistant_source
 from callbridge.bridge.carrier_plugin import load_carrier
+from callbridge.bridge.console_fleet import announce_forever
 from callbridge.bridge.console_http import console_on, console_router
 from callbridge.bridge.console_journal import CallJournal
 from callbridge.bridge.dialer import ApplicationCalls, Dialer
@@ -229,6 +230,8 @@ def create_app(
                 state.services.spawn(state.group.run())  # the other workers' scrapes see this one's levels
             if state.services.registry.levels_fetched:
                 state.services.spawn(_fetch_registry_levels(state.services.registry))
+            if console_on(settings.console):  # the console's fleet view: this process among the others
+                state.services.spawn(announce_forever(state.services))
             try:
                 yield
             finally:

@@ -10,6 +10,7 @@ bridge sharing the registry shows the whole fleet's calls.
     GET /console/api/calls/{call_id}           one call: its card, its timeline, its end-of-call report
     GET /console/api/calls/{call_id}/recording its stereo WAV (left the caller, right the agent), where this process
                                                can read it (``recording.directory``)
+    GET /console/api/fleet                     every bridge process as it last announced itself (``console_fleet``)
 
 Off (404, as any unknown path) unless ``console.token`` or ``console.password`` is set. Every route then asks for
 ``Authorization: Bearer <token>`` or HTTP basic (``console.username`` and ``console.password``, or any user name with
@@ -224,6 +225,14 @@ def console_router(services: BridgeServices) -> APIRouter:
         if path is None:
             raise HTTPException(404, "no recording of this call that this process can read")
         return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "no-store"})
+
+    @guarded.get("/console/api/fleet")
+    async def fleet() -> JSONResponse:
+        try:
+            announced = await registry.announced()
+        except RegistryUnavailable as exc:
+            raise HTTPException(503, f"the registry: {exc.detail}") from None
+        return JSONResponse({"bridges": [orjson.loads(status) for status in announced]})
 
     router.include_router(guarded)
     return router

@@ -280,6 +280,14 @@ class CallRegistry(abc.ABC):
         """The calls up now (``live``: newest opened first) or finished (newest ended first), at most ``limit``."""
 
     @abc.abstractmethod
+    async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
+        """The bridge process ``process_id`` says how it stands (JSON: ``console_fleet``), for ``keep_ms``."""
+
+    @abc.abstractmethod
+    async def announced(self) -> list[str]:
+        """Every bridge's last announcement that has not lapsed (``announce``), by process id."""
+
+    @abc.abstractmethod
     async def signal(self, signal: CallSignal) -> None:
         """Send ``signal`` to every other process's ``listen`` (fire and forget: a process not listening at that
         moment misses it)."""
@@ -560,6 +568,12 @@ class MemoryCallRegistry(CallRegistry):
 
     async def journaled(self, live: bool, limit: int) -> list[str]:
         return self._journal.calls(live, limit)
+
+    async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
+        self._journal.announce(process_id, status, keep_ms)
+
+    async def announced(self) -> list[str]:
+        return self._journal.announced()
 
     async def admit(self, call_id: str, limit: int, hold_ms: int) -> bool:
         now = self._clock()

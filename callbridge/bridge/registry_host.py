@@ -85,7 +85,7 @@ _LISTEN: Final = "listen"
 _METHODS: Final = {
     _REGISTRY: frozenset({
         "get", "detach", "claim_ticket", "claim_call", "mark_bound", "checkpoint", "claim_live", "mark_ended", "count", "counts",
-        "keep_note", "note", "journal", "journal_of", "journaled", "signal", "listening", "admit", "reserve_dial", "remember_once", "forget", "hold", "release",
+        "keep_note", "note", "journal", "journal_of", "journaled", "announce", "announced", "signal", "listening", "admit", "reserve_dial", "remember_once", "forget", "hold", "release",
     }),
     _TOKENS: frozenset({"mint", "consume"}),
 }  # fmt: skip
@@ -398,6 +398,13 @@ class HostedCallRegistry(CallRegistry):
     async def journaled(self, live: bool, limit: int) -> list[str]:
         calls: list[str] = await self._call("journaled", live, limit)
         return calls
+
+    async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
+        await self._call("announce", process_id, status, keep_ms)
+
+    async def announced(self) -> list[str]:
+        statuses: list[str] = await self._call("announced")
+        return statuses
 
     async def signal(self, signal: CallSignal) -> None:
         await self._call("signal", signal)

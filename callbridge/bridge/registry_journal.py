@@ -1,6 +1,8 @@
 """The calls as the operator's console reads them, kept in the registry beside what resumes them: each call's journal
 (its context, then the events the bridge emitted for it, in order) and two indexes, the calls up now and the calls
-finished, newest first. Written off the media path by ``bridge/console_journal.py``; read by ``/console``.
+finished, newest first; and the bridges' announcements of themselves (``announce``: calls, readiness, engine
+endpoints), each kept a few seconds past the next. Written off the media path by ``bridge/console_journal.py`` and
+``bridge/console_fleet.py``; read by ``/console``.
 
 The journal holds what the application is told (``CallEvent``), nothing of its own: the console shows what the bridge
 already produced. A call's journal keeps its newest ``JOURNAL_ENTRIES`` events; the finished index its newest
@@ -45,6 +47,8 @@ class MemoryJournal:
     def __init__(self, clock: Callable[[], int]) -> None:
         self._clock = clock
         self._calls: dict[str, _Journaled] = {}
+        self._bridges: dict[str, tuple[str, int]] = {}
+        """Process id → its last announcement, and when it lapses (this clock)."""
 
     def write(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None, opened_at: float | None, ended_at: float | None,
@@ -86,3 +90,15 @@ class MemoryJournal:
         held = [(j, c) for c, j in self._calls.items() if now < j.expires_at_ms and (j.ended_at is None) == live]
         held.sort(key=lambda pair: (pair[0].opened_at if live else pair[0].ended_at) or 0.0, reverse=True)
         return [call_id for _, call_id in held[:limit]]
+
+    def announce(self, process_id: str, status: str, keep_ms: int) -> None:
+        """``CallRegistry.announce``."""
+        now = self._clock()
+        for lapsed in [p for p, (_, until) in self._bridges.items() if until <= now]:
+            del self._bridges[lapsed]
+        self._bridges[process_id] = (status, now + keep_ms)
+
+    def announced(self) -> list[str]:
+        """``CallRegistry.announced``."""
+        now = self._clock()
+        return [status for _, (status, until) in sorted(self._bridges.items()) if until > now]

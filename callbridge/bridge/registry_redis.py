@@ -66,6 +66,7 @@ _PREFIX = "callbridge:"
 _SIGNALS = _PREFIX + "signals"
 _ADMITTED = _PREFIX + "admitted"
 _JOURNAL_LIVE = _PREFIX + "journal_live"
+_BRIDGES = _PREFIX + "bridges"
 _JOURNAL_FINISHED = _PREFIX + "journal_finished"
 _LISTEN_POLL_S = 1.0
 """How long one wait for a signal blocks (below the client's socket timeout, which would end it as an error)."""
@@ -348,6 +349,24 @@ class RedisCallRegistry(CallRegistry):
     async def journaled(self, live: bool, limit: int) -> list[str]:
         with _unavailable("journaled"):
             return cast(list[str], await self._redis.zrevrange(_JOURNAL_LIVE if live else _JOURNAL_FINISHED, 0, max(0, limit - 1)))
+
+    async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
+        with _unavailable("announce"):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(f"{_PREFIX}bridge:{process_id}", status, px=max(1, keep_ms))
+                pipe.sadd(_BRIDGES, process_id)
+                await pipe.execute()
+
+    async def announced(self) -> list[str]:
+        with _unavailable("announced"):
+            process_ids = sorted(cast(set[str], await self._redis.smembers(_BRIDGES)))
+            if not process_ids:
+                return []
+            statuses = cast(list[str | None], await self._redis.mget([f"{_PREFIX}bridge:{p}" for p in process_ids]))
+            lapsed = [p for p, status in zip(process_ids, statuses, strict=True) if status is None]
+            if lapsed:
+                await self._redis.srem(_BRIDGES, *lapsed)
+        return [status for status in statuses if status is not None]
 
     async def remember_once(self, key: str, keep_ms: int) -> bool:
         with _unavailable("remember_once"):

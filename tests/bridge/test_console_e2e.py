@@ -8,7 +8,7 @@ import asyncio
 import base64
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,11 @@ from starlette.routing import BaseRoute
 from callbridge.bridge.app import create_app
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
+from tests.bridge.test_cross_process import another_bridge
 from tests.bridge.twilio_e2e import engine, settings, short_speech
+from tests.redis_server import redis_url
+
+__all__ = ["redis_url"]  # the fixture, imported for pytest
 
 TOKEN = "console-token-0123456789"
 _GUARDED = re.compile(r"^/(console|calls|talk|admin)(/|$)")
@@ -71,8 +75,47 @@ async def test_a_call_is_listed_live_within_a_second_then_found_with_its_timelin
             wav = await http.get(f"/console/api/calls/{call_id}/recording")
             assert wav.status_code == 200 and wav.headers["content-type"] == "audio/wav"
             assert wav.content[:4] == b"RIFF" and int.from_bytes(wav.content[22:24], "little") == 2  # stereo: caller, agent
+            (bridge_status,) = (await http.get("/console/api/fleet")).json()["bridges"]  # this process, announced at its start
+            assert (bridge_status["ready"], bridge_status["calls"], bridge_status["engine"]["kind"]) == (True, 0, "embedded"), bridge_status
             assert (await http.get("/console/api/calls/nobody")).status_code == 404
             assert (await http.get("/console/api/calls/nobody/recording")).status_code == 404
+
+
+async def test_with_redis_each_bridge_s_console_shows_the_other_s_calls_and_the_whole_fleet(redis_url: str) -> None:
+    """Two bridges share a real Redis: a call answered on A is listed live, then finished with its timeline, on B's
+    console; both consoles list both bridges."""
+    config = settings(console={"token": TOKEN}, registry={"backend": "redis", "redis_url": redis_url})
+    shared = engine()
+    async with running_bridge(config, shared) as a, another_bridge(a, shared) as b:
+        async with httpx.AsyncClient(base_url=b.base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10) as on_b:
+            placed = asyncio.create_task(a.carrier.place_call(CallerScript(utterances=((300, short_speech(800)),), hangup_at_ms=3000)))
+
+            async def live_on_b() -> list[dict[str, Any]]:
+                return (await on_b.get("/console/api/calls", params={"live": 1})).json()["calls"]  # type: ignore[no-any-return]
+
+            live: list[dict[str, Any]] = []
+            while not live and not placed.done():
+                live = await live_on_b()
+                await asyncio.sleep(0.1)
+            result = await placed
+            assert [card["call_id"] for card in live] == [result.call_sid], live
+            await until_async(lambda: _finished_on(on_b, result.call_sid), timeout_s=5)
+            detail = (await on_b.get(f"/console/api/calls/{result.call_sid}")).json()
+            assert detail["report"]["end_reason"] == "caller_hung_up"
+            processes = {status["process_id"] for status in (await on_b.get("/console/api/fleet")).json()["bridges"]}
+            services = (a.app.state.bridge.services, b.app.state.bridge.services)
+            assert processes >= {s.process_id for s in services}
+
+
+async def _finished_on(http: httpx.AsyncClient, call_id: str) -> bool:
+    return any(card["call_id"] == call_id for card in (await http.get("/console/api/calls")).json()["calls"])
+
+
+async def until_async(check: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, "not reached in time"
+        await asyncio.sleep(0.1)
 
 
 def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
@@ -99,7 +142,7 @@ async def test_every_console_and_call_control_route_refuses_a_request_without_it
     routes = [(route.path, method) for route in _api_routes(app.routes) if _GUARDED.match(route.path) for method in sorted(route.methods)]
     assert {path for path, _ in routes} >= {
         "/console", "/console/api/calls", "/console/api/live", "/console/api/calls/{call_id}", "/console/api/calls/{call_id}/recording",
-        "/calls", "/calls/{dial_id}", "/talk", "/talk/offer",
+        "/console/api/fleet", "/calls", "/calls/{dial_id}", "/talk", "/talk/offer",
     }  # fmt: skip
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
         for path, method in routes:

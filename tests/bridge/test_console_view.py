@@ -129,3 +129,15 @@ def test_a_call_s_journal_keeps_its_newest_entries() -> None:
     entries = [orjson.dumps({"n": i}).decode() for i in range(JOURNAL_ENTRIES + 10)]
     journal.write("c", entries, 1000, header="{}", opened_at=1.0, ended_at=None, calls_kept=10)
     assert journal.read("c").entries == entries[10:]
+
+
+def test_a_bridge_s_announcement_lapses_unless_it_comes_again() -> None:
+    now = [0]
+    journal = MemoryJournal(lambda: now[0])
+    journal.announce("b", '{"p": "b"}', 15_000)
+    journal.announce("a", '{"p": "a"}', 15_000)
+    now[0] += 10_000
+    journal.announce("a", '{"p": "a2"}', 15_000)
+    assert journal.announced() == ['{"p": "a2"}', '{"p": "b"}']
+    now[0] += 5_000
+    assert journal.announced() == ['{"p": "a2"}']

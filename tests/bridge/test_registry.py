@@ -199,6 +199,16 @@ async def test_the_console_s_journal_is_one_for_every_process_live_then_finished
     assert await one.journal_of("nobody") == JournalPage(None, [])
 
 
+async def test_every_process_sees_every_bridge_s_announcement_until_it_lapses(backend: Backend) -> None:
+    one, _ = await backend.view()
+    two, _ = await backend.view()
+    await one.announce("p1", '{"p": 1}', 300)
+    await two.announce("p2", '{"p": 2}', 60_000)
+    assert await two.announced() == ['{"p": 1}', '{"p": 2}']
+    await backend.advance(400)
+    assert await one.announced() == ['{"p": 2}']
+
+
 # -------------------------------------------------------------------- tokens
 
 
