@@ -13,7 +13,7 @@ from callbridge.application.context import CallContext
 __all__ = ["CallEvent", "CallReport", "EventType", "Latency", "MediaQuality", "SpokenLine"]
 
 EventType = Literal[
-    "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "call.machine_detected",
+    "call.dialing", "call.ringing", "call.failed", "call.started", "call.answered", "call.resumed", "call.machine_detected",
     "call.voicemail_left", "turn", "barge-in", "dtmf", "silence", "tool", "transfer", "call.ended",
 ]  # fmt: skip
 
@@ -25,7 +25,9 @@ class CallEvent(BaseModel):
     carrier's, or the dial id where the carrier never named the call; with ``machine_detection``,
     ``call.machine_detected`` ``{"answered_by": "person" | "machine" | "uncertain", "why", "after_ms",
     "greeting_ms"}`` says who answered, and ``call.voicemail_left`` that the message played. ``call.started``: the application chose the
-    call's assistant (the carrier is answered with it); ``call.answered``: its media flows, the agent's session bound. ``data`` by type: ``turn``
+    call's assistant (the carrier is answered with it); ``call.answered``: its media flows, the agent's session bound (``{"engine"}``: its server, None for the embedded
+    engine); ``call.resumed`` ``{"stream", "session": "resumed" | "new", "engine"}``: a later stream of the call (a
+    reconnect, a move to another bridge process) took its session on, or a new one where its engine was lost. ``data`` by type: ``turn``
     ``{"latency_ms"}`` (the caller stopped speaking → the agent's reply on its way to them); ``barge-in``
     ``{"heard_ms", "generated_ms", "decided_by": "engine" | "bridge"}`` (``barge_in.mode``); ``dtmf`` ``{"digit"}``; ``silence`` ``{"silent_ms", "action": "reprompt" |
     "hang_up"}``; ``tool`` ``{"name", "ok", "elapsed_ms"}``; ``transfer`` ``{"target", "ok"}``; ``call.ended``

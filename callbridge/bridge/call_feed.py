@@ -94,9 +94,11 @@ class CallFeed:
         except Exception:  # a session gone this instant: where it was is not worth failing the stream for
             endpoint = None
         engine = public_url(endpoint) if endpoint else None
+        report.bound(resumed, engine)
         if kept is None:
             self.emit("call.answered", engine=engine)
-        report.bound(resumed, engine)
+        else:
+            self.emit("call.resumed", stream=report.streams, session="resumed" if resumed else "new", engine=engine)
 
     def emit(self, kind: EventType, **data: Any) -> None:
         """A call event to the application (``app_events``: queued, never waited for)."""

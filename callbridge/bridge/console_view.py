@@ -18,7 +18,7 @@ CallCard = dict[str, Any]
 """A call's row in the console (JSON-ready): see ``call_card``."""
 
 _STATES: Final = {
-    "call.dialing": "dialing", "call.ringing": "ringing", "call.started": "answering", "call.answered": "up",
+    "call.dialing": "dialing", "call.ringing": "ringing", "call.started": "answering", "call.answered": "up", "call.resumed": "up",
     "call.ended": "ended", "call.failed": "failed",
 }  # fmt: skip
 
@@ -59,7 +59,7 @@ def call_card(call_id: str, page: JournalPage) -> CallCard | None:
         if card["started_at"] is None:
             card["started_at"] = at
         match kind:
-            case "call.answered":
+            case "call.answered" | "call.resumed":
                 card["answered_at"] = card["answered_at"] or at
                 card["engine"] = data.get("engine", card["engine"])
             case "turn" if isinstance(data.get("latency_ms"), int | float):
@@ -113,6 +113,9 @@ def _describe(kind: str, data: dict[str, Any]) -> str:
             return "assistant chosen: answering"
         case "call.answered":
             return f"answered: media flowing, engine {data.get('engine') or 'embedded'}"
+        case "call.resumed":
+            how = "its session resumed" if data.get("session") == "resumed" else "a new engine session (the last one was lost)"
+            return f"stream {data.get('stream')}: {how}, engine {data.get('engine') or 'embedded'}"
         case "call.machine_detected":
             return f"answered by {data.get('answered_by')} ({data.get('why') or 'no reason given'}) after {_s(data.get('after_ms'))}"
         case "call.voicemail_left":

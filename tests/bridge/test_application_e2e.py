@@ -113,6 +113,8 @@ async def test_the_report_counts_the_streams_and_the_resumed_session_of_a_call_t
         await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=5)
     events = agent_app.Recorder.events
     assert [e.type for e in events].count("call.answered") == 1  # the second stream is the same call
+    (resumed,) = [e for e in events if e.type == "call.resumed"]
+    assert resumed.data == {"stream": 2, "session": "resumed", "engine": None}
     report = CallReport.model_validate(events[-1].data["report"])
     assert len(result.streams) == 2 and report.streams == 2, result.render()
     assert (report.engine_sessions, report.engine_resumes) == (1, 1) and report.engine_session_id == recorder.opened[0]

@@ -141,3 +141,17 @@ def test_a_bridge_s_announcement_lapses_unless_it_comes_again() -> None:
     assert journal.announced() == ['{"p": "a2"}', '{"p": "b"}']
     now[0] += 5_000
     assert journal.announced() == ['{"p": "a2"}']
+
+
+def test_a_later_stream_of_the_call_is_a_line_of_its_timeline_and_keeps_the_call_up() -> None:
+    page = _page(
+        _event("call.answered", 1.0, engine="ws://gpu-1:8091/v1/realtime"),
+        _event("call.resumed", 3.0, stream=2, session="resumed", engine="ws://gpu-1:8091/v1/realtime"),
+        _event("call.resumed", 5.0, stream=3, session="new", engine="ws://gpu-2:8091/v1/realtime"),
+    )
+    assert [line["text"] for line in timeline(page)[1:]] == [
+        "stream 2: its session resumed, engine ws://gpu-1:8091/v1/realtime",
+        "stream 3: a new engine session (the last one was lost), engine ws://gpu-2:8091/v1/realtime",
+    ]
+    card = call_card("CA1", page)
+    assert card is not None and (card["state"], card["engine"], card["answered_at"]) == ("up", "ws://gpu-2:8091/v1/realtime", 1.0)
