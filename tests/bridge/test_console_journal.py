@@ -1,0 +1,82 @@
+"""The console's journal writer (``bridge/console_journal.py``) on the in-memory registry: a call's events in order
+under its context, written once; the call moved to the finished ones by its last event; a registry that fails a
+write costs that batch alone, counted; a queue that is full drops the newest, counted — and the call that emitted
+them is never made to wait."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from callbridge.application import CallContext
+from callbridge.application.events import CallEvent, EventType
+from callbridge.bridge.console_journal import CallJournal
+from callbridge.bridge.metrics import BridgeMetrics
+from callbridge.bridge.registry import MemoryCallRegistry, RegistryUnavailable
+from callbridge.config import ConsoleSettings
+
+pytestmark = pytest.mark.core
+
+CONTEXT = CallContext(call_id="CA1", carrier="sip", caller_number="+15551230000")
+
+
+class FlakyRegistry(MemoryCallRegistry):
+    """Fails the journal writes it is told to, then writes."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.writes: list[tuple[str, int, str | None, float | None, float | None]] = []
+
+    async def journal(
+        self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
+        ended_at: float | None = None, calls_kept: int = 2000,
+    ) -> None:  # fmt: skip
+        if self.failures:
+            self.failures -= 1
+            raise RegistryUnavailable("journal", "down")
+        self.writes.append((call_id, len(entries), header, opened_at, ended_at))
+        await super().journal(call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept)
+
+
+def _event(kind: EventType, at: float) -> CallEvent:
+    return CallEvent(type=kind, call_id="CA1", at=at)
+
+
+def _metric(registry: CollectorRegistry, outcome: str) -> float:
+    return registry.get_sample_value("callbridge_console_events_total", {"outcome": outcome}) or 0.0
+
+
+async def test_a_call_s_events_are_written_in_order_under_its_context_once() -> None:
+    registry, metrics_registry = FlakyRegistry(0), CollectorRegistry()
+    journal = CallJournal(registry, ConsoleSettings(), BridgeMetrics(metrics_registry))
+    journal.observe(CONTEXT, _event("call.answered", 10.0))
+    journal.observe(CONTEXT, _event("turn", 11.0))
+    await asyncio.sleep(0)  # the writer takes what is queued at once, as one batch
+    journal.observe(CONTEXT, _event("barge-in", 12.0))
+    journal.observe(CONTEXT, _event("call.ended", 13.0))
+    await journal.aclose()
+    assert registry.writes == [("CA1", 2, CONTEXT.model_dump_json(), 10.0, None), ("CA1", 2, None, None, 13.0)]
+    page = await registry.journal_of("CA1")
+    assert [orjson.loads(entry)["type"] for entry in page.entries] == ["call.answered", "turn", "barge-in", "call.ended"]
+    assert await registry.journaled(False, 10) == ["CA1"] and _metric(metrics_registry, "written") == 4
+
+
+async def test_a_failed_write_costs_its_batch_alone_and_a_full_queue_drops_the_newest() -> None:
+    registry, metrics_registry = FlakyRegistry(1), CollectorRegistry()
+    journal = CallJournal(registry, ConsoleSettings(), BridgeMetrics(metrics_registry))
+    journal.observe(CONTEXT, _event("call.answered", 10.0))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    journal.observe(CONTEXT, _event("turn", 11.0))
+    await journal.aclose()
+    assert _metric(metrics_registry, "dropped_registry_unavailable") == 1 and _metric(metrics_registry, "written") == 1
+    assert registry.writes == [("CA1", 1, CONTEXT.model_dump_json(), 11.0, None)]  # its context on the next write
+    journal._queue = asyncio.Queue(2)
+    for at in (1.0, 2.0, 3.0):
+        journal.observe(CONTEXT, _event("turn", at))  # nothing awaited: the third is past the queue
+    assert _metric(metrics_registry, "dropped_queue_full") == 1
+    await journal.aclose()
