@@ -113,36 +113,43 @@ class _LiveBoard:
     async def watch(self) -> AsyncIterator[bytes]:
         """The list as it is, then each time it changes (JSON); a comment (``b""``) after a quiet ``_KEEPALIVE_S``."""
         self.viewers += 1
-        if self._reader is None or self._reader.done():
-            self.snapshot = orjson.dumps(await live_cards(self._registry))
-            self._reader = asyncio.get_running_loop().create_task(self._read_forever(), name="console-live")
         try:
+            if self._reader is None or self._reader.done():
+                await self._read()
+                self._reader = asyncio.get_running_loop().create_task(self._read_forever(), name="console-live")
             sent = self.snapshot
             yield sent
             while True:
-                async with self._changed:
+                async with self._changed:  # not held across a yield: the reader notifies every viewer under it
                     try:
                         await asyncio.wait_for(self._changed.wait_for(lambda: self.snapshot is not sent), _KEEPALIVE_S)
+                        changed = True
                     except TimeoutError:
-                        yield b""
-                        continue
-                sent = self.snapshot
-                yield sent
+                        changed = False
+                if changed:
+                    sent = self.snapshot
+                    yield sent
+                else:
+                    yield b""
         finally:
             self.viewers -= 1
 
     async def _read_forever(self) -> None:
         while self.viewers > 0:
             await asyncio.sleep(LIVE_EVERY_S)
-            try:
-                snapshot = orjson.dumps(await live_cards(self._registry))
-            except RegistryUnavailable as exc:
-                log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
-                continue
-            if snapshot != self.snapshot:
-                async with self._changed:
-                    self.snapshot = snapshot
-                    self._changed.notify_all()
+            await self._read()
+
+    async def _read(self) -> None:
+        """The list read again; the watchers told where it changed. A registry that fails keeps the last one shown."""
+        try:
+            snapshot = orjson.dumps(await live_cards(self._registry))
+        except RegistryUnavailable as exc:
+            log.warning("registry_unavailable", operation=exc.operation, detail=exc.detail)
+            return
+        if snapshot != self.snapshot:
+            async with self._changed:
+                self.snapshot = snapshot
+                self._changed.notify_all()
 
 
 async def live_cards(registry: CallRegistry) -> list[CallCard]:

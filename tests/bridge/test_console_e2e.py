@@ -18,6 +18,8 @@ from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
 from callbridge.bridge.app import create_app
+from callbridge.bridge.console_http import _LiveBoard
+from callbridge.bridge.registry import RegistryUnavailable
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_cross_process import another_bridge
@@ -163,3 +165,22 @@ async def test_the_console_is_not_served_without_a_credential() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
         for path in ("/console", "/console/api/calls", "/console/api/live"):
             assert (await http.get(path)).status_code == 404
+
+
+async def test_a_registry_that_fails_gets_the_operator_a_503_and_the_live_list_keeps_what_it_showed() -> None:
+    app = create_app(settings(console={"token": TOKEN}), engine())
+    registry = app.state.bridge.services.registry
+
+    async def down(*_: object, **__: object) -> Any:
+        raise RegistryUnavailable("journaled", "down")
+
+    registry.journaled = registry.journal_of = registry.announced = down
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
+        for path in ("/console/api/calls", "/console/api/calls?live=1", "/console/api/calls/CA1", "/console/api/fleet"):
+            response = await http.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert response.status_code == 503 and "down" in response.json()["detail"], (path, response.text)
+    board = _LiveBoard(registry, max_viewers=1)
+    watching = board.watch()
+    assert await anext(watching) == b"[]" and board.viewers == 1
+    await watching.aclose()
+    assert board.viewers == 0
