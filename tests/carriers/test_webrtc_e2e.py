@@ -10,6 +10,7 @@ import sys
 import time
 import wave
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -183,6 +184,34 @@ async def test_a_browser_that_never_connects_ends_at_the_connect_deadline_and_fr
             assert (await again.offer()).status_code == 200  # its place is free again
         finally:
             await again.close()
+
+
+@pytest.mark.long
+async def test_a_browser_that_stops_sending_audio_is_hung_up_at_the_idle_deadline() -> None:
+    """Connected, then its microphone's packets stop (a tab frozen, the network gone one way): at
+    ``webrtc.idle_timeout_s`` (10 s as shipped) after the last of them the call ends, its place is free again and the
+    application has its report."""
+    async with running_bridge(settings(app={"module": "tests.bridge.agent_app:Recorder"}), engine()) as bridge:
+        browser = BrowserCall(bridge.base_url, bytes(16000 * 30))
+        frozen = asyncio.Event()
+        speaking = browser.microphone.recv
+
+        async def stops_when_frozen() -> Any:
+            if frozen.is_set():
+                await asyncio.Future()  # never: aiortc sends nothing more
+            return await speaking()
+
+        browser.microphone.recv = stops_when_frozen  # type: ignore[method-assign]
+        try:
+            assert (await browser.offer()).status_code == 200
+            await until(lambda: any(e.type == "call.answered" for e in agent_app.Recorder.events), timeout_s=15)
+            frozen.set()
+            stopped = time.monotonic()
+            await until(lambda: any(e.type == "call.ended" for e in agent_app.Recorder.events), timeout_s=25)
+            assert 9.0 < time.monotonic() - stopped < 15.0  # at the deadline, not before (and not long after)
+            await until(lambda: not phones(bridge).calls, timeout_s=5)
+        finally:
+            await browser.close()
 
 
 async def test_the_track_plays_what_it_holds_then_silence_and_never_holds_more_than_200_ms() -> None:

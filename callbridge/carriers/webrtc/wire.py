@@ -40,9 +40,12 @@ RATE_HZ: Final = 48_000
 FRAME_BYTES: Final = RATE_HZ // 50 * 2
 """20 ms of PCM16 mono at 48 kHz."""
 PROFILE: Final = CarrierProfile(
-    frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=60, hang_up=HangUpMode.CLOSE, flushes=False
+    frame_ms=20, uses_marks=False, marks_echoed_on_clear=False, lead_ms=60, hang_up=HangUpMode.CLOSE, flushes=False,
+    reconnect_window_ms=1,
 )
-"""As RTP's (``carriers/sip/wire.py``): the outgoing track plays what it is given at once on its 20 ms clock."""
+"""As RTP's (``carriers/sip/wire.py``): the outgoing track plays what it is given at once on its 20 ms clock. A
+browser call never comes back on a new stream (a new offer is a new call): a stream gone quiet is a call that ended,
+its engine session closed at once rather than held for the engine's disconnect grace."""
 KEYS: Final = frozenset("0123456789*#ABCD")
 """The keys a ``dtmf:<key>`` control message may name (the page's keypad)."""
 
