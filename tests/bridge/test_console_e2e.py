@@ -139,12 +139,13 @@ async def test_every_console_and_call_control_route_refuses_a_request_without_it
     config = settings(
         console={"token": TOKEN, "password": "console-password"}, outbound={"api_token": "outbound-token-0123456789"},
         webrtc={"token": "webrtc-token-0123456789"}, server={"admin_token": "admin-token-0123456789"},
+        engine={"kind": "realtime", "urls": ["ws://127.0.0.1:9/v1/realtime"]},  # a pool: /admin/engines is served
     )  # fmt: skip
-    app = create_app(config, engine())
+    app = create_app(config)
     routes = [(route.path, method) for route in _api_routes(app.routes) if _GUARDED.match(route.path) for method in sorted(route.methods)]
     assert {path for path, _ in routes} >= {
         "/console", "/console/api/calls", "/console/api/live", "/console/api/calls/{call_id}", "/console/api/calls/{call_id}/recording",
-        "/console/api/fleet", "/calls", "/calls/{dial_id}", "/talk", "/talk/offer",
+        "/console/api/fleet", "/calls", "/calls/{dial_id}", "/talk", "/talk/offer", "/admin/engines", "/admin/engines/drain",
     }  # fmt: skip
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
         for path, method in routes:
