@@ -24,16 +24,15 @@ import argparse
 import asyncio
 import audioop
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
 import time
-import wave
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from callbridge.carriers.webrtc.chromium import fake_microphone, start_chromium  # noqa: E402
 from callbridge.carriers.webrtc.sim import BrowserCall  # noqa: E402
 from callbridge.config import Settings  # noqa: E402
 from callbridge.logging import configure_logging  # noqa: E402
@@ -103,33 +102,11 @@ def page_turn_ms(trace: list[list[float]]) -> float | None:
     return None if agent is None else agent - ends[0]
 
 
-def chromium_microphone(speech: bytes, path: Path) -> Path:
-    from callbridge.codecs import ResamplerQuality, StreamResampler  # noqa: PLC0415
-
-    resampler = StreamResampler(8000, 48000, ResamplerQuality.HQ)
-    pcm = resampler.process(bytes(16 * LEAD_SILENCE_MS) + speech + bytes(16 * 6000)) + resampler.flush()
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(48000)
-        out.writeframes(pcm)
-    return path
-
-
 def chromium_call(base_url: str, microphone: Path) -> float:
     """One call from Chromium's /talk page (blocking: run in a thread beside the bridge's loop)."""
-    from selenium import webdriver  # noqa: PLC0415
-    from selenium.webdriver.common.by import By  # noqa: PLC0415
+    from selenium.webdriver.common.by import By  # noqa: PLC0415  # the test extra's
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or "chromium"
-    for argument in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={microphone}%noloop",
-        "--autoplay-policy=no-user-gesture-required",
-    ):  # fmt: skip
-        options.add_argument(argument)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=shutil.which("chromedriver")))
+    driver = start_chromium(microphone)
     try:
         driver.get(f"{base_url}/talk")
         driver.find_element(By.ID, "call").click()
@@ -151,7 +128,8 @@ async def measure(calls: int, jitter_frames: int | None, client_jitter_frames: i
     browser: list[float] = []
     settings = Settings() if jitter_frames is None else Settings.model_validate({"webrtc": {"jitter_frames": jitter_frames}})
     with tempfile.TemporaryDirectory() as scratch:
-        microphone = chromium_microphone(speech, Path(scratch) / "microphone.wav") if chromium else None
+        silence_ms = bytes(16 * LEAD_SILENCE_MS), bytes(16 * 6000)
+        microphone = fake_microphone(silence_ms[0] + speech + silence_ms[1], Path(scratch) / "microphone.wav") if chromium else None
         async with running_bridge(settings) as bridge:
             for _ in range(calls):
                 phone.append(await phone_call(bridge, speech))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import wave
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from callbridge.application.events import CallReport
-from callbridge.codecs import ResamplerQuality, StreamResampler
+from callbridge.carriers.webrtc.chromium import fake_microphone, start_chromium
 from callbridge.sim.runner import load_wav_8k, running_bridge, sample_caller_wav
 from tests.bridge import agent_app
 from tests.bridge.twilio_e2e import engine, settings, until
@@ -36,29 +35,13 @@ pytestmark = [
 
 def microphone(path: Path) -> Path:
     """The caller: the bundled utterance (3.7 s), 1.5 s of silence — the agent starts echoing it — the utterance again
-    over the agent's reply, then silence to stay on the line. 48 kHz mono, as Chromium's fake capture takes it."""
+    over the agent's reply, then silence to stay on the line."""
     speech = load_wav_8k(sample_caller_wav())
-    pcm_8k = speech + bytes(16000 * 3 // 2) + speech + bytes(16000 * 8)
-    resampler = StreamResampler(8000, 48000, ResamplerQuality.HQ)
-    pcm = resampler.process(pcm_8k) + resampler.flush()
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(48000)
-        out.writeframes(pcm)
-    return path
+    return fake_microphone(speech + bytes(16000 * 3 // 2) + speech + bytes(16000 * 8), path)
 
 
 def chromium(microphone_wav: Path) -> Any:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={microphone_wav}%noloop", "--autoplay-policy=no-user-gesture-required",
-    ):  # fmt: skip
-        options.add_argument(argument)
-    return webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    return start_chromium(microphone_wav, binary=CHROMIUM, driver=CHROMEDRIVER)
 
 
 async def in_thread(call: Callable[..., Any], *args: Any) -> Any:
