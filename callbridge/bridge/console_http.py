@@ -153,13 +153,34 @@ class _LiveBoard:
 
 
 async def live_cards(registry: CallRegistry) -> list[CallCard]:
-    """The calls up now across the fleet, newest first."""
+    """The calls up now across the fleet, newest first, each with the bridge process that last wrote of it
+    (``bridge``); one whose bridge no longer announces itself (``console_fleet``: gone 15 s and more) is ``lost``:
+    it died with the call, and nothing has taken the call on."""
+    alive = {orjson.loads(status).get("process_id") for status in await registry.announced()}
     cards = []
     for call_id in await registry.journaled(True, LIVE_LISTED):
-        card = call_card(call_id, await registry.journal_of(call_id))
-        if card is not None:
-            cards.append(card)
+        page = await registry.journal_of(call_id)
+        card = call_card(call_id, page)
+        if card is None:
+            continue
+        card["bridge"] = page.writer
+        if alive and page.writer is not None and page.writer not in alive:
+            card["state"] = "lost"
+        cards.append(card)
     return cards
+
+
+async def finished_cards(registry: CallRegistry, number: str | None, carrier: str | None, reason: str | None, limit: int) -> list[CallCard]:
+    """The finished calls that match (``console_view.matches``), newest first, at most ``limit``, of the newest
+    ``SEARCHED``."""
+    found: list[CallCard] = []
+    for call_id in await registry.journaled(False, SEARCHED):
+        card = call_card(call_id, await registry.journal_of(call_id))
+        if card is not None and matches(card, number=number, carrier=carrier, reason=reason):
+            found.append(card)
+            if len(found) >= limit:
+                break
+    return found
 
 
 def console_router(services: BridgeServices) -> APIRouter:
@@ -192,15 +213,7 @@ def console_router(services: BridgeServices) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=500)] = 100,
     ) -> JSONResponse:  # fmt: skip
         try:
-            if live:
-                return JSONResponse({"calls": (await live_cards(registry))[:limit]})
-            found: list[CallCard] = []
-            for call_id in await registry.journaled(False, SEARCHED):
-                card = call_card(call_id, await registry.journal_of(call_id))
-                if card is not None and matches(card, number=number, carrier=carrier, reason=reason):
-                    found.append(card)
-                    if len(found) >= limit:
-                        break
+            found = (await live_cards(registry))[:limit] if live else await finished_cards(registry, number, carrier, reason, limit)
         except RegistryUnavailable as exc:
             raise HTTPException(503, f"the registry: {exc.detail}") from None
         return JSONResponse({"calls": found})

@@ -34,8 +34,9 @@ than the one before, as a placed call's answer adds its ring time, is written ag
 class CallJournal:
     """The process's writer of call events into the registry for ``/console`` (``observe`` … ``aclose``)."""
 
-    def __init__(self, registry: CallRegistry, settings: ConsoleSettings, metrics: BridgeMetrics) -> None:
-        self._registry, self._settings, self._metrics = registry, settings, metrics
+    def __init__(self, registry: CallRegistry, settings: ConsoleSettings, metrics: BridgeMetrics, process_id: str | None = None) -> None:
+        """``process_id``: this bridge process's, written as each journal's writer (``console_fleet``'s)."""
+        self._registry, self._settings, self._metrics, self._process_id = registry, settings, metrics, process_id
         self._queue: asyncio.Queue[tuple[CallContext, CallEvent]] = asyncio.Queue(MAX_QUEUED)
         self._writer: asyncio.Task[None] | None = None
         self._headers: OrderedDict[str, CallContext] = OrderedDict()
@@ -75,7 +76,7 @@ class CallJournal:
                 await self._registry.journal(
                     call_id, [event.model_dump_json() for _, event in events], keep_ms,
                     header=context.model_dump_json() if new else None, opened_at=events[0][1].at if call_id not in self._headers else None,
-                    ended_at=ended, calls_kept=self._settings.calls_kept,
+                    ended_at=ended, calls_kept=self._settings.calls_kept, writer=self._process_id,
                 )  # fmt: skip
             except RegistryUnavailable as exc:
                 self._metrics.console_events.labels("dropped_registry_unavailable").inc(len(events))

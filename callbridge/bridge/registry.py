@@ -264,12 +264,12 @@ class CallRegistry(abc.ABC):
     @abc.abstractmethod
     async def journal(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
-        ended_at: float | None = None, calls_kept: int = 2000,
+        ended_at: float | None = None, calls_kept: int = 2000, writer: str | None = None,
     ) -> None:  # fmt: skip
         """Add ``entries`` (events, JSON) to the call's journal for the console (``registry_journal``), all of it kept
         ``keep_ms`` from now: ``header`` (its context, JSON) replaces the one before; ``opened_at`` (Unix s) puts a
         call not listed yet among the calls up now, ``ended_at`` moves it to the finished ones (the newest
-        ``calls_kept`` kept)."""
+        ``calls_kept`` kept); ``writer``: the bridge process writing (``journal_of`` says the last)."""
 
     @abc.abstractmethod
     async def journal_of(self, call_id: str) -> JournalPage:
@@ -559,9 +559,9 @@ class MemoryCallRegistry(CallRegistry):
 
     async def journal(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
-        ended_at: float | None = None, calls_kept: int = 2000,
+        ended_at: float | None = None, calls_kept: int = 2000, writer: str | None = None,
     ) -> None:  # fmt: skip
-        self._journal.write(call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept)
+        self._journal.write(call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept, writer)
 
     async def journal_of(self, call_id: str) -> JournalPage:
         return self._journal.read(call_id)

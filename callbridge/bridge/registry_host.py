@@ -387,9 +387,9 @@ class HostedCallRegistry(CallRegistry):
 
     async def journal(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
-        ended_at: float | None = None, calls_kept: int = 2000,
+        ended_at: float | None = None, calls_kept: int = 2000, writer: str | None = None,
     ) -> None:  # fmt: skip
-        await self._call("journal", call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept)
+        await self._call("journal", call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept, writer)
 
     async def journal_of(self, call_id: str) -> JournalPage:
         page: JournalPage = await self._call("journal_of", call_id)

@@ -26,15 +26,18 @@ JOURNAL_ENTRIES: Final = 1000
 
 @dataclass(frozen=True, slots=True)
 class JournalPage:
-    """One call's journal as read: its context (JSON; None: not known, or expired) and its events (JSON each)."""
+    """One call's journal as read: its context (JSON; None: not known, or expired), its events (JSON each), and the
+    bridge process that wrote it last (None: not said)."""
 
     header: str | None
     entries: list[str]
+    writer: str | None = None
 
 
 @dataclass(slots=True)
 class _Journaled:
     header: str | None = None
+    writer: str | None = None
     entries: deque[str] = field(default_factory=lambda: deque(maxlen=JOURNAL_ENTRIES))
     opened_at: float = 0.0
     ended_at: float | None = None
@@ -52,7 +55,7 @@ class MemoryJournal:
 
     def write(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None, opened_at: float | None, ended_at: float | None,
-        calls_kept: int,
+        calls_kept: int, writer: str | None = None,
     ) -> None:  # fmt: skip
         """``CallRegistry.journal``."""
         now = self._clock()
@@ -61,6 +64,8 @@ class MemoryJournal:
             journaled = self._calls[call_id] = _Journaled(opened_at=opened_at or 0.0)
         if header is not None:
             journaled.header = header
+        if writer is not None:
+            journaled.writer = writer
         if opened_at is not None and not journaled.opened_at:
             journaled.opened_at = opened_at
         journaled.entries.extend(entries)
@@ -82,7 +87,7 @@ class MemoryJournal:
         journaled = self._calls.get(call_id)
         if journaled is None or self._clock() >= journaled.expires_at_ms:
             return JournalPage(None, [])
-        return JournalPage(journaled.header, list(journaled.entries))
+        return JournalPage(journaled.header, list(journaled.entries), journaled.writer)
 
     def calls(self, live: bool, limit: int) -> list[str]:
         """``CallRegistry.journaled``."""

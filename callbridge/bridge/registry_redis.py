@@ -316,7 +316,7 @@ class RedisCallRegistry(CallRegistry):
 
     async def journal(
         self, call_id: str, entries: list[str], keep_ms: int, header: str | None = None, opened_at: float | None = None,
-        ended_at: float | None = None, calls_kept: int = 2000,
+        ended_at: float | None = None, calls_kept: int = 2000, writer: str | None = None,
     ) -> None:  # fmt: skip
         events, head, keep_ms = f"{_PREFIX}journal:{call_id}", f"{_PREFIX}journal_head:{call_id}", max(1, keep_ms)
         with _unavailable("journal"):
@@ -329,6 +329,8 @@ class RedisCallRegistry(CallRegistry):
                     pipe.set(head, header, px=keep_ms)
                 else:
                     pipe.pexpire(head, keep_ms)
+                if writer is not None:
+                    pipe.set(f"{_PREFIX}journal_writer:{call_id}", writer, px=keep_ms)
                 if opened_at is not None:
                     pipe.zadd(_JOURNAL_LIVE, {call_id: opened_at}, nx=True)
                     pipe.zremrangebyscore(_JOURNAL_LIVE, "-inf", opened_at - keep_ms / 1000)  # calls of a process that died
@@ -343,8 +345,9 @@ class RedisCallRegistry(CallRegistry):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.get(f"{_PREFIX}journal_head:{call_id}")
                 pipe.lrange(f"{_PREFIX}journal:{call_id}", 0, -1)
-                header, entries = await pipe.execute()
-        return JournalPage(cast(str | None, header), list(entries))
+                pipe.get(f"{_PREFIX}journal_writer:{call_id}")
+                header, entries, writer = await pipe.execute()
+        return JournalPage(cast(str | None, header), list(entries), cast(str | None, writer))
 
     async def journaled(self, live: bool, limit: int) -> list[str]:
         with _unavailable("journaled"):

@@ -193,6 +193,9 @@ async def test_the_console_s_journal_is_one_for_every_process_live_then_finished
     await one.journal("CA2", ['{"end": 1}'], 60_000, ended_at=111.0, calls_kept=1)
     assert await one.journaled(True, 10) == [] and await two.journaled(False, 10) == ["CA2"]
     assert (await one.journal_of("CA2")).entries == ['{"n": 1}', '{"end": 1}']
+    await one.journal("CA2", [], 60_000, writer="p1")
+    await two.journal("CA2", [], 60_000, writer="p2")
+    assert (await one.journal_of("CA2")).writer == "p2"  # the process that wrote of it last
     await one.journal("CA3", ["{}"], 200, header="{}", opened_at=120.0)
     await backend.advance(400)
     assert await two.journal_of("CA3") == JournalPage(None, [])
