@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import audioop
 import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -55,7 +56,8 @@ async def phone_call(bridge: object, speech: bytes) -> float:
     result = await bridge.carrier.place_call(script)  # type: ignore[attr-defined]
     words_end = STARTS_AT_MS + SPEECH_MS
     for at in range(words_end * 16, len(result.heard) - 319, 320):  # PCM16 8 kHz from the call's start, frame by frame
-        if audioop.rms(bytes(result.heard[at : at + 320]), 2) >= LOUD_RMS:
+        frame = np.frombuffer(bytes(result.heard[at : at + 320]), dtype="<i2").astype(np.float64)
+        if np.sqrt((frame**2).mean()) >= LOUD_RMS:
             return float(at // 16 - words_end)
     raise RuntimeError(f"the phone caller heard no agent:\n{result.render()}")
 
