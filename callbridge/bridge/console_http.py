@@ -24,7 +24,7 @@ import asyncio
 import base64
 import binascii
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Final
@@ -101,10 +101,12 @@ def _authorized(authorization: str | None, bearers: list[bytes], basics: list[tu
 
 class _LiveBoard:
     """The calls up now, read from the registry every ``LIVE_EVERY_S`` while anyone watches (one reader per process,
-    however many watch), and handed to each watcher as it changes."""
+    however many watch), and handed to each watcher as it changes. Once the process is ``stopping`` (draining), every
+    watch ends: an open stream would hold the server's graceful shutdown for ever (the browser's EventSource asks
+    again, and the load balancer sends it to a bridge that serves)."""
 
-    def __init__(self, registry: CallRegistry, max_viewers: int) -> None:
-        self._registry, self.max_viewers = registry, max_viewers
+    def __init__(self, registry: CallRegistry, max_viewers: int, stopping: Callable[[], bool] = lambda: False) -> None:
+        self._registry, self.max_viewers, self._stopping = registry, max_viewers, stopping
         self.viewers = 0
         self._changed = asyncio.Condition()
         self.snapshot: bytes = b"[]"
@@ -119,13 +121,15 @@ class _LiveBoard:
                 self._reader = asyncio.get_running_loop().create_task(self._read_forever(), name="console-live")
             sent = self.snapshot
             yield sent
-            while True:
+            while not self._stopping():
                 async with self._changed:  # not held across a yield: the reader notifies every viewer under it
                     try:
-                        await asyncio.wait_for(self._changed.wait_for(lambda: self.snapshot is not sent), _KEEPALIVE_S)
+                        await asyncio.wait_for(self._changed.wait_for(lambda: self.snapshot is not sent or self._stopping()), _KEEPALIVE_S)
                         changed = True
                     except TimeoutError:
                         changed = False
+                if self._stopping():
+                    return
                 if changed:
                     sent = self.snapshot
                     yield sent
@@ -137,6 +141,10 @@ class _LiveBoard:
     async def _read_forever(self) -> None:
         while self.viewers > 0:
             await asyncio.sleep(LIVE_EVERY_S)
+            if self._stopping():
+                async with self._changed:
+                    self._changed.notify_all()
+                return
             await self._read()
 
     async def _read(self) -> None:
@@ -191,7 +199,7 @@ def console_router(services: BridgeServices) -> APIRouter:
         return router
     bearers, basics = _credentials(settings)
     registry = services.registry
-    board = _LiveBoard(registry, settings.max_viewers)
+    board = _LiveBoard(registry, settings.max_viewers, lambda: services.draining)
     page = resources.files("callbridge.bridge").joinpath("console.html").read_text(encoding="utf-8")
     recordings_dir = services.settings.recording.directory
 
@@ -220,6 +228,8 @@ def console_router(services: BridgeServices) -> APIRouter:
 
     @guarded.get("/console/api/live")
     async def live() -> Response:
+        if services.draining:
+            return JSONResponse({"error": "draining", "detail": "this bridge is stopping: ask another"}, status_code=503)
         if board.viewers >= board.max_viewers:
             return JSONResponse({"error": "too_many_viewers", "detail": f"console.max_viewers is {board.max_viewers}"}, status_code=429)
 

@@ -14,12 +14,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
 
 from callbridge.bridge.app import create_app
 from callbridge.bridge.console_http import _LiveBoard
-from callbridge.bridge.registry import RegistryUnavailable
+from callbridge.bridge.registry import MemoryCallRegistry, RegistryUnavailable
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
 from tests.bridge.test_cross_process import another_bridge
@@ -184,4 +185,17 @@ async def test_a_registry_that_fails_gets_the_operator_a_503_and_the_live_list_k
     watching = board.watch()
     assert await anext(watching) == b"[]" and board.viewers == 1
     await watching.aclose()
+    assert board.viewers == 0
+
+
+async def test_a_live_view_ends_once_its_bridge_is_stopping_so_that_it_cannot_hold_the_shutdown() -> None:
+    stopping = False
+    board = _LiveBoard(MemoryCallRegistry(), max_viewers=1, stopping=lambda: stopping)
+    watching = board.watch()
+    assert await anext(watching) == b"[]"
+    following = asyncio.ensure_future(anext(watching))
+    await asyncio.sleep(0.1)
+    stopping = True  # the drain began: the reader sees it within LIVE_EVERY_S and every watch ends
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(following, 5)
     assert board.viewers == 0
