@@ -58,6 +58,9 @@ class CallJournal:
                 batch.append(self._queue.get_nowait())
             try:
                 await self._write(batch)
+            except Exception as exc:  # noqa: BLE001 - a bug of ours costs this batch, never the writer (nor a call)
+                self._metrics.console_events.labels("dropped_error").inc(len(batch))
+                log.error("console_journal_failed", error=repr(exc), events=len(batch))
             finally:
                 for _ in batch:
                     self._queue.task_done()

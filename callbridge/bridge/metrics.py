@@ -207,7 +207,7 @@ class BridgeMetrics:
             ["type", "outcome"], registry=registry,
         )  # fmt: skip
         self.console_events = Counter(
-            "callbridge_console_events_total", "Call events written to the console's journal in the registry, or dropped (…_queue_full, …_registry_unavailable)",
+            "callbridge_console_events_total", "Call events written to the console's journal in the registry, or dropped (…_queue_full, …_registry_unavailable, …_error)",
             ["outcome"], registry=registry,
         )  # fmt: skip
         self.recordings = Counter(

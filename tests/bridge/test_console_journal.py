@@ -97,3 +97,21 @@ async def test_a_live_call_whose_bridge_no_longer_announces_itself_is_lost() -> 
     cards = {card["call_id"]: card for card in await live_cards(registry)}
     assert (cards["CA1"]["state"], cards["CA1"]["bridge"]) == ("up", "alive")
     assert (cards["CA2"]["state"], cards["CA2"]["bridge"]) == ("lost", "dead")
+
+
+async def test_a_write_that_fails_for_any_other_reason_costs_its_batch_and_the_writer_goes_on() -> None:
+    registry, metrics_registry = FlakyRegistry(0), CollectorRegistry()
+    journal = CallJournal(registry, ConsoleSettings(), BridgeMetrics(metrics_registry))
+    writes = registry.journal
+
+    async def broken_once(*args: object, **kwargs: object) -> None:
+        registry.journal = writes  # type: ignore[method-assign]
+        raise ValueError("a bug")
+
+    registry.journal = broken_once  # type: ignore[method-assign]
+    journal.observe(CONTEXT, _event("call.answered", 10.0))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    journal.observe(CONTEXT, _event("turn", 11.0))
+    await journal.aclose()
+    assert _metric(metrics_registry, "dropped_error") == 1 and _metric(metrics_registry, "written") == 1
