@@ -140,6 +140,18 @@ def wait_http_ok(url: str, process: subprocess.Popen[str], timeout_s: float = 20
     raise AssertionError(f"{url} not up within {timeout_s} s")
 
 
+@pytest.fixture(autouse=True)
+def _logging_stays_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command run in this process (``main(["loadtest", …])``, ``simulate``) configures logging as for a process of
+    its own: structlog through the standard library at ``warning``, its loggers cached on first use. In a test worker
+    that outlived the test: every later test of that worker lost the log lines it reads from ``capsys`` (eight
+    parameters of the application-tool test failed both tries in one full run, all on the worker that had run a
+    load test before). Here it changes nothing; the command's own logging is tested where it runs as a user runs it,
+    in a subprocess (``test_cli_mistakes.py``, ``served_bridge``), and ``configure_logging`` itself in
+    ``test_logging.py``, which holds the function, not the module's name."""
+    monkeypatch.setattr("callbridge.logging.configure_logging", lambda *_args, **_kwargs: None)
+
+
 @pytest.fixture
 def served_bridge() -> Iterator[ServedBridge]:
     """``python -m callbridge serve`` on a free loopback port, logging JSON to its stderr."""
