@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
+import structlog
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 
@@ -141,15 +142,20 @@ def wait_http_ok(url: str, process: subprocess.Popen[str], timeout_s: float = 20
 
 
 @pytest.fixture(autouse=True)
-def _logging_stays_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A command run in this process (``main(["loadtest", …])``, ``simulate``) configures logging as for a process of
-    its own: structlog through the standard library at ``warning``, its loggers cached on first use. In a test worker
-    that outlived the test: every later test of that worker lost the log lines it reads from ``capsys`` (eight
-    parameters of the application-tool test failed both tries in one full run, all on the worker that had run a
-    load test before). Here it changes nothing; the command's own logging is tested where it runs as a user runs it,
-    in a subprocess (``test_cli_mistakes.py``, ``served_bridge``), and ``configure_logging`` itself in
-    ``test_logging.py``, which holds the function, not the module's name."""
+def _logging_stays_the_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Logging is the run's, whatever a test did to it. A command run in this process (``main(["loadtest", …])``)
+    configures logging as for a process of its own: structlog through the standard library at ``warning``, its
+    loggers cached on first use; here that call changes nothing (the command's own logging is tested where it runs as
+    a user runs it, in a subprocess: ``test_cli_mistakes.py``, ``served_bridge``; ``configure_logging`` itself in
+    ``test_logging.py``, which holds the function, not the module's name). And structlog's configuration is put back
+    after each test (the admission simulator's command filters below ``error``; ``test_logging.py`` configures it).
+    Left as a test set it, every later test of that worker lost the log lines it reads from ``capsys``: the
+    application-tool test failed both tries on such workers, eight parameters in one full run and three in a CI run."""
     monkeypatch.setattr("callbridge.logging.configure_logging", lambda *_args, **_kwargs: None)
+    saved = structlog.get_config()
+    yield
+    if structlog.get_config() != saved:
+        structlog.configure(**saved)
 
 
 @pytest.fixture
