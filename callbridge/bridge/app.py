@@ -99,10 +99,10 @@ class BridgeState:
             assistants=assistant_source(settings),
         )
         application = self.services.assistants.application if self.services.assistants is not None else None
-        self.services.events = event_delivery(application, self.services.metrics, observed=console_on(settings.console))
-        if self.services.events is not None and console_on(settings.console):
+        self.services.events = events = event_delivery(application, self.services.metrics, observed=console_on(settings.console))
+        if events is not None and console_on(settings.console):  # always built then: the journal observes them
             self.services.journal = CallJournal(registry, settings.console, self.services.metrics, self.services.process_id)
-            self.services.events.observers.append(self.services.journal.observe)
+            events.observers.append(self.services.journal.observe)
         recording = settings.recording
         self.services.recordings = RecordingStore(
             recording.directory, self.services.metrics,

@@ -33,9 +33,8 @@ import orjson
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from callbridge.bridge.console_view import CallCard, call_card, matches, timeline
+from callbridge.bridge.console_view import CallCard, call_card, call_view, matches
 from callbridge.bridge.registry import CallRegistry, RegistryUnavailable
-from callbridge.bridge.registry_journal import JournalPage
 from callbridge.bridge.services import BridgeServices
 from callbridge.config import ConsoleSettings
 from callbridge.logging import get_logger
@@ -241,17 +240,13 @@ def console_router(services: BridgeServices) -> APIRouter:
 
     @guarded.get("/console/api/calls/{call_id}")
     async def one_call(call_id: str) -> JSONResponse:
-        page_of = await _journal(registry, call_id)
-        card = call_card(call_id, page_of)
-        assert card is not None
-        events = timeline(page_of)
-        report = next((e["data"].get("report") for e in reversed(events) if e["type"] == "call.ended"), None)
+        card, events, report = await _view(registry, call_id)
         return JSONResponse({"call": card, "timeline": events, "report": report})
 
     @guarded.get("/console/api/calls/{call_id}/recording")
     async def recording(call_id: str) -> Response:
-        page_of = await _journal(registry, call_id)
-        path = _recording_path(timeline(page_of), recordings_dir)
+        _, _, report = await _view(registry, call_id)
+        path = _recording_path(report, recordings_dir)
         if path is None:
             raise HTTPException(404, "no recording of this call that this process can read")
         return FileResponse(path, media_type="audio/wav", headers={"Cache-Control": "no-store"})
@@ -268,22 +263,25 @@ def console_router(services: BridgeServices) -> APIRouter:
     return router
 
 
-async def _journal(registry: CallRegistry, call_id: str) -> JournalPage:
+async def _view(registry: CallRegistry, call_id: str) -> tuple[CallCard, list[dict[str, Any]], dict[str, Any] | None]:
+    """The call's card, timeline and report (``console_view.call_view``); 404 where there is none, 503 where the
+    registry fails."""
     if len(call_id) > 128:
         raise HTTPException(404, "no such call")
     try:
         page = await registry.journal_of(call_id)
     except RegistryUnavailable as exc:
         raise HTTPException(503, f"the registry: {exc.detail}") from None
-    if page.header is None:
+    view = call_view(call_id, page)
+    if view is None:
         raise HTTPException(404, "no such call, or its timeline has expired")
-    return page
+    return view
 
 
-def _recording_path(events: list[dict[str, Any]], directory: Path) -> Path | None:
+def _recording_path(report: dict[str, Any] | None, directory: Path) -> Path | None:
     """The call's recording as its report names it, where it is a WAV file in ``recording.directory`` (a report is
     the bridge's own, but a path is only served from there)."""
-    named = next((e["data"].get("report", {}).get("recording") for e in reversed(events) if e["type"] == "call.ended"), None)
+    named = report.get("recording") if report is not None else None
     if not isinstance(named, str) or not named.endswith(".wav"):
         return None
     path = Path(named).resolve()

@@ -12,7 +12,7 @@ import orjson
 
 from callbridge.bridge.registry_journal import JournalPage
 
-__all__ = ["CallCard", "call_card", "matches", "timeline"]
+__all__ = ["CallCard", "call_card", "call_view", "matches", "timeline"]
 
 CallCard = dict[str, Any]
 """A call's row in the console (JSON-ready): see ``call_card``."""
@@ -36,14 +36,30 @@ def _events(page: JournalPage) -> list[dict[str, Any]]:
 
 
 def call_card(call_id: str, page: JournalPage) -> CallCard | None:
-    """The call's row: None where its journal has expired (or never had its context).
+    """The call's row: None where its journal has expired (or never had its context) (``_card``)."""
+    return _card(call_id, page.header, _events(page))
+
+
+def call_view(call_id: str, page: JournalPage) -> tuple[CallCard, list[dict[str, Any]], dict[str, Any] | None] | None:
+    """The call's card, its timeline and its end-of-call report (None: not over), its journal read once; None where
+    the journal has expired."""
+    events = _events(page)
+    card = _card(call_id, page.header, events)
+    if card is None:
+        return None
+    report = next((e.get("data", {}).get("report") for e in reversed(events) if e["type"] == "call.ended"), None)
+    return card, _timeline(events), report if isinstance(report, dict) else None
+
+
+def _card(call_id: str, header: str | None, events: list[dict[str, Any]]) -> CallCard | None:
+    """The call's row from its context and its events (None: no context).
 
     ``state``: dialing, ringing, answering (its assistant chosen), up (its media flowing), ended or failed;
     ``turn_ms``: the last turn's latency and ``turn_p50_ms`` the median of the call's turns; ``heard_ratio``: of the
     replies the caller cut off, the share they heard of what the engine had generated (None: no barge-in)."""
-    if page.header is None:
+    if header is None:
         return None
-    context = orjson.loads(page.header)
+    context = orjson.loads(header)
     card: CallCard = {
         "call_id": call_id, "carrier": context.get("carrier"), "direction": context.get("direction"),
         "caller": context.get("caller_number"), "called": context.get("called_number"), "dial_id": context.get("dial_id"),
@@ -53,7 +69,7 @@ def call_card(call_id: str, page: JournalPage) -> CallCard | None:
     }  # fmt: skip
     latencies: list[float] = []
     heard = generated = 0.0
-    for event in _events(page):
+    for event in events:
         kind, data, at = event["type"], event.get("data") or {}, event.get("at")
         card["state"] = _STATES.get(kind, card["state"])
         if card["started_at"] is None:
@@ -146,7 +162,10 @@ def _describe(kind: str, data: dict[str, Any]) -> str:
 
 def timeline(page: JournalPage) -> list[dict[str, Any]]:
     """The call's events in order, each with ``t_ms`` (from the first) and ``text``: what the console lists."""
-    events = _events(page)
+    return _timeline(_events(page))
+
+
+def _timeline(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     first = next((e["at"] for e in events if isinstance(e.get("at"), int | float)), 0.0)
     return [
         {"t_ms": round((event.get("at", first) - first) * 1000), "type": event["type"], "text": _describe(event["type"], event.get("data") or {}), "data": event.get("data") or {}}

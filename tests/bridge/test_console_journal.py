@@ -25,11 +25,11 @@ CONTEXT = CallContext(call_id="CA1", carrier="sip", caller_number="+15551230000"
 
 
 class FlakyRegistry(MemoryCallRegistry):
-    """Fails the journal writes it is told to, then writes."""
+    """Fails the first ``failures`` journal writes with ``error``, then writes."""
 
-    def __init__(self, failures: int) -> None:
+    def __init__(self, failures: int, error: Exception | None = None) -> None:
         super().__init__()
-        self.failures = failures
+        self.failures, self.error = failures, error or RegistryUnavailable("journal", "down")
         self.writes: list[tuple[str, int, str | None, float | None, float | None]] = []
 
     async def journal(
@@ -38,13 +38,22 @@ class FlakyRegistry(MemoryCallRegistry):
     ) -> None:  # fmt: skip
         if self.failures:
             self.failures -= 1
-            raise RegistryUnavailable("journal", "down")
+            raise self.error
         self.writes.append((call_id, len(entries), header, opened_at, ended_at))
         await super().journal(call_id, entries, keep_ms, header, opened_at, ended_at, calls_kept, writer)
 
 
 def _event(kind: EventType, at: float) -> CallEvent:
     return CallEvent(type=kind, call_id="CA1", at=at)
+
+
+async def _answered_then_a_turn(journal: CallJournal) -> None:
+    """Two events of one call, each written on its own (the writer runs between them), then the writer closed."""
+    journal.observe(CONTEXT, _event("call.answered", 10.0))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    journal.observe(CONTEXT, _event("turn", 11.0))
+    await journal.aclose()
 
 
 def _metric(registry: CollectorRegistry, outcome: str) -> float:
@@ -70,11 +79,7 @@ async def test_a_call_s_events_are_written_in_order_under_its_context_once() -> 
 async def test_a_failed_write_costs_its_batch_alone_and_a_full_queue_drops_the_newest() -> None:
     registry, metrics_registry = FlakyRegistry(1), CollectorRegistry()
     journal = CallJournal(registry, ConsoleSettings(), BridgeMetrics(metrics_registry))
-    journal.observe(CONTEXT, _event("call.answered", 10.0))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    journal.observe(CONTEXT, _event("turn", 11.0))
-    await journal.aclose()
+    await _answered_then_a_turn(journal)
     assert _metric(metrics_registry, "dropped_registry_unavailable") == 1 and _metric(metrics_registry, "written") == 1
     assert registry.writes == [("CA1", 1, CONTEXT.model_dump_json(), 11.0, None)]  # its context on the next write
     journal._queue = asyncio.Queue(2)
@@ -100,18 +105,7 @@ async def test_a_live_call_whose_bridge_no_longer_announces_itself_is_lost() -> 
 
 
 async def test_a_write_that_fails_for_any_other_reason_costs_its_batch_and_the_writer_goes_on() -> None:
-    registry, metrics_registry = FlakyRegistry(0), CollectorRegistry()
+    registry, metrics_registry = FlakyRegistry(1, ValueError("a bug")), CollectorRegistry()
     journal = CallJournal(registry, ConsoleSettings(), BridgeMetrics(metrics_registry))
-    writes = registry.journal
-
-    async def broken_once(*args: object, **kwargs: object) -> None:
-        registry.journal = writes  # type: ignore[method-assign]
-        raise ValueError("a bug")
-
-    registry.journal = broken_once  # type: ignore[method-assign]
-    journal.observe(CONTEXT, _event("call.answered", 10.0))
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    journal.observe(CONTEXT, _event("turn", 11.0))
-    await journal.aclose()
+    await _answered_then_a_turn(journal)
     assert _metric(metrics_registry, "dropped_error") == 1 and _metric(metrics_registry, "written") == 1

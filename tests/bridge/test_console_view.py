@@ -12,7 +12,7 @@ from pydantic import SecretStr
 from callbridge.application import CallContext
 from callbridge.application.events import CallEvent
 from callbridge.bridge.console_http import _authorized, _credentials, console_on
-from callbridge.bridge.console_view import call_card, matches, timeline
+from callbridge.bridge.console_view import call_card, call_view, matches, timeline
 from callbridge.bridge.registry_journal import JOURNAL_ENTRIES, JournalPage, MemoryJournal
 from callbridge.config import ConsoleSettings
 
@@ -155,3 +155,14 @@ def test_a_later_stream_of_the_call_is_a_line_of_its_timeline_and_keeps_the_call
     ]
     card = call_card("CA1", page)
     assert card is not None and (card["state"], card["engine"], card["answered_at"]) == ("up", "ws://gpu-2:8091/v1/realtime", 1.0)
+
+
+def test_the_call_s_view_is_its_card_its_timeline_and_its_report_read_at_once() -> None:
+    page = _page(*CALL, _event("call.ended", 109.0, report=REPORT))
+    view = call_view("CA1", page)
+    assert view is not None
+    card, lines, report = view
+    assert (card, lines, report) == (call_card("CA1", page), timeline(page), REPORT)
+    live = call_view("CA1", _page(*CALL))
+    assert live is not None and live[2] is None
+    assert call_view("CA1", JournalPage(None, [])) is None
