@@ -230,7 +230,7 @@ class SipRegistration:
     def contact(self) -> str:
         host = self.config.contact_host
         hostport = f"[{host}]:{self.config.contact_port}" if ":" in host else f"{host}:{self.config.contact_port}"
-        suffix = ";transport=tcp" if self.config.transport == "TCP" else ""
+        suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(self.config.transport, "")
         return f"sip:{self.config.user}@{hostport}{suffix}"
 
     def datagrams_to_send(self) -> list[Outgoing]:

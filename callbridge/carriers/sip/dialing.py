@@ -29,6 +29,7 @@ from callbridge.bridge.carrier_services import CarrierServices
 from callbridge.bridge.dialer import DialLeg, DialProgress, DialRejected
 from callbridge.carriers.sip.rtp_transport import RtpOwner, RtpTransport
 from callbridge.carriers.sip.settings import SipOutboundSettings
+from callbridge.carriers.sip.tls import TlsPeer
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import SipUas
@@ -78,8 +79,8 @@ class DialingHost(RtpOwner, Protocol):
         """Where the listener is bound (None: not up)."""
 
     @property
-    def tls_names(self) -> dict[tuple[str, int], str]:
-        """The host name each address we open TLS to was resolved from (its certificate's name)."""
+    def tls_peers(self) -> dict[tuple[str, int], TlsPeer]:
+        """Each address we open TLS to: the name its certificate must bear, the CAs it must chain to."""
 
     async def bind_rtp(self, transport: RtpTransport) -> int | None: ...
 
@@ -136,7 +137,7 @@ class SipDialing:
             services.desk.give_back_admission(call_id)
             raise DialRejected("unreachable", f"{next_hop}: {exc}") from None
         if settings.transport == "tls":  # its certificate is checked against the name, not the address
-            listener.tls_names[destination] = via_sent_by(next_hop)[0].strip("[]")
+            listener.tls_peers[destination] = TlsPeer(via_sent_by(next_hop)[0].strip("[]"), settings.tls_ca_file)
         fec = listener.settings.opus_fec
         codec = SipRtpCodec(call_id, placeholder_choice(destination), caller=leg.from_, callee=leg.to, opus_fec=fec)
         transport = RtpTransport(listener, call_id, codec, destination[0])

@@ -32,7 +32,6 @@ import asyncio
 import ipaddress
 import secrets
 import socket
-import ssl
 import sys
 import time
 from collections import Counter, deque
@@ -55,7 +54,7 @@ from callbridge.bridge.media import MediaStreamDriver
 from callbridge.carriers.sip.dialing import SipDialing
 from callbridge.carriers.sip.registrar import RegistrationClients
 from callbridge.carriers.sip.rtp_transport import RtpTransport
-from callbridge.carriers.sip.tls import TlsAcceptor, TlsCertificate
+from callbridge.carriers.sip.tls import TlsAcceptor, TlsCertificate, TlsPeer, client_context
 from callbridge.carriers.sip.wire import PROVIDER, SipRtpCodec
 from callbridge.logging import get_logger
 from callbridge.sip.dialog import (
@@ -165,8 +164,10 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 requests_per_s=settings.requests_per_s,
             )
         )
+        self.tls_peers: dict[tuple[str, int], TlsPeer] = {}
+        """Each address we open TLS to: the name its certificate must bear (what it was resolved from), its CAs."""
         self.registrations = RegistrationClients(
-            settings.registrations, services.metrics, self.send_own, lambda: services.desk.draining
+            settings.registrations, services.metrics, self.send_own, lambda: services.desk.draining, self.tls_peers
         )
         """Our REGISTERs (``sip.registrations``), sent from this listener's UDP socket (or over TCP connections it
         reads like the ones it accepts)."""
@@ -181,8 +182,6 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         self._tcp: asyncio.Server | None = None
         self.tls: TlsAcceptor | None = None
         """The TLS port (``sip.tls_certificate``), its connections served as TCP ones are."""
-        self.tls_names: dict[tuple[str, int], str] = {}
-        """The host name each address we open TLS to was resolved from (the name its certificate must bear)."""
         self._tcp_writers: dict[tuple[str, int], asyncio.StreamWriter] = {}
         self._outbound_tcp: set[asyncio.Task[None]] = set()
         """Connections we opened to a registrar (``sip.registrations`` over TCP), read like accepted ones."""
@@ -217,7 +216,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
             self.tls = self._tls_acceptor()
             await self.tls.start(self.settings.host, self.settings.tls_port)
         self._timer = asyncio.create_task(self._run_timers())
-        self.registrations.start(self.address, self.port or self.settings.port)
+        self.registrations.start(self.address, self.port or self.settings.port, self.tls.port if self.tls else None)
         self.dialing.started(self.port or self.settings.port, self.tls.port if self.tls else None)
         if self.services.dialer is not None:
             self.services.dialer.add(PROVIDER, self.dialing)
@@ -296,18 +295,18 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
                 self.dropped["send_failed"] += 1
 
     async def _connect_and_send(self, out: Outgoing) -> None:
-        tls = None
-        if out.transport == "TLS":  # the trunk's certificate, checked against the name we resolved
-            tls = ssl.create_default_context(cafile=self.settings.outbound.tls_ca_file)
+        tls, peer = None, self.tls_peers.get(out.address, TlsPeer(out.address[0]))
+        if out.transport == "TLS":  # the peer's certificate, checked against the name we resolved; ours where set
+            settings = self.settings
+            ours = (settings.tls_certificate, settings.tls_private_key) if settings.tls_certificate and settings.tls_private_key else None
+            tls = client_context(peer.ca_file, ours)
         try:
             async with asyncio.timeout(_TCP_CONNECT_S):
-                reader, writer = await asyncio.open_connection(
-                    *out.address, ssl=tls, server_hostname=self.tls_names.get(out.address, out.address[0]) if tls else None
-                )
+                reader, writer = await asyncio.open_connection(*out.address, ssl=tls, server_hostname=peer.name if tls else None)
         except (OSError, TimeoutError) as exc:  # the REGISTER (or INVITE) times out: a failure, retried after the backoff
             self.dropped["tls_connect_failed" if tls else "tcp_connect_failed"] += 1
             if tls:
-                log.warning("sip_tls_connect_failed", peer=out.address[0], name=self.tls_names.get(out.address), detail=repr(exc)[:300])
+                log.warning("sip_tls_connect_failed", peer=out.address[0], name=peer.name, detail=repr(exc)[:300])
             return
         self._tcp_writers[out.address] = writer
         writer.write(out.data)
@@ -379,7 +378,7 @@ class SipListener(AbstractAsyncContextManager["SipListener"]):
         assert settings.tls_certificate is not None and settings.tls_private_key is not None
         networks, digest = self.uas.config.allowed_networks, settings.username is not None
         return TlsAcceptor(
-            TlsCertificate(settings.tls_certificate, settings.tls_private_key),
+            TlsCertificate(settings.tls_certificate, settings.tls_private_key, settings.tls_client_ca_file),
             may_call=lambda host: digest or source_allowed(host, networks),
             serve=self._stream_connection, dropped=self.dropped,
             max_connections=settings.max_tls_connections, handshake_timeout_s=settings.tls_handshake_timeout_s,

@@ -1,7 +1,8 @@
 """The asyncio driver of the REGISTER clients (``sip.registrations``): one ``SipRegistration`` core per
 registration, its REGISTERs sent from the SIP listener's own UDP socket, so that the registrar binds the address
 it will send INVITEs to (``transport = "tcp"``: over a connection the listener opens and reads like the ones it
-accepts; the Contact says ``;transport=tcp``).
+accepts; the Contact says ``;transport=tcp``; ``"tls"``: the same over TLS, to port 5061 where the registrar's URI
+names none, its certificate checked against the URI's host name, our Contact the TLS port with ``;transport=tls``).
 
 The listener hands every SIP response it receives to ``receive`` first (a
 response whose Call-ID is one of ours is taken, others go to the UAS), starts
@@ -28,6 +29,7 @@ from typing import Final
 
 from callbridge.bridge.metrics import BridgeMetrics
 from callbridge.carriers.sip.settings import SipRegistrationSettings
+from callbridge.carriers.sip.tls import TlsPeer
 from callbridge.logging import get_logger
 from callbridge.sip.message import SipParseError, SipResponse, parse_message, uri_of
 from callbridge.sip.registration import (
@@ -52,8 +54,8 @@ def _now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def sip_target(uri: str) -> tuple[str, int]:
-    """``sip:user@host:port;params`` → (host, port); port 5060 when absent."""
+def sip_target(uri: str, default_port: int = 5060) -> tuple[str, int]:
+    """``sip:user@host:port;params`` → (host, port); ``default_port`` when absent."""
     bare = uri_of(uri).split(";", 1)[0]
     rest = bare.split(":", 1)[1] if ":" in bare else bare
     hostport = rest.rsplit("@", 1)[-1]
@@ -62,7 +64,7 @@ def sip_target(uri: str) -> tuple[str, int]:
         port = tail.lstrip(":")
     else:
         host, _, port = hostport.partition(":")
-    return host, int(port) if port.isdigit() and 0 < int(port) <= 65535 else 5060
+    return host, int(port) if port.isdigit() and 0 < int(port) <= 65535 else default_port
 
 
 class _Client:
@@ -111,11 +113,11 @@ class _Client:
     async def _resolve(self) -> SipRegistration | None:
         """The core, once the registrar (or proxy) resolves; None when stopped first."""
         settings = self.settings
-        host, port = sip_target(settings.outbound_proxy or settings.registrar)
+        host, port = sip_target(settings.outbound_proxy or settings.registrar, 5061 if settings.transport == "tls" else 5060)
         delay_s = settings.retry_base_s
         while not self.stopping:
             try:
-                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM if settings.transport == "tcp" else socket.SOCK_DGRAM)
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM if settings.transport == "udp" else socket.SOCK_STREAM)
                 address = (str(infos[0][4][0]), int(infos[0][4][1]))
                 break
             except (OSError, IndexError) as exc:
@@ -127,7 +129,9 @@ class _Client:
                 delay_s = min(delay_s * 2, settings.retry_max_s)
         else:
             return None
-        contact_host, contact_port = self.owner.contact_for(address)
+        contact_host, contact_port = self.owner.contact_for(address, tls=settings.transport == "tls")
+        if settings.transport == "tls":  # its certificate is checked against the name, not the address
+            self.owner.tls_peers[address] = TlsPeer(host.strip("[]"), settings.tls_ca_file)
         password = settings.password.get_secret_value() if settings.password is not None else None
         return SipRegistration(
             RegistrationConfig(
@@ -175,17 +179,23 @@ class RegistrationClients:
         metrics: BridgeMetrics,
         send: Callable[[Outgoing], None],
         draining: Callable[[], bool],
+        tls_peers: dict[tuple[str, int], TlsPeer] | None = None,
     ) -> None:
         self.metrics = metrics
         self.send = send
         self.draining = draining
+        self.tls_peers: dict[tuple[str, int], TlsPeer] = {} if tls_peers is None else tls_peers
+        """The listener's: where a registrar over TLS is, the name its certificate must bear."""
         self.clients = [_Client(self, settings) for settings in registrations]
         self._tasks: list[asyncio.Task[None]] = []
         self._contact: tuple[str, int] = ("127.0.0.1", 5060)
+        self._tls_port: int | None = None
 
-    def start(self, contact_host: str, contact_port: int) -> None:
-        """Begin registering, with ``contact_host``:``contact_port`` (the listener's address) as our contact."""
+    def start(self, contact_host: str, contact_port: int, tls_port: int | None = None) -> None:
+        """Begin registering, with ``contact_host``:``contact_port`` (the listener's address) as our contact, or
+        ``tls_port`` (the listener's TLS port, where it has one) for a registration over TLS."""
         self._contact = (contact_host, contact_port)
+        self._tls_port = tls_port
         for client in self.clients:
             self.set_state(client.aor, RegistrationState.IDLE)
             self._tasks.append(asyncio.create_task(client.run()))
@@ -218,10 +228,13 @@ class RegistrationClients:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def contact_for(self, destination: tuple[str, int]) -> tuple[str, int]:
-        """Our contact address for a registrar at ``destination``: the listener's, a wildcard host replaced by
-        the local address routed to it (a connected UDP socket sends nothing)."""
+    def contact_for(self, destination: tuple[str, int], *, tls: bool = False) -> tuple[str, int]:
+        """Our contact address for a registrar at ``destination``: the listener's (its TLS port for a registration
+        over TLS, where it has one), a wildcard host replaced by the local address routed to it (a connected UDP
+        socket sends nothing)."""
         host, port = self._contact
+        if tls and self._tls_port is not None:
+            port = self._tls_port
         with suppress(ValueError):
             if ipaddress.ip_address(host).is_unspecified:
                 family = socket.AF_INET6 if ":" in destination[0] else socket.AF_INET

@@ -29,8 +29,12 @@ class SipRegistrationSettings(Section):
     expires_s: Annotated[int, Field(ge=1, le=2**31 - 1)] = 3600
     outbound_proxy: str | None = None
     """A proxy to send the REGISTERs through (``sip:host[:port]``, put in Route)."""
-    transport: Literal["udp", "tcp"] = "udp"
-    """udp: from the listener's socket; tcp: over a connection to the registrar, which may send calls on it."""
+    transport: Literal["udp", "tcp", "tls"] = "udp"
+    """udp: from the listener's socket; tcp: over a connection to the registrar, which may send calls on it; tls: the
+    same over TLS (port 5061 where the URI names none; our Contact is the TLS port, ``;transport=tls``), the
+    registrar's certificate checked against its host name, ours presented where ``sip.tls_certificate`` is set."""
+    tls_ca_file: Path | None = None
+    """The CAs (PEM) the registrar's certificate must chain to over TLS; None: the system's."""
     retry_base_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
     retry_max_s: Annotated[float, Field(gt=0, le=86400)] = 1800.0
     """After a failure, the next try waits min(retry_max_s, retry_base_s · 2^(failures−1)), 50–100 % of it."""
@@ -61,7 +65,8 @@ class SipOutboundSettings(Section):
     """udp: from the listener's socket; tcp: over a connection to the trunk (or proxy), opened for it; tls: the same
     over TLS (port 5061 where the URI names none), the trunk's certificate checked against its host name."""
     tls_ca_file: Path | None = None
-    """The CAs (PEM) the trunk's certificate must chain to over TLS; None: the system's."""
+    """The CAs (PEM) the trunk's certificate must chain to over TLS; None: the system's. Where the trunk asks for
+    ours (mutual TLS), ``sip.tls_certificate`` is presented."""
 
     def model_post_init(self, context: Any) -> None:
         for key in ("trunk", "outbound_proxy"):
@@ -131,6 +136,12 @@ class SipSettings(Section):
     handshake has the new one: a renewed certificate needs no restart)."""
     tls_private_key: Path | None = None
     tls_port: Port = 5061
+    tls_client_ca_file: Path | None = None
+    """Mutual TLS on ``tls_port``: a peer must present a certificate that chains to these CAs (PEM; the trunk's, or
+    the CA that issued it), else its handshake fails (``callbridge_sip_dropped_total{reason="tls_handshake_failed"}``).
+    On top of ``allowed_ips`` and digest credentials, not instead: a source that could never call is still closed
+    before a byte of TLS. Read again with the certificate when it changes. None: no certificate asked of peers.
+    Our side of mutual TLS, where a trunk or registrar asks for it, is ``tls_certificate``."""
     tls_handshake_timeout_s: Annotated[float, Field(gt=0, le=60)] = 5.0
     """A connection that has not finished its handshake by then is closed (it holds a socket and a little state)."""
     max_tls_connections: Annotated[int, Field(ge=1)] = 256
@@ -146,6 +157,11 @@ class SipSettings(Section):
             raise ValueError("username and password go together")
         if (self.tls_certificate is None) != (self.tls_private_key is None):
             raise ValueError("tls_certificate and tls_private_key go together")
+        for index, registration in enumerate(self.registrations):
+            if registration.transport == "tls" and self.tls_certificate is None:
+                raise ValueError(f"registrations.{index}.transport = tls needs tls_certificate and tls_private_key (our Contact is the TLS listener)")
+        if self.tls_client_ca_file is not None and self.tls_certificate is None:
+            raise ValueError("tls_client_ca_file needs tls_certificate and tls_private_key (the TLS listener it asks peers' certificates on)")
         if len(set(self.codecs)) != len(self.codecs):
             raise ValueError(f"codecs: {self.codecs!r} names a codec twice")
 
@@ -165,15 +181,20 @@ class SipSettings(Section):
         return tuple(AudioEncoding[name.upper()] for name in self.codecs)
 
     def file_problems(self, now: datetime) -> list[str]:
-        """What is wrong with the files this section names (the TLS certificate and key, the Opus library where
-        ``codecs`` names it), one sentence each."""
+        """What is wrong with the files this section names (the TLS certificate and key, the CA files, the Opus
+        library where ``codecs`` names it), one sentence each."""
         if not self.enabled:
             return []
+        from callbridge.carriers.sip.tls import ca_file_problems, certificate_problems
+
         problems: list[str] = []
         if "opus" in self.codecs and (missing := opus_problem()) is not None:
             problems.append(f"sip.codecs names opus: {missing}")
-        if self.tls_certificate is None or self.tls_private_key is None:
-            return problems
-        from callbridge.carriers.sip.tls import certificate_problems
-
-        return problems + [f"sip.tls_certificate: {problem}" for problem in certificate_problems(self.tls_certificate, self.tls_private_key, now)]
+        if self.tls_certificate is not None and self.tls_private_key is not None:
+            problems += [f"sip.tls_certificate: {problem}" for problem in certificate_problems(self.tls_certificate, self.tls_private_key, now)]
+        ca_files = [("sip.tls_client_ca_file", self.tls_client_ca_file), ("sip.outbound.tls_ca_file", self.outbound.tls_ca_file)]
+        ca_files += [(f"sip.registrations.{index}.tls_ca_file", each.tls_ca_file) for index, each in enumerate(self.registrations)]
+        for key, path in ca_files:
+            if path is not None:
+                problems += [f"{key}: {problem}" for problem in ca_file_problems(path, now)]
+        return problems

@@ -12,6 +12,11 @@ modification times and sizes; where either changed it loads them into a new cont
 then on use (those under way keep theirs): a renewed certificate (certbot, cert-manager) takes effect without a
 restart. A pair that cannot be read, or whose key does not match, leaves the one in use and is logged once per
 change; at the start it is an error (``callbridge config check`` says why too).
+
+Mutual TLS: where ``sip.tls_client_ca_file`` is set the context asks every peer for a certificate that chains to
+those CAs (``CERT_REQUIRED``): a peer without one fails its handshake. The CA file is watched with the pair. The
+connections we open (a trunk's, a registrar's: ``client_context``) present ``sip.tls_certificate`` where it is
+set, for the peer that asks for it.
 """
 
 from __future__ import annotations
@@ -21,19 +26,30 @@ import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 
 from callbridge.logging import get_logger
 
-__all__ = ["TlsAcceptor", "TlsCertificate", "TlsCertificateError", "certificate_problems"]
+__all__ = ["TlsAcceptor", "TlsCertificate", "TlsCertificateError", "TlsPeer", "ca_file_problems", "certificate_problems", "client_context"]
 
 StreamServer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, str], Awaitable[None]]
 """What serves a connection once it is TLS: the listener's reader of SIP messages on a stream (its transport)."""
 
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TlsPeer:
+    """A peer we open TLS to (a trunk, a registrar): the name its certificate must bear (the host name its address
+    was resolved from) and the CAs it must chain to (None: the system's)."""
+
+    name: str
+    ca_file: Path | None = None
 
 
 class TlsCertificateError(Exception):
@@ -48,10 +64,12 @@ def _stamp(path: Path) -> tuple[int, int]:
 class TlsCertificate:
     """The server side of SIP over TLS: ``context`` for the next handshake (see the module docstring)."""
 
-    def __init__(self, certificate: Path, private_key: Path) -> None:
+    def __init__(self, certificate: Path, private_key: Path, client_ca_file: Path | None = None) -> None:
         self.certificate = certificate
         self.private_key = private_key
-        self._stamps: tuple[tuple[int, int], tuple[int, int]] | None = self._read_stamps()
+        self.client_ca_file = client_ca_file
+        """Mutual TLS: the CAs a peer's certificate must chain to (None: none is asked for)."""
+        self._stamps: tuple[tuple[int, int], ...] | None = self._read_stamps()
         """The files' times and sizes at the last look (None: they could not be read then)."""
         self.context = self._load()
         self.reloads = 0
@@ -59,7 +77,7 @@ class TlsCertificate:
     def refresh(self) -> bool:
         """Load the files again where they changed since the last look; True when a new certificate is in use."""
         try:
-            stamps: tuple[tuple[int, int], tuple[int, int]] | None = self._read_stamps()
+            stamps: tuple[tuple[int, int], ...] | None = self._read_stamps()
         except OSError as exc:  # gone (being replaced, perhaps): the one in use serves on; said once
             if self._stamps is not None:
                 log.warning("sip_tls_certificate_unreadable", path=str(self.certificate), detail=str(exc)[:200])
@@ -77,8 +95,9 @@ class TlsCertificate:
         log.info("sip_tls_certificate_reloaded", path=str(self.certificate))
         return True
 
-    def _read_stamps(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        return _stamp(self.certificate), _stamp(self.private_key)
+    def _read_stamps(self) -> tuple[tuple[int, int], ...]:
+        files = (self.certificate, self.private_key) if self.client_ca_file is None else (self.certificate, self.private_key, self.client_ca_file)
+        return tuple(_stamp(path) for path in files)
 
     def _load(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -87,7 +106,42 @@ class TlsCertificate:
             context.load_cert_chain(self.certificate, self.private_key)
         except (OSError, ssl.SSLError) as exc:
             raise TlsCertificateError(f"{self.certificate} with {self.private_key}: {exc}") from exc
+        if self.client_ca_file is not None:
+            try:
+                context.load_verify_locations(cafile=self.client_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise TlsCertificateError(f"{self.client_ca_file}: {exc}") from exc
+            context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+def client_context(ca_file: Path | None, certificate: tuple[Path, Path] | None) -> ssl.SSLContext:
+    """The context of a connection we open (to a trunk, a registrar): the peer's certificate checked against its
+    host name, chained to ``ca_file``'s CAs (None: the system's); ``certificate`` (ours, with its key) presented to
+    a peer that asks for one. Ours unreadable (mid-renewal): logged, and the connection goes without it."""
+    context = ssl.create_default_context(cafile=ca_file)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certificate is not None:
+        try:
+            context.load_cert_chain(*certificate)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("sip_tls_certificate_unreadable", path=str(certificate[0]), detail=str(exc)[:200], side="client")
+    return context
+
+
+def ca_file_problems(path: Path, now: datetime) -> list[str]:
+    """What is wrong with a file of CA certificates, one sentence each: unreadable, no PEM certificate in it, or
+    every certificate in it expired at ``now``."""
+    try:
+        certificates = x509.load_pem_x509_certificates(path.read_bytes())
+    except OSError as exc:
+        return [f"{path} cannot be read: {exc.strerror or exc}"]
+    except ValueError:
+        return [f"{path} holds no PEM certificate"]
+    last = max(each.not_valid_after_utc for each in certificates)
+    if last <= now:
+        return [f"every certificate in {path} expired, the last on {last:%Y-%m-%d %H:%M} UTC"]
+    return []
 
 
 def certificate_problems(certificate: Path, private_key: Path, now: datetime) -> list[str]:
@@ -179,6 +233,14 @@ class TlsAcceptor:
                 writer.close()
                 return
             self.served += 1
+            if (peer_certificate := writer.get_extra_info("peercert")) is not None:  # mutual TLS: verified
+                log.debug("sip_tls_peer_certificate", peer=str(peer[0]), subject=_subject(peer_certificate))
             await self._serve(reader, writer, "TLS")
         finally:
             self.open -= 1
+
+
+def _subject(certificate: dict[str, Any]) -> str:
+    """A verified peer certificate's subject (``ssl.SSLSocket.getpeercert``'s form: relative names, each a tuple of
+    (key, value) pairs), ``commonName=…, organizationName=…``."""
+    return ", ".join(f"{key}={value}" for rdn in certificate.get("subject", ()) for key, value in rdn)
