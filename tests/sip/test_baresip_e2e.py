@@ -164,18 +164,26 @@ async def test_the_agent_calls_baresip_which_answers_and_hears_it(tmp_path: Path
 
 
 @pytest.mark.long
-async def test_baresip_calls_over_tls_and_hears_the_echo_agent(tmp_path: Path) -> None:
-    """baresip dials ``sip:agent@…;transport=tls`` trusting the test CA (``sip_cafile``): its call is answered over
-    TLS and it hears the echo agent, as over UDP."""
-    from tests.sip.test_tls import issue  # trustme: the test extra
+async def test_baresip_calls_over_mutual_tls_and_hears_the_echo_agent(tmp_path: Path) -> None:
+    """baresip dials ``sip:agent@…;transport=tls`` trusting the test CA (``sip_cafile``), and presents its own
+    certificate (``sip_certificate``, from a second CA) where the bridge asks for one (``sip.tls_client_ca_file``,
+    mutual TLS): its call is answered over TLS and it hears the echo agent, as over UDP."""
+    import trustme  # the test extra
+
+    from tests.sip.test_tls import issue
 
     pki = issue(tmp_path)
     (tmp_path / "ca.pem").write_bytes(pki.ca.cert_pem.bytes())
+    phones = trustme.CA()
+    (tmp_path / "phones-ca.pem").write_bytes(phones.cert_pem.bytes())
+    phone = phones.issue_cert("phone.example.com")
+    (tmp_path / "phone.pem").write_bytes(b"".join(blob.bytes() for blob in phone.cert_chain_pems) + phone.private_key_pem.bytes())
     caller_wav = microphone(tmp_path / "caller.wav")
-    config = configure(tmp_path, caller_wav, extra=(f"sip_cafile {tmp_path / 'ca.pem'}",))
+    config = configure(tmp_path, caller_wav, extra=(f"sip_cafile {tmp_path / 'ca.pem'}", f"sip_certificate {tmp_path / 'phone.pem'}"))
     values = {
         "enabled": True, "port": free_port(), "tls_port": free_port(), **RTP_PORTS,
         "tls_certificate": str(pki.certificate), "tls_private_key": str(pki.private_key),
+        "tls_client_ca_file": str(tmp_path / "phones-ca.pem"),
     }  # fmt: skip
     async with running_bridge(settings(sip=values), engine(), provider="twilio") as bridge:
         uri = f"sip:agent@127.0.0.1:{bridge.settings.sip.tls_port};transport=tls"
