@@ -96,7 +96,9 @@ __all__ = [
 _FRAME_BYTES: Final = 320
 """20 ms of PCM16 8 kHz: what ``SimStream.send_audio`` takes."""
 _SILENCE: Final = bytes(_FRAME_BYTES)
-_CLICK: Final = (24000).to_bytes(2, "little", signed=True) * 160
+_CLICK: Final = (24000 * np.sin(2 * np.pi * 1000 * np.arange(160) / 8000)).round().astype("<i2").tobytes()
+"""20 ms of a 1 kHz tone at 24,000 peak: every codec carries it (a DC step, the click before session 45, was
+high-passed and spread by Opus's voice mode, so its return was found a packet late on Opus calls)."""
 _LOUD: Final = 12000
 """A click is audio above this; the caller's speech is kept below ``_SPEECH_PEAK``."""
 _SPEECH_PEAK: Final = 6000
