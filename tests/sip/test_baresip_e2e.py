@@ -5,6 +5,7 @@ baresip also advertises an address in its SDP that is not where its RTP comes fr
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
 import wave
 from pathlib import Path
@@ -272,14 +273,19 @@ async def call_over_tls_with_srtp_required(
 
 
 @pytest.mark.long
-async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agent(tmp_path: Path) -> None:
+async def test_baresip_calls_over_tls_with_srtp_required_and_hears_the_echo_agent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """baresip with ``mediaenc=srtp-mand`` (SDES keys in its offer, ``RTP/SAVP``) over TLS: the bridge answers in kind
     with a key of its own (``sip.media_encryption = "required"``), every packet both ways is SRTP, and the phone hears
-    the echo agent."""
+    the echo agent. Neither key is in any line the bridge logged (every level: the tests' logging keeps debug)."""
     log, codec, transport = await call_over_tls_with_srtp_required(tmp_path, microphone(tmp_path / "caller.wav"), engine())
     assert "Call established" in log, log[-2000:]
     srtp = transport.srtp
     assert srtp is not None and srtp.keys.suite == "AES_CM_128_HMAC_SHA1_80"  # baresip's first choice
+    logged = capsys.readouterr().out
+    assert "sip_call_ended" in logged or "sip_stopped" in logged, logged[-2000:]  # the bridge's lines were captured
+    for key in (srtp.keys.local_key, srtp.keys.remote_key):  # as SDP carries it (base64), and as bytes would print
+        for form in (base64.b64encode(key).decode(), base64.b64encode(key).decode()[:20], key.hex(), repr(key)[2:30]):
+            assert form not in logged
     # every RTP packet of the phone's authenticated (none dropped, above); what baresip 1.0 sends on the RTCP port
     # unprotected (an APP "PING" keepalive, its BYE) is refused, as a forged packet would be
     assert codec.malformed == 0 and codec.jitter.late == 0

@@ -12,12 +12,27 @@ from callbridge.carriers.sip.listener import SipListener
 from callbridge.carriers.sip.sim import SimulatedSip
 from callbridge.sim.carrier import CallerScript
 from callbridge.sim.runner import running_bridge
+from callbridge.sip.srtp import SrtpSession
 from tests.bridge.twilio_e2e import engine, settings, short_speech, until
 from tests.conftest import NEEDS_LIBOPUS
 
 
 @pytest.mark.parametrize("codec", ["G722", pytest.param("opus", marks=NEEDS_LIBOPUS)])
-async def test_a_wideband_srtp_call_from_the_simulated_trunk_is_heard_both_ways_with_no_warning(codec: str) -> None:
+async def test_a_wideband_srtp_call_from_the_simulated_trunk_is_heard_both_ways_with_no_warning(
+    codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """… and what went over the wire, both ways, is not the audio: every RTP packet's payload as it arrived differs
+    from what SRTP gave back in nearly all of its bytes, and carries the 80-bit tag after it."""
+    on_the_wire: list[tuple[bytes, bytes]] = []
+    unprotect = SrtpSession.unprotect
+
+    def tapped(session: SrtpSession, packet: bytes) -> bytes | None:
+        plain = unprotect(session, packet)
+        if plain is not None:
+            on_the_wire.append((packet, plain))
+        return plain
+
+    monkeypatch.setattr(SrtpSession, "unprotect", tapped)
     configured = settings(sip={"codecs": [codec, "PCMU"], "media_encryption": "required"})
     async with running_bridge(configured, engine(), provider="sip") as bridge:
         trunk = bridge.carrier
@@ -32,3 +47,8 @@ async def test_a_wideband_srtp_call_from_the_simulated_trunk_is_heard_both_ways_
     media = transport.media_quality()
     assert media is not None and (media.codec, media.encryption, media.packets_lost) == (codec, "srtp", 0), media
     assert transport.srtp is not None and rtp_codec.malformed == 0 and not sip.dropped, sip.dropped
+    assert len(on_the_wire) >= 300, len(on_the_wire)  # 4.5 s of 20 ms packets each way
+    for packet, plain in on_the_wire:
+        assert len(packet) == len(plain) + 10 and packet[:12] == plain[:12]  # the header in clear, the tag after
+        payload, clear = packet[12 : len(plain)], plain[12:]
+        assert sum(a == b for a, b in zip(payload, clear, strict=True)) <= 2 + len(clear) // 20  # chance: 1 in 256
