@@ -194,6 +194,11 @@ class SimStream(ABC):
     async def send_audio(self, pcm_8k: bytes) -> None:
         """20 ms of the caller's audio, PCM16 8 kHz: encode and send it as the carrier does."""
 
+    async def send_audio_at_rate(self, pcm: bytes) -> None:
+        """20 ms of the caller's audio already at the stream's rate (``CallerScript.wideband``): a carrier whose stream
+        can be wideband sends it as it is; the others carry the caller at 8 kHz only."""
+        raise NotImplementedError(f"{type(self).__name__} carries the caller at 8 kHz only")
+
     @abstractmethod
     async def send_dtmf(self, digit: str) -> None: ...
 
@@ -555,7 +560,10 @@ class SimulatedCarrier(ABC):
                 if self.on_media_sent is not None:
                     self.on_media_sent(audio)
                 if not stream.dropped:
-                    await stream.send_audio(audio)
+                    if script.wideband is not None and stream.rate_hz == 16000:
+                        await stream.send_audio_at_rate(script.wideband[t * 32 : (t + FRAME_MS) * 32].ljust(FRAME_MS * 32, b"\x00"))
+                    else:
+                        await stream.send_audio(audio)
                 for at, digit in script.dtmf:
                     if at == t and not stream.dropped:
                         await stream.send_dtmf(digit)

@@ -117,7 +117,10 @@ class JambonzStream(SimStream):
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.rate_hz != 8000:
             pcm_8k, self._resample_state = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._resample_state)
-        await self.send(pcm_8k)
+        await self.send_audio_at_rate(pcm_8k)
+
+    async def send_audio_at_rate(self, pcm: bytes) -> None:
+        await self.send(pcm)
 
     async def send_dtmf(self, digit: str) -> None:
         if not self.pass_dtmf:

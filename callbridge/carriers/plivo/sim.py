@@ -175,7 +175,10 @@ class PlivoStream(SimStream):
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.rate_hz != 8000:
             pcm_8k, self._resample_state = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._resample_state)
-        payload = encode_from_pcm16(self.encoding, pcm_8k)
+        await self.send_audio_at_rate(pcm_8k)
+
+    async def send_audio_at_rate(self, pcm: bytes) -> None:
+        payload = encode_from_pcm16(self.encoding, pcm)
         stamp = self.epoch_ms + 20 * self.chunk + self._jitter.randint(0, 4)  # a wall-clock stamp
         self.chunk += 1
         media = {"track": "inbound", "timestamp": str(stamp), "chunk": self.chunk, "payload": base64.b64encode(payload).decode()}

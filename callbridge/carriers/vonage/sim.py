@@ -184,7 +184,10 @@ class VonageStream(SimStream):
     async def send_audio(self, pcm_8k: bytes) -> None:
         if self.rate_hz != 8000:
             pcm_8k, self._up = audioop.ratecv(pcm_8k, 2, 1, 8000, self.rate_hz, self._up)
-        self._pending += pcm_8k
+        await self.send_audio_at_rate(pcm_8k)
+
+    async def send_audio_at_rate(self, pcm: bytes) -> None:
+        self._pending += pcm
         while len(self._pending) >= self.frame_bytes:  # exactly 20 ms per binary frame, as Vonage sends
             frame = bytes(self._pending[: self.frame_bytes])
             del self._pending[: self.frame_bytes]
