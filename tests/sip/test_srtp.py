@@ -8,6 +8,7 @@ import secrets
 
 import pytest
 
+from callbridge.config import Settings
 from callbridge.sip.invite_offer import Refusal, read_offer
 from callbridge.sip.message import SipRequest
 from callbridge.sip.sdp import answer, choose, read_answer
@@ -186,3 +187,9 @@ def test_a_placed_calls_srtp_offer_and_the_answers_it_takes() -> None:
     assert read_answer(answered.replace("SHA1_80", "SHA1_32"), srtp_key=ours) is None
     assert read_answer(offer("m=audio 41000 RTP/SAVP 0 101"), srtp_key=ours) is None
     assert read_answer(answered) is None  # a plain offer's answer in SRTP: not ours either
+
+
+@pytest.mark.core
+@pytest.mark.parametrize(("spelling", "taken"), [("disable", "none"), ("allow", "optional"), ("require", "required"), ("required", "required")])
+def test_media_encryption_takes_the_other_usual_spellings(spelling: str, taken: str) -> None:
+    assert Settings.model_validate({"sip": {"media_encryption": spelling}}).sip.media_encryption == taken

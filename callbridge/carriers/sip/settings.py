@@ -6,13 +6,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr
 
 from callbridge.codecs import AudioEncoding
 from callbridge.codecs.opus import problem as opus_problem
 from callbridge.config_types import Host, Network, Port, Section
 
 __all__ = ["SipOutboundSettings", "SipRegistrationSettings", "SipSettings"]
+
+
+_ENCRYPTION_SPELLINGS = {"disable": "none", "allow": "optional", "require": "required"}
+"""``media_encryption``'s other spellings (LiveKit's, and #43's), each taken as ours."""
+
+
+def _encryption(value: object) -> object:
+    return _ENCRYPTION_SPELLINGS.get(value, value) if isinstance(value, str) else value
 
 
 class SipRegistrationSettings(Section):
@@ -106,8 +114,9 @@ class SipSettings(Section):
     """SIP datagrams one source address may send a second (twice that in a burst); beyond, dropped unread."""
     requests_per_s: Annotated[float, Field(gt=0)] = 2000.0
     """SIP datagrams the listener reads a second from all sources together (twice that in a burst)."""
-    media_encryption: Literal["none", "optional", "required"] = "optional"
-    """SRTP with SDES keys (RFC 4568, #43): an offer of ``RTP/SAVP`` with a key we take is answered in kind
+    media_encryption: Annotated[Literal["none", "optional", "required"], BeforeValidator(_encryption)] = "optional"
+    """SRTP with SDES keys (RFC 4568, #43; ``disable``, ``allow`` and ``require`` are taken for ``none``, ``optional``
+    and ``required``): an offer of ``RTP/SAVP`` with a key we take is answered in kind
     (``optional``, ``required``); where ``required``, an offer of plain RTP is refused 488, and our own offers (the
     calls placed, the 200 to an INVITE without SDP) are SRTP (``RTP/SAVP``, one crypto line with our key: an answer
     not in kind ends the call); where ``optional``, they offer plain RTP, which every trunk takes; ``none``: plain RTP only. The keys travel in
