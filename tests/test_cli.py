@@ -130,13 +130,20 @@ def test_simulate_places_a_call_and_writes_what_the_caller_heard(tmp_path: Path)
     assert 1000 <= loud_ms <= 2400  # the echo of the caller's 1.2 s
 
 
-@pytest.mark.parametrize(("callee", "heard"), [("person", "agent   starts speaking"), ("voicemail", "call.voicemail_left"), ("busy", "call.failed")])
-def test_simulate_outbound_places_a_call_to_a_person_a_voicemail_or_a_busy_line(tmp_path: Path, callee: str, heard: str) -> None:
+@pytest.mark.parametrize(
+    ("provider", "callee", "heard"),
+    [("twilio", "person", "agent   starts speaking"), ("twilio", "voicemail", "call.voicemail_left"), ("twilio", "busy", "call.failed"),
+     ("sip", "person", "agent   starts speaking"), ("sip", "busy", "486 Busy Here")],
+)  # fmt: skip
+def test_simulate_outbound_places_a_call_to_a_person_a_voicemail_or_a_busy_line(tmp_path: Path, provider: str, callee: str, heard: str) -> None:
     """``simulate --outbound --callee …``: the agent places the call (``POST /calls`` on the bridge in the process);
-    a person hears the agent after their hello, a voicemail gets the message after its beep, a busy line fails."""
+    a person hears the agent after their hello, a voicemail gets the message after its beep, a busy line fails —
+    through Twilio's REST dial, and through the SIP trunk (the simulated trunk answering the bridge's INVITE)."""
     out = tmp_path / "heard.wav"
     hangup = ["--hangup-at", "4"] if callee == "person" else []  # a voicemail records until the bridge hangs up
-    result = run_cli("simulate", "--outbound", "--callee", callee, "--app", "examples.agent:app", "--out", str(out), *hangup)
+    result = run_cli(
+        "simulate", "--outbound", "--provider", provider, "--callee", callee, "--app", "examples.agent:app", "--out", str(out), *hangup
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "POST /calls → {'dial_id'" in result.stdout and heard in result.stdout, result.stdout
     assert callee == "busy" or out.exists()

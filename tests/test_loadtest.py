@@ -107,14 +107,16 @@ async def test_calls_past_the_bridges_capacity_are_counted_refused_with_the_time
     assert "2 of them refused at the answer" in report.render() and "the bridge's no" in report.render()
 
 
-async def test_placed_calls_under_load_keep_the_carriers_rate() -> None:
+@pytest.mark.parametrize("provider", ["twilio", "sip"])
+async def test_placed_calls_under_load_keep_the_carriers_rate(provider: str) -> None:
     """``--outbound``: five calls asked for at once (a 0.1 s ramp), the bridge dials them at
     ``outbound.calls_per_second`` 4 — a queue, not a burst: the dials span a second or so (four intervals of 262.5
     ms; at least three here, what a request late on its way can take off, a lower bound a loaded machine only
-    lengthens) — and each answered call carries the media as an inbound one (its clicks come back)."""
+    lengthens) — and each answered call carries the media as an inbound one (its clicks come back). Through Twilio's
+    REST dial, and through the SIP trunk (the simulated trunk's called side answering the bridge's INVITEs)."""
     outbound = {"api_token": "load-test-token-0123", "calls_per_second": 4.0}
     settings = Settings.model_validate({"local_engine": {"agent": "loopback"}, "barge_in": LOAD_TEST_BARGE_IN, "outbound": outbound})
-    async with running_bridge(settings, provider="twilio") as bridge:
+    async with running_bridge(settings, provider=provider) as bridge:
         options = LoadTestOptions(calls=5, ramp_s=0.1, duration_s=1.5, click_every_ms=500, audio=SPEECH, progress=False, outbound_token="load-test-token-0123")
         report = await LoadTest(bridge.carrier, options).run()
     assert report.failed_calls == 0 and report.frames_sent == 5 * 75, report.render()

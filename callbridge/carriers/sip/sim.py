@@ -53,23 +53,29 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 from collections.abc import Callable
 from typing import Any, ClassVar, Final
+from urllib.parse import urlsplit
 
+from callbridge.carriers.sip.sim_callee import Invited, SipCallee
 from callbridge.carriers.sip.sim_stream import SipConnection, SipStream, _Datagrams, _Dialog, bind_udp
 from callbridge.carriers.sip.sim_wire import (
     CODEC_PT,
     DTMF_PT,
     RTPMAP,
     Address,
+    SdpAnswer,
     SipReply,
     digest_authorization,
     name_addr_uri,
     parse_sdp_answer,
+    parse_sdp_offer,
     read_sip,
     tag_param,
     uri_target,
 )
+from callbridge.codecs.opus import problem as opus_problem
 from callbridge.config import Settings
 from callbridge.sim.carrier import CallResult, OpenReason, SimCall, SimStream, SimulatedCarrier
 from callbridge.sim.ports import RTP_PORTS, free_port
@@ -98,6 +104,8 @@ class SimulatedSip(SimulatedCarrier):
     says_goodbye: ClassVar[bool] = True
     uses_marks: ClassVar[bool] = False
     username: ClassVar[str] = "callbridge-sim"
+    places_calls: ClassVar[bool] = True
+    """The bridge places calls through it (``sip.outbound.trunk``: its called side, ``sim_callee``)."""
 
     def __init__(
         self,
@@ -119,6 +127,8 @@ class SimulatedSip(SimulatedCarrier):
         self.host = "127.0.0.1"
         self.port = 5060
         self.streams: dict[str, SipStream] = {}
+        self.callee = SipCallee(self)
+        """The trunk's called side: the calls the bridge places (``sip.outbound.trunk``, on the REST port's number)."""
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
@@ -126,8 +136,21 @@ class SimulatedSip(SimulatedCarrier):
             "sip": {
                 "enabled": True, "host": "127.0.0.1", "port": free_port(), "allowed_ips": ["127.0.0.1/32", "::1/128"],
                 "username": cls.username, "password": secret, **RTP_PORTS,
+                "outbound": {"trunk": f"sip:127.0.0.1:{urlsplit(rest_url).port}"},  # the callee's UAS (``sim_callee``)
             }
         }  # fmt: skip
+
+    async def start_rest(self, port: int | socket.socket) -> str:
+        """SIP has no REST API: the port's number serves the trunk's called side, over UDP (``sim_callee``)."""
+        url = await super().start_rest(port)
+        number = urlsplit(url).port
+        assert number is not None
+        await self.callee.start("127.0.0.1", number)
+        return url
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        self.callee.close()
 
     def configure(self, settings: Settings) -> None:
         self.host, self.port = (settings.sip.public_address or settings.sip.host, settings.sip.port)
@@ -262,6 +285,9 @@ class SimulatedSip(SimulatedCarrier):
 
     async def open_stream(self, call: SimCall, reason: OpenReason) -> SipStream | None:
         result = call.result
+        invited = self.callee.answering.pop(call.call_id, None)
+        if invited is not None and reason == "answer":  # a call the bridge placed: we answer it
+            return await self._answer_invite(call, invited)
         if reason != "answer":
             result.log(
                 call.clock(), "sip", f"the call's media is gone ({reason}): SIP has no reconnect, the call is over"
@@ -336,6 +362,72 @@ class SimulatedSip(SimulatedCarrier):
         self.streams[call.call_id] = stream
         result.log(call.clock(), "sip", f"200 OK: {RTPMAP[answer.payload_type]} to {answer.host}:{answer.port}")
         return stream
+
+    async def _answer_invite(self, call: SimCall, invited: Invited) -> SipStream | None:
+        """The callee picks up the bridge's call: our answer to its offer in a 200 (our Contact the call's own SIP
+        socket), sent again until the bridge's ACK comes there; then the call's stream, as for an inbound call."""
+        conn = await self._sockets()
+        conn.bridge_sip = invited.source
+        supported = (0, 8, 9, *(() if opus_problem() else (111,)))
+        offer = parse_sdp_offer(invited.request.body, supported, secrets.token_bytes(KEY_BYTES))
+        if isinstance(offer, str):
+            call.result.warnings.append(f"the bridge's offer: {offer}")
+            self.callee.respond(invited, 488, "Not Acceptable Here")
+            await conn.close()
+            return None
+        conn.bridge_rtp = (offer.host, offer.port)
+        host, port = conn.local_sip
+        contact = f"<sip:{invited.user}@{host}:{port}>"
+        self.callee.respond(invited, 200, "OK", contact=contact, body=self._answer_sdp(offer, conn.local_rtp[1]))
+        if not await self._acked(conn, invited):
+            call.result.warnings.append("no ACK to our 200 from the bridge")
+            await conn.close()
+            return None
+        request = invited.request
+        remote_contact = name_addr_uri(request.get("contact"))
+        target = uri_target(remote_contact)
+        if target is None:
+            call.result.warnings.append(f"the INVITE's Contact {remote_contact!r} is not an address")
+            await conn.close()
+            return None
+        ours = f"{request.get('to')};tag={invited.to_tag}"
+        dialog = _Dialog(
+            call.call_id, invited.to_tag, tag_param(request.get("from")) or "", ours, request.get("from"), remote_contact, target,
+            request.headers.get("record-route", []), 0,
+        )  # fmt: skip
+        stream = SipStream(conn, call, dialog, offer, b"", lambda: self.end_call(call.call_id), self.transfer_status)
+        self.streams[call.call_id] = stream
+        call.result.log(call.clock(), "sip", f"answered the bridge's call: {RTPMAP[offer.payload_type]} to {offer.host}:{offer.port}")
+        return stream
+
+    def _answer_sdp(self, offer: SdpAnswer, rtp_port: int) -> bytes:
+        formats = " ".join(str(pt) for pt in (offer.payload_type, *([offer.dtmf_payload_type] if offer.dtmf_payload_type is not None else [])))
+        session = secrets.randbelow(2**31)
+        lines = [
+            "v=0", f"o=sim {session} {session} IN IP4 {self.local_host}", "s=sim", f"c=IN IP4 {self.local_host}", "t=0 0",
+            f"m=audio {rtp_port} {'RTP/AVP' if offer.srtp is None else 'RTP/SAVP'} {formats}",
+            f"a=rtpmap:{offer.payload_type} {RTPMAP[offer.payload_type]}",
+            *([f"a=rtpmap:{offer.dtmf_payload_type} telephone-event/8000"] if offer.dtmf_payload_type is not None else []),
+            "a=ptime:20", "a=sendrecv", *([offer.srtp.answer_line()] if offer.srtp is not None else []),
+        ]  # fmt: skip
+        return ("\r\n".join(lines) + "\r\n").encode()
+
+    async def _acked(self, conn: SipConnection, invited: Invited) -> bool:
+        """Wait for the bridge's ACK of our 200 on the call's socket, sending the 200 again at T1, doubling (§13.3.1.4)."""
+        loop = asyncio.get_running_loop()
+        deadline, interval = loop.time() + _INVITE_TIMEOUT_S, T1_S
+        while loop.time() < deadline:
+            received = await conn.next_sip(interval)
+            if received is None:
+                if conn.closed:
+                    return False
+                self.callee.resend(invited)
+                interval = min(interval * 2, 4.0)
+                continue
+            request = read_sip(received[0])
+            if isinstance(request, SipReply) and request.method == "ACK" and request.get("call-id") == invited.request.get("call-id"):
+                return True
+        return False
 
     def bad_inputs(self, stream: SimStream) -> dict[str, tuple[str | bytes, str]]:
         """What a broken peer sends on a SIP call: case → (message: text on the SIP socket, bytes on the RTP

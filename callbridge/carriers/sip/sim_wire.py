@@ -33,6 +33,7 @@ __all__ = [
     "digest_authorization",
     "name_addr_uri",
     "parse_sdp_answer",
+    "parse_sdp_offer",
     "read_sip",
     "tag_param",
     "uri_target",
@@ -206,6 +207,40 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | No
     if len(crypto) != 1 or crypto[0] is None or (crypto[0].tag, crypto[0].suite) != (OFFER_CRYPTO_TAG, OFFER_SUITE):
         return f"the answer to our SRTP offer needs one crypto line of tag {OFFER_CRYPTO_TAG}, {OFFER_SUITE}"
     return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf, SrtpKeys(OFFER_SUITE, OFFER_CRYPTO_TAG, crypto[0].key, srtp_key))
+
+
+def parse_sdp_offer(body: bytes, supported: tuple[int, ...], srtp_key: bytes) -> SdpAnswer | str:
+    """The bridge's offer in a call it places (the simulated trunk is the called phone), read strictly (RFC 3264 §5):
+    what the phone takes — the first offered codec of ``supported``, telephone-event where offered, SRTP (with
+    ``srtp_key``, ours) where the offer is ``RTP/SAVP`` with one crypto line — or what is wrong."""
+    try:
+        lines = body.decode("ascii").removesuffix("\r\n").split("\r\n")
+    except UnicodeDecodeError:
+        return "SDP is not ASCII"
+    kinds = [line[:2] for line in lines]
+    if not body.endswith(b"\r\n") or lines[0] != "v=0" or any(k not in kinds for k in ("o=", "s=", "c=", "t=")) or kinds.count("m=") != 1:
+        return "the offer is not v=0, o=, s=, c=, t= and one m= line, in CRLF lines"
+    media, connection = lines[kinds.index("m=")][2:].split(), lines[kinds.index("c=")][2:].split()
+    if len(connection) != 3 or connection[:2] != ["IN", "IP4"]:
+        return f"c= {' '.join(connection)!r}"
+    if len(media) < 4 or media[0] != "audio" or media[2] not in ("RTP/AVP", "RTP/SAVP") or not media[1].isdigit() or not 0 < int(media[1]) < 65536:
+        return f"m= {' '.join(media)!r}"
+    attributes = [line[2:] for line in lines if line.startswith("a=")]
+    names = {int(a[7:].split()[0]): a.split(None, 1)[1] for a in attributes if a.startswith("rtpmap:") and a[7:].split()[0].isdigit()}
+    formats = [int(f) for f in media[3:] if f.isdigit()]
+    if len(formats) != len(media) - 3 or any(f >= 96 and f not in names for f in formats):
+        return f"m= formats {media[3:]}: each must be a number, a dynamic one with its rtpmap"
+    codecs = [f for f in formats if f in supported and (f < 96 or names.get(f) == RTPMAP.get(f))]
+    if not codecs:
+        return f"no codec of {list(supported)} offered ({formats})"
+    dtmf = next((f for f in formats if names.get(f, "").lower() == "telephone-event/8000"), None)
+    if media[2] == "RTP/AVP":
+        return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf)
+    crypto = [parse_crypto(a[len("crypto:") :]) for a in attributes if a.startswith("crypto:")]
+    taken = next((c for c in crypto if c is not None), None)
+    if taken is None:
+        return "an RTP/SAVP offer with no crypto line we can take"
+    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf, SrtpKeys(taken.suite, taken.tag, taken.key, srtp_key))
 
 
 def _md5(text: str) -> str:
