@@ -560,10 +560,7 @@ class SimulatedCarrier(ABC):
                 if self.on_media_sent is not None:
                     self.on_media_sent(audio)
                 if not stream.dropped:
-                    if script.wideband is not None and stream.rate_hz == 16000:
-                        await stream.send_audio_at_rate(script.wideband[t * 32 : (t + FRAME_MS) * 32].ljust(FRAME_MS * 32, b"\x00"))
-                    else:
-                        await stream.send_audio(audio)
+                    await _say(stream, script, t, audio)
                 for at, digit in script.dtmf:
                     if at == t and not stream.dropped:
                         await stream.send_dtmf(digit)
@@ -622,3 +619,11 @@ class SimulatedCarrier(ABC):
                 self.on_message(message)
             stream.receive(message)
         stream.dropped = True  # closed (by the bridge, unless it was our network drop)
+
+
+async def _say(stream: SimStream, script: CallerScript, t: int, audio: bytes) -> None:
+    """The caller's 20 ms at ``t``: ``audio`` (8 kHz), or the script's wideband audio where the stream is at 16 kHz."""
+    if script.wideband is not None and stream.rate_hz == 16000:
+        await stream.send_audio_at_rate(script.wideband[t * 32 : (t + FRAME_MS) * 32].ljust(FRAME_MS * 32, b"\x00"))
+    else:
+        await stream.send_audio(audio)

@@ -18,14 +18,11 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, cast
+from typing import Final, cast
 
 from callbridge.carriers.sip.sim_wire import Address, SipReply, read_sip, tag_param
 from callbridge.sim.callee import Callee
-from callbridge.sim.carrier import CallResult
-
-if TYPE_CHECKING:
-    from callbridge.carriers.sip.sim import SimulatedSip
+from callbridge.sim.carrier import CallResult, SimulatedCarrier
 
 __all__ = ["Invited", "SipCallee"]
 
@@ -50,7 +47,7 @@ class Invited:
 class SipCallee(asyncio.DatagramProtocol):
     """The trunk's UAS socket for the calls the bridge places (see the module docstring)."""
 
-    def __init__(self, carrier: SimulatedSip) -> None:
+    def __init__(self, carrier: SimulatedCarrier) -> None:
         self.carrier = carrier
         self.transport: asyncio.DatagramTransport | None = None
         self.invites: dict[str, Invited] = {}
