@@ -3,8 +3,9 @@ bridge sharing the registry shows the whole fleet's calls.
 
     GET /console                               the page (``console.html``)
     GET /console/api/calls?live=1              the calls up now, newest first (their cards: ``console_view.call_card``)
-    GET /console/api/calls?number=&carrier=&reason=&limit=
-                                               finished calls, newest first, searched (the newest ``SEARCHED`` of them)
+    GET /console/api/calls?number=&carrier=&reason=&limit=&page=
+                                               finished calls, newest first, searched ``SEARCHED`` at a time: page 0
+                                               the newest, page 1 the next, …; ``older`` says whether more remain
     GET /console/api/live                      the calls up now as server-sent events: a ``calls`` event whenever the
                                                list changes (read every ``LIVE_EVERY_S``), a comment every 15 s
     GET /console/api/calls/{call_id}           one call: its card, its timeline, its end-of-call report
@@ -177,17 +178,20 @@ async def live_cards(registry: CallRegistry) -> list[CallCard]:
     return cards
 
 
-async def finished_cards(registry: CallRegistry, number: str | None, carrier: str | None, reason: str | None, limit: int) -> list[CallCard]:
-    """The finished calls that match (``console_view.matches``), newest first, at most ``limit``, of the newest
-    ``SEARCHED``."""
+async def finished_cards(
+    registry: CallRegistry, number: str | None, carrier: str | None, reason: str | None, limit: int, page: int = 0
+) -> tuple[list[CallCard], bool]:
+    """The finished calls that match (``console_view.matches``), newest first, at most ``limit``, of the ``page``-th
+    ``SEARCHED`` (0: the newest); and whether older finished calls remain past that page (a request reads at most
+    ``SEARCHED`` journals, whatever the registry keeps: ``console.calls_kept``)."""
     found: list[CallCard] = []
-    for call_id in await registry.journaled(False, SEARCHED):
+    for call_id in await registry.journaled(False, SEARCHED, page * SEARCHED):
         card = call_card(call_id, await registry.journal_of(call_id))
         if card is not None and matches(card, number=number, carrier=carrier, reason=reason):
             found.append(card)
             if len(found) >= limit:
                 break
-    return found
+    return found, bool(await registry.journaled(False, 1, (page + 1) * SEARCHED))
 
 
 def console_router(services: BridgeServices) -> APIRouter:
@@ -217,13 +221,15 @@ def console_router(services: BridgeServices) -> APIRouter:
     async def calls(
         live: bool = False, number: Annotated[str | None, Query(max_length=64)] = None,
         carrier: Annotated[str | None, Query(max_length=32)] = None, reason: Annotated[str | None, Query(max_length=64)] = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 100,
+        limit: Annotated[int, Query(ge=1, le=500)] = 100, page: Annotated[int, Query(ge=0, le=1000)] = 0,
     ) -> JSONResponse:  # fmt: skip
         try:
-            found = (await live_cards(registry))[:limit] if live else await finished_cards(registry, number, carrier, reason, limit)
+            if live:
+                return JSONResponse({"calls": (await live_cards(registry))[:limit]})
+            found, older = await finished_cards(registry, number, carrier, reason, limit, page)
         except RegistryUnavailable as exc:
             raise HTTPException(503, f"the registry: {exc.detail}") from None
-        return JSONResponse({"calls": found})
+        return JSONResponse({"calls": found, "page": page, "older": older})
 
     @guarded.get("/console/api/live")
     async def live() -> Response:

@@ -276,8 +276,9 @@ class CallRegistry(abc.ABC):
         """The call's journal (an empty page: none, or expired)."""
 
     @abc.abstractmethod
-    async def journaled(self, live: bool, limit: int) -> list[str]:
-        """The calls up now (``live``: newest opened first) or finished (newest ended first), at most ``limit``."""
+    async def journaled(self, live: bool, limit: int, offset: int = 0) -> list[str]:
+        """The calls up now (``live``: newest opened first) or finished (newest ended first), at most ``limit``, the
+        first ``offset`` of that order passed over (the console's search pages through the finished ones)."""
 
     @abc.abstractmethod
     async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
@@ -566,8 +567,8 @@ class MemoryCallRegistry(CallRegistry):
     async def journal_of(self, call_id: str) -> JournalPage:
         return self._journal.read(call_id)
 
-    async def journaled(self, live: bool, limit: int) -> list[str]:
-        return self._journal.calls(live, limit)
+    async def journaled(self, live: bool, limit: int, offset: int = 0) -> list[str]:
+        return self._journal.calls(live, limit, offset)
 
     async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
         self._journal.announce(process_id, status, keep_ms)

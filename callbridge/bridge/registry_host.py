@@ -395,8 +395,8 @@ class HostedCallRegistry(CallRegistry):
         page: JournalPage = await self._call("journal_of", call_id)
         return page
 
-    async def journaled(self, live: bool, limit: int) -> list[str]:
-        calls: list[str] = await self._call("journaled", live, limit)
+    async def journaled(self, live: bool, limit: int, offset: int = 0) -> list[str]:
+        calls: list[str] = await self._call("journaled", live, limit, offset)
         return calls
 
     async def announce(self, process_id: str, status: str, keep_ms: int) -> None:

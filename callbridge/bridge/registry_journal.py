@@ -89,12 +89,12 @@ class MemoryJournal:
             return JournalPage(None, [])
         return JournalPage(journaled.header, list(journaled.entries), journaled.writer)
 
-    def calls(self, live: bool, limit: int) -> list[str]:
+    def calls(self, live: bool, limit: int, offset: int = 0) -> list[str]:
         """``CallRegistry.journaled``."""
         now = self._clock()
         held = [(j, c) for c, j in self._calls.items() if now < j.expires_at_ms and (j.ended_at is None) == live]
         held.sort(key=lambda pair: (pair[0].opened_at if live else pair[0].ended_at) or 0.0, reverse=True)
-        return [call_id for _, call_id in held[:limit]]
+        return [call_id for _, call_id in held[offset : offset + limit]]
 
     def announce(self, process_id: str, status: str, keep_ms: int) -> None:
         """``CallRegistry.announce``."""

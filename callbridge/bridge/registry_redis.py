@@ -349,9 +349,11 @@ class RedisCallRegistry(CallRegistry):
                 header, entries, writer = await pipe.execute()
         return JournalPage(cast(str | None, header), list(entries), cast(str | None, writer))
 
-    async def journaled(self, live: bool, limit: int) -> list[str]:
+    async def journaled(self, live: bool, limit: int, offset: int = 0) -> list[str]:
+        if limit < 1:
+            return []
         with _unavailable("journaled"):
-            return cast(list[str], await self._redis.zrevrange(_JOURNAL_LIVE if live else _JOURNAL_FINISHED, 0, max(0, limit - 1)))
+            return cast(list[str], await self._redis.zrevrange(_JOURNAL_LIVE if live else _JOURNAL_FINISHED, offset, offset + limit - 1))
 
     async def announce(self, process_id: str, status: str, keep_ms: int) -> None:
         with _unavailable("announce"):

@@ -157,7 +157,7 @@ async def test_every_console_and_call_control_route_refuses_a_request_without_it
                 assert "CA0123" not in response.text and "+1555" not in response.text
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
         response = await http.get("/console/api/calls", headers={"Authorization": _basic("operator", "console-password")})
-        assert response.status_code == 200 and response.json() == {"calls": []}
+        assert response.status_code == 200 and response.json() == {"calls": [], "page": 0, "older": False}
         challenge = await http.get("/console")
         assert challenge.headers["www-authenticate"].startswith('Basic realm="callbridge console"')
 
@@ -167,6 +167,27 @@ async def test_the_console_is_not_served_without_a_credential() -> None:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example") as http:
         for path in ("/console", "/console/api/calls", "/console/api/live"):
             assert (await http.get(path)).status_code == 404
+
+
+async def test_a_search_pages_through_every_finished_call_kept_a_page_at_a_time() -> None:
+    """A search reads ``SEARCHED`` (500) finished calls a request: the oldest of 1,001 kept is not on page 0 or 1, it is
+    on page 2, where ``older`` turns false."""
+    from callbridge.application import CallContext
+    from callbridge.application.events import CallEvent
+    from callbridge.bridge.console_http import SEARCHED
+
+    app = create_app(settings(console={"token": TOKEN}), engine())
+    registry = app.state.bridge.services.registry
+    for n in range(2 * SEARCHED + 1):  # the first is the oldest
+        context = CallContext(call_id=f"CA{n}", carrier="twilio", caller_number=f"+1555{n:07d}", called_number="+15559870000")
+        answered = CallEvent(type="call.answered", call_id=f"CA{n}", at=100.0 + n, data={}).model_dump_json()  # type: ignore[arg-type]
+        await registry.journal(f"CA{n}", [answered], 3_600_000, header=context.model_dump_json(), opened_at=100.0 + n, ended_at=200.0 + n)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bridge.example", headers=headers) as http:
+        pages = [(await http.get("/console/api/calls", params={"number": "+15550000000", "page": page})).json() for page in range(3)]
+        newest = (await http.get("/console/api/calls", params={"limit": 1})).json()
+    assert [(len(p["calls"]), p["older"]) for p in pages] == [(0, True), (0, True), (1, False)]
+    assert pages[2]["calls"][0]["call_id"] == "CA0" and newest["calls"][0]["call_id"] == f"CA{2 * SEARCHED}"
 
 
 async def test_a_registry_that_fails_gets_the_operator_a_503_and_the_live_list_keeps_what_it_showed() -> None:

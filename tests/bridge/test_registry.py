@@ -188,6 +188,7 @@ async def test_the_console_s_journal_is_one_for_every_process_live_then_finished
     await one.journal("CA2", ['{"n": 1}'], 60_000, header='{"call_id": "CA2"}', opened_at=101.0)
     await two.journal("CA1", ['{"n": 2}', '{"n": 3}'], 60_000, opened_at=105.0)  # a second process: its opened_at changes nothing
     assert await two.journaled(True, 10) == ["CA2", "CA1"] and await one.journaled(False, 10) == []
+    assert await two.journaled(True, 10, 1) == ["CA1"] and await two.journaled(True, 1, 2) == []  # a page further on
     assert await two.journal_of("CA1") == JournalPage('{"call_id": "CA1"}', ['{"n": 1}', '{"n": 2}', '{"n": 3}'])
     await two.journal("CA1", ['{"end": 1}'], 60_000, ended_at=110.0, calls_kept=1)
     await one.journal("CA2", ['{"end": 1}'], 60_000, ended_at=111.0, calls_kept=1)
