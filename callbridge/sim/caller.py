@@ -59,7 +59,7 @@ class CallerScript:
     """All the caller's line sends passes the telephone network's band (300–3400 Hz: ``TelephoneBand``)."""
     wideband: bytes | None = None
     """A wideband caller: PCM16 at 16 kHz from the call's start, sent in place of the 8 kHz frames (one 20 ms frame for
-    one) where the carrier's stream is at 16 kHz (Vonage, jambonz, Plivo's L16): what G.711 cannot carry reaches the
+    one) where the carrier's stream is at 16 kHz (the L16 websocket carriers at 16 kHz): what G.711 cannot carry reaches the
     bridge. The utterances still time the caller's turns in the timeline; elsewhere (8 kHz streams) it is unused."""
 
 

@@ -132,11 +132,11 @@ class SimulatedSip(SimulatedCarrier):
 
     @classmethod
     def bridge_settings(cls, secret: str, rest_url: str) -> dict[str, dict[str, Any]]:
+        port = urlsplit(rest_url).port  # the callee's UAS (``sim_callee``) listens on its number, over UDP
         return {
             "sip": {
                 "enabled": True, "host": "127.0.0.1", "port": free_port(), "allowed_ips": ["127.0.0.1/32", "::1/128"],
-                "username": cls.username, "password": secret, **RTP_PORTS,
-                "outbound": {"trunk": f"sip:127.0.0.1:{urlsplit(rest_url).port}"},  # the callee's UAS (``sim_callee``)
+                "username": cls.username, "password": secret, **RTP_PORTS, **({"outbound": {"trunk": f"sip:127.0.0.1:{port}"}} if port else {}),
             }
         }  # fmt: skip
 
