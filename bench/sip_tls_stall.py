@@ -31,27 +31,12 @@ from pathlib import Path
 import trustme
 
 from callbridge.carriers.sip.sim_wire import SipReply, read_sip
+from callbridge.sim.hostile import TLS_HELLO_START, RtpArrivals, stalled_tls_handshake
 from callbridge.sim.runner import free_port, wait_http_up
 from callbridge.sip.message import split_stream
 
 HANDSHAKE_DEADLINE_S = 5.0
 """``sip.tls_handshake_timeout_s`` as shipped (the bridge runs on its defaults)."""
-HELLO = bytes.fromhex("160301020001") + b"\x00\x01\xfc\x03\x03"
-"""A TLS record header announcing a 512-byte ClientHello, and its first 6 bytes: the rest never comes."""
-
-
-class Arrivals(asyncio.DatagramProtocol):
-    def __init__(self) -> None:
-        self.at: list[float] = []
-
-    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self.at.append(time.monotonic())
-
-    def largest_gap_ms(self, start: float, end: float) -> float:
-        inside = [t for t in self.at if start <= t <= end]
-        return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=float("inf")) * 1000
-
-
 class Line:
     """The trunk's TLS connection: requests out, messages in."""
 
@@ -84,19 +69,6 @@ class Line:
 def _offer(rtp_port: int) -> bytes:
     lines = ["v=0", "o=trunk 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0", f"m=audio {rtp_port} RTP/AVP 0", "a=rtpmap:0 PCMU/8000", "a=sendrecv"]
     return ("\r\n".join(lines) + "\r\n").encode()
-
-
-async def _stalled(port: int, hello: bytes) -> float:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(hello)
-    try:
-        while await asyncio.wait_for(reader.read(65536), 30):
-            pass
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-    return time.monotonic()
 
 
 async def _silence(transport: asyncio.DatagramTransport, to: tuple[str, int]) -> None:
@@ -144,7 +116,7 @@ async def _measure(tls_port: int, ca: trustme.CA, pid: int, clients: int, rounds
     reader, writer = await asyncio.open_connection("127.0.0.1", tls_port, ssl=context, server_hostname="127.0.0.1")
     line = Line(reader, writer)
     rtp_port = free_port()
-    transport, rtp = await asyncio.get_running_loop().create_datagram_endpoint(Arrivals, local_addr=("127.0.0.1", rtp_port))
+    transport, rtp = await asyncio.get_running_loop().create_datagram_endpoint(RtpArrivals, local_addr=("127.0.0.1", rtp_port))
     call_id, uri = f"stall-{secrets.token_hex(6)}", f"sips:agent@127.0.0.1:{tls_port}"
     line.send("INVITE", uri, call_id, 1, body=_offer(rtp_port))
     ok = await line.final()
@@ -161,7 +133,7 @@ async def _measure(tls_port: int, ca: trustme.CA, pid: int, clients: int, rounds
         await asyncio.sleep(HANDSHAKE_DEADLINE_S + 0.5)
         quiet_gaps.append(rtp.largest_gap_ms(quiet_start, time.monotonic()))
         cpu_before, started = _cpu_s(pid), time.monotonic()
-        closed = await asyncio.gather(*(_stalled(tls_port, HELLO if i % 2 else b"") for i in range(clients)))
+        closed = await asyncio.gather(*(stalled_tls_handshake(tls_port, TLS_HELLO_START if i % 2 else b"") for i in range(clients)))
         stalled_gaps.append(rtp.largest_gap_ms(started, max(closed)))
         after = [at - started for at in closed]
         print(f"| {round_} | {quiet_gaps[-1]:.1f} | {stalled_gaps[-1]:.1f} | {min(after):.2f}–{max(after):.2f} | {_cpu_s(pid) - cpu_before:.2f} |")

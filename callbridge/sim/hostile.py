@@ -6,6 +6,7 @@ holding it; the server's memory is read from ``/proc`` (Linux); the healthy call
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import selectors
@@ -13,6 +14,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Final
 
 import psutil
 
@@ -106,6 +108,40 @@ class MediaArrivals:
         between replies, not gaps)."""
         gaps = [(b - a) * 1000 for a, b in zip(self.at_s, self.at_s[1:], strict=False) if (b - a) * 1000 <= pause_ms]
         return max(gaps, default=0.0)
+
+
+class RtpArrivals(asyncio.DatagramProtocol):
+    """A SIP phone's RTP socket: when each packet from the bridge arrived (its media's largest gap, under attack)."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        self.at.append(time.monotonic())
+
+    def largest_gap_ms(self, start: float, end: float) -> float:
+        """The longest wait between two packets that arrived from ``start`` to ``end`` (monotonic s); inf: fewer than two."""
+        inside = [t for t in self.at if start <= t <= end]
+        return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=float("inf")) * 1000
+
+
+TLS_HELLO_START: Final = bytes.fromhex("160301020001") + b"\x00\x01\xfc\x03\x03"
+"""A TLS record header announcing a 512-byte ClientHello, and its first bytes: the rest never comes."""
+
+
+async def stalled_tls_handshake(port: int, hello: bytes) -> float:
+    """A client that connects to 127.0.0.1:``port``, sends ``hello`` (``TLS_HELLO_START``, or nothing) and never goes
+    on; when the server closed it (monotonic s)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(hello)
+    try:
+        while await asyncio.wait_for(reader.read(65536), 30):
+            pass
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()
+    return time.monotonic()
 
 
 def post_head(port: int, path: str, headers: dict[str, str]) -> socket.socket:

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trustme
@@ -22,6 +21,7 @@ from callbridge.carriers.sip.sim_wire import SipReply, read_sip
 from callbridge.carriers.sip.tls import TlsCertificate, TlsCertificateError
 from callbridge.config import Settings
 from callbridge.preflight import file_problems
+from callbridge.sim.hostile import TLS_HELLO_START, RtpArrivals, stalled_tls_handshake
 from callbridge.sim.ports import RTP_PORTS, free_port
 from callbridge.sim.runner import RunningBridge, running_bridge
 from callbridge.sip.message import split_stream
@@ -289,35 +289,6 @@ def test_a_certificate_gone_while_it_is_replaced_serves_on_and_its_successor_is_
     assert not held.refresh()  # unchanged since
 
 
-class RtpArrivals(asyncio.DatagramProtocol):
-    """The trunk's RTP socket: when each packet from the bridge arrived."""
-
-    def __init__(self) -> None:
-        self.at: list[float] = []
-
-    def datagram_received(self, data: bytes, addr: tuple[str | Any, ...]) -> None:
-        self.at.append(time.monotonic())
-
-    def largest_gap_ms(self, start: float, end: float) -> float:
-        inside = [t for t in self.at if start <= t <= end]
-        return max((b - a for a, b in zip(inside, inside[1:], strict=False)), default=float("inf")) * 1000
-
-
-async def _stalled_handshake(port: int, hello: bytes) -> float:
-    """A client that connects to the TLS port, sends ``hello`` (the start of a ClientHello, or nothing) and never
-    goes on; when the bridge closed it, in monotonic seconds."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(hello)
-    try:
-        while await asyncio.wait_for(reader.read(65536), 15):
-            pass
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
-    return time.monotonic()
-
-
 async def test_handshakes_that_never_finish_are_closed_at_the_deadline_while_a_call_keeps_its_rtp(tmp_path: Path) -> None:
     """With a call up over TLS, 20 clients open the TLS port and stall their handshake (half send the first bytes of
     a ClientHello, half nothing): each is closed at ``sip.tls_handshake_timeout_s`` (the shipped 5 s) and counted,
@@ -336,8 +307,8 @@ async def test_handshakes_that_never_finish_are_closed_at_the_deadline_while_a_c
             line.send("ACK", uri, call_id, 1, to_tag=ok.get("to").split("tag=")[1])
             await until(lambda: len(rtp.at) >= 5)
             started = time.monotonic()
-            hello = bytes.fromhex("160301020001") + b"\x00\x01\xfc\x03\x03"  # a record of 512 bytes, 11 of them sent
-            closed = await asyncio.gather(*(_stalled_handshake(bridge.settings.sip.tls_port, hello if i % 2 else b"") for i in range(20)))
+            port = bridge.settings.sip.tls_port
+            closed = await asyncio.gather(*(stalled_tls_handshake(port, TLS_HELLO_START if i % 2 else b"") for i in range(20)))
             deadline = bridge.settings.sip.tls_handshake_timeout_s
             assert all(deadline - 0.1 <= at - started <= deadline + 2.0 for at in closed), [round(at - started, 2) for at in closed]
             assert sip.dropped["tls_handshake_failed"] == 20 and sip.tls is not None and sip.tls.open == 1

@@ -129,15 +129,22 @@ def client_context(ca_file: Path | None, certificate: tuple[Path, Path] | None) 
     return context
 
 
+def _pem_certificates(path: Path) -> list[x509.Certificate] | str:
+    """The PEM certificates in ``path``, or why there are none, in a sentence."""
+    try:
+        return x509.load_pem_x509_certificates(path.read_bytes())
+    except OSError as exc:
+        return f"{path} cannot be read: {exc.strerror or exc}"
+    except ValueError:
+        return f"{path} holds no PEM certificate"
+
+
 def ca_file_problems(path: Path, now: datetime) -> list[str]:
     """What is wrong with a file of CA certificates, one sentence each: unreadable, no PEM certificate in it, or
     every certificate in it expired at ``now``."""
-    try:
-        certificates = x509.load_pem_x509_certificates(path.read_bytes())
-    except OSError as exc:
-        return [f"{path} cannot be read: {exc.strerror or exc}"]
-    except ValueError:
-        return [f"{path} holds no PEM certificate"]
+    certificates = _pem_certificates(path)
+    if isinstance(certificates, str):
+        return [certificates]
     last = max(each.not_valid_after_utc for each in certificates)
     if last <= now:
         return [f"every certificate in {path} expired, the last on {last:%Y-%m-%d %H:%M} UTC"]
@@ -147,12 +154,9 @@ def ca_file_problems(path: Path, now: datetime) -> list[str]:
 def certificate_problems(certificate: Path, private_key: Path, now: datetime) -> list[str]:
     """What is wrong with a certificate and its key, one sentence each (``callbridge config check``, and ``serve``
     before it starts): unreadable, not PEM, its key not its own, expired or not valid yet at ``now``."""
-    try:
-        chain = x509.load_pem_x509_certificates(certificate.read_bytes())
-    except OSError as exc:
-        return [f"{certificate} cannot be read: {exc.strerror or exc}"]
-    except ValueError:
-        return [f"{certificate} holds no PEM certificate"]
+    chain = _pem_certificates(certificate)
+    if isinstance(chain, str):
+        return [chain]
     try:
         TlsCertificate(certificate, private_key)
     except TlsCertificateError as exc:
