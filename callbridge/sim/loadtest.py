@@ -608,16 +608,17 @@ def bridge_env(provider: str, secret: str, rest_url: str) -> str:
     the simulated ``provider`` account with ``secret``, whose REST API is served at ``rest_url``; and give it the
     engine's barge-in (``LOAD_TEST_BARGE_IN``)."""
     overrides = simulator_class(carrier_spec(provider)).exported_settings(secret, rest_url) | {"barge_in": LOAD_TEST_BARGE_IN}
-    return "".join(_export_lines("CALLBRIDGE", overrides))
+    return "".join(_export_lines("CALLBRIDGE_", overrides))
 
 
 def _export_lines(prefix: str, values: dict[str, Any]) -> list[str]:
-    """``export PREFIX__KEY=value`` for each setting, a nested section's keys under its own (``SIP__OUTBOUND__TRUNK``)."""
+    """``export PREFIXKEY=value`` for each setting, a nested section's keys under its own and ``__``
+    (``CALLBRIDGE_SIP__OUTBOUND__TRUNK``)."""
     lines = []
     for key, value in values.items():
-        name = f"{prefix}__{key.upper()}" if prefix != "CALLBRIDGE" else f"{prefix}_{key.upper()}"
+        name = prefix + key.upper()
         if isinstance(value, dict):
-            lines += _export_lines(name, value)
+            lines += _export_lines(name + "__", value)
             continue
         text = orjson.dumps(value).decode() if isinstance(value, list | bool) else str(value)
         lines.append(f"export {name}={shlex.quote(text)}\n")

@@ -31,6 +31,7 @@ __all__ = [
     "SipResponse",
     "header_param",
     "host_port",
+    "transport_param",
     "parse_message",
     "server_transaction_key",
     "split_list",
@@ -427,6 +428,12 @@ def with_param(value: str, name: str, param: str) -> str:
 def host_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def transport_param(transport: str) -> str:
+    """A URI's ``;transport=`` for our Contact on ``transport`` (``UDP``, ``TCP``, ``TLS``): none for UDP, the default;
+    TLS keeps ``sip:`` with ``;transport=tls`` (RFC 5630)."""
+    return {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(transport, "")
 
 
 def dtmf_relay_digits(request: SipRequest) -> list[str]:

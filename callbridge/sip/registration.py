@@ -48,7 +48,7 @@ from typing import Final
 
 from callbridge.sip.dialog import ALLOW
 from callbridge.sip.digest import DigestChallenge, authorization, best_challenge
-from callbridge.sip.message import SipRequest, SipResponse, split_list, split_params, uri_of
+from callbridge.sip.message import SipRequest, SipResponse, host_port, split_list, split_params, transport_param, uri_of
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind
 
 __all__ = [
@@ -228,10 +228,8 @@ class SipRegistration:
 
     @property
     def contact(self) -> str:
-        host = self.config.contact_host
-        hostport = f"[{host}]:{self.config.contact_port}" if ":" in host else f"{host}:{self.config.contact_port}"
-        suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(self.config.transport, "")
-        return f"sip:{self.config.user}@{hostport}{suffix}"
+        config = self.config
+        return f"sip:{config.user}@{host_port(config.contact_host, config.contact_port)}{transport_param(config.transport)}"
 
     def datagrams_to_send(self) -> list[Outgoing]:
         out, self._out = self._out, []

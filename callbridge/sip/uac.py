@@ -39,7 +39,15 @@ from callbridge.codecs import AudioEncoding
 from callbridge.sip.dialog_state import Dialog, DialogState
 from callbridge.sip.digest import authorization, best_challenge
 from callbridge.sip.invite_offer import placeholder_choice
-from callbridge.sip.message import SipRequest, SipResponse, header_param, host_port, uri_of, via_sent_by
+from callbridge.sip.message import (
+    SipRequest,
+    SipResponse,
+    header_param,
+    host_port,
+    transport_param,
+    uri_of,
+    via_sent_by,
+)
 from callbridge.sip.sdp import DEFAULT_CODECS, MediaChoice, SdpError, read_answer
 from callbridge.sip.transaction import TIMEOUT_MS, Address, Due, Outgoing, Retransmission, TxKind, retransmission_of
 
@@ -338,8 +346,7 @@ class SipUac:
             dial.cseq += 1
         dial.branch = "z9hG4bK" + secrets.token_hex(8)
         request = self._request(dial, "INVITE", dial.cseq)
-        suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(invitation.transport, "")
-        request.add("Contact", f"<sip:callbridge@{config.host_port(invitation.transport)}{suffix}>")
+        request.add("Contact", f"<sip:callbridge@{config.host_port(invitation.transport)}{transport_param(invitation.transport)}>")
         request.add("Allow", _ALLOW)
         for name, value in (*credentials, *invitation.extra_headers):
             request.add(name, value)

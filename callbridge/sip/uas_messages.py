@@ -26,6 +26,7 @@ from callbridge.sip.message import (
     host_port,
     server_transaction_key,
     split_params,
+    transport_param,
     uri_of,
     via_sent_by,
     with_param,
@@ -47,8 +48,7 @@ def capabilities() -> list[tuple[str, str]]:
 def contact(config: UasConfig, request: SipRequest) -> str:
     """Our Contact in a dialog that came on ``request``'s transport: the peer's requests in it come back on that
     transport, at our port for it (RFC 3261 §8.1.1.8; TLS: RFC 5630 keeps ``sip:`` with ``;transport=tls``)."""
-    suffix = {"TCP": ";transport=tcp", "TLS": ";transport=tls"}.get(request.transport, "")
-    return f"<sip:callbridge@{config.host_port(request.transport)}{suffix}>"
+    return f"<sip:callbridge@{config.host_port(request.transport)}{transport_param(request.transport)}>"
 
 
 def in_dialog_request(config: UasConfig, dialog: Dialog, method: str) -> SipRequest:

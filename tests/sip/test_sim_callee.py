@@ -73,15 +73,16 @@ async def test_a_refusal_from_the_trunk_fails_the_call_with_its_reason(outcome: 
     assert failed.data["reason"] == reason and recorder.opened == [] and not trunk.callee.warnings, failed.data
 
 
+@pytest.mark.long
 async def test_a_call_that_rings_out_is_canceled_at_the_ring_timeout() -> None:
-    """Nobody picks up: the bridge CANCELs at the request's ring timeout; the trunk answers the CANCEL and ends the
-    INVITE with 487; ``call.failed`` says no answer."""
+    """Nobody picks up: the bridge CANCELs at the shipped ring timeout (``outbound.ring_timeout_s``, 30 s); the trunk
+    answers the CANCEL and ends the INVITE with 487; ``call.failed`` says no answer."""
     async with running_bridge(outbound_settings(), engine(), provider="sip") as bridge:
         trunk = bridge.carrier
         assert isinstance(trunk, SimulatedSip)
         trunk.callees[CALLEE] = Callee(outcome="no_answer")
-        dial_id = (await post_call(bridge, {"carrier": "sip", "to": CALLEE, "from": OURS, "ring_timeout_s": 5})).json()["dial_id"]
-        await until(lambda: "call.failed" in events_of(dial_id), timeout_s=9)
+        dial_id = (await post_call(bridge, {"carrier": "sip", "to": CALLEE, "from": OURS})).json()["dial_id"]
+        await until(lambda: "call.failed" in events_of(dial_id), timeout_s=40)
     assert [status for _, status in trunk.status_reports] == ["100 Trying", "180 Ringing", "487 Request Terminated"]
     failed = next(event for _, event in agent_app.CallsOut.events if event.type == "call.failed")
     assert failed.data["reason"] == "no_answer" and not trunk.callee.warnings, failed.data

@@ -150,10 +150,10 @@ class SdpAnswer:
     """SRTP: the answer's key (what the bridge sends with) and ours."""
 
 
-def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | None = None) -> SdpAnswer | str:
-    """The bridge's answer to our one-stream offer (RFC 3264 §6), read strictly: the answer, or what is wrong.
-    ``srtp_key``: we offered SRTP with this key (``RTP/SAVP``, one crypto line of tag 1): the answer must be in kind,
-    with one crypto line of its own."""
+def _one_audio_stream(body: bytes, protos: tuple[str, ...]) -> tuple[str, int, str, list[int], list[str]] | str:
+    """A one-stream SDP body read strictly, as both sides of the simulated trunk's calls need it: ASCII, CRLF lines,
+    ``v=0`` first, o/s/c/t and one ``m=audio`` on a real port in one of ``protos``, an IPv4 ``c=``, numeric formats;
+    (host, port, proto, formats, attributes), or what is wrong."""
     try:
         text = body.decode("ascii")
     except UnicodeDecodeError:
@@ -168,7 +168,7 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | No
         if required not in kinds:
             return f"SDP without {required}"
     if kinds.count("m=") != 1:
-        return f"{kinds.count('m=')} m= lines in the answer to a one-stream offer"
+        return f"{kinds.count('m=')} m= lines where one stream is offered"
     media = lines[kinds.index("m=")][2:].split()
     connection = lines[kinds.index("c=")][2:].split()
     if len(connection) != 3 or connection[:2] != ["IN", "IP4"]:
@@ -177,21 +177,25 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | No
         ipaddress.IPv4Address(connection[2])
     except ValueError:
         return f"c= address {connection[2]!r}"
-    if (
-        len(media) < 4
-        or media[0] != "audio"
-        or media[2] != ("RTP/AVP" if srtp_key is None else "RTP/SAVP")
-        or not media[1].isdigit()
-        or not 0 < int(media[1]) < 65536
-    ):
+    if len(media) < 4 or media[0] != "audio" or media[2] not in protos or not media[1].isdigit() or not 0 < int(media[1]) < 65536:
         return f"m= {' '.join(media)!r}"
     formats = [int(f) for f in media[3:] if f.isdigit()]
     if len(formats) != len(media) - 3:
         return f"m= formats {media[3:]}"
+    return connection[2], int(media[1]), media[2], formats, [line[2:] for line in lines if line.startswith("a=")]
+
+
+def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | None = None) -> SdpAnswer | str:
+    """The bridge's answer to our one-stream offer (RFC 3264 §6), read strictly: the answer, or what is wrong.
+    ``srtp_key``: we offered SRTP with this key (``RTP/SAVP``, one crypto line of tag 1): the answer must be in kind,
+    with one crypto line of its own."""
+    stream = _one_audio_stream(body, ("RTP/AVP",) if srtp_key is None else ("RTP/SAVP",))
+    if isinstance(stream, str):
+        return stream
+    host, port, _, formats, attributes = stream
     codecs = [f for f in formats if f != DTMF_PT]
     if len(codecs) != 1 or codecs[0] not in offered or formats[0] != codecs[0]:
         return f"answer formats {formats}: exactly one audio codec of {list(offered)} must come first"
-    attributes = [line[2:] for line in lines if line.startswith("a=")]
     dtmf = DTMF_PT if DTMF_PT in formats else None
     if dtmf is not None and f"rtpmap:{DTMF_PT} telephone-event/8000" not in attributes:
         return "telephone-event without its rtpmap"
@@ -203,44 +207,34 @@ def parse_sdp_answer(body: bytes, offered: tuple[int, ...], srtp_key: bytes | No
         return f"payload type {codecs[0]} without its rtpmap {RTPMAP[codecs[0]]}"
     crypto = [parse_crypto(a[len("crypto:") :]) for a in attributes if a.startswith("crypto:")]
     if srtp_key is None:
-        return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf) if not crypto else "a crypto line in the answer to plain RTP"
+        return SdpAnswer(host, port, codecs[0], dtmf) if not crypto else "a crypto line in the answer to plain RTP"
     if len(crypto) != 1 or crypto[0] is None or (crypto[0].tag, crypto[0].suite) != (OFFER_CRYPTO_TAG, OFFER_SUITE):
         return f"the answer to our SRTP offer needs one crypto line of tag {OFFER_CRYPTO_TAG}, {OFFER_SUITE}"
-    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf, SrtpKeys(OFFER_SUITE, OFFER_CRYPTO_TAG, crypto[0].key, srtp_key))
+    return SdpAnswer(host, port, codecs[0], dtmf, SrtpKeys(OFFER_SUITE, OFFER_CRYPTO_TAG, crypto[0].key, srtp_key))
 
 
 def parse_sdp_offer(body: bytes, supported: tuple[int, ...], srtp_key: bytes) -> SdpAnswer | str:
     """The bridge's offer in a call it places (the simulated trunk is the called phone), read strictly (RFC 3264 §5):
     what the phone takes — the first offered codec of ``supported``, telephone-event where offered, SRTP (with
     ``srtp_key``, ours) where the offer is ``RTP/SAVP`` with one crypto line — or what is wrong."""
-    try:
-        lines = body.decode("ascii").removesuffix("\r\n").split("\r\n")
-    except UnicodeDecodeError:
-        return "SDP is not ASCII"
-    kinds = [line[:2] for line in lines]
-    if not body.endswith(b"\r\n") or lines[0] != "v=0" or any(k not in kinds for k in ("o=", "s=", "c=", "t=")) or kinds.count("m=") != 1:
-        return "the offer is not v=0, o=, s=, c=, t= and one m= line, in CRLF lines"
-    media, connection = lines[kinds.index("m=")][2:].split(), lines[kinds.index("c=")][2:].split()
-    if len(connection) != 3 or connection[:2] != ["IN", "IP4"]:
-        return f"c= {' '.join(connection)!r}"
-    if len(media) < 4 or media[0] != "audio" or media[2] not in ("RTP/AVP", "RTP/SAVP") or not media[1].isdigit() or not 0 < int(media[1]) < 65536:
-        return f"m= {' '.join(media)!r}"
-    attributes = [line[2:] for line in lines if line.startswith("a=")]
+    stream = _one_audio_stream(body, ("RTP/AVP", "RTP/SAVP"))
+    if isinstance(stream, str):
+        return stream
+    host, port, proto, formats, attributes = stream
     names = {int(a[7:].split()[0]): a.split(None, 1)[1] for a in attributes if a.startswith("rtpmap:") and a[7:].split()[0].isdigit()}
-    formats = [int(f) for f in media[3:] if f.isdigit()]
-    if len(formats) != len(media) - 3 or any(f >= 96 and f not in names for f in formats):
-        return f"m= formats {media[3:]}: each must be a number, a dynamic one with its rtpmap"
+    if any(f >= 96 and f not in names for f in formats):
+        return f"m= formats {formats}: a dynamic one without its rtpmap"
     codecs = [f for f in formats if f in supported and (f < 96 or names.get(f) == RTPMAP.get(f))]
     if not codecs:
         return f"no codec of {list(supported)} offered ({formats})"
     dtmf = next((f for f in formats if names.get(f, "").lower() == "telephone-event/8000"), None)
-    if media[2] == "RTP/AVP":
-        return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf)
+    if proto == "RTP/AVP":
+        return SdpAnswer(host, port, codecs[0], dtmf)
     crypto = [parse_crypto(a[len("crypto:") :]) for a in attributes if a.startswith("crypto:")]
     taken = next((c for c in crypto if c is not None), None)
     if taken is None:
         return "an RTP/SAVP offer with no crypto line we can take"
-    return SdpAnswer(connection[2], int(media[1]), codecs[0], dtmf, SrtpKeys(taken.suite, taken.tag, taken.key, srtp_key))
+    return SdpAnswer(host, port, codecs[0], dtmf, SrtpKeys(taken.suite, taken.tag, taken.key, srtp_key))
 
 
 def _md5(text: str) -> str:
